@@ -1,0 +1,34 @@
+# Vigil: the two commands a new user types are `make demo` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-fast bench lint clean venv
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/vigil demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow" tests
+
+bench: $(STAMP)
+	$(BIN)/vigil bench
+
+lint: $(STAMP)
+	$(BIN)/ruff check vigil tests bench
+	$(BIN)/mypy vigil
+
+clean:
+	rm -rf $(VENV) .vigil .pytest_cache .mypy_cache

@@ -1,0 +1,40 @@
+"""The `vigil` command: one verb per user job."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich.console import Console
+
+from vigil.model import VigilInputError
+
+app = typer.Typer(
+    name="vigil",
+    help="Vigil: observe, detect, localize, diagnose and remedy faults on AI training clusters.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+    add_completion=False,
+)
+err_console = Console(stderr=True)
+
+
+@app.callback()
+def _root() -> None:
+    """Vigil: observe, detect, localize, diagnose and remedy faults on AI training clusters."""
+
+
+# --- verbs: each package registers its own commands here, one line each -------------------------
+
+
+def main() -> None:
+    """Console entry point: user mistakes get one clear line, not a traceback."""
+    try:
+        app()
+    except VigilInputError as err:
+        err_console.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

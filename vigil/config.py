@@ -1,0 +1,62 @@
+"""One typed settings object, read from flags, environment (VIGIL_*) and an optional YAML file."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from vigil.model import VigilInputError, describe_validation_error
+
+
+class Settings(BaseSettings):
+    """Defaults work on a laptop: everything lives under ./.vigil."""
+
+    model_config = SettingsConfigDict(env_prefix="VIGIL_", extra="ignore")
+
+    home: Path = Field(default=Path(".vigil"), description="directory for the embedded store and caches")
+    db_url: str = Field(default="", description="SQLAlchemy URL; empty means sqlite:///<home>/vigil.db")
+    metrics_url: str = Field(default="", description="Prometheus-compatible HTTP API; empty = embedded store")
+    api_token: str = Field(default="", description="bearer token for mutating REST / MCP calls")
+    llm_base_url: str = Field(default="", description="OpenAI-compatible endpoint; empty = deterministic")
+    llm_model: str = ""
+    llm_api_key: str = ""
+    llm_timeout_s: float = 30.0
+    execute_actions: bool = Field(default=False, description="False = every actuator runs in dry-run")
+    max_cordon_share: float = Field(default=0.1, ge=0.0, le=1.0)
+    max_cordon_share_per_switch: float = Field(default=0.5, ge=0.0, le=1.0)
+
+    def database_url(self) -> str:
+        if self.db_url:
+            return self.db_url
+        return f"sqlite:///{self.home / 'vigil.db'}"
+
+
+def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
+    """Settings from a YAML file (if given), then environment, then explicit overrides."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except FileNotFoundError:
+            raise VigilInputError(f"config file {path} does not exist") from None
+        except yaml.YAMLError as err:
+            raise VigilInputError(f"config file {path} is not valid YAML: {str(err).splitlines()[0]}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise VigilInputError(f"config file {path}: expected a mapping of settings at the top level")
+        values.update(loaded or {})
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return Settings(**values)
+    except ValidationError as err:
+        where = f"config file {path}" if path else "settings"
+        raise VigilInputError(f"{where}: {describe_validation_error(err)}") from None
+
+
+@lru_cache(maxsize=1)
+def settings() -> Settings:
+    return load_settings()

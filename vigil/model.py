@@ -1,0 +1,476 @@
+"""Vigil's vocabulary: the records that every stage reads and writes.
+
+Every stage (collect, store, detect, diagnose, remedy, serve) takes these records in and gives these
+records out; the same types go over HTTP, into the store and into the LLM prompt.
+
+Times are Unix seconds (float). Entities are named by stable string ids:
+
+    node/<name>                 a host
+    gpu/<node>/<index>          GPU <index> of a host
+    nic/<node>/<name>           a network interface of a host (mlx5_0, eth0, ...)
+    switch/<name>               a leaf / spine switch
+    rack/<name>                 a rack
+    job/<id>                    a training job
+    job/<id>/rank/<r>           one rank of a job
+    cluster/<name>              the whole cluster
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import uuid
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+
+__all__ = [
+    "ActionKind",
+    "ActionStatus",
+    "Action",
+    "Anomaly",
+    "Cause",
+    "Diagnosis",
+    "EntityId",
+    "Event",
+    "Evidence",
+    "FaultLevel",
+    "GroundTruthFault",
+    "Gpu",
+    "Incident",
+    "IncidentStatus",
+    "Job",
+    "LogRecord",
+    "Nic",
+    "Node",
+    "RemediationStep",
+    "Sample",
+    "Switch",
+    "Topology",
+    "VigilInputError",
+    "describe_validation_error",
+    "entity_kind",
+    "gpu_id",
+    "job_id",
+    "new_id",
+    "nic_id",
+    "node_id",
+    "parse_entity",
+    "rack_id",
+    "rank_id",
+    "switch_id",
+]
+
+
+class VigilInputError(ValueError):
+    """Bad input from a user or a source; the message is one line naming what was wrong."""
+
+
+# --------------------------------------------------------------------------- entity ids
+
+_NAME = r"[A-Za-z0-9][A-Za-z0-9_.:\-]*"
+_ENTITY_PATTERNS: dict[str, re.Pattern[str]] = {
+    "node": re.compile(rf"^node/({_NAME})$"),
+    "gpu": re.compile(rf"^gpu/({_NAME})/(\d+)$"),
+    "nic": re.compile(rf"^nic/({_NAME})/({_NAME})$"),
+    "switch": re.compile(rf"^switch/({_NAME})$"),
+    "rack": re.compile(rf"^rack/({_NAME})$"),
+    "rank": re.compile(rf"^job/({_NAME})/rank/(\d+)$"),
+    "job": re.compile(rf"^job/({_NAME})$"),
+    "cluster": re.compile(rf"^cluster/({_NAME})$"),
+}
+
+
+def parse_entity(entity: str) -> tuple[str, tuple[str, ...]]:
+    """Split an entity id into its kind and parts: ``gpu/n01/3`` -> ``("gpu", ("n01", "3"))``."""
+    for kind, pattern in _ENTITY_PATTERNS.items():
+        match = pattern.match(entity)
+        if match:
+            return kind, match.groups()
+    raise VigilInputError(
+        f"bad entity id {entity!r}: expected node/<name>, gpu/<node>/<index>, nic/<node>/<name>, "
+        "switch/<name>, rack/<name>, job/<id>, job/<id>/rank/<r> or cluster/<name>"
+    )
+
+
+def entity_kind(entity: str) -> str:
+    return parse_entity(entity)[0]
+
+
+def _check_entity(entity: str) -> str:
+    parse_entity(entity)
+    return entity
+
+
+EntityId = Annotated[str, AfterValidator(_check_entity)]
+
+
+def node_id(name: str) -> str:
+    return f"node/{name}"
+
+
+def gpu_id(node: str, index: int) -> str:
+    return f"gpu/{node}/{index}"
+
+
+def nic_id(node: str, name: str) -> str:
+    return f"nic/{node}/{name}"
+
+
+def switch_id(name: str) -> str:
+    return f"switch/{name}"
+
+
+def rack_id(name: str) -> str:
+    return f"rack/{name}"
+
+
+def job_id(job: str) -> str:
+    return f"job/{job}"
+
+
+def rank_id(job: str, rank: int) -> str:
+    return f"job/{job}/rank/{rank}"
+
+
+def node_of(entity: str) -> str | None:
+    """The node id an entity lives on (for gpu/nic/node ids), else None."""
+    kind, parts = parse_entity(entity)
+    if kind in ("node", "gpu", "nic"):
+        return node_id(parts[0])
+    return None
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+# --------------------------------------------------------------------------- fault levels
+
+
+class FaultLevel(enum.IntEnum):
+    """GPU / node fault levels, from "nothing to do" to "take it out now".
+
+    The one place these are defined; docs/fault-levels.md explains how each source maps onto them.
+
+    - HEALTHY: no open fault.
+    - OBSERVE: a one-off or application-caused error (Xid 13, 31, 43, 94); keep running, watch for repeats.
+    - DEGRADED: usable but slow or error-prone (thermal throttling, PCIe replays, NVLink CRC, SBE storm);
+      keep the job, schedule inspection.
+    - DRAIN: must leave service at the next safe point (checkpoint, job end): GPU reset or reboot needed
+      (Xid 119 GSP timeout, pending row remap, PCIe width downgrade, NIC link flaps).
+    - ISOLATE: stop using it now: data can be wrong or the device is gone (DBE, row-remap failure,
+      fallen off the bus, uncontained error, NIC lost, link down on the job's rail).
+    """
+
+    HEALTHY = 0
+    OBSERVE = 1
+    DEGRADED = 2
+    DRAIN = 3
+    ISOLATE = 4
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+    @classmethod
+    def parse(cls, value: str | int) -> FaultLevel:
+        if isinstance(value, int):
+            return cls(value)
+        try:
+            return cls[value.strip().upper()]
+        except KeyError:
+            raise VigilInputError(
+                f"bad fault level {value!r}: expected one of {', '.join(m.label for m in cls)}"
+            ) from None
+
+
+# --------------------------------------------------------------------------- base
+
+
+class Record(BaseModel):
+    """Base of every record: strict about unknown fields so typos are caught at the edge."""
+
+    model_config = ConfigDict(extra="forbid", frozen=False, validate_assignment=False)
+
+    def to_json(self) -> str:
+        return self.model_dump_json()
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Any:
+        try:
+            return cls.model_validate_json(text)
+        except ValidationError as err:
+            raise VigilInputError(f"bad {cls.__name__}: {describe_validation_error(err)}") from None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Any:
+        try:
+            return cls.model_validate(data)
+        except ValidationError as err:
+            raise VigilInputError(f"bad {cls.__name__}: {describe_validation_error(err)}") from None
+
+
+def describe_validation_error(err: ValidationError) -> str:
+    """One line naming each bad field and what was expected."""
+    parts = []
+    for item in err.errors()[:5]:
+        where = ".".join(str(p) for p in item["loc"]) or "<record>"
+        parts.append(f"field {where!r}: {item['msg']}")
+    more = len(err.errors()) - 5
+    if more > 0:
+        parts.append(f"and {more} more")
+    return "; ".join(parts)
+
+
+# --------------------------------------------------------------------------- observations
+
+
+class Sample(Record):
+    """One metric value: dcgm-exporter names for GPUs (DCGM_FI_DEV_GPU_TEMP, ...), vigil_* otherwise."""
+
+    ts: float
+    entity: EntityId
+    metric: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z_:][A-Za-z0-9_:]*$")
+    value: float
+
+
+class Event(Record):
+    """Something that happened: an Xid, a link flap, a Kubernetes event, an alert, a job restart."""
+
+    ts: float
+    entity: EntityId
+    kind: str = Field(min_length=1, max_length=100)
+    source: str = Field(default="unknown", max_length=100)
+    message: str = Field(default="", max_length=8192)
+    level: FaultLevel = FaultLevel.OBSERVE
+    attrs: dict[str, Any] = Field(default_factory=dict)
+
+
+class LogRecord(Record):
+    """One log line of a rank, a node's kernel log or a service."""
+
+    ts: float | None = None
+    entity: EntityId
+    source: str = Field(default="log", max_length=100)
+    line: str = Field(max_length=1 << 20)
+    lineno: int | None = None
+
+
+class Evidence(Record):
+    """One fact that supports an anomaly, incident or cause; ``ref`` is stable so an LLM can cite it."""
+
+    ref: str = Field(default_factory=lambda: new_id("ev"))
+    kind: Literal["metric", "event", "log", "detector", "hang", "topology", "peer", "precheck"]
+    entity: EntityId
+    ts: float
+    summary: str = Field(max_length=4096)
+    metric: str | None = None
+    value: float | None = None
+    attrs: dict[str, Any] = Field(default_factory=dict)
+
+
+class Anomaly(Record):
+    """A detector's finding about one entity over a time span."""
+
+    id: str = Field(default_factory=lambda: new_id("an"))
+    entity: EntityId
+    start: float
+    end: float
+    detector: str
+    fault_type: str
+    level: FaultLevel
+    score: float = 1.0
+    evidence: list[Evidence] = Field(default_factory=list)
+
+
+class IncidentStatus(str, enum.Enum):
+    OPEN = "open"
+    ACKNOWLEDGED = "acknowledged"
+    RESOLVED = "resolved"
+
+
+class Incident(Record):
+    """Anomalies grouped by entity, topology and time: what a person is paged about."""
+
+    id: str = Field(default_factory=lambda: new_id("inc"))
+    title: str
+    scope: EntityId
+    entities: list[EntityId]
+    start: float
+    end: float
+    level: FaultLevel
+    fault_types: list[str]
+    status: IncidentStatus = IncidentStatus.OPEN
+    anomalies: list[str] = Field(default_factory=list)
+    evidence: list[Evidence] = Field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- diagnosis
+
+
+class Cause(Record):
+    """A candidate root cause: an entity and a fault type, with the evidence that moved its score."""
+
+    entity: EntityId
+    fault_type: str
+    score: float
+    explanation: str = ""
+    evidence_refs: list[str] = Field(default_factory=list)
+
+
+class ActionKind(str, enum.Enum):
+    """The remediation whitelist: nothing outside it is ever proposed or executed."""
+
+    ALERT = "alert"
+    CORDON = "cordon"
+    UNCORDON = "uncordon"
+    DRAIN = "drain"
+    RESET_GPU = "reset_gpu"
+    REBOOT = "reboot"
+    RESTART_JOB = "restart_job"
+    MIGRATE_JOB = "migrate_job"
+    VENDOR_TICKET = "vendor_ticket"
+    RUN_DIAGNOSTICS = "run_diagnostics"
+    COLLECT_LOGS = "collect_logs"
+
+
+class RemediationStep(Record):
+    action: ActionKind
+    target: EntityId
+    command: str = Field(default="", max_length=1000)
+    risk: Literal["low", "medium", "high"] = "low"
+    reason: str = ""
+
+
+class Diagnosis(Record):
+    incident_id: str
+    summary: str
+    root_cause: Cause | None
+    confidence: float = Field(ge=0.0, le=1.0)
+    causes: list[Cause] = Field(default_factory=list)
+    evidence_refs: list[str] = Field(default_factory=list)
+    plan: list[RemediationStep] = Field(default_factory=list)
+    generated_by: str = "deterministic"
+
+
+class ActionStatus(str, enum.Enum):
+    PROPOSED = "proposed"
+    APPROVED = "approved"
+    EXECUTED = "executed"
+    SKIPPED = "skipped"
+    FAILED = "failed"
+    REFUSED = "refused"
+
+
+class Action(Record):
+    """One remediation action and its audit trail: who, why, what, result."""
+
+    id: str = Field(default_factory=lambda: new_id("act"))
+    ts: float
+    kind: ActionKind
+    target: EntityId
+    incident_id: str | None = None
+    reason: str = ""
+    requested_by: str = "vigil"
+    dry_run: bool = True
+    status: ActionStatus = ActionStatus.PROPOSED
+    result: str = ""
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- topology
+
+
+class Gpu(Record):
+    node: str
+    index: int = Field(ge=0)
+    uuid: str = ""
+    model: str = ""
+    pci_bus_id: str = ""
+
+    @property
+    def id(self) -> str:
+        return gpu_id(self.node, self.index)
+
+
+class Nic(Record):
+    node: str
+    name: str
+    switch: str = ""
+    speed_gbps: float = 400.0
+
+    @property
+    def id(self) -> str:
+        return nic_id(self.node, self.name)
+
+
+class Node(Record):
+    name: str
+    rack: str = ""
+    switch: str = ""
+    gpus: list[Gpu] = Field(default_factory=list)
+    nics: list[Nic] = Field(default_factory=list)
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        return node_id(self.name)
+
+
+class Switch(Record):
+    name: str
+    tier: Literal["leaf", "spine"] = "leaf"
+    uplinks: list[str] = Field(default_factory=list)
+
+    @property
+    def id(self) -> str:
+        return switch_id(self.name)
+
+
+class Job(Record):
+    """A training job; ``placement[r]`` is the gpu id that rank r runs on."""
+
+    id: str
+    name: str = ""
+    placement: list[str] = Field(default_factory=list)
+    start: float = 0.0
+
+    @property
+    def entity(self) -> str:
+        return job_id(self.id)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.placement)
+
+
+class Topology(Record):
+    cluster: str = "vigil"
+    nodes: list[Node] = Field(default_factory=list)
+    switches: list[Switch] = Field(default_factory=list)
+    jobs: list[Job] = Field(default_factory=list)
+
+    def node(self, name: str) -> Node:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise KeyError(name)
+
+    def nodes_under(self, switch: str) -> list[Node]:
+        return [n for n in self.nodes if n.switch == switch]
+
+    def gpu_count(self) -> int:
+        return sum(len(n.gpus) for n in self.nodes)
+
+
+class GroundTruthFault(Record):
+    """An injected fault (simulator) or a labelled one (data sets): what detection is scored against."""
+
+    id: str = Field(default_factory=lambda: new_id("gt"))
+    fault_type: str
+    entity: EntityId
+    start: float
+    end: float
+    visible_to_rules: bool = True
+    attrs: dict[str, Any] = Field(default_factory=dict)

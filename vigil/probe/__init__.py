@@ -1,0 +1,1 @@
+"""Vigil probe package."""
