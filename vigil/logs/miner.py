@@ -110,11 +110,11 @@ class TemplateMiner:
                     self._digit_cache.clear()
                 self._digit_cache[digitless[i]] = template
             for i in missing:
-                template = learned.get(digitless[i])
-                if template is None:
+                known = learned.get(digitless[i])
+                if known is None:
                     key = mask(flat[i])
-                    template = self._cache.get(key) or self._learn(key)
-                found[i] = template
+                    known = self._cache.get(key) or self._learn(key)
+                found[i] = known
         return found  # type: ignore[return-value]
 
     def match(self, line: str) -> Match | None:
