@@ -1,0 +1,151 @@
+"""The local failover path end to end: real gloo ranks, real faults, real restarts from checkpoints."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from vigil.model import ActionKind, ActionStatus
+from vigil.remedy.audit import AuditLog
+from vigil.remedy.jobspec import TrainingJob
+from vigil.remedy.local import FailoverSupervisor, LocalJob
+
+
+def tiny_job(name: str, steps: int = 30, hang_timeout: str = "8s") -> TrainingJob:
+    return TrainingJob.from_dict(
+        {
+            "metadata": {"name": name},
+            "spec": {
+                "replicas": 2,
+                "command": ["python", "-m", "vigil.checkpoint.tinytrain", "--steps", str(steps)],
+                "devices": ["cpu:0", "cpu:1", "cpu:2"],
+                "checkpoint": {"everySteps": 5, "keepLast": 2},
+                "failoverPolicy": {"maxRetries": 2, "action": "restart"},
+                "healthCheck": {"hangTimeout": hang_timeout},
+            },
+        }
+    )
+
+
+def final_loss(run_dir: Path) -> str:
+    return str(json.loads((run_dir / "result.json").read_text())["final_loss_hex"])
+
+
+@pytest.fixture(scope="module")
+def reference_loss(tmp_path_factory: pytest.TempPathFactory) -> str:
+    root = tmp_path_factory.mktemp("reference")
+    report = FailoverSupervisor(
+        LocalJob(tiny_job("clean"), root / "run"), AuditLog(f"sqlite:///{root}/a.db")
+    ).run()
+    assert report.succeeded and report.attempts == 1 and not report.actions
+    return final_loss(root / "run")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("fault", "fault_type", "culprit"),
+    [
+        ("kill:rank=1:step=12", "rank_exit", "job/faulty/rank/1"),
+        ("hang:rank=1:step=17", "training_hang", None),
+    ],
+)
+def test_fault_is_detected_restarted_and_final_loss_is_bit_identical(
+    tmp_path: Path, reference_loss: str, fault: str, fault_type: str, culprit: str | None
+) -> None:
+    audit = AuditLog(f"sqlite:///{tmp_path}/remedy.db")
+    job = LocalJob(tiny_job("faulty"), tmp_path / "run", env={"VIGIL_INJECT_FAULT": fault})
+    report = FailoverSupervisor(job, audit).run()
+
+    assert report.succeeded, report.detail
+    assert report.attempts == 2
+    assert [a.fault_type for a in report.anomalies] == [fault_type]
+    if culprit is not None:
+        assert report.anomalies[0].entity == culprit
+    assert len(report.recoveries) == 1
+    recovery = report.recoveries[0]
+    assert recovery["detected"] <= recovery["restarted"] <= recovery["resumed"]
+    # The restart resumed from a checkpoint, not from step 0.
+    starts = [
+        json.loads(line)["step"]
+        for line in (tmp_path / "run" / "progress-rank0.jsonl").read_text().splitlines()
+        if '"start"' in line
+    ]
+    assert starts[0] == 0 and starts[1] in (5, 10, 15)
+    assert final_loss(tmp_path / "run") == reference_loss
+
+    actions = audit.actions()
+    assert [(a.kind, a.status, a.dry_run) for a in actions] == [
+        (ActionKind.RESTART_JOB, ActionStatus.EXECUTED, False)
+    ]
+    assert actions[0].target == "job/faulty" and fault_type in actions[0].reason
+
+
+def test_retries_exhausted_ends_with_an_alert(tmp_path: Path) -> None:
+    spec = TrainingJob.from_dict(
+        {
+            "metadata": {"name": "doomed"},
+            "spec": {
+                "replicas": 1,
+                "command": [sys.executable, "-c", "import sys; sys.exit(3)"],
+                "failoverPolicy": {"maxRetries": 1},
+            },
+        }
+    )
+    audit = AuditLog(f"sqlite:///{tmp_path}/remedy.db")
+    report = FailoverSupervisor(LocalJob(spec, tmp_path / "run"), audit).run()
+    assert not report.succeeded
+    assert report.attempts == 2
+    kinds = [(a.kind, a.status) for a in audit.actions()]
+    assert kinds == [
+        (ActionKind.RESTART_JOB, ActionStatus.EXECUTED),
+        (ActionKind.ALERT, ActionStatus.EXECUTED),
+    ]
+    assert "maxRetries=1 exhausted" in audit.actions()[-1].reason
+    alerts = (tmp_path / "run" / "alerts.jsonl").read_text().splitlines()
+    assert json.loads(alerts[0])["target"] == "job/doomed"
+
+
+FLAT_GRADIENTS = """
+import json, os, time
+path = os.path.join(os.environ["VIGIL_RUN_DIR"], "progress-rank0.jsonl")
+with open(path, "a") as out:
+    out.write(json.dumps({"event": "start", "step": 0, "ts": time.time()}) + "\\n")
+    for step in range(1, 9):
+        out.write(json.dumps({"step": step, "ts": time.time(), "grad_norm": 0.001}) + "\\n")
+        out.flush()
+        time.sleep(0.1)
+    out.write(json.dumps({"event": "done", "step": 8, "ts": time.time()}) + "\\n")
+"""
+
+
+def test_health_check_alert_keeps_the_job_running(tmp_path: Path) -> None:
+    spec = TrainingJob.from_dict(
+        {
+            "metadata": {"name": "flat"},
+            "spec": {
+                "replicas": 1,
+                "command": [sys.executable, "-c", FLAT_GRADIENTS],
+                "healthCheck": {
+                    "metrics": [
+                        {
+                            "name": "vanishing-gradient",
+                            "metric": "grad_norm",
+                            "aggregation": "avg",
+                            "window": "5m",
+                            "op": "<",
+                            "threshold": 0.01,
+                            "action": "alert",
+                        }
+                    ]
+                },
+            },
+        }
+    )
+    audit = AuditLog(f"sqlite:///{tmp_path}/remedy.db")
+    report = FailoverSupervisor(LocalJob(spec, tmp_path / "run"), audit).run()
+    assert report.succeeded and report.attempts == 1
+    assert [a.fault_type for a in report.anomalies] == ["health_check:vanishing-gradient"]
+    assert [(a.kind, a.status) for a in audit.actions()] == [(ActionKind.ALERT, ActionStatus.EXECUTED)]

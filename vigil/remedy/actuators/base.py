@@ -1,0 +1,71 @@
+"""The actuator interface.
+
+An actuator says which action kinds it handles, what it would do (``describe``, shown in dry-run),
+whether the world is already in the wanted state (``is_satisfied``, for idempotence) and does it
+(``execute``, returning a one-line result). Dry-run, the blast-radius guard and the audit record are
+applied around it by the Remediator, so no back end can skip them.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import time
+from pathlib import Path
+
+from vigil.model import Action, ActionKind, parse_entity
+
+
+class ActuatorError(RuntimeError):
+    """The back end refused or failed; the message is recorded as the action's result."""
+
+
+class Actuator(abc.ABC):
+    name: str = "actuator"
+    kinds: frozenset[ActionKind] = frozenset()
+    target_kinds: frozenset[str] = frozenset({"node"})
+
+    def accepts(self, action: Action) -> bool:
+        return action.kind in self.kinds and parse_entity(action.target)[0] in self.target_kinds
+
+    @abc.abstractmethod
+    def describe(self, action: Action) -> str:
+        """What ``execute`` would do, as a command or API call a person can read."""
+
+    def is_satisfied(self, action: Action) -> bool:
+        """True when the target is already in the state the action asks for."""
+        return False
+
+    @abc.abstractmethod
+    def execute(self, action: Action) -> str:
+        """Do it; return a one-line result or raise ActuatorError."""
+
+
+class OutboxActuator(Actuator):
+    """Alerts and vendor tickets: appended as JSON lines to an outbox file that notifiers read.
+
+    Vigil does not page anyone itself; Alertmanager, a ticketing bridge or the web UI tail the outbox.
+    """
+
+    name = "outbox"
+    kinds = frozenset({ActionKind.ALERT, ActionKind.VENDOR_TICKET})
+    target_kinds = frozenset({"node", "gpu", "nic", "switch", "rack", "job", "rank", "cluster"})
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def describe(self, action: Action) -> str:
+        return f"append {action.kind.value} for {action.target} to {self.path}"
+
+    def execute(self, action: Action) -> str:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        record = {
+            "ts": time.time(),
+            "kind": action.kind.value,
+            "target": action.target,
+            "reason": action.reason,
+            "action_id": action.id,
+        }
+        with self.path.open("a") as outbox:
+            outbox.write(json.dumps(record) + "\n")
+        return f"{action.kind.value} written to {self.path}"

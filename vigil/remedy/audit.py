@@ -1,0 +1,170 @@
+"""The audit log: every action Vigil proposes, refuses, skips or executes, with who / why / what / result.
+
+SQLAlchemy Core on SQLite by default (``<home>/remedy.db``), any SQLAlchemy URL otherwise. The tables
+belong to the remedy package alone (``remedy_*``), so they can share a database with other stages.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Column,
+    Engine,
+    Float,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    create_engine,
+    event,
+    func,
+    insert,
+    select,
+)
+
+from vigil.config import settings
+from vigil.model import Action, ActionKind, ActionStatus
+
+metadata = MetaData()
+
+actions_table = Table(
+    "remedy_actions",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("id", String(40), nullable=False, unique=True),
+    Column("ts", Float, nullable=False, index=True),
+    Column("kind", String(40), nullable=False),
+    Column("target", String(300), nullable=False, index=True),
+    Column("incident_id", String(60)),
+    Column("reason", Text, nullable=False),
+    Column("requested_by", String(200), nullable=False),
+    Column("dry_run", Boolean, nullable=False),
+    Column("status", String(20), nullable=False),
+    Column("result", Text, nullable=False),
+    Column("params", JSON, nullable=False),
+)
+
+node_states_table = Table(
+    "remedy_node_states",
+    metadata,
+    Column("node", String(300), primary_key=True),
+    Column("state", String(30), nullable=False),
+    Column("since", Float, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("repair_attempts", Integer, nullable=False, default=0),
+)
+
+node_transitions_table = Table(
+    "remedy_node_transitions",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("node", String(300), nullable=False, index=True),
+    Column("ts", Float, nullable=False),
+    Column("from_state", String(30), nullable=False),
+    Column("to_state", String(30), nullable=False),
+    Column("trigger", String(60), nullable=False),
+    Column("reason", Text, nullable=False),
+)
+
+_engines: dict[str, Engine] = {}
+_engines_lock = threading.Lock()
+
+
+def default_url() -> str:
+    return f"sqlite:///{settings().home / 'remedy.db'}"
+
+
+def engine_for(url: str | None = None) -> Engine:
+    """One engine per URL per process, tables created on first use."""
+    url = url or default_url()
+    with _engines_lock:
+        engine = _engines.get(url)
+        if engine is None:
+            if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+                Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+            engine = create_engine(url)
+            if engine.dialect.name == "sqlite":
+                event.listen(engine, "connect", _sqlite_pragmas)
+            metadata.create_all(engine)
+            _engines[url] = engine
+        return engine
+
+
+def _sqlite_pragmas(dbapi_connection: object, _record: object) -> None:
+    # WAL lets readers (vigil nodes, the web UI) run while the remediator writes.
+    cursor = dbapi_connection.cursor()  # type: ignore[attr-defined]
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA busy_timeout=10000")
+    cursor.close()
+
+
+class AuditLog:
+    def __init__(self, url: str | None = None) -> None:
+        self.engine = engine_for(url)
+
+    def record(self, action: Action) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(insert(actions_table).values(**_row(action)))
+
+    def record_many(self, actions: Iterable[Action]) -> None:
+        rows = [_row(a) for a in actions]
+        if rows:
+            with self.engine.begin() as conn:
+                conn.execute(insert(actions_table), rows)
+
+    def actions(
+        self,
+        *,
+        target: str | None = None,
+        kind: ActionKind | None = None,
+        status: ActionStatus | None = None,
+        since: float | None = None,
+        limit: int | None = None,
+    ) -> list[Action]:
+        query = select(actions_table).order_by(actions_table.c.seq)
+        if target is not None:
+            query = query.where(actions_table.c.target == target)
+        if kind is not None:
+            query = query.where(actions_table.c.kind == kind.value)
+        if status is not None:
+            query = query.where(actions_table.c.status == status.value)
+        if since is not None:
+            query = query.where(actions_table.c.ts >= since)
+        if limit is not None:
+            query = query.limit(limit)
+        with self.engine.connect() as conn:
+            return [_action(row._mapping) for row in conn.execute(query)]
+
+    def count(self) -> int:
+        with self.engine.connect() as conn:
+            return int(conn.execute(select(func.count()).select_from(actions_table)).scalar_one())
+
+
+def _row(action: Action) -> dict[str, object]:
+    return {
+        "id": action.id,
+        "ts": action.ts,
+        "kind": action.kind.value,
+        "target": action.target,
+        "incident_id": action.incident_id,
+        "reason": action.reason,
+        "requested_by": action.requested_by,
+        "dry_run": action.dry_run,
+        "status": action.status.value,
+        "result": action.result,
+        "params": json.loads(json.dumps(action.params, default=str)),
+    }
+
+
+def _action(row: object) -> Action:
+    data = dict(row)  # type: ignore[call-overload]
+    data.pop("seq")
+    return Action.from_dict(data)

@@ -1,0 +1,91 @@
+"""Blast-radius guard: never take more than a set share of the cluster, or of one switch, out of service.
+
+Out of service = any node the lifecycle store holds outside healthy / suspect, plus nodes this guard
+has admitted and not yet seen recorded (dry-run sessions count what they *would* have done, so a
+dry-run flood shows the same refusals a live one would). Shares are rounded down: with 10% of 25
+nodes, two nodes may be out at once, never three. Nodes missing from the topology are refused,
+because their share cannot be judged.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+
+from vigil.model import ActionKind, Topology, node_id
+from vigil.remedy.lifecycle import LifecycleStore
+
+# Actions that take capacity away; everything else passes the guard.
+CAPACITY_ACTIONS = frozenset({ActionKind.CORDON, ActionKind.DRAIN, ActionKind.REBOOT})
+
+
+@dataclass(frozen=True)
+class Verdict:
+    admitted: bool
+    reason: str
+
+
+class BlastRadiusGuard:
+    def __init__(
+        self,
+        topology: Topology,
+        lifecycle: LifecycleStore | None = None,
+        *,
+        max_share: float = 0.1,
+        max_share_per_switch: float = 0.5,
+    ) -> None:
+        if not 0.0 <= max_share <= 1.0 or not 0.0 <= max_share_per_switch <= 1.0:
+            raise ValueError("blast-radius shares must be between 0 and 1")
+        self.lifecycle = lifecycle
+        self.max_share = max_share
+        self.max_share_per_switch = max_share_per_switch
+        self._switch_of = {node_id(n.name): n.switch for n in topology.nodes}
+        self._switch_sizes: dict[str, int] = {}
+        for switch in self._switch_of.values():
+            self._switch_sizes[switch] = self._switch_sizes.get(switch, 0) + 1
+        self._admitted: set[str] = set()
+        self._lock = threading.Lock()
+
+    @property
+    def cluster_limit(self) -> int:
+        return math.floor(self.max_share * len(self._switch_of) + 1e-9)
+
+    def switch_limit(self, switch: str) -> int:
+        return math.floor(self.max_share_per_switch * self._switch_sizes.get(switch, 0) + 1e-9)
+
+    def out_of_service(self) -> set[str]:
+        stored = self.lifecycle.out_of_service() if self.lifecycle is not None else set()
+        return stored | self._admitted
+
+    def admit(self, node: str) -> Verdict:
+        """Reserve ``node`` for a capacity-taking action, or say which limit forbids it."""
+        with self._lock:
+            if node not in self._switch_of:
+                return Verdict(False, f"{node} is not in the topology; blast radius cannot be judged")
+            out = self.out_of_service()
+            if node in out:
+                return Verdict(True, f"{node} already out of service")
+            if len(out) + 1 > self.cluster_limit:
+                return Verdict(
+                    False,
+                    f"blast radius: {len(out)} of {len(self._switch_of)} nodes already out of service; "
+                    f"limit {self.cluster_limit} ({self.max_share:.0%} of the cluster)",
+                )
+            switch = self._switch_of[node]
+            if switch:
+                on_switch = sum(1 for n in out if self._switch_of.get(n) == switch)
+                limit = self.switch_limit(switch)
+                if on_switch + 1 > limit:
+                    return Verdict(
+                        False,
+                        f"blast radius: {on_switch} of {self._switch_sizes[switch]} nodes under switch "
+                        f"{switch} already out of service; limit {limit} ({self.max_share_per_switch:.0%})",
+                    )
+            self._admitted.add(node)
+            return Verdict(True, "within blast radius")
+
+    def release(self, node: str) -> None:
+        """Forget a reservation (the node is back, or the action failed)."""
+        with self._lock:
+            self._admitted.discard(node)

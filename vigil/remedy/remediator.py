@@ -1,0 +1,184 @@
+"""Carries out actions safely: whitelist, idempotence, blast-radius guard, dry-run, audit, lifecycle.
+
+Every action that reaches ``execute`` leaves exactly one audit record, whatever happens to it:
+PROPOSED (dry-run: what would have run), EXECUTED, SKIPPED (already done / cooldown), REFUSED
+(blast radius, no actuator) or FAILED (the back end said no).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+
+from vigil.model import Action, ActionKind, ActionStatus, Anomaly, node_of, parse_entity
+from vigil.remedy.actuators.base import Actuator, ActuatorError
+from vigil.remedy.audit import AuditLog
+from vigil.remedy.guard import CAPACITY_ACTIONS, BlastRadiusGuard
+from vigil.remedy.lifecycle import LifecycleStore, NodeState, Trigger, trigger_for_level
+from vigil.remedy.policy import PolicyEngine
+
+# The lifecycle steps a successful action walks a node through, in order, from wherever it is.
+LIFECYCLE_STEPS: dict[ActionKind, tuple[Trigger, ...]] = {
+    ActionKind.CORDON: (Trigger.CORDON,),
+    ActionKind.DRAIN: (Trigger.CORDON, Trigger.DRAIN),
+    ActionKind.REBOOT: (Trigger.CORDON, Trigger.REPAIR, Trigger.DRAINED),
+    ActionKind.VENDOR_TICKET: (Trigger.VENDOR,),
+    ActionKind.UNCORDON: (Trigger.CLEAR, Trigger.SELF_CHECK_PASS),
+}
+# Lifecycle states in which a node action is already done (idempotence without asking the back end).
+ALREADY_DONE: dict[ActionKind, frozenset[NodeState]] = {
+    ActionKind.CORDON: frozenset(NodeState) - {NodeState.HEALTHY, NodeState.SUSPECT},
+    ActionKind.DRAIN: frozenset(
+        {NodeState.DRAINING, NodeState.REPAIRING, NodeState.SELF_CHECK, NodeState.VENDOR_REPAIR}
+    ),
+    ActionKind.UNCORDON: frozenset({NodeState.HEALTHY}),
+}
+
+
+class Remediator:
+    def __init__(
+        self,
+        actuators: Sequence[Actuator],
+        audit: AuditLog,
+        *,
+        lifecycle: LifecycleStore | None = None,
+        guard: BlastRadiusGuard | None = None,
+        dry_run: bool = True,
+        requested_by: str = "vigil",
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.actuators = list(actuators)
+        self.audit = audit
+        self.lifecycle = lifecycle
+        self.guard = guard
+        self.dry_run = dry_run
+        self.requested_by = requested_by
+        self.clock = clock
+
+    def actuator_for(self, action: Action) -> Actuator | None:
+        return next((a for a in self.actuators if a.accepts(action)), None)
+
+    def handle(self, anomaly: Anomaly, engine: PolicyEngine, incident_id: str | None = None) -> list[Action]:
+        """Record the fault on the node's lifecycle, plan with the policies, execute the plan."""
+        self._note_fault(anomaly)
+        return [self.execute(action) for action in engine.plan(anomaly, incident_id)]
+
+    def execute_all(self, actions: Iterable[Action]) -> list[Action]:
+        return [self.execute(action) for action in actions]
+
+    def execute(self, action: Action) -> Action:
+        action = action.model_copy(deep=True)
+        action.dry_run = self.dry_run
+        action.requested_by = action.requested_by if action.requested_by != "vigil" else self.requested_by
+        if action.status is ActionStatus.PROPOSED or action.status is ActionStatus.APPROVED:
+            self._decide(action)
+        self.audit.record(action)
+        return action
+
+    def _decide(self, action: Action) -> None:
+        actuator = self.actuator_for(action)
+        if actuator is None:
+            action.status, action.result = (
+                ActionStatus.REFUSED,
+                f"no actuator handles {action.kind.value} on {parse_entity(action.target)[0]} targets",
+            )
+            return
+        action.params.setdefault("actuator", actuator.name)
+        if self._already_done(action, actuator):
+            action.status, action.result = (
+                ActionStatus.SKIPPED,
+                f"{action.target} already {action.kind.value}",
+            )
+            return
+        guarded = self.guard is not None and action.kind in CAPACITY_ACTIONS
+        if guarded:
+            assert self.guard is not None
+            verdict = self.guard.admit(action.target)
+            if not verdict.admitted:
+                action.status, action.result = ActionStatus.REFUSED, verdict.reason
+                return
+        if self.dry_run:
+            action.status, action.result = (
+                ActionStatus.PROPOSED,
+                f"dry-run: would {actuator.describe(action)}",
+            )
+            return
+        try:
+            action.result = actuator.execute(action)
+        except (ActuatorError, OSError) as err:
+            action.status, action.result = ActionStatus.FAILED, f"{actuator.name}: {err}"
+            if guarded:
+                assert self.guard is not None
+                self.guard.release(action.target)
+            return
+        action.status = ActionStatus.EXECUTED
+        self._advance_lifecycle(action)
+
+    def finish_repair(self, node: str, self_check_passed: bool, detail: str = "") -> NodeState:
+        """Close a repair (reset / reboot done): record the self-check, and return the node if it passed.
+
+        A failed self-check sends the node back to repair, or to the vendor after the lifecycle's
+        ``max_repairs``; a pass uncordons it through the actuators (audited like any action).
+        """
+        if self.lifecycle is None:
+            raise ValueError("finish_repair needs a lifecycle store")
+        self.lifecycle.apply(node, Trigger.REPAIRED, detail)
+        trigger = Trigger.SELF_CHECK_PASS if self_check_passed else Trigger.SELF_CHECK_FAIL
+        if self_check_passed:
+            self.execute(
+                Action(
+                    ts=self.clock(),
+                    kind=ActionKind.UNCORDON,
+                    target=node,
+                    reason=f"self-check passed {detail}".strip(),
+                )
+            )
+        status = self.lifecycle.status(node)
+        if status.state is NodeState.SELF_CHECK:
+            status = self.lifecycle.apply(node, trigger, detail)
+        if status.state is NodeState.VENDOR_REPAIR:
+            self.execute(
+                Action(
+                    ts=self.clock(),
+                    kind=ActionKind.VENDOR_TICKET,
+                    target=node,
+                    reason=f"self-check failed after {status.repair_attempts} repairs {detail}".strip(),
+                )
+            )
+        return self.lifecycle.status(node).state
+
+    def _already_done(self, action: Action, actuator: Actuator) -> bool:
+        if self.lifecycle is not None and parse_entity(action.target)[0] == "node":
+            done_states = ALREADY_DONE.get(action.kind)
+            if done_states and self.lifecycle.status(action.target).state in done_states:
+                return True
+        if self.dry_run:
+            return False
+        try:
+            return actuator.is_satisfied(action)
+        except (ActuatorError, OSError):
+            return False
+
+    def _note_fault(self, anomaly: Anomaly) -> None:
+        if (
+            self.lifecycle is None
+            or self.dry_run
+            or parse_entity(anomaly.entity)[0] not in ("node", "gpu", "nic")
+        ):
+            return
+        node = node_of(anomaly.entity)
+        if (
+            node is not None
+            and trigger_for_level(anomaly.level) is Trigger.SUSPECT
+            and self.lifecycle.can(node, Trigger.SUSPECT)
+        ):
+            self.lifecycle.apply(node, Trigger.SUSPECT, f"{anomaly.fault_type} ({anomaly.level.label})")
+
+    def _advance_lifecycle(self, action: Action) -> None:
+        if self.lifecycle is None or parse_entity(action.target)[0] != "node":
+            return
+        for trigger in LIFECYCLE_STEPS.get(action.kind, ()):
+            if self.lifecycle.can(action.target, trigger):
+                self.lifecycle.apply(action.target, trigger, f"{action.kind.value}: {action.reason}"[:500])
+        if self.guard is not None and self.lifecycle.status(action.target).state.in_service:
+            self.guard.release(action.target)
