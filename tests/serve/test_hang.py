@@ -1,0 +1,65 @@
+"""Reading vigil launch's diagnosis.json and building the stack tree with its fork point."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from vigil.model import VigilInputError
+from vigil.serve.hang import find_reports, load_hang_report, stack_tree
+from vigil.serve.svg import ring
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "serve" / "hang_run"
+
+
+def test_report_and_fork_point_from_fixture() -> None:
+    report = load_hang_report(FIXTURE)
+    assert report.verdict == "hang" and report.culprit_ranks == [5] and report.culprit_links == [(5, 6)]
+    assert report.world_size == 8 and len(report.stacks) == 8
+    tree = stack_tree(report.stacks, report.fork_point)
+    node = tree
+    while not node.is_fork_point:
+        (node,) = node.children
+    assert node.frame == "train_step (train.py:40)"
+    minority = min(node.children, key=lambda c: len(c.ranks))
+    assert minority.ranks == [5] and minority.frame.startswith("load_batch")
+
+
+def test_fork_point_is_computed_when_not_named(tmp_path: Path) -> None:
+    stacks = {0: ["a", "b", "c"], 1: ["a", "b", "c"], 2: ["a", "b", "x"]}
+    tree = stack_tree(stacks)
+    assert tree.children[0].children[0].frame == "b" and tree.children[0].children[0].is_fork_point
+    frames = {0: [{"name": "f", "filename": "m.py", "line": 3}]}
+    (tmp_path / "diagnosis.json").write_text(json.dumps({"verdict": "ok", "stacks": frames}))
+    assert load_hang_report(tmp_path).stacks == {0: ["f (m.py:3)"]}
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{not json", "not valid JSON"),
+        ('{"verdict": "weird"}', "verdict"),
+        ("[1]", "JSON object"),
+        ('{"verdict": "hang", "culprit_ranks": ["x"]}', "culprit_ranks"),
+    ],
+)
+def test_bad_report_is_one_clear_error(tmp_path: Path, content: str, message: str) -> None:
+    (tmp_path / "diagnosis.json").write_text(content)
+    with pytest.raises(VigilInputError, match=message):
+        load_hang_report(tmp_path)
+
+
+def test_missing_report_and_discovery(tmp_path: Path) -> None:
+    with pytest.raises(VigilInputError, match="no such file"):
+        load_hang_report(tmp_path / "nowhere")
+    (tmp_path / "run1").mkdir()
+    (tmp_path / "run1" / "diagnosis.json").write_text('{"verdict": "ok"}')
+    assert list(find_reports([tmp_path])) == ["run1"]
+
+
+def test_ring_marks_culprit_link_and_rank() -> None:
+    svg = ring(8, [(5, 6)], [5])
+    assert svg.count('class="link culprit"') == 1 and 'data-link="5-6"' in svg
+    assert svg.count('class="rank culprit"') == 1

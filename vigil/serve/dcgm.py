@@ -1,0 +1,85 @@
+"""A simulated dcgm-exporter: the simulator's ``gpu`` frames in Prometheus text format.
+
+The metric names are the DCGM field names the simulator already uses (``DCGM_FI_DEV_GPU_TEMP`` ...) and the
+labels are the ones dcgm-exporter renders (internal/pkg/rendermetrics/render_metrics.go): ``gpu``, ``UUID``,
+``pci_bus_id``, ``device``, ``modelName``, ``Hostname``. A real Prometheus scrapes this endpoint exactly as
+it would scrape ``:9400/metrics`` of a dcgm-exporter pod, so everything downstream (PromQL reads, rules) is
+exercised against the real wire format.
+"""
+
+from __future__ import annotations
+
+import math
+
+from vigil.model import Gpu, Topology, parse_entity
+from vigil.store.metrics import MetricFrame
+
+# dcgm-exporter's counters file marks these as counters; everything else it exports is a gauge.
+_COUNTERS = frozenset(
+    {
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+        "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+        "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
+        "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+        "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+        "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+        "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+        "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+    }
+)
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def escape_label(value: str) -> str:
+    """Label values escape backslash, double quote and newline (text exposition format)."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _gpu_labels(entity: str, gpus: dict[str, Gpu]) -> str:
+    _, (node, index) = parse_entity(entity)
+    gpu = gpus.get(entity)
+    labels = {
+        "gpu": index,
+        "UUID": (gpu.uuid if gpu and gpu.uuid else f"GPU-{node}-{index}"),
+        "pci_bus_id": gpu.pci_bus_id if gpu else "",
+        "device": f"nvidia{index}",
+        "modelName": gpu.model if gpu else "",
+        "Hostname": node,
+    }
+    return ",".join(f'{key}="{escape_label(value)}"' for key, value in labels.items())
+
+
+def render_dcgm(frame: MetricFrame, topology: Topology | None = None) -> str:
+    """One scrape of every GPU in ``frame`` as dcgm-exporter would print it; NaN values (a GPU that fell
+    off the bus) are left out, as dcgm-exporter leaves out fields it cannot read."""
+    gpus: dict[str, Gpu] = {}
+    if topology is not None:
+        gpus = {g.id: g for node in topology.nodes for g in node.gpus}
+    gpu_rows = [(i, e) for i, e in enumerate(frame.entities) if e.startswith("gpu/")]
+    label_cache = {e: _gpu_labels(e, gpus) for _, e in gpu_rows}
+    lines: list[str] = []
+    for j, metric in enumerate(frame.metrics):
+        if not metric.startswith("DCGM_"):
+            continue
+        kind = "counter" if metric in _COUNTERS else "gauge"
+        lines.append(f"# HELP {metric} {metric.removeprefix('DCGM_FI_').replace('_', ' ').lower()}.")
+        lines.append(f"# TYPE {metric} {kind}")
+        for i, entity in gpu_rows:
+            value = float(frame.values[i, j])
+            if math.isnan(value):
+                continue
+            lines.append(f"{metric}{{{label_cache[entity]}}} {_format_value(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def _format_value(value: float) -> str:
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if value == int(value) and abs(value) < 1e15:
+        return str(int(value))
+    return repr(value)
