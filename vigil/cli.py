@@ -25,6 +25,9 @@ def _root() -> None:
 
 
 # --- verbs: each package registers its own commands here, one line each -------------------------
+from vigil.collect.cli import agent as _agent  # noqa: E402
+
+app.command("agent")(_agent)
 
 
 def main() -> None:

@@ -1,0 +1,62 @@
+"""Fixtures for the collector tests: a real local HTTP server that serves whatever page a test sets."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "collect"
+
+
+class PageServer:
+    def __init__(self) -> None:
+        self.page = b""
+        self.status = 200
+        self.received: list[bytes] = []
+        self.headers: list[dict[str, str]] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+                self.send_response(server.status)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(server.page)))
+                self.end_headers()
+                self.wfile.write(server.page)
+
+            def do_POST(self) -> None:  # noqa: N802
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                server.received.append(body)
+                server.headers.append(dict(self.headers))
+                self.send_response(server.status)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_port}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def page_server() -> Iterator[PageServer]:
+    server = PageServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def dcgm_page() -> str:
+    return (FIXTURES / "dcgm_exporter_page.txt").read_text()

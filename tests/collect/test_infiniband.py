@@ -1,0 +1,104 @@
+"""InfiniBand / RoCE sysfs reading on a fake sysfs tree (the layout of /sys/class/infiniband)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from vigil.collect.infiniband import InfinibandCollector
+from vigil.model import FaultLevel
+
+
+def make_port(
+    root: Path,
+    device: str,
+    port: int = 1,
+    state: str = "4: ACTIVE",
+    rate: str = "400 Gb/sec (4X NDR)",
+    link_layer: str = "InfiniBand",
+    link_downed: int = 0,
+    gid: str | None = None,
+) -> Path:
+    base = root / device / "ports" / str(port)
+    (base / "counters").mkdir(parents=True, exist_ok=True)
+    (base / "hw_counters").mkdir(exist_ok=True)
+    (base / "state").write_text(state + "\n")
+    (base / "phys_state").write_text("5: LinkUp\n" if "ACTIVE" in state else "3: Disabled\n")
+    (base / "rate").write_text(rate + "\n")
+    (base / "link_layer").write_text(link_layer + "\n")
+    counters = {
+        "port_rcv_data": 1000,
+        "port_xmit_data": 250,
+        "symbol_error": 0,
+        "link_downed": link_downed,
+        "port_rcv_errors": 2,
+    }
+    for name, value in counters.items():
+        (base / "counters" / name).write_text(f"{value}\n")
+    (base / "hw_counters" / "local_ack_timeout_err").write_text("9\n")
+    if gid is not None:
+        (base / "gids").mkdir(exist_ok=True)
+        (base / "gids" / "0").write_text(gid + "\n")
+    return base
+
+
+def points(out) -> dict[tuple[str, str], float]:
+    return {(p.metric, p.entity): p.value for p in out.points}
+
+
+def test_counters_state_and_speed(tmp_path: Path) -> None:
+    make_port(tmp_path, "mlx5_0")
+    make_port(tmp_path, "mlx5_1", port=2, state="1: DOWN")
+    out = InfinibandCollector(node="n01", root=tmp_path).collect(0.0)
+    got = points(out)
+    assert got[("vigil_nic_link_up", "nic/n01/mlx5_0")] == 1
+    assert got[("vigil_nic_link_up", "nic/n01/mlx5_1:2")] == 0
+    assert got[("vigil_nic_phys_link_up", "nic/n01/mlx5_1:2")] == 0
+    assert got[("vigil_nic_speed_gbps", "nic/n01/mlx5_0")] == 400
+    assert got[("vigil_nic_rx_bytes_total", "nic/n01/mlx5_0")] == 4000  # 4-byte words
+    assert got[("vigil_nic_receive_errors_total", "nic/n01/mlx5_0")] == 2
+    assert got[("vigil_nic_local_ack_timeouts_total", "nic/n01/mlx5_0")] == 9
+    assert out.status == "2 InfiniBand / RoCE port(s)"
+
+
+def test_absent_sysfs_says_so(tmp_path: Path) -> None:
+    out = InfinibandCollector(node="n01", root=tmp_path / "missing").collect(0.0)
+    assert out.points == [] and "absent" in out.status
+
+
+def test_link_down_flap_speed_drop_and_lost_device_events(tmp_path: Path) -> None:
+    port = make_port(tmp_path, "mlx5_0")
+    collector = InfinibandCollector(node="n01", root=tmp_path)
+    assert collector.collect(0.0).events == []
+    (port / "state").write_text("1: DOWN\n")
+    assert [(e.kind, e.level) for e in collector.collect(1.0).events] == [("link_down", FaultLevel.DRAIN)]
+    make_port(tmp_path, "mlx5_0", link_downed=1)  # back up after one more link_downed
+    assert collector.collect(2.0).events == []  # coming back is not a flap by itself...
+    (port / "counters" / "link_downed").write_text("3\n")  # ...but going down twice while up again is
+    [flap] = collector.collect(3.0).events
+    assert flap.kind == "nic_link_flap" and "2 time(s)" in flap.message
+    (port / "rate").write_text("200 Gb/sec (4X HDR)\n")
+    assert [e.kind for e in collector.collect(4.0).events] == ["nic_speed_low"]
+    assert collector.collect(5.0).events == []
+    for path in sorted(tmp_path.rglob("*"), reverse=True):
+        path.unlink() if path.is_file() else path.rmdir()
+    tmp_path.mkdir(exist_ok=True)
+    [lost] = collector.collect(6.0).events
+    assert (lost.kind, lost.level, lost.entity) == ("nic_lost", FaultLevel.ISOLATE, "nic/n01/mlx5_0")
+
+
+def test_roce_port_without_gid_is_reported_once(tmp_path: Path) -> None:
+    make_port(tmp_path, "mlx5_0", link_layer="Ethernet", gid="0000:0000:0000:0000:0000:0000:0000:0000")
+    make_port(tmp_path, "mlx5_1", link_layer="Ethernet", gid="fe80:0000:0000:0000:0a88:66ff:fe01:0203")
+    collector = InfinibandCollector(node="n01", root=tmp_path)
+    events = collector.collect(0.0).events
+    assert [(e.kind, e.entity) for e in events] == [("rnic_gid_error", "nic/n01/mlx5_0")]
+    assert collector.collect(1.0).events == []
+
+
+def test_garbage_sysfs_values_are_counted(tmp_path: Path) -> None:
+    port = make_port(tmp_path, "mlx5_0")
+    (port / "counters" / "symbol_error").write_text("N/A\n")
+    collector = InfinibandCollector(node="n01", root=tmp_path)
+    got = points(collector.collect(0.0))
+    assert ("vigil_nic_symbol_errors_total", "nic/n01/mlx5_0") not in got
+    assert collector.problems.counts["bad sysfs value"] == 1

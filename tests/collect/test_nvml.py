@@ -1,0 +1,124 @@
+"""NVML collector logic on a fake pynvml (no GPU on this machine; the real calls run on GPU nodes)."""
+
+from __future__ import annotations
+
+import pynvml
+
+from tests.collect.fake_nvml import FakeGpu, FakeNvml
+from vigil.collect.nvml import NvmlCollector, normalise_pci_bus
+from vigil.model import FaultLevel
+
+
+def values(collection, entity: str) -> dict[str, float]:
+    return {p.metric: p.value for p in collection.points if p.entity == entity}
+
+
+def test_reads_every_field_under_dcgm_names() -> None:
+    nvml = FakeNvml([FakeGpu(), FakeGpu(bus_id="00000000:2A:00.0", temp=70, sbe=0)])
+    collector = NvmlCollector(node="n01", nvml=nvml)
+    out = collector.collect(1000.0)
+    gpu0 = values(out, "gpu/n01/0")
+    assert gpu0["DCGM_FI_DEV_GPU_UTIL"] == 87
+    assert gpu0["DCGM_FI_DEV_FB_USED"] == 60 * 1024  # MiB, as dcgm-exporter reports
+    assert gpu0["DCGM_FI_DEV_POWER_USAGE"] == 550.0  # W from mW
+    assert gpu0["DCGM_FI_DEV_SM_CLOCK"] == 1980 and gpu0["DCGM_FI_DEV_MEM_CLOCK"] == 2619
+    assert gpu0["DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"] == 3
+    assert gpu0["DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS"] == 2
+    assert gpu0["DCGM_FI_DEV_PCIE_LINK_WIDTH"] == 16
+    assert gpu0["vigil_gpu_nvlink_links_up"] == 18 and gpu0["vigil_gpu_nvlink_links_down"] == 0
+    assert gpu0["vigil_gpu_recovery_action"] == 0
+    assert values(out, "gpu/n01/1")["DCGM_FI_DEV_GPU_TEMP"] == 70
+    assert values(out, "node/n01")["vigil_node_gpus"] == 2
+    assert collector.pci_to_index == {"0000:18:00": 0, "0000:2a:00": 1}
+    assert out.events == [] and collector.problems.total() == 0
+
+
+def test_no_driver_reports_no_gpu_and_does_not_raise() -> None:
+    collector = NvmlCollector(node="n01", nvml=FakeNvml(init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND))
+    out = collector.collect(0.0)
+    assert out.status.startswith("no GPU")
+    assert values(out, "node/n01") == {"vigil_node_gpus": 0}
+    assert not collector.available
+
+
+def test_real_pynvml_without_driver_says_no_gpu() -> None:
+    out = NvmlCollector(node="n01").collect(0.0)
+    assert out.status.startswith("no GPU"), out.status
+
+
+def test_pcie_width_downgrade_raises_one_event_until_it_recovers() -> None:
+    gpu = FakeGpu(width=8)
+    collector = NvmlCollector(node="n01", nvml=FakeNvml([gpu]))
+    first = collector.collect(1.0)
+    assert [(e.kind, e.level, e.entity) for e in first.events] == [
+        ("gpu_pcie_width_low", FaultLevel.DRAIN, "gpu/n01/0")
+    ]
+    assert collector.collect(2.0).events == []
+    gpu.width = 16
+    assert collector.collect(3.0).events == []
+    gpu.width = 4
+    assert len(collector.collect(4.0).events) == 1
+
+
+def test_generation_drop_alone_is_power_saving_not_a_downgrade() -> None:
+    collector = NvmlCollector(node="n01", nvml=FakeNvml([FakeGpu(gen=1)]))
+    assert collector.collect(1.0).events == []
+
+
+def test_row_remap_failure_isolates_and_recovery_action_change_is_reported() -> None:
+    gpu = FakeGpu(remap=(0, 5, 0, 1), recovery_action=0)
+    collector = NvmlCollector(node="n01", nvml=FakeNvml([gpu]))
+    out = collector.collect(1.0)
+    assert [(e.kind, e.level) for e in out.events] == [("gpu_row_remap_failure", FaultLevel.ISOLATE)]
+    gpu.remap = (0, 5, 0, 0)
+    gpu.recovery_action = pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET
+    out = collector.collect(2.0)
+    assert [(e.kind, e.attrs["action"]) for e in out.events] == [("gpu_recovery_action", "DRAIN_AND_RESET")]
+    assert collector.collect(3.0).events == []
+
+
+def test_nvlink_down_and_errors_are_summed_over_links() -> None:
+    gpu = FakeGpu(nvlinks=[1, 1, 0, 1], nvlink_errors=7)
+    out = NvmlCollector(node="n01", nvml=FakeNvml([gpu])).collect(1.0)
+    gpu0 = values(out, "gpu/n01/0")
+    assert gpu0["vigil_gpu_nvlink_links_down"] == 1 and gpu0["vigil_gpu_nvlink_links_up"] == 3
+    assert gpu0["DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"] == 28
+
+
+def test_unsupported_fields_are_skipped_silently_and_pre_ampere_uses_retired_pages() -> None:
+    gpu = FakeGpu(
+        remap=None,
+        unsupported={"nvmlDeviceGetTotalEccErrors"},
+        retired={pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR: [0x1000, 0x2000]},
+    )
+    collector = NvmlCollector(node="n01", nvml=FakeNvml([gpu]))
+    gpu0 = values(collector.collect(1.0), "gpu/n01/0")
+    assert "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL" not in gpu0
+    assert gpu0["DCGM_FI_DEV_RETIRED_DBE"] == 2 and gpu0["DCGM_FI_DEV_RETIRED_PENDING"] == 0
+    assert collector.problems.total() == 0
+
+
+def test_other_nvml_errors_are_counted_once_logged(caplog) -> None:
+    nvml = FakeNvml([FakeGpu()])
+
+    def lost(_handle: int) -> int:
+        raise nvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+
+    nvml.nvmlDeviceGetPowerUsage = lost  # type: ignore[method-assign]
+    collector = NvmlCollector(node="n01", nvml=nvml)
+    for t in range(3):
+        collector.collect(float(t))
+    assert collector.problems.counts["nvmlDeviceGetPowerUsage"] == 3
+    assert sum("nvmlDeviceGetPowerUsage" in r.message for r in caplog.records) == 1
+
+
+def test_shutdown_on_close() -> None:
+    nvml = FakeNvml()
+    collector = NvmlCollector(node="n01", nvml=nvml)
+    collector.collect(0.0)
+    collector.close()
+    assert nvml.shutdown
+
+
+def test_pci_bus_ids_from_nvml_and_kernel_agree() -> None:
+    assert normalise_pci_bus("00000000:9B:00.0") == normalise_pci_bus("0000:9b:00") == "0000:9b:00"
