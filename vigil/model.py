@@ -284,7 +284,7 @@ class Anomaly(Record):
     evidence: list[Evidence] = Field(default_factory=list)
 
 
-class IncidentStatus(str, enum.Enum):
+class IncidentStatus(enum.StrEnum):
     OPEN = "open"
     ACKNOWLEDGED = "acknowledged"
     RESOLVED = "resolved"
@@ -319,7 +319,7 @@ class Cause(Record):
     evidence_refs: list[str] = Field(default_factory=list)
 
 
-class ActionKind(str, enum.Enum):
+class ActionKind(enum.StrEnum):
     """The remediation whitelist: nothing outside it is ever proposed or executed."""
 
     ALERT = "alert"
@@ -354,7 +354,7 @@ class Diagnosis(Record):
     generated_by: str = "deterministic"
 
 
-class ActionStatus(str, enum.Enum):
+class ActionStatus(enum.StrEnum):
     PROPOSED = "proposed"
     APPROVED = "approved"
     EXECUTED = "executed"

@@ -25,7 +25,7 @@ from vigil.model import Anomaly, Event, VigilInputError
 from vigil.store.metrics import MetricFrame
 
 
-class Detector(BaseEstimator, ABC):  # type: ignore[misc]
+class Detector(BaseEstimator, ABC):
     """Array detector: ``X`` is (n_samples, n_features) or (n_windows, window, n_features)."""
 
     name: ClassVar[str] = "detector"

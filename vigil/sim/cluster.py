@@ -33,8 +33,8 @@ def build_topology(
     spines = max(1, (leaves + leaves_per_spine - 1) // leaves_per_spine)
     switches = [Switch(name=f"spine{s:02d}", tier="spine") for s in range(spines)]
     width = max(2, len(str(leaves - 1)))
-    for leaf in range(leaves):
-        switches.append(Switch(name=f"leaf{leaf:0{width}d}", tier="leaf", uplinks=[f"spine{leaf % spines:02d}"]))
+    for k in range(leaves):
+        switches.append(Switch(name=f"leaf{k:0{width}d}", tier="leaf", uplinks=[f"spine{k % spines:02d}"]))
     node_list = []
     for i in range(nodes):
         name = node_name(i, nodes)

@@ -50,7 +50,7 @@ CATALOGUE: tuple[FaultSpec, ...] = (
               ((_HW, "GPU", "GPU DBE(Double Bit ECC) > Threshold", 60),), precursor_min=6,
               signals=("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL rising (precursor)", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
                        "Xid 48", "job crash on the rank")),
-    FaultSpec("gpu_xid", "gpu", FaultLevel.DRAIN, "GPU engine stopped (Xid 8/62/109)",
+    FaultSpec("gpu_xid", "gpu", FaultLevel.DRAIN, "GPU engine stopped (Xid 62/109)",
               ((_HW, "GPU", "GPU xid Error", 11),), signals=("Xid 62/109 kernel line", "job crash")),
     FaultSpec("gpu_thermal", "gpu", FaultLevel.DEGRADED, "GPU overheating and throttling",
               ((_HW, "GPU", "GPU Temperature High", 2),), precursor_min=5,

@@ -1,0 +1,210 @@
+"""Group anomalies into incidents: per node or job, over time, and across the topology.
+
+- Anomalies of one node (its GPUs, NICs, the host) or of one job (its ranks) that follow each other within
+  ``gap_s`` form one incident.
+- A job's symptoms (stall, crash, throughput drop, straggler) that start while a hardware incident is open
+  on one of the job's nodes are effects of that incident, not a second one.
+- Network faults on several nodes under one leaf switch within ``switch_window_s`` become one incident
+  scoped to the switch.
+- Only anomalies at DEGRADED or worse open an incident; OBSERVE-level ones (an application Xid) join an
+  incident already open on their node or stay as loose observations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vigil.model import (
+    Anomaly,
+    FaultLevel,
+    Incident,
+    IncidentStatus,
+    Topology,
+    new_id,
+    node_id,
+    parse_entity,
+    switch_id,
+)
+
+NETWORK_FAULTS = {"link_down", "link_flap", "nic_lost", "nic_speed_low", "rnic_gid_error"}
+MAX_EVIDENCE = 50
+
+
+@dataclass
+class _Group:
+    anchor: str
+    anomalies: list[Anomaly] = field(default_factory=list)
+    id: str = field(default_factory=lambda: new_id("inc"))
+    merged_into: str | None = None
+
+    @property
+    def start(self) -> float:
+        return min(a.start for a in self.anomalies)
+
+    @property
+    def end(self) -> float:
+        return max(a.end for a in self.anomalies)
+
+    @property
+    def level(self) -> FaultLevel:
+        return max(a.level for a in self.anomalies)
+
+    def fault_types(self) -> set[str]:
+        return {a.fault_type for a in self.anomalies}
+
+
+class IncidentGrouper:
+    def __init__(self, topology: Topology, gap_s: float = 600.0, switch_window_s: float = 120.0,
+                 effect_window_s: float = 300.0, resolve_after_s: float = 900.0,
+                 min_level: FaultLevel = FaultLevel.DEGRADED) -> None:
+        self.topology = topology
+        self.gap_s = gap_s
+        self.switch_window_s = switch_window_s
+        self.effect_window_s = effect_window_s
+        self.resolve_after_s = resolve_after_s
+        self.min_level = min_level
+        self.groups: list[_Group] = []
+        self.observations: list[Anomaly] = []
+        self._open: dict[str, _Group] = {}
+        self._switch_of = {n.id: n.switch for n in topology.nodes}
+        self._job_nodes: dict[str, set[str]] = {}
+        self._node_of_gpu: dict[str, str] = {}
+        for node in topology.nodes:
+            for gpu in node.gpus:
+                self._node_of_gpu[gpu.id] = node.id
+        for job in topology.jobs:
+            self._job_nodes[job.entity] = {self._node_of_gpu[g] for g in job.placement if g in self._node_of_gpu}
+            for r, placed in enumerate(job.placement):
+                self._node_of_gpu[f"{job.entity}/rank/{r}"] = self._node_of_gpu.get(placed, "")
+
+    # ---------------------------------------------------------------- anchors
+
+    def anchor(self, entity: str) -> str:
+        kind, parts = parse_entity(entity)
+        if kind in ("gpu", "nic", "node"):
+            return node_id(parts[0])
+        if kind == "rank":
+            return f"job/{parts[0]}"
+        return entity
+
+    # ---------------------------------------------------------------- grouping
+
+    def add(self, anomalies: list[Anomaly]) -> None:
+        # hardware first, so a job symptom seen in the same tick finds its cause
+        for anomaly in sorted(anomalies, key=lambda a: (a.start, self.anchor(a.entity).startswith("job/"))):
+            self._add_one(anomaly)
+
+    def _add_one(self, anomaly: Anomaly) -> None:
+        anchor = self.anchor(anomaly.entity)
+        group = self._open.get(anchor)
+        if group is not None and anomaly.start - group.end > self.gap_s:
+            group = None
+        if anchor.startswith("job/"):
+            cause = self._hardware_cause(anchor, anomaly)
+            if cause is not None:
+                cause.anomalies.append(anomaly)
+                return
+        if group is None:
+            if anomaly.level < self.min_level:
+                self.observations.append(anomaly)
+                return
+            group = _Group(anchor=anchor)
+            self.groups.append(group)
+            self._open[anchor] = group
+            if not anchor.startswith("job/"):
+                self._absorb_job_effects(group, anomaly)
+        group.anomalies.append(anomaly)
+        if anomaly.fault_type in NETWORK_FAULTS:
+            self._switch_merge(group)
+
+    def _hardware_cause(self, job: str, anomaly: Anomaly) -> _Group | None:
+        """The open hardware incident on one of the job's nodes that this job symptom follows, if any."""
+        rank_node = self._node_of_gpu.get(anomaly.entity)
+        candidates = []
+        for node in self._job_nodes.get(job, set()):
+            group = self._live(node)
+            if group is None or not group.start - 60 <= anomaly.start <= group.end + self.effect_window_s:
+                continue
+            # the nearest preceding hardware symptom is the likeliest cause
+            recent = max((a.start for a in group.anomalies if a.start <= anomaly.start + 60), default=group.start)
+            candidates.append((node != rank_node, -group.level, anomaly.start - recent, group))
+        if not candidates:
+            return None
+        return min(candidates, key=lambda c: c[:3])[3]
+
+    def _live(self, anchor: str) -> _Group | None:
+        group = self._open.get(anchor)
+        while group is not None and group.merged_into is not None:
+            group = next((g for g in self.groups if g.id == group.merged_into), None)
+        return group
+
+    def _absorb_job_effects(self, group: _Group, anomaly: Anomaly) -> None:
+        """A hardware incident opening just after its job's symptoms takes those symptoms over."""
+        for job, nodes in self._job_nodes.items():
+            if group.anchor not in nodes:
+                continue
+            job_group = self._open.get(job)
+            if job_group is None or job_group.merged_into or not (
+                    anomaly.start - 60 <= job_group.start <= anomaly.start + 60):
+                continue
+            group.anomalies.extend(job_group.anomalies)
+            job_group.merged_into = group.id
+            del self._open[job]
+
+    def _switch_merge(self, group: _Group) -> None:
+        switch = self._switch_of.get(group.anchor)
+        if not switch:
+            return
+        key = switch_id(switch)
+        start = min(a.start for a in group.anomalies if a.fault_type in NETWORK_FAULTS)
+        peers = [g for anchor, g in self._open.items()
+                 if anchor.startswith("node/") and self._switch_of.get(anchor) == switch and g.merged_into is None
+                 and any(a.fault_type in NETWORK_FAULTS and abs(a.start - start) <= self.switch_window_s
+                         for a in g.anomalies)]
+        existing = self._open.get(key)
+        if existing is not None and existing.end >= start - self.gap_s:
+            target = existing
+        elif len(peers) >= 2:
+            target = _Group(anchor=key)
+            self.groups.append(target)
+            self._open[key] = target
+        else:
+            return
+        for peer in peers:
+            if peer is target:
+                continue
+            target.anomalies.extend(peer.anomalies)
+            peer.merged_into = target.id
+            self._open[peer.anchor] = target
+
+    # ---------------------------------------------------------------- output
+
+    def incidents(self, now: float) -> list[Incident]:
+        out = []
+        for group in self.groups:
+            if group.merged_into is not None or not group.anomalies:
+                continue
+            anomalies = sorted(group.anomalies, key=lambda a: (-a.level, a.start))
+            entities = sorted({a.entity for a in group.anomalies})
+            scope = group.anchor
+            causes = [a for a in anomalies if a.level >= self.min_level and (
+                self.anchor(a.entity) == group.anchor or group.anchor.startswith("switch/"))]
+            hardware_entities = {a.entity for a in causes}
+            if not group.anchor.startswith("switch/") and len(hardware_entities) == 1:
+                scope = next(iter(hardware_entities))
+            fault_types: list[str] = []
+            for a in anomalies:
+                if a.fault_type not in fault_types:
+                    fault_types.append(a.fault_type)
+            head = causes[0] if causes else anomalies[0]
+            effects = sum(1 for a in group.anomalies if self.anchor(a.entity).startswith("job/"))
+            if group.anchor.startswith("job/"):
+                effects = 0
+            title = f"{head.fault_type.replace('_', ' ')} on {scope}" + (
+                f" (+{effects} effect{'s' if effects > 1 else ''} on jobs)" if effects else "")
+            evidence = [ev for a in sorted(group.anomalies, key=lambda a: a.start) for ev in a.evidence][:MAX_EVIDENCE]
+            status = IncidentStatus.RESOLVED if now - group.end > self.resolve_after_s else IncidentStatus.OPEN
+            out.append(Incident(id=group.id, title=title, scope=scope, entities=entities, start=group.start,
+                                end=group.end, level=group.level, fault_types=fault_types, status=status,
+                                anomalies=[a.id for a in group.anomalies], evidence=evidence))
+        return out

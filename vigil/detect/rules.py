@@ -1,0 +1,356 @@
+"""Rules: thresholds on DCGM / host / NIC / job metrics, Xid and kernel events, training-health checks.
+
+Every rule is one row of a table (fault type, level, condition) evaluated on a whole scrape with numpy, so
+10,000 GPUs cost a few milliseconds per tick. A rule that keeps firing extends its open anomaly instead of
+opening a new one; an anomaly closes once its condition has been clear for ``Thresholds.hold_s``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel
+
+from vigil.detect.xid import xid_info
+from vigil.model import Anomaly, Event, Evidence, FaultLevel, Topology, rank_id
+from vigil.sim import metrics as M
+from vigil.store.metrics import MetricFrame
+
+log = logging.getLogger(__name__)
+
+
+class Thresholds(BaseModel):
+    """Rule thresholds; defaults follow NVIDIA's guidance and what production clusters page on."""
+
+    gpu_temp_c: float = 87.0
+    sbe_per_s: float = 3.0
+    pcie_replay_per_s: float = 5.0
+    nvlink_crc_per_s: float = 5.0
+    fb_used_ratio: float = 0.985
+    fan_min_rpm: float = 3000.0
+    straggler_clock_ratio: float = 0.8
+    loss_spike_ratio: float = 1.5
+    loss_spike_sigma: float = 6.0
+    grad_norm_floor: float = 0.01
+    grad_norm_window_s: float = 300.0
+    stall_s: float = 90.0
+    throughput_ratio: float = 0.9
+    throughput_ticks: int = 3
+    hold_s: float = 60.0
+    crash_memory_s: float = 300.0
+
+
+# Xid code -> fault type; codes not listed are "gpu_xid" (or "gpu_app_error" when the catalogue says the
+# application, not the GPU, is at fault).
+XID_FAULTS = {48: "gpu_dbe", 79: "gpu_lost", 119: "gpu_gsp_timeout", 120: "gpu_gsp_timeout",
+              63: "gpu_row_remap_failure", 64: "gpu_row_remap_failure", 74: "nvlink_error", 92: "gpu_sbe_storm",
+              95: "gpu_dbe", 140: "gpu_dbe"}
+KERNEL_FAULTS: dict[str, tuple[str, FaultLevel]] = {
+    "mlx5_link_down": ("link_down", FaultLevel.ISOLATE),
+    "mlx5_health": ("nic_lost", FaultLevel.ISOLATE),
+    "rnic_gid_error": ("rnic_gid_error", FaultLevel.DRAIN),
+    "mce": ("cpu_mce", FaultLevel.DRAIN),
+    "fs_readonly": ("fs_readonly", FaultLevel.DRAIN),
+}
+SENSOR_FAULTS: dict[str, tuple[str, FaultLevel]] = {
+    "psu": ("psu_failure", FaultLevel.DRAIN),
+    "fan": ("fan_failure", FaultLevel.DEGRADED),
+}
+
+
+@dataclass(frozen=True)
+class MetricRule:
+    """``condition(values, delta_per_s)`` -> boolean mask over the frame's entities (delta is 0 for gauges)."""
+
+    family: str
+    fault_type: str
+    level: FaultLevel
+    metric: str
+    describe: str
+    condition: Callable[[np.ndarray, np.ndarray], np.ndarray]
+    counter: bool = False
+
+
+def _rules(t: Thresholds) -> list[MetricRule]:
+    nan = np.isnan
+    return [
+        MetricRule("gpu", "gpu_dbe", FaultLevel.ISOLATE, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+                   "double-bit ECC errors rose", lambda v, d: d > 0, counter=True),
+        MetricRule("gpu", "gpu_sbe_storm", FaultLevel.DEGRADED, "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+                   f"single-bit ECC errors above {t.sbe_per_s}/s", lambda v, d: d > t.sbe_per_s,
+                   counter=True),
+        MetricRule("gpu", "gpu_thermal", FaultLevel.DEGRADED, "DCGM_FI_DEV_GPU_TEMP",
+                   f"GPU temperature above {t.gpu_temp_c} C", lambda v, d: v > t.gpu_temp_c),
+        MetricRule("gpu", "gpu_pcie_replay", FaultLevel.DEGRADED, "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+                   f"PCIe replays above {t.pcie_replay_per_s}/s",
+                   lambda v, d: d > t.pcie_replay_per_s, counter=True),
+        MetricRule("gpu", "gpu_pcie_width_low", FaultLevel.DRAIN, "DCGM_FI_DEV_PCIE_LINK_WIDTH",
+                   f"PCIe link width below x{int(M.PCIE_WIDTH)}", lambda v, d: v < M.PCIE_WIDTH),
+        MetricRule("gpu", "nvlink_error", FaultLevel.DEGRADED, "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+                   f"NVLink CRC flit errors above {t.nvlink_crc_per_s}/s",
+                   lambda v, d: d > t.nvlink_crc_per_s, counter=True),
+        MetricRule("gpu", "gpu_row_remap_failure", FaultLevel.ISOLATE, "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+                   "row remapping failed", lambda v, d: v > 0),
+        MetricRule("node", "node_down", FaultLevel.ISOLATE, "vigil_node_up", "node is down", lambda v, d: v == 0),
+        MetricRule("node", "psu_failure", FaultLevel.DRAIN, "vigil_node_psu_ok", "a power supply is not OK",
+                   lambda v, d: v < M.PSU_TOTAL),
+        MetricRule("node", "fan_failure", FaultLevel.DEGRADED, "vigil_node_fan_speed_min_rpm",
+                   f"slowest fan below {t.fan_min_rpm:.0f} rpm", lambda v, d: v < t.fan_min_rpm),
+        MetricRule("node", "fs_readonly", FaultLevel.DRAIN, "vigil_node_filesystem_readonly",
+                   "a local filesystem is read-only", lambda v, d: v > 0),
+        MetricRule("node", "kubelet_down", FaultLevel.DRAIN, "vigil_node_kubelet_ready", "kubelet is not ready",
+                   lambda v, d: v == 0),
+        MetricRule("nic", "link_down", FaultLevel.ISOLATE, "vigil_nic_link_up", "NIC link is down",
+                   lambda v, d: v == 0),
+        MetricRule("nic", "nic_speed_low", FaultLevel.DRAIN, "vigil_nic_speed_gbps",
+                   f"NIC speed below the rated {M.NIC_RATED_GBPS:.0f} Gb/s",
+                   lambda v, d: (v > 0) & (v < M.NIC_RATED_GBPS)),
+        MetricRule("nic", "link_flap", FaultLevel.DEGRADED, "vigil_nic_link_downed_total", "NIC link flapped",
+                   lambda v, d: d > 0, counter=True),
+        MetricRule("nic", "nic_symbol_errors", FaultLevel.OBSERVE, "vigil_nic_symbol_errors_total",
+                   "NIC symbol errors", lambda v, d: d > 1.0, counter=True),
+    ] + [
+        # a metric family that vanished while its host is up: the device is gone or its driver hangs
+        MetricRule("gpu", "gpu_metrics_missing", FaultLevel.DRAIN, "DCGM_FI_DEV_GPU_UTIL",
+                   "GPU reports no metrics while its node is up", lambda v, d: nan(v)),
+        MetricRule("nic", "nic_lost", FaultLevel.ISOLATE, "vigil_nic_link_up",
+                   "NIC reports no metrics while its node is up", lambda v, d: nan(v)),
+    ]
+
+
+@dataclass
+class _JobState:
+    last_steps: float = np.nan
+    last_progress_ts: float = np.nan
+    loss_mean: float = np.nan
+    loss_var: float = 0.0
+    tokens_base: float = np.nan
+    slow_ticks: int = 0
+    last_crash_ts: float = -np.inf
+
+
+class RuleDetector:
+    """The rules as one StreamDetector."""
+
+    name = "rules"
+
+    def __init__(self, topology: Topology, thresholds: Thresholds | None = None) -> None:
+        self.topology = topology
+        self.t = thresholds or Thresholds()
+        self.rules = _rules(self.t)
+        self.active: dict[tuple[str, str], Anomaly] = {}
+        self.closed: list[Anomaly] = []
+        self.unknown_xids = 0
+        self._prev: dict[str, tuple[float, np.ndarray]] = {}
+        self._jobs: dict[str, _JobState] = {}
+        self._grad_hist: dict[str, list[tuple[float, float]]] = {}
+        self._rank_of_gpu = {gpu: (job.id, r) for job in topology.jobs for r, gpu in enumerate(job.placement)}
+        self._job_gpus = {job.entity: list(job.placement) for job in topology.jobs}
+        self._node_of: dict[str, str] = {}
+        for node in topology.nodes:
+            for gpu in node.gpus:
+                self._node_of[gpu.id] = node.id
+            for nic in node.nics:
+                self._node_of[nic.id] = node.id
+
+    # ---------------------------------------------------------------- anomaly bookkeeping
+
+    def _fire(self, ts: float, entity: str, fault_type: str, level: FaultLevel, summary: str,
+              kind: Literal["metric", "event", "peer"] = "metric", metric: str | None = None,
+              value: float | None = None, opened: list[Anomaly] | None = None, **attrs: object) -> None:
+        key = (entity, fault_type)
+        anomaly = self.active.get(key)
+        if anomaly is not None:
+            anomaly.end = max(anomaly.end, ts)
+            return
+        evidence = Evidence(kind=kind, entity=entity, ts=ts, summary=summary, metric=metric,
+                            value=None if value is None or not np.isfinite(value) else float(value), attrs=attrs)
+        anomaly = Anomaly(entity=entity, start=ts, end=ts, detector=self.name, fault_type=fault_type, level=level,
+                          evidence=[evidence])
+        self.active[key] = anomaly
+        if opened is not None:
+            opened.append(anomaly)
+
+    def _expire(self, ts: float) -> None:
+        for key, anomaly in list(self.active.items()):
+            if ts - anomaly.end > self.t.hold_s:
+                self.closed.append(self.active.pop(key))
+
+    def close_all(self) -> list[Anomaly]:
+        self.closed.extend(self.active.values())
+        self.active.clear()
+        return self.closed
+
+    # ---------------------------------------------------------------- the tick
+
+    def detect(self, frames: Sequence[MetricFrame], events: Sequence[Event]) -> list[Anomaly]:
+        opened: list[Anomaly] = []
+        by_family = {f.family: f for f in frames}
+        ts = max((f.ts for f in frames), default=max((e.ts for e in events), default=0.0))
+        down_nodes = set()
+        node_frame = by_family.get("node")
+        if node_frame is not None:
+            up = node_frame.column("vigil_node_up")
+            down_nodes = {node_frame.entities[int(i)] for i in np.flatnonzero(~(up > 0))}
+        for event in events:
+            self._event(event, opened)
+        for frame in frames:
+            self._metric_rules(frame, down_nodes, opened)
+        if "gpu" in by_family:
+            self._stragglers(by_family["gpu"], opened)
+        if "job" in by_family:
+            self._training(by_family["job"], opened)
+        for frame in frames:
+            self._prev[frame.family] = (frame.ts, frame.values)
+        self._expire(ts)
+        return opened
+
+    def _metric_rules(self, frame: MetricFrame, down_nodes: set[str], opened: list[Anomaly]) -> None:
+        prev = self._prev.get(frame.family)
+        if prev is not None and prev[1].shape != frame.values.shape:
+            prev = None
+        for rule in self.rules:
+            if rule.family != frame.family:
+                continue
+            j = frame.metric_index(rule.metric)
+            values = frame.values[:, j]
+            delta = np.zeros_like(values)
+            if rule.counter:
+                if prev is None:
+                    continue
+                dt = max(frame.ts - prev[0], 1e-9)
+                # a counter reset (driver reload) reads as a negative delta: not an error burst
+                delta = np.where(values >= prev[1][:, j], (values - prev[1][:, j]) / dt, 0.0)
+            with np.errstate(invalid="ignore"):
+                mask = np.asarray(rule.condition(values, delta), dtype=bool)
+            for i in np.flatnonzero(mask):
+                entity = frame.entities[int(i)]
+                if rule.fault_type in ("gpu_metrics_missing", "nic_lost") and self._node_of.get(entity) in down_nodes:
+                    continue
+                value = float(delta[i]) if rule.counter else float(values[i])
+                self._fire(frame.ts, entity, rule.fault_type, rule.level,
+                           f"{rule.describe} ({rule.metric}={value:.4g}{'/s' if rule.counter else ''})",
+                           metric=rule.metric, value=value, opened=opened)
+
+    def _stragglers(self, frame: MetricFrame, opened: list[Anomaly]) -> None:
+        """Peer difference: a GPU whose SM clock sits well below its job's median while busy."""
+        clock = frame.column("DCGM_FI_DEV_SM_CLOCK")
+        util = frame.column("DCGM_FI_DEV_GPU_UTIL")
+        pos = {e: i for i, e in enumerate(frame.entities)}
+        for gpus in self._job_gpus.values():
+            idx = np.array([pos[g] for g in gpus if g in pos])
+            if len(idx) < 4:
+                continue
+            busy = idx[util[idx] > 50]
+            if len(busy) < 4:
+                continue
+            median = float(np.median(clock[busy]))
+            for i in busy[clock[busy] < self.t.straggler_clock_ratio * median]:
+                gpu = frame.entities[int(i)]
+                job_name, rank = self._rank_of_gpu[gpu]
+                self._fire(frame.ts, rank_id(job_name, rank), "straggler", FaultLevel.DEGRADED,
+                           f"{gpu} SM clock {clock[i]:.0f} MHz vs job median {median:.0f} MHz",
+                           kind="peer", metric="DCGM_FI_DEV_SM_CLOCK", value=float(clock[i]), opened=opened,
+                           gpu=gpu)
+
+    def _training(self, frame: MetricFrame, opened: list[Anomaly]) -> None:
+        t = self.t
+        cols = {m: frame.column(m) for m in M.JOB_METRICS}
+        for i, job in enumerate(frame.entities):
+            st = self._jobs.setdefault(job, _JobState())
+            steps = float(cols["vigil_job_steps_total"][i])
+            step_time = float(cols["vigil_job_step_time_seconds"][i])
+            loss = float(cols["vigil_job_loss"][i])
+            grad = float(cols["vigil_job_grad_norm"][i])
+            tokens = float(cols["vigil_job_tokens_per_second"][i])
+            checkpointing = cols["vigil_job_checkpoint_in_progress"][i] > 0
+            progressing = np.isfinite(step_time)
+            # stall: the step counter stopped, outside a checkpoint save and not after a reported crash
+            if np.isnan(st.last_steps) or steps != st.last_steps or checkpointing:
+                st.last_progress_ts = frame.ts
+            st.last_steps = steps
+            stalled_for = frame.ts - st.last_progress_ts
+            if stalled_for >= t.stall_s and frame.ts - st.last_crash_ts > t.crash_memory_s:
+                self._fire(frame.ts, job, "job_hang", FaultLevel.DRAIN,
+                           f"no training step completed for {stalled_for:.0f} s (not checkpointing)",
+                           metric="vigil_job_steps_total", value=steps, opened=opened)
+            if not progressing:
+                st.slow_ticks = 0
+                continue
+            if np.isnan(loss) or np.isinf(grad):
+                self._fire(frame.ts, job, "nan_loss", FaultLevel.DRAIN, "training loss is NaN / gradient is inf",
+                           metric="vigil_job_loss", value=loss, opened=opened)
+            elif np.isfinite(st.loss_mean):
+                sigma = max(np.sqrt(st.loss_var), 1e-3 * st.loss_mean)
+                if loss > t.loss_spike_ratio * st.loss_mean and loss > st.loss_mean + t.loss_spike_sigma * sigma:
+                    self._fire(frame.ts, job, "loss_spike", FaultLevel.DEGRADED,
+                               f"loss {loss:.3f} vs running mean {st.loss_mean:.3f}", metric="vigil_job_loss",
+                               value=loss, opened=opened)
+                else:
+                    diff = loss - st.loss_mean
+                    st.loss_mean += 0.1 * diff
+                    st.loss_var = 0.9 * (st.loss_var + 0.1 * diff * diff)
+            elif np.isfinite(loss):
+                st.loss_mean = loss
+            if np.isfinite(grad):
+                hist = self._grad_hist.setdefault(job, [])
+                hist.append((frame.ts, grad))
+                while hist and frame.ts - hist[0][0] > t.grad_norm_window_s:
+                    hist.pop(0)
+                span = hist[-1][0] - hist[0][0]
+                avg = float(np.mean([g for _, g in hist]))
+                if span >= 0.5 * t.grad_norm_window_s and avg < t.grad_norm_floor:
+                    self._fire(frame.ts, job, "vanishing_gradient", FaultLevel.DEGRADED,
+                               f"gradient-norm average over {span:.0f} s is {avg:.4f} < {t.grad_norm_floor}",
+                               metric="vigil_job_grad_norm", value=avg, opened=opened)
+            if np.isfinite(st.tokens_base) and tokens < t.throughput_ratio * st.tokens_base:
+                st.slow_ticks += 1
+                if st.slow_ticks >= t.throughput_ticks:
+                    self._fire(frame.ts, job, "throughput_drop", FaultLevel.DEGRADED,
+                               f"tokens/s {tokens:.0f} is {tokens / st.tokens_base:.0%} of baseline",
+                               metric="vigil_job_tokens_per_second", value=tokens, opened=opened)
+            else:
+                st.slow_ticks = 0
+                st.tokens_base = tokens if np.isnan(st.tokens_base) else 0.9 * st.tokens_base + 0.1 * tokens
+
+    # ---------------------------------------------------------------- events
+
+    def _event(self, event: Event, opened: list[Anomaly]) -> None:
+        kind, attrs = event.kind, event.attrs
+        if kind == "xid":
+            code = int(attrs.get("xid", -1))
+            info = xid_info(code)
+            if not info.known:
+                self.unknown_xids += 1
+                log.warning("unknown Xid %s on %s: treated as CONTACT_SUPPORT (drain)", code, event.entity)
+            fault = XID_FAULTS.get(code) or ("gpu_app_error" if info.level <= FaultLevel.OBSERVE else "gpu_xid")
+            self._fire(event.ts, event.entity, fault, info.level,
+                       f"Xid {code} {info.mnemonic} ({info.bucket or 'no bucket'}): {event.message[:200]}",
+                       kind="event", opened=opened, xid=code)
+        elif kind == "kernel" and attrs.get("signature") in KERNEL_FAULTS:
+            fault, level = KERNEL_FAULTS[str(attrs["signature"])]
+            self._fire(event.ts, event.entity, fault, level, f"kernel: {event.message[:200]}", kind="event",
+                       opened=opened)
+        elif kind == "ipmi_sel" and attrs.get("sensor") in SENSOR_FAULTS:
+            fault, level = SENSOR_FAULTS[str(attrs["sensor"])]
+            self._fire(event.ts, event.entity, fault, level, f"IPMI SEL: {event.message[:200]}", kind="event",
+                       opened=opened)
+        elif kind == "k8s" and attrs.get("reason") == "NodeNotReady":
+            self._fire(event.ts, event.entity, "node_not_ready", FaultLevel.DRAIN, event.message[:200],
+                       kind="event", opened=opened)
+        elif kind == "job" and attrs.get("reason") == "crashed":
+            self._jobs.setdefault(event.entity, _JobState()).last_crash_ts = event.ts
+            exit_reason = str(attrs.get("exit_reason", ""))
+            if "out of memory" in exit_reason.lower() and attrs.get("rank") is not None:
+                job_name = event.entity.split("/", 1)[1]
+                self._fire(event.ts, rank_id(job_name, int(str(attrs["rank"]))), "gpu_oom", FaultLevel.DRAIN,
+                           f"rank {attrs['rank']} died: {exit_reason}", kind="event", opened=opened)
+            else:
+                rank = attrs.get("rank")
+                entity = event.entity if rank is None else rank_id(event.entity.split("/", 1)[1], int(str(rank)))
+                self._fire(event.ts, entity, "job_crash", FaultLevel.DRAIN,
+                           f"job crashed: {exit_reason[:200] or 'no exit reason'}", kind="event", opened=opened)

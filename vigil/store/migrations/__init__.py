@@ -1,0 +1,1 @@
+"""Alembic migrations of Vigil's relational store."""

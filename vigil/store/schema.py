@@ -1,0 +1,82 @@
+"""The relational schema (SQLAlchemy Core). Changes go through a new alembic revision in migrations/."""
+
+from __future__ import annotations
+
+from sqlalchemy import JSON, Column, Float, Index, Integer, MetaData, String, Table, Text
+
+metadata = MetaData()
+
+events = Table(
+    "events", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("ts", Float, nullable=False),
+    Column("entity", String(300), nullable=False),
+    Column("kind", String(100), nullable=False),
+    Column("source", String(100), nullable=False),
+    Column("level", Integer, nullable=False),
+    Column("message", Text, nullable=False),
+    Column("attrs", JSON, nullable=False),
+    Index("ix_events_ts", "ts"),
+    Index("ix_events_entity_ts", "entity", "ts"),
+)
+
+logs = Table(
+    "logs", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("ts", Float),
+    Column("entity", String(300), nullable=False),
+    Column("source", String(100), nullable=False),
+    Column("line", Text, nullable=False),
+    Column("lineno", Integer),
+    Index("ix_logs_entity_ts", "entity", "ts"),
+)
+
+anomalies = Table(
+    "anomalies", metadata,
+    Column("id", String(64), primary_key=True),
+    Column("entity", String(300), nullable=False),
+    Column("start", Float, nullable=False),
+    Column("end", Float, nullable=False),
+    Column("detector", String(100), nullable=False),
+    Column("fault_type", String(100), nullable=False),
+    Column("level", Integer, nullable=False),
+    Column("body", JSON, nullable=False),
+    Index("ix_anomalies_entity_start", "entity", "start"),
+)
+
+incidents = Table(
+    "incidents", metadata,
+    Column("id", String(64), primary_key=True),
+    Column("start", Float, nullable=False),
+    Column("end", Float, nullable=False),
+    Column("level", Integer, nullable=False),
+    Column("status", String(20), nullable=False),
+    Column("scope", String(300), nullable=False),
+    Column("title", Text, nullable=False),
+    Column("body", JSON, nullable=False),
+    Index("ix_incidents_start", "start"),
+)
+
+actions = Table(
+    "actions", metadata,
+    Column("id", String(64), primary_key=True),
+    Column("ts", Float, nullable=False),
+    Column("incident_id", String(64)),
+    Column("kind", String(50), nullable=False),
+    Column("target", String(300), nullable=False),
+    Column("status", String(20), nullable=False),
+    Column("body", JSON, nullable=False),
+    Index("ix_actions_incident", "incident_id"),
+)
+
+diagnoses = Table(
+    "diagnoses", metadata,
+    Column("incident_id", String(64), primary_key=True),
+    Column("body", JSON, nullable=False),
+)
+
+topology = Table(
+    "topology", metadata,
+    Column("id", Integer, primary_key=True),
+    Column("body", JSON, nullable=False),
+)

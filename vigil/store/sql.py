@@ -1,0 +1,264 @@
+"""The relational store: events, logs, anomalies, incidents, actions, diagnoses and topology.
+
+SQLAlchemy Core on SQLite (a file under ./.vigil by default) or PostgreSQL (by URL). The schema is owned
+by alembic migrations, applied when the store opens. Every write commits before it returns, and a batch is
+validated as a whole before anything is written, so a bad record never costs what was already stored.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, delete, event, func, insert, select, update
+from sqlalchemy.exc import SQLAlchemyError
+
+from vigil.config import Settings
+from vigil.config import settings as default_settings
+from vigil.model import (
+    Action,
+    Anomaly,
+    Diagnosis,
+    Event,
+    FaultLevel,
+    Incident,
+    IncidentStatus,
+    LogRecord,
+    Topology,
+    VigilInputError,
+    parse_entity,
+)
+from vigil.store import schema as t
+
+_migrate_lock = threading.Lock()
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA busy_timeout=10000")
+    cursor.close()
+
+
+def migrate(engine: Engine) -> None:
+    """Bring the schema to the latest alembic revision."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(resources.files("vigil.store") / "migrations"))
+    with _migrate_lock, engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "head")
+
+
+class Store:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+            Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.engine = create_engine(url, future=True, pool_pre_ping=True)
+        except (SQLAlchemyError, ValueError) as err:
+            raise VigilInputError(f"bad database URL {url!r}: {err}") from None
+        if self.engine.dialect.name == "sqlite":
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+        try:
+            migrate(self.engine)
+        except SQLAlchemyError as err:
+            raise VigilInputError(f"cannot open the store at {url!r}: {str(err).splitlines()[0]}") from None
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # ---------------------------------------------------------------- events and logs
+
+    def add_events(self, events: Iterable[Event]) -> int:
+        rows = [{"ts": e.ts, "entity": e.entity, "kind": e.kind, "source": e.source, "level": int(e.level),
+                 "message": e.message, "attrs": e.attrs} for e in _validated(Event, events)]
+        if rows:
+            with self.engine.begin() as conn:
+                conn.execute(insert(t.events), rows)
+        return len(rows)
+
+    def events(self, entity: str | None = None, kind: str | None = None, since: float | None = None,
+               until: float | None = None, limit: int = 1000) -> list[Event]:
+        q = select(t.events).order_by(t.events.c.ts, t.events.c.id).limit(limit)
+        if entity is not None:
+            q = q.where(t.events.c.entity == entity)
+        if kind is not None:
+            q = q.where(t.events.c.kind == kind)
+        if since is not None:
+            q = q.where(t.events.c.ts >= since)
+        if until is not None:
+            q = q.where(t.events.c.ts <= until)
+        with self.engine.connect() as conn:
+            return [Event(ts=r.ts, entity=r.entity, kind=r.kind, source=r.source, level=FaultLevel(r.level),
+                          message=r.message, attrs=r.attrs) for r in conn.execute(q)]
+
+    def add_logs(self, records: Iterable[LogRecord]) -> int:
+        rows = [{"ts": r.ts, "entity": r.entity, "source": r.source, "line": r.line, "lineno": r.lineno}
+                for r in _validated(LogRecord, records)]
+        if rows:
+            with self.engine.begin() as conn:
+                conn.execute(insert(t.logs), rows)
+        return len(rows)
+
+    def logs(self, entity: str | None = None, contains: str | None = None, since: float | None = None,
+             until: float | None = None, limit: int = 1000) -> list[LogRecord]:
+        q = select(t.logs).order_by(t.logs.c.ts, t.logs.c.id).limit(limit)
+        if entity is not None:
+            q = q.where((t.logs.c.entity == entity) | t.logs.c.entity.startswith(entity.rstrip("/") + "/"))
+        if contains:
+            q = q.where(t.logs.c.line.contains(contains, autoescape=True))
+        if since is not None:
+            q = q.where(t.logs.c.ts >= since)
+        if until is not None:
+            q = q.where(t.logs.c.ts <= until)
+        with self.engine.connect() as conn:
+            return [LogRecord(ts=r.ts, entity=r.entity, source=r.source, line=r.line, lineno=r.lineno)
+                    for r in conn.execute(q)]
+
+    # ---------------------------------------------------------------- anomalies and incidents
+
+    def add_anomalies(self, anomalies: Iterable[Anomaly]) -> int:
+        items = _validated(Anomaly, anomalies)
+        rows = [{"id": a.id, "entity": a.entity, "start": a.start, "end": a.end, "detector": a.detector,
+                 "fault_type": a.fault_type, "level": int(a.level), "body": a.model_dump(mode="json")} for a in items]
+        if rows:
+            with self.engine.begin() as conn:
+                conn.execute(delete(t.anomalies).where(t.anomalies.c.id.in_([r["id"] for r in rows])))
+                conn.execute(insert(t.anomalies), rows)
+        return len(rows)
+
+    def anomalies(self, entity: str | None = None, since: float | None = None, limit: int = 1000) -> list[Anomaly]:
+        q = select(t.anomalies.c.body).order_by(t.anomalies.c.start).limit(limit)
+        if entity is not None:
+            q = q.where(t.anomalies.c.entity == entity)
+        if since is not None:
+            q = q.where(t.anomalies.c.end >= since)
+        with self.engine.connect() as conn:
+            return [Anomaly.model_validate(r.body) for r in conn.execute(q)]
+
+    def upsert_incident(self, incident: Incident) -> None:
+        incident = _validated(Incident, [incident])[0]
+        row = {"id": incident.id, "start": incident.start, "end": incident.end, "level": int(incident.level),
+               "status": incident.status.value, "scope": incident.scope, "title": incident.title,
+               "body": incident.model_dump(mode="json")}
+        with self.engine.begin() as conn:
+            done = conn.execute(update(t.incidents).where(t.incidents.c.id == incident.id).values(**row))
+            if done.rowcount == 0:
+                conn.execute(insert(t.incidents).values(**row))
+
+    def incidents(self, status: IncidentStatus | str | None = None, limit: int = 1000) -> list[Incident]:
+        q = select(t.incidents.c.body).order_by(t.incidents.c.start.desc()).limit(limit)
+        if status is not None:
+            q = q.where(t.incidents.c.status == IncidentStatus(status).value)
+        with self.engine.connect() as conn:
+            return [Incident.model_validate(r.body) for r in conn.execute(q)]
+
+    def incident(self, incident_id: str) -> Incident | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(select(t.incidents.c.body).where(t.incidents.c.id == incident_id)).first()
+        return Incident.model_validate(row.body) if row else None
+
+    def count_incidents(self) -> int:
+        with self.engine.connect() as conn:
+            return int(conn.execute(select(func.count()).select_from(t.incidents)).scalar_one())
+
+    # ---------------------------------------------------------------- actions and diagnoses
+
+    def add_action(self, action: Action) -> None:
+        action = _validated(Action, [action])[0]
+        with self.engine.begin() as conn:
+            conn.execute(insert(t.actions).values(**_action_row(action)))
+
+    def update_action(self, action: Action) -> None:
+        action = _validated(Action, [action])[0]
+        with self.engine.begin() as conn:
+            done = conn.execute(update(t.actions).where(t.actions.c.id == action.id).values(**_action_row(action)))
+            if done.rowcount == 0:
+                raise VigilInputError(f"no action {action.id!r} to update")
+
+    def actions(self, incident_id: str | None = None, limit: int = 1000) -> list[Action]:
+        q = select(t.actions.c.body).order_by(t.actions.c.ts).limit(limit)
+        if incident_id is not None:
+            q = q.where(t.actions.c.incident_id == incident_id)
+        with self.engine.connect() as conn:
+            return [Action.model_validate(r.body) for r in conn.execute(q)]
+
+    def action(self, action_id: str) -> Action | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(select(t.actions.c.body).where(t.actions.c.id == action_id)).first()
+        return Action.model_validate(row.body) if row else None
+
+    def save_diagnosis(self, diagnosis: Diagnosis) -> None:
+        diagnosis = _validated(Diagnosis, [diagnosis])[0]
+        with self.engine.begin() as conn:
+            conn.execute(delete(t.diagnoses).where(t.diagnoses.c.incident_id == diagnosis.incident_id))
+            conn.execute(insert(t.diagnoses).values(incident_id=diagnosis.incident_id,
+                                                    body=diagnosis.model_dump(mode="json")))
+
+    def diagnosis(self, incident_id: str) -> Diagnosis | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(select(t.diagnoses.c.body).where(t.diagnoses.c.incident_id == incident_id)).first()
+        return Diagnosis.model_validate(row.body) if row else None
+
+    # ---------------------------------------------------------------- topology and health
+
+    def save_topology(self, topology: Topology) -> None:
+        topology = _validated(Topology, [topology])[0]
+        with self.engine.begin() as conn:
+            conn.execute(delete(t.topology))
+            conn.execute(insert(t.topology).values(id=1, body=topology.model_dump(mode="json")))
+
+    def topology(self) -> Topology | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(select(t.topology.c.body).where(t.topology.c.id == 1)).first()
+        return Topology.model_validate(row.body) if row else None
+
+    def node_health(self, include_resolved: bool = False) -> dict[str, FaultLevel]:
+        """Worst level of open incidents per node and per GPU / NIC (every entity of the topology listed)."""
+        health: dict[str, FaultLevel] = {}
+        topo = self.topology()
+        if topo is not None:
+            for node in topo.nodes:
+                health[node.id] = FaultLevel.HEALTHY
+                for gpu in node.gpus:
+                    health[gpu.id] = FaultLevel.HEALTHY
+        statuses = None if include_resolved else IncidentStatus.OPEN
+        for incident in self.incidents(status=statuses, limit=100_000):
+            for entity in incident.entities:
+                kind, parts = parse_entity(entity)
+                if kind not in ("gpu", "nic", "node"):
+                    continue
+                for key in {entity, f"node/{parts[0]}"}:
+                    health[key] = max(health.get(key, FaultLevel.HEALTHY), incident.level)
+        return health
+
+
+def _action_row(action: Action) -> dict[str, Any]:
+    return {"id": action.id, "ts": action.ts, "incident_id": action.incident_id, "kind": action.kind.value,
+            "target": action.target, "status": action.status.value, "body": action.model_dump(mode="json")}
+
+
+def _validated(model: Any, items: Iterable[Any]) -> Sequence[Any]:
+    """Check a whole batch before writing any of it: one bad record rejects the batch with a clear message."""
+    out = []
+    for k, item in enumerate(items):
+        if isinstance(item, model):
+            item = model.model_validate(item.model_dump())
+        elif isinstance(item, dict):
+            item = model.from_dict(item)
+        else:
+            raise VigilInputError(f"record {k}: expected {model.__name__}, got {type(item).__name__}")
+        out.append(item)
+    return out
+
+
+def open_store(config: Settings | None = None) -> Store:
+    cfg = config or default_settings()
+    return Store(cfg.database_url())
