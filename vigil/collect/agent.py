@@ -119,9 +119,7 @@ class LabelGuard:
     def _warn(self, metric: str, label: str, what: str) -> None:
         if (metric, label, what) not in self._warned:
             self._warned.add((metric, label, what))
-            log.warning(
-                "label hygiene: %s label %r of %s (further cases counted, not logged)", what, label, metric
-            )
+            log.warning("label hygiene: %s label %r of %s (further cases counted, not logged)", what, label, metric)
 
     def clean(self, metric: str, labels: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
         kept = []
@@ -185,9 +183,7 @@ class SourceRunner:
     def start(self, now: float) -> None:
         self.started = time.monotonic()
         self.timed_out = False
-        self.thread = threading.Thread(
-            target=self._read, args=(now,), name=f"vigil-agent-{self.name}", daemon=True
-        )
+        self.thread = threading.Thread(target=self._read, args=(now,), name=f"vigil-agent-{self.name}", daemon=True)
         self.thread.start()
 
     def _read(self, now: float) -> None:
@@ -259,7 +255,7 @@ class Agent:
         for runner in self.runners:
             if runner.thread is not None:
                 runner.thread.join(max(0.0, deadline - time.monotonic()))
-        self.harvest()
+        self.harvest(waited=True)
 
     # ---------------------------------------------------------------- the loop pieces
 
@@ -299,8 +295,8 @@ class Agent:
                 runner.start(now)
                 runner.next_due = mono + self.effective_interval(runner)
 
-    def harvest(self) -> None:
-        """Collect finished reads, mark reads past their timeout as hung."""
+    def harvest(self, waited: bool = False) -> None:
+        """Collect finished reads, mark reads past their timeout (or still busy after ``waited``) as hung."""
         mono = time.monotonic()
         for runner in self.runners:
             result, error = runner.take()
@@ -317,7 +313,7 @@ class Agent:
                 runner.status = result.status
                 runner.points = [self._clean(p) for p in result.points]
                 self._accept_events(result.events)
-            elif runner.busy and not runner.timed_out and mono - runner.started > runner.timeout_s:
+            elif runner.busy and not runner.timed_out and (waited or mono - runner.started > runner.timeout_s):
                 runner.timed_out = True
                 runner.timeouts += 1
                 runner.up = False
@@ -335,9 +331,7 @@ class Agent:
             for event in events:
                 self.events_total[(event.kind, event.level.label)] += 1
                 if event.level >= 1:
-                    log.warning(
-                        "%s %s on %s: %s", event.level.label, event.kind, event.entity, event.message[:200]
-                    )
+                    log.warning("%s %s on %s: %s", event.level.label, event.kind, event.entity, event.message[:200])
             if self._pusher is not None:
                 self.pending_events.extend(events)
                 # Bounded: a server down for hours must not grow the agent past its memory budget.
@@ -501,29 +495,21 @@ class AgentExposition(Collector):
 
     def _self_metrics(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         agent = self.agent
-        up = GaugeMetricFamily(
-            "vigil_agent_source_up", "1 when the source's last read answered", labels=["source"]
-        )
-        timeouts = CounterMetricFamily(
-            "vigil_agent_source_timeouts", "reads past their timeout", labels=["source"]
-        )
+        up = GaugeMetricFamily("vigil_agent_source_up", "1 when the source's last read answered", labels=["source"])
+        timeouts = CounterMetricFamily("vigil_agent_source_timeouts", "reads past their timeout", labels=["source"])
         problems = CounterMetricFamily(
             "vigil_agent_source_problems",
             "bad input and failures counted per kind",
             labels=["source", "problem"],
         )
-        duration = GaugeMetricFamily(
-            "vigil_agent_source_duration_seconds", "last read's duration", labels=["source"]
-        )
+        duration = GaugeMetricFamily("vigil_agent_source_duration_seconds", "last read's duration", labels=["source"])
         for runner in agent.runners:
             up.add_metric([runner.name], int(runner.up))
             timeouts.add_metric([runner.name], runner.timeouts)
             duration.add_metric([runner.name], runner.last_duration_s)
             for problem, count in runner.source.problems.counts.items():
                 problems.add_metric([runner.name, problem], count)
-        events = CounterMetricFamily(
-            "vigil_agent_events", "events seen by kind and level", labels=["kind", "level"]
-        )
+        events = CounterMetricFamily("vigil_agent_events", "events seen by kind and level", labels=["kind", "level"])
         for (kind, level), count in sorted(agent.events_total.items()):
             events.add_metric([kind, level], count)
         yield from (up, timeouts, problems, duration, events)
@@ -555,9 +541,7 @@ class EventPusher:
         return self._thread is not None and self._thread.is_alive()
 
     def send(self, events: list[Event], requeue: Callable[[list[Event]], None]) -> None:
-        self._thread = threading.Thread(
-            target=self._post, args=(events, requeue), daemon=True, name="vigil-agent-push"
-        )
+        self._thread = threading.Thread(target=self._post, args=(events, requeue), daemon=True, name="vigil-agent-push")
         self._thread.start()
 
     def _post(self, events: list[Event], requeue: Callable[[list[Event]], None]) -> None:

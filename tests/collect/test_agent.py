@@ -1,0 +1,244 @@
+"""The agent loop: hung and failing sources, degradation under CPU load, label hygiene, exposition, push."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from typer.testing import CliRunner
+
+from vigil.collect.agent import Agent, AgentSettings, LabelGuard
+from vigil.collect.base import Collection, Source
+from vigil.model import Event, FaultLevel
+
+
+class CountingSource(Source):
+    name = "counting"
+    kind = "host"
+
+    def __init__(self, name: str = "counting", kind: str = "host") -> None:
+        self.name, self.kind = name, kind
+        super().__init__()
+        self.reads = 0
+
+    def collect(self, now: float) -> Collection:
+        self.reads += 1
+        out = Collection()
+        out.add("vigil_node_load1", "node/n01", self.reads)
+        return out
+
+
+class HangingSource(Source):
+    """Blocks forever (until released at teardown), like an NVML call on a wedged driver."""
+
+    name = "hanging"
+    kind = "gpu"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+        self.entered = threading.Event()
+
+    def collect(self, now: float) -> Collection:
+        self.entered.set()
+        self.release.wait()
+        return Collection()
+
+
+class BrokenSource(Source):
+    name = "broken"
+    kind = "network"
+
+    def collect(self, now: float) -> Collection:
+        raise RuntimeError("sysfs exploded")
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached before the deadline")
+        time.sleep(0.02)
+
+
+def fast_settings(**overrides: object) -> AgentSettings:
+    base: dict[str, object] = {
+        "node": "n01",
+        "intervals": {"host": 0.1, "gpu": 0.1, "network": 0.1, "kernel": 0.1},
+        "timeout_s": 0.3,
+        "load_check_s": 0.05,
+        "port": 0,
+        "dcgm_url": "",
+    }
+    base.update(overrides)
+    return AgentSettings(**base)  # type: ignore[arg-type]
+
+
+def test_a_hung_source_never_stops_the_others() -> None:
+    healthy, hung, broken = CountingSource(), HangingSource(), BrokenSource()
+    agent = Agent([healthy, hung, broken], fast_settings(), cpu_ratio=lambda: 0.1)
+    loop = threading.Thread(target=agent.run, daemon=True)
+    loop.start()
+    try:
+        wait_for(lambda: agent.runners[1].timeouts == 1 and healthy.reads >= 10)
+        report = {s["name"]: s for s in agent.report()["sources"]}
+        assert report["hanging"]["up"] is False and "hung" in report["hanging"]["status"]
+        assert report["counting"]["up"] is True
+        assert report["broken"]["up"] is False and report["broken"]["failures"] >= 1
+        assert "sysfs exploded" in report["broken"]["status"]
+        # the hung read holds one thread: it is not started again while stuck
+        threads = [t for t in threading.enumerate() if t.name == "vigil-agent-hanging"]
+        assert len(threads) == 1
+        reads_before = healthy.reads
+        wait_for(lambda: healthy.reads >= reads_before + 5)
+        assert agent.runners[1].timeouts == 1
+        hung.release.set()
+        wait_for(lambda: agent.runners[1].up)
+    finally:
+        agent.stop_event.set()
+        hung.release.set()
+        loop.join(10)
+    assert not loop.is_alive()
+
+
+def test_collect_once_returns_when_a_source_hangs() -> None:
+    hung = HangingSource()
+    agent = Agent([CountingSource(), hung], fast_settings(timeout_s=0.5), cpu_ratio=lambda: 0.1)
+    started = time.monotonic()
+    agent.collect_once()
+    assert time.monotonic() - started < 10
+    assert [r.up for r in agent.runners] == [True, False]
+    assert agent.runners[1].timeouts == 1 and "hung" in agent.runners[1].status
+    assert agent.runners[0].points
+    hung.release.set()
+
+
+def test_degrades_above_80_percent_cpu_and_recovers_below_70() -> None:
+    load = {"cpu": 0.2}
+    gpu, kernel = CountingSource("gpu", "gpu"), CountingSource("kernel", "kernel")
+    agent = Agent([gpu, kernel], fast_settings(degraded_factor=5.0), cpu_ratio=lambda: load["cpu"])
+    agent.step()
+    assert not agent.degraded and agent.effective_interval(agent.runners[0]) == pytest.approx(0.1)
+    load["cpu"] = 0.93
+    wait_for(lambda: (agent.step(), agent.degraded)[1])
+    assert agent.effective_interval(agent.runners[0]) == pytest.approx(0.5)
+    assert agent.effective_interval(agent.runners[1]) == pytest.approx(0.1)  # kernel log keeps full rate
+    load["cpu"] = 0.75  # between the thresholds: stays degraded (hysteresis)
+    for _ in range(5):
+        agent.step()
+        time.sleep(0.06)
+    assert agent.degraded
+    load["cpu"] = 0.4
+    wait_for(lambda: (agent.step(), not agent.degraded)[1])
+    assert agent.degradations == 1
+
+
+def test_degraded_agent_reads_periodic_sources_less_often() -> None:
+    gpu, kernel = CountingSource("gpu", "gpu"), CountingSource("kernel", "kernel")
+    agent = Agent([gpu, kernel], fast_settings(degraded_factor=8.0), cpu_ratio=lambda: 0.99)
+    loop = threading.Thread(target=agent.run, daemon=True)
+    loop.start()
+    wait_for(lambda: kernel.reads >= 16)
+    agent.stop_event.set()
+    loop.join(10)
+    assert agent.degraded
+    assert gpu.reads <= kernel.reads / 2, (gpu.reads, kernel.reads)
+
+
+def test_label_guard_refuses_state_labels_folds_pods_and_caps_values(caplog) -> None:
+    guard = LabelGuard(max_values=3)
+    cleaned = guard.clean(
+        "DCGM_FI_DEV_XID_ERRORS", (("err_msg", "fallen off"), ("pod", "trainer-7d9f8c6b5-x2x9z"), ("namespace", "ml"))
+    )
+    assert cleaned == (("pod", "trainer"), ("namespace", "ml"))
+    assert guard.clean("m", (("pod", "worker-0"),)) == (("pod", "worker-0"),)  # StatefulSet ordinal kept
+    assert guard.clean("m", (("pod", "launcher-bx7kq"),)) == (("pod", "launcher"),)  # Job pod suffix
+    values = [guard.clean("DCGM_EXP_XID_ERRORS_COUNT", (("xid", str(x)),))[0][1] for x in (13, 31, 48, 79, 94, 13)]
+    assert values == ["13", "31", "48", "other", "other", "13"]
+    assert guard.refused_count == 1 and guard.folded_count == 4
+    warnings = [r.message for r in caplog.records if "label hygiene" in r.message]
+    assert len(warnings) == len(set(warnings)) == 4
+
+
+def test_prometheus_exposition_over_http() -> None:
+    class DcgmLike(Source):
+        name, kind = "dcgmlike", "gpu"
+
+        def collect(self, now: float) -> Collection:
+            out = Collection()
+            out.add("DCGM_FI_DEV_GPU_TEMP", "gpu/n01/0", 61, pod="trainer-7d9f8c6b5-x2x9z")
+            out.add("DCGM_FI_DEV_GPU_TEMP", "gpu/n01/1", 83, pod="trainer-7d9f8c6b5-q8w4m")
+            out.add("DCGM_FI_DEV_XID_ERRORS", "gpu/n01/1", 79, err_msg="GPU has fallen off the bus")
+            out.events.append(Event(ts=now, entity="gpu/n01/1", kind="gpu_xid", level=FaultLevel.ISOLATE))
+            return out
+
+    agent = Agent([DcgmLike(), BrokenSource()], fast_settings(), cpu_ratio=lambda: 0.1)
+    agent.collect_once()
+    server, port = agent.serve(port=0)
+    try:
+        page = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    finally:
+        server.shutdown()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(page)
+        for s in f.samples
+    }
+    assert samples[("DCGM_FI_DEV_GPU_TEMP", (("gpu", "1"), ("node", "n01"), ("pod", "trainer")))] == 83
+    assert samples[("DCGM_FI_DEV_XID_ERRORS", (("gpu", "1"), ("node", "n01")))] == 79
+    assert samples[("vigil_agent_source_up", (("source", "broken"),))] == 0
+    assert samples[("vigil_agent_events_total", (("kind", "gpu_xid"), ("level", "isolate")))] == 1
+    assert samples[("vigil_agent_labels_total", (("outcome", "refused"),))] == 1
+    assert ("vigil_agent_degraded", ()) in samples
+    assert any(name == "vigil_agent_process_resident_memory_bytes" for name, _ in samples)
+
+
+def test_events_are_pushed_to_the_server_with_the_token_and_retried(page_server) -> None:
+    class Xids(Source):
+        name, kind = "xids", "kernel"
+
+        def collect(self, now: float) -> Collection:
+            return Collection(
+                events=[Event(ts=now, entity="gpu/n01/0", kind="gpu_xid", level=FaultLevel.DRAIN, attrs={"xid": 119})]
+            )
+
+    page_server.status = 503
+    agent = Agent(
+        [Xids()],
+        fast_settings(server_url=page_server.url, server_token="s3cret", push_interval_s=0.05),
+        cpu_ratio=lambda: 0.1,
+    )
+    agent.collect_once()
+    wait_for(lambda: (agent.step(), agent._pusher is not None and agent._pusher.failures >= 1)[1])
+    page_server.status = 201
+    wait_for(lambda: (agent.step(), agent._pusher is not None and agent._pusher.sent >= 2)[1])
+    body = json.loads(page_server.received[-1])
+    assert body[0]["kind"] == "gpu_xid" and body[0]["attrs"] == {"xid": 119}
+    assert page_server.headers[-1]["Authorization"] == "Bearer s3cret"
+
+
+def test_cli_once_json_on_this_machine_says_no_gpu_and_collects_the_rest(tmp_path) -> None:
+    from vigil.cli import app
+
+    kernel_log = tmp_path / "kern.log"
+    kernel_log.write_text("[ 1.0] NVRM: Xid (PCI:0000:18:00): 79, pid=0, name=, GPU has fallen off the bus.\n")
+    result = CliRunner().invoke(app, ["agent", "--once", "--json", "--dcgm-url", "", "--kmsg-file", str(kernel_log)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output[result.output.index("{") :])
+    sources = {s["name"]: s for s in report["sources"]}
+    assert sources["nvml"]["status"].startswith("no GPU")
+    assert sources["host"]["points"] > 5
+    assert report["events"] == {"gpu_xid/isolate": 1}
+
+
+def test_cli_rejects_a_bad_interval() -> None:
+    from vigil.cli import app
+
+    result = CliRunner().invoke(app, ["agent", "--once", "--interval", "-1"])
+    assert result.exit_code != 0
+    assert "--interval must be a positive number" in str(result.exception)
