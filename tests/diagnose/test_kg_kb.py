@@ -1,0 +1,101 @@
+"""The versioned fault knowledge base (vigil/data/kb/*.yaml): loading, validation, seeding."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+from vigil.detect.xid import known_xids
+from vigil.diagnose.kb import XID_PRIMARY_FAULT, load_kb, seed_xid_yaml, validate_kb
+from vigil.model import ActionKind, VigilInputError
+from vigil.sim.faults import CATALOGUE
+
+KB_DIR = Path(str(resources.files("vigil.data").joinpath("kb")))
+
+
+@pytest.fixture()
+def kb_copy(tmp_path: Path) -> Path:
+    target = tmp_path / "kb"
+    shutil.copytree(KB_DIR, target)
+    return target
+
+
+def test_shipped_kb_is_valid_and_covers_the_simulator_catalogue() -> None:
+    kb = load_kb(include_external=False)
+    assert kb.problems == []
+    assert validate_kb(kb, expected_faults=[spec.name for spec in CATALOGUE]) == []
+    for fault in kb.faults.values():
+        assert fault.remedies and all(isinstance(r.action, ActionKind) for r in fault.remedies)
+    assert set(kb.action_templates) == set(ActionKind)
+
+
+def test_likelihoods_and_priors_come_from_the_yaml_and_the_trace() -> None:
+    kb = load_kb(include_external=False)
+    assert kb.likelihood("xid:79", "gpu_lost") == 1.0
+    assert kb.likelihood("xid:79", "switch_failure") == 0.0
+    assert kb.likelihood("anomaly:gpu_dbe", "gpu_dbe") == 1.0
+    # Xid 31 is seeded from the catalogue onto gpu_xid even where faults.yaml does not list it.
+    assert kb.likelihood("xid:8", "gpu_xid") > 0
+    # The trace saw 60 DBE faults and one silent data corruption: the priors keep that order.
+    assert kb.log_prior("gpu_dbe") > kb.log_prior("gpu_thermal") > kb.log_prior("silent_data_corruption") - 1e-9
+
+
+def test_xid_yaml_is_in_sync_with_the_xid_catalogue(tmp_path: Path) -> None:
+    kb = load_kb(include_external=False)
+    assert sorted(kb.xids) == known_xids()
+    assert all(kb.xids[code].fault == fault for code, fault in XID_PRIMARY_FAULT.items())
+    fresh = tmp_path / "xid.yaml"
+    assert seed_xid_yaml(fresh) == len(known_xids())
+    assert fresh.read_text() == (KB_DIR / "xid.yaml").read_text()
+
+
+def test_trace_counts_match_the_real_stepfun_trace(shared_data: Path) -> None:
+    stats = json.loads((shared_data / "stepfun_infinitehbd_trace" / "fault_statistics.json").read_text())
+    real = {(level, cls, desc): count
+            for level, classes in stats.items() for cls, descs in classes.items() if isinstance(descs, dict)
+            for desc, count in descs.items() if desc != "ClassTotal"}
+    kb = load_kb(include_external=False)
+    ours = {(t.level, t.cls, t.desc): t.count for t in kb.trace}
+    assert ours == real
+    assert sum(ours.values()) == 584
+
+
+def test_log_signatures_match_real_kernel_lines(shared_data: Path) -> None:
+    kb = load_kb(include_external=False)
+    gsp = (shared_data / "xid" / "log_samples" / "gpud_testdata_dmesg-with-xid-119.log").read_text().splitlines()
+    hits = {s.name for line in gsp for s in kb.match_log(line)}
+    assert "gsp_timeout" in hits
+    nccl = (shared_data / "xid" / "log_samples" / "gpud_testdata_nccl_dmesg.decode.iso.log").read_text()
+    assert {s.name for s in kb.match_log(nccl.splitlines()[0])} == {"segfault"}
+    assert kb.match_log("all good, step 100 loss 2.31") == []
+
+
+def test_broken_files_raise_one_line_errors_naming_the_file(kb_copy: Path) -> None:
+    faults = kb_copy / "faults.yaml"
+    faults.write_text(faults.read_text().replace("{action: cordon, on: node", "{action: rm_rf, on: node", 1))
+    with pytest.raises(VigilInputError, match=r"faults.yaml.*rm_rf.*whitelist"):
+        load_kb(kb_copy, include_external=False)
+
+
+def test_bad_regex_and_missing_file(kb_copy: Path) -> None:
+    sigs = kb_copy / "signatures.yaml"
+    sigs.write_text(sigs.read_text().replace("pattern: 'Kernel panic", "pattern: '(Kernel panic", 1))
+    with pytest.raises(VigilInputError, match="kernel_panic.*bad regular expression"):
+        load_kb(kb_copy, include_external=False)
+    (kb_copy / "signatures.yaml").unlink()
+    with pytest.raises(VigilInputError, match="signatures.yaml does not exist"):
+        load_kb(kb_copy, include_external=False)
+
+
+def test_cross_reference_problems_are_listed(kb_copy: Path) -> None:
+    faults = kb_copy / "faults.yaml"
+    text = faults.read_text().replace("xid:79: 1.0", "xid:99999: 1.0, log:no_such_signature: 0.5", 1)
+    faults.write_text(text.replace("entity: [switch]", "entity: [toaster]", 1))
+    problems = load_kb(kb_copy, include_external=False).problems
+    assert any("xid:99999" in p for p in problems)
+    assert any("no_such_signature" in p for p in problems)
+    assert any("toaster" in p for p in problems)

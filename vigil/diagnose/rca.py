@@ -1,0 +1,412 @@
+"""Root cause ranking: candidates (entity x fault type) scored from all of an incident's evidence.
+
+1. Evidence -> observations: every anomaly (rules, learned detectors), Xid event, log line matching a
+   signature, crash, hang diagnosis and peer difference becomes a ``symptom`` on an entity
+   (``xid:79`` on ``gpu/n03/5``, ``log:nccl_timeout`` on ``job/j0/rank/17`` ...).
+2. Candidates: every entity whose fault can show at an observed entity (a reverse walk of the knowledge
+   graph's impact edges: a rank's symptoms lead to its GPU, node, NICs, leaf switch, rack) times the fault
+   types the knowledge base allows on that kind of entity.
+3. Score of a candidate (v, f), a log-likelihood in the style of a noisy-OR explanation:
+
+       score = 0.3 * log P(f)  +  sum over symptoms s of  W_s * log(eps + L(s | f) * coverage_s(v))
+               + spread penalty + 0.05 * log personalised-PageRank(v)
+
+   ``coverage_s(v)`` is the weighted share of the observations of s that v reaches through the graph
+   (strength decays per hop; a rank's fault explains its job peers' collective symptoms at PEER_IMPACT).
+   Symptoms count once each, however many ranks repeat them, so a job-wide NCCL timeout does not drown
+   a single Xid. A fault that hits every child of its entity (a switch) is penalised when only a few of
+   the children show anything - and preferred when several do: that is the topology reasoning.
+4. Each cause is explained by the symptoms that moved its score and the evidence refs behind them.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from vigil.diagnose.kb import KnowledgeBase
+from vigil.diagnose.kg import PEER_IMPACT, KnowledgeGraph
+from vigil.model import Anomaly, Cause, Event, Evidence, Incident, LogRecord, entity_kind
+
+EPSILON = 0.02
+PRIOR_WEIGHT = 0.3
+PAGERANK_WEIGHT = 0.05
+MIN_REACH = 0.25
+# Symptoms every rank of a stalled job shows, whatever the cause: weighted down, spread to peers.
+COLLECTIVE_SYMPTOMS = frozenset({
+    "hang", "crash", "log:nccl_timeout", "log:watchdog_timeout", "log:nccl_net_error",
+    "log:nccl_unhandled_system_error", "anomaly:job_hang", "metric:vigil_job_step_time_seconds",
+    "metric:vigil_job_tokens_per_second", "peer:step_time",
+})
+GENERIC_WEIGHT = 0.5
+_XID_IN_TEXT = re.compile(r"Xid \(PCI:[0-9A-Fa-f:.]+\): (\d+),")
+
+
+@dataclass
+class Observation:
+    """One symptom seen on one entity, with the evidence it came from."""
+
+    symptom: str
+    entity: str
+    weight: float
+    ref: str
+    ts: float
+    summary: str
+
+
+@dataclass
+class RankedCause:
+    entity: str
+    fault_type: str
+    score: float
+    probability: float
+    contributions: list[tuple[str, float]]
+    evidence_refs: list[str]
+
+    def explanation(self, kb: KnowledgeBase) -> str:
+        fault = kb.faults[self.fault_type]
+        moved = ", ".join(f"{s} ({c:+.2f})" for s, c in self.contributions[:4])
+        return f"{fault.title} on {self.entity}; evidence that moved it: {moved or 'prior only'}"
+
+    def to_cause(self, kb: KnowledgeBase) -> Cause:
+        return Cause(entity=self.entity, fault_type=self.fault_type, score=round(self.probability, 4),
+                     explanation=self.explanation(kb), evidence_refs=self.evidence_refs[:20])
+
+
+@dataclass
+class RcaResult:
+    incident_id: str
+    causes: list[RankedCause]
+    observations: list[Observation]
+    evidence: list[Evidence]
+    seconds: float
+    candidates: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def top(self, k: int = 3) -> list[tuple[str, str]]:
+        return [(c.entity, c.fault_type) for c in self.causes[:k]]
+
+
+# --------------------------------------------------------------------------- evidence -> observations
+
+
+def _entity_in_graph(kg: KnowledgeGraph, entity: str) -> str | None:
+    if entity in kg:
+        return entity
+    return None
+
+
+def observations_from(
+    kg: KnowledgeGraph,
+    incident: Incident,
+    anomalies: Sequence[Anomaly] = (),
+    events: Sequence[Event] = (),
+    logs: Sequence[LogRecord] = (),
+    hang_culprits: Mapping[str, float] | None = None,
+) -> tuple[list[Observation], list[Evidence]]:
+    """Turn every kind of evidence into symptoms on entities; also return the Evidence records cited."""
+    kb = kg.kb
+    observations: list[Observation] = []
+    evidence: list[Evidence] = []
+
+    def add(symptom: str, entity: str, weight: float, ev: Evidence) -> None:
+        if _entity_in_graph(kg, entity) is None:
+            return
+        if not (kb.faults_for_symptom(symptom) or symptom in COLLECTIVE_SYMPTOMS):
+            return
+        observations.append(Observation(symptom, entity, weight, ev.ref, ev.ts, ev.summary[:300]))
+
+    def from_evidence(ev: Evidence, weight: float) -> None:
+        attrs = ev.attrs or {}
+        if "xid" in attrs:
+            add(f"xid:{attrs['xid']}", ev.entity, weight, ev)
+        if ev.kind == "hang":
+            add("hang", ev.entity, weight, ev)
+        if ev.kind == "peer" and ev.metric:
+            add(f"peer:{attrs.get('signal', ev.metric)}", ev.entity, weight, ev)
+        if ev.kind == "metric" and ev.metric:
+            add(f"metric:{ev.metric}", ev.entity, weight, ev)
+        if ev.kind in ("log", "event"):
+            for signature in kb.match_log(ev.summary):
+                add(signature.symptom, ev.entity, weight, ev)
+        if isinstance(attrs.get("fault_type"), str):
+            add(f"anomaly:{attrs['fault_type']}", ev.entity, weight, ev)
+
+    for anomaly in anomalies:
+        weight = min(1.0, max(0.1, float(anomaly.score))) * (0.6 + 0.1 * int(anomaly.level))
+        summary = f"{anomaly.detector}: {anomaly.fault_type} on {anomaly.entity}"
+        ev = Evidence(ref=anomaly.id, kind="detector", entity=anomaly.entity, ts=anomaly.start, summary=summary,
+                      attrs={"detector": anomaly.detector, "fault_type": anomaly.fault_type})
+        evidence.append(ev)
+        if anomaly.fault_type in kb.faults:
+            add(f"anomaly:{anomaly.fault_type}", anomaly.entity, weight, ev)
+        for item in anomaly.evidence:
+            evidence.append(item)
+            from_evidence(item, weight)
+    for item in incident.evidence:
+        evidence.append(item)
+        from_evidence(item, 1.0)
+
+    for event in events:
+        ev = Evidence(kind="event", entity=event.entity, ts=event.ts, summary=f"{event.kind}: {event.message}"[:4096],
+                      attrs={k: v for k, v in event.attrs.items() if isinstance(v, str | int | float)})
+        matched = False
+        xid = event.attrs.get("xid")
+        if xid is None:
+            match = _XID_IN_TEXT.search(event.message)
+            xid = int(match.group(1)) if match else None
+        if xid is not None:
+            level = kb.xids.get(int(xid))
+            weight = 1.0 if level is None or int(level.level) >= 2 else 0.4
+            add(f"xid:{int(xid)}", event.entity, weight, ev)
+            matched = True
+        for signature in kb.match_log(event.message):
+            add(signature.symptom, event.entity, 0.9, ev)
+            matched = True
+        if event.kind == "job" and event.attrs.get("reason") == "crashed":
+            rank = event.attrs.get("rank")
+            target = f"{event.entity}/rank/{rank}" if isinstance(rank, int) else event.entity
+            add("crash", target, 0.5, ev)
+            matched = True
+        if matched:
+            evidence.append(ev)
+
+    for record in logs:
+        signatures = kb.match_log(record.line)
+        if not signatures:
+            continue
+        ev = Evidence(kind="log", entity=record.entity, ts=record.ts or incident.start,
+                      summary=record.line[:500], attrs={"source": record.source})
+        evidence.append(ev)
+        for signature in signatures:
+            add(signature.symptom, record.entity, 0.8, ev)
+
+    observations += _odd_ranks(kg, observations, evidence)
+    for rank, confidence in (hang_culprits or {}).items():
+        ev = Evidence(kind="hang", entity=rank, ts=incident.start,
+                      summary=f"hang diagnosis: {rank} is the culprit (confidence {confidence:.2f})")
+        evidence.append(ev)
+        add("hang", rank, 2.0 * float(confidence), ev)
+        add("peer:stack", rank, float(confidence), ev)
+    return observations, evidence
+
+
+# A job-wide error every rank but one reports points at the one that does not: it is stuck elsewhere
+# (watchdog timeout) or it died first (the others then see "remote process exited").
+ODD_RANK_SYMPTOMS = {"log:nccl_timeout": "peer:silent_rank", "log:watchdog_timeout": "peer:silent_rank",
+                     "log:nccl_net_error": "peer:crash_origin"}
+ODD_RANK_SHARE = 0.75
+ODD_RANK_MAX = 2
+
+
+def _odd_ranks(kg: KnowledgeGraph, observations: Sequence[Observation], evidence: list[Evidence],
+               ) -> list[Observation]:
+    """Peer difference over a job's ranks: the few ranks missing an error nearly all their peers report."""
+    seen: dict[tuple[str, str], set[str]] = defaultdict(set)
+    first_ts: dict[tuple[str, str], float] = {}
+    for obs in observations:
+        job = kg.rank_job.get(obs.entity)
+        if job is not None and obs.symptom in ODD_RANK_SYMPTOMS:
+            key = (job, obs.symptom)
+            seen[key].add(obs.entity)
+            first_ts[key] = min(first_ts.get(key, obs.ts), obs.ts)
+    found = []
+    for (job, symptom), ranks in seen.items():
+        world = kg.job_ranks.get(job, [])
+        missing = [r for r in world if r not in ranks]
+        if len(world) < 4 or not missing or len(missing) > ODD_RANK_MAX or len(ranks) < ODD_RANK_SHARE * len(world):
+            continue
+        peer_symptom = ODD_RANK_SYMPTOMS[symptom]
+        for rank in missing:
+            ev = Evidence(kind="peer", entity=rank, ts=first_ts[(job, symptom)],
+                          summary=f"{len(ranks)} of {len(world)} ranks of {job} report {symptom}; {rank} does not",
+                          attrs={"signal": peer_symptom.split(":", 1)[1]})
+            evidence.append(ev)
+            found.append(Observation(peer_symptom, rank, 1.0, ev.ref, ev.ts, ev.summary))
+    return found
+
+
+# --------------------------------------------------------------------------- ranking
+
+
+def _softmax(scores: Sequence[float]) -> list[float]:
+    if not scores:
+        return []
+    top = max(scores)
+    exps = [math.exp(s - top) for s in scores]
+    total = sum(exps)
+    return [e / total for e in exps]
+
+
+def rank_observations(kg: KnowledgeGraph, observations: Sequence[Observation], top_k: int = 10,
+                      ) -> tuple[list[RankedCause], int]:
+    """Score every candidate (entity, fault) against the observations; best first."""
+    kb = kg.kb
+    if not observations:
+        return [], 0
+    groups: dict[str, list[Observation]] = defaultdict(list)
+    for obs in observations:
+        groups[obs.symptom].append(obs)
+    group_total = {s: sum(o.weight for o in items) for s, items in groups.items()}
+    importance = {
+        s: min(1.5, max(o.weight for o in items)) * (GENERIC_WEIGHT if s in COLLECTIVE_SYMPTOMS else 1.0)
+        for s, items in groups.items()
+    }
+
+    reach_cache: dict[str, dict[str, float]] = {}
+    # coverage[s][v]: weighted share of symptom s that entity v reaches directly.
+    coverage: dict[str, dict[str, float]] = {s: defaultdict(float) for s in groups}
+    refs: dict[str, dict[str, list[str]]] = {s: defaultdict(list) for s in groups}
+    job_weight: dict[str, dict[str, float]] = {s: defaultdict(float) for s in groups}
+    for symptom, items in groups.items():
+        for obs in items:
+            reach = reach_cache.get(obs.entity)
+            if reach is None:
+                reach = {v: k for v, k in kg.causes_of(obs.entity).items() if k >= MIN_REACH}
+                reach_cache[obs.entity] = reach
+            for entity, strength in reach.items():
+                coverage[symptom][entity] += obs.weight * strength
+                if len(refs[symptom][entity]) < 5:
+                    refs[symptom][entity].append(obs.ref)
+            job = kg.rank_job.get(obs.entity)
+            if job is not None:
+                job_weight[symptom][job] += obs.weight
+
+    # Collective symptoms (every rank of a stalled job shows them) add coverage but do not propose
+    # candidates, unless nothing more specific was seen: that keeps a 10,000-rank hang cheap to rank.
+    specific = {o.entity for o in observations if o.symptom not in COLLECTIVE_SYMPTOMS}
+    proposers = specific or set(reach_cache)
+    candidates: set[str] = set()
+    for entity in proposers:
+        candidates.update(reach_cache[entity])
+    # Jobs each candidate touches through its ranks, for peer spreading of collective symptoms.
+    touched_jobs: dict[str, set[str]] = defaultdict(set)
+    for entity in list(reach_cache):
+        job = kg.rank_job.get(entity)
+        if job is None:
+            continue
+        for source in reach_cache[entity]:
+            touched_jobs[source].add(job)
+
+    pagerank = kg.personalized_pagerank({o.entity: o.weight for o in observations})
+    top_pr = max(pagerank.values(), default=1.0)
+    affected_nodes = {kg.node_of(o.entity) for o in observations} - {None}
+
+    scored: list[RankedCause] = []
+    n_candidates = 0
+    for entity in candidates:
+        kind = kg.kind(entity)
+        faults = kb.faults_for_kind(kind)
+        if not faults:
+            continue
+        cov = {}
+        for symptom in groups:
+            direct = coverage[symptom].get(entity, 0.0)
+            if symptom in COLLECTIVE_SYMPTOMS and touched_jobs.get(entity):
+                peer_weight = sum(job_weight[symptom].get(j, 0.0) for j in touched_jobs[entity])
+                direct = direct + PEER_IMPACT * max(0.0, peer_weight - direct)
+            cov[symptom] = min(1.0, direct / group_total[symptom]) if group_total[symptom] else 0.0
+        pr_term = PAGERANK_WEIGHT * math.log(pagerank.get(entity, 0.0) / top_pr + 1e-6)
+        spread_penalty = 0.0
+        if kind == "switch":
+            behind = kg.nodes_behind(entity)
+            share = len(behind & affected_nodes) / len(behind) if behind else 0.0
+            spread_penalty = 2.0 * math.log(share + EPSILON)
+        for fault_name in faults:
+            fault = kb.faults[fault_name]
+            total = PRIOR_WEIGHT * kb.log_prior(fault_name) + pr_term
+            if fault.spread == "children":
+                total += spread_penalty
+            contributions = []
+            explained = False
+            for symptom in groups:
+                likelihood = kb.likelihood(symptom, fault_name)
+                term = importance[symptom] * (math.log(EPSILON + likelihood * cov[symptom]) - math.log(1 + EPSILON))
+                total += term
+                if likelihood * cov[symptom] > 0:
+                    explained = True
+                    contributions.append((symptom, term - importance[symptom] * math.log(EPSILON)))
+            if not explained:
+                continue
+            n_candidates += 1
+            contributions.sort(key=lambda c: -c[1])
+            evidence_refs = [r for s, _ in contributions for r in refs[s].get(entity, [])]
+            scored.append(RankedCause(entity, fault_name, total, 0.0, contributions, evidence_refs))
+    scored.sort(key=lambda c: (-c.score, c.entity, c.fault_type))
+    best = scored[: max(top_k, 1)]
+    for cause, prob in zip(best, _softmax([c.score for c in best]), strict=True):
+        cause.probability = prob
+    return best, n_candidates
+
+
+def incident_footprint(kg: KnowledgeGraph, incident: Incident, anomalies: Iterable[Anomaly] = ()) -> set[str]:
+    """Entities whose events and logs belong to the incident: its entities, their nodes, jobs and ranks."""
+    entities = set(incident.entities) | {incident.scope} | {a.entity for a in anomalies}
+    footprint = set(entities)
+    for entity in entities:
+        node = kg.node_of(entity) if entity in kg else None
+        if node:
+            footprint.add(node)
+        if entity in kg and kg.kind(entity) == "switch":
+            footprint |= kg.nodes_behind(entity)
+    return footprint
+
+
+def select_records(kg: KnowledgeGraph, incident: Incident, anomalies: Sequence[Anomaly],
+                   events: Sequence[Event], logs: Sequence[LogRecord], slack_s: float = 900.0,
+                   ) -> tuple[list[Event], list[LogRecord]]:
+    """The events and log lines of the incident's footprint and time window (plus slack)."""
+    footprint = incident_footprint(kg, incident, anomalies)
+    jobs = {e for e in footprint if entity_kind(e) == "job"} | {kg.rank_job[e] for e in footprint if e in kg.rank_job}
+    for node in [e for e in footprint if e.startswith("node/")]:
+        for gpu in kg.graph.successors(node):
+            for rank in kg.graph.successors(gpu):
+                if rank in kg.rank_job:
+                    jobs.add(kg.rank_job[rank])
+    # A job's incident reaches the hosts its ranks run on: their Xids and kernel lines are its evidence.
+    for job in jobs:
+        for rank in kg.job_ranks.get(job, []):
+            host = kg.node_of(rank)
+            if host:
+                footprint.add(host)
+    lo, hi = incident.start - slack_s, incident.end + slack_s
+
+    def belongs(entity: str) -> bool:
+        if entity in footprint:
+            return True
+        if entity in kg.rank_job:
+            return kg.rank_job[entity] in jobs
+        if entity in jobs:
+            return True
+        node = kg.node_of(entity) if entity in kg else None
+        return node in footprint
+
+    chosen_events = [e for e in events if lo <= e.ts <= hi and belongs(e.entity)]
+    chosen_logs = [r for r in logs if r.ts is not None and lo <= r.ts <= hi and belongs(r.entity)]
+    return chosen_events, chosen_logs
+
+
+def analyze_incident(
+    kg: KnowledgeGraph,
+    incident: Incident,
+    anomalies: Sequence[Anomaly] = (),
+    events: Sequence[Event] = (),
+    logs: Sequence[LogRecord] = (),
+    hang_culprits: Mapping[str, float] | None = None,
+    top_k: int = 10,
+) -> RcaResult:
+    """Rank root causes of one incident from its anomalies and the events / logs around it."""
+    started = time.perf_counter()
+    own = [a for a in anomalies if not incident.anomalies or a.id in incident.anomalies]
+    chosen_events, chosen_logs = select_records(kg, incident, own, events, logs)
+    observations, evidence = observations_from(kg, incident, own, chosen_events, chosen_logs, hang_culprits)
+    causes, n_candidates = rank_observations(kg, observations, top_k=top_k)
+    notes = []
+    if not observations:
+        notes.append("no evidence matched the knowledge base; nothing to rank")
+    return RcaResult(incident.id, causes, observations, evidence, time.perf_counter() - started,
+                     candidates=n_candidates, notes=notes)
