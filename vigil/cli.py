@@ -25,6 +25,10 @@ def _root() -> None:
 
 
 # --- verbs: each package registers its own commands here, one line each -------------------------
+from vigil.serve.cli import mcp as _mcp, serve as _serve  # noqa: E402
+
+app.command("serve")(_serve)
+app.command("mcp")(_mcp)
 from vigil.collect.cli import agent as _agent  # noqa: E402
 
 app.command("agent")(_agent)

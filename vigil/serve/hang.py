@@ -87,9 +87,7 @@ def load_hang_report(path: Path) -> HangReport:
         raise VigilInputError(f"{file}: expected a JSON object at the top level")
     verdict = data.get("verdict")
     if verdict not in VERDICTS:
-        raise VigilInputError(
-            f"{file}: field 'verdict' is {verdict!r}; expected one of {', '.join(VERDICTS)}"
-        )
+        raise VigilInputError(f"{file}: field 'verdict' is {verdict!r}; expected one of {', '.join(VERDICTS)}")
     try:
         culprits = [int(r) for r in data.get("culprit_ranks") or []]
         links = [(int(a), int(b)) for a, b in data.get("culprit_links") or []]

@@ -66,9 +66,7 @@ def _time_axis(t0: float, t1: float, x0: float, x1: float, y: float) -> list[str
     for k in range(5):
         t = t0 + (t1 - t0) * k / 4
         x = x0 + (x1 - x0) * k / 4
-        parts.append(
-            f'<text x="{x:.1f}" y="{y + 14}" class="axis" text-anchor="middle">+{t - t0:.0f}s</text>'
-        )
+        parts.append(f'<text x="{x:.1f}" y="{y + 14}" class="axis" text-anchor="middle">+{t - t0:.0f}s</text>')
     return parts
 
 
@@ -124,9 +122,7 @@ def evidence_timeline(
             def y_of(v: float) -> float:
                 return top + plot_h - 10 - (v - lo) / span * (plot_h - 20)
 
-            path = " ".join(
-                f"{'M' if k == 0 else 'L'}{x_of(t):.1f},{y_of(v):.1f}" for k, (t, v) in enumerate(points)
-            )
+            path = " ".join(f"{'M' if k == 0 else 'L'}{x_of(t):.1f},{y_of(v):.1f}" for k, (t, v) in enumerate(points))
             parts.append(f'<text x="0" y="{top + 12}" class="label">{escape(label)}</text>')
             parts.append(f'<text x="0" y="{top + 26}" class="axis">{lo:.3g} .. {hi:.3g}</text>')
             parts.append(f'<path d="{path}" class="series"/>')
@@ -138,10 +134,7 @@ def evidence_timeline(
 
 def step_time_chart(ranks: dict[int, dict[str, list[Any]]], width: int = 860, height: int = 260) -> str:
     """Per-rank step-time lines; the rank with the highest median (the straggler) drawn in red."""
-    series = {
-        r: [(t, v) for t, v in zip(d["ts"], d["values"], strict=True) if v is not None]
-        for r, d in ranks.items()
-    }
+    series = {r: [(t, v) for t, v in zip(d["ts"], d["values"], strict=True) if v is not None] for r, d in ranks.items()}
     series = {r: pts for r, pts in series.items() if pts}
     if not series:
         return '<p class="empty">No per-rank step times stored for this job.</p>'

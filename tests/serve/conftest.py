@@ -1,0 +1,164 @@
+"""Fixtures for the server tests: a store filled by the simulator and the pipeline, a server on loopback,
+real binaries (Prometheus, Chromium, PostgreSQL) found or - in CI - loudly missing."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vigil.config import Settings
+from vigil.model import Cause, Diagnosis, Incident, RemediationStep
+from vigil.pipeline import PipelineResult, run_pipeline
+from vigil.sim import SimConfig, SimRun, simulate
+from vigil.store.metrics import MetricFrame, MetricStore
+from vigil.store.sql import Store
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "tests" / "artifacts"
+TOKEN = "test-token-7f3a"
+STRAGGLER_RANK = 5
+
+
+def require_binary(path_or_name: str) -> str:
+    """The binary's path; a missing one skips locally but fails in CI (CI=true), where it must be installed."""
+    found = shutil.which(path_or_name) or (path_or_name if Path(path_or_name).is_file() else None)
+    if found is None:
+        message = f"{path_or_name} is not installed (apt-get install it; .ci/run does)"
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return found
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for(condition: object, timeout_s: float, what: str, interval_s: float = 0.1) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if callable(condition) and condition():
+            return
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+
+
+@dataclass
+class SimCluster:
+    run: SimRun
+    result: PipelineResult
+    store: Store
+    metrics: MetricStore
+    home: Path
+    incident: Incident
+    diagnosis: Diagnosis
+
+    def settings(self, **overrides: object) -> Settings:
+        values: dict[str, object] = {"home": self.home, "db_url": self.store.url, "api_token": TOKEN}
+        values.update(overrides)
+        return Settings(**values)  # type: ignore[arg-type]
+
+
+def rank_frames(run: SimRun, metrics: MetricStore) -> None:
+    """Per-rank step times, as the training probe reports them: each rank's step time is the job's plus
+    a little jitter; rank 5 of job j00 runs 40% slow (a straggler the job view must show)."""
+    rng = np.random.default_rng(7)
+    job = run.topology.jobs[0]
+    ts, job_values = metrics.series(job.entity, "vigil_job_step_time_seconds")
+    entities = [f"job/{job.id}/rank/{r}" for r in range(job.world_size)]
+    for t, value in zip(ts, job_values, strict=True):
+        per_rank = np.full((len(entities), 1), value, dtype=np.float32)
+        per_rank[:, 0] *= 1.0 + 0.02 * rng.standard_normal(len(entities)).astype(np.float32)
+        per_rank[STRAGGLER_RANK, 0] *= 1.4
+        metrics.append(
+            MetricFrame(
+                ts=float(t), family="rank", entities=entities, metrics=["vigil_job_step_time_seconds"], values=per_rank
+            )
+        )
+
+
+def diagnosis_for(incident: Incident) -> Diagnosis:
+    """A diagnosis record as the RCA stage writes it, made by hand from the incident's own evidence."""
+    refs = [e.ref for e in incident.evidence[:2]]
+    root = Cause(
+        entity=incident.scope,
+        fault_type=incident.fault_types[0],
+        score=0.82,
+        explanation="first fault in time on the incident's scope",
+        evidence_refs=refs,
+    )
+    other = Cause(
+        entity=incident.entities[-1],
+        fault_type=incident.fault_types[-1],
+        score=0.11,
+        explanation="a symptom downstream of the root cause",
+    )
+    plan = [
+        RemediationStep(
+            action="cordon",
+            target=f"node/{incident.scope.split('/')[1]}",
+            risk="medium",
+            reason="keep new work off the node",
+        ),
+        RemediationStep(
+            action="reset_gpu",
+            target=incident.scope if incident.scope.startswith("gpu/") else f"node/{incident.scope.split('/')[1]}",
+            risk="high",
+            reason="clear the fault",
+        ),
+    ]
+    return Diagnosis(
+        incident_id=incident.id,
+        summary=f"{incident.fault_types[0]} on {incident.scope}",
+        root_cause=root,
+        confidence=0.8,
+        causes=[other, root],
+        evidence_refs=refs,
+        plan=plan,
+    )
+
+
+def build_cluster(url: str, home: Path) -> SimCluster:
+    run = simulate(SimConfig(nodes=8, gpus=8, minutes=60, seed=1))
+    store = Store(url)
+    result = run_pipeline(run, store=store)
+    rank_frames(run, result.metrics)
+    incident = max(result.incidents, key=lambda i: (i.level, len(i.evidence)))
+    diagnosis = diagnosis_for(incident)
+    store.save_diagnosis(diagnosis)
+    return SimCluster(run, result, store, result.metrics, home, incident, diagnosis)
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> SimCluster:
+    home = tmp_path_factory.mktemp("vigil-home")
+    return build_cluster(f"sqlite:///{home / 'vigil.db'}", home)
+
+
+@contextmanager
+def serve_in_thread(app: object) -> Iterator[str]:
+    """Run an ASGI app under uvicorn on a free loopback port; yields its base URL."""
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))  # type: ignore[arg-type]
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_for(lambda: server.started, 30, "uvicorn to start")
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)

@@ -1,0 +1,183 @@
+"""REST API over a store filled by the simulator and the pipeline: reads open, writes behind the token."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.serve.conftest import STRAGGLER_RANK, TOKEN, SimCluster
+from tests.serve.test_alertmanager import PAYLOAD
+from vigil.model import ActionStatus, FaultLevel
+from vigil.serve.app import create_app
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture
+def client(cluster: SimCluster) -> Iterator[TestClient]:
+    with TestClient(create_app(cluster.store, cluster.metrics, cluster.settings())) as test_client:
+        yield test_client
+
+
+def test_nodes_and_gpus_carry_the_stores_fault_levels(client: TestClient, cluster: SimCluster) -> None:
+    health = cluster.store.node_health()
+    nodes = client.get("/api/v1/nodes").json()
+    assert len(nodes) == 8 and all(len(n["gpus"]) == 8 for n in nodes)
+    for node in nodes:
+        for gpu in node["gpus"]:
+            assert gpu["level"] == int(health[gpu["id"]])
+    bad = client.get("/api/v1/gpus", params={"min_level": int(FaultLevel.DRAIN)}).json()
+    expected = {e for e, level in health.items() if e.startswith("gpu/") and level >= FaultLevel.DRAIN}
+    assert {g["id"] for g in bad} == expected and expected
+    assert client.get("/api/v1/gpus", params={"min_level": 9}).status_code == 422
+
+
+def test_incident_detail_and_diagnosis(client: TestClient, cluster: SimCluster) -> None:
+    listed = client.get("/api/v1/incidents", params={"limit": 500}).json()
+    assert {i["id"] for i in listed} == {i.id for i in cluster.result.incidents}
+    detail = client.get(f"/api/v1/incidents/{cluster.incident.id}").json()
+    assert detail["scope"] == cluster.incident.scope and len(detail["evidence"]) == len(cluster.incident.evidence)
+    diagnosis = client.get(f"/api/v1/incidents/{cluster.incident.id}/diagnosis").json()
+    assert diagnosis["root_cause"]["fault_type"] == cluster.incident.fault_types[0]
+    missing = client.get("/api/v1/incidents/inc-nope")
+    assert missing.status_code == 404 and "inc-nope" in missing.json()["detail"]
+
+
+def test_job_step_times_per_rank_and_metric_series(client: TestClient, cluster: SimCluster) -> None:
+    job = cluster.run.topology.jobs[0]
+    data = client.get(f"/api/v1/jobs/{job.id}").json()
+    assert len(data["ranks"]) == job.world_size
+    medians = {
+        int(r): sorted(v for v in s["values"] if v is not None)[len(s["values"]) // 2] for r, s in data["ranks"].items()
+    }
+    assert max(medians, key=lambda r: medians[r]) == STRAGGLER_RANK
+    gpu = cluster.run.topology.nodes[0].gpus[0].id
+    series = client.get("/api/v1/metrics/series", params={"entity": gpu, "metric": "DCGM_FI_DEV_GPU_TEMP"}).json()
+    assert len(series["ts"]) == cluster.run.n_ticks and series["ts"] == sorted(series["ts"])
+    bad = client.get("/api/v1/metrics/series", params={"entity": "gpu/n000", "metric": "DCGM_FI_DEV_GPU_TEMP"})
+    assert bad.status_code == 400 and "bad entity id" in bad.json()["detail"]
+    assert client.get("/api/v1/jobs/nope").status_code == 404
+
+
+def test_writes_need_the_bearer_token(cluster: SimCluster) -> None:
+    body = {"kind": "cordon", "target": "node/n001", "reason": "test"}
+    with TestClient(create_app(cluster.store, cluster.metrics, cluster.settings(api_token=""))) as no_token:
+        refused = no_token.post("/api/v1/actions", json=body)
+        assert refused.status_code == 403 and "VIGIL_API_TOKEN" in refused.json()["detail"]
+        assert no_token.get("/api/v1/actions").status_code == 200
+    with TestClient(create_app(cluster.store, cluster.metrics, cluster.settings())) as client:
+        assert client.post("/api/v1/actions", json=body).status_code == 401
+        wrong = client.post("/api/v1/actions", json=body, headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401
+        assert client.post("/api/v1/actions", json=body, headers=AUTH).status_code == 201
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"kind": "format_disk", "target": "node/n001"}, "kind"),
+        ({"kind": "cordon", "target": "n001"}, "target"),
+        ({"kind": "cordon", "target": "node/n001", "surprise": 1}, "surprise"),
+    ],
+)
+def test_validation_errors_are_clear_4xx(client: TestClient, body: dict[str, object], field: str) -> None:
+    response = client.post("/api/v1/actions", json=body, headers=AUTH)
+    assert response.status_code == 422
+    detail = response.json()["detail"]
+    assert detail.startswith("invalid request:") and field in detail and "\n" not in detail
+
+
+def test_action_flow_propose_approve_execute_dry_run(client: TestClient, cluster: SimCluster) -> None:
+    incident = cluster.incident
+    created = client.post(
+        "/api/v1/actions",
+        headers=AUTH,
+        json={"kind": "reset_gpu", "target": "gpu/n001/3", "incident_id": incident.id, "reason": "Xid 119"},
+    ).json()
+    action_id = created["id"]
+    early = client.post(f"/api/v1/actions/{action_id}/execute", headers=AUTH)
+    assert early.status_code == 409 and "approve" in early.json()["detail"]
+    approved = client.post(f"/api/v1/actions/{action_id}/approve", headers=AUTH).json()
+    assert approved["status"] == "approved" and approved["params"]["approved_by"] == "api"
+    real = client.post(f"/api/v1/actions/{action_id}/execute", params={"dry_run": "false"}, headers=AUTH)
+    assert real.status_code == 409 and "execute_actions" in real.json()["detail"]
+    done = client.post(f"/api/v1/actions/{action_id}/execute", headers=AUTH).json()
+    assert done["status"] == "executed" and done["dry_run"] and done["result"].startswith("dry-run")
+    stored = cluster.store.action(action_id)
+    assert stored is not None and stored.status is ActionStatus.EXECUTED
+    again = client.post(f"/api/v1/actions/{action_id}/approve", headers=AUTH)
+    assert again.status_code == 409
+    unknown = client.post(
+        "/api/v1/actions", headers=AUTH, json={"kind": "cordon", "target": "node/n001", "incident_id": "inc-missing"}
+    )
+    assert unknown.status_code == 404
+
+
+def test_real_execution_goes_through_the_configured_actuator(cluster: SimCluster) -> None:
+    ran: list[str] = []
+
+    def actuator(action: object) -> str:
+        ran.append(action.target)
+        return "cordoned"
+
+    app = create_app(cluster.store, cluster.metrics, cluster.settings(execute_actions=True), executor=actuator)
+    with TestClient(app) as client:
+        action_id = client.post("/api/v1/actions", headers=AUTH, json={"kind": "cordon", "target": "node/n002"}).json()[
+            "id"
+        ]
+        client.post(f"/api/v1/actions/{action_id}/approve", headers=AUTH)
+        done = client.post(f"/api/v1/actions/{action_id}/execute", params={"dry_run": False}, headers=AUTH).json()
+    assert ran == ["node/n002"] and done["status"] == "executed" and not done["dry_run"]
+    assert done["result"] == "cordoned"
+
+
+def test_incident_status_and_create(client: TestClient, cluster: SimCluster) -> None:
+    new = cluster.incident.model_copy(update={"id": "inc-api-created", "title": "from api"})
+    created = client.post("/api/v1/incidents", headers=AUTH, json=new.model_dump(mode="json"))
+    assert created.status_code == 201
+    acked = client.post("/api/v1/incidents/inc-api-created/status", headers=AUTH, json={"status": "acknowledged"})
+    assert acked.json()["status"] == "acknowledged"
+    stored = cluster.store.incident("inc-api-created")
+    assert stored is not None and stored.status.value == "acknowledged"
+    bad = client.post("/api/v1/incidents/inc-api-created/status", headers=AUTH, json={"status": "gone"})
+    assert bad.status_code == 422
+
+
+def test_alertmanager_webhook_stores_events_and_counts(client: TestClient, cluster: SimCluster) -> None:
+    before = len(cluster.store.events(kind="alert_firing", limit=10000))
+    response = client.post("/api/v1/alertmanager", headers=AUTH, json=PAYLOAD)
+    assert response.status_code == 200 and response.json()["stored"] == 2
+    firing = cluster.store.events(kind="alert_firing", limit=10000)
+    assert len(firing) == before + 1 and firing[-1].entity == "gpu/n003/5"
+    assert 'vigil_alertmanager_alerts_total{status="firing"}' in client.get("/metrics").text
+    wrong = client.post("/api/v1/alertmanager", headers=AUTH, json={**PAYLOAD, "version": "2"})
+    assert wrong.status_code == 400 and "version 4" in wrong.json()["detail"]
+    assert client.post("/api/v1/alertmanager", json=PAYLOAD).status_code == 401
+
+
+def test_events_filter_and_ingest(client: TestClient, cluster: SimCluster) -> None:
+    event = {
+        "ts": 1767230000.0,
+        "entity": "node/n004",
+        "kind": "kernel_panic",
+        "source": "test",
+        "message": "Kernel panic - not syncing",
+        "level": 4,
+    }
+    assert client.post("/api/v1/events", headers=AUTH, json=[event]).status_code == 201
+    found = client.get("/api/v1/events", params={"entity": "node/n004", "kind": "kernel_panic"}).json()
+    assert found and found[-1]["message"] == "Kernel panic - not syncing"
+    bad = client.post("/api/v1/events", headers=AUTH, json=[{**event, "entity": "node/"}])
+    assert bad.status_code == 422 and "entity" in bad.json()["detail"]
+
+
+def test_promql_query_needs_a_configured_prometheus(client: TestClient) -> None:
+    response = client.get("/api/v1/metrics/query", params={"query": "up"})
+    assert response.status_code == 400 and "VIGIL_METRICS_URL" in response.json()["detail"]
+
+
+def test_openapi_documents_the_model_records(client: TestClient) -> None:
+    schema = client.get("/openapi.json").json()
+    assert {"Incident", "Diagnosis", "Action", "Event", "Topology"} <= set(schema["components"]["schemas"])

@@ -1,0 +1,36 @@
+"""/metrics: Vigil's state under Prometheus naming and cardinality conventions."""
+
+from __future__ import annotations
+
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.serve.conftest import SimCluster
+from vigil.model import IncidentStatus
+from vigil.serve.app import create_app
+
+ALLOWED_LABELS = {"node", "gpu", "level", "detector", "status", "version", "cluster"}
+
+
+def test_metrics_reflect_store_and_follow_conventions(cluster: SimCluster) -> None:
+    with TestClient(create_app(cluster.store, cluster.metrics, cluster.settings())) as client:
+        response = client.get("/metrics")
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
+    families = {f.name: f for f in text_string_to_metric_families(response.text)}
+    for family in families.values():
+        assert family.name.startswith("vigil_")
+        for sample in family.samples:
+            assert set(sample.labels) <= ALLOWED_LABELS, (family.name, sample.labels)
+    health = cluster.store.node_health()
+    gpu_levels = {f"gpu/{s.labels['node']}/{s.labels['gpu']}": s.value
+                  for s in families["vigil_gpu_fault_level"].samples}
+    assert len(gpu_levels) == cluster.run.topology.gpu_count()
+    assert gpu_levels == {e: float(level) for e, level in health.items() if e.startswith("gpu/")}
+    assert max(gpu_levels.values()) >= 3
+    open_count = sum(s.value for s in families["vigil_incidents_open"].samples)
+    expected = sum(len(cluster.store.incidents(status=s, limit=10000))
+                   for s in (IncidentStatus.OPEN, IncidentStatus.ACKNOWLEDGED))
+    assert open_count == expected > 0
+    detectors = {s.labels["detector"] for s in families["vigil_detector_score_max"].samples}
+    assert detectors == {a.detector for a in cluster.store.anomalies(limit=5000)}
+    assert families["vigil_alertmanager_alerts"].type == "counter"

@@ -1,0 +1,145 @@
+"""The web dashboard: server-rendered pages (Jinja2 + inline SVG), assets shipped in the package."""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Request, status
+from fastapi.responses import HTMLResponse
+from fastapi.templating import Jinja2Templates
+from markupsafe import Markup
+
+from vigil.model import Evidence, FaultLevel, IncidentStatus, VigilInputError
+from vigil.remedy.lifecycle import NodeState
+from vigil.serve import svg
+from vigil.serve.context import ServeContext
+from vigil.serve.hang import load_hang_report, stack_tree
+
+router = APIRouter(include_in_schema=False)
+templates = Jinja2Templates(directory=str(resources.files("vigil.serve") / "templates"))
+templates.env.globals["level_name"] = lambda level: FaultLevel(int(level)).label
+templates.env.globals["level_color"] = lambda level: svg.LEVEL_COLORS[int(level)]
+
+
+def _ctx(request: Request) -> ServeContext:
+    return request.app.state.ctx
+
+
+def _page(request: Request, name: str, **values: Any) -> HTMLResponse:
+    return templates.TemplateResponse(request, name, values)
+
+
+@router.get("/", response_class=HTMLResponse)
+def overview(request: Request) -> HTMLResponse:
+    ctx = _ctx(request)
+    grid = ctx.node_grid()
+    open_incidents = [i for i in ctx.store.incidents(limit=500) if i.status is not IncidentStatus.RESOLVED]
+    counts = {level.label: 0 for level in FaultLevel}
+    for row in grid:
+        for gpu in row["gpus"]:
+            counts[FaultLevel(gpu["level"]).label] += 1
+    return _page(
+        request,
+        "overview.html",
+        heat_map=Markup(svg.heat_map(grid)),
+        incidents=open_incidents[:20],
+        counts=counts,
+        nodes=len(grid),
+        hangs=sorted(ctx.hang_reports()),
+        jobs=ctx.topology().jobs,
+    )
+
+
+@router.get("/incidents", response_class=HTMLResponse)
+def incident_list(request: Request) -> HTMLResponse:
+    ctx = _ctx(request)
+    return _page(request, "incidents.html", incidents=ctx.store.incidents(limit=1000))
+
+
+@router.get("/incidents/{incident_id}", response_class=HTMLResponse)
+def incident_detail(request: Request, incident_id: str) -> HTMLResponse:
+    ctx = _ctx(request)
+    incident = ctx.store.incident(incident_id)
+    if incident is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no incident {incident_id!r}")
+    diagnosis = ctx.store.diagnosis(incident_id)
+    actions = ctx.store.actions(incident_id=incident_id, limit=200)
+    evidence: list[Evidence] = list(incident.evidence)
+    series = None
+    metric_ev = next((e for e in evidence if e.kind == "metric" and e.metric), None)
+    if metric_ev is not None and metric_ev.metric is not None:
+        span = max(incident.end - incident.start, 60.0)
+        try:
+            ts, values = ctx.series(metric_ev.entity, metric_ev.metric, incident.start - span, incident.end + span)
+            series = (
+                ts.tolist(),
+                [None if v != v else float(v) for v in values],
+                f"{metric_ev.metric} {metric_ev.entity}",
+            )
+        except VigilInputError:
+            series = None
+    timeline = svg.evidence_timeline(evidence, incident.start, incident.end, series)
+    return _page(
+        request,
+        "incident.html",
+        incident=incident,
+        diagnosis=diagnosis,
+        actions=actions,
+        timeline=Markup(timeline),
+    )
+
+
+@router.get("/jobs/{job}", response_class=HTMLResponse)
+def job_view(request: Request, job: str) -> HTMLResponse:
+    ctx = _ctx(request)
+    try:
+        data = ctx.job_step_times(job)
+    except KeyError:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {job!r}") from None
+    medians = {}
+    for rank, series in data["ranks"].items():
+        values = sorted(v for v in series["values"] if v is not None)
+        if values:
+            medians[rank] = values[len(values) // 2]
+    return _page(
+        request,
+        "job.html",
+        job=data["job"],
+        chart=Markup(svg.step_time_chart(data["ranks"])),
+        medians=medians,
+    )
+
+
+@router.get("/hangs/{name}", response_class=HTMLResponse)
+def hang_view(request: Request, name: str) -> HTMLResponse:
+    ctx = _ctx(request)
+    path = ctx.hang_reports().get(name)
+    if path is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no launch run {name!r}")
+    report = load_hang_report(path)
+    tree = stack_tree(report.stacks, report.fork_point)
+    return _page(
+        request,
+        "hang.html",
+        report=report,
+        tree=tree,
+        ring=Markup(svg.ring(report.world_size, report.culprit_links, report.culprit_ranks)),
+    )
+
+
+@router.get("/nodes/{name}", response_class=HTMLResponse)
+def node_view(request: Request, name: str) -> HTMLResponse:
+    ctx = _ctx(request)
+    try:
+        data = ctx.node_lifecycle(name)
+    except KeyError:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no node {name!r}") from None
+    grid = [row for row in ctx.node_grid() if row["name"] == name]
+    return _page(
+        request,
+        "node.html",
+        data=data,
+        stages=[state.value for state in NodeState],
+        heat_map=Markup(svg.heat_map(grid, cell=26)),
+    )

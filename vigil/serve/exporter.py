@@ -1,0 +1,107 @@
+"""``/metrics``: Vigil's own state as Prometheus families, following the naming conventions.
+
+Families carry the ``vigil_`` prefix, base units, ``_total`` only on counters, and few bounded labels
+(``node``, ``gpu``, ``level``, ``detector``): never an incident id, a message or a changing state, so the
+series count stays at about one per GPU plus a handful.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.registry import Collector
+
+from vigil import __version__
+from vigil.model import FaultLevel, IncidentStatus, parse_entity
+
+
+class VigilCollector(Collector):
+    """Reads the store on every scrape; nothing is cached, so a scrape always shows committed state."""
+
+    def __init__(self, store: Any, cluster: str = "vigil") -> None:
+        self.store = store
+        self.cluster = cluster
+        self.alerts_received: Counter[str] = Counter()
+
+    def collect(self) -> Iterable[Any]:
+        info = InfoMetricFamily("vigil_build", "Vigil version and cluster name.")
+        info.add_metric([], {"version": __version__, "cluster": self.cluster})
+        yield info
+
+        gpu_level = GaugeMetricFamily(
+            "vigil_gpu_fault_level",
+            "Worst open fault level of a GPU: 0 healthy, 1 observe, 2 degraded, 3 drain, 4 isolate.",
+            labels=["node", "gpu"],
+        )
+        node_level = GaugeMetricFamily(
+            "vigil_node_fault_level",
+            "Worst open fault level of a node or any of its GPUs: 0 healthy .. 4 isolate.",
+            labels=["node"],
+        )
+        health = self.store.node_health()
+        topology = self.store.topology()
+        levels: dict[str, int] = {}
+        if topology is not None:
+            for node in topology.nodes:
+                levels[node.id] = 0
+                for gpu in node.gpus:
+                    levels[gpu.id] = 0
+        levels.update({entity: int(level) for entity, level in health.items()})
+        for entity, level in sorted(levels.items()):
+            kind, parts = parse_entity(entity)
+            if kind == "gpu":
+                gpu_level.add_metric([parts[0], parts[1]], level)
+            elif kind == "node":
+                node_level.add_metric([parts[0]], level)
+        yield gpu_level
+        yield node_level
+
+        open_incidents = GaugeMetricFamily(
+            "vigil_incidents_open", "Open (not resolved) incidents by fault level.", labels=["level"]
+        )
+        by_level: Counter[str] = Counter()
+        for status in (IncidentStatus.OPEN, IncidentStatus.ACKNOWLEDGED):
+            for incident in self.store.incidents(status=status, limit=100000):
+                by_level[FaultLevel(incident.level).label] += 1
+        for level in FaultLevel:
+            if level is not FaultLevel.HEALTHY:
+                open_incidents.add_metric([level.label], by_level[level.label])
+        yield open_incidents
+
+        score = GaugeMetricFamily(
+            "vigil_detector_score_max",
+            "Highest anomaly score among each detector's most recent anomalies.",
+            labels=["detector"],
+        )
+        anomaly_count = GaugeMetricFamily(
+            "vigil_detector_anomalies",
+            "Anomalies among the most recent stored, by detector.",
+            labels=["detector"],
+        )
+        best: dict[str, float] = {}
+        counts: Counter[str] = Counter()
+        for anomaly in self.store.anomalies(limit=5000):
+            best[anomaly.detector] = max(best.get(anomaly.detector, float("-inf")), anomaly.score)
+            counts[anomaly.detector] += 1
+        for detector in sorted(best):
+            score.add_metric([detector], best[detector])
+            anomaly_count.add_metric([detector], counts[detector])
+        yield score
+        yield anomaly_count
+
+        alerts = CounterMetricFamily(
+            "vigil_alertmanager_alerts", "Alerts received on the Alertmanager webhook.", labels=["status"]
+        )
+        for alert_status in ("firing", "resolved"):
+            alerts.add_metric([alert_status], self.alerts_received[alert_status])
+        yield alerts
+
+
+def render_metrics(collector: VigilCollector) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return generate_latest(registry)

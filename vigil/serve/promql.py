@@ -1,0 +1,153 @@
+"""A metrics source that reads a Prometheus-compatible HTTP API (Prometheus, VictoriaMetrics, Thanos).
+
+Vigil runs on an existing monitoring stack this way: the same ``series(entity, metric, start, end)`` call the
+embedded MetricStore answers is translated into PromQL over the labels dcgm-exporter and Vigil's own
+exporter use, and sent to ``/api/v1/query_range``. Errors come back as one line naming the query.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import numpy as np
+
+from vigil.model import VigilInputError, parse_entity
+
+
+@dataclass
+class PromSeries:
+    """One series of a query result: its labels and (ts, value) points."""
+
+    labels: dict[str, str]
+    ts: np.ndarray
+    values: np.ndarray = field(repr=False)
+
+
+def _quote(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def entity_selector(entity: str) -> dict[str, str]:
+    """Label matchers that pick one entity's series: dcgm-exporter's ``Hostname``/``gpu`` for GPUs,
+    Vigil's exporter's ``node``/``job``/``rank`` labels otherwise."""
+    kind, parts = parse_entity(entity)
+    if kind == "gpu":
+        return {"Hostname": parts[0], "gpu": parts[1]}
+    if kind == "node":
+        return {"node": parts[0]}
+    if kind == "nic":
+        return {"node": parts[0], "nic": parts[1]}
+    if kind == "job":
+        return {"job_id": parts[0]}
+    if kind == "rank":
+        return {"job_id": parts[0], "rank": parts[1]}
+    raise VigilInputError(f"entity {entity!r}: no Prometheus label mapping for {kind} entities")
+
+
+def selector(metric: str, labels: dict[str, str]) -> str:
+    inner = ",".join(f"{key}={_quote(value)}" for key, value in labels.items())
+    return f"{metric}{{{inner}}}"
+
+
+class PromQLSource:
+    """Queries a Prometheus-compatible API at ``base_url`` (e.g. http://prometheus:9090)."""
+
+    def __init__(self, base_url: str, timeout_s: float = 10.0, token: str = "") -> None:
+        if not base_url.startswith(("http://", "https://")):
+            raise VigilInputError(f"metrics URL {base_url!r}: expected http://host:port or https://host:port")
+        self.base_url = base_url.rstrip("/")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._client = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=headers)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _get(self, path: str, params: dict[str, str]) -> dict[str, Any]:
+        try:
+            response = self._client.get(path, params=params)
+        except httpx.HTTPError as err:
+            raise VigilInputError(f"cannot reach the metrics API at {self.base_url}: {err}") from None
+        try:
+            body = response.json()
+        except ValueError:
+            raise VigilInputError(
+                f"metrics API {self.base_url}{path} answered HTTP {response.status_code} with a non-JSON body"
+            ) from None
+        if body.get("status") != "success":
+            raise VigilInputError(
+                f"metrics API rejected query {params.get('query', '')!r}: "
+                f"{body.get('errorType', 'error')}: {body.get('error', 'unknown error')}"
+            )
+        data: dict[str, Any] = body["data"]
+        return data
+
+    def ready(self) -> bool:
+        try:
+            return self._client.get("/-/ready").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def query(self, expr: str, at: float | None = None) -> list[PromSeries]:
+        """An instant query: one point per series."""
+        params = {"query": expr}
+        if at is not None:
+            params["time"] = f"{at:.3f}"
+        data = self._get("/api/v1/query", params)
+        if data["resultType"] == "scalar":
+            ts, value = data["result"]
+            return [PromSeries({}, np.array([float(ts)]), np.array([float(value)]))]
+        if data["resultType"] != "vector":
+            raise VigilInputError(f"query {expr!r} returned a {data['resultType']}; expected an instant vector")
+        return [
+            PromSeries(item["metric"], np.array([float(item["value"][0])]), np.array([float(item["value"][1])]))
+            for item in data["result"]
+        ]
+
+    def query_range(self, expr: str, start: float, end: float, step: float) -> list[PromSeries]:
+        if end < start:
+            raise VigilInputError(f"query range: end {end} is before start {start}")
+        if step <= 0 or (end - start) / step > 11000:
+            raise VigilInputError("query range: step must be > 0 and give at most 11000 points per series")
+        params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+        data = self._get("/api/v1/query_range", params)
+        result = []
+        for item in data["result"]:
+            points = item["values"]
+            result.append(
+                PromSeries(
+                    item["metric"],
+                    np.array([float(p[0]) for p in points]),
+                    np.array([float(p[1]) for p in points]),
+                )
+            )
+        return result
+
+    def series(
+        self,
+        entity: str,
+        metric: str,
+        start: float | None = None,
+        end: float | None = None,
+        step: float = 15.0,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The same call MetricStore answers: one entity's metric over [start, end] (default: last hour)."""
+        end = time.time() if end is None else end
+        start = end - 3600.0 if start is None else start
+        found = self.query_range(selector(metric, entity_selector(entity)), start, end, step)
+        if not found:
+            return np.empty(0), np.empty(0)
+        # Several scrape targets can expose the same entity (e.g. two exporters); take the first.
+        first = found[0]
+        keep = ~np.isnan(first.values) if len(first.values) else np.ones(0, dtype=bool)
+        return first.ts[keep], first.values[keep]
+
+    def wait_ready(self, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.ready():
+                return
+            time.sleep(0.1)
+        raise VigilInputError(f"metrics API at {self.base_url} not ready after {timeout_s:g} s")

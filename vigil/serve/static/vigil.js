@@ -1,0 +1,58 @@
+// Approve / execute / propose buttons: the only writes the dashboard makes, each with the saved API token.
+"use strict";
+
+function vigilToken() {
+  return window.localStorage.getItem("vigil-token") || "";
+}
+
+function vigilSaveToken(event) {
+  event.preventDefault();
+  window.localStorage.setItem("vigil-token", document.getElementById("token").value);
+  document.getElementById("token").value = "";
+  return false;
+}
+
+async function vigilPost(url, body) {
+  const response = await fetch(url, {
+    method: "POST",
+    headers: {"Authorization": "Bearer " + vigilToken(), "Content-Type": "application/json"},
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const data = await response.json().catch(() => ({}));
+  if (!response.ok) {
+    throw new Error(data.detail || ("HTTP " + response.status));
+  }
+  return data;
+}
+
+function vigilShow(text, isError) {
+  const box = document.getElementById("action-message");
+  if (!box) { return; }
+  box.textContent = text;
+  box.className = isError ? "message error" : "message";
+}
+
+document.addEventListener("click", async (event) => {
+  const button = event.target.closest("button.approve, button.execute, button.propose");
+  if (!button) { return; }
+  button.disabled = true;
+  try {
+    if (button.classList.contains("approve")) {
+      const action = await vigilPost("/api/v1/actions/" + button.dataset.action + "/approve");
+      vigilShow("approved " + action.kind + " " + action.target, false);
+    } else if (button.classList.contains("execute")) {
+      const action = await vigilPost("/api/v1/actions/" + button.dataset.action + "/execute?dry_run=true");
+      vigilShow(action.result, false);
+    } else {
+      const action = await vigilPost("/api/v1/actions", {
+        kind: button.dataset.kind, target: button.dataset.target,
+        incident_id: button.dataset.incident, reason: button.dataset.reason,
+      });
+      vigilShow("proposed " + action.kind + " " + action.target, false);
+    }
+    window.setTimeout(() => window.location.reload(), 400);
+  } catch (err) {
+    vigilShow(err.message, true);
+    button.disabled = false;
+  }
+});
