@@ -1,0 +1,102 @@
+"""TCE: shapes, ablation switches, learning a toy fault, save / load round trip, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from sklearn.metrics import average_precision_score
+
+from vigil.detect.datasets import WindowSet
+from vigil.detect.tce import TCEDetector, TemporalContextEncoder
+from vigil.detect.train import load_detector, save_detector
+from vigil.model import VigilInputError
+
+torch.set_num_threads(1)
+
+
+def toy_windows(n: int, seed: int, history: int = 48, features: int = 4) -> tuple[np.ndarray, np.ndarray]:
+    """Noise; class 1 = a level shift in the last 8 rows of metric 0, class 2 = a slow ramp of metric 1 over
+    the whole history (a trend that the recent window alone cannot see well)."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, history, features)).astype(np.float32)
+    y = rng.choice(3, size=n, p=[0.8, 0.1, 0.1])
+    X[y == 1, -8:, 0] += 3.0
+    X[y == 2, :, 1] += np.linspace(0.0, 4.0, history, dtype=np.float32)
+    return X, y
+
+
+def small_tce(**kw: object) -> TCEDetector:
+    params: dict[str, object] = dict(recent=12, history=48, scales=(6, 12), hidden=16, epochs=4, batch_size=64,
+                                     seed=0)
+    params.update(kw)
+    return TCEDetector(**params)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("use_history", "use_context"), [(True, True), (False, True), (True, False)])
+def test_forward_shapes_for_every_ablation(use_history: bool, use_context: bool) -> None:
+    model = TemporalContextEncoder(5, 4, recent=10, history=60, scales=(6, 20), hidden=16, n_context=3,
+                                   use_history=use_history, use_context=use_context)
+    out = model(torch.randn(7, 60, 5), torch.randn(7, 3))
+    assert out.shape == (7, 4)
+
+
+def test_tce_learns_recent_and_trend_faults() -> None:
+    X, y = toy_windows(1200, seed=0)
+    Xv, yv = toy_windows(300, seed=1)
+    det = small_tce().fit(X, y, validation=WindowSet.from_array(Xv, yv), classes=["normal", "shift", "ramp"])
+    Xt, yt = toy_windows(300, seed=2)
+    scores = det.score(Xt)
+    assert average_precision_score(yt > 0, scores) > 0.9
+    pred = det.predict_class(Xt)
+    for k in (1, 2):
+        assert (pred[yt == k] == k).mean() > 0.7
+    assert det.report_.validation_metric == "macro_f1" and det.report_.best_epoch >= 1
+
+
+def test_save_load_round_trip(tmp_path: Path) -> None:
+    X, y = toy_windows(300, seed=0)
+    det = small_tce(epochs=1).fit(X, y, features=["a", "b", "c", "d"])
+    save_detector(det, tmp_path / "m")
+    back = load_detector(tmp_path / "m")
+    assert back.features_ == ["a", "b", "c", "d"] and back.classes_ == det.classes_
+    np.testing.assert_allclose(back.score(X[:50]), det.score(X[:50]), rtol=1e-5, atol=1e-6)
+    meta = json.loads((tmp_path / "m" / "meta.json").read_text())
+    assert meta["format_version"] == 1 and len(meta["scaler"]["mean"]) == 4
+
+
+def test_load_refuses_missing_or_mismatched_models(tmp_path: Path) -> None:
+    with pytest.raises(VigilInputError, match="no trained model"):
+        load_detector(tmp_path / "nothing")
+    X, y = toy_windows(200, seed=0)
+    save_detector(small_tce(epochs=1).fit(X, y), tmp_path / "m")
+    meta_path = tmp_path / "m" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["features"] = meta["features"] + ["extra"]
+    meta["scaler"]["mean"].append(0.0)
+    meta["scaler"]["std"].append(1.0)
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(VigilInputError, match="does not match"):
+        load_detector(tmp_path / "m")
+    meta["format_version"] = 99
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(VigilInputError, match="format version"):
+        load_detector(tmp_path / "m")
+
+
+def test_bad_input_gets_a_clear_error() -> None:
+    X, y = toy_windows(200, seed=0)
+    det = small_tce(epochs=1).fit(X, y)
+    with pytest.raises(VigilInputError, match="expected 4 features"):
+        det.score(X[:, :, :3])
+    with pytest.raises(VigilInputError, match="48"):
+        det.score(X[:, -20:, :])
+    bad = X[:5].copy()
+    bad[0, 3, 1] = np.nan
+    with pytest.raises(VigilInputError, match="NaN"):
+        det.score(bad)
+    with pytest.raises(VigilInputError, match="labels"):
+        small_tce().fit(X)

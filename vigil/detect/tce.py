@@ -1,0 +1,247 @@
+"""Temporal Context Encoding (TCE): a fault's long-term trend plus its critical recent context.
+
+One input is a window of ``history`` rows ending now; its last ``recent`` rows are the full-resolution recent
+context. Three branches encode it, and attention fuses them (maths in docs/detection.md):
+
+- recent branch: the recent rows, each standardised by the fleet scaler and, beside it, by the entity's own
+  long history (deviation ``(x - mean_hist) / (std_hist + eps)``), through two dilated 1-D convolutions;
+  one token per recent step.
+- long-history branch: the history averaged over several scales (e.g. 12 and 48 steps: the last hours at
+  coarse resolution) as tokens with a scale embedding, plus a trend token (per-metric slope and spread).
+- context branch: per-window context features (time since job start / restart / checkpoint, counts of recent
+  events) as one token.
+- normal-context memory: ``prototypes`` centroids of the fleet's normal recent contexts (k-means at fit time,
+  fixed buffers); the sorted distances of the current context to them form one more token, and the smallest
+  distance goes straight to the classifier: how unlike anything normal the fleet has shown is this context.
+
+A query built from the recent branch attends over all tokens; query and attended summary feed a classifier
+over ``normal + fault classes``. The anomaly score is ``1 - p(normal)``.
+
+``use_history=False`` / ``use_context=False`` / ``prototypes=0`` remove a part (ablation); the rest is
+unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar, Self
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from vigil.detect.base import Detector
+from vigil.detect.datasets import WindowSet
+from vigil.detect.loss import DynamicClassWeightedLoss, WeightMode
+from vigil.detect.train import Progress, Scaler, TrainReport, fit_classifier, predict_proba
+from vigil.model import VigilInputError
+
+DEVIATION_CLIP = 10.0
+
+
+class TemporalContextEncoder(nn.Module):
+    prototypes: torch.Tensor
+    prototype_scale: torch.Tensor
+
+    def __init__(self, n_features: int, n_classes: int, *, recent: int = 30, history: int = 288,
+                 scales: Sequence[int] = (12, 48), hidden: int = 32, heads: int = 4, n_context: int = 0,
+                 use_history: bool = True, use_context: bool = True, prototypes: int = 0,
+                 prototype_rows: int = 10, dropout: float = 0.1) -> None:
+        super().__init__()
+        if recent > history:
+            raise ValueError(f"recent window ({recent}) longer than the history ({history})")
+        self.n_features = n_features
+        self.recent = recent
+        self.history = history
+        self.scales = tuple(s for s in scales if s <= history - recent) if use_history else ()
+        self.use_history = use_history and history > recent
+        self.use_context = use_context and n_context > 0
+        self.n_context = n_context
+        in_channels = n_features * (2 if self.use_history else 1)
+        self.recent_conv = nn.Sequential(
+            nn.Conv1d(in_channels, hidden, kernel_size=3, padding=1), nn.GELU(),
+            nn.Conv1d(hidden, hidden, kernel_size=3, padding=2, dilation=2), nn.GELU(),
+        )
+        self.recent_pos = nn.Parameter(torch.zeros(recent, hidden))
+        if self.use_history:
+            self.scale_proj = nn.Linear(n_features, hidden)
+            self.scale_embed = nn.Parameter(torch.zeros(len(self.scales), hidden))
+            self.trend_proj = nn.Linear(2 * n_features, hidden)
+        if self.use_context:
+            self.context_proj = nn.Sequential(nn.Linear(n_context, hidden), nn.GELU(), nn.Linear(hidden, hidden))
+        self.prototype_rows = min(prototype_rows, recent)
+        self.n_prototypes = prototypes
+        if prototypes:
+            self.register_buffer("prototypes", torch.zeros(prototypes, self.prototype_rows * n_features))
+            self.register_buffer("prototype_scale", torch.ones(()))
+            self.prototype_proj = nn.Linear(prototypes, hidden)
+        self.query = nn.Linear(2 * hidden, hidden)
+        self.attention = nn.MultiheadAttention(hidden, heads, dropout=dropout, batch_first=True)
+        self.norm = nn.LayerNorm(hidden)
+        self.head = nn.Sequential(nn.Linear(2 * hidden + (1 if prototypes else 0), hidden), nn.GELU(),
+                                  nn.Dropout(dropout),
+                                  nn.Linear(hidden, n_classes))
+
+    def forward(self, window: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
+        """``window``: (batch, history, features), already standardised; ``context``: (batch, n_context)."""
+        recent = window[:, -self.recent:, :]
+        tokens = []
+        if self.use_history:
+            past = window[:, : -self.recent, :]
+            mean = past.mean(dim=1, keepdim=True)
+            std = past.std(dim=1, keepdim=True)
+            deviation = ((recent - mean) / (std + 0.1)).clamp(-DEVIATION_CLIP, DEVIATION_CLIP)
+            recent_in = torch.cat([recent, deviation], dim=2)
+        else:
+            recent_in = recent
+        recent_tokens = self.recent_conv(recent_in.transpose(1, 2)).transpose(1, 2) + self.recent_pos
+        tokens.append(recent_tokens)
+        if self.use_history:
+            for k, scale in enumerate(self.scales):
+                usable = (past.shape[1] // scale) * scale
+                pooled = F.avg_pool1d(past[:, -usable:, :].transpose(1, 2), scale).transpose(1, 2)
+                tokens.append(self.scale_proj(pooled) + self.scale_embed[k])
+            steps = torch.linspace(-1.0, 1.0, past.shape[1], device=window.device)[None, :, None]
+            slope = ((past - mean) * steps).mean(dim=1) / steps.pow(2).mean()
+            tokens.append(self.trend_proj(torch.cat([slope, std.squeeze(1)], dim=1)).unsqueeze(1))
+        if self.use_context:
+            if context is None:
+                raise ValueError("this model was built with context features; pass them")
+            tokens.append(self.context_proj(context).unsqueeze(1))
+        novelty = None
+        if self.n_prototypes:
+            distances = self.prototype_distances(window)
+            tokens.append(self.prototype_proj(torch.log1p(distances)).unsqueeze(1))
+            novelty = torch.log1p(distances[:, :1])
+        keys = self.norm(torch.cat(tokens, dim=1))
+        summary = torch.cat([recent_tokens.mean(dim=1), recent_tokens[:, -1, :]], dim=1)
+        query = self.query(summary).unsqueeze(1)
+        attended, _ = self.attention(query, keys, keys, need_weights=False)
+        fused = [query.squeeze(1), attended.squeeze(1)] + ([novelty] if novelty is not None else [])
+        return self.head(torch.cat(fused, dim=1))
+
+    def prototype_input(self, window: torch.Tensor) -> torch.Tensor:
+        return window[:, -self.prototype_rows:, :].reshape(len(window), -1)
+
+    def prototype_distances(self, window: torch.Tensor) -> torch.Tensor:
+        """Distances to the normal prototypes, ascending, in units of their typical within-cluster distance."""
+        flat = self.prototype_input(window)
+        distances = torch.cdist(flat, self.prototypes) / self.prototype_scale
+        return torch.sort(distances, dim=1).values
+
+    @torch.no_grad()
+    def set_prototypes(self, normal_windows: torch.Tensor, seed: int = 0) -> None:
+        """k-means centroids of normal contexts; the scale is the median distance of a normal context to its
+        nearest centroid, so distances read the same for any metric count."""
+        from sklearn.cluster import MiniBatchKMeans
+
+        flat = self.prototype_input(normal_windows).numpy()
+        k = min(self.n_prototypes, len(flat))
+        km = MiniBatchKMeans(n_clusters=k, random_state=seed, n_init=3).fit(flat)
+        centres = torch.from_numpy(km.cluster_centers_.astype("float32"))
+        if k < self.n_prototypes:
+            centres = torch.cat([centres, centres[:1].repeat(self.n_prototypes - k, 1)])
+        self.prototypes.copy_(centres)
+        nearest = torch.cdist(torch.from_numpy(flat), centres).min(dim=1).values
+        self.prototype_scale.copy_(nearest.median().clamp(min=1e-6))
+
+
+class TCEDetector(Detector):
+    """TCE behind the detector interface: ``fit`` on labelled windows, ``score`` = 1 - p(normal).
+
+    ``X`` is (n, history, features) windows or a ``WindowSet``; ``y`` is the class index per window (0 normal);
+    ``context`` is (n, n_context) or None.
+    """
+
+    name: ClassVar[str] = "tce"
+
+    def __init__(self, recent: int = 30, history: int = 288, scales: tuple[int, ...] = (12, 48),
+                 hidden: int = 32, heads: int = 4, use_history: bool = True, use_context: bool = True,
+                 prototypes: int = 16, weight_mode: WeightMode = "dynamic", gamma: float = 1.0, epochs: int = 10,
+                 batch_size: int = 256, lr: float = 2e-3, patience: int = 3, steps_per_epoch: int | None = None,
+                 seed: int = 0) -> None:
+        self.recent = recent
+        self.history = history
+        self.scales = scales
+        self.hidden = hidden
+        self.heads = heads
+        self.use_history = use_history
+        self.use_context = use_context
+        self.prototypes = prototypes
+        self.weight_mode = weight_mode
+        self.gamma = gamma
+        self.epochs = epochs
+        self.batch_size = batch_size
+        self.lr = lr
+        self.patience = patience
+        self.steps_per_epoch = steps_per_epoch
+        self.seed = seed
+
+    def build_model(self, n_features: int, n_classes: int, n_context: int) -> TemporalContextEncoder:
+        torch.manual_seed(self.seed)
+        return TemporalContextEncoder(n_features, n_classes, recent=self.recent, history=self.history,
+                                      scales=self.scales, hidden=self.hidden, heads=self.heads,
+                                      n_context=n_context, use_history=self.use_history,
+                                      use_context=self.use_context, prototypes=self.prototypes)
+
+    def _as_windows(self, X: Any, y: np.ndarray | None = None, context: np.ndarray | None = None) -> WindowSet:
+        if isinstance(X, WindowSet):
+            data = X
+        else:
+            arr = np.asarray(X, dtype=np.float32)
+            if arr.ndim != 3:
+                raise VigilInputError(f"tce: expected windows of shape (n, {self.history}, features), got {arr.shape}")
+            if not np.isfinite(arr).all():
+                raise VigilInputError("tce: input holds NaN or infinite values; impute gaps first "
+                                      "(docs/detection.md)")
+            data = WindowSet.from_array(arr, y, context)
+        if data.length != self.history:
+            raise VigilInputError(f"tce: windows of {data.length} rows, the model reads {self.history}")
+        n_features = getattr(self, "features_", None)
+        if n_features is not None and data.n_features != len(n_features):
+            raise VigilInputError(f"tce: expected {len(n_features)} features (as at fit time), got {data.n_features}")
+        return data
+
+    def fit(self, X: Any, y: np.ndarray | None = None, *, context: np.ndarray | None = None,
+            validation: WindowSet | None = None, classes: Sequence[str] | None = None,
+            features: Sequence[str] | None = None, progress: Progress | None = None) -> Self:
+        data = self._as_windows(X, y, context)
+        labels = data.labels
+        if y is None and not isinstance(X, WindowSet):
+            raise VigilInputError("tce: training needs labels (0 normal, k fault class k)")
+        n_classes = max(len(classes) if classes else 0, int(labels.max(initial=0)) + 1, 2)
+        self.classes_ = list(classes) if classes else ["normal"] + [f"class_{k}" for k in range(1, n_classes)]
+        self.features_ = list(features) if features else [f"m{i}" for i in range(data.n_features)]
+        ctx = data.context
+        self.n_context_ = 0 if ctx is None else int(ctx.shape[1])
+        self.scaler_ = Scaler.fit(data.last_rows(seed=self.seed))
+        self.model_ = self.build_model(data.n_features, n_classes, self.n_context_)
+        if self.prototypes:
+            normal = np.flatnonzero(labels == 0)
+            pick = np.sort(np.random.default_rng(self.seed).choice(normal, min(len(normal), 20000), replace=False))
+            self.model_.set_prototypes(torch.from_numpy(self.scaler_.transform(data.take(pick, last=self.recent))),
+                                       seed=self.seed)
+        counts = torch.bincount(torch.from_numpy(labels), minlength=n_classes)
+        loss_fn = DynamicClassWeightedLoss(n_classes, self.weight_mode, gamma=self.gamma, class_counts=counts)
+        self.report_: TrainReport = fit_classifier(
+            self.model_, loss_fn, data, validation, self.scaler_, epochs=self.epochs,
+            batch_size=self.batch_size, lr=self.lr, patience=self.patience,
+            steps_per_epoch=self.steps_per_epoch, seed=self.seed, progress=progress)
+        self.class_weights_ = loss_fn.current_weights().tolist()
+        self.threshold_ = 0.5
+        return self
+
+    def predict_proba(self, X: Any, context: np.ndarray | None = None) -> np.ndarray:
+        if getattr(self, "model_", None) is None:
+            raise VigilInputError("tce: fit or load the model first")
+        data = self._as_windows(X, None, context)
+        if self.n_context_ and data.context is None:
+            raise VigilInputError(f"tce: the model reads {self.n_context_} context features per window; none given")
+        return predict_proba(self.model_, data, self.scaler_)
+
+    def score(self, X: Any, context: np.ndarray | None = None) -> np.ndarray:
+        return 1.0 - self.predict_proba(X, context)[:, 0]
+
+    def predict_class(self, X: Any, context: np.ndarray | None = None) -> np.ndarray:
+        return self.predict_proba(X, context).argmax(axis=1)
