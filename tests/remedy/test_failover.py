@@ -37,9 +37,7 @@ def final_loss(run_dir: Path) -> str:
 @pytest.fixture(scope="module")
 def reference_loss(tmp_path_factory: pytest.TempPathFactory) -> str:
     root = tmp_path_factory.mktemp("reference")
-    report = FailoverSupervisor(
-        LocalJob(tiny_job("clean"), root / "run"), AuditLog(f"sqlite:///{root}/a.db")
-    ).run()
+    report = FailoverSupervisor(LocalJob(tiny_job("clean"), root / "run"), AuditLog(f"sqlite:///{root}/a.db")).run()
     assert report.succeeded and report.attempts == 1 and not report.actions
     return final_loss(root / "run")
 
@@ -77,9 +75,7 @@ def test_fault_is_detected_restarted_and_final_loss_is_bit_identical(
     assert final_loss(tmp_path / "run") == reference_loss
 
     actions = audit.actions()
-    assert [(a.kind, a.status, a.dry_run) for a in actions] == [
-        (ActionKind.RESTART_JOB, ActionStatus.EXECUTED, False)
-    ]
+    assert [(a.kind, a.status, a.dry_run) for a in actions] == [(ActionKind.RESTART_JOB, ActionStatus.EXECUTED, False)]
     assert actions[0].target == "job/faulty" and fault_type in actions[0].reason
 
 

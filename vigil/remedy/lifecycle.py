@@ -110,9 +110,7 @@ class LifecycleStore:
     ``max_repairs``: failed self-checks after which a node goes to the vendor instead of another repair.
     """
 
-    def __init__(
-        self, url: str | None = None, *, max_repairs: int = 2, clock: Callable[[], float] = time.time
-    ):
+    def __init__(self, url: str | None = None, *, max_repairs: int = 2, clock: Callable[[], float] = time.time):
         self.engine = engine_for(url)
         self.max_repairs = max_repairs
         self.clock = clock
@@ -133,9 +131,7 @@ class LifecycleStore:
     def all(self) -> list[NodeStatus]:
         with self.engine.connect() as conn:
             rows = conn.execute(select(node_states_table).order_by(node_states_table.c.node))
-            return [
-                NodeStatus(r.node, NodeState(r.state), r.since, r.reason, r.repair_attempts) for r in rows
-            ]
+            return [NodeStatus(r.node, NodeState(r.state), r.since, r.reason, r.repair_attempts) for r in rows]
 
     def out_of_service(self) -> set[str]:
         with self.engine.connect() as conn:
@@ -150,9 +146,7 @@ class LifecycleStore:
         )
         with self.engine.connect() as conn:
             return [
-                Transition(
-                    r.node, r.ts, NodeState(r.from_state), NodeState(r.to_state), Trigger(r.trigger), r.reason
-                )
+                Transition(r.node, r.ts, NodeState(r.from_state), NodeState(r.to_state), Trigger(r.trigger), r.reason)
                 for r in conn.execute(query)
             ]
 
@@ -181,9 +175,7 @@ class LifecycleStore:
             if row is None:
                 conn.execute(insert(node_states_table).values(node=node, **values))
             else:
-                conn.execute(
-                    update(node_states_table).where(node_states_table.c.node == node).values(**values)
-                )
+                conn.execute(update(node_states_table).where(node_states_table.c.node == node).values(**values))
             conn.execute(
                 insert(node_transitions_table).values(
                     node=node,

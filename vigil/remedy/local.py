@@ -107,9 +107,7 @@ class LocalJob:
         self.started_at = 0.0
         self._logs: list[IO[bytes]] = []
         checkpoint_dir = Path(spec.spec.checkpoint.dir)
-        self.checkpoint_dir = (
-            checkpoint_dir if checkpoint_dir.is_absolute() else self.run_dir / checkpoint_dir
-        )
+        self.checkpoint_dir = checkpoint_dir if checkpoint_dir.is_absolute() else self.run_dir / checkpoint_dir
 
     def command(self) -> list[str]:
         argv = list(self.spec.spec.command)
@@ -146,9 +144,7 @@ class LocalJob:
             log = (self.run_dir / "logs" / f"rank{rank}.attempt{self.attempt}.log").open("wb")
             self._logs.append(log)
             self.processes.append(
-                subprocess.Popen(
-                    self.command(), env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-                )
+                subprocess.Popen(self.command(), env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             )
 
     def poll(self) -> list[int | None]:
@@ -331,9 +327,7 @@ class FailoverSupervisor:
         stalled = [
             r
             for r, p in enumerate(self.tracker.ranks)
-            if not p.done
-            and codes[r] is None
-            and now - (p.last_ts or self.job.started_at) > self.health.hang_timeout_s
+            if not p.done and codes[r] is None and now - (p.last_ts or self.job.started_at) > self.health.hang_timeout_s
         ]
         if stalled:
             # A rank behind all others is the culprit: the rest wait for it in a collective. When all
@@ -344,13 +338,9 @@ class FailoverSupervisor:
             behind = [r for r, step in steps.items() if step == lowest]
             culprit = behind[0] if len(behind) == 1 else None
             where = (
-                f"rank {culprit} stuck after step {lowest}"
-                if culprit is not None
-                else f"all ranks at step {lowest}"
+                f"rank {culprit} stuck after step {lowest}" if culprit is not None else f"all ranks at step {lowest}"
             )
-            return self._anomaly(
-                "training_hang", culprit, f"no progress for {self.health.hang_timeout_s:g}s; {where}"
-            )
+            return self._anomaly("training_hang", culprit, f"no progress for {self.health.hang_timeout_s:g}s; {where}")
         return None
 
     def _health(self, fired: set[str]) -> Anomaly | None:

@@ -72,9 +72,7 @@ class Match(_Strict):
     max_level: FaultLevel | None = Field(default=None, alias="maxLevel")
     entity_kinds: list[str] = Field(default_factory=list, alias="entityKinds")
 
-    _levels = field_validator("min_level", "max_level", mode="before")(
-        lambda v: None if v is None else _level(v)
-    )
+    _levels = field_validator("min_level", "max_level", mode="before")(lambda v: None if v is None else _level(v))
 
     def matches(self, anomaly: Anomaly) -> bool:
         if self.min_level is not None and anomaly.level < self.min_level:
@@ -83,9 +81,7 @@ class Match(_Strict):
             return False
         if self.entity_kinds and parse_entity(anomaly.entity)[0] not in self.entity_kinds:
             return False
-        return not self.fault_types or any(
-            fnmatch.fnmatchcase(anomaly.fault_type, p) for p in self.fault_types
-        )
+        return not self.fault_types or any(fnmatch.fnmatchcase(anomaly.fault_type, p) for p in self.fault_types)
 
 
 class Escalation(_Strict):
@@ -103,9 +99,7 @@ class Policy(_Strict):
     cooldown_s: float | None = Field(default=None, alias="cooldown")
     escalation: list[Escalation] = Field(default_factory=list)
 
-    _cooldown = field_validator("cooldown_s", mode="before")(
-        lambda v: None if v is None else parse_duration(v)
-    )
+    _cooldown = field_validator("cooldown_s", mode="before")(lambda v: None if v is None else parse_duration(v))
 
     @model_validator(mode="after")
     def _ordered(self) -> Policy:
@@ -200,9 +194,7 @@ class PolicyEngine:
         cooling = last is not None and now - last < cooldown
         if not cooling:
             self._last_fired[(policy.name, scope, level)] = now
-        reason = (
-            f"policy {policy.name}: {anomaly.fault_type} at level {anomaly.level.label} on {anomaly.entity}"
-        )
+        reason = f"policy {policy.name}: {anomaly.fault_type} at level {anomaly.level.label} on {anomaly.entity}"
         actions = []
         for kind in kinds:
             target = action_target(kind, anomaly.entity)
@@ -224,8 +216,6 @@ class PolicyEngine:
             )
             if cooling:
                 action.status = ActionStatus.SKIPPED
-                action.result = (
-                    f"cooldown: policy {policy.name} acted on {scope} {now - (last or now):.0f}s ago"
-                )
+                action.result = f"cooldown: policy {policy.name} acted on {scope} {now - (last or now):.0f}s ago"
             actions.append(action)
         return actions

@@ -84,12 +84,13 @@ class Remediator:
             )
             return
         action.params.setdefault("actuator", actuator.name)
-        if self._already_done(action, actuator):
+        if self._done_per_lifecycle(action):
             action.status, action.result = (
                 ActionStatus.SKIPPED,
                 f"{action.target} already {action.kind.value}",
             )
             return
+        # The guard goes before asking the back end, so a flood of faults costs no API calls.
         guarded = self.guard is not None and action.kind in CAPACITY_ACTIONS
         if guarded:
             assert self.guard is not None
@@ -97,6 +98,12 @@ class Remediator:
             if not verdict.admitted:
                 action.status, action.result = ActionStatus.REFUSED, verdict.reason
                 return
+        if not self.dry_run and self._done_per_actuator(action, actuator):
+            action.status, action.result = (
+                ActionStatus.SKIPPED,
+                f"{action.target} already {action.kind.value}",
+            )
+            return
         if self.dry_run:
             action.status, action.result = (
                 ActionStatus.PROPOSED,
@@ -147,24 +154,21 @@ class Remediator:
             )
         return self.lifecycle.status(node).state
 
-    def _already_done(self, action: Action, actuator: Actuator) -> bool:
-        if self.lifecycle is not None and parse_entity(action.target)[0] == "node":
-            done_states = ALREADY_DONE.get(action.kind)
-            if done_states and self.lifecycle.status(action.target).state in done_states:
-                return True
-        if self.dry_run:
+    def _done_per_lifecycle(self, action: Action) -> bool:
+        if self.lifecycle is None or parse_entity(action.target)[0] != "node":
             return False
+        done_states = ALREADY_DONE.get(action.kind)
+        return bool(done_states) and self.lifecycle.status(action.target).state in done_states
+
+    @staticmethod
+    def _done_per_actuator(action: Action, actuator: Actuator) -> bool:
         try:
             return actuator.is_satisfied(action)
         except (ActuatorError, OSError):
-            return False
+            return False  # cannot tell; executing an idempotent back-end call is the safe side
 
     def _note_fault(self, anomaly: Anomaly) -> None:
-        if (
-            self.lifecycle is None
-            or self.dry_run
-            or parse_entity(anomaly.entity)[0] not in ("node", "gpu", "nic")
-        ):
+        if self.lifecycle is None or self.dry_run or parse_entity(anomaly.entity)[0] not in ("node", "gpu", "nic"):
             return
         node = node_of(anomaly.entity)
         if (

@@ -42,13 +42,14 @@ class Actuator(abc.ABC):
 
 
 class OutboxActuator(Actuator):
-    """Alerts and vendor tickets: appended as JSON lines to an outbox file that notifiers read.
+    """Alerts, vendor tickets and requests for diagnostics / log collection, as JSON lines in an outbox.
 
-    Vigil does not page anyone itself; Alertmanager, a ticketing bridge or the web UI tail the outbox.
+    Vigil does not page anyone itself; Alertmanager, a ticketing bridge, the web UI or the node agent
+    (for diagnostics and log collection) tail the outbox.
     """
 
     name = "outbox"
-    kinds = frozenset({ActionKind.ALERT, ActionKind.VENDOR_TICKET})
+    kinds = frozenset({ActionKind.ALERT, ActionKind.VENDOR_TICKET, ActionKind.RUN_DIAGNOSTICS, ActionKind.COLLECT_LOGS})
     target_kinds = frozenset({"node", "gpu", "nic", "switch", "rack", "job", "rank", "cluster"})
 
     def __init__(self, path: str | Path) -> None:

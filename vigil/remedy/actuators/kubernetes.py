@@ -24,9 +24,7 @@ from vigil.model import Action, ActionKind, parse_entity
 from vigil.remedy.actuators.base import Actuator, ActuatorError
 
 STATE_LABEL = "vigil.dev/state"
-VIGIL_TAINT_KEYS = frozenset(
-    {"nvidia.com/gpu-error", "nvidia.com/gpu-xid-error", "nvidia.com/gpu-nvlink-error"}
-)
+VIGIL_TAINT_KEYS = frozenset({"nvidia.com/gpu-error", "nvidia.com/gpu-xid-error", "nvidia.com/gpu-nvlink-error"})
 SYSTEM_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease"})
 JANITOR_GROUP, JANITOR_VERSION, REBOOT_PLURAL = "janitor.dgxc.nvidia.com", "v1alpha1", "rebootnodes"
 STRATEGIC_MERGE = "application/strategic-merge-patch+json"
@@ -117,9 +115,7 @@ class KubernetesActuator(Actuator):
         name = self.node_name(action)
         if action.kind is ActionKind.REBOOT:
             try:
-                self.custom.get_cluster_custom_object(
-                    JANITOR_GROUP, JANITOR_VERSION, REBOOT_PLURAL, _cr_name(name)
-                )
+                self.custom.get_cluster_custom_object(JANITOR_GROUP, JANITOR_VERSION, REBOOT_PLURAL, _cr_name(name))
                 return True
             except self.client.exceptions.ApiException as err:
                 if err.status == 404:

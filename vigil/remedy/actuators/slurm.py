@@ -71,9 +71,7 @@ class SlurmActuator(Actuator):
             raise ActuatorError(f"{' '.join(argv[:3])} timed out after {self.timeout_s:g}s") from None
         if done.returncode != 0:
             message = (done.stderr or done.stdout).strip().splitlines()
-            raise ActuatorError(
-                f"{' '.join(argv[:3])} exited {done.returncode}: {message[0] if message else ''}"
-            )
+            raise ActuatorError(f"{' '.join(argv[:3])} exited {done.returncode}: {message[0] if message else ''}")
         return done.stdout
 
     def node_state(self, node: str) -> str:

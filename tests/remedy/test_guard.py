@@ -1,0 +1,99 @@
+"""The blast-radius guard under a flood of 1,000 fault events, against a live (fake-scontrol) back end."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from pathlib import Path
+
+from tests.remedy.conftest import calls
+from vigil.model import Action, ActionKind, ActionStatus, Anomaly, FaultLevel, Gpu, Node, Topology
+from vigil.remedy.actuators.base import OutboxActuator
+from vigil.remedy.actuators.slurm import SlurmActuator
+from vigil.remedy.audit import AuditLog
+from vigil.remedy.guard import BlastRadiusGuard
+from vigil.remedy.lifecycle import LifecycleStore
+from vigil.remedy.policy import PolicyEngine, load_policies
+from vigil.remedy.remediator import Remediator
+
+
+def cluster(nodes: int = 100, per_switch: int = 10) -> Topology:
+    return Topology(
+        nodes=[
+            Node(
+                name=f"n{i:03d}",
+                switch=f"leaf{i // per_switch}",
+                gpus=[Gpu(node=f"n{i:03d}", index=g) for g in range(8)],
+            )
+            for i in range(nodes)
+        ]
+    )
+
+
+def test_flood_of_1000_fault_events_never_exceeds_the_blast_radius(fake_slurm: Path, tmp_path: Path) -> None:
+    topology = cluster()
+    url = f"sqlite:///{tmp_path}/remedy.db"
+    lifecycle, audit = LifecycleStore(url), AuditLog(url)
+    guard = BlastRadiusGuard(topology, lifecycle, max_share=0.1, max_share_per_switch=0.3)
+    remediator = Remediator(
+        [SlurmActuator(), OutboxActuator(tmp_path / "outbox.jsonl")],
+        audit,
+        lifecycle=lifecycle,
+        guard=guard,
+        dry_run=False,
+    )
+    engine = PolicyEngine(load_policies())
+    rng = random.Random(7)
+    returned: list[Action] = []
+    for _ in range(1000):
+        node = rng.choice(topology.nodes)
+        level = rng.choice([FaultLevel.DRAIN, FaultLevel.ISOLATE])
+        fault = Anomaly(
+            entity=f"gpu/{node.name}/{rng.randrange(8)}",
+            start=0,
+            end=0,
+            detector="flood",
+            fault_type=rng.choice(["xid_79", "xid_119", "ecc_dbe", "nvlink_down"]),
+            level=level,
+        )
+        returned.extend(remediator.handle(fault, engine))
+
+    out = lifecycle.out_of_service()
+    assert 0 < len(out) <= 10  # 10% of 100 nodes
+    per_switch = Counter(topology.node(n.removeprefix("node/")).switch for n in out)
+    assert max(per_switch.values()) <= 3  # 30% of 10 nodes under one leaf
+    drained = {c[1].removeprefix("nodename=") for c in calls(fake_slurm) if c[0] == "update"}
+    assert drained == {n.removeprefix("node/") for n in out}  # nothing reached Slurm beyond the limit
+    statuses = Counter(a.status for a in returned)
+    assert statuses[ActionStatus.REFUSED] > 0 and statuses[ActionStatus.EXECUTED] > 0
+    assert all("blast radius" in a.result for a in returned if a.status is ActionStatus.REFUSED)
+    # Every action, whatever became of it, is in the audit log exactly once.
+    audited = audit.actions()
+    assert sorted(a.id for a in audited) == sorted(a.id for a in returned)
+    assert all(a.requested_by == "vigil" and a.reason for a in audited)
+
+
+def test_per_switch_limit_and_release(tmp_path: Path) -> None:
+    topology = cluster(nodes=20, per_switch=10)
+    guard = BlastRadiusGuard(topology, None, max_share=0.5, max_share_per_switch=0.2)
+    assert [guard.admit(f"node/n00{i}").admitted for i in range(3)] == [True, True, False]
+    assert "under switch leaf0" in guard.admit("node/n003").reason
+    assert guard.admit("node/n010").admitted  # another leaf
+    assert guard.admit("node/n000").admitted  # already out: re-admitting costs nothing
+    guard.release("node/n001")
+    assert guard.admit("node/n004").admitted
+    assert not guard.admit("node/unknown").admitted
+
+
+def test_dry_run_flood_shows_the_same_refusals(tmp_path: Path) -> None:
+    topology = cluster(nodes=30, per_switch=10)
+    url = f"sqlite:///{tmp_path}/remedy.db"
+    lifecycle = LifecycleStore(url)
+    guard = BlastRadiusGuard(topology, lifecycle, max_share=0.1, max_share_per_switch=0.5)
+    remediator = Remediator([SlurmActuator()], AuditLog(url), lifecycle=lifecycle, guard=guard)
+    results = [
+        remediator.execute(Action(ts=0, kind=ActionKind.CORDON, target=node.id, reason="flood"))
+        for node in topology.nodes
+    ]
+    assert Counter(a.status for a in results) == {ActionStatus.PROPOSED: 3, ActionStatus.REFUSED: 27}
+    assert lifecycle.states() == {}  # a dry run changes nothing
