@@ -25,10 +25,22 @@ def _root() -> None:
 
 
 # --- verbs: each package registers its own commands here, one line each -------------------------
+from vigil import core_cli as _core  # noqa: E402
+
+app.command("demo")(_core.demo)
+app.command("sim")(_core.sim)
+app.command("incidents")(_core.incidents)
+app.command("nodes")(_core.nodes)
+app.command("bench")(_core.bench)
 from vigil.serve.cli import mcp as _mcp, serve as _serve  # noqa: E402
 
 app.command("serve")(_serve)
 app.command("mcp")(_mcp)
+from vigil.diagnose.cli import diagnose_command as _diagnose  # noqa: E402
+from vigil.probe.cli import launch_command as _launch  # noqa: E402
+
+app.command("launch")(_launch)
+app.command("diagnose")(_diagnose)
 from vigil.collect.cli import agent as _agent  # noqa: E402
 
 app.command("agent")(_agent)

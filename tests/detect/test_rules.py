@@ -1,0 +1,114 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vigil.detect.incidents import IncidentGrouper
+from vigil.detect.rules import RuleDetector
+from vigil.model import Event, FaultLevel
+from vigil.pipeline import run_pipeline
+from vigil.sim import FaultPlan, SimConfig, simulate
+from vigil.sim import metrics as M
+from vigil.sim.cluster import build_topology
+from vigil.sim.faults import CATALOGUE
+from vigil.store.metrics import MetricFrame
+
+TOPO = build_topology(nodes=4, gpus=8)
+GPUS = [g.id for n in TOPO.nodes for g in n.gpus]
+
+
+def gpu_frame(ts: float, **overrides: dict[int, float]) -> MetricFrame:
+    values = np.zeros((len(GPUS), len(M.GPU_METRICS)), dtype=np.float32)
+    gi = M.index("gpu")
+    values[:, gi["DCGM_FI_DEV_GPU_TEMP"]] = 70
+    values[:, gi["DCGM_FI_DEV_PCIE_LINK_WIDTH"]] = 16
+    values[:, gi["DCGM_FI_DEV_SM_CLOCK"]] = 1980
+    values[:, gi["DCGM_FI_DEV_GPU_UTIL"]] = 95
+    for metric, cells in overrides.items():
+        for row, value in cells.items():
+            values[row, gi[metric]] = value
+    return MetricFrame(ts, "gpu", GPUS, M.GPU_METRICS, values)
+
+
+def test_thresholds_fire_on_the_right_gpu_only() -> None:
+    det = RuleDetector(TOPO)
+    assert det.detect([gpu_frame(0)], []) == []
+    found = det.detect([gpu_frame(10, DCGM_FI_DEV_GPU_TEMP={5: 93}, DCGM_FI_DEV_PCIE_LINK_WIDTH={9: 8})], [])
+    assert {(a.entity, a.fault_type) for a in found} == {(GPUS[5], "gpu_thermal"), (GPUS[9], "gpu_pcie_width_low")}
+    thermal = next(a for a in found if a.fault_type == "gpu_thermal")
+    assert thermal.level is FaultLevel.DEGRADED and thermal.evidence[0].value == 93
+
+
+def test_counter_rules_use_rates_and_ignore_resets() -> None:
+    det = RuleDetector(TOPO)
+    det.detect([gpu_frame(0, DCGM_FI_DEV_ECC_DBE_VOL_TOTAL={1: 5}, DCGM_FI_DEV_PCIE_REPLAY_COUNTER={2: 1000})], [])
+    found = det.detect([gpu_frame(10, DCGM_FI_DEV_ECC_DBE_VOL_TOTAL={1: 6},
+                                  DCGM_FI_DEV_PCIE_REPLAY_COUNTER={2: 0})], [])
+    assert [(a.entity, a.fault_type) for a in found] == [(GPUS[1], "gpu_dbe")]
+
+
+def test_a_held_condition_extends_one_anomaly() -> None:
+    det = RuleDetector(TOPO)
+    for ts in range(0, 100, 10):
+        det.detect([gpu_frame(ts, DCGM_FI_DEV_GPU_TEMP={0: 95})], [])
+    closed = det.close_all()
+    assert len(closed) == 1 and (closed[0].start, closed[0].end) == (0, 90)
+
+
+def test_xid_events_map_through_the_catalogue() -> None:
+    det = RuleDetector(TOPO)
+    found = det.detect([], [Event(ts=1, entity=GPUS[3], kind="xid", attrs={"xid": 79}),
+                            Event(ts=1, entity=GPUS[4], kind="xid", attrs={"xid": 13}),
+                            Event(ts=1, entity=GPUS[6], kind="xid", attrs={"xid": 4242})])
+    by_gpu = {a.entity: a for a in found}
+    assert by_gpu[GPUS[3]].fault_type == "gpu_lost" and by_gpu[GPUS[3]].level is FaultLevel.ISOLATE
+    assert by_gpu[GPUS[4]].fault_type == "gpu_app_error" and by_gpu[GPUS[4]].level is FaultLevel.OBSERVE
+    assert by_gpu[GPUS[6]].level is FaultLevel.DRAIN and det.unknown_xids == 1
+
+
+def test_straggler_is_found_by_peer_difference() -> None:
+    det = RuleDetector(TOPO)
+    found = det.detect([gpu_frame(0, DCGM_FI_DEV_SM_CLOCK={17: 1300})], [])
+    job = TOPO.jobs[0] if GPUS[17] in TOPO.jobs[0].placement else TOPO.jobs[1]
+    rank = job.placement.index(GPUS[17])
+    assert [(a.entity, a.fault_type) for a in found] == [(f"job/{job.id}/rank/{rank}", "straggler")]
+
+
+def test_checkpoint_stall_is_not_a_hang_but_a_silent_stall_is() -> None:
+    run = simulate(SimConfig(nodes=2, minutes=60, seed=2, faults_per_node_hour=0, benign_noise=False))
+    result = run_pipeline(run)
+    assert result.incidents == [], "checkpoint pauses must not page anyone"
+    hang = FaultPlan("job_hang", "job/j00/rank/3", start_s=30 * 60, duration_s=14 * 60)
+    run = simulate(SimConfig(nodes=2, minutes=60, seed=2, plans=(hang,), benign_noise=False))
+    result = run_pipeline(run)
+    assert [i.scope for i in result.incidents] == ["job/j00"]
+    assert result.score is not None and result.score.recall == 1.0
+    assert result.score.matches[0].delay_s is not None and result.score.matches[0].delay_s <= 120
+
+
+@pytest.mark.parametrize("spec", [s for s in CATALOGUE if s.visible_to_rules], ids=lambda s: s.name)
+def test_every_rule_visible_fault_is_detected_and_localized(spec) -> None:  # type: ignore[no-untyped-def]
+    run = simulate(SimConfig(nodes=8, minutes=45, seed=11, fault_types=(spec.name,), faults_per_node_hour=0.3))
+    assert run.ground_truth, "the schedule placed at least one fault"
+    result = run_pipeline(run)
+    assert result.score is not None
+    assert result.score.recall == 1.0, [m for m in result.score.matches if not m.incident_id]
+    assert result.score.precision == 1.0
+    assert result.score.localization >= 0.5
+
+
+def test_switch_failure_becomes_one_switch_incident() -> None:
+    plan = FaultPlan("switch_failure", "switch/leaf01", start_s=20 * 60, duration_s=10 * 60)
+    run = simulate(SimConfig(nodes=8, minutes=40, seed=3, plans=(plan,), benign_noise=False))
+    result = run_pipeline(run)
+    switch_incidents = [i for i in result.incidents if i.scope == "switch/leaf01"]
+    assert len(switch_incidents) == 1
+    assert {e.split("/")[1] for e in switch_incidents[0].entities if e.startswith("nic/")} == {
+        n.name for n in run.topology.nodes_under("leaf01")}
+
+
+def test_observations_do_not_open_incidents() -> None:
+    grouper = IncidentGrouper(TOPO)
+    det = RuleDetector(TOPO)
+    grouper.add(det.detect([], [Event(ts=5, entity=GPUS[0], kind="xid", attrs={"xid": 13})]))
+    assert grouper.incidents(now=10) == [] and len(grouper.observations) == 1

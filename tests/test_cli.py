@@ -1,0 +1,59 @@
+"""The spine's verbs, run as a user runs them: the installed `vigil` command in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+VIGIL = [sys.executable, "-m", "vigil.cli"]
+
+
+def vigil(*args: str, home: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "VIGIL_HOME": str(home), "COLUMNS": "200"}
+    proc = subprocess.run([*VIGIL, *args], capture_output=True, text=True, env=env, timeout=300)
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+@pytest.mark.slow
+def test_demo_defaults_meet_the_targets_and_feed_the_read_commands(tmp_path: Path) -> None:
+    out = json.loads(vigil("demo", "--json", home=tmp_path).stdout)
+    assert out["faults_injected"] >= 8
+    assert out["precision"] >= 0.9 and out["recall"] >= 0.9
+    assert {"faults_injected", "faults_detected", "precision", "recall", "incidents"} <= set(out)
+    incidents = json.loads(vigil("incidents", "--json", home=tmp_path).stdout)
+    assert {i["id"] for i in incidents} == {i["id"] for i in out["incidents"]}
+    nodes = json.loads(vigil("nodes", "--json", home=tmp_path).stdout)
+    assert len(nodes) == 16 and all(len(n["gpus"]) == 8 for n in nodes)
+    sick = {n["node"] for n in nodes if n["level"] != "healthy"}
+    assert sick <= {e for i in incidents if i["status"] == "open" for e in
+                    {f"node/{x.split('/')[1]}" for x in i["entities"] if x.split("/")[0] in ("gpu", "nic", "node")}}
+    human = vigil("demo", "--minutes", "20", "--nodes", "4", home=tmp_path).stdout
+    assert "precision" in human and "Injected faults" in human
+
+
+def test_demo_refuses_to_overwrite_a_store_it_did_not_write(tmp_path: Path) -> None:
+    (tmp_path / "vigil.db").write_text("someone else's data")
+    proc = vigil("demo", "--json", home=tmp_path, check=False)
+    assert proc.returncode == 2
+    assert "did not write" in proc.stderr and "Traceback" not in proc.stderr
+    assert (tmp_path / "vigil.db").read_text() == "someone else's data"
+
+
+def test_bad_flags_give_one_line_errors(tmp_path: Path) -> None:
+    proc = vigil("demo", "--nodes", "0", "--home", str(tmp_path / "x"), home=tmp_path, check=False)
+    assert proc.returncode == 2 and "nodes >= 1" in proc.stderr and "Traceback" not in proc.stderr
+    proc = vigil("incidents", "--status", "weird", home=tmp_path, check=False)
+    assert proc.returncode == 2 and "bad --status" in proc.stderr
+
+
+def test_sim_writes_files(tmp_path: Path) -> None:
+    out = json.loads(vigil("sim", "--out", str(tmp_path / "run"), "--nodes", "2", "--minutes", "10", "--json",
+                           home=tmp_path).stdout)
+    assert out["ticks"] == 60 and (tmp_path / "run" / "metrics" / "gpu.npz").exists()
