@@ -157,8 +157,8 @@ class Remediator:
     def _done_per_lifecycle(self, action: Action) -> bool:
         if self.lifecycle is None or parse_entity(action.target)[0] != "node":
             return False
-        done_states = ALREADY_DONE.get(action.kind)
-        return bool(done_states) and self.lifecycle.status(action.target).state in done_states
+        done_states = ALREADY_DONE.get(action.kind, frozenset())
+        return self.lifecycle.status(action.target).state in done_states
 
     @staticmethod
     def _done_per_actuator(action: Action, actuator: Actuator) -> bool:
