@@ -152,9 +152,5 @@ class FakeNvml:
         g = self._gpu(h, "nvmlDeviceGetFieldValues")
         assert field_ids == [pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION]
         if g.recovery_action is None:
-            return [
-                SimpleNamespace(nvmlReturn=pynvml.NVML_ERROR_NOT_SUPPORTED, value=SimpleNamespace(uiVal=0))
-            ]
-        return [
-            SimpleNamespace(nvmlReturn=pynvml.NVML_SUCCESS, value=SimpleNamespace(uiVal=g.recovery_action))
-        ]
+            return [SimpleNamespace(nvmlReturn=pynvml.NVML_ERROR_NOT_SUPPORTED, value=SimpleNamespace(uiVal=0))]
+        return [SimpleNamespace(nvmlReturn=pynvml.NVML_SUCCESS, value=SimpleNamespace(uiVal=g.recovery_action))]

@@ -242,3 +242,44 @@ def test_cli_rejects_a_bad_interval() -> None:
     result = CliRunner().invoke(app, ["agent", "--once", "--interval", "-1"])
     assert result.exit_code != 0
     assert "--interval must be a positive number" in str(result.exception)
+
+
+def test_agent_keeps_a_local_history_with_tiered_retention(tmp_path) -> None:
+    from vigil.store.metrics import MetricStore
+
+    clock = {"now": 1_000_000.0}
+    gpu, host = CountingSource("gpu", "gpu"), CountingSource("host", "host")
+
+    class GpuTemps(Source):
+        name, kind = "temps", "gpu"
+
+        def collect(self, now: float) -> Collection:
+            out = Collection()
+            out.add("DCGM_FI_DEV_GPU_TEMP", "gpu/n01/0", 60)
+            out.add("DCGM_EXP_XID_ERRORS_COUNT", "gpu/n01/0", 1, xid="79")
+            out.add("DCGM_EXP_XID_ERRORS_COUNT", "gpu/n01/0", 2, xid="48")
+            return out
+
+    settings = fast_settings(
+        store=str(tmp_path / "history"),
+        record_interval_s=0.01,
+        raw_retention_s=600.0,
+        aggregate_step_s=60.0,
+        retention_every_s=0.01,
+    )
+    agent = Agent([gpu, host, GpuTemps()], settings, cpu_ratio=lambda: 0.1, clock=lambda: clock["now"])
+    for _ in range(40):
+        agent.collect_once()
+        agent.record(time.monotonic())
+        clock["now"] += 30.0
+        time.sleep(0.011)
+    agent.close()
+    raw = MetricStore(tmp_path / "history" / "raw")
+    ts, temps = raw.series("gpu/n01/0", "DCGM_FI_DEV_GPU_TEMP")
+    assert len(ts) >= 15 and ts.min() >= clock["now"] - 30.0 - 600.0 - 1e-6  # older frames expired
+    assert set(temps.tolist()) == {60.0}
+    assert raw.series("gpu/n01/0", "DCGM_EXP_XID_ERRORS_COUNT")[1][-1] == 3  # label split summed
+    assert agent.store is not None
+    agg_ts, agg = agent.store.job.tier.series("gpu/n01/0", "DCGM_FI_DEV_GPU_TEMP", "mean")
+    assert len(agg_ts) >= 10 and set(agg.tolist()) == {60.0}
+    assert list((tmp_path / "history" / "aggregates").glob("*.vza"))

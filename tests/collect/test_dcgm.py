@@ -19,9 +19,7 @@ def test_scrape_real_http_page_keeps_dcgm_names(page_server, dcgm_page) -> None:
     assert values[("DCGM_FI_DEV_GPU_TEMP", "gpu/n07/1")] == 83
     assert values[("DCGM_FI_DEV_POWER_USAGE", "gpu/n07/0")] == 551.2
     assert values[("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "gpu/n07/1")] == 14
-    xid_counts = {
-        dict(p.labels)["xid"]: p.value for p in out.points if p.metric == "DCGM_EXP_XID_ERRORS_COUNT"
-    }
+    xid_counts = {dict(p.labels)["xid"]: p.value for p in out.points if p.metric == "DCGM_EXP_XID_ERRORS_COUNT"}
     assert xid_counts == {"79": 1.0, "48": 2.0}
     # identity labels are dropped; bounded and unbounded extras are left for the agent's label guard
     temp = next(p for p in out.points if p.metric == "DCGM_FI_DEV_GPU_TEMP")

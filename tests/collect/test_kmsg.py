@@ -33,9 +33,7 @@ def test_real_xid_119_capture_gives_one_drain_event_per_xid(shared_data: Path) -
     assert len(xids) == sum("NVRM: Xid" in line for line in lines) == 5
     first = xids[0]
     assert first.entity == "gpu/n01/4"
-    assert (
-        first.attrs["xid"] == 119 and first.attrs["pid"] == 2024380 and first.attrs["process"] == "nvidia-smi"
-    )
+    assert first.attrs["xid"] == 119 and first.attrs["pid"] == 2024380 and first.attrs["process"] == "nvidia-smi"
     assert first.level == FaultLevel.DRAIN and first.attrs["action"] == "drain"
     assert first.ts == pytest.approx(_local("Sun Feb 23 16:24:18 2025"))
     assert kernel.problems.total() == 0, kernel.problems.counts
@@ -142,9 +140,7 @@ def test_ordinary_kernel_lines_give_no_event() -> None:
 
 def test_file_tail_reads_appended_lines_and_partial_lines_later(tmp_path: Path) -> None:
     log = tmp_path / "kern.log"
-    log.write_text(
-        "[ 1.0] NVRM: Xid (PCI:0000:18:00): 13, pid=5, name=python, Graphics Exception\n[ 2.0] NVRM: Xi"
-    )
+    log.write_text("[ 1.0] NVRM: Xid (PCI:0000:18:00): 13, pid=5, name=python, Graphics Exception\n[ 2.0] NVRM: Xi")
     kernel = KernelLogSource.from_file(log, node="n01", boot_time=0.0)
     assert [e.attrs["xid"] for e in kernel.collect(0.0).events] == [13]
     with log.open("a") as fh:

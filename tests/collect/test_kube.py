@@ -64,9 +64,7 @@ def test_conditions_become_points_and_bad_transitions_events() -> None:
     api = RecordingCoreApi()
     source = KubernetesSource(node="n01", api=api)
     out = source.collect(T0.timestamp())
-    assert {(p.metric, p.labels): p.value for p in out.points}[
-        ("vigil_node_condition", (("condition", "Ready"),))
-    ] == 1
+    assert {(p.metric, p.labels): p.value for p in out.points}[("vigil_node_condition", (("condition", "Ready"),))] == 1
     assert out.events == []
     assert api.selectors == ["involvedObject.kind=Node,involvedObject.name=n01"]
     api.conditions = [

@@ -26,7 +26,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from prometheus_client import CollectorRegistry, start_http_server
@@ -38,6 +38,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from vigil.collect.base import Collection, Point, Source, default_node_name
 from vigil.model import Event, VigilInputError, parse_entity
+
+if TYPE_CHECKING:
+    from vigil.collect.local_store import AgentStore
 
 log = logging.getLogger("vigil.agent")
 
@@ -71,6 +74,12 @@ class AgentSettings(BaseSettings):
     push_interval_s: float = Field(default=15.0, gt=0)
     kmsg_file: str = Field(default="", description="read this kernel log file instead of /dev/kmsg")
     max_label_values: int = Field(default=64, ge=1)
+    store: str = Field(default="", description="directory of the agent's embedded history; empty = none")
+    record_interval_s: float = Field(default=10.0, gt=0, description="how often latest values become a frame")
+    raw_retention_s: float = Field(default=24 * 3600.0, gt=0)
+    aggregate_retention_s: float = Field(default=30 * 86400.0, gt=0)
+    aggregate_step_s: float = Field(default=300.0, gt=0)
+    retention_every_s: float = Field(default=3600.0, gt=0, description="how often the downsampling job runs")
 
 
 # --------------------------------------------------------------------------- label hygiene
@@ -242,6 +251,18 @@ class Agent:
         if self.settings.server_url:
             self._pusher = EventPusher(self.settings.server_url, self.settings.server_token)
         self._next_push = 0.0
+        self.store: AgentStore | None = None
+        self._next_record = 0.0
+        if self.settings.store:
+            from pathlib import Path
+
+            from vigil.collect.local_store import AgentStore
+            from vigil.store.retention import RetentionPolicy
+
+            policy = RetentionPolicy(
+                self.settings.raw_retention_s, self.settings.aggregate_retention_s, self.settings.aggregate_step_s
+            )
+            self.store = AgentStore(Path(self.settings.store), policy, self.settings.retention_every_s)
 
     # ---------------------------------------------------------------- one pass
 
@@ -351,6 +372,16 @@ class Agent:
             self.pending_events[:0] = events
             del self.pending_events[: max(0, len(self.pending_events) - 10_000)]
 
+    def record(self, mono: float) -> None:
+        """Append the latest values to the embedded history once every source has answered or timed out."""
+        if self.store is None or mono < self._next_record:
+            return
+        if any(r.reads == 0 and r.timeouts == 0 for r in self.runners):
+            return
+        self._next_record = mono + self.settings.record_interval_s
+        self.store.record(self.clock(), self.points())
+        self.store.maintain(self.clock(), mono)
+
     def step(self) -> float:
         """One turn of the loop; returns how long to sleep before the next."""
         mono = time.monotonic()
@@ -358,7 +389,10 @@ class Agent:
         self.schedule(mono)
         self.harvest()
         self.push(mono)
+        self.record(mono)
         wake = [r.next_due for r in self.runners if not r.busy] + [self._next_load_check]
+        if self.store is not None:
+            wake.append(self._next_record)
         wake += [r.started + r.timeout_s for r in self.runners if r.busy and not r.timed_out]
         # Finished reads are harvested at the next wake-up, at most half a second later.
         return max(0.05, min(0.5, min(wake) - time.monotonic()))
@@ -377,6 +411,8 @@ class Agent:
         for runner in self.runners:
             if not runner.busy:
                 runner.source.close()
+        if self.store is not None:
+            self.store.close()
 
     # ---------------------------------------------------------------- views
 

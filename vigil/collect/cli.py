@@ -19,15 +19,12 @@ console = Console()
 def agent(
     once: Annotated[bool, typer.Option("--once", help="read every source once, print, exit")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the --once report as JSON")] = False,
-    interval: Annotated[
-        float | None, typer.Option("--interval", help="one interval (s) for every source")
-    ] = None,
+    interval: Annotated[float | None, typer.Option("--interval", help="one interval (s) for every source")] = None,
     port: Annotated[int | None, typer.Option("--port", help="Prometheus /metrics port (0 = off)")] = None,
     dcgm_url: Annotated[str | None, typer.Option("--dcgm-url", help="dcgm-exporter page ('' = off)")] = None,
     server: Annotated[str | None, typer.Option("--server", help="Vigil server URL to push events to")] = None,
-    kmsg_file: Annotated[
-        str | None, typer.Option("--kmsg-file", help="kernel log file instead of /dev/kmsg")
-    ] = None,
+    kmsg_file: Annotated[str | None, typer.Option("--kmsg-file", help="kernel log file instead of /dev/kmsg")] = None,
+    store: Annotated[str | None, typer.Option("--store", help="keep a local history (tiered retention) here")] = None,
     duration: Annotated[float | None, typer.Option("--duration", help="stop after this many seconds")] = None,
 ) -> None:
     """Collect GPU (NVML, dcgm-exporter), kernel Xid, host, InfiniBand and Kubernetes facts on this node."""
@@ -35,7 +32,13 @@ def agent(
 
     overrides: dict[str, Any] = {
         k: v
-        for k, v in {"port": port, "dcgm_url": dcgm_url, "server_url": server, "kmsg_file": kmsg_file}.items()
+        for k, v in {
+            "port": port,
+            "dcgm_url": dcgm_url,
+            "server_url": server,
+            "kmsg_file": kmsg_file,
+            "store": store,
+        }.items()
         if v is not None
     }
     settings = AgentSettings(**overrides)
@@ -47,6 +50,7 @@ def agent(
     agent_ = Agent(build_sources(settings), settings)
     if once:
         agent_.collect_once()
+        agent_.record(0.0)
         report = agent_.report()
         agent_.close()
         if as_json:
@@ -56,9 +60,7 @@ def agent(
         return
     if settings.port:
         _server, bound = agent_.serve()
-        console.print(
-            f"vigil agent on node {agent_.node}: Prometheus metrics at http://0.0.0.0:{bound}/metrics"
-        )
+        console.print(f"vigil agent on node {agent_.node}: Prometheus metrics at http://0.0.0.0:{bound}/metrics")
     signal.signal(signal.SIGTERM, lambda *_: agent_.stop_event.set())
     try:
         agent_.run(duration_s=duration)
