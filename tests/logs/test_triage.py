@@ -1,0 +1,103 @@
+"""Root error across ranks: simulated multi-rank failures and real crashed gloo jobs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vigil.logs.corpus import FAILURE_KINDS, simulate_corpus, simulate_failure
+from vigil.logs.realjobs import root_label, run_failed_job
+from vigil.logs.triage import triage
+from vigil.model import FaultLevel, VigilInputError
+
+
+def test_simulated_corpus_root_accuracy(tmp_path: Path) -> None:
+    cases = simulate_corpus(tmp_path, per_kind=3, seed=11)
+    right = 0
+    for case, label in cases:
+        result = triage(case)
+        assert result.root is not None, case
+        right += label.accepts(result.root.source, result.root.lineno) and result.root.rank == label.rank
+    assert len(cases) == 3 * len(FAILURE_KINDS)
+    assert right / len(cases) >= 0.95
+
+
+def test_cascade_and_machine_faults(tmp_path: Path) -> None:
+    label = simulate_failure("xid_48_ecc", tmp_path, seed=5, world=8)
+    result = triage(tmp_path)
+    assert result.root is not None
+    assert (result.root.source, result.root.lineno) == (label.source, label.lineno)
+    assert result.root.rank == label.rank and result.root.attrs["xid"] == 48
+    assert result.probable_cause == "gpu_ecc_error" and result.root.level == FaultLevel.ISOLATE
+    timeouts = [e for e in result.cascade if e.fault_type == "nccl_collective_timeout"]
+    # Every healthy rank timed out; each is one cascade entry however many lines it printed.
+    assert {e.rank for e in timeouts} == set(range(8)) - {label.rank}
+    assert all(e.count >= 2 for e in timeouts)
+    assert result.ranks == list(range(8))
+    evidence = result.evidence()
+    assert evidence[0].summary.startswith("root error: gpu_ecc_error")
+
+
+def test_rank_error_is_linked_to_the_node_fault_before_it(tmp_path: Path) -> None:
+    node = tmp_path / "n007"
+    node.mkdir()
+    (node / "rank_3.log").write_text(
+        "2026-03-01 10:00:00,000 INFO step 1 loss 2.0\n"
+        "n007:4242:4242 [3] NCCL INFO Init COMPLETE\n"
+        "2026-03-01 10:00:05,000 ERROR step failed\n"
+        "RuntimeError: CUDA error: unspecified launch failure\n")
+    (node / "rank_2.log").write_text("2026-03-01 10:00:00,000 INFO step 1 loss 2.0\n"
+                                     "n007:4141:4141 [2] NCCL INFO Init COMPLETE\n")
+    (node / "kern.log").write_text("2026-03-01T10:00:07,000000+00:00 NVRM: Xid (PCI:0000:3b:00): 95, pid=4242, "
+                                   "name=python, Uncontained ECC error\n")
+    result = triage(tmp_path, job="j7")
+    assert result.root is not None and result.root.rank == 3
+    assert result.root.entity == "job/j7/rank/3" and result.root.fault_type == "cuda_launch_failure"
+    assert [m.attrs["xid"] for m in result.machine_faults] == [95]
+    assert result.machine_faults[0].rank == 3  # tied through the pid NCCL printed
+    assert result.probable_cause == "gpu_ecc_error"
+    assert result.silent_ranks == [2]
+
+
+def test_user_frame_and_exception_type(tmp_path: Path) -> None:
+    (tmp_path / "rank_0.log").write_text(
+        "[rank0]: Traceback (most recent call last):\n"
+        '[rank0]:   File "/work/train.py", line 10, in <module>\n'
+        '[rank0]:   File "/usr/lib/python3.11/site-packages/torch/nn/modules/module.py", line 1, in _call\n'
+        "[rank0]: KeyError: 'input_ids'\n")
+    result = triage(tmp_path)
+    assert result.root is not None
+    assert result.root.attrs["exc_type"] == "KeyError"
+    assert result.root.attrs["user_frame"] == "/work/train.py:10 in <module>"
+
+
+def test_no_root_only_symptoms(tmp_path: Path) -> None:
+    (tmp_path / "rank_0.log").write_text("2026-01-01 00:10:00,000 ERROR Watchdog caught collective operation "
+                                         "timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE, ...) ran for 600000 ms\n")
+    (tmp_path / "rank_1.log").write_text("2026-01-01 00:00:00,000 INFO step 4\n")
+    result = triage(tmp_path)
+    assert result.root is None and result.silent_ranks == [1]
+    assert "silent ranks [1]" in result.summary
+
+
+def test_bad_directory_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(VigilInputError, match="does not exist"):
+        triage(tmp_path / "missing")
+    (tmp_path / "model.bin").write_bytes(b"\x00")
+    with pytest.raises(VigilInputError, match="no log files"):
+        triage(tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("mode", "world", "culprit"), [("exception", 3, 1), ("kill", 2, 0)])
+def test_real_gloo_job_crash(tmp_path: Path, mode: str, world: int, culprit: int) -> None:
+    job = run_failed_job(tmp_path / mode, world=world, mode=mode, culprit=culprit)
+    assert job.returncode != 0
+    label = root_label(job)
+    result = triage(job.directory)
+    assert result.root is not None, result.summary
+    assert label.accepts(result.root.source, result.root.lineno)
+    assert result.root.rank == culprit
+    healthy = set(range(world)) - {culprit}
+    assert healthy <= {e.rank for e in result.cascade}

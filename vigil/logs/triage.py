@@ -1,0 +1,347 @@
+"""The root error across ranks: of all the error lines in a failed job's logs, which one started it.
+
+When one rank of a large job dies, every other rank prints timeouts, resets and launcher noise; the
+line that matters is buried. ``triage(dir)`` reads every rank log and the nodes' kernel logs, matches
+each line against the signature library, and decides:
+
+* root: among lines whose signature can start a failure (role ``root``: CUDA, Xid, IB, OOM, Python
+  exceptions, ...), the earliest; within ``tie_s`` seconds of it the most specific signature wins
+  (hardware before CUDA before a generic exception). A line without a timestamp (a traceback line)
+  happened between the stamps above and below it; it takes the one below (the last one above when
+  nothing follows), so an unstamped error never looks earlier than it can have been.
+* cascade: every other error line - symptoms on healthy ranks (NCCL watchdog timeouts, closed
+  connections, launcher reports) and later errors - one per rank and fault type, with a count.
+* machine faults: kernel-log errors (Xid, link down, OOM killer, AER) near the root's time, tied to
+  ranks through the pids and host names that NCCL prints.
+* silent ranks: ranks that logged no error at all while others did - a rank killed outright often
+  leaves nothing in its own log.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from vigil.logs.miner import read_lines
+from vigil.logs.signatures import SignatureMatcher, load_signatures
+from vigil.logs.sources import LINE_RANK_PREFIX, LogSource, discover, entity_name
+from vigil.logs.timestamps import line_time
+from vigil.model import Evidence, FaultLevel, node_id, rank_id
+
+MAX_LINE_CHARS = 2000
+# Kernel-log faults this long before the root (or shortly after it) are linked to it.
+MACHINE_WINDOW_BEFORE_S = 600.0
+MACHINE_WINDOW_AFTER_S = 120.0
+
+_NCCL_ORIGIN = re.compile(r"^(?:\[[^\]]*\] )?(?P<host>[\w.\-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\]")
+_FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
+_LIBRARY_PATH = re.compile(r"(site-packages|dist-packages|/lib/python\d|<frozen |/torch/|\\lib\\)")
+
+
+class LogEvent(BaseModel):
+    """One error line of a job's logs and what it means."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: str
+    lineno: int
+    ts: float | None
+    entity: str
+    rank: int | None = None
+    node: str | None = None
+    signature: str
+    fault_type: str
+    level: FaultLevel
+    role: Literal["root", "cascade"]
+    line: str = Field(max_length=MAX_LINE_CHARS)
+    attrs: dict[str, Any] = Field(default_factory=dict)
+    count: int = 1
+
+
+class TriageResult(BaseModel):
+    """The verdict on a failed job's logs."""
+
+    job: str
+    directory: str
+    root: LogEvent | None
+    probable_cause: str | None = Field(description="fault type of the root, or of a linked machine fault")
+    cascade: list[LogEvent] = Field(default_factory=list)
+    machine_faults: list[LogEvent] = Field(default_factory=list)
+    silent_ranks: list[int] = Field(default_factory=list)
+    ranks: list[int] = Field(default_factory=list)
+    nodes: list[str] = Field(default_factory=list)
+    files: int = 0
+    lines: int = 0
+    error_lines: int = 0
+    summary: str = ""
+
+    def evidence(self) -> list[Evidence]:
+        """The root, the machine faults and the cascade as Evidence records for RCA."""
+        items = [self.root] if self.root else []
+        items += self.machine_faults + self.cascade
+        out = []
+        for event in items:
+            role = "root error" if event is self.root else event.role
+            out.append(Evidence(
+                kind="log",
+                entity=event.entity,
+                ts=event.ts or 0.0,
+                summary=f"{role}: {event.fault_type} at {event.source}:{event.lineno}: {event.line[:300]}",
+                attrs={"signature": event.signature, "fault_type": event.fault_type,
+                       "level": event.level.label, "source": event.source, "lineno": event.lineno,
+                       "count": event.count, **{k: v for k, v in event.attrs.items() if k != "frames"}},
+            ))
+        return out
+
+
+@dataclass
+class _Scan:
+    """What one file told us."""
+
+    source: LogSource
+    events: list[LogEvent] = field(default_factory=list)
+    lines: int = 0
+    hosts: dict[int, str] = field(default_factory=dict)
+    pids: dict[int, int] = field(default_factory=dict)
+    ranks: set[int] = field(default_factory=set)
+
+
+def triage(
+    directory: Path,
+    job: str | None = None,
+    tie_s: float = 1.0,
+    progress: Callable[[str], None] | None = None,
+) -> TriageResult:
+    """Find the root error of a failed job from the logs under ``directory``."""
+    sources = discover(directory)
+    job_name = entity_name(job or directory.resolve().name, "job")
+    matcher = SignatureMatcher()
+    scans = []
+    for source in sources:
+        scans.append(_scan(source, job_name, matcher))
+        if progress is not None:
+            progress(source.name)
+    return decide(scans, job_name, directory, tie_s)
+
+
+def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
+    scan = _Scan(source)
+    if source.rank is not None:
+        scan.ranks.add(source.rank)
+    last_ts: float | None = None
+    frames: list[dict[str, Any]] = []
+    untimed: list[LogEvent] = []
+    in_traceback = False
+    lineno = 0
+    for block in read_lines(source.path):
+        for raw in block:
+            lineno += 1
+            rank = source.rank
+            line = raw
+            prefixed = LINE_RANK_PREFIX.match(line)
+            if prefixed:
+                line = line[prefixed.end():]
+                if rank is None:
+                    rank = int(prefixed["rank"])
+            if rank is not None:
+                scan.ranks.add(rank)
+            ts = line_time(line)
+            if ts is None:
+                ts = last_ts
+            else:
+                last_ts = ts
+                for event in untimed:  # it happened between the last stamp and this one: take the later
+                    event.ts = ts
+                untimed = []
+            stripped = line.strip()
+            if stripped == "Traceback (most recent call last):":
+                frames, in_traceback = [], True
+                continue
+            if in_traceback:
+                frame = _FRAME.match(line)
+                if frame:
+                    frames.append({"path": frame["path"], "line": int(frame["line"]), "func": frame["func"]})
+                    continue
+                if line[:1].isspace() or not stripped:
+                    continue
+                in_traceback = False
+            origin = _NCCL_ORIGIN.match(line)
+            if origin and rank is not None:
+                scan.hosts[rank] = origin["host"]
+                scan.pids[int(origin["pid"])] = rank
+            hit = matcher.match(line)
+            if hit is None:
+                continue
+            attrs = dict(hit.attrs)
+            if frames and hit.signature.role == "root":
+                attrs.update(_traceback_attrs(frames))
+                frames = []
+            node = source.node
+            entity = (node_id(node) if source.kind == "node" and node
+                      else rank_id(job, rank) if rank is not None else f"job/{job}")
+            event = LogEvent(
+                source=source.name, lineno=lineno, ts=ts, entity=entity, rank=rank, node=node,
+                signature=hit.signature.id, fault_type=hit.fault_type, level=hit.level,
+                role=hit.signature.role, line=line[:MAX_LINE_CHARS], attrs=attrs,
+            )
+            if line_time(line) is None:
+                untimed.append(event)
+            scan.events.append(event)
+    scan.lines = lineno
+    return scan
+
+
+def _traceback_attrs(frames: list[dict[str, Any]]) -> dict[str, Any]:
+    """The innermost frame of the user's own code (not the standard library, torch or site-packages)."""
+    own = [f for f in frames if not _LIBRARY_PATH.search(f["path"])]
+    attrs: dict[str, Any] = {"frames": frames[-8:]}
+    if own:
+        attrs["user_frame"] = f'{own[-1]["path"]}:{own[-1]["line"]} in {own[-1]["func"]}'
+    return attrs
+
+
+def decide(scans: list[_Scan], job: str, directory: Path, tie_s: float = 1.0) -> TriageResult:
+    """Pick the root, the cascade and the linked machine faults from the scanned files."""
+    priority = {s.id: i for i, s in enumerate(load_signatures())}
+    hosts: dict[int, str] = {}
+    pids: dict[int, int] = {}
+    ranks: set[int] = set()
+    for scan in scans:
+        hosts.update(scan.hosts)
+        pids.update(scan.pids)
+        ranks |= scan.ranks
+    events = [e for scan in scans for e in scan.events]
+    for event in events:  # a pid a rank names (its DataLoader worker, say) belongs to that rank
+        pid = event.attrs.get("pid")
+        if event.rank is not None and pid is not None and str(pid).strip().isdigit():
+            pids.setdefault(int(str(pid).strip()), event.rank)
+    single_node = len({s.source.node for s in scans if s.source.kind == "rank"}) <= 1
+    for event in events:
+        _link_node_event(event, pids, hosts)
+        _link_launcher_event(event, job, single_node)
+        if event.rank is not None and event.node is None and event.rank in hosts:
+            event.node = entity_name(hosts[event.rank], "") or None
+    root = _pick_root(events, priority, tie_s)
+    if root is not None and root.rank is None and root.entity.startswith("node/"):
+        _attribute_to_rank(root, events)
+    rank_events = [e for e in events if not e.entity.startswith("node/")]
+    node_events = [e for e in events if e.entity.startswith("node/") and e is not root]
+    machine = _near(node_events, root)
+    cascade = _collapse([e for e in rank_events if e is not root] +
+                        [e for e in node_events if e not in machine])
+    erring = {e.rank for e in events if e.rank is not None}
+    silent = sorted(ranks - erring) if erring else []
+    probable = root.fault_type if root else None
+    if root is not None and not root.entity.startswith("node/"):
+        serious = [m for m in machine if m.level >= FaultLevel.DRAIN
+                   and (root.node is None or m.node in (root.node, "unknown"))]
+        if serious:
+            probable = max(serious, key=lambda m: m.level).fault_type
+    result = TriageResult(
+        job=job, directory=str(directory), root=root, probable_cause=probable, cascade=cascade,
+        machine_faults=machine, silent_ranks=silent, ranks=sorted(ranks),
+        nodes=sorted({s.source.node for s in scans if s.source.kind == "node" and s.source.node}),
+        files=len(scans), lines=sum(s.lines for s in scans), error_lines=len(events),
+    )
+    result.summary = _summary(result)
+    return result
+
+
+def _link_node_event(event: LogEvent, pids: dict[int, int], hosts: dict[int, str]) -> None:
+    """A kernel-log line names a pid (OOM killer, segfault, Xid): that pid is a rank if NCCL printed it."""
+    if not event.entity.startswith("node/"):
+        return
+    pid = event.attrs.get("pid")
+    if pid is not None and str(pid).isdigit() and int(pid) in pids:
+        event.rank = pids[int(pid)]
+        return
+    on_node = sorted(r for r, host in hosts.items() if event.node and host.split(".")[0] == event.node)
+    if on_node:
+        event.attrs["ranks_on_node"] = on_node
+
+
+def _link_launcher_event(event: LogEvent, job: str, single_node: bool) -> None:
+    """A launcher line names the failed worker: its rank, or its local rank (= rank on one node)."""
+    if event.rank is not None or event.entity.startswith("node/"):
+        return
+    named = event.attrs.get("rank")
+    if named is None and single_node:
+        named = event.attrs.get("local_rank")
+    if named is not None and str(named).isdigit():
+        event.rank = int(named)
+        event.entity = rank_id(job, event.rank)
+
+
+def _attribute_to_rank(root: LogEvent, events: list[LogEvent]) -> None:
+    """A node fault with no pid belongs to the rank on that node that reports the same fault right after
+    (a second of slack: many logs stamp whole seconds)."""
+    if root.ts is None:
+        return
+    echoes = [e for e in events if e.rank is not None and e.node == root.node and e.fault_type == root.fault_type
+              and e.ts is not None and root.ts - 1.0 <= e.ts <= root.ts + MACHINE_WINDOW_AFTER_S]
+    if echoes:
+        root.rank = min(echoes, key=_time_order).rank
+        root.attrs["rank_from"] = "same fault reported by the rank"
+
+
+def _pick_root(events: list[LogEvent], priority: dict[str, int], tie_s: float) -> LogEvent | None:
+    # A process reports its own failure in order: within one file only the first root-like line counts
+    # (an abort after an exception, a RuntimeError after a device-side assert are its consequences).
+    first_per_source: dict[str, LogEvent] = {}
+    for event in events:
+        if event.role == "root" and event.source not in first_per_source:
+            first_per_source[event.source] = event
+    roots = list(first_per_source.values())
+    if not roots:
+        return None
+    timed = [e for e in roots if e.ts is not None]
+    if timed:
+        first = min(e.ts for e in timed if e.ts is not None)
+        roots = [e for e in timed if e.ts is not None and e.ts <= first + tie_s]
+    last = len(priority)
+    return min(roots, key=lambda e: (priority.get(e.signature, last), e.ts or 0.0, e.source, e.lineno))
+
+
+def _near(node_events: list[LogEvent], root: LogEvent | None) -> list[LogEvent]:
+    if root is None or root.ts is None:
+        return _collapse(node_events)
+    start, end = root.ts - MACHINE_WINDOW_BEFORE_S, root.ts + MACHINE_WINDOW_AFTER_S
+    return _collapse([e for e in node_events if e.ts is None or start <= e.ts <= end])
+
+
+def _collapse(events: list[LogEvent]) -> list[LogEvent]:
+    """The first event per (entity, fault type), counting the repeats: 1,000 ranks, not 100,000 lines."""
+    counts = Counter((e.entity, e.fault_type) for e in events)
+    first: dict[tuple[str, str], LogEvent] = {}
+    for event in sorted(events, key=_time_order):
+        key = (event.entity, event.fault_type)
+        if key not in first:
+            first[key] = event.model_copy(update={"count": counts[key]})
+    return list(first.values())
+
+
+def _time_order(event: LogEvent) -> tuple[float, str, int]:
+    return (event.ts if event.ts is not None else float("inf"), event.source, event.lineno)
+
+
+def _summary(result: TriageResult) -> str:
+    root = result.root
+    if root is None:
+        if result.cascade:
+            where = f"; silent ranks {result.silent_ranks}" if result.silent_ranks else ""
+            return f"no root error found, only symptoms ({len(result.cascade)} cascade events){where}"
+        return "no error lines found"
+    who = f"rank {root.rank}" if root.rank is not None else root.entity
+    text = f"root error on {who}: {root.fault_type} ({root.signature}) at {root.source}:{root.lineno}"
+    if result.probable_cause and result.probable_cause != root.fault_type:
+        text += f"; linked machine fault: {result.probable_cause}"
+    if result.cascade:
+        affected = len({e.entity for e in result.cascade})
+        text += f"; cascade on {affected} other entities"
+    return text
