@@ -76,7 +76,7 @@ def test_log_signatures_match_real_kernel_lines(shared_data: Path) -> None:
 
 def test_broken_files_raise_one_line_errors_naming_the_file(kb_copy: Path) -> None:
     faults = kb_copy / "faults.yaml"
-    faults.write_text(faults.read_text().replace("{action: cordon, on: node", "{action: rm_rf, on: node", 1))
+    faults.write_text(faults.read_text().replace("{action: cordon, target: node", "{action: rm_rf, target: node", 1))
     with pytest.raises(VigilInputError, match=r"faults.yaml.*rm_rf.*whitelist"):
         load_kb(kb_copy, include_external=False)
 

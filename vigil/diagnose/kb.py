@@ -234,7 +234,7 @@ def _parse_fault(name: str, raw: Any, where: str) -> Fault:
             action = ActionKind(action_name)
         except ValueError:
             raise VigilInputError(f"{where} remedy {i}: action {action_name!r} is not on the whitelist") from None
-        remedies.append(Remedy(action, str(item.get("on", "node")), str(item.get("risk", "low")),
+        remedies.append(Remedy(action, str(item.get("target", "node")), str(item.get("risk", "low")),
                                str(item.get("why", ""))))
     return Fault(
         name=name,
