@@ -133,8 +133,9 @@ def diagnosis_for(incident: Incident) -> Diagnosis:
 def build_cluster(url: str, home: Path) -> SimCluster:
     run = simulate(SimConfig(nodes=8, gpus=8, minutes=60, seed=1))
     store = Store(url)
-    result = run_pipeline(run, store=store)
+    result = run_pipeline(run, store=store, metrics=MetricStore(home / "metrics"))
     rank_frames(run, result.metrics)
+    result.metrics.flush()
     incident = max(result.incidents, key=lambda i: (i.level, len(i.evidence)))
     diagnosis = diagnosis_for(incident)
     store.save_diagnosis(diagnosis)

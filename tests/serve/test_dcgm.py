@@ -15,9 +15,7 @@ def test_rendered_gpu_frame_parses_with_dcgm_labels() -> None:
     frame = next(f for f in tick.frames if f.family == "gpu")
     values = frame.values.copy()
     values[1, :] = np.nan  # GPU fell off the bus: no fields at all
-    frame = type(frame)(
-        ts=frame.ts, family="gpu", entities=frame.entities, metrics=frame.metrics, values=values
-    )
+    frame = type(frame)(ts=frame.ts, family="gpu", entities=frame.entities, metrics=frame.metrics, values=values)
     text = render_dcgm(frame, run.topology)
     families = {f.name: f for f in text_string_to_metric_families(text)}
     temp = families["DCGM_FI_DEV_GPU_TEMP"]

@@ -22,14 +22,16 @@ def test_metrics_reflect_store_and_follow_conventions(cluster: SimCluster) -> No
         for sample in family.samples:
             assert set(sample.labels) <= ALLOWED_LABELS, (family.name, sample.labels)
     health = cluster.store.node_health()
-    gpu_levels = {f"gpu/{s.labels['node']}/{s.labels['gpu']}": s.value
-                  for s in families["vigil_gpu_fault_level"].samples}
+    gpu_levels = {
+        f"gpu/{s.labels['node']}/{s.labels['gpu']}": s.value for s in families["vigil_gpu_fault_level"].samples
+    }
     assert len(gpu_levels) == cluster.run.topology.gpu_count()
     assert gpu_levels == {e: float(level) for e, level in health.items() if e.startswith("gpu/")}
     assert max(gpu_levels.values()) >= 3
     open_count = sum(s.value for s in families["vigil_incidents_open"].samples)
-    expected = sum(len(cluster.store.incidents(status=s, limit=10000))
-                   for s in (IncidentStatus.OPEN, IncidentStatus.ACKNOWLEDGED))
+    expected = sum(
+        len(cluster.store.incidents(status=s, limit=10000)) for s in (IncidentStatus.OPEN, IncidentStatus.ACKNOWLEDGED)
+    )
     assert open_count == expected > 0
     detectors = {s.labels["detector"] for s in families["vigil_detector_score_max"].samples}
     assert detectors == {a.detector for a in cluster.store.anomalies(limit=5000)}

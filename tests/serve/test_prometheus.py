@@ -38,8 +38,9 @@ def live_metrics() -> MetricStore:
 
 
 @pytest.fixture
-def prometheus_stack(cluster: SimCluster, live_metrics: MetricStore, tmp_path: Path
-                     ) -> Iterator[tuple[str, PromQLSource]]:
+def prometheus_stack(
+    cluster: SimCluster, live_metrics: MetricStore, tmp_path: Path
+) -> Iterator[tuple[str, PromQLSource]]:
     binary = require_binary("prometheus")
     app = create_app(cluster.store, live_metrics, cluster.settings())
     with serve_in_thread(app) as base_url:
@@ -48,9 +49,15 @@ def prometheus_stack(cluster: SimCluster, live_metrics: MetricStore, tmp_path: P
         config.write_text(CONFIG.format(target=base_url.removeprefix("http://")))
         log = (tmp_path / "prometheus.log").open("w")
         process = subprocess.Popen(
-            [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-            stdout=log, stderr=subprocess.STDOUT,
+            [
+                binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--log.level=warn",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         source = PromQLSource(f"http://127.0.0.1:{port}")
         try:
@@ -68,8 +75,9 @@ def _value(source: PromQLSource, expr: str) -> float | None:
     return float(found[0].values[0]) if found else None
 
 
-def test_prometheus_scrapes_both_and_vigil_reads_back(cluster: SimCluster, live_metrics: MetricStore,
-                                                      prometheus_stack: tuple[str, PromQLSource]) -> None:
+def test_prometheus_scrapes_both_and_vigil_reads_back(
+    cluster: SimCluster, live_metrics: MetricStore, prometheus_stack: tuple[str, PromQLSource]
+) -> None:
     base_url, source = prometheus_stack
     ticks = iter(simulate(SimConfig(nodes=2, gpus=4, minutes=5, seed=4)).ticks())
     gpu_frame = next(f for f in next(ticks).frames if f.family == "gpu")

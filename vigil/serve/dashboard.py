@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
 
@@ -20,6 +21,7 @@ router = APIRouter(include_in_schema=False)
 templates = Jinja2Templates(directory=str(resources.files("vigil.serve") / "templates"))
 templates.env.globals["level_name"] = lambda level: FaultLevel(int(level)).label
 templates.env.globals["level_color"] = lambda level: svg.LEVEL_COLORS[int(level)]
+templates.env.filters["utc"] = lambda ts: datetime.fromtimestamp(float(ts), UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _ctx(request: Request) -> ServeContext:

@@ -39,7 +39,7 @@ def heat_map(grid: list[dict[str, Any]], cell: int = 18) -> str:
         f'<svg class="heatmap" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
         f'role="img" aria-label="cluster heat map">'
     ]
-    parts.append(f'<text x="{label_w}" y="12" class="axis">node</text>')
+    parts.append(f'<text x="{label_w + cell / 2}" y="12" class="axis" text-anchor="middle">n</text>')
     for g in range(columns):
         parts.append(f'<text x="{label_w + (g + 1) * (cell + 2) + 4}" y="12" class="axis">{g}</text>')
     for r, row in enumerate(grid):
@@ -66,7 +66,8 @@ def _time_axis(t0: float, t1: float, x0: float, x1: float, y: float) -> list[str
     for k in range(5):
         t = t0 + (t1 - t0) * k / 4
         x = x0 + (x1 - x0) * k / 4
-        parts.append(f'<text x="{x:.1f}" y="{y + 14}" class="axis" text-anchor="middle">+{t - t0:.0f}s</text>')
+        anchor = "start" if k == 0 else "end" if k == 4 else "middle"
+        parts.append(f'<text x="{x:.1f}" y="{y + 14}" class="axis" text-anchor="{anchor}">+{t - t0:.0f}s</text>')
     return parts
 
 

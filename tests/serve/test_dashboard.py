@@ -1,0 +1,153 @@
+"""The web dashboard in headless Chromium (Debian's, driven by Playwright): every view renders from the
+store, the approve flow writes through the API, and nothing is fetched from outside the server."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.serve.conftest import ARTIFACTS, STRAGGLER_RANK, TOKEN, SimCluster, require_binary, serve_in_thread
+from vigil.model import ActionStatus, FaultLevel
+from vigil.remedy.lifecycle import LifecycleStore, Trigger
+from vigil.serve.app import create_app
+from vigil.serve.svg import LEVEL_COLORS
+
+pytestmark = pytest.mark.slow
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "serve"
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+LIFECYCLE_NODE = "n006"
+
+
+@pytest.fixture(scope="module")
+def site(cluster: SimCluster) -> Iterator[str]:
+    lifecycle = LifecycleStore(cluster.store.url)
+    node = f"node/{LIFECYCLE_NODE}"
+    if lifecycle.status(node).state.value == "healthy":
+        for trigger in (Trigger.CORDON, Trigger.DRAIN, Trigger.DRAINED, Trigger.REPAIRED):
+            lifecycle.apply(node, trigger, f"test: {trigger.value}")
+    app = create_app(cluster.store, cluster.metrics, cluster.settings(), launch_dirs=[FIXTURES], lifecycle=lifecycle)
+    with serve_in_thread(app) as base_url:
+        yield base_url
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    chromium = require_binary("/usr/bin/chromium")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        instance = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
+        yield instance
+        instance.close()
+
+
+@pytest.fixture
+def page(browser: Any, site: str) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    tab = context.new_page()
+    foreign: list[str] = []
+    tab.on("request", lambda request: None if request.url.startswith(site) else foreign.append(request.url))
+    yield tab
+    context.close()
+    assert not foreign, f"the dashboard fetched from outside the server: {foreign}"
+
+
+def shot(page: Any, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"serve-{name}.png"), full_page=True)
+
+
+def test_heat_map_shows_every_gpu_by_fault_level(page: Any, site: str, cluster: SimCluster) -> None:
+    page.goto(site + "/")
+    cells = page.locator("svg.heatmap rect.cell")
+    assert cells.count() == 8 * (8 + 1)
+    health = cluster.store.node_health()
+    for level in FaultLevel:
+        expected = sum(1 for e, lv in health.items() if e.startswith("gpu/") and lv == level)
+        gpu_cells = page.locator(f'svg.heatmap rect.cell[data-level="{int(level)}"][data-entity^="gpu/"]')
+        assert gpu_cells.count() == expected
+    worst = page.locator(
+        'svg.heatmap rect.cell[data-entity^="gpu/"][data-level="4"], '
+        'svg.heatmap rect.cell[data-entity^="gpu/"][data-level="3"]'
+    ).first
+    assert worst.get_attribute("fill") in (LEVEL_COLORS[3], LEVEL_COLORS[4])
+    assert page.locator("#open-incidents table tbody tr").count() >= 1
+    shot(page, "overview")
+
+
+def test_incident_detail_and_approve_flow(page: Any, site: str, cluster: SimCluster) -> None:
+    incident = cluster.incident
+    page.goto(f"{site}/incidents/{incident.id}")
+    assert page.locator("svg.timeline circle.evidence").count() == len(incident.evidence)
+    causes = page.locator("ol.causes li")
+    assert causes.count() == 2 and "root" in (causes.first.get_attribute("class") or "")
+    assert incident.fault_types[0] in causes.first.inner_text()
+    assert page.locator("ol.plan li").count() == len(cluster.diagnosis.plan)
+    page.fill("#token", TOKEN)
+    page.click("#token-form button")
+    with page.expect_navigation():
+        page.locator("ol.plan button.propose").first.click()
+    step = cluster.diagnosis.plan[0]
+    row = page.locator("table.actions tr", has_text=step.target).last
+    action_id = row.get_attribute("data-action")
+    assert row.locator("td.status").inner_text() == "proposed"
+    with page.expect_navigation():
+        row.locator("button.approve").click()
+    stored = cluster.store.action(action_id)
+    assert stored is not None and stored.status is ActionStatus.APPROVED and stored.incident_id == incident.id
+    with page.expect_navigation():
+        page.locator(f"#action-{action_id} button.execute").click()
+    assert page.locator(f"#action-{action_id} td.result").inner_text().startswith("dry-run: would cordon")
+    shot(page, "incident")
+
+
+def test_approve_without_token_shows_the_error(page: Any, site: str, cluster: SimCluster) -> None:
+    page.goto(f"{site}/incidents/{cluster.incident.id}")
+    page.locator("ol.plan button.propose").last.click()
+    message = page.locator("#action-message")
+    message.wait_for(state="visible")
+    page.wait_for_function("document.getElementById('action-message').textContent.length > 0")
+    assert "bearer token" in message.inner_text()
+
+
+def test_job_view_highlights_the_straggler_rank(page: Any, site: str, cluster: SimCluster) -> None:
+    job = cluster.run.topology.jobs[0]
+    page.goto(f"{site}/jobs/{job.id}")
+    assert page.locator("svg.steptimes path.rank").count() == job.world_size
+    assert page.locator("svg.steptimes path.rank.slowest").get_attribute("data-rank") == str(STRAGGLER_RANK)
+    assert page.locator("#placement tbody tr").count() == job.world_size
+    shot(page, "job")
+
+
+def test_hang_view_marks_fork_point_and_culprit_link(page: Any, site: str) -> None:
+    page.goto(f"{site}/hangs/hang_run")
+    assert page.locator("li.fork-point > .frame-text").inner_text() == "train_step (train.py:40)"
+    culprit_path = page.locator("li.fork-point li.culprit > .frame-text")
+    assert culprit_path.count() == 2 and culprit_path.first.inner_text().startswith("load_batch")
+    assert page.locator("li.frame.culprit", has_text="all_reduce").count() == 0
+    assert page.locator("svg.ring line.link.culprit").get_attribute("data-link") == "5-6"
+    assert page.locator("svg.ring circle.rank.culprit").get_attribute("data-rank") == "5"
+    assert page.locator("#culprits").inner_text() == "5"
+    shot(page, "hang")
+
+
+def test_node_lifecycle_view(page: Any, site: str) -> None:
+    page.goto(f"{site}/nodes/{LIFECYCLE_NODE}")
+    assert page.locator("#stage").inner_text() == "self_check"
+    assert page.locator("ol.stages li.current").inner_text() == "self_check"
+    assert page.locator("table.transitions tbody tr").count() == 4
+    assert page.locator("svg.heatmap rect.cell").count() == 9
+    shot(page, "node")
