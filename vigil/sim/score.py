@@ -85,14 +85,23 @@ class _Coverage:
 def score(incidents: list[Incident], truth: list[GroundTruthFault], topology: Topology) -> Score:
     cover = _Coverage(topology)
     inc_keys = {inc.id: set().union(*(cover.keys(e) for e in [inc.scope, *inc.entities])) for inc in incidents}
+
+    def overlapping(fault: GroundTruthFault, keys: set[str]) -> list[Incident]:
+        lo = fault.start - float(fault.attrs.get("precursor_s", 0.0)) - PRE_SLACK_S
+        hi = fault.end + POST_SLACK_S
+        return [inc for inc in incidents if inc_keys[inc.id] & keys and inc.start <= hi and inc.end >= lo]
+
+    # First the incidents that name the fault's own entity; then, for faults still unmatched, incidents about
+    # a job running there that no other fault explains (a symptom seen, the culprit not localized).
+    exact = {fault.id: overlapping(fault, cover.keys(fault.entity)) for fault in truth}
+    explained = {inc.id for found in exact.values() for inc in found}
     matched_incidents: set[str] = set()
     matches: list[FaultMatch] = []
     for fault in truth:
-        keys = cover.keys(fault.entity, with_jobs=True)
-        exact = cover.keys(fault.entity)
-        lo = fault.start - float(fault.attrs.get("precursor_s", 0.0)) - PRE_SLACK_S
-        hi = fault.end + POST_SLACK_S
-        found = [inc for inc in incidents if inc_keys[inc.id] & keys and inc.start <= hi and inc.end >= lo]
+        found = exact[fault.id]
+        if not found:
+            found = [inc for inc in overlapping(fault, cover.keys(fault.entity, with_jobs=True))
+                     if inc.id not in explained]
         match = FaultMatch(fault_id=fault.id, fault_type=fault.fault_type, entity=fault.entity, start=fault.start,
                            visible_to_rules=fault.visible_to_rules)
         if found:
@@ -101,8 +110,8 @@ def score(incidents: list[Incident], truth: list[GroundTruthFault], topology: To
             match.incident_id = best.id
             match.incident_scope = best.scope
             match.delay_s = round(best.start - fault.start, 1)
-            match.localized = best.scope in exact and (best.scope == fault.entity or
-                                                      parse_entity(fault.entity)[0] in ("gpu", "nic", "rank"))
+            match.localized = best.scope in cover.keys(fault.entity) and (
+                best.scope == fault.entity or parse_entity(fault.entity)[0] in ("gpu", "nic", "rank"))
         matches.append(match)
     visible = [m for m in matches if m.visible_to_rules]
     detected = [m for m in visible if m.incident_id]
