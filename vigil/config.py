@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -59,4 +60,6 @@ def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
 
 @lru_cache(maxsize=1)
 def settings() -> Settings:
-    return load_settings()
+    """The process's settings: the YAML file named by VIGIL_CONFIG (if set), then VIGIL_* variables."""
+    path = os.environ.get("VIGIL_CONFIG")
+    return load_settings(Path(path) if path else None)
