@@ -25,6 +25,9 @@ def _root() -> None:
 
 
 # --- verbs: each package registers its own commands here, one line each -------------------------
+from vigil.logs.cli import app as _logs  # noqa: E402
+
+app.add_typer(_logs, name="logs")
 from vigil import core_cli as _core  # noqa: E402
 
 app.command("demo")(_core.demo)

@@ -1,0 +1,154 @@
+"""`vigil logs ...`: template mining, root-error triage, training-scalar checks, the signature library."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+app = typer.Typer(name="logs", help="Log intelligence: templates, root error across ranks, scalar checks.",
+                  no_args_is_help=True)
+console = Console()
+err_console = Console(stderr=True)
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+
+
+@app.command("parse")
+def parse(
+    file: Annotated[Path, typer.Argument(help="log file (raw lines or message contents)")],
+    as_json: JsonFlag = False,
+    state: Annotated[Path | None, typer.Option(help="template state file to resume from and save to")] = None,
+    summary: Annotated[bool, typer.Option(help="one row per template with its line count, not per line")] = False,
+) -> None:
+    """Mine templates: one template per input line (``--json``: JSON lines {line, template, template_id})."""
+    from vigil.logs.miner import TemplateMiner, read_lines
+
+    miner = TemplateMiner.load(state) if state else TemplateMiner()
+    counts: Counter[str] = Counter()
+    lineno = 0
+    out = sys.stdout
+    with _progress(err_console, file.stat().st_size if file.exists() else 0, "parsing") as (progress, task):
+        for block in read_lines(file):
+            templates = miner.add_templates(block)
+            if summary:
+                counts.update(t.id for t in templates)
+            elif as_json:
+                out.write("".join(
+                    json.dumps({"line": lineno + i + 1, "template": t.text, "template_id": t.id}) + "\n"
+                    for i, t in enumerate(templates)))
+            else:
+                out.write("".join(f"{lineno + i + 1}\t{t.id}\t{t.text}\n" for i, t in enumerate(templates)))
+            lineno += len(block)
+            progress.update(task, advance=sum(len(line) + 1 for line in block))
+    if state:
+        miner.save(state)
+    if summary:
+        rows = [(tid, n, miner.templates[tid].text if tid in miner.templates else "") for tid, n in
+                counts.most_common()]
+        if as_json:
+            out.write(json.dumps([{"template_id": t, "lines": n, "template": text} for t, n, text in rows]) + "\n")
+            return
+        table = Table("template", "lines", "text", title=f"{file}: {lineno} lines, {len(rows)} templates")
+        for tid, n, text in rows:
+            table.add_row(tid, str(n), Text(text))
+        console.print(table)
+    else:
+        err_console.print(f"{lineno} lines, {len(miner.templates)} templates", highlight=False)
+
+
+@app.command("triage")
+def triage_command(
+    directory: Annotated[Path, typer.Argument(help="the failed job's log directory (all ranks, node logs)")],
+    as_json: JsonFlag = False,
+    job: Annotated[str | None, typer.Option(help="job id for entity ids (default: the directory name)")] = None,
+) -> None:
+    """Find the root error across the ranks of a failed job and mark the cascade."""
+    from vigil.logs.sources import discover
+    from vigil.logs.triage import triage
+
+    total = len(discover(directory))
+    with _progress(err_console, total, "reading logs") as (progress, task):
+        result = triage(directory, job=job, progress=lambda _name: progress.update(task, advance=1))
+    if as_json:
+        sys.stdout.write(result.model_dump_json(indent=2) + "\n")
+        return
+    console.print(Text(result.summary, style="bold"))
+    if result.root is not None:
+        root = result.root
+        table = Table(show_header=False, title="root error")
+        for key, value in [("where", f"{root.source}:{root.lineno}"), ("entity", root.entity),
+                           ("fault", f"{root.fault_type} ({root.level.label})"), ("signature", root.signature),
+                           ("line", root.line[:300])] + [(k, str(v)) for k, v in root.attrs.items() if k != "frames"]:
+            table.add_row(key, Text(value))
+        console.print(table)
+    for title, events in (("machine faults", result.machine_faults), ("cascade", result.cascade[:30])):
+        if not events:
+            continue
+        table = Table("entity", "fault", "lines", "first at", "line", title=title)
+        for event in events:
+            table.add_row(event.entity, event.fault_type, str(event.count), Text(f"{event.source}:{event.lineno}"),
+                          Text(event.line[:120]))
+        console.print(table)
+    if len(result.cascade) > 30:
+        console.print(f"... and {len(result.cascade) - 30} more cascade entries (--json for all)")
+
+
+@app.command("scalars")
+def scalars(
+    run: Annotated[Path, typer.Argument(help="TensorBoard run directory or event file")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Check training scalars for NaN / Inf, loss spikes, stalls and vanishing gradients."""
+    from vigil.logs.scalars import check_event_dir
+
+    findings = check_event_dir(run)
+    if as_json:
+        sys.stdout.write(json.dumps([f.model_dump(mode="json") for f in findings]) + "\n")
+        return
+    if not findings:
+        console.print(f"{run}: no problems found in the training scalars")
+        return
+    table = Table("step", "tag", "fault", "detail", title=f"{run}: {len(findings)} findings")
+    for f in findings:
+        table.add_row(str(f.step), Text(f.tag), f.fault_type, Text(f.detail))
+    console.print(table)
+
+
+@app.command("signatures")
+def signatures(as_json: JsonFlag = False) -> None:
+    """List the error signature library and the fault types it maps to."""
+    from vigil.logs.signatures import load_signatures
+
+    library = load_signatures()
+    if as_json:
+        sys.stdout.write(json.dumps([s.model_dump(mode="json") for s in library]) + "\n")
+        return
+    table = Table("id", "fault type", "level", "role", "description", title=f"{len(library)} signatures")
+    for s in library:
+        table.add_row(s.id, s.fault_type, s.level.label, s.role, Text(s.description))
+    console.print(table)
+
+
+class _progress:
+    """A transient Rich progress bar on stderr (silent when stderr is not a terminal)."""
+
+    def __init__(self, target: Console, total: int, label: str) -> None:
+        self.bar = Progress(TextColumn(label), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                            TimeElapsedColumn(), console=target, transient=True)
+        self.total = total
+
+    def __enter__(self) -> tuple[Progress, TaskID]:
+        self.bar.start()
+        return self.bar, self.bar.add_task("work", total=self.total or None)
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.stop()
