@@ -25,6 +25,11 @@ def _root() -> None:
 
 
 # --- verbs: each package registers its own commands here, one line each -------------------------
+from vigil.precheck.cli import inspect_command as _inspect  # noqa: E402
+from vigil.precheck.cli import precheck_command as _precheck  # noqa: E402
+
+app.command("precheck")(_precheck)
+app.command("inspect")(_inspect)
 from vigil.logs.cli import app as _logs  # noqa: E402
 
 app.add_typer(_logs, name="logs")

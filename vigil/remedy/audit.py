@@ -1,7 +1,8 @@
 """The audit log: every action Vigil proposes, refuses, skips or executes, with who / why / what / result.
 
-SQLAlchemy Core on SQLite by default (``<home>/remedy.db``), any SQLAlchemy URL otherwise. The tables
-belong to the remedy package alone (``remedy_*``), so they can share a database with other stages.
+SQLAlchemy Core on Vigil's database (``settings().database_url()``: ``<home>/vigil.db`` by default, any
+SQLAlchemy URL otherwise). The tables belong to the remedy package alone (``remedy_*``), so they share
+the file with other stages without touching their tables.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ _engines_lock = threading.Lock()
 
 
 def default_url() -> str:
-    return f"sqlite:///{settings().home / 'remedy.db'}"
+    return settings().database_url()
 
 
 def engine_for(url: str | None = None) -> Engine:

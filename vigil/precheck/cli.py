@@ -1,0 +1,129 @@
+"""`vigil precheck` and `vigil inspect`: tell good machines from bad ones before and during jobs."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from vigil.model import VigilInputError
+
+if TYPE_CHECKING:
+    from vigil.precheck.baseline import MachineVerdict
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def _baseline_path(path: Path | None) -> Path:
+    from vigil.config import settings
+
+    return path or settings().home / "precheck-baselines.json"
+
+
+def _round(nproc: int, baseline_file: Path, tolerance: float, record: bool, quick: bool) -> list[MachineVerdict]:
+    from vigil.precheck.baseline import Baselines, hardware_key, verdicts
+    from vigil.precheck.runner import CheckOptions, run_local
+
+    options = CheckOptions(allreduce_mb=2.0, memcpy_mb=16.0, matmul_n=256, repeats=3) if quick else CheckOptions()
+    with err_console.status(f"PreCheck: all-reduce, memory copy, matmul, NVML on {nproc} ranks"):
+        per_rank = run_local(nproc, options)
+    baselines = Baselines.load(baseline_file)
+    key = hardware_key(nproc)
+    if record:
+        baselines.record(key, [r for _, results in per_rank for r in results])
+        baselines.save()
+        err_console.print(f"baseline for [bold]{key}[/] written to {baseline_file}")
+    elif key not in baselines.entries:
+        err_console.print(f"[yellow]no baseline for {key} in {baseline_file}; run with --record-baseline[/]")
+    return verdicts(per_rank, baselines.entries.get(key, {}), tolerance)
+
+
+def _as_json(machines: list[MachineVerdict]) -> list[dict[str, Any]]:
+    return [machine.to_dict() for machine in machines]
+
+
+def _print(machines: list[MachineVerdict]) -> None:
+    table = Table(title="PreCheck")
+    for column in ("machine", "check", "value", "baseline", "result"):
+        table.add_column(column)
+    for machine in machines:
+        for check in machine.checks:
+            value = "-" if check.value is None else f"{check.value:.3g} {check.unit}"
+            baseline = "-" if check.baseline is None else f"{check.baseline:.3g}"
+            result = "skipped" if check.skipped else ("ok" if check.ok else "[red]FAIL[/]")
+            table.add_row(machine.host, check.name, value, baseline, f"{result} {check.detail}")
+        style = "green" if machine.verdict == "good" else "bold red"
+        table.add_row(f"[{style}]{machine.host}: {machine.verdict}[/]", ", ".join(machine.failing), "", "", "")
+    console.print(table)
+
+
+def _check_tolerance(tolerance: float) -> None:
+    if not 0 <= tolerance < 1:
+        raise VigilInputError(f"--tolerance must be in [0, 1), got {tolerance}")
+
+
+def precheck_command(
+    nproc: Annotated[int, typer.Option("--nproc", help="ranks to start (a gloo group on this machine)")] = 2,
+    baseline: Annotated[Path | None, typer.Option("--baseline", help="baseline file (JSON)")] = None,
+    record_baseline: Annotated[
+        bool, typer.Option("--record-baseline", help="store these results as the baseline for this hardware")
+    ] = False,
+    tolerance: Annotated[float, typer.Option("--tolerance", help="allowed shortfall against the baseline")] = 0.5,
+    quick: Annotated[bool, typer.Option("--quick", help="smaller sizes: a few seconds instead of ~10")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the verdicts as JSON")] = False,
+) -> None:
+    """Measure all-reduce bandwidth / latency, copy bandwidth, matmul throughput and NVML health.
+
+    Each machine gets a good / bad verdict against the stored baseline for its hardware type, naming
+    the failing checks. Exit status: 0 all good, 1 some machine bad, 2 bad input.
+    """
+    _check_tolerance(tolerance)
+    machines = _round(nproc, _baseline_path(baseline), tolerance, record_baseline, quick)
+    if as_json:
+        typer.echo(json.dumps(_as_json(machines), indent=2))
+    else:
+        _print(machines)
+    raise typer.Exit(0 if all(m.verdict == "good" for m in machines) else 1)
+
+
+def inspect_command(
+    interval: Annotated[float, typer.Option("--interval", help="seconds between inspection rounds")] = 3600.0,
+    count: Annotated[int, typer.Option("--count", help="rounds to run (0 = until interrupted)")] = 0,
+    nproc: Annotated[int, typer.Option("--nproc", help="ranks per round")] = 2,
+    baseline: Annotated[Path | None, typer.Option("--baseline", help="baseline file (JSON)")] = None,
+    tolerance: Annotated[float, typer.Option("--tolerance", help="allowed shortfall against the baseline")] = 0.5,
+    out: Annotated[Path | None, typer.Option("--out", help="append each round's verdicts here (JSON lines)")] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="smaller sizes per round")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON line per round on stdout")] = False,
+) -> None:
+    """Periodic inspection: run PreCheck every --interval seconds and report machines that turned bad."""
+    if interval <= 0:
+        raise VigilInputError(f"--interval must be positive, got {interval}")
+    _check_tolerance(tolerance)
+    done = 0
+    next_round = time.monotonic()
+    while True:
+        machines = _round(nproc, _baseline_path(baseline), tolerance, False, quick)
+        line = json.dumps({"round": done, "ts": time.time(), "machines": _as_json(machines)})
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            with out.open("a") as stream:
+                stream.write(line + "\n")
+        bad = [f"{m.host} ({', '.join(m.failing)})" for m in machines if m.verdict == "bad"]
+        if as_json:
+            typer.echo(line)
+        else:
+            err_console.print(
+                f"round {done}: " + (f"[bold red]bad: {'; '.join(bad)}[/]" if bad else "[green]all good[/]")
+            )
+        done += 1
+        if count and done >= count:
+            break
+        next_round += interval
+        time.sleep(max(0.0, next_round - time.monotonic()))
