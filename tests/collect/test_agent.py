@@ -283,3 +283,26 @@ def test_agent_keeps_a_local_history_with_tiered_retention(tmp_path) -> None:
     agg_ts, agg = agent.store.job.tier.series("gpu/n01/0", "DCGM_FI_DEV_GPU_TEMP", "mean")
     assert len(agg_ts) >= 10 and set(agg.tolist()) == {60.0}
     assert list((tmp_path / "history" / "aggregates").glob("*.vza"))
+
+
+def test_real_sources_end_to_end_xid_lands_on_the_gpu_named_by_dcgm_exporter(page_server, dcgm_page, tmp_path) -> None:
+    from vigil.collect.agent import build_sources
+
+    page_server.page = dcgm_page.encode()
+    kernel_log = tmp_path / "kern.log"
+    kernel_log.write_text("")
+    settings = fast_settings(dcgm_url=f"{page_server.url}/metrics", kmsg_file=str(kernel_log))
+    agent = Agent(build_sources(settings), settings, cpu_ratio=lambda: 0.1)
+    agent.collect_once()
+    kernel_log.write_text("[ 9.0] NVRM: Xid (PCI:0000:2a:00): 48, pid=77, name=python, DBE (0x1)\n")
+    events: list[Event] = []
+    kernel = next(r for r in agent.runners if r.name == "kernel")
+    original = agent._accept_events
+    agent._accept_events = lambda batch: (events.extend(batch), original(batch))  # type: ignore[method-assign]
+    agent.collect_once()
+    assert [(e.kind, e.entity, e.level) for e in events] == [("gpu_xid", "gpu/n01/1", FaultLevel.ISOLATE)]
+    report = agent.report()
+    assert {s["name"] for s in report["sources"]} >= {"host", "nvml", "infiniband", "dcgm", "kernel"}
+    assert any(p["metric"] == "DCGM_FI_DEV_GPU_TEMP" and p["labels"].get("pod") == "trainer" for p in report["points"])
+    assert kernel.up and agent.report()["labels"]["folded"] > 0
+    agent.close()

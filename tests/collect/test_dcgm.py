@@ -25,6 +25,7 @@ def test_scrape_real_http_page_keeps_dcgm_names(page_server, dcgm_page) -> None:
     temp = next(p for p in out.points if p.metric == "DCGM_FI_DEV_GPU_TEMP")
     assert dict(temp.labels).keys() == {"container", "namespace", "pod"}
     assert scraper.problems.total() == 0
+    assert scraper.pci_to_index == {"0000:18:00": 0, "0000:2a:00": 1}  # for Xids when NVML cannot open
     scraper.close()
 
 

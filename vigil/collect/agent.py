@@ -37,7 +37,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from vigil.collect.base import Collection, Point, Source, default_node_name
-from vigil.model import Event, VigilInputError, parse_entity
+from vigil.model import Event, FaultLevel, VigilInputError, parse_entity
 
 if TYPE_CHECKING:
     from vigil.collect.local_store import AgentStore
@@ -351,7 +351,7 @@ class Agent:
         with self._lock:
             for event in events:
                 self.events_total[(event.kind, event.level.label)] += 1
-                if event.level >= 1:
+                if event.level >= FaultLevel.DEGRADED:
                     log.warning("%s %s on %s: %s", event.level.label, event.kind, event.entity, event.message[:200])
             if self._pusher is not None:
                 self.pending_events.extend(events)
@@ -478,9 +478,17 @@ def build_sources(settings: AgentSettings) -> list[Source]:
     node = settings.node or default_node_name()
     gpus = NvmlCollector(node=node)
     sources: list[Source] = [HostCollector(node=node), gpus, InfinibandCollector(node=node)]
+    exporter_gpus: dict[str, int] = {}
     if settings.dcgm_url:
-        sources.append(DcgmExporterScraper(settings.dcgm_url, node=node, timeout_s=settings.timeout_s))
-    kernel_options: dict[str, Any] = {"node": node, "gpu_index": gpus.pci_to_index.get}
+        dcgm = DcgmExporterScraper(settings.dcgm_url, node=node, timeout_s=settings.timeout_s)
+        exporter_gpus = dcgm.pci_to_index
+        sources.append(dcgm)
+
+    def gpu_index(pci_bus: str) -> int | None:
+        index = gpus.pci_to_index.get(pci_bus)
+        return exporter_gpus.get(pci_bus) if index is None else index
+
+    kernel_options: dict[str, Any] = {"node": node, "gpu_index": gpu_index}
     if settings.kmsg_file:
         kernel: Source | None = KernelLogSource.from_file(Path(settings.kmsg_file), **kernel_options)
     else:

@@ -20,6 +20,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from vigil.collect.base import Collection, Source, default_node_name
+from vigil.collect.nvml import normalise_pci_bus
 from vigil.model import gpu_id, node_id
 
 DEFAULT_URL = "http://localhost:9400/metrics"
@@ -54,6 +55,9 @@ class DcgmExporterScraper(Source):
         self.node = node or default_node_name()
         self.timeout_s = timeout_s
         self._client = client or httpx.Client(timeout=timeout_s)
+        # PCI bus id -> GPU index from the page's labels: lets the kernel log name the GPU of an Xid on nodes
+        # where the agent itself cannot open NVML.
+        self.pci_to_index: dict[str, int] = {}
 
     def close(self) -> None:
         self._client.close()
@@ -114,5 +118,7 @@ class DcgmExporterScraper(Source):
         # is the exporter pod's name under Kubernetes, not the node's.
         gpu = labels.get("gpu", "")
         entity = gpu_id(self.node, int(gpu)) if gpu.isdigit() else node_id(self.node)
+        if gpu.isdigit() and "pci_bus_id" in labels:
+            self.pci_to_index[normalise_pci_bus(labels["pci_bus_id"])] = int(gpu)
         extra = {k: v for k, v in labels.items() if k not in IDENTITY_LABELS}
         out.add(name, entity, value, **extra)

@@ -40,16 +40,12 @@ KMSG = Path("/dev/kmsg")
 MAX_RECORDS_PER_READ = 20_000
 
 _KMSG_RECORD = re.compile(r"^(?P<prio>\d+),(?P<seq>\d+),(?P<usec>\d+),[^;]*;(?P<msg>.*)$")
-_DMESG_CTIME = re.compile(
-    r"^\[(?P<when>[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4})\] ?(?P<msg>.*)$"
-)
+_DMESG_CTIME = re.compile(r"^\[(?P<when>[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4})\] ?(?P<msg>.*)$")
 _DMESG_UPTIME = re.compile(r"^\[\s*(?P<up>\d+\.\d+)\] ?(?P<msg>.*)$")
 _DMESG_ISO = re.compile(
     r"^(?:\w+\s*:\s*\w+\s*:\s*)?(?P<when>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:,\d+)?[+-]\d\d:\d\d) (?P<msg>.*)$"
 )
-_SYSLOG = re.compile(
-    r"^(?P<when>[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d) \S+ kernel: (?:\[\s*\d+\.\d+\] )?(?P<msg>.*)$"
-)
+_SYSLOG = re.compile(r"^(?P<when>[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d) \S+ kernel: (?:\[\s*\d+\.\d+\] )?(?P<msg>.*)$")
 
 # Kernel messages other than Xids that name a fault of the catalogue: (pattern, event kind, level).
 KERNEL_PATTERNS: list[tuple[re.Pattern[str], str, FaultLevel]] = [
@@ -281,9 +277,7 @@ class KmsgReader:
                 if err.errno == errno.EPIPE:
                     # The ring buffer wrapped past us: records were overwritten before we read them.
                     if self.problems is not None:
-                        self.problems.report(
-                            "kernel records lost", "the kmsg ring buffer overwrote unread records"
-                        )
+                        self.problems.report("kernel records lost", "the kmsg ring buffer overwrote unread records")
                     continue
                 raise
             if not data:

@@ -70,9 +70,7 @@ class KubernetesSource(Source):
                 _request_timeout=10,
             )
         except Exception as err:  # the client raises ApiException, urllib3 and config errors alike
-            self.problems.report(
-                "api", f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
-            )
+            self.problems.report("api", f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
             out.status = f"Kubernetes API unavailable ({type(err).__name__})"
             return out
         self._conditions(out, now, node)

@@ -146,12 +146,8 @@ class NvmlCollector(Source):
         )
         power_mw = self._call(handle, "nvmlDeviceGetPowerUsage")
         out.add("DCGM_FI_DEV_POWER_USAGE", entity, None if power_mw is None else power_mw / 1000.0)
-        out.add(
-            "DCGM_FI_DEV_SM_CLOCK", entity, self._call(handle, "nvmlDeviceGetClockInfo", nv.NVML_CLOCK_SM)
-        )
-        out.add(
-            "DCGM_FI_DEV_MEM_CLOCK", entity, self._call(handle, "nvmlDeviceGetClockInfo", nv.NVML_CLOCK_MEM)
-        )
+        out.add("DCGM_FI_DEV_SM_CLOCK", entity, self._call(handle, "nvmlDeviceGetClockInfo", nv.NVML_CLOCK_SM))
+        out.add("DCGM_FI_DEV_MEM_CLOCK", entity, self._call(handle, "nvmlDeviceGetClockInfo", nv.NVML_CLOCK_MEM))
         out.add(
             "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
             entity,
@@ -207,9 +203,7 @@ class NvmlCollector(Source):
         sbe = self._call(
             handle, "nvmlDeviceGetRetiredPages", nv.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS
         )
-        dbe = self._call(
-            handle, "nvmlDeviceGetRetiredPages", nv.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
-        )
+        dbe = self._call(handle, "nvmlDeviceGetRetiredPages", nv.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)
         out.add("DCGM_FI_DEV_RETIRED_SBE", entity, None if sbe is None else len(sbe))
         out.add("DCGM_FI_DEV_RETIRED_DBE", entity, None if dbe is None else len(dbe))
         pending = self._call(handle, "nvmlDeviceGetRetiredPagesPendingStatus")
@@ -228,9 +222,7 @@ class NvmlCollector(Source):
         out.add("DCGM_FI_DEV_PCIE_MAX_LINK_GEN", entity, max_gen)
         out.add("DCGM_FI_DEV_PCIE_LINK_WIDTH", entity, width)
         out.add("DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH", entity, max_width)
-        out.add(
-            "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", entity, self._call(handle, "nvmlDeviceGetPcieReplayCounter")
-        )
+        out.add("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", entity, self._call(handle, "nvmlDeviceGetPcieReplayCounter"))
         # Width is the reliable downgrade signal: idle GPUs drop their link *generation* to save power, but
         # never their width; a narrower link than the slot allows is a bad riser, cable or seating.
         downgraded = width is not None and max_width is not None and 0 < width < max_width
@@ -275,9 +267,7 @@ class NvmlCollector(Source):
         for metric, total in errors.items():
             out.add(metric, entity, total)
 
-    def _collect_recovery_action(
-        self, out: Collection, now: float, index: int, entity: str, handle: Any
-    ) -> None:
+    def _collect_recovery_action(self, out: Collection, now: float, index: int, entity: str, handle: Any) -> None:
         nv = self._nvml
         field_id = getattr(nv, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
         if field_id is None:
