@@ -1,0 +1,67 @@
+"""`vigil diagnose` / `vigil launch` on bad input: one clear line, exit status 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vigil.diagnose.hang import RunEvidence, diagnose, load_run
+from vigil.diagnose.hang_source import diagnose_path
+from vigil.model import VigilInputError
+from vigil.probe.records import RankSnapshot
+
+from .hang_helpers import coll
+
+
+def vigil(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "vigil.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_diagnose_missing_path_is_one_line() -> None:
+    result = vigil("diagnose", "/nonexistent/run")
+    assert result.returncode == 2
+    assert "does not exist" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_launch_missing_script_is_one_line(tmp_path: Path) -> None:
+    result = vigil("launch", "--out", str(tmp_path / "o"), "--", str(tmp_path / "nope.py"))
+    assert result.returncode == 2
+    assert "nope.py does not exist" in result.stderr
+
+
+def test_corrupt_snapshot_names_the_file(tmp_path: Path) -> None:
+    (tmp_path / "rank0.json").write_text("{truncated")
+    with pytest.raises(VigilInputError, match="rank0.json is not valid JSON"):
+        diagnose_path(tmp_path)
+
+
+def _snapshot(rank: int, ops: list, heartbeat: float = 130.0) -> RankSnapshot:
+    return RankSnapshot(rank=rank, world_size=4, pid=1, host="h", heartbeat=heartbeat, started=90.0, ops=ops)
+
+
+def test_probe_directory_of_a_torchrun_job_is_diagnosed(tmp_path: Path) -> None:
+    # What `vigil.probe.install()` leaves under torchrun: snapshots only, no run.json, no py-spy.
+    for rank in range(4):
+        ops = [coll(1), coll(2)] if rank == 3 else [coll(1), coll(2), coll(3, state="started", t_start=110.0)]
+        snap = _snapshot(rank, ops, heartbeat=118.0 if rank == 3 else 130.0)
+        snap.stalled = rank != 3
+        data = snap.to_dict()
+        (tmp_path / f"rank{rank}.json").write_text(json.dumps(data))
+    run = load_run(tmp_path)
+    assert run.trigger == "hang"
+    diagnosis = diagnose(run)
+    assert diagnosis.verdict == "hang"
+    assert diagnosis.culprit_ranks == [3]
+    assert diagnosis.detected_after_s == pytest.approx(20.0)
+    assert any("holds the GIL" in e.summary for e in diagnosis.evidence)
+
+
+def test_finished_run_without_trigger_is_ok() -> None:
+    run = RunEvidence(world_size=2, snapshots={r: _snapshot(r, [coll(1, ranks=(0, 1))]) for r in (0, 1)},
+                      exit_codes={0: 0, 1: 0})
+    assert diagnose(run).verdict == "ok"

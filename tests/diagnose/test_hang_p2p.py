@@ -1,0 +1,89 @@
+"""P2P progress: one schema for gloo posted/done and NCCL proxy counters; ring rebuild and culprit link."""
+
+from __future__ import annotations
+
+import pytest
+
+from vigil.diagnose.p2p import P2PState, analyse, rebuild_rings, states_from_nccl_proxy, states_from_probe
+from vigil.model import VigilInputError
+from vigil.probe.records import P2P, OpRecord
+
+NSTEPS = 8
+
+
+def ring_states(world: int, fault: dict[tuple[int, str], dict[str, int]] | None = None) -> list[dict[str, int | str]]:
+    """Proxy counters of a ring on one channel, all done unless ``fault`` overrides (rank, op)."""
+    records: list[dict[str, int | str]] = []
+    for rank in range(world):
+        for op, peer in (("send", (rank + 1) % world), ("recv", (rank - 1) % world)):
+            counters = {"posted": NSTEPS, "received": NSTEPS, "transmitted": NSTEPS, "done": NSTEPS}
+            counters.update((fault or {}).get((rank, op), {}))
+            records.append({"rank": rank, "peer": peer, "op": op, "channel": 0, "opCount": 5,
+                            "nsteps": NSTEPS, **counters})
+    return records
+
+
+def test_status_letters_follow_nccl_rules() -> None:
+    assert P2PState(0, 1, "send", 1, nsteps=4, posted=4, transmitted=2, done=2).status == "G"
+    assert P2PState(0, 1, "send", 1, nsteps=4, posted=4, transmitted=4, done=2).status == "S"
+    assert P2PState(0, 1, "recv", 1, nsteps=4, posted=4, received=1, done=1).status == "R"
+    assert P2PState(0, 1, "recv", 1, nsteps=4, posted=4, received=4, transmitted=2, done=2).status == "F"
+    assert P2PState(0, 1, "recv", 1, nsteps=4, posted=4, received=4, transmitted=4, done=2).status == "G"
+    assert P2PState(0, 1, "recv", 1, nsteps=4, posted=4, received=4, transmitted=4, done=4).status == "D"
+
+
+def test_ring_is_rebuilt_from_send_edges() -> None:
+    states = states_from_nccl_proxy(ring_states(6))
+    assert rebuild_rings(states) == {0: [0, 1, 2, 3, 4, 5]}
+
+
+def test_broken_link_is_named_not_the_downstream_ranks() -> None:
+    # Link 2 -> 3 drops data: 2 transmitted everything, 3 received only 3 steps. Downstream ranks wait
+    # for GPU data (G) because their own recv is stuck; they must not be blamed.
+    fault = {
+        (2, "send"): {"done": 3},
+        (3, "recv"): {"received": 3, "transmitted": 3, "done": 3},
+        (3, "send"): {"transmitted": 3, "done": 3},
+        (4, "recv"): {"received": 3, "transmitted": 3, "done": 3},
+        (4, "send"): {"transmitted": 3, "done": 3},
+    }
+    analysis = analyse(states_from_nccl_proxy(ring_states(6, fault)))
+    assert analysis.culprit_links == [[2, 3]]
+    assert analysis.culprit_ranks == []
+
+
+def test_rank_whose_gpu_never_produces_data_is_the_culprit() -> None:
+    fault = {(1, "send"): {"transmitted": 0, "done": 0}, (2, "recv"): {"received": 0, "transmitted": 0, "done": 0}}
+    analysis = analyse(states_from_nccl_proxy(ring_states(4, fault)))
+    assert analysis.culprit_ranks == [1]
+    assert analysis.culprit_links == [[1, 2]]
+
+
+def test_missing_recv_names_receiver_and_link() -> None:
+    records = [r for r in ring_states(4, {(0, "send"): {"transmitted": NSTEPS, "done": 0}})
+               if not (r["rank"] == 1 and r["op"] == "recv")]
+    analysis = analyse(states_from_nccl_proxy(records))
+    assert analysis.culprit_ranks == [1]
+    assert analysis.culprit_links == [[0, 1]]
+
+
+def test_gloo_probe_records_map_onto_the_same_schema() -> None:
+    def op(rank: int, direction: str, peer: int, state: str) -> OpRecord:
+        return OpRecord(record_id=0, group="0", group_ranks=[0, 1, 2], kind=P2P, seq=1, op=direction,
+                        peer=peer, state=state, t_start=1.0)
+
+    ops = {
+        0: [op(0, "send", 1, "completed"), op(0, "recv", 2, "completed")],
+        1: [op(1, "send", 2, "started"), op(1, "recv", 0, "completed")],
+        2: [op(2, "send", 0, "completed")],  # rank 2 never posted its recv from 1
+    }
+    states = states_from_probe(ops)
+    assert {s.status for s in states if s.rank == 1 and s.direction == "send"} == {"S"}
+    analysis = analyse(states)
+    assert analysis.culprit_ranks == [2]
+    assert analysis.culprit_links == [[1, 2]]
+
+
+def test_bad_proxy_record_is_one_clear_error() -> None:
+    with pytest.raises(VigilInputError, match="NCCL proxy state #0"):
+        states_from_nccl_proxy([{"rank": 0, "peer": 1, "op": "bcast", "nsteps": 1}])

@@ -1,0 +1,95 @@
+"""Stack aggregation: prefix tree, equivalence classes, fork point, scale."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from vigil.diagnose.stacks import from_pyspy, load_stacks, merge_stacks
+from vigil.model import VigilInputError
+
+COMMON = ["<module> (train.py:200)", "main (train.py:150)", "train_step (train.py:90)"]
+WAITING = [*COMMON, "all_reduce (distributed/distributed_c10d.py:3252)"]
+STUCK = [*COMMON, "load_batch (data.py:40)", "acquire (threading.py:320)"]
+
+
+def synthetic(ranks: int, odd: set[int]) -> dict[int, dict[str, list[str]]]:
+    stacks = {}
+    for rank in range(ranks):
+        main = STUCK if rank in odd else WAITING
+        stacks[rank] = {"MainThread": main, "vigil-probe": ["_bootstrap (threading.py:1002)", "_watch (probe.py:1)"]}
+    return stacks
+
+
+def test_fork_point_names_odd_ranks_and_frames() -> None:
+    tree = merge_stacks(synthetic(8, {5}))
+    fork = tree.fork_points()[0]
+    assert fork.thread == "MainThread"
+    assert fork.ranks == [5]
+    assert fork.parent == "train_step (train.py:90)"
+    assert fork.frame == "load_batch (data.py:40)"
+    assert fork.majority_frame.startswith("all_reduce")
+    assert fork.majority_ranks == [0, 1, 2, 3, 4, 6, 7]
+    assert [ranks for ranks, _ in tree.classes] == [[0, 1, 2, 3, 4, 6, 7], [5]]
+
+
+def test_identical_stacks_have_no_fork() -> None:
+    assert merge_stacks(synthetic(4, set())).fork_points() == []
+
+
+def test_shorter_stack_is_a_fork_too() -> None:
+    stacks = synthetic(4, set())
+    stacks[2]["MainThread"] = COMMON
+    fork = merge_stacks(stacks).fork_points()[0]
+    assert fork.ranks == [2]
+    assert "stack ends" in fork.frame
+
+
+def test_render_lists_rank_ranges() -> None:
+    text = merge_stacks(synthetic(6, {3})).render()
+    assert "ranks [0-2,4-5]" in text
+    assert "load_batch (data.py:40)  ranks [3]" in text
+
+
+def test_ten_thousand_ranks_merge_under_a_second() -> None:
+    stacks = synthetic(10_000, {17, 4243})
+    # Line numbers vary on a share of ranks, as they do when ranks sit in different loop iterations.
+    for rank in range(0, 10_000, 7):
+        stacks[rank]["MainThread"] = [*COMMON, f"all_reduce (distributed/distributed_c10d.py:{3000 + rank % 50})"]
+    start = time.perf_counter()
+    forks = merge_stacks(stacks).fork_points()
+    elapsed = time.perf_counter() - start
+    assert elapsed < 1.0
+    assert forks[0].ranks == [17, 4243]
+    assert forks[0].frame == "load_batch (data.py:40)"
+
+
+def test_from_pyspy_reverses_and_drops_probe_wrappers() -> None:
+    dump = [
+        {
+            "thread_name": "MainThread",
+            "active": True,
+            "frames": [
+                {"name": "all_reduce", "filename": "/x/torch/distributed/distributed_c10d.py", "line": 3252},
+                {"name": "wrapper", "filename": "/repo/vigil/probe/hooks.py", "line": 120},
+                {"name": "main", "filename": "/job/train.py", "line": 10},
+            ],
+        }
+    ]
+    threads = from_pyspy(dump)
+    assert threads["MainThread"] == ["main (job/train.py:10)", "all_reduce (distributed/distributed_c10d.py:3252)"]
+
+
+def test_load_stacks_rejects_bad_files(tmp_path: Path) -> None:
+    bad = tmp_path / "stacks.json"
+    bad.write_text("{not json")
+    with pytest.raises(VigilInputError, match="not valid JSON"):
+        load_stacks(bad)
+    bad.write_text(json.dumps({"0": {"nothreads": 1}}))
+    with pytest.raises(VigilInputError, match="rank 0 has no 'threads'"):
+        load_stacks(bad)
+    with pytest.raises(VigilInputError, match="does not exist"):
+        load_stacks(tmp_path / "missing.json")

@@ -1,0 +1,110 @@
+"""The probe inside a real (one-rank) gloo process group: hooks, ring buffer, snapshot files."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from vigil.probe.hooks import ProbedWork, install_hooks, uninstall_hooks
+from vigil.probe.probe import Probe
+from vigil.probe.records import OpRecord, read_rank, read_snapshot, snapshot_path
+from vigil.probe.ring import OpRing
+
+
+@pytest.fixture()
+def probe(tmp_path: Path) -> Iterator[Probe]:
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    probe = Probe(rank=0, world_size=1, out_dir=tmp_path, hang_timeout_s=5.0)
+    install_hooks(probe)
+    try:
+        yield probe
+    finally:
+        uninstall_hooks()
+        dist.destroy_process_group()
+
+
+def test_collectives_are_recorded_with_sequence_shape_and_state(probe: Probe) -> None:
+    dist.all_reduce(torch.ones(3, 4))
+    dist.broadcast(torch.ones(2), src=0)
+    work = dist.all_reduce(torch.ones(5), async_op=True)
+    assert isinstance(work, ProbedWork)
+    work.wait()
+    dist.barrier()
+    ops = probe.ring.tail(10)
+    assert [(op.op, op.seq) for op in ops] == [("all_reduce", 1), ("broadcast", 2), ("all_reduce", 3), ("barrier", 4)]
+    assert ops[0].sizes == [[3, 4]] and ops[0].dtypes == ["float32"]
+    assert ops[1].root == 0
+    assert ops[2].is_async
+    assert all(op.state == "completed" and op.duration_s is not None for op in ops)
+    assert ops[0].group_ranks == [0]
+
+
+def test_compute_step_and_checkpoint_marks(probe: Probe) -> None:
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = probe.compute_calls
+    torch.matmul(torch.ones(2, 2), torch.ones(2, 2))
+    _ = torch.ones(2, 2) @ torch.ones(2, 2)
+    assert probe.compute_calls == before + 2
+    model(torch.ones(1, 4)).sum().backward()
+    optimizer.step()
+    assert probe.steps == 1
+    seen = []
+
+    class Recorder(io.RawIOBase):
+        def writable(self) -> bool:
+            return True
+
+        def write(self, data: bytes) -> int:  # type: ignore[override]
+            seen.append(probe.activity["kind"])
+            return len(data)
+
+    torch.save({"w": torch.ones(3)}, Recorder())
+    assert set(seen) == {"checkpoint"}
+    assert probe.activity["kind"] != "checkpoint"
+
+
+def test_snapshot_and_current_op_files(probe: Probe, tmp_path: Path) -> None:
+    dist.all_reduce(torch.ones(2))
+    probe.write_snapshot()
+    snap = read_snapshot(snapshot_path(tmp_path, 0))
+    assert snap.op_count == 1 and snap.ops[0].op == "all_reduce"
+    # An op begun after the last snapshot is still visible through the current-op file.
+    record = probe.begin_op("0", [0], "collective", "all_gather", [[2]], ["float32"])
+    merged = read_rank(tmp_path, 0)
+    assert merged.ops[-1].record_id == record.record_id
+    assert merged.ops[-1].in_flight
+    assert json.loads(snapshot_path(tmp_path, 0).read_text())["rank"] == 0
+
+
+def test_adaptive_timeout_has_a_floor(probe: Probe) -> None:
+    assert probe.timeout_for("0", "all_reduce") == 5.0
+    probe._durations[("0", "all_reduce")].extend([0.1, 3.0])
+    assert probe.timeout_for("0", "all_reduce") == pytest.approx(12.0)
+
+
+def test_uninstall_restores_torch() -> None:
+    original = dist.all_reduce
+    probe = Probe(rank=0, world_size=1, out_dir=None)
+    install_hooks(probe)
+    assert dist.all_reduce is not original
+    uninstall_hooks()
+    assert dist.all_reduce is original
+
+
+def test_ring_is_bounded() -> None:
+    ring = OpRing(capacity=3)
+    for index in range(5):
+        ring.append(OpRecord(record_id=ring.new_record_id(), group="0", group_ranks=[0], kind="collective",
+                             seq=index, op="all_reduce"))
+    assert [op.seq for op in ring.tail(10)] == [2, 3, 4]
+    assert ring.total == 5
+    with pytest.raises(ValueError):
+        OpRing(capacity=0)

@@ -1,0 +1,399 @@
+"""The hang / crash / mismatch / straggler verdict of a distributed job, with culprit and evidence.
+
+Inputs are what the probe, the supervisor and the launcher leave behind (``RunEvidence``); the same
+function serves the live supervisor and ``vigil diagnose DIR`` after the fact.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from vigil.diagnose.collectives import CollectiveFinding, match_collectives
+from vigil.diagnose.crash import RankFailure, describe_exit, error_from_log, root_failure
+from vigil.diagnose.p2p import P2PAnalysis, analyse, states_from_probe
+from vigil.diagnose.stacks import ForkPoint, RankStacks, StackTree, load_stacks, merge_stacks
+from vigil.diagnose.straggler import find_straggler
+from vigil.model import Evidence, VigilInputError, rank_id
+from vigil.probe.records import (
+    DIAGNOSIS_FILE,
+    RUN_FILE,
+    STACKS_FILE,
+    OpRecord,
+    RankSnapshot,
+    read_rank,
+    read_snapshot,
+)
+
+Verdict = Literal["ok", "hang", "crash", "mismatch", "slow"]
+HangKind = Literal["not_enqueued", "stuck_in_collective", "signature_mismatch", "process_dead", "p2p"]
+# A rank whose probe heartbeat is older than this cannot run Python: it holds the GIL or is frozen.
+STALE_HEARTBEAT_S = 2.0
+EXIT_CODES: dict[str, int] = {"ok": 0, "slow": 0, "crash": 3, "hang": 4, "mismatch": 5}
+
+
+class RankStatus(BaseModel):
+    rank: int
+    state: str
+    op: str | None = None
+    heartbeat_age_s: float | None = None
+    exit_code: int | None = None
+    top_frame: str | None = None
+
+
+class HangDiagnosis(BaseModel):
+    """What ``vigil launch`` writes to diagnosis.json and ``vigil diagnose`` prints."""
+
+    verdict: Verdict
+    culprit_ranks: list[int] = Field(default_factory=list)
+    hang_kind: HangKind | None = None
+    culprit_links: list[list[int]] = Field(default_factory=list)
+    fork_point: dict[str, Any] | None = None
+    root_error: str | None = None
+    detected_after_s: float | None = None
+    summary: str = ""
+    job: str = "local"
+    world_size: int = 0
+    source: Literal["probe", "flight_recorder"] = "probe"
+    stack_source: str = "none"
+    ranks: list[RankStatus] = Field(default_factory=list)
+    stack_classes: list[dict[str, Any]] = Field(default_factory=list)
+    stacks: dict[int, list[str]] = Field(default_factory=dict, description="main thread, outermost first")
+    evidence: list[Evidence] = Field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.verdict]
+
+
+@dataclass
+class RunEvidence:
+    """Everything known about a run at the moment of the verdict."""
+
+    world_size: int
+    snapshots: dict[int, RankSnapshot] = field(default_factory=dict)
+    exit_codes: dict[int, int | None] = field(default_factory=dict)
+    exit_times: dict[int, float] = field(default_factory=dict)
+    stopped_by_supervisor: set[int] = field(default_factory=set)
+    logs: dict[int, str] = field(default_factory=dict)
+    stacks: RankStacks = field(default_factory=dict)
+    stack_source: str = "none"
+    trigger: str | None = None
+    detected_at: float = field(default_factory=time.time)
+    heartbeat_ages: dict[int, float] = field(default_factory=dict)
+    hang_timeout_s: float = 10.0
+    job: str = "local"
+
+    def ops_by_rank(self) -> dict[int, list[OpRecord]]:
+        return {rank: snap.ops for rank, snap in self.snapshots.items()}
+
+    def last_progress(self) -> float | None:
+        if not self.snapshots:
+            return None
+        return max(snap.last_progress() for snap in self.snapshots.values())
+
+
+# ----------------------------------------------------------------------------- verdict
+
+
+def diagnose(run: RunEvidence) -> HangDiagnosis:
+    ops = run.ops_by_rank()
+    findings = match_collectives(ops, run.detected_at)
+    mismatch = next((f for f in findings if f.mismatched), None)
+    failures = _failures(run)
+    tree = merge_stacks(run.stacks) if run.stacks else None
+    forks = tree.fork_points() if tree is not None else []
+    if failures:
+        diag = _crash(run, failures, mismatch)
+    elif run.trigger in ("hang", "mismatch") or mismatch is not None:
+        diag = _hang(run, findings, mismatch, forks)
+    else:
+        diag = _finished(run, ops)
+    diag.job = run.job
+    diag.world_size = run.world_size
+    diag.stack_source = run.stack_source
+    last = run.last_progress()
+    if diag.verdict not in ("ok", "slow") and last is not None:
+        diag.detected_after_s = round(max(0.0, run.detected_at - last), 3)
+    if diag.fork_point is None and forks:
+        diag.fork_point = _pick_fork(forks, diag.culprit_ranks).to_dict()
+    diag.ranks = _rank_table(run, findings, tree)
+    diag.stacks = {r: t["MainThread"] for r, t in sorted(run.stacks.items()) if t.get("MainThread")}
+    if tree is not None:
+        diag.stack_classes = [
+            {"ranks": ranks, "main_top": (threads.get("MainThread") or ["?"])[-1]}
+            for ranks, threads in tree.classes[:8]
+        ]
+    _add_rank_evidence(run, diag)
+    return diag
+
+
+def _failures(run: RunEvidence) -> list[RankFailure]:
+    failures = []
+    for rank, code in sorted(run.exit_codes.items()):
+        if code is None or code == 0 or rank in run.stopped_by_supervisor:
+            continue
+        snap = run.snapshots.get(rank)
+        ts = run.exit_times.get(rank, run.detected_at)
+        if snap is not None and snap.error is not None:
+            failures.append(RankFailure(rank, float(snap.error["ts"]), str(snap.error["type"]),
+                                        str(snap.error["message"]), code))
+            continue
+        from_log = error_from_log(run.logs.get(rank, ""))
+        if code < 0 and (from_log is None or code == -9):
+            failures.append(RankFailure(rank, ts, "killed", describe_exit(code), code))
+        elif from_log is not None:
+            failures.append(RankFailure(rank, ts, from_log[0], from_log[1], code))
+        else:
+            failures.append(RankFailure(rank, ts, "exit", describe_exit(code), code))
+    return failures
+
+
+def _crash(run: RunEvidence, failures: list[RankFailure], mismatch: CollectiveFinding | None) -> HangDiagnosis:
+    root = root_failure(failures)
+    assert root is not None
+    cascade = [f.rank for f in failures if f is not root]
+    evidence = [_evidence(run, f.rank, f.describe(), failure=f.to_dict()) for f in failures]
+    if mismatch is not None:
+        culprits = sorted(mismatch.mismatched)
+        how = "skipped a collective" if mismatch.skipped else "disagree with the others on the collective"
+        return HangDiagnosis(
+            verdict="mismatch",
+            culprit_ranks=culprits,
+            hang_kind="signature_mismatch",
+            root_error=root.describe(),
+            summary=f"mismatch: rank(s) {culprits} {how}: {mismatch.describe()}; the job crashed "
+            f"({root.describe()})",
+            evidence=[_evidence(run, culprits[0], mismatch.describe(), skipped=mismatch.skipped), *evidence],
+        )
+    kind: HangKind | None = "process_dead" if root.kind == "killed" else None
+    tail = f"; ranks {cascade} failed after it" if cascade else ""
+    return HangDiagnosis(
+        verdict="crash",
+        culprit_ranks=[root.rank],
+        hang_kind=kind,
+        root_error=root.describe(),
+        summary=f"crash: {root.describe()}{tail}",
+        evidence=evidence,
+    )
+
+
+def _hang(
+    run: RunEvidence,
+    findings: list[CollectiveFinding],
+    mismatch: CollectiveFinding | None,
+    forks: list[ForkPoint],
+) -> HangDiagnosis:
+    evidence = [_evidence(run, _first_rank(f), f.describe(), group=f.group, seq=f.seq) for f in findings]
+    if mismatch is not None and not mismatch.missing:
+        return HangDiagnosis(
+            verdict="mismatch",
+            culprit_ranks=sorted(mismatch.mismatched),
+            hang_kind="signature_mismatch",
+            summary=f"mismatch: {mismatch.describe()}",
+            evidence=evidence,
+        )
+    p2p = analyse(states_from_probe(run.ops_by_rank()))
+    stale = sorted(r for r, age in run.heartbeat_ages.items() if age > STALE_HEARTBEAT_S)
+    primary = findings[0] if findings else None
+    culprits: list[int]
+    kind: HangKind
+    if p2p.links and _p2p_explains(p2p, primary):
+        culprits, kind = p2p.culprit_ranks, "p2p"
+        what = "; ".join(link.reason for link in p2p.links)
+        evidence += [_evidence(run, link.culprit if link.culprit is not None else link.src, link.reason,
+                               **link.to_dict()) for link in p2p.links]
+        summary = f"hang in point-to-point traffic: {what}"
+    elif primary is not None and primary.missing:
+        culprits, kind = primary.missing, "not_enqueued"
+        summary = (
+            f"hang: rank(s) {primary.missing} never entered {primary.op} #{primary.seq} of group "
+            f"{primary.group!r}; {len(primary.waiting)} rank(s) waited {primary.oldest_wait_s:.1f} s"
+        )
+    elif primary is not None:
+        odd = [r for r in primary.waiting if r in stale] or _fork_ranks(forks, primary.waiting)
+        culprits, kind = odd, "stuck_in_collective"
+        summary = f"hang inside {primary.op} #{primary.seq} of group {primary.group!r}: every rank entered it"
+    else:
+        culprits, kind = stale or _fork_ranks(forks, sorted(run.snapshots)), "not_enqueued"
+        summary = "hang: no communication progress and no collective in flight"
+    fork = _pick_fork(forks, culprits) if forks else None
+    if fork is not None:
+        summary += f"; culprit stack leaves the others at {fork.frame}"
+    return HangDiagnosis(
+        verdict="hang",
+        culprit_ranks=sorted(culprits),
+        hang_kind=kind,
+        culprit_links=p2p.culprit_links if kind == "p2p" else [],
+        fork_point=fork.to_dict() if fork is not None else None,
+        summary=summary,
+        evidence=evidence,
+    )
+
+
+def _p2p_explains(p2p: P2PAnalysis, primary: CollectiveFinding | None) -> bool:
+    """P2P findings win when the ranks missing from the collective are the ones blocked in p2p."""
+    if primary is None or not primary.missing:
+        return True
+    return all(rank in p2p.waiting or rank in p2p.culprit_ranks for rank in primary.missing)
+
+
+def _finished(run: RunEvidence, ops: dict[int, list[OpRecord]]) -> HangDiagnosis:
+    straggler = find_straggler(ops)
+    if straggler is None:
+        return HangDiagnosis(verdict="ok", summary="ok: every rank finished")
+    return HangDiagnosis(
+        verdict="slow",
+        culprit_ranks=[straggler.rank],
+        summary=f"slow: {straggler.describe()}",
+        evidence=[_evidence(run, straggler.rank, straggler.describe(), last_share=straggler.last_share,
+                            median_lag_s=straggler.median_lag_s)],
+    )
+
+
+def _fork_ranks(forks: list[ForkPoint], among: list[int]) -> list[int]:
+    for fork in forks:
+        odd = [r for r in fork.ranks if r in among]
+        if odd:
+            return odd
+    return []
+
+
+def _pick_fork(forks: list[ForkPoint], culprits: list[int]) -> ForkPoint:
+    for fork in forks:
+        if set(fork.ranks) & set(culprits):
+            return fork
+    return forks[0]
+
+
+def _first_rank(finding: CollectiveFinding) -> int:
+    return (finding.missing or finding.waiting or finding.members or [0])[0]
+
+
+def _evidence(run: RunEvidence, rank: int, summary: str, **attrs: Any) -> Evidence:
+    return Evidence(kind="hang", entity=rank_id(run.job, rank), ts=run.detected_at, summary=summary[:4000],
+                    attrs=attrs)
+
+
+def _rank_table(run: RunEvidence, findings: list[CollectiveFinding], tree: StackTree | None) -> list[RankStatus]:
+    rows = []
+    for rank in range(run.world_size):
+        snap = run.snapshots.get(rank)
+        in_flight = [op for op in snap.ops if op.in_flight] if snap else []
+        code = run.exit_codes.get(rank)
+        if code is not None and rank not in run.stopped_by_supervisor:
+            state = "finished" if code == 0 else describe_exit(code)
+        elif in_flight:
+            state = "in communication"
+        elif snap is not None and snap.activity.get("kind") == "checkpoint":
+            state = "saving checkpoint"
+        elif snap is not None and snap.last_compute and run.detected_at - snap.last_compute < 1.0:
+            state = "in compute"
+        else:
+            state = "outside communication"
+        top = None
+        threads = run.stacks.get(rank)
+        if threads and threads.get("MainThread"):
+            top = threads["MainThread"][-1]
+        rows.append(
+            RankStatus(
+                rank=rank,
+                state=state,
+                op=f"{in_flight[-1].op} #{in_flight[-1].seq}" if in_flight else None,
+                heartbeat_age_s=round(run.heartbeat_ages[rank], 2) if rank in run.heartbeat_ages else None,
+                exit_code=code,
+                top_frame=top,
+            )
+        )
+    return rows
+
+
+def _add_rank_evidence(run: RunEvidence, diag: HangDiagnosis) -> None:
+    for rank in diag.culprit_ranks:
+        age = run.heartbeat_ages.get(rank)
+        if age is not None and age > STALE_HEARTBEAT_S:
+            diag.evidence.append(_evidence(
+                run, rank,
+                f"rank {rank}'s probe heartbeat stopped {age:.1f} s before the verdict: the process "
+                "holds the GIL (stuck in C code) or is frozen", heartbeat_age_s=age))
+        threads = run.stacks.get(rank)
+        if threads and threads.get("MainThread"):
+            diag.evidence.append(_evidence(
+                run, rank, f"rank {rank} main thread ({run.stack_source}): "
+                + " <- ".join(reversed(threads["MainThread"][-6:])), frames=threads["MainThread"]))
+        snap = run.snapshots.get(rank)
+        if snap is not None and snap.last_compute and run.detected_at - snap.last_compute < 1.0:
+            diag.evidence.append(_evidence(
+                run, rank, f"rank {rank} is still computing ({snap.compute_calls} matmul calls) but not "
+                "communicating: stuck in compute", compute_calls=snap.compute_calls))
+
+
+# ----------------------------------------------------------------------------- on disk
+
+
+def load_run(directory: Path) -> RunEvidence:
+    """Rebuild the evidence of a `vigil launch` run directory (or a probe directory of a torchrun job)."""
+    if not directory.is_dir():
+        raise VigilInputError(f"{directory} is not a directory")
+    meta: dict[str, Any] = {}
+    run_file = directory / RUN_FILE
+    if run_file.exists():
+        try:
+            meta = json.loads(run_file.read_text())
+        except json.JSONDecodeError as err:
+            raise VigilInputError(f"{run_file} is not valid JSON: {err.msg} at line {err.lineno}") from None
+        if not isinstance(meta, dict):
+            raise VigilInputError(f"{run_file}: expected a JSON object")
+    snapshots = {}
+    for path in sorted(directory.glob("rank*.json")):
+        rank = read_snapshot(path).rank
+        snapshots[rank] = read_rank(directory, rank)
+    if not snapshots:
+        raise VigilInputError(f"{directory} holds no rank<R>.json probe snapshots and no run.json")
+    world = int(meta.get("world_size") or max(s.world_size for s in snapshots.values()))
+    detected_at = float(meta.get("detected_at") or max(s.heartbeat for s in snapshots.values()))
+    stacks: RankStacks = {}
+    stack_source = "none"
+    if (directory / STACKS_FILE).exists():
+        stacks = load_stacks(directory / STACKS_FILE)
+        stack_source = str(meta.get("stack_source", "py-spy"))
+    else:
+        from vigil.diagnose.stacks import from_python_stacks
+
+        stacks = {r: from_python_stacks(s.stacks) for r, s in snapshots.items() if s.stacks}
+        stack_source = "probe" if stacks else "none"
+    logs = {}
+    for rank in range(world):
+        log = directory / f"rank{rank}.log"
+        if log.exists():
+            logs[rank] = log.read_text(errors="replace")[-20000:]
+    heartbeat_ages = {r: max(0.0, detected_at - s.heartbeat) for r, s in snapshots.items() if not s.finished}
+    trigger = meta.get("trigger")
+    if trigger is None and any(s.stalled for s in snapshots.values()):
+        trigger = "hang"
+    return RunEvidence(
+        world_size=world,
+        snapshots=snapshots,
+        exit_codes={int(k): v for k, v in meta.get("exit_codes", {}).items()},
+        exit_times={int(k): float(v) for k, v in meta.get("exit_times", {}).items()},
+        stopped_by_supervisor=set(meta.get("stopped_by_supervisor", [])),
+        logs=logs,
+        stacks=stacks,
+        stack_source=stack_source,
+        trigger=trigger,
+        detected_at=detected_at,
+        heartbeat_ages={int(k): float(v) for k, v in meta.get("heartbeat_ages", {}).items()} or heartbeat_ages,
+        hang_timeout_s=float(meta.get("hang_timeout_s", 10.0)),
+        job=str(meta.get("job", "local")),
+    )
+
+
+def write_diagnosis(directory: Path, diag: HangDiagnosis) -> Path:
+    path = directory / DIAGNOSIS_FILE
+    path.write_text(diag.model_dump_json(indent=2))
+    return path

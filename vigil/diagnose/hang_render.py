@@ -1,0 +1,37 @@
+"""A short human summary of a diagnosis (Rich)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from vigil.diagnose.hang import HangDiagnosis
+
+_STYLE = {"ok": "green", "slow": "yellow", "hang": "red", "crash": "red", "mismatch": "red"}
+
+
+def print_diagnosis(diagnosis: HangDiagnosis, console: Console) -> None:
+    style = _STYLE.get(diagnosis.verdict, "white")
+    console.print(f"[bold {style}]{diagnosis.verdict.upper()}[/] {diagnosis.summary}", highlight=False)
+    if diagnosis.culprit_ranks:
+        console.print(f"culprit rank(s): {diagnosis.culprit_ranks}  kind: {diagnosis.hang_kind}")
+    if diagnosis.culprit_links:
+        console.print(f"culprit link(s): {diagnosis.culprit_links}")
+    if diagnosis.root_error:
+        console.print(f"root error: {diagnosis.root_error}", highlight=False)
+    if diagnosis.fork_point:
+        fork = diagnosis.fork_point
+        console.print(
+            f"fork point ({fork['thread']}): after {fork['parent']}, ranks {fork['ranks']} go to "
+            f"{fork['frame']} while ranks {fork['majority_ranks']} go to {fork['majority_frame']}",
+            highlight=False,
+        )
+    if diagnosis.detected_after_s is not None:
+        console.print(f"detected {diagnosis.detected_after_s:.1f} s after the job's last progress")
+    if diagnosis.ranks:
+        table = Table("rank", "state", "op", "heartbeat age (s)", "top frame")
+        for row in diagnosis.ranks:
+            mark = "[bold red]*[/]" if row.rank in diagnosis.culprit_ranks else ""
+            age = "" if row.heartbeat_age_s is None else f"{row.heartbeat_age_s:.1f}"
+            table.add_row(f"{row.rank}{mark}", row.state, row.op or "", age, row.top_frame or "")
+        console.print(table)

@@ -1,0 +1,75 @@
+"""Straggler detection from collective wait times, without comparing clocks across hosts.
+
+In a synchronous collective the last rank to arrive waits the least. A rank that arrives last in
+most recent collectives, by a margin that matters next to the step time, is the straggler.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from dataclasses import dataclass
+
+from vigil.diagnose.collectives import collective_ops
+from vigil.probe.records import OpRecord
+
+
+@dataclass
+class StragglerFinding:
+    rank: int
+    last_share: float
+    collectives: int
+    median_lag_s: float
+    median_wait_others_s: float
+
+    def describe(self) -> str:
+        return (
+            f"rank {self.rank} arrived last in {self.last_share:.0%} of {self.collectives} collectives; "
+            f"its peers waited a median {self.median_lag_s * 1000:.0f} ms longer for it"
+        )
+
+
+def find_straggler(
+    ops_by_rank: dict[int, list[OpRecord]],
+    window: int = 30,
+    min_collectives: int = 8,
+    min_share: float = 0.7,
+    min_lag_s: float = 0.05,
+) -> StragglerFinding | None:
+    """The consistently-last rank over the last ``window`` completed collectives that made ranks wait."""
+    last_counts: Counter[int] = Counter()
+    lags: dict[int, list[float]] = {}
+    others_waits: list[float] = []
+    counted = 0
+    for table in collective_ops(ops_by_rank).values():
+        ranks = sorted(table)
+        if len(ranks) < 2:
+            continue
+        common = sorted(set.intersection(*(set(table[r]) for r in ranks)))
+        done = [s for s in common if all(table[r][s].state == "completed" for r in ranks)]
+        for seq in done[-window:]:
+            waits = {r: table[r][seq].duration_s or 0.0 for r in ranks}
+            last = min(waits, key=lambda r: waits[r])
+            others = [w for r, w in waits.items() if r != last]
+            lag = statistics.median(others) - waits[last]
+            # Collectives everyone reaches together say nothing about who is slow.
+            if lag < min_lag_s:
+                continue
+            last_counts[last] += 1
+            lags.setdefault(last, []).append(lag)
+            others_waits.extend(others)
+            counted += 1
+    if counted < min_collectives or not last_counts:
+        return None
+    rank, count = last_counts.most_common(1)[0]
+    share = count / counted
+    lag = statistics.median(lags[rank])
+    if share < min_share:
+        return None
+    return StragglerFinding(
+        rank=rank,
+        last_share=share,
+        collectives=counted,
+        median_lag_s=lag,
+        median_wait_others_s=statistics.median(others_waits) if others_waits else 0.0,
+    )
