@@ -173,6 +173,7 @@ def test_prometheus_exposition_over_http() -> None:
             out = Collection()
             out.add("DCGM_FI_DEV_GPU_TEMP", "gpu/n01/0", 61, pod="trainer-7d9f8c6b5-x2x9z")
             out.add("DCGM_FI_DEV_GPU_TEMP", "gpu/n01/1", 83, pod="trainer-7d9f8c6b5-q8w4m")
+            out.add("DCGM_FI_DEV_POWER_USAGE", "gpu/n01/1", 400, node="spoofed", gpu="7")
             out.add("DCGM_FI_DEV_XID_ERRORS", "gpu/n01/1", 79, err_msg="GPU has fallen off the bus")
             out.events.append(Event(ts=now, entity="gpu/n01/1", kind="gpu_xid", level=FaultLevel.ISOLATE))
             return out
@@ -191,6 +192,7 @@ def test_prometheus_exposition_over_http() -> None:
     }
     assert samples[("DCGM_FI_DEV_GPU_TEMP", (("gpu", "1"), ("node", "n01"), ("pod", "trainer")))] == 83
     assert samples[("DCGM_FI_DEV_XID_ERRORS", (("gpu", "1"), ("node", "n01")))] == 79
+    assert samples[("DCGM_FI_DEV_POWER_USAGE", (("gpu", "1"), ("node", "n01")))] == 400
     assert samples[("vigil_agent_source_up", (("source", "broken"),))] == 0
     assert samples[("vigil_agent_events_total", (("kind", "gpu_xid"), ("level", "isolate")))] == 1
     assert samples[("vigil_agent_labels_total", (("outcome", "refused"),))] == 1

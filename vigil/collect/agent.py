@@ -526,7 +526,8 @@ class AgentExposition(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         series: dict[str, dict[tuple[tuple[str, str], ...], float]] = defaultdict(lambda: defaultdict(float))
         for point in self.agent.points():
-            labels = tuple(sorted({**entity_labels(point.entity), **dict(point.labels)}.items()))
+            # The entity's own node / gpu / nic labels win over a source's labels of the same name.
+            labels = tuple(sorted({**dict(point.labels), **entity_labels(point.entity)}.items()))
             series[point.metric][labels] += point.value
         for metric, values in sorted(series.items()):
             names = sorted({name for labels in values for name, _ in labels})
