@@ -25,6 +25,11 @@ def _root() -> None:
 
 
 # --- verbs: each package registers its own commands here, one line each -------------------------
+from vigil.diagnose.rca_cli import kb_app as _kb  # noqa: E402
+from vigil.diagnose.rca_cli import rca_app as _rca  # noqa: E402
+
+app.add_typer(_kb, name="kb")
+app.add_typer(_rca, name="rca")
 from vigil.precheck.cli import inspect_command as _inspect  # noqa: E402
 from vigil.precheck.cli import precheck_command as _precheck  # noqa: E402
 
