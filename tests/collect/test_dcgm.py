@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import logging
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.collect.conftest import FIXTURES
 from vigil.collect.dcgm import DcgmExporterScraper
+
+FIXTURE = FIXTURES / "dcgm_exporter_page.txt"
 
 
 def by_key(collection) -> dict[tuple[str, str], float]:
@@ -74,3 +81,37 @@ def test_hostile_hostname_label_cannot_change_the_entity(dcgm_page) -> None:
     hostile = dcgm_page.replace('Hostname="dcgm-exporter-x7k2p"', 'Hostname="../../etc node/evil"')
     out = DcgmExporterScraper("http://unused", node="n07").parse_page(hostile)
     assert {p.entity for p in out.points} == {"gpu/n07/0", "gpu/n07/1"}
+
+
+def test_simulated_exporter_page_round_trips_the_simulator_values() -> None:
+    import numpy as np
+
+    from vigil.serve.dcgm import render_dcgm
+    from vigil.sim import SimConfig, simulate
+
+    run = simulate(SimConfig(nodes=1, gpus=8, minutes=1, seed=5))
+    frame = next(f for f in next(iter(run.ticks())).frames if f.family == "gpu")
+    node = frame.entities[0].split("/")[1]
+    out = DcgmExporterScraper("http://unused", node=node).parse_page(render_dcgm(frame, run.topology))
+    got = {(p.metric, p.entity): p.value for p in out.points}
+    checked = 0
+    for i, entity in enumerate(frame.entities):
+        for j, metric in enumerate(frame.metrics):
+            value = float(frame.values[i, j])
+            if metric.startswith("DCGM_") and not np.isnan(value):
+                assert got[(metric, entity)] == pytest.approx(value, rel=1e-6), metric
+                checked += 1
+    assert checked >= 8 * 25
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_any_mangling_of_a_page_never_raises(data: st.DataObject) -> None:
+    page = (FIXTURE).read_text()
+    cut = data.draw(st.integers(0, len(page)))
+    junk = data.draw(st.text(max_size=40))
+    where = data.draw(st.integers(0, cut))
+    mangled = page[:where] + junk + page[where:cut]
+    scraper = DcgmExporterScraper("http://unused", node="n07")
+    out = scraper.parse_page(mangled)
+    assert all(p.entity.startswith(("gpu/n07/", "node/n07")) for p in out.points)

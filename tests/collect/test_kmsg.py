@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from vigil.collect.kmsg import JournalReader, KernelLineParser, KernelLogSource, KmsgReader
 from vigil.model import FaultLevel
@@ -191,3 +193,13 @@ def test_real_dev_kmsg_reads_records_without_blocking() -> None:
     # the second read returns only records written since (usually none): never the same ones again
     assert all(int(r.split(",")[1]) > last_seq for r in reader.read())
     reader.close()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=300))
+def test_any_kernel_line_decodes_without_raising(line: str) -> None:
+    kernel = source([])
+    event = kernel.decode(line, 1.0)
+    assert event is None or event.entity.startswith(("node/n01", "gpu/n01/"))
+    xid_line = kernel.decode(f"[ 1.0] NVRM: Xid (PCI:0000:18:00): {line}", 1.0)
+    assert xid_line is None or xid_line.kind == "gpu_xid"

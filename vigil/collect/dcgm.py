@@ -54,15 +54,19 @@ class DcgmExporterScraper(Source):
         self.url = url
         self.node = node or default_node_name()
         self.timeout_s = timeout_s
-        self._client = client or httpx.Client(timeout=timeout_s)
+        # Created on first scrape: building an httpx client (its TLS context) costs tens of milliseconds.
+        self._client = client
         # PCI bus id -> GPU index from the page's labels: lets the kernel log name the GPU of an Xid on nodes
         # where the agent itself cannot open NVML.
         self.pci_to_index: dict[str, int] = {}
 
     def close(self) -> None:
-        self._client.close()
+        if self._client is not None:
+            self._client.close()
 
     def collect(self, now: float) -> Collection:
+        if self._client is None:
+            self._client = httpx.Client(timeout=self.timeout_s)
         try:
             response = self._client.get(self.url)
             response.raise_for_status()
