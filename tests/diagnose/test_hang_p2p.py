@@ -87,3 +87,19 @@ def test_gloo_probe_records_map_onto_the_same_schema() -> None:
 def test_bad_proxy_record_is_one_clear_error() -> None:
     with pytest.raises(VigilInputError, match="NCCL proxy state #0"):
         states_from_nccl_proxy([{"rank": 0, "peer": 1, "op": "bcast", "nsteps": 1}])
+
+
+def test_tree_broadcast_stall_names_the_edge() -> None:
+    # Tree 0 -> {1, 2}, 1 -> {3, 4}: the 1 -> 4 edge stalls; 3 and the other edges are fine.
+    edges = [(0, 1), (0, 2), (1, 3), (1, 4)]
+    records: list[dict[str, int | str]] = []
+    for src, dst in edges:
+        stuck = (src, dst) == (1, 4)
+        records.append({"rank": src, "peer": dst, "op": "send", "nsteps": NSTEPS, "posted": NSTEPS,
+                        "transmitted": NSTEPS, "done": 2 if stuck else NSTEPS, "opCount": 9})
+        records.append({"rank": dst, "peer": src, "op": "recv", "nsteps": NSTEPS, "posted": NSTEPS,
+                        "received": 2 if stuck else NSTEPS, "transmitted": 2 if stuck else NSTEPS,
+                        "done": 2 if stuck else NSTEPS, "opCount": 9})
+    analysis = analyse(states_from_nccl_proxy(records))
+    assert analysis.culprit_links == [[1, 4]]
+    assert analysis.waiting == {4: 1}

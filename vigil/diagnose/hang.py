@@ -7,6 +7,7 @@ function serves the live supervisor and ``vigil diagnose DIR`` after the fact.
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,8 @@ class RankStatus(BaseModel):
     heartbeat_age_s: float | None = None
     exit_code: int | None = None
     top_frame: str | None = None
+    median_step_s: float | None = None
+    mean_comm_wait_s: float | None = None
 
 
 class HangDiagnosis(BaseModel):
@@ -288,6 +291,8 @@ def _rank_table(run: RunEvidence, findings: list[CollectiveFinding], tree: Stack
         code = run.exit_codes.get(rank)
         if code is not None and rank not in run.stopped_by_supervisor:
             state = "finished" if code == 0 else describe_exit(code)
+        elif run.heartbeat_ages.get(rank, 0.0) > STALE_HEARTBEAT_S:
+            state = "frozen (holds the GIL)"
         elif in_flight:
             state = "in communication"
         elif snap is not None and snap.activity.get("kind") == "checkpoint":
@@ -300,6 +305,7 @@ def _rank_table(run: RunEvidence, findings: list[CollectiveFinding], tree: Stack
         threads = run.stacks.get(rank)
         if threads and threads.get("MainThread"):
             top = threads["MainThread"][-1]
+        waits = [d for op in (snap.ops if snap else []) if (d := op.duration_s) is not None]
         rows.append(
             RankStatus(
                 rank=rank,
@@ -308,6 +314,8 @@ def _rank_table(run: RunEvidence, findings: list[CollectiveFinding], tree: Stack
                 heartbeat_age_s=round(run.heartbeat_ages[rank], 2) if rank in run.heartbeat_ages else None,
                 exit_code=code,
                 top_frame=top,
+                median_step_s=round(statistics.median(snap.step_times), 4) if snap and snap.step_times else None,
+                mean_comm_wait_s=round(statistics.fmean(waits), 4) if waits else None,
             )
         )
     return rows

@@ -29,9 +29,11 @@ def print_diagnosis(diagnosis: HangDiagnosis, console: Console) -> None:
     if diagnosis.detected_after_s is not None:
         console.print(f"detected {diagnosis.detected_after_s:.1f} s after the job's last progress")
     if diagnosis.ranks:
-        table = Table("rank", "state", "op", "heartbeat age (s)", "top frame")
+        table = Table("rank", "state", "op", "heartbeat age (s)", "step (ms)", "comm wait (ms)", "top frame")
         for row in diagnosis.ranks:
             mark = "[bold red]*[/]" if row.rank in diagnosis.culprit_ranks else ""
             age = "" if row.heartbeat_age_s is None else f"{row.heartbeat_age_s:.1f}"
-            table.add_row(f"{row.rank}{mark}", row.state, row.op or "", age, row.top_frame or "")
+            step = "" if row.median_step_s is None else f"{row.median_step_s * 1000:.0f}"
+            wait = "" if row.mean_comm_wait_s is None else f"{row.mean_comm_wait_s * 1000:.1f}"
+            table.add_row(f"{row.rank}{mark}", row.state, row.op or "", age, step, wait, row.top_frame or "")
         console.print(table)

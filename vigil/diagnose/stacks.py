@@ -223,9 +223,14 @@ def from_pyspy(dump: list[dict[str, Any]], include_idle_threads: bool = True) ->
             for f in reversed(thread["frames"])
             if not _is_noise(str(f.get("filename", "")))
         ]
-        name = str(thread.get("thread_name") or thread.get("thread_id"))
+        name = thread.get("thread_name")
+        if not name:
+            # py-spy only knows names of threads the threading module has seen; the main thread's
+            # OS id is the process id.
+            is_main = thread.get("os_thread_id") is not None and thread.get("os_thread_id") == thread.get("pid")
+            name = MAIN_THREAD if is_main else str(thread.get("thread_id"))
         if include_idle_threads or thread.get("active"):
-            threads[_unique(threads, name)] = frames
+            threads[_unique(threads, str(name))] = frames
     return threads
 
 
