@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
+from vigil.diagnose.hang_source import diagnose_path
 from vigil.diagnose.p2p import P2PState, analyse, rebuild_rings, states_from_nccl_proxy, states_from_probe
 from vigil.model import VigilInputError
 from vigil.probe.records import P2P, OpRecord
@@ -103,3 +107,17 @@ def test_tree_broadcast_stall_names_the_edge() -> None:
     analysis = analyse(states_from_nccl_proxy(records))
     assert analysis.culprit_links == [[1, 4]]
     assert analysis.waiting == {4: 1}
+
+
+def test_vigil_diagnose_reads_a_proxy_state_file(tmp_path: Path) -> None:
+    fault = {(1, "send"): {"transmitted": 0, "done": 0}, (2, "recv"): {"received": 0, "transmitted": 0, "done": 0}}
+    path = tmp_path / "proxy.json"
+    path.write_text(json.dumps({"nccl_proxy": ring_states(4, fault)}))
+    diagnosis = diagnose_path(path)
+    assert (diagnosis.verdict, diagnosis.hang_kind, diagnosis.culprit_ranks) == ("hang", "p2p", [1])
+    assert "0 -> 1 -> 2 -> 3" in diagnosis.summary
+    path.write_text(json.dumps({"nccl_proxy": ring_states(4)}))
+    assert diagnose_path(path).verdict == "ok"
+    path.write_text("[{")
+    with pytest.raises(VigilInputError, match="not valid JSON"):
+        diagnose_path(path)
