@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from vigil.collect.agent import AgentSettings
+
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "collect"
 
 
@@ -60,3 +62,16 @@ def page_server() -> Iterator[PageServer]:
 @pytest.fixture
 def dcgm_page() -> str:
     return (FIXTURES / "dcgm_exporter_page.txt").read_text()
+
+
+def fast_settings(**overrides: object) -> AgentSettings:
+    base: dict[str, object] = {
+        "node": "n01",
+        "intervals": {"host": 0.1, "gpu": 0.1, "network": 0.1, "kernel": 0.1},
+        "timeout_s": 0.3,
+        "load_check_s": 0.05,
+        "port": 0,
+        "dcgm_url": "",
+    }
+    base.update(overrides)
+    return AgentSettings(**base)  # type: ignore[arg-type]

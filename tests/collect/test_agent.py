@@ -12,7 +12,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
-from vigil.collect.agent import Agent, AgentSettings, LabelGuard
+from tests.collect.conftest import fast_settings
+from vigil.collect.agent import Agent, LabelGuard
 from vigil.collect.base import Collection, Source
 from vigil.model import Event, FaultLevel
 
@@ -64,19 +65,6 @@ def wait_for(condition: Callable[[], bool], timeout_s: float = 20.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached before the deadline")
         time.sleep(0.02)
-
-
-def fast_settings(**overrides: object) -> AgentSettings:
-    base: dict[str, object] = {
-        "node": "n01",
-        "intervals": {"host": 0.1, "gpu": 0.1, "network": 0.1, "kernel": 0.1},
-        "timeout_s": 0.3,
-        "load_check_s": 0.05,
-        "port": 0,
-        "dcgm_url": "",
-    }
-    base.update(overrides)
-    return AgentSettings(**base)  # type: ignore[arg-type]
 
 
 def test_a_hung_source_never_stops_the_others() -> None:
