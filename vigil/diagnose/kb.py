@@ -116,6 +116,7 @@ class KnowledgeBase:
     _any_signature: re.Pattern[str] | None = field(default=None, repr=False)
     _by_shape: dict[str, list[Signature]] = field(default_factory=dict, repr=False)
     _digit_signatures: list[Signature] = field(default_factory=list, repr=False)
+    _any_digit_signature: re.Pattern[str] = field(default_factory=lambda: re.compile(""), repr=False)
 
     def __post_init__(self) -> None:
         self._index()
@@ -165,6 +166,11 @@ class KnowledgeBase:
             except re.error:  # a pattern with inline global flags cannot be nested: search one by one
                 self._any_signature = re.compile("")
             self._digit_signatures = [s for s in self.signatures.values() if _has_digit(s)]
+            try:
+                self._any_digit_signature = re.compile(
+                    "|".join(f"(?:{s.pattern.pattern})" for s in self._digit_signatures) or "(?!)", re.IGNORECASE)
+            except re.error:
+                self._any_digit_signature = re.compile("")
         if not self._any_signature.search(line):
             return []
         # Lines that differ only in digit values (rank numbers, addresses, counters) match the same
@@ -176,6 +182,8 @@ class KnowledgeBase:
             if len(self._by_shape) < 4096:
                 self._by_shape[shape] = [s for s in found if not _has_digit(s)]
             return found
+        if not self._any_digit_signature.search(line):
+            return list(known)
         return known + [s for s in self._digit_signatures if s.pattern.search(line)]
 
     def summary(self) -> dict[str, Any]:

@@ -69,6 +69,8 @@ class KnowledgeGraph:
     _names: list[str] = field(default_factory=list, repr=False)
     _walk: sparse.csr_matrix | None = field(default=None, repr=False)
     _behind: dict[str, set[str]] = field(default_factory=dict, repr=False)
+    _impact_preds: dict[str, list[tuple[str, float]]] | None = field(default=None, repr=False)
+    _reach: dict[tuple[str, int], dict[str, float]] = field(default_factory=dict, repr=False)
 
     # ------------------------------------------------------------------ building
 
@@ -120,7 +122,8 @@ class KnowledgeGraph:
             gpu, nic = gpu_id(node_name, gpu_index), nic_id(node_name, nic_name)
             if gpu in self.graph and nic in self.graph:
                 self.graph.add_edge(nic, gpu, rel="rail", impact=0.9)
-        self._walk = None
+        self._walk, self._impact_preds = None, None
+        self._reach.clear()
 
     def _add_knowledge(self) -> None:
         graph = self.graph
@@ -150,22 +153,28 @@ class KnowledgeGraph:
 
     def causes_of(self, entity: str, max_depth: int = 5) -> dict[str, float]:
         """Entities whose fault can show at ``entity``, with the strongest impact along any path (incl. itself)."""
+        cached = self._reach.get((entity, max_depth))
+        if cached is not None:
+            return cached
+        if self._impact_preds is None:
+            self._impact_preds = {}
+            for source, target, data in self.graph.edges(data=True):
+                if "impact" in data and self.graph.nodes[source].get("kind") != "nvlink":
+                    self._impact_preds.setdefault(target, []).append((source, float(data["impact"])))
+        preds = self._impact_preds
         reach = {entity: 1.0}
         frontier = deque([(entity, 1.0, 0)])
         while frontier:
             current, strength, depth = frontier.popleft()
             if depth >= max_depth:
                 continue
-            for source in self.graph.predecessors(current):
-                data = self.graph.edges[source, current]
-                if "impact" not in data:
-                    continue
-                value = strength * float(data["impact"])
-                if self.graph.nodes[source].get("kind") == "nvlink":
-                    continue
+            for source, impact in preds.get(current, ()):
+                value = strength * impact
                 if value > reach.get(source, 0.0):
                     reach[source] = value
                     frontier.append((source, value, depth + 1))
+        if len(self._reach) < 200_000:
+            self._reach[(entity, max_depth)] = reach
         return reach
 
     def node_of(self, entity: str) -> str | None:
@@ -206,8 +215,9 @@ class KnowledgeGraph:
         return hosts
 
     def personalized_pagerank(self, seeds: Mapping[str, float], alpha: float = 0.85, iterations: int = 40,
-                              ) -> dict[str, float]:
-        """PageRank over the undirected topology restarted at ``seeds`` (weights); returns non-zero scores."""
+                              among: Iterable[str] | None = None) -> dict[str, float]:
+        """PageRank over the undirected topology restarted at ``seeds`` (weights); the non-zero scores, of the
+        ``among`` entities only when given."""
         self._ensure_walk()
         assert self._walk is not None
         restart = np.zeros(len(self._names))
@@ -222,6 +232,9 @@ class KnowledgeGraph:
         rank = restart.copy()
         for _ in range(iterations):
             rank = alpha * (self._walk @ rank) + (1 - alpha) * restart
+        if among is not None:
+            wanted = [(e, self._index[e]) for e in among if e in self._index]
+            return {e: float(rank[i]) for e, i in wanted if rank[i] > 1e-12}
         nonzero = np.nonzero(rank > 1e-12)[0]
         return {self._names[i]: float(rank[i]) for i in nonzero}
 

@@ -292,7 +292,7 @@ def rank_observations(kg: KnowledgeGraph, observations: Sequence[Observation], t
         for source in reach_cache[entity]:
             touched_jobs[source].add(job)
 
-    pagerank = kg.personalized_pagerank({o.entity: o.weight for o in observations})
+    pagerank = kg.personalized_pagerank({o.entity: o.weight for o in observations}, among=candidates)
     top_pr = max(pagerank.values(), default=1.0)
     affected_nodes = {kg.node_of(o.entity) for o in observations} - {None}
 

@@ -25,7 +25,7 @@ from vigil.detect.rules import RuleDetector
 from vigil.diagnose.kg import KnowledgeGraph
 from vigil.diagnose.peers import PeerDifferenceDetector
 from vigil.diagnose.rca import analyze_incident
-from vigil.model import VigilInputError, rank_id
+from vigil.model import Anomaly, Incident, VigilInputError, rank_id
 from vigil.pipeline import run_pipeline
 from vigil.sim.faults import CATALOGUE, FaultSpec
 from vigil.sim.generator import FaultPlan, SimConfig, simulate
@@ -59,6 +59,7 @@ class CaseResult:
     top3: list[tuple[str, str]]
     rca_seconds: float
     incident_id: str | None = None
+    baseline_rank: int | None = None  # the same measure for the detector-only ranking
 
 
 @dataclass
@@ -71,8 +72,8 @@ class EvalReport:
             return {
                 "cases": n,
                 "detected": sum(r.detected for r in items),
-                "ac_at_1": round(sum(1 for r in items if r.rank == 1) / n, 4) if n else 0.0,
-                "ac_at_3": round(sum(1 for r in items if r.rank is not None and r.rank <= 3) / n, 4) if n else 0.0,
+                "ac_at_1": _ac(items, 1, "rank"),
+                "ac_at_3": _ac(items, 3, "rank"),
             }
 
         by_fault: dict[str, list[CaseResult]] = defaultdict(list)
@@ -89,6 +90,8 @@ class EvalReport:
             "ac_at_3": overall["ac_at_3"],
             "detected": overall["detected"],
             "visible_to_rules": block(visible),
+            "baseline_detector_only": {"ac_at_1": _ac(self.results, 1, "baseline_rank"),
+                                       "ac_at_3": _ac(self.results, 3, "baseline_rank")},
             "by_fault": {name: block(items) for name, items in sorted(by_fault.items())},
             "by_kind": {name: block(items) for name, items in sorted(by_kind.items())},
             "rca_seconds_mean": round(float(np.mean(seconds)), 4) if seconds else None,
@@ -97,6 +100,22 @@ class EvalReport:
                                                                               r.case.truth.fault_type],
                         "detected": r.detected, "top3": r.top3} for r in self.results if r.rank != 1][:50],
         }
+
+
+def _ac(items: list[CaseResult], k: int, attr: str) -> float:
+    if not items:
+        return 0.0
+    hits = sum(1 for r in items if (rank := getattr(r, attr)) is not None and rank <= k)
+    return round(hits / len(items), 4)
+
+
+def detector_only_ranking(incident: Incident, anomalies: list[Anomaly]) -> list[tuple[str, str]]:
+    """The baseline: what detection alone says - the incident's scope with its fault types in order, then
+    its anomalies by level and score (no graph, no knowledge base)."""
+    ranking = [(incident.scope, fault) for fault in incident.fault_types]
+    own = sorted((a for a in anomalies if a.id in set(incident.anomalies)), key=lambda a: (-a.level, -a.score))
+    ranking += [(a.entity, a.fault_type) for a in own]
+    return list(dict.fromkeys(ranking))
 
 
 def _visible(fault_type: str) -> bool:
@@ -185,10 +204,10 @@ def run_case(case: EvalCase, kg_cache: dict[str, KnowledgeGraph] | None = None) 
                        plans=case.plans)
     run = simulate(config)
     cache = kg_cache if kg_cache is not None else {}
-    key = run.topology.model_dump_json()
-    kg = cache.get(key)
+    shape = run.topology.model_dump_json()
+    kg = cache.get(shape)
     if kg is None:
-        kg = cache[key] = KnowledgeGraph.build(run.topology)
+        kg = cache[shape] = KnowledgeGraph.build(run.topology)
     result = run_pipeline(run, detectors=[RuleDetector(run.topology), PeerDifferenceDetector(run.topology)])
     assert result.score is not None
     truth = case.truth
@@ -199,9 +218,12 @@ def run_case(case: EvalCase, kg_cache: dict[str, KnowledgeGraph] | None = None) 
         return CaseResult(case, False, None, [], 0.0)
     anomalies = result.anomalies + list(result.observations)
     rca = analyze_incident(kg, incident, anomalies, run.events, run.logs)
+    key = (truth.entity, truth.fault_type)
     ranking = rca.top(10)
-    rank = ranking.index((truth.entity, truth.fault_type)) + 1 if (truth.entity, truth.fault_type) in ranking else None
-    return CaseResult(case, True, rank, ranking[:3], rca.seconds, incident.id)
+    rank = ranking.index(key) + 1 if key in ranking else None
+    baseline = detector_only_ranking(incident, anomalies)
+    baseline_rank = baseline.index(key) + 1 if key in baseline else None
+    return CaseResult(case, True, rank, ranking[:3], rca.seconds, incident.id, baseline_rank)
 
 
 def evaluate(n: int = 300, seed: int = 7, progress: Callable[[int, int], None] | None = None) -> EvalReport:
