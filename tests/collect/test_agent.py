@@ -128,7 +128,7 @@ def test_degrades_above_80_percent_cpu_and_recovers_below_70() -> None:
 
 def test_degraded_agent_reads_periodic_sources_less_often() -> None:
     gpu, kernel = CountingSource("gpu", "gpu"), CountingSource("kernel", "kernel")
-    agent = Agent([gpu, kernel], fast_settings(degraded_factor=8.0), cpu_ratio=lambda: 0.99)
+    agent = Agent([gpu, kernel], fast_settings(degraded_factor=20.0), cpu_ratio=lambda: 0.99)
     loop = threading.Thread(target=agent.run, daemon=True)
     loop.start()
     wait_for(lambda: kernel.reads >= 16)

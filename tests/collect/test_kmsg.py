@@ -203,3 +203,17 @@ def test_any_kernel_line_decodes_without_raising(line: str) -> None:
     assert event is None or event.entity.startswith(("node/n01", "gpu/n01/"))
     xid_line = kernel.decode(f"[ 1.0] NVRM: Xid (PCI:0000:18:00): {line}", 1.0)
     assert xid_line is None or xid_line.kind == "gpu_xid"
+
+
+def test_real_journalctl_is_used_only_when_it_holds_kernel_messages() -> None:
+    import shutil
+    import subprocess
+
+    if shutil.which("journalctl") is None:
+        pytest.skip("journalctl not installed")
+    done = subprocess.run(
+        ["journalctl", "-k", "-n", "1", "-o", "json", "--no-pager", "-q"], capture_output=True, timeout=30, check=False
+    )
+    assert JournalReader.works() == (done.returncode == 0 and bool(done.stdout.strip()))
+    journal = JournalReader(lookback_s=60)
+    assert all(isinstance(line, str) for line in journal.read())

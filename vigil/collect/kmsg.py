@@ -331,16 +331,17 @@ class JournalReader:
 
     @staticmethod
     def works() -> bool:
+        """True when journalctl runs and holds kernel messages (a container often has the tool, no journal)."""
         try:
             done = subprocess.run(
-                ["journalctl", "-k", "-n", "0", "--no-pager", "-q"],
+                ["journalctl", "-k", "-n", "1", "-o", "json", "--no-pager", "-q"],
                 capture_output=True,
                 timeout=5,
                 check=False,
             )
         except (OSError, subprocess.TimeoutExpired):
             return False
-        return done.returncode == 0
+        return done.returncode == 0 and bool(done.stdout.strip())
 
     def read(self) -> list[str]:
         args = ["journalctl", "-k", "-o", "json", "--no-pager", "-q"]
