@@ -115,3 +115,24 @@ def test_any_mangling_of_a_page_never_raises(data: st.DataObject) -> None:
     scraper = DcgmExporterScraper("http://unused", node="n07")
     out = scraper.parse_page(mangled)
     assert all(p.entity.startswith(("gpu/n07/", "node/n07")) for p in out.points)
+
+
+def test_last_xid_gauge_changes_become_events_when_asked(dcgm_page) -> None:
+    from vigil.model import FaultLevel
+
+    scraper = DcgmExporterScraper("http://unused", node="n07", xid_events=True)
+    assert scraper.parse_page(dcgm_page, 1.0).events == []  # first sight: history of unknown age
+    assert scraper.parse_page(dcgm_page, 2.0).events == []  # the sticky gauge repeats: no news
+    lines = [
+        line[: line.rindex(" ")] + " 119" if line.startswith('DCGM_FI_DEV_XID_ERRORS{gpu="0"') else line
+        for line in dcgm_page.splitlines()
+    ]
+    changed = "\n".join(lines) + "\n"
+    [event] = scraper.parse_page(changed, 3.0).events
+    assert (event.entity, event.kind, event.attrs["xid"], event.level) == (
+        "gpu/n07/0",
+        "gpu_xid",
+        119,
+        FaultLevel.DRAIN,
+    )
+    assert DcgmExporterScraper("http://unused", node="n07").parse_page(changed, 4.0).events == []

@@ -494,7 +494,13 @@ def build_sources(settings: AgentSettings) -> list[Source]:
     else:
         kernel = KernelLogSource.auto(**kernel_options)
     if kernel is None:
-        log.warning("no kernel log: /dev/kmsg is not readable and journalctl does not run; Xids are not read")
+        log.warning(
+            "no kernel log: /dev/kmsg is not readable and the journal holds no kernel messages; "
+            "Xids come from dcgm-exporter's last-Xid gauge only, if it runs"
+        )
+        for source in sources:
+            if isinstance(source, DcgmExporterScraper):
+                source.xid_events = True
     else:
         sources.append(kernel)
     if in_cluster():

@@ -21,7 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from vigil.collect.base import Collection, Source, default_node_name
 from vigil.collect.nvml import normalise_pci_bus
-from vigil.model import gpu_id, node_id
+from vigil.detect.xid import xid_info
+from vigil.model import Event, gpu_id, node_id
 
 DEFAULT_URL = "http://localhost:9400/metrics"
 IDENTITY_LABELS = frozenset(
@@ -49,6 +50,7 @@ class DcgmExporterScraper(Source):
         node: str | None = None,
         timeout_s: float = 5.0,
         client: httpx.Client | None = None,
+        xid_events: bool = False,
     ) -> None:
         super().__init__()
         self.url = url
@@ -59,6 +61,9 @@ class DcgmExporterScraper(Source):
         # PCI bus id -> GPU index from the page's labels: lets the kernel log name the GPU of an Xid on nodes
         # where the agent itself cannot open NVML.
         self.pci_to_index: dict[str, int] = {}
+        # Xid events from the exporter's "last Xid" gauge, for nodes whose kernel log the agent cannot read.
+        self.xid_events = xid_events
+        self._last_xid: dict[str, int] = {}
 
     def close(self) -> None:
         if self._client is not None:
@@ -73,9 +78,9 @@ class DcgmExporterScraper(Source):
         except httpx.HTTPError as err:
             self.problems.report("unreachable", f"{self.url}: {err}")
             return Collection(status=f"dcgm-exporter at {self.url} unreachable")
-        return self.parse_page(response.text)
+        return self.parse_page(response.text, now)
 
-    def parse_page(self, page: str) -> Collection:
+    def parse_page(self, page: str, now: float = 0.0) -> Collection:
         """Points of one exposition page; never raises on bad content."""
         out = Collection(status=f"dcgm-exporter at {self.url}")
         if not page.strip():
@@ -96,7 +101,45 @@ class DcgmExporterScraper(Source):
             for sample in family.samples:
                 name = sample.name.removesuffix("_total") if renamed else sample.name
                 self._add_sample(out, name, sample.labels, sample.value)
+        if self.xid_events:
+            self._xid_changes(out, now)
         return out
+
+    def _xid_changes(self, out: Collection, now: float) -> None:
+        """An event when a GPU's DCGM_FI_DEV_XID_ERRORS changes to a non-zero code.
+
+        The gauge holds the *last* Xid until the exporter restarts (dcgm-exporter#190, #500), so only a change
+        is news: the value seen at the first scrape is history of unknown age, and a repeat of the same code
+        is invisible here - the kernel log is the better source wherever the agent can read it.
+        """
+        for point in out.points:
+            if point.metric != "DCGM_FI_DEV_XID_ERRORS":
+                continue
+            code = int(point.value)
+            previous = self._last_xid.get(point.entity)
+            self._last_xid[point.entity] = code
+            if previous is None or code == previous or code <= 0:
+                continue
+            info = xid_info(code)
+            if not info.known:
+                self.problems.report("unknown Xid", f"Xid {code} on {point.entity} is not in the catalogue")
+            out.events.append(
+                Event(
+                    ts=now,
+                    entity=point.entity,
+                    kind="gpu_xid",
+                    source="dcgm-exporter",
+                    level=info.level,
+                    message=f"Xid {code} ({info.mnemonic}) reported by dcgm-exporter",
+                    attrs={
+                        "xid": code,
+                        "mnemonic": info.mnemonic,
+                        "bucket": info.bucket,
+                        "action": info.action.value,
+                        "known": info.known,
+                    },
+                )
+            )
 
     @staticmethod
     def _parser_added_total(family: str, page: str) -> bool:
