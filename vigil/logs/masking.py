@@ -20,9 +20,10 @@ _MONTH = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
 _ALTERNATIVES = [
     # The value of a key=value or key:value pair (the key is text and stays).
     r"(?<=[\w.\-][=:])[^\s,;)\]}>]+",
-    # syslog / ctime dates: "Sun Jul 17 03:04:05 2005", "Jul 17 03:04:05".
-    rf"(?:{_WEEKDAY},?[ \t]+)?{_MONTH}[ \t]+\d{{1,2}}(?:,?[ \t]+\d{{4}})?"
-    r"(?:[ \t]+\d{1,2}:\d{2}(?::\d{2})?(?:[.,]\d+)?)?(?:[ \t]+\d{4})?",
+    # syslog / ctime dates: "Sun Jul 17 03:04:05 2005", "Jul 17 03:04:05". Digit counts are left open
+    # (\d+, never \d{2}) so that lines differing only in the width of a number mask alike.
+    rf"(?:{_WEEKDAY},?[ \t]+)?{_MONTH}[ \t]+\d+(?:,?[ \t]+\d+)?"
+    r"(?:[ \t]+\d+:\d+(?::\d+)?(?:[.,]\d+)?)?(?:[ \t]+\d+)?",
     # URLs and absolute or home-relative paths (no digit needed: file names are values).
     r"[A-Za-z][A-Za-z0-9+.\-]*://\S+",
     r"[\[(<'\"]?~?/(?:[^\s/]+/)+[^\s]*",

@@ -31,6 +31,7 @@ from vigil.model import VigilInputError
 STATE_VERSION = 1
 _DIGITS_TO_ZERO = str.maketrans("123456789", "000000000")
 _HAS_DIGIT = re.compile(r"\d")
+_NUMBER_RUN = re.compile(r"0{2,}")  # applied after every digit became 0
 
 
 @dataclass
@@ -63,6 +64,7 @@ class TemplateMiner:
     templates: dict[str, Template] = field(default_factory=dict)
     _cache: dict[str, Template] = field(default_factory=dict, repr=False)
     _digit_cache: dict[str, Template] = field(default_factory=dict, repr=False)
+    _width_cache: dict[str, Template] = field(default_factory=dict, repr=False)
     _by_shape: dict[tuple[int, str], list[Template]] = field(default_factory=dict, repr=False)
     _next_id: int = 1
     _clock: int = 0
@@ -81,10 +83,11 @@ class TemplateMiner:
     def add_templates(self, lines: list[str]) -> list[Template]:
         """Learn from many lines and return the live :class:`Template` of each (the fast path).
 
-        Two lines that differ only in their digits mask to the same key (no masking rule looks at
-        which digit it is), so the first lookup is by the line with every digit turned into 0: a
-        C-level ``translate`` and a dict lookup, no regex. Only lines never seen in that form are
-        masked, all of them in one regex pass.
+        No masking rule looks at which digit a number has, nor at how many, so lines that differ only
+        in their numbers mask alike. The first lookup is by the line with every digit turned into 0 (a
+        C-level ``translate`` and a dict lookup, no regex); the second, for the lines that miss, by the
+        line with every number turned into a single 0; only lines never seen in that form are masked,
+        one representative per form, all in one regex pass.
         """
         if not lines:
             return []
@@ -94,28 +97,46 @@ class TemplateMiner:
         self._clock += len(lines)
         missing = [i for i, template in enumerate(found) if template is None]
         if missing:
-            # One representative per digit-less form: repeats inside the block are masked once.
-            representative: dict[str, int] = {}
-            for i in missing:
-                representative.setdefault(digitless[i], i)
-            firsts = list(representative.values())
-            masked = mask("\n".join(flat[i] for i in firsts)).split("\n")
-            learned: dict[str, Template] = {}
-            for i, key in zip(firsts, masked, strict=True):
-                template = self._cache.get(key) or self._learn(key)
-                if _HAS_DIGIT.search(key):
-                    continue  # a digit survived masking: the digit-less form is not a safe key
-                learned[digitless[i]] = template
-                if len(self._digit_cache) >= self.max_cache:
-                    self._digit_cache.clear()
-                self._digit_cache[digitless[i]] = template
-            for i in missing:
-                known = learned.get(digitless[i])
-                if known is None:
-                    key = mask(flat[i])
-                    known = self._cache.get(key) or self._learn(key)
-                found[i] = known
+            self._resolve(flat, digitless, found, missing)
         return found  # type: ignore[return-value]
+
+    def _resolve(self, flat: list[str], digitless: list[str], found: list[Template | None],
+                 missing: list[int]) -> None:
+        # Bulk dict and list operations throughout: a cold block misses on every line.
+        missing_digitless = [digitless[i] for i in missing]
+        widthless = _NUMBER_RUN.sub("0", "\n".join(missing_digitless)).split("\n")
+        resolved = list(map(self._width_cache.get, widthless))
+        if None in resolved:
+            first_of = dict(zip(reversed(widthless), range(len(widthless) - 1, -1, -1), strict=True))
+            unseen = sorted(((key, j) for key, j in first_of.items() if key not in self._width_cache),
+                            key=lambda item: item[1])  # learn in line order
+            masked = mask("\n".join(flat[missing[j]] for _, j in unseen)).split("\n")
+            learned: dict[str, Template] = {}
+            for (width_key, _), key in zip(unseen, masked, strict=True):
+                fresh = self._cache.get(key) or self._learn(key)
+                if not _HAS_DIGIT.search(key):  # else a digit survived: the number-free form is not a safe key
+                    learned[width_key] = fresh
+            self._remember_all(self._width_cache, learned)
+            resolved = [t if t is not None else learned.get(k) for t, k in zip(resolved, widthless, strict=True)]
+            for j, known in enumerate(resolved):
+                if known is None:  # rare: lines whose masked form keeps a digit
+                    key = mask(flat[missing[j]])
+                    resolved[j] = self._cache.get(key) or self._learn(key)
+        safe = {k: t for k, t, w in zip(missing_digitless, resolved, widthless, strict=True) if w in self._width_cache}
+        self._remember_all(self._digit_cache, safe)  # type: ignore[arg-type]
+        for i, known in zip(missing, resolved, strict=True):
+            found[i] = known
+
+    def _remember_all(self, cache: dict[str, Template], entries: dict[str, Template]) -> None:
+        if len(cache) + len(entries) > self.max_cache:
+            cache.clear()  # rebuilt from the templates on demand; clearing keeps memory bounded
+        if len(entries) <= self.max_cache:
+            cache.update(entries)
+
+    def _remember(self, cache: dict[str, Template], key: str, template: Template) -> None:
+        if len(cache) >= self.max_cache:
+            cache.clear()  # rebuilt from the templates on demand; clearing keeps memory bounded
+        cache[key] = template
 
     def match(self, line: str) -> Match | None:
         """The template a line belongs to, without learning anything."""
@@ -132,9 +153,7 @@ class TemplateMiner:
             self._generalize(template, tokens)
         template.size += 1
         template.last_seen = self._clock
-        if len(self._cache) >= self.max_cache:
-            self._cache.clear()
-        self._cache[key] = template
+        self._remember(self._cache, key, template)
         return template
 
     @staticmethod
@@ -182,6 +201,7 @@ class TemplateMiner:
                 bucket.remove(oldest)
         self._cache = {k: v for k, v in self._cache.items() if v is not oldest}
         self._digit_cache = {k: v for k, v in self._digit_cache.items() if v is not oldest}
+        self._width_cache = {k: v for k, v in self._width_cache.items() if v is not oldest}
 
     # ------------------------------------------------------------------ persistence
 
