@@ -34,5 +34,5 @@ def test_metrics_reflect_store_and_follow_conventions(cluster: SimCluster) -> No
     )
     assert open_count == expected > 0
     detectors = {s.labels["detector"] for s in families["vigil_detector_score_max"].samples}
-    assert detectors == {a.detector for a in cluster.store.anomalies(limit=5000)}
+    assert detectors == {a.detector for a in cluster.store.anomalies(limit=2000)}
     assert families["vigil_alertmanager_alerts"].type == "counter"

@@ -101,7 +101,7 @@ def app_for_context(ctx: ServeContext) -> FastAPI:
             metrics=ctx.metrics.metrics("gpu"),
             values=values[-1],
         )
-        return Response(render_dcgm(frame, ctx.store.topology()), media_type=DCGM_CONTENT_TYPE)
+        return Response(render_dcgm(frame, ctx.topology()), media_type=DCGM_CONTENT_TYPE)
 
     app.include_router(api.router)
     app.include_router(dashboard.router)

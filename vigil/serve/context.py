@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,35 @@ class MetricsSource(Protocol):
 
 
 @dataclass
+class _Snapshot:
+    taken: float
+    topology: Topology
+    grid: list[dict[str, Any]]
+
+
+def _grid(topology: Topology, health: dict[str, FaultLevel]) -> list[dict[str, Any]]:
+    rows = []
+    for node in topology.nodes:
+        gpus: list[dict[str, Any]] = []
+        for gpu in node.gpus:
+            entity = f"gpu/{node.name}/{gpu.index}"
+            gpus.append({"id": entity, "index": gpu.index, "model": gpu.model, "level": int(health.get(entity, 0))})
+        own = int(health.get(f"node/{node.name}", 0))
+        rows.append(
+            {
+                "name": node.name,
+                "id": f"node/{node.name}",
+                "rack": node.rack,
+                "switch": node.switch,
+                "node_level": own,
+                "level": max([own, *(g["level"] for g in gpus)]),
+                "gpus": gpus,
+            }
+        )
+    return rows
+
+
+@dataclass
 class ServeContext:
     store: Store
     settings: Settings
@@ -41,10 +71,13 @@ class ServeContext:
     collector: VigilCollector = field(init=False)
     # Actions are read-modify-write (approve, execute); one lock keeps two approvals from racing.
     action_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    cache_ttl_s: float = 1.0
+    _cache: _Snapshot | None = field(default=None, init=False)
+    _cache_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
 
     def __post_init__(self) -> None:
         topology = self.store.topology()
-        self.collector = VigilCollector(self.store, cluster=topology.cluster if topology else "vigil")
+        self.collector = VigilCollector(self.store, self.node_grid, cluster=topology.cluster if topology else "vigil")
 
     # ------------------------------------------------------------------ metrics
 
@@ -61,36 +94,28 @@ class ServeContext:
 
     # ------------------------------------------------------------------ views
 
+    def _snapshot(self) -> _Snapshot:
+        """Topology and heat map, rebuilt at most every ``cache_ttl_s``: the dashboard and agents poll them
+        far more often than they change, and both cost a full topology parse. Local writes invalidate."""
+        with self._cache_lock:
+            now = time.monotonic()
+            if self._cache is not None and now - self._cache.taken < self.cache_ttl_s:
+                return self._cache
+            topology = self.store.topology() or Topology()
+            health = self.store.node_health()
+            self._cache = _Snapshot(now, topology, _grid(topology, health))
+            return self._cache
+
+    def invalidate(self) -> None:
+        with self._cache_lock:
+            self._cache = None
+
     def topology(self) -> Topology:
-        return self.store.topology() or Topology()
+        return self._snapshot().topology
 
     def node_grid(self) -> list[dict[str, Any]]:
         """Nodes x GPUs with the worst open fault level of each (the heat map)."""
-        health = self.store.node_health()
-        rows = []
-        for node in self.topology().nodes:
-            gpus: list[dict[str, Any]] = [
-                {
-                    "id": g.id,
-                    "index": g.index,
-                    "model": g.model,
-                    "level": int(health.get(g.id, FaultLevel.HEALTHY)),
-                }
-                for g in node.gpus
-            ]
-            own = int(health.get(node.id, FaultLevel.HEALTHY))
-            rows.append(
-                {
-                    "name": node.name,
-                    "id": node.id,
-                    "rack": node.rack,
-                    "switch": node.switch,
-                    "node_level": own,
-                    "level": max([own, *(g["level"] for g in gpus)]),
-                    "gpus": gpus,
-                }
-            )
-        return rows
+        return self._snapshot().grid
 
     def job_step_times(self, job: str, last: int = 240) -> dict[str, Any]:
         """Per-rank step times of a job: from rank entities when the source has them, else the job's own."""

@@ -8,7 +8,7 @@ series count stays at about one per GPU plus a handful.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -16,14 +16,16 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import Collector
 
 from vigil import __version__
-from vigil.model import FaultLevel, IncidentStatus, parse_entity
+from vigil.model import FaultLevel, IncidentStatus
 
 
 class VigilCollector(Collector):
-    """Reads the store on every scrape; nothing is cached, so a scrape always shows committed state."""
+    """Reads the store on every scrape; fault levels come from ``grid`` (the server's heat-map snapshot,
+    at most a second old) so a scrape costs no extra topology parse."""
 
-    def __init__(self, store: Any, cluster: str = "vigil") -> None:
+    def __init__(self, store: Any, grid: Callable[[], list[dict[str, Any]]], cluster: str = "vigil") -> None:
         self.store = store
+        self.grid = grid
         self.cluster = cluster
         self.alerts_received: Counter[str] = Counter()
 
@@ -42,21 +44,10 @@ class VigilCollector(Collector):
             "Worst open fault level of a node or any of its GPUs: 0 healthy .. 4 isolate.",
             labels=["node"],
         )
-        health = self.store.node_health()
-        topology = self.store.topology()
-        levels: dict[str, int] = {}
-        if topology is not None:
-            for node in topology.nodes:
-                levels[node.id] = 0
-                for gpu in node.gpus:
-                    levels[gpu.id] = 0
-        levels.update({entity: int(level) for entity, level in health.items()})
-        for entity, level in sorted(levels.items()):
-            kind, parts = parse_entity(entity)
-            if kind == "gpu":
-                gpu_level.add_metric([parts[0], parts[1]], level)
-            elif kind == "node":
-                node_level.add_metric([parts[0]], level)
+        for row in self.grid():
+            node_level.add_metric([row["name"]], row["level"])
+            for gpu in row["gpus"]:
+                gpu_level.add_metric([row["name"], str(gpu["index"])], gpu["level"])
         yield gpu_level
         yield node_level
 
@@ -84,7 +75,7 @@ class VigilCollector(Collector):
         )
         best: dict[str, float] = {}
         counts: Counter[str] = Counter()
-        for anomaly in self.store.anomalies(limit=5000):
+        for anomaly in self.store.anomalies(limit=2000):
             best[anomaly.detector] = max(best.get(anomaly.detector, float("-inf")), anomaly.score)
             counts[anomaly.detector] += 1
         for detector in sorted(best):

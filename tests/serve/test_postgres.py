@@ -1,0 +1,42 @@
+"""The server over a real PostgreSQL store (Debian's server, started for the test session)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.serve.conftest import TOKEN, build_cluster
+from tests.serve.test_alertmanager import PAYLOAD
+from vigil.serve.app import create_app
+
+pytestmark = pytest.mark.slow
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def test_api_on_postgresql(postgres_url: str, tmp_path: Path) -> None:
+    cluster = build_cluster(postgres_url, tmp_path)
+    assert cluster.store.engine.dialect.name == "postgresql"
+    with TestClient(create_app(cluster.store, cluster.metrics, cluster.settings())) as client:
+        listed = client.get("/api/v1/incidents", params={"limit": 1000}).json()
+        assert {i["id"] for i in listed} == {i.id for i in cluster.result.incidents}
+        nodes = client.get("/api/v1/nodes").json()
+        health = cluster.store.node_health()
+        assert all(g["level"] == int(health[g["id"]]) for n in nodes for g in n["gpus"])
+        diagnosis = client.get(f"/api/v1/incidents/{cluster.incident.id}/diagnosis").json()
+        assert diagnosis["summary"] == cluster.diagnosis.summary
+        action = client.post(
+            "/api/v1/actions",
+            headers=AUTH,
+            json={"kind": "drain", "target": "node/n003", "incident_id": cluster.incident.id},
+        ).json()
+        client.post(f"/api/v1/actions/{action['id']}/approve", headers=AUTH)
+        done = client.post(f"/api/v1/actions/{action['id']}/execute", headers=AUTH).json()
+        assert done["status"] == "executed"
+        assert client.post("/api/v1/alertmanager", headers=AUTH, json=PAYLOAD).json()["stored"] == 2
+        assert "vigil_gpu_fault_level" in client.get("/metrics").text
+        assert client.get("/").status_code == 200
+    stored = cluster.store.action(action["id"])
+    assert stored is not None and stored.status.value == "executed"
+    assert cluster.store.events(kind="alert_firing")[-1].entity == "gpu/n003/5"
