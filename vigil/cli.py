@@ -57,6 +57,9 @@ app.command("diagnose")(_diagnose)
 from vigil.collect.cli import agent as _agent  # noqa: E402
 
 app.command("agent")(_agent)
+from vigil.detect.cli import app as _detect  # noqa: E402
+
+app.add_typer(_detect, name="detect")
 
 
 def main() -> None:

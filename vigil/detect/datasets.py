@@ -49,6 +49,8 @@ class EntitySeries:
     train: np.ndarray | None = None
     train_labels: np.ndarray | None = None
     imputed: int = 0
+    train_context: np.ndarray | None = None
+    test_context: np.ndarray | None = None
 
     @property
     def n_features(self) -> int:

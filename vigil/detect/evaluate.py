@@ -214,10 +214,13 @@ def fleet_split(dataset: Any, train_entities: list[str], test_entities: list[str
         cut = int(len(series.test) * (1 - val_fraction))
         if series.train is not None:
             labels = series.train_labels if series.train_labels is not None else None
-            train.add(series.train, labels, rows=np.arange(0, len(series.train), normal_stride))
-        train.add(series.test, series.test_labels, history=series.train, rows=np.arange(cut))
-        val.add(series.test, series.test_labels, history=series.train, rows=np.arange(cut, len(series.test)))
-    tests = {s.entity: WindowSet(history).add(s.test, s.test_labels, history=s.train)
+            train.add(series.train, labels, context=series.train_context,
+                      rows=np.arange(0, len(series.train), normal_stride))
+        train.add(series.test, series.test_labels, history=series.train, context=series.test_context,
+                  rows=np.arange(cut))
+        val.add(series.test, series.test_labels, history=series.train, context=series.test_context,
+                rows=np.arange(cut, len(series.test)))
+    tests = {s.entity: WindowSet(history).add(s.test, s.test_labels, history=s.train, context=s.test_context)
              for s in dataset.select(test_entities)}
     return train, val, tests
 
@@ -230,10 +233,11 @@ def entity_split(series: Any, *, history: int, val_fraction: float = 0.3) -> tup
     cut = int(len(series.test) * val_fraction)
     train = WindowSet(history)
     if series.train is not None:
-        train.add(series.train, series.train_labels)
-    val = WindowSet(history).add(series.test, series.test_labels, history=series.train, rows=np.arange(cut))
+        train.add(series.train, series.train_labels, context=series.train_context)
+    val = WindowSet(history).add(series.test, series.test_labels, history=series.train,
+                                 context=series.test_context, rows=np.arange(cut))
     test = WindowSet(history).add(series.test, series.test_labels, history=series.train,
-                                  rows=np.arange(cut, len(series.test)))
+                                  context=series.test_context, rows=np.arange(cut, len(series.test)))
     return train, val, test
 
 

@@ -205,7 +205,11 @@ class TCEDetector(Detector):
 
     def fit(self, X: Any, y: np.ndarray | None = None, *, context: np.ndarray | None = None,
             validation: WindowSet | None = None, classes: Sequence[str] | None = None,
-            features: Sequence[str] | None = None, progress: Progress | None = None) -> Self:
+            features: Sequence[str] | None = None, normal_subsample: float = 1.0,
+            progress: Progress | None = None) -> Self:
+        """Train on labelled windows. ``normal_subsample``: the factor by which normal windows were thinned
+        in ``X`` (kept: one in ``normal_subsample``); predictions add ``log(normal_subsample)`` to the normal
+        logit, restoring the true prior (logit adjustment) so thinning for speed does not flood false alarms."""
         data = self._as_windows(X, y, context)
         labels = data.labels
         if y is None and not isinstance(X, WindowSet):
@@ -224,10 +228,11 @@ class TCEDetector(Detector):
                                        seed=self.seed)
         counts = torch.bincount(torch.from_numpy(labels), minlength=n_classes)
         loss_fn = DynamicClassWeightedLoss(n_classes, self.weight_mode, gamma=self.gamma, class_counts=counts)
+        self.logit_bias_ = [float(np.log(max(normal_subsample, 1.0)))] + [0.0] * (n_classes - 1)
         self.report_: TrainReport = fit_classifier(
             self.model_, loss_fn, data, validation, self.scaler_, epochs=self.epochs,
             batch_size=self.batch_size, lr=self.lr, patience=self.patience,
-            steps_per_epoch=self.steps_per_epoch, seed=self.seed, progress=progress)
+            steps_per_epoch=self.steps_per_epoch, seed=self.seed, logit_bias=self.logit_bias_, progress=progress)
         self.class_weights_ = loss_fn.current_weights().tolist()
         self.threshold_ = 0.5
         return self
@@ -238,7 +243,7 @@ class TCEDetector(Detector):
         data = self._as_windows(X, None, context)
         if self.n_context_ and data.context is None:
             raise VigilInputError(f"tce: the model reads {self.n_context_} context features per window; none given")
-        return predict_proba(self.model_, data, self.scaler_)
+        return predict_proba(self.model_, data, self.scaler_, logit_bias=getattr(self, "logit_bias_", None))
 
     def score(self, X: Any, context: np.ndarray | None = None) -> np.ndarray:
         return 1.0 - self.predict_proba(X, context)[:, 0]

@@ -67,8 +67,10 @@ def validation_score(probs: np.ndarray, labels: np.ndarray) -> tuple[str, float]
                                       zero_division=0))
 
 
-def predict_proba(model: torch.nn.Module, data: WindowSet, scaler: Scaler, *, batch_size: int = 4096) -> np.ndarray:
+def predict_proba(model: torch.nn.Module, data: WindowSet, scaler: Scaler, *, batch_size: int = 4096,
+                  logit_bias: list[float] | None = None) -> np.ndarray:
     model.eval()
+    bias = torch.tensor(logit_bias) if logit_bias is not None else None
     context = data.context
     out = []
     with torch.no_grad():
@@ -76,14 +78,15 @@ def predict_proba(model: torch.nn.Module, data: WindowSet, scaler: Scaler, *, ba
             idx = np.arange(start, min(start + batch_size, len(data)))
             window = torch.from_numpy(scaler.transform(data.take(idx)))
             ctx = torch.from_numpy(context[idx]) if context is not None else None
-            out.append(torch.softmax(model(window, ctx), dim=1).numpy())
+            logits = model(window, ctx)
+            out.append(torch.softmax(logits + bias if bias is not None else logits, dim=1).numpy())
     return np.concatenate(out) if out else np.zeros((0, 2), dtype=np.float32)
 
 
 def fit_classifier(model: torch.nn.Module, loss_fn: DynamicClassWeightedLoss, train: WindowSet,
                    validation: WindowSet | None, scaler: Scaler, *, epochs: int = 10, batch_size: int = 256,
                    lr: float = 2e-3, patience: int = 3, steps_per_epoch: int | None = None, seed: int = 0,
-                   progress: Progress | None = None) -> TrainReport:
+                   logit_bias: list[float] | None = None, progress: Progress | None = None) -> TrainReport:
     """Adam on shuffled mini-batches; keep the weights of the best validation epoch, stop after ``patience``
     epochs without improvement. Without validation data every epoch counts and the last one is kept."""
     rng = np.random.default_rng(seed)
@@ -119,7 +122,8 @@ def fit_classifier(model: torch.nn.Module, loss_fn: DynamicClassWeightedLoss, tr
         entry = {"epoch": float(epoch), "loss": total / n_steps}
         report.epochs_run = epoch
         if validation is not None and len(validation):
-            name, value = validation_score(predict_proba(model, validation, scaler), validation.labels)
+            probs = predict_proba(model, validation, scaler, logit_bias=logit_bias)
+            name, value = validation_score(probs, validation.labels)
             entry[name] = value
             report.validation_metric = name
             if value > best:
@@ -155,6 +159,7 @@ def save_detector(detector: TCEDetector, path: Path) -> None:
         "scaler": {"mean": detector.scaler_.mean.tolist(), "std": detector.scaler_.std.tolist()},
         "threshold": float(detector.threshold_),
         "n_context": int(detector.n_context_),
+        "logit_bias": list(detector.logit_bias_),
         "report": asdict(detector.report_),
     }
     tmp = path / "meta.json.tmp"
@@ -181,6 +186,7 @@ def load_detector(path: Path) -> TCEDetector:
                               np.asarray(meta["scaler"]["std"], dtype=np.float32))
     detector.threshold_ = float(meta["threshold"])
     detector.n_context_ = int(meta["n_context"])
+    detector.logit_bias_ = [float(b) for b in meta["logit_bias"]]
     detector.report_ = TrainReport(**meta["report"])
     detector.model_ = detector.build_model(len(detector.features_), len(detector.classes_), detector.n_context_)
     try:
