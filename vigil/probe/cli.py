@@ -12,7 +12,9 @@ console = Console(stderr=True)
 
 
 def launch_command(
-    script: Annotated[Path, typer.Argument(help="training script, run unchanged as every rank's __main__")],
+    script: Annotated[
+        Path | None, typer.Argument(help="training script, run unchanged as every rank's __main__")
+    ] = None,
     script_args: Annotated[
         list[str] | None, typer.Argument(help="arguments passed to the script (after --)")
     ] = None,
@@ -24,11 +26,23 @@ def launch_command(
         Path, typer.Option("--out", help="run directory (diagnosis.json, rank logs, stacks, FR dumps)")
     ] = Path("vigil-run"),
     as_json: Annotated[bool, typer.Option("--json", help="print diagnosis.json on stdout")] = False,
+    job: Annotated[
+        Path | None,
+        typer.Option("--job", help="TrainingJob spec (YAML): run it honouring failoverPolicy and healthCheck"),
+    ] = None,
 ) -> None:
     """Start SCRIPT as an N-rank torch.distributed job; on a hang, crash or mismatch say who and why.
 
     Exit status: 0 ok or slow, 3 crash, 4 hang, 5 mismatch, 2 bad input.
     """
+    if job is not None:
+        from vigil.remedy.launch import launch_job_command
+
+        launch_job_command(job, out, as_json)
+    if script is None:
+        from vigil.model import VigilInputError
+
+        raise VigilInputError("give a training SCRIPT to launch, or --job job.yaml")
     from vigil.diagnose.hang_render import print_diagnosis
     from vigil.probe.launcher import launch
 
