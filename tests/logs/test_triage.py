@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from vigil.logs.corpus import FAILURE_KINDS, simulate_corpus, simulate_failure
 from vigil.logs.realjobs import root_label, run_failed_job
@@ -101,3 +103,14 @@ def test_real_gloo_job_crash(tmp_path: Path, mode: str, world: int, culprit: int
     assert result.root.rank == culprit
     healthy = set(range(world)) - {culprit}
     assert healthy <= {e.rank for e in result.cascade}
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.binary(max_size=3000), min_size=1, max_size=3))
+def test_hostile_files_never_crash_triage(tmp_path_factory: pytest.TempPathFactory, blobs: list[bytes]) -> None:
+    job = tmp_path_factory.mktemp("hostile")
+    for rank, blob in enumerate(blobs):
+        (job / f"rank_{rank}.log").write_bytes(blob + b"\nRuntimeError: CUDA error: out of memory\xff\n")
+    result = triage(job)
+    assert result.root is not None and result.root.fault_type == "cuda_oom"
+    assert result.files == len(blobs)
