@@ -99,3 +99,19 @@ def test_cross_reference_problems_are_listed(kb_copy: Path) -> None:
     assert any("xid:99999" in p for p in problems)
     assert any("no_such_signature" in p for p in problems)
     assert any("toaster" in p for p in problems)
+
+
+def test_log_library_signatures_are_merged_through_aliases() -> None:
+    kb = load_kb()
+    merged = [s for s in kb.signatures.values() if s.alias is not None]
+    for signature in merged:
+        assert signature.alias in kb.signatures and signature.symptom == f"log:{signature.alias}"
+    line = "NCCL WARN NET/IB : Got completion from peer 10.0.3.17<36127> with status=12 opcode=0 len=0"
+    assert {s.symptom for s in kb.match_log(line)} == {"log:nccl_ib_error"}
+
+
+def test_unknown_alias_target_is_rejected(kb_copy: Path) -> None:
+    sigs = kb_copy / "signatures.yaml"
+    sigs.write_text(sigs.read_text().replace("cuda_oom: cuda_oom", "cuda_oom: no_such_signature", 1))
+    with pytest.raises(VigilInputError, match="external_aliases.*no_such_signature"):
+        load_kb(kb_copy)

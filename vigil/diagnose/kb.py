@@ -69,10 +69,11 @@ class Signature:
     pattern: re.Pattern[str]
     meaning: str
     fault_type: str | None = None
+    alias: str | None = None  # an external signature produces the symptom of this KB signature
 
     @property
     def symptom(self) -> str:
-        return f"log:{self.name}"
+        return f"log:{self.alias or self.name}"
 
 
 _DIGIT = re.compile(r"\d")
@@ -257,7 +258,7 @@ def _parse_fault(name: str, raw: Any, where: str) -> Fault:
     )
 
 
-def _external_signatures() -> tuple[list[Signature], list[str]]:
+def _external_signatures(aliases: dict[str, str]) -> tuple[list[Signature], list[str]]:
     """Signatures of the log-intelligence package (vigil/logs/signatures.py) when it is installed; a broken
     library there is reported as a problem, never fatal here."""
     try:
@@ -277,9 +278,15 @@ def _external_signatures() -> tuple[list[Signature], list[str]]:
         pattern = getattr(item, "pattern", None) or getattr(item, "regex", None)
         if not name or not pattern:
             continue
-        compiled = pattern if isinstance(pattern, re.Pattern) else re.compile(str(pattern), re.IGNORECASE)
-        found.append(Signature(f"sig_{name}", compiled, str(getattr(item, "description", "")),
-                               getattr(item, "fault_type", None)))
+        fault_type = getattr(item, "fault_type", None)
+        alias = aliases.get(str(fault_type))
+        if alias is None:
+            continue
+        try:
+            compiled = pattern if isinstance(pattern, re.Pattern) else re.compile(str(pattern), re.IGNORECASE)
+        except re.error as err:
+            return [], [f"vigil/logs signature {name!r} not merged: bad regular expression ({err})"]
+        found.append(Signature(f"sig_{name}", compiled, str(getattr(item, "description", "")), fault_type, alias))
     return found, []
 
 
@@ -307,7 +314,11 @@ def load_kb(directory: Path | None = None, include_external: bool = True) -> Kno
         signatures[str(name)] = Signature(str(name), compiled, str(item.get("meaning", "")), item.get("fault"))
     external_problems: list[str] = []
     if include_external:
-        external, external_problems = _external_signatures()
+        aliases = {str(k): str(v) for k, v in (raw["signatures.yaml"].get("external_aliases") or {}).items()}
+        for their_type, ours in aliases.items():
+            if ours not in signatures:
+                raise VigilInputError(f"{where}: external_aliases: {their_type!r} -> unknown signature {ours!r}")
+        external, external_problems = _external_signatures(aliases)
         for signature in external:
             signatures.setdefault(signature.name, signature)
 

@@ -113,11 +113,14 @@ def observations_from(
     observations: list[Observation] = []
     evidence: list[Evidence] = []
 
+    seen: set[tuple[str, str, str]] = set()
+
     def add(symptom: str, entity: str, weight: float, ev: Evidence) -> None:
-        if _entity_in_graph(kg, entity) is None:
+        if _entity_in_graph(kg, entity) is None or (symptom, entity, ev.ref) in seen:
             return
         if not (kb.faults_for_symptom(symptom) or symptom in COLLECTIVE_SYMPTOMS):
             return
+        seen.add((symptom, entity, ev.ref))
         observations.append(Observation(symptom, entity, weight, ev.ref, ev.ts, ev.summary[:300]))
 
     def from_evidence(ev: Evidence, weight: float) -> None:
