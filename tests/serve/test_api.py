@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -10,6 +12,9 @@ from fastapi.testclient import TestClient
 from tests.serve.conftest import STRAGGLER_RANK, TOKEN, SimCluster
 from tests.serve.test_alertmanager import PAYLOAD
 from vigil.model import ActionStatus, FaultLevel
+from vigil.remedy.actuators.base import OutboxActuator
+from vigil.remedy.audit import AuditLog
+from vigil.remedy.remediator import Remediator
 from vigil.serve.app import create_app
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -115,22 +120,26 @@ def test_action_flow_propose_approve_execute_dry_run(client: TestClient, cluster
     assert unknown.status_code == 404
 
 
-def test_real_execution_goes_through_the_configured_actuator(cluster: SimCluster) -> None:
-    ran: list[str] = []
-
-    def actuator(action: object) -> str:
-        ran.append(action.target)
-        return "cordoned"
-
-    app = create_app(cluster.store, cluster.metrics, cluster.settings(execute_actions=True), executor=actuator)
-    with TestClient(app) as client:
-        action_id = client.post("/api/v1/actions", headers=AUTH, json={"kind": "cordon", "target": "node/n002"}).json()[
-            "id"
+def test_real_execution_goes_through_the_remediator(cluster: SimCluster, tmp_path: Path) -> None:
+    outbox = tmp_path / "outbox.jsonl"
+    remediator = Remediator([OutboxActuator(outbox)], AuditLog(cluster.store.url), dry_run=False)
+    settings = cluster.settings(execute_actions=True)
+    with TestClient(create_app(cluster.store, cluster.metrics, settings, executor=remediator.execute)) as client:
+        ids = [
+            client.post("/api/v1/actions", headers=AUTH, json={"kind": kind, "target": "node/n002"}).json()["id"]
+            for kind in ("vendor_ticket", "cordon")
         ]
-        client.post(f"/api/v1/actions/{action_id}/approve", headers=AUTH)
-        done = client.post(f"/api/v1/actions/{action_id}/execute", params={"dry_run": False}, headers=AUTH).json()
-    assert ran == ["node/n002"] and done["status"] == "executed" and not done["dry_run"]
-    assert done["result"] == "cordoned"
+        done = []
+        for action_id in ids:
+            client.post(f"/api/v1/actions/{action_id}/approve", headers=AUTH)
+            response = client.post(f"/api/v1/actions/{action_id}/execute", params={"dry_run": False}, headers=AUTH)
+            done.append(response.json())
+    ticket, cordon = done
+    assert ticket["status"] == "executed" and not ticket["dry_run"] and ticket["params"]["actuator"] == "outbox"
+    (written,) = [json.loads(line) for line in outbox.read_text().splitlines()]
+    assert written["target"] == "node/n002" and written["kind"] == "vendor_ticket"
+    # No actuator for cordon here: the remediator refuses and the action records why.
+    assert cordon["status"] == "refused" and "no actuator" in cordon["result"]
 
 
 def test_incident_status_and_create(client: TestClient, cluster: SimCluster) -> None:

@@ -245,12 +245,11 @@ def execute_action(action_id: str, ctx: Ctx, user: Writer, dry_run: Annotated[bo
             action.result = f"dry-run: would {action.kind.value} {action.target}"
         else:
             assert ctx.executor is not None
-            try:
-                action.result = ctx.executor(action)
-                action.status = ActionStatus.EXECUTED
-            except Exception as err:  # an actuator failure is recorded in the audit trail, not raised
-                action.result = f"failed: {err}"[:2000]
-                action.status = ActionStatus.FAILED
+            # The remediator decides (blast-radius guard, lifecycle, idempotence) and runs the actuator; its
+            # verdict - executed, skipped, refused or failed - is what the action records.
+            decided = ctx.executor(action)
+            action.status, action.result = decided.status, decided.result
+            action.params = {**action.params, **decided.params}
         action.params = {**action.params, "executed_by": user, "executed_at": time.time()}
         ctx.store.update_action(action)
         return action

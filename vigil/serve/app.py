@@ -44,7 +44,7 @@ def create_app(
     *,
     prom: Any = None,
     launch_dirs: list[Path] | None = None,
-    executor: Callable[[Action], str] | None = None,
+    executor: Callable[[Action], Action] | None = None,
     lifecycle: LifecycleStore | None = None,
 ) -> FastAPI:
     """Build the server over a Store (events, incidents, actions, topology) and a metrics source: the

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from vigil.model import VigilInputError
+from vigil.model import Action, VigilInputError
 
 if TYPE_CHECKING:
     from vigil.serve.context import ServeContext
@@ -23,7 +24,9 @@ LaunchOpt = Annotated[
 ]
 
 
-def _context(config: Path | None, metrics_dir: Path | None, launch_dirs: list[Path] | None) -> ServeContext:
+def _context(
+    config: Path | None, metrics_dir: Path | None, launch_dirs: list[Path] | None, actuator: str = "none"
+) -> ServeContext:
     from vigil.config import load_settings
     from vigil.remedy.lifecycle import LifecycleStore
     from vigil.serve.context import ServeContext
@@ -41,14 +44,53 @@ def _context(config: Path | None, metrics_dir: Path | None, launch_dirs: list[Pa
     for launch in launch_dirs or []:
         if not launch.is_dir():
             raise VigilInputError(f"--launch-dir {launch}: not a directory")
+    lifecycle = LifecycleStore(settings.database_url())
     return ServeContext(
         store=store,
         settings=settings,
         metrics=metrics,
         prom=prom,
         launch_dirs=list(launch_dirs or []),
-        lifecycle=LifecycleStore(settings.database_url()),
+        lifecycle=lifecycle,
+        executor=_executor(actuator, settings, store, lifecycle),
     )
+
+
+def _executor(actuator: str, settings: Any, store: Any, lifecycle: Any) -> Callable[[Action], Action] | None:
+    """The remediator behind POST /actions/{id}/execute?dry_run=false: blast-radius guard, node lifecycle and
+    audit log in front of the chosen back end; alerts, tickets and diagnostics go to <home>/outbox.jsonl."""
+    if actuator == "none" or not settings.execute_actions:
+        return None
+    from vigil.model import Topology
+    from vigil.remedy.actuators.base import Actuator, OutboxActuator
+    from vigil.remedy.audit import AuditLog
+    from vigil.remedy.guard import BlastRadiusGuard
+    from vigil.remedy.remediator import Remediator
+
+    backends: list[Actuator] = [OutboxActuator(settings.home / "outbox.jsonl")]
+    if actuator == "kubernetes":
+        from vigil.remedy.actuators.kubernetes import KubernetesActuator
+
+        backends.append(KubernetesActuator())
+    else:
+        from vigil.remedy.actuators.slurm import SlurmActuator
+
+        backends.append(SlurmActuator())
+    guard = BlastRadiusGuard(
+        store.topology() or Topology(),
+        lifecycle,
+        max_share=settings.max_cordon_share,
+        max_share_per_switch=settings.max_cordon_share_per_switch,
+    )
+    remediator = Remediator(
+        backends,
+        AuditLog(settings.database_url()),
+        lifecycle=lifecycle,
+        guard=guard,
+        dry_run=False,
+        requested_by="vigil-api",
+    )
+    return remediator.execute
 
 
 def serve(
@@ -57,13 +99,19 @@ def serve(
     config: ConfigOpt = None,
     metrics_dir: MetricsOpt = None,
     launch_dir: LaunchOpt = None,
+    actuator: Annotated[
+        str,
+        typer.Option(help="none, kubernetes or slurm: what runs approved actions when execute_actions is on"),
+    ] = "none",
 ) -> None:
     """Run the REST API (OpenAPI at /docs), the web dashboard, /metrics and the Alertmanager webhook."""
     import uvicorn
 
     from vigil.serve.app import app_for_context
 
-    ctx = _context(config, metrics_dir, launch_dir)
+    if actuator not in ("none", "kubernetes", "slurm"):
+        raise VigilInputError(f"--actuator {actuator!r}: expected none, kubernetes or slurm")
+    ctx = _context(config, metrics_dir, launch_dir, actuator)
     typer.echo(f"vigil serving on http://{host}:{port} (store {ctx.settings.database_url()})", err=True)
     uvicorn.run(app_for_context(ctx), host=host, port=port, log_level="warning")
 

@@ -66,7 +66,7 @@ class ServeContext:
     metrics: MetricStore | None = None
     prom: Any = None
     launch_dirs: list[Path] = field(default_factory=list)
-    executor: Callable[[Action], str] | None = None
+    executor: Callable[[Action], Action] | None = None
     lifecycle: LifecycleStore | None = None
     collector: VigilCollector = field(init=False)
     # Actions are read-modify-write (approve, execute); one lock keeps two approvals from racing.
