@@ -6,8 +6,9 @@ import time
 
 import pytest
 
+from vigil.diagnose.hang import HangDiagnosis
 from vigil.diagnose.kg import KnowledgeGraph
-from vigil.diagnose.rca import analyze_incident
+from vigil.diagnose.rca import analyze_incident, culprits_from_hang
 from vigil.model import Anomaly, Event, Evidence, FaultLevel, Incident, LogRecord
 from vigil.sim.cluster import build_topology
 
@@ -76,8 +77,12 @@ def test_one_rank_hung_without_hardware_evidence_is_the_rank(kg: KnowledgeGraph)
 
 def test_hang_diagnosis_culprit_is_used(kg: KnowledgeGraph) -> None:
     found = [anomaly("job/j00", "job_hang")]
-    result = analyze_incident(kg, incident_of(found), found, hang_culprits={"job/j00/rank/11": 0.9})
+    hang = HangDiagnosis(verdict="hang", culprit_ranks=[11], job="j00", world_size=64)
+    culprits = culprits_from_hang(hang)
+    assert culprits == {"job/j00/rank/11": 1.0}
+    result = analyze_incident(kg, incident_of(found), found, hang_culprits=culprits)
     assert result.top(1) == [("job/j00/rank/11", "job_hang")]
+    assert any(o.symptom == "hang" and o.entity == "job/j00/rank/11" for o in result.observations)
 
 
 def test_unrelated_noise_does_not_move_the_root_cause(kg: KnowledgeGraph) -> None:

@@ -28,9 +28,10 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from vigil.diagnose.hang import HangDiagnosis
 from vigil.diagnose.kb import KnowledgeBase
 from vigil.diagnose.kg import PEER_IMPACT, KnowledgeGraph
-from vigil.model import Anomaly, Cause, Event, Evidence, Incident, LogRecord, entity_kind
+from vigil.model import Anomaly, Cause, Event, Evidence, Incident, LogRecord, entity_kind, rank_id
 
 EPSILON = 0.02
 PRIOR_WEIGHT = 0.3
@@ -231,6 +232,14 @@ def _odd_ranks(kg: KnowledgeGraph, observations: Sequence[Observation], evidence
             evidence.append(ev)
             found.append(Observation(peer_symptom, rank, 1.0, ev.ref, ev.ts, ev.summary))
     return found
+
+
+def culprits_from_hang(diagnosis: HangDiagnosis, job: str | None = None) -> dict[str, float]:
+    """Hang diagnosis (``vigil launch`` / ``vigil diagnose PATH``) -> culprit rank ids with a confidence that
+    splits over the culprits; ``job`` is the job id the ranks belong to (default: the diagnosis' job)."""
+    name = (job or diagnosis.job).removeprefix("job/")
+    ranks = sorted(set(diagnosis.culprit_ranks))
+    return {rank_id(name, r): 1.0 / len(ranks) for r in ranks} if ranks else {}
 
 
 # --------------------------------------------------------------------------- ranking
