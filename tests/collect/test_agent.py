@@ -163,7 +163,7 @@ def test_prometheus_exposition_over_http() -> None:
             out.add("DCGM_FI_DEV_GPU_TEMP", "gpu/n01/1", 83, pod="trainer-7d9f8c6b5-q8w4m")
             out.add("DCGM_FI_DEV_POWER_USAGE", "gpu/n01/1", 400, node="spoofed", gpu="7")
             out.add("DCGM_FI_DEV_XID_ERRORS", "gpu/n01/1", 79, err_msg="GPU has fallen off the bus")
-            out.events.append(Event(ts=now, entity="gpu/n01/1", kind="gpu_xid", level=FaultLevel.ISOLATE))
+            out.events.append(Event(ts=now, entity="gpu/n01/1", kind="xid", level=FaultLevel.ISOLATE))
             return out
 
     agent = Agent([DcgmLike(), BrokenSource()], fast_settings(), cpu_ratio=lambda: 0.1)
@@ -182,7 +182,7 @@ def test_prometheus_exposition_over_http() -> None:
     assert samples[("DCGM_FI_DEV_XID_ERRORS", (("gpu", "1"), ("node", "n01")))] == 79
     assert samples[("DCGM_FI_DEV_POWER_USAGE", (("gpu", "1"), ("node", "n01")))] == 400
     assert samples[("vigil_agent_source_up", (("source", "broken"),))] == 0
-    assert samples[("vigil_agent_events_total", (("kind", "gpu_xid"), ("level", "isolate")))] == 1
+    assert samples[("vigil_agent_events_total", (("kind", "xid"), ("level", "isolate")))] == 1
     assert samples[("vigil_agent_labels_total", (("outcome", "refused"),))] == 1
     assert ("vigil_agent_degraded", ()) in samples
     assert any(name == "vigil_agent_process_resident_memory_bytes" for name, _ in samples)
@@ -194,7 +194,7 @@ def test_events_are_pushed_to_the_server_with_the_token_and_retried(page_server)
 
         def collect(self, now: float) -> Collection:
             return Collection(
-                events=[Event(ts=now, entity="gpu/n01/0", kind="gpu_xid", level=FaultLevel.DRAIN, attrs={"xid": 119})]
+                events=[Event(ts=now, entity="gpu/n01/0", kind="xid", level=FaultLevel.DRAIN, attrs={"xid": 119})]
             )
 
     page_server.status = 503
@@ -208,7 +208,7 @@ def test_events_are_pushed_to_the_server_with_the_token_and_retried(page_server)
     page_server.status = 201
     wait_for(lambda: (agent.step(), agent._pusher is not None and agent._pusher.sent >= 2)[1])
     body = json.loads(page_server.received[-1])
-    assert body[0]["kind"] == "gpu_xid" and body[0]["attrs"] == {"xid": 119}
+    assert body[0]["kind"] == "xid" and body[0]["attrs"] == {"xid": 119}
     assert page_server.headers[-1]["Authorization"] == "Bearer s3cret"
 
 
@@ -223,7 +223,7 @@ def test_cli_once_json_on_this_machine_says_no_gpu_and_collects_the_rest(tmp_pat
     sources = {s["name"]: s for s in report["sources"]}
     assert sources["nvml"]["status"].startswith("no GPU")
     assert sources["host"]["points"] > 5
-    assert report["events"] == {"gpu_xid/isolate": 1}
+    assert report["events"] == {"xid/isolate": 1}
 
 
 def test_cli_rejects_a_bad_interval() -> None:
@@ -290,7 +290,7 @@ def test_real_sources_end_to_end_xid_lands_on_the_gpu_named_by_dcgm_exporter(pag
     original = agent._accept_events
     agent._accept_events = lambda batch: (events.extend(batch), original(batch))  # type: ignore[method-assign]
     agent.collect_once()
-    assert [(e.kind, e.entity, e.level) for e in events] == [("gpu_xid", "gpu/n01/1", FaultLevel.ISOLATE)]
+    assert [(e.kind, e.entity, e.level) for e in events] == [("xid", "gpu/n01/1", FaultLevel.ISOLATE)]
     report = agent.report()
     assert {s["name"] for s in report["sources"]} >= {"host", "nvml", "infiniband", "dcgm", "kernel"}
     assert any(p["metric"] == "DCGM_FI_DEV_GPU_TEMP" and p["labels"].get("pod") == "trainer" for p in report["points"])

@@ -131,7 +131,7 @@ def test_last_xid_gauge_changes_become_events_when_asked(dcgm_page) -> None:
     [event] = scraper.parse_page(changed, 3.0).events
     assert (event.entity, event.kind, event.attrs["xid"], event.level) == (
         "gpu/n07/0",
-        "gpu_xid",
+        "xid",
         119,
         FaultLevel.DRAIN,
     )

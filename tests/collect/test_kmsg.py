@@ -31,7 +31,7 @@ def test_real_xid_119_capture_gives_one_drain_event_per_xid(shared_data: Path) -
     lines = capture.read_text().splitlines()
     kernel = source(lines, gpu_index={"0000:9b:00": 4}.get)
     out = kernel.collect(2e9)
-    xids = [e for e in out.events if e.kind == "gpu_xid"]
+    xids = [e for e in out.events if e.kind == "xid"]
     assert len(xids) == sum("NVRM: Xid" in line for line in lines) == 5
     first = xids[0]
     assert first.entity == "gpu/n01/4"
@@ -51,7 +51,7 @@ def test_real_nccl_segfault_capture_in_iso_format(shared_data: Path) -> None:
     capture = shared_data / "xid" / "log_samples" / "gpud_testdata_nccl_dmesg.decode.iso.log"
     kernel = source(capture.read_text().splitlines())
     out = kernel.collect(2e9)
-    assert [e.kind for e in out.events] == ["process_segfault", "process_segfault"]
+    assert [(e.kind, e.attrs["signature"]) for e in out.events] == [("kernel", "segfault")] * 2
     assert out.events[0].ts == pytest.approx(1737434504.285060)
     assert kernel.problems.total() == 0
 
@@ -78,7 +78,7 @@ def test_every_dmesg_shape_decodes_to_the_same_event(line: str, ts: float) -> No
     kernel = source([line], gpu_index={"0000:18:00": 0}.get)
     [event] = kernel.collect(2e9).events
     assert (event.kind, event.entity, event.level, event.attrs["xid"]) == (
-        "gpu_xid",
+        "xid",
         "gpu/n01/0",
         FaultLevel.ISOLATE,
         79,
@@ -116,12 +116,14 @@ def test_unexpected_line_formats_are_counted_and_xids_still_found(caplog) -> Non
 
 
 @pytest.mark.parametrize(
-    "message, kind, level",
+    "message, signature, level",
     [
-        ("NVRM: GPU at PCI:0000:18:00: GPU has fallen off the bus.", "gpu_lost", FaultLevel.ISOLATE),
-        ("mce: [Hardware Error]: Machine check events logged", "cpu_mce", FaultLevel.DEGRADED),
+        ("NVRM: GPU at PCI:0000:18:00: GPU has fallen off the bus.", "gpu_fallen_off_bus", FaultLevel.ISOLATE),
+        ("mce: [Hardware Error]: Machine check events logged", "mce", FaultLevel.DRAIN),
+        ("mlx5_core 0000:0c:00.0 ens1f0np0: Link down", "mlx5_link_down", FaultLevel.ISOLATE),
+        ("mlx5_core 0000:0c:00.0: poll_health: device's health compromised", "mlx5_health", FaultLevel.ISOLATE),
         ("EXT4-fs (nvme0n1p1): Remounting filesystem read-only", "fs_readonly", FaultLevel.DRAIN),
-        ("Out of memory: Killed process 1234 (python) total-vm:1kB", "host_oom", FaultLevel.OBSERVE),
+        ("Out of memory: Killed process 1234 (python) total-vm:1kB", "oom_kill", FaultLevel.OBSERVE),
         (
             "nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress",
             "nvswitch_sxid",
@@ -129,9 +131,11 @@ def test_unexpected_line_formats_are_counted_and_xids_still_found(caplog) -> Non
         ),
     ],
 )
-def test_other_kernel_faults(message: str, kind: str, level: FaultLevel) -> None:
+def test_other_kernel_faults_carry_the_rule_detectors_signatures(
+    message: str, signature: str, level: FaultLevel
+) -> None:
     [event] = source([f"[ 1.0] {message}"]).collect(0.0).events
-    assert (event.kind, event.level) == (kind, level)
+    assert (event.kind, event.attrs["signature"], event.level) == ("kernel", signature, level)
 
 
 def test_ordinary_kernel_lines_give_no_event() -> None:
@@ -202,7 +206,7 @@ def test_any_kernel_line_decodes_without_raising(line: str) -> None:
     event = kernel.decode(line, 1.0)
     assert event is None or event.entity.startswith(("node/n01", "gpu/n01/"))
     xid_line = kernel.decode(f"[ 1.0] NVRM: Xid (PCI:0000:18:00): {line}", 1.0)
-    assert xid_line is None or xid_line.kind == "gpu_xid"
+    assert xid_line is None or xid_line.kind == "xid"
 
 
 def test_real_journalctl_is_used_only_when_it_holds_kernel_messages() -> None:

@@ -73,10 +73,10 @@ def test_conditions_become_points_and_bad_transitions_events() -> None:
         V1NodeCondition(type="GpuXidError", status="True", reason="Xid79", last_transition_time=T0),
     ]
     events = source.collect(T0.timestamp() + 10).events
-    assert [(e.kind, e.level) for e in events] == [
-        ("kubelet_down", FaultLevel.DRAIN),
-        ("node_pressure", FaultLevel.DEGRADED),
-        ("node_condition", FaultLevel.DEGRADED),
+    assert [(e.kind, e.attrs["reason"], e.attrs["signature"], e.level) for e in events] == [
+        ("k8s", "NodeNotReady", "kubelet_down", FaultLevel.DRAIN),
+        ("k8s", "DiskPressure", "node_pressure", FaultLevel.DEGRADED),
+        ("k8s", "GpuXidError", "node_condition", FaultLevel.DEGRADED),
     ]
     assert source.collect(T0.timestamp() + 20).events == []
 
@@ -86,7 +86,7 @@ def test_warning_events_reported_once_and_normal_ones_ignored() -> None:
     api.events = [event("a", "NodeNotReady"), event("b", "Starting", kind="Normal")]
     source = KubernetesSource(node="n01", api=api)
     first = source.collect(T0.timestamp())
-    assert [(e.kind, e.attrs["reason"]) for e in first.events] == [("k8s_event", "NodeNotReady")]
+    assert [(e.kind, e.attrs["reason"]) for e in first.events] == [("k8s", "NodeNotReady")]
     assert source.collect(T0.timestamp()).events == []
     api.events = [event("a", "NodeNotReady", count=2)]
     assert len(source.collect(T0.timestamp()).events) == 1  # the same event happening again

@@ -127,7 +127,7 @@ class DcgmExporterScraper(Source):
                 Event(
                     ts=now,
                     entity=point.entity,
-                    kind="gpu_xid",
+                    kind="xid",
                     source="dcgm-exporter",
                     level=info.level,
                     message=f"Xid {code} ({info.mnemonic}) reported by dcgm-exporter",

@@ -47,28 +47,27 @@ _DMESG_ISO = re.compile(
 )
 _SYSLOG = re.compile(r"^(?P<when>[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d) \S+ kernel: (?:\[\s*\d+\.\d+\] )?(?P<msg>.*)$")
 
-# Kernel messages other than Xids that name a fault of the catalogue: (pattern, event kind, level).
+# Kernel messages other than Xids, as (pattern, signature, level): each becomes an Event of kind "kernel"
+# with ``attrs.signature``, the vocabulary the rule detector (vigil/detect/rules.py KERNEL_FAULTS) reads.
 KERNEL_PATTERNS: list[tuple[re.Pattern[str], str, FaultLevel]] = [
     (
         re.compile(r"NVRM: GPU (?:at PCI:)?(?P<pci>[0-9a-fA-F:.]+):? GPU has fallen off the bus"),
-        "gpu_lost",
+        "gpu_fallen_off_bus",
         FaultLevel.ISOLATE,
     ),
+    (re.compile(r"SXid \(PCI:(?P<pci>[0-9a-fA-F:.]+)\): (?P<code>\d+)"), "nvswitch_sxid", FaultLevel.DEGRADED),
+    (re.compile(r"mce: \[Hardware Error\]"), "mce", FaultLevel.DRAIN),
+    (re.compile(r"[Rr]emounting filesystem read-only"), "fs_readonly", FaultLevel.DRAIN),
+    (re.compile(r"mlx5_core \S+ \S+: Link down"), "mlx5_link_down", FaultLevel.ISOLATE),
     (
-        re.compile(r"SXid \(PCI:(?P<pci>[0-9a-fA-F:.]+)\): (?P<code>\d+)"),
-        "nvswitch_sxid",
-        FaultLevel.DEGRADED,
+        re.compile(r"mlx5_core \S+: .*(?:health compromised|internal error|unrecoverable)"),
+        "mlx5_health",
+        FaultLevel.ISOLATE,
     ),
-    (re.compile(r"mce: \[Hardware Error\]"), "cpu_mce", FaultLevel.DEGRADED),
-    (
-        re.compile(r"Remounting filesystem read-only|remounting filesystem read-only"),
-        "fs_readonly",
-        FaultLevel.DRAIN,
-    ),
-    (re.compile(r"Out of memory: Killed process|oom-kill:"), "host_oom", FaultLevel.OBSERVE),
+    (re.compile(r"Out of memory: Killed process|oom-kill:"), "oom_kill", FaultLevel.OBSERVE),
     (
         re.compile(r"segfault at \S+ ip \S+ sp \S+ error \d+ in (?P<lib>libnccl|libcuda|libcudart)"),
-        "process_segfault",
+        "segfault",
         FaultLevel.OBSERVE,
     ),
 ]
@@ -204,18 +203,21 @@ class KernelLogSource(Source):
         message = parsed.message
         if "Xid" in message and "SXid" not in message:
             return self._xid_event(parsed, message)
-        for pattern, kind, level in KERNEL_PATTERNS:
+        for pattern, signature, level in KERNEL_PATTERNS:
             match = pattern.search(message)
             if match:
                 pci = match.groupdict().get("pci")
+                attrs: dict[str, object] = {"signature": signature}
+                if pci:
+                    attrs["pci_bus"] = pci
                 return Event(
                     ts=parsed.ts,
                     entity=self._entity(pci),
-                    kind=kind,
+                    kind="kernel",
                     source="kernel",
                     level=level,
                     message=message[:8192],
-                    attrs={"pci_bus": pci} if pci else {},
+                    attrs=attrs,
                 )
         return None
 
@@ -232,7 +234,7 @@ class KernelLogSource(Source):
         return Event(
             ts=parsed.ts,
             entity=self._entity(xid.pci_bus),
-            kind="gpu_xid",
+            kind="xid",
             source="kernel",
             level=info.level,
             message=message[:8192],

@@ -7,9 +7,9 @@ server runs on the development machine.
 
 Conditions become points ``vigil_node_condition{condition=...}`` (1 = the condition holds), which stays low
 cardinality because condition types are a fixed, small set per cluster. A condition turning bad becomes an
-event (Ready False/Unknown -> kubelet_down; pressure -> node_pressure; NVSentinel / node-problem-detector
-conditions such as GpuXidError or SysLogsXIDError -> node_condition). Warning events about the node become
-``k8s_event`` events, each reported once.
+event of kind ``k8s`` (Ready False/Unknown -> reason NodeNotReady; pressure, NetworkUnavailable, and
+NVSentinel / node-problem-detector conditions such as GpuXidError -> reason = the condition type). Warning
+events about the node become ``k8s`` events with their own reason, each reported once.
 """
 
 from __future__ import annotations
@@ -92,23 +92,31 @@ class KubernetesSource(Source):
             self._bad[kind] = bad
 
     def _condition_event(self, now: float, entity: str, condition: Any) -> Event:
+        """Kind "k8s" like every Kubernetes fact; ``reason`` NodeNotReady for Ready (the node controller's own
+        reason for it, which the rule detector reads), else the condition type; ``signature`` says which."""
         kind = condition.type
         if kind == "Ready":
-            event_kind, level = "kubelet_down", FaultLevel.DRAIN
+            signature, reason, level = "kubelet_down", "NodeNotReady", FaultLevel.DRAIN
         elif kind in PRESSURE:
-            event_kind, level = "node_pressure", FaultLevel.DEGRADED
+            signature, reason, level = "node_pressure", kind, FaultLevel.DEGRADED
         elif kind == "NetworkUnavailable":
-            event_kind, level = "node_network_unavailable", FaultLevel.DRAIN
+            signature, reason, level = "node_network_unavailable", kind, FaultLevel.DRAIN
         else:
-            event_kind, level = "node_condition", FaultLevel.DEGRADED
+            signature, reason, level = "node_condition", kind, FaultLevel.DEGRADED
         return Event(
             ts=_timestamp(condition.last_transition_time, now),
             entity=entity,
-            kind=event_kind,
+            kind="k8s",
             source="kubernetes",
             level=level,
             message=f"{kind}={condition.status}: {condition.reason or ''} {condition.message or ''}".strip(),
-            attrs={"condition": kind, "status": condition.status, "reason": condition.reason or ""},
+            attrs={
+                "signature": signature,
+                "reason": reason,
+                "condition": kind,
+                "status": condition.status,
+                "condition_reason": condition.reason or "",
+            },
         )
 
     def _events(self, out: Collection, now: float, items: list[Any]) -> None:
@@ -130,7 +138,7 @@ class KubernetesSource(Source):
                 Event(
                     ts=ts,
                     entity=node_id(self.node),
-                    kind="k8s_event",
+                    kind="k8s",
                     source="kubernetes",
                     level=FaultLevel.OBSERVE,
                     message=f"{item.reason}: {item.message or ''}"[:8192],
