@@ -156,12 +156,7 @@ class KnowledgeGraph:
         cached = self._reach.get((entity, max_depth))
         if cached is not None:
             return cached
-        if self._impact_preds is None:
-            self._impact_preds = {}
-            for source, target, data in self.graph.edges(data=True):
-                if "impact" in data and self.graph.nodes[source].get("kind") != "nvlink":
-                    self._impact_preds.setdefault(target, []).append((source, float(data["impact"])))
-        preds = self._impact_preds
+        preds = self._predecessors()
         reach = {entity: 1.0}
         frontier = deque([(entity, 1.0, 0)])
         while frontier:
@@ -176,6 +171,22 @@ class KnowledgeGraph:
         if len(self._reach) < 200_000:
             self._reach[(entity, max_depth)] = reach
         return reach
+
+    def _predecessors(self) -> dict[str, list[tuple[str, float]]]:
+        """Impact predecessors per entity as plain lists: the reverse walk's hot loop avoids graph views."""
+        if self._impact_preds is None:
+            preds: dict[str, list[tuple[str, float]]] = {}
+            for source, target, data in self.graph.edges(data=True):
+                if "impact" in data and self.graph.nodes[source].get("kind") != "nvlink":
+                    preds.setdefault(target, []).append((source, float(data["impact"])))
+            self._impact_preds = preds
+        return self._impact_preds
+
+    def prepare(self) -> KnowledgeGraph:
+        """Build the per-topology tables (walk matrix, predecessor lists) now instead of on first use."""
+        self._ensure_walk()
+        self._predecessors()
+        return self
 
     def node_of(self, entity: str) -> str | None:
         kind = self.kind(entity)
