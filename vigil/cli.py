@@ -35,6 +35,9 @@ from vigil.precheck.cli import precheck_command as _precheck  # noqa: E402
 
 app.command("precheck")(_precheck)
 app.command("inspect")(_inspect)
+from vigil.remedy.cli import app as _remedy  # noqa: E402
+
+app.add_typer(_remedy, name="remedy")
 from vigil.logs.cli import app as _logs  # noqa: E402
 
 app.add_typer(_logs, name="logs")

@@ -101,8 +101,10 @@ class Remediator:
         if not self.dry_run and self._done_per_actuator(action, actuator):
             action.status, action.result = (
                 ActionStatus.SKIPPED,
-                f"{action.target} already {action.kind.value}",
+                f"{action.target} already {action.kind.value} per {actuator.name}",
             )
+            # The back end is already there (Slurm's DRAIN is both cordon and drain): follow it.
+            self._advance_lifecycle(action)
             return
         if self.dry_run:
             action.status, action.result = (

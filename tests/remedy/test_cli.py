@@ -1,0 +1,84 @@
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from vigil.config import settings
+from vigil.model import Anomaly, FaultLevel, Node, Topology
+from vigil.remedy.cli import app
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    monkeypatch.setenv("VIGIL_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("VIGIL_DB_URL", f"sqlite:///{tmp_path}/vigil.db")
+    settings.cache_clear()
+    yield tmp_path
+    settings.cache_clear()
+
+
+def write_inputs(root: Path) -> tuple[Path, Path]:
+    anomalies = root / "anomalies.jsonl"
+    anomalies.write_text(
+        "\n".join(
+            Anomaly(
+                entity=f"gpu/n{i}/0", start=0, end=0, detector="t", fault_type="xid_79", level=FaultLevel.ISOLATE
+            ).to_json()
+            for i in range(4)
+        )
+    )
+    topology = root / "topology.json"
+    topology.write_text(Topology(nodes=[Node(name=f"n{i}", switch=f"s{i % 2}") for i in range(20)]).to_json())
+    return anomalies, topology
+
+
+def test_policies_command() -> None:
+    result = CliRunner().invoke(app, ["policies", "--json"])
+    assert result.exit_code == 0
+    assert [p["name"] for p in json.loads(result.stdout)["policies"]][0] == "job-rank-failure"
+
+
+def test_apply_dry_run_then_execute_with_guard(home: Path, fake_slurm: Path) -> None:
+    anomalies, topology = write_inputs(home)
+    runner = CliRunner()
+    dry = runner.invoke(app, ["apply", str(anomalies), "--backend", "slurm", "--json"])
+    assert dry.exit_code == 0, dry.output
+    assert {a["status"] for a in json.loads(dry.stdout) if a["kind"] == "cordon"} == {"proposed"}
+    assert not (fake_slurm / "calls.log").exists()
+
+    refused = runner.invoke(app, ["apply", str(anomalies), "--execute"])
+    assert refused.exit_code != 0 and "--topology" in str(refused.exception)
+
+    live = runner.invoke(
+        app, ["apply", str(anomalies), "--execute", "--topology", str(topology), "--backend", "slurm", "--json"]
+    )
+    assert live.exit_code == 0, live.output
+    cordons = [a for a in json.loads(live.stdout) if a["kind"] == "cordon"]
+    # 10% of 20 nodes: two may go out of service; the other two are refused by the guard.
+    assert [a["status"] for a in cordons] == ["executed", "executed", "refused", "refused"]
+    states = json.loads(runner.invoke(app, ["lifecycle", "--json"]).stdout)
+    assert {s["node"]: s["state"] for s in states} == {"node/n0": "draining", "node/n1": "draining"}
+    audit = json.loads(runner.invoke(app, ["audit", "--json", "--limit", "1000"]).stdout)
+    assert len(audit) == len(json.loads(dry.stdout)) + len(json.loads(live.stdout))
+
+
+def test_self_check_returns_a_repaired_node(home: Path, fake_slurm: Path) -> None:
+    from vigil.remedy.lifecycle import LifecycleStore, Trigger
+
+    store = LifecycleStore()
+    store.apply("node/n7", Trigger.CORDON)
+    store.apply("node/n7", Trigger.REPAIR)
+    result = CliRunner().invoke(app, ["self-check", "node/n7", "--passed"])
+    assert result.exit_code == 0 and "healthy" in result.stdout
+    assert store.status("node/n7").state.value == "healthy"
+
+
+def test_bad_anomaly_line_names_the_line(home: Path) -> None:
+    bad = home / "bad.jsonl"
+    bad.write_text('{"entity": "gpu/n1/0"}\n')
+    result = CliRunner().invoke(app, ["apply", str(bad)])
+    assert result.exit_code != 0 and "bad.jsonl:1" in str(result.exception)

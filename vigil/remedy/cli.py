@@ -1,0 +1,217 @@
+"""`vigil remedy ...`: policies, planning and acting on anomalies, the audit log, node lifecycle."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from vigil.model import Action, Anomaly, VigilInputError
+
+app = typer.Typer(
+    help="Remediation: policies, actions (dry-run by default), audit log, node lifecycle.", no_args_is_help=True
+)
+console = Console()
+
+
+@app.command("policies")
+def policies_command(
+    path: Annotated[Path | None, typer.Argument(help="policy YAML (default: the built-in policies)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the validated policies as JSON")] = False,
+) -> None:
+    """Validate a policy file and show which faults lead to which actions."""
+    from vigil.remedy.policy import load_policies
+
+    policies = load_policies(path)
+    if as_json:
+        typer.echo(policies.model_dump_json(indent=2, by_alias=True))
+        return
+    table = Table(title=f"Policies ({path or 'built-in'}), first match wins")
+    for column in ("policy", "match", "actions", "cooldown", "escalation"):
+        table.add_column(column)
+    for policy in policies.policies:
+        match = policy.match
+        parts = [
+            f"level>={match.min_level.label}" if match.min_level is not None else "",
+            f"level<={match.max_level.label}" if match.max_level is not None else "",
+            "types " + ",".join(match.fault_types) if match.fault_types else "",
+            "on " + ",".join(match.entity_kinds) if match.entity_kinds else "",
+        ]
+        cooldown = policy.cooldown_s if policy.cooldown_s is not None else policies.defaults.cooldown_s
+        escalation = "; ".join(
+            f"{s.after}x/{s.within_s:g}s -> {','.join(a.value for a in s.actions)}" for s in policy.escalation
+        )
+        table.add_row(
+            policy.name,
+            " ".join(p for p in parts if p) or "any",
+            ", ".join(a.value for a in policy.actions),
+            f"{cooldown:g}s",
+            escalation,
+        )
+    console.print(table)
+
+
+def _read_anomalies(path: Path) -> list[Anomaly]:
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        raise VigilInputError(f"anomaly file {path} does not exist") from None
+    anomalies = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            anomalies.append(Anomaly.from_json(line))
+        except VigilInputError as err:
+            raise VigilInputError(f"{path}:{number}: {err}") from None
+    return anomalies
+
+
+@app.command("apply")
+def apply_command(
+    anomalies: Annotated[Path, typer.Argument(help="anomalies, one Anomaly JSON record per line")],
+    policies: Annotated[Path | None, typer.Option("--policies", help="policy YAML")] = None,
+    topology: Annotated[
+        Path | None, typer.Option("--topology", help="Topology JSON (for the blast-radius guard)")
+    ] = None,
+    backend: Annotated[str, typer.Option("--backend", help="none, kubernetes or slurm")] = "none",
+    execute: Annotated[bool, typer.Option("--execute", help="act for real (default: dry-run)")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the resulting actions as JSON")] = False,
+) -> None:
+    """Plan actions for anomalies with the policies and carry them out (dry-run unless --execute)."""
+    from vigil.config import settings
+    from vigil.model import Topology
+    from vigil.remedy.actuators.base import Actuator, OutboxActuator
+    from vigil.remedy.audit import AuditLog
+    from vigil.remedy.guard import BlastRadiusGuard
+    from vigil.remedy.lifecycle import LifecycleStore
+    from vigil.remedy.policy import PolicyEngine, load_policies
+    from vigil.remedy.remediator import Remediator
+
+    dry_run = not (execute or settings().execute_actions)
+    if not dry_run and topology is None:
+        raise VigilInputError("--execute needs --topology: the blast-radius guard must know the cluster")
+    actuators: list[Actuator] = [OutboxActuator(settings().home / "outbox.jsonl")]
+    if backend == "kubernetes":
+        from vigil.remedy.actuators.kubernetes import KubernetesActuator
+
+        actuators.append(KubernetesActuator())
+    elif backend == "slurm":
+        from vigil.remedy.actuators.slurm import SlurmActuator
+
+        actuators.append(SlurmActuator())
+    elif backend != "none":
+        raise VigilInputError(f"--backend must be none, kubernetes or slurm, got {backend!r}")
+    lifecycle = LifecycleStore()
+    guard = None
+    if topology is not None:
+        try:
+            cluster = Topology.from_json(topology.read_text())
+        except FileNotFoundError:
+            raise VigilInputError(f"topology file {topology} does not exist") from None
+        guard = BlastRadiusGuard(
+            cluster,
+            lifecycle,
+            max_share=settings().max_cordon_share,
+            max_share_per_switch=settings().max_cordon_share_per_switch,
+        )
+    remediator = Remediator(
+        actuators, AuditLog(), lifecycle=lifecycle, guard=guard, dry_run=dry_run, requested_by="vigil-cli"
+    )
+    engine = PolicyEngine(load_policies(policies))
+    actions = []
+    for anomaly in _read_anomalies(anomalies):
+        actions.extend(remediator.handle(anomaly, engine))
+    if as_json:
+        typer.echo(json.dumps([a.model_dump(mode="json") for a in actions], indent=2))
+        return
+    _print_actions(actions, f"Actions ({'dry-run' if dry_run else 'executed'})")
+
+
+def _print_actions(actions: Sequence[Action], title: str) -> None:
+    table = Table(title=title)
+    for column in ("time", "action", "target", "status", "result / reason"):
+        table.add_column(column)
+    for action in actions:
+        table.add_row(
+            f"{action.ts:.0f}", action.kind.value, action.target, action.status.value, action.result or action.reason
+        )
+    console.print(table)
+
+
+@app.command("audit")
+def audit_command(
+    target: Annotated[str | None, typer.Option("--target", help="only actions on this entity")] = None,
+    limit: Annotated[int, typer.Option("--limit", help="newest N actions")] = 50,
+    as_json: Annotated[bool, typer.Option("--json", help="print the actions as JSON")] = False,
+) -> None:
+    """The audit log: every action proposed, refused, skipped or executed, with who / why / result."""
+    from vigil.remedy.audit import AuditLog
+
+    actions = AuditLog().actions(target=target)[-limit:]
+    if as_json:
+        typer.echo(json.dumps([a.model_dump(mode="json") for a in actions], indent=2))
+        return
+    _print_actions(actions, "Audit log")
+
+
+@app.command("lifecycle")
+def lifecycle_command(
+    as_json: Annotated[bool, typer.Option("--json", help="print node states as JSON")] = False,
+) -> None:
+    """Node lifecycle states (healthy, suspect, cordoned, draining, repairing, self_check, vendor_repair)."""
+    from vigil.remedy.lifecycle import LifecycleStore
+
+    nodes = LifecycleStore().all()
+    if as_json:
+        typer.echo(
+            json.dumps(
+                [
+                    {
+                        "node": n.node,
+                        "state": n.state.value,
+                        "since": n.since,
+                        "reason": n.reason,
+                        "repair_attempts": n.repair_attempts,
+                    }
+                    for n in nodes
+                ],
+                indent=2,
+            )
+        )
+        return
+    table = Table(title="Node lifecycle")
+    for column in ("node", "state", "since", "repairs", "reason"):
+        table.add_column(column)
+    for n in nodes:
+        table.add_row(n.node, n.state.value, f"{n.since:.0f}", str(n.repair_attempts), n.reason)
+    console.print(table)
+
+
+@app.command("self-check")
+def self_check_command(
+    node: Annotated[str, typer.Argument(help="node id, e.g. node/n012")],
+    passed: Annotated[bool, typer.Option("--passed/--failed", help="the self-check result after repair")],
+    execute: Annotated[bool, typer.Option("--execute", help="uncordon for real (default: dry-run)")] = False,
+) -> None:
+    """Close a repair: record the self-check result; a pass returns the node, repeated failures go to the vendor."""
+    from vigil.config import settings
+    from vigil.remedy.actuators.base import OutboxActuator
+    from vigil.remedy.audit import AuditLog
+    from vigil.remedy.lifecycle import LifecycleStore
+    from vigil.remedy.remediator import Remediator
+
+    remediator = Remediator(
+        [OutboxActuator(settings().home / "outbox.jsonl")],
+        AuditLog(),
+        lifecycle=LifecycleStore(),
+        dry_run=not execute,
+        requested_by="vigil-cli",
+    )
+    state = remediator.finish_repair(node, passed, "vigil remedy self-check")
+    console.print(f"{node}: {state.value}")
