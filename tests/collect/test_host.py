@@ -27,3 +27,17 @@ def test_cpu_meter_sees_a_busy_loop() -> None:
     import psutil
 
     assert meter.ratio() >= 0.5 / psutil.cpu_count()
+
+
+def test_fan_speed_is_the_slowest_hwmon_fan(monkeypatch) -> None:
+    from collections import namedtuple
+
+    import psutil
+
+    fan = namedtuple("fan", "label current")
+    monkeypatch.setattr(psutil, "sensors_fans", lambda: {"dell_smm": [fan("", 9000), fan("", 1200)]})
+    got = {p.metric: p.value for p in HostCollector(node="n01").collect(1e10).points}
+    assert got["vigil_node_fan_speed_min_rpm"] == 1200
+    monkeypatch.setattr(psutil, "sensors_fans", lambda: {})
+    got = {p.metric: p.value for p in HostCollector(node="n01").collect(1e10).points}
+    assert "vigil_node_fan_speed_min_rpm" not in got

@@ -70,7 +70,15 @@ class HostCollector(Source):
         out.add("vigil_node_network_errors_total", entity, net.errin + net.errout)
         out.add("vigil_node_processes", entity, len(psutil.pids()))
         out.add("vigil_node_uptime_seconds", entity, now - psutil.boot_time())
+        out.add("vigil_node_fan_speed_min_rpm", entity, self._slowest_fan())
         return out
+
+    @staticmethod
+    def _slowest_fan() -> float | None:
+        """The slowest fan the hwmon drivers expose (a failing fan slows first); None on VMs without fans."""
+        fans = psutil.sensors_fans() if hasattr(psutil, "sensors_fans") else {}
+        speeds = [fan.current for entries in fans.values() for fan in entries]
+        return float(min(speeds)) if speeds else None
 
     def _root_readonly(self) -> int | None:
         """1 when the root filesystem is mounted read-only (ext4 remounts ro after I/O errors)."""
