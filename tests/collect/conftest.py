@@ -68,7 +68,7 @@ def fast_settings(**overrides: object) -> AgentSettings:
     base: dict[str, object] = {
         "node": "n01",
         "intervals": {"host": 0.1, "gpu": 0.1, "network": 0.1, "kernel": 0.1},
-        "timeout_s": 0.3,
+        "timeout_s": 10.0,
         "load_check_s": 0.05,
         "port": 0,
         "dcgm_url": "",

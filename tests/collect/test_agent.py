@@ -69,7 +69,7 @@ def wait_for(condition: Callable[[], bool], timeout_s: float = 20.0) -> None:
 
 def test_a_hung_source_never_stops_the_others() -> None:
     healthy, hung, broken = CountingSource(), HangingSource(), BrokenSource()
-    agent = Agent([healthy, hung, broken], fast_settings(), cpu_ratio=lambda: 0.1)
+    agent = Agent([healthy, hung, broken], fast_settings(timeout_s=1.0), cpu_ratio=lambda: 0.1)
     loop = threading.Thread(target=agent.run, daemon=True)
     loop.start()
     try:
@@ -96,7 +96,7 @@ def test_a_hung_source_never_stops_the_others() -> None:
 
 def test_collect_once_returns_when_a_source_hangs() -> None:
     hung = HangingSource()
-    agent = Agent([CountingSource(), hung], fast_settings(timeout_s=0.5), cpu_ratio=lambda: 0.1)
+    agent = Agent([CountingSource(), hung], fast_settings(timeout_s=1.0), cpu_ratio=lambda: 0.1)
     started = time.monotonic()
     agent.collect_once()
     assert time.monotonic() - started < 10
