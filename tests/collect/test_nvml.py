@@ -67,7 +67,7 @@ def test_generation_drop_alone_is_power_saving_not_a_downgrade() -> None:
 
 def test_row_remap_failure_isolates_and_recovery_action_change_is_reported() -> None:
     gpu = FakeGpu(remap=(0, 5, 0, 1), recovery_action=0)
-    collector = NvmlCollector(node="n01", nvml=FakeNvml([gpu]))
+    collector = NvmlCollector(node="n01", nvml=FakeNvml([gpu]), health_every=1)
     out = collector.collect(1.0)
     assert [(e.kind, e.level) for e in out.events] == [("gpu_row_remap_failure", FaultLevel.ISOLATE)]
     gpu.remap = (0, 5, 0, 0)
@@ -122,3 +122,24 @@ def test_shutdown_on_close() -> None:
 
 def test_pci_bus_ids_from_nvml_and_kernel_agree() -> None:
     assert normalise_pci_bus("00000000:9B:00.0") == normalise_pci_bus("0000:9b:00") == "0000:9b:00"
+
+
+def test_health_counters_are_read_every_nth_collect_and_repeated_in_between() -> None:
+    gpu = FakeGpu(nvlinks=[1] * 18, sbe=3)
+    nvml = FakeNvml([gpu])
+    collector = NvmlCollector(node="n01", nvml=nvml, health_every=3)
+    seen = []
+    for t in range(7):
+        nvml.calls.clear()
+        out = collector.collect(float(t))
+        seen.append((nvml.calls.count("nvmlDeviceGetNvLinkErrorCounter"), values(out, "gpu/n01/0")))
+        gpu.sbe += 1
+    assert [calls for calls, _ in seen] == [72, 0, 0, 72, 0, 0, 72]  # 18 links x 4 counters
+    assert [v["DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"] for _, v in seen] == [3, 3, 3, 6, 6, 6, 9]
+    assert all(v["DCGM_FI_DEV_GPU_UTIL"] == 87 and v["vigil_gpu_nvlink_links_up"] == 18 for _, v in seen)
+
+
+def test_row_remap_failure_is_reported_once() -> None:
+    collector = NvmlCollector(node="n01", nvml=FakeNvml([FakeGpu(remap=(0, 5, 0, 1))]), health_every=1)
+    assert len(collector.collect(1.0).events) == 1
+    assert collector.collect(2.0).events == []

@@ -16,7 +16,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from vigil.collect.base import Collection, Source, default_node_name
+from vigil.collect.base import Collection, Point, Source, default_node_name
 from vigil.model import Event, FaultLevel, gpu_id, node_id
 
 # NVML's recovery action enum (nvmlDeviceGetFieldValues NVML_FI_DEV_GET_GPU_RECOVERY_ACTION): names as in
@@ -50,8 +50,16 @@ class NvmlCollector(Source):
     name = "nvml"
     kind = "gpu"
 
-    def __init__(self, node: str | None = None, nvml: Any = None) -> None:
+    def __init__(self, node: str | None = None, nvml: Any = None, health_every: int = 6) -> None:
         super().__init__()
+        # Health counters (ECC, row remapping / retired pages, per-link NVLink errors) change rarely and cost
+        # most of the NVML calls (5 per NVLink link, 18 links on an H100): they are read on every
+        # ``health_every``-th collect and their last values repeated in between - 60 s at the 10 s default.
+        self.health_every = max(1, health_every)
+        self._reads = 0
+        self._health: dict[int, list[Point]] = {}
+        self._links: dict[int, int] = {}
+        self._remap_failed: set[str] = set()
         self.node = node or default_node_name()
         self._nvml: Any = nvml
         self._initialised = False
@@ -124,11 +132,13 @@ class NvmlCollector(Source):
             return out
         out.status = self.status
         out.add("vigil_node_gpus", node_id(self.node), len(self._handles))
+        fresh = self._reads % self.health_every == 0
+        self._reads += 1
         for index, handle in enumerate(self._handles):
-            self._collect_gpu(out, now, index, handle)
+            self._collect_gpu(out, now, index, handle, fresh)
         return out
 
-    def _collect_gpu(self, out: Collection, now: float, index: int, handle: Any) -> None:
+    def _collect_gpu(self, out: Collection, now: float, index: int, handle: Any, fresh: bool) -> None:
         nv = self._nvml
         entity = gpu_id(self.node, index)
         util = self._call(handle, "nvmlDeviceGetUtilizationRates")
@@ -153,30 +163,25 @@ class NvmlCollector(Source):
             entity,
             self._call(handle, "nvmlDeviceGetCurrentClocksEventReasons"),
         )
-        out.add(
-            "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
-            entity,
-            self._call(
-                handle,
-                "nvmlDeviceGetTotalEccErrors",
-                nv.NVML_MEMORY_ERROR_TYPE_CORRECTED,
-                nv.NVML_VOLATILE_ECC,
-            ),
-        )
-        out.add(
-            "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
-            entity,
-            self._call(
-                handle,
-                "nvmlDeviceGetTotalEccErrors",
-                nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-                nv.NVML_VOLATILE_ECC,
-            ),
-        )
-        self._collect_memory_health(out, now, entity, handle)
         self._collect_pcie(out, now, index, entity, handle)
-        self._collect_nvlink(out, entity, handle)
+        self._collect_nvlink_state(out, index, entity, handle)
         self._collect_recovery_action(out, now, index, entity, handle)
+        if fresh:
+            health = Collection()
+            self._collect_ecc(health, entity, handle)
+            self._collect_memory_health(health, now, entity, handle)
+            self._collect_nvlink_errors(health, index, entity, handle)
+            self._health[index] = health.points
+            out.events.extend(health.events)
+        out.points.extend(self._health.get(index, []))
+
+    def _collect_ecc(self, out: Collection, entity: str, handle: Any) -> None:
+        nv = self._nvml
+        for metric, error_type in (
+            ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", nv.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+            ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
+        ):
+            out.add(metric, entity, self._call(handle, "nvmlDeviceGetTotalEccErrors", error_type, nv.NVML_VOLATILE_ECC))
 
     def _collect_memory_health(self, out: Collection, now: float, entity: str, handle: Any) -> None:
         nv = self._nvml
@@ -187,7 +192,8 @@ class NvmlCollector(Source):
             out.add("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", entity, uncorrected)
             out.add("DCGM_FI_DEV_ROW_REMAP_PENDING", entity, pending)
             out.add("DCGM_FI_DEV_ROW_REMAP_FAILURE", entity, failure)
-            if failure:
+            if failure and entity not in self._remap_failed:
+                self._remap_failed.add(entity)
                 out.events.append(
                     Event(
                         ts=now,
@@ -243,10 +249,9 @@ class NvmlCollector(Source):
         else:
             self._pcie_low.discard(index)
 
-    def _collect_nvlink(self, out: Collection, entity: str, handle: Any) -> None:
+    def _collect_nvlink_state(self, out: Collection, index: int, entity: str, handle: Any) -> None:
         nv = self._nvml
         links_up = links_down = 0
-        errors = dict.fromkeys(NVLINK_ERROR_METRICS.values(), 0)
         for link in range(nv.NVML_NVLINK_MAX_LINKS):
             try:
                 state = nv.nvmlDeviceGetNvLinkState(handle, link)
@@ -257,13 +262,22 @@ class NvmlCollector(Source):
                 links_up += 1
             else:
                 links_down += 1
-            for counter, metric in NVLINK_ERROR_METRICS.items():
-                value = self._call(handle, "nvmlDeviceGetNvLinkErrorCounter", link, getattr(nv, counter))
-                errors[metric] += value or 0
+        self._links[index] = links_up + links_down
         if links_up + links_down == 0:
             return
         out.add("vigil_gpu_nvlink_links_up", entity, links_up)
         out.add("vigil_gpu_nvlink_links_down", entity, links_down)
+
+    def _collect_nvlink_errors(self, out: Collection, index: int, entity: str, handle: Any) -> None:
+        nv = self._nvml
+        links = self._links.get(index, 0)
+        if links == 0:
+            return
+        errors = dict.fromkeys(NVLINK_ERROR_METRICS.values(), 0)
+        for link in range(links):
+            for counter, metric in NVLINK_ERROR_METRICS.items():
+                value = self._call(handle, "nvmlDeviceGetNvLinkErrorCounter", link, getattr(nv, counter))
+                errors[metric] += value or 0
         for metric, total in errors.items():
             out.add(metric, entity, total)
 
