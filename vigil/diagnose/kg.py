@@ -565,16 +565,11 @@ def read_nvml_topology() -> NvTopology:  # pragma: no cover - needs an NVIDIA dr
         pynvml.nvmlShutdown()
 
 
-def build_graph(topology: Topology, kb: KnowledgeBase | None = None) -> KnowledgeGraph:
-    return KnowledgeGraph.build(topology, kb)
-
-
 __all__ = [
     "IMPACT",
     "KnowledgeGraph",
     "NvTopology",
     "PEER_IMPACT",
-    "build_graph",
     "parse_nvidia_smi_topo",
     "read_kubernetes_topology",
     "read_nvml_topology",

@@ -65,6 +65,7 @@ class CaseResult:
 @dataclass
 class EvalReport:
     results: list[CaseResult] = field(default_factory=list)
+    seconds: float = 0.0
 
     def summary(self) -> dict[str, Any]:
         def block(items: list[CaseResult]) -> dict[str, Any]:
@@ -235,5 +236,5 @@ def evaluate(n: int = 300, seed: int = 7, progress: Callable[[int, int], None] |
         report.results.append(run_case(case, cache))
         if progress is not None:
             progress(done, len(cases))
-    report.seconds = time.perf_counter() - started  # type: ignore[attr-defined]
+    report.seconds = time.perf_counter() - started
     return report
