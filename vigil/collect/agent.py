@@ -419,8 +419,10 @@ class Agent:
     def points(self) -> list[Point]:
         return [p for r in self.runners for p in r.points]
 
-    def events_seen(self) -> int:
-        return sum(self.events_total.values())
+    def events_snapshot(self) -> dict[tuple[str, str], int]:
+        """Events seen per (kind, level); a copy, since the exposition thread reads while the loop counts."""
+        with self._lock:
+            return dict(self.events_total)
 
     def report(self) -> dict[str, Any]:
         """What `vigil agent --once --json` prints."""
@@ -439,7 +441,7 @@ class Agent:
                     "reads": r.reads,
                     "timeouts": r.timeouts,
                     "failures": r.failures,
-                    "problems": dict(r.source.problems.counts),
+                    "problems": r.source.problems.snapshot(),
                     "duration_ms": round(r.last_duration_s * 1000, 1),
                 }
                 for r in self.runners
@@ -448,7 +450,7 @@ class Agent:
                 {"metric": p.metric, "entity": p.entity, "value": p.value, "labels": dict(p.labels)}
                 for p in self.points()
             ],
-            "events": {f"{kind}/{level}": n for (kind, level), n in sorted(self.events_total.items())},
+            "events": {f"{kind}/{level}": n for (kind, level), n in sorted(self.events_snapshot().items())},
             "labels": {"refused": self.guard.refused_count, "folded": self.guard.folded_count},
         }
 
@@ -558,10 +560,10 @@ class AgentExposition(Collector):
             up.add_metric([runner.name], int(runner.up))
             timeouts.add_metric([runner.name], runner.timeouts)
             duration.add_metric([runner.name], runner.last_duration_s)
-            for problem, count in runner.source.problems.counts.items():
+            for problem, count in runner.source.problems.snapshot().items():
                 problems.add_metric([runner.name, problem], count)
         events = CounterMetricFamily("vigil_agent_events", "events seen by kind and level", labels=["kind", "level"])
-        for (kind, level), count in sorted(agent.events_total.items()):
+        for (kind, level), count in sorted(agent.events_snapshot().items()):
             events.add_metric([kind, level], count)
         yield from (up, timeouts, problems, duration, events)
         yield GaugeMetricFamily(

@@ -74,8 +74,13 @@ class ProblemLog:
                 kind,
             )
 
+    def snapshot(self) -> dict[str, int]:
+        """A copy safe to read while the source's thread keeps counting."""
+        with self._lock:
+            return dict(self.counts)
+
     def total(self) -> int:
-        return sum(self.counts.values())
+        return sum(self.snapshot().values())
 
 
 class Source(ABC):
