@@ -145,3 +145,35 @@ def test_health_check_alert_keeps_the_job_running(tmp_path: Path) -> None:
     assert report.succeeded and report.attempts == 1
     assert [a.fault_type for a in report.anomalies] == ["health_check:vanishing-gradient"]
     assert [(a.kind, a.status) for a in audit.actions()] == [(ActionKind.ALERT, ActionStatus.EXECUTED)]
+
+
+SLOW_STARTER = """
+import json, os, time
+rank = int(os.environ["RANK"])
+if rank == 1:
+    time.sleep(3)  # a slow import / rendezvous: start-up, not a hang
+path = os.path.join(os.environ["VIGIL_RUN_DIR"], f"progress-rank{rank}.jsonl")
+with open(path, "a") as out:
+    out.write(json.dumps({"event": "start", "step": 0, "ts": time.time()}) + "\\n")
+    for step in range(1, 6):
+        out.write(json.dumps({"step": step, "ts": time.time()}) + "\\n")
+        out.flush()
+        time.sleep(0.2)
+    out.write(json.dumps({"event": "done", "step": 5, "ts": time.time()}) + "\\n")
+"""
+
+
+def test_slow_start_is_not_a_hang(tmp_path: Path) -> None:
+    spec = TrainingJob.from_dict(
+        {
+            "metadata": {"name": "slowstart"},
+            "spec": {
+                "replicas": 2,
+                "command": [sys.executable, "-c", SLOW_STARTER],
+                "healthCheck": {"hangTimeout": "1s"},
+            },
+        }
+    )
+    audit = AuditLog(f"sqlite:///{tmp_path}/remedy.db")
+    report = FailoverSupervisor(LocalJob(spec, tmp_path / "run"), audit, startup_grace_s=30).run()
+    assert report.succeeded and report.anomalies == [], report.detail

@@ -76,7 +76,7 @@ class ProgressTracker:
                     continue
                 rank.last_ts = time.time()
                 if record.get("event") == "start":
-                    rank.start_step = int(record["step"])
+                    rank.start_step = rank.last_step = int(record["step"])
                 elif record.get("event") == "done":
                     rank.done = True
                 else:
@@ -316,18 +316,23 @@ class FailoverSupervisor:
             # A rank killed by a signal (negative code) beats one that exited because its peer vanished.
             rank, code = min(failed, key=lambda rc: (rc[1] >= 0, self.tracker.ranks[rc[0]].last_ts or 0.0))
             return self._anomaly("rank_exit", rank, f"rank {rank} exited with code {code}", code=code)
-        silent_since = max(
-            [r.last_ts for r in self.tracker.ranks if r.last_ts is not None and not r.done],
-            default=None,
-        )
-        if silent_since is None:
+        if all(p.last_ts is None for p in self.tracker.ranks):
             if now - self.job.started_at > max(self.startup_grace_s, self.health.hang_timeout_s):
                 return self._anomaly("training_hang", None, "no rank reported progress after start")
             return None
+        # A rank that has not reported since this attempt started is still starting up (imports,
+        # rendezvous, checkpoint load): it gets the start-up grace, not the hang timeout.
+        startup_limit = max(self.startup_grace_s, self.health.hang_timeout_s)
         stalled = [
             r
             for r, p in enumerate(self.tracker.ranks)
-            if not p.done and codes[r] is None and now - (p.last_ts or self.job.started_at) > self.health.hang_timeout_s
+            if not p.done
+            and codes[r] is None
+            and (
+                now - p.last_ts > self.health.hang_timeout_s
+                if p.last_ts is not None
+                else now - self.job.started_at > startup_limit
+            )
         ]
         if stalled:
             # A rank behind all others is the culprit: the rest wait for it in a collective. When all
