@@ -60,6 +60,7 @@ class CaseResult:
     rca_seconds: float
     incident_id: str | None = None
     baseline_rank: int | None = None  # the same measure for the detector-only ranking
+    anomalies_only_rank: int | None = None  # RCA without the raw events and log lines (ablation)
 
 
 @dataclass
@@ -93,6 +94,8 @@ class EvalReport:
             "visible_to_rules": block(visible),
             "baseline_detector_only": {"ac_at_1": _ac(self.results, 1, "baseline_rank"),
                                        "ac_at_3": _ac(self.results, 3, "baseline_rank")},
+            "ablation_anomalies_only": {"ac_at_1": _ac(self.results, 1, "anomalies_only_rank"),
+                                        "ac_at_3": _ac(self.results, 3, "anomalies_only_rank")},
             "by_fault": {name: block(items) for name, items in sorted(by_fault.items())},
             "by_kind": {name: block(items) for name, items in sorted(by_kind.items())},
             "rca_seconds_mean": round(float(np.mean(seconds)), 4) if seconds else None,
@@ -224,7 +227,9 @@ def run_case(case: EvalCase, kg_cache: dict[str, KnowledgeGraph] | None = None) 
     rank = ranking.index(key) + 1 if key in ranking else None
     baseline = detector_only_ranking(incident, anomalies)
     baseline_rank = baseline.index(key) + 1 if key in baseline else None
-    return CaseResult(case, True, rank, ranking[:3], rca.seconds, incident.id, baseline_rank)
+    blind = analyze_incident(kg, incident, anomalies).top(10)
+    blind_rank = blind.index(key) + 1 if key in blind else None
+    return CaseResult(case, True, rank, ranking[:3], rca.seconds, incident.id, baseline_rank, blind_rank)
 
 
 def evaluate(n: int = 300, seed: int = 7, progress: Callable[[int, int], None] | None = None) -> EvalReport:
