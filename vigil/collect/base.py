@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 from collections import Counter
 from dataclasses import dataclass, field
 
-from vigil.model import Event, Sample
+from vigil.model import Event
 
 log = logging.getLogger("vigil.collect")
 
@@ -25,16 +25,13 @@ class Point:
     """One metric value of one entity; ``labels`` are extra bounded labels (``xid``, ``port``) if any.
 
     A dataclass rather than a pydantic ``Sample`` because the agent makes thousands per minute and must stay
-    far below 1% of a core; ``to_sample`` converts at the edge (push to the server).
+    far below 1% of a core.
     """
 
     metric: str
     entity: str
     value: float
     labels: tuple[tuple[str, str], ...] = ()
-
-    def to_sample(self, ts: float) -> Sample:
-        return Sample(ts=ts, entity=self.entity, metric=self.metric, value=self.value)
 
 
 @dataclass
