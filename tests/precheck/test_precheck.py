@@ -125,3 +125,29 @@ def test_bad_input(tmp_path: Path) -> None:
         run_local(0)
     runner = CliRunner()
     assert runner.invoke(_app(), ["inspect", "--interval", "0"]).exit_code != 0
+
+
+def test_bad_machines_become_anomalies_the_policies_act_on() -> None:
+    from vigil.model import ActionKind, FaultLevel
+    from vigil.remedy.policy import PolicyEngine, load_policies
+
+    per_rank = [
+        ("slow-node", [result("matmul_gflops", 10.0)]),
+        ("sick-node", [CheckResult("nvml_health/gpu1", 1.0, "problems", False, "page retirement pending")]),
+        ("fine-node", [result("matmul_gflops", 50.0)]),
+    ]
+    machines = {m.host: m for m in verdicts(per_rank, {"matmul_gflops": 50.0}, tolerance=0.5)}
+    assert machines["fine-node"].to_anomaly(0.0) is None
+    slow = machines["slow-node"].to_anomaly(1.0)
+    sick = machines["sick-node"].to_anomaly(1.0)
+    assert slow is not None and sick is not None
+    assert (slow.entity, slow.fault_type, slow.level) == (
+        "node/slow-node",
+        "precheck:matmul_gflops",
+        FaultLevel.DEGRADED,
+    )
+    assert "vs baseline 50" in slow.evidence[0].summary
+    assert (sick.level, sick.fault_type) == (FaultLevel.DRAIN, "precheck:nvml_health/gpu1")
+    engine = PolicyEngine(load_policies())
+    assert [a.kind for a in engine.plan(sick)] == [ActionKind.CORDON, ActionKind.DRAIN]
+    assert [a.kind for a in engine.plan(slow)] == [ActionKind.ALERT, ActionKind.RUN_DIAGNOSTICS]

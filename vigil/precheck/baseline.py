@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vigil.model import VigilInputError
+from vigil.model import Anomaly, Evidence, FaultLevel, VigilInputError, node_id
 from vigil.precheck.checks import CheckResult
 
 
@@ -88,6 +88,40 @@ class MachineVerdict:
             "failing": self.failing,
             "checks": [c.to_dict() for c in self.checks],
         }
+
+    def to_anomaly(self, ts: float) -> Anomaly | None:
+        """A bad machine as an Anomaly (fault type ``precheck:<first failing check>``), for the policies.
+
+        NVML health problems are DRAIN (reset or reboot needed); a performance shortfall is DEGRADED.
+        """
+        if self.verdict == "good":
+            return None
+        failed = [c for c in self.checks if c.ok is False]
+        level = FaultLevel.DRAIN if any(c.name.startswith("nvml_health") for c in failed) else FaultLevel.DEGRADED
+        entity = node_id(self.host)
+        evidence = [
+            Evidence(
+                kind="precheck",
+                entity=entity,
+                ts=ts,
+                summary=f"{c.name} = {c.value:.4g} {c.unit}"
+                + (f" vs baseline {c.baseline:.4g}" if c.baseline is not None else "")
+                + f" ({c.detail})",
+                metric=c.name,
+                value=c.value,
+            )
+            for c in failed
+            if c.value is not None
+        ]
+        return Anomaly(
+            entity=entity,
+            start=ts,
+            end=ts,
+            detector="precheck",
+            fault_type=f"precheck:{self.failing[0]}",
+            level=level,
+            evidence=evidence,
+        )
 
 
 def judge(result: CheckResult, baseline: dict[str, float], tolerance: float) -> CheckResult:

@@ -99,6 +99,10 @@ def inspect_command(
     baseline: Annotated[Path | None, typer.Option("--baseline", help="baseline file (JSON)")] = None,
     tolerance: Annotated[float, typer.Option("--tolerance", help="allowed shortfall against the baseline")] = 0.5,
     out: Annotated[Path | None, typer.Option("--out", help="append each round's verdicts here (JSON lines)")] = None,
+    anomalies: Annotated[
+        Path | None,
+        typer.Option("--anomalies", help="append an Anomaly per bad machine here (input of `vigil remedy apply`)"),
+    ] = None,
     quick: Annotated[bool, typer.Option("--quick", help="smaller sizes per round")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON line per round on stdout")] = False,
 ) -> None:
@@ -115,6 +119,11 @@ def inspect_command(
             out.parent.mkdir(parents=True, exist_ok=True)
             with out.open("a") as stream:
                 stream.write(line + "\n")
+        if anomalies is not None:
+            found = [a for a in (m.to_anomaly(time.time()) for m in machines) if a is not None]
+            anomalies.parent.mkdir(parents=True, exist_ok=True)
+            with anomalies.open("a") as stream:
+                stream.writelines(a.to_json() + "\n" for a in found)
         bad = [f"{m.host} ({', '.join(m.failing)})" for m in machines if m.verdict == "bad"]
         if as_json:
             typer.echo(line)
