@@ -30,7 +30,7 @@ router = APIRouter(prefix="/api/v1")
 Writer = Annotated[str, Depends(check_token)]
 
 
-def ctx_of(request: Request) -> ServeContext:
+async def ctx_of(request: Request) -> ServeContext:
     return request.app.state.ctx
 
 

@@ -7,7 +7,7 @@ import secrets
 from fastapi import HTTPException, Request, status
 
 
-def check_token(request: Request) -> str:
+async def check_token(request: Request) -> str:
     """Returns who asked (for the audit trail); 401 without a valid token, 403 when writes are disabled."""
     expected: str = request.app.state.ctx.settings.api_token
     if not expected:

@@ -112,8 +112,20 @@ def serve(
     if actuator not in ("none", "kubernetes", "slurm"):
         raise VigilInputError(f"--actuator {actuator!r}: expected none, kubernetes or slurm")
     ctx = _context(config, metrics_dir, launch_dir, actuator)
+    app = app_for_context(ctx)
+    _freeze_heap()
     typer.echo(f"vigil serving on http://{host}:{port} (store {ctx.settings.database_url()})", err=True)
-    uvicorn.run(app_for_context(ctx), host=host, port=port, log_level="warning")
+    uvicorn.run(app, host=host, port=port, log_level="warning")
+
+
+def _freeze_heap() -> None:
+    """Move everything alive after start-up (imported libraries, topology, caches: millions of objects) out
+    of the cyclic GC's reach. Without it every full collection walks them all, a 0.3-0.8 s pause of every
+    request in flight - the p99 of the server."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
 
 
 def mcp(
@@ -144,6 +156,7 @@ def mcp(
     app: Any = server.streamable_http_app(host=host)
     if allow_writes:
         app = BearerGate(app, ctx.settings.api_token)
+    _freeze_heap()
     typer.echo(f"vigil MCP (streamable HTTP) on http://{host}:{port}/mcp", err=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")
 
