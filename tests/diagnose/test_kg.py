@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from vigil.diagnose.kg import KnowledgeGraph, parse_nvidia_smi_topo, topology_from_node_labels
+from vigil.diagnose.kg import KnowledgeGraph, nvml_topology, parse_nvidia_smi_topo, topology_from_node_labels
 from vigil.model import Gpu, Job, Nic, Node, Switch, Topology, VigilInputError
 from vigil.sim.cluster import build_topology
 
@@ -126,3 +126,19 @@ def test_nvidia_smi_topo_rejects_garbage() -> None:
         parse_nvidia_smi_topo("hello\nworld\n")
     with pytest.raises(VigilInputError, match="line 2"):
         parse_nvidia_smi_topo("\tGPU0\tGPU1\nGPU0\t X \tBOGUS\n")
+
+
+def test_nvml_readings_give_the_same_matrix_as_nvidia_smi() -> None:
+    # HGX H100 as NVML reports it: 18 active links per GPU, NVLink P2P between all pairs through NVSwitch,
+    # PCIe common ancestor SYS (50) across the two CPU sockets, NODE (40) within one
+    reading = parse_nvidia_smi_topo((FIXTURES / "nvidia_smi_topo_hgx_h100.txt").read_text())
+    nvml = nvml_topology([18] * 8, [[a != b for b in range(8)] for a in range(8)],
+                         [[0 if a == b else 40 if a // 4 == b // 4 else 50 for b in range(8)] for a in range(8)])
+    assert nvml.nvlink_domains() == reading.nvlink_domains()
+    assert nvml.links == {k: v for k, v in reading.links.items()
+                                                     if k[0].startswith("GPU") and k[1].startswith("GPU")}
+    pcie = nvml_topology([0] * 4, [[False] * 4] * 4, [[0, 10, 50, 50], [10, 0, 50, 50], [50, 50, 0, 10],
+                                                       [50, 50, 10, 0]])
+    assert pcie.nvlink_domains() == {} and pcie.links[("GPU0", "GPU1")] == "PIX"
+    with pytest.raises(VigilInputError, match="same GPUs"):
+        nvml_topology([18, 18], [[False, True]], [[0, 50], [50, 0]])

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -527,40 +527,50 @@ def parse_nvidia_smi_topo(text: str) -> NvTopology:
     return NvTopology(gpus=gpus, nics=nics, links=links, cpu_affinity=cpu_affinity, numa_affinity=numa_affinity)
 
 
+# NVML's nvmlGpuTopologyLevel_t -> the nvidia-smi topo -m link names.
+NVML_LEVELS = {0: "X", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
+
+
+def nvml_topology(nvlinks: Sequence[int], nvlink_p2p: Sequence[Sequence[bool]],
+                  ancestor: Sequence[Sequence[int]]) -> NvTopology:
+    """The ``topo -m`` matrix from NVML readings: each GPU's active NVLink count, whether each GPU pair can
+    use NVLink peer-to-peer (direct or through NVSwitch), and each pair's PCIe common-ancestor level."""
+    count = len(nvlinks)
+    if len(nvlink_p2p) != count or len(ancestor) != count:
+        raise VigilInputError("NVML topology: nvlinks, nvlink_p2p and ancestor must cover the same GPUs")
+    links: dict[tuple[str, str], str] = {}
+    for a in range(count):
+        for b in range(count):
+            if a == b:
+                continue
+            if nvlink_p2p[a][b] and nvlinks[a] > 0:
+                links[(f"GPU{a}", f"GPU{b}")] = f"NV{nvlinks[a]}"
+            else:
+                links[(f"GPU{a}", f"GPU{b}")] = NVML_LEVELS.get(int(ancestor[a][b]), "SYS")
+    return NvTopology(gpus=list(range(count)), nics={}, links=links)
+
+
 def read_nvml_topology() -> NvTopology:  # pragma: no cover - needs an NVIDIA driver
-    """The same reading from NVML (pynvml): NVLink peers per GPU and the PCIe common ancestor of GPU pairs."""
+    """Read the NVLink / PCIe topology of this host's GPUs through NVML (pynvml)."""
     import pynvml
 
-    level_names = {0: "X", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
     pynvml.nvmlInit()
     try:
-        count = pynvml.nvmlDeviceGetCount()
-        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-        pci = [pynvml.nvmlDeviceGetPciInfo(h).busId for h in handles]
-        pci = [p.decode() if isinstance(p, bytes) else str(p) for p in pci]
-        links: dict[tuple[str, str], str] = {}
-        for a in range(count):
-            nvlink_peers: dict[int, int] = {}
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        nvlinks = []
+        for handle in handles:
+            active = 0
             for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
                 try:
-                    if pynvml.nvmlDeviceGetNvLinkState(handles[a], link) != pynvml.NVML_FEATURE_ENABLED:
-                        continue
-                    remote = pynvml.nvmlDeviceGetNvLinkRemotePciInfo_v2(handles[a], link).busId
+                    active += pynvml.nvmlDeviceGetNvLinkState(handle, link) == pynvml.NVML_FEATURE_ENABLED
                 except pynvml.NVMLError:
-                    continue
-                remote = remote.decode() if isinstance(remote, bytes) else str(remote)
-                if remote in pci:
-                    peer = pci.index(remote)
-                    nvlink_peers[peer] = nvlink_peers.get(peer, 0) + 1
-            for b in range(count):
-                if a == b:
-                    continue
-                if b in nvlink_peers:
-                    links[(f"GPU{a}", f"GPU{b}")] = f"NV{nvlink_peers[b]}"
-                else:
-                    level = pynvml.nvmlDeviceGetTopologyCommonAncestor(handles[a], handles[b])
-                    links[(f"GPU{a}", f"GPU{b}")] = level_names.get(int(level), "SYS")
-        return NvTopology(gpus=list(range(count)), nics={}, links=links)
+                    break
+            nvlinks.append(active)
+        p2p = [[a is not b and pynvml.nvmlDeviceGetP2PStatus(a, b, pynvml.NVML_P2P_CAPS_INDEX_NVLINK)
+                == pynvml.NVML_P2P_STATUS_OK for b in handles] for a in handles]
+        ancestor = [[0 if a is b else int(pynvml.nvmlDeviceGetTopologyCommonAncestor(a, b)) for b in handles]
+                    for a in handles]
+        return nvml_topology(nvlinks, p2p, ancestor)
     finally:
         pynvml.nvmlShutdown()
 
@@ -570,6 +580,7 @@ __all__ = [
     "KnowledgeGraph",
     "NvTopology",
     "PEER_IMPACT",
+    "nvml_topology",
     "parse_nvidia_smi_topo",
     "read_kubernetes_topology",
     "read_nvml_topology",
