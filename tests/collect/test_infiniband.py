@@ -102,3 +102,26 @@ def test_garbage_sysfs_values_are_counted(tmp_path: Path) -> None:
     got = points(collector.collect(0.0))
     assert ("vigil_nic_symbol_errors_total", "nic/n01/mlx5_0") not in got
     assert collector.problems.counts["bad sysfs value"] == 1
+
+
+def test_mlx5_kernel_messages_land_on_the_nic_found_through_the_device_link(tmp_path: Path) -> None:
+    from vigil.collect.kmsg import KernelLogSource
+
+    pci_tree = tmp_path / "devices" / "pci0000:00"
+    for index, pci in enumerate(("0000:0c:00.0", "0000:0d:00.0")):
+        (pci_tree / pci).mkdir(parents=True)
+        make_port(tmp_path / "ib", f"mlx5_{index}")
+        (tmp_path / "ib" / f"mlx5_{index}" / "device").symlink_to(pci_tree / pci)
+    collector = InfinibandCollector(node="n01", root=tmp_path / "ib")
+    lines = [
+        "[ 3.0] mlx5_core 0000:0d:00.0 ens2f0np0: Link down",
+        "[ 4.0] mlx5_core 0000:0c:00.0: poll_health: device's health compromised",
+        "[ 5.0] mlx5_core 0000:99:00.0 ens9: Link down",
+    ]
+    kernel = KernelLogSource(lambda: lines, node="n01", nic_name=collector.device_of_pci, boot_time=0.0)
+    events = kernel.collect(0.0).events
+    assert [(e.entity, e.attrs["signature"]) for e in events] == [
+        ("nic/n01/mlx5_1", "mlx5_link_down"),
+        ("nic/n01/mlx5_0", "mlx5_health"),
+        ("node/n01", "mlx5_link_down"),
+    ]

@@ -479,7 +479,8 @@ def build_sources(settings: AgentSettings) -> list[Source]:
 
     node = settings.node or default_node_name()
     gpus = NvmlCollector(node=node)
-    sources: list[Source] = [HostCollector(node=node), gpus, InfinibandCollector(node=node)]
+    nics = InfinibandCollector(node=node)
+    sources: list[Source] = [HostCollector(node=node), gpus, nics]
     exporter_gpus: dict[str, int] = {}
     if settings.dcgm_url:
         dcgm = DcgmExporterScraper(settings.dcgm_url, node=node, timeout_s=settings.timeout_s)
@@ -490,7 +491,7 @@ def build_sources(settings: AgentSettings) -> list[Source]:
         index = gpus.pci_to_index.get(pci_bus)
         return exporter_gpus.get(pci_bus) if index is None else index
 
-    kernel_options: dict[str, Any] = {"node": node, "gpu_index": gpu_index}
+    kernel_options: dict[str, Any] = {"node": node, "gpu_index": gpu_index, "nic_name": nics.device_of_pci}
     if settings.kmsg_file:
         kernel: Source | None = KernelLogSource.from_file(Path(settings.kmsg_file), **kernel_options)
     else:

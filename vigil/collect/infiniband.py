@@ -68,6 +68,19 @@ class InfinibandCollector(Source):
         self._speed_low: set[str] = set()
         self._gid_missing: set[str] = set()
 
+    def device_of_pci(self, pci: str) -> str | None:
+        """The IB device (``mlx5_3``) whose PCI function is ``pci`` (``0000:0c:00.0``), from the ``device`` link;
+        lets the kernel log name the NIC of an mlx5 message."""
+        if not self.present():
+            return None
+        for device in self.root.iterdir():
+            try:
+                if (device / "device").resolve().name.lower() == pci:
+                    return device.name
+            except OSError:
+                continue
+        return None
+
     def present(self) -> bool:
         return self.root.is_dir()
 

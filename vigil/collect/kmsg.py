@@ -34,7 +34,7 @@ import psutil
 from vigil.collect.base import Collection, ProblemLog, Source, default_node_name
 from vigil.collect.nvml import normalise_pci_bus
 from vigil.detect.xid import parse_xid_line, xid_info
-from vigil.model import Event, FaultLevel, gpu_id, node_id
+from vigil.model import Event, FaultLevel, gpu_id, nic_id, node_id
 
 KMSG = Path("/dev/kmsg")
 MAX_RECORDS_PER_READ = 20_000
@@ -58,9 +58,9 @@ KERNEL_PATTERNS: list[tuple[re.Pattern[str], str, FaultLevel]] = [
     (re.compile(r"SXid \(PCI:(?P<pci>[0-9a-fA-F:.]+)\): (?P<code>\d+)"), "nvswitch_sxid", FaultLevel.DEGRADED),
     (re.compile(r"mce: \[Hardware Error\]"), "mce", FaultLevel.DRAIN),
     (re.compile(r"[Rr]emounting filesystem read-only"), "fs_readonly", FaultLevel.DRAIN),
-    (re.compile(r"mlx5_core \S+ \S+: Link down"), "mlx5_link_down", FaultLevel.ISOLATE),
+    (re.compile(r"mlx5_core (?P<nic_pci>[0-9a-fA-F:.]+) \S+: Link down"), "mlx5_link_down", FaultLevel.ISOLATE),
     (
-        re.compile(r"mlx5_core \S+: .*(?:health compromised|internal error|unrecoverable)"),
+        re.compile(r"mlx5_core (?P<nic_pci>[0-9a-fA-F:.]+): .*(?:health compromised|internal error|unrecoverable)"),
         "mlx5_health",
         FaultLevel.ISOLATE,
     ),
@@ -127,6 +127,7 @@ class KernelLogSource(Source):
         lines: Callable[[], Iterable[str]],
         node: str | None = None,
         gpu_index: Callable[[str], int | None] | None = None,
+        nic_name: Callable[[str], str | None] | None = None,
         origin: str = "kernel log",
         boot_time: float | None = None,
     ) -> None:
@@ -134,6 +135,7 @@ class KernelLogSource(Source):
         self.node = node or default_node_name()
         self._lines = lines
         self._gpu_index = gpu_index or (lambda _bus: None)
+        self._nic_name = nic_name or (lambda _bus: None)
         self.origin = origin
         self.parser = KernelLineParser(boot_time)
         self.lines_read = 0
@@ -206,13 +208,15 @@ class KernelLogSource(Source):
         for pattern, signature, level in KERNEL_PATTERNS:
             match = pattern.search(message)
             if match:
-                pci = match.groupdict().get("pci")
+                groups = match.groupdict()
+                pci = groups.get("pci") or groups.get("nic_pci")
                 attrs: dict[str, object] = {"signature": signature}
                 if pci:
                     attrs["pci_bus"] = pci
+                entity = self._nic_entity(groups["nic_pci"]) if groups.get("nic_pci") else self._entity(pci)
                 return Event(
                     ts=parsed.ts,
-                    entity=self._entity(pci),
+                    entity=entity,
                     kind="kernel",
                     source="kernel",
                     level=level,
@@ -249,6 +253,10 @@ class KernelLogSource(Source):
                 "known": info.known,
             },
         )
+
+    def _nic_entity(self, pci: str) -> str:
+        name = self._nic_name(pci.lower())
+        return nic_id(self.node, name) if name else node_id(self.node)
 
     def _entity(self, pci: str | None) -> str:
         if pci:
