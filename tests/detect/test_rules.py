@@ -112,3 +112,16 @@ def test_observations_do_not_open_incidents() -> None:
     det = RuleDetector(TOPO)
     grouper.add(det.detect([], [Event(ts=5, entity=GPUS[0], kind="xid", attrs={"xid": 13})]))
     assert grouper.incidents(now=10) == [] and len(grouper.observations) == 1
+
+
+def test_agent_events_keep_their_level() -> None:
+    det = RuleDetector(TOPO)
+    found = det.detect([], [
+        Event(ts=1, entity=GPUS[2], kind="gpu_recovery_action", source="nvml", level=FaultLevel.DRAIN,
+              attrs={"action": "GPU_RESET"}),
+        Event(ts=1, entity="node/n000", kind="kernel", level=FaultLevel.DEGRADED, attrs={"signature": "oom_kill"}),
+        Event(ts=1, entity="nic/n001/mlx5_0", kind="nic_link_flap", source="sysfs", level=FaultLevel.DEGRADED),
+    ])
+    assert {(a.entity, a.fault_type, a.level) for a in found} == {
+        (GPUS[2], "gpu_recovery_action", FaultLevel.DRAIN), ("node/n000", "host_oom", FaultLevel.DEGRADED),
+        ("nic/n001/mlx5_0", "link_flap", FaultLevel.DEGRADED)}

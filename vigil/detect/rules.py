@@ -56,6 +56,13 @@ KERNEL_FAULTS: dict[str, tuple[str, FaultLevel]] = {
     "mce": ("cpu_mce", FaultLevel.DRAIN),
     "fs_readonly": ("fs_readonly", FaultLevel.DRAIN),
 }
+# Events that already name their fault (the node agent's NVML and sysfs collectors): kind -> fault type; the
+# event's own level stands.
+DIRECT_FAULTS = {"gpu_row_remap_failure": "gpu_row_remap_failure", "gpu_pcie_width_low": "gpu_pcie_width_low",
+                 "gpu_recovery_action": "gpu_recovery_action", "link_down": "link_down", "nic_lost": "nic_lost",
+                 "nic_link_flap": "link_flap", "nic_speed_low": "nic_speed_low", "rnic_gid_error": "rnic_gid_error"}
+KERNEL_SIGNATURE_FAULTS = {"gpu_fallen_off_bus": "gpu_lost", "nvswitch_sxid": "nvswitch_error",
+                           "oom_kill": "host_oom", "segfault": "process_crash"}
 SENSOR_FAULTS: dict[str, tuple[str, FaultLevel]] = {
     "psu": ("psu_failure", FaultLevel.DRAIN),
     "fan": ("fan_failure", FaultLevel.DEGRADED),
@@ -335,6 +342,13 @@ class RuleDetector:
             fault, level = KERNEL_FAULTS[str(attrs["signature"])]
             self._fire(event.ts, event.entity, fault, level, f"kernel: {event.message[:200]}", kind="event",
                        opened=opened)
+        elif kind == "kernel" and attrs.get("signature"):
+            signature = str(attrs["signature"])
+            self._fire(event.ts, event.entity, KERNEL_SIGNATURE_FAULTS.get(signature, signature), event.level,
+                       f"kernel: {event.message[:200]}", kind="event", opened=opened)
+        elif kind in DIRECT_FAULTS:
+            self._fire(event.ts, event.entity, DIRECT_FAULTS[kind], event.level,
+                       f"{event.source}: {event.message[:200]}", kind="event", opened=opened)
         elif kind == "ipmi_sel" and attrs.get("sensor") in SENSOR_FAULTS:
             fault, level = SENSOR_FAULTS[str(attrs["sensor"])]
             self._fire(event.ts, event.entity, fault, level, f"IPMI SEL: {event.message[:200]}", kind="event",
