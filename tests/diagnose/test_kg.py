@@ -135,8 +135,8 @@ def test_nvml_readings_give_the_same_matrix_as_nvidia_smi() -> None:
     nvml = nvml_topology([18] * 8, [[a != b for b in range(8)] for a in range(8)],
                          [[0 if a == b else 40 if a // 4 == b // 4 else 50 for b in range(8)] for a in range(8)])
     assert nvml.nvlink_domains() == reading.nvlink_domains()
-    assert nvml.links == {k: v for k, v in reading.links.items()
-                                                     if k[0].startswith("GPU") and k[1].startswith("GPU")}
+    gpu_pairs = {k: v for k, v in reading.links.items() if k[0].startswith("GPU") and k[1].startswith("GPU")}
+    assert nvml.links == gpu_pairs
     pcie = nvml_topology([0] * 4, [[False] * 4] * 4, [[0, 10, 50, 50], [10, 0, 50, 50], [50, 50, 0, 10],
                                                        [50, 50, 10, 0]])
     assert pcie.nvlink_domains() == {} and pcie.links[("GPU0", "GPU1")] == "PIX"
