@@ -18,6 +18,6 @@ __all__ = ["install"]
 
 def install(out_dir: str | Path | None = None, hang_timeout_s: float | None = None) -> Probe:
     """Install the probe in this process (idempotent) and return it."""
-    from vigil.probe.install import install_probe
+    from vigil.probe.activate import install_probe
 
     return install_probe(out_dir, hang_timeout_s)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from vigil.diagnose.hang import HangDiagnosis
 from vigil.model import VigilInputError
-from vigil.probe.install import ENV_DIR, ENV_HANG_TIMEOUT
+from vigil.probe.activate import ENV_DIR, ENV_HANG_TIMEOUT
 from vigil.probe.records import DIAGNOSIS_FILE, DUMP_REQUEST_FILE, FR_DIR, RUN_FILE, STACKS_FILE
 from vigil.probe.supervisor import EventSink, Supervisor, SupervisorConfig
 

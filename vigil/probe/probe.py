@@ -6,6 +6,7 @@ The watchdog rewrites ``rank<R>.json`` every tick. Its heartbeat stops when the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -19,6 +20,7 @@ from types import TracebackType
 from typing import Any
 
 from vigil.probe.records import (
+    CURRENT_END_BYTES,
     CURRENT_OP_BYTES,
     DUMP_REQUEST_FILE,
     FR_DIR,
@@ -58,7 +60,8 @@ class Probe:
         self.host = socket.gethostname()
         self._seq: dict[str, int] = defaultdict(int)
         self._p2p_seq: dict[tuple[str, int, str], int] = defaultdict(int)
-        self._durations: dict[tuple[str, str], deque[float]] = defaultdict(lambda: deque(maxlen=64))
+        self._durations: dict[tuple[str, str], deque[float]] = defaultdict(lambda: deque(maxlen=32))
+        self._worst: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
         self.activity: dict[str, Any] = {"kind": "idle", "since": self.started}
         self.compute_calls = 0
@@ -77,6 +80,7 @@ class Probe:
         self._ops_payload: list[dict[str, Any]] = []
         self._current_fd: int | None = None
         self._current_id = -1
+        self._json_cache: dict[str, str] = {}
         if out_dir is not None:
             self._current_fd = os.open(current_op_path(out_dir, rank), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
 
@@ -125,13 +129,31 @@ class Probe:
         return record
 
     def _write_current(self, record: OpRecord) -> None:
-        """One pwrite at the op's start (and end), so an abort inside the op still leaves it on disk."""
+        """One pwrite at the op's start (and a short one at its end, see end_op), so an abort inside
+        the op, or a rank whose snapshot writer cannot run, still leaves it on disk."""
         if self._current_fd is None:
             return
         self._current_id = record.record_id
-        payload = json.dumps(record.to_dict()).encode()
+        payload = self._encode_current(record)
         if len(payload) <= CURRENT_OP_BYTES:
-            os.pwrite(self._current_fd, payload.ljust(CURRENT_OP_BYTES), 0)
+            os.pwrite(self._current_fd, payload.ljust(CURRENT_OP_BYTES) + b" " * CURRENT_END_BYTES, 0)
+
+    def _encode_current(self, record: OpRecord) -> bytes:
+        """JSON of the record, by hand: json.dumps was most of the probe's cost per op."""
+        group = self._json_cache.get(record.group)
+        if group is None:
+            group = self._json_cache[record.group] = json.dumps(record.group)
+        thread = self._json_cache.get(record.thread)
+        if thread is None:
+            thread = self._json_cache[record.thread] = json.dumps(record.thread)
+        dtypes = "[" + ",".join(f'"{d}"' for d in record.dtypes) + "]"
+        return (
+            f'{{"record_id":{record.record_id},"group":{group},"group_ranks":{record.group_ranks},'
+            f'"kind":"{record.kind}","seq":{record.seq},"op":"{record.op}","sizes":{record.sizes},'
+            f'"dtypes":{dtypes},"peer":{_json_int(record.peer)},"root":{_json_int(record.root)},'
+            f'"is_async":{"true" if record.is_async else "false"},"state":"{record.state}",'
+            f'"t_start":{record.t_start!r},"t_end":null,"timeout_s":{record.timeout_s!r},"thread":{thread}}}'
+        ).encode()
 
     def end_op(self, record: OpRecord, ok: bool = True) -> None:
         if not record.in_flight:
@@ -139,10 +161,13 @@ class Probe:
         record.t_end = time.time()
         record.state = "completed" if ok else "failed"
         if ok:
-            self._durations[(record.group, record.op)].append(record.t_end - record.t_start)
+            recent = self._durations[(record.group, record.op)]
+            recent.append(record.t_end - record.t_start)
+            self._worst[(record.group, record.op)] = max(recent)
         self.ring.touch()
-        if record.record_id == self._current_id:
-            self._write_current(record)
+        if record.record_id == self._current_id and self._current_fd is not None:
+            end = f"{record.record_id} {record.state} {record.t_end!r}".encode()
+            os.pwrite(self._current_fd, end.ljust(CURRENT_END_BYTES), CURRENT_OP_BYTES)
 
     def mark_waiting(self, record: OpRecord) -> None:
         """An async op's handle is being waited on: from now on the rank is blocked by it."""
@@ -152,10 +177,10 @@ class Probe:
 
     def timeout_for(self, group: str, op: str) -> float:
         """The floor, or a multiple of the op's recent worst duration when that is longer."""
-        recent = self._durations.get((group, op))
-        if not recent:
+        worst = self._worst.get((group, op))
+        if worst is None:
             return self.hang_timeout_s
-        return max(self.hang_timeout_s, ADAPTIVE_FACTOR * max(recent))
+        return max(self.hang_timeout_s, ADAPTIVE_FACTOR * worst)
 
     # ----------------------------------------------------------------- activity marks
 
@@ -216,6 +241,7 @@ class Probe:
             self._ops_payload = [op.to_dict() for op in self.ring.tail(SNAPSHOT_OPS)]
             self._last_payload_version = version
         snap = self.snapshot()
+        snap.ops = []
         data = snap.to_dict()
         data["ops"] = self._ops_payload
         write_json_atomic(snapshot_path(self.out_dir, self.rank), json.dumps(data))
@@ -229,7 +255,8 @@ class Probe:
     def stop(self) -> None:
         self.finished = True
         self._stop.set()
-        self.write_snapshot()
+        with contextlib.suppress(OSError):
+            self.write_snapshot()
 
     def _watch(self) -> None:
         while not self._stop.wait(self.tick_s):
@@ -263,6 +290,10 @@ class Probe:
         self.stacks = python_stacks()
         self.write_snapshot()
         dump_flight_recorder(self.out_dir / FR_DIR, self.rank)
+
+
+def _json_int(value: int | None) -> str:
+    return "null" if value is None else str(int(value))
 
 
 def python_stacks() -> list[dict[str, Any]]:

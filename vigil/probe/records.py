@@ -18,6 +18,7 @@ from vigil.model import VigilInputError
 SNAPSHOT_PATTERN = "rank{rank}.json"
 CURRENT_OP_PATTERN = "rank{rank}.cur"
 CURRENT_OP_BYTES = 2048
+CURRENT_END_BYTES = 64
 STACKS_FILE = "stacks.json"
 RUN_FILE = "run.json"
 DIAGNOSIS_FILE = "diagnosis.json"
@@ -68,7 +69,25 @@ class OpRecord:
         return (self.op, tuple(self.dtypes), numels, self.root)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # Spelled out: dataclasses.asdict deep-copies and is the probe's hottest cost per op.
+        return {
+            "record_id": self.record_id,
+            "group": self.group,
+            "group_ranks": self.group_ranks,
+            "kind": self.kind,
+            "seq": self.seq,
+            "op": self.op,
+            "sizes": self.sizes,
+            "dtypes": self.dtypes,
+            "peer": self.peer,
+            "root": self.root,
+            "is_async": self.is_async,
+            "state": self.state,
+            "t_start": self.t_start,
+            "t_end": self.t_end,
+            "timeout_s": self.timeout_s,
+            "thread": self.thread,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> OpRecord:
@@ -121,6 +140,7 @@ class RankSnapshot:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        data["ops"] = [op.to_dict() for op in self.ops]
         return data
 
     @classmethod
@@ -147,15 +167,24 @@ def read_current_op(path: Path) -> OpRecord | None:
     """The op a rank began last, as of its start or end: survives an abort inside the op and a
     rank that holds the GIL (whose snapshot writer cannot run)."""
     try:
-        text = path.read_bytes().decode(errors="replace").strip().strip("\x00")
+        raw = path.read_bytes()
     except FileNotFoundError:
         return None
+    text = raw[:CURRENT_OP_BYTES].decode(errors="replace").strip()
     if not text:
         return None
     try:
-        return OpRecord.from_dict(json.loads(text))
+        record = OpRecord.from_dict(json.loads(text))
     except (json.JSONDecodeError, VigilInputError):
         return None
+    # The end slot: "<record_id> <state> <t_end>", written when the op finished.
+    end = raw[CURRENT_OP_BYTES:CURRENT_OP_BYTES + CURRENT_END_BYTES].decode(errors="replace").split()
+    if len(end) == 3 and end[0] == str(record.record_id):
+        try:
+            record.state, record.t_end = end[1], float(end[2])
+        except ValueError:
+            return record
+    return record
 
 
 def read_rank(out_dir: Path, rank: int) -> RankSnapshot:
