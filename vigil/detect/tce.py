@@ -79,7 +79,8 @@ class TemporalContextEncoder(nn.Module):
         self.query = nn.Linear(2 * hidden, hidden)
         self.attention = nn.MultiheadAttention(hidden, heads, dropout=dropout, batch_first=True)
         self.norm = nn.LayerNorm(hidden)
-        self.head = nn.Sequential(nn.Linear(2 * hidden + (1 if prototypes else 0), hidden), nn.GELU(),
+        head_in = 2 * hidden + (1 if prototypes else 0) + (hidden if self.use_context else 0)
+        self.head = nn.Sequential(nn.Linear(head_in, hidden), nn.GELU(),
                                   nn.Dropout(dropout),
                                   nn.Linear(hidden, n_classes))
 
@@ -105,10 +106,12 @@ class TemporalContextEncoder(nn.Module):
             steps = torch.linspace(-1.0, 1.0, past.shape[1], device=window.device)[None, :, None]
             slope = ((past - mean) * steps).mean(dim=1) / steps.pow(2).mean()
             tokens.append(self.trend_proj(torch.cat([slope, std.squeeze(1)], dim=1)).unsqueeze(1))
+        context_token = None
         if self.use_context:
             if context is None:
                 raise ValueError("this model was built with context features; pass them")
-            tokens.append(self.context_proj(context).unsqueeze(1))
+            context_token = self.context_proj(context)
+            tokens.append(context_token.unsqueeze(1))
         novelty = None
         if self.n_prototypes:
             distances = self.prototype_distances(window)
@@ -118,7 +121,9 @@ class TemporalContextEncoder(nn.Module):
         summary = torch.cat([recent_tokens.mean(dim=1), recent_tokens[:, -1, :]], dim=1)
         query = self.query(summary).unsqueeze(1)
         attended, _ = self.attention(query, keys, keys, need_weights=False)
-        fused = [query.squeeze(1), attended.squeeze(1)] + ([novelty] if novelty is not None else [])
+        # Context and novelty also reach the classifier directly: a single decisive event (the Xid that
+        # opened a fault) must not depend on the attention finding its token.
+        fused = [query.squeeze(1), attended.squeeze(1)] + [t for t in (novelty, context_token) if t is not None]
         return self.head(torch.cat(fused, dim=1))
 
     def prototype_input(self, window: torch.Tensor) -> torch.Tensor:
