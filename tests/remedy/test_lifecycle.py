@@ -93,3 +93,35 @@ def test_remediator_walks_the_lifecycle_and_finishes_repairs(tmp_path: Path) -> 
     assert len(tickets) == 1 and tickets[0].status is ActionStatus.EXECUTED
     assert "vendor_ticket" in (tmp_path / "outbox.jsonl").read_text()
     assert Topology(nodes=[Node(name="n4")]).node("n4").id in store.out_of_service()
+
+
+def test_diagnosis_plans_become_audited_actions(tmp_path: Path) -> None:
+    from vigil.model import Diagnosis, RemediationStep
+    from vigil.remedy.remediator import actions_from_plan
+
+    diagnosis = Diagnosis(
+        incident_id="inc-1",
+        summary="GPU 3 of n9 fell off the bus",
+        root_cause=None,
+        confidence=0.9,
+        plan=[
+            RemediationStep(action=ActionKind.CORDON, target="node/n9", risk="medium", reason="Xid 79"),
+            RemediationStep(action=ActionKind.ALERT, target="gpu/n9/3"),
+        ],
+        generated_by="llm",
+    )
+    audit = AuditLog(f"sqlite:///{tmp_path}/remedy.db")
+    topology = Topology(nodes=[Node(name=f"n{i}") for i in range(10)])
+    from vigil.remedy.guard import BlastRadiusGuard
+
+    remediator = Remediator(
+        [OutboxActuator(tmp_path / "outbox.jsonl")], audit, guard=BlastRadiusGuard(topology, max_share=0.1)
+    )
+    done = remediator.execute_all(actions_from_plan(diagnosis, ts=5.0))
+    # No back end handles cordon here: refused, not silently dropped; the alert is proposed (dry-run).
+    assert [(a.kind, a.status) for a in done] == [
+        (ActionKind.CORDON, ActionStatus.REFUSED),
+        (ActionKind.ALERT, ActionStatus.PROPOSED),
+    ]
+    assert all(a.incident_id == "inc-1" and a.requested_by == "vigil-diagnosis" for a in audit.actions())
+    assert audit.actions()[1].reason == "GPU 3 of n9 fell off the bus"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-from vigil.model import Action, ActionKind, ActionStatus, Anomaly, node_of, parse_entity
+from vigil.model import Action, ActionKind, ActionStatus, Anomaly, Diagnosis, node_of, parse_entity
 from vigil.remedy.actuators.base import Actuator, ActuatorError
 from vigil.remedy.audit import AuditLog
 from vigil.remedy.guard import CAPACITY_ACTIONS, BlastRadiusGuard
@@ -33,6 +33,26 @@ ALREADY_DONE: dict[ActionKind, frozenset[NodeState]] = {
     ),
     ActionKind.UNCORDON: frozenset({NodeState.HEALTHY}),
 }
+
+
+def actions_from_plan(diagnosis: Diagnosis, ts: float, requested_by: str = "vigil-diagnosis") -> list[Action]:
+    """A diagnosis' remediation plan (LLM or deterministic) as proposed actions for ``Remediator.execute``.
+
+    The plan's steps are already whitelisted ActionKinds (pydantic rejects anything else); the
+    Remediator still applies the guard, dry-run and audit to each.
+    """
+    return [
+        Action(
+            ts=ts,
+            kind=step.action,
+            target=step.target,
+            incident_id=diagnosis.incident_id,
+            reason=step.reason or diagnosis.summary,
+            requested_by=requested_by,
+            params={"risk": step.risk, "command": step.command, "generated_by": diagnosis.generated_by},
+        )
+        for step in diagnosis.plan
+    ]
 
 
 class Remediator:
