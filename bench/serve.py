@@ -312,11 +312,13 @@ def main() -> None:
         server = Server(home)
         startup = server.start()
         try:
-            started = time.perf_counter()
             # Warm-up (first touches of every route, connection set-up) is run and not counted.
             uvloop.run(load(server.url, data, args.rate, 3.0))
+            load_before = os.getloadavg()[0]
+            started = time.perf_counter()
             results = uvloop.run(load(server.url, data, args.rate, args.seconds))
             elapsed = time.perf_counter() - started
+            load_after = os.getloadavg()[0]
             errors = sum(1 for _, _, code in results if not 200 <= code < 300)
             with console.status(f"durability: {args.kills} kill -9 restarts during writes"):
                 durable = durability(home, server, args.kills, random.Random(3))
@@ -324,7 +326,10 @@ def main() -> None:
             server.stop()
     stats = summarize(results)
     floor = stats["health"]["p50_ms"]
-    table = Table(title=f"vigil serve: {len(results)} requests, {len(results) / elapsed:.0f} req/s achieved")
+    table = Table(
+        title=f"vigil serve: {len(results)} requests, {len(results) / elapsed:.0f} req/s achieved "
+        f"(machine load {load_before:.1f} -> {load_after:.1f} on {os.cpu_count()} cores)"
+    )
     for column in ("endpoint", "n", "p50 ms", "p99 ms", "max ms", "p50 / health p50"):
         table.add_column(column, justify="right" if column != "endpoint" else "left")
     for label, row in stats.items():
@@ -359,6 +364,7 @@ def main() -> None:
                 "errors": errors,
                 "latency": stats,
                 "health_floor_p50_ms": floor,
+                "machine_load_avg_1m": {"before": load_before, "after": load_after, "cores": os.cpu_count()},
                 "startup_s": startup,
                 "durability": durable,
                 "targets": {"load_p99_lt_200ms_no_errors": ok_load, "no_acknowledged_incident_lost": ok_durable},
