@@ -68,6 +68,8 @@ def test_culprit_rank_zero_is_not_hidden_by_a_reference_rank(dumps: Path) -> Non
         data["entries"] = [e for e in data["entries"] if e["collective_seq_id"] < 7]
         if rank != 0:
             data["entries"].append(seven)
+        else:
+            data["pg_status"]["0"].update(last_enqueued_collective=6, last_completed_collective=6)
         (dumps / f"rank_{rank}").write_bytes(pickle.dumps(data))
     assert diagnose_dumps(dumps).culprit_ranks == [0]
 

@@ -124,8 +124,20 @@ def _group_members(dump: FRDump, name: str, desc: str) -> list[int]:
         raise VigilInputError(f"FR dump {dump.path}: pg_config ranks of group {name!r} are unreadable") from None
 
 
+def _last_entry_per_group(dump: FRDump) -> dict[str, int]:
+    last: dict[str, int] = {}
+    for index, entry in enumerate(dump.entries):
+        if isinstance(entry, dict):
+            last[str(entry.get("pg_id", ""))] = index
+    return last
+
+
 def to_op_records(dump: FRDump) -> list[OpRecord]:
+    """Entries as op records. Where the dump gives no state (gloo keeps every entry "scheduled"), ops
+    of a group run in order, so only its last entry can still be pending, and only if ``pg_status``
+    says something is (its counters also count p2p ops, so they cannot be matched to seq ids)."""
     records = []
+    last_in_group = _last_entry_per_group(dump)
     for index, entry in enumerate(dump.entries):
         try:
             group_name, desc = (list(entry.get("process_group") or ["0", ""]) + ["", ""])[:2]
@@ -135,10 +147,13 @@ def to_op_records(dump: FRDump) -> list[OpRecord]:
             op = profiling.split(":", 1)[-1].split(" ")[0]
             status = dump.pg_status.get(group_key, {})
             seq = int(entry["p2p_seq_id"] if is_p2p else entry["collective_seq_id"])
-            last_completed = int(status.get("last_completed_collective", -1)) if status else -1
+            pending = int(status.get("last_enqueued_collective", -1)) > int(
+                status.get("last_completed_collective", -1)
+            )
             state = str(entry.get("state", "scheduled"))
             completed_ns = entry.get("time_discovered_completed_ns")
-            if state != "completed" and (completed_ns or (not is_p2p and seq <= last_completed)):
+            superseded = index != last_in_group.get(group_key) or not pending
+            if state != "completed" and (completed_ns or (superseded and not entry.get("time_discovered_started_ns"))):
                 state = "completed"
             records.append(
                 OpRecord(

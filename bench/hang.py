@@ -1,0 +1,345 @@
+"""Hang detection and culprit localization on real gloo jobs, probe overhead, stack merge at scale,
+and a side-by-side with torch's Flight Recorder analyzer on the same dumps.
+
+Run: .venv/bin/python bench/hang.py [--hang-timeout 10] [--quick]   -> bench/results/hang.json
+
+1. Scenarios: tests/probe/fault_job.py as a 3-rank gloo job through `vigil.probe.launcher.launch`, one fault
+   injected into one rank; verdict, culprit and detection latency (seconds from the job's last progress to
+   the verdict) against the ground truth. Target: verdict within hang timeout + 5 s, <= 15 s with the
+   default 10 s; culprit accuracy 100%.
+2. Probe overhead: bench/jobs/train_small.py (2 ranks, a 1024-2048-1024 MLP, one all_reduce per
+   gradient, 5 collectives per step) under `launch`, with the probe's hooks switched off and on every 20
+   steps in the same processes; the ratio of median step times (and of paired blocks). Also whole runs
+   alternating plain vs launched, and the probe's cost per op in microseconds. Target <= 3%, goal <= 1%.
+3. Stack merge: 10,000 synthetic ranks (several states, varying line numbers) merged into the prefix
+   tree and the fork point found. Target < 1 s.
+4. FR side by side: the FR dumps each scenario left (gloo, TORCH_FR_BUFFER_SIZE) analysed by
+   `vigil diagnose` and by torch.distributed.flight_recorder.fr_trace, raw and with gloo's pg_config
+   key repaired; which names the right culprit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from vigil.diagnose.flight_recorder import (  # noqa: E402
+    diagnose_dumps,
+    normalize_for_torch,
+    run_torch_analyzer,
+)
+from vigil.diagnose.stacks import merge_stacks  # noqa: E402
+from vigil.model import VigilInputError  # noqa: E402
+from vigil.probe.launcher import free_port, launch  # noqa: E402
+
+RESULTS = REPO / "bench" / "results"
+FAULT_JOB = REPO / "tests" / "probe" / "fault_job.py"
+TRAIN_JOB = REPO / "bench" / "jobs" / "train_small.py"
+WORLD = 3
+console = Console()
+
+# name, script args, expected verdict, expected culprit ranks, expected links
+SCENARIOS: list[tuple[str, list[str], str, list[int], list[list[int]]]] = [
+    ("stuck in compute", ["--fault", "compute", "--rank", "1"], "hang", [1], []),
+    ("deadlock between threads", ["--fault", "deadlock", "--rank", "2"], "hang", [2], []),
+    ("busy loop holding the GIL", ["--fault", "busyloop", "--rank", "1"], "hang", [1], []),
+    ("C call holding the GIL", ["--fault", "gil", "--rank", "0"], "hang", [0], []),
+    ("rank 0 stuck (reference-rank case)", ["--fault", "deadlock", "--rank", "0"], "hang", [0], []),
+    ("skipped collective", ["--fault", "skip", "--rank", "1"], "mismatch", [1], []),
+    ("mismatched shape", ["--fault", "shape", "--rank", "2"], "mismatch", [2], []),
+    ("exception (CUDA error)", ["--fault", "exception", "--rank", "2"], "crash", [2], []),
+    ("killed process", ["--fault", "kill", "--rank", "1"], "crash", [1], []),
+    ("missing p2p recv in a ring", ["--fault", "p2p", "--rank", "2"], "hang", [2], [[1, 2]]),
+    ("straggler", ["--fault", "straggler", "--rank", "2", "--sleep", "0.3", "--steps", "16"], "slow", [2], []),
+    ("slow but progressing", ["--fault", "slow", "--sleep", "1.5", "--steps", "8"], "ok", [], []),
+    ("long checkpoint save", ["--fault", "checkpoint", "--rank", "0", "--steps", "6"], "ok", [], []),
+]
+
+
+def run_scenarios(hang_timeout: float, work: Path, quick: bool) -> list[dict[str, Any]]:
+    rows = []
+    scenarios = SCENARIOS[:4] + SCENARIOS[9:10] if quick else SCENARIOS
+    for index, (name, args, verdict, culprits, links) in enumerate(scenarios):
+        if "checkpoint" in args:
+            args = [*args, "--sleep", str(2.5 * hang_timeout)]
+        out = work / f"scenario{index}"
+        console.log(f"scenario: {name}")
+        start = time.time()
+        diagnosis = launch(FAULT_JOB, args, nproc=WORLD, hang_timeout=hang_timeout, out_dir=out)
+        wall = time.time() - start
+        correct = diagnosis.verdict == verdict and diagnosis.culprit_ranks == culprits
+        if links:
+            correct = correct and diagnosis.culprit_links == links
+        latency = diagnosis.detected_after_s
+        rows.append({
+            "scenario": name,
+            "expected_verdict": verdict,
+            "verdict": diagnosis.verdict,
+            "expected_culprits": culprits,
+            "culprit_ranks": diagnosis.culprit_ranks,
+            "culprit_links": diagnosis.culprit_links,
+            "hang_kind": diagnosis.hang_kind,
+            "fork_point": diagnosis.fork_point["frame"] if diagnosis.fork_point else None,
+            "correct": correct,
+            "detected_after_s": latency,
+            "within_budget": latency is None or latency <= hang_timeout + 5.0,
+            "wall_s": round(wall, 1),
+            "fr_dir": str(out / "fr") if (out / "fr").is_dir() else None,
+        })
+    return rows
+
+
+def plain_run(script: Path, args: list[str], nproc: int, log_dir: Path) -> None:
+    """The baseline: the same ranks with torchrun's environment and no probe."""
+    port = free_port()
+    procs = []
+    for rank in range(nproc):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        env.pop("TORCH_FR_BUFFER_SIZE", None)
+        with open(log_dir / f"plain{rank}.log", "wb") as log:
+            procs.append(subprocess.Popen([sys.executable, str(script), *args], env=env, stdout=log,
+                                          stderr=subprocess.STDOUT))
+    for proc in procs:
+        if proc.wait(timeout=600) != 0:
+            raise RuntimeError(f"baseline job failed, see {log_dir}")
+
+
+def measure_overhead(work: Path, rounds: int, steps: int, block: int = 20) -> dict[str, Any]:
+    """Primary: the probe's hooks toggled every ``block`` steps inside the same job (same processes, same
+    load). Secondary: whole runs with and without the probe and its supervisor, alternating."""
+    on_steps: list[float] = []
+    off_steps: list[float] = []
+    on_cpu: list[float] = []
+    off_cpu: list[float] = []
+    pair_ratios: list[float] = []
+    for round_index in range(rounds):
+        result = work / f"toggle_{round_index}.json"
+        diagnosis = launch(TRAIN_JOB, ["--steps", str(steps), "--result", str(result), "--toggle-probe", str(block)],
+                           nproc=2, hang_timeout=10.0, out_dir=work / "toggle_run", flight_recorder=False)
+        if diagnosis.verdict != "ok":
+            raise RuntimeError(f"overhead job ended {diagnosis.verdict}: {diagnosis.summary}")
+        data = json.loads(result.read_text())
+        on, off = data["on_step_s"], data["off_step_s"]
+        on_steps += on
+        off_steps += off
+        on_cpu += data["on_cpu_s"]
+        off_cpu += data["off_cpu_s"]
+        for index in range(min(len(on), len(off)) // block):
+            window = slice(index * block, (index + 1) * block)
+            pair_ratios.append(statistics.median(on[window]) / statistics.median(off[window]))
+        console.log(f"overhead round {round_index}: hooks on {statistics.median(on) * 1000:.2f} ms, "
+                    f"off {statistics.median(off) * 1000:.2f} ms per step")
+    separate_off, separate_on = [], []
+    for round_index in range(rounds):
+        for arm in ("off", "on"):
+            result = work / f"separate_{arm}_{round_index}.json"
+            args = ["--steps", str(steps // 2), "--result", str(result)]
+            if arm == "off":
+                plain_run(TRAIN_JOB, args, 2, work)
+            else:
+                launch(TRAIN_JOB, args, nproc=2, hang_timeout=10.0, out_dir=work / "separate_run",
+                       flight_recorder=False)
+            step = json.loads(result.read_text())["median_step_s"]
+            (separate_off if arm == "off" else separate_on).append(step)
+    on_median, off_median = statistics.median(on_steps), statistics.median(off_steps)
+    return {
+        "method": f"hooks toggled every {block} steps in the same 2-rank gloo job, {rounds} run(s) of {steps} steps",
+        "probe_on_median_step_ms": round(on_median * 1000, 3),
+        "probe_off_median_step_ms": round(off_median * 1000, 3),
+        "overhead_pct": round((on_median / off_median - 1.0) * 100, 2),
+        "paired_block_overhead_pct": round((statistics.median(pair_ratios) - 1.0) * 100, 2),
+        "probe_on_median_cpu_ms": round(statistics.median(on_cpu) * 1000, 3),
+        "probe_off_median_cpu_ms": round(statistics.median(off_cpu) * 1000, 3),
+        "cpu_overhead_pct": round((statistics.median(on_cpu) / statistics.median(off_cpu) - 1.0) * 100, 2),
+        "block_pairs": len(pair_ratios),
+        "separate_runs": {
+            "method": "whole runs alternating: plain processes vs vigil launch (probe + supervisor)",
+            "off_median_step_ms": round(statistics.median(separate_off) * 1000, 3),
+            "on_median_step_ms": round(statistics.median(separate_on) * 1000, 3),
+            "overhead_pct": round((statistics.median(separate_on) / statistics.median(separate_off) - 1) * 100, 2),
+        },
+    }
+
+
+def measure_op_cost(calls: int = 5000) -> dict[str, Any]:
+    """The probe's own cost per op: an all_reduce of 1,000 floats in a one-rank gloo group, hooked vs
+    not, alternating blocks; independent of how many ops a step has."""
+    import torch
+    import torch.distributed as dist
+
+    from vigil.probe.hooks import install_hooks, uninstall_hooks
+    from vigil.probe.probe import Probe
+
+    with tempfile.TemporaryDirectory(prefix="vigil-bench-op-") as tmp:
+        dist.init_process_group("gloo", store=dist.FileStore(f"{tmp}/store", 1), rank=0, world_size=1)
+        probe = Probe(rank=0, world_size=1, out_dir=Path(tmp))
+        tensor = torch.ones(1000)
+        on: list[float] = []
+        off: list[float] = []
+        try:
+            for block in range(10):
+                if block % 2 == 0:
+                    install_hooks(probe)
+                else:
+                    uninstall_hooks()
+                start = time.perf_counter()
+                for _ in range(calls // 10):
+                    dist.all_reduce(tensor)
+                (on if block % 2 == 0 else off).append((time.perf_counter() - start) / (calls // 10))
+        finally:
+            uninstall_hooks()
+            dist.destroy_process_group()
+    return {"all_reduce_unhooked_us": round(statistics.median(off) * 1e6, 2),
+            "all_reduce_hooked_us": round(statistics.median(on) * 1e6, 2),
+            "probe_cost_per_op_us": round((statistics.median(on) - statistics.median(off)) * 1e6, 2)}
+
+
+def measure_stack_merge(ranks: int = 10_000, repeats: int = 5) -> dict[str, Any]:
+    common = ["<module> (train.py:300)", "main (train.py:250)", "train (train.py:200)", "step (train.py:120)"]
+    stacks = {}
+    for rank in range(ranks):
+        if rank in (17, 4243):
+            main = [*common, "load_batch (data.py:40)", "acquire (threading.py:320)"]
+        elif rank % 97 == 0:
+            main = [*common, "backward (autograd/__init__.py:266)"]
+        else:
+            main = [*common, f"all_reduce (distributed/distributed_c10d.py:{3200 + rank % 40})"]
+        stacks[rank] = {"MainThread": main, "pin_memory": ["_bootstrap (threading.py:1002)", "run (pin.py:10)"]}
+    times = []
+    fork = None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fork = merge_stacks(stacks).fork_points()[0]
+        times.append(time.perf_counter() - start)
+    assert fork is not None
+    return {"ranks": ranks, "median_s": round(statistics.median(times), 4), "max_s": round(max(times), 4),
+            "fork_ranks_found": len(fork.ranks), "fork_frame": fork.frame}
+
+
+def compare_with_torch(rows: list[dict[str, Any]], work: Path) -> list[dict[str, Any]]:
+    comparisons = []
+    for row in rows:
+        fr_dir = row.get("fr_dir")
+        if not fr_dir or not any(Path(fr_dir).iterdir()) or row["expected_verdict"] in ("ok", "slow"):
+            continue
+        expected = row["expected_culprits"]
+        try:
+            ours = diagnose_dumps(Path(fr_dir), world_size=WORLD)
+            ours_culprits, ours_note = ours.culprit_ranks, ours.verdict
+        except VigilInputError as err:
+            ours_culprits, ours_note = [], f"error: {err}"
+        raw = run_torch_analyzer(Path(fr_dir), "rank_")
+        fixed_dir = work / f"normalized_{len(comparisons)}"
+        normalize_for_torch(Path(fr_dir), fixed_dir)
+        fixed = run_torch_analyzer(fixed_dir, "rank_")
+        torch_fixed = sorted(set(fixed.culprit_ranks) | set(fixed.missing_ranks))
+        torch_raw = sorted(set(raw.culprit_ranks) | set(raw.missing_ranks))
+        comparisons.append({
+            "scenario": row["scenario"],
+            "expected": expected,
+            "dumps": len(list(Path(fr_dir).iterdir())),
+            "vigil_fr": ours_culprits,
+            "vigil_fr_verdict": ours_note,
+            "vigil_fr_correct": ours_culprits == expected,
+            "vigil_probe_correct": row["correct"],
+            "torch_raw": torch_raw if raw.ok else "fails (KeyError on gloo pg_config)",
+            "torch_raw_correct": raw.ok and torch_raw == expected,
+            "torch_normalized": torch_fixed,
+            "torch_normalized_correct": torch_fixed == expected,
+        })
+    return comparisons
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--hang-timeout", type=float, default=10.0)
+    parser.add_argument("--quick", action="store_true", help="5 scenarios, 1 overhead round")
+    parser.add_argument("--overhead-rounds", type=int, default=3)
+    parser.add_argument("--overhead-only", action="store_true", help="print the overhead measurement only")
+    parser.add_argument("--overhead-steps", type=int, default=200)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="vigil-bench-hang-") as tmp:
+        work = Path(tmp)
+        if args.overhead_only:
+            console.print_json(data={**measure_overhead(work, args.overhead_rounds, args.overhead_steps),
+                                     "per_op": measure_op_cost()})
+            return
+        rows = run_scenarios(args.hang_timeout, work, args.quick)
+        comparisons = compare_with_torch(rows, work)
+        overhead = measure_overhead(work, 1 if args.quick else args.overhead_rounds, args.overhead_steps)
+    merge = measure_stack_merge()
+    overhead["per_op"] = measure_op_cost()
+    # Robust to machine load: what the probe adds per op, times the job's ops per step, over its step time.
+    ops_per_step = 5
+    overhead["estimated_overhead_pct"] = round(
+        overhead["per_op"]["probe_cost_per_op_us"] * ops_per_step / (overhead["probe_off_median_step_ms"] * 1000) * 100,
+        3,
+    )
+    for row in rows:
+        row.pop("fr_dir", None)
+    latencies = [r["detected_after_s"] for r in rows if r["expected_verdict"] in ("hang", "mismatch", "crash")
+                 and r["detected_after_s"] is not None]
+    result = {
+        "hang_timeout_s": args.hang_timeout,
+        "world_size": WORLD,
+        "scenarios": rows,
+        "culprit_accuracy": round(sum(r["correct"] for r in rows) / len(rows), 3),
+        "max_detection_latency_s": max(latencies) if latencies else None,
+        "all_within_budget": all(r["within_budget"] for r in rows),
+        "overhead": overhead,
+        "stack_merge": merge,
+        "flight_recorder_side_by_side": comparisons,
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "hang.json").write_text(json.dumps(result, indent=1))
+    show(result)
+
+
+def show(result: dict[str, Any]) -> None:
+    table = Table(title=f"hang scenarios (3 gloo ranks, --hang-timeout {result['hang_timeout_s']:g} s)")
+    for column in ("scenario", "verdict", "culprit", "expected", "kind", "detected after (s)", "ok"):
+        table.add_column(column)
+    for row in result["scenarios"]:
+        latency = "" if row["detected_after_s"] is None else f"{row['detected_after_s']:.1f}"
+        table.add_row(row["scenario"], row["verdict"], str(row["culprit_ranks"]), str(row["expected_culprits"]),
+                      str(row["hang_kind"] or ""), latency, "yes" if row["correct"] else "NO")
+    console.print(table)
+    console.print(f"culprit accuracy {result['culprit_accuracy']:.0%}, max detection latency "
+                  f"{result['max_detection_latency_s']} s")
+    overhead = result["overhead"]
+    console.print(f"probe overhead: {overhead['probe_on_median_step_ms']} ms vs {overhead['probe_off_median_step_ms']}"
+                  f" ms per step = {overhead['overhead_pct']:+.2f}% (paired blocks "
+                  f"{overhead['paired_block_overhead_pct']:+.2f}%; CPU time {overhead['cpu_overhead_pct']:+.2f}%; "
+                  f"separate runs {overhead['separate_runs']['overhead_pct']:+.2f}%; "
+                  f"{overhead['per_op']['probe_cost_per_op_us']} us per op -> estimated "
+                  f"{overhead['estimated_overhead_pct']:.2f}%)")
+    merge = result["stack_merge"]
+    console.print(f"stack merge of {merge['ranks']:,} ranks: median {merge['median_s']} s")
+    side = Table(title="Flight Recorder dumps: who names the right culprit")
+    for column in ("scenario", "expected", "vigil (FR only)", "vigil (probe)", "torch raw", "torch repaired"):
+        side.add_column(column)
+    for row in result["flight_recorder_side_by_side"]:
+        vigil_fr = f"{row['vigil_fr']} {'ok' if row['vigil_fr_correct'] else 'x'}"
+        side.add_row(row["scenario"], str(row["expected"]), vigil_fr,
+                     "ok" if row["vigil_probe_correct"] else "x", str(row["torch_raw"]),
+                     f"{row['torch_normalized']} {'ok' if row['torch_normalized_correct'] else 'x'}")
+    console.print(side)
+
+
+if __name__ == "__main__":
+    main()
