@@ -153,3 +153,44 @@ def test_job_that_finishes_is_ok(tmp_path: Path) -> None:
     assert diagnosis.verdict == "ok"
     assert diagnosis.exit_code == 0
     assert (tmp_path / "none" / "rank0.json").exists()
+
+
+def test_terminated_launcher_stops_its_ranks(tmp_path: Path) -> None:
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    from vigil.probe.records import read_snapshot
+
+    out = tmp_path / "term"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "vigil.cli", "launch", "--nproc-per-node", "2", "--hang-timeout", "60", "--out",
+         str(out), "--", str(JOB), "--fault", "deadlock", "--rank", "1", "--at-step", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    pids: list[int] = []
+    deadline = time.time() + 120
+    while time.time() < deadline and len(pids) < 2:
+        pids = []
+        for rank in (0, 1):
+            try:
+                pids.append(read_snapshot(out / f"rank{rank}.json").pid)
+            except Exception:
+                break
+        time.sleep(0.2)
+    assert len(pids) == 2
+    os.kill(launcher.pid, signal.SIGTERM)
+    assert launcher.wait(timeout=30) != 0
+
+    def alive(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    deadline = time.time() + 30
+    while time.time() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.2)
+    assert not any(alive(p) for p in pids)

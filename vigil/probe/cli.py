@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -45,6 +47,9 @@ def launch_command(
         raise VigilInputError("give a training SCRIPT to launch, or --job job.yaml")
     from vigil.diagnose.hang_render import print_diagnosis
     from vigil.probe.launcher import launch
+
+    # A terminated launcher must not orphan its ranks: turn SIGTERM into an exit that runs launch's cleanup.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
     with console.status(f"running {script} on {nproc_per_node} rank(s)") as status:
 
