@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from tests.serve.conftest import STRAGGLER_RANK, TOKEN, SimCluster
 from tests.serve.test_alertmanager import PAYLOAD
-from vigil.model import ActionStatus, FaultLevel
+from vigil.model import ActionStatus, FaultLevel, IncidentStatus
 from vigil.remedy.actuators.base import OutboxActuator
 from vigil.remedy.audit import AuditLog
 from vigil.remedy.remediator import Remediator
@@ -190,3 +190,15 @@ def test_promql_query_needs_a_configured_prometheus(client: TestClient) -> None:
 def test_openapi_documents_the_model_records(client: TestClient) -> None:
     schema = client.get("/openapi.json").json()
     assert {"Incident", "Diagnosis", "Action", "Event", "Topology"} <= set(schema["components"]["schemas"])
+
+
+def test_hostile_strings_are_escaped_in_the_dashboard(client: TestClient, cluster: SimCluster) -> None:
+    hostile = '<script>alert("x")</script><img src=x onerror=alert(1)>'
+    incident = cluster.incident.model_copy(
+        update={"id": "inc-hostile", "title": hostile, "fault_types": [hostile], "status": IncidentStatus.RESOLVED}
+    )
+    assert client.post("/api/v1/incidents", headers=AUTH, json=incident.model_dump(mode="json")).status_code == 201
+    for page in ("/incidents/inc-hostile", "/incidents"):
+        html = client.get(page).text
+        assert "<script>alert" not in html and "<img src=x" not in html
+        assert "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;" in html
