@@ -114,3 +114,19 @@ def test_hostile_files_never_crash_triage(tmp_path_factory: pytest.TempPathFacto
     result = triage(job)
     assert result.root is not None and result.root.fault_type == "cuda_oom"
     assert result.files == len(blobs)
+
+
+def test_pids_are_matched_per_host(tmp_path: Path) -> None:
+    # Two ranks on two hosts share a pid; the OOM killer on n001 killed the rank on n001.
+    for node, rank in (("n000", 0), ("n001", 1)):
+        (tmp_path / node).mkdir()
+        (tmp_path / node / f"rank_{rank}.log").write_text(
+            f"2026-03-01 10:00:00,000 INFO start\n{node}:5000:5000 [0] NCCL INFO Init COMPLETE\n")
+        (tmp_path / node / "dmesg.log").write_text("2026-03-01T09:00:00,000000+00:00 NVRM: loading module\n")
+    (tmp_path / "n001" / "dmesg.log").write_text(
+        "2026-03-01T10:00:09,000000+00:00 Out of memory: Killed process 5000 (python) total-vm:1kB\n")
+    with (tmp_path / "n000" / "rank_0.log").open("a") as healthy:
+        healthy.write("2026-03-01 10:00:10,000 ERROR NCCL error: remote process exited or there was a network error\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.fault_type == "host_oom_kill"
+    assert (result.root.node, result.root.rank) == ("n001", 1)

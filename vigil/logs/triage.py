@@ -20,7 +20,7 @@ each line against the signature library, and decides:
 from __future__ import annotations
 
 import re
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,7 +108,7 @@ class _Scan:
     events: list[LogEvent] = field(default_factory=list)
     lines: int = 0
     hosts: dict[int, str] = field(default_factory=dict)
-    pids: dict[int, int] = field(default_factory=dict)
+    pids: dict[tuple[str, int], int] = field(default_factory=dict)  # (host, pid) -> rank
     ranks: set[int] = field(default_factory=set)
 
 
@@ -174,7 +174,7 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
             origin = _NCCL_ORIGIN.match(line)
             if origin and rank is not None:
                 scan.hosts[rank] = origin["host"]
-                scan.pids[int(origin["pid"])] = rank
+                scan.pids[(origin["host"], int(origin["pid"]))] = rank
             hit = matcher.match(line)
             if hit is None:
                 continue
@@ -210,20 +210,27 @@ def decide(scans: list[_Scan], job: str, directory: Path, tie_s: float = 1.0) ->
     """Pick the root, the cascade and the linked machine faults from the scanned files."""
     priority = {s.id: i for i, s in enumerate(load_signatures())}
     hosts: dict[int, str] = {}
-    pids: dict[int, int] = {}
     ranks: set[int] = set()
     for scan in scans:
         hosts.update(scan.hosts)
-        pids.update(scan.pids)
         ranks |= scan.ranks
+    for scan in scans:  # a rank file in a node's directory runs on that node, unless NCCL says otherwise
+        if scan.source.kind == "rank" and scan.source.rank is not None and scan.source.node:
+            hosts.setdefault(scan.source.rank, scan.source.node)
+    # Pids are per host: (host, rank) owners of each pid, from NCCL's prefixes and from pids a rank
+    # names itself (its DataLoader worker, say).
+    owners: dict[int, set[tuple[str | None, int]]] = defaultdict(set)
+    for scan in scans:
+        for (host, number), rank in scan.pids.items():
+            owners[number].add((_short_host(host), rank))
     events = [e for scan in scans for e in scan.events]
-    for event in events:  # a pid a rank names (its DataLoader worker, say) belongs to that rank
-        pid = event.attrs.get("pid")
-        if event.rank is not None and pid is not None and str(pid).strip().isdigit():
-            pids.setdefault(int(str(pid).strip()), event.rank)
+    for event in events:
+        pid = str(event.attrs.get("pid", "")).strip()
+        if event.rank is not None and pid.isdigit():
+            owners[int(pid)].add((_short_host(hosts.get(event.rank) or event.node), event.rank))
     single_node = len({s.source.node for s in scans if s.source.kind == "rank"}) <= 1
     for event in events:
-        _link_node_event(event, pids, hosts)
+        _link_node_event(event, owners, hosts)
         _link_launcher_event(event, job, single_node)
         if event.rank is not None and event.node is None and event.rank in hosts:
             event.node = entity_name(hosts[event.rank], "") or None
@@ -253,15 +260,27 @@ def decide(scans: list[_Scan], job: str, directory: Path, tie_s: float = 1.0) ->
     return result
 
 
-def _link_node_event(event: LogEvent, pids: dict[int, int], hosts: dict[int, str]) -> None:
-    """A kernel-log line names a pid (OOM killer, segfault, Xid): that pid is a rank if NCCL printed it."""
+def _short_host(name: str | None) -> str | None:
+    return name.split(".")[0] if name else None
+
+
+def _link_node_event(event: LogEvent, owners: dict[int, set[tuple[str | None, int]]],
+                     hosts: dict[int, str]) -> None:
+    """A kernel-log line names a pid (OOM killer, segfault, Xid): on that node, that pid may be a rank."""
     if not event.entity.startswith("node/"):
         return
-    pid = event.attrs.get("pid")
-    if pid is not None and str(pid).isdigit() and int(pid) in pids:
-        event.rank = pids[int(pid)]
-        return
-    on_node = sorted(r for r, host in hosts.items() if event.node and host.split(".")[0] == event.node)
+    pid = str(event.attrs.get("pid", "")).strip()
+    if pid.isdigit():
+        candidates = owners.get(int(pid), set())
+        here = {rank for host, rank in candidates if host == event.node}
+        if not here and event.node in (None, "unknown"):
+            here = {rank for _, rank in candidates}
+        if not here:
+            here = {rank for host, rank in candidates if host is None}
+        if len(here) == 1:
+            event.rank = here.pop()
+            return
+    on_node = sorted(r for r, host in hosts.items() if event.node and _short_host(host) == event.node)
     if on_node:
         event.attrs["ranks_on_node"] = on_node
 
