@@ -330,6 +330,12 @@ def _add_rank_evidence(run: RunEvidence, diag: HangDiagnosis) -> None:
                 f"rank {rank}'s probe heartbeat stopped {age:.1f} s before the verdict: the process "
                 "holds the GIL (stuck in C code) or is frozen", heartbeat_age_s=age))
         threads = run.stacks.get(rank)
+        others = [t for r, t in run.stacks.items() if r not in diag.culprit_ranks]
+        only_here = sorted(name for name in threads or {} if others and all(name not in t for t in others))
+        if threads and only_here:
+            described = ", ".join(f"{name} at {threads[name][-1] if threads[name] else '?'}" for name in only_here)
+            diag.evidence.append(_evidence(
+                run, rank, f"threads only rank {rank} has: {described}", threads={n: threads[n] for n in only_here}))
         if threads and threads.get("MainThread"):
             diag.evidence.append(_evidence(
                 run, rank, f"rank {rank} main thread ({run.stack_source}): "

@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from vigil.diagnose.hang import HangDiagnosis
+from vigil.diagnose.stacks import merge_stacks
 
 _STYLE = {"ok": "green", "slow": "yellow", "hang": "red", "crash": "red", "mismatch": "red"}
 
@@ -28,6 +29,10 @@ def print_diagnosis(diagnosis: HangDiagnosis, console: Console) -> None:
         )
     if diagnosis.detected_after_s is not None:
         console.print(f"detected {diagnosis.detected_after_s:.1f} s after the job's last progress")
+    if diagnosis.stacks and diagnosis.verdict in ("hang", "mismatch"):
+        tree = merge_stacks({rank: {"MainThread": frames} for rank, frames in diagnosis.stacks.items()})
+        console.print(f"merged main-thread stacks ({diagnosis.stack_source}):")
+        console.print(tree.render(max_depth=30), highlight=False, markup=False)
     if diagnosis.ranks:
         table = Table("rank", "state", "op", "heartbeat age (s)", "step (ms)", "comm wait (ms)", "top frame")
         for row in diagnosis.ranks:
