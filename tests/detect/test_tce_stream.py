@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -96,3 +98,17 @@ def test_ground_truth_on_other_entities_is_ignored() -> None:
     cube = gpu_cube(frames, [], truth, topo, ["normal", "gpu_thermal"])
     assert not cube.labels.any()
     assert isinstance(topo.jobs[0], Job)
+
+
+def test_learned_detectors_load_only_a_trained_gpu_model(tmp_path: Path) -> None:
+    from vigil.detect.stream import GPU_MODEL_DIR, learned_detectors
+    from vigil.detect.train import save_detector
+
+    topo = build_topology(1, 2, job_nodes=1)
+    assert learned_detectors(topo, tmp_path) == []
+    rng = np.random.default_rng(0)
+    det = TCEDetector(recent=4, history=8, scales=(2,), hidden=8, epochs=1, prototypes=0)
+    det.fit(rng.normal(size=(64, 8, 3)).astype(np.float32), rng.integers(0, 2, 64))
+    save_detector(det, tmp_path / GPU_MODEL_DIR)
+    [stream] = learned_detectors(topo, tmp_path)
+    assert stream.name == "tce" and stream.detector.history == 8

@@ -101,3 +101,15 @@ class LearnedStreamDetector:
         self.closed.extend(self.active.values())
         self.active.clear()
         return self.closed
+
+
+GPU_MODEL_DIR = Path("models") / "tce-gpu"
+
+
+def learned_detectors(topology: Topology, home: Path) -> list[LearnedStreamDetector]:
+    """The learned GPU detector if one was trained into ``<home>/models/tce-gpu``
+    (``vigil detect train --format sim --data RUN --out <home>/models/tce-gpu``), else none."""
+    path = home / GPU_MODEL_DIR
+    if not (path / "meta.json").exists():
+        return []
+    return [LearnedStreamDetector.from_path(path, topology)]
