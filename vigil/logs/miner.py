@@ -1,17 +1,19 @@
-"""Streaming log template miner: masking, an exact-key cache, and similarity clustering of the rest.
+"""Streaming log template miner: number-blind caches, masking, and similarity clustering of the rest.
 
-How a line finds its template:
+How a block of lines finds its templates:
 
-1. :mod:`vigil.logs.masking` replaces values by ``<*>`` (one regex pass over a block of lines).
-2. The masked line is looked up in a cache of masked lines already seen: almost every line of a real
-   log hits it, so the common path is a dict lookup with no Python work per token.
-3. On a miss, the tokens are compared with the templates of the same length and the same first token;
-   the most similar one at or above ``sim_threshold`` absorbs the line (differing tokens become
-   ``<*>``), otherwise the line starts a new template.
+1. Cache by the line with every digit turned into 0 (``str.translate`` and a dict lookup per line, no
+   regex): almost every line of a long log hits it.
+2. For the misses, cache by the line with every number turned into a single 0.
+3. Only lines never seen in that form are masked by :mod:`vigil.logs.masking` (values become ``<*>``),
+   one representative per form, in one regex pass; the masked form is compared with the templates of
+   the same token count and first token, and the most similar one absorbs it when at most
+   ``1 - sim_threshold`` of its tokens differ (those become ``<*>``); otherwise it starts a template.
 
-Memory is bounded: the cache is cleared when it reaches ``max_cache`` keys (it is rebuilt from the
-templates on demand) and at most ``max_templates`` templates are kept, the least recently matched
-one being dropped first. The state saves to and loads from a JSON file, so mining survives a restart.
+Masking never looks at which digit a number has nor how many, which is what makes steps 1 and 2 exact.
+Memory is bounded: each cache is cleared when it reaches ``max_cache`` keys (it is rebuilt from the
+templates on demand) and at most ``max_templates`` templates are kept, the least recently learned one
+being dropped first. The state saves to and loads from a JSON file, so mining survives a restart.
 """
 
 from __future__ import annotations
