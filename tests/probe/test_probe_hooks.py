@@ -125,3 +125,15 @@ def test_install_stays_callable_after_first_use(tmp_path: Path) -> None:
         first.stop()
         uninstall_hooks()
         activate._probe = None
+
+
+def test_each_process_group_has_its_own_sequence(probe: Probe) -> None:
+    sub = dist.new_group([0])
+    dist.all_reduce(torch.ones(2))
+    dist.all_reduce(torch.ones(2), group=sub)
+    dist.all_reduce(torch.ones(2), group=sub)
+    ops = probe.ring.tail(10)
+    groups = {op.group for op in ops}
+    assert len(groups) == 2
+    by_group = {g: [op.seq for op in ops if op.group == g] for g in groups}
+    assert sorted(by_group.values()) == [[1], [1, 2]]
