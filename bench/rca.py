@@ -8,7 +8,8 @@ rules + peer-difference detectors -> incident grouping -> RCA. AC@k = share of c
 fault type) is in the top k; undetected faults count as misses. The baseline measured on the same incidents
 is detection alone: the incident's scope with its fault types, then its anomalies by level (no graph, no
 knowledge base). An ablation ranks the same incidents from their anomalies alone, without the raw events
-and log lines. The seed is one the tests never use.
+and log lines, and a robustness run drops half of the log lines at random (logs lost with restarted pods).
+The seed is one the tests never use.
 
 Time: RCA (evidence extraction + ranking, no LLM) on incidents of a 1,250-node x 8-GPU topology (10,000 GPUs,
 10,000 ranks in jobs of 512): a leaf-switch cascade with a job-wide NCCL timeout, one GPU lost under a hung
@@ -122,6 +123,9 @@ def main() -> None:
     blind = summary["ablation_anomalies_only"]
     table.add_row("all, RCA on anomalies only (no raw events / logs)", str(summary["cases"]),
                   str(summary["detected"]), f"{blind['ac_at_1']:.3f}", f"{blind['ac_at_3']:.3f}", "", "")
+    lossy = summary["robustness_half_logs_lost"]
+    table.add_row("all, half of the log lines lost", str(summary["cases"]), str(summary["detected"]),
+                  f"{lossy['ac_at_1']:.3f}", f"{lossy['ac_at_3']:.3f}", "", "")
     visible = summary["visible_to_rules"]
     table.add_row("faults visible to rules", str(visible["cases"]), str(visible["detected"]),
                   f"{visible['ac_at_1']:.3f}", f"{visible['ac_at_3']:.3f}", "", "")

@@ -66,3 +66,14 @@ def test_rca_eval_command_prints_the_summary(tmp_path: Path) -> None:
     summary = json.loads(done.stdout)
     assert summary["cases"] == 5 and 0.0 <= summary["ac_at_1"] <= summary["ac_at_3"] <= 1.0
     assert sum(block["cases"] for block in summary["by_fault"].values()) == 5
+
+
+def test_peer_detector_finds_the_idle_gpu_of_a_hung_rank() -> None:
+    run = simulate(SimConfig(nodes=8, gpus=8, minutes=25, seed=4, job_nodes=8,
+                             plans=(FaultPlan("job_hang", "job/j00/rank/21", 600.0, 600.0),)))
+    detector = PeerDifferenceDetector(run.topology)
+    for tick in run.ticks():
+        detector.detect(tick.frames, tick.events)
+    found = detector.close_all()
+    hung_gpu = run.topology.jobs[0].placement[21]
+    assert {(a.entity, a.fault_type) for a in found} == {(hung_gpu, "peer_gpu_idle")}

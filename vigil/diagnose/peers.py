@@ -2,7 +2,8 @@
 
 Ranks of a data-parallel job do the same work, so their GPUs' throughput metrics agree; one GPU whose
 NVLink bandwidth is a fraction of its job's median is the odd one out even when no threshold rule fires
-(degraded links train down without errors). The detector compares each GPU with the median of its job's
+(degraded links train down without errors), and one idle GPU among peers busy in a stalled collective is
+the rank the others wait for. The detector compares each GPU with the median of its job's
 busy GPUs every tick and opens an anomaly once the gap has held for ``hold_ticks`` ticks.
 """
 
@@ -28,6 +29,8 @@ class PeerSignal:
 
 PEER_SIGNALS = (
     PeerSignal("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "peer_nvlink_bandwidth_low", 0.7, 1e3),
+    # In a hang the peers spin in NCCL kernels at full utilization; the stuck rank's GPU sits idle.
+    PeerSignal("DCGM_FI_DEV_GPU_UTIL", "peer_gpu_idle", 0.3, 50.0),
 )
 
 

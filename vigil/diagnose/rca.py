@@ -40,8 +40,8 @@ MIN_REACH = 0.25
 # Symptoms every rank of a stalled job shows, whatever the cause: weighted down, spread to peers.
 COLLECTIVE_SYMPTOMS = frozenset({
     "hang", "crash", "log:nccl_timeout", "log:watchdog_timeout", "log:nccl_net_error",
-    "log:nccl_unhandled_system_error", "anomaly:job_hang", "metric:vigil_job_step_time_seconds",
-    "metric:vigil_job_tokens_per_second", "peer:step_time",
+    "log:nccl_unhandled_system_error", "anomaly:job_hang", "anomaly:job_crash", "anomaly:throughput_drop",
+    "metric:vigil_job_step_time_seconds", "metric:vigil_job_tokens_per_second", "peer:step_time",
 })
 GENERIC_WEIGHT = 0.5
 _XID_IN_TEXT = re.compile(r"Xid \(PCI:[0-9A-Fa-f:.]+\): (\d+),")
@@ -146,7 +146,7 @@ def observations_from(
         ev = Evidence(ref=anomaly.id, kind="detector", entity=anomaly.entity, ts=anomaly.start, summary=summary,
                       attrs={"detector": anomaly.detector, "fault_type": anomaly.fault_type})
         evidence.append(ev)
-        if anomaly.fault_type in kb.faults:
+        if anomaly.fault_type in kb.faults or anomaly.fault_type in kb.findings:
             add(f"anomaly:{anomaly.fault_type}", anomaly.entity, weight, ev)
         for item in anomaly.evidence:
             evidence.append(item)

@@ -61,6 +61,7 @@ class CaseResult:
     incident_id: str | None = None
     baseline_rank: int | None = None  # the same measure for the detector-only ranking
     anomalies_only_rank: int | None = None  # RCA without the raw events and log lines (ablation)
+    half_logs_rank: int | None = None  # RCA when half of the log lines were lost (robustness)
 
 
 @dataclass
@@ -96,6 +97,8 @@ class EvalReport:
                                        "ac_at_3": _ac(self.results, 3, "baseline_rank")},
             "ablation_anomalies_only": {"ac_at_1": _ac(self.results, 1, "anomalies_only_rank"),
                                         "ac_at_3": _ac(self.results, 3, "anomalies_only_rank")},
+            "robustness_half_logs_lost": {"ac_at_1": _ac(self.results, 1, "half_logs_rank"),
+                                          "ac_at_3": _ac(self.results, 3, "half_logs_rank")},
             "by_fault": {name: block(items) for name, items in sorted(by_fault.items())},
             "by_kind": {name: block(items) for name, items in sorted(by_kind.items())},
             "rca_seconds_mean": round(float(np.mean(seconds)), 4) if seconds else None,
@@ -229,7 +232,12 @@ def run_case(case: EvalCase, kg_cache: dict[str, KnowledgeGraph] | None = None) 
     baseline_rank = baseline.index(key) + 1 if key in baseline else None
     blind = analyze_incident(kg, incident, anomalies).top(10)
     blind_rank = blind.index(key) + 1 if key in blind else None
-    return CaseResult(case, True, rank, ranking[:3], rca.seconds, incident.id, baseline_rank, blind_rank)
+    keep = np.random.default_rng(case.seed).random(len(run.logs)) >= 0.5
+    kept = [record for record, kept_line in zip(run.logs, keep, strict=True) if kept_line]
+    lossy = analyze_incident(kg, incident, anomalies, run.events, kept).top(10)
+    lossy_rank = lossy.index(key) + 1 if key in lossy else None
+    return CaseResult(case, True, rank, ranking[:3], rca.seconds, incident.id, baseline_rank, blind_rank,
+                      lossy_rank)
 
 
 def evaluate(n: int = 300, seed: int = 7, progress: Callable[[int, int], None] | None = None) -> EvalReport:
