@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from tests.serve.conftest import STRAGGLER_RANK, TOKEN, SimCluster
 from tests.serve.test_alertmanager import PAYLOAD
-from vigil.model import ActionStatus, FaultLevel, IncidentStatus
+from vigil.model import ActionKind, ActionStatus, FaultLevel, IncidentStatus
 from vigil.remedy.actuators.base import OutboxActuator
 from vigil.remedy.audit import AuditLog
 from vigil.remedy.remediator import Remediator
@@ -202,3 +202,18 @@ def test_hostile_strings_are_escaped_in_the_dashboard(client: TestClient, cluste
         html = client.get(page).text
         assert "<script>alert" not in html and "<img src=x" not in html
         assert "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;" in html
+
+
+def test_diagnose_runs_the_rca_and_stores_its_diagnosis(client: TestClient, cluster: SimCluster) -> None:
+    incident = next(i for i in cluster.result.incidents if i.id != cluster.incident.id)
+    assert client.post(f"/api/v1/incidents/{incident.id}/diagnose").status_code == 401
+    response = client.post(f"/api/v1/incidents/{incident.id}/diagnose", headers=AUTH)
+    assert response.status_code == 200, response.text
+    diagnosis = response.json()
+    assert diagnosis["incident_id"] == incident.id and diagnosis["root_cause"] is not None
+    assert diagnosis["root_cause"]["entity"] == incident.scope
+    assert diagnosis["root_cause"]["fault_type"] == incident.fault_types[0]
+    assert diagnosis["plan"] and all(step["action"] in {k.value for k in ActionKind} for step in diagnosis["plan"])
+    stored = cluster.store.diagnosis(incident.id)
+    assert stored is not None and stored.model_dump(mode="json") == diagnosis
+    assert client.post("/api/v1/incidents/inc-nope/diagnose", headers=AUTH).status_code == 404

@@ -151,3 +151,18 @@ def test_node_lifecycle_view(page: Any, site: str) -> None:
     assert page.locator("table.transitions tbody tr").count() == 4
     assert page.locator("svg.heatmap rect.cell").count() == 9
     shot(page, "node")
+
+
+def test_diagnose_button_fills_causes_and_plan(page: Any, site: str, cluster: SimCluster) -> None:
+    undiagnosed = [i for i in cluster.result.incidents if cluster.store.diagnosis(i.id) is None]
+    assert undiagnosed
+    incident = undiagnosed[-1]
+    page.goto(f"{site}/incidents/{incident.id}")
+    assert page.locator("ol.causes li").count() == 0
+    page.fill("#token", TOKEN)
+    page.click("#token-form button")
+    with page.expect_navigation():
+        page.locator("button.diagnose").click()
+    assert page.locator("ol.causes li").count() >= 1
+    assert incident.scope in page.locator("ol.causes li.root").inner_text()
+    assert page.locator("ol.plan li").count() >= 1

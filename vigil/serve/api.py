@@ -156,6 +156,15 @@ def diagnosis(incident_id: str, ctx: Ctx) -> Diagnosis:
     return found
 
 
+@router.post("/incidents/{incident_id}/diagnose", tags=["incidents"])
+def run_diagnosis(incident_id: str, ctx: Ctx, user: Writer) -> Diagnosis:
+    """Rank root causes now (knowledge graph; the LLM when configured) and store the diagnosis."""
+    try:
+        return ctx.diagnose(incident_id)
+    except KeyError:
+        raise _not_found("incident", incident_id) from None
+
+
 @router.put("/incidents/{incident_id}/diagnosis", tags=["incidents"])
 def save_diagnosis(incident_id: str, body: Diagnosis, ctx: Ctx, user: Writer) -> Diagnosis:
     if body.incident_id != incident_id:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from vigil.config import Settings
-from vigil.model import Action, Event, FaultLevel, Topology, VigilInputError
+from vigil.model import Action, Diagnosis, Event, FaultLevel, Topology, VigilInputError
 from vigil.remedy.lifecycle import LifecycleStore
 from vigil.serve.exporter import VigilCollector
 from vigil.serve.hang import find_reports
@@ -74,6 +74,7 @@ class ServeContext:
     cache_ttl_s: float = 1.0
     _cache: _Snapshot | None = field(default=None, init=False)
     _cache_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _kg: tuple[Topology, Any] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         topology = self.store.topology()
@@ -181,6 +182,34 @@ class ServeContext:
             "events": [e.model_dump() for e in events[-100:]],
             "actions": [a.model_dump() for a in actions],
         }
+
+    def diagnose(self, incident_id: str) -> Diagnosis:
+        """Rank the incident's root causes (vigil/diagnose: knowledge graph walk, then the LLM if one is
+        configured, else the deterministic plan) and store the diagnosis."""
+        from vigil.diagnose.kg import KnowledgeGraph
+        from vigil.diagnose.llm import LlmClient, diagnose
+        from vigil.diagnose.rca import analyze_incident
+
+        incident = self.store.incident(incident_id)
+        if incident is None:
+            raise KeyError(incident_id)
+        topology = self.topology()
+        if not topology.nodes:
+            raise VigilInputError("the store holds no topology to reason over; run `vigil demo` or a collector")
+        with self._cache_lock:
+            # The graph is rebuilt only when the topology changed (seconds on 10,000 GPUs).
+            if self._kg is None or self._kg[0] != topology:
+                self._kg = (topology, KnowledgeGraph.build(topology))
+            kg = self._kg[1]
+        slack = 900.0  # the records around the incident that the ranking may cite
+        wanted = set(incident.anomalies)
+        anomalies = [a for a in self.store.anomalies(since=incident.start - slack, limit=100_000) if a.id in wanted]
+        events = self.store.events(since=incident.start - slack, until=incident.end + slack, limit=100_000)
+        logs = self.store.logs(since=incident.start - slack, until=incident.end + slack, limit=100_000)
+        result = analyze_incident(kg, incident, anomalies, events, logs)
+        found = diagnose(kg, incident, result, LlmClient.from_settings(self.settings))
+        self.store.save_diagnosis(found)
+        return found
 
     def hang_reports(self) -> dict[str, Path]:
         return find_reports(self.launch_dirs)

@@ -1,4 +1,4 @@
-// Approve / execute / propose buttons: the only writes the dashboard makes, each with the saved API token.
+// Approve / execute / propose / diagnose buttons: the only writes the dashboard makes, each with the saved API token.
 "use strict";
 
 function vigilToken() {
@@ -33,7 +33,7 @@ function vigilShow(text, isError) {
 }
 
 document.addEventListener("click", async (event) => {
-  const button = event.target.closest("button.approve, button.execute, button.propose");
+  const button = event.target.closest("button.approve, button.execute, button.propose, button.diagnose");
   if (!button) { return; }
   button.disabled = true;
   try {
@@ -43,6 +43,9 @@ document.addEventListener("click", async (event) => {
     } else if (button.classList.contains("execute")) {
       const action = await vigilPost("/api/v1/actions/" + button.dataset.action + "/execute?dry_run=true");
       vigilShow(action.result, false);
+    } else if (button.classList.contains("diagnose")) {
+      const diagnosis = await vigilPost("/api/v1/incidents/" + button.dataset.incident + "/diagnose");
+      vigilShow("diagnosed: " + diagnosis.summary, false);
     } else {
       const action = await vigilPost("/api/v1/actions", {
         kind: button.dataset.kind, target: button.dataset.target,
