@@ -95,6 +95,10 @@ def test_prometheus_scrapes_both_and_vigil_reads_back(
     assert later.values[1, column] != gpu_frame.values[1, column]
     wait_for(lambda: _value(source, selector) == float(later.values[1, column]), 30, "second frame scraped")
     assert _value(source, "count(DCGM_FI_DEV_GPU_TEMP)") == 8
+    # The detectors' input read back from Prometheus is the frame the simulator produced, value for value.
+    read_back = source.gpu_frame(list(later.metrics), entities=list(later.entities))
+    np.testing.assert_array_equal(read_back.values, later.values)
+    assert source.gpu_frame(["DCGM_FI_DEV_GPU_TEMP"]).entities == sorted(later.entities)
     ts, values = source.series("gpu/n000/1", energy, step=1.0)
     assert len(ts) >= 2 and float(later.values[1, column]) in values.tolist()
 
@@ -122,5 +126,7 @@ def test_unreachable_prometheus_is_one_clear_error() -> None:
     source = PromQLSource(f"http://127.0.0.1:{free_port()}", timeout_s=2)
     with pytest.raises(VigilInputError, match="cannot reach the metrics API"):
         source.query("up")
+    with pytest.raises(VigilInputError, match="metric name .*expected"):
+        source.gpu_frame(['up{job=~"x"}'])
     with pytest.raises(VigilInputError, match="expected http"):
         PromQLSource("prometheus:9090")

@@ -7,14 +7,19 @@ exporter use, and sent to ``/api/v1/query_range``. Errors come back as one line 
 
 from __future__ import annotations
 
+import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import numpy as np
 
-from vigil.model import VigilInputError, parse_entity
+from vigil.model import VigilInputError, gpu_id, parse_entity
+from vigil.store.metrics import MetricFrame
+
+_METRIC_NAME = re.compile(r"^[A-Za-z_:][A-Za-z0-9_:]*$")
 
 
 @dataclass
@@ -143,6 +148,38 @@ class PromQLSource:
         first = found[0]
         keep = ~np.isnan(first.values) if len(first.values) else np.ones(0, dtype=bool)
         return first.ts[keep], first.values[keep]
+
+    def gpu_frame(
+        self, metrics: Sequence[str], entities: Sequence[str] | None = None, at: float | None = None
+    ) -> MetricFrame:
+        """One ``gpu`` MetricFrame (what the detectors read) from dcgm-exporter series in Prometheus: one
+        instant query for all the metrics, rows keyed by the ``Hostname`` and ``gpu`` labels. With
+        ``entities`` the rows keep that order (a GPU that reports nothing is a row of NaN, as in the
+        simulator); without, every GPU found, sorted."""
+        for metric in metrics:
+            if not _METRIC_NAME.match(metric):
+                raise VigilInputError(f"metric name {metric!r}: expected [A-Za-z_:][A-Za-z0-9_:]*")
+        found = self.query("{__name__=~" + _quote("|".join(metrics)) + "}", at=at)
+        values: dict[str, dict[str, float]] = {}
+        stamp = at
+        for series in found:
+            host, index = series.labels.get("Hostname"), series.labels.get("gpu", "")
+            if not host or not index.isdigit():
+                continue
+            values.setdefault(gpu_id(host, int(index)), {})[series.labels["__name__"]] = float(series.values[0])
+            stamp = float(series.ts[0]) if stamp is None else stamp
+        rows = list(entities) if entities is not None else sorted(values)
+        matrix = np.full((len(rows), len(metrics)), np.nan, dtype=np.float32)
+        for i, entity in enumerate(rows):
+            for j, metric in enumerate(metrics):
+                matrix[i, j] = values.get(entity, {}).get(metric, np.nan)
+        return MetricFrame(
+            ts=stamp if stamp is not None else time.time(),
+            family="gpu",
+            entities=rows,
+            metrics=list(metrics),
+            values=matrix,
+        )
 
     def wait_ready(self, timeout_s: float = 30.0) -> None:
         deadline = time.monotonic() + timeout_s
