@@ -70,15 +70,22 @@ def tce_selected_on_validation(train: Any, val: Any, tests: dict[str, Any], seed
     return rows + [{**r, "selected_by_validation": True} for r in best[1]], fit_s
 
 
-def asd_protocol_b(seeds: list[int], candidates: list[dict[str, Any]]) -> dict[str, Any]:
+def asd_protocol_b(seeds: list[int], candidates: list[dict[str, Any]],
+                   checkpoint: Any = None) -> dict[str, Any]:
+    """Seeds outermost, so a run cut short still holds complete seeds; ``checkpoint(partial)`` after each
+    detector saves what is done."""
     dataset = load_asd(ASD)
     rows: list[dict[str, Any]] = []
     timing: dict[str, list[float]] = {}
-    for fold, (train_entities, test_entities) in enumerate(ASD_FOLDS):
-        train, val, tests = fleet_split(dataset, train_entities, test_entities, history=ASD_TCE["history"])
-        for name in DETECTORS:
-            for seed in (seeds if name in ("tce", "lstm") else seeds[:1]):
-                console.log(f"ASD fold {fold}: {name} seed {seed}")
+    splits = [fleet_split(dataset, train_entities, test_entities, history=ASD_TCE["history"])
+              for train_entities, test_entities in ASD_FOLDS]
+    part: dict[str, Any] = {}
+    for seed in seeds:
+        for fold, (train, val, tests) in enumerate(splits):
+            for name in DETECTORS:
+                if seed != seeds[0] and name not in ("tce", "lstm"):
+                    continue
+                console.log(f"ASD seed {seed} fold {fold}: {name}")
                 if name == "tce":
                     result, fit_s = tce_selected_on_validation(train, val, tests, seed, dataset.classes, candidates)
                 else:
@@ -88,12 +95,20 @@ def asd_protocol_b(seeds: list[int], candidates: list[dict[str, Any]]) -> dict[s
                     row["fold"] = fold
                 rows.extend(result)
                 timing.setdefault(name, []).append(fit_s)
-    summary = summarise(rows)
+                part = asd_summary(rows, timing, candidates)
+                if checkpoint is not None:
+                    checkpoint(part)
+    return part
+
+
+def asd_summary(rows: list[dict[str, Any]], timing: dict[str, list[float]],
+                candidates: list[dict[str, Any]]) -> dict[str, Any]:
     per_seed = {}
-    for seed in seeds:
-        mine = summarise([r for r in rows if r["detector"] == "tce" and r["seed"] == seed])
-        per_seed[seed] = mine.get("tce", {})
-    return {"results": rows, "summary": summary, "tce_per_seed": per_seed,
+    for seed in sorted({r["seed"] for r in rows}):
+        mine = [r for r in rows if r["detector"] == "tce" and r["seed"] == seed]
+        per_seed[seed] = summarise(mine).get("tce", {}) if mine else {}
+    return {"results": rows, "summary": summarise(rows), "tce_per_seed": per_seed,
+            "seeds_done": sorted({r["seed"] for r in rows if r["detector"] == "tce"}),
             "fit_seconds": {k: float(np.mean(v)) for k, v in timing.items()},
             "tce_loss_candidates": candidates}
 
@@ -106,7 +121,7 @@ def sim_cube(seed: int, nodes: int, minutes: float) -> GpuCube:
                     run.topology, gpu_fault_classes())
 
 
-def sim_protocol_c(seed: int, quick: bool) -> dict[str, Any]:
+def sim_protocol_c(seed: int, quick: bool, checkpoint: Any = None) -> dict[str, Any]:
     classes = gpu_fault_classes()
     scale = 0.25 if quick else 1.0
     train_cube = sim_cube(101, int(32 * scale), 480)
@@ -129,6 +144,8 @@ def sim_protocol_c(seed: int, quick: bool) -> dict[str, Any]:
     }
     detector: TCEDetector | None = None
     for label, params in ABLATION.items():
+        if detector is not None and "scoring" not in out:
+            out["scoring"] = scoring_speed(detector)
         console.log(f"simulated GPU faults: {label}")
         det = TCEDetector(seed=seed, **{**SIM_TCE, **params})
         det.fit(train, validation=val, classes=classes, normal_subsample=SIM_TRAIN_STRIDE)
@@ -138,8 +155,8 @@ def sim_protocol_c(seed: int, quick: bool) -> dict[str, Any]:
         report["epochs_run"] = det.report_.epochs_run
         out["configs"][label] = report
         detector = detector or det
-    assert detector is not None
-    out["scoring"] = scoring_speed(detector)
+        if checkpoint is not None:
+            checkpoint(out)
     return out
 
 
@@ -184,7 +201,7 @@ def print_tables(result: dict[str, Any]) -> None:
     for label, rep in sim["configs"].items():
         table.add_row(label, f"{rep['macro_f1']:.3f}", f"{rep['rare_class_recall']:.3f}", f"{rep['fit_seconds']:.0f}")
     console.print(table)
-    speed = sim["scoring"]
+    speed = sim.get("scoring", {"gpus": 0, "tce_s": float("nan"), "lstm_s": float("nan"), "threads": 0})
     console.print(f"scoring {speed['gpus']:,} GPUs' windows: TCE {speed['tce_s']:.2f} s, "
                   f"LSTM baseline {speed['lstm_s']:.2f} s ({speed['threads']} threads)")
 
@@ -202,23 +219,28 @@ def main() -> None:
             params.update(epochs=2, steps_per_epoch=10)
     started = time.perf_counter()
     out = OUT.with_name("detect-quick.json") if args.quick else OUT
-    result: dict[str, Any] = {"machine": platform.processor() or platform.machine(), "torch": torch.__version__,
-                              "seeds": seeds}
+    mine: dict[str, Any] = {"machine": platform.processor() or platform.machine(), "torch": torch.__version__,
+                            "threads": torch.get_num_threads()}
+    result: dict[str, Any] = {}
 
     def save(part: str, value: dict[str, Any]) -> None:
         # Re-read before writing: `--only asd` and `--only sim` may run side by side.
         current = json.loads(out.read_text()) if args.only and out.exists() else {}
-        current.update(result)
-        current[part] = value
-        current[f"{part}_seconds"] = time.perf_counter() - started
-        out.write_text(json.dumps(current, indent=1, default=float))
+        mine[part] = value
+        mine[f"{part}_seconds"] = time.perf_counter() - started
+        current.update(mine)
+        tmp = out.with_suffix(f".{part}.tmp")
+        tmp.write_text(json.dumps(current, indent=1, default=float))
+        tmp.replace(out)
+        result.clear()
         result.update(current)
 
     out.parent.mkdir(parents=True, exist_ok=True)
     if args.only in (None, "asd"):
-        save("asd_protocol_b", asd_protocol_b(seeds, [{"weight_mode": "dynamic"}, {"weight_mode": "none"}]))
+        candidates = [{"weight_mode": "dynamic"}, {"weight_mode": "none"}]
+        save("asd_protocol_b", asd_protocol_b(seeds, candidates, lambda part: save("asd_protocol_b", part)))
     if args.only in (None, "sim"):
-        save("sim_protocol_c", sim_protocol_c(seeds[0], args.quick))
+        save("sim_protocol_c", sim_protocol_c(seeds[0], args.quick, lambda part: save("sim_protocol_c", part)))
     if "asd_protocol_b" not in result or "sim_protocol_c" not in result:
         console.print(f"wrote {out.relative_to(REPO)}; run the other part for the tables")
         return
