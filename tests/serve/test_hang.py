@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from vigil.model import VigilInputError
-from vigil.serve.hang import find_reports, load_hang_report, stack_tree
+from vigil.serve.hang import StackNode, find_reports, load_hang_report, stack_tree
 from vigil.serve.svg import ring
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "serve" / "hang_run"
@@ -63,3 +63,18 @@ def test_ring_marks_culprit_link_and_rank() -> None:
     svg = ring(8, [(5, 6)], [5])
     assert svg.count('class="link culprit"') == 1 and 'data-link="5-6"' in svg
     assert svg.count('class="rank culprit"') == 1
+
+
+def test_real_launch_output_p2p_hang() -> None:
+    """diagnosis.json as `vigil launch` wrote it for a missing p2p recv in a 3-rank ring exchange."""
+    report = load_hang_report(FIXTURE.parent / "launch_p2p")
+    assert report.verdict == "hang" and report.hang_kind == "p2p"
+    assert report.culprit_links == [(1, 2)] and report.world_size == 3 and len(report.stacks) == 3
+    tree = stack_tree(report.stacks, report.fork_point)
+    marked = [n for n in _walk(tree) if n.is_fork_point]
+    assert [n.frame for n in marked] == ["ring_exchange (probe/fault_job.py:92)"] and marked[0].ranks == [1]
+    assert 'data-link="1-2"' in ring(report.world_size, report.culprit_links, report.culprit_ranks)
+
+
+def _walk(node: StackNode) -> list[StackNode]:
+    return [node, *(n for child in node.children for n in _walk(child))]

@@ -49,6 +49,8 @@ def _frame_text(frame: Any) -> str:
     if isinstance(frame, str):
         return frame
     if isinstance(frame, dict):
+        if isinstance(frame.get("frame"), str):  # vigil launch's fork_point carries the rendered frame
+            return str(frame["frame"])
         name = frame.get("name") or frame.get("function") or frame.get("func") or "?"
         where = frame.get("filename") or frame.get("file") or ""
         line = frame.get("line") or frame.get("lineno")
