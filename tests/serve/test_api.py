@@ -217,3 +217,12 @@ def test_diagnose_runs_the_rca_and_stores_its_diagnosis(client: TestClient, clus
     stored = cluster.store.diagnosis(incident.id)
     assert stored is not None and stored.model_dump(mode="json") == diagnosis
     assert client.post("/api/v1/incidents/inc-nope/diagnose", headers=AUTH).status_code == 404
+
+
+def test_job_page_falls_back_to_the_jobs_own_step_time(client: TestClient, cluster: SimCluster) -> None:
+    other = cluster.run.topology.jobs[1]  # only job j00 has per-rank reports in the fixture
+    assert client.get(f"/api/v1/jobs/{other.id}").json()["ranks"] == {}
+    html = client.get(f"/jobs/{other.id}").text
+    assert 'id="job-level"' in html and html.count('class="rank"') == 1 and "slowest" not in html
+    straggling = client.get(f"/jobs/{cluster.run.topology.jobs[0].id}").text
+    assert 'id="job-level"' not in straggling and 'class="rank slowest"' in straggling

@@ -104,13 +104,10 @@ def job_view(request: Request, job: str) -> HTMLResponse:
         values = sorted(v for v in series["values"] if v is not None)
         if values:
             medians[rank] = values[len(values) // 2]
-    return _page(
-        request,
-        "job.html",
-        job=data["job"],
-        chart=Markup(svg.step_time_chart(data["ranks"])),
-        medians=medians,
-    )
+    # Without per-rank reports (the training probe sends them) the job's own step time is still worth a look.
+    job_level = not data["ranks"] and any(v is not None for v in data["job_series"]["values"])
+    chart = svg.step_time_chart({0: data["job_series"]} if job_level else data["ranks"])
+    return _page(request, "job.html", job=data["job"], chart=Markup(chart), medians=medians, job_level=job_level)
 
 
 @router.get("/hangs/{name}", response_class=HTMLResponse)

@@ -149,7 +149,8 @@ def step_time_chart(ranks: dict[int, dict[str, list[Any]]], width: int = 860, he
         values = sorted(v for _, v in pts)
         return values[len(values) // 2]
 
-    slowest = max(series, key=lambda r: median(series[r]))
+    # A straggler needs peers: with one line there is nothing to single out.
+    slowest = max(series, key=lambda r: median(series[r])) if len(series) > 1 else None
     parts = [f'<svg class="steptimes" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">']
     for k in range(5):
         v = lo + (hi - lo) * k / 4
