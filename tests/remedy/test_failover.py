@@ -47,7 +47,7 @@ def reference_loss(tmp_path_factory: pytest.TempPathFactory) -> str:
     ("fault", "fault_type", "culprit"),
     [
         ("kill:rank=1:step=12", "rank_exit", "job/faulty/rank/1"),
-        ("hang:rank=1:step=17", "training_hang", None),
+        ("hang:rank=1:step=17", "training_hang", "job/faulty/rank/1"),
     ],
 )
 def test_fault_is_detected_restarted_and_final_loss_is_bit_identical(
@@ -77,6 +77,8 @@ def test_fault_is_detected_restarted_and_final_loss_is_bit_identical(
     actions = audit.actions()
     assert [(a.kind, a.status, a.dry_run) for a in actions] == [(ActionKind.RESTART_JOB, ActionStatus.EXECUTED, False)]
     assert actions[0].target == "job/faulty" and fault_type in actions[0].reason
+    # excludeFailedDevice (default): the culprit rank restarted on the spare device.
+    assert "rank 1 moved from cpu:1 to cpu:2" in actions[0].result
 
 
 def test_retries_exhausted_ends_with_an_alert(tmp_path: Path) -> None:

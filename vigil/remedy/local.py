@@ -184,6 +184,27 @@ def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
         os.killpg(proc.pid, sig)
 
 
+def culprits_from_stacks(pids: dict[int, int], timeout_s: float = 10.0) -> list[int] | None:
+    """Ranks of a hung job whose main thread is outside torch.distributed while the others wait inside.
+
+    The basic case of hang localization: the ranks that reached the collective wait in it; the one
+    that never arrived is elsewhere. Stacks come from ``py-spy dump`` (works while a rank holds the
+    GIL); None when they cannot be read or do not single anyone out.
+    """
+    from vigil.probe.pyspy import dump_all
+
+    dumps = dump_all(pids, timeout_s=timeout_s)
+    if dumps.errors or len(dumps.dumps) != len(pids):
+        return None
+    in_collective = {}
+    for rank, threads in dumps.dumps.items():
+        main = next((t for t in threads if t.get("os_thread_id") == t.get("pid")), threads[0] if threads else None)
+        frames = main.get("frames", []) if isinstance(main, dict) else []
+        in_collective[rank] = any("torch/distributed" in str(f.get("filename", "")) for f in frames)
+    outside = sorted(r for r, inside in in_collective.items() if not inside)
+    return outside if 0 < len(outside) < len(in_collective) else None
+
+
 class LocalActuator(Actuator):
     """Restarts (or migrates to spare devices) local jobs this process supervises."""
 
@@ -335,12 +356,14 @@ class FailoverSupervisor:
             )
         ]
         if stalled:
-            # A rank behind all others is the culprit: the rest wait for it in a collective. When all
-            # stopped at the same step, heartbeats cannot tell (stack-level localization can), so the
-            # whole job is blamed and no device is excluded.
+            # A rank behind all others is the culprit: the rest wait for it in a collective. When
+            # several stopped at the same step, their stacks tell: the culprit is the one not inside
+            # a collective. If that is unclear too, the job is blamed and no device is excluded.
             steps = {r: p.last_step for r, p in enumerate(self.tracker.ranks)}
             lowest = min(steps.values())
             behind = [r for r, step in steps.items() if step == lowest]
+            if len(behind) > 1:
+                behind = culprits_from_stacks({r: self.job.processes[r].pid for r in behind}) or behind
             culprit = behind[0] if len(behind) == 1 else None
             where = (
                 f"rank {culprit} stuck after step {lowest}" if culprit is not None else f"all ranks at step {lowest}"
