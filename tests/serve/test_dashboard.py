@@ -166,3 +166,14 @@ def test_diagnose_button_fills_causes_and_plan(page: Any, site: str, cluster: Si
     assert page.locator("ol.causes li").count() >= 1
     assert incident.scope in page.locator("ol.causes li.root").inner_text()
     assert page.locator("ol.plan li").count() >= 1
+
+
+def test_hang_view_of_a_real_launch_run(page: Any, site: str) -> None:
+    page.goto(f"{site}/hangs/launch_p2p")
+    assert page.locator("svg.ring line.link.culprit").get_attribute("data-link") == "1-2"
+    assert page.locator("li.fork-point > .frame-text").inner_text() == "ring_exchange (probe/fault_job.py:92)"
+    rows = page.locator("table.ranks tbody tr")
+    # The report names rank 2 as the culprit; rank 1 is the one left waiting in a recv.
+    assert rows.count() == 3 and page.locator("table.ranks tr.culprit").get_attribute("data-rank") == "2"
+    assert "recv #4" in page.locator('table.ranks tr[data-rank="1"]').inner_text()
+    shot(page, "hang-p2p")
