@@ -38,6 +38,9 @@ app.command("inspect")(_inspect)
 from vigil.remedy.cli import app as _remedy  # noqa: E402
 
 app.add_typer(_remedy, name="remedy")
+from vigil.checkpoint.cli import app as _checkpoint  # noqa: E402
+
+app.add_typer(_checkpoint, name="checkpoint")
 from vigil.logs.cli import app as _logs  # noqa: E402
 
 app.add_typer(_logs, name="logs")

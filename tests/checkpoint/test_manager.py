@@ -125,3 +125,25 @@ def test_sampler_walks_epochs_and_resumes() -> None:
     twin.load_state_dict(state)
     assert all(torch.equal(a, b) for a, b in zip(after, [twin.next_batch() for _ in range(3)], strict=True))
     assert not torch.equal(seen[0], seen[2])
+
+
+def test_cli_lists_checkpoints_with_sizes(tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from vigil.checkpoint.cli import app
+
+    model, optimizer = make()
+    manager = CheckpointManager(tmp_path, keep_last=3)
+    for step in (10, 20):
+        manager.save(step, model, optimizer)
+    manager.close()
+    (tmp_path / step_dir_name(30)).mkdir()  # a save cut short
+    result = CliRunner().invoke(app, ["ls", str(tmp_path), "--json"])
+    assert result.exit_code == 0, result.output
+    listing = json.loads(result.stdout)
+    assert [(e["step"], e["complete"]) for e in listing] == [(10, True), (20, True), (30, False)]
+    assert listing[0]["bytes"] > sum(p.numel() * 4 for p in model.parameters())
+    missing = CliRunner().invoke(app, ["ls", str(tmp_path / "nope")])
+    assert missing.exit_code != 0 and "does not exist" in str(missing.exception)

@@ -50,6 +50,26 @@ def complete_steps(directory: Path) -> list[int]:
     return sorted(steps)
 
 
+def describe_checkpoints(directory: Path) -> list[dict[str, int | float | bool]]:
+    """Every step directory, oldest first: complete or not, bytes on disk, file count, newest mtime."""
+    entries: list[dict[str, int | float | bool]] = []
+    for child in sorted(directory.iterdir()):
+        match = _STEP_DIR.match(child.name)
+        if not match or not child.is_dir():
+            continue
+        files = [f for f in child.iterdir() if f.is_file()]
+        entries.append(
+            {
+                "step": int(match.group(1)),
+                "complete": (child / _METADATA).is_file(),
+                "bytes": sum(f.stat().st_size for f in files),
+                "files": len(files),
+                "mtime": max((f.stat().st_mtime for f in files), default=child.stat().st_mtime),
+            }
+        )
+    return entries
+
+
 def latest_step(directory: Path) -> int | None:
     steps = complete_steps(directory)
     return steps[-1] if steps else None
@@ -189,9 +209,7 @@ class CheckpointManager:
 
     # ------------------------------------------------------------------ restore
 
-    def restore_latest(
-        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer
-    ) -> RestoredState | None:
+    def restore_latest(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> RestoredState | None:
         """Load the newest complete checkpoint into model, optimizer and RNG; None when there is none.
 
         Every rank must agree on the step, so rank 0 picks it and broadcasts it.
