@@ -33,7 +33,13 @@ from vigil.model import VigilInputError
 STATE_VERSION = 1
 _DIGITS_TO_ZERO = str.maketrans("123456789", "000000000")
 _HAS_DIGIT = re.compile(r"\d")
-_NUMBER_RUN = re.compile(r"0{2,}")  # applied after every digit became 0
+
+
+def _one_zero_per_number(digitless: str) -> str:
+    """Shrink every run of 0s to one. Halving passes of C-level ``str.replace`` beat a regex here."""
+    while "00" in digitless:
+        digitless = digitless.replace("0000", "0").replace("00", "0")
+    return digitless
 
 
 @dataclass
@@ -106,7 +112,7 @@ class TemplateMiner:
                  missing: list[int]) -> None:
         # Bulk dict and list operations throughout: a cold block misses on every line.
         missing_digitless = [digitless[i] for i in missing]
-        widthless = _NUMBER_RUN.sub("0", "\n".join(missing_digitless)).split("\n")
+        widthless = _one_zero_per_number("\n".join(missing_digitless)).split("\n")
         resolved = list(map(self._width_cache.get, widthless))
         if None in resolved:
             first_of = dict(zip(reversed(widthless), range(len(widthless) - 1, -1, -1), strict=True))
