@@ -179,3 +179,33 @@ def test_slow_start_is_not_a_hang(tmp_path: Path) -> None:
     audit = AuditLog(f"sqlite:///{tmp_path}/remedy.db")
     report = FailoverSupervisor(LocalJob(spec, tmp_path / "run"), audit, startup_grace_s=30).run()
     assert report.succeeded and report.anomalies == [], report.detail
+
+
+@pytest.mark.slow
+def test_precheck_keeps_a_job_off_a_bad_machine(tmp_path: Path) -> None:
+    from vigil.precheck.baseline import hardware_key
+
+    def spec(baseline: dict[str, float]) -> TrainingJob:
+        path = tmp_path / f"baseline-{len(list(tmp_path.glob('baseline-*')))}.json"
+        path.write_text(json.dumps({hardware_key(1): baseline}))
+        return TrainingJob.from_dict(
+            {
+                "metadata": {"name": "checked"},
+                "spec": {
+                    "replicas": 1,
+                    "command": [sys.executable, "-c", "pass"],
+                    "precheck": {"enabled": True, "baseline": str(path)},
+                },
+            }
+        )
+
+    audit = AuditLog(f"sqlite:///{tmp_path}/remedy.db")
+    # A baseline no machine here reaches (a far faster GPU type): the job must not start.
+    refused = FailoverSupervisor(LocalJob(spec({"matmul_gflops": 1e9}), tmp_path / "bad"), audit).run()
+    assert not refused.succeeded and "PreCheck failed" in refused.detail and "matmul_gflops" in refused.detail
+    assert not (tmp_path / "bad" / "logs").exists()  # no rank was ever started
+    assert [a.fault_type for a in refused.anomalies] == ["precheck:matmul_gflops"]
+    # A baseline every machine meets: the job runs.
+    ran = FailoverSupervisor(LocalJob(spec({"matmul_gflops": 1e-6}), tmp_path / "good"), audit).run()
+    assert ran.succeeded
+    assert [(a.kind, a.target) for a in audit.actions()] == [(ActionKind.ALERT, "job/checked")]

@@ -112,6 +112,14 @@ class CheckpointSpec(_Spec):
     keep_last: int = Field(default=3, ge=1, alias="keepLast")
 
 
+class PrecheckSpec(_Spec):
+    """PreCheck before the first start: a bad machine keeps the job from starting at all."""
+
+    enabled: bool = False
+    baseline: str | None = None  # baseline file; default <home>/precheck-baselines.json
+    tolerance: float = Field(default=0.5, ge=0.0, lt=1.0)
+
+
 class Metadata(_Spec):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$", max_length=100)
     labels: dict[str, str] = Field(default_factory=dict)
@@ -125,6 +133,7 @@ class TrainingJobBody(_Spec):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     failover_policy: FailoverPolicy = Field(default_factory=FailoverPolicy, alias="failoverPolicy")
     health_check: HealthCheck = Field(default_factory=HealthCheck, alias="healthCheck")
+    precheck: PrecheckSpec = Field(default_factory=PrecheckSpec)
 
     @model_validator(mode="after")
     def _enough_devices(self) -> TrainingJobBody:

@@ -282,6 +282,12 @@ class FailoverSupervisor:
 
     def run(self) -> FailoverReport:
         report = FailoverReport(job=self.job.entity, succeeded=False, attempts=1)
+        if self.job.spec.spec.precheck.enabled:
+            refusal = self._precheck(report)
+            if refusal is not None:
+                report.actions.append(refusal)
+                report.detail = f"not started: {refusal.reason}"
+                return report
         self.job.start()
         self.on_event(f"started {self.job.entity}: {len(self.job.devices)} ranks")
         deadline = time.time() + self.timeout_s
@@ -325,6 +331,36 @@ class FailoverSupervisor:
             return report
         finally:
             self.job.stop()
+
+    def _precheck(self, report: FailoverReport) -> Action | None:
+        """Run PreCheck on the job's rank count; a bad machine gets an alert and the job does not start."""
+        from vigil.config import settings
+        from vigil.precheck.baseline import Baselines, hardware_key, verdicts
+        from vigil.precheck.runner import CheckOptions, run_local
+
+        spec = self.job.spec.spec.precheck
+        ranks = len(self.job.devices)
+        self.on_event(f"PreCheck on {ranks} ranks")
+        per_rank = run_local(ranks, CheckOptions(allreduce_mb=2.0, memcpy_mb=16.0, matmul_n=256, repeats=3))
+        baselines = Baselines.load(spec.baseline or settings().home / "precheck-baselines.json")
+        machines = verdicts(per_rank, baselines.entries.get(hardware_key(ranks), {}), spec.tolerance)
+        bad = [m for m in machines if m.verdict == "bad"]
+        if not bad:
+            self.on_event("PreCheck: every machine good")
+            return None
+        for machine in bad:
+            anomaly = machine.to_anomaly(time.time())
+            if anomaly is not None:
+                report.anomalies.append(anomaly)
+        reason = "PreCheck failed on " + "; ".join(f"{m.host} ({', '.join(m.failing)})" for m in bad)
+        action = Action(
+            ts=time.time(),
+            kind=ActionKind.ALERT,
+            target=self.job.entity,
+            reason=reason,
+            params={"precheck": [m.to_dict() for m in bad]},
+        )
+        return self.remediator.execute(action)
 
     def _resumed(self) -> bool:
         return all(r.start_step is not None and r.last_step > r.start_step for r in self.tracker.ranks)
