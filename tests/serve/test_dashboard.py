@@ -177,3 +177,14 @@ def test_hang_view_of_a_real_launch_run(page: Any, site: str) -> None:
     assert rows.count() == 3 and page.locator("table.ranks tr.culprit").get_attribute("data-rank") == "2"
     assert "recv #4" in page.locator('table.ranks tr[data-rank="1"]').inner_text()
     shot(page, "hang-p2p")
+
+
+def test_api_docs_page_is_served_from_the_package(page: Any, site: str) -> None:
+    page.goto(f"{site}/docs")  # the page fixture fails the test on any request outside the server
+    spec = page.evaluate("fetch('/openapi.json').then(r => r.json())")
+    operations = sum(len(methods) for methods in spec["paths"].values())
+    assert page.locator("tr.endpoint").count() == operations
+    assert page.locator("#schema-Incident").count() == 1 and page.locator("#schema-Diagnosis").count() == 1
+    approve = page.locator("tr.endpoint", has_text="/api/v1/actions/{action_id}/approve")
+    assert "token" in approve.inner_text()
+    shot(page, "docs")

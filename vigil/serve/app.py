@@ -63,6 +63,8 @@ def create_app(
 
 def app_for_context(ctx: ServeContext) -> FastAPI:
     app = FastAPI(
+        docs_url=None,  # /docs is served from the package (dashboard.api_docs), not Swagger UI from a CDN
+        redoc_url=None,
         title="Vigil",
         version=__version__,
         description="Observe, detect, localize, diagnose and remedy faults on AI training clusters. "

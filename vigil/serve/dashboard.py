@@ -92,6 +92,61 @@ def incident_detail(request: Request, incident_id: str) -> HTMLResponse:
     )
 
 
+def _type_of(info: dict[str, Any]) -> str:
+    """A JSON-schema fragment as one short type name: ``list[Evidence]``, ``str | null``, ``FaultLevel``."""
+    if "$ref" in info:
+        return str(info["$ref"]).rsplit("/", 1)[-1]
+    for key in ("anyOf", "oneOf", "allOf"):
+        if key in info:
+            return " | ".join(_type_of(part) for part in info[key])
+    kind = info.get("type", "any")
+    if kind == "array":
+        return f"list[{_type_of(info.get('items', {}))}]"
+    if kind == "object" and "additionalProperties" in info:
+        extra = info["additionalProperties"]
+        return f"dict[str, {_type_of(extra) if isinstance(extra, dict) else 'any'}]"
+    return str(kind)
+
+
+templates.env.globals["type_of"] = _type_of
+
+
+@router.get("/docs", response_class=HTMLResponse)
+def api_docs(request: Request) -> HTMLResponse:
+    """The OpenAPI document as a page served from the package: no Swagger UI from a CDN, so it works on an
+    air-gapped cluster too."""
+    spec = request.app.openapi()
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for path, methods in spec.get("paths", {}).items():
+        for method, op in methods.items():
+            body = op.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {})
+            ok: dict[str, Any] = next((r for code, r in op.get("responses", {}).items() if code.startswith("2")), {})
+            returns = ok.get("content", {}).get("application/json", {}).get("schema", {})
+            groups.setdefault((op.get("tags") or ["other"])[0], []).append(
+                {
+                    "id": op.get("operationId", ""),
+                    "method": method,
+                    "path": path,
+                    "summary": op.get("summary", ""),
+                    "description": op.get("description", ""),
+                    "params": [
+                        {
+                            "name": p["name"],
+                            "in": p["in"],
+                            "required": p.get("required", False),
+                            "type": _type_of(p.get("schema", {})),
+                        }
+                        for p in op.get("parameters", [])
+                    ],
+                    "writes": method != "get",  # every mutating route needs the bearer token
+                    "body": _type_of(body) if body else "",
+                    "returns": _type_of(returns) if "$ref" in returns else "",
+                }
+            )
+    schemas = sorted(spec.get("components", {}).get("schemas", {}).items())
+    return _page(request, "api_docs.html", spec=spec, groups=sorted(groups.items()), schemas=schemas)
+
+
 @router.get("/jobs/{job}", response_class=HTMLResponse)
 def job_view(request: Request, job: str) -> HTMLResponse:
     ctx = _ctx(request)
