@@ -9,7 +9,8 @@ fault type) is in the top k; undetected faults count as misses. The baseline mea
 is detection alone: the incident's scope with its fault types, then its anomalies by level (no graph, no
 knowledge base). An ablation ranks the same incidents from their anomalies alone, without the raw events
 and log lines, and a robustness run drops half of the log lines at random (logs lost with restarted pods).
-The seed is one the tests never use.
+The seed is one the tests never use. A generalization check runs one case per detectable fault type on a
+bigger cluster shape (64 nodes, 8 per leaf switch, 128-rank jobs).
 
 Time: RCA (evidence extraction + ranking, no LLM) on incidents of a 1,250-node x 8-GPU topology (10,000 GPUs,
 10,000 ranks in jobs of 512): a leaf-switch cascade with a job-wide NCCL timeout, one GPU lost under a hung
@@ -27,6 +28,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -34,11 +36,16 @@ from rich.table import Table
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from vigil.detect.rules import RuleDetector  # noqa: E402
 from vigil.diagnose.kg import KnowledgeGraph  # noqa: E402
+from vigil.diagnose.peers import PeerDifferenceDetector  # noqa: E402
 from vigil.diagnose.rca import analyze_incident  # noqa: E402
 from vigil.diagnose.rca_eval import evaluate  # noqa: E402
 from vigil.model import Anomaly, Event, FaultLevel, Incident, LogRecord  # noqa: E402
+from vigil.pipeline import run_pipeline  # noqa: E402
 from vigil.sim.cluster import build_topology  # noqa: E402
+from vigil.sim.faults import CATALOGUE  # noqa: E402
+from vigil.sim.generator import FaultPlan, SimConfig, simulate  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 T0 = 1_767_225_600.0
@@ -57,10 +64,13 @@ def _incident(found: list[Anomaly]) -> Incident:
                     anomalies=[a.id for a in found])
 
 
-def scale_cases(kg: KnowledgeGraph) -> dict[str, tuple[Incident, list[Anomaly], list[Event], list[LogRecord], tuple]]:
+ScaleCase = tuple[Incident, list[Anomaly], list[Event], list[LogRecord], tuple[str, str]]
+
+
+def scale_cases(kg: KnowledgeGraph) -> dict[str, ScaleCase]:
     job = "job/j01"
     ranks = kg.job_ranks[job]
-    cases = {}
+    cases: dict[str, ScaleCase] = {}
     leaf = "switch/leaf07"
     nics = [f"nic/{n.split('/')[1]}/mlx5_{g}" for n in sorted(kg.nodes_behind(leaf)) for g in range(8)]
     found = [_anomaly(n, "link_down", FaultLevel.ISOLATE) for n in nics] + [_anomaly(job, "job_hang", FaultLevel.DRAIN)]
@@ -82,6 +92,35 @@ def scale_cases(kg: KnowledgeGraph) -> dict[str, tuple[Incident, list[Anomaly], 
     return cases
 
 
+def generalization(seed: int) -> dict[str, object]:
+    """One case per detectable fault type on a bigger cluster shape than the evaluation's: 64 nodes x 8 GPUs,
+    8 nodes per leaf switch, four 128-rank jobs."""
+    rng = np.random.default_rng(seed)
+    shape = {"nodes": 64, "gpus": 8, "nodes_per_switch": 8, "job_nodes": 16, "minutes": 30}
+
+    def config(run_seed: int, plans: tuple[FaultPlan, ...] | None = None) -> SimConfig:
+        return SimConfig(nodes=64, gpus=8, nodes_per_switch=8, job_nodes=16, minutes=30.0, seed=run_seed,
+                         plans=plans, faults_per_node_hour=0.0)
+
+    topology_run = simulate(config(seed))
+    kg = KnowledgeGraph.build(topology_run.topology)
+    hits, misses = 0, []
+    types = [spec for spec in CATALOGUE if spec.visible_to_rules or spec.name == "gpu_p2p_bw_low"]
+    for spec in types:
+        entity = topology_run._pick_entity(spec, rng)
+        run = simulate(config(int(rng.integers(2**31)), (FaultPlan(spec.name, entity, 700.0, 600.0),)))
+        result = run_pipeline(run, detectors=[RuleDetector(run.topology), PeerDifferenceDetector(run.topology)])
+        assert result.score is not None
+        incident = next((i for i in result.incidents if i.id == result.score.matches[0].incident_id), None)
+        top = [] if incident is None else analyze_incident(
+            kg, incident, result.anomalies + list(result.observations), run.events, run.logs).top(1)
+        if top == [(entity, spec.name)]:
+            hits += 1
+        else:
+            misses.append({"truth": [entity, spec.name], "top1": top})
+    return {"shape": shape, "cases": len(types), "ac_at_1": round(hits / len(types), 4), "misses": misses}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=int, default=300)
@@ -96,6 +135,7 @@ def main() -> None:
         report = evaluate(args.cases, args.seed, progress=lambda done, total: bar.update(task, completed=done))
         eval_seconds = time.perf_counter() - started
     summary = report.summary()
+    general = generalization(args.seed)
 
     started = time.perf_counter()
     # the graph and its walk tables are built once per topology, not per incident
@@ -133,6 +173,8 @@ def main() -> None:
         table.add_row(f"kind: {kind}", str(block["cases"]), str(block["detected"]), f"{block['ac_at_1']:.3f}",
                       f"{block['ac_at_3']:.3f}", "", "")
     console.print(table)
+    console.print(f"generalization, {general['shape']}: AC@1 {general['ac_at_1']:.3f} on {general['cases']} "
+                  f"fault types (one case each); misses: {general['misses']}")
     table = Table(title=f"RCA time per incident, 10,000 GPUs (graph build {build_seconds:.2f} s, once)")
     for column in ("incident", "evidence", "candidates", "median s", "max s", "vs graph build", "top-1 right"):
         table.add_column(column)
@@ -145,6 +187,7 @@ def main() -> None:
     out = {
         "accuracy": {k: v for k, v in summary.items() if k != "misses"},
         "misses": summary["misses"],
+        "generalization": general,
         "eval_seconds": round(eval_seconds, 1),
         "seed": args.seed,
         "scale": {"gpus": 10_000, "graph_build_s": round(build_seconds, 3), "incidents": timing},
