@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import random
 import re
+import subprocess
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -155,3 +157,32 @@ def test_numbers_of_any_value_and_width_mask_alike(text: str, rng: random.Random
     redrawn = re.sub(r"\d+", lambda m: str(rng.randrange(1, 10 ** rng.randrange(1, 6))), text)
     if re.search(r"\d", mask(text)) is None:
         assert mask(redrawn) == mask(text)
+
+
+_STREAM_CHILD = """
+import resource, sys
+from pathlib import Path
+from vigil.logs.miner import TemplateMiner, read_lines
+miner = TemplateMiner(max_cache=20_000)
+for block in read_lines(Path(sys.argv[1])):
+    miner.add_templates(block)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024, len(miner.templates))
+"""
+
+
+@pytest.mark.slow
+def test_streaming_a_generated_log_keeps_memory_flat(tmp_path: Path) -> None:
+    # 40 MB of lines whose ids never repeat: without bounds every cache would keep growing.
+    path = tmp_path / "big.log"
+    kinds = ["worker {} finished step {} in {} ms", "GET /api/v1/items/{} status {} len {}",
+             "block blk_{} replicated to 10.0.{}.{}:50010", "session {} opened for uid {} from {}"]
+    with path.open("w") as out:
+        for i in range(0, 600_000, 1000):
+            out.write("".join(kinds[j % 4].format(i + j, j * 7919 % 100_003, (i * j) % 997) + "\n"
+                              for j in range(1000)))
+    assert path.stat().st_size > 20_000_000
+    done = subprocess.run([sys.executable, "-c", _STREAM_CHILD, str(path)], capture_output=True, text=True,
+                          check=True, timeout=600)
+    peak_mb, templates = map(int, done.stdout.split())
+    assert templates == 4
+    assert peak_mb < 250  # the interpreter and imports take ~30-70 MB; the miner's state stays small
