@@ -151,13 +151,12 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
                     rank = int(prefixed["rank"])
             if rank is not None:
                 scan.ranks.add(rank)
-            ts = line_time(line)
-            if ts is None:
-                ts = last_ts
-            else:
-                last_ts = ts
+            stamp = line_time(line)
+            ts = last_ts if stamp is None else stamp
+            if stamp is not None:
+                last_ts = stamp
                 for event in untimed:  # it happened between the last stamp and this one: take the later
-                    event.ts = ts
+                    event.ts = stamp
                 untimed = []
             stripped = line.strip()
             if stripped == "Traceback (most recent call last):":
@@ -190,7 +189,7 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
                 signature=hit.signature.id, fault_type=hit.fault_type, level=hit.level,
                 role=hit.signature.role, line=line[:MAX_LINE_CHARS], attrs=attrs,
             )
-            if line_time(line) is None:
+            if stamp is None:
                 untimed.append(event)
             scan.events.append(event)
     scan.lines = lineno
