@@ -133,3 +133,20 @@ def test_fault_types_map_to_nvsentinel_conditions() -> None:
     assert condition_and_taint("nvlink_crc_storm") == ("GpuNvlinkWatch", "nvidia.com/gpu-nvlink-error")
     assert condition_and_taint("ecc_dbe") == ("GpuMemWatch", "nvidia.com/gpu-error")
     assert condition_and_taint("something_new") == ("DCGMError", "nvidia.com/gpu-error")
+
+
+def test_drain_held_by_a_budget_is_retried(kube: tuple[FakeKube, KubernetesActuator], tmp_path: Path) -> None:
+    fake, actuator = kube
+    url = f"sqlite:///{tmp_path}/r.db"
+    lifecycle = LifecycleStore(url)
+    live = Remediator([actuator], AuditLog(url), lifecycle=lifecycle, dry_run=False)
+    first = live.execute(action(ActionKind.DRAIN))
+    assert first.status is ActionStatus.EXECUTED and "blocked by PodDisruptionBudget" in first.result
+    assert lifecycle.status("node/n1").state is NodeState.DRAINING
+    fake.pdb_protected.clear()  # the budget allows it now (e.g. a replacement pod became ready)
+    second = live.execute(action(ActionKind.DRAIN))
+    assert second.status is ActionStatus.EXECUTED and "evicted 1" in second.result and "blocked" not in second.result
+    assert {p["metadata"]["name"] for p in fake.pods if p["spec"]["nodeName"] == "n1"} == {
+        "kube-proxy-x",
+        "dcgm-exporter-x",
+    }

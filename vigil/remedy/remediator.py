@@ -28,9 +28,8 @@ LIFECYCLE_STEPS: dict[ActionKind, tuple[Trigger, ...]] = {
 # Lifecycle states in which a node action is already done (idempotence without asking the back end).
 ALREADY_DONE: dict[ActionKind, frozenset[NodeState]] = {
     ActionKind.CORDON: frozenset(NodeState) - {NodeState.HEALTHY, NodeState.SUSPECT},
-    ActionKind.DRAIN: frozenset(
-        {NodeState.DRAINING, NodeState.REPAIRING, NodeState.SELF_CHECK, NodeState.VENDOR_REPAIR}
-    ),
+    # Not DRAINING: a drain that a PodDisruptionBudget held back is retried by the next drain action.
+    ActionKind.DRAIN: frozenset({NodeState.REPAIRING, NodeState.SELF_CHECK, NodeState.VENDOR_REPAIR}),
     ActionKind.UNCORDON: frozenset({NodeState.HEALTHY}),
 }
 
