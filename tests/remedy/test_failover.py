@@ -14,7 +14,7 @@ from vigil.remedy.jobspec import TrainingJob
 from vigil.remedy.local import FailoverSupervisor, LocalJob
 
 
-def tiny_job(name: str, steps: int = 30, hang_timeout: str = "8s") -> TrainingJob:
+def tiny_job(name: str, steps: int = 30, hang_timeout: str = "10s") -> TrainingJob:
     return TrainingJob.from_dict(
         {
             "metadata": {"name": name},
