@@ -81,6 +81,9 @@ def apply_command(
     ] = None,
     backend: Annotated[str, typer.Option("--backend", help="none, kubernetes or slurm")] = "none",
     execute: Annotated[bool, typer.Option("--execute", help="act for real (default: dry-run)")] = False,
+    local_node: Annotated[
+        str | None, typer.Option("--local-node", help="this machine's node name: reset its GPUs with nvidia-smi")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the resulting actions as JSON")] = False,
 ) -> None:
     """Plan actions for anomalies with the policies and carry them out (dry-run unless --execute)."""
@@ -107,6 +110,10 @@ def apply_command(
         actuators.append(SlurmActuator())
     elif backend != "none":
         raise VigilInputError(f"--backend must be none, kubernetes or slurm, got {backend!r}")
+    if local_node:
+        from vigil.remedy.actuators.nvidia import GpuResetActuator
+
+        actuators.append(GpuResetActuator(local_node))
     lifecycle = LifecycleStore()
     guard = None
     if topology is not None:
