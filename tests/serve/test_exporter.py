@@ -34,5 +34,9 @@ def test_metrics_reflect_store_and_follow_conventions(cluster: SimCluster) -> No
     )
     assert open_count == expected > 0
     detectors = {s.labels["detector"] for s in families["vigil_detector_score_max"].samples}
-    assert detectors == {a.detector for a in cluster.store.anomalies(limit=2000)}
+    newest = cluster.store.incidents(limit=1)[0]
+    recent = cluster.store.anomalies(since=newest.end - 3600.0, limit=5000)
+    assert detectors == {a.detector for a in recent} and detectors
+    scores = {s.labels["detector"]: s.value for s in families["vigil_detector_score_max"].samples}
+    assert scores == {d: max(a.score for a in recent if a.detector == d) for d in detectors}
     assert families["vigil_alertmanager_alerts"].type == "counter"

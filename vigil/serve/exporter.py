@@ -18,6 +18,8 @@ from prometheus_client.registry import Collector
 from vigil import __version__
 from vigil.model import FaultLevel, IncidentStatus
 
+DETECTOR_WINDOW_S = 3600.0
+
 
 class VigilCollector(Collector):
     """Reads the store on every scrape; fault levels come from ``grid`` (the server's heat-map snapshot,
@@ -65,17 +67,20 @@ class VigilCollector(Collector):
 
         score = GaugeMetricFamily(
             "vigil_detector_score_max",
-            "Highest anomaly score among each detector's most recent anomalies.",
+            "Highest anomaly score per detector in the last hour of activity (up to the newest incident's end).",
             labels=["detector"],
         )
         anomaly_count = GaugeMetricFamily(
             "vigil_detector_anomalies",
-            "Anomalies among the most recent stored, by detector.",
+            "Anomalies per detector in the last hour of activity (up to the newest incident's end).",
             labels=["detector"],
         )
         best: dict[str, float] = {}
         counts: Counter[str] = Counter()
-        for anomaly in self.store.anomalies(limit=2000):
+        # Store time, not wall time: replayed or simulated data is as current as its newest incident.
+        newest = self.store.incidents(limit=1)
+        since = newest[0].end - DETECTOR_WINDOW_S if newest else None
+        for anomaly in self.store.anomalies(since=since, limit=5000):
             best[anomaly.detector] = max(best.get(anomaly.detector, float("-inf")), anomaly.score)
             counts[anomaly.detector] += 1
         for detector in sorted(best):
