@@ -202,3 +202,14 @@ def postgres_url() -> Iterator[str]:
     finally:
         subprocess.run([*as_user, pg_ctl, "-D", str(data), "-m", "fast", "-w", "stop"], capture_output=True)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def fresh_database(postgres_url: str, name: str) -> str:
+    """A new, empty database on the session's PostgreSQL server, so tests do not see each other's rows."""
+    import psycopg
+
+    server = postgres_url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return postgres_url.rsplit("/", 1)[0] + f"/{name}"

@@ -13,19 +13,19 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.serve.conftest import REPO, TOKEN, free_port, wait_for
+from tests.serve.conftest import REPO, TOKEN, free_port, fresh_database, wait_for
 from vigil.model import FaultLevel, Incident
 from vigil.store.sql import Store
 
 pytestmark = pytest.mark.slow
 
 
-def start_server(home: Path, port: int) -> subprocess.Popen[bytes]:
+def start_server(home: Path, port: int, db_url: str) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
         "VIGIL_HOME": str(home),
         "VIGIL_API_TOKEN": TOKEN,
-        "VIGIL_DB_URL": f"sqlite:///{home / 'vigil.db'}",
+        "VIGIL_DB_URL": db_url,
         "PYTHONPATH": str(REPO),
     }
     process = subprocess.Popen(
@@ -47,13 +47,20 @@ def start_server(home: Path, port: int) -> subprocess.Popen[bytes]:
     return process
 
 
-def test_no_acknowledged_incident_is_lost_after_kill_9(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_no_acknowledged_incident_is_lost_after_kill_9(
+    tmp_path: Path, backend: str, request: pytest.FixtureRequest
+) -> None:
+    if backend == "sqlite":
+        db_url = f"sqlite:///{tmp_path / 'vigil.db'}"
+    else:
+        db_url = fresh_database(request.getfixturevalue("postgres_url"), "durability")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     acknowledged: list[str] = []
     in_flight_failures = [0]
     for _round in range(2):
-        server = start_server(tmp_path, port)
+        server = start_server(tmp_path, port, db_url)
         stop = threading.Event()
 
         def writer(stop: threading.Event) -> None:
@@ -89,9 +96,9 @@ def test_no_acknowledged_incident_is_lost_after_kill_9(tmp_path: Path) -> None:
             thread.join()
     assert in_flight_failures[0] >= 1  # the kill really landed while writes were in flight
 
-    server = start_server(tmp_path, port)
+    server = start_server(tmp_path, port, db_url)
     try:
-        store = Store(f"sqlite:///{tmp_path / 'vigil.db'}")
+        store = Store(db_url)
         lost = [i for i in acknowledged if store.incident(i) is None]
         assert not lost, f"{len(lost)} of {len(acknowledged)} acknowledged incidents lost"
         listed = httpx.get(f"{url}/api/v1/incidents", params={"limit": 10000}).json()

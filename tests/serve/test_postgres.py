@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.serve.conftest import TOKEN, build_cluster
+from tests.serve.conftest import TOKEN, build_cluster, fresh_database
 from tests.serve.test_alertmanager import PAYLOAD
 from vigil.serve.app import create_app
 
@@ -16,7 +16,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def test_api_on_postgresql(postgres_url: str, tmp_path: Path) -> None:
-    cluster = build_cluster(postgres_url, tmp_path)
+    cluster = build_cluster(fresh_database(postgres_url, "api"), tmp_path)
     assert cluster.store.engine.dialect.name == "postgresql"
     with TestClient(create_app(cluster.store, cluster.metrics, cluster.settings())) as client:
         listed = client.get("/api/v1/incidents", params={"limit": 1000}).json()
