@@ -130,3 +130,21 @@ def test_pids_are_matched_per_host(tmp_path: Path) -> None:
     result = triage(tmp_path)
     assert result.root is not None and result.root.fault_type == "host_oom_kill"
     assert (result.root.node, result.root.rank) == ("n001", 1)
+
+
+def test_own_error_beats_the_launcher_report_of_the_abort_after_it(tmp_path: Path) -> None:
+    # The rank raises, aborts while tearing down (SIGABRT), and torchrun reports a signal death.
+    rank_dir = tmp_path / "torchrun" / "none_x" / "attempt_0" / "0"
+    rank_dir.mkdir(parents=True)
+    (rank_dir / "stderr.log").write_text(
+        "2026-11-30 17:00:30,900 INFO train: step 2 loss 0.94\n"
+        "[rank0]: Traceback (most recent call last):\n"
+        '[rank0]:   File "/work/train.py", line 9, in main\n'
+        "[rank0]: ValueError: batch 3 has 0 samples\n"
+        "[W1130 17:00:32.600000 77 ProcessGroupGloo.cpp:1] Warning: destroy_process_group() was not called\n"
+        "Fatal Python error: Aborted\n")
+    (tmp_path / "launcher.log").write_text(
+        "E1130 17:00:32.700000 70 api.py:1002] failed (exitcode: -6) local_rank: 0 (pid: 71) of binary: python\n")
+    result = triage(tmp_path)
+    assert result.root is not None
+    assert (result.root.fault_type, result.root.lineno, result.root.rank) == ("python_exception", 4, 0)
