@@ -123,8 +123,9 @@ def diagnose(run: RunEvidence) -> HangDiagnosis:
     last = run.last_progress()
     if diag.verdict not in ("ok", "slow") and last is not None:
         diag.detected_after_s = round(max(0.0, run.detected_at - last), 3)
-    if diag.fork_point is None and forks:
-        diag.fork_point = _pick_fork(forks, diag.culprit_ranks).to_dict()
+    if diag.fork_point is None and diag.verdict != "ok":
+        fork = _pick_fork(forks, diag.culprit_ranks)
+        diag.fork_point = fork.to_dict() if fork is not None else None
     diag.ranks = _rank_table(run, findings, tree)
     diag.stacks = {r: t["MainThread"] for r, t in sorted(run.stacks.items()) if t.get("MainThread")}
     if tree is not None:
@@ -225,7 +226,7 @@ def _hang(
     else:
         culprits, kind = stale or _fork_ranks(forks, sorted(run.snapshots)), "not_enqueued"
         summary = "hang: no communication progress and no collective in flight"
-    fork = _pick_fork(forks, culprits) if forks else None
+    fork = _pick_fork(forks, culprits)
     if fork is not None:
         summary += f"; culprit stack leaves the others at {fork.frame}"
     return HangDiagnosis(
@@ -267,11 +268,15 @@ def _fork_ranks(forks: list[ForkPoint], among: list[int]) -> list[int]:
     return []
 
 
-def _pick_fork(forks: list[ForkPoint], culprits: list[int]) -> ForkPoint:
+def _pick_fork(forks: list[ForkPoint], culprits: list[int]) -> ForkPoint | None:
+    """The fork the culprit takes; none when the culprit's stacks look like everyone else's (a rank
+    that skipped a p2p op waits in the same collective as its healthy peers)."""
+    if not culprits:
+        return forks[0] if forks else None
     for fork in forks:
         if set(fork.ranks) & set(culprits):
             return fork
-    return forks[0]
+    return None
 
 
 def _first_rank(finding: CollectiveFinding) -> int:

@@ -30,6 +30,10 @@ _NOISE_FILES = (
 )
 
 
+# The probe's own watchdog thread: its stack says when it last wrote a snapshot, nothing about the job.
+_NOISE_THREADS = ("vigil-probe",)
+
+
 def _is_noise(filename: str) -> bool:
     return any(filename.endswith(noise) for noise in _NOISE_FILES)
 
@@ -234,7 +238,7 @@ def from_pyspy(dump: list[dict[str, Any]], include_idle_threads: bool = True) ->
             # OS id is the process id.
             is_main = thread.get("os_thread_id") is not None and thread.get("os_thread_id") == thread.get("pid")
             name = MAIN_THREAD if is_main else str(thread.get("thread_id"))
-        if include_idle_threads or thread.get("active"):
+        if (include_idle_threads or thread.get("active")) and name not in _NOISE_THREADS:
             threads[_unique(threads, str(name))] = frames
     return threads
 
@@ -248,7 +252,8 @@ def from_python_stacks(stacks: list[dict[str, Any]]) -> dict[str, list[Frame]]:
             for f in thread["frames"]
             if not _is_noise(str(f["filename"]))
         ]
-        threads[_unique(threads, str(thread["thread_name"]))] = frames
+        if thread["thread_name"] not in _NOISE_THREADS:
+            threads[_unique(threads, str(thread["thread_name"]))] = frames
     return threads
 
 
