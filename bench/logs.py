@@ -9,12 +9,13 @@ Run: .venv/bin/python bench/logs.py [--size-gb 1.0] [--per-kind 20] [--real-jobs
    lines by their ground-truth template text (Loghub-2.0 convention: the corrected sets give some equal
    templates different event ids). PA: a line's template equals the truth after whitespace
    normalisation, and after also collapsing runs of adjacent wildcards (both are reported).
-2. Throughput, same run, same lines, best of 3 alternating rounds: (a) a 400k-line stream made from the
+2. Throughput, same run, same lines, best of 3 alternating rounds: (a) a 150k-line stream made from the
    10 systems' lines with every number redrawn (new values, lengths +-1 digit), the shape of a long
    production log; (b) one pass over each 2k sample with a fresh parser (cold caches, small files).
-3. Memory: a generated log of --size-gb (same generator, streamed to a temporary file, deleted after) is
-   parsed by the miner in a child process; peak RSS (ru_maxrss) is reported for the full file and for
-   its first half, beside the child's RSS right after imports.
+3. Memory: a generated log of --size-gb (a pool of 200k production-like lines, each written line
+   numbered; a temporary file, deleted after) is streamed through the miner in a child process; its
+   resident memory is reported after imports, half-way and at the end, with the peak (VmHWM: the peak of
+   this process image; ru_maxrss would carry over the forking parent's).
 4. Root-error accuracy: the simulated multi-rank failure corpus (vigil.logs.corpus, --per-kind jobs for
    each of 14 kinds) and real crashed torch.distributed gloo jobs launched with torchrun
    (vigil.logs.realjobs: Python exception, NaN loss raised, SIGSEGV, SIGKILL; 2-4 ranks). A job counts as
@@ -200,41 +201,52 @@ def throughput(stream_lines: int) -> dict[str, object]:
 
 
 _CHILD = """
-import resource, sys, time
+import re, resource, sys, time
 from pathlib import Path
 sys.path.insert(0, {repo!r})
 from vigil.logs.miner import TemplateMiner, read_lines
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-limit = int(sys.argv[2]); miner = TemplateMiner(); lines = 0; seen = 0; start = time.perf_counter()
+rss = lambda: int(re.search(r"VmHWM:\\s+(\\d+)", Path("/proc/self/status").read_text()).group(1)) / 1024
+now = lambda: int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize() / 2**20
+size = Path(sys.argv[1]).stat().st_size
+base = now(); miner = TemplateMiner(); lines = 0; seen = 0; half = None; start = time.perf_counter()
 for block in read_lines(Path(sys.argv[1])):
     miner.add_templates(block); lines += len(block); seen += sum(len(l) + 1 for l in block)
-    if seen >= limit: break
+    if half is None and seen >= size // 2:
+        half = (lines, now())
 took = time.perf_counter() - start
-print(lines, took, base, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, len(miner.templates))
+print(lines, took, base, half[0], half[1], now(), rss(), len(miner.templates))
 """
 
 
+def big_log(path: Path, target: int) -> int:
+    """Write a log of ``target`` bytes: a pool of production-like lines, each line numbered."""
+    pool = take(production_stream(11), 200_000)
+    rng = random.Random(3)
+    written = 0
+    sequence = 0
+    with path.open("w", encoding="utf-8") as out:
+        while written < target:
+            start = rng.randrange(len(pool) - 20_000)
+            chunk = "".join(f"{sequence + i} {line}\n" for i, line in enumerate(pool[start:start + 20_000]))
+            sequence += 20_000
+            out.write(chunk)
+            written += len(chunk.encode("utf-8"))
+    return written
+
+
 def memory(size_gb: float) -> dict[str, object]:
-    target = int(size_gb * (1 << 30))
     with tempfile.TemporaryDirectory(prefix="vigil-bench-logs-") as tmp:
         path = Path(tmp) / "big.log"
-        stream = production_stream(11)
-        written = 0
-        with path.open("w", encoding="utf-8") as out, console.status(f"writing a {size_gb:g} GB log"):
-            while written < target:
-                chunk = "\n".join(take(stream, 20_000)) + "\n"
-                out.write(chunk)
-                written += len(chunk.encode("utf-8"))
-        runs = {}
-        for name, limit in (("half", target // 2), ("full", target * 2)):
-            with console.status(f"parsing the {name} file"):
-                done = subprocess.run([sys.executable, "-c", _CHILD.format(repo=str(REPO)), str(path), str(limit)],
-                                      capture_output=True, text=True, check=True)
-            lines, took, base, peak, templates = done.stdout.split()
-            runs[name] = {"lines": int(lines), "seconds": float(took), "rss_after_imports_mb": int(base) / 1024,
-                          "peak_rss_mb": int(peak) / 1024, "templates": int(templates),
-                          "lines_per_s": int(lines) / float(took)}
-        return {"bytes": written, **runs}
+        with console.status(f"writing a {size_gb:g} GB log"):
+            written = big_log(path, int(size_gb * (1 << 30)))
+        with console.status("parsing it"):
+            done = subprocess.run([sys.executable, "-c", _CHILD.format(repo=str(REPO)), str(path)],
+                                  capture_output=True, text=True, check=True)
+        lines, took, base, half_lines, half_rss, end_rss, peak, templates = done.stdout.split()
+        return {"bytes": written, "lines": int(lines), "seconds": float(took),
+                "rss_after_imports_mb": float(base), "lines_at_half": int(half_lines),
+                "rss_at_half_mb": float(half_rss), "rss_at_end_mb": float(end_rss), "peak_rss_mb": float(peak),
+                "templates": int(templates), "lines_per_s": int(lines) / float(took)}
 
 
 def root_accuracy(per_kind: int, real_jobs: int) -> dict[str, object]:
@@ -272,7 +284,7 @@ def root_accuracy(per_kind: int, real_jobs: int) -> dict[str, object]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-gb", type=float, default=1.0, help="size of the generated log for memory")
-    parser.add_argument("--stream-lines", type=int, default=400_000)
+    parser.add_argument("--stream-lines", type=int, default=150_000)
     parser.add_argument("--per-kind", type=int, default=20, help="simulated failed jobs per failure kind")
     parser.add_argument("--real-jobs", type=int, default=8, help="real crashed gloo jobs")
     args = parser.parse_args()
@@ -303,12 +315,11 @@ def main() -> None:
 
     mem = memory(args.size_gb) if args.size_gb > 0 else {}
     if mem:
-        table = Table("file", "lines", "peak RSS MB", "RSS after imports MB", "templates", "lines/s",
-                      title=f"Streaming a generated {mem['bytes'] / (1 << 30):.2f} GB log")
-        for name in ("half", "full"):
-            run = mem[name]
-            table.add_row(name, f"{run['lines']:,}", f"{run['peak_rss_mb']:.0f}", f"{run['rss_after_imports_mb']:.0f}",
-                          str(run["templates"]), f"{run['lines_per_s']:,.0f}")
+        table = Table("lines", "RSS after imports MB", "RSS half-way MB", "RSS at end MB", "peak RSS MB",
+                      "templates", "lines/s", title=f"Streaming a generated {mem['bytes'] / (1 << 30):.2f} GB log")
+        table.add_row(f"{mem['lines']:,}", f"{mem['rss_after_imports_mb']:.0f}", f"{mem['rss_at_half_mb']:.0f}",
+                      f"{mem['rss_at_end_mb']:.0f}", f"{mem['peak_rss_mb']:.0f}", str(mem["templates"]),
+                      f"{mem['lines_per_s']:,.0f}")
         console.print(table)
 
     roots = root_accuracy(args.per_kind, args.real_jobs)

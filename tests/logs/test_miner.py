@@ -159,14 +159,16 @@ def test_numbers_of_any_value_and_width_mask_alike(text: str, rng: random.Random
         assert mask(redrawn) == mask(text)
 
 
+# VmHWM is the peak RSS of this process image (ru_maxrss would carry the forking parent's over exec).
 _STREAM_CHILD = """
-import resource, sys
+import re, sys
 from pathlib import Path
 from vigil.logs.miner import TemplateMiner, read_lines
 miner = TemplateMiner(max_cache=20_000)
 for block in read_lines(Path(sys.argv[1])):
     miner.add_templates(block)
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024, len(miner.templates))
+peak_kb = int(re.search(r"VmHWM:\\s+(\\d+)", Path("/proc/self/status").read_text()).group(1))
+print(peak_kb // 1024, len(miner.templates))
 """
 
 
