@@ -209,3 +209,35 @@ def test_precheck_keeps_a_job_off_a_bad_machine(tmp_path: Path) -> None:
     ran = FailoverSupervisor(LocalJob(spec({"matmul_gflops": 1e-6}), tmp_path / "good"), audit).run()
     assert ran.succeeded
     assert [(a.kind, a.target) for a in audit.actions()] == [(ActionKind.ALERT, "job/checked")]
+
+
+def test_job_without_heartbeats_is_watched_for_crashes_only(tmp_path: Path) -> None:
+    spec = TrainingJob.from_dict(
+        {
+            "metadata": {"name": "silent"},
+            "spec": {
+                "replicas": 1,
+                "command": [sys.executable, "-c", "import time; time.sleep(2.5)"],
+                "healthCheck": {"hangTimeout": "1s"},
+            },
+        }
+    )
+    audit = AuditLog(f"sqlite:///{tmp_path}/remedy.db")
+    report = FailoverSupervisor(LocalJob(spec, tmp_path / "run"), audit, startup_grace_s=0.5).run()
+    assert report.succeeded and report.anomalies == []
+
+
+def test_heartbeat_lines_and_no_op_outside_a_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from vigil.remedy.heartbeat import Heartbeat
+
+    monkeypatch.delenv("VIGIL_RUN_DIR", raising=False)
+    Heartbeat().step(1, loss=0.5)  # nothing to write to, nothing written, no error
+    monkeypatch.setenv("VIGIL_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv("RANK", "3")
+    beat = Heartbeat()
+    beat.start(10)
+    beat.step(11, loss=0.25)
+    beat.done(11)
+    lines = [json.loads(line) for line in (tmp_path / "progress-rank3.jsonl").read_text().splitlines()]
+    assert [line.get("event", "step") for line in lines] == ["start", "step", "done"]
+    assert lines[1]["loss"] == 0.25 and lines[1]["step"] == 11

@@ -6,8 +6,8 @@ resumable sampler (so the data position matters). Ranks sum gradients with one g
 with two ranks a sum is order-free, so a run is reproducible to the bit.
 
 Launched torchrun-style: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT in the environment.
-Each step appends ``{"step", "ts", "loss", "grad_norm"}`` to ``<run-dir>/progress-rank<r>.jsonl``:
-that is the heartbeat a supervisor watches. Rank 0 writes ``<run-dir>/result.json`` at the end.
+Each step sends a heartbeat (``vigil.remedy.heartbeat``) with the loss and gradient norm: what the
+failover supervisor watches for hangs and healthCheck conditions. Rank 0 writes ``<run-dir>/result.json`` at the end.
 
 Fault injection for tests and benchmarks: ``VIGIL_INJECT_FAULT=kill:rank=1:step=12`` (or ``hang:``)
 fires once, on the first attempt only (``VIGIL_RESTART_COUNT`` unset or 0).
@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from vigil.checkpoint.manager import CheckpointManager
 from vigil.checkpoint.state import ShardedSampler
+from vigil.remedy.heartbeat import Heartbeat
 
 DATASET_SIZE = 512
 FEATURES = 16
@@ -109,8 +110,8 @@ def main(argv: list[str] | None = None) -> None:
             start_step = restored.step
             sampler.load_state_dict(restored.extra["sampler"])
 
-    progress = (args.run_dir / f"progress-rank{rank}.jsonl").open("a", buffering=1)
-    progress.write(json.dumps({"event": "start", "step": start_step, "ts": time.time()}) + "\n")
+    heartbeat = Heartbeat(args.run_dir, rank)
+    heartbeat.start(start_step)
     losses: list[float] = []
     loss_value = float("nan")
     for step in range(start_step + 1, args.steps + 1):
@@ -136,13 +137,12 @@ def main(argv: list[str] | None = None) -> None:
         losses.append(loss_value)
         if args.step_seconds:
             time.sleep(args.step_seconds)
-        record = {"step": step, "ts": time.time(), "loss": loss_value, "grad_norm": flat.norm().item()}
-        progress.write(json.dumps(record) + "\n")
+        heartbeat.step(step, loss=loss_value, grad_norm=flat.norm().item())
         if checkpoints is not None and step % args.checkpoint_every == 0:
             checkpoints.save(step, model, optimizer, {"sampler": sampler.state_dict()})
     if checkpoints is not None:
         checkpoints.close()
-    progress.write(json.dumps({"event": "done", "step": args.steps, "ts": time.time()}) + "\n")
+    heartbeat.done(args.steps)
     if rank == 0:
         result = {"final_loss": loss_value, "final_loss_hex": float(loss_value).hex(), "steps": args.steps}
         (args.run_dir / "result.json").write_text(json.dumps(result))

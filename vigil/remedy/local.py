@@ -26,6 +26,7 @@ from typing import IO
 from vigil.model import Action, ActionKind, ActionStatus, Anomaly, Evidence, FaultLevel, job_id, rank_id
 from vigil.remedy.actuators.base import Actuator, ActuatorError, OutboxActuator
 from vigil.remedy.audit import AuditLog
+from vigil.remedy.heartbeat import progress_path
 from vigil.remedy.jobspec import FAILOVER_ACTIONS, TrainingJob
 from vigil.remedy.remediator import Remediator
 
@@ -49,11 +50,13 @@ class RankProgress:
 
 
 class ProgressTracker:
-    """Tails ``progress-rank<r>.jsonl``: each line a step (heartbeat + metrics), a start or a done."""
+    """Tails ``progress-rank<r>.jsonl`` (vigil.remedy.heartbeat): each line a step, a start or a done."""
 
     def __init__(self, run_dir: Path, world_size: int) -> None:
         self.run_dir = run_dir
         self.ranks = [RankProgress() for _ in range(world_size)]
+        # Whether this job has ever sent a heartbeat: only then does silence mean a hang.
+        self.heard = False
 
     def reset_attempt(self) -> None:
         for rank in self.ranks:
@@ -61,7 +64,7 @@ class ProgressTracker:
 
     def update(self) -> None:
         for r, rank in enumerate(self.ranks):
-            path = self.run_dir / f"progress-rank{r}.jsonl"
+            path = progress_path(self.run_dir, r)
             if not path.exists():
                 continue
             with path.open() as stream:
@@ -75,6 +78,7 @@ class ProgressTracker:
                 except json.JSONDecodeError:
                     continue
                 rank.last_ts = time.time()
+                self.heard = True
                 if record.get("event") == "start":
                     rank.start_step = rank.last_step = int(record["step"])
                 elif record.get("event") == "done":
@@ -373,6 +377,8 @@ class FailoverSupervisor:
             # A rank killed by a signal (negative code) beats one that exited because its peer vanished.
             rank, code = min(failed, key=lambda rc: (rc[1] >= 0, self.tracker.ranks[rc[0]].last_ts or 0.0))
             return self._anomaly("rank_exit", rank, f"rank {rank} exited with code {code}", code=code)
+        if not self.tracker.heard:
+            return None  # a job without heartbeats is watched for crashes only
         if all(p.last_ts is None for p in self.tracker.ranks):
             if now - self.job.started_at > max(self.startup_grace_s, self.health.hang_timeout_s):
                 return self._anomaly("training_hang", None, "no rank reported progress after start")
