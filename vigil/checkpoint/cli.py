@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated
 
@@ -39,7 +40,7 @@ def ls_command(
             "yes" if entry["complete"] else "[red]no[/]",
             f"{entry['bytes'] / 1e6:.1f}",
             str(entry["files"]),
-            f"{entry['mtime']:.0f}",
+            datetime.fromtimestamp(float(entry["mtime"])).strftime("%Y-%m-%d %H:%M:%S"),
         )
     total = sum(int(e["bytes"]) for e in entries)
     table.caption = f"{len(entries)} checkpoints, {total / 1e6:.1f} MB in all"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated
 
@@ -54,6 +55,10 @@ def policies_command(
             escalation,
         )
     console.print(table)
+
+
+def _when(ts: float) -> str:
+    return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _read_anomalies(path: Path) -> list[Anomaly]:
@@ -146,7 +151,7 @@ def _print_actions(actions: Sequence[Action], title: str) -> None:
         table.add_column(column)
     for action in actions:
         table.add_row(
-            f"{action.ts:.0f}", action.kind.value, action.target, action.status.value, action.result or action.reason
+            _when(action.ts), action.kind.value, action.target, action.status.value, action.result or action.reason
         )
     console.print(table)
 
@@ -196,7 +201,7 @@ def lifecycle_command(
     for column in ("node", "state", "since", "repairs", "reason"):
         table.add_column(column)
     for n in nodes:
-        table.add_row(n.node, n.state.value, f"{n.since:.0f}", str(n.repair_attempts), n.reason)
+        table.add_row(n.node, n.state.value, _when(n.since), str(n.repair_attempts), n.reason)
     console.print(table)
 
 
