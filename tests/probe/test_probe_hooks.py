@@ -114,9 +114,13 @@ def test_ring_is_bounded() -> None:
 
 
 def test_install_stays_callable_after_first_use(tmp_path: Path) -> None:
+    import sys
+    import threading
+
     import vigil.probe
     from vigil.probe import activate
 
+    hooks_before = (sys.excepthook, threading.excepthook)
     first = vigil.probe.install(tmp_path)
     try:
         assert callable(vigil.probe.install)
@@ -125,6 +129,7 @@ def test_install_stays_callable_after_first_use(tmp_path: Path) -> None:
         first.stop()
         uninstall_hooks()
         activate._probe = None
+        sys.excepthook, threading.excepthook = hooks_before
 
 
 def test_each_process_group_has_its_own_sequence(probe: Probe) -> None:
