@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -23,6 +23,7 @@ from vigil.serve.context import ServeContext
 from vigil.serve.dcgm import CONTENT_TYPE as DCGM_CONTENT_TYPE
 from vigil.serve.dcgm import render_dcgm
 from vigil.serve.exporter import render_metrics
+from vigil.serve.promql import PromQLSource
 from vigil.store.metrics import MetricFrame, MetricStore
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ def create_app(
     metrics: MetricStore | None = None,
     settings: Settings | None = None,
     *,
-    prom: Any = None,
+    prom: PromQLSource | None = None,
     launch_dirs: list[Path] | None = None,
     executor: Callable[[Action], Action] | None = None,
     lifecycle: LifecycleStore | None = None,

@@ -16,6 +16,7 @@ from vigil.model import Action, Diagnosis, Event, FaultLevel, Topology, VigilInp
 from vigil.remedy.lifecycle import LifecycleStore
 from vigil.serve.exporter import VigilCollector
 from vigil.serve.hang import find_reports
+from vigil.serve.promql import PromQLSource
 from vigil.store.metrics import MetricStore
 
 if TYPE_CHECKING:
@@ -64,7 +65,7 @@ class ServeContext:
     store: Store
     settings: Settings
     metrics: MetricStore | None = None
-    prom: Any = None
+    prom: PromQLSource | None = None
     launch_dirs: list[Path] = field(default_factory=list)
     executor: Callable[[Action], Action] | None = None
     lifecycle: LifecycleStore | None = None
@@ -75,6 +76,7 @@ class ServeContext:
     _cache: _Snapshot | None = field(default=None, init=False)
     _cache_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     _kg: tuple[Topology, Any] | None = field(default=None, init=False)
+    _kg_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
 
     def __post_init__(self) -> None:
         topology = self.store.topology()
@@ -196,7 +198,7 @@ class ServeContext:
         topology = self.topology()
         if not topology.nodes:
             raise VigilInputError("the store holds no topology to reason over; run `vigil demo` or a collector")
-        with self._cache_lock:
+        with self._kg_lock:
             # The graph is rebuilt only when the topology changed (seconds on 10,000 GPUs).
             if self._kg is None or self._kg[0] != topology:
                 self._kg = (topology, KnowledgeGraph.build(topology))
