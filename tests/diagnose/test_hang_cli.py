@@ -65,3 +65,15 @@ def test_finished_run_without_trigger_is_ok() -> None:
     run = RunEvidence(world_size=2, snapshots={r: _snapshot(r, [coll(1, ranks=(0, 1))]) for r in (0, 1)},
                       exit_codes={0: 0, 1: 0})
     assert diagnose(run).verdict == "ok"
+
+
+def test_exception_in_a_rank_that_never_exits_is_a_crash() -> None:
+    # Rank 1 raised, then hung in interpreter shutdown; the supervisor had to stop it.
+    snaps = {r: _snapshot(r, [coll(1, ranks=(0, 1))]) for r in (0, 1)}
+    snaps[1].error = {"ts": 120.0, "type": "RuntimeError", "message": "CUDA error: device-side assert", "traceback": ""}
+    run = RunEvidence(world_size=2, snapshots=snaps, exit_codes={0: -15, 1: -15}, stopped_by_supervisor={0, 1},
+                      trigger="hang", detected_at=125.0)
+    diagnosis = diagnose(run)
+    assert diagnosis.verdict == "crash"
+    assert diagnosis.culprit_ranks == [1]
+    assert diagnosis.root_error == "rank 1: RuntimeError: CUDA error: device-side assert"

@@ -139,6 +139,14 @@ def diagnose(run: RunEvidence) -> HangDiagnosis:
 
 def _failures(run: RunEvidence) -> list[RankFailure]:
     failures = []
+    for rank, raised in sorted(run.snapshots.items()):
+        # Raised, but never exited: the process hangs in interpreter shutdown (gloo teardown, a
+        # non-daemon thread). The exception is still the failure.
+        code = run.exit_codes.get(rank)
+        still_there = code is None or rank in run.stopped_by_supervisor
+        if raised.error is not None and still_there:
+            failures.append(RankFailure(rank, float(raised.error["ts"]), str(raised.error["type"]),
+                                        str(raised.error["message"]), None))
     for rank, code in sorted(run.exit_codes.items()):
         if code is None or code == 0 or rank in run.stopped_by_supervisor:
             continue

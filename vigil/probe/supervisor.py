@@ -77,11 +77,17 @@ class Supervisor:
             self._read_snapshots()
             alive = [r for r, code in self.exit_codes.items() if code is None]
             failed = [r for r, code in self.exit_codes.items() if code not in (None, 0)]
+            raised = [r for r in alive if r in self.snapshots and self.snapshots[r].error is not None]
             if failed and first_failure is None:
                 first_failure = now
                 self.on_event(f"rank {failed[0]} exited with status {self.exit_codes[failed[0]]}")
+            elif raised and first_failure is None:
+                # An uncaught exception is a crash even if the process then hangs on its way out.
+                first_failure = now
+                error = self.snapshots[raised[0]].error or {}
+                self.on_event(f"rank {raised[0]} raised {error.get('type')}: {str(error.get('message'))[:200]}")
             if not alive:
-                return self._conclude("exit" if not failed else "crash", now)
+                return self._conclude("exit" if not (failed or raised) else "crash", now)
             if first_failure is not None and now - first_failure >= CRASH_GRACE_S:
                 return self._conclude("crash", now)
             if first_failure is None:
