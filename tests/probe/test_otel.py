@@ -9,7 +9,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from vigil.model import VigilInputError
-from vigil.probe.otel import SPAN_NAME, StepTracer
+from vigil.probe.otel import SPAN_NAME, StepTracer, otlp_provider
 
 Traced = tuple[StepTracer, InMemorySpanExporter]
 
@@ -60,3 +60,16 @@ def test_bad_step_arguments_are_rejected(traced: Traced) -> None:
     tracer, _ = traced
     with pytest.raises(VigilInputError, match="batch_size"), tracer.step(1, batch_size=-1, device="cpu"):
         pass
+
+
+def test_batching_provider_delivers_to_its_exporter_with_the_service_name() -> None:
+    exporter = InMemorySpanExporter()
+    provider = otlp_provider(exporter, service_name="trainer-j7")
+    tracer = StepTracer(provider=provider, rank=0)
+    with tracer.step(0, batch_size=8, device="cpu"):
+        pass
+    assert provider.force_flush(timeout_millis=10_000)
+    (span,) = exporter.get_finished_spans()
+    assert span.resource.attributes["service.name"] == "trainer-j7"
+    assert span.attributes is not None and "vigil.job" not in span.attributes
+    provider.shutdown()
