@@ -142,3 +142,19 @@ def test_each_process_group_has_its_own_sequence(probe: Probe) -> None:
     assert len(groups) == 2
     by_group = {g: [op.seq for op in ops if op.group == g] for g in groups}
     assert sorted(by_group.values()) == [[1], [1, 2]]
+
+
+def test_rank_comes_from_torchrun_or_slurm_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vigil.model import VigilInputError
+    from vigil.probe.activate import RANK_VARS, WORLD_SIZE_VARS, _env_int
+
+    for name in (*RANK_VARS, *WORLD_SIZE_VARS):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SLURM_PROCID", "5")
+    monkeypatch.setenv("SLURM_NTASKS", "8")
+    assert (_env_int(RANK_VARS, 0), _env_int(WORLD_SIZE_VARS, 1)) == (5, 8)
+    monkeypatch.setenv("RANK", "2")
+    assert _env_int(RANK_VARS, 0) == 2
+    monkeypatch.setenv("RANK", "two")
+    with pytest.raises(VigilInputError, match="RANK='two' is not an integer"):
+        _env_int(RANK_VARS, 0)

@@ -18,14 +18,21 @@ ENV_HANG_TIMEOUT = "VIGIL_HANG_TIMEOUT"
 _probe: Probe | None = None
 
 
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name, "")
-    if not value:
-        return default
-    try:
-        return int(value)
-    except ValueError:
-        raise VigilInputError(f"environment variable {name}={value!r} is not an integer") from None
+# torchrun / vigil launch first, then what Slurm, Open MPI and MPICH/PMI set when ranks are started directly.
+RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+WORLD_SIZE_VARS = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+
+
+def _env_int(names: tuple[str, ...], default: int) -> int:
+    for name in names:
+        value = os.environ.get(name, "")
+        if not value:
+            continue
+        try:
+            return int(value)
+        except ValueError:
+            raise VigilInputError(f"environment variable {name}={value!r} is not an integer") from None
+    return default
 
 
 def install_probe(out_dir: str | Path | None = None, hang_timeout_s: float | None = None) -> Probe:
@@ -45,8 +52,8 @@ def install_probe(out_dir: str | Path | None = None, hang_timeout_s: float | Non
         except ValueError:
             raise VigilInputError(f"environment variable {ENV_HANG_TIMEOUT}={raw!r} is not a number") from None
     probe = Probe(
-        rank=_env_int("RANK", 0),
-        world_size=_env_int("WORLD_SIZE", 1),
+        rank=_env_int(RANK_VARS, 0),
+        world_size=_env_int(WORLD_SIZE_VARS, 1),
         out_dir=path,
         hang_timeout_s=hang_timeout_s,
     )
