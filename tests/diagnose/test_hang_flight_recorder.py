@@ -126,3 +126,18 @@ def test_side_by_side_with_torch_analyzer(dumps: Path, tmp_path: Path) -> None:
     fixed = run_torch_analyzer(normalized, "rank_")
     assert fixed.missing_ranks == [1]
     assert diagnose_dumps(normalized).culprit_ranks == [1]
+
+
+def test_nccl_style_states_name_the_rank_that_never_started(dumps: Path) -> None:
+    # As with TORCH_NCCL_ENABLE_TIMING: every rank enqueued #7, ranks 1 and 2 started it, rank 0 did not.
+    seven = next(e for e in pickle.loads((dumps / "rank_0").read_bytes())["entries"] if e["collective_seq_id"] == 7)
+    for rank in (0, 1, 2):
+        data = pickle.loads((dumps / f"rank_{rank}").read_bytes())
+        data["entries"] = [e for e in data["entries"] if e["collective_seq_id"] < 7]
+        data["entries"].append({**seven, "state": "scheduled" if rank == 0 else "started",
+                                "time_discovered_started_ns": None if rank == 0 else seven["time_created_ns"] + 1000})
+        data["pg_status"]["0"].update(last_enqueued_collective=7, last_completed_collective=6)
+        (dumps / f"rank_{rank}").write_bytes(pickle.dumps(data))
+    diagnosis = diagnose_dumps(dumps)
+    assert (diagnosis.verdict, diagnosis.hang_kind, diagnosis.culprit_ranks) == ("hang", "stuck_in_collective", [0])
+    assert "never started it" in diagnosis.summary

@@ -189,10 +189,24 @@ def diagnose_dumps(directory: Path, world_size: int | None = None) -> HangDiagno
         ops.setdefault(rank, [])
     findings = match_collectives(ops, now)
     missing_dumps = sorted(set(range(world)) - set(dumps))
-    return _verdict(findings, missing_dumps, world)
+    return _verdict(findings, missing_dumps, world, ops)
 
 
-def _verdict(findings: list[CollectiveFinding], missing_dumps: list[int], world: int) -> HangDiagnosis:
+def _not_started(finding: CollectiveFinding, ops: dict[int, list[OpRecord]]) -> list[int]:
+    """With start events (TORCH_NCCL_ENABLE_TIMING) the ranks whose op #k never started while the
+    others' did: their GPU never got to the collective's kernel."""
+    states = {
+        rank: next((op.state for op in ops.get(rank, []) if op.group == finding.group and op.seq == finding.seq), None)
+        for rank in finding.waiting
+    }
+    started = [r for r, state in states.items() if state == "started"]
+    scheduled = [r for r, state in states.items() if state == "scheduled"]
+    return sorted(scheduled) if started and scheduled and len(scheduled) < len(started) else []
+
+
+def _verdict(
+    findings: list[CollectiveFinding], missing_dumps: list[int], world: int, ops: dict[int, list[OpRecord]]
+) -> HangDiagnosis:
     evidence = [
         Evidence(kind="hang", entity=rank_id("local", (f.missing or f.waiting or [0])[0]), ts=time.time(),
                  summary=f.describe(), attrs={"group": f.group, "seq": f.seq})
@@ -215,8 +229,11 @@ def _verdict(findings: list[CollectiveFinding], missing_dumps: list[int], world:
         summary = f"hang: {first.describe()}"
     elif findings:
         first = findings[0]
-        verdict, kind, culprits = "hang", "stuck_in_collective", []
-        summary = f"hang: {first.describe()}; every rank entered it (FR cannot see inside the collective)"
+        verdict, kind, culprits = "hang", "stuck_in_collective", _not_started(first, ops)
+        if culprits:
+            summary = f"hang: {first.describe()}; every rank entered it, rank(s) {culprits} never started it"
+        else:
+            summary = f"hang: {first.describe()}; every rank entered it (FR cannot see inside the collective)"
     return HangDiagnosis(
         verdict=verdict, culprit_ranks=culprits, hang_kind=kind, summary=summary, world_size=world,
         source="flight_recorder", evidence=evidence,
