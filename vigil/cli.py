@@ -1,4 +1,4 @@
-"""The `vigil` command: one verb per user job."""
+"""The `vigil` command: one verb per user job. Each package owns its verbs; this file only mounts them."""
 
 from __future__ import annotations
 
@@ -7,7 +7,18 @@ import sys
 import typer
 from rich.console import Console
 
+from vigil import core_cli
+from vigil.checkpoint.cli import app as checkpoint_app
+from vigil.collect.cli import agent
+from vigil.detect.cli import app as detect_app
+from vigil.diagnose.cli import diagnose_command
+from vigil.diagnose.rca_cli import kb_app, rca_app
+from vigil.logs.cli import app as logs_app
 from vigil.model import VigilInputError
+from vigil.precheck.cli import inspect_command, precheck_command
+from vigil.probe.cli import launch_command
+from vigil.remedy.cli import app as remedy_app
+from vigil.serve.cli import mcp, serve
 
 app = typer.Typer(
     name="vigil",
@@ -24,48 +35,29 @@ def _root() -> None:
     """Vigil: observe, detect, localize, diagnose and remedy faults on AI training clusters."""
 
 
-# --- verbs: each package registers its own commands here, one line each -------------------------
-from vigil.diagnose.rca_cli import kb_app as _kb  # noqa: E402
-from vigil.diagnose.rca_cli import rca_app as _rca  # noqa: E402
-
-app.add_typer(_kb, name="kb")
-app.add_typer(_rca, name="rca")
-from vigil.precheck.cli import inspect_command as _inspect  # noqa: E402
-from vigil.precheck.cli import precheck_command as _precheck  # noqa: E402
-
-app.command("precheck")(_precheck)
-app.command("inspect")(_inspect)
-from vigil.remedy.cli import app as _remedy  # noqa: E402
-
-app.add_typer(_remedy, name="remedy")
-from vigil.checkpoint.cli import app as _checkpoint  # noqa: E402
-
-app.add_typer(_checkpoint, name="checkpoint")
-from vigil.logs.cli import app as _logs  # noqa: E402
-
-app.add_typer(_logs, name="logs")
-from vigil import core_cli as _core  # noqa: E402
-
-app.command("demo")(_core.demo)
-app.command("sim")(_core.sim)
-app.command("incidents")(_core.incidents)
-app.command("nodes")(_core.nodes)
-app.command("bench")(_core.bench)
-from vigil.serve.cli import mcp as _mcp, serve as _serve  # noqa: E402
-
-app.command("serve")(_serve)
-app.command("mcp")(_mcp)
-from vigil.diagnose.cli import diagnose_command as _diagnose  # noqa: E402
-from vigil.probe.cli import launch_command as _launch  # noqa: E402
-
-app.command("launch")(_launch)
-app.command("diagnose")(_diagnose)
-from vigil.collect.cli import agent as _agent  # noqa: E402
-
-app.command("agent")(_agent)
-from vigil.detect.cli import app as _detect  # noqa: E402
-
-app.add_typer(_detect, name="detect")
+# the whole flow on the embedded default
+app.command("demo")(core_cli.demo)
+app.command("sim")(core_cli.sim)
+app.command("incidents")(core_cli.incidents)
+app.command("nodes")(core_cli.nodes)
+# sources
+app.command("agent")(agent)
+app.command("launch")(launch_command)
+# detection, localization, root cause
+app.add_typer(detect_app, name="detect")
+app.add_typer(logs_app, name="logs")
+app.command("diagnose")(diagnose_command)
+app.add_typer(kb_app, name="kb")
+app.add_typer(rca_app, name="rca")
+# remedy and prevention
+app.add_typer(remedy_app, name="remedy")
+app.command("precheck")(precheck_command)
+app.command("inspect")(inspect_command)
+app.add_typer(checkpoint_app, name="checkpoint")
+# interfaces
+app.command("serve")(serve)
+app.command("mcp")(mcp)
+app.command("bench")(core_cli.bench)
 
 
 def main() -> None:
