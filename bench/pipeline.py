@@ -58,7 +58,8 @@ def naive_baseline(nodes: int, ticks_n: int) -> dict[str, float]:
     ticks = list(run.ticks())
     t = Thresholds()
     gi = M.index("gpu")
-    temp, dbe, width = gi["DCGM_FI_DEV_GPU_TEMP"], gi["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"], gi["DCGM_FI_DEV_PCIE_LINK_WIDTH"]
+    temp, dbe = gi["DCGM_FI_DEV_GPU_TEMP"], gi["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"]
+    width = gi["DCGM_FI_DEV_PCIE_LINK_WIDTH"]
     prev: dict[str, float] = {}
     fired = 0
     samples = 0
@@ -124,11 +125,12 @@ def main() -> None:
     table = Table(title="Throughput on one core (10,000 GPUs, 37 samples per GPU per 10 s scrape)")
     for col in ("engine", "samples/s", "x real time", "ratio vs naive"):
         table.add_column(col, justify="right")
-    table.add_row("vigil (store + rules + incidents)", f"{big['samples_per_s']:,.0f}", f"{big['real_time_factor']:,.0f}",
-                  f"{big['samples_per_s'] / naive['samples_per_s']:.1f}x")
+    table.add_row("vigil (store + rules + incidents)", f"{big['samples_per_s']:,.0f}",
+                  f"{big['real_time_factor']:,.0f}", f"{big['samples_per_s'] / naive['samples_per_s']:.1f}x")
     table.add_row("naive per-sample Python (3 rules only)", f"{naive['samples_per_s']:,.0f}", "-", "1.0x")
     console.print(table)
-    console.print(f"peak traced memory during ingest {big['peak_traced_mb']:.0f} MB; process peak RSS {peak_rss_mb:.0f} MB")
+    console.print(f"peak traced memory during ingest {big['peak_traced_mb']:.0f} MB; "
+                  f"process peak RSS {peak_rss_mb:.0f} MB")
     det = Table(title="Detection on the simulator (ground truth)")
     for col in ("fault type", "injected", "detected", "localized", "recall"):
         det.add_column(col, justify="right")

@@ -49,5 +49,6 @@ def test_parse_real_dmesg_lines(shared_data: Path) -> None:
 def test_parse_rejects_other_lines() -> None:
     assert parse_xid_line("NVRM: loading NVIDIA UNIX x86_64 Kernel Module") is None
     assert parse_xid_line("\x00\xff garbage Xid (PCI:") is None
-    line = parse_xid_line("NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.")
+    line = parse_xid_line(
+        "NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.")
     assert line is not None and line.xid == 79 and line.pid is None
