@@ -37,16 +37,21 @@ class Settings(BaseSettings):
         return f"sqlite:///{self.home / 'vigil.db'}"
 
 
+def read_yaml(path: Path, what: str) -> Any:
+    """Parse a YAML file; a missing or malformed file is one line naming ``what`` and the path."""
+    try:
+        return yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise VigilInputError(f"{what} {path} does not exist") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise VigilInputError(f"{what} {path} is not valid YAML: {str(err).splitlines()[0]}") from None
+
+
 def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
     """Settings from a YAML file (if given), then environment, then explicit overrides."""
     values: dict[str, Any] = {}
     if path is not None:
-        try:
-            loaded = yaml.safe_load(path.read_text())
-        except FileNotFoundError:
-            raise VigilInputError(f"config file {path} does not exist") from None
-        except yaml.YAMLError as err:
-            raise VigilInputError(f"config file {path} is not valid YAML: {str(err).splitlines()[0]}") from None
+        loaded = read_yaml(path, "config file")
         if loaded is not None and not isinstance(loaded, dict):
             raise VigilInputError(f"config file {path}: expected a mapping of settings at the top level")
         values.update(loaded or {})

@@ -21,8 +21,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from vigil.config import read_yaml
 from vigil.model import ActionKind, FaultLevel, VigilInputError
 
 ENTITY_KINDS = ("gpu", "node", "nic", "switch", "rack", "job", "rank", "cluster")
@@ -206,12 +205,7 @@ class KnowledgeBase:
 
 def _read_yaml(directory: Path, name: str) -> dict[str, Any]:
     path = directory / name
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise VigilInputError(f"knowledge base file {path} does not exist") from None
-    except yaml.YAMLError as err:
-        raise VigilInputError(f"knowledge base file {path} is not valid YAML: {str(err).splitlines()[0]}") from None
+    data = read_yaml(path, "knowledge base file")
     if not isinstance(data, dict) or not isinstance(data.get("version"), int):
         raise VigilInputError(f"knowledge base file {path}: expected a mapping with an integer 'version'")
     return data

@@ -22,9 +22,9 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from vigil.config import read_yaml
 from vigil.model import ActionKind, VigilInputError, describe_validation_error
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -175,10 +175,4 @@ class TrainingJob(_Spec):
 
 def load_jobspec(path: str | Path) -> TrainingJob:
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise VigilInputError(f"job spec {path} does not exist") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as err:
-        raise VigilInputError(f"job spec {path} is not valid YAML: {str(err).splitlines()[0]}") from None
-    return TrainingJob.from_dict(data, source=f"job spec {path}")
+    return TrainingJob.from_dict(read_yaml(path, "job spec"), source=f"job spec {path}")

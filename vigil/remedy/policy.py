@@ -24,9 +24,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from vigil.config import read_yaml
 from vigil.model import (
     Action,
     ActionKind,
@@ -140,13 +140,7 @@ class PolicySet(_Strict):
 def load_policies(path: str | Path | None = None) -> PolicySet:
     """Policies from a YAML file; without one, the built-in defaults (vigil/remedy/default_policies.yaml)."""
     path = Path(path) if path is not None else Path(__file__).with_name("default_policies.yaml")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise VigilInputError(f"policy file {path} does not exist") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as err:
-        raise VigilInputError(f"policy file {path} is not valid YAML: {str(err).splitlines()[0]}") from None
-    return PolicySet.from_dict(data, source=f"policy file {path}")
+    return PolicySet.from_dict(read_yaml(path, "policy file"), source=f"policy file {path}")
 
 
 def action_target(kind: ActionKind, entity: str) -> str | None:
