@@ -137,7 +137,7 @@ def test_deterministic_generator_grounds_everything_on_the_graph(case: Any) -> N
     assert diagnosis.evidence_refs and set(diagnosis.evidence_refs) <= set(ctx.evidence)
     actions = [(s.action, s.target) for s in diagnosis.plan]
     assert (ActionKind.CORDON, "node/n002") in actions and (ActionKind.MIGRATE_JOB, "job/j00") in actions
-    assert any(s.command == "kubectl cordon n002" for s in diagnosis.plan)
+    assert any(s.command == "vigil remedy act cordon node/n002" for s in diagnosis.plan)
     assert_safe(diagnosis, kg)
     assert diagnose(kg, incident, analyze_incident(kg, incident)).root_cause is None  # no evidence: nothing ranked
 
@@ -149,7 +149,8 @@ def test_canned_reply_is_used_and_cached(case: Any, endpoint: FakeOpenAI, tmp_pa
     diagnosis = diagnose_with_llm(ctx, client)
     assert diagnosis.generated_by == "llm:fake-model"
     assert diagnosis.summary.startswith("GPU 3 of n002") and diagnosis.confidence == 0.8
-    assert [s.command for s in diagnosis.plan] == ["kubectl cordon n002", "vigil remedy migrate-job j00"]
+    assert [s.command for s in diagnosis.plan] == [
+        "vigil remedy act cordon node/n002", "vigil remedy act migrate_job job/j00"]
     request = endpoint.requests[0]
     assert request["path"] == "/v1/chat/completions" and request["auth"] == "Bearer k"
     assert request["body"]["model"] == "fake-model" and request["body"]["temperature"] == 0
@@ -206,7 +207,7 @@ def test_hostile_reply_is_repaired_to_whitelisted_actions(case: Any, endpoint: F
     assert diagnosis.root_cause is not None and diagnosis.root_cause.entity == "gpu/n002/3"
     assert "ev-does-not-exist" not in diagnosis.evidence_refs and diagnosis.evidence_refs
     assert [(s.action, s.target, s.command) for s in diagnosis.plan] == [
-        (ActionKind.CORDON, "node/n002", "kubectl cordon n002")]
+        (ActionKind.CORDON, "node/n002", "vigil remedy act cordon node/n002")]
     assert_safe(diagnosis, kg)
 
 

@@ -47,7 +47,7 @@ def test_markdown_report_has_causes_plan_and_timeline(hostile_case: tuple) -> No
     text = render_markdown(incident, diagnosis, result)
     assert "## Ranked causes" in text and "## Remediation plan" in text and "## Evidence timeline" in text
     assert "| 1 | `gpu/n001/2` | gpu_dbe |" in text
-    assert "`kubectl cordon n001`" in text
+    assert "`vigil remedy act cordon node/n001`" in text
     # the hostile text stays inside its cell: every table row keeps its column count
     for line in text.splitlines():
         if line.startswith("| ") and "ref" not in line:

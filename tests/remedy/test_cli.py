@@ -82,3 +82,29 @@ def test_bad_anomaly_line_names_the_line(home: Path) -> None:
     bad.write_text('{"entity": "gpu/n1/0"}\n')
     result = CliRunner().invoke(app, ["apply", str(bad)])
     assert result.exit_code != 0 and "bad.jsonl:1" in str(result.exception)
+
+
+def test_act_runs_one_plan_step_through_guard_and_audit(home: Path, fake_slurm: Path) -> None:
+    _, topology = write_inputs(home)
+    runner = CliRunner()
+    nowhere = runner.invoke(app, ["act", "cordon", "node/n3", "--json"])
+    assert json.loads(nowhere.stdout)["status"] == "refused", "no backend that can cordon"
+    dry = runner.invoke(app, ["act", "cordon", "node/n3", "--incident", "inc-1", "--reason", "plan step",
+                              "--backend", "slurm", "--json"])
+    assert dry.exit_code == 0, dry.output
+    assert json.loads(dry.stdout)["status"] == "proposed" and not (fake_slurm / "calls.log").exists()
+    live = runner.invoke(app, ["act", "cordon", "node/n3", "--execute", "--topology", str(topology),
+                               "--backend", "slurm", "--json"])
+    assert live.exit_code == 0, live.output
+    assert json.loads(live.stdout)["status"] == "executed"
+    assert "nodename=n3" in (fake_slurm / "calls.log").read_text()
+    audit = json.loads(runner.invoke(app, ["audit", "--json"]).stdout)
+    assert [(a["kind"], a["target"], a["status"]) for a in audit] == [
+        ("cordon", "node/n3", "refused"), ("cordon", "node/n3", "proposed"), ("cordon", "node/n3", "executed")]
+
+
+def test_act_refuses_what_is_not_whitelisted(home: Path) -> None:
+    result = CliRunner().invoke(app, ["act", "rm_rf", "node/n3"])
+    assert result.exit_code != 0 and "not on the whitelist" in str(result.exception)
+    result = CliRunner().invoke(app, ["act", "cordon", "node/n3; reboot"])
+    assert result.exit_code != 0 and "bad entity id" in str(result.exception)

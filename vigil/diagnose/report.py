@@ -31,6 +31,13 @@ def _md(text: str, limit: int = 240) -> str:
     return _MD_SPECIAL.sub(r"\\\1", flat)
 
 
+def _code(text: str, limit: int = 200) -> str:
+    """A code span inside a table cell: backslash escapes would show literally there, so only the table's
+    own delimiter is escaped and backticks are replaced."""
+    flat = " ".join(str(text).split())[:limit]
+    return flat.replace("`", "'").replace("|", "\\|")
+
+
 def timeline(diagnosis: Diagnosis, result: RcaResult, limit: int = MAX_TIMELINE) -> list[Evidence]:
     """The evidence behind the ranked causes first, then the rest, in time order, capped at ``limit``."""
     by_ref = {e.ref: e for e in result.evidence}
@@ -78,7 +85,7 @@ def render_markdown(incident: Incident, diagnosis: Diagnosis, result: RcaResult)
     lines += ["", "## Remediation plan", "", "| step | action | target | risk | command | reason |",
               "|---|---|---|---|---|---|"]
     for i, step in enumerate(diagnosis.plan, start=1):
-        lines.append(f"| {i} | {step.action.value} | `{step.target}` | {step.risk} | `{_md(step.command, 200)}` | "
+        lines.append(f"| {i} | {step.action.value} | `{step.target}` | {step.risk} | `{_code(step.command)}` | "
                      f"{_md(step.reason)} |")
     lines += ["", "Every action is on Vigil's whitelist and runs through the remedy engine (dry-run by default).",
               "", "## Evidence timeline", "", "| time (UTC) | ref | kind | entity | evidence |",

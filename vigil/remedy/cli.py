@@ -6,13 +6,16 @@ import json
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from vigil.model import Action, Anomaly, VigilInputError
+from vigil.model import Action, ActionKind, Anomaly, VigilInputError
+
+if TYPE_CHECKING:
+    from vigil.remedy.remediator import Remediator
 
 app = typer.Typer(
     help="Remediation: policies, actions (dry-run by default), audit log, node lifecycle.", no_args_is_help=True
@@ -92,13 +95,28 @@ def apply_command(
     as_json: Annotated[bool, typer.Option("--json", help="print the resulting actions as JSON")] = False,
 ) -> None:
     """Plan actions for anomalies with the policies and carry them out (dry-run unless --execute)."""
+    from vigil.remedy.policy import PolicyEngine, load_policies
+
+    remediator = _remediator(topology, backend, execute, local_node)
+    dry_run = remediator.dry_run
+    engine = PolicyEngine(load_policies(policies))
+    actions = []
+    for anomaly in _read_anomalies(anomalies):
+        actions.extend(remediator.handle(anomaly, engine))
+    if as_json:
+        typer.echo(json.dumps([a.model_dump(mode="json") for a in actions], indent=2))
+        return
+    _print_actions(actions, f"Actions ({'dry-run' if dry_run else 'executed'})")
+
+
+def _remediator(topology: Path | None, backend: str, execute: bool, local_node: str | None) -> Remediator:
+    """The remedy engine the CLI verbs share: actuators for the backend, guard, lifecycle, audit, dry-run."""
     from vigil.config import settings
     from vigil.model import Topology
     from vigil.remedy.actuators.base import Actuator, OutboxActuator
     from vigil.remedy.audit import AuditLog
     from vigil.remedy.guard import BlastRadiusGuard
     from vigil.remedy.lifecycle import LifecycleStore
-    from vigil.remedy.policy import PolicyEngine, load_policies
     from vigil.remedy.remediator import Remediator
 
     dry_run = not (execute or settings().execute_actions)
@@ -135,14 +153,58 @@ def apply_command(
     remediator = Remediator(
         actuators, AuditLog(), lifecycle=lifecycle, guard=guard, dry_run=dry_run, requested_by="vigil-cli"
     )
-    engine = PolicyEngine(load_policies(policies))
-    actions = []
-    for anomaly in _read_anomalies(anomalies):
-        actions.extend(remediator.handle(anomaly, engine))
+    return remediator
+
+
+@app.command("act")
+def act_command(
+    action: Annotated[str, typer.Argument(help="a whitelisted action: " + ", ".join(k.value for k in ActionKind))],
+    target: Annotated[str, typer.Argument(help="entity id, e.g. node/n012, gpu/n012/3, job/j7")],
+    incident: Annotated[str | None, typer.Option("--incident", help="the incident this action answers")] = None,
+    reason: Annotated[str, typer.Option("--reason", help="why (goes to the audit log)")] = "",
+    topology: Annotated[
+        Path | None, typer.Option("--topology", help="Topology JSON (default: the store's topology)")
+    ] = None,
+    backend: Annotated[str, typer.Option("--backend", help="none, kubernetes or slurm")] = "none",
+    execute: Annotated[bool, typer.Option("--execute", help="act for real (default: dry-run)")] = False,
+    local_node: Annotated[
+        str | None, typer.Option("--local-node", help="this machine's node name: reset its GPUs with nvidia-smi")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the resulting action as JSON")] = False,
+) -> None:
+    """Carry out one action of a diagnosis plan through the blast-radius guard and the audit log."""
+    import time
+
+    from vigil.model import parse_entity
+
+    try:
+        kind = ActionKind(action)
+    except ValueError:
+        raise VigilInputError(
+            f"action {action!r} is not on the whitelist ({', '.join(k.value for k in ActionKind)})"
+        ) from None
+    parse_entity(target)
+    remediator = _remediator(topology or _store_topology_file(), backend, execute, local_node)
+    done = remediator.execute(Action(ts=time.time(), kind=kind, target=target, incident_id=incident,
+                                     reason=reason, requested_by="vigil-cli", dry_run=remediator.dry_run))
     if as_json:
-        typer.echo(json.dumps([a.model_dump(mode="json") for a in actions], indent=2))
+        typer.echo(done.model_dump_json(indent=2))
         return
-    _print_actions(actions, f"Actions ({'dry-run' if dry_run else 'executed'})")
+    _print_actions([done], f"Action ({'dry-run' if remediator.dry_run else 'executed'})")
+
+
+def _store_topology_file() -> Path | None:
+    """The topology the store holds, written where the guard can read it (None when the store has none)."""
+    from vigil.config import settings
+    from vigil.store.sql import open_store
+
+    topo = open_store().topology()
+    if topo is None:
+        return None
+    path = settings().home / "topology.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(topo.model_dump_json())
+    return path
 
 
 def _print_actions(actions: Sequence[Action], title: str) -> None:
