@@ -121,7 +121,8 @@ def sim_cube(seed: int, nodes: int, minutes: float) -> GpuCube:
                     run.topology, gpu_fault_classes())
 
 
-def sim_protocol_c(seed: int, quick: bool, checkpoint: Any = None) -> dict[str, Any]:
+def sim_protocol_c(seed: int, quick: bool, checkpoint: Any = None, configs: list[str] | None = None,
+                   measure_speed: bool = True) -> dict[str, Any]:
     classes = gpu_fault_classes()
     scale = 0.25 if quick else 1.0
     train_cube = sim_cube(101, int(32 * scale), 480)
@@ -144,7 +145,9 @@ def sim_protocol_c(seed: int, quick: bool, checkpoint: Any = None) -> dict[str, 
     }
     detector: TCEDetector | None = None
     for label, params in ABLATION.items():
-        if detector is not None and "scoring" not in out:
+        if configs is not None and label not in configs:
+            continue
+        if measure_speed and detector is not None and "scoring" not in out:
             out["scoring"] = scoring_speed(detector)
         console.log(f"simulated GPU faults: {label}")
         det = TCEDetector(seed=seed, **{**SIM_TCE, **params})
@@ -183,6 +186,17 @@ def scoring_speed(detector: TCEDetector, n_gpus: int = 10_000) -> dict[str, floa
     return {"gpus": n_gpus, "tce_s": tce_s, "lstm_s": lstm_s, "threads": torch.get_num_threads()}
 
 
+def merge_sim_parts(result: dict[str, Any]) -> None:
+    """Fold ablation rows run by side processes (``--configs``) into ``sim_protocol_c``, in table order."""
+    extras = [k for k in result if k.startswith("sim_protocol_c_rows_") and not k.endswith("_seconds")]
+    if not extras or "sim_protocol_c" not in result:
+        return
+    configs = dict(result["sim_protocol_c"]["configs"])
+    for key in extras:
+        configs.update({k: v for k, v in result[key]["configs"].items() if k not in configs})
+    result["sim_protocol_c"]["configs"] = {k: configs[k] for k in ABLATION if k in configs}
+
+
 def print_tables(result: dict[str, Any]) -> None:
     asd = result["asd_protocol_b"]
     table = Table(title="ASD protocol (b): train on 4 entities, test on 4 unseen (both folds, mean of 8)")
@@ -212,6 +226,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: quarter-size simulated data, 2 short epochs (numbers not comparable)")
     parser.add_argument("--only", choices=("asd", "sim"), help="rerun one part, keep the other from the json")
+    parser.add_argument("--configs", default="", help="sim ablation rows to run (1-based, comma-separated); "
+                        "their results go to a separate part that the tables merge")
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     if args.quick:
@@ -240,7 +256,12 @@ def main() -> None:
         candidates = [{"weight_mode": "dynamic"}, {"weight_mode": "none"}]
         save("asd_protocol_b", asd_protocol_b(seeds, candidates, lambda part: save("asd_protocol_b", part)))
     if args.only in (None, "sim"):
-        save("sim_protocol_c", sim_protocol_c(seeds[0], args.quick, lambda part: save("sim_protocol_c", part)))
+        labels = list(ABLATION)
+        chosen = [labels[int(i) - 1] for i in args.configs.split(",") if i] or None
+        name = f"sim_protocol_c_rows_{args.configs.replace(',', '_')}" if chosen else "sim_protocol_c"
+        save(name, sim_protocol_c(seeds[0], args.quick, lambda part: save(name, part), configs=chosen,
+                                  measure_speed=chosen is None))
+    merge_sim_parts(result)
     if "asd_protocol_b" not in result or "sim_protocol_c" not in result:
         console.print(f"wrote {out.relative_to(REPO)}; run the other part for the tables")
         return
