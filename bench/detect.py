@@ -71,17 +71,17 @@ def tce_selected_on_validation(train: Any, val: Any, tests: dict[str, Any], seed
 
 
 def asd_protocol_b(seeds: list[int], candidates: list[dict[str, Any]],
-                   checkpoint: Any = None) -> dict[str, Any]:
+                   checkpoint: Any = None, folds: list[int] | None = None) -> dict[str, Any]:
     """Seeds outermost, so a run cut short still holds complete seeds; ``checkpoint(partial)`` after each
     detector saves what is done."""
     dataset = load_asd(ASD)
     rows: list[dict[str, Any]] = []
     timing: dict[str, list[float]] = {}
-    splits = [fleet_split(dataset, train_entities, test_entities, history=ASD_TCE["history"])
-              for train_entities, test_entities in ASD_FOLDS]
+    chosen = folds if folds is not None else list(range(len(ASD_FOLDS)))
+    splits = {k: fleet_split(dataset, *ASD_FOLDS[k], history=ASD_TCE["history"]) for k in chosen}
     part: dict[str, Any] = {}
     for seed in seeds:
-        for fold, (train, val, tests) in enumerate(splits):
+        for fold, (train, val, tests) in splits.items():
             for name in DETECTORS:
                 if seed != seeds[0] and name not in ("tce", "lstm"):
                     continue
@@ -186,6 +186,24 @@ def scoring_speed(detector: TCEDetector, n_gpus: int = 10_000) -> dict[str, floa
     return {"gpus": n_gpus, "tce_s": tce_s, "lstm_s": lstm_s, "threads": torch.get_num_threads()}
 
 
+def merge_asd_parts(result: dict[str, Any]) -> None:
+    """Fold ASD folds run by side processes (``--folds``) into ``asd_protocol_b``."""
+    extras = [k for k in result if k.startswith("asd_protocol_b_folds_") and not k.endswith("_seconds")]
+    if not extras or "asd_protocol_b" not in result:
+        return
+    base = result["asd_protocol_b"]
+    rows = list(base["results"])
+    have = {(r["detector"], r["fold"], r["seed"]) for r in rows}
+    timing = {k: [v] for k, v in base["fit_seconds"].items()}
+    for key in extras:
+        part = result.pop(key)
+        result.pop(f"{key}_seconds", None)
+        rows.extend(r for r in part["results"] if (r["detector"], r["fold"], r["seed"]) not in have)
+        for name, seconds in part["fit_seconds"].items():
+            timing.setdefault(name, []).append(seconds)
+    result["asd_protocol_b"] = asd_summary(rows, timing, base["tce_loss_candidates"])
+
+
 def merge_sim_parts(result: dict[str, Any]) -> None:
     """Fold ablation rows run by side processes (``--configs``) into ``sim_protocol_c``, in table order."""
     extras = [k for k in result if k.startswith("sim_protocol_c_rows_") and not k.endswith("_seconds")]
@@ -226,6 +244,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: quarter-size simulated data, 2 short epochs (numbers not comparable)")
     parser.add_argument("--only", choices=("asd", "sim"), help="rerun one part, keep the other from the json")
+    parser.add_argument("--folds", default="", help="ASD folds to run (0-based, comma-separated); their "
+                        "results go to a separate part that the tables merge")
     parser.add_argument("--configs", default="", help="sim ablation rows to run (1-based, comma-separated); "
                         "their results go to a separate part that the tables merge")
     args = parser.parse_args()
@@ -254,7 +274,9 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     if args.only in (None, "asd"):
         candidates = [{"weight_mode": "dynamic"}, {"weight_mode": "none"}]
-        save("asd_protocol_b", asd_protocol_b(seeds, candidates, lambda part: save("asd_protocol_b", part)))
+        folds = [int(k) for k in args.folds.split(",") if k] or None
+        asd_name = f"asd_protocol_b_folds_{args.folds.replace(',', '_')}" if folds else "asd_protocol_b"
+        save(asd_name, asd_protocol_b(seeds, candidates, lambda part: save(asd_name, part), folds=folds))
     if args.only in (None, "sim"):
         labels = list(ABLATION)
         chosen = [labels[int(i) - 1] for i in args.configs.split(",") if i] or None
@@ -262,6 +284,7 @@ def main() -> None:
         save(name, sim_protocol_c(seeds[0], args.quick, lambda part: save(name, part), configs=chosen,
                                   measure_speed=chosen is None))
     merge_sim_parts(result)
+    merge_asd_parts(result)
     if "asd_protocol_b" not in result or "sim_protocol_c" not in result:
         console.print(f"wrote {out.relative_to(REPO)}; run the other part for the tables")
         return
