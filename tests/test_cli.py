@@ -57,3 +57,17 @@ def test_sim_writes_files(tmp_path: Path) -> None:
     out = json.loads(vigil("sim", "--out", str(tmp_path / "run"), "--nodes", "2", "--minutes", "10", "--json",
                            home=tmp_path).stdout)
     assert out["ticks"] == 60 and (tmp_path / "run" / "metrics" / "gpu.npz").exists()
+
+
+@pytest.mark.slow
+def test_demo_runs_a_trained_learned_detector_beside_the_rules(tmp_path: Path) -> None:
+    run_dir, home = tmp_path / "run", tmp_path / "home"
+    vigil("sim", "--out", str(run_dir), "--nodes", "4", "--minutes", "60", "--seed", "1", "--json", home=tmp_path)
+    vigil("detect", "train", "--data", str(run_dir), "--format", "sim", "--history", "60", "--epochs", "2",
+          "--out", str(home / "models" / "tce-gpu"), "--json", home=tmp_path)
+    out = json.loads(vigil("demo", "--nodes", "4", "--minutes", "30", "--json", "--home", str(home),
+                           home=tmp_path).stdout)
+    assert out["detectors"] == ["rules", "tce"]
+    rules_only = json.loads(vigil("demo", "--nodes", "4", "--minutes", "30", "--json", "--home",
+                                  str(tmp_path / "plain"), home=tmp_path).stdout)
+    assert rules_only["detectors"] == ["rules"]

@@ -54,6 +54,9 @@ def demo(
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
 ) -> None:
     """Simulate a cluster with injected faults, run the whole flow, and score it against the ground truth."""
+    from vigil.detect.base import StreamDetector
+    from vigil.detect.rules import RuleDetector
+    from vigil.detect.stream import learned_detectors
     from vigil.pipeline import run_pipeline
     from vigil.sim import SimConfig, simulate
     from vigil.store.metrics import MetricStore
@@ -64,9 +67,11 @@ def demo(
     config = SimConfig(nodes=nodes, gpus=gpus, minutes=minutes, seed=seed)
     run = simulate(config)
     store = Store(f"sqlite:///{db}")
+    # the learned GPU detector runs beside the rules once one is trained into <home>/models/tce-gpu
+    detectors: list[StreamDetector] = [RuleDetector(run.topology), *learned_detectors(run.topology, home)]
     with _progress(not as_json) as progress:
         task = progress.add_task(f"simulating {nodes} x {gpus} GPUs for {minutes:g} min", total=run.n_ticks)
-        result = run_pipeline(run, store=store, metrics=MetricStore(home / "metrics"),
+        result = run_pipeline(run, store=store, metrics=MetricStore(home / "metrics"), detectors=detectors,
                               progress=lambda done, total: progress.update(task, completed=done))
     score = result.score
     assert score is not None
@@ -82,6 +87,7 @@ def demo(
             "samples": result.samples, "seconds": round(result.seconds, 3),
             "speedup_vs_real_time": round(sim_seconds / max(result.seconds, 1e-9), 1),
             "store": str(db),
+            "detectors": [d.name for d in detectors],
             "incidents": [inc.model_dump(mode="json", exclude={"evidence"}) for inc in result.incidents],
             "ground_truth": [m.model_dump(mode="json") for m in score.matches],
             "by_fault": score.by_fault,
@@ -114,6 +120,12 @@ def demo(
     hidden = sorted({m.fault_type for m in score.matches if not m.visible_to_rules})
     if hidden:
         console.print(f"[dim]not visible to rules (left to the learned detectors): {', '.join(hidden)}[/]")
+    if len(detectors) == 1:
+        console.print("[dim]detectors: rules only; to run the learned GPU detector beside them: "
+                      "`vigil sim --seed 1 --minutes 240 --out RUN && vigil detect train --data RUN --format sim "
+                      f"--out {home}/models/tce-gpu`[/]")
+    else:
+        console.print(f"[dim]detectors: {', '.join(d.name for d in detectors)}[/]")
     console.print(f"[dim]stored in {db}; next: `vigil incidents`, `vigil nodes`[/]")
 
 
