@@ -80,6 +80,14 @@ def _read_anomalies(path: Path) -> list[Anomaly]:
     return anomalies
 
 
+# options shared by the verbs that act
+BackendOption = Annotated[str, typer.Option("--backend", help="none, kubernetes or slurm")]
+ExecuteOption = Annotated[bool, typer.Option("--execute", help="act for real (default: dry-run)")]
+LocalNodeOption = Annotated[
+    str | None, typer.Option("--local-node", help="this machine's node name: reset its GPUs with nvidia-smi")
+]
+
+
 @app.command("apply")
 def apply_command(
     anomalies: Annotated[Path, typer.Argument(help="anomalies, one Anomaly JSON record per line")],
@@ -87,11 +95,9 @@ def apply_command(
     topology: Annotated[
         Path | None, typer.Option("--topology", help="Topology JSON (for the blast-radius guard)")
     ] = None,
-    backend: Annotated[str, typer.Option("--backend", help="none, kubernetes or slurm")] = "none",
-    execute: Annotated[bool, typer.Option("--execute", help="act for real (default: dry-run)")] = False,
-    local_node: Annotated[
-        str | None, typer.Option("--local-node", help="this machine's node name: reset its GPUs with nvidia-smi")
-    ] = None,
+    backend: BackendOption = "none",
+    execute: ExecuteOption = False,
+    local_node: LocalNodeOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the resulting actions as JSON")] = False,
 ) -> None:
     """Plan actions for anomalies with the policies and carry them out (dry-run unless --execute)."""
@@ -165,11 +171,9 @@ def act_command(
     topology: Annotated[
         Path | None, typer.Option("--topology", help="Topology JSON (default: the store's topology)")
     ] = None,
-    backend: Annotated[str, typer.Option("--backend", help="none, kubernetes or slurm")] = "none",
-    execute: Annotated[bool, typer.Option("--execute", help="act for real (default: dry-run)")] = False,
-    local_node: Annotated[
-        str | None, typer.Option("--local-node", help="this machine's node name: reset its GPUs with nvidia-smi")
-    ] = None,
+    backend: BackendOption = "none",
+    execute: ExecuteOption = False,
+    local_node: LocalNodeOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the resulting action as JSON")] = False,
 ) -> None:
     """Carry out one action of a diagnosis plan through the blast-radius guard and the audit log."""
