@@ -45,6 +45,7 @@ from rich.table import Table
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from vigil.logs.accuracy import grouping_accuracy, parsing_accuracy  # noqa: E402
 from vigil.logs.corpus import simulate_corpus  # noqa: E402
 from vigil.logs.miner import TemplateMiner  # noqa: E402
 from vigil.logs.realjobs import MODES, root_label, run_failed_job  # noqa: E402
@@ -60,27 +61,6 @@ def load(system: str) -> tuple[list[str], list[str]]:
     path = DATA / system / f"{system}_2k.log_structured_corrected.csv"
     rows = list(csv.DictReader(path.open(newline="", encoding="utf-8")))
     return [r["Content"] for r in rows], [r["EventTemplate"] for r in rows]
-
-
-def grouping_accuracy(predicted: list[str], truth: list[str]) -> float:
-    by_pred: dict[str, set[int]] = defaultdict(set)
-    by_truth: dict[str, set[int]] = defaultdict(set)
-    for i, (p, t) in enumerate(zip(predicted, truth, strict=True)):
-        by_pred[p].add(i)
-        by_truth[t].add(i)
-    right = sum(len(idx) for idx in by_pred.values() if by_truth[truth[next(iter(idx))]] == idx)
-    return right / len(truth)
-
-
-_WILDCARD_RUN = re.compile(r"<\*>(?:[\s,:;./\-_=@]*<\*>)+")
-
-
-def parsing_accuracy(templates: list[str], truth: list[str], collapse: bool) -> float:
-    def norm(text: str) -> str:
-        text = " ".join(text.split())
-        return _WILDCARD_RUN.sub("<*>", text) if collapse else text
-
-    return sum(norm(a) == norm(b) for a, b in zip(templates, truth, strict=True)) / len(truth)
 
 
 # drain3's own example masking (examples/drain3.ini: ID, IP, SEQ, HEX, NUM), for a second, masked baseline.

@@ -7,26 +7,16 @@ import random
 import re
 import subprocess
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from vigil.logs.accuracy import grouping_accuracy
 from vigil.logs.masking import mask
 from vigil.logs.miner import MAX_LINE_BYTES, TemplateMiner, read_lines
 from vigil.model import VigilInputError
-
-
-def grouping_accuracy(predicted: list[str], truth: list[str]) -> float:
-    by_pred: dict[str, set[int]] = defaultdict(set)
-    by_truth: dict[str, set[int]] = defaultdict(set)
-    for i, (p, t) in enumerate(zip(predicted, truth, strict=True)):
-        by_pred[p].add(i)
-        by_truth[t].add(i)
-    right = sum(len(idx) for idx in by_pred.values() if by_truth[truth[next(iter(idx))]] == idx)
-    return right / len(truth)
 
 
 def load_loghub(shared_data: Path, system: str) -> tuple[list[str], list[str]]:
