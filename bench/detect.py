@@ -10,6 +10,7 @@ validation data only), so the ratios are what to compare on a shared, noisy mach
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import platform
 import time
@@ -22,9 +23,10 @@ from rich.console import Console
 from rich.table import Table
 
 from vigil.detect.datasets import load_asd
-from vigil.detect.evaluate import DETECTORS, class_report, fleet_split, run_detector, summarise
+from vigil.detect.evaluate import DETECTORS, class_report, fleet_split, report_fitted, run_detector, summarise
 from vigil.detect.simdata import GpuCube, gpu_cube, gpu_fault_classes
-from vigil.detect.tce import TCEDetector
+from vigil.detect.tce import TCEDetector, TCEEnsemble
+from vigil.detect.train import validation_score
 from vigil.sim.generator import SimConfig, simulate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,11 +36,17 @@ console = Console()
 
 ASD_FOLDS = ((["omi-1", "omi-2", "omi-3", "omi-4"], ["omi-5", "omi-6", "omi-7", "omi-8"]),
              (["omi-5", "omi-6", "omi-7", "omi-8"], ["omi-1", "omi-2", "omi-3", "omi-4"]))
-ASD_TCE = {"history": 288, "recent": 30, "scales": (12, 48), "epochs": 8, "steps_per_epoch": 100}
+ASD_TCE = {"history": 288, "recent": 30, "scales": (12, 48), "epochs": 8, "steps_per_epoch": 100, "members": 3}
+SINGLE = "tce (1 model)"
 SIM_HISTORY = 120
 SIM_TCE = {"history": SIM_HISTORY, "recent": 20, "scales": (10, 40), "epochs": 8, "steps_per_epoch": 100,
            "patience": 3}
 SIM_TRAIN_STRIDE = 20
+# Jobs of 2 nodes (16 GPUs): with the run's dense fault rate, jobs of half the cluster were down most of the
+# time, and a bandwidth fault on a GPU that moves no data cannot show in its metrics.
+SIM_JOB_NODES = 2
+SIM_TEST_SEEDS = (303, 304, 305)
+LOSS_MODES = ("none", "static", "dynamic")
 SIM_TEST_STRIDE = 10
 ABLATION: dict[str, dict[str, Any]] = {
     "TCE (dynamic weights, all parts)": {},
@@ -50,24 +58,49 @@ ABLATION: dict[str, dict[str, Any]] = {
 }
 
 
+def member_views(det: TCEDetector) -> list[TCEDetector]:
+    """Each member of a TCE ensemble as a detector of its own: member ``i`` of seed ``s`` is exactly the single
+    model trained with seed ``s * members + i``, so single-model rows cost no extra training."""
+    if not isinstance(det.model_, TCEEnsemble):
+        return [det]
+    views = []
+    for seed, member in zip(det.member_seeds(), det.model_.members, strict=True):
+        view = copy.copy(det)
+        view.model_, view.members, view.seed = member, 1, seed
+        views.append(view)
+    return views
+
+
 def tce_selected_on_validation(train: Any, val: Any, tests: dict[str, Any], seed: int, classes: list[str],
                                candidates: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], float]:
     """Train one TCE per loss candidate and keep the one with the best validation AUC-PR: the choice of the
     loss is a hyper-parameter, so it is made on validation data, never on the test entities. Every
-    candidate's rows are kept under ``tce[<mode>]`` for the record; the selected one is ``tce``."""
+    candidate's rows are kept under ``tce[<mode>]`` for the record; the selected one is ``tce``. The same
+    choice is made for each ensemble member alone: ``tce (1 model)``."""
     best: tuple[float, list[dict[str, Any]]] | None = None
+    best_single: dict[int, tuple[float, list[dict[str, Any]]]] = {}
     rows: list[dict[str, Any]] = []
     fit_s = 0.0
     for params in candidates:
-        result, times = run_detector("tce", train, val, tests, seed=seed, classes=classes,
-                                     tce_params={**ASD_TCE, **params})
-        fit_s += times["fit_s"]
+        det = TCEDetector(seed=seed, **{**ASD_TCE, **params})
+        det.fit(train, validation=val, classes=classes)
+        fit_s += det.report_.seconds
+        validation = float(det.report_.best_validation)
+        result, _ = report_fitted(det, "tce", val, tests, seed=seed)
         tag = f"tce[{params.get('weight_mode', 'dynamic')}]"
-        rows.extend({**r, "detector": tag, "validation_auc_pr": times["validation"]} for r in result)
-        if best is None or times["validation"] > best[0]:
-            best = (times["validation"], result)
+        rows.extend({**r, "detector": tag, "validation_auc_pr": validation} for r in result)
+        if best is None or validation > best[0]:
+            best = (validation, result)
+        if det.members == 1:
+            continue
+        for k, view in enumerate(member_views(det)):
+            _, member_validation = validation_score(view.predict_proba(val), val.labels)
+            single, _ = report_fitted(view, SINGLE, val, tests, seed=view.seed)
+            if k not in best_single or member_validation > best_single[k][0]:
+                best_single[k] = (member_validation, single)
     assert best is not None
-    return rows + [{**r, "selected_by_validation": True} for r in best[1]], fit_s
+    singles = [r for _, result in best_single.values() for r in result]
+    return rows + [{**r, "selected_by_validation": True} for r in best[1]] + singles, fit_s
 
 
 def asd_protocol_b(seeds: list[int], candidates: list[dict[str, Any]],
@@ -83,8 +116,6 @@ def asd_protocol_b(seeds: list[int], candidates: list[dict[str, Any]],
     for seed in seeds:
         for fold, (train, val, tests) in splits.items():
             for name in DETECTORS:
-                if seed != seeds[0] and name not in ("tce", "lstm"):
-                    continue
                 console.log(f"ASD seed {seed} fold {fold}: {name}")
                 if name == "tce":
                     result, fit_s = tce_selected_on_validation(train, val, tests, seed, dataset.classes, candidates)
@@ -116,23 +147,39 @@ def asd_summary(rows: list[dict[str, Any]], timing: dict[str, list[float]],
 def sim_cube(seed: int, nodes: int, minutes: float) -> GpuCube:
     gpu_types = tuple(gpu_fault_classes()[1:])
     run = simulate(SimConfig(nodes=nodes, gpus=8, minutes=minutes, seed=seed, interval_s=30.0,
-                             faults_per_node_hour=1.0, fault_types=gpu_types))
+                             job_nodes=SIM_JOB_NODES, faults_per_node_hour=1.0, fault_types=gpu_types))
     return gpu_cube((f for tick in run.ticks() for f in tick.frames), run.events, run.ground_truth,
                     run.topology, gpu_fault_classes())
 
 
+def evaluate_sim(det: TCEDetector, tests: list[Any], classes: list[str], rare: list[int]) -> dict[str, Any]:
+    """Class report over all test runs (normal windows re-weighted by the thinning) plus the false-alarm rate:
+    the share of normal windows classified as any fault."""
+    truth = np.concatenate([t.labels for t in tests])
+    predicted = np.concatenate([det.predict_class(t) for t in tests])
+    weights = np.where(truth == 0, float(SIM_TEST_STRIDE), 1.0)
+    report = class_report(truth, predicted, classes, sample_weight=weights)
+    report["rare_class_recall"] = float(np.mean([report["per_class"][classes[k]]["recall"] for k in rare]))
+    normal = truth == 0
+    report["false_alarm_rate"] = float((predicted[normal] > 0).mean()) if normal.any() else 0.0
+    report["fit_seconds"] = det.report_.seconds
+    report["epochs_run"] = det.report_.epochs_run
+    return report
+
+
 def sim_protocol_c(seed: int, quick: bool, checkpoint: Any = None, configs: list[str] | None = None,
-                   measure_speed: bool = True) -> dict[str, Any]:
+                   measure_speed: bool = True, loss_seeds: list[int] | None = None) -> dict[str, Any]:
+    """The ablation rows at ``seed``, then the three loss modes again at every one of ``loss_seeds`` (the loss
+    ablation is the noisiest comparison: a rare class has a handful of faults per run)."""
     classes = gpu_fault_classes()
     scale = 0.25 if quick else 1.0
     train_cube = sim_cube(101, int(32 * scale), 480)
     val_cube = sim_cube(202, int(16 * scale), 240)
-    test_cube = sim_cube(303, int(32 * scale), 480)
+    test_cubes = [sim_cube(s, int(32 * scale), 480) for s in SIM_TEST_SEEDS]
     train = train_cube.window_set(SIM_HISTORY, normal_stride=SIM_TRAIN_STRIDE, seed=seed)
     val = val_cube.window_set(SIM_HISTORY, normal_stride=SIM_TRAIN_STRIDE, seed=seed)
-    test = test_cube.window_set(SIM_HISTORY, normal_stride=SIM_TEST_STRIDE, seed=seed)
-    weights = np.where(test.labels == 0, float(SIM_TEST_STRIDE), 1.0)
-    counts = np.bincount(test_cube.labels.ravel(), minlength=len(classes))
+    tests = [c.window_set(SIM_HISTORY, normal_stride=SIM_TEST_STRIDE, seed=seed) for c in test_cubes]
+    counts = sum(np.bincount(c.labels.ravel(), minlength=len(classes)) for c in test_cubes)
     share = counts / counts.sum()
     train_counts = np.bincount(train_cube.labels.ravel(), minlength=len(classes))
     present = [k for k in range(1, len(classes)) if train_counts[k] > 0 and counts[k] > 0]
@@ -140,27 +187,50 @@ def sim_protocol_c(seed: int, quick: bool, checkpoint: Any = None, configs: list
     out: dict[str, Any] = {
         "classes": classes, "test_window_share": {classes[k]: float(share[k]) for k in range(len(classes))},
         "rarest_fault_share": float(min(share[k] for k in present)),
-        "rare_classes": [classes[k] for k in rare], "train_windows": len(train), "test_windows_scored": len(test),
-        "configs": {},
+        "rare_classes": [classes[k] for k in rare], "train_windows": len(train),
+        "test_windows_scored": sum(len(t) for t in tests), "test_runs": len(tests),
+        "train_class_windows": {classes[k]: int(train_counts[k]) for k in range(len(classes))},
+        "test_faults": {classes[k]: int(counts[k]) for k in range(len(classes))},
+        "configs": {}, "loss_seeds": {},
     }
     detector: TCEDetector | None = None
     for label, params in ABLATION.items():
         if configs is not None and label not in configs:
             continue
-        if measure_speed and detector is not None and "scoring" not in out:
-            out["scoring"] = scoring_speed(detector)
         console.log(f"simulated GPU faults: {label}")
         det = TCEDetector(seed=seed, **{**SIM_TCE, **params})
         det.fit(train, validation=val, classes=classes, normal_subsample=SIM_TRAIN_STRIDE)
-        report = class_report(test.labels, det.predict_class(test), classes, sample_weight=weights)
-        report["rare_class_recall"] = float(np.mean([report["per_class"][classes[k]]["recall"] for k in rare]))
-        report["fit_seconds"] = det.report_.seconds
-        report["epochs_run"] = det.report_.epochs_run
-        out["configs"][label] = report
+        out["configs"][label] = evaluate_sim(det, tests, classes, rare)
         detector = detector or det
+        if measure_speed and "scoring" not in out:
+            out["scoring"] = scoring_speed(detector)
         if checkpoint is not None:
             checkpoint(out)
+    for extra in loss_seeds or []:
+        train_s = train_cube.window_set(SIM_HISTORY, normal_stride=SIM_TRAIN_STRIDE, seed=extra)
+        val_s = val_cube.window_set(SIM_HISTORY, normal_stride=SIM_TRAIN_STRIDE, seed=extra)
+        for mode in LOSS_MODES:
+            console.log(f"simulated GPU faults: loss {mode}, seed {extra}")
+            det = TCEDetector(seed=extra, **{**SIM_TCE, "weight_mode": mode})
+            det.fit(train_s, validation=val_s, classes=classes, normal_subsample=SIM_TRAIN_STRIDE)
+            out["loss_seeds"].setdefault(mode, {})[str(extra)] = evaluate_sim(det, tests, classes, rare)
+            if checkpoint is not None:
+                checkpoint(out)
+    out["loss_summary"] = loss_summary(out["loss_seeds"])
     return out
+
+
+def loss_summary(by_mode: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    summary = {}
+    for mode, runs in by_mode.items():
+        row: dict[str, Any] = {"seeds": len(runs)}
+        for metric in ("macro_f1", "rare_class_recall", "false_alarm_rate"):
+            values = [r[metric] for r in runs.values()]
+            row[metric], row[f"{metric}_std"] = float(np.mean(values)), float(np.std(values))
+        row["per_class_recall"] = {c: float(np.mean([r["per_class"][c]["recall"] for r in runs.values()]))
+                                   for c in next(iter(runs.values()))["per_class"]}
+        summary[mode] = row
+    return summary
 
 
 def scoring_speed(detector: TCEDetector, n_gpus: int = 10_000) -> dict[str, float]:
@@ -233,6 +303,15 @@ def print_tables(result: dict[str, Any]) -> None:
     for label, rep in sim["configs"].items():
         table.add_row(label, f"{rep['macro_f1']:.3f}", f"{rep['rare_class_recall']:.3f}", f"{rep['fit_seconds']:.0f}")
     console.print(table)
+    if sim.get("loss_summary"):
+        table = Table(title="loss ablation over training seeds (mean ± std)")
+        for col in ("loss", "seeds", "macro-F1", "rare-class recall", "false alarms / normal window"):
+            table.add_column(col, justify="left" if col == "loss" else "right")
+        for mode, m in sim["loss_summary"].items():
+            table.add_row(mode, str(m["seeds"]), f"{m['macro_f1']:.3f} ± {m['macro_f1_std']:.3f}",
+                          f"{m['rare_class_recall']:.3f} ± {m['rare_class_recall_std']:.3f}",
+                          f"{m['false_alarm_rate']:.5f} ± {m['false_alarm_rate_std']:.5f}")
+        console.print(table)
     speed = sim.get("scoring", {"gpus": 0, "tce_s": float("nan"), "lstm_s": float("nan"), "threads": 0})
     console.print(f"scoring {speed['gpus']:,} GPUs' windows: TCE {speed['tce_s']:.2f} s, "
                   f"LSTM baseline {speed['lstm_s']:.2f} s ({speed['threads']} threads)")
@@ -246,6 +325,8 @@ def main() -> None:
     parser.add_argument("--only", choices=("asd", "sim"), help="rerun one part, keep the other from the json")
     parser.add_argument("--folds", default="", help="ASD folds to run (0-based, comma-separated); their "
                         "results go to a separate part that the tables merge")
+    parser.add_argument("--loss-seeds", default="0,1,2,3,4", help="training seeds for the loss ablation "
+                        "(plain / static / dynamic at each)")
     parser.add_argument("--configs", default="", help="sim ablation rows to run (1-based, comma-separated); "
                         "their results go to a separate part that the tables merge")
     args = parser.parse_args()
@@ -282,7 +363,8 @@ def main() -> None:
         chosen = [labels[int(i) - 1] for i in args.configs.split(",") if i] or None
         name = f"sim_protocol_c_rows_{args.configs.replace(',', '_')}" if chosen else "sim_protocol_c"
         save(name, sim_protocol_c(seeds[0], args.quick, lambda part: save(name, part), configs=chosen,
-                                  measure_speed=chosen is None))
+                                  measure_speed=chosen is None,
+                                  loss_seeds=[int(k) for k in args.loss_seeds.split(",") if k] if not chosen else []))
     merge_sim_parts(result)
     merge_asd_parts(result)
     if "asd_protocol_b" not in result or "sim_protocol_c" not in result:

@@ -65,3 +65,34 @@ def test_bad_configuration_is_refused() -> None:
         DynamicClassWeightedLoss(1)
     with pytest.raises(ValueError):
         DynamicClassWeightedLoss(3, "focal")  # type: ignore[arg-type]
+
+
+def test_difficulty_reads_the_probability_of_the_true_class_not_the_argmax() -> None:
+    # Every example is right by argmax, but class 2 only just: its weight must still rise over class 1's.
+    loss = DynamicClassWeightedLoss(3, "dynamic", class_counts=torch.tensor([100.0, 50.0, 50.0]))
+    target = torch.tensor([0, 0, 1, 1, 2, 2])
+    logits = torch.zeros(6, 3)
+    logits[torch.arange(6), target] = torch.tensor([6.0, 6.0, 6.0, 6.0, 0.2, 0.2])
+    for _ in range(30):
+        loss.update(logits, target)
+    assert float(loss.recall[2]) < 0.5 < 0.95 < float(loss.recall[1])
+    w = loss.current_weights()
+    assert w[2] > 3 * w[1]
+
+
+def test_false_alarms_count_at_the_unthinned_rate() -> None:
+    # One normal window in 20 is a false alarm on the training batch; with normal windows thinned one in 20
+    # that is every normal window of the real stream, so the normal class must gain weight over the same
+    # loss that believes the batch is the real distribution.
+    target = torch.tensor([0] * 20 + [1] * 4)
+    logits = torch.zeros(24, 2)
+    logits[torch.arange(24), target] = 8.0
+    logits[0] = torch.tensor([0.0, 8.0])  # the false alarm
+    plain = DynamicClassWeightedLoss(2, "dynamic", class_counts=torch.tensor([200.0, 40.0]))
+    thinned = DynamicClassWeightedLoss(2, "dynamic", class_counts=torch.tensor([200.0, 40.0]), normal_subsample=20)
+    for _ in range(30):
+        plain.update(logits, target)
+        thinned.update(logits, target)
+    ratio = lambda loss: float(loss.current_weights()[0] / loss.current_weights()[1])  # noqa: E731
+    assert ratio(thinned) > 2 * ratio(plain)
+    assert float(thinned.recall[0]) < 0.2 < 0.9 < float(plain.recall[0])

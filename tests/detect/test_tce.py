@@ -100,3 +100,26 @@ def test_bad_input_gets_a_clear_error() -> None:
         det.score(bad)
     with pytest.raises(VigilInputError, match="labels"):
         small_tce().fit(X)
+
+
+def test_ensemble_averages_member_logits_and_round_trips(tmp_path: Path) -> None:
+    X, y = toy_windows(400, seed=0)
+    Xv, yv = toy_windows(150, seed=1)
+    det = small_tce(epochs=2, members=2, seed=1).fit(X, y, validation=WindowSet.from_array(Xv, yv))
+    assert det.member_seeds() == [2, 3]
+    members = list(det.model_.members)
+    assert len(members) == 2
+    # Members start from different seeds, so they differ; the ensemble's logits are their mean.
+    window = torch.from_numpy(det.scaler_.transform(X[:20]))
+    with torch.no_grad():
+        a, b, both = members[0](window), members[1](window), det.model_(window)
+    assert not torch.allclose(a, b)
+    torch.testing.assert_close(both, (a + b) / 2)
+    # The report counts both members' epochs and scores the ensemble on validation data.
+    assert det.report_.epochs_run == sum(1 for h in det.report_.history)
+    assert np.isfinite(det.report_.best_validation)
+    save_detector(det, tmp_path / "ens")
+    back = load_detector(tmp_path / "ens")
+    np.testing.assert_allclose(back.score(X[:50]), det.score(X[:50]), rtol=1e-5, atol=1e-6)
+    with pytest.raises(VigilInputError, match="members"):
+        small_tce(members=0).fit(X, y)

@@ -48,6 +48,8 @@ def train_command(
     epochs: Annotated[int, typer.Option(help="maximum epochs (early stopping on validation data)")] = 10,
     history: Annotated[int, typer.Option(help="rows of history per window (the recent window is the last 30)")] = 288,
     seed: Annotated[int, typer.Option(help="random seed")] = 0,
+    members: Annotated[int, typer.Option(help="ensemble size: members trained from different seeds, logits "
+                                         "averaged")] = 1,
     as_json: Annotated[bool, typer.Option("--json", help="print the training report as JSON")] = False,
 ) -> None:
     """Train TCE on labelled entities (validation = the newest 30 % of their labelled data) and save it."""
@@ -64,12 +66,12 @@ def train_command(
     train, val, _ = fleet_split(dataset, names, [], history=history)
     if not (train.labels > 0).any():
         raise VigilInputError(f"{data}: the training entities hold no labelled anomaly; TCE is supervised")
-    detector = TCEDetector(history=history, epochs=epochs, seed=seed,
+    detector = TCEDetector(history=history, epochs=epochs, seed=seed, members=members,
                            recent=min(30, history), scales=tuple(s for s in (12, 48) if s < history))
     with _progress() as progress:
-        task = progress.add_task("training TCE", total=epochs)
+        task = progress.add_task("training TCE", total=epochs * members)
         detector.fit(train, validation=val, classes=dataset.classes, features=dataset.features,
-                     progress=lambda epoch, total, loss: progress.update(task, completed=epoch))
+                     progress=lambda epoch, total, loss: progress.advance(task))
     save_detector(detector, out)
     report = {"model": str(out), "entities": names, "classes": detector.classes_,
               "epochs_run": detector.report_.epochs_run, "best_epoch": detector.report_.best_epoch,

@@ -259,6 +259,17 @@ def run_detector(name: str, train: Any, val: Any, tests: dict[str, Any], *, seed
     else:
         detector.fit(train)
     fit_s = time.perf_counter() - started
+    rows, score_s = report_fitted(detector, name, val, tests, seed=seed, sliding_window=sliding_window)
+    validation = float(detector.report_.best_validation) if name == "tce" else float("nan")
+    return rows, {"fit_s": fit_s, "score_s": score_s, "validation": validation}
+
+
+def report_fitted(detector: Any, name: str, val: Any, tests: dict[str, Any], *, seed: int = 0,
+                  sliding_window: int = 30) -> tuple[list[dict[str, Any]], float]:
+    """A fitted detector's rows: threshold = best F1 on ``val``, then every metric per test entity; and the
+    seconds spent scoring."""
+    import time
+
     threshold = choose_threshold(val.labels, detector.score(val))
     rows = []
     score_s = 0.0
@@ -268,8 +279,7 @@ def run_detector(name: str, train: Any, val: Any, tests: dict[str, Any], *, seed
         score_s += time.perf_counter() - started
         rows.append({"detector": name, "entity": entity, "seed": seed,
                      **score_report(test.labels, scores, threshold, sliding_window=sliding_window)})
-    validation = float(detector.report_.best_validation) if name == "tce" else float("nan")
-    return rows, {"fit_s": fit_s, "score_s": score_s, "validation": validation}
+    return rows, score_s
 
 
 def summarise(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:

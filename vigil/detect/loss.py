@@ -5,10 +5,15 @@ Weights are recomputed while training from two running signals (maths in docs/de
 1. class frequency: an exponential moving average ``n_c`` of how many examples of class ``c`` the model has
    seen per batch, turned into the effective-number weight of Cui et al. (CVPR'19),
    ``e_c = (1 - beta) / (1 - beta ** N_c)`` with ``N_c`` the running count scaled to the data set size;
-2. class difficulty: a moving average ``r_c`` of the model's recall on class ``c`` (on the training batches,
-   from its own predictions), which multiplies the weight by ``(1 - r_c + floor) ** gamma``: a class the
-   model already recalls well stops pulling the decision boundary, so rare classes keep recall without the
-   flood of false alarms a large static weight causes on the normal class.
+2. class difficulty: a moving average ``r_c`` of the model's soft recall on class ``c`` - the probability it
+   gives the true class, averaged over the class's examples in the training batches - which multiplies the
+   weight by ``(1 - r_c + floor) ** gamma``: a class the model already recalls confidently stops pulling the
+   decision boundary, a class it keeps missing gains weight. The probability, not the argmax, because a hard
+   recall saturates at 1 on training data long before the boundary is safe.
+3. false alarms count at their real rate: when normal windows were thinned to one in ``normal_subsample`` for
+   training, every normal window the model misses stands for ``normal_subsample`` false alarms on the real
+   stream, so the normal class's error is scaled by that factor. Without it the rare classes' growing weights
+   buy recall with a flood of false alarms.
 
 The weights are normalised so that their average over the running class distribution is 1 (the loss keeps
 its scale) and clipped to ``max_ratio`` times the smallest weight.
@@ -36,7 +41,8 @@ class DynamicClassWeightedLoss(nn.Module):
 
     def __init__(self, n_classes: int, mode: WeightMode = "dynamic", *, beta: float = 0.999,
                  gamma: float = 1.0, momentum: float = 0.9, recall_floor: float = 0.1,
-                 max_ratio: float = 50.0, class_counts: torch.Tensor | None = None) -> None:
+                 max_ratio: float = 50.0, class_counts: torch.Tensor | None = None,
+                 normal_subsample: float = 1.0) -> None:
         super().__init__()
         if n_classes < 2:
             raise ValueError("a classifier needs at least two classes")
@@ -49,6 +55,7 @@ class DynamicClassWeightedLoss(nn.Module):
         self.momentum = momentum
         self.recall_floor = recall_floor
         self.max_ratio = max_ratio
+        self.normal_subsample = max(float(normal_subsample), 1.0)
         counts = (class_counts.float() if class_counts is not None else torch.ones(n_classes))
         self.register_buffer("total", counts.sum().clone())
         self.register_buffer("freq", counts / counts.sum())
@@ -77,9 +84,10 @@ class DynamicClassWeightedLoss(nn.Module):
         seen = batch_counts > 0
         m = self.momentum
         self.freq.mul_(m).add_((1 - m) * batch_counts / batch_counts.sum())
-        predicted = logits.argmax(dim=1)
-        correct = torch.bincount(target[predicted == target], minlength=self.n_classes).float()
-        batch_recall = correct / batch_counts.clamp(min=1.0)
+        p_true = torch.softmax(logits.float(), dim=1).gather(1, target[:, None]).squeeze(1)
+        batch_recall = torch.zeros(self.n_classes).index_add_(0, target, p_true) / batch_counts.clamp(min=1.0)
+        # Class 0 is normal: its misses are false alarms, each standing for ``normal_subsample`` real ones.
+        batch_recall[0] = (1.0 - (1.0 - batch_recall[0]) * self.normal_subsample).clamp(min=0.0)
         self.recall[seen] = m * self.recall[seen] + (1 - m) * batch_recall[seen]
         counts = self.freq * self.total
         difficulty = torch.pow(1.0 - self.recall + self.recall_floor, self.gamma)

@@ -29,12 +29,11 @@ from typing import Any, ClassVar, Self
 import numpy as np
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from vigil.detect.base import Detector
 from vigil.detect.datasets import WindowSet
 from vigil.detect.loss import DynamicClassWeightedLoss, WeightMode
-from vigil.detect.train import Progress, Scaler, TrainReport, fit_classifier, predict_proba
+from vigil.detect.train import Progress, Scaler, TrainReport, ensemble_report, fit_classifier, predict_proba
 from vigil.model import VigilInputError
 
 DEVIATION_CLIP = 10.0
@@ -58,6 +57,7 @@ class TemporalContextEncoder(nn.Module):
         self.use_history = use_history and history > recent
         self.use_context = use_context and n_context > 0
         self.n_context = n_context
+        self._operators: dict[tuple[int, str], torch.Tensor] = {}
         in_channels = n_features * (2 if self.use_history else 1)
         self.recent_conv = nn.Sequential(
             nn.Conv1d(in_channels, hidden, kernel_size=3, padding=1), nn.GELU(),
@@ -90,8 +90,13 @@ class TemporalContextEncoder(nn.Module):
         tokens = []
         if self.use_history:
             past = window[:, : -self.recent, :]
-            mean = past.mean(dim=1, keepdim=True)
-            std = past.std(dim=1, keepdim=True)
+            # One matrix product gives every linear statistic of the past (mean, block means, slope), and
+            # one pass the mean square: far cheaper on CPU than reductions along the middle axis.
+            stats = torch.matmul(past.transpose(1, 2), self._past_operator(past.shape[1], window.device))
+            mean = stats[:, :, :1].transpose(1, 2)
+            n = past.shape[1]
+            var = ((past.square().mean(dim=1, keepdim=True) - mean.square()) * (n / max(n - 1, 1))).clamp(min=0.0)
+            std = var.sqrt()
             deviation = ((recent - mean) / (std + 0.1)).clamp(-DEVIATION_CLIP, DEVIATION_CLIP)
             recent_in = torch.cat([recent, deviation], dim=2)
         else:
@@ -99,12 +104,13 @@ class TemporalContextEncoder(nn.Module):
         recent_tokens = self.recent_conv(recent_in.transpose(1, 2)).transpose(1, 2) + self.recent_pos
         tokens.append(recent_tokens)
         if self.use_history:
+            column = 1
             for k, scale in enumerate(self.scales):
-                usable = (past.shape[1] // scale) * scale
-                pooled = F.avg_pool1d(past[:, -usable:, :].transpose(1, 2), scale).transpose(1, 2)
+                blocks = past.shape[1] // scale
+                pooled = stats[:, :, column:column + blocks].transpose(1, 2)
+                column += blocks
                 tokens.append(self.scale_proj(pooled) + self.scale_embed[k])
-            steps = torch.linspace(-1.0, 1.0, past.shape[1], device=window.device)[None, :, None]
-            slope = ((past - mean) * steps).mean(dim=1) / steps.pow(2).mean()
+            slope = stats[:, :, column]
             tokens.append(self.trend_proj(torch.cat([slope, std.squeeze(1)], dim=1)).unsqueeze(1))
         context_token = None
         if self.use_context:
@@ -125,6 +131,28 @@ class TemporalContextEncoder(nn.Module):
         # opened a fault) must not depend on the attention finding its token.
         fused = [query.squeeze(1), attended.squeeze(1)] + [t for t in (novelty, context_token) if t is not None]
         return self.head(torch.cat(fused, dim=1))
+
+    def _past_operator(self, length: int, device: torch.device) -> torch.Tensor:
+        """(length, 1 + blocks + 1) columns: the mean; the block means of each scale (blocks counted back from
+        the newest row, oldest first); the least-squares slope against time on [-1, 1]."""
+        key = (length, str(device))
+        cached = self._operators.get(key)
+        if cached is not None:
+            return cached
+        columns = [torch.full((length,), 1.0 / length)]
+        for scale in self.scales:
+            blocks = length // scale
+            for b in range(blocks):
+                col = torch.zeros(length)
+                start = length - (blocks - b) * scale
+                col[start:start + scale] = 1.0 / scale
+                columns.append(col)
+        # Centred steps sum to zero, so the slope needs no mean subtracted.
+        steps = torch.linspace(-1.0, 1.0, length)
+        columns.append(steps / steps.pow(2).sum())
+        operator = torch.stack(columns, dim=1).to(device)
+        self._operators[key] = operator
+        return operator
 
     def prototype_input(self, window: torch.Tensor) -> torch.Tensor:
         return window[:, -self.prototype_rows:, :].reshape(len(window), -1)
@@ -152,6 +180,19 @@ class TemporalContextEncoder(nn.Module):
         self.prototype_scale.copy_(nearest.median().clamp(min=1e-6))
 
 
+class TCEEnsemble(nn.Module):
+    """Members trained from different seeds; the prediction averages their logits (a geometric mean of their
+    class probabilities). Averaging removes most of the seed-to-seed variance of a model trained on few
+    labelled faults."""
+
+    def __init__(self, members: Sequence[TemporalContextEncoder]) -> None:
+        super().__init__()
+        self.members = nn.ModuleList(members)
+
+    def forward(self, window: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
+        return torch.stack([member(window, context) for member in self.members]).mean(dim=0)
+
+
 class TCEDetector(Detector):
     """TCE behind the detector interface: ``fit`` on labelled windows, ``score`` = 1 - p(normal).
 
@@ -165,7 +206,7 @@ class TCEDetector(Detector):
                  hidden: int = 32, heads: int = 4, use_history: bool = True, use_context: bool = True,
                  prototypes: int = 16, weight_mode: WeightMode = "dynamic", gamma: float = 1.0, epochs: int = 10,
                  batch_size: int = 256, lr: float = 2e-3, patience: int = 3, steps_per_epoch: int | None = None,
-                 seed: int = 0) -> None:
+                 seed: int = 0, members: int = 1) -> None:
         self.recent = recent
         self.history = history
         self.scales = scales
@@ -182,13 +223,24 @@ class TCEDetector(Detector):
         self.patience = patience
         self.steps_per_epoch = steps_per_epoch
         self.seed = seed
+        self.members = members
 
-    def build_model(self, n_features: int, n_classes: int, n_context: int) -> TemporalContextEncoder:
-        torch.manual_seed(self.seed)
-        return TemporalContextEncoder(n_features, n_classes, recent=self.recent, history=self.history,
-                                      scales=self.scales, hidden=self.hidden, heads=self.heads,
-                                      n_context=n_context, use_history=self.use_history,
-                                      use_context=self.use_context, prototypes=self.prototypes)
+    def member_seeds(self) -> list[int]:
+        """Disjoint seeds per detector seed: seed 0 trains members 0..k-1, seed 1 members k..2k-1."""
+        return [self.seed * self.members + i for i in range(self.members)] if self.members > 1 else [self.seed]
+
+    def build_model(self, n_features: int, n_classes: int, n_context: int) -> nn.Module:
+        """One encoder, or an ensemble of ``members`` encoders."""
+        if self.members < 1:
+            raise VigilInputError(f"tce: members must be >= 1, got {self.members}")
+        models = []
+        for seed in self.member_seeds():
+            torch.manual_seed(seed)
+            models.append(TemporalContextEncoder(n_features, n_classes, recent=self.recent, history=self.history,
+                                                 scales=self.scales, hidden=self.hidden, heads=self.heads,
+                                                 n_context=n_context, use_history=self.use_history,
+                                                 use_context=self.use_context, prototypes=self.prototypes))
+        return models[0] if self.members == 1 else TCEEnsemble(models)
 
     def _as_windows(self, X: Any, y: np.ndarray | None = None, context: np.ndarray | None = None) -> WindowSet:
         if isinstance(X, WindowSet):
@@ -226,19 +278,27 @@ class TCEDetector(Detector):
         self.n_context_ = 0 if ctx is None else int(ctx.shape[1])
         self.scaler_ = Scaler.fit(data.last_rows(seed=self.seed))
         self.model_ = self.build_model(data.n_features, n_classes, self.n_context_)
-        if self.prototypes:
-            normal = np.flatnonzero(labels == 0)
-            pick = np.sort(np.random.default_rng(self.seed).choice(normal, min(len(normal), 20000), replace=False))
-            self.model_.set_prototypes(torch.from_numpy(self.scaler_.transform(data.take(pick, last=self.recent))),
-                                       seed=self.seed)
         counts = torch.bincount(torch.from_numpy(labels), minlength=n_classes)
-        loss_fn = DynamicClassWeightedLoss(n_classes, self.weight_mode, gamma=self.gamma, class_counts=counts)
         self.logit_bias_ = [float(np.log(max(normal_subsample, 1.0)))] + [0.0] * (n_classes - 1)
-        self.report_: TrainReport = fit_classifier(
-            self.model_, loss_fn, data, validation, self.scaler_, epochs=self.epochs,
-            batch_size=self.batch_size, lr=self.lr, patience=self.patience,
-            steps_per_epoch=self.steps_per_epoch, seed=self.seed, logit_bias=self.logit_bias_, progress=progress)
-        self.class_weights_ = loss_fn.current_weights().tolist()
+        encoders = [m for m in self.model_.modules() if isinstance(m, TemporalContextEncoder)]
+        normal = np.flatnonzero(labels == 0)
+        reports, weights = [], []
+        for seed, encoder in zip(self.member_seeds(), encoders, strict=True):
+            if self.prototypes:
+                pick = np.sort(np.random.default_rng(seed).choice(normal, min(len(normal), 20000), replace=False))
+                encoder.set_prototypes(torch.from_numpy(self.scaler_.transform(data.take(pick, last=self.recent))),
+                                       seed=seed)
+            loss_fn = DynamicClassWeightedLoss(n_classes, self.weight_mode, gamma=self.gamma, class_counts=counts,
+                                               normal_subsample=normal_subsample)
+            reports.append(fit_classifier(
+                encoder, loss_fn, data, validation, self.scaler_, epochs=self.epochs,
+                batch_size=self.batch_size, lr=self.lr, patience=self.patience,
+                steps_per_epoch=self.steps_per_epoch, seed=seed, logit_bias=self.logit_bias_, progress=progress))
+            weights.append(loss_fn.current_weights())
+        self.report_: TrainReport = reports[0]
+        if len(reports) > 1:
+            self.report_ = ensemble_report(reports, self.model_, validation, self.scaler_, self.logit_bias_)
+        self.class_weights_ = torch.stack(weights).mean(dim=0).tolist()
         self.threshold_ = 0.5
         return self
 

@@ -145,6 +145,19 @@ def fit_classifier(model: torch.nn.Module, loss_fn: DynamicClassWeightedLoss, tr
     return report
 
 
+def ensemble_report(reports: list[TrainReport], model: torch.nn.Module, validation: WindowSet | None,
+                    scaler: Scaler, logit_bias: list[float] | None) -> TrainReport:
+    """One report for an ensemble: epochs and seconds of all members, the validation score of the ensemble
+    itself (what model selection should compare), each member's history one after the other."""
+    report = TrainReport(epochs_run=sum(r.epochs_run for r in reports), best_epoch=reports[0].best_epoch,
+                         validation_metric=reports[0].validation_metric, seconds=sum(r.seconds for r in reports),
+                         history=[{**h, "member": float(k)} for k, r in enumerate(reports) for h in r.history])
+    if validation is not None and len(validation):
+        probs = predict_proba(model, validation, scaler, logit_bias=logit_bias)
+        report.validation_metric, report.best_validation = validation_score(probs, validation.labels)
+    return report
+
+
 def save_detector(detector: TCEDetector, path: Path) -> None:
     if getattr(detector, "model_", None) is None:
         raise VigilInputError("cannot save an untrained detector; fit it first")
