@@ -1,7 +1,8 @@
-"""Benchmark the learned detectors: ASD protocol (b), simulated GPU faults protocol (c) with the ablation,
-training time and scoring speed. Writes bench/results/detect.json.
+"""Benchmark the learned detectors: ASD protocol (b) with an ablation of TCE's parts, simulated GPU faults
+protocol (c) with the full ablation over training seeds, training time and scoring speed. Writes
+bench/results/detect.json (about 25 minutes on 2 cores).
 
-    .venv/bin/python bench/detect.py [--seeds 0,1] [--quick]
+    .venv/bin/python bench/detect.py [--seeds 0,1,2] [--sim-seeds 0,1,2,3,4] [--only asd|asd-ablation|sim] [--quick]
 
 Every number comes from this run; baselines run on the same splits with the same threshold rule (best F1 on
 validation data only), so the ratios are what to compare on a shared, noisy machine.
@@ -23,10 +24,17 @@ from rich.console import Console
 from rich.table import Table
 
 from vigil.detect.datasets import load_asd
-from vigil.detect.evaluate import DETECTORS, class_report, fleet_split, report_fitted, run_detector, summarise
+from vigil.detect.evaluate import (
+    DETECTORS,
+    calibration_split,
+    class_report,
+    fleet_split,
+    report_fitted,
+    run_detector,
+    summarise,
+)
 from vigil.detect.simdata import GpuCube, gpu_cube, gpu_fault_classes
 from vigil.detect.tce import TCEDetector, TCEEnsemble
-from vigil.detect.train import validation_score
 from vigil.sim.generator import SimConfig, simulate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,7 +54,6 @@ SIM_TRAIN_STRIDE = 20
 # time, and a bandwidth fault on a GPU that moves no data cannot show in its metrics.
 SIM_JOB_NODES = 2
 SIM_TEST_SEEDS = (303, 304, 305)
-LOSS_MODES = ("none", "static", "dynamic")
 SIM_TEST_STRIDE = 10
 ABLATION: dict[str, dict[str, Any]] = {
     "TCE (dynamic weights, all parts)": {},
@@ -72,35 +79,41 @@ def member_views(det: TCEDetector) -> list[TCEDetector]:
 
 
 def tce_selected_on_validation(train: Any, val: Any, tests: dict[str, Any], seed: int, classes: list[str],
-                               candidates: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], float]:
-    """Train one TCE per loss candidate and keep the one with the best validation AUC-PR: the choice of the
-    loss is a hyper-parameter, so it is made on validation data, never on the test entities. Every
-    candidate's rows are kept under ``tce[<mode>]`` for the record; the selected one is ``tce``. The same
-    choice is made for each ensemble member alone: ``tce (1 model)``."""
+                               candidates: list[dict[str, Any]],
+                               tce_split: tuple[Any, Any, Any]) -> tuple[list[dict[str, Any]], float]:
+    """Train one TCE per loss candidate on ``tce_split`` (the last training entity held out) and keep the one
+    whose calibrated score has the best AUC-PR on that held-out entity: the loss is a hyper-parameter of a
+    fleet model, so it is chosen on an entity the model never trained on, never on the test entities. The
+    threshold comes from ``val``, as for every detector. Every candidate's rows are kept under
+    ``tce[<mode>]``; the selected one is ``tce``. The same choice is made for each ensemble member alone:
+    ``tce (1 model)``."""
+    fit_on, stop_on, calibration = tce_split
     best: tuple[float, list[dict[str, Any]]] | None = None
     best_single: dict[int, tuple[float, list[dict[str, Any]]]] = {}
     rows: list[dict[str, Any]] = []
     fit_s = 0.0
     for params in candidates:
         det = TCEDetector(seed=seed, **{**ASD_TCE, **params})
-        det.fit(train, validation=val, classes=classes)
+        det.fit(fit_on, validation=stop_on, classes=classes, calibration=calibration)
         fit_s += det.report_.seconds
-        validation = float(det.report_.best_validation)
+        held_out = det.calibration_[str(det.novelty_weight_)]
         result, _ = report_fitted(det, "tce", val, tests, seed=seed)
         tag = f"tce[{params.get('weight_mode', 'dynamic')}]"
-        rows.extend({**r, "detector": tag, "validation_auc_pr": validation} for r in result)
-        if best is None or validation > best[0]:
-            best = (validation, result)
+        rows.extend({**r, "detector": tag, "held_out_auc_pr": held_out, "novelty_weight": det.novelty_weight_}
+                    for r in result)
+        if best is None or held_out > best[0]:
+            best = (held_out, result)
         if det.members == 1:
             continue
         for k, view in enumerate(member_views(det)):
-            _, member_validation = validation_score(view.predict_proba(val), val.labels)
+            view.calibrate(calibration)
             single, _ = report_fitted(view, SINGLE, val, tests, seed=view.seed)
-            if k not in best_single or member_validation > best_single[k][0]:
-                best_single[k] = (member_validation, single)
+            member_held_out = view.calibration_[str(view.novelty_weight_)]
+            if k not in best_single or member_held_out > best_single[k][0]:
+                best_single[k] = (member_held_out, single)
     assert best is not None
     singles = [r for _, result in best_single.values() for r in result]
-    return rows + [{**r, "selected_by_validation": True} for r in best[1]] + singles, fit_s
+    return rows + [{**r, "selected_by_held_out_entity": True} for r in best[1]] + singles, fit_s
 
 
 def asd_protocol_b(seeds: list[int], candidates: list[dict[str, Any]],
@@ -112,13 +125,15 @@ def asd_protocol_b(seeds: list[int], candidates: list[dict[str, Any]],
     timing: dict[str, list[float]] = {}
     chosen = folds if folds is not None else list(range(len(ASD_FOLDS)))
     splits = {k: fleet_split(dataset, *ASD_FOLDS[k], history=ASD_TCE["history"]) for k in chosen}
+    tce_splits = {k: calibration_split(dataset, ASD_FOLDS[k][0], history=ASD_TCE["history"]) for k in chosen}
     part: dict[str, Any] = {}
     for seed in seeds:
         for fold, (train, val, tests) in splits.items():
             for name in DETECTORS:
                 console.log(f"ASD seed {seed} fold {fold}: {name}")
                 if name == "tce":
-                    result, fit_s = tce_selected_on_validation(train, val, tests, seed, dataset.classes, candidates)
+                    result, fit_s = tce_selected_on_validation(train, val, tests, seed, dataset.classes, candidates,
+                                                               tce_splits[fold])
                 else:
                     result, times = run_detector(name, train, val, tests, seed=seed, classes=dataset.classes)
                     fit_s = times["fit_s"]
@@ -132,12 +147,41 @@ def asd_protocol_b(seeds: list[int], candidates: list[dict[str, Any]],
     return part
 
 
+ASD_ABLATION: dict[str, dict[str, Any]] = {
+    "no long-history branch": {"use_history": False},
+    "no normal-context memory": {"prototypes": 0},
+}
+
+
+def asd_ablation(seeds: list[int], checkpoint: Any = None) -> dict[str, Any]:
+    """TCE with dynamic weights minus one part, same folds, seeds and ensemble size as ``tce[dynamic]`` in
+    protocol (b), so the rows compare directly. (ASD has no context features: that part has no row here.)"""
+    dataset = load_asd(ASD)
+    splits = [fleet_split(dataset, *fold, history=ASD_TCE["history"]) for fold in ASD_FOLDS]
+    tce_splits = [calibration_split(dataset, fold[0], history=ASD_TCE["history"]) for fold in ASD_FOLDS]
+    rows: list[dict[str, Any]] = []
+    part: dict[str, Any] = {}
+    for seed in seeds:
+        for fold, (_, val, tests) in enumerate(splits):
+            for label, params in ASD_ABLATION.items():
+                console.log(f"ASD ablation seed {seed} fold {fold}: {label}")
+                fit_on, stop_on, calibration = tce_splits[fold]
+                det = TCEDetector(seed=seed, **{**ASD_TCE, "weight_mode": "dynamic", **params})
+                det.fit(fit_on, validation=stop_on, classes=dataset.classes, calibration=calibration)
+                result, _ = report_fitted(det, f"tce[dynamic] {label}", val, tests, seed=seed)
+                rows.extend({**r, "fold": fold} for r in result)
+                part = {"results": rows, "summary": summarise(rows), "seeds_done": sorted({r["seed"] for r in rows})}
+                if checkpoint is not None:
+                    checkpoint(part)
+    return part
+
+
 def asd_summary(rows: list[dict[str, Any]], timing: dict[str, list[float]],
                 candidates: list[dict[str, Any]]) -> dict[str, Any]:
     per_seed = {}
-    for seed in sorted({r["seed"] for r in rows}):
+    for seed in sorted({r["seed"] for r in rows if r["detector"] == "tce"}):
         mine = [r for r in rows if r["detector"] == "tce" and r["seed"] == seed]
-        per_seed[seed] = summarise(mine).get("tce", {}) if mine else {}
+        per_seed[seed] = summarise(mine)["tce"]
     return {"results": rows, "summary": summarise(rows), "tce_per_seed": per_seed,
             "seeds_done": sorted({r["seed"] for r in rows if r["detector"] == "tce"}),
             "fit_seconds": {k: float(np.mean(v)) for k, v in timing.items()},
@@ -167,18 +211,16 @@ def evaluate_sim(det: TCEDetector, tests: list[Any], classes: list[str], rare: l
     return report
 
 
-def sim_protocol_c(seed: int, quick: bool, checkpoint: Any = None, configs: list[str] | None = None,
-                   measure_speed: bool = True, loss_seeds: list[int] | None = None) -> dict[str, Any]:
-    """The ablation rows at ``seed``, then the three loss modes again at every one of ``loss_seeds`` (the loss
-    ablation is the noisiest comparison: a rare class has a handful of faults per run)."""
+def sim_protocol_c(seeds: list[int], quick: bool, checkpoint: Any = None, configs: list[str] | None = None,
+                   measure_speed: bool = True) -> dict[str, Any]:
+    """Every ablation row trained at every seed (seeds outermost, so a run cut short holds complete seeds):
+    a rare class has a handful of faults per run, so one seed's row says little."""
     classes = gpu_fault_classes()
     scale = 0.25 if quick else 1.0
     train_cube = sim_cube(101, int(32 * scale), 480)
     val_cube = sim_cube(202, int(16 * scale), 240)
     test_cubes = [sim_cube(s, int(32 * scale), 480) for s in SIM_TEST_SEEDS]
-    train = train_cube.window_set(SIM_HISTORY, normal_stride=SIM_TRAIN_STRIDE, seed=seed)
-    val = val_cube.window_set(SIM_HISTORY, normal_stride=SIM_TRAIN_STRIDE, seed=seed)
-    tests = [c.window_set(SIM_HISTORY, normal_stride=SIM_TEST_STRIDE, seed=seed) for c in test_cubes]
+    tests = [c.window_set(SIM_HISTORY, normal_stride=SIM_TEST_STRIDE, seed=0) for c in test_cubes]
     counts = sum(np.bincount(c.labels.ravel(), minlength=len(classes)) for c in test_cubes)
     share = counts / counts.sum()
     train_counts = np.bincount(train_cube.labels.ravel(), minlength=len(classes))
@@ -187,50 +229,40 @@ def sim_protocol_c(seed: int, quick: bool, checkpoint: Any = None, configs: list
     out: dict[str, Any] = {
         "classes": classes, "test_window_share": {classes[k]: float(share[k]) for k in range(len(classes))},
         "rarest_fault_share": float(min(share[k] for k in present)),
-        "rare_classes": [classes[k] for k in rare], "train_windows": len(train),
+        "rare_classes": [classes[k] for k in rare],
         "test_windows_scored": sum(len(t) for t in tests), "test_runs": len(tests),
         "train_class_windows": {classes[k]: int(train_counts[k]) for k in range(len(classes))},
-        "test_faults": {classes[k]: int(counts[k]) for k in range(len(classes))},
-        "configs": {}, "loss_seeds": {},
+        "test_class_windows": {classes[k]: int(counts[k]) for k in range(len(classes))},
+        "seeds": seeds, "runs": {}, "configs": {},
     }
-    detector: TCEDetector | None = None
-    for label, params in ABLATION.items():
-        if configs is not None and label not in configs:
-            continue
-        console.log(f"simulated GPU faults: {label}")
-        det = TCEDetector(seed=seed, **{**SIM_TCE, **params})
-        det.fit(train, validation=val, classes=classes, normal_subsample=SIM_TRAIN_STRIDE)
-        out["configs"][label] = evaluate_sim(det, tests, classes, rare)
-        detector = detector or det
-        if measure_speed and "scoring" not in out:
-            out["scoring"] = scoring_speed(detector)
-        if checkpoint is not None:
-            checkpoint(out)
-    for extra in loss_seeds or []:
-        train_s = train_cube.window_set(SIM_HISTORY, normal_stride=SIM_TRAIN_STRIDE, seed=extra)
-        val_s = val_cube.window_set(SIM_HISTORY, normal_stride=SIM_TRAIN_STRIDE, seed=extra)
-        for mode in LOSS_MODES:
-            console.log(f"simulated GPU faults: loss {mode}, seed {extra}")
-            det = TCEDetector(seed=extra, **{**SIM_TCE, "weight_mode": mode})
-            det.fit(train_s, validation=val_s, classes=classes, normal_subsample=SIM_TRAIN_STRIDE)
-            out["loss_seeds"].setdefault(mode, {})[str(extra)] = evaluate_sim(det, tests, classes, rare)
+    for seed in seeds:
+        train = train_cube.window_set(SIM_HISTORY, normal_stride=SIM_TRAIN_STRIDE, seed=seed)
+        val = val_cube.window_set(SIM_HISTORY, normal_stride=SIM_TRAIN_STRIDE, seed=seed)
+        out["train_windows"] = len(train)
+        for label, params in ABLATION.items():
+            if configs is not None and label not in configs:
+                continue
+            console.log(f"simulated GPU faults, seed {seed}: {label}")
+            det = TCEDetector(seed=seed, **{**SIM_TCE, **params})
+            det.fit(train, validation=val, classes=classes, normal_subsample=SIM_TRAIN_STRIDE)
+            out["runs"].setdefault(label, {})[str(seed)] = evaluate_sim(det, tests, classes, rare)
+            out["configs"][label] = seed_summary(out["runs"][label])
+            if measure_speed and "scoring" not in out:
+                out["scoring"] = scoring_speed(det)
             if checkpoint is not None:
                 checkpoint(out)
-    out["loss_summary"] = loss_summary(out["loss_seeds"])
     return out
 
 
-def loss_summary(by_mode: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    summary = {}
-    for mode, runs in by_mode.items():
-        row: dict[str, Any] = {"seeds": len(runs)}
-        for metric in ("macro_f1", "rare_class_recall", "false_alarm_rate"):
-            values = [r[metric] for r in runs.values()]
-            row[metric], row[f"{metric}_std"] = float(np.mean(values)), float(np.std(values))
-        row["per_class_recall"] = {c: float(np.mean([r["per_class"][c]["recall"] for r in runs.values()]))
-                                   for c in next(iter(runs.values()))["per_class"]}
-        summary[mode] = row
-    return summary
+def seed_summary(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Mean and standard deviation over seeds of one ablation row."""
+    row: dict[str, Any] = {"seeds": len(runs)}
+    for metric in ("macro_f1", "rare_class_recall", "false_alarm_rate", "fit_seconds"):
+        values = [r[metric] for r in runs.values()]
+        row[metric], row[f"{metric}_std"] = float(np.mean(values)), float(np.std(values))
+    row["per_class_recall"] = {c: float(np.mean([r["per_class"][c]["recall"] for r in runs.values()]))
+                               for c in next(iter(runs.values()))["per_class"]}
+    return row
 
 
 def scoring_speed(detector: TCEDetector, n_gpus: int = 10_000) -> dict[str, float]:
@@ -294,24 +326,20 @@ def print_tables(result: dict[str, Any]) -> None:
         table.add_row(name, f"{m['f1']:.3f}", f"{m['auc_pr']:.3f}", f"{m['vus_pr']:.3f}",
                       f"{m['event_recall']:.2f}", f"{m['delay']:.1f}", f"{m['f1_pa']:.3f}",
                       f"{asd['fit_seconds'].get(name, float('nan')):.1f}")
+    for name, m in result.get("asd_ablation", {}).get("summary", {}).items():
+        table.add_row(name, f"{m['f1']:.3f}", f"{m['auc_pr']:.3f}", f"{m['vus_pr']:.3f}",
+                      f"{m['event_recall']:.2f}", f"{m['delay']:.1f}", f"{m['f1_pa']:.3f}", "-")
     console.print(table)
     sim = result["sim_protocol_c"]
     table = Table(title=f"simulated GPU faults, protocol (c): {len(sim['classes'])} classes, rarest fault "
-                        f"{100 * sim['rarest_fault_share']:.2f} % of windows")
-    for col in ("configuration", "macro-F1", "rare-class recall", "fit s"):
+                        f"{100 * sim['rarest_fault_share']:.3f} % of windows; mean ± std over seeds")
+    for col in ("configuration", "seeds", "macro-F1", "rare-class recall", "false alarms / normal window", "fit s"):
         table.add_column(col, justify="left" if col == "configuration" else "right")
-    for label, rep in sim["configs"].items():
-        table.add_row(label, f"{rep['macro_f1']:.3f}", f"{rep['rare_class_recall']:.3f}", f"{rep['fit_seconds']:.0f}")
+    for label, m in sim["configs"].items():
+        table.add_row(label, str(m["seeds"]), f"{m['macro_f1']:.3f} ± {m['macro_f1_std']:.3f}",
+                      f"{m['rare_class_recall']:.3f} ± {m['rare_class_recall_std']:.3f}",
+                      f"{m['false_alarm_rate']:.5f} ± {m['false_alarm_rate_std']:.5f}", f"{m['fit_seconds']:.0f}")
     console.print(table)
-    if sim.get("loss_summary"):
-        table = Table(title="loss ablation over training seeds (mean ± std)")
-        for col in ("loss", "seeds", "macro-F1", "rare-class recall", "false alarms / normal window"):
-            table.add_column(col, justify="left" if col == "loss" else "right")
-        for mode, m in sim["loss_summary"].items():
-            table.add_row(mode, str(m["seeds"]), f"{m['macro_f1']:.3f} ± {m['macro_f1_std']:.3f}",
-                          f"{m['rare_class_recall']:.3f} ± {m['rare_class_recall_std']:.3f}",
-                          f"{m['false_alarm_rate']:.5f} ± {m['false_alarm_rate_std']:.5f}")
-        console.print(table)
     speed = sim.get("scoring", {"gpus": 0, "tce_s": float("nan"), "lstm_s": float("nan"), "threads": 0})
     console.print(f"scoring {speed['gpus']:,} GPUs' windows: TCE {speed['tce_s']:.2f} s, "
                   f"LSTM baseline {speed['lstm_s']:.2f} s ({speed['threads']} threads)")
@@ -319,14 +347,14 @@ def print_tables(result: dict[str, Any]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", default="0", help="comma-separated seeds for TCE and the LSTM")
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds for the ASD part (every detector)")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: quarter-size simulated data, 2 short epochs (numbers not comparable)")
-    parser.add_argument("--only", choices=("asd", "sim"), help="rerun one part, keep the other from the json")
+    parser.add_argument("--only", choices=("asd", "sim", "asd-ablation"),
+                        help="rerun one part, keep the others from the json")
     parser.add_argument("--folds", default="", help="ASD folds to run (0-based, comma-separated); their "
                         "results go to a separate part that the tables merge")
-    parser.add_argument("--loss-seeds", default="0,1,2,3,4", help="training seeds for the loss ablation "
-                        "(plain / static / dynamic at each)")
+    parser.add_argument("--sim-seeds", default="0,1,2,3,4", help="training seeds for every simulated-GPU row")
     parser.add_argument("--configs", default="", help="sim ablation rows to run (1-based, comma-separated); "
                         "their results go to a separate part that the tables merge")
     args = parser.parse_args()
@@ -358,13 +386,15 @@ def main() -> None:
         folds = [int(k) for k in args.folds.split(",") if k] or None
         asd_name = f"asd_protocol_b_folds_{args.folds.replace(',', '_')}" if folds else "asd_protocol_b"
         save(asd_name, asd_protocol_b(seeds, candidates, lambda part: save(asd_name, part), folds=folds))
+    if args.only in (None, "asd-ablation"):
+        save("asd_ablation", asd_ablation(seeds, lambda part: save("asd_ablation", part)))
     if args.only in (None, "sim"):
         labels = list(ABLATION)
         chosen = [labels[int(i) - 1] for i in args.configs.split(",") if i] or None
         name = f"sim_protocol_c_rows_{args.configs.replace(',', '_')}" if chosen else "sim_protocol_c"
-        save(name, sim_protocol_c(seeds[0], args.quick, lambda part: save(name, part), configs=chosen,
-                                  measure_speed=chosen is None,
-                                  loss_seeds=[int(k) for k in args.loss_seeds.split(",") if k] if not chosen else []))
+        sim_seeds = [int(k) for k in args.sim_seeds.split(",") if k]
+        save(name, sim_protocol_c(sim_seeds, args.quick, lambda part: save(name, part), configs=chosen,
+                                  measure_speed=chosen is None))
     merge_sim_parts(result)
     merge_asd_parts(result)
     if "asd_protocol_b" not in result or "sim_protocol_c" not in result:

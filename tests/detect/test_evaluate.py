@@ -133,3 +133,28 @@ def test_class_report_macro_f1() -> None:
     report = class_report(true, pred, ["normal", "a", "b"])
     assert report["per_class"]["a"]["recall"] == 0.5
     assert report["macro_f1"] == pytest.approx(np.mean([0.8, 2 / 3, 1.0]))
+
+
+def test_calibration_split_keeps_the_held_out_labels_out_of_training() -> None:
+    from vigil.detect.datasets import Dataset, EntitySeries
+    from vigil.detect.evaluate import calibration_split, fleet_split
+
+    rng = np.random.default_rng(0)
+    entities = {}
+    for k, name in enumerate(("a", "b", "c")):
+        test = rng.normal(size=(100, 2)) + 10 * k  # each entity's values in its own range
+        labels = (np.arange(100) % 10 == 0).astype(np.int64)
+        history = rng.normal(size=(80, 2)) + 10 * k
+        entities[name] = EntitySeries(entity=name, test=test, test_labels=labels, train=history)
+    dataset = Dataset(name="toy", features=["x", "y"], classes=["normal", "anomaly"], entities=entities)
+    train, val, calibration = calibration_split(dataset, ["a", "b", "c"], history=5)
+    assert calibration is not None and len(calibration) == 100
+    newest = train.take(np.arange(len(train)))[:, -1, 0]
+    # Entity c (values near 20): only its unlabelled history (every 4th row) trains; none of its labelled rows.
+    assert ((newest > 15).sum()) == 20
+    assert (train.labels[newest > 15] == 0).all()
+    assert not (val.take(np.arange(len(val)))[:, -1, 0] > 15).any()
+    full, _, _ = fleet_split(dataset, ["a", "b", "c"], [], history=5)
+    assert len(full) == len(train) + int(100 * 0.7)
+    _, _, none = calibration_split(dataset, ["a"], history=5)
+    assert none is None

@@ -123,3 +123,31 @@ def test_ensemble_averages_member_logits_and_round_trips(tmp_path: Path) -> None
     np.testing.assert_allclose(back.score(X[:50]), det.score(X[:50]), rtol=1e-5, atol=1e-6)
     with pytest.raises(VigilInputError, match="members"):
         small_tce(members=0).fit(X, y)
+
+
+def test_calibration_weighs_novelty_when_the_held_out_faults_are_new() -> None:
+    X, y = toy_windows(800, seed=0)
+    det = small_tce(epochs=3, prototypes=8).fit(X, y)
+    assert det.novelty_weight_ == 0.0
+    # A held-out machine whose faults the classifier was never shown: a jump in metric 3.
+    rng = np.random.default_rng(5)
+    Xc = rng.normal(size=(300, 48, 4)).astype(np.float32)
+    yc = (rng.random(300) < 0.1).astype(np.int64)
+    Xc[yc == 1, -10:, 3] += 6.0
+    weight = det.calibrate(WindowSet.from_array(Xc, yc))
+    assert weight > 0 and det.novelty_weight_ == weight
+    supervised = 1.0 - det.predict_proba(Xc)[:, 0]
+    assert average_precision_score(yc, det.score(Xc)) > average_precision_score(yc, supervised) + 0.2
+    # No fault to calibrate on: the classifier alone.
+    assert det.calibrate(WindowSet.from_array(Xc[yc == 0], yc[yc == 0])) == 0.0
+    assert small_tce(epochs=1, prototypes=0).fit(X, y).calibrate(WindowSet.from_array(Xc, yc)) == 0.0
+
+
+def test_novelty_weight_survives_save_and_load(tmp_path: Path) -> None:
+    X, y = toy_windows(300, seed=0)
+    det = small_tce(epochs=1, prototypes=8).fit(X, y)
+    det.novelty_weight_ = 0.5
+    save_detector(det, tmp_path / "m")
+    back = load_detector(tmp_path / "m")
+    assert back.novelty_weight_ == 0.5
+    np.testing.assert_allclose(back.score(X[:40]), det.score(X[:40]), rtol=1e-5, atol=1e-6)

@@ -50,20 +50,25 @@ def train_command(
     seed: Annotated[int, typer.Option(help="random seed")] = 0,
     members: Annotated[int, typer.Option(help="ensemble size: members trained from different seeds, logits "
                                          "averaged")] = 1,
+    calibrate: Annotated[bool, typer.Option(help="hold the last entity's labelled data out of training to "
+                                            "calibrate the novelty weight (needs 2+ entities)")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="print the training report as JSON")] = False,
 ) -> None:
     """Train TCE on labelled entities (validation = the newest 30 % of their labelled data) and save it."""
     import torch
 
     from vigil.detect.datasets import load
-    from vigil.detect.evaluate import fleet_split
+    from vigil.detect.evaluate import calibration_split, fleet_split
     from vigil.detect.tce import TCEDetector
     from vigil.detect.train import save_detector
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     dataset = load(fmt, data)
     names = _names(train_entities) or list(dataset.entities)
-    train, val, _ = fleet_split(dataset, names, [], history=history)
+    if calibrate:
+        train, val, calibration = calibration_split(dataset, names, history=history)
+    else:
+        (train, val, _), calibration = fleet_split(dataset, names, [], history=history), None
     if not (train.labels > 0).any():
         raise VigilInputError(f"{data}: the training entities hold no labelled anomaly; TCE is supervised")
     detector = TCEDetector(history=history, epochs=epochs, seed=seed, members=members,
@@ -71,12 +76,13 @@ def train_command(
     with _progress() as progress:
         task = progress.add_task("training TCE", total=epochs * members)
         detector.fit(train, validation=val, classes=dataset.classes, features=dataset.features,
+                     calibration=calibration,
                      progress=lambda epoch, total, loss: progress.advance(task))
     save_detector(detector, out)
     report = {"model": str(out), "entities": names, "classes": detector.classes_,
               "epochs_run": detector.report_.epochs_run, "best_epoch": detector.report_.best_epoch,
               detector.report_.validation_metric or "validation": detector.report_.best_validation,
-              "seconds": round(detector.report_.seconds, 1)}
+              "novelty_weight": detector.novelty_weight_, "seconds": round(detector.report_.seconds, 1)}
     if as_json:
         print(json.dumps(report))
     else:
@@ -109,7 +115,7 @@ def eval_command(
     import torch
 
     from vigil.detect.datasets import load
-    from vigil.detect.evaluate import DETECTORS, entity_split, fleet_split, run_detector, summarise
+    from vigil.detect.evaluate import DETECTORS, calibration_split, entity_split, fleet_split, run_detector, summarise
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     names = _names(detectors) or list(DETECTORS)
@@ -122,10 +128,13 @@ def eval_command(
                   "scales": tuple(s for s in (12, 48) if s < history)}
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
+    tce_split = None
     with _progress() as progress:
         if train:
             protocol = "b: fleet model, unseen test entities"
             splits = [fleet_split(dataset, train, test, history=history)]
+            if "tce" in names:
+                tce_split = calibration_split(dataset, train, history=history)
         else:
             protocol = "a: per entity, threshold on the oldest 30 % of its labelled data"
             splits = []
@@ -141,7 +150,7 @@ def eval_command(
                     notes.append(f"{name} skipped for {', '.join(tests)}: no training data")
                 else:
                     result, _ = run_detector(name, tr, va, tests, seed=seed, classes=dataset.classes,
-                                             tce_params=tce_params)
+                                             tce_params=tce_params, tce_split=tce_split)
                     rows.extend(result)
                 progress.advance(task)
     summary = summarise(rows) if rows else {}

@@ -230,6 +230,30 @@ def fleet_split(dataset: Any, train_entities: list[str], test_entities: list[str
     return train, val, tests
 
 
+def calibration_split(dataset: Any, train_entities: list[str], *, history: int, val_fraction: float = 0.3,
+                      normal_stride: int = 4) -> tuple[Any, Any, Any | None]:
+    """TCE's side of protocol (b): the last training entity stands in for the unseen ones. Its unlabelled
+    history still trains (as normal windows), its labelled data never do: they calibrate the novelty weight
+    (``TCEDetector.calibrate``). Returns (train, validation, calibration); with a single training entity there
+    is nothing to hold out and calibration is None."""
+    from vigil.detect.datasets import WindowSet
+
+    if len(train_entities) < 2:
+        train, val, _ = fleet_split(dataset, train_entities, [], history=history, val_fraction=val_fraction,
+                                    normal_stride=normal_stride)
+        return train, val, None
+    *fit_on, held = train_entities
+    train, val, _ = fleet_split(dataset, fit_on, [], history=history, val_fraction=val_fraction,
+                                normal_stride=normal_stride)
+    (series,) = dataset.select([held])
+    if series.train is not None:
+        train.add(series.train, series.train_labels, context=series.train_context,
+                  rows=np.arange(0, len(series.train), normal_stride))
+    calibration = WindowSet(history).add(series.test, series.test_labels, history=series.train,
+                                         context=series.test_context)
+    return train, val, calibration
+
+
 def entity_split(series: Any, *, history: int, val_fraction: float = 0.3) -> tuple[Any, Any, Any]:
     """Protocol (a): fit on the entity's own history, choose the threshold on the oldest ``val_fraction`` of
     its labelled data, report on the rest."""
@@ -248,14 +272,18 @@ def entity_split(series: Any, *, history: int, val_fraction: float = 0.3) -> tup
 
 def run_detector(name: str, train: Any, val: Any, tests: dict[str, Any], *, seed: int = 0,
                  classes: list[str] | None = None, sliding_window: int = 30,
-                 tce_params: dict[str, Any] | None = None) -> tuple[list[dict[str, Any]], dict[str, float]]:
-    """Fit one detector, pick its threshold on ``val``, and score every test entity."""
+                 tce_params: dict[str, Any] | None = None,
+                 tce_split: tuple[Any, Any, Any | None] | None = None) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """Fit one detector, pick its threshold on ``val``, and score every test entity. ``tce_split``: TCE's
+    (train, early-stopping validation, calibration) from ``calibration_split``; without it TCE trains on
+    ``train`` and stops early on ``val``, uncalibrated."""
     import time
 
     detector = make_detector(name, seed, **(tce_params or {}))
     started = time.perf_counter()
     if name == "tce":
-        detector.fit(train, validation=val, classes=classes)
+        fit_on, stop_on, calibration = tce_split if tce_split is not None else (train, val, None)
+        detector.fit(fit_on, validation=stop_on, classes=classes, calibration=calibration)
     else:
         detector.fit(train)
     fit_s = time.perf_counter() - started

@@ -37,6 +37,8 @@ from vigil.detect.train import Progress, Scaler, TrainReport, ensemble_report, f
 from vigil.model import VigilInputError
 
 DEVIATION_CLIP = 10.0
+# Candidate weights of the novelty term in the anomaly score (0 = the classifier alone; 20 = novelty almost alone).
+NOVELTY_WEIGHTS = (0.0, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 20.0)
 
 
 class TemporalContextEncoder(nn.Module):
@@ -263,10 +265,12 @@ class TCEDetector(Detector):
     def fit(self, X: Any, y: np.ndarray | None = None, *, context: np.ndarray | None = None,
             validation: WindowSet | None = None, classes: Sequence[str] | None = None,
             features: Sequence[str] | None = None, normal_subsample: float = 1.0,
-            progress: Progress | None = None) -> Self:
+            calibration: WindowSet | None = None, progress: Progress | None = None) -> Self:
         """Train on labelled windows. ``normal_subsample``: the factor by which normal windows were thinned
         in ``X`` (kept: one in ``normal_subsample``); predictions add ``log(normal_subsample)`` to the normal
-        logit, restoring the true prior (logit adjustment) so thinning for speed does not flood false alarms."""
+        logit, restoring the true prior (logit adjustment) so thinning for speed does not flood false alarms.
+        ``calibration``: labelled windows of an entity kept out of training; they choose how much the
+        novelty term weighs in the anomaly score (``calibrate``)."""
         data = self._as_windows(X, y, context)
         labels = data.labels
         if y is None and not isinstance(X, WindowSet):
@@ -300,7 +304,49 @@ class TCEDetector(Detector):
             self.report_ = ensemble_report(reports, self.model_, validation, self.scaler_, self.logit_bias_)
         self.class_weights_ = torch.stack(weights).mean(dim=0).tolist()
         self.threshold_ = 0.5
+        self.novelty_weight_ = 0.0
+        if calibration is not None:
+            self.calibrate(calibration)
         return self
+
+    def novelty(self, X: Any, context: np.ndarray | None = None) -> np.ndarray:
+        """``log(1 + d)`` with ``d`` the distance of each window's recent context to the nearest normal
+        prototype (in units of the typical normal distance), averaged over ensemble members."""
+        if getattr(self, "model_", None) is None:
+            raise VigilInputError("tce: fit or load the model first")
+        encoders = [m for m in self.model_.modules() if isinstance(m, TemporalContextEncoder)]
+        if not encoders[0].n_prototypes:
+            raise VigilInputError("tce: this model has no normal-context memory (prototypes=0), so no novelty")
+        data = self._as_windows(X, None, context)
+        out = []
+        with torch.no_grad():
+            for start in range(0, len(data), 4096):
+                rows = np.arange(start, min(start + 4096, len(data)))
+                recent = torch.from_numpy(self.scaler_.transform(data.take(rows, last=encoders[0].prototype_rows)))
+                nearest = [torch.log1p(e.prototype_distances(recent)[:, 0]) for e in encoders]
+                out.append(torch.stack(nearest).mean(dim=0).numpy())
+        return np.concatenate(out) if out else np.zeros(0, dtype=np.float32)
+
+    def calibrate(self, windows: WindowSet) -> float:
+        """Choose the novelty weight ``w`` of ``score = 1 - p(normal) + w * novelty`` by AUC-PR on labelled
+        windows of an entity the classifier never trained on. A supervised model is sure of the faults it was
+        shown; on a machine it has never seen, how unlike any normal context the fleet has shown a window is
+        often says more. Validation windows of the training entities cannot tell the two apart, so the
+        weight is chosen on a held-out entity. Without a fault in ``windows`` (or without prototypes) the
+        weight stays 0."""
+        from sklearn.metrics import average_precision_score
+
+        self.novelty_weight_ = 0.0
+        labels = windows.labels > 0
+        if not self.prototypes or not labels.any() or labels.all():
+            return 0.0
+        supervised = 1.0 - self.predict_proba(windows)[:, 0]
+        novelty = self.novelty(windows)
+        scores = {w: float(average_precision_score(labels, supervised + w * novelty)) for w in NOVELTY_WEIGHTS}
+        # The smallest weight among the best: the supervised score unless novelty clearly helps.
+        self.novelty_weight_ = max(NOVELTY_WEIGHTS, key=lambda w: (round(scores[w], 4), -w))
+        self.calibration_ = {str(w): v for w, v in scores.items()}
+        return self.novelty_weight_
 
     def predict_proba(self, X: Any, context: np.ndarray | None = None) -> np.ndarray:
         if getattr(self, "model_", None) is None:
@@ -311,7 +357,10 @@ class TCEDetector(Detector):
         return predict_proba(self.model_, data, self.scaler_, logit_bias=getattr(self, "logit_bias_", None))
 
     def score(self, X: Any, context: np.ndarray | None = None) -> np.ndarray:
-        return 1.0 - self.predict_proba(X, context)[:, 0]
+        """``1 - p(normal)``, plus the calibrated novelty term when ``calibrate`` chose a weight above 0."""
+        supervised = 1.0 - self.predict_proba(X, context)[:, 0]
+        weight = getattr(self, "novelty_weight_", 0.0)
+        return supervised + weight * self.novelty(X, context) if weight else supervised
 
     def predict_class(self, X: Any, context: np.ndarray | None = None) -> np.ndarray:
         return self.predict_proba(X, context).argmax(axis=1)

@@ -173,6 +173,7 @@ def save_detector(detector: TCEDetector, path: Path) -> None:
         "threshold": float(detector.threshold_),
         "n_context": int(detector.n_context_),
         "logit_bias": list(detector.logit_bias_),
+        "novelty_weight": float(getattr(detector, "novelty_weight_", 0.0)),
         "report": asdict(detector.report_),
     }
     tmp = path / "meta.json.tmp"
@@ -200,6 +201,7 @@ def load_detector(path: Path) -> TCEDetector:
     detector.threshold_ = float(meta["threshold"])
     detector.n_context_ = int(meta["n_context"])
     detector.logit_bias_ = [float(b) for b in meta["logit_bias"]]
+    detector.novelty_weight_ = float(meta.get("novelty_weight", 0.0))
     detector.report_ = TrainReport(**meta["report"])
     detector.model_ = detector.build_model(len(detector.features_), len(detector.classes_), detector.n_context_)
     try:
