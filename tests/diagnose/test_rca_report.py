@@ -17,7 +17,7 @@ from vigil.diagnose.llm import diagnose
 from vigil.diagnose.rca import analyze_incident
 from vigil.diagnose.rca_cli import diagnose_incident
 from vigil.diagnose.report import render_html, render_markdown, report_data
-from vigil.model import Anomaly, Event, FaultLevel, Incident, LogRecord, VigilInputError
+from vigil.model import Anomaly, Event, FaultLevel, Incident, LogRecord, VigilInputError, node_of
 from vigil.pipeline import run_pipeline
 from vigil.sim.cluster import build_topology
 from vigil.sim.generator import FaultPlan, SimConfig, simulate
@@ -138,3 +138,26 @@ def test_diagnose_a_stored_incident_end_to_end(tmp_path: Path, monkeypatch: pyte
     assert "Ranked causes" in shown.stdout and "gpu/n005/6" in shown.stdout
     missing = _cli("diagnose", "--incident", "inc-nope", home=tmp_path)
     assert missing.returncode == 2 and "no incident" in missing.stderr
+
+
+def test_timeline_leaves_out_evidence_from_elsewhere_in_the_cluster() -> None:
+    kg = KnowledgeGraph.build(build_topology(nodes=4, gpus=8, nodes_per_switch=4, job_nodes=4))
+    found = [Anomaly(entity="gpu/n001/2", start=T0, end=T0 + 60, detector="rules", fault_type="gpu_dbe",
+                     level=FaultLevel.ISOLATE)]
+    incident = Incident(title="dbe", scope="gpu/n001/2", entities=["gpu/n001/2"], start=T0, end=T0 + 60,
+                        level=FaultLevel.ISOLATE, fault_types=["gpu_dbe"], anomalies=[found[0].id])
+    events = [Event(ts=T0, entity="gpu/n001/2", kind="xid", source="kernel", attrs={"xid": 48},
+                    message="NVRM: Xid (PCI:0000:3a:00): 48, pid=1, name=python, DBE")]
+    # Noise from the rest of the cluster in the same minute: far more than the causes list can cite.
+    events += [Event(ts=T0 + k, entity=f"gpu/n00{2 + k % 3}/{k % 8}", kind="xid", source="kernel",
+                     attrs={"xid": 13}, message=f"NVRM: Xid 13, Graphics Exception elsewhere #{k}")
+               for k in range(1, 40)]
+    result = analyze_incident(kg, incident, found, events=events)
+    diagnosis = diagnose(kg, incident, result)
+    shown = report_data(incident, diagnosis, result)["timeline"]
+    # Shown: the incident's GPU, the listed causes, and what sits on their nodes - nothing else.
+    nodes = {node_of(entity) for entity in {"gpu/n001/2"} | {c.entity for c in diagnosis.causes}}
+    assert any(e["entity"] == "gpu/n001/2" for e in shown)
+    assert all(node_of(e["entity"]) in nodes for e in shown), shown
+    elsewhere = [e for e in result.evidence if node_of(e.entity) not in nodes]
+    assert elsewhere, "the scenario should gather evidence from nodes without a listed cause"

@@ -15,7 +15,7 @@ from jinja2 import Environment, select_autoescape
 from markupsafe import Markup
 
 from vigil.diagnose.rca import RcaResult
-from vigil.model import Diagnosis, Evidence, Incident
+from vigil.model import Diagnosis, Evidence, Incident, node_of
 
 MAX_TIMELINE = 40
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]<>|#])")
@@ -38,13 +38,21 @@ def _code(text: str, limit: int = 200) -> str:
     return flat.replace("`", "'").replace("|", "\\|")
 
 
-def timeline(diagnosis: Diagnosis, result: RcaResult, limit: int = MAX_TIMELINE) -> list[Evidence]:
-    """The evidence behind the ranked causes first, then the rest, in time order, capped at ``limit``."""
+def timeline(diagnosis: Diagnosis, result: RcaResult, limit: int = MAX_TIMELINE,
+             incident: Incident | None = None) -> list[Evidence]:
+    """The evidence behind the ranked causes first, then the rest that concerns this incident - its entities,
+    the causes' entities, the nodes they sit on - in time order, capped at ``limit``. Evidence gathered from
+    elsewhere in the cluster (another node's Xid in the same window) stays out: it did not cause this."""
     by_ref = {e.ref: e for e in result.evidence}
     cited = list(dict.fromkeys(diagnosis.evidence_refs + [r for c in diagnosis.causes for r in c.evidence_refs]))
     chosen = [by_ref[r] for r in cited if r in by_ref]
+    related = {e.entity for e in chosen} | {c.entity for c in diagnosis.causes}
+    if incident is not None:
+        related |= set(incident.entities)
+    nodes = {node_of(entity) for entity in related} - {None}
     if len(chosen) < limit:
-        rest = [e for e in result.evidence if e.ref not in set(cited)]
+        rest = [e for e in result.evidence if e.ref not in set(cited)
+                and (e.entity in related or node_of(e.entity) in nodes)]
         chosen += rest[: limit - len(chosen)]
     return sorted(chosen[:limit], key=lambda e: e.ts)
 
@@ -54,7 +62,7 @@ def report_data(incident: Incident, diagnosis: Diagnosis, result: RcaResult) -> 
     return {
         "incident": incident.model_dump(mode="json", exclude={"evidence"}),
         "diagnosis": diagnosis.model_dump(mode="json"),
-        "timeline": [e.model_dump(mode="json") for e in timeline(diagnosis, result)],
+        "timeline": [e.model_dump(mode="json") for e in timeline(diagnosis, result, incident=incident)],
         "rca_seconds": round(result.seconds, 4),
         "candidates": result.candidates,
         "notes": result.notes,
@@ -90,7 +98,7 @@ def render_markdown(incident: Incident, diagnosis: Diagnosis, result: RcaResult)
     lines += ["", "Every action is on Vigil's whitelist and runs through the remedy engine (dry-run by default).",
               "", "## Evidence timeline", "", "| time (UTC) | ref | kind | entity | evidence |",
               "|---|---|---|---|---|"]
-    for item in timeline(diagnosis, result):
+    for item in timeline(diagnosis, result, incident=incident):
         lines.append(f"| {_when(item.ts)} | {_md(item.ref, 40)} | {item.kind} | `{item.entity}` | "
                      f"{_md(item.summary)} |")
     lines += ["", f"_Ranked {result.candidates} candidates in {result.seconds * 1000:.0f} ms._", ""]
@@ -137,7 +145,7 @@ _ENV = Environment(autoescape=select_autoescape(default=True, default_for_string
 
 def render_html(incident: Incident, diagnosis: Diagnosis, result: RcaResult) -> str:
     items = [{"when": _when(e.ts), "ref": e.ref, "kind": e.kind, "entity": e.entity, "summary": e.summary[:500]}
-             for e in timeline(diagnosis, result)]
+             for e in timeline(diagnosis, result, incident=incident)]
     # JSON inside <script> must not be able to close the tag
     data_json = Markup(json.dumps(diagnosis.model_dump(mode="json")).replace("</", "<\\/"))  # noqa: S704
     return _ENV.from_string(_HTML).render(
