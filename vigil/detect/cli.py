@@ -86,7 +86,9 @@ def train_command(
     if as_json:
         print(json.dumps(report))
     else:
-        console.print(f"saved TCE to [bold]{out}[/]: {report}")
+        brief = {k: v for k, v in report.items() if k not in ("model", "entities", "classes")}
+        console.print(f"saved TCE to [bold]{out}[/] ({len(names)} entities, {len(detector.classes_)} classes): "
+                      f"{brief}")
 
 
 def _fmt(value: Any) -> str:
