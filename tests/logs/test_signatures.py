@@ -106,3 +106,24 @@ def test_bad_library_is_a_clear_error() -> None:
     with pytest.raises(VigilInputError, match="bad pattern"):
         parse_library("fault_types: {a: x}\nsignatures:\n- {id: s, fault_type: a, pattern: '(', level: drain, "
                       "description: d, role: root}\n", "lib.yaml")
+
+
+def test_the_fast_screen_agrees_with_python_re(shared_data: Path) -> None:
+    """The screen runs on RE2 where available; on every line of the real log corpora and of the cases above
+    it must pick exactly the lines Python's ``re`` picks (a line it missed would be a missed root cause)."""
+    import re
+
+    matcher = SignatureMatcher()
+    reference = re.compile(matcher._screen.pattern)
+    assert type(matcher._screen).__module__.startswith("re2"), "google-re2 is a pinned dependency"
+    lines = [case[0] for case in CASES] + ["Traceback (most recent call last):",
+                                           "\x00\ufffd" * 50 + "CUDA out of memory"]
+    for path in sorted((shared_data / "xid" / "log_samples").glob("*.log")):
+        lines += path.read_text(errors="replace").splitlines()
+    for path in sorted((shared_data / "loghub2k_corrected").rglob("*_2k.log")):
+        lines += path.read_text(errors="replace").splitlines()
+    assert len(lines) > 20000
+    fast = [matcher._screen.search(line) is not None for line in lines]
+    slow = [reference.search(line) is not None for line in lines]
+    assert fast == slow
+    assert sum(fast) >= len(CASES)

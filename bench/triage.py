@@ -1,0 +1,106 @@
+"""Root-error triage throughput: lines per second through `vigil.logs.triage`, with the signature screen on RE2
+(the shipped path) against the same screen on Python's `re` (the previous path), in the same run.
+
+Run: .venv/bin/python bench/triage.py [--ranks 4] [--lines 100000]   -> bench/results/triage.json
+
+Each rank's log is real-shaped training output: timestamped step lines, NCCL INFO lines with the `[rankN]:`
+prefix, plain stdout, lines drawn from the real loghub corpora (../shared/data/loghub2k_corrected), and one
+CUDA error near the end of one rank. Both engines must find the same root error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import re
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from vigil.logs import signatures
+from vigil.logs.triage import triage
+
+REPO = Path(__file__).resolve().parents[1]
+LOGHUB = REPO.parent / "shared" / "data" / "loghub2k_corrected"
+RESULTS = REPO / "bench" / "results" / "triage.json"
+console = Console()
+
+
+def write_job(root: Path, ranks: int, lines: int, seed: int = 0) -> int:
+    rng = random.Random(seed)
+    corpus = [line for path in sorted(LOGHUB.rglob("*_2k.log"))
+              for line in path.read_text(errors="replace").splitlines()]
+    total = 0
+    for rank in range(ranks):
+        node = root / f"n{rank // 8:03d}"
+        node.mkdir(parents=True, exist_ok=True)
+        out = []
+        for i in range(lines):
+            kind = i % 4
+            if kind == 0:
+                out.append(f"2026-11-30 10:{(i // 3600) % 60:02d}:{(i // 60) % 60:02d},{i % 1000:03d} INFO step {i} "
+                           f"loss {rng.random():.4f} lr 3e-4 tokens/s {rng.randint(100000, 200000)}")
+            elif kind == 1:
+                out.append(f"[rank{rank}]: n000:1234:5678 [{rank}] NCCL INFO Channel {i % 32:02d}/0 : "
+                           f"{rank}[{rank}] -> {rank + 1}[{rank + 1}] via P2P/IPC")
+            elif kind == 2:
+                out.append(f"  plain output {i}: {rng.random():.6f} {rng.random():.6f}")
+            else:
+                out.append(rng.choice(corpus))
+        if rank == ranks - 1:
+            out.append("2026-11-30 11:00:00,000 ERROR RuntimeError: CUDA error: an illegal memory access was "
+                       "encountered")
+        (node / f"rank_{rank}.log").write_text("\n".join(out) + "\n")
+        total += len(out)
+    return total
+
+
+def timed(root: Path, engine: str) -> dict[str, Any]:
+    original = signatures._screen
+    if engine == "re":
+        signatures._screen = re.compile
+    try:
+        started = time.perf_counter()
+        result = triage(root)
+        seconds = time.perf_counter() - started
+    finally:
+        signatures._screen = original
+    return {"seconds": seconds, "root": result.root.signature if result.root else None}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--lines", type=int, default=100_000, help="lines per rank")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="vigil-bench-triage-") as tmp:
+        root = Path(tmp) / "job"
+        total = write_job(root, args.ranks, args.lines)
+        timed(root, "re2")  # warm the page cache and the signature library once
+        runs = {"re2": timed(root, "re2"), "re": timed(root, "re")}
+    if runs["re2"]["root"] != runs["re"]["root"] or runs["re2"]["root"] is None:
+        raise SystemExit(f"engines disagree on the root error: {runs}")
+    rows = {engine: {**r, "lines_per_s": total / r["seconds"]} for engine, r in runs.items()}
+    ratio = rows["re2"]["lines_per_s"] / rows["re"]["lines_per_s"]
+    table = Table(title=f"triage of {args.ranks} ranks x {args.lines:,} lines ({total:,} lines)")
+    for col in ("screen", "seconds", "lines/s", "root error"):
+        table.add_column(col, justify="left" if col in ("screen", "root error") else "right")
+    for engine, r in rows.items():
+        table.add_row(engine, f"{r['seconds']:.2f}", f"{r['lines_per_s']:,.0f}", str(r["root"]))
+    console.print(table)
+    console.print(f"RE2 screen / Python re screen: {ratio:.1f}x")
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps({"machine": platform.processor() or platform.machine(), "ranks": args.ranks,
+                                   "lines_per_rank": args.lines, "total_lines": total, "runs": rows,
+                                   "ratio": ratio}, indent=1))
+    console.print(f"wrote {RESULTS.relative_to(REPO)}")
+
+
+if __name__ == "__main__":
+    main()
