@@ -1,5 +1,6 @@
 """Root-error triage throughput: lines per second through `vigil.logs.triage`, with the signature screen on RE2
-(the shipped path) against the same screen on Python's `re` (the previous path), in the same run.
+(the shipped path) against the same screen on Python's `re` (the previous path), and RE2 with one worker
+process per core, in the same run.
 
 Run: .venv/bin/python bench/triage.py [--ranks 4] [--lines 100000]   -> bench/results/triage.json
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import random
 import re
@@ -61,17 +63,17 @@ def write_job(root: Path, ranks: int, lines: int, seed: int = 0) -> int:
     return total
 
 
-def timed(root: Path, engine: str) -> dict[str, Any]:
+def timed(root: Path, engine: str, workers: int = 1) -> dict[str, Any]:
     original = signatures._screen
     if engine == "re":
         signatures._screen = re.compile
     try:
         started = time.perf_counter()
-        result = triage(root)
+        result = triage(root, workers=workers)
         seconds = time.perf_counter() - started
     finally:
         signatures._screen = original
-    return {"seconds": seconds, "root": result.root.signature if result.root else None}
+    return {"seconds": seconds, "root": result.root.signature if result.root else None, "workers": workers}
 
 
 def main() -> None:
@@ -83,18 +85,22 @@ def main() -> None:
         root = Path(tmp) / "job"
         total = write_job(root, args.ranks, args.lines)
         timed(root, "re2")  # warm the page cache and the signature library once
-        runs = {"re2": timed(root, "re2"), "re": timed(root, "re")}
-    if runs["re2"]["root"] != runs["re"]["root"] or runs["re2"]["root"] is None:
+        cores = len(os.sched_getaffinity(0))
+        runs = {"re2": timed(root, "re2"), "re": timed(root, "re"),
+                f"re2, {cores} worker processes": timed(root, "re2", workers=cores)}
+    if len({r["root"] for r in runs.values()}) != 1 or runs["re2"]["root"] is None:
         raise SystemExit(f"engines disagree on the root error: {runs}")
     rows = {engine: {**r, "lines_per_s": total / r["seconds"]} for engine, r in runs.items()}
     ratio = rows["re2"]["lines_per_s"] / rows["re"]["lines_per_s"]
     table = Table(title=f"triage of {args.ranks} ranks x {args.lines:,} lines ({total:,} lines)")
+    parallel = next(k for k in rows if "worker" in k)
     for col in ("screen", "seconds", "lines/s", "root error"):
         table.add_column(col, justify="left" if col in ("screen", "root error") else "right")
     for engine, r in rows.items():
         table.add_row(engine, f"{r['seconds']:.2f}", f"{r['lines_per_s']:,.0f}", str(r["root"]))
     console.print(table)
-    console.print(f"RE2 screen / Python re screen: {ratio:.1f}x")
+    console.print(f"RE2 screen / Python re screen: {ratio:.1f}x; worker processes / one process: "
+                  f"{rows[parallel]['lines_per_s'] / rows['re2']['lines_per_s']:.1f}x")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({"machine": platform.processor() or platform.machine(), "ranks": args.ranks,
                                    "lines_per_rank": args.lines, "total_lines": total, "runs": rows,

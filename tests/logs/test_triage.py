@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from vigil.logs.corpus import FAILURE_KINDS, simulate_corpus, simulate_failure
 from vigil.logs.realjobs import root_label, run_failed_job
+from vigil.logs.sources import discover
 from vigil.logs.triage import triage
 from vigil.model import FaultLevel, VigilInputError
 
@@ -39,6 +40,16 @@ def test_cascade_and_machine_faults(tmp_path: Path) -> None:
     assert result.ranks == list(range(8))
     evidence = result.evidence()
     assert evidence[0].summary.startswith("root error: gpu_ecc_error")
+
+
+def test_worker_processes_give_the_same_result(tmp_path: Path) -> None:
+    label = simulate_failure("xid_48_ecc", tmp_path, seed=7, world=8)
+    serial = triage(tmp_path, workers=1)
+    read: list[str] = []
+    parallel = triage(tmp_path, workers=2, progress=read.append)
+    assert parallel.root is not None and (parallel.root.source, parallel.root.lineno) == (label.source, label.lineno)
+    assert parallel.model_dump() == serial.model_dump()
+    assert read == [source.name for source in discover(tmp_path)]  # every file once, in file order
 
 
 def test_rank_error_is_linked_to_the_node_fault_before_it(tmp_path: Path) -> None:

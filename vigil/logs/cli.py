@@ -70,6 +70,8 @@ def triage_command(
     directory: Annotated[Path, typer.Argument(help="the failed job's log directory (all ranks, node logs)")],
     as_json: JsonFlag = False,
     job: Annotated[str | None, typer.Option(help="job id for entity ids (default: the directory name)")] = None,
+    workers: Annotated[int | None, typer.Option(help="processes reading the files (default: one per core for "
+                                                "logs of 64 MB or more)")] = None,
 ) -> None:
     """Find the root error across the ranks of a failed job and mark the cascade."""
     from vigil.logs.sources import discover
@@ -77,7 +79,8 @@ def triage_command(
 
     total = len(discover(directory))
     with _progress(err_console, total, "reading logs") as (progress, task):
-        result = triage(directory, job=job, progress=lambda _name: progress.update(task, advance=1))
+        result = triage(directory, job=job, workers=workers,
+                        progress=lambda _name: progress.update(task, advance=1))
     if as_json:
         sys.stdout.write(result.model_dump_json(indent=2) + "\n")
         return

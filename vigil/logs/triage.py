@@ -19,10 +19,14 @@ each line against the signature library, and decides:
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import re
 from collections import Counter, defaultdict
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
@@ -117,17 +121,60 @@ def triage(
     job: str | None = None,
     tie_s: float = 1.0,
     progress: Callable[[str], None] | None = None,
+    workers: int | None = None,
 ) -> TriageResult:
-    """Find the root error of a failed job from the logs under ``directory``."""
+    """Find the root error of a failed job from the logs under ``directory``.
+
+    Files are scanned independently, so large jobs are read by ``workers`` processes (default: one per
+    available core once the logs reach ``PARALLEL_BYTES``; 1 = in this process). The result does not depend
+    on the number of workers: scans are put back in file order before the root is decided."""
     sources = discover(directory)
     job_name = entity_name(job or directory.resolve().name, "job")
-    matcher = SignatureMatcher()
-    scans = []
-    for source in sources:
-        scans.append(_scan(source, job_name, matcher))
-        if progress is not None:
-            progress(source.name)
+    count = auto_workers(sources) if workers is None else max(1, workers)
+    scans: list[_Scan] = []
+    if count > 1 and len(sources) > 1:
+        # spawn, not fork: the parent may hold threads (torch, the HTTP server) that a fork would copy mid-state.
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=min(count, len(sources)), mp_context=context) as pool:
+            futures = [pool.submit(_scan_file, source, job_name) for source in sources]
+            for source, future in zip(sources, futures, strict=True):
+                scans.append(future.result())
+                if progress is not None:
+                    progress(source.name)
+    else:
+        matcher = SignatureMatcher()
+        for source in sources:
+            scans.append(_scan(source, job_name, matcher))
+            if progress is not None:
+                progress(source.name)
     return decide(scans, job_name, directory, tie_s)
+
+
+PARALLEL_BYTES = 64 << 20
+
+
+def auto_workers(sources: list[LogSource]) -> int:
+    """One process per available core for logs of ``PARALLEL_BYTES`` or more; below that, starting processes
+    costs more than it saves."""
+    total = 0
+    for source in sources:
+        try:
+            total += source.path.stat().st_size
+        except OSError:
+            continue
+    if total < PARALLEL_BYTES:
+        return 1
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+
+
+@lru_cache(maxsize=1)
+def _worker_matcher() -> SignatureMatcher:
+    return SignatureMatcher()
+
+
+def _scan_file(source: LogSource, job: str) -> _Scan:
+    """One file in a worker process (the matcher is built once per process)."""
+    return _scan(source, job, _worker_matcher())
 
 
 def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
