@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import abc
 import json
+import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -18,6 +20,21 @@ from vigil.model import Action, ActionKind, parse_entity
 
 class ActuatorError(RuntimeError):
     """The back end refused or failed; the message is recorded as the action's result."""
+
+
+def run_command(argv: list[str], timeout_s: float, what: str) -> subprocess.CompletedProcess[str]:
+    """Run a back end's command line (``scontrol``, ``nvidia-smi``); a missing program, a timeout or a non-zero
+    exit becomes an ActuatorError naming ``what`` with the first line the program printed."""
+    if shutil.which(argv[0]) is None:
+        raise ActuatorError(f"{argv[0]} not found on PATH")
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        raise ActuatorError(f"{what} timed out after {timeout_s:g}s") from None
+    if done.returncode != 0:
+        message = (done.stderr or done.stdout).strip().splitlines()
+        raise ActuatorError(f"{what} exited {done.returncode}: {message[0] if message else ''}")
+    return done
 
 
 class Actuator(abc.ABC):

@@ -8,11 +8,8 @@ Tested with a fake ``nvidia-smi`` on PATH; no GPU runs in CI.
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-
 from vigil.model import Action, ActionKind, parse_entity
-from vigil.remedy.actuators.base import Actuator, ActuatorError
+from vigil.remedy.actuators.base import Actuator, run_command
 
 
 class GpuResetActuator(Actuator):
@@ -36,14 +33,6 @@ class GpuResetActuator(Actuator):
         return "run " + " ".join(self.command(action))
 
     def execute(self, action: Action) -> str:
-        argv = self.command(action)
-        if shutil.which(argv[0]) is None:
-            raise ActuatorError(f"{argv[0]} not found on PATH")
-        try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout_s, check=False)
-        except subprocess.TimeoutExpired:
-            raise ActuatorError(f"GPU reset of {action.target} timed out after {self.timeout_s:g}s") from None
+        done = run_command(self.command(action), self.timeout_s, f"GPU reset of {action.target}")
         output = (done.stdout + done.stderr).strip().splitlines()
-        if done.returncode != 0:
-            raise ActuatorError(f"nvidia-smi exited {done.returncode}: {output[0] if output else ''}")
         return output[0] if output else f"reset {action.target}"

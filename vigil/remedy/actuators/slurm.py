@@ -12,11 +12,9 @@ drained again. The tests put a fake ``scontrol`` on PATH that records its calls.
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 
 from vigil.model import Action, ActionKind, parse_entity
-from vigil.remedy.actuators.base import Actuator, ActuatorError
+from vigil.remedy.actuators.base import Actuator, ActuatorError, run_command
 
 _STATE = re.compile(r"\bState=(\S+)")
 _SAFE_REASON = re.compile(r"[^A-Za-z0-9 _.,:/=()\-]")
@@ -63,16 +61,7 @@ class SlurmActuator(Actuator):
         return "run " + " ".join(self.command(action))
 
     def _run(self, argv: list[str]) -> str:
-        if shutil.which(argv[0]) is None:
-            raise ActuatorError(f"{argv[0]} not found on PATH")
-        try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout_s, check=False)
-        except subprocess.TimeoutExpired:
-            raise ActuatorError(f"{' '.join(argv[:3])} timed out after {self.timeout_s:g}s") from None
-        if done.returncode != 0:
-            message = (done.stderr or done.stdout).strip().splitlines()
-            raise ActuatorError(f"{' '.join(argv[:3])} exited {done.returncode}: {message[0] if message else ''}")
-        return done.stdout
+        return run_command(argv, self.timeout_s, " ".join(argv[:3])).stdout
 
     def node_state(self, node: str) -> str:
         match = _STATE.search(self._run([self.scontrol, "show", "node", node, "-o"]))
