@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -46,13 +47,17 @@ def test_full_path_ranks_the_injected_fault_first(fault: str, entity: str) -> No
     assert result.rca_seconds < 5.0
 
 
-def test_peer_detector_flags_only_the_degraded_gpu() -> None:
-    run = simulate(SimConfig(nodes=8, gpus=8, minutes=25, seed=9, job_nodes=8,
-                             plans=(FaultPlan("gpu_p2p_bw_low", "gpu/n004/2", 600.0, 600.0),)))
+def peer_anomalies(plan: FaultPlan, seed: int) -> tuple[Any, list[Any]]:
+    """Run one injected fault through the peer-difference detector; the run and what it found."""
+    run = simulate(SimConfig(nodes=8, gpus=8, minutes=25, seed=seed, job_nodes=8, plans=(plan,)))
     detector = PeerDifferenceDetector(run.topology)
     for tick in run.ticks():
         detector.detect(tick.frames, tick.events)
-    found = detector.close_all()
+    return run, detector.close_all()
+
+
+def test_peer_detector_flags_only_the_degraded_gpu() -> None:
+    run, found = peer_anomalies(FaultPlan("gpu_p2p_bw_low", "gpu/n004/2", 600.0, 600.0), seed=9)
     assert {a.entity for a in found} == {"gpu/n004/2"}
     assert found[0].fault_type == "peer_nvlink_bandwidth_low" and found[0].evidence[0].kind == "peer"
     assert found[0].start >= run.start_ts + 600.0
@@ -69,11 +74,6 @@ def test_rca_eval_command_prints_the_summary(tmp_path: Path) -> None:
 
 
 def test_peer_detector_finds_the_idle_gpu_of_a_hung_rank() -> None:
-    run = simulate(SimConfig(nodes=8, gpus=8, minutes=25, seed=4, job_nodes=8,
-                             plans=(FaultPlan("job_hang", "job/j00/rank/21", 600.0, 600.0),)))
-    detector = PeerDifferenceDetector(run.topology)
-    for tick in run.ticks():
-        detector.detect(tick.frames, tick.events)
-    found = detector.close_all()
+    run, found = peer_anomalies(FaultPlan("job_hang", "job/j00/rank/21", 600.0, 600.0), seed=4)
     hung_gpu = run.topology.jobs[0].placement[21]
     assert {(a.entity, a.fault_type) for a in found} == {(hung_gpu, "peer_gpu_idle")}
