@@ -78,7 +78,7 @@ def member_views(det: TCEDetector) -> list[TCEDetector]:
     return views
 
 
-def tce_selected_on_validation(train: Any, val: Any, tests: dict[str, Any], seed: int, classes: list[str],
+def tce_selected_on_held_out(train: Any, val: Any, tests: dict[str, Any], seed: int, classes: list[str],
                                candidates: list[dict[str, Any]],
                                tce_split: tuple[Any, Any, Any]) -> tuple[list[dict[str, Any]], float]:
     """Train one TCE per loss candidate on ``tce_split`` (the last training entity held out) and keep the one
@@ -132,7 +132,7 @@ def asd_protocol_b(seeds: list[int], candidates: list[dict[str, Any]],
             for name in DETECTORS:
                 console.log(f"ASD seed {seed} fold {fold}: {name}")
                 if name == "tce":
-                    result, fit_s = tce_selected_on_validation(train, val, tests, seed, dataset.classes, candidates,
+                    result, fit_s = tce_selected_on_held_out(train, val, tests, seed, dataset.classes, candidates,
                                                                tce_splits[fold])
                 else:
                     result, times = run_detector(name, train, val, tests, seed=seed, classes=dataset.classes)
