@@ -238,13 +238,12 @@ def calibration_split(dataset: Any, train_entities: list[str], *, history: int, 
     is nothing to hold out and calibration is None."""
     from vigil.detect.datasets import WindowSet
 
-    if len(train_entities) < 2:
-        train, val, _ = fleet_split(dataset, train_entities, [], history=history, val_fraction=val_fraction,
-                                    normal_stride=normal_stride)
-        return train, val, None
-    *fit_on, held = train_entities
+    held = train_entities[-1] if len(train_entities) >= 2 else None
+    fit_on = train_entities[:-1] if held is not None else train_entities
     train, val, _ = fleet_split(dataset, fit_on, [], history=history, val_fraction=val_fraction,
                                 normal_stride=normal_stride)
+    if held is None:
+        return train, val, None
     (series,) = dataset.select([held])
     if series.train is not None:
         train.add(series.train, series.train_labels, context=series.train_context,
