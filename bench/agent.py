@@ -63,12 +63,12 @@ IB_COUNTERS = (
 
 def child(mode: str, dcgm_url: str, sysfs: str, store: str, rate: float, port_file: str) -> None:
     """Runs in the child process: import, say ready, run until stdin closes."""
-    from vigil.collect.agent import DEFAULT_INTERVALS, Agent, AgentSettings
-    from vigil.collect.dcgm import DcgmExporterScraper
-    from vigil.collect.host import HostCollector
-    from vigil.collect.infiniband import InfinibandCollector
-    from vigil.collect.kmsg import KernelLogSource
-    from vigil.collect.nvml import NvmlCollector
+    from vigil.sources.collect.agent import DEFAULT_INTERVALS, Agent, AgentSettings
+    from vigil.sources.collect.dcgm import DcgmExporterScraper
+    from vigil.sources.collect.host import HostCollector
+    from vigil.sources.collect.infiniband import InfinibandCollector
+    from vigil.sources.collect.kmsg import KernelLogSource
+    from vigil.sources.collect.nvml import NvmlCollector
 
     if mode == "idle":
         print("ready", flush=True)
@@ -113,8 +113,8 @@ def child(mode: str, dcgm_url: str, sysfs: str, store: str, rate: float, port_fi
 
 
 def dcgm_page() -> str:
-    from vigil.serve.dcgm import render_dcgm
-    from vigil.sim import SimConfig, simulate
+    from vigil.faces.api.dcgm import render_dcgm
+    from vigil.sources.sim import SimConfig, simulate
 
     run = simulate(SimConfig(nodes=1, gpus=8, minutes=1, seed=3))
     tick = next(iter(run.ticks()))
@@ -197,7 +197,7 @@ def measure(mode: str, seconds: float, rate: float, dcgm_url: str, sysfs: Path, 
 
 
 def sim_series() -> tuple[list[np.ndarray], list[np.ndarray]]:
-    from vigil.sim import SimConfig, simulate
+    from vigil.sources.sim import SimConfig, simulate
 
     run = simulate(SimConfig(nodes=4, gpus=8, minutes=60, seed=11))
     frames: dict[str, list[np.ndarray]] = {}

@@ -23,8 +23,10 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from vigil.detect.datasets import load_asd
-from vigil.detect.evaluate import (
+from vigil.detect.learned.tce import TCEDetector, TCEEnsemble
+from vigil.sources.sim.generator import SimConfig, simulate
+from vigil_eval.datasets import load_asd
+from vigil_eval.detection import (
     DETECTORS,
     calibration_split,
     class_report,
@@ -33,9 +35,7 @@ from vigil.detect.evaluate import (
     run_detector,
     summarise,
 )
-from vigil.detect.simdata import GpuCube, gpu_cube, gpu_fault_classes
-from vigil.detect.tce import TCEDetector, TCEEnsemble
-from vigil.sim.generator import SimConfig, simulate
+from vigil_eval.simdata import GpuCube, gpu_cube, gpu_fault_classes
 
 REPO = Path(__file__).resolve().parents[1]
 ASD = REPO.parent / "shared" / "data" / "asd"
@@ -267,7 +267,7 @@ def seed_summary(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 def scoring_speed(detector: TCEDetector, n_gpus: int = 10_000) -> dict[str, float]:
     """Seconds to score one window per GPU for 10,000 GPUs (best of 3), TCE against the LSTM baseline."""
-    from vigil.detect.baselines import LSTMDetector
+    from vigil.detect.learned.baselines import LSTMDetector
 
     rng = np.random.default_rng(0)
     n_features = len(detector.features_)

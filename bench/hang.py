@@ -3,7 +3,7 @@ and a side-by-side with torch's Flight Recorder analyzer on the same dumps.
 
 Run: .venv/bin/python bench/hang.py [--hang-timeout 10] [--quick]   -> bench/results/hang.json
 
-1. Scenarios: tests/probe/fault_job.py as a 3-rank gloo job through `vigil.probe.launcher.launch`, one fault
+1. Scenarios: tests/probe/fault_job.py as a 3-rank gloo job through `vigil.run.launcher.launch`, one fault
    injected into one rank; verdict, culprit and detection latency (seconds from the job's last progress to
    the verdict) against the ground truth. Target: verdict within hang timeout + 5 s, <= 15 s with the
    default 10 s; culprit accuracy 100%.
@@ -44,7 +44,7 @@ from vigil.diagnose.flight_recorder import (  # noqa: E402
 )
 from vigil.diagnose.stacks import merge_stacks  # noqa: E402
 from vigil.model import VigilInputError  # noqa: E402
-from vigil.probe.launcher import free_port, launch  # noqa: E402
+from vigil.run.launcher import free_port, launch  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 FAULT_JOB = REPO / "tests" / "probe" / "fault_job.py"
@@ -182,8 +182,8 @@ def measure_op_cost(calls: int = 5000) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from vigil.probe.hooks import install_hooks, uninstall_hooks
-    from vigil.probe.probe import Probe
+    from vigil.sources.probe.hooks import install_hooks, uninstall_hooks
+    from vigil.sources.probe.probe import Probe
 
     with tempfile.TemporaryDirectory(prefix="vigil-bench-op-") as tmp:
         dist.init_process_group("gloo", store=dist.FileStore(f"{tmp}/store", 1), rank=0, world_size=1)

@@ -16,9 +16,9 @@ Run: .venv/bin/python bench/logs.py [--size-gb 1.0] [--per-kind 20] [--real-jobs
    numbered; a temporary file, deleted after) is streamed through the miner in a child process; its
    resident memory is reported after imports, half-way and at the end, with the peak (VmHWM: the peak of
    this process image; ru_maxrss would carry over the forking parent's).
-4. Root-error accuracy: the simulated multi-rank failure corpus (vigil.logs.corpus, --per-kind jobs for
+4. Root-error accuracy: the simulated multi-rank failure corpus (vigil_eval.logcorpus, --per-kind jobs for
    each of 14 kinds) and real crashed torch.distributed gloo jobs launched with torchrun
-   (vigil.logs.realjobs: Python exception, NaN loss raised, SIGSEGV, SIGKILL; 2-4 ranks). A job counts as
+   (vigil_eval.realjobs: Python exception, NaN loss raised, SIGSEGV, SIGKILL; 2-4 ranks). A job counts as
    right when triage's root is the labelled line (or a line reporting the same fault at the same moment)
    on the labelled rank.
 """
@@ -45,11 +45,11 @@ from rich.table import Table
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from vigil.logs.accuracy import grouping_accuracy, parsing_accuracy  # noqa: E402
-from vigil.logs.corpus import simulate_corpus  # noqa: E402
 from vigil.logs.miner import TemplateMiner  # noqa: E402
-from vigil.logs.realjobs import MODES, root_label, run_failed_job  # noqa: E402
 from vigil.logs.triage import triage  # noqa: E402
+from vigil_eval.logaccuracy import grouping_accuracy, parsing_accuracy  # noqa: E402
+from vigil_eval.logcorpus import simulate_corpus  # noqa: E402
+from vigil_eval.realjobs import MODES, root_label, run_failed_job  # noqa: E402
 
 DATA = REPO.parent / "shared" / "data" / "loghub2k_corrected"
 SYSTEMS = ["Android", "Apache", "BGL", "HDFS", "HPC", "Hadoop", "Linux", "OpenStack", "Windows", "Zookeeper"]

@@ -24,9 +24,9 @@ from rich.table import Table
 
 from vigil.detect.incidents import IncidentGrouper
 from vigil.detect.rules import RuleDetector, Thresholds
-from vigil.pipeline import run_pipeline
-from vigil.sim import SimConfig, simulate
-from vigil.sim import metrics as M
+from vigil.run.pipeline import run_pipeline
+from vigil.sources.sim import SimConfig, simulate
+from vigil.sources.sim import metrics as M
 from vigil.store.metrics import MetricStore
 
 RESULTS = Path(__file__).resolve().parent / "results"

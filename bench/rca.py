@@ -40,12 +40,12 @@ from vigil.detect.rules import RuleDetector  # noqa: E402
 from vigil.diagnose.kg import KnowledgeGraph  # noqa: E402
 from vigil.diagnose.peers import PeerDifferenceDetector  # noqa: E402
 from vigil.diagnose.rca import analyze_incident  # noqa: E402
-from vigil.diagnose.rca_eval import evaluate  # noqa: E402
 from vigil.model import Anomaly, Event, FaultLevel, Incident, LogRecord  # noqa: E402
-from vigil.pipeline import run_pipeline  # noqa: E402
-from vigil.sim.cluster import build_topology  # noqa: E402
-from vigil.sim.faults import CATALOGUE  # noqa: E402
-from vigil.sim.generator import FaultPlan, SimConfig, simulate  # noqa: E402
+from vigil.run.pipeline import run_pipeline  # noqa: E402
+from vigil.sources.sim.cluster import build_topology  # noqa: E402
+from vigil.sources.sim.faults import CATALOGUE  # noqa: E402
+from vigil.sources.sim.generator import FaultPlan, SimConfig, simulate  # noqa: E402
+from vigil_eval.rca import evaluate  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 T0 = 1_767_225_600.0

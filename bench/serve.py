@@ -53,8 +53,8 @@ def free_port() -> int:
 
 
 def populate(home: Path) -> dict[str, Any]:
-    from vigil.pipeline import run_pipeline
-    from vigil.sim import SimConfig, simulate
+    from vigil.run.pipeline import run_pipeline
+    from vigil.sources.sim import SimConfig, simulate
     from vigil.store.metrics import MetricStore
     from vigil.store.sql import Store
 
@@ -90,7 +90,7 @@ class Server:
         }
         started = time.perf_counter()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "vigil.cli", "serve", "--port", str(self.port)],
+            [sys.executable, "-m", "vigil", "serve", "--port", str(self.port)],
             cwd=REPO,
             env=env,
             stdout=subprocess.DEVNULL,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-VIGIL = [sys.executable, "-m", "vigil.cli"]
+VIGIL = [sys.executable, "-m", "vigil"]
 
 
 def vigil(*args: str, home: Path, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -42,7 +42,7 @@ def test_cli_reports_a_corrupt_config_without_a_traceback(tmp_path: Path) -> Non
     path = tmp_path / "vigil.yaml"
     path.write_text("max_cordon_share: lots\n")
     env = {**os.environ, "VIGIL_CONFIG": str(path)}
-    proc = subprocess.run([sys.executable, "-m", "vigil.cli", "incidents"], capture_output=True, text=True, env=env,
+    proc = subprocess.run([sys.executable, "-m", "vigil", "incidents"], capture_output=True, text=True, env=env,
                           timeout=120)
     assert proc.returncode == 2
     assert "max_cordon_share" in proc.stderr and "Traceback" not in proc.stderr

@@ -38,10 +38,10 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     world = dist.get_world_size()
     if args.toggle_probe:
-        import vigil.probe
-        from vigil.probe import hooks
+        import vigil.sources.probe
+        from vigil.sources.probe import hooks
 
-        probe = vigil.probe.install()
+        probe = vigil.sources.probe.install()
     times: dict[bool, list[float]] = {True: [], False: []}
     cpu_times: dict[bool, list[float]] = {True: [], False: []}
     probe_on = True

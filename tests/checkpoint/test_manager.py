@@ -132,7 +132,7 @@ def test_cli_lists_checkpoints_with_sizes(tmp_path: Path) -> None:
 
     from typer.testing import CliRunner
 
-    from vigil.checkpoint.cli import app
+    from vigil.faces.cli.checkpoint import app
 
     model, optimizer = make()
     manager = CheckpointManager(tmp_path, keep_last=3)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from vigil.collect.agent import AgentSettings
+from vigil.sources.collect.agent import AgentSettings
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "collect"
 

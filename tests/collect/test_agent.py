@@ -13,9 +13,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from tests.collect.conftest import fast_settings
-from vigil.collect.agent import Agent, LabelGuard
-from vigil.collect.base import Collection, Source
 from vigil.model import Event, FaultLevel
+from vigil.sources.collect.agent import Agent, LabelGuard
+from vigil.sources.collect.base import Collection, Source
 
 
 class CountingSource(Source):
@@ -213,7 +213,7 @@ def test_events_are_pushed_to_the_server_with_the_token_and_retried(page_server)
 
 
 def test_cli_once_json_on_this_machine_says_no_gpu_and_collects_the_rest(tmp_path) -> None:
-    from vigil.cli import app
+    from vigil.faces.cli.main import app
 
     kernel_log = tmp_path / "kern.log"
     kernel_log.write_text("[ 1.0] NVRM: Xid (PCI:0000:18:00): 79, pid=0, name=, GPU has fallen off the bus.\n")
@@ -227,7 +227,7 @@ def test_cli_once_json_on_this_machine_says_no_gpu_and_collects_the_rest(tmp_pat
 
 
 def test_cli_rejects_a_bad_interval() -> None:
-    from vigil.cli import app
+    from vigil.faces.cli.main import app
 
     result = CliRunner().invoke(app, ["agent", "--once", "--interval", "-1"])
     assert result.exit_code != 0
@@ -276,7 +276,7 @@ def test_agent_keeps_a_local_history_with_tiered_retention(tmp_path) -> None:
 
 
 def test_real_sources_end_to_end_xid_lands_on_the_gpu_named_by_dcgm_exporter(page_server, dcgm_page, tmp_path) -> None:
-    from vigil.collect.agent import build_sources
+    from vigil.sources.collect.agent import build_sources
 
     page_server.page = dcgm_page.encode()
     kernel_log = tmp_path / "kern.log"

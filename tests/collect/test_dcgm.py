@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.collect.conftest import FIXTURES
-from vigil.collect.dcgm import DcgmExporterScraper
+from vigil.sources.collect.dcgm import DcgmExporterScraper
 
 FIXTURE = FIXTURES / "dcgm_exporter_page.txt"
 
@@ -86,8 +86,8 @@ def test_hostile_hostname_label_cannot_change_the_entity(dcgm_page) -> None:
 def test_simulated_exporter_page_round_trips_the_simulator_values() -> None:
     import numpy as np
 
-    from vigil.serve.dcgm import render_dcgm
-    from vigil.sim import SimConfig, simulate
+    from vigil.faces.api.dcgm import render_dcgm
+    from vigil.sources.sim import SimConfig, simulate
 
     run = simulate(SimConfig(nodes=1, gpus=8, minutes=1, seed=5))
     frame = next(f for f in next(iter(run.ticks())).frames if f.family == "gpu")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from vigil.collect.agent import AgentSettings
+from vigil.sources.collect.agent import AgentSettings
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 SETTINGS = {f"VIGIL_AGENT_{name.upper()}" for name in AgentSettings.model_fields}

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vigil.collect.kmsg import KernelLogSource
 from vigil.detect.rules import RuleDetector
 from vigil.model import FaultLevel
-from vigil.sim.cluster import build_topology
+from vigil.sources.collect.kmsg import KernelLogSource
+from vigil.sources.sim.cluster import build_topology
 
 
 def test_kernel_events_become_rule_anomalies(shared_data: Path, tmp_path: Path) -> None:

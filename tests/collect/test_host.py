@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vigil.collect.host import CpuMeter, HostCollector
+from vigil.sources.collect.host import CpuMeter, HostCollector
 
 
 def test_host_metrics_are_plausible() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vigil.collect.infiniband import InfinibandCollector
 from vigil.model import FaultLevel
+from vigil.sources.collect.infiniband import InfinibandCollector
 
 
 def make_port(
@@ -105,7 +105,7 @@ def test_garbage_sysfs_values_are_counted(tmp_path: Path) -> None:
 
 
 def test_mlx5_kernel_messages_land_on_the_nic_found_through_the_device_link(tmp_path: Path) -> None:
-    from vigil.collect.kmsg import KernelLogSource
+    from vigil.sources.collect.kmsg import KernelLogSource
 
     pci_tree = tmp_path / "devices" / "pci0000:00"
     for index, pci in enumerate(("0000:0c:00.0", "0000:0d:00.0")):

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vigil.collect.kmsg import JournalReader, KernelLineParser, KernelLogSource, KmsgReader
 from vigil.model import FaultLevel
+from vigil.sources.collect.kmsg import JournalReader, KernelLineParser, KernelLogSource, KmsgReader
 
 
 def source(lines: list[str], gpu_index=None) -> KernelLogSource:
@@ -159,7 +159,7 @@ def test_file_tail_reads_appended_lines_and_partial_lines_later(tmp_path: Path) 
 
 def test_journal_json_entries_keep_their_time_and_bad_entries_are_counted() -> None:
     journal = JournalReader()
-    from vigil.collect.base import ProblemLog
+    from vigil.sources.collect.base import ProblemLog
 
     journal.problems = ProblemLog("journal")
     output = "\n".join(

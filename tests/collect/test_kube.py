@@ -17,8 +17,8 @@ from kubernetes.client import (
 )
 from kubernetes.client.exceptions import ApiException
 
-from vigil.collect.kube import KubernetesSource
 from vigil.model import FaultLevel
+from vigil.sources.collect.kube import KubernetesSource
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 

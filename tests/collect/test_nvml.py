@@ -5,8 +5,8 @@ from __future__ import annotations
 import pynvml
 
 from tests.collect.fake_nvml import FakeGpu, FakeNvml
-from vigil.collect.nvml import NvmlCollector, normalise_pci_bus
 from vigil.model import FaultLevel
+from vigil.sources.collect.nvml import NvmlCollector, normalise_pci_bus
 
 
 def values(collection, entity: str) -> dict[str, float]:

@@ -12,9 +12,9 @@ import httpx
 import pytest
 
 from tests.collect.conftest import fast_settings
-from vigil.collect.agent import Agent
-from vigil.collect.dcgm import DcgmExporterScraper
-from vigil.collect.host import HostCollector
+from vigil.sources.collect.agent import Agent
+from vigil.sources.collect.dcgm import DcgmExporterScraper
+from vigil.sources.collect.host import HostCollector
 
 pytestmark = pytest.mark.slow
 

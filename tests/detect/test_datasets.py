@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vigil.detect.datasets import WindowSet, impute, load, load_asd, load_csv, load_nab, windows
 from vigil.model import VigilInputError
+from vigil_eval.datasets import WindowSet, impute, load, load_asd, load_csv, load_nab, windows
 
 
 def test_asd_loads_eight_entities(shared_data: Path) -> None:

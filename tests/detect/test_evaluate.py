@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vigil.detect.evaluate import (
+from vigil.model import VigilInputError
+from vigil_eval.detection import (
     choose_threshold,
     class_report,
     detection_delay,
@@ -15,7 +16,6 @@ from vigil.detect.evaluate import (
     score_report,
     vus_pr,
 )
-from vigil.model import VigilInputError
 
 
 def reference_vus_pr(labels: np.ndarray, scores: np.ndarray, sliding_window: int, n_thresholds: int = 250) -> float:
@@ -136,8 +136,8 @@ def test_class_report_macro_f1() -> None:
 
 
 def test_calibration_split_keeps_the_held_out_labels_out_of_training() -> None:
-    from vigil.detect.datasets import Dataset, EntitySeries
-    from vigil.detect.evaluate import calibration_split, fleet_split
+    from vigil_eval.datasets import Dataset, EntitySeries
+    from vigil_eval.detection import calibration_split, fleet_split
 
     rng = np.random.default_rng(0)
     entities = {}

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from vigil.detect.loss import DynamicClassWeightedLoss
+from vigil.detect.learned.loss import DynamicClassWeightedLoss
 
 torch.set_num_threads(1)
 

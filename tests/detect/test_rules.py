@@ -6,11 +6,11 @@ import pytest
 from vigil.detect.incidents import IncidentGrouper
 from vigil.detect.rules import RuleDetector
 from vigil.model import Event, FaultLevel
-from vigil.pipeline import run_pipeline
-from vigil.sim import FaultPlan, SimConfig, simulate
-from vigil.sim import metrics as M
-from vigil.sim.cluster import build_topology
-from vigil.sim.faults import CATALOGUE
+from vigil.run.pipeline import run_pipeline
+from vigil.sources.sim import FaultPlan, SimConfig, simulate
+from vigil.sources.sim import metrics as M
+from vigil.sources.sim.cluster import build_topology
+from vigil.sources.sim.faults import CATALOGUE
 from vigil.store.metrics import MetricFrame
 
 TOPO = build_topology(nodes=4, gpus=8)

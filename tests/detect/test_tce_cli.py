@@ -10,7 +10,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from vigil.cli import app
+from vigil.faces.cli.main import app
 from vigil.model import VigilInputError
 
 torch.set_num_threads(1)

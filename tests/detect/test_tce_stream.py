@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from vigil.detect.simdata import CONTEXT_FEATURES, GpuFeaturizer, gpu_cube, gpu_fault_classes
+from vigil.detect.learned.tce import TCEDetector
 from vigil.detect.stream import LearnedStreamDetector
-from vigil.detect.tce import TCEDetector
 from vigil.model import Event, FaultLevel, GroundTruthFault, Job, VigilInputError
-from vigil.sim.cluster import build_topology
-from vigil.sim.generator import FaultPlan, SimConfig, simulate
+from vigil.sources.sim.cluster import build_topology
+from vigil.sources.sim.generator import FaultPlan, SimConfig, simulate
 from vigil.store.metrics import MetricFrame
+from vigil_eval.simdata import CONTEXT_FEATURES, GpuFeaturizer, gpu_cube, gpu_fault_classes
 
 torch.set_num_threads(1)
 
@@ -101,8 +101,8 @@ def test_ground_truth_on_other_entities_is_ignored() -> None:
 
 
 def test_learned_detectors_load_only_a_trained_gpu_model(tmp_path: Path) -> None:
+    from vigil.detect.learned.train import save_detector
     from vigil.detect.stream import GPU_MODEL_DIR, learned_detectors
-    from vigil.detect.train import save_detector
 
     topo = build_topology(1, 2, job_nodes=1)
     assert learned_detectors(topo, tmp_path) == []

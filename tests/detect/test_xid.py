@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_shipped_table_matches_the_catalogue(shared_data: Path) -> None:
     rebuilt = build_xid_table(shared_data / "xid" / "xid_catalog.csv")
-    shipped = list(csv.DictReader((REPO / "vigil" / "data" / "xid_levels.csv").open(newline="")))
+    shipped = list(csv.DictReader((REPO / "vigil" / "knowledge" / "data" / "xid_levels.csv").open(newline="")))
     assert shipped == rebuilt
     assert len(known_xids()) == len(rebuilt) >= 170
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vigil.probe.records import COLLECTIVE, OpRecord
+from vigil.sources.probe.records import COLLECTIVE, OpRecord
 
 
 def coll(

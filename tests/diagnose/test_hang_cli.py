@@ -12,13 +12,13 @@ import pytest
 from vigil.diagnose.hang import RunEvidence, diagnose, load_run
 from vigil.diagnose.hang_source import diagnose_path
 from vigil.model import VigilInputError
-from vigil.probe.records import RankSnapshot
+from vigil.sources.probe.records import RankSnapshot
 
 from .hang_helpers import coll
 
 
 def vigil(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "vigil.cli", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "vigil", *args], capture_output=True, text=True, timeout=120)
 
 
 def test_diagnose_missing_path_is_one_line() -> None:
@@ -45,7 +45,7 @@ def _snapshot(rank: int, ops: list, heartbeat: float = 130.0) -> RankSnapshot:
 
 
 def test_probe_directory_of_a_torchrun_job_is_diagnosed(tmp_path: Path) -> None:
-    # What `vigil.probe.install()` leaves under torchrun: snapshots only, no run.json, no py-spy.
+    # What `vigil.sources.probe.install()` leaves under torchrun: snapshots only, no run.json, no py-spy.
     for rank in range(4):
         ops = [coll(1), coll(2)] if rank == 3 else [coll(1), coll(2), coll(3, state="started", t_start=110.0)]
         snap = _snapshot(rank, ops, heartbeat=118.0 if rank == 3 else 130.0)

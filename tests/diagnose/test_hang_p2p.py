@@ -10,7 +10,7 @@ import pytest
 from vigil.diagnose.hang_source import diagnose_path
 from vigil.diagnose.p2p import P2PState, analyse, rebuild_rings, states_from_nccl_proxy, states_from_probe
 from vigil.model import VigilInputError
-from vigil.probe.records import P2P, OpRecord
+from vigil.sources.probe.records import P2P, OpRecord
 
 NSTEPS = 8
 

@@ -74,7 +74,7 @@ def test_from_pyspy_reverses_and_drops_probe_wrappers() -> None:
             "active": True,
             "frames": [
                 {"name": "all_reduce", "filename": "/x/torch/distributed/distributed_c10d.py", "line": 3252},
-                {"name": "wrapper", "filename": "/repo/vigil/probe/hooks.py", "line": 120},
+                {"name": "wrapper", "filename": "/repo/vigil/sources/probe/hooks.py", "line": 120},
                 {"name": "main", "filename": "/job/train.py", "line": 10},
             ],
         }

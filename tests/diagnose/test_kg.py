@@ -9,7 +9,7 @@ import pytest
 
 from vigil.diagnose.kg import KnowledgeGraph, nvml_topology, parse_nvidia_smi_topo, topology_from_node_labels
 from vigil.model import Gpu, Job, Nic, Node, Switch, Topology, VigilInputError
-from vigil.sim.cluster import build_topology
+from vigil.sources.sim.cluster import build_topology
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "diagnose"
 

@@ -1,4 +1,4 @@
-"""The versioned fault knowledge base (vigil/data/kb/*.yaml): loading, validation, seeding."""
+"""The versioned fault knowledge base (vigil/knowledge/data/kb/*.yaml): loading, validation, seeding."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 from vigil.detect.xid import known_xids
 from vigil.diagnose.kb import XID_PRIMARY_FAULT, load_kb, seed_xid_yaml, validate_kb
 from vigil.model import ActionKind, VigilInputError
-from vigil.sim.faults import CATALOGUE
+from vigil.sources.sim.faults import CATALOGUE
 
-KB_DIR = Path(str(resources.files("vigil.data").joinpath("kb")))
+KB_DIR = Path(str(resources.files("vigil.knowledge.data").joinpath("kb")))
 
 
 @pytest.fixture()

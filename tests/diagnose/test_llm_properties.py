@@ -13,7 +13,7 @@ from vigil.diagnose.kg import KnowledgeGraph
 from vigil.diagnose.llm import DiagnosisContext, LlmAnswer, LlmRootCause, LlmStep, reconcile, render_command
 from vigil.diagnose.rca import analyze_incident
 from vigil.model import ActionKind, Anomaly, Event, FaultLevel, Incident
-from vigil.sim.cluster import build_topology
+from vigil.sources.sim.cluster import build_topology
 
 T0 = 1_767_225_600.0
 

@@ -10,7 +10,7 @@ from vigil.diagnose.hang import HangDiagnosis
 from vigil.diagnose.kg import KnowledgeGraph
 from vigil.diagnose.rca import analyze_incident, culprits_from_hang
 from vigil.model import Anomaly, Event, Evidence, FaultLevel, Incident, LogRecord
-from vigil.sim.cluster import build_topology
+from vigil.sources.sim.cluster import build_topology
 
 T0 = 1_767_225_600.0
 TIMEOUT = ("[E ProcessGroupNCCL.cpp:616] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=18231, "

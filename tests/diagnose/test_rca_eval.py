@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from vigil.diagnose.peers import PeerDifferenceDetector
-from vigil.diagnose.rca_eval import CASE_KINDS, EvalCase, build_cases, run_case
 from vigil.model import VigilInputError
-from vigil.sim.faults import CATALOGUE
-from vigil.sim.generator import FaultPlan, SimConfig, simulate
+from vigil.sources.sim.faults import CATALOGUE
+from vigil.sources.sim.generator import FaultPlan, SimConfig, simulate
+from vigil_eval.rca import CASE_KINDS, EvalCase, build_cases, run_case
 
 
 def test_case_mix_is_deterministic_and_covers_the_catalogue() -> None:
@@ -65,7 +65,7 @@ def test_peer_detector_flags_only_the_degraded_gpu() -> None:
 
 def test_rca_eval_command_prints_the_summary(tmp_path: Path) -> None:
     env = {**os.environ, "VIGIL_HOME": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-m", "vigil.cli", "rca", "eval", "--cases", "5", "--seed", "3", "--json"],
+    done = subprocess.run([sys.executable, "-m", "vigil", "rca", "eval", "--cases", "5", "--seed", "3", "--json"],
                           capture_output=True, text=True, env=env, timeout=600, check=False)
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)

@@ -15,12 +15,12 @@ from vigil.config import settings
 from vigil.diagnose.kg import KnowledgeGraph
 from vigil.diagnose.llm import diagnose
 from vigil.diagnose.rca import analyze_incident
-from vigil.diagnose.rca_cli import diagnose_incident
 from vigil.diagnose.report import render_html, render_markdown, report_data
+from vigil.faces.cli.rca import diagnose_incident
 from vigil.model import Anomaly, Event, FaultLevel, Incident, LogRecord, VigilInputError, node_of
-from vigil.pipeline import run_pipeline
-from vigil.sim.cluster import build_topology
-from vigil.sim.generator import FaultPlan, SimConfig, simulate
+from vigil.run.pipeline import run_pipeline
+from vigil.sources.sim.cluster import build_topology
+from vigil.sources.sim.generator import FaultPlan, SimConfig, simulate
 from vigil.store.sql import Store
 
 T0 = 1_767_225_600.0
@@ -94,7 +94,7 @@ def test_html_report_escapes_machine_text(hostile_case: tuple) -> None:
 def _cli(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "VIGIL_HOME": str(home), "COLUMNS": "200"}
     env.pop("VIGIL_LLM_BASE_URL", None)
-    return subprocess.run([sys.executable, "-m", "vigil.cli", *args], capture_output=True, text=True, env=env,
+    return subprocess.run([sys.executable, "-m", "vigil", *args], capture_output=True, text=True, env=env,
                           timeout=300, check=False)
 
 

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from vigil.logs.accuracy import grouping_accuracy, parsing_accuracy
+from vigil_eval.logaccuracy import grouping_accuracy, parsing_accuracy
 
 
 def test_grouping_accuracy_counts_only_exact_groups() -> None:

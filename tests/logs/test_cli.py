@@ -9,8 +9,8 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from vigil.cli import app
-from vigil.logs.corpus import simulate_failure
+from vigil.faces.cli.main import app
+from vigil_eval.logcorpus import simulate_failure
 
 runner = CliRunner()
 
@@ -55,7 +55,7 @@ def test_signatures_json() -> None:
 
 
 def test_bad_input_is_one_line_exit_2(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "vigil.cli", "logs", "triage", str(tmp_path / "nope")],
+    done = subprocess.run([sys.executable, "-m", "vigil", "logs", "triage", str(tmp_path / "nope")],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip().startswith("error:") and "does not exist" in done.stderr

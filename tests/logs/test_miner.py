@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vigil.logs.accuracy import grouping_accuracy
 from vigil.logs.masking import mask
 from vigil.logs.miner import MAX_LINE_BYTES, TemplateMiner, read_lines
 from vigil.model import VigilInputError
+from vigil_eval.logaccuracy import grouping_accuracy
 
 
 def load_loghub(shared_data: Path, system: str) -> tuple[list[str], list[str]]:

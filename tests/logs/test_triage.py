@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vigil.logs.corpus import FAILURE_KINDS, simulate_corpus, simulate_failure
-from vigil.logs.realjobs import root_label, run_failed_job
 from vigil.logs.sources import discover
 from vigil.logs.triage import triage
 from vigil.model import FaultLevel, VigilInputError
+from vigil_eval.logcorpus import FAILURE_KINDS, simulate_corpus, simulate_failure
+from vigil_eval.realjobs import root_label, run_failed_job
 
 
 def test_simulated_corpus_root_accuracy(tmp_path: Path) -> None:

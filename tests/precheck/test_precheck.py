@@ -7,10 +7,10 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from vigil.faces.cli.precheck import inspect_command, precheck_command
 from vigil.model import VigilInputError
 from vigil.precheck.baseline import Baselines, hardware_key, verdicts
 from vigil.precheck.checks import CheckResult
-from vigil.precheck.cli import inspect_command, precheck_command
 from vigil.precheck.runner import CheckOptions, run_local
 
 QUICK = CheckOptions(allreduce_mb=1.0, memcpy_mb=8.0, matmul_n=128, repeats=3)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from vigil.diagnose.hang import HangDiagnosis
-from vigil.probe.launcher import launch
+from vigil.run.launcher import launch
 
 JOB = Path(__file__).with_name("fault_job.py")
 HANG_TIMEOUT = 3.0
@@ -125,7 +125,7 @@ def test_long_checkpoint_save_is_not_a_hang(tmp_path: Path) -> None:
 
 def test_cli_launch_json_and_diagnose_agree(tmp_path: Path) -> None:
     out = tmp_path / "cli"
-    vigil = [sys.executable, "-m", "vigil.cli"]
+    vigil = [sys.executable, "-m", "vigil"]
     launched = subprocess.run(
         [*vigil, "launch", "--nproc-per-node", "3", "--hang-timeout", str(HANG_TIMEOUT), "--out", str(out),
          "--json", "--", str(JOB), "--fault", "deadlock", "--rank", "1"],
@@ -162,11 +162,11 @@ def test_terminated_launcher_stops_its_ranks(tmp_path: Path) -> None:
 
     import psutil
 
-    from vigil.probe.records import read_snapshot
+    from vigil.sources.probe.records import read_snapshot
 
     out = tmp_path / "term"
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "vigil.cli", "launch", "--nproc-per-node", "2", "--hang-timeout", "60", "--out",
+        [sys.executable, "-m", "vigil", "launch", "--nproc-per-node", "2", "--hang-timeout", "60", "--out",
          str(out), "--", str(JOB), "--fault", "deadlock", "--rank", "1", "--at-step", "1"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )

@@ -9,7 +9,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from vigil.model import VigilInputError
-from vigil.probe.otel import SPAN_NAME, StepTracer, otlp_provider
+from vigil.sources.probe.otel import SPAN_NAME, StepTracer, otlp_provider
 
 Traced = tuple[StepTracer, InMemorySpanExporter]
 

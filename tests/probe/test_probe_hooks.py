@@ -11,10 +11,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from vigil.probe.hooks import ProbedWork, install_hooks, uninstall_hooks
-from vigil.probe.probe import Probe
-from vigil.probe.records import OpRecord, read_rank, read_snapshot, snapshot_path
-from vigil.probe.ring import OpRing
+from vigil.sources.probe.hooks import ProbedWork, install_hooks, uninstall_hooks
+from vigil.sources.probe.probe import Probe
+from vigil.sources.probe.records import OpRecord, read_rank, read_snapshot, snapshot_path
+from vigil.sources.probe.ring import OpRing
 
 
 @pytest.fixture()
@@ -117,14 +117,14 @@ def test_install_stays_callable_after_first_use(tmp_path: Path) -> None:
     import sys
     import threading
 
-    import vigil.probe
-    from vigil.probe import activate
+    import vigil.sources.probe
+    from vigil.sources.probe import activate
 
     hooks_before = (sys.excepthook, threading.excepthook)
-    first = vigil.probe.install(tmp_path)
+    first = vigil.sources.probe.install(tmp_path)
     try:
-        assert callable(vigil.probe.install)
-        assert vigil.probe.install() is first
+        assert callable(vigil.sources.probe.install)
+        assert vigil.sources.probe.install() is first
     finally:
         first.stop()
         uninstall_hooks()
@@ -146,7 +146,7 @@ def test_each_process_group_has_its_own_sequence(probe: Probe) -> None:
 
 def test_rank_comes_from_torchrun_or_slurm_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     from vigil.model import VigilInputError
-    from vigil.probe.activate import RANK_VARS, WORLD_SIZE_VARS, _env_int
+    from vigil.sources.probe.activate import RANK_VARS, WORLD_SIZE_VARS, _env_int
 
     for name in (*RANK_VARS, *WORLD_SIZE_VARS):
         monkeypatch.delenv(name, raising=False)

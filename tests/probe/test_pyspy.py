@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from vigil.diagnose.stacks import from_pyspy
-from vigil.probe import pyspy
-from vigil.probe.launcher import launch
+from vigil.run.launcher import launch
+from vigil.sources.probe import pyspy
 
 HOLDS_GIL = """
 import ctypes, sys

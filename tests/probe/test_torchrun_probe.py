@@ -1,4 +1,4 @@
-"""The documented path for users with their own launcher: torchrun + vigil.probe.install() + vigil diagnose."""
+"""The documented path for users with their own launcher: torchrun + vigil.sources.probe.install() + vigil diagnose."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from vigil.diagnose.hang_source import diagnose_path
-from vigil.probe.launcher import free_port
-from vigil.probe.records import read_snapshot
+from vigil.run.launcher import free_port
+from vigil.sources.probe.records import read_snapshot
 
 JOB = Path(__file__).with_name("torchrun_job.py")
 

@@ -6,9 +6,9 @@ import runpy
 import sys
 from pathlib import Path
 
-import vigil.probe
+import vigil.sources.probe
 
-vigil.probe.install()
+vigil.sources.probe.install()
 JOB = Path(__file__).with_name("fault_job.py")
 sys.argv = [str(JOB), *sys.argv[1:]]
 runpy.run_path(str(JOB), run_name="__main__")

@@ -8,8 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from vigil.config import settings
+from vigil.faces.cli.remedy import app
 from vigil.model import Anomaly, FaultLevel, Node, Topology
-from vigil.remedy.cli import app
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from vigil.probe.cli import launch_command
+from vigil.faces.cli.launch import launch_command
 
 JOB = """
 apiVersion: vigil/v1

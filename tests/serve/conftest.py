@@ -20,8 +20,8 @@ import pytest
 
 from vigil.config import Settings
 from vigil.model import Cause, Diagnosis, Incident, RemediationStep
-from vigil.pipeline import PipelineResult, run_pipeline
-from vigil.sim import SimConfig, SimRun, simulate
+from vigil.run.pipeline import PipelineResult, run_pipeline
+from vigil.sources.sim import SimConfig, SimRun, simulate
 from vigil.store.metrics import MetricFrame, MetricStore
 from vigil.store.sql import Store
 

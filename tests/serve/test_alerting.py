@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from tests.serve.conftest import TOKEN, SimCluster, free_port, require_binary, serve_in_thread, wait_for
+from vigil.faces.api.app import create_app
 from vigil.model import FaultLevel
-from vigil.serve.app import create_app
-from vigil.serve.promql import PromQLSource
+from vigil.sources.promql import PromQLSource
 
 pytestmark = pytest.mark.slow
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from vigil.faces.api.alertmanager import alert_entity, alerts_to_events, parse_payload
 from vigil.model import FaultLevel, VigilInputError
-from vigil.serve.alertmanager import alert_entity, alerts_to_events, parse_payload
 
 # The shape of alertmanager notify/webhook/webhook.go's Message (v0.34: notification_reason, routeLabels).
 PAYLOAD: dict[str, Any] = {

@@ -11,11 +11,11 @@ from fastapi.testclient import TestClient
 
 from tests.serve.conftest import STRAGGLER_RANK, TOKEN, SimCluster
 from tests.serve.test_alertmanager import PAYLOAD
+from vigil.faces.api.app import create_app
 from vigil.model import ActionKind, ActionStatus, Event, FaultLevel, IncidentStatus
 from vigil.remedy.actuators.base import OutboxActuator
 from vigil.remedy.audit import AuditLog
 from vigil.remedy.remediator import Remediator
-from vigil.serve.app import create_app
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 

@@ -29,7 +29,7 @@ def test_bad_options_are_one_line_errors(tmp_path: Path, args: list[str], messag
         "PYTHONPATH": str(REPO),
     }
     done = subprocess.run(
-        [sys.executable, "-m", "vigil.cli", *[a.format(tmp=tmp_path) for a in args]],
+        [sys.executable, "-m", "vigil", *[a.format(tmp=tmp_path) for a in args]],
         cwd=REPO,
         env=env,
         capture_output=True,

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from tests.serve.conftest import ARTIFACTS, STRAGGLER_RANK, TOKEN, SimCluster, require_binary, serve_in_thread
+from vigil.faces.api.app import create_app
+from vigil.faces.api.svg import LEVEL_COLORS
 from vigil.model import ActionStatus, FaultLevel
 from vigil.remedy.lifecycle import LifecycleStore, Trigger
-from vigil.serve.app import create_app
-from vigil.serve.svg import LEVEL_COLORS
 
 pytestmark = pytest.mark.slow
 

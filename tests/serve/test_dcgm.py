@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from vigil.serve.dcgm import escape_label, render_dcgm
-from vigil.sim import SimConfig, simulate
+from vigil.faces.api.dcgm import escape_label, render_dcgm
+from vigil.sources.sim import SimConfig, simulate
 
 
 def test_rendered_gpu_frame_parses_with_dcgm_labels() -> None:

@@ -8,8 +8,8 @@ from typing import Any
 import typer
 import yaml
 
-from vigil.cli import app
 from vigil.config import Settings
+from vigil.faces.cli.main import app
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
 

@@ -29,7 +29,7 @@ def start_server(home: Path, port: int, db_url: str) -> subprocess.Popen[bytes]:
         "PYTHONPATH": str(REPO),
     }
     process = subprocess.Popen(
-        [sys.executable, "-m", "vigil.cli", "serve", "--port", str(port)],
+        [sys.executable, "-m", "vigil", "serve", "--port", str(port)],
         cwd=REPO,
         env=env,
         stdout=subprocess.DEVNULL,

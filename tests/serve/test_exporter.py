@@ -6,8 +6,8 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.serve.conftest import SimCluster
+from vigil.faces.api.app import create_app
 from vigil.model import IncidentStatus
-from vigil.serve.app import create_app
 
 ALLOWED_LABELS = {"node", "gpu", "level", "detector", "status", "version", "cluster"}
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from vigil.faces.api.hang import StackNode, find_reports, load_hang_report, stack_tree
+from vigil.faces.api.svg import ring
 from vigil.model import VigilInputError
-from vigil.serve.hang import StackNode, find_reports, load_hang_report, stack_tree
-from vigil.serve.svg import ring
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "serve" / "hang_run"
 

@@ -73,7 +73,7 @@ async def exercise(client: Client, cluster: SimCluster) -> None:
 
 def test_mcp_over_stdio(cluster: SimCluster) -> None:
     params = StdioServerParameters(
-        command=sys.executable, args=["-m", "vigil.cli", "mcp"], env=server_env(cluster), cwd=str(REPO)
+        command=sys.executable, args=["-m", "vigil", "mcp"], env=server_env(cluster), cwd=str(REPO)
     )
 
     async def session() -> None:
@@ -88,7 +88,7 @@ def test_mcp_over_streamable_http_with_write_tools(cluster: SimCluster, tmp_path
     log = (tmp_path / "mcp.log").open("w")
     env = {**os.environ, **server_env(cluster)}
     process = subprocess.Popen(
-        [sys.executable, "-m", "vigil.cli", "mcp", "--transport", "http", "--port", str(port), "--allow-writes"],
+        [sys.executable, "-m", "vigil", "mcp", "--transport", "http", "--port", str(port), "--allow-writes"],
         cwd=REPO,
         env=env,
         stdout=log,

@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 
 from tests.serve.conftest import TOKEN, build_cluster, fresh_database
 from tests.serve.test_alertmanager import PAYLOAD
-from vigil.serve.app import create_app
+from vigil.faces.api.app import create_app
 
 pytestmark = pytest.mark.slow
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -11,10 +11,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.serve.conftest import SimCluster, free_port, require_binary, serve_in_thread, wait_for
+from vigil.faces.api.app import create_app
 from vigil.model import VigilInputError
-from vigil.serve.app import create_app
-from vigil.serve.promql import PromQLSource
-from vigil.sim import SimConfig, simulate
+from vigil.sources.promql import PromQLSource
+from vigil.sources.sim import SimConfig, simulate
 from vigil.store.metrics import MetricStore
 
 pytestmark = pytest.mark.slow

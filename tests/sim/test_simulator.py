@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from vigil.model import VigilInputError
-from vigil.sim import FaultPlan, SimConfig, simulate
-from vigil.sim import metrics as M
-from vigil.sim.faults import CATALOGUE, TRAINING_FAULTS
-from vigil.sim.io import load_sim, write_sim
+from vigil.sources.sim import FaultPlan, SimConfig, simulate
+from vigil.sources.sim import metrics as M
+from vigil.sources.sim.faults import CATALOGUE, TRAINING_FAULTS
+from vigil.sources.sim.io import load_sim, write_sim
 
 REQUIRED_DCGM = {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_FB_USED",
                  "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",

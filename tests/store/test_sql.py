@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from vigil.model import Action, ActionKind, Anomaly, Event, FaultLevel, Incident, VigilInputError
-from vigil.sim.cluster import build_topology
+from vigil.sources.sim.cluster import build_topology
 from vigil.store.sql import Store
 
 

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 
 from vigil.detect.xid import xid_info
 from vigil.model import Anomaly, Event, Evidence, FaultLevel, Topology, rank_id
-from vigil.sim import metrics as M
+from vigil.sources.sim import metrics as M
 from vigil.store.metrics import MetricFrame
 
 log = logging.getLogger(__name__)

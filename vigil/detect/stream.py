@@ -14,14 +14,14 @@ from pathlib import Path
 
 import numpy as np
 
-from vigil.detect.simdata import GpuFeaturizer
-from vigil.detect.tce import TCEDetector
+from vigil.detect.learned.tce import TCEDetector
 from vigil.model import Anomaly, Event, Evidence, FaultLevel, Topology, VigilInputError
 from vigil.store.metrics import MetricFrame
+from vigil_eval.simdata import GpuFeaturizer
 
 
 def _fault_level(fault_type: str) -> FaultLevel:
-    from vigil.sim.faults import BY_NAME
+    from vigil.sources.sim.faults import BY_NAME
 
     spec = BY_NAME.get(fault_type)
     return spec.level if spec is not None else FaultLevel.DEGRADED
@@ -46,7 +46,7 @@ class LearnedStreamDetector:
 
     @classmethod
     def from_path(cls, path: Path, topology: Topology, **kw: float) -> LearnedStreamDetector:
-        from vigil.detect.train import load_detector
+        from vigil.detect.learned.train import load_detector
 
         return cls(load_detector(path), topology, **kw)
 

@@ -1,6 +1,6 @@
 """Xid decoding: every Xid code -> mnemonic, NVIDIA's immediate-action bucket, a Vigil fault level and action.
 
-The table shipped in ``vigil/data/xid_levels.csv`` is derived from NVIDIA's Xid catalogue (as published by
+The table shipped in ``vigil/knowledge/data/xid_levels.csv`` is derived from NVIDIA's Xid catalogue (as published by
 leptonai/gpud, Apache-2.0) by ``build_xid_table``; ``python -m vigil.detect.xid CATALOG.csv`` regenerates it and
 a test checks the shipped table against the catalogue in ../shared/data/xid.
 
@@ -107,7 +107,7 @@ def build_xid_table(catalog_csv: Path) -> list[dict[str, str]]:
 
 @lru_cache(maxsize=1)
 def _table() -> dict[int, XidInfo]:
-    text = resources.files("vigil.data").joinpath("xid_levels.csv").read_text()
+    text = resources.files("vigil.knowledge.data").joinpath("xid_levels.csv").read_text()
     table = {}
     for row in csv.DictReader(text.splitlines()):
         code = int(row["xid"])
@@ -167,4 +167,4 @@ def _write_table(catalog_csv: Path, out: Path) -> None:
 
 
 if __name__ == "__main__":
-    _write_table(Path(sys.argv[1]), Path(__file__).resolve().parents[1] / "data" / "xid_levels.csv")
+    _write_table(Path(sys.argv[1]), Path(__file__).resolve().parents[1] / "knowledge" / "data" / "xid_levels.csv")

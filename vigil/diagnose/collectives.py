@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from vigil.probe.records import COLLECTIVE, OpRecord
+from vigil.sources.probe.records import COLLECTIVE, OpRecord
 
 
 @dataclass

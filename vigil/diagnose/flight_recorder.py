@@ -24,7 +24,7 @@ from typing import Any
 from vigil.diagnose.collectives import CollectiveFinding, match_collectives
 from vigil.diagnose.hang import HangDiagnosis, HangKind, Verdict
 from vigil.model import Evidence, VigilInputError, rank_id
-from vigil.probe.records import COLLECTIVE, P2P, OpRecord
+from vigil.sources.probe.records import COLLECTIVE, P2P, OpRecord
 
 SUPPORTED_VERSIONS = ((2, 3), (2, 10))
 _RANK_SUFFIX = re.compile(r"(\d+)(\.json|\.pkl|\.pickle)?$")

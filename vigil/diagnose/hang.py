@@ -21,7 +21,7 @@ from vigil.diagnose.p2p import P2PAnalysis, analyse, states_from_probe
 from vigil.diagnose.stacks import ForkPoint, RankStacks, StackTree, load_stacks, merge_stacks
 from vigil.diagnose.straggler import find_straggler
 from vigil.model import Evidence, VigilInputError, rank_id
-from vigil.probe.records import (
+from vigil.sources.probe.records import (
     DIAGNOSIS_FILE,
     RUN_FILE,
     STACKS_FILE,

@@ -18,7 +18,7 @@ from vigil.diagnose.hang import HangDiagnosis, RunEvidence, diagnose, load_run
 from vigil.diagnose.p2p import analyse, states_from_nccl_proxy
 from vigil.diagnose.stacks import from_pyspy
 from vigil.model import Evidence, VigilInputError, rank_id
-from vigil.probe.records import RUN_FILE
+from vigil.sources.probe.records import RUN_FILE
 
 
 def diagnose_path(path: Path) -> HangDiagnosis:
@@ -70,7 +70,7 @@ def diagnose_proxy_states(path: Path) -> HangDiagnosis:
 
 def read_live_stacks(run: RunEvidence) -> None:
     """py-spy the ranks that still run here; keeps the probe's own stacks where py-spy cannot read."""
-    from vigil.probe.pyspy import dump_all
+    from vigil.sources.probe.pyspy import dump_all
 
     host = socket.gethostname()
     live = {

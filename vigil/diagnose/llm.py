@@ -8,7 +8,7 @@ validated with pydantic and then checked against the facts:
 - every evidence reference must be one the incident has (unknown ones are dropped);
 - the root cause must be one of the ranked candidates (else the top-ranked cause replaces it);
 - every step's action must be in :class:`vigil.model.ActionKind` and its target an entity of the incident's
-  subgraph (else the step is dropped); the command is always rendered from ``vigil/data/kb/actions.yaml``,
+  subgraph (else the step is dropped); the command is always rendered from ``vigil/knowledge/data/kb/actions.yaml``,
   never taken from the model, so no text in a log line or a reply can become a command.
 
 Log lines and metric labels go into the prompt as JSON data under an instruction that they are untrusted.

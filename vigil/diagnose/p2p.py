@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vigil.model import VigilInputError
-from vigil.probe.records import P2P, OpRecord
+from vigil.sources.probe.records import P2P, OpRecord
 
 SEND = "send"
 RECV = "recv"

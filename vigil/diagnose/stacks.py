@@ -23,8 +23,8 @@ RankStacks = dict[int, dict[str, list[Frame]]]
 MAIN_THREAD = "MainThread"
 # Frames that only say "the probe wrapped this call"; they never tell ranks apart usefully.
 _NOISE_FILES = (
-    "vigil/probe/hooks.py",
-    "vigil/probe/bootstrap.py",
+    "vigil/sources/probe/hooks.py",
+    "vigil/sources/probe/bootstrap.py",
     "torch/distributed/c10d_logger.py",
     "<frozen runpy>",
 )

@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from vigil.diagnose.collectives import collective_ops
-from vigil.probe.records import OpRecord
+from vigil.sources.probe.records import OpRecord
 
 
 @dataclass

@@ -195,7 +195,7 @@ def culprits_from_stacks(pids: dict[int, int], timeout_s: float = 10.0) -> list[
     that never arrived is elsewhere. Stacks come from ``py-spy dump`` (works while a rank holds the
     GIL); None when they cannot be read or do not single anyone out.
     """
-    from vigil.probe.pyspy import dump_all
+    from vigil.sources.probe.pyspy import dump_all
 
     dumps = dump_all(pids, timeout_s=timeout_s)
     if dumps.errors or len(dumps.dumps) != len(pids):

@@ -7,7 +7,7 @@ whole scrape with a few numpy operations, and a 10,000-GPU cluster fits in memor
 
 Missing values are NaN (a GPU that fell off the bus has no metrics). Persistence writes one ``.npz`` per
 family chunk under the store's directory; at cluster scale the same frames go to Prometheus /
-VictoriaMetrics instead (see vigil/serve).
+VictoriaMetrics instead (see vigil/faces/api).
 """
 
 from __future__ import annotations

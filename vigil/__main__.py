@@ -1,0 +1,5 @@
+"""`python -m vigil` is the `vigil` command."""
+
+from vigil.faces.cli.main import main
+
+main()

@@ -1,0 +1,366 @@
+"""Temporal Context Encoding (TCE): a fault's long-term trend plus its critical recent context.
+
+One input is a window of ``history`` rows ending now; its last ``recent`` rows are the full-resolution recent
+context. Three branches encode it, and attention fuses them (maths in docs/detection.md):
+
+- recent branch: the recent rows, each standardised by the fleet scaler and, beside it, by the entity's own
+  long history (deviation ``(x - mean_hist) / (std_hist + eps)``), through two dilated 1-D convolutions;
+  one token per recent step.
+- long-history branch: the history averaged over several scales (e.g. 12 and 48 steps: the last hours at
+  coarse resolution) as tokens with a scale embedding, plus a trend token (per-metric slope and spread).
+- context branch: per-window context features (time since job start / restart / checkpoint, counts of recent
+  events) as one token.
+- normal-context memory: ``prototypes`` centroids of the fleet's normal recent contexts (k-means at fit time,
+  fixed buffers); the sorted distances of the current context to them form one more token, and the smallest
+  distance goes straight to the classifier: how unlike anything normal the fleet has shown is this context.
+
+A query built from the recent branch attends over all tokens; query and attended summary feed a classifier
+over ``normal + fault classes``. The anomaly score is ``1 - p(normal)``.
+
+``use_history=False`` / ``use_context=False`` / ``prototypes=0`` remove a part (ablation); the rest is
+unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar, Self
+
+import numpy as np
+import torch
+from torch import nn
+
+from vigil.detect.base import Detector
+from vigil.detect.learned.loss import DynamicClassWeightedLoss, WeightMode
+from vigil.detect.learned.train import Progress, Scaler, TrainReport, ensemble_report, fit_classifier, predict_proba
+from vigil.model import VigilInputError
+from vigil_eval.datasets import WindowSet
+
+DEVIATION_CLIP = 10.0
+# Candidate weights of the novelty term in the anomaly score (0 = the classifier alone; 20 = novelty almost alone).
+NOVELTY_WEIGHTS = (0.0, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 20.0)
+
+
+class TemporalContextEncoder(nn.Module):
+    prototypes: torch.Tensor
+    prototype_scale: torch.Tensor
+
+    def __init__(self, n_features: int, n_classes: int, *, recent: int = 30, history: int = 288,
+                 scales: Sequence[int] = (12, 48), hidden: int = 32, heads: int = 4, n_context: int = 0,
+                 use_history: bool = True, use_context: bool = True, prototypes: int = 0,
+                 prototype_rows: int = 10, dropout: float = 0.1) -> None:
+        super().__init__()
+        if recent > history:
+            raise ValueError(f"recent window ({recent}) longer than the history ({history})")
+        self.n_features = n_features
+        self.recent = recent
+        self.history = history
+        self.scales = tuple(s for s in scales if s <= history - recent) if use_history else ()
+        self.use_history = use_history and history > recent
+        self.use_context = use_context and n_context > 0
+        self.n_context = n_context
+        self._operators: dict[tuple[int, str], torch.Tensor] = {}
+        in_channels = n_features * (2 if self.use_history else 1)
+        self.recent_conv = nn.Sequential(
+            nn.Conv1d(in_channels, hidden, kernel_size=3, padding=1), nn.GELU(),
+            nn.Conv1d(hidden, hidden, kernel_size=3, padding=2, dilation=2), nn.GELU(),
+        )
+        self.recent_pos = nn.Parameter(torch.zeros(recent, hidden))
+        if self.use_history:
+            self.scale_proj = nn.Linear(n_features, hidden)
+            self.scale_embed = nn.Parameter(torch.zeros(len(self.scales), hidden))
+            self.trend_proj = nn.Linear(2 * n_features, hidden)
+        if self.use_context:
+            self.context_proj = nn.Sequential(nn.Linear(n_context, hidden), nn.GELU(), nn.Linear(hidden, hidden))
+        self.prototype_rows = min(prototype_rows, recent)
+        self.n_prototypes = prototypes
+        if prototypes:
+            self.register_buffer("prototypes", torch.zeros(prototypes, self.prototype_rows * n_features))
+            self.register_buffer("prototype_scale", torch.ones(()))
+            self.prototype_proj = nn.Linear(prototypes, hidden)
+        self.query = nn.Linear(2 * hidden, hidden)
+        self.attention = nn.MultiheadAttention(hidden, heads, dropout=dropout, batch_first=True)
+        self.norm = nn.LayerNorm(hidden)
+        head_in = 2 * hidden + (1 if prototypes else 0) + (hidden if self.use_context else 0)
+        self.head = nn.Sequential(nn.Linear(head_in, hidden), nn.GELU(),
+                                  nn.Dropout(dropout),
+                                  nn.Linear(hidden, n_classes))
+
+    def forward(self, window: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
+        """``window``: (batch, history, features), already standardised; ``context``: (batch, n_context)."""
+        recent = window[:, -self.recent:, :]
+        tokens = []
+        if self.use_history:
+            past = window[:, : -self.recent, :]
+            # One matrix product gives every linear statistic of the past (mean, block means, slope), and
+            # one pass the mean square: far cheaper on CPU than reductions along the middle axis.
+            stats = torch.matmul(past.transpose(1, 2), self._past_operator(past.shape[1], window.device))
+            mean = stats[:, :, :1].transpose(1, 2)
+            n = past.shape[1]
+            var = ((past.square().mean(dim=1, keepdim=True) - mean.square()) * (n / max(n - 1, 1))).clamp(min=0.0)
+            std = var.sqrt()
+            deviation = ((recent - mean) / (std + 0.1)).clamp(-DEVIATION_CLIP, DEVIATION_CLIP)
+            recent_in = torch.cat([recent, deviation], dim=2)
+        else:
+            recent_in = recent
+        recent_tokens = self.recent_conv(recent_in.transpose(1, 2)).transpose(1, 2) + self.recent_pos
+        tokens.append(recent_tokens)
+        if self.use_history:
+            column = 1
+            for k, scale in enumerate(self.scales):
+                blocks = past.shape[1] // scale
+                pooled = stats[:, :, column:column + blocks].transpose(1, 2)
+                column += blocks
+                tokens.append(self.scale_proj(pooled) + self.scale_embed[k])
+            slope = stats[:, :, column]
+            tokens.append(self.trend_proj(torch.cat([slope, std.squeeze(1)], dim=1)).unsqueeze(1))
+        context_token = None
+        if self.use_context:
+            if context is None:
+                raise ValueError("this model was built with context features; pass them")
+            context_token = self.context_proj(context)
+            tokens.append(context_token.unsqueeze(1))
+        novelty = None
+        if self.n_prototypes:
+            distances = self.prototype_distances(window)
+            tokens.append(self.prototype_proj(torch.log1p(distances)).unsqueeze(1))
+            novelty = torch.log1p(distances[:, :1])
+        keys = self.norm(torch.cat(tokens, dim=1))
+        summary = torch.cat([recent_tokens.mean(dim=1), recent_tokens[:, -1, :]], dim=1)
+        query = self.query(summary).unsqueeze(1)
+        attended, _ = self.attention(query, keys, keys, need_weights=False)
+        # Context and novelty also reach the classifier directly: a single decisive event (the Xid that
+        # opened a fault) must not depend on the attention finding its token.
+        fused = [query.squeeze(1), attended.squeeze(1)] + [t for t in (novelty, context_token) if t is not None]
+        return self.head(torch.cat(fused, dim=1))
+
+    def _past_operator(self, length: int, device: torch.device) -> torch.Tensor:
+        """(length, 1 + blocks + 1) columns: the mean; the block means of each scale (blocks counted back from
+        the newest row, oldest first); the least-squares slope against time on [-1, 1]."""
+        key = (length, str(device))
+        cached = self._operators.get(key)
+        if cached is not None:
+            return cached
+        columns = [torch.full((length,), 1.0 / length)]
+        for scale in self.scales:
+            blocks = length // scale
+            for b in range(blocks):
+                col = torch.zeros(length)
+                start = length - (blocks - b) * scale
+                col[start:start + scale] = 1.0 / scale
+                columns.append(col)
+        # Centred steps sum to zero, so the slope needs no mean subtracted.
+        steps = torch.linspace(-1.0, 1.0, length)
+        columns.append(steps / steps.pow(2).sum())
+        operator = torch.stack(columns, dim=1).to(device)
+        self._operators[key] = operator
+        return operator
+
+    def prototype_input(self, window: torch.Tensor) -> torch.Tensor:
+        return window[:, -self.prototype_rows:, :].reshape(len(window), -1)
+
+    def prototype_distances(self, window: torch.Tensor) -> torch.Tensor:
+        """Distances to the normal prototypes, ascending, in units of their typical within-cluster distance."""
+        flat = self.prototype_input(window)
+        distances = torch.cdist(flat, self.prototypes) / self.prototype_scale
+        return torch.sort(distances, dim=1).values
+
+    @torch.no_grad()
+    def set_prototypes(self, normal_windows: torch.Tensor, seed: int = 0) -> None:
+        """k-means centroids of normal contexts; the scale is the median distance of a normal context to its
+        nearest centroid, so distances read the same for any metric count."""
+        from sklearn.cluster import MiniBatchKMeans
+
+        flat = self.prototype_input(normal_windows).numpy()
+        k = min(self.n_prototypes, len(flat))
+        km = MiniBatchKMeans(n_clusters=k, random_state=seed, n_init=3).fit(flat)
+        centres = torch.from_numpy(km.cluster_centers_.astype("float32"))
+        if k < self.n_prototypes:
+            centres = torch.cat([centres, centres[:1].repeat(self.n_prototypes - k, 1)])
+        self.prototypes.copy_(centres)
+        nearest = torch.cdist(torch.from_numpy(flat), centres).min(dim=1).values
+        self.prototype_scale.copy_(nearest.median().clamp(min=1e-6))
+
+
+class TCEEnsemble(nn.Module):
+    """Members trained from different seeds; the prediction averages their logits (a geometric mean of their
+    class probabilities). Averaging removes most of the seed-to-seed variance of a model trained on few
+    labelled faults."""
+
+    def __init__(self, members: Sequence[TemporalContextEncoder]) -> None:
+        super().__init__()
+        self.members = nn.ModuleList(members)
+
+    def forward(self, window: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
+        return torch.stack([member(window, context) for member in self.members]).mean(dim=0)
+
+
+class TCEDetector(Detector):
+    """TCE behind the detector interface: ``fit`` on labelled windows, ``score`` = 1 - p(normal).
+
+    ``X`` is (n, history, features) windows or a ``WindowSet``; ``y`` is the class index per window (0 normal);
+    ``context`` is (n, n_context) or None.
+    """
+
+    name: ClassVar[str] = "tce"
+
+    def __init__(self, recent: int = 30, history: int = 288, scales: tuple[int, ...] = (12, 48),
+                 hidden: int = 32, heads: int = 4, use_history: bool = True, use_context: bool = True,
+                 prototypes: int = 16, weight_mode: WeightMode = "dynamic", gamma: float = 1.0, epochs: int = 10,
+                 batch_size: int = 256, lr: float = 2e-3, patience: int = 3, steps_per_epoch: int | None = None,
+                 seed: int = 0, members: int = 1) -> None:
+        self.recent = recent
+        self.history = history
+        self.scales = scales
+        self.hidden = hidden
+        self.heads = heads
+        self.use_history = use_history
+        self.use_context = use_context
+        self.prototypes = prototypes
+        self.weight_mode = weight_mode
+        self.gamma = gamma
+        self.epochs = epochs
+        self.batch_size = batch_size
+        self.lr = lr
+        self.patience = patience
+        self.steps_per_epoch = steps_per_epoch
+        self.seed = seed
+        self.members = members
+
+    def member_seeds(self) -> list[int]:
+        """Disjoint seeds per detector seed: seed 0 trains members 0..k-1, seed 1 members k..2k-1."""
+        return [self.seed * self.members + i for i in range(self.members)] if self.members > 1 else [self.seed]
+
+    def build_model(self, n_features: int, n_classes: int, n_context: int) -> nn.Module:
+        """One encoder, or an ensemble of ``members`` encoders."""
+        if self.members < 1:
+            raise VigilInputError(f"tce: members must be >= 1, got {self.members}")
+        models = []
+        for seed in self.member_seeds():
+            torch.manual_seed(seed)
+            models.append(TemporalContextEncoder(n_features, n_classes, recent=self.recent, history=self.history,
+                                                 scales=self.scales, hidden=self.hidden, heads=self.heads,
+                                                 n_context=n_context, use_history=self.use_history,
+                                                 use_context=self.use_context, prototypes=self.prototypes))
+        return models[0] if self.members == 1 else TCEEnsemble(models)
+
+    def _as_windows(self, X: Any, y: np.ndarray | None = None, context: np.ndarray | None = None) -> WindowSet:
+        if isinstance(X, WindowSet):
+            data = X
+        else:
+            arr = np.asarray(X, dtype=np.float32)
+            if arr.ndim != 3:
+                raise VigilInputError(f"tce: expected windows of shape (n, {self.history}, features), got {arr.shape}")
+            if not np.isfinite(arr).all():
+                raise VigilInputError("tce: input holds NaN or infinite values; impute gaps first "
+                                      "(docs/detection.md)")
+            data = WindowSet.from_array(arr, y, context)
+        if data.length != self.history:
+            raise VigilInputError(f"tce: windows of {data.length} rows, the model reads {self.history}")
+        n_features = getattr(self, "features_", None)
+        if n_features is not None and data.n_features != len(n_features):
+            raise VigilInputError(f"tce: expected {len(n_features)} features (as at fit time), got {data.n_features}")
+        return data
+
+    def fit(self, X: Any, y: np.ndarray | None = None, *, context: np.ndarray | None = None,
+            validation: WindowSet | None = None, classes: Sequence[str] | None = None,
+            features: Sequence[str] | None = None, normal_subsample: float = 1.0,
+            calibration: WindowSet | None = None, progress: Progress | None = None) -> Self:
+        """Train on labelled windows. ``normal_subsample``: the factor by which normal windows were thinned
+        in ``X`` (kept: one in ``normal_subsample``); predictions add ``log(normal_subsample)`` to the normal
+        logit, restoring the true prior (logit adjustment) so thinning for speed does not flood false alarms.
+        ``calibration``: labelled windows of an entity kept out of training; they choose how much the
+        novelty term weighs in the anomaly score (``calibrate``)."""
+        data = self._as_windows(X, y, context)
+        labels = data.labels
+        if y is None and not isinstance(X, WindowSet):
+            raise VigilInputError("tce: training needs labels (0 normal, k fault class k)")
+        n_classes = max(len(classes) if classes else 0, int(labels.max(initial=0)) + 1, 2)
+        self.classes_ = list(classes) if classes else ["normal"] + [f"class_{k}" for k in range(1, n_classes)]
+        self.features_ = list(features) if features else [f"m{i}" for i in range(data.n_features)]
+        ctx = data.context
+        self.n_context_ = 0 if ctx is None else int(ctx.shape[1])
+        self.scaler_ = Scaler.fit(data.last_rows(seed=self.seed))
+        self.model_ = self.build_model(data.n_features, n_classes, self.n_context_)
+        counts = torch.bincount(torch.from_numpy(labels), minlength=n_classes)
+        self.logit_bias_ = [float(np.log(max(normal_subsample, 1.0)))] + [0.0] * (n_classes - 1)
+        encoders = [m for m in self.model_.modules() if isinstance(m, TemporalContextEncoder)]
+        normal = np.flatnonzero(labels == 0)
+        reports, weights = [], []
+        for seed, encoder in zip(self.member_seeds(), encoders, strict=True):
+            if self.prototypes:
+                pick = np.sort(np.random.default_rng(seed).choice(normal, min(len(normal), 20000), replace=False))
+                encoder.set_prototypes(torch.from_numpy(self.scaler_.transform(data.take(pick, last=self.recent))),
+                                       seed=seed)
+            loss_fn = DynamicClassWeightedLoss(n_classes, self.weight_mode, gamma=self.gamma, class_counts=counts,
+                                               normal_subsample=normal_subsample)
+            reports.append(fit_classifier(
+                encoder, loss_fn, data, validation, self.scaler_, epochs=self.epochs,
+                batch_size=self.batch_size, lr=self.lr, patience=self.patience,
+                steps_per_epoch=self.steps_per_epoch, seed=seed, logit_bias=self.logit_bias_, progress=progress))
+            weights.append(loss_fn.current_weights())
+        self.report_: TrainReport = reports[0]
+        if len(reports) > 1:
+            self.report_ = ensemble_report(reports, self.model_, validation, self.scaler_, self.logit_bias_)
+        self.class_weights_ = torch.stack(weights).mean(dim=0).tolist()
+        self.threshold_ = 0.5
+        self.novelty_weight_ = 0.0
+        if calibration is not None:
+            self.calibrate(calibration)
+        return self
+
+    def novelty(self, X: Any, context: np.ndarray | None = None) -> np.ndarray:
+        """``log(1 + d)`` with ``d`` the distance of each window's recent context to the nearest normal
+        prototype (in units of the typical normal distance), averaged over ensemble members."""
+        if getattr(self, "model_", None) is None:
+            raise VigilInputError("tce: fit or load the model first")
+        encoders = [m for m in self.model_.modules() if isinstance(m, TemporalContextEncoder)]
+        if not encoders[0].n_prototypes:
+            raise VigilInputError("tce: this model has no normal-context memory (prototypes=0), so no novelty")
+        data = self._as_windows(X, None, context)
+        out = []
+        with torch.no_grad():
+            for start in range(0, len(data), 4096):
+                rows = np.arange(start, min(start + 4096, len(data)))
+                recent = torch.from_numpy(self.scaler_.transform(data.take(rows, last=encoders[0].prototype_rows)))
+                nearest = [torch.log1p(e.prototype_distances(recent)[:, 0]) for e in encoders]
+                out.append(torch.stack(nearest).mean(dim=0).numpy())
+        return np.concatenate(out) if out else np.zeros(0, dtype=np.float32)
+
+    def calibrate(self, windows: WindowSet) -> float:
+        """Choose the novelty weight ``w`` of ``score = 1 - p(normal) + w * novelty`` by AUC-PR on labelled
+        windows of an entity the classifier never trained on. A supervised model is sure of the faults it was
+        shown; on a machine it has never seen, how unlike any normal context the fleet has shown a window is
+        often says more. Validation windows of the training entities cannot tell the two apart, so the
+        weight is chosen on a held-out entity. Without a fault in ``windows`` (or without prototypes) the
+        weight stays 0."""
+        from sklearn.metrics import average_precision_score
+
+        self.novelty_weight_ = 0.0
+        labels = windows.labels > 0
+        if not self.prototypes or not labels.any() or labels.all():
+            return 0.0
+        supervised = 1.0 - self.predict_proba(windows)[:, 0]
+        novelty = self.novelty(windows)
+        scores = {w: float(average_precision_score(labels, supervised + w * novelty)) for w in NOVELTY_WEIGHTS}
+        # The smallest weight among the best: the supervised score unless novelty clearly helps.
+        self.novelty_weight_ = max(NOVELTY_WEIGHTS, key=lambda w: (round(scores[w], 4), -w))
+        self.calibration_ = {str(w): v for w, v in scores.items()}
+        return self.novelty_weight_
+
+    def predict_proba(self, X: Any, context: np.ndarray | None = None) -> np.ndarray:
+        if getattr(self, "model_", None) is None:
+            raise VigilInputError("tce: fit or load the model first")
+        data = self._as_windows(X, None, context)
+        if self.n_context_ and data.context is None:
+            raise VigilInputError(f"tce: the model reads {self.n_context_} context features per window; none given")
+        return predict_proba(self.model_, data, self.scaler_, logit_bias=getattr(self, "logit_bias_", None))
+
+    def score(self, X: Any, context: np.ndarray | None = None) -> np.ndarray:
+        """``1 - p(normal)``, plus the calibrated novelty term when ``calibrate`` chose a weight above 0."""
+        supervised = 1.0 - self.predict_proba(X, context)[:, 0]
+        weight = getattr(self, "novelty_weight_", 0.0)
+        return supervised + weight * self.novelty(X, context) if weight else supervised
+
+    def predict_class(self, X: Any, context: np.ndarray | None = None) -> np.ndarray:
+        return self.predict_proba(X, context).argmax(axis=1)

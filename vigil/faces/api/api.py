@@ -1,0 +1,383 @@
+"""REST API under /api/v1: the vigil/model.py records are the request and response bodies."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request, status
+from pydantic import BaseModel, Field
+
+from vigil.faces.api.alertmanager import alerts_to_events, parse_payload
+from vigil.faces.api.auth import check_token
+from vigil.faces.api.context import ServeContext
+from vigil.faces.api.hang import load_hang_report, stack_tree
+from vigil.model import (
+    Action,
+    ActionKind,
+    ActionStatus,
+    Diagnosis,
+    EntityId,
+    Event,
+    Incident,
+    IncidentStatus,
+    Topology,
+    VigilInputError,
+    parse_entity,
+)
+
+router = APIRouter(prefix="/api/v1")
+Writer = Annotated[str, Depends(check_token)]
+
+
+async def ctx_of(request: Request) -> ServeContext:
+    return request.app.state.ctx
+
+
+Ctx = Annotated[ServeContext, Depends(ctx_of)]
+
+
+def _not_found(what: str, key: str) -> HTTPException:
+    return HTTPException(status.HTTP_404_NOT_FOUND, f"no {what} {key!r}")
+
+
+class ActionRequest(BaseModel):
+    """Propose an action; it is recorded as ``proposed`` and runs only after approve + execute."""
+
+    model_config = {"extra": "forbid"}
+
+    kind: ActionKind
+    target: EntityId
+    incident_id: str | None = None
+    reason: str = Field(default="", max_length=2000)
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class StatusChange(BaseModel):
+    model_config = {"extra": "forbid"}
+
+    status: IncidentStatus
+
+
+@router.get("/health", tags=["meta"])
+def health(ctx: Ctx) -> dict[str, Any]:
+    """Liveness with a store round trip (a count), cheap enough for a load balancer to poll."""
+    return {"status": "ok", "incidents": ctx.store.count_incidents()}
+
+
+# ------------------------------------------------------------------------------------------ cluster
+
+
+@router.get("/topology", tags=["cluster"])
+def topology(ctx: Ctx) -> Topology:
+    return ctx.topology()
+
+
+@router.get("/nodes", tags=["cluster"])
+def nodes(ctx: Ctx) -> list[dict[str, Any]]:
+    """Every node with its worst open fault level and its GPUs' levels (0 healthy .. 4 isolate)."""
+    return ctx.node_grid()
+
+
+@router.get("/nodes/{name}", tags=["cluster"])
+def node(name: str, ctx: Ctx) -> dict[str, Any]:
+    """One node: its record, fault level, lifecycle stage and steps, recent events and actions."""
+    try:
+        return ctx.node_lifecycle(name)
+    except KeyError:
+        raise _not_found("node", name) from None
+
+
+@router.get("/gpus", tags=["cluster"])
+def gpus(ctx: Ctx, min_level: Annotated[int, Query(ge=0, le=4)] = 0) -> list[dict[str, Any]]:
+    """GPUs at or above ``min_level``."""
+    return [{**g, "node": row["name"]} for row in ctx.node_grid() for g in row["gpus"] if g["level"] >= min_level]
+
+
+@router.get("/jobs", tags=["cluster"])
+def jobs(ctx: Ctx) -> list[dict[str, Any]]:
+    return [j.model_dump() for j in ctx.topology().jobs]
+
+
+@router.get("/jobs/{job}", tags=["cluster"])
+def job(job: str, ctx: Ctx, last: Annotated[int, Query(ge=1, le=10000)] = 240) -> dict[str, Any]:
+    """A job's placement and per-rank step times (``vigil_job_step_time_seconds``)."""
+    try:
+        return ctx.job_step_times(job, last=last)
+    except KeyError:
+        raise _not_found("job", job) from None
+
+
+# ------------------------------------------------------------------------------------------ incidents
+
+
+@router.get("/incidents", tags=["incidents"])
+def incidents(
+    ctx: Ctx,
+    status_: Annotated[IncidentStatus | None, Query(alias="status")] = None,
+    limit: Annotated[int, Query(ge=1, le=10000)] = 200,
+) -> list[Incident]:
+    return ctx.store.incidents(status=status_, limit=limit)
+
+
+@router.post("/incidents", tags=["incidents"], status_code=status.HTTP_201_CREATED)
+def create_incident(incident: Incident, ctx: Ctx, user: Writer) -> Incident:
+    """Record an incident (from an external detector); committed before the response is sent."""
+    ctx.store.upsert_incident(incident)
+    ctx.invalidate()
+    return incident
+
+
+@router.get("/incidents/{incident_id}", tags=["incidents"])
+def incident(incident_id: str, ctx: Ctx) -> Incident:
+    found = ctx.store.incident(incident_id)
+    if found is None:
+        raise _not_found("incident", incident_id)
+    return found
+
+
+@router.post("/incidents/{incident_id}/status", tags=["incidents"])
+def set_incident_status(incident_id: str, change: StatusChange, ctx: Ctx, user: Writer) -> Incident:
+    """Acknowledge or resolve an incident."""
+    found = ctx.store.incident(incident_id)
+    if found is None:
+        raise _not_found("incident", incident_id)
+    found.status = change.status
+    ctx.store.upsert_incident(found)
+    ctx.invalidate()
+    return found
+
+
+@router.get("/incidents/{incident_id}/diagnosis", tags=["incidents"])
+def diagnosis(incident_id: str, ctx: Ctx) -> Diagnosis:
+    found = ctx.store.diagnosis(incident_id)
+    if found is None:
+        raise _not_found("diagnosis for incident", incident_id)
+    return found
+
+
+@router.post("/incidents/{incident_id}/diagnose", tags=["incidents"])
+def run_diagnosis(incident_id: str, ctx: Ctx, user: Writer) -> Diagnosis:
+    """Rank root causes now (knowledge graph; the LLM when configured) and store the diagnosis."""
+    try:
+        return ctx.diagnose(incident_id)
+    except KeyError:
+        raise _not_found("incident", incident_id) from None
+
+
+@router.put("/incidents/{incident_id}/diagnosis", tags=["incidents"])
+def save_diagnosis(incident_id: str, body: Diagnosis, ctx: Ctx, user: Writer) -> Diagnosis:
+    if body.incident_id != incident_id:
+        raise HTTPException(
+            status.HTTP_400_BAD_REQUEST,
+            f"field 'incident_id' is {body.incident_id!r} but the path names {incident_id!r}",
+        )
+    if ctx.store.incident(incident_id) is None:
+        raise _not_found("incident", incident_id)
+    ctx.store.save_diagnosis(body)
+    return body
+
+
+# ------------------------------------------------------------------------------------------ actions
+
+
+@router.get("/actions", tags=["actions"])
+def actions(
+    ctx: Ctx, incident_id: str | None = None, limit: Annotated[int, Query(ge=1, le=10000)] = 200
+) -> list[Action]:
+    return ctx.store.actions(incident_id=incident_id, limit=limit)
+
+
+@router.post("/actions", tags=["actions"], status_code=status.HTTP_201_CREATED)
+def propose_action(body: ActionRequest, ctx: Ctx, user: Writer) -> Action:
+    if body.incident_id is not None and ctx.store.incident(body.incident_id) is None:
+        raise _not_found("incident", body.incident_id)
+    action = Action(
+        ts=time.time(),
+        kind=body.kind,
+        target=body.target,
+        incident_id=body.incident_id,
+        reason=body.reason,
+        requested_by=user,
+        params=body.params,
+    )
+    ctx.store.add_action(action)
+    return action
+
+
+def _action(ctx: ServeContext, action_id: str) -> Action:
+    found = ctx.store.action(action_id)
+    if found is None:
+        raise _not_found("action", action_id)
+    return found
+
+
+@router.post("/actions/{action_id}/approve", tags=["actions"])
+def approve_action(action_id: str, ctx: Ctx, user: Writer) -> Action:
+    """proposed -> approved (idempotent for an approved action)."""
+    with ctx.action_lock:
+        action = _action(ctx, action_id)
+        if action.status is ActionStatus.APPROVED:
+            return action
+        if action.status is not ActionStatus.PROPOSED:
+            raise HTTPException(
+                status.HTTP_409_CONFLICT,
+                f"action {action_id} is {action.status.value}; only a proposed action can be approved",
+            )
+        action.status = ActionStatus.APPROVED
+        action.params = {**action.params, "approved_by": user, "approved_at": time.time()}
+        ctx.store.update_action(action)
+        return action
+
+
+@router.post("/actions/{action_id}/execute", tags=["actions"])
+def execute_action(action_id: str, ctx: Ctx, user: Writer, dry_run: Annotated[bool, Query()] = True) -> Action:
+    """Run an approved action. ``dry_run=true`` (the default) records what would happen and changes nothing;
+    a real run also needs ``execute_actions`` on in the settings and an actuator configured."""
+    with ctx.action_lock:
+        action = _action(ctx, action_id)
+        if action.status is not ActionStatus.APPROVED:
+            raise HTTPException(
+                status.HTTP_409_CONFLICT,
+                f"action {action_id} is {action.status.value}; approve it before executing",
+            )
+        if not dry_run and not ctx.settings.execute_actions:
+            raise HTTPException(
+                status.HTTP_409_CONFLICT,
+                "real execution is off (settings execute_actions=false); use dry_run=true",
+            )
+        if not dry_run and ctx.executor is None:
+            raise HTTPException(status.HTTP_409_CONFLICT, "no actuator is configured on this server")
+        action.dry_run = dry_run
+        if dry_run:
+            action.status = ActionStatus.EXECUTED
+            action.result = f"dry-run: would {action.kind.value} {action.target}"
+        else:
+            assert ctx.executor is not None
+            # The remediator decides (blast-radius guard, lifecycle, idempotence) and runs the actuator; its
+            # verdict - executed, skipped, refused or failed - is what the action records.
+            decided = ctx.executor(action)
+            action.status, action.result = decided.status, decided.result
+            action.params = {**action.params, **decided.params}
+        action.params = {**action.params, "executed_by": user, "executed_at": time.time()}
+        ctx.store.update_action(action)
+        return action
+
+
+# ------------------------------------------------------------------------------------------ events
+
+
+@router.get("/events", tags=["events"])
+def events(
+    ctx: Ctx,
+    entity: str | None = None,
+    kind: str | None = None,
+    since: float | None = None,
+    until: float | None = None,
+    limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
+) -> list[Event]:
+    if entity is not None:
+        parse_entity(entity)
+    return ctx.store.events(entity=entity, kind=kind, since=since, until=until, limit=limit)
+
+
+@router.post("/events", tags=["events"], status_code=status.HTTP_201_CREATED)
+def add_events(body: Annotated[list[Event], Body(max_length=10000)], ctx: Ctx, user: Writer) -> dict[str, int]:
+    ctx.store.add_events(body)
+    return {"stored": len(body)}
+
+
+@router.post("/alertmanager", tags=["events"])
+def alertmanager_webhook(payload: Annotated[dict[str, Any], Body()], ctx: Ctx, user: Writer) -> dict[str, Any]:
+    """Alertmanager webhook (payload version 4; unknown fields accepted): each alert becomes an Event."""
+    parsed = parse_payload(payload)
+    new_events = alerts_to_events(parsed, cluster=ctx.collector.cluster)
+    ctx.store.add_events(new_events)
+    for alert in parsed.alerts:
+        ctx.collector.alerts_received[alert.status] += 1
+    return {"stored": len(new_events), "entities": sorted({e.entity for e in new_events})}
+
+
+# ------------------------------------------------------------------------------------------ metrics
+
+
+@router.get("/metrics/series", tags=["metrics"])
+def metric_series(
+    ctx: Ctx,
+    entity: str,
+    metric: Annotated[str, Query(pattern=r"^[A-Za-z_:][A-Za-z0-9_:]*$", max_length=200)],
+    start: float | None = None,
+    end: float | None = None,
+) -> dict[str, Any]:
+    """One entity's metric from the configured source (embedded store or Prometheus)."""
+    parse_entity(entity)
+    ts, values = ctx.series(entity, metric, start, end)
+    return {
+        "entity": entity,
+        "metric": metric,
+        "ts": ts.tolist(),
+        "values": [None if v != v else float(v) for v in values],
+    }
+
+
+@router.get("/metrics/query", tags=["metrics"])
+def promql_query(
+    ctx: Ctx,
+    query: Annotated[str, Query(min_length=1, max_length=4000)],
+    time_: Annotated[float | None, Query(alias="time")] = None,
+) -> list[dict[str, Any]]:
+    """A PromQL instant query against the configured Prometheus-compatible API."""
+    if ctx.prom is None:
+        raise HTTPException(
+            status.HTTP_400_BAD_REQUEST, "no Prometheus-compatible API configured: set VIGIL_METRICS_URL"
+        )
+    return [
+        {"labels": s.labels, "ts": float(s.ts[0]), "value": float(s.values[0])} for s in ctx.prom.query(query, at=time_)
+    ]
+
+
+# ------------------------------------------------------------------------------------------ hangs
+
+
+@router.get("/hangs", tags=["hangs"])
+def hangs(ctx: Ctx) -> list[dict[str, Any]]:
+    """Runs of ``vigil launch`` under the server's launch directories, with their verdicts."""
+    out = []
+    for name, path in sorted(ctx.hang_reports().items()):
+        try:
+            report = load_hang_report(path)
+            out.append(
+                {
+                    "name": name,
+                    "verdict": report.verdict,
+                    "culprit_ranks": report.culprit_ranks,
+                    "hang_kind": report.hang_kind,
+                }
+            )
+        except VigilInputError as err:
+            out.append({"name": name, "verdict": "unreadable", "error": str(err)})
+    return out
+
+
+@router.get("/hangs/{name}", tags=["hangs"])
+def hang(name: str, ctx: Ctx) -> dict[str, Any]:
+    path = ctx.hang_reports().get(name)
+    if path is None:
+        raise _not_found("launch run", name)
+    report = load_hang_report(path)
+    tree = stack_tree(report.stacks, report.fork_point)
+    return {
+        **report.raw,
+        "name": report.name,
+        "world_size": report.world_size,
+        "stack_tree": _tree_dict(tree),
+    }
+
+
+def _tree_dict(node: Any) -> dict[str, Any]:
+    return {
+        "frame": node.frame,
+        "ranks": node.ranks,
+        "fork_point": node.is_fork_point,
+        "children": [_tree_dict(c) for c in node.children],
+    }

@@ -1,0 +1,113 @@
+"""The FastAPI application: REST API, dashboard, /metrics, Alertmanager webhook, simulated dcgm-exporter."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.staticfiles import StaticFiles
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from vigil import __version__
+from vigil.config import Settings
+from vigil.config import settings as default_settings
+from vigil.faces.api import api, dashboard
+from vigil.faces.api.context import ServeContext
+from vigil.faces.api.dcgm import CONTENT_TYPE as DCGM_CONTENT_TYPE
+from vigil.faces.api.dcgm import render_dcgm
+from vigil.faces.api.exporter import render_metrics
+from vigil.model import Action, VigilInputError
+from vigil.remedy.lifecycle import LifecycleStore
+from vigil.sources.promql import PromQLSource
+from vigil.store.metrics import MetricFrame, MetricStore
+
+if TYPE_CHECKING:
+    from vigil.store.sql import Store
+
+
+def _one_line_validation(err: RequestValidationError) -> str:
+    parts = []
+    for item in err.errors()[:5]:
+        where = ".".join(str(p) for p in item.get("loc", ()) if p != "body") or "body"
+        parts.append(f"{where}: {item.get('msg', 'invalid')}")
+    return "; ".join(parts)
+
+
+def create_app(
+    store: Store,
+    metrics: MetricStore | None = None,
+    settings: Settings | None = None,
+    *,
+    prom: PromQLSource | None = None,
+    launch_dirs: list[Path] | None = None,
+    executor: Callable[[Action], Action] | None = None,
+    lifecycle: LifecycleStore | None = None,
+) -> FastAPI:
+    """Build the server over a Store (events, incidents, actions, topology) and a metrics source: the
+    embedded MetricStore, or ``prom`` (a PromQLSource) for an existing Prometheus / VictoriaMetrics."""
+    ctx = ServeContext(
+        store=store,
+        settings=settings or default_settings(),
+        metrics=metrics,
+        prom=prom,
+        launch_dirs=list(launch_dirs or []),
+        executor=executor,
+        lifecycle=lifecycle,
+    )
+    return app_for_context(ctx)
+
+
+def app_for_context(ctx: ServeContext) -> FastAPI:
+    app = FastAPI(
+        docs_url=None,  # /docs is served from the package (dashboard.api_docs), not Swagger UI from a CDN
+        redoc_url=None,
+        title="Vigil",
+        version=__version__,
+        description="Observe, detect, localize, diagnose and remedy faults on AI training clusters. "
+        "Reads are open; writes need 'Authorization: Bearer <api_token>'.",
+    )
+    app.state.ctx = ctx
+
+    @app.exception_handler(VigilInputError)
+    async def _bad_input(request: Request, err: VigilInputError) -> JSONResponse:
+        return JSONResponse({"detail": str(err)}, status_code=400)
+
+    @app.exception_handler(RequestValidationError)
+    async def _bad_request(request: Request, err: RequestValidationError) -> JSONResponse:
+        return JSONResponse(
+            {
+                "detail": f"invalid request: {_one_line_validation(err)}",
+                "errors": [{k: e[k] for k in ("loc", "msg", "type") if k in e} for e in err.errors()[:20]],
+            },
+            status_code=422,
+        )
+
+    @app.get("/metrics", include_in_schema=False)
+    def metrics_endpoint() -> Response:
+        return Response(render_metrics(ctx.collector), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/sim/dcgm/metrics", include_in_schema=False)
+    def simulated_dcgm_exporter() -> Response:
+        """The latest ``gpu`` frame of the embedded store, as a dcgm-exporter on every node would print it."""
+        if ctx.metrics is None or "gpu" not in ctx.metrics.families():
+            return PlainTextResponse("no simulated GPU frames loaded\n", status_code=404)
+        ts, values = ctx.metrics.window("gpu", 1)
+        frame = MetricFrame(
+            ts=float(ts[-1]),
+            family="gpu",
+            entities=ctx.metrics.entities("gpu"),
+            metrics=ctx.metrics.metrics("gpu"),
+            values=values[-1],
+        )
+        return Response(render_dcgm(frame, ctx.topology()), media_type=DCGM_CONTENT_TYPE)
+
+    app.include_router(api.router)
+    app.include_router(dashboard.router)
+    static_dir = resources.files("vigil.faces.api") / "static"
+    app.mount("/static", StaticFiles(directory=str(static_dir)), name="static")
+    return app

@@ -1,0 +1,229 @@
+"""What the server works from, and the read models that the REST API, the dashboard and MCP share."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from vigil.config import Settings
+from vigil.faces.api.exporter import VigilCollector
+from vigil.faces.api.hang import find_reports
+from vigil.model import Action, Diagnosis, Event, FaultLevel, Topology, VigilInputError
+from vigil.remedy.lifecycle import LifecycleStore
+from vigil.sources.promql import PromQLSource
+from vigil.store.metrics import MetricStore
+
+if TYPE_CHECKING:
+    from vigil.store.sql import Store
+
+STEP_TIME = "vigil_job_step_time_seconds"
+
+
+class MetricsSource(Protocol):
+    def series(
+        self, entity: str, metric: str, start: float | None = None, end: float | None = None
+    ) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+@dataclass
+class _Snapshot:
+    taken: float
+    topology: Topology
+    grid: list[dict[str, Any]]
+
+
+def _grid(topology: Topology, health: dict[str, FaultLevel]) -> list[dict[str, Any]]:
+    rows = []
+    for node in topology.nodes:
+        gpus: list[dict[str, Any]] = []
+        for gpu in node.gpus:
+            entity = f"gpu/{node.name}/{gpu.index}"
+            gpus.append({"id": entity, "index": gpu.index, "model": gpu.model, "level": int(health.get(entity, 0))})
+        own = int(health.get(f"node/{node.name}", 0))
+        rows.append(
+            {
+                "name": node.name,
+                "id": f"node/{node.name}",
+                "rack": node.rack,
+                "switch": node.switch,
+                "node_level": own,
+                "level": max([own, *(g["level"] for g in gpus)]),
+                "gpus": gpus,
+            }
+        )
+    return rows
+
+
+@dataclass
+class ServeContext:
+    store: Store
+    settings: Settings
+    metrics: MetricStore | None = None
+    prom: PromQLSource | None = None
+    launch_dirs: list[Path] = field(default_factory=list)
+    executor: Callable[[Action], Action] | None = None
+    lifecycle: LifecycleStore | None = None
+    collector: VigilCollector = field(init=False)
+    # Actions are read-modify-write (approve, execute); one lock keeps two approvals from racing.
+    action_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    cache_ttl_s: float = 1.0
+    _cache: _Snapshot | None = field(default=None, init=False)
+    _cache_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _kg: tuple[Topology, Any] | None = field(default=None, init=False)
+    _kg_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+
+    def __post_init__(self) -> None:
+        topology = self.store.topology()
+        self.collector = VigilCollector(self.store, self.node_grid, cluster=topology.cluster if topology else "vigil")
+
+    # ------------------------------------------------------------------ metrics
+
+    def metric_source(self) -> MetricsSource | None:
+        return self.prom if self.prom is not None else self.metrics
+
+    def series(
+        self, entity: str, metric: str, start: float | None = None, end: float | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        source = self.metric_source()
+        if source is None:
+            raise VigilInputError("no metrics source: start the server with a metric store or VIGIL_METRICS_URL")
+        return source.series(entity, metric, start, end)
+
+    # ------------------------------------------------------------------ views
+
+    def _snapshot(self) -> _Snapshot:
+        """Topology and heat map, rebuilt at most every ``cache_ttl_s``: the dashboard and agents poll them
+        far more often than they change, and both cost a full topology parse. Local writes invalidate."""
+        with self._cache_lock:
+            now = time.monotonic()
+            if self._cache is not None and now - self._cache.taken < self.cache_ttl_s:
+                return self._cache
+            topology = self.store.topology() or Topology()
+            health = self.store.node_health()
+            self._cache = _Snapshot(now, topology, _grid(topology, health))
+            return self._cache
+
+    def invalidate(self) -> None:
+        with self._cache_lock:
+            self._cache = None
+
+    def topology(self) -> Topology:
+        return self._snapshot().topology
+
+    def node_grid(self) -> list[dict[str, Any]]:
+        """Nodes x GPUs with the worst open fault level of each (the heat map)."""
+        return self._snapshot().grid
+
+    def job_step_times(self, job: str, last: int = 240) -> dict[str, Any]:
+        """Per-rank step times of a job: from rank entities when the source has them, else the job's own."""
+        topology = self.topology()
+        spec = next((j for j in topology.jobs if j.id == job), None)
+        if spec is None:
+            raise KeyError(job)
+        ranks: dict[int, dict[str, list[Any]]] = {}
+        for rank in range(spec.world_size):
+            ts, values = self._try_series(f"job/{job}/rank/{rank}", STEP_TIME)
+            if len(ts):
+                ranks[rank] = {"ts": ts[-last:].tolist(), "values": _clean(values[-last:])}
+        job_ts, job_values = self._try_series(f"job/{job}", STEP_TIME)
+        return {
+            "job": spec.model_dump(),
+            "ranks": ranks,
+            "job_series": {"ts": job_ts[-last:].tolist(), "values": _clean(job_values[-last:])},
+        }
+
+    def _try_series(self, entity: str, metric: str) -> tuple[np.ndarray, np.ndarray]:
+        try:
+            return self.series(entity, metric)
+        except VigilInputError:
+            return np.empty(0), np.empty(0)
+
+    def node_lifecycle(self, name: str) -> dict[str, Any]:
+        """A node's lifecycle (healthy -> suspect -> cordoned -> draining -> repairing -> self_check -> back)
+        as the remediator recorded it (vigil/remedy/lifecycle.py), with its recent events and actions."""
+        topology = self.topology()
+        try:
+            node = topology.node(name)
+        except KeyError:
+            raise KeyError(name) from None
+        node_entities = {node.id, *(g.id for g in node.gpus), *(n.id for n in node.nics)}
+        actions = sorted((a for a in self.store.actions(limit=100000) if a.target in node_entities), key=lambda a: a.ts)
+        events = self.store.events(entity=node.id, limit=500)
+        for gpu in node.gpus:
+            events.extend(self.store.events(entity=gpu.id, limit=200))
+        events.sort(key=lambda e: e.ts)
+        health = self.store.node_health()
+        level = max([int(health.get(e, 0)) for e in node_entities] or [0])
+        state, since, reason, steps = "healthy", 0.0, "", []
+        if self.lifecycle is not None:
+            status = self.lifecycle.status(node.id)
+            state, since, reason = status.state.value, status.since, status.reason
+            steps = [
+                {
+                    "ts": t.ts,
+                    "from": t.from_state.value,
+                    "stage": t.to_state.value,
+                    "trigger": t.trigger.value,
+                    "detail": t.reason,
+                }
+                for t in self.lifecycle.history(node.id)
+            ]
+        return {
+            "node": node.model_dump(),
+            "level": level,
+            "stage": state,
+            "since": since,
+            "reason": reason,
+            "steps": steps,
+            "events": [e.model_dump() for e in events[-100:]],
+            "actions": [a.model_dump() for a in actions],
+        }
+
+    def diagnose(self, incident_id: str) -> Diagnosis:
+        """Rank the incident's root causes (vigil/diagnose: knowledge graph walk, then the LLM if one is
+        configured, else the deterministic plan) and store the diagnosis."""
+        from vigil.diagnose.kg import KnowledgeGraph
+        from vigil.diagnose.llm import LlmClient, diagnose
+        from vigil.diagnose.rca import analyze_incident
+
+        incident = self.store.incident(incident_id)
+        if incident is None:
+            raise KeyError(incident_id)
+        topology = self.topology()
+        if not topology.nodes:
+            raise VigilInputError("the store holds no topology to reason over; run `vigil demo` or a collector")
+        with self._kg_lock:
+            # The graph is rebuilt only when the topology changed (seconds on 10,000 GPUs).
+            if self._kg is None or self._kg[0] != topology:
+                self._kg = (topology, KnowledgeGraph.build(topology))
+            kg = self._kg[1]
+        slack = 900.0  # the records around the incident that the ranking may cite
+        wanted = set(incident.anomalies)
+        anomalies = [a for a in self.store.anomalies(since=incident.start - slack, limit=100_000) if a.id in wanted]
+        events = self.store.events(since=incident.start - slack, until=incident.end + slack, limit=100_000)
+        logs = self.store.logs(since=incident.start - slack, until=incident.end + slack, limit=100_000)
+        result = analyze_incident(kg, incident, anomalies, events, logs)
+        found = diagnose(kg, incident, result, LlmClient.from_settings(self.settings))
+        self.store.save_diagnosis(found)
+        return found
+
+    def hang_reports(self) -> dict[str, Path]:
+        return find_reports(self.launch_dirs)
+
+    def search_events(self, text: str, entity: str | None = None, limit: int = 50) -> list[Event]:
+        needle = text.lower()
+        return [
+            e
+            for e in self.store.events(entity=entity, limit=100000)
+            if needle in e.message.lower() or needle in e.kind.lower()
+        ][:limit]
+
+
+def _clean(values: np.ndarray) -> list[float | None]:
+    return [None if not np.isfinite(v) else float(v) for v in values]

@@ -1,0 +1,276 @@
+"""MCP server for agents (official ``mcp`` SDK, v2 ``MCPServer``): Vigil's tools over stdio or streamable
+HTTP.
+
+Tools compute, the model explains: every tool returns small, already-computed JSON (summaries, statistics,
+downsampled series), never a raw dump, so an agent's context stays within budget. The server is read-only;
+``allow_writes=True`` (``vigil mcp --allow-writes``) adds ``propose_action`` and ``approve_action``, which
+still never execute anything: execution stays behind the REST API's token and dry-run switch.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from typing import Any, Literal
+
+import numpy as np
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+
+from vigil.detect.xid import xid_info
+from vigil.faces.api.context import ServeContext
+from vigil.model import (
+    Action,
+    ActionKind,
+    ActionStatus,
+    FaultLevel,
+    IncidentStatus,
+    VigilInputError,
+    parse_entity,
+)
+
+MAX_POINTS = 500
+INSTRUCTIONS = (
+    "Vigil watches an AI training cluster. Start with list_incidents or node_health, drill into one incident "
+    "with get_incident, check numbers with query_metrics, decode GPU Xid codes with explain_xid, and look at "
+    "a "
+    "training job with diagnose_job. Cite evidence refs (ev-...) from the results."
+)
+
+
+def _incident_summary(incident: Any) -> dict[str, Any]:
+    return {
+        "id": incident.id,
+        "title": incident.title,
+        "level": FaultLevel(incident.level).label,
+        "scope": incident.scope,
+        "fault_types": incident.fault_types,
+        "start": incident.start,
+        "end": incident.end,
+        "status": incident.status.value,
+        "entities": incident.entities[:20],
+    }
+
+
+def _downsample(ts: np.ndarray, values: np.ndarray, max_points: int) -> tuple[list[float], list[float | None]]:
+    if len(ts) > max_points:
+        pick = np.linspace(0, len(ts) - 1, max_points).round().astype(int)
+        ts, values = ts[pick], values[pick]
+    return ts.tolist(), [None if not np.isfinite(v) else round(float(v), 6) for v in values]
+
+
+def build_mcp_server(ctx: ServeContext, *, allow_writes: bool = False) -> MCPServer:
+    server: MCPServer = MCPServer("vigil", instructions=INSTRUCTIONS)
+
+    def tool(fn: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+        """Register ``fn``; a VigilInputError reaches the agent as its one-line message (the SDK hides the
+        text of any other exception)."""
+
+        @functools.wraps(fn)
+        def checked(*args: Any, **kwargs: Any) -> dict[str, Any]:
+            try:
+                return fn(*args, **kwargs)
+            except VigilInputError as err:
+                raise ToolError(str(err)) from None
+
+        server.add_tool(checked)
+        return fn
+
+    @tool
+    def list_incidents(
+        status: Literal["open", "acknowledged", "resolved", "any"] = "open", limit: int = 20
+    ) -> dict[str, Any]:
+        """Incidents, newest first, as one-line summaries (id, title, level, scope, fault types, time)."""
+        limit = max(1, min(limit, 200))
+        wanted = None if status == "any" else IncidentStatus(status)
+        found = ctx.store.incidents(status=wanted, limit=limit)
+        return {"count": len(found), "incidents": [_incident_summary(i) for i in found]}
+
+    @tool
+    def get_incident(incident_id: str) -> dict[str, Any]:
+        """One incident with its evidence (first 30 items), diagnosis (ranked causes, plan) and actions."""
+        incident = ctx.store.incident(incident_id)
+        if incident is None:
+            raise VigilInputError(f"no incident {incident_id!r}; call list_incidents for ids")
+        diagnosis = ctx.store.diagnosis(incident_id)
+        return {
+            **_incident_summary(incident),
+            "entities": incident.entities,
+            "evidence": [e.model_dump(exclude={"attrs"}) for e in incident.evidence[:30]],
+            "evidence_total": len(incident.evidence),
+            "diagnosis": diagnosis.model_dump() if diagnosis else None,
+            "actions": [a.model_dump(exclude={"params"}) for a in ctx.store.actions(incident_id=incident_id)],
+        }
+
+    @tool
+    def node_health(node: str | None = None, min_level: str = "observe") -> dict[str, Any]:
+        """Fault levels (healthy < observe < degraded < drain < isolate) of nodes and GPUs at or above
+        min_level; with ``node`` (a name like n003) every GPU of that node."""
+        floor = int(FaultLevel.parse(min_level))
+        rows = ctx.node_grid()
+        if node is not None:
+            rows = [r for r in rows if r["name"] == node]
+            if not rows:
+                raise VigilInputError(f"no node {node!r} in the topology")
+            floor = 0
+        out = []
+        for row in rows:
+            gpus = [{"gpu": g["id"], "level": FaultLevel(g["level"]).label} for g in row["gpus"] if g["level"] >= floor]
+            if row["level"] >= floor or gpus:
+                out.append({"node": row["id"], "level": FaultLevel(row["level"]).label, "gpus": gpus})
+        return {"nodes_total": len(ctx.node_grid()), "matching": len(out), "nodes": out}
+
+    @tool
+    def query_metrics(
+        entity: str, metric: str, start: float | None = None, end: float | None = None, max_points: int = 120
+    ) -> dict[str, Any]:
+        """One entity's metric (e.g. gpu/n003/5, DCGM_FI_DEV_GPU_TEMP) as statistics plus a series
+        downsampled to max_points; times are Unix seconds."""
+        parse_entity(entity)
+        ts, values = ctx.series(entity, metric, start, end)
+        finite = values[np.isfinite(values)] if len(values) else values
+        stats = (
+            {
+                "min": float(finite.min()),
+                "max": float(finite.max()),
+                "mean": float(finite.mean()),
+                "last": float(finite[-1]),
+            }
+            if len(finite)
+            else {}
+        )
+        points_ts, points = _downsample(ts, values, max(2, min(max_points, MAX_POINTS)))
+        return {
+            "entity": entity,
+            "metric": metric,
+            "points_total": int(len(ts)),
+            "stats": stats,
+            "ts": points_ts,
+            "values": points,
+        }
+
+    @tool
+    def diagnose_job(job_id: str) -> dict[str, Any]:
+        """A training job's health: ranks placed on unhealthy GPUs or nodes, the open incidents touching
+        its nodes, and per-rank step-time statistics (straggler = slowest median)."""
+        topology = ctx.topology()
+        job = next((j for j in topology.jobs if j.id == job_id.removeprefix("job/")), None)
+        if job is None:
+            raise VigilInputError(f"no job {job_id!r}; known jobs: {', '.join(j.id for j in topology.jobs[:20])}")
+        health = ctx.store.node_health()
+        bad_ranks = []
+        job_nodes = set()
+        for rank, gpu in enumerate(job.placement):
+            _, (node_name, _) = parse_entity(gpu)
+            job_nodes.add(f"node/{node_name}")
+            level = max(int(health.get(gpu, 0)), int(health.get(f"node/{node_name}", 0)))
+            if level > 0:
+                bad_ranks.append({"rank": rank, "gpu": gpu, "level": FaultLevel(level).label})
+        incidents = [
+            _incident_summary(i)
+            for status in (IncidentStatus.OPEN, IncidentStatus.ACKNOWLEDGED)
+            for i in ctx.store.incidents(status=status, limit=1000)
+            if i.scope == job.entity
+            or job_nodes
+            & {
+                e if e.startswith("node/") else f"node/{parse_entity(e)[1][0]}"
+                for e in i.entities
+                if parse_entity(e)[0] in ("node", "gpu", "nic")
+            }
+        ]
+        steps = ctx.job_step_times(job.id)
+        rank_medians = {
+            r: float(np.nanmedian([v for v in d["values"] if v is not None]))
+            for r, d in steps["ranks"].items()
+            if any(v is not None for v in d["values"])
+        }
+        job_values = [v for v in steps["job_series"]["values"] if v is not None]
+        straggler = max(rank_medians, key=lambda r: rank_medians[r]) if rank_medians else None
+        return {
+            "job": job.id,
+            "world_size": job.world_size,
+            "ranks_on_unhealthy_hardware": bad_ranks,
+            "incidents": incidents[:20],
+            "step_time_median_s_by_rank": rank_medians,
+            "straggler_rank": straggler,
+            "job_step_time_s": (
+                {"median": float(np.median(job_values)), "last": job_values[-1], "max": max(job_values)}
+                if job_values
+                else None
+            ),
+        }
+
+    @tool
+    def explain_xid(code: int) -> dict[str, Any]:
+        """What an NVIDIA Xid code means, its fault level and the action Vigil takes for it."""
+        info = xid_info(code)
+        return {
+            "xid": info.code,
+            "mnemonic": info.mnemonic,
+            "description": info.description,
+            "nvidia_action": info.bucket,
+            "level": info.level.label,
+            "vigil_action": info.action.value,
+            "known": info.known,
+        }
+
+    @tool
+    def search_logs(text: str, entity: str | None = None, limit: int = 50) -> dict[str, Any]:
+        """Substring search over stored log lines (rank logs, kernel Xid lines, NCCL errors) and event
+        messages, optionally for one entity and what lies under it (job/j7 covers its ranks)."""
+        if not text.strip():
+            raise VigilInputError("search text is empty")
+        if entity is not None:
+            parse_entity(entity)
+        limit = max(1, min(limit, 200))
+        hits: list[dict[str, Any]] = [
+            {"ts": e.ts, "entity": e.entity, "source": e.source, "kind": e.kind, "line": e.message[:500]}
+            for e in ctx.search_events(text, entity=entity, limit=limit)
+        ]
+        hits.extend(
+            {"ts": r.ts, "entity": r.entity, "source": r.source, "kind": "log", "line": r.line[:500]}
+            for r in ctx.store.logs(entity=entity, contains=text, limit=limit)
+        )
+        hits.sort(key=lambda h: h["ts"] or 0.0, reverse=True)
+        return {"matches": len(hits), "results": hits[:limit]}
+
+    if allow_writes:
+
+        @tool
+        def propose_action(kind: str, target: str, reason: str, incident_id: str | None = None) -> dict[str, Any]:
+            """Propose a whitelisted action (cordon, drain, reset_gpu, ...); a person or the REST API approves
+            and executes it."""
+            try:
+                action_kind = ActionKind(kind)
+            except ValueError:
+                raise VigilInputError(
+                    f"action {kind!r} is not on the whitelist: {', '.join(k.value for k in ActionKind)}"
+                ) from None
+            parse_entity(target)
+            action = Action(
+                ts=time.time(),
+                kind=action_kind,
+                target=target,
+                incident_id=incident_id,
+                reason=reason[:2000],
+                requested_by="mcp",
+            )
+            ctx.store.add_action(action)
+            return action.model_dump()
+
+        @tool
+        def approve_action(action_id: str) -> dict[str, Any]:
+            """Approve a proposed action (it still runs only through the REST execute endpoint)."""
+            with ctx.action_lock:
+                action = ctx.store.action(action_id)
+                if action is None:
+                    raise VigilInputError(f"no action {action_id!r}")
+                if action.status is not ActionStatus.PROPOSED:
+                    raise VigilInputError(f"action {action_id} is {action.status.value}; only proposed ones")
+                action.status = ActionStatus.APPROVED
+                action.params = {**action.params, "approved_by": "mcp"}
+                ctx.store.update_action(action)
+                return action.model_dump()
+
+    return server

@@ -1,0 +1,96 @@
+"""`vigil agent`: the per-node collector (a DaemonSet on Kubernetes, a systemd unit elsewhere)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from vigil.model import VigilInputError
+
+console = Console()
+
+
+def agent(
+    once: Annotated[bool, typer.Option("--once", help="read every source once, print, exit")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the --once report as JSON")] = False,
+    interval: Annotated[float | None, typer.Option("--interval", help="one interval (s) for every source")] = None,
+    port: Annotated[int | None, typer.Option("--port", help="Prometheus /metrics port (0 = off)")] = None,
+    dcgm_url: Annotated[str | None, typer.Option("--dcgm-url", help="dcgm-exporter page ('' = off)")] = None,
+    server: Annotated[str | None, typer.Option("--server", help="Vigil server URL to push events to")] = None,
+    kmsg_file: Annotated[str | None, typer.Option("--kmsg-file", help="kernel log file instead of /dev/kmsg")] = None,
+    store: Annotated[str | None, typer.Option("--store", help="keep a local history (tiered retention) here")] = None,
+    duration: Annotated[float | None, typer.Option("--duration", help="stop after this many seconds")] = None,
+) -> None:
+    """Collect GPU (NVML, dcgm-exporter), kernel Xid, host, InfiniBand and Kubernetes facts on this node."""
+    from vigil.sources.collect.agent import Agent, AgentSettings, build_sources
+
+    overrides: dict[str, Any] = {
+        k: v
+        for k, v in {
+            "port": port,
+            "dcgm_url": dcgm_url,
+            "server_url": server,
+            "kmsg_file": kmsg_file,
+            "store": store,
+        }.items()
+        if v is not None
+    }
+    settings = AgentSettings(**overrides)
+    if interval is not None:
+        if interval <= 0:
+            raise VigilInputError(f"--interval must be a positive number of seconds, not {interval}")
+        settings.intervals = dict.fromkeys(settings.intervals, interval)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    agent_ = Agent(build_sources(settings), settings)
+    if once:
+        agent_.collect_once()
+        agent_.record(0.0)
+        report = agent_.report()
+        agent_.close()
+        if as_json:
+            typer.echo(json.dumps(report, indent=2))
+        else:
+            _print_report(report)
+        return
+    if settings.port:
+        _server, bound = agent_.serve()
+        console.print(f"vigil agent on node {agent_.node}: Prometheus metrics at http://0.0.0.0:{bound}/metrics")
+    signal.signal(signal.SIGTERM, lambda *_: agent_.stop_event.set())
+    try:
+        agent_.run(duration_s=duration)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        agent_.close()
+
+
+def _print_report(report: dict[str, Any]) -> None:
+    table = Table(title=f"vigil agent on node {report['node']}")
+    for column in ("source", "kind", "up", "points", "ms", "status", "problems"):
+        table.add_column(column)
+    for source in report["sources"]:
+        problems = ", ".join(f"{k}: {v}" for k, v in source["problems"].items())
+        table.add_row(
+            source["name"],
+            source["kind"],
+            "yes" if source["up"] else "[red]no[/]",
+            str(source["points"]),
+            f"{source['duration_ms']:.0f}",
+            source["status"],
+            problems,
+        )
+    console.print(table)
+    gpu = next((s for s in report["sources"] if s["name"] == "nvml"), None)
+    if gpu is not None and gpu["status"].startswith("no GPU"):
+        console.print(
+            f"[yellow]{gpu['status']}[/]: GPU metrics come from dcgm-exporter if it runs; the rest is "
+            "collected as usual."
+        )
+    events = ", ".join(f"{k}: {v}" for k, v in report["events"].items()) or "none"
+    console.print(f"events: {events}")

@@ -1,0 +1,234 @@
+"""The spine's verbs: demo, sim, incidents, nodes, bench."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from vigil.config import settings
+from vigil.model import FaultLevel, IncidentStatus, VigilInputError
+
+console = Console()
+LEVEL_STYLE = {FaultLevel.HEALTHY: "green", FaultLevel.OBSERVE: "cyan", FaultLevel.DEGRADED: "yellow",
+               FaultLevel.DRAIN: "dark_orange", FaultLevel.ISOLATE: "bold red"}
+REPO_ROOT = Path(__file__).resolve().parents[3]
+DEMO_MARKER = "DEMO"
+
+
+def _progress(enabled: bool) -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                    TimeElapsedColumn(), console=Console(stderr=True), disable=not enabled, transient=True)
+
+
+def _fresh_demo_store(home: Path) -> Path:
+    """The demo owns its store: it may replace a store it made before, never someone else's."""
+    db = home / "vigil.db"
+    if db.exists() and not (home / DEMO_MARKER).exists():
+        raise VigilInputError(f"{db} holds data that `vigil demo` did not write; pass --home DIR to run the demo "
+                              "elsewhere")
+    for path in (db, home / "vigil.db-wal", home / "vigil.db-shm", home / "metrics"):
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+    home.mkdir(parents=True, exist_ok=True)
+    (home / DEMO_MARKER).write_text("this store was written by `vigil demo` and is replaced by the next one\n")
+    return db
+
+
+def demo(
+    nodes: Annotated[int, typer.Option(help="nodes in the simulated cluster")] = 16,
+    gpus: Annotated[int, typer.Option(help="GPUs per node")] = 8,
+    minutes: Annotated[float, typer.Option(help="simulated minutes")] = 60.0,
+    seed: Annotated[int, typer.Option(help="random seed (same seed, same run)")] = 0,
+    home: Annotated[Path | None, typer.Option(help="where the demo's store goes (default: settings home)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+) -> None:
+    """Simulate a cluster with injected faults, run the whole flow, and score it against the ground truth."""
+    from vigil.detect.base import StreamDetector
+    from vigil.detect.rules import RuleDetector
+    from vigil.detect.stream import learned_detectors
+    from vigil.run.pipeline import run_pipeline
+    from vigil.sources.sim import SimConfig, simulate
+    from vigil.store.metrics import MetricStore
+    from vigil.store.sql import Store
+
+    home = home or settings().home
+    db = _fresh_demo_store(home)
+    config = SimConfig(nodes=nodes, gpus=gpus, minutes=minutes, seed=seed)
+    run = simulate(config)
+    store = Store(f"sqlite:///{db}")
+    # the learned GPU detector runs beside the rules once one is trained into <home>/models/tce-gpu
+    detectors: list[StreamDetector] = [RuleDetector(run.topology), *learned_detectors(run.topology, home)]
+    with _progress(not as_json) as progress:
+        task = progress.add_task(f"simulating {nodes} x {gpus} GPUs for {minutes:g} min", total=run.n_ticks)
+        result = run_pipeline(run, store=store, metrics=MetricStore(home / "metrics"), detectors=detectors,
+                              progress=lambda done, total: progress.update(task, completed=done))
+    score = result.score
+    assert score is not None
+    sim_seconds = run.n_ticks * config.interval_s
+    if as_json:
+        out: dict[str, Any] = {
+            "cluster": {"nodes": nodes, "gpus_per_node": gpus, "gpus": nodes * gpus, "minutes": minutes,
+                        "seed": seed, "jobs": len(run.topology.jobs)},
+            "faults_injected": score.faults_injected, "faults_visible_to_rules": score.faults_visible,
+            "faults_detected": score.faults_detected, "precision": round(score.precision, 4),
+            "recall": round(score.recall, 4), "recall_all_faults": round(score.recall_all, 4),
+            "localization": round(score.localization, 4), "mean_detection_delay_s": score.mean_delay_s,
+            "samples": result.samples, "seconds": round(result.seconds, 3),
+            "speedup_vs_real_time": round(sim_seconds / max(result.seconds, 1e-9), 1),
+            "store": str(db),
+            "detectors": [d.name for d in detectors],
+            "incidents": [inc.model_dump(mode="json", exclude={"evidence"}) for inc in result.incidents],
+            "ground_truth": [m.model_dump(mode="json") for m in score.matches],
+            "by_fault": score.by_fault,
+        }
+        print(json.dumps(out))
+        return
+    console.print(f"[bold]Vigil demo[/] - {nodes} nodes x {gpus} GPUs, {len(run.topology.jobs)} training jobs, "
+                  f"{minutes:g} simulated minutes, seed {seed}: {result.samples:,} samples in {result.seconds:.1f} s "
+                  f"({sim_seconds / max(result.seconds, 1e-9):,.0f}x real time)")
+    table = Table(title="Injected faults (ground truth) and what Vigil found", title_justify="left")
+    for col in ("fault", "entity", "at", "detected", "incident scope", "delay"):
+        table.add_column(col)
+    for m in score.matches:
+        missed = "[red]no[/]" if m.visible_to_rules else "[dim]no (not rule-visible)[/]"
+        seen = "[green]yes[/]" if m.incident_id else missed
+        table.add_row(m.fault_type, m.entity, f"+{(m.start - run.start_ts) / 60:.1f} min", seen,
+                      m.incident_scope or "-", "-" if m.delay_s is None else f"{m.delay_s:+.0f} s")
+    console.print(table)
+    inc_table = Table(title="Incidents", title_justify="left")
+    for col in ("id", "level", "title", "at", "fault types"):
+        inc_table.add_column(col)
+    for inc in sorted(result.incidents, key=lambda i: i.start):
+        inc_table.add_row(inc.id, f"[{LEVEL_STYLE[inc.level]}]{inc.level.label}[/]", inc.title,
+                          f"+{(inc.start - run.start_ts) / 60:.1f} min", ", ".join(inc.fault_types[:4]))
+    console.print(inc_table)
+    console.print(f"precision [bold]{score.precision:.2f}[/]  recall [bold]{score.recall:.2f}[/] "
+                  f"({score.faults_detected}/{score.faults_visible} rule-visible faults)  localization "
+                  f"{score.localization:.2f}  mean delay {score.mean_delay_s} s  "
+                  f"loose observations (not paged): {len(result.observations)}")
+    hidden = sorted({m.fault_type for m in score.matches if not m.visible_to_rules})
+    if hidden:
+        console.print(f"[dim]not visible to rules (left to the learned detectors): {', '.join(hidden)}[/]")
+    if len(detectors) == 1:
+        console.print("[dim]detectors: rules only; to run the learned GPU detector beside them: "
+                      "`vigil sim --seed 1 --minutes 240 --out RUN && vigil detect train --data RUN --format sim "
+                      f"--out {home}/models/tce-gpu`[/]")
+    else:
+        console.print(f"[dim]detectors: {', '.join(d.name for d in detectors)}[/]")
+    console.print(f"[dim]stored in {db}; next: `vigil incidents`, `vigil nodes`[/]")
+
+
+def sim(
+    out: Annotated[Path, typer.Option(help="directory to write the simulated data into")],
+    nodes: int = 16,
+    gpus: int = 8,
+    minutes: float = 60.0,
+    seed: int = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="print a JSON summary")] = False,
+) -> None:
+    """Write a simulated run (topology, metrics, events, logs, ground truth) as files (see docs/simulator.md)."""
+    from vigil.sources.sim import SimConfig, simulate
+    from vigil.sources.sim.io import write_sim
+
+    run = simulate(SimConfig(nodes=nodes, gpus=gpus, minutes=minutes, seed=seed))
+    with _progress(not as_json) as progress:
+        task = progress.add_task(f"writing {out}", total=run.n_ticks)
+        summary = write_sim(run, out, progress=lambda done, total: progress.update(task, completed=done))
+    if as_json:
+        print(json.dumps({"out": str(out), **summary}))
+    else:
+        console.print(f"wrote {summary['samples']:,} samples, {summary['events']} events, {summary['log_lines']} log "
+                      f"lines and {summary['faults']} ground-truth faults to {out}")
+
+
+def _store() -> Any:
+    from vigil.store.sql import open_store
+
+    return open_store()
+
+
+def incidents(
+    status: Annotated[str | None, typer.Option(help="open, acknowledged or resolved")] = None,
+    limit: int = 100,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+) -> None:
+    """List incidents, newest first."""
+    if status is not None and status not in {s.value for s in IncidentStatus}:
+        raise VigilInputError(f"bad --status {status!r}: expected open, acknowledged or resolved")
+    items = _store().incidents(status=status, limit=limit)
+    if as_json:
+        print(json.dumps([i.model_dump(mode="json") for i in items]))
+        return
+    table = Table(title=f"{len(items)} incidents")
+    for col in ("id", "status", "level", "title", "entities"):
+        table.add_column(col)
+    for inc in items:
+        table.add_row(inc.id, inc.status.value, f"[{LEVEL_STYLE[inc.level]}]{inc.level.label}[/]", inc.title,
+                      str(len(inc.entities)))
+    console.print(table)
+
+
+def nodes(as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False) -> None:
+    """Health and fault level per node and GPU (worst open incident), with the node lifecycle state."""
+    store = _store()
+    health = store.node_health()
+    topo = store.topology()
+    lifecycle = _lifecycle_states()
+    rows = []
+    for node in topo.nodes if topo else []:
+        rows.append({"node": node.id, "level": health.get(node.id, FaultLevel.HEALTHY).label,
+                     "lifecycle": lifecycle.get(node.id, "healthy"), "switch": node.switch,
+                     "gpus": {g.id: health.get(g.id, FaultLevel.HEALTHY).label for g in node.gpus}})
+    if as_json:
+        print(json.dumps(rows))
+        return
+    table = Table(title=f"{len(rows)} nodes")
+    for col in ("node", "level", "lifecycle", "switch", "GPUs (0..n)"):
+        table.add_column(col)
+    for row in rows:
+        level = FaultLevel.parse(row["level"])
+        cells = "".join(f"[{LEVEL_STYLE[FaultLevel.parse(v)]}]{'#' if v != 'healthy' else '.'}[/]"
+                        for v in row["gpus"].values())
+        table.add_row(row["node"], f"[{LEVEL_STYLE[level]}]{level.label}[/]", row["lifecycle"], row["switch"], cells)
+    console.print(table)
+
+
+def _lifecycle_states() -> dict[str, str]:
+    try:
+        from vigil.remedy.lifecycle import LifecycleStore
+    except ImportError:
+        return {}
+    return {node: str(state) for node, state in LifecycleStore(settings().database_url()).states().items()}
+
+
+def bench(
+    names: Annotated[list[str] | None, typer.Argument(help="benchmarks to run (default: all in bench/)")] = None,
+) -> None:
+    """Run benchmarks (bench/*.py); each prints a table and writes bench/results/<name>.json."""
+    bench_dir = REPO_ROOT / "bench"
+    available = sorted(p.stem for p in bench_dir.glob("*.py") if not p.stem.startswith("_"))
+    if not available:
+        raise VigilInputError(f"no benchmarks found in {bench_dir} (they ship with the source checkout)")
+    chosen = names or available
+    unknown = sorted(set(chosen) - set(available))
+    if unknown:
+        raise VigilInputError(f"unknown benchmark {', '.join(unknown)}; available: {', '.join(available)}")
+    failed = []
+    for name in chosen:
+        console.rule(f"bench/{name}.py")
+        code = subprocess.call([sys.executable, str(bench_dir / f"{name}.py")], cwd=REPO_ROOT)
+        if code != 0:
+            failed.append(name)
+    if failed:
+        raise VigilInputError(f"benchmarks failed: {', '.join(failed)}")

@@ -1,0 +1,280 @@
+"""The out-of-process supervisor: watches every rank's exit status, probe heartbeat and op ledger.
+
+It decides *that* something is wrong (crash, hang, mismatch), then gathers evidence from outside the
+ranks (py-spy stacks, FR dumps via the probes) before it stops the job, and asks
+``vigil.diagnose.hang`` *who* and *why*.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vigil.diagnose.collectives import signature_mismatches
+from vigil.diagnose.hang import HangDiagnosis, RunEvidence, diagnose, write_diagnosis
+from vigil.diagnose.stacks import from_pyspy, from_python_stacks
+from vigil.diagnose.straggler import find_straggler
+from vigil.model import VigilInputError
+from vigil.sources.probe.pyspy import dump_all
+from vigil.sources.probe.records import (
+    DUMP_REQUEST_FILE,
+    FR_DIR,
+    RUN_FILE,
+    STACKS_FILE,
+    RankSnapshot,
+    current_op_path,
+    read_rank,
+    snapshot_path,
+)
+
+EventSink = Callable[[str], None]
+# After the first rank fails, wait this long for the peers' own errors so the cascade is visible.
+CRASH_GRACE_S = 2.0
+# A mismatch must hold this long before it is reported, so a rank that is merely late is not flagged.
+MISMATCH_CONFIRM_S = 1.0
+
+
+@dataclass
+class SupervisorConfig:
+    hang_timeout_s: float = 10.0
+    checkpoint_timeout_s: float = 600.0
+    tick_s: float = 0.25
+    pyspy_timeout_s: float = 10.0
+    evidence_wait_s: float = 3.0
+    flight_recorder: bool = True
+    job: str = "local"
+
+
+@dataclass
+class Supervisor:
+    procs: dict[int, subprocess.Popen[bytes]]
+    out_dir: Path
+    config: SupervisorConfig = field(default_factory=SupervisorConfig)
+    on_event: EventSink = field(default=lambda message: None)
+    snapshots: dict[int, RankSnapshot] = field(default_factory=dict)
+    exit_codes: dict[int, int | None] = field(default_factory=dict)
+    exit_times: dict[int, float] = field(default_factory=dict)
+    _mtimes: dict[int, tuple[float, float]] = field(default_factory=dict)
+    _straggler_reported: bool = False
+    _next_straggler_check: float = 0.0
+
+    @property
+    def world_size(self) -> int:
+        return len(self.procs)
+
+    def run(self) -> HangDiagnosis:
+        """Supervise until the job ends or a verdict is reached; the job is stopped on a verdict."""
+        first_failure: float | None = None
+        while True:
+            now = time.time()
+            self._poll_exits(now)
+            self._read_snapshots()
+            alive = [r for r, code in self.exit_codes.items() if code is None]
+            failed = [r for r, code in self.exit_codes.items() if code not in (None, 0)]
+            raised = [r for r in alive if r in self.snapshots and self.snapshots[r].error is not None]
+            if failed and first_failure is None:
+                first_failure = now
+                self.on_event(f"rank {failed[0]} exited with status {self.exit_codes[failed[0]]}")
+            elif raised and first_failure is None:
+                # An uncaught exception is a crash even if the process then hangs on its way out.
+                first_failure = now
+                error = self.snapshots[raised[0]].error or {}
+                self.on_event(f"rank {raised[0]} raised {error.get('type')}: {str(error.get('message'))[:200]}")
+            if not alive:
+                return self._conclude("exit" if not (failed or raised) else "crash", now)
+            if first_failure is not None and now - first_failure >= CRASH_GRACE_S:
+                return self._conclude("crash", now)
+            if first_failure is None:
+                if self._mismatch(now):
+                    self.on_event("collective signature mismatch across ranks")
+                    return self._conclude("mismatch", now)
+                reason = self._hang_reason(now)
+                if reason is not None:
+                    self.on_event(f"hang: {reason}")
+                    return self._conclude("hang", now)
+                self._watch_straggler(now)
+            time.sleep(self.config.tick_s)
+
+    # ------------------------------------------------------------------ observation
+
+    def _poll_exits(self, now: float) -> None:
+        for rank, proc in self.procs.items():
+            if self.exit_codes.get(rank) is None:
+                code = proc.poll()
+                self.exit_codes[rank] = code
+                if code is not None:
+                    self.exit_times[rank] = now
+
+    def _read_snapshots(self) -> None:
+        for rank in self.procs:
+            try:
+                mtime = (
+                    snapshot_path(self.out_dir, rank).stat().st_mtime,
+                    _mtime(current_op_path(self.out_dir, rank)),
+                )
+            except FileNotFoundError:
+                continue
+            if self._mtimes.get(rank) == mtime:
+                continue
+            try:
+                self.snapshots[rank] = read_rank(self.out_dir, rank)
+            except VigilInputError:
+                continue
+            self._mtimes[rank] = mtime
+
+    def _hang_reason(self, now: float) -> str | None:
+        """A hang: an op past its timeout (or a frozen probe) while the whole job makes no progress."""
+        live = {r: s for r, s in self.snapshots.items() if self.exit_codes.get(r) is None}
+        if not live:
+            return None
+        last_progress = max(s.last_progress() for s in self.snapshots.values())
+        if now - last_progress < self.config.hang_timeout_s:
+            return None
+        for snap in live.values():
+            in_checkpoint = snap.activity.get("kind") == "checkpoint"
+            if in_checkpoint and now - float(snap.activity.get("since", now)) < self.config.checkpoint_timeout_s:
+                return None
+        for rank, snap in sorted(live.items()):
+            for op in snap.ops:
+                timeout = op.timeout_s or self.config.hang_timeout_s
+                if op.in_flight and now - op.t_start > timeout:
+                    waited = now - op.t_start
+                    return f"rank {rank} has waited {waited:.1f} s in {op.op} #{op.seq} (timeout {timeout:.1f} s)"
+        for rank, snap in sorted(live.items()):
+            if now - snap.heartbeat > self.config.hang_timeout_s and not snap.finished:
+                return f"rank {rank}'s probe heartbeat stopped {now - snap.heartbeat:.1f} s ago"
+        return None
+
+    def _mismatch(self, now: float) -> bool:
+        if len(self.snapshots) < self.world_size:
+            return False
+        ops = {r: s.ops for r, s in self.snapshots.items()}
+        return any(f.oldest_wait_s >= MISMATCH_CONFIRM_S for f in signature_mismatches(ops, now))
+
+    def _watch_straggler(self, now: float) -> None:
+        if self._straggler_reported or now < self._next_straggler_check:
+            return
+        self._next_straggler_check = now + 2.0
+        finding = find_straggler({r: s.ops for r, s in self.snapshots.items()})
+        if finding is not None:
+            self._straggler_reported = True
+            self.on_event(f"straggler: {finding.describe()}")
+
+    # ------------------------------------------------------------------ verdict
+
+    def _conclude(self, trigger: str, now: float) -> HangDiagnosis:
+        alive = {r: p.pid for r, p in self.procs.items() if self.exit_codes.get(r) is None}
+        stopped: set[int] = set()
+        stacks = {}
+        stack_source = "none"
+        heartbeat_ages = {
+            r: max(0.0, now - s.heartbeat) for r, s in self.snapshots.items() if self.exit_codes.get(r) is None
+        }
+        if alive:
+            (self.out_dir / DUMP_REQUEST_FILE).touch()
+            if trigger in ("hang", "mismatch"):
+                self.on_event(f"collecting py-spy stacks of {len(alive)} rank(s)")
+                dumps = dump_all(alive, self.config.pyspy_timeout_s)
+                stacks = {r: from_pyspy(d) for r, d in dumps.dumps.items()}
+                stack_source = "py-spy" if stacks else "none"
+                for rank, error in sorted(dumps.errors.items()):
+                    self.on_event(f"rank {rank}: {error}")
+            self._wait_for_probe_evidence(alive, heartbeat_ages)
+            if not stacks:
+                stacks = {r: from_python_stacks(s.stacks) for r, s in self.snapshots.items() if s.stacks}
+                stack_source = "probe" if stacks else "none"
+            stopped = set(alive)
+            self._stop(alive)
+            self._poll_exits(time.time())
+        evidence = RunEvidence(
+            world_size=self.world_size,
+            snapshots=self.snapshots,
+            exit_codes=dict(self.exit_codes),
+            exit_times=dict(self.exit_times),
+            stopped_by_supervisor=stopped,
+            logs=self._logs(),
+            stacks=stacks,
+            stack_source=stack_source,
+            trigger=trigger if trigger in ("hang", "mismatch") else None,
+            detected_at=now,
+            heartbeat_ages=heartbeat_ages,
+            hang_timeout_s=self.config.hang_timeout_s,
+            job=self.config.job,
+        )
+        diag = diagnose(evidence)
+        self._write(evidence, diag)
+        return diag
+
+    def _wait_for_probe_evidence(self, alive: dict[int, int], heartbeat_ages: dict[int, float]) -> None:
+        """Give responsive probes a moment to write stacks and FR dumps; frozen ones are not waited for."""
+        responsive = [r for r in alive if heartbeat_ages.get(r, 0.0) < 2.0]
+        deadline = time.time() + self.config.evidence_wait_s
+        while time.time() < deadline:
+            self._read_snapshots()
+            if all(self.snapshots.get(r) is not None and self.snapshots[r].stacks for r in responsive):
+                fr_ready = not self.config.flight_recorder or all(
+                    (self.out_dir / FR_DIR / f"rank_{r}").exists() for r in responsive
+                )
+                if fr_ready:
+                    return
+            time.sleep(0.1)
+
+    def _stop(self, alive: dict[int, int]) -> None:
+        for pid in alive.values():
+            _signal_group(pid, signal.SIGTERM)
+        deadline = time.time() + 3.0
+        for rank in alive:
+            remaining = max(0.1, deadline - time.time())
+            try:
+                self.procs[rank].wait(timeout=remaining)
+            except subprocess.TimeoutExpired:
+                _signal_group(alive[rank], signal.SIGKILL)
+                self.procs[rank].wait()
+
+    def _logs(self) -> dict[int, str]:
+        logs = {}
+        for rank in self.procs:
+            path = self.out_dir / f"rank{rank}.log"
+            if path.exists():
+                logs[rank] = path.read_text(errors="replace")[-20000:]
+        return logs
+
+    def _write(self, evidence: RunEvidence, diag: HangDiagnosis) -> None:
+        (self.out_dir / STACKS_FILE).unlink(missing_ok=True)
+        if evidence.stacks:
+            payload = {str(r): {"threads": t} for r, t in evidence.stacks.items()}
+            (self.out_dir / STACKS_FILE).write_text(json.dumps(payload, indent=1))
+        meta = {
+            "job": self.config.job,
+            "world_size": self.world_size,
+            "trigger": evidence.trigger,
+            "detected_at": evidence.detected_at,
+            "exit_codes": evidence.exit_codes,
+            "exit_times": evidence.exit_times,
+            "stopped_by_supervisor": sorted(evidence.stopped_by_supervisor),
+            "heartbeat_ages": evidence.heartbeat_ages,
+            "hang_timeout_s": self.config.hang_timeout_s,
+            "stack_source": evidence.stack_source,
+        }
+        (self.out_dir / RUN_FILE).write_text(json.dumps(meta, indent=1))
+        write_diagnosis(self.out_dir, diag)
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        return

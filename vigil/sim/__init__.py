@@ -1,5 +1,0 @@
-"""Cluster simulator: nodes x GPUs, jobs x ranks, real exporter names, injected faults with ground truth."""
-
-from vigil.sim.generator import FaultPlan, SimConfig, SimRun, Tick, simulate
-
-__all__ = ["FaultPlan", "SimConfig", "SimRun", "Tick", "simulate"]

@@ -1,0 +1,611 @@
+"""The node agent: reads every source on its own interval, survives a hung source, degrades under load.
+
+Collection practice (the production clusters' rules this loop follows):
+
+- **Per-kind sampling intervals**: each source has a metric kind (gpu, network, host, kernel, kube) whose
+  interval is configurable (``VIGIL_AGENT_INTERVALS='{"gpu": 10, "network": 30}'`` or ``--interval``).
+- **Per-source timeouts**: a read runs in its own daemon thread; past its timeout the source is marked down
+  (``vigil_agent_source_up{source=...} 0``, its stale points withdrawn) and not started again until the stuck
+  read returns, so a hung driver call holds at most one thread and never the loop.
+- **Dynamic degradation**: when the node's CPU stays above 80% the agent samples - periodic sources run at
+  ``degraded_factor`` times their interval - and says so (a warning, ``vigil_agent_degraded 1``); below 70%
+  it returns to full rate. The kernel log keeps its rate: events are rare, cheap and the ones that matter.
+- **Label hygiene**: ``LabelGuard`` refuses labels that name changing states or unbounded ids and folds pod
+  names to their workload and runaway label values to ``other``, warning once per metric and label.
+
+What it collects is exposed for Prometheus (``/metrics`` on ``port``) and events are pushed to the Vigil
+server (``POST <server>/api/v1/events``) when one is configured.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import httpx
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from vigil.model import Event, FaultLevel, VigilInputError, parse_entity
+from vigil.sources.collect.base import Collection, Point, Source, default_node_name
+
+if TYPE_CHECKING:
+    from vigil.sources.collect.local_store import AgentStore
+
+log = logging.getLogger("vigil.agent")
+
+DEFAULT_INTERVALS: dict[str, float] = {
+    "gpu": 10.0,
+    "network": 30.0,
+    "host": 15.0,
+    "kernel": 5.0,
+    "kube": 30.0,
+}
+# Kinds read at full rate even while degraded: event streams, not periodic samples.
+FULL_RATE_KINDS = frozenset({"kernel"})
+
+
+class AgentSettings(BaseSettings):
+    """The agent's settings, from VIGIL_AGENT_* environment variables and the command line."""
+
+    model_config = SettingsConfigDict(env_prefix="VIGIL_AGENT_", extra="ignore")
+
+    node: str = Field(default="", description="node name; empty = NODE_NAME or the hostname")
+    intervals: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_INTERVALS))
+    timeout_s: float = Field(default=5.0, gt=0, description="longest a single read of a source may take")
+    cpu_high: float = Field(default=0.80, gt=0, le=1, description="node CPU ratio that starts sampling")
+    cpu_low: float = Field(default=0.70, gt=0, le=1, description="node CPU ratio that ends sampling")
+    load_check_s: float = Field(default=5.0, gt=0)
+    degraded_factor: float = Field(default=4.0, ge=1)
+    port: int = Field(default=9402, ge=0, le=65535, description="Prometheus exposition port; 0 = off")
+    dcgm_url: str = Field(default="http://localhost:9400/metrics", description="dcgm-exporter; empty = off")
+    server_url: str = Field(default="", description="Vigil server to push events to; empty = off")
+    server_token: str = Field(default="", description="bearer token for the server (its api_token)")
+    push_interval_s: float = Field(default=15.0, gt=0)
+    kmsg_file: str = Field(default="", description="read this kernel log file instead of /dev/kmsg")
+    max_label_values: int = Field(default=64, ge=1)
+    store: str = Field(default="", description="directory of the agent's embedded history; empty = none")
+    record_interval_s: float = Field(default=10.0, gt=0, description="how often latest values become a frame")
+    raw_retention_s: float = Field(default=24 * 3600.0, gt=0)
+    aggregate_retention_s: float = Field(default=30 * 86400.0, gt=0)
+    aggregate_step_s: float = Field(default=300.0, gt=0)
+    retention_every_s: float = Field(default=3600.0, gt=0, description="how often the downsampling job runs")
+
+
+# --------------------------------------------------------------------------- label hygiene
+
+# Label names whose values are changing states or unbounded ids: never a label (Prometheus naming guide;
+# dcgm-exporter's err_msg and pod uid are the usual offenders).
+REFUSED_LABELS = frozenset(
+    {
+        "err_msg",
+        "message",
+        "msg",
+        "state",
+        "status",
+        "reason",
+        "uid",
+        "pod_uid",
+        "container_id",
+        "instance_id",
+        "run_id",
+        "step",
+        "trace_id",
+        "span_id",
+        "request_id",
+        "timestamp",
+        "pid",
+    }
+)
+POD_LABELS = frozenset({"pod", "pod_name", "exported_pod"})
+# Kubernetes' generated-name alphabet (no vowels, no 0/1/3): ReplicaSet hash and pod suffix.
+_K8S_ALNUM = "bcdfghjklmnpqrstvwxz2456789"
+_POD_SUFFIX = re.compile(rf"(?:-[{_K8S_ALNUM}]{{6,10}})?-[{_K8S_ALNUM}]{{5}}$")
+FOLDED = "other"
+
+
+class LabelGuard:
+    """Keeps label cardinality bounded: refuse state-like labels, fold pod names, cap distinct values."""
+
+    def __init__(self, max_values: int = 64, refused: Iterable[str] = REFUSED_LABELS) -> None:
+        self.max_values = max_values
+        self.refused = frozenset(refused)
+        self._values: dict[tuple[str, str], set[str]] = defaultdict(set)
+        self._warned: set[tuple[str, str, str]] = set()
+        self.refused_count = 0
+        self.folded_count = 0
+
+    def _warn(self, metric: str, label: str, what: str) -> None:
+        if (metric, label, what) not in self._warned:
+            self._warned.add((metric, label, what))
+            log.warning("label hygiene: %s label %r of %s (further cases counted, not logged)", what, label, metric)
+
+    def clean(self, metric: str, labels: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+        kept = []
+        for name, value in labels:
+            if name in self.refused:
+                self.refused_count += 1
+                self._warn(metric, name, "refused")
+                continue
+            if name in POD_LABELS:
+                workload = _POD_SUFFIX.sub("", value)
+                if workload != value:
+                    self.folded_count += 1
+                    self._warn(metric, name, "folded pod name to its workload in")
+                    value = workload
+            seen = self._values[(metric, name)]
+            if value not in seen:
+                if len(seen) >= self.max_values:
+                    self.folded_count += 1
+                    self._warn(metric, name, f"more than {self.max_values} values: folded to {FOLDED!r}")
+                    value = FOLDED
+                else:
+                    seen.add(value)
+            kept.append((name, value))
+        return tuple(kept)
+
+
+# --------------------------------------------------------------------------- per-source scheduling
+
+
+@dataclass
+class SourceRunner:
+    """One source, its schedule and the thread of its current read."""
+
+    source: Source
+    interval_s: float
+    timeout_s: float
+    next_due: float = 0.0
+    thread: threading.Thread | None = None
+    started: float = 0.0
+    finished: float = 0.0
+    result: Collection | None = None
+    error: BaseException | None = None
+    up: bool = True
+    status: str = "not read yet"
+    reads: int = 0
+    timeouts: int = 0
+    failures: int = 0
+    last_duration_s: float = 0.0
+    timed_out: bool = False
+    points: list[Point] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def name(self) -> str:
+        return self.source.name
+
+    @property
+    def busy(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
+    def start(self, now: float) -> None:
+        self.started = time.monotonic()
+        self.timed_out = False
+        self.thread = threading.Thread(target=self._read, args=(now,), name=f"vigil-agent-{self.name}", daemon=True)
+        self.thread.start()
+
+    def _read(self, now: float) -> None:
+        try:
+            result = self.source.collect(now)
+        except Exception as err:  # a source bug must not kill the agent; it is counted and shown
+            with self._lock:
+                self.error, self.finished = err, time.monotonic()
+            return
+        with self._lock:
+            self.result, self.finished = result, time.monotonic()
+
+    def take(self) -> tuple[Collection | None, BaseException | None]:
+        with self._lock:
+            result, error = self.result, self.error
+            self.result, self.error = None, None
+        return result, error
+
+
+class Agent:
+    """Runs the sources; ``collect_once`` for one pass, ``run`` for the loop."""
+
+    def __init__(
+        self,
+        sources: list[Source],
+        settings: AgentSettings | None = None,
+        cpu_ratio: Callable[[], float] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings or AgentSettings()
+        self.node = self.settings.node or default_node_name()
+        self.clock = clock
+        self.guard = LabelGuard(self.settings.max_label_values)
+        self.runners = [
+            SourceRunner(
+                s,
+                self.settings.intervals.get(s.kind, DEFAULT_INTERVALS.get(s.kind, 15.0)),
+                self.settings.timeout_s,
+            )
+            for s in sources
+        ]
+        if cpu_ratio is None:
+            from vigil.sources.collect.host import CpuMeter
+
+            cpu_ratio = CpuMeter().ratio
+        self._cpu_ratio = cpu_ratio
+        self.cpu_last = 0.0
+        self.degraded = False
+        self.degradations = 0
+        self._next_load_check = 0.0
+        self.pending_events: list[Event] = []
+        self.events_total: dict[tuple[str, str], int] = defaultdict(int)
+        self._lock = threading.Lock()
+        self.stop_event = threading.Event()
+        self._pusher: EventPusher | None = None
+        if self.settings.server_url:
+            self._pusher = EventPusher(self.settings.server_url, self.settings.server_token)
+        self._next_push = 0.0
+        self.store: AgentStore | None = None
+        self._next_record = 0.0
+        if self.settings.store:
+            from pathlib import Path
+
+            from vigil.sources.collect.local_store import AgentStore
+            from vigil.store.retention import RetentionPolicy
+
+            policy = RetentionPolicy(
+                self.settings.raw_retention_s, self.settings.aggregate_retention_s, self.settings.aggregate_step_s
+            )
+            self.store = AgentStore(Path(self.settings.store), policy, self.settings.retention_every_s)
+
+    # ---------------------------------------------------------------- one pass
+
+    def collect_once(self, wait_s: float | None = None) -> None:
+        """Start every source now and wait for each up to its timeout (a hung one is left behind)."""
+        now = self.clock()
+        for runner in self.runners:
+            if not runner.busy:
+                runner.start(now)
+        deadline = time.monotonic() + (self.settings.timeout_s if wait_s is None else wait_s)
+        for runner in self.runners:
+            if runner.thread is not None:
+                runner.thread.join(max(0.0, deadline - time.monotonic()))
+        self.harvest(waited=True)
+
+    # ---------------------------------------------------------------- the loop pieces
+
+    def effective_interval(self, runner: SourceRunner) -> float:
+        if self.degraded and runner.source.kind not in FULL_RATE_KINDS:
+            return runner.interval_s * self.settings.degraded_factor
+        return runner.interval_s
+
+    def check_load(self, mono: float) -> None:
+        """Enter sampling above cpu_high, leave it below cpu_low (hysteresis avoids flapping)."""
+        if mono < self._next_load_check:
+            return
+        self._next_load_check = mono + self.settings.load_check_s
+        self.cpu_last = self._cpu_ratio()
+        if not self.degraded and self.cpu_last > self.settings.cpu_high:
+            self.degraded = True
+            self.degradations += 1
+            log.warning(
+                "node CPU at %.0f%% > %.0f%%: sampling, periodic sources read every %gx their interval",
+                self.cpu_last * 100,
+                self.settings.cpu_high * 100,
+                self.settings.degraded_factor,
+            )
+        elif self.degraded and self.cpu_last < self.settings.cpu_low:
+            self.degraded = False
+            log.warning(
+                "node CPU at %.0f%% < %.0f%%: back to full-rate collection",
+                self.cpu_last * 100,
+                self.settings.cpu_low * 100,
+            )
+
+    def schedule(self, mono: float) -> None:
+        """Start every source that is due and not still busy with its previous read."""
+        now = self.clock()
+        for runner in self.runners:
+            if mono >= runner.next_due and not runner.busy:
+                runner.start(now)
+                runner.next_due = mono + self.effective_interval(runner)
+
+    def harvest(self, waited: bool = False) -> None:
+        """Collect finished reads, mark reads past their timeout (or still busy after ``waited``) as hung."""
+        mono = time.monotonic()
+        for runner in self.runners:
+            result, error = runner.take()
+            if result is not None or error is not None:
+                runner.reads += 1
+                runner.last_duration_s = runner.finished - runner.started
+                runner.up = error is None
+            if error is not None:
+                runner.failures += 1
+                runner.status = f"failed: {type(error).__name__}: {error}"
+                runner.points = []
+                runner.source.problems.report("read failed", f"{type(error).__name__}: {error}")
+            elif result is not None:
+                runner.status = result.status
+                runner.points = [self._clean(p) for p in result.points]
+                self._accept_events(result.events)
+            elif runner.busy and not runner.timed_out and (waited or mono - runner.started > runner.timeout_s):
+                runner.timed_out = True
+                runner.timeouts += 1
+                runner.up = False
+                runner.points = []
+                runner.status = f"hung: no answer after {runner.timeout_s:g}s"
+                runner.source.problems.report("timeout", f"read took longer than {runner.timeout_s:g}s")
+
+    def _clean(self, point: Point) -> Point:
+        if not point.labels:
+            return point
+        return Point(point.metric, point.entity, point.value, self.guard.clean(point.metric, point.labels))
+
+    def _accept_events(self, events: list[Event]) -> None:
+        with self._lock:
+            for event in events:
+                self.events_total[(event.kind, event.level.label)] += 1
+                if event.level >= FaultLevel.DEGRADED:
+                    log.warning("%s %s on %s: %s", event.level.label, event.kind, event.entity, event.message[:200])
+            if self._pusher is not None:
+                self.pending_events.extend(events)
+                # Bounded: a server down for hours must not grow the agent past its memory budget.
+                del self.pending_events[: max(0, len(self.pending_events) - 10_000)]
+
+    def push(self, mono: float) -> None:
+        if self._pusher is None or mono < self._next_push or self._pusher.busy:
+            return
+        self._next_push = mono + self.settings.push_interval_s
+        with self._lock:
+            batch, self.pending_events = self.pending_events, []
+        if batch:
+            self._pusher.send(batch, requeue=self._requeue)
+
+    def _requeue(self, events: list[Event]) -> None:
+        with self._lock:
+            self.pending_events[:0] = events
+            del self.pending_events[: max(0, len(self.pending_events) - 10_000)]
+
+    def record(self, mono: float) -> None:
+        """Append the latest values to the embedded history once every source has answered or timed out."""
+        if self.store is None or mono < self._next_record:
+            return
+        if any(r.reads == 0 and r.timeouts == 0 for r in self.runners):
+            return
+        self._next_record = mono + self.settings.record_interval_s
+        self.store.record(self.clock(), self.points())
+        self.store.maintain(self.clock(), mono)
+
+    def step(self) -> float:
+        """One turn of the loop; returns how long to sleep before the next."""
+        mono = time.monotonic()
+        self.check_load(mono)
+        self.schedule(mono)
+        self.harvest()
+        self.push(mono)
+        self.record(mono)
+        wake = [r.next_due for r in self.runners if not r.busy] + [self._next_load_check]
+        if self.store is not None:
+            wake.append(self._next_record)
+        wake += [r.started + r.timeout_s for r in self.runners if r.busy and not r.timed_out]
+        # Finished reads are harvested at the next wake-up, at most half a second later.
+        return max(0.05, min(0.5, min(wake) - time.monotonic()))
+
+    def run(self, duration_s: float | None = None) -> None:
+        """The agent loop, until ``stop_event`` is set or ``duration_s`` has passed."""
+        end = None if duration_s is None else time.monotonic() + duration_s
+        while not self.stop_event.is_set():
+            pause = self.step()
+            if end is not None and time.monotonic() >= end:
+                break
+            self.stop_event.wait(pause)
+
+    def close(self) -> None:
+        self.stop_event.set()
+        for runner in self.runners:
+            if not runner.busy:
+                runner.source.close()
+        if self.store is not None:
+            self.store.close()
+
+    # ---------------------------------------------------------------- views
+
+    def points(self) -> list[Point]:
+        return [p for r in self.runners for p in r.points]
+
+    def events_snapshot(self) -> dict[tuple[str, str], int]:
+        """Events seen per (kind, level); a copy, since the exposition thread reads while the loop counts."""
+        with self._lock:
+            return dict(self.events_total)
+
+    def report(self) -> dict[str, Any]:
+        """What `vigil agent --once --json` prints."""
+        return {
+            "node": self.node,
+            "degraded": self.degraded,
+            "cpu_ratio": round(self.cpu_last, 3),
+            "sources": [
+                {
+                    "name": r.name,
+                    "kind": r.source.kind,
+                    "up": r.up,
+                    "status": r.status,
+                    "interval_s": self.effective_interval(r),
+                    "points": len(r.points),
+                    "reads": r.reads,
+                    "timeouts": r.timeouts,
+                    "failures": r.failures,
+                    "problems": r.source.problems.snapshot(),
+                    "duration_ms": round(r.last_duration_s * 1000, 1),
+                }
+                for r in self.runners
+            ],
+            "points": [
+                {"metric": p.metric, "entity": p.entity, "value": p.value, "labels": dict(p.labels)}
+                for p in self.points()
+            ],
+            "events": {f"{kind}/{level}": n for (kind, level), n in sorted(self.events_snapshot().items())},
+            "labels": {"refused": self.guard.refused_count, "folded": self.guard.folded_count},
+        }
+
+    def serve(self, port: int | None = None) -> tuple[Any, int]:
+        """Start the Prometheus endpoint; returns (server, port)."""
+        registry = CollectorRegistry()
+        registry.register(AgentExposition(self))
+        ProcessCollector(registry=registry, namespace="vigil_agent")
+        server, _thread = start_http_server(self.settings.port if port is None else port, registry=registry)
+        return server, server.server_port
+
+
+# --------------------------------------------------------------------------- assembling a node's sources
+
+
+def build_sources(settings: AgentSettings) -> list[Source]:
+    """Every source this node can have; each one says in its status when its device or service is absent."""
+    from pathlib import Path
+
+    from vigil.sources.collect.dcgm import DcgmExporterScraper
+    from vigil.sources.collect.host import HostCollector
+    from vigil.sources.collect.infiniband import InfinibandCollector
+    from vigil.sources.collect.kmsg import KernelLogSource
+    from vigil.sources.collect.kube import KubernetesSource, in_cluster
+    from vigil.sources.collect.nvml import NvmlCollector
+
+    node = settings.node or default_node_name()
+    gpus = NvmlCollector(node=node)
+    nics = InfinibandCollector(node=node)
+    sources: list[Source] = [HostCollector(node=node), gpus, nics]
+    exporter_gpus: dict[str, int] = {}
+    if settings.dcgm_url:
+        dcgm = DcgmExporterScraper(settings.dcgm_url, node=node, timeout_s=settings.timeout_s)
+        exporter_gpus = dcgm.pci_to_index
+        sources.append(dcgm)
+
+    def gpu_index(pci_bus: str) -> int | None:
+        index = gpus.pci_to_index.get(pci_bus)
+        return exporter_gpus.get(pci_bus) if index is None else index
+
+    kernel_options: dict[str, Any] = {"node": node, "gpu_index": gpu_index, "nic_name": nics.device_of_pci}
+    if settings.kmsg_file:
+        kernel: Source | None = KernelLogSource.from_file(Path(settings.kmsg_file), **kernel_options)
+    else:
+        kernel = KernelLogSource.auto(**kernel_options)
+    if kernel is None:
+        log.warning(
+            "no kernel log: /dev/kmsg is not readable and the journal holds no kernel messages; "
+            "Xids come from dcgm-exporter's last-Xid gauge only, if it runs"
+        )
+        for source in sources:
+            if isinstance(source, DcgmExporterScraper):
+                source.xid_events = True
+    else:
+        sources.append(kernel)
+    if in_cluster():
+        sources.append(KubernetesSource(node=node))
+    return sources
+
+
+# --------------------------------------------------------------------------- exposition and push
+
+
+def entity_labels(entity: str) -> dict[str, str]:
+    """Prometheus labels of an entity id: gpu/n01/3 -> {node: n01, gpu: 3}."""
+    kind, parts = parse_entity(entity)
+    if kind == "gpu":
+        return {"node": parts[0], "gpu": parts[1]}
+    if kind == "nic":
+        return {"node": parts[0], "nic": parts[1]}
+    if kind == "node":
+        return {"node": parts[0]}
+    raise VigilInputError(f"the node agent exposes node, gpu and nic entities, not {entity!r}")
+
+
+class AgentExposition(Collector):
+    """The agent's latest points as Prometheus gauges (series folded by the label guard are summed)."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        series: dict[str, dict[tuple[tuple[str, str], ...], float]] = defaultdict(lambda: defaultdict(float))
+        for point in self.agent.points():
+            # The entity's own node / gpu / nic labels win over a source's labels of the same name.
+            labels = tuple(sorted({**dict(point.labels), **entity_labels(point.entity)}.items()))
+            series[point.metric][labels] += point.value
+        for metric, values in sorted(series.items()):
+            names = sorted({name for labels in values for name, _ in labels})
+            family = GaugeMetricFamily(metric, f"{metric} as read by the Vigil node agent", labels=names)
+            for labels, value in values.items():
+                as_dict = dict(labels)
+                family.add_metric([as_dict.get(n, "") for n in names], value)
+            yield family
+        yield from self._self_metrics()
+
+    def _self_metrics(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        agent = self.agent
+        up = GaugeMetricFamily("vigil_agent_source_up", "1 when the source's last read answered", labels=["source"])
+        timeouts = CounterMetricFamily("vigil_agent_source_timeouts", "reads past their timeout", labels=["source"])
+        problems = CounterMetricFamily(
+            "vigil_agent_source_problems",
+            "bad input and failures counted per kind",
+            labels=["source", "problem"],
+        )
+        duration = GaugeMetricFamily("vigil_agent_source_duration_seconds", "last read's duration", labels=["source"])
+        for runner in agent.runners:
+            up.add_metric([runner.name], int(runner.up))
+            timeouts.add_metric([runner.name], runner.timeouts)
+            duration.add_metric([runner.name], runner.last_duration_s)
+            for problem, count in runner.source.problems.snapshot().items():
+                problems.add_metric([runner.name, problem], count)
+        events = CounterMetricFamily("vigil_agent_events", "events seen by kind and level", labels=["kind", "level"])
+        for (kind, level), count in sorted(agent.events_snapshot().items()):
+            events.add_metric([kind, level], count)
+        yield from (up, timeouts, problems, duration, events)
+        yield GaugeMetricFamily(
+            "vigil_agent_degraded", "1 while the agent samples under node CPU load", value=int(agent.degraded)
+        )
+        labels = CounterMetricFamily(
+            "vigil_agent_labels", "labels refused or folded by the hygiene guard", labels=["outcome"]
+        )
+        labels.add_metric(["refused"], agent.guard.refused_count)
+        labels.add_metric(["folded"], agent.guard.folded_count)
+        yield labels
+
+
+class EventPusher:
+    """POSTs event batches to the Vigil server in a background thread; failed batches are re-queued."""
+
+    def __init__(self, server_url: str, token: str = "", timeout_s: float = 5.0) -> None:
+        self.url = server_url.rstrip("/") + "/api/v1/events"
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._client = httpx.Client(timeout=timeout_s, headers=headers)
+        self._thread: threading.Thread | None = None
+        self.sent = 0
+        self.failures = 0
+        self._warned = False
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def send(self, events: list[Event], requeue: Callable[[list[Event]], None]) -> None:
+        self._thread = threading.Thread(target=self._post, args=(events, requeue), daemon=True, name="vigil-agent-push")
+        self._thread.start()
+
+    def _post(self, events: list[Event], requeue: Callable[[list[Event]], None]) -> None:
+        try:
+            body = [e.model_dump(mode="json") for e in events]
+            self._client.post(self.url, json=body).raise_for_status()
+            self.sent += len(events)
+        except httpx.HTTPError as err:
+            self.failures += 1
+            if not self._warned:
+                self._warned = True
+                log.warning("push to %s failed (%s); events are kept and retried", self.url, err)
+            requeue(events)

@@ -1,0 +1,151 @@
+"""Kubernetes node conditions and node events, through the official ``kubernetes`` client.
+
+Only inside a cluster (``KUBERNETES_SERVICE_HOST`` set, service-account token mounted): the DaemonSet's
+ClusterRole allows ``get nodes`` and ``list events``. The API object is a constructor argument so tests
+feed real ``kubernetes.client`` model objects (V1Node, CoreV1Event) through a recording stand-in; no API
+server runs on the development machine.
+
+Conditions become points ``vigil_node_condition{condition=...}`` (1 = the condition holds), which stays low
+cardinality because condition types are a fixed, small set per cluster. A condition turning bad becomes an
+event of kind ``k8s`` (Ready False/Unknown -> reason NodeNotReady; pressure, NetworkUnavailable, and
+NVSentinel / node-problem-detector conditions such as GpuXidError -> reason = the condition type). Warning
+events about the node become ``k8s`` events with their own reason, each reported once.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from datetime import datetime
+from typing import Any
+
+from vigil.model import Event, FaultLevel, node_id
+from vigil.sources.collect.base import Collection, Source, default_node_name
+
+# Condition types whose "True" is the healthy state; every other type is a problem when True.
+HEALTHY_WHEN_TRUE = {"Ready"}
+PRESSURE = {"MemoryPressure", "DiskPressure", "PIDPressure"}
+SEEN_EVENTS_KEPT = 4096
+
+
+def in_cluster() -> bool:
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+
+
+def _timestamp(value: datetime | None, default: float) -> float:
+    return value.timestamp() if value is not None else default
+
+
+class KubernetesSource(Source):
+    name = "kubernetes"
+    kind = "kube"
+
+    def __init__(self, node: str | None = None, api: Any = None, lookback_s: float = 3600.0) -> None:
+        super().__init__()
+        self.node = node or default_node_name()
+        self._api = api
+        self.lookback_s = lookback_s
+        self._bad: dict[str, bool] = {}
+        self._seen: deque[str] = deque(maxlen=SEEN_EVENTS_KEPT)
+        self._seen_set: set[str] = set()
+        self._started: float | None = None
+
+    def _core(self) -> Any:
+        if self._api is None:
+            from kubernetes import client, config
+
+            config.load_incluster_config()
+            self._api = client.CoreV1Api()
+        return self._api
+
+    def collect(self, now: float) -> Collection:
+        out = Collection(status=f"Kubernetes node {self.node}")
+        if self._started is None:
+            self._started = now
+        try:
+            api = self._core()
+            node = api.read_node(self.node, _request_timeout=10)
+            events = api.list_event_for_all_namespaces(
+                field_selector=f"involvedObject.kind=Node,involvedObject.name={self.node}",
+                _request_timeout=10,
+            )
+        except Exception as err:  # the client raises ApiException, urllib3 and config errors alike
+            self.problems.report("api", f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+            out.status = f"Kubernetes API unavailable ({type(err).__name__})"
+            return out
+        self._conditions(out, now, node)
+        self._events(out, now, events.items or [])
+        return out
+
+    def _conditions(self, out: Collection, now: float, node: Any) -> None:
+        entity = node_id(self.node)
+        out.add("vigil_node_unschedulable", entity, int(bool(node.spec and node.spec.unschedulable)))
+        for condition in (node.status.conditions if node.status else None) or []:
+            kind = condition.type
+            holds = condition.status == "True"
+            bad = (condition.status != "True") if kind in HEALTHY_WHEN_TRUE else holds
+            out.add("vigil_node_condition", entity, int(holds), condition=kind)
+            if kind == "Ready":
+                out.add("vigil_node_kubelet_ready", entity, int(holds))
+            if bad and not self._bad.get(kind, False):
+                out.events.append(self._condition_event(now, entity, condition))
+            self._bad[kind] = bad
+
+    def _condition_event(self, now: float, entity: str, condition: Any) -> Event:
+        """Kind "k8s" like every Kubernetes fact; ``reason`` NodeNotReady for Ready (the node controller's own
+        reason for it, which the rule detector reads), else the condition type; ``signature`` says which."""
+        kind = condition.type
+        if kind == "Ready":
+            signature, reason, level = "kubelet_down", "NodeNotReady", FaultLevel.DRAIN
+        elif kind in PRESSURE:
+            signature, reason, level = "node_pressure", kind, FaultLevel.DEGRADED
+        elif kind == "NetworkUnavailable":
+            signature, reason, level = "node_network_unavailable", kind, FaultLevel.DRAIN
+        else:
+            signature, reason, level = "node_condition", kind, FaultLevel.DEGRADED
+        return Event(
+            ts=_timestamp(condition.last_transition_time, now),
+            entity=entity,
+            kind="k8s",
+            source="kubernetes",
+            level=level,
+            message=f"{kind}={condition.status}: {condition.reason or ''} {condition.message or ''}".strip(),
+            attrs={
+                "signature": signature,
+                "reason": reason,
+                "condition": kind,
+                "status": condition.status,
+                "condition_reason": condition.reason or "",
+            },
+        )
+
+    def _events(self, out: Collection, now: float, items: list[Any]) -> None:
+        not_before = (self._started or now) - self.lookback_s
+        for item in items:
+            uid = item.metadata.uid or f"{item.metadata.name}/{item.count}"
+            key = f"{uid}/{item.count}"
+            if key in self._seen_set or item.type != "Warning":
+                continue
+            when = item.last_timestamp or item.event_time or item.first_timestamp
+            ts = _timestamp(when, now)
+            if ts < not_before:
+                continue
+            if len(self._seen) == self._seen.maxlen:
+                self._seen_set.discard(self._seen[0])
+            self._seen.append(key)
+            self._seen_set.add(key)
+            out.events.append(
+                Event(
+                    ts=ts,
+                    entity=node_id(self.node),
+                    kind="k8s",
+                    source="kubernetes",
+                    level=FaultLevel.OBSERVE,
+                    message=f"{item.reason}: {item.message or ''}"[:8192],
+                    attrs={
+                        "reason": item.reason or "",
+                        "count": item.count or 1,
+                        "component": (item.source.component if item.source else "") or "",
+                    },
+                )
+            )

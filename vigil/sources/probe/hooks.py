@@ -1,0 +1,298 @@
+"""Wrap torch.distributed collectives and p2p ops, matmuls, optimizer steps and torch.save.
+
+Wrappers are installed in both ``torch.distributed`` and ``torch.distributed.distributed_c10d`` so that
+helpers built on the primitives (all_gather_object, broadcast_object_list, ...) are recorded too.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import Work
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from vigil.sources.probe.probe import Probe
+from vigil.sources.probe.records import COLLECTIVE, P2P, OpRecord
+
+# name -> (parameter holding the tensor whose shape must agree, parameter holding the root rank)
+COLLECTIVES: dict[str, tuple[str | None, str | None]] = {
+    "all_reduce": ("tensor", None),
+    "broadcast": ("tensor", "src"),
+    "reduce": ("tensor", "dst"),
+    "all_gather": ("tensor", None),
+    "all_gather_into_tensor": ("input_tensor", None),
+    "reduce_scatter": ("output", None),
+    "reduce_scatter_tensor": ("input", None),
+    "gather": ("tensor", "dst"),
+    "scatter": ("tensor", "src"),
+    "all_to_all": (None, None),
+    "all_to_all_single": (None, None),
+    "barrier": (None, None),
+    "monitored_barrier": (None, None),
+}
+# name -> (parameter holding the peer rank, direction)
+P2P_OPS: dict[str, tuple[str, str]] = {
+    "send": ("dst", "send"),
+    "recv": ("src", "recv"),
+    "isend": ("dst", "send"),
+    "irecv": ("src", "recv"),
+}
+COMPUTE_FUNCS = ("matmul", "mm", "bmm", "addmm")
+
+_ORIGINALS: dict[tuple[Any, str], Any] = {}
+_HANDLES: list[Any] = []
+
+
+class ProbedWork(Work):
+    """A work handle that tells the probe when the caller waits on it and when it finishes.
+
+    Gloo's p2p works have no future and report completion only once waited on, so the wait is
+    where an async op's completion becomes known.
+    """
+
+    def __init__(self, inner: Work, record: OpRecord, probe: Probe) -> None:
+        super().__init__()
+        self._inner = inner
+        self._record = record
+        self._probe = probe
+
+    def wait(self, timeout: Any = None) -> bool:
+        self._probe.mark_waiting(self._record)
+        try:
+            done = self._inner.wait() if timeout is None else self._inner.wait(timeout)
+        except BaseException:
+            self._probe.end_op(self._record, ok=False)
+            raise
+        self._probe.end_op(self._record, ok=True)
+        return bool(done)
+
+    def is_completed(self) -> bool:
+        return bool(self._inner.is_completed())
+
+    def is_success(self) -> bool:
+        return bool(self._inner.is_success())
+
+    def exception(self) -> Any:
+        return self._inner.exception()
+
+    def source_rank(self) -> int:
+        return int(self._inner.source_rank())
+
+    def result(self) -> Any:
+        return self._inner.result()
+
+    def synchronize(self) -> None:
+        self._inner.synchronize()
+
+    def get_future(self) -> Any:
+        return self._inner.get_future()
+
+
+_GROUPS: dict[int, tuple[Any, str, list[int]]] = {}
+
+
+def _group_info(group: Any) -> tuple[str, list[int]]:
+    """Name and global ranks of a process group, cached: membership never changes."""
+    pg = group if group is not None else dist.group.WORLD
+    cached = _GROUPS.get(id(pg))
+    if cached is not None:
+        return cached[1], cached[2]
+    name = str(getattr(pg, "group_name", "") or "0")
+    try:
+        ranks = list(dist.get_process_group_ranks(pg))
+    except (RuntimeError, ValueError):
+        ranks = []
+    # Holding the group keeps its id from being reused by a later group.
+    _GROUPS[id(pg)] = (pg, name, ranks)
+    return name, ranks
+
+
+class _Params:
+    """Reads named arguments of a wrapped call without inspect.bind (a few microseconds per op)."""
+
+    def __init__(self, func: Callable[..., Any]) -> None:
+        parameters = inspect.signature(func).parameters
+        self.index = {name: i for i, name in enumerate(parameters)}
+        self.defaults = {name: p.default for name, p in parameters.items() if p.default is not inspect.Parameter.empty}
+
+    def get(self, name: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if name is None:
+            return None
+        if name in kwargs:
+            return kwargs[name]
+        position = self.index.get(name)
+        if position is not None and position < len(args):
+            return args[position]
+        return self.defaults.get(name)
+
+
+def _shape_of(value: Any) -> tuple[list[list[int]], list[str]]:
+    if isinstance(value, torch.Tensor):
+        return [list(value.shape)], [str(value.dtype).removeprefix("torch.")]
+    return [], []
+
+
+def _wrap_collective(probe: Probe, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    tensor_param, root_param = COLLECTIVES[name]
+    params = _Params(original)
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        group_name, group_ranks = _group_info(params.get("group", args, kwargs))
+        sizes, dtypes = _shape_of(params.get(tensor_param, args, kwargs))
+        root = params.get(root_param, args, kwargs)
+        is_async = bool(params.get("async_op", args, kwargs))
+        record = probe.begin_op(
+            group_name,
+            group_ranks,
+            COLLECTIVE,
+            name,
+            sizes,
+            dtypes,
+            root=root if isinstance(root, int) else None,
+            is_async=is_async,
+        )
+        return _run(probe, record, original, args, kwargs, is_async)
+
+    return wrapper
+
+
+def _wrap_p2p(probe: Probe, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    peer_param, direction = P2P_OPS[name]
+    params = _Params(original)
+    is_async = name.startswith("i")
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        group_name, group_ranks = _group_info(params.get("group", args, kwargs))
+        sizes, dtypes = _shape_of(params.get("tensor", args, kwargs))
+        peer = params.get(peer_param, args, kwargs)
+        record = probe.begin_op(
+            group_name,
+            group_ranks,
+            P2P,
+            direction,
+            sizes,
+            dtypes,
+            peer=peer if isinstance(peer, int) else None,
+            is_async=is_async,
+        )
+        return _run(probe, record, original, args, kwargs, is_async)
+
+    return wrapper
+
+
+def _run(
+    probe: Probe,
+    record: OpRecord,
+    original: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    is_async: bool,
+) -> Any:
+    try:
+        result = original(*args, **kwargs)
+    except BaseException:
+        probe.end_op(record, ok=False)
+        raise
+    if not is_async:
+        probe.end_op(record, ok=True)
+        return result
+    if isinstance(result, Work):
+        _watch_future(probe, record, result)
+        return ProbedWork(result, record, probe)
+    probe.end_op(record, ok=True)
+    return result
+
+
+def _watch_future(probe: Probe, record: OpRecord, work: Work) -> None:
+    """Collectives with a future report completion even if nobody waits on them."""
+    try:
+        future = work.get_future()
+    except RuntimeError:
+        return
+
+    def on_done(fut: Any) -> None:
+        try:
+            fut.value()
+        except Exception:
+            probe.end_op(record, ok=False)
+            return
+        probe.end_op(record, ok=True)
+
+    future.then(on_done)
+
+
+def _wrap_compute(probe: Probe, original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        probe.compute_begin()
+        return original(*args, **kwargs)
+
+    return wrapper
+
+
+def _wrap_checkpoint(probe: Probe, original: Callable[..., Any]) -> Callable[..., Any]:
+    """While a rank saves a checkpoint its peers may wait for minutes: that is not a hang."""
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        previous = dict(probe.activity)
+        probe.set_activity("checkpoint", original.__name__)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            probe.activity = previous
+
+    return wrapper
+
+
+def _patch(owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    original = getattr(owner, name, None)
+    if original is None or (owner, name) in _ORIGINALS:
+        return
+    _ORIGINALS[(owner, name)] = original
+    setattr(owner, name, make(original))
+
+
+def install_hooks(probe: Probe) -> None:
+    """Patch torch in place; idempotent."""
+    c10d = dist.distributed_c10d
+    for name in COLLECTIVES:
+        original = getattr(c10d, name, None)
+        if original is None:
+            continue
+        wrapped = _wrap_collective(probe, name, original)
+        for owner in (c10d, dist):
+            if (owner, name) not in _ORIGINALS:
+                _ORIGINALS[(owner, name)] = getattr(owner, name)
+                setattr(owner, name, wrapped)
+    for name in P2P_OPS:
+        original = getattr(c10d, name)
+        wrapped = _wrap_p2p(probe, name, original)
+        for owner in (c10d, dist):
+            if (owner, name) not in _ORIGINALS:
+                _ORIGINALS[(owner, name)] = getattr(owner, name)
+                setattr(owner, name, wrapped)
+    for name in COMPUTE_FUNCS:
+        _patch(torch, name, lambda orig: _wrap_compute(probe, orig))
+    _patch(torch.Tensor, "__matmul__", lambda orig: _wrap_compute(probe, orig))
+    _patch(torch.nn.functional, "linear", lambda orig: _wrap_compute(probe, orig))
+    _patch(torch, "save", lambda orig: _wrap_checkpoint(probe, orig))
+    if not _HANDLES:
+        _HANDLES.append(register_optimizer_step_post_hook(lambda *_: probe.step()))
+
+
+def uninstall_hooks() -> None:
+    for (owner, name), original in _ORIGINALS.items():
+        setattr(owner, name, original)
+    _ORIGINALS.clear()
+    for handle in _HANDLES:
+        handle.remove()
+    _HANDLES.clear()
+    _GROUPS.clear()

@@ -1,0 +1,326 @@
+"""The in-process probe: op ledger, compute / step / checkpoint marks, and a watchdog thread.
+
+The watchdog rewrites ``rank<R>.json`` every tick. Its heartbeat stops when the rank holds the GIL
+(stuck in a C call, for instance), which is exactly what the out-of-process supervisor looks for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections import defaultdict, deque
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from vigil.sources.probe.records import (
+    CURRENT_END_BYTES,
+    CURRENT_OP_BYTES,
+    DUMP_REQUEST_FILE,
+    FR_DIR,
+    OpRecord,
+    RankSnapshot,
+    current_op_path,
+    snapshot_path,
+    write_json_atomic,
+)
+from vigil.sources.probe.ring import OpRing
+
+SNAPSHOT_OPS = 128
+DEFAULT_HANG_TIMEOUT_S = 10.0
+# An op may take this many times its recent worst duration before it counts as stalled.
+ADAPTIVE_FACTOR = 4.0
+
+
+class Probe:
+    """Per-rank recorder; one instance per process, created by :func:`vigil.sources.probe.install`."""
+
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        out_dir: Path | None,
+        hang_timeout_s: float = DEFAULT_HANG_TIMEOUT_S,
+        tick_s: float = 0.25,
+        capacity: int = 2048,
+    ) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.out_dir = out_dir
+        self.hang_timeout_s = hang_timeout_s
+        self.tick_s = tick_s
+        self.ring = OpRing(capacity)
+        self.started = time.time()
+        self.host = socket.gethostname()
+        self._seq: dict[str, int] = defaultdict(int)
+        self._p2p_seq: dict[tuple[str, int, str], int] = defaultdict(int)
+        self._durations: dict[tuple[str, str], deque[float]] = defaultdict(lambda: deque(maxlen=32))
+        self._worst: dict[tuple[str, str], float] = {}
+        self._lock = threading.Lock()
+        self.activity: dict[str, Any] = {"kind": "idle", "since": self.started}
+        self.compute_calls = 0
+        self.last_compute: float | None = None
+        self.steps = 0
+        self.last_step: float | None = None
+        self.step_times: deque[float] = deque(maxlen=64)
+        self.error: dict[str, Any] | None = None
+        self.stalled = False
+        self.stacks: list[dict[str, Any]] = []
+        self.finished = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._fr_dumped = False
+        self._last_payload_version = -1
+        self._ops_payload: list[dict[str, Any]] = []
+        self._current_fd: int | None = None
+        self._current_id = -1
+        self._json_cache: dict[str, str] = {}
+        if out_dir is not None:
+            self._current_fd = os.open(current_op_path(out_dir, rank), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+
+    # ----------------------------------------------------------------- ops
+
+    def begin_op(
+        self,
+        group: str,
+        group_ranks: list[int],
+        kind: str,
+        op: str,
+        sizes: list[list[int]],
+        dtypes: list[str],
+        peer: int | None = None,
+        root: int | None = None,
+        is_async: bool = False,
+    ) -> OpRecord:
+        if kind == "p2p":
+            key = (group, -1 if peer is None else peer, op)
+            with self._lock:
+                self._p2p_seq[key] += 1
+                seq = self._p2p_seq[key]
+        else:
+            with self._lock:
+                self._seq[group] += 1
+                seq = self._seq[group]
+        record = OpRecord(
+            record_id=self.ring.new_record_id(),
+            group=group,
+            group_ranks=group_ranks,
+            kind=kind,
+            seq=seq,
+            op=op,
+            sizes=sizes,
+            dtypes=dtypes,
+            peer=peer,
+            root=root,
+            is_async=is_async,
+            state="scheduled" if is_async else "started",
+            t_start=time.time(),
+            timeout_s=self.timeout_for(group, op),
+            thread=threading.current_thread().name,
+        )
+        self.ring.append(record)
+        self._write_current(record)
+        return record
+
+    def _write_current(self, record: OpRecord) -> None:
+        """One pwrite at the op's start (and a short one at its end, see end_op), so an abort inside
+        the op, or a rank whose snapshot writer cannot run, still leaves it on disk."""
+        if self._current_fd is None:
+            return
+        self._current_id = record.record_id
+        payload = self._encode_current(record)
+        if len(payload) <= CURRENT_OP_BYTES:
+            os.pwrite(self._current_fd, payload.ljust(CURRENT_OP_BYTES) + b" " * CURRENT_END_BYTES, 0)
+
+    def _encode_current(self, record: OpRecord) -> bytes:
+        """JSON of the record, by hand: json.dumps was most of the probe's cost per op."""
+        group = self._json_cache.get(record.group)
+        if group is None:
+            group = self._json_cache[record.group] = json.dumps(record.group)
+        thread = self._json_cache.get(record.thread)
+        if thread is None:
+            thread = self._json_cache[record.thread] = json.dumps(record.thread)
+        dtypes = "[" + ",".join(f'"{d}"' for d in record.dtypes) + "]"
+        return (
+            f'{{"record_id":{record.record_id},"group":{group},"group_ranks":{record.group_ranks},'
+            f'"kind":"{record.kind}","seq":{record.seq},"op":"{record.op}","sizes":{record.sizes},'
+            f'"dtypes":{dtypes},"peer":{_json_int(record.peer)},"root":{_json_int(record.root)},'
+            f'"is_async":{"true" if record.is_async else "false"},"state":"{record.state}",'
+            f'"t_start":{record.t_start!r},"t_end":null,"timeout_s":{record.timeout_s!r},"thread":{thread}}}'
+        ).encode()
+
+    def end_op(self, record: OpRecord, ok: bool = True) -> None:
+        if not record.in_flight:
+            return
+        record.t_end = time.time()
+        record.state = "completed" if ok else "failed"
+        if ok:
+            recent = self._durations[(record.group, record.op)]
+            recent.append(record.t_end - record.t_start)
+            self._worst[(record.group, record.op)] = max(recent)
+        self.ring.touch()
+        if record.record_id == self._current_id and self._current_fd is not None:
+            end = f"{record.record_id} {record.state} {record.t_end!r}".encode()
+            os.pwrite(self._current_fd, end.ljust(CURRENT_END_BYTES), CURRENT_OP_BYTES)
+
+    def mark_waiting(self, record: OpRecord) -> None:
+        """An async op's handle is being waited on: from now on the rank is blocked by it."""
+        if record.state == "scheduled":
+            record.state = "started"
+            self.ring.touch()
+
+    def timeout_for(self, group: str, op: str) -> float:
+        """The floor, or a multiple of the op's recent worst duration when that is longer."""
+        worst = self._worst.get((group, op))
+        if worst is None:
+            return self.hang_timeout_s
+        return max(self.hang_timeout_s, ADAPTIVE_FACTOR * worst)
+
+    # ----------------------------------------------------------------- activity marks
+
+    def compute_begin(self) -> None:
+        self.compute_calls += 1
+        self.last_compute = time.time()
+
+    def step(self) -> None:
+        now = time.time()
+        if self.last_step is not None:
+            self.step_times.append(now - self.last_step)
+        self.steps += 1
+        self.last_step = now
+
+    def set_activity(self, kind: str, name: str = "") -> None:
+        self.activity = {"kind": kind, "name": name, "since": time.time()}
+
+    def record_error(
+        self, exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None
+    ) -> None:
+        self.error = {
+            "ts": time.time(),
+            "type": exc_type.__name__,
+            "message": str(exc)[:2000],
+            "traceback": "".join(traceback.format_exception(exc_type, exc, tb))[-6000:],
+        }
+        self.write_snapshot()
+
+    # ----------------------------------------------------------------- snapshot
+
+    def snapshot(self) -> RankSnapshot:
+        return RankSnapshot(
+            rank=self.rank,
+            world_size=self.world_size,
+            pid=os.getpid(),
+            host=self.host,
+            heartbeat=time.time(),
+            started=self.started,
+            ops=self.ring.tail(SNAPSHOT_OPS),
+            op_count=self.ring.total,
+            activity=dict(self.activity),
+            compute_calls=self.compute_calls,
+            last_compute=self.last_compute,
+            steps=self.steps,
+            last_step=self.last_step,
+            step_times=list(self.step_times),
+            error=self.error,
+            stalled=self.stalled,
+            stacks=self.stacks,
+            finished=self.finished,
+        )
+
+    def write_snapshot(self) -> None:
+        if self.out_dir is None:
+            return
+        version = self.ring.version
+        if version != self._last_payload_version:
+            self._ops_payload = [op.to_dict() for op in self.ring.tail(SNAPSHOT_OPS)]
+            self._last_payload_version = version
+        snap = self.snapshot()
+        snap.ops = []
+        data = snap.to_dict()
+        data["ops"] = self._ops_payload
+        write_json_atomic(snapshot_path(self.out_dir, self.rank), json.dumps(data))
+
+    # ----------------------------------------------------------------- watchdog
+
+    def start_watchdog(self) -> None:
+        self._thread = threading.Thread(target=self._watch, name="vigil-probe", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.finished = True
+        self._stop.set()
+        with contextlib.suppress(OSError):
+            self.write_snapshot()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.tick_s):
+            self.check_stall()
+            self.answer_dump_request()
+            try:
+                self.write_snapshot()
+            except OSError:
+                # The run directory may be gone at shutdown; the probe must never break the job.
+                return
+
+    def check_stall(self) -> None:
+        """An op in flight past its timeout: remember the in-process stacks while they still matter."""
+        now = time.time()
+        stalled = any(
+            now - op.t_start > (op.timeout_s or self.hang_timeout_s) for op in self.ring.in_flight()
+        )
+        if stalled and not self.stalled:
+            self.stacks = python_stacks()
+        self.stalled = stalled
+
+    def answer_dump_request(self) -> None:
+        """The supervisor asks for evidence by creating a request file: stacks and FR dump, once.
+
+        The in-process stacks are the fallback when py-spy cannot attach; a rank holding the GIL
+        cannot answer at all, which the supervisor reads from its stopped heartbeat.
+        """
+        if self.out_dir is None or self._fr_dumped or not (self.out_dir / DUMP_REQUEST_FILE).exists():
+            return
+        self._fr_dumped = True
+        self.stacks = python_stacks()
+        self.write_snapshot()
+        dump_flight_recorder(self.out_dir / FR_DIR, self.rank)
+
+
+def _json_int(value: int | None) -> str:
+    return "null" if value is None else str(int(value))
+
+
+def python_stacks() -> list[dict[str, Any]]:
+    """Every thread's Python stack, outermost frame first, in py-spy's field names."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    stacks = []
+    for ident, frame in sys._current_frames().items():
+        frames = [
+            {"name": f.name, "filename": f.filename, "line": f.lineno}
+            for f in traceback.extract_stack(frame)
+        ]
+        stacks.append({"thread_name": names.get(ident, str(ident)), "frames": frames})
+    return stacks
+
+
+def dump_flight_recorder(fr_dir: Path, rank: int) -> Path | None:
+    """Write this rank's PyTorch Flight Recorder buffer (pickle), if torch records one."""
+    if os.environ.get("TORCH_FR_BUFFER_SIZE", "0") in ("", "0"):
+        return None
+    try:
+        from torch._C._distributed_c10d import _dump_fr_trace  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    fr_dir.mkdir(parents=True, exist_ok=True)
+    path = fr_dir / f"rank_{rank}"
+    payload = _dump_fr_trace(True, True, False)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(payload)
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,209 @@
+"""Multi-class GPU-fault windows from the simulator (protocol (c)).
+
+Each GPU is an entity; at every tick its window of dcgm-exporter metrics is labelled with the fault injected
+on it at that time (``normal`` otherwise), from the run's ground truth. Inputs are prepared the way a real
+scrape would need them:
+
+- counters (``*_TOTAL``, ``*_COUNTER``, ``*_VIOLATION``, energy, PCIe bytes) become per-second rates, then
+  ``log1p``: a raw counter only ever grows and says nothing about now;
+- a GPU without values (fell off the bus) keeps its last values and gets ``vigil_missing_ratio`` = share of
+  its metrics missing, so the gap is a signal, never a silent zero.
+
+Context features per window (the "recent events" and "training state" part of TCE): log minutes since the
+GPU's job started or restarted, log minutes since its last finished checkpoint, whether its job is down, and
+log minutes since the GPU's last Xid of each family (application, ECC / row remap, engine, fallen off the bus,
+GSP, NVLink, other), capped at a day: a fault that started an hour ago is still told apart by the Xid that
+opened it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from vigil.model import Event, GroundTruthFault, Topology, VigilInputError
+from vigil.store.metrics import MetricFrame
+from vigil_eval.datasets import Dataset, EntitySeries, WindowSet
+
+XID_FAMILIES: dict[str, tuple[int, ...]] = {
+    "application": (13, 31, 43, 45),
+    "ecc": (48, 63, 64, 92, 94, 95),
+    "engine": (62, 69, 109),
+    "lost": (79,),
+    "gsp": (119, 120),
+    "nvlink": (74, 144, 145, 146, 147, 148, 149, 150),
+}
+CONTEXT_FEATURES = ("log_min_since_job_start", "log_min_since_checkpoint", "job_down",
+                    *(f"log_min_since_xid_{name}" for name in (*XID_FAMILIES, "other")))
+NEVER_S = 86400.0
+# Cumulative dcgm-exporter fields (by DCGM's field semantics, not by name: NVLINK_BANDWIDTH_TOTAL is a gauge).
+COUNTERS = frozenset({
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+    "DCGM_FI_DEV_POWER_VIOLATION", "DCGM_FI_DEV_THERMAL_VIOLATION", "DCGM_FI_PROF_PCIE_TX_BYTES",
+    "DCGM_FI_PROF_PCIE_RX_BYTES",
+})
+# Classes with no per-GPU signal by design (wrong numbers, no error): caught by training-health checks instead.
+NOT_GPU_OBSERVABLE = frozenset({"silent_data_corruption"})
+
+
+@dataclass
+class GpuCube:
+    """(ticks x GPUs x features) inputs, (ticks x GPUs) class labels and (ticks x GPUs x context) context."""
+
+    ts: np.ndarray
+    gpus: list[str]
+    features: list[str]
+    values: np.ndarray
+    labels: np.ndarray
+    context: np.ndarray
+    classes: list[str]
+
+    def window_set(self, history: int, *, gpus: Sequence[int] | None = None, ticks: slice = slice(None),
+                   normal_stride: int = 1, seed: int = 0) -> WindowSet:
+        """Windows of every chosen GPU at the chosen ticks; normal windows thinned to one in ``normal_stride``
+        (at random offsets, so no GPU is always skipped), fault windows all kept."""
+        rng = np.random.default_rng(seed)
+        ws = WindowSet(history)
+        tick_index = np.arange(len(self.ts))[ticks]
+        for g in (range(len(self.gpus)) if gpus is None else gpus):
+            lab = self.labels[:, g]
+            keep = tick_index[(lab[tick_index] > 0) | (rng.random(len(tick_index)) < 1.0 / normal_stride)]
+            ws.add(self.values[:, g, :], lab, context=self.context[:, g, :], rows=keep)
+        return ws
+
+
+def gpu_fault_classes() -> list[str]:
+    """``normal`` plus the simulator's GPU fault types that show in a GPU's metrics or events."""
+    from vigil.sources.sim.faults import CATALOGUE
+
+    return ["normal", *(f.name for f in CATALOGUE if f.target == "gpu" and f.name not in NOT_GPU_OBSERVABLE)]
+
+
+class GpuFeaturizer:
+    """Turns one ``gpu`` frame and the events since the last one into model inputs, tick by tick.
+
+    The same object builds the offline training set (``gpu_cube``) and feeds the streaming detector
+    (vigil.detect.stream), so what the model sees live is computed exactly as in training.
+    """
+
+    def __init__(self, topology: Topology) -> None:
+        self.job_of_gpu = {gpu: job.entity for job in topology.jobs for gpu in job.placement}
+        self.family_of = {code: k for k, codes in enumerate(XID_FAMILIES.values()) for code in codes}
+        self.gpus: list[str] = []
+        self.metrics: list[str] = []
+        self.features: list[str] = []
+        self._last: dict[str, dict[str, float]] = {"start": {}, "checkpoint": {}, "crash": {}}
+        self._xid_last: np.ndarray = np.zeros((0, len(XID_FAMILIES) + 1))
+        self._prev_ts: float | None = None
+        self._prev_raw: np.ndarray | None = None
+        self._filled: np.ndarray | None = None
+
+    def _bind(self, frame: MetricFrame) -> None:
+        self.gpus, self.metrics = list(frame.entities), list(frame.metrics)
+        self._gpu_pos = {g: i for i, g in enumerate(self.gpus)}
+        self._counters = np.array([m in COUNTERS for m in self.metrics])
+        self.features = [f"rate({m})" if m in COUNTERS else m for m in self.metrics] + ["vigil_missing_ratio"]
+        self._xid_last = np.full((len(self.gpus), len(XID_FAMILIES) + 1), -np.inf)
+        self._jobs = [self.job_of_gpu.get(g) for g in self.gpus]
+
+    def push(self, frame: MetricFrame, events: Sequence[Event]) -> tuple[np.ndarray, np.ndarray]:
+        """(GPUs x features) inputs and (GPUs x context) features at ``frame.ts``."""
+        if list(frame.entities) != self.gpus or list(frame.metrics) != self.metrics:
+            self._bind(frame)
+            self._prev_ts = self._prev_raw = self._filled = None
+        for ev in events:
+            reason = str(ev.attrs.get("reason"))
+            if ev.kind == "job":
+                key = {"started": "start", "restarted": "start", "checkpoint_end": "checkpoint",
+                       "crashed": "crash"}.get(reason)
+                if key is not None:
+                    self._last[key][ev.entity] = max(ev.ts, self._last[key].get(ev.entity, -np.inf))
+            elif ev.kind == "xid" and ev.entity in self._gpu_pos:
+                family = self.family_of.get(int(ev.attrs.get("xid", 0)), len(XID_FAMILIES))
+                row = self._gpu_pos[ev.entity]
+                self._xid_last[row, family] = max(self._xid_last[row, family], ev.ts)
+        raw = np.asarray(frame.values, dtype=np.float64)
+        missing = ~np.isfinite(raw)
+        # A missing value keeps the last one seen; never seen is 0 (the GPU was absent from the start).
+        filled = np.where(missing, self._filled if self._filled is not None else 0.0, raw)
+        values = filled.copy()
+        if self._prev_raw is not None and self._prev_ts is not None and frame.ts > self._prev_ts:
+            rate = (filled[:, self._counters] - self._prev_raw[:, self._counters]) / (frame.ts - self._prev_ts)
+        else:
+            rate = np.zeros((len(self.gpus), int(self._counters.sum())))
+        values[:, self._counters] = np.log1p(np.maximum(rate, 0.0))
+        self._prev_ts, self._prev_raw, self._filled = frame.ts, filled, filled
+        inputs = np.concatenate([values, missing.mean(axis=1, keepdims=True)], axis=1).astype(np.float32)
+        return inputs, self._context(frame.ts)
+
+    def _since(self, ts: float, last: np.ndarray) -> np.ndarray:
+        return np.log1p(np.minimum(ts - last, NEVER_S) / 60.0)
+
+    def _context(self, ts: float) -> np.ndarray:
+        context = np.zeros((len(self.gpus), len(CONTEXT_FEATURES)), dtype=np.float32)
+        for key, column in (("start", 0), ("checkpoint", 1)):
+            last = np.array([self._last[key].get(j, -np.inf) if j else -np.inf for j in self._jobs])
+            context[:, column] = self._since(ts, last)
+        started = np.array([self._last["start"].get(j, -np.inf) if j else -np.inf for j in self._jobs])
+        crashed = np.array([self._last["crash"].get(j, -np.inf) if j else -np.inf for j in self._jobs])
+        context[:, 2] = crashed > started
+        context[:, 3:] = self._since(ts, self._xid_last)
+        return context
+
+
+def gpu_cube(frames: Iterable[MetricFrame], events: Sequence[Event], ground_truth: Sequence[GroundTruthFault],
+             topology: Topology, classes: Sequence[str]) -> GpuCube:
+    """Build the GPU data set of one run from its ``gpu`` frames, events, ground truth and topology."""
+    featurizer = GpuFeaturizer(topology)
+    ordered = sorted(events, key=lambda e: e.ts)
+    next_event = 0
+    ts_list, inputs, contexts = [], [], []
+    for frame in frames:
+        if frame.family != "gpu":
+            continue
+        start = next_event
+        while next_event < len(ordered) and ordered[next_event].ts <= frame.ts:
+            next_event += 1
+        x, ctx = featurizer.push(frame, ordered[start:next_event])
+        ts_list.append(frame.ts)
+        inputs.append(x)
+        contexts.append(ctx)
+    if not inputs:
+        raise VigilInputError("simulated run has no gpu metric frames")
+    ts = np.asarray(ts_list)
+    gpus = featurizer.gpus
+    class_index = {name: k for k, name in enumerate(classes)}
+    gpu_pos = {g: i for i, g in enumerate(gpus)}
+    labels = np.zeros((len(ts), len(gpus)), dtype=np.int64)
+    for fault in ground_truth:
+        if fault.entity in gpu_pos and fault.fault_type in class_index:
+            span = (ts >= fault.start) & (ts <= fault.end)
+            column = labels[:, gpu_pos[fault.entity]]
+            column[span & (column == 0)] = class_index[fault.fault_type]
+    return GpuCube(ts=ts, gpus=gpus, features=featurizer.features, values=np.stack(inputs), labels=labels,
+                   context=np.stack(contexts), classes=list(classes))
+
+
+def load_sim_dataset(root: Path, entities: Sequence[str] | None = None) -> Dataset:
+    """A run written by ``vigil sim --out DIR``: every GPU is an entity, the first half of the run its train
+    part and the second half its test part (``vigil detect eval --format sim``)."""
+    from vigil.sources.sim.io import load_sim
+
+    files = load_sim(root)
+    classes = gpu_fault_classes()
+    cube = gpu_cube(files.frames("gpu"), files.events, files.ground_truth, files.topology, classes)
+    cut = len(cube.ts) // 2
+    data: dict[str, EntitySeries] = {}
+    for g, gpu in enumerate(cube.gpus):
+        if entities and gpu not in entities:
+            continue
+        data[gpu] = EntitySeries(entity=gpu, train=cube.values[:cut, g], train_labels=cube.labels[:cut, g],
+                                 test=cube.values[cut:, g], test_labels=cube.labels[cut:, g],
+                                 train_context=cube.context[:cut, g], test_context=cube.context[cut:, g])
+    if not data:
+        raise VigilInputError(f"{root}: none of the requested GPUs is in the run")
+    return Dataset(name=root.name, features=cube.features, classes=classes, entities=data)
