@@ -1,8 +1,11 @@
-"""Shared test fixtures."""
+"""Shared test fixtures and the one rule for a missing real part: skip locally, fail under CI=true."""
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -10,9 +13,30 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 
+def in_ci() -> bool:
+    """True under CI=true (or 1 / yes), where every real part and data set must be present."""
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+def missing(what: str) -> NoReturn:
+    """A real part (binary, data set, device) the test needs is absent: the test fails in CI, where a silent
+    skip would leave a green run without real coverage, and skips on a developer's machine."""
+    if in_ci():
+        pytest.fail(f"{what} (CI=true: real parts must be present, see .ci/run)", pytrace=False)
+    pytest.skip(what)
+
+
+def require_binary(path_or_name: str) -> str:
+    """The binary's path, found on PATH or as a file; see :func:`missing` for when it is not there."""
+    found = shutil.which(path_or_name) or (path_or_name if Path(path_or_name).is_file() else None)
+    if found is None:
+        missing(f"{path_or_name} is not installed (apt-get install it; .ci/run does)")
+    return found
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     """The read-only public data sets beside the checkout (../shared/data)."""
     if not SHARED_DATA.is_dir():
-        pytest.skip(f"shared data not found at {SHARED_DATA}")
+        missing(f"shared data not found at {SHARED_DATA}")
     return SHARED_DATA

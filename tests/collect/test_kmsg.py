@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.conftest import missing, require_binary
 from vigil.model import FaultLevel
 from vigil.sources.collect.kmsg import JournalReader, KernelLineParser, KernelLogSource, KmsgReader
 
@@ -188,8 +189,9 @@ def test_journal_json_entries_keep_their_time_and_bad_entries_are_counted() -> N
     assert [(e.attrs["xid"], round(e.ts, 3)) for e in events] == [(94, 1737434504.285), (95, 1737434505.0)]
 
 
-@pytest.mark.skipif(not os.access("/dev/kmsg", os.R_OK), reason="/dev/kmsg not readable here")
 def test_real_dev_kmsg_reads_records_without_blocking() -> None:
+    if not os.access("/dev/kmsg", os.R_OK):
+        missing("/dev/kmsg is not readable here")
     reader = KmsgReader()
     records = reader.read()
     assert records and all(KernelLineParser(0.0).parse(r, 0.0) is not None for r in records)
@@ -210,13 +212,11 @@ def test_any_kernel_line_decodes_without_raising(line: str) -> None:
 
 
 def test_real_journalctl_is_used_only_when_it_holds_kernel_messages() -> None:
-    import shutil
     import subprocess
 
-    if shutil.which("journalctl") is None:
-        pytest.skip("journalctl not installed")
+    journalctl = require_binary("journalctl")
     done = subprocess.run(
-        ["journalctl", "-k", "-n", "1", "-o", "json", "--no-pager", "-q"], capture_output=True, timeout=30, check=False
+        [journalctl, "-k", "-n", "1", "-o", "json", "--no-pager", "-q"], capture_output=True, timeout=30, check=False
     )
     assert JournalReader.works() == (done.returncode == 0 and bool(done.stdout.strip()))
     journal = JournalReader(lookback_s=60)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import socket
 import subprocess
 import time
@@ -12,6 +11,7 @@ import httpx
 import pytest
 
 from tests.collect.conftest import fast_settings
+from tests.conftest import require_binary
 from vigil.sources.collect.agent import Agent
 from vigil.sources.collect.dcgm import DcgmExporterScraper
 from vigil.sources.collect.host import HostCollector
@@ -32,9 +32,7 @@ def query(base: str, expr: str) -> list[dict]:
 
 
 def test_prometheus_scrapes_the_agent(page_server, dcgm_page, tmp_path: Path) -> None:
-    binary = shutil.which("prometheus")
-    if binary is None:
-        pytest.skip("prometheus is not installed (.ci/run installs the Debian package)")
+    binary = require_binary("prometheus")
     page_server.page = dcgm_page.encode()
     agent = Agent(
         [HostCollector(node="n01"), DcgmExporterScraper(f"{page_server.url}/metrics", node="n01")],

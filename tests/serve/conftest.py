@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.conftest import require_binary
 from vigil.config import Settings
 from vigil.model import Cause, Diagnosis, Incident, RemediationStep
 from vigil.run.pipeline import PipelineResult, run_pipeline
@@ -29,17 +30,6 @@ REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "tests" / "artifacts"
 TOKEN = "test-token-7f3a"
 STRAGGLER_RANK = 5
-
-
-def require_binary(path_or_name: str) -> str:
-    """The binary's path; a missing one skips locally but fails in CI (CI=true), where it must be installed."""
-    found = shutil.which(path_or_name) or (path_or_name if Path(path_or_name).is_file() else None)
-    if found is None:
-        message = f"{path_or_name} is not installed (apt-get install it; .ci/run does)"
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return found
 
 
 def free_port() -> int:
