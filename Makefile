@@ -27,8 +27,9 @@ bench: $(STAMP)
 	$(BIN)/vigil bench
 
 lint: $(STAMP)
-	$(BIN)/ruff check vigil tests bench
-	$(BIN)/mypy vigil
+	$(BIN)/ruff check vigil vigil_eval tests bench
+	$(BIN)/mypy vigil vigil_eval
+	$(BIN)/lint-imports --no-cache
 
 clean:
 	rm -rf $(VENV) .vigil .pytest_cache .mypy_cache

@@ -28,6 +28,7 @@ from vigil.run.pipeline import run_pipeline
 from vigil.sources.sim import SimConfig, simulate
 from vigil.sources.sim import metrics as M
 from vigil.store.metrics import MetricStore
+from vigil_eval.scoring import score as score_incidents
 
 RESULTS = Path(__file__).resolve().parent / "results"
 console = Console()
@@ -86,9 +87,9 @@ def detection(seeds: range, nodes: int, minutes: float) -> dict[str, object]:
     totals = {"incidents": 0, "true_incidents": 0, "visible": 0, "detected": 0, "localized": 0}
     delays = []
     for seed in seeds:
-        result = run_pipeline(simulate(SimConfig(nodes=nodes, minutes=minutes, seed=seed)))
-        score = result.score
-        assert score is not None
+        run = simulate(SimConfig(nodes=nodes, minutes=minutes, seed=seed))
+        result = run_pipeline(run)
+        score = score_incidents(result.incidents, run.ground_truth, run.topology)
         totals["incidents"] += score.incidents
         totals["true_incidents"] += score.true_incidents
         for m in score.matches:

@@ -46,6 +46,7 @@ from vigil.sources.sim.cluster import build_topology  # noqa: E402
 from vigil.sources.sim.faults import CATALOGUE  # noqa: E402
 from vigil.sources.sim.generator import FaultPlan, SimConfig, simulate  # noqa: E402
 from vigil_eval.rca import evaluate  # noqa: E402
+from vigil_eval.scoring import score  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 T0 = 1_767_225_600.0
@@ -110,8 +111,8 @@ def generalization(seed: int) -> dict[str, object]:
         entity = topology_run._pick_entity(spec, rng)
         run = simulate(config(int(rng.integers(2**31)), (FaultPlan(spec.name, entity, 700.0, 600.0),)))
         result = run_pipeline(run, detectors=[RuleDetector(run.topology), PeerDifferenceDetector(run.topology)])
-        assert result.score is not None
-        incident = next((i for i in result.incidents if i.id == result.score.matches[0].incident_id), None)
+        first = score(result.incidents, run.ground_truth, run.topology).matches[0]
+        incident = next((i for i in result.incidents if i.id == first.incident_id), None)
         top = [] if incident is None else analyze_incident(
             kg, incident, result.anomalies + list(result.observations), run.events, run.logs).top(1)
         if top == [(entity, spec.name)]:

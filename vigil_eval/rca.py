@@ -29,6 +29,7 @@ from vigil.model import Anomaly, Incident, VigilInputError, rank_id
 from vigil.run.pipeline import run_pipeline
 from vigil.sources.sim.faults import CATALOGUE, FaultSpec
 from vigil.sources.sim.generator import FaultPlan, SimConfig, simulate
+from vigil_eval.scoring import score
 
 CASE_KINDS = ("single", "cascade", "hang", "crash", "noisy")
 KIND_SHARE = {"single": 0.45, "cascade": 0.1, "hang": 0.15, "crash": 0.15, "noisy": 0.15}
@@ -216,9 +217,8 @@ def run_case(case: EvalCase, kg_cache: dict[str, KnowledgeGraph] | None = None) 
     if kg is None:
         kg = cache[shape] = KnowledgeGraph.build(run.topology)
     result = run_pipeline(run, detectors=[RuleDetector(run.topology), PeerDifferenceDetector(run.topology)])
-    assert result.score is not None
     truth = case.truth
-    match = next((m for m in result.score.matches
+    match = next((m for m in score(result.incidents, run.ground_truth, run.topology).matches
                   if m.fault_type == truth.fault_type and m.entity == truth.entity), None)
     incident = next((i for i in result.incidents if match and i.id == match.incident_id), None)
     if incident is None:

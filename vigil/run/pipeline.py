@@ -1,4 +1,7 @@
-"""The whole flow on one machine: source -> store -> detect -> incidents (-> diagnose, remedy downstream)."""
+"""The whole flow on one machine: source -> store -> detect -> incidents (-> diagnose, remedy downstream).
+
+Scoring against a simulated run's ground truth is evaluation, not the flow: ``vigil_eval.scoring`` does it on
+the result."""
 
 from __future__ import annotations
 
@@ -13,7 +16,6 @@ from vigil.model import Anomaly, Incident
 from vigil.sources.sim.generator import SimRun
 from vigil.store.metrics import MetricStore
 from vigil.store.sql import Store
-from vigil_eval.scoring import Score, score
 
 
 @dataclass
@@ -21,7 +23,6 @@ class PipelineResult:
     anomalies: list[Anomaly]
     incidents: list[Incident]
     observations: list[Anomaly]
-    score: Score | None
     samples: int
     seconds: float
     metrics: MetricStore
@@ -35,7 +36,7 @@ def run_pipeline(
     detectors: Sequence[StreamDetector] | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> PipelineResult:
-    """Feed a simulated run tick by tick through the store and the detectors, then group and score."""
+    """Feed a simulated run tick by tick through the store and the detectors, then group the anomalies."""
     metrics = metrics if metrics is not None else MetricStore()
     dets: list[StreamDetector] = list(detectors) if detectors is not None else [RuleDetector(run.topology)]
     grouper = IncidentGrouper(run.topology)
@@ -66,6 +67,5 @@ def run_pipeline(
         for incident in incidents:
             store.upsert_incident(incident)
     metrics.flush()
-    result_score = score(incidents, run.ground_truth, run.topology)
     return PipelineResult(anomalies=anomalies, incidents=incidents, observations=grouper.observations,
-                          score=result_score, samples=samples, seconds=seconds, metrics=metrics, detectors=dets)
+                          samples=samples, seconds=seconds, metrics=metrics, detectors=dets)

@@ -61,6 +61,7 @@ def demo(
     from vigil.sources.sim import SimConfig, simulate
     from vigil.store.metrics import MetricStore
     from vigil.store.sql import Store
+    from vigil_eval.scoring import score as score_incidents
 
     home = home or settings().home
     db = _fresh_demo_store(home)
@@ -73,8 +74,7 @@ def demo(
         task = progress.add_task(f"simulating {nodes} x {gpus} GPUs for {minutes:g} min", total=run.n_ticks)
         result = run_pipeline(run, store=store, metrics=MetricStore(home / "metrics"), detectors=detectors,
                               progress=lambda done, total: progress.update(task, completed=done))
-    score = result.score
-    assert score is not None
+    score = score_incidents(result.incidents, run.ground_truth, run.topology)
     sim_seconds = run.n_ticks * config.interval_s
     if as_json:
         out: dict[str, Any] = {
