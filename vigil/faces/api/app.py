@@ -16,7 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from vigil import __version__
 from vigil.config import Settings
 from vigil.config import settings as default_settings
-from vigil.faces.api import api, dashboard
+from vigil.faces.api import api, cluster_map, dashboard
 from vigil.faces.api.context import ServeContext
 from vigil.faces.api.dcgm import CONTENT_TYPE as DCGM_CONTENT_TYPE
 from vigil.faces.api.dcgm import render_dcgm
@@ -72,6 +72,7 @@ def app_for_context(ctx: ServeContext) -> FastAPI:
         "Reads are open; writes need 'Authorization: Bearer <api_token>'.",
     )
     app.state.ctx = ctx
+    app.state.cluster_map = cluster_map.ClusterMapSource(ctx)
 
     @app.exception_handler(VigilInputError)
     async def _bad_input(request: Request, err: VigilInputError) -> JSONResponse:
@@ -107,6 +108,7 @@ def app_for_context(ctx: ServeContext) -> FastAPI:
         return Response(render_dcgm(frame, ctx.topology()), media_type=DCGM_CONTENT_TYPE)
 
     app.include_router(api.router)
+    app.include_router(cluster_map.router)
     app.include_router(dashboard.router)
     static_dir = resources.files("vigil.faces.api") / "static"
     app.mount("/static", StaticFiles(directory=str(static_dir)), name="static")

@@ -6,22 +6,38 @@ from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
 
+import numpy as np
 from fastapi import APIRouter, HTTPException, Request, status
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 from markupsafe import Markup
 
-from vigil.faces.api import svg
+from vigil.faces.api import cluster_map, svg
 from vigil.faces.api.context import ServeContext
 from vigil.faces.api.hang import load_hang_report, stack_tree
-from vigil.model import Evidence, FaultLevel, IncidentStatus, VigilInputError
+from vigil.model import Diagnosis, Evidence, FaultLevel, Incident, IncidentStatus, VigilInputError, parse_entity
+from vigil.remedy.guard import CAPACITY_ACTIONS, BlastRadiusGuard
 from vigil.remedy.lifecycle import NodeState
 
 router = APIRouter(include_in_schema=False)
 templates = Jinja2Templates(directory=str(resources.files("vigil.faces.api") / "templates"))
 templates.env.globals["level_name"] = lambda level: FaultLevel(int(level)).label
 templates.env.globals["level_color"] = lambda level: svg.LEVEL_COLORS[int(level)]
+templates.env.globals["entity_url"] = lambda entity: _entity_url(str(entity))
 templates.env.filters["utc"] = lambda ts: datetime.fromtimestamp(float(ts), UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _entity_url(entity: str) -> str:
+    """The page that shows an entity: a GPU's own page, a node's for its NICs, a job's for its ranks."""
+    kind, _, rest = entity.partition("/")
+    parts = rest.split("/")
+    if kind == "gpu" and len(parts) == 2:
+        return f"/gpus/{parts[0]}/{parts[1]}"
+    if kind in ("node", "nic"):
+        return f"/nodes/{parts[0]}"
+    if kind == "job":
+        return f"/jobs/{parts[0]}"
+    return ""
 
 
 def _ctx(request: Request) -> ServeContext:
@@ -34,22 +50,17 @@ def _page(request: Request, name: str, **values: Any) -> HTMLResponse:
 
 @router.get("/", response_class=HTMLResponse)
 def overview(request: Request) -> HTMLResponse:
+    """A light page: the heat map is drawn in the browser from /api/v1/cluster/map, fetched alongside."""
     ctx = _ctx(request)
-    grid = ctx.node_grid()
-    open_incidents = [i for i in ctx.store.incidents(limit=500) if i.status is not IncidentStatus.RESOLVED]
-    counts = {level.label: 0 for level in FaultLevel}
-    for row in grid:
-        for gpu in row["gpus"]:
-            counts[FaultLevel(gpu["level"]).label] += 1
+    source = cluster_map.source_of(request)
+    newest = ctx.store.incidents(status=IncidentStatus.OPEN, limit=20)
     return _page(
         request,
         "overview.html",
-        heat_map=Markup(svg.heat_map(grid)),
-        incidents=open_incidents[:20],
-        counts=counts,
-        nodes=len(grid),
+        incidents=newest,
+        open_total=len(source.open_incidents()),
         hangs=sorted(ctx.hang_reports()),
-        jobs=ctx.topology().jobs,
+        jobs=source.jobs(),
     )
 
 
@@ -59,6 +70,66 @@ def incident_list(request: Request) -> HTMLResponse:
     return _page(request, "incidents.html", incidents=ctx.store.incidents(limit=1000))
 
 
+MAX_PLOTS = 8
+
+
+def _moved(ts: np.ndarray, values: np.ndarray, start: float) -> bool:
+    """Whether a series moved at ``start``: its median after differs from its median before by more than
+    three spreads of the before (a display filter for the plots, not a detector)."""
+    before, after = values[(ts < start) & np.isfinite(values)], values[(ts >= start) & np.isfinite(values)]
+    if len(before) < 3 or not len(after):
+        return False
+    shift = abs(float(np.median(after)) - float(np.median(before)))
+    return shift > max(3 * float(np.std(before)), 0.05 * abs(float(np.median(before))), 1e-9)
+
+
+def _plots(ctx: ServeContext, incident: Incident, named: list[tuple[str, str]]) -> list[Markup]:
+    """Small plots around the incident, its span shaded: first the series its evidence names, then the GPU
+    and node metrics of its entities that moved when it started."""
+    pad = max(incident.end - incident.start, 300.0)
+    candidates = list(named)
+    for entity in incident.entities:
+        kind = entity.split("/", 1)[0]
+        metrics = GPU_PLOTS if kind == "gpu" else NODE_PLOTS if kind == "node" else ()
+        candidates.extend((entity, metric) for metric in metrics if (entity, metric) not in named)
+    plots = []
+    for entity, metric in candidates:
+        try:
+            ts, values = ctx.series(entity, metric, incident.start - pad, incident.end + pad)
+        except VigilInputError:
+            continue
+        if len(ts) and ((entity, metric) in named or _moved(ts, values, incident.start)):
+            plots.append(Markup(svg.spark(ts.tolist(), values.tolist(), metric, entity, incident.start, incident.end)))
+        if len(plots) == MAX_PLOTS:
+            break
+    return plots
+
+
+def _guard_verdicts(ctx: ServeContext, diagnosis: Diagnosis | None) -> list[str]:
+    """What the blast-radius guard would say to each plan step now, in order, as if the earlier steps ran:
+    a fresh guard over the stored lifecycle, so asking changes nothing."""
+    if diagnosis is None:
+        return []
+    guard = BlastRadiusGuard(
+        ctx.topology(),
+        ctx.lifecycle,
+        max_share=ctx.settings.max_cordon_share,
+        max_share_per_switch=ctx.settings.max_cordon_share_per_switch,
+    )
+    verdicts = []
+    for step in diagnosis.plan:
+        if step.action not in CAPACITY_ACTIONS:
+            verdicts.append("admitted: takes no capacity out of service")
+            continue
+        kind, parts = parse_entity(step.target)
+        if kind not in ("node", "gpu", "nic"):
+            verdicts.append(f"refused: {step.target} is not on a node; blast radius cannot be judged")
+            continue
+        verdict = guard.admit(f"node/{parts[0]}")
+        verdicts.append(f"{'admitted' if verdict.admitted else 'refused'}: {verdict.reason}")
+    return verdicts
+
+
 @router.get("/incidents/{incident_id}", response_class=HTMLResponse)
 def incident_detail(request: Request, incident_id: str) -> HTMLResponse:
     ctx = _ctx(request)
@@ -66,29 +137,37 @@ def incident_detail(request: Request, incident_id: str) -> HTMLResponse:
     if incident is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no incident {incident_id!r}")
     diagnosis = ctx.store.diagnosis(incident_id)
-    actions = ctx.store.actions(incident_id=incident_id, limit=200)
-    evidence: list[Evidence] = list(incident.evidence)
-    series = None
-    metric_ev = next((e for e in evidence if e.kind == "metric" and e.metric), None)
-    if metric_ev is not None and metric_ev.metric is not None:
-        span = max(incident.end - incident.start, 60.0)
+    diagnosis_error = ""
+    if diagnosis is None:
+        # The engine stores a diagnosis when it opens an incident; one opened without it is diagnosed on first
+        # view and stored, so the page never opens on an empty diagnosis.
         try:
-            ts, values = ctx.series(metric_ev.entity, metric_ev.metric, incident.start - span, incident.end + span)
-            series = (
-                ts.tolist(),
-                [None if v != v else float(v) for v in values],
-                f"{metric_ev.metric} {metric_ev.entity}",
-            )
-        except VigilInputError:
-            series = None
-    timeline = svg.evidence_timeline(evidence, incident.start, incident.end, series)
+            diagnosis = ctx.diagnose(incident_id)
+        except VigilInputError as err:
+            diagnosis_error = str(err)
+    actions = ctx.store.actions(incident_id=incident_id, limit=200)
+    evidence: list[Evidence] = sorted(incident.evidence, key=lambda e: e.ts)
+    by_ref = {e.ref: e for e in evidence}
+    # The metrics that moved: those the incident's evidence names, then those behind its anomalies.
+    wanted = set(incident.anomalies)
+    anomalies = [a for entity in incident.entities for a in ctx.store.anomalies(entity=entity) if a.id in wanted]
+    moved = list(
+        dict.fromkeys(
+            (e.entity, e.metric) for e in [*evidence, *(ev for a in anomalies for ev in a.evidence)] if e.metric
+        )
+    )
+    timeline = svg.evidence_timeline(evidence, incident.start, incident.end)
     return _page(
         request,
         "incident.html",
         incident=incident,
         diagnosis=diagnosis,
+        diagnosis_error=diagnosis_error,
+        by_ref=by_ref,
         actions=actions,
         timeline=Markup(timeline),
+        plots=_plots(ctx, incident, moved),
+        verdicts=_guard_verdicts(ctx, diagnosis),
     )
 
 
@@ -182,6 +261,52 @@ def hang_view(request: Request, name: str) -> HTMLResponse:
     )
 
 
+# What a GPU's and a node's pages plot, in dcgm-exporter's and Vigil's agent's names; a series the metrics
+# source does not hold is left out.
+GPU_PLOTS = (
+    "DCGM_FI_DEV_GPU_TEMP",
+    "DCGM_FI_DEV_POWER_USAGE",
+    "DCGM_FI_DEV_GPU_UTIL",
+    "DCGM_FI_DEV_SM_CLOCK",
+    "DCGM_FI_DEV_XID_ERRORS",
+    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+    "DCGM_FI_DEV_THERMAL_VIOLATION",
+    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
+)
+NODE_PLOTS = (
+    "vigil_node_up",
+    "vigil_node_cpu_utilization_ratio",
+    "vigil_node_memory_used_bytes",
+    "vigil_node_load1",
+    "vigil_node_fan_speed_min_rpm",
+    "vigil_node_psu_ok",
+)
+
+
+def _touching(request: Request, entities: set[str]) -> list[Incident]:
+    """Every stored incident on any of ``entities``, newest first (open and resolved: the entity's history)."""
+    return [i for i in cluster_map.source_of(request).incidents() if entities.intersection(i.entities)]
+
+
+def _history_plots(ctx: ServeContext, entity: str, metrics: tuple[str, ...], incidents: list[Incident]) -> list[Markup]:
+    """The whole stored series of each metric, the newest incident's span shaded."""
+    newest = incidents[0] if incidents else None
+    plots = []
+    for metric in metrics:
+        try:
+            ts, values = ctx.series(entity, metric)
+        except VigilInputError:
+            continue
+        if len(ts):
+            start, end = (newest.start, newest.end) if newest else (float(ts[-1]), float(ts[-1]))
+            plots.append(Markup(svg.spark(ts.tolist(), values.tolist(), metric, entity, start, end)))
+    return plots
+
+
 @router.get("/nodes/{name}", response_class=HTMLResponse)
 def node_view(request: Request, name: str) -> HTMLResponse:
     ctx = _ctx(request)
@@ -190,10 +315,39 @@ def node_view(request: Request, name: str) -> HTMLResponse:
     except KeyError:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no node {name!r}") from None
     grid = [row for row in ctx.node_grid() if row["name"] == name]
+    node = ctx.topology().node(name)
+    incidents = _touching(request, {node.id, *(g.id for g in node.gpus), *(n.id for n in node.nics)})
     return _page(
         request,
         "node.html",
         data=data,
         stages=[state.value for state in NodeState],
         heat_map=Markup(svg.heat_map(grid, cell=26)),
+        gpus=grid[0]["gpus"] if grid else [],
+        incidents=incidents,
+        plots=_history_plots(ctx, node.id, NODE_PLOTS, incidents),
+    )
+
+
+@router.get("/gpus/{node}/{index}", response_class=HTMLResponse)
+def gpu_view(request: Request, node: str, index: int) -> HTMLResponse:
+    ctx = _ctx(request)
+    row = next((r for r in ctx.node_grid() if r["name"] == node), None)
+    gpu = next((g for g in row["gpus"] if g["index"] == index), None) if row else None
+    if row is None or gpu is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no GPU gpu/{node}/{index}")
+    entity = gpu["id"]
+    incidents = _touching(request, {entity})
+    jobs = [
+        (job.id, rank) for job in ctx.topology().jobs for rank, placed in enumerate(job.placement) if placed == entity
+    ]
+    return _page(
+        request,
+        "gpu.html",
+        node=row,
+        gpu=gpu,
+        jobs=jobs,
+        incidents=incidents,
+        events=ctx.store.events(entity=entity, limit=200)[-50:],
+        plots=_history_plots(ctx, entity, GPU_PLOTS, incidents),
     )

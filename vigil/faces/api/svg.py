@@ -28,7 +28,7 @@ def _level_name(level: int) -> str:
 
 def heat_map(grid: list[dict[str, Any]], cell: int = 18) -> str:
     """Nodes (rows) x GPUs (columns), each cell coloured by the GPU's fault level; the node's own level is
-    the first column. Each cell links to the node's page."""
+    the first column. Each cell links to its GPU's (or the node's) page."""
     if not grid:
         return '<p class="empty">No topology stored yet.</p>'
     columns = max(len(row["gpus"]) for row in grid)
@@ -46,13 +46,13 @@ def heat_map(grid: list[dict[str, Any]], cell: int = 18) -> str:
         y = 18 + r * (cell + 2)
         name = escape(row["name"])
         parts.append(f'<text x="0" y="{y + cell - 5}" class="label">{name}</text>')
-        cells = [("node/" + row["name"], row["node_level"], "node")] + [
-            (g["id"], g["level"], f"gpu {g['index']}") for g in row["gpus"]
+        cells = [("node/" + row["name"], row["node_level"], "node", f"/nodes/{name}")] + [
+            (g["id"], g["level"], f"gpu {g['index']}", f"/gpus/{name}/{g['index']}") for g in row["gpus"]
         ]
-        for c, (entity, level, what) in enumerate(cells):
+        for c, (entity, level, what, url) in enumerate(cells):
             x = label_w + c * (cell + 2)
             parts.append(
-                f'<a href="/nodes/{name}"><rect x="{x}" y="{y}" width="{cell}" height="{cell}" rx="3" '
+                f'<a href="{url}"><rect x="{x}" y="{y}" width="{cell}" height="{cell}" rx="3" '
                 f'fill="{LEVEL_COLORS[level]}" class="cell level-{level}" data-entity="{escape(entity)}" '
                 f'data-level="{level}"><title>{escape(entity)} ({what}): {_level_name(level)}</title>'
                 "</rect></a>"
@@ -71,15 +71,9 @@ def _time_axis(t0: float, t1: float, x0: float, x1: float, y: float) -> list[str
     return parts
 
 
-def evidence_timeline(
-    evidence: Sequence[Evidence],
-    start: float,
-    end: float,
-    series: tuple[Sequence[float], Sequence[float | None], str] | None = None,
-    width: int = 860,
-) -> str:
-    """One lane per entity, one marker per piece of evidence (coloured by kind, hover for the summary),
-    the incident's span shaded, and under it the first metric the evidence names, when it is stored."""
+def evidence_timeline(evidence: Sequence[Evidence], start: float, end: float, width: int = 860) -> str:
+    """One lane per entity, one marker per piece of evidence (coloured and shaped by kind, hover for the
+    summary), the incident's span shaded; the plots of the metrics that moved sit under it on the page."""
     entities = sorted({e.entity for e in evidence})
     if not entities:
         return '<p class="empty">No evidence recorded.</p>'
@@ -87,14 +81,16 @@ def evidence_timeline(
     t0, t1 = min(times), max(times)
     pad = max((t1 - t0) * 0.05, 1.0)
     t0, t1 = t0 - pad, t1 + pad
-    label_w, lane_h = 150, 24
-    plot_h = 90 if series else 0
-    height = 30 + len(entities) * lane_h + plot_h + 30
+    label_w, lane_h = 170, 24
+    height = 30 + len(entities) * lane_h + 30
 
     def x_of(t: float) -> float:
         return label_w + (width - label_w - 10) * (t - t0) / (t1 - t0)
 
-    parts = [f'<svg class="timeline" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">']
+    parts = [
+        f'<svg class="timeline" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'role="img" aria-label="evidence timeline: {len(evidence)} pieces of evidence on {len(entities)} entities">'
+    ]
     parts.append(
         f'<rect x="{x_of(start):.1f}" y="10" width="{max(x_of(end) - x_of(start), 2):.1f}" '
         f'height="{len(entities) * lane_h}" class="span"/>'
@@ -103,34 +99,65 @@ def evidence_timeline(
         y = 10 + i * lane_h + lane_h / 2
         parts.append(f'<text x="0" y="{y + 4}" class="label">{escape(entity)}</text>')
         parts.append(f'<line x1="{label_w}" y1="{y}" x2="{width - 10}" y2="{y}" class="lane"/>')
-    for ev in sorted(evidence, key=lambda e: e.ts):
+    for ev in evidence:
         y = 10 + entities.index(ev.entity) * lane_h + lane_h / 2
         parts.append(
             f'<circle cx="{x_of(ev.ts):.1f}" cy="{y}" r="6" fill="{KIND_COLORS.get(ev.kind, "#000")}" '
             f'class="evidence" data-ref="{escape(ev.ref)}"><title>[{escape(ev.ref)}] {escape(ev.kind)}: '
             f"{escape(ev.summary)}</title></circle>"
+            f'<text x="{x_of(ev.ts):.1f}" y="{y + 3.5:.1f}" class="kind-letter" text-anchor="middle">'
+            f"{escape(ev.kind[0].upper())}</text>"
         )
-    base = 10 + len(entities) * lane_h
-    if series:
-        ts, values, label = series
-        points = [(t, v) for t, v in zip(ts, values, strict=True) if v is not None and t0 <= t <= t1]
-        if points:
-            lo = min(v for _, v in points)
-            hi = max(v for _, v in points)
-            span = (hi - lo) or 1.0
-            top = base + 10
-
-            def y_of(v: float) -> float:
-                return top + plot_h - 10 - (v - lo) / span * (plot_h - 20)
-
-            path = " ".join(f"{'M' if k == 0 else 'L'}{x_of(t):.1f},{y_of(v):.1f}" for k, (t, v) in enumerate(points))
-            parts.append(f'<text x="0" y="{top + 12}" class="label">{escape(label)}</text>')
-            parts.append(f'<text x="0" y="{top + 26}" class="axis">{lo:.3g} .. {hi:.3g}</text>')
-            parts.append(f'<path d="{path}" class="series"/>')
-        base += plot_h
-    parts.extend(_time_axis(t0, t1, label_w, width - 10, base + 8))
+    parts.extend(_time_axis(t0, t1, label_w, width - 10, 10 + len(entities) * lane_h + 8))
     parts.append("</svg>")
     return "".join(parts)
+
+
+def spark(
+    ts: Sequence[float],
+    values: Sequence[float],
+    metric: str,
+    entity: str,
+    start: float,
+    end: float,
+    width: int = 300,
+    height: int = 110,
+) -> str:
+    """One metric of one entity as a small line plot, the incident's span [start, end] shaded, with its range
+    written out (the plot says what moved; the numbers say by how much)."""
+    points = [(t, v) for t, v in zip(ts, values, strict=True) if v == v]
+    if not points:
+        return f'<p class="empty">{escape(metric)} on {escape(entity)}: no samples.</p>'
+    t0, t1 = points[0][0], points[-1][0]
+    t0, t1 = min(t0, start), max(t1, end, t0 + 1.0)
+    lo = min(v for _, v in points)
+    hi = max(v for _, v in points)
+    span = (hi - lo) or 1.0
+    left, top, bottom = 4, 30, height - 18
+
+    def x_of(t: float) -> float:
+        return left + (width - left - 4) * (t - t0) / (t1 - t0)
+
+    def y_of(v: float) -> float:
+        return bottom - (v - lo) / span * (bottom - top)
+
+    path = " ".join(f"{'M' if k == 0 else 'L'}{x_of(t):.1f},{y_of(v):.1f}" for k, (t, v) in enumerate(points))
+    return "".join(
+        [
+            f'<svg class="spark" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'data-metric="{escape(metric)}" data-entity="{escape(entity)}" role="img" '
+            f'aria-label="{escape(metric)} on {escape(entity)}, {lo:.4g} to {hi:.4g}">',
+            f'<rect x="{x_of(start):.1f}" y="{top}" width="{max(x_of(end) - x_of(start), 2):.1f}" '
+            f'height="{bottom - top}" class="moved"/>',
+            f'<text x="{left}" y="12" class="title">{escape(metric)}</text>',
+            f'<text x="{left}" y="25" class="axis">{escape(entity)}: {lo:.4g} .. {hi:.4g}</text>',
+            f'<path d="{path}" class="series"/>',
+            f'<text x="{left}" y="{height - 4}" class="axis">{t0 - start:+.0f} s</text>',
+            f'<text x="{width - 4}" y="{height - 4}" class="axis" text-anchor="end">'
+            f"{t1 - start:+.0f} s from start</text>",
+            "</svg>",
+        ]
+    )
 
 
 def step_time_chart(ranks: dict[int, dict[str, list[Any]]], width: int = 860, height: int = 260) -> str:
