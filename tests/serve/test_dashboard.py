@@ -11,7 +11,6 @@ import pytest
 
 from tests.serve.conftest import ARTIFACTS, STRAGGLER_RANK, TOKEN, SimCluster, require_binary, serve_in_thread
 from vigil.faces.api.app import create_app
-from vigil.faces.api.svg import LEVEL_COLORS
 from vigil.model import ActionStatus, FaultLevel
 from vigil.remedy.lifecycle import LifecycleStore, Trigger
 
