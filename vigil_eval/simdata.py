@@ -24,28 +24,29 @@ from pathlib import Path
 
 import numpy as np
 
+from vigil.knowledge.faults import fault_catalogue
+from vigil.knowledge.metrics import is_counter
+from vigil.knowledge.xid import xid_codes_of
 from vigil.model import Event, GroundTruthFault, Topology, VigilInputError
 from vigil.store.metrics import MetricFrame
 from vigil_eval.datasets import Dataset, EntitySeries, WindowSet
 
+# Context features group Xid codes by the fault the Xid table gives them.
+XID_FAMILY_FAULTS: dict[str, tuple[str, ...]] = {
+    "application": ("gpu_app_error",),
+    "ecc": ("gpu_dbe", "gpu_row_remap_failure", "gpu_sbe_storm"),
+    "engine": ("gpu_xid",),
+    "lost": ("gpu_lost",),
+    "gsp": ("gpu_gsp_timeout",),
+    "nvlink": ("nvlink_error",),
+}
 XID_FAMILIES: dict[str, tuple[int, ...]] = {
-    "application": (13, 31, 43, 45),
-    "ecc": (48, 63, 64, 92, 94, 95),
-    "engine": (62, 69, 109),
-    "lost": (79,),
-    "gsp": (119, 120),
-    "nvlink": (74, 144, 145, 146, 147, 148, 149, 150),
+    name: tuple(sorted(code for fault in faults for code in xid_codes_of(fault)))
+    for name, faults in XID_FAMILY_FAULTS.items()
 }
 CONTEXT_FEATURES = ("log_min_since_job_start", "log_min_since_checkpoint", "job_down",
                     *(f"log_min_since_xid_{name}" for name in (*XID_FAMILIES, "other")))
 NEVER_S = 86400.0
-# Cumulative dcgm-exporter fields (by DCGM's field semantics, not by name: NVLINK_BANDWIDTH_TOTAL is a gauge).
-COUNTERS = frozenset({
-    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
-    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
-    "DCGM_FI_DEV_POWER_VIOLATION", "DCGM_FI_DEV_THERMAL_VIOLATION", "DCGM_FI_PROF_PCIE_TX_BYTES",
-    "DCGM_FI_PROF_PCIE_RX_BYTES",
-})
 # Classes with no per-GPU signal by design (wrong numbers, no error): caught by training-health checks instead.
 NOT_GPU_OBSERVABLE = frozenset({"silent_data_corruption"})
 
@@ -78,9 +79,8 @@ class GpuCube:
 
 def gpu_fault_classes() -> list[str]:
     """``normal`` plus the simulator's GPU fault types that show in a GPU's metrics or events."""
-    from vigil.sources.sim.faults import CATALOGUE
-
-    return ["normal", *(f.name for f in CATALOGUE if f.target == "gpu" and f.name not in NOT_GPU_OBSERVABLE)]
+    faults = fault_catalogue().faults
+    return ["normal", *(name for name, f in faults.items() if f.target == "gpu" and name not in NOT_GPU_OBSERVABLE)]
 
 
 class GpuFeaturizer:
@@ -105,8 +105,8 @@ class GpuFeaturizer:
     def _bind(self, frame: MetricFrame) -> None:
         self.gpus, self.metrics = list(frame.entities), list(frame.metrics)
         self._gpu_pos = {g: i for i, g in enumerate(self.gpus)}
-        self._counters = np.array([m in COUNTERS for m in self.metrics])
-        self.features = [f"rate({m})" if m in COUNTERS else m for m in self.metrics] + ["vigil_missing_ratio"]
+        self._counters = np.array([is_counter(m) for m in self.metrics])
+        self.features = [f"rate({m})" if is_counter(m) else m for m in self.metrics] + ["vigil_missing_ratio"]
         self._xid_last = np.full((len(self.gpus), len(XID_FAMILIES) + 1), -np.inf)
         self._jobs = [self.job_of_gpu.get(g) for g in self.gpus]
 

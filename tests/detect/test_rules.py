@@ -5,6 +5,7 @@ import pytest
 
 from vigil.detect.incidents import IncidentGrouper
 from vigil.detect.rules import RuleDetector
+from vigil.knowledge.faults import fault_level
 from vigil.model import Event, FaultLevel
 from vigil.run.pipeline import run_pipeline
 from vigil.sources.sim import FaultPlan, SimConfig, simulate
@@ -116,14 +117,62 @@ def test_observations_do_not_open_incidents() -> None:
     assert grouper.incidents(now=10) == [] and len(grouper.observations) == 1
 
 
-def test_agent_events_keep_their_level() -> None:
+def test_agent_events_take_the_fault_catalogue_level() -> None:
+    """Whatever level a source wrote, a finding is reported at the one level the fault catalogue gives it."""
     det = RuleDetector(TOPO)
     found = det.detect([], [
-        Event(ts=1, entity=GPUS[2], kind="gpu_recovery_action", source="nvml", level=FaultLevel.DRAIN,
+        Event(ts=1, entity=GPUS[2], kind="gpu_recovery_action", source="nvml", level=FaultLevel.OBSERVE,
               attrs={"action": "GPU_RESET"}),
         Event(ts=1, entity="node/n000", kind="kernel", level=FaultLevel.DEGRADED, attrs={"signature": "oom_kill"}),
-        Event(ts=1, entity="nic/n001/mlx5_0", kind="nic_link_flap", source="sysfs", level=FaultLevel.DEGRADED),
+        Event(ts=1, entity="nic/n001/mlx5_0", kind="nic_link_flap", source="sysfs", level=FaultLevel.DRAIN),
     ])
     assert {(a.entity, a.fault_type, a.level) for a in found} == {
-        (GPUS[2], "gpu_recovery_action", FaultLevel.DRAIN), ("node/n000", "host_oom", FaultLevel.DEGRADED),
-        ("nic/n001/mlx5_0", "link_flap", FaultLevel.DEGRADED)}
+        (GPUS[2], "gpu_recovery_action", fault_level("gpu_recovery_action")),
+        ("node/n000", "host_oom", fault_level("host_oom")), ("nic/n001/mlx5_0", "link_flap", fault_level("link_flap"))}
+
+
+def test_a_healthy_nic_is_judged_by_its_own_rated_speed() -> None:
+    """A 200 Gb/s NIC running at 200 Gb/s is healthy; the same NIC at 100 Gb/s is slow."""
+    topo = build_topology(nodes=1, gpus=2)
+    for nic in topo.nodes[0].nics:
+        nic.speed_gbps = 200.0
+    nics = [c.id for c in topo.nodes[0].nics]
+    names = ("vigil_nic_link_up", "vigil_nic_speed_gbps")
+    det = RuleDetector(topo)
+    healthy = np.array([[1.0, 200.0]] * len(nics), dtype=np.float32)
+    assert det.detect([MetricFrame(0, "nic", nics, names, healthy)], []) == []
+    slow = healthy.copy()
+    slow[1, 1] = 100.0
+    found = det.detect([MetricFrame(10, "nic", nics, names, slow)], [])
+    assert [(a.entity, a.fault_type, a.level) for a in found] == [
+        (nics[1], "nic_speed_low", fault_level("nic_speed_low"))]
+
+
+def test_a_partial_node_frame_judges_what_it_holds() -> None:
+    """A node frame with only vigil_node_up and vigil_node_load1: no error, the down node is still found."""
+    nodes = [n.id for n in TOPO.nodes]
+    values = np.array([[1.0, 0.5]] * len(nodes), dtype=np.float32)
+    values[2, 0] = 0.0
+    det = RuleDetector(TOPO)
+    found = det.detect([MetricFrame(0, "node", nodes, ("vigil_node_up", "vigil_node_load1"), values)], [])
+    assert [(a.entity, a.fault_type) for a in found] == [(nodes[2], "node_down")]
+
+
+def test_pcie_width_is_judged_against_the_gpu_own_maximum() -> None:
+    """An x8 card reporting a maximum of x8 is healthy; the default width applies only when none is reported."""
+    names = ("DCGM_FI_DEV_PCIE_LINK_WIDTH", "DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH")
+    values = np.array([[8.0, 8.0]] * len(GPUS), dtype=np.float32)
+    values[3] = (4.0, 8.0)
+    found = RuleDetector(TOPO).detect([MetricFrame(0, "gpu", GPUS, names, values)], [])
+    assert [(a.entity, a.fault_type) for a in found] == [(GPUS[3], "gpu_pcie_width_low")]
+
+
+def test_ipmi_sel_records_are_read_by_sensor_type() -> None:
+    det = RuleDetector(TOPO)
+    found = det.detect([], [
+        Event(ts=1, entity="node/n001", kind="ipmi_sel", source="ipmi",
+              message="Power Supply #0x51 | Failure detected | Asserted"),
+        Event(ts=1, entity="node/n002", kind="ipmi_sel", source="ipmi",
+              message="Power Supply #0x51 | Failure detected | Deasserted"),
+    ])
+    assert [(a.entity, a.fault_type) for a in found] == [("node/n001", "psu_failure")]

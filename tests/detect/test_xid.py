@@ -3,7 +3,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from vigil.detect.xid import build_xid_table, known_xids, parse_xid_line, xid_info
+from vigil.knowledge.xid import build_xid_table, known_xids, parse_xid_line, xid_info
 from vigil.model import ActionKind, FaultLevel
 
 REPO = Path(__file__).resolve().parents[2]

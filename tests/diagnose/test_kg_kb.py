@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from vigil.detect.xid import known_xids
-from vigil.diagnose.kb import XID_PRIMARY_FAULT, load_kb, seed_xid_yaml, validate_kb
+from vigil.diagnose.kb import load_kb, validate_kb
+from vigil.knowledge.faults import fault_catalogue
+from vigil.knowledge.xid import known_xids, xid_info
 from vigil.model import ActionKind, VigilInputError
-from vigil.sources.sim.faults import CATALOGUE
 
 KB_DIR = Path(str(resources.files("vigil.knowledge.data").joinpath("kb")))
 
@@ -24,10 +24,12 @@ def kb_copy(tmp_path: Path) -> Path:
     return target
 
 
-def test_shipped_kb_is_valid_and_covers_the_simulator_catalogue() -> None:
+def test_shipped_kb_is_valid_on_its_own() -> None:
     kb = load_kb(include_external=False)
     assert kb.problems == []
-    assert validate_kb(kb, expected_faults=[spec.name for spec in CATALOGUE]) == []
+    assert set(kb.faults) == set(fault_catalogue().faults)
+    assert validate_kb(kb, expected_faults=["no_such_fault"]) == [
+        "faults.yaml: fault type 'no_such_fault' has no knowledge entry"]
     for fault in kb.faults.values():
         assert fault.remedies and all(isinstance(r.action, ActionKind) for r in fault.remedies)
     assert set(kb.action_templates) == set(ActionKind)
@@ -38,19 +40,19 @@ def test_likelihoods_and_priors_come_from_the_yaml_and_the_trace() -> None:
     assert kb.likelihood("xid:79", "gpu_lost") == 1.0
     assert kb.likelihood("xid:79", "switch_failure") == 0.0
     assert kb.likelihood("anomaly:gpu_dbe", "gpu_dbe") == 1.0
-    # Xid 31 is seeded from the catalogue onto gpu_xid even where faults.yaml does not list it.
-    assert kb.likelihood("xid:8", "gpu_xid") > 0
+    # Xid 46 (RESET_GPU) counts for gpu_xid through the Xid table even where faults.yaml does not list it.
+    assert kb.likelihood("xid:46", "gpu_xid") > 0
     # The trace saw 60 DBE faults and one silent data corruption: the priors keep that order.
     assert kb.log_prior("gpu_dbe") > kb.log_prior("gpu_thermal") > kb.log_prior("silent_data_corruption") - 1e-9
 
 
-def test_xid_yaml_is_in_sync_with_the_xid_catalogue(tmp_path: Path) -> None:
+def test_kb_reads_the_one_xid_table() -> None:
     kb = load_kb(include_external=False)
     assert sorted(kb.xids) == known_xids()
-    assert all(kb.xids[code].fault == fault for code, fault in XID_PRIMARY_FAULT.items())
-    fresh = tmp_path / "xid.yaml"
-    assert seed_xid_yaml(fresh) == len(known_xids())
-    assert fresh.read_text() == (KB_DIR / "xid.yaml").read_text()
+    assert all(kb.xids[code].fault == xid_info(code).fault for code in known_xids())
+    # the disagreements of the old tables, resolved by the NVIDIA catalogue's text
+    assert kb.xids[140].fault == "gpu_dbe" and kb.xids[94].fault == "gpu_dbe"
+    assert {kb.xids[code].fault for code in range(144, 151)} == {"nvlink_error"}
 
 
 def test_trace_counts_match_the_real_stepfun_trace(shared_data: Path) -> None:
@@ -93,12 +95,14 @@ def test_bad_regex_and_missing_file(kb_copy: Path) -> None:
 
 def test_cross_reference_problems_are_listed(kb_copy: Path) -> None:
     faults = kb_copy / "faults.yaml"
-    text = faults.read_text().replace("xid:79: 1.0", "xid:99999: 1.0, log:no_such_signature: 0.5", 1)
+    text = faults.read_text().replace(
+        "xid:79: 1.0", "xid:99999: 1.0, log:no_such_signature: 0.5, metric:DCGM_FI_NO_SUCH_FIELD: 0.5", 1)
     faults.write_text(text.replace("entity: [switch]", "entity: [toaster]", 1))
     problems = load_kb(kb_copy, include_external=False).problems
     assert any("xid:99999" in p for p in problems)
     assert any("no_such_signature" in p for p in problems)
     assert any("toaster" in p for p in problems)
+    assert any("DCGM_FI_NO_SUCH_FIELD" in p for p in problems)
 
 
 def test_log_library_signatures_are_merged_through_aliases() -> None:

@@ -7,6 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from vigil.knowledge.faults import fault_catalogue
+from vigil.knowledge.metrics import metric_spec
 from vigil.model import VigilInputError
 from vigil.sources.sim import FaultPlan, SimConfig, simulate
 from vigil.sources.sim import metrics as M
@@ -27,13 +29,24 @@ def test_catalogue_covers_the_trace_and_training_faults() -> None:
     assert set(M.GPU_METRICS) >= REQUIRED_DCGM
 
 
-def test_trace_counts_match_the_real_trace(shared_data: Path) -> None:
+def test_fault_mix_is_the_catalogue_weight_from_the_real_trace(shared_data: Path) -> None:
     trace = json.loads((shared_data / "stepfun_infinitehbd_trace" / "fault_trace.json").read_text())
     counts = Counter((e["fault_type"]["Level"], e["fault_type"]["Class"], e["fault_type"]["Desc"])
                      for e in trace if e["event_type"] == "fault_start")
+    catalogue = fault_catalogue()
+    for item in catalogue.trace:
+        assert counts[(item.level, item.cls, item.desc)] == item.count, item.desc
     for spec in CATALOGUE:
-        for level, cls, desc, count in spec.trace:
-            assert counts[(level, cls, desc)] == count, (spec.name, desc)
+        entry = catalogue.faults[spec.name]
+        assert (spec.target, spec.level) == (entry.target, entry.level)
+        real = sum(t.count for t in catalogue.trace if t.fault == spec.name)
+        assert spec.weight == real + entry.pseudo_count > 0
+
+
+def test_simulated_metrics_are_catalogued_in_their_family() -> None:
+    for family, names in M.FAMILIES.items():
+        for name in names:
+            assert metric_spec(name).family == family
 
 
 def test_same_seed_same_run_different_seed_different_run() -> None:

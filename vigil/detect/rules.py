@@ -1,8 +1,13 @@
 """Rules: thresholds on DCGM / host / NIC / job metrics, Xid and kernel events, training-health checks.
 
-Every rule is one row of a table (fault type, level, condition) evaluated on a whole scrape with numpy, so
+Every rule is one row of a table (fault type, metric, condition) evaluated on a whole scrape with numpy, so
 10,000 GPUs cost a few milliseconds per tick. A rule that keeps firing extends its open anomaly instead of
 opening a new one; an anomaly closes once its condition has been clear for ``Thresholds.hold_s``.
+
+What the rules know comes from the knowledge tables: a fault's level from the fault catalogue, counter or
+gauge from the metric catalogue, an Xid's fault and level from the Xid table. Rated values come from the
+machine itself: a NIC's rate from the topology (``Nic.speed_gbps``), a GPU's PCIe width from its own
+``DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH`` where reported. A metric missing from a frame is simply not judged.
 """
 
 from __future__ import annotations
@@ -15,9 +20,10 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel
 
-from vigil.detect.xid import xid_info
-from vigil.model import Anomaly, Event, Evidence, FaultLevel, Topology, rank_id
-from vigil.sources.sim import metrics as M
+from vigil.knowledge.faults import fault_level
+from vigil.knowledge.metrics import family_metrics, is_counter
+from vigil.knowledge.xid import xid_info
+from vigil.model import Anomaly, Event, Evidence, FaultLevel, Topology, VigilInputError, rank_id
 from vigil.store.metrics import MetricFrame
 
 log = logging.getLogger(__name__)
@@ -32,6 +38,10 @@ class Thresholds(BaseModel):
     nvlink_crc_per_s: float = 5.0
     fb_used_ratio: float = 0.985
     fan_min_rpm: float = 3000.0
+    # Power supplies a healthy node reports OK (a redundant pair); set per fleet.
+    psu_min_ok: float = 2.0
+    # PCIe link width a GPU must train to when it does not report its own maximum.
+    pcie_link_width: float = 16.0
     straggler_clock_ratio: float = 0.8
     loss_spike_ratio: float = 1.5
     loss_spike_sigma: float = 6.0
@@ -44,89 +54,100 @@ class Thresholds(BaseModel):
     crash_memory_s: float = 300.0
 
 
-# Xid code -> fault type; codes not listed are "gpu_xid" (or "gpu_app_error" when the catalogue says the
-# application, not the GPU, is at fault).
-XID_FAULTS = {48: "gpu_dbe", 79: "gpu_lost", 119: "gpu_gsp_timeout", 120: "gpu_gsp_timeout",
-              63: "gpu_row_remap_failure", 64: "gpu_row_remap_failure", 74: "nvlink_error", 92: "gpu_sbe_storm",
-              95: "gpu_dbe", 140: "gpu_dbe"}
-KERNEL_FAULTS: dict[str, tuple[str, FaultLevel]] = {
-    "mlx5_link_down": ("link_down", FaultLevel.ISOLATE),
-    "mlx5_health": ("nic_lost", FaultLevel.ISOLATE),
-    "rnic_gid_error": ("rnic_gid_error", FaultLevel.DRAIN),
-    "mce": ("cpu_mce", FaultLevel.DRAIN),
-    "fs_readonly": ("fs_readonly", FaultLevel.DRAIN),
-}
-# Events that already name their fault (the node agent's NVML and sysfs collectors): kind -> fault type; the
-# event's own level stands.
+# The kernel-log decoder's signatures (vigil/sources/collect/kmsg.py) -> fault type or finding.
+KERNEL_FAULTS = {"mlx5_link_down": "link_down", "mlx5_health": "nic_lost", "rnic_gid_error": "rnic_gid_error",
+                 "mce": "cpu_mce", "fs_readonly": "fs_readonly", "gpu_fallen_off_bus": "gpu_lost",
+                 "nvswitch_sxid": "nvswitch_error", "oom_kill": "host_oom", "segfault": "process_crash"}
+# Events the node agent's NVML and sysfs collectors report by kind -> fault type or finding.
 DIRECT_FAULTS = {"gpu_row_remap_failure": "gpu_row_remap_failure", "gpu_pcie_width_low": "gpu_pcie_width_low",
                  "gpu_recovery_action": "gpu_recovery_action", "link_down": "link_down", "nic_lost": "nic_lost",
                  "nic_link_flap": "link_flap", "nic_speed_low": "nic_speed_low", "rnic_gid_error": "rnic_gid_error"}
-KERNEL_SIGNATURE_FAULTS = {"gpu_fallen_off_bus": "gpu_lost", "nvswitch_sxid": "nvswitch_error",
-                           "oom_kill": "host_oom", "segfault": "process_crash"}
-SENSOR_FAULTS: dict[str, tuple[str, FaultLevel]] = {
-    "psu": ("psu_failure", FaultLevel.DRAIN),
-    "fan": ("fan_failure", FaultLevel.DEGRADED),
-}
+# IPMI SEL sensor types (IPMI 2.0 table 42-3, as ipmitool prints them) -> fault type.
+SENSOR_FAULTS = {"Power Supply": "psu_failure", "Fan": "fan_failure"}
+# References a rule compares against, computed per frame by the detector.
+Reference = Literal["none", "nic_rated_gbps", "pcie_max_width"]
 
 
 @dataclass(frozen=True)
 class MetricRule:
-    """``condition(values, delta_per_s)`` -> boolean mask over the frame's entities (delta is 0 for gauges)."""
+    """``condition(values, delta_per_s, reference)`` -> boolean mask over the frame's entities; delta is 0 for
+    gauges (the metric catalogue says which), reference is the per-entity rated value named by ``reference``."""
 
     family: str
     fault_type: str
-    level: FaultLevel
     metric: str
     describe: str
-    condition: Callable[[np.ndarray, np.ndarray], np.ndarray]
-    counter: bool = False
+    condition: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+    reference: Reference = "none"
+
+    @property
+    def counter(self) -> bool:
+        return is_counter(self.metric)
+
+    @property
+    def level(self) -> FaultLevel:
+        return fault_level(self.fault_type)
 
 
 def _rules(t: Thresholds) -> list[MetricRule]:
     nan = np.isnan
     return [
-        MetricRule("gpu", "gpu_dbe", FaultLevel.ISOLATE, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
-                   "double-bit ECC errors rose", lambda v, d: d > 0, counter=True),
-        MetricRule("gpu", "gpu_sbe_storm", FaultLevel.DEGRADED, "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
-                   f"single-bit ECC errors above {t.sbe_per_s}/s", lambda v, d: d > t.sbe_per_s,
-                   counter=True),
-        MetricRule("gpu", "gpu_thermal", FaultLevel.DEGRADED, "DCGM_FI_DEV_GPU_TEMP",
-                   f"GPU temperature above {t.gpu_temp_c} C", lambda v, d: v > t.gpu_temp_c),
-        MetricRule("gpu", "gpu_pcie_replay", FaultLevel.DEGRADED, "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
-                   f"PCIe replays above {t.pcie_replay_per_s}/s",
-                   lambda v, d: d > t.pcie_replay_per_s, counter=True),
-        MetricRule("gpu", "gpu_pcie_width_low", FaultLevel.DRAIN, "DCGM_FI_DEV_PCIE_LINK_WIDTH",
-                   f"PCIe link width below x{int(M.PCIE_WIDTH)}", lambda v, d: v < M.PCIE_WIDTH),
-        MetricRule("gpu", "nvlink_error", FaultLevel.DEGRADED, "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
-                   f"NVLink CRC flit errors above {t.nvlink_crc_per_s}/s",
-                   lambda v, d: d > t.nvlink_crc_per_s, counter=True),
-        MetricRule("gpu", "gpu_row_remap_failure", FaultLevel.ISOLATE, "DCGM_FI_DEV_ROW_REMAP_FAILURE",
-                   "row remapping failed", lambda v, d: v > 0),
-        MetricRule("node", "node_down", FaultLevel.ISOLATE, "vigil_node_up", "node is down", lambda v, d: v == 0),
-        MetricRule("node", "psu_failure", FaultLevel.DRAIN, "vigil_node_psu_ok", "a power supply is not OK",
-                   lambda v, d: v < M.PSU_TOTAL),
-        MetricRule("node", "fan_failure", FaultLevel.DEGRADED, "vigil_node_fan_speed_min_rpm",
-                   f"slowest fan below {t.fan_min_rpm:.0f} rpm", lambda v, d: v < t.fan_min_rpm),
-        MetricRule("node", "fs_readonly", FaultLevel.DRAIN, "vigil_node_filesystem_readonly",
-                   "a local filesystem is read-only", lambda v, d: v > 0),
-        MetricRule("node", "kubelet_down", FaultLevel.DRAIN, "vigil_node_kubelet_ready", "kubelet is not ready",
-                   lambda v, d: v == 0),
-        MetricRule("nic", "link_down", FaultLevel.ISOLATE, "vigil_nic_link_up", "NIC link is down",
-                   lambda v, d: v == 0),
-        MetricRule("nic", "nic_speed_low", FaultLevel.DRAIN, "vigil_nic_speed_gbps",
-                   f"NIC speed below the rated {M.NIC_RATED_GBPS:.0f} Gb/s",
-                   lambda v, d: (v > 0) & (v < M.NIC_RATED_GBPS)),
-        MetricRule("nic", "link_flap", FaultLevel.DEGRADED, "vigil_nic_link_downed_total", "NIC link flapped",
-                   lambda v, d: d > 0, counter=True),
-        MetricRule("nic", "nic_symbol_errors", FaultLevel.OBSERVE, "vigil_nic_symbol_errors_total",
-                   "NIC symbol errors", lambda v, d: d > 1.0, counter=True),
-    ] + [
+        MetricRule("gpu", "gpu_dbe", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "double-bit ECC errors rose",
+                   lambda v, d, r: d > 0),
+        MetricRule("gpu", "gpu_sbe_storm", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+                   f"single-bit ECC errors above {t.sbe_per_s}/s", lambda v, d, r: d > t.sbe_per_s),
+        MetricRule("gpu", "gpu_thermal", "DCGM_FI_DEV_GPU_TEMP", f"GPU temperature above {t.gpu_temp_c} C",
+                   lambda v, d, r: v > t.gpu_temp_c),
+        MetricRule("gpu", "gpu_pcie_replay", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+                   f"PCIe replays above {t.pcie_replay_per_s}/s", lambda v, d, r: d > t.pcie_replay_per_s),
+        MetricRule("gpu", "gpu_pcie_width_low", "DCGM_FI_DEV_PCIE_LINK_WIDTH",
+                   "PCIe link width below the GPU's maximum", lambda v, d, r: v < r, reference="pcie_max_width"),
+        MetricRule("gpu", "nvlink_error", "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+                   f"NVLink CRC flit errors above {t.nvlink_crc_per_s}/s", lambda v, d, r: d > t.nvlink_crc_per_s),
+        MetricRule("gpu", "gpu_row_remap_failure", "DCGM_FI_DEV_ROW_REMAP_FAILURE", "row remapping failed",
+                   lambda v, d, r: v > 0),
+        MetricRule("node", "node_down", "vigil_node_up", "node is down", lambda v, d, r: v == 0),
+        MetricRule("node", "psu_failure", "vigil_node_psu_ok", f"fewer than {t.psu_min_ok:.0f} power supplies OK",
+                   lambda v, d, r: v < t.psu_min_ok),
+        MetricRule("node", "fan_failure", "vigil_node_fan_speed_min_rpm",
+                   f"slowest fan below {t.fan_min_rpm:.0f} rpm", lambda v, d, r: v < t.fan_min_rpm),
+        MetricRule("node", "fs_readonly", "vigil_node_filesystem_readonly", "a local filesystem is read-only",
+                   lambda v, d, r: v > 0),
+        MetricRule("node", "kubelet_down", "vigil_node_kubelet_ready", "kubelet is not ready",
+                   lambda v, d, r: v == 0),
+        MetricRule("nic", "link_down", "vigil_nic_link_up", "NIC link is down", lambda v, d, r: v == 0),
+        MetricRule("nic", "nic_speed_low", "vigil_nic_speed_gbps", "NIC speed below its rated speed",
+                   lambda v, d, r: (v > 0) & (v < r), reference="nic_rated_gbps"),
+        MetricRule("nic", "link_flap", "vigil_nic_link_downed_total", "NIC link flapped", lambda v, d, r: d > 0),
+        MetricRule("nic", "nic_symbol_errors", "vigil_nic_symbol_errors_total", "NIC symbol errors",
+                   lambda v, d, r: d > 1.0),
         # a metric family that vanished while its host is up: the device is gone or its driver hangs
-        MetricRule("gpu", "gpu_metrics_missing", FaultLevel.DRAIN, "DCGM_FI_DEV_GPU_UTIL",
-                   "GPU reports no metrics while its node is up", lambda v, d: nan(v)),
-        MetricRule("nic", "nic_lost", FaultLevel.ISOLATE, "vigil_nic_link_up",
-                   "NIC reports no metrics while its node is up", lambda v, d: nan(v)),
+        MetricRule("gpu", "gpu_metrics_missing", "DCGM_FI_DEV_GPU_UTIL", "GPU reports no metrics while its node is up",
+                   lambda v, d, r: nan(v)),
+        MetricRule("nic", "nic_lost", "vigil_nic_link_up", "NIC reports no metrics while its node is up",
+                   lambda v, d, r: nan(v)),
     ]
+
+
+def _level_or(name: str, reported: FaultLevel) -> FaultLevel:
+    """The catalogue's level of a fault or finding; the source's own level for a name it does not hold."""
+    try:
+        return fault_level(name)
+    except VigilInputError:
+        return reported
+
+
+def _sel_fault(message: str) -> str | None:
+    """The fault an asserted IPMI SEL record reports, by its sensor type: ipmitool prints
+    ``Power Supply #0x51 | Failure detected | Asserted`` (sensor type first, then the sensor's name or id)."""
+    fields = [f.strip() for f in message.split("|")]
+    if not fields or fields[-1] != "Asserted":
+        return None
+    for field in fields:
+        for sensor_type, fault in SENSOR_FAULTS.items():
+            if field.startswith(sensor_type):
+                return fault
+    return None
 
 
 @dataclass
@@ -152,17 +173,19 @@ class RuleDetector:
         self.active: dict[tuple[str, str], Anomaly] = {}
         self.closed: list[Anomaly] = []
         self.unknown_xids = 0
-        self._prev: dict[str, tuple[float, np.ndarray]] = {}
+        self._prev: dict[str, tuple[float, np.ndarray, list[str]]] = {}
         self._jobs: dict[str, _JobState] = {}
         self._grad_hist: dict[str, list[tuple[float, float]]] = {}
         self._rank_of_gpu = {gpu: (job.id, r) for job in topology.jobs for r, gpu in enumerate(job.placement)}
         self._job_gpus = {job.entity: list(job.placement) for job in topology.jobs}
         self._node_of: dict[str, str] = {}
+        self._nic_rated: dict[str, float] = {}
         for node in topology.nodes:
             for gpu in node.gpus:
                 self._node_of[gpu.id] = node.id
             for nic in node.nics:
                 self._node_of[nic.id] = node.id
+                self._nic_rated[nic.id] = nic.speed_gbps
 
     # ---------------------------------------------------------------- anomaly bookkeeping
 
@@ -200,7 +223,7 @@ class RuleDetector:
         ts = max((f.ts for f in frames), default=max((e.ts for e in events), default=0.0))
         down_nodes = set()
         node_frame = by_family.get("node")
-        if node_frame is not None:
+        if node_frame is not None and "vigil_node_up" in node_frame.metrics:
             up = node_frame.column("vigil_node_up")
             down_nodes = {node_frame.entities[int(i)] for i in np.flatnonzero(~(up > 0))}
         for event in events:
@@ -212,16 +235,27 @@ class RuleDetector:
         if "job" in by_family:
             self._training(by_family["job"], opened)
         for frame in frames:
-            self._prev[frame.family] = (frame.ts, frame.values)
+            self._prev[frame.family] = (frame.ts, frame.values, list(frame.metrics))
         self._expire(ts)
         return opened
 
+    def _reference(self, rule: MetricRule, frame: MetricFrame) -> np.ndarray:
+        if rule.reference == "nic_rated_gbps":
+            # a NIC outside the topology has no rating to fall short of
+            return np.array([self._nic_rated.get(e, np.nan) for e in frame.entities])
+        if rule.reference == "pcie_max_width":
+            if "DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH" in frame.metrics:
+                own = frame.column("DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH")
+                return np.where(np.isnan(own), self.t.pcie_link_width, own)
+            return np.full(len(frame.entities), self.t.pcie_link_width)
+        return np.zeros(len(frame.entities))
+
     def _metric_rules(self, frame: MetricFrame, down_nodes: set[str], opened: list[Anomaly]) -> None:
         prev = self._prev.get(frame.family)
-        if prev is not None and prev[1].shape != frame.values.shape:
+        if prev is not None and (prev[1].shape != frame.values.shape or prev[2] != list(frame.metrics)):
             prev = None
         for rule in self.rules:
-            if rule.family != frame.family:
+            if rule.family != frame.family or rule.metric not in frame.metrics:
                 continue
             j = frame.metric_index(rule.metric)
             values = frame.values[:, j]
@@ -233,7 +267,7 @@ class RuleDetector:
                 # a counter reset (driver reload) reads as a negative delta: not an error burst
                 delta = np.where(values >= prev[1][:, j], (values - prev[1][:, j]) / dt, 0.0)
             with np.errstate(invalid="ignore"):
-                mask = np.asarray(rule.condition(values, delta), dtype=bool)
+                mask = np.asarray(rule.condition(values, delta, self._reference(rule, frame)), dtype=bool)
             for i in np.flatnonzero(mask):
                 entity = frame.entities[int(i)]
                 if rule.fault_type in ("gpu_metrics_missing", "nic_lost") and self._node_of.get(entity) in down_nodes:
@@ -245,6 +279,8 @@ class RuleDetector:
 
     def _stragglers(self, frame: MetricFrame, opened: list[Anomaly]) -> None:
         """Peer difference: a GPU whose SM clock sits well below its job's median while busy."""
+        if "DCGM_FI_DEV_SM_CLOCK" not in frame.metrics or "DCGM_FI_DEV_GPU_UTIL" not in frame.metrics:
+            return
         clock = frame.column("DCGM_FI_DEV_SM_CLOCK")
         util = frame.column("DCGM_FI_DEV_GPU_UTIL")
         pos = {e: i for i, e in enumerate(frame.entities)}
@@ -259,14 +295,15 @@ class RuleDetector:
             for i in busy[clock[busy] < self.t.straggler_clock_ratio * median]:
                 gpu = frame.entities[int(i)]
                 job_name, rank = self._rank_of_gpu[gpu]
-                self._fire(frame.ts, rank_id(job_name, rank), "straggler", FaultLevel.DEGRADED,
+                self._fire(frame.ts, rank_id(job_name, rank), "straggler", fault_level("straggler"),
                            f"{gpu} SM clock {clock[i]:.0f} MHz vs job median {median:.0f} MHz",
                            kind="peer", metric="DCGM_FI_DEV_SM_CLOCK", value=float(clock[i]), opened=opened,
                            gpu=gpu)
 
     def _training(self, frame: MetricFrame, opened: list[Anomaly]) -> None:
         t = self.t
-        cols = {m: frame.column(m) for m in M.JOB_METRICS}
+        missing = np.full(len(frame.entities), np.nan)
+        cols = {m: frame.column(m) if m in frame.metrics else missing for m in family_metrics("job")}
         for i, job in enumerate(frame.entities):
             st = self._jobs.setdefault(job, _JobState())
             steps = float(cols["vigil_job_steps_total"][i])
@@ -282,19 +319,19 @@ class RuleDetector:
             st.last_steps = steps
             stalled_for = frame.ts - st.last_progress_ts
             if stalled_for >= t.stall_s and frame.ts - st.last_crash_ts > t.crash_memory_s:
-                self._fire(frame.ts, job, "job_hang", FaultLevel.DRAIN,
+                self._fire(frame.ts, job, "job_hang", fault_level("job_hang"),
                            f"no training step completed for {stalled_for:.0f} s (not checkpointing)",
                            metric="vigil_job_steps_total", value=steps, opened=opened)
             if not progressing:
                 st.slow_ticks = 0
                 continue
             if np.isnan(loss) or np.isinf(grad):
-                self._fire(frame.ts, job, "nan_loss", FaultLevel.DRAIN, "training loss is NaN / gradient is inf",
+                self._fire(frame.ts, job, "nan_loss", fault_level("nan_loss"), "training loss is NaN / gradient is inf",
                            metric="vigil_job_loss", value=loss, opened=opened)
             elif np.isfinite(st.loss_mean):
                 sigma = max(np.sqrt(st.loss_var), 1e-3 * st.loss_mean)
                 if loss > t.loss_spike_ratio * st.loss_mean and loss > st.loss_mean + t.loss_spike_sigma * sigma:
-                    self._fire(frame.ts, job, "loss_spike", FaultLevel.DEGRADED,
+                    self._fire(frame.ts, job, "loss_spike", fault_level("loss_spike"),
                                f"loss {loss:.3f} vs running mean {st.loss_mean:.3f}", metric="vigil_job_loss",
                                value=loss, opened=opened)
                 else:
@@ -311,13 +348,13 @@ class RuleDetector:
                 span = hist[-1][0] - hist[0][0]
                 avg = float(np.mean([g for _, g in hist]))
                 if span >= 0.5 * t.grad_norm_window_s and avg < t.grad_norm_floor:
-                    self._fire(frame.ts, job, "vanishing_gradient", FaultLevel.DEGRADED,
+                    self._fire(frame.ts, job, "vanishing_gradient", fault_level("vanishing_gradient"),
                                f"gradient-norm average over {span:.0f} s is {avg:.4f} < {t.grad_norm_floor}",
                                metric="vigil_job_grad_norm", value=avg, opened=opened)
             if np.isfinite(st.tokens_base) and tokens < t.throughput_ratio * st.tokens_base:
                 st.slow_ticks += 1
                 if st.slow_ticks >= t.throughput_ticks:
-                    self._fire(frame.ts, job, "throughput_drop", FaultLevel.DEGRADED,
+                    self._fire(frame.ts, job, "throughput_drop", fault_level("throughput_drop"),
                                f"tokens/s {tokens:.0f} is {tokens / st.tokens_base:.0%} of baseline",
                                metric="vigil_job_tokens_per_second", value=tokens, opened=opened)
             else:
@@ -334,37 +371,34 @@ class RuleDetector:
             if not info.known:
                 self.unknown_xids += 1
                 log.warning("unknown Xid %s on %s: treated as CONTACT_SUPPORT (drain)", code, event.entity)
-            fault = XID_FAULTS.get(code) or ("gpu_app_error" if info.level <= FaultLevel.OBSERVE else "gpu_xid")
-            self._fire(event.ts, event.entity, fault, info.level,
+            # The code's own level (NVIDIA's immediate action): codes of one fault differ in urgency (63 vs 64).
+            self._fire(event.ts, event.entity, info.fault, info.level,
                        f"Xid {code} {info.mnemonic} ({info.bucket or 'no bucket'}): {event.message[:200]}",
                        kind="event", opened=opened, xid=code)
-        elif kind == "kernel" and attrs.get("signature") in KERNEL_FAULTS:
-            fault, level = KERNEL_FAULTS[str(attrs["signature"])]
-            self._fire(event.ts, event.entity, fault, level, f"kernel: {event.message[:200]}", kind="event",
-                       opened=opened)
         elif kind == "kernel" and attrs.get("signature"):
             signature = str(attrs["signature"])
-            self._fire(event.ts, event.entity, KERNEL_SIGNATURE_FAULTS.get(signature, signature), event.level,
-                       f"kernel: {event.message[:200]}", kind="event", opened=opened)
+            fault = KERNEL_FAULTS.get(signature, signature)
+            self._fire(event.ts, event.entity, fault, _level_or(fault, event.level), f"kernel: {event.message[:200]}",
+                       kind="event", opened=opened)
         elif kind in DIRECT_FAULTS:
-            self._fire(event.ts, event.entity, DIRECT_FAULTS[kind], event.level,
-                       f"{event.source}: {event.message[:200]}", kind="event", opened=opened)
-        elif kind == "ipmi_sel" and attrs.get("sensor") in SENSOR_FAULTS:
-            fault, level = SENSOR_FAULTS[str(attrs["sensor"])]
-            self._fire(event.ts, event.entity, fault, level, f"IPMI SEL: {event.message[:200]}", kind="event",
-                       opened=opened)
+            fault = DIRECT_FAULTS[kind]
+            self._fire(event.ts, event.entity, fault, fault_level(fault), f"{event.source}: {event.message[:200]}",
+                       kind="event", opened=opened)
+        elif kind == "ipmi_sel" and (sensor_fault := _sel_fault(event.message)) is not None:
+            self._fire(event.ts, event.entity, sensor_fault, fault_level(sensor_fault),
+                       f"IPMI SEL: {event.message[:200]}", kind="event", opened=opened)
         elif kind == "k8s" and attrs.get("reason") == "NodeNotReady":
-            self._fire(event.ts, event.entity, "node_not_ready", FaultLevel.DRAIN, event.message[:200],
+            self._fire(event.ts, event.entity, "node_not_ready", fault_level("node_not_ready"), event.message[:200],
                        kind="event", opened=opened)
         elif kind == "job" and attrs.get("reason") == "crashed":
             self._jobs.setdefault(event.entity, _JobState()).last_crash_ts = event.ts
             exit_reason = str(attrs.get("exit_reason", ""))
             if "out of memory" in exit_reason.lower() and attrs.get("rank") is not None:
                 job_name = event.entity.split("/", 1)[1]
-                self._fire(event.ts, rank_id(job_name, int(str(attrs["rank"]))), "gpu_oom", FaultLevel.DRAIN,
+                self._fire(event.ts, rank_id(job_name, int(str(attrs["rank"]))), "gpu_oom", fault_level("gpu_oom"),
                            f"rank {attrs['rank']} died: {exit_reason}", kind="event", opened=opened)
             else:
                 rank = attrs.get("rank")
                 entity = event.entity if rank is None else rank_id(event.entity.split("/", 1)[1], int(str(rank)))
-                self._fire(event.ts, entity, "job_crash", FaultLevel.DRAIN,
+                self._fire(event.ts, entity, "job_crash", fault_level("job_crash"),
                            f"job crashed: {exit_reason[:200] or 'no exit reason'}", kind="event", opened=opened)

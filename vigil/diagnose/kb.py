@@ -1,44 +1,38 @@
-"""The fault knowledge base: symptom -> fault -> cause -> remedy, from versioned YAML in vigil/knowledge/data/kb.
+"""The fault knowledge base: symptom -> fault -> cause -> remedy, assembled from the knowledge tables.
 
 Files (all under one directory, the package's ``vigil/knowledge/data/kb`` by default):
 
-- ``faults.yaml``: fault types with entity kinds, level, causes, P(symptom | fault) and remedies;
+- ``faults.yaml``: THE fault catalogue (``vigil.knowledge.faults``): entity kinds, level, causes,
+  P(symptom | fault), remedies, weight;
 - ``signatures.yaml``: log signatures (NCCL / CUDA / kernel) -> ``log:<name>`` symptoms;
-- ``xid.yaml``: every Xid code of the catalogue -> its primary fault type (seeded by :func:`seed_xid_yaml`);
 - ``trace.yaml``: the real StepFun trace's fault classes -> fault types with counts (the priors);
-- ``actions.yaml``: the remediation whitelist with the only command each action may carry.
+- ``actions.yaml``: the remediation whitelist (``vigil.knowledge.actions``).
+
+Xid codes come from THE Xid table (``vigil.knowledge.xid``). The knowledge base is valid on its own: it
+checks its cross-references (symptoms name known faults, findings, signatures, Xids and metrics), not that
+it mirrors any other component's list.
 """
 
 from __future__ import annotations
 
 import math
 import re
-import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from vigil.config import read_yaml
+from vigil.knowledge.actions import load_action_whitelist
+from vigil.knowledge.faults import ENTITY_KINDS, FaultEntry, load_fault_catalogue
+from vigil.knowledge.files import kb_dir
+from vigil.knowledge.metrics import metric_catalogue
+from vigil.knowledge.xid import known_xids, xid_info
 from vigil.model import ActionKind, FaultLevel, VigilInputError
 
-ENTITY_KINDS = ("gpu", "node", "nic", "switch", "rack", "job", "rank", "cluster")
 SYMPTOM_PREFIXES = ("anomaly", "xid", "log", "metric", "peer")
 BARE_SYMPTOMS = ("hang", "crash")
-KB_FILES = ("faults.yaml", "signatures.yaml", "xid.yaml", "trace.yaml", "actions.yaml")
-
-# The primary fault type of Xid codes whose meaning is specific; every other code maps to gpu_xid.
-XID_PRIMARY_FAULT: dict[int, str] = {
-    48: "gpu_dbe", 94: "gpu_dbe", 95: "gpu_dbe",
-    63: "gpu_row_remap_failure", 64: "gpu_row_remap_failure",
-    79: "gpu_lost",
-    92: "gpu_sbe_storm",
-    119: "gpu_gsp_timeout", 120: "gpu_gsp_timeout",
-    74: "nvlink_error", 144: "nvlink_error", 145: "nvlink_error", 146: "nvlink_error", 147: "nvlink_error",
-    148: "nvlink_error", 149: "nvlink_error", 150: "nvlink_error",
-}
 
 
 @dataclass(frozen=True)
@@ -220,35 +214,17 @@ def _need(mapping: Any, key: str, where: str, kind: type | tuple[type, ...]) -> 
     return value
 
 
-def _parse_fault(name: str, raw: Any, where: str) -> Fault:
-    where = f"{where}: fault {name!r}"
-    kinds = _need(raw, "entity", where, list)
-    try:
-        level = FaultLevel.parse(_need(raw, "level", where, str))
-    except VigilInputError as err:
-        raise VigilInputError(f"{where}: {err}") from None
-    symptoms = raw.get("symptoms") or {}
-    if not isinstance(symptoms, dict):
-        raise VigilInputError(f"{where}: field 'symptoms' must be a mapping symptom -> likelihood")
-    remedies = []
-    for i, item in enumerate(raw.get("remedies") or []):
-        action_name = _need(item, "action", f"{where} remedy {i}", str)
-        try:
-            action = ActionKind(action_name)
-        except ValueError:
-            raise VigilInputError(f"{where} remedy {i}: action {action_name!r} is not on the whitelist") from None
-        remedies.append(Remedy(action, str(item.get("target", "node")), str(item.get("risk", "low")),
-                               str(item.get("why", ""))))
+def _fault(name: str, entry: FaultEntry) -> Fault:
     return Fault(
         name=name,
-        entity_kinds=tuple(str(k) for k in kinds),
-        level=level,
-        title=str(raw.get("title", name)),
-        causes=tuple(str(c) for c in raw.get("causes") or ()),
-        symptoms={str(k): float(v) for k, v in symptoms.items()},
-        remedies=tuple(remedies),
-        spread=raw.get("spread"),
-        pseudo_count=float(raw.get("pseudo_count", 0)),
+        entity_kinds=tuple(entry.entity),
+        level=entry.level,
+        title=entry.title,
+        causes=tuple(entry.causes),
+        symptoms=dict(entry.symptoms),
+        remedies=tuple(Remedy(r.action, r.target, r.risk, r.why) for r in entry.remedies),
+        spread=entry.spread,
+        pseudo_count=entry.pseudo_count,
     )
 
 
@@ -286,20 +262,14 @@ def _external_signatures(aliases: dict[str, str]) -> tuple[list[Signature], list
 
 def load_kb(directory: Path | None = None, include_external: bool = True) -> KnowledgeBase:
     """Read and cross-check the knowledge base; structural errors raise VigilInputError naming the file."""
-    if directory is None:
-        base = Path(str(resources.files("vigil.knowledge.data").joinpath("kb")))
-        source = "package"
-    else:
-        base, source = directory, str(directory)
-    raw = {name: _read_yaml(base, name) for name in KB_FILES}
-    versions = {name.removesuffix(".yaml"): int(data["version"]) for name, data in raw.items()}
-
-    fault_map = _need(raw["faults.yaml"], "faults", str(base / "faults.yaml"), dict)
-    faults = {str(n): _parse_fault(str(n), v, str(base / "faults.yaml")) for n, v in fault_map.items()}
+    base, source = (kb_dir(), "package") if directory is None else (directory, str(directory))
+    catalogue = load_fault_catalogue(base)
+    faults = {name: _fault(name, entry) for name, entry in catalogue.faults.items()}
+    raw_signatures = _read_yaml(base, "signatures.yaml")
 
     signatures: dict[str, Signature] = {}
     where = str(base / "signatures.yaml")
-    for name, item in _need(raw["signatures.yaml"], "signatures", where, dict).items():
+    for name, item in _need(raw_signatures, "signatures", where, dict).items():
         pattern = _need(item, "pattern", f"{where}: signature {name!r}", str)
         try:
             compiled = re.compile(pattern, re.IGNORECASE)
@@ -308,7 +278,7 @@ def load_kb(directory: Path | None = None, include_external: bool = True) -> Kno
         signatures[str(name)] = Signature(str(name), compiled, str(item.get("meaning", "")), item.get("fault"))
     external_problems: list[str] = []
     if include_external:
-        aliases = {str(k): str(v) for k, v in (raw["signatures.yaml"].get("external_aliases") or {}).items()}
+        aliases = {str(k): str(v) for k, v in (raw_signatures.get("external_aliases") or {}).items()}
         for their_type, ours in aliases.items():
             if ours not in signatures:
                 raise VigilInputError(f"{where}: external_aliases: {their_type!r} -> unknown signature {ours!r}")
@@ -316,29 +286,14 @@ def load_kb(directory: Path | None = None, include_external: bool = True) -> Kno
         for signature in external:
             signatures.setdefault(signature.name, signature)
 
-    xids: dict[int, XidEntry] = {}
-    where = str(base / "xid.yaml")
-    for code, item in _need(raw["xid.yaml"], "xids", where, dict).items():
-        xids[int(code)] = XidEntry(int(code), str(item.get("mnemonic", "")),
-                                   FaultLevel.parse(str(item.get("level", "drain"))),
-                                   str(_need(item, "fault", f"{where}: xid {code}", str)))
-
-    where = str(base / "trace.yaml")
-    trace = [TraceClass(str(t["level"]), str(t["class"]), str(t["desc"]), int(t["count"]), t.get("fault"))
-             for t in _need(raw["trace.yaml"], "classes", where, list)]
-
-    templates: dict[ActionKind, tuple[str, str]] = {}
-    where = str(base / "actions.yaml")
-    for name, item in _need(raw["actions.yaml"], "actions", where, dict).items():
-        try:
-            action = ActionKind(name)
-        except ValueError:
-            raise VigilInputError(f"{where}: action {name!r} is not in vigil.model.ActionKind") from None
-        templates[action] = (str(item.get("target", "any")), str(_need(item, "command", f"{where}: {name}", str)))
-
-    findings = frozenset(str(f) for f in raw["faults.yaml"].get("findings") or ())
-    kb = KnowledgeBase(versions, faults, signatures, xids, trace, templates, findings=findings, source=source)
-    kb.problems = validate_kb(kb)
+    xids = {code: XidEntry(code, info.mnemonic, info.level, info.fault)
+            for code in known_xids() for info in (xid_info(code),)}
+    trace = [TraceClass(t.level, t.cls, t.desc, t.count, t.fault) for t in catalogue.trace]
+    templates = {action: (entry.target, entry.command) for action, entry in load_action_whitelist(base).items()}
+    versions = {**catalogue.versions, "signatures": int(raw_signatures["version"])}
+    kb = KnowledgeBase(versions, faults, signatures, xids, trace, templates, findings=frozenset(catalogue.findings),
+                       source=source)
+    kb.problems = catalogue.problems() + validate_kb(kb)
     kb.warnings = external_problems
     return kb
 
@@ -362,79 +317,28 @@ def _symptom_problem(symptom: str, kb: KnowledgeBase) -> str | None:
     if prefix == "log" and rest not in kb.signatures:
         return f"symptom {symptom!r} names an unknown log signature"
     if prefix == "xid" and (not rest.isdigit() or int(rest) not in kb.xids):
-        return f"symptom {symptom!r} names an Xid that is not in xid.yaml"
+        return f"symptom {symptom!r} names an Xid that is not in the Xid table"
+    if prefix == "metric" and rest not in metric_catalogue():
+        return f"symptom {symptom!r} names a metric that is not in the metric catalogue"
     return None
 
 
-def simulator_fault_types() -> list[str]:
-    """Fault types of the simulator's catalogue: each must have a knowledge entry."""
-    from vigil.sources.sim.faults import CATALOGUE
-
-    return sorted(spec.name for spec in CATALOGUE)
-
-
-def validate_kb(kb: KnowledgeBase, expected_faults: Iterable[str] | None = None) -> list[str]:
-    """Cross-references that YAML structure alone cannot check; empty list = valid."""
+def validate_kb(kb: KnowledgeBase, expected_faults: Iterable[str] = ()) -> list[str]:
+    """Cross-references that YAML structure alone cannot check; empty list = valid. ``expected_faults``
+    names fault types a caller needs covered (an evaluation's fault list, say)."""
     problems = []
     for fault in kb.faults.values():
         for kind in fault.entity_kinds:
             if kind not in ENTITY_KINDS:
                 problems.append(f"faults.yaml: {fault.name}: unknown entity kind {kind!r}")
-        for symptom, likelihood in fault.symptoms.items():
+        for symptom in fault.symptoms:
             problem = _symptom_problem(symptom, kb)
             if problem:
                 problems.append(f"faults.yaml: {fault.name}: {problem}")
-            if not 0.0 < likelihood <= 1.0:
-                problems.append(f"faults.yaml: {fault.name}: likelihood of {symptom!r} must be in (0, 1]")
-        if not fault.remedies:
-            problems.append(f"faults.yaml: {fault.name}: no remedies")
-        for remedy in fault.remedies:
-            if remedy.on not in ENTITY_KINDS:
-                problems.append(f"faults.yaml: {fault.name}: remedy target kind {remedy.on!r} is unknown")
-            if remedy.risk not in ("low", "medium", "high"):
-                problems.append(f"faults.yaml: {fault.name}: remedy risk {remedy.risk!r} is not low/medium/high")
-        if fault.spread not in (None, "children"):
-            problems.append(f"faults.yaml: {fault.name}: spread must be 'children' or absent")
     for entry in kb.xids.values():
-        if entry.fault not in kb.faults:
-            problems.append(f"xid.yaml: xid {entry.code}: unknown fault type {entry.fault!r}")
-    for item in kb.trace:
-        if item.fault is not None and item.fault not in kb.faults:
-            problems.append(f"trace.yaml: class {item.desc!r}: unknown fault type {item.fault!r}")
-    missing_actions = set(ActionKind) - set(kb.action_templates)
-    if missing_actions:
-        problems.append(f"actions.yaml: no command template for {sorted(a.value for a in missing_actions)}")
-    for name in expected_faults if expected_faults is not None else simulator_fault_types():
+        if entry.fault not in kb.faults and entry.fault not in kb.findings:
+            problems.append(f"Xid table: xid {entry.code}: unknown fault type {entry.fault!r}")
+    for name in expected_faults:
         if name not in kb.faults:
-            problems.append(f"faults.yaml: simulator fault type {name!r} has no knowledge entry")
-    return problems
-
-
-# --------------------------------------------------------------------------- seeding
-
-
-def seed_xid_yaml(out: Path) -> int:
-    """Write xid.yaml from the Xid catalogue table (vigil.detect.xid); returns the number of codes."""
-    from vigil.detect.xid import known_xids, xid_info
-
-    lines = [
-        "# Generated by `python -m vigil.diagnose.kb seed-xid` from vigil/knowledge/data/xid_levels.csv (NVIDIA Xid",
-        "# catalogue); edit XID_PRIMARY_FAULT in vigil/diagnose/kb.py, not this file.",
-        "version: 1",
-        "xids:",
-    ]
-    codes = known_xids()
-    for code in codes:
-        info = xid_info(code)
-        fault = XID_PRIMARY_FAULT.get(code, "gpu_xid")
-        mnemonic = info.mnemonic.replace("'", "")
-        lines.append(f"  {code}: {{mnemonic: '{mnemonic}', level: {info.level.label}, fault: {fault}}}")
-    out.write_text("\n".join(lines) + "\n")
-    return len(codes)
-
-
-if __name__ == "__main__":
-    if sys.argv[1:] != ["seed-xid"]:
-        raise SystemExit("usage: python -m vigil.diagnose.kb seed-xid")
-    target = Path(__file__).resolve().parents[1] / "knowledge" / "data" / "kb" / "xid.yaml"
-    print(f"wrote {seed_xid_yaml(target)} Xid codes to {target}")
+            problems.append(f"faults.yaml: fault type {name!r} has no knowledge entry")
+    return sorted(set(problems))

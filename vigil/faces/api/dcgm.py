@@ -11,26 +11,9 @@ from __future__ import annotations
 
 import math
 
+from vigil.knowledge.metrics import metric_catalogue
 from vigil.model import Gpu, Topology, parse_entity
 from vigil.store.metrics import MetricFrame
-
-# dcgm-exporter's counters file marks these as counters; everything else it exports is a gauge.
-_COUNTERS = frozenset(
-    {
-        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
-        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
-        "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
-        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
-        "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
-        "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
-        "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
-        "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
-        "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
-        "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
-        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
-        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
-    }
-)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -66,8 +49,10 @@ def render_dcgm(frame: MetricFrame, topology: Topology | None = None) -> str:
     for j, metric in enumerate(frame.metrics):
         if not metric.startswith("DCGM_"):
             continue
-        kind = "counter" if metric in _COUNTERS else "gauge"
-        lines.append(f"# HELP {metric} {metric.removeprefix('DCGM_FI_').replace('_', ' ').lower()}.")
+        spec = metric_catalogue().get(metric)
+        kind = spec.type if spec is not None else "gauge"
+        help_text = spec.help if spec is not None else metric.removeprefix("DCGM_FI_").replace("_", " ").lower()
+        lines.append(f"# HELP {metric} {help_text}.")
         lines.append(f"# TYPE {metric} {kind}")
         for i, entity in gpu_rows:
             value = float(frame.values[i, j])

@@ -18,8 +18,8 @@ import numpy as np
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
-from vigil.detect.xid import xid_info
 from vigil.faces.api.context import ServeContext
+from vigil.knowledge.xid import xid_info
 from vigil.model import (
     Action,
     ActionKind,

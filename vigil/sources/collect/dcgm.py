@@ -19,7 +19,7 @@ import httpx
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from vigil.detect.xid import xid_info
+from vigil.knowledge.xid import xid_info
 from vigil.model import Event, gpu_id, node_id
 from vigil.sources.collect.base import Collection, Source, default_node_name
 from vigil.sources.collect.nvml import normalise_pci_bus

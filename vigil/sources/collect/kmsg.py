@@ -12,7 +12,7 @@ Lines from files may come in any of the usual dmesg shapes (``[Sun Feb 23 16:24:
 ``Feb 23 16:24:18 host kernel: ...``). A line in none of them is counted, logged once, and still searched
 for an Xid report, so a changed prefix never hides a GPU fault.
 
-Xids are decoded with the catalogue in ``vigil.detect.xid``: fault level and action per code; an unknown
+Xids are decoded with the catalogue in ``vigil.knowledge.xid``: fault level and action per code; an unknown
 code is counted, logged once, and reported at the catalogue's CONTACT_SUPPORT level.
 """
 
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import psutil
 
-from vigil.detect.xid import parse_xid_line, xid_info
+from vigil.knowledge.xid import parse_xid_line, xid_info
 from vigil.model import Event, FaultLevel, gpu_id, nic_id, node_id
 from vigil.sources.collect.base import Collection, ProblemLog, Source, default_node_name
 from vigil.sources.collect.nvml import normalise_pci_bus

@@ -416,13 +416,11 @@ class SimRun:
             lines = []
         elif name == "psu_failure":
             assert node is not None
-            self._event(t0, self.node_ids[node], "ipmi_sel", "ipmi", "Power Supply #2 | Failure detected | Asserted",
-                        sensor="psu")
+            self._event(t0, self.node_ids[node], "ipmi_sel", "ipmi", "Power Supply #2 | Failure detected | Asserted")
             lines = []
         elif name == "fan_failure":
             assert node is not None
-            self._event(t0, self.node_ids[node], "ipmi_sel", "ipmi", "Fan 3 | Lower Critical going low | Asserted",
-                        sensor="fan")
+            self._event(t0, self.node_ids[node], "ipmi_sel", "ipmi", "Fan 3 | Lower Critical going low | Asserted")
             lines = []
         elif name == "cpu_mce":
             assert node is not None
