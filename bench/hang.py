@@ -1,7 +1,7 @@
 """Hang detection and culprit localization on real gloo jobs, probe overhead, stack merge at scale,
 and a side-by-side with torch's Flight Recorder analyzer on the same dumps.
 
-Run: .venv/bin/python bench/hang.py [--hang-timeout 10] [--quick]   -> bench/results/hang.json
+Run: .venv/bin/python bench/hang.py [--hang-timeout 10] [--quick] [--stacks-only]   -> bench/results/hang.json
 
 1. Scenarios: tests/probe/fault_job.py as a 3-rank gloo job through `vigil.run.launcher.launch`, one fault
    injected into one rank; verdict, culprit and detection latency (seconds from the job's last progress to
@@ -13,6 +13,11 @@ Run: .venv/bin/python bench/hang.py [--hang-timeout 10] [--quick]   -> bench/res
    alternating plain vs launched, and the probe's cost per op in microseconds. Target <= 3%, goal <= 1%.
 3. Stack merge: 10,000 synthetic ranks (several states, varying line numbers) merged into the prefix
    tree and the fork point found. Target < 1 s.
+5. Stacks: tests/probe/stack_job.py under DDP (the probe's Python comm hook, and the built-in C++ hook
+   whose collectives never pass through Python), FSDP2 and hand-written collectives: a rank stuck in
+   forward, uneven inputs, a 0.6 s/step straggler, a crash, a C call holding the GIL, and three long pauses
+   that are not hangs (checkpoint save, evaluation loop, data-loader warm-up); plus what the probe adds to
+   a DDP step (Python hook + op record + module marks vs the built-in C++ hook without the probe).
 4. FR side by side: the FR dumps each scenario left (gloo, TORCH_FR_BUFFER_SIZE) analysed by
    `vigil diagnose` and by torch.distributed.flight_recorder.fr_trace, raw and with gloo's pg_config
    key repaired; which names the right culprit.
@@ -49,6 +54,7 @@ from vigil.run.launcher import free_port, launch  # noqa: E402
 RESULTS = REPO / "bench" / "results"
 FAULT_JOB = REPO / "tests" / "probe" / "fault_job.py"
 TRAIN_JOB = REPO / "bench" / "jobs" / "train_small.py"
+STACK_JOB = REPO / "tests" / "probe" / "stack_job.py"
 WORLD = 3
 console = Console()
 
@@ -69,17 +75,39 @@ SCENARIOS: list[tuple[str, list[str], str, list[int], list[list[int]]]] = [
     ("long checkpoint save", ["--fault", "checkpoint", "--rank", "0", "--steps", "6"], "ok", [], []),
 ]
 
+# The stacks people train with (tests/probe/stack_job.py): DDP with the probe's Python comm hook, DDP with
+# the built-in C++ hook (no collective passes through Python), FSDP2, hand-written collectives.
+STACK_SCENARIOS: list[tuple[str, list[str], str, list[int], list[list[int]]]] = [
+    *[(f"{stack}: rank stuck in forward", ["--stack", stack, "--fault", "forward", "--rank", "1"], "hang", [1], [])
+      for stack in ("ddp", "fsdp", "ddp_builtin", "manual")],
+    *[(f"{stack}: uneven inputs", ["--stack", stack, "--fault", "uneven", "--rank", "2"], "mismatch", [2], [])
+      for stack in ("ddp", "fsdp")],
+    *[(f"{stack}: straggler 0.6 s/step", ["--stack", stack, "--fault", "straggler", "--rank", "1"], "slow", [1], [])
+      for stack in ("ddp", "fsdp")],
+    ("fsdp: crash", ["--stack", "fsdp", "--fault", "crash", "--rank", "0"], "crash", [0], []),
+    ("ddp: C call holding the GIL", ["--stack", "ddp", "--fault", "gil", "--rank", "2"], "hang", [2], []),
+    ("fsdp: long checkpoint save", ["--stack", "fsdp", "--fault", "checkpoint", "--rank", "1", "--steps", "8"],
+     "ok", [], []),
+    ("ddp: evaluation loop", ["--stack", "ddp", "--fault", "eval", "--rank", "1", "--steps", "8"], "ok", [], []),
+    ("ddp_builtin: slow data-loader warm-up", ["--stack", "ddp_builtin", "--fault", "warmup", "--rank", "1",
+                                               "--steps", "8"], "ok", [], []),
+]
+LONG_PAUSES = ("checkpoint", "eval", "warmup")
 
-def run_scenarios(hang_timeout: float, work: Path, quick: bool) -> list[dict[str, Any]]:
+
+def run_scenarios(hang_timeout: float, work: Path, quick: bool, stacks: bool = False) -> list[dict[str, Any]]:
     rows = []
-    scenarios = SCENARIOS[:4] + SCENARIOS[9:10] if quick else SCENARIOS
+    if stacks:
+        scenarios, script = STACK_SCENARIOS, STACK_JOB
+    else:
+        scenarios, script = (SCENARIOS[:4] + SCENARIOS[9:10] if quick else SCENARIOS), FAULT_JOB
     for index, (name, args, verdict, culprits, links) in enumerate(scenarios):
-        if "checkpoint" in args:
+        if any(pause in args for pause in LONG_PAUSES):
             args = [*args, "--sleep", str(2.5 * hang_timeout)]
         out = work / f"scenario{index}"
         console.log(f"scenario: {name}")
         start = time.time()
-        diagnosis = launch(FAULT_JOB, args, nproc=WORLD, hang_timeout=hang_timeout, out_dir=out)
+        diagnosis = launch(script, args, nproc=WORLD, hang_timeout=hang_timeout, out_dir=out)
         wall = time.time() - start
         correct = diagnosis.verdict == verdict and diagnosis.culprit_ranks == culprits
         if links:
@@ -209,6 +237,53 @@ def measure_op_cost(calls: int = 5000) -> dict[str, Any]:
             "probe_cost_per_op_us": round((statistics.median(on) - statistics.median(off)) * 1e6, 2)}
 
 
+def measure_ddp_hook_cost(steps: int = 400) -> dict[str, Any]:
+    """What the probe adds to a DDP training step: the Python all_reduce comm hook it installs, the
+    recorded op, and the module-forward marks; against DDP's built-in C++ hook without the probe, in
+    alternating blocks in one one-rank gloo process (same load for both arms)."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from vigil.sources.probe.hooks import install_hooks, uninstall_hooks
+    from vigil.sources.probe.probe import Probe
+
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory(prefix="vigil-bench-ddp-") as tmp:
+        dist.init_process_group("gloo", store=dist.FileStore(f"{tmp}/store", 1), rank=0, world_size=1)
+        probe = Probe(rank=0, world_size=1, out_dir=Path(tmp))
+
+        def net() -> torch.nn.Module:
+            return torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256))
+
+        plain = DistributedDataParallel(net())
+        plain._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
+        install_hooks(probe)
+        probed = DistributedDataParallel(net())
+        batch = torch.randn(64, 256)
+        on: list[float] = []
+        off: list[float] = []
+        try:
+            for block in range(10):
+                if block % 2 == 0:
+                    install_hooks(probe)
+                else:
+                    uninstall_hooks()
+                model = probed if block % 2 == 0 else plain
+                start = time.perf_counter()
+                for _ in range(steps // 10):
+                    model(batch).pow(2).mean().backward()
+                (on if block % 2 == 0 else off).append((time.perf_counter() - start) / (steps // 10))
+        finally:
+            uninstall_hooks()
+            dist.destroy_process_group()
+    ops = probe.ring.total
+    return {"ddp_step_builtin_hook_ms": round(statistics.median(off) * 1e3, 3),
+            "ddp_step_probed_ms": round(statistics.median(on) * 1e3, 3),
+            "overhead_pct": round((statistics.median(on) / statistics.median(off) - 1) * 100, 2),
+            "ops_recorded": ops}
+
+
 def measure_stack_merge(ranks: int = 10_000, repeats: int = 5) -> dict[str, Any]:
     common = ["<module> (train.py:300)", "main (train.py:250)", "train (train.py:200)", "step (train.py:120)"]
     stacks = {}
@@ -272,14 +347,20 @@ def main() -> None:
     parser.add_argument("--overhead-rounds", type=int, default=3)
     parser.add_argument("--overhead-only", action="store_true", help="print the overhead measurement only")
     parser.add_argument("--overhead-steps", type=int, default=200)
+    parser.add_argument("--stacks-only", action="store_true",
+                        help="only the DDP / FSDP2 scenarios and the DDP hook cost; merged into hang.json")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="vigil-bench-hang-") as tmp:
         work = Path(tmp)
+        if args.stacks_only:
+            run_stacks(args.hang_timeout, work)
+            return
         if args.overhead_only:
             console.print_json(data={**measure_overhead(work, args.overhead_rounds, args.overhead_steps),
                                      "per_op": measure_op_cost()})
             return
         rows = run_scenarios(args.hang_timeout, work, args.quick)
+        stack_rows = run_scenarios(args.hang_timeout, work / "stacks", args.quick, stacks=True)
         comparisons = compare_with_torch(rows, work)
         overhead = measure_overhead(work, 1 if args.quick else args.overhead_rounds, args.overhead_steps)
     merge = measure_stack_merge()
@@ -301,13 +382,52 @@ def main() -> None:
         "culprit_accuracy": round(sum(r["correct"] for r in rows) / len(rows), 3),
         "max_detection_latency_s": max(latencies) if latencies else None,
         "all_within_budget": all(r["within_budget"] for r in rows),
+        "stack_scenarios": stack_summary(stack_rows),
         "overhead": overhead,
+        "ddp_hook_cost": measure_ddp_hook_cost(),
         "stack_merge": merge,
         "flight_recorder_side_by_side": comparisons,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "hang.json").write_text(json.dumps(result, indent=1))
     show(result)
+
+
+def stack_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    for row in rows:
+        row.pop("fr_dir", None)
+    return {"world_size": WORLD, "scenarios": rows,
+            "correct": sum(r["correct"] for r in rows), "total": len(rows),
+            "all_within_budget": all(r["within_budget"] for r in rows)}
+
+
+def run_stacks(hang_timeout: float, work: Path) -> None:
+    """The DDP / FSDP2 scenarios and the DDP hook cost, merged into an existing hang.json."""
+    (work / "stacks").mkdir()
+    summary = stack_summary(run_scenarios(hang_timeout, work / "stacks", False, stacks=True))
+    path = RESULTS / "hang.json"
+    result = json.loads(path.read_text()) if path.exists() else {"hang_timeout_s": hang_timeout}
+    result["stack_scenarios"] = {**summary, "hang_timeout_s": hang_timeout}
+    result["ddp_hook_cost"] = measure_ddp_hook_cost()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1))
+    show_stacks(result)
+
+
+def show_stacks(result: dict[str, Any]) -> None:
+    stacks = result["stack_scenarios"]
+    table = Table(title=f"DDP / FSDP2 / hand-written scenarios ({stacks['world_size']} gloo ranks, "
+                        f"--hang-timeout {stacks.get('hang_timeout_s', result['hang_timeout_s']):g} s)")
+    for column in ("scenario", "verdict", "culprit", "expected", "detected after (s)", "wall (s)", "ok"):
+        table.add_column(column)
+    for row in stacks["scenarios"]:
+        latency = "" if row["detected_after_s"] is None else f"{row['detected_after_s']:.1f}"
+        table.add_row(row["scenario"], row["verdict"], str(row["culprit_ranks"]), str(row["expected_culprits"]),
+                      latency, f"{row['wall_s']:.0f}", "yes" if row["correct"] else "NO")
+    console.print(table)
+    cost = result["ddp_hook_cost"]
+    console.print(f"{stacks['correct']}/{stacks['total']} right; DDP step {cost['ddp_step_probed_ms']} ms probed vs "
+                  f"{cost['ddp_step_builtin_hook_ms']} ms built-in hook, no probe ({cost['overhead_pct']:+.2f}%)")
 
 
 def show(result: dict[str, Any]) -> None:
@@ -339,6 +459,8 @@ def show(result: dict[str, Any]) -> None:
                      "ok" if row["vigil_probe_correct"] else "x", str(row["torch_raw"]),
                      f"{row['torch_normalized']} {'ok' if row['torch_normalized_correct'] else 'x'}")
     console.print(side)
+    if "stack_scenarios" in result:
+        show_stacks(result)
 
 
 if __name__ == "__main__":

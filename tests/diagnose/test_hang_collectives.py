@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vigil.diagnose.collectives import match_collectives, signature_mismatches
+from vigil.detect.collectives import match_collectives, signature_mismatches
 from vigil.diagnose.crash import RankFailure, error_from_log, root_failure
 from vigil.diagnose.straggler import find_straggler
 

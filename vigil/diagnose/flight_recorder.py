@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vigil.diagnose.collectives import CollectiveFinding, match_collectives
+from vigil.detect.collectives import CollectiveFinding, match_collectives
 from vigil.diagnose.hang import HangDiagnosis, HangKind, Verdict
 from vigil.model import Evidence, VigilInputError, rank_id
 from vigil.sources.probe.records import COLLECTIVE, P2P, OpRecord

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from vigil.diagnose.collectives import CollectiveFinding, match_collectives
+from vigil.detect.collectives import CollectiveFinding, match_collectives
 from vigil.diagnose.crash import RankFailure, describe_exit, error_from_log, root_failure
 from vigil.diagnose.p2p import P2PAnalysis, analyse, states_from_probe
 from vigil.diagnose.stacks import ForkPoint, RankStacks, StackTree, load_stacks, merge_stacks
@@ -35,6 +35,8 @@ Verdict = Literal["ok", "hang", "crash", "mismatch", "slow"]
 HangKind = Literal["not_enqueued", "stuck_in_collective", "signature_mismatch", "process_dead", "p2p"]
 # A rank whose probe heartbeat is older than this cannot run Python: it holds the GIL or is frozen.
 STALE_HEARTBEAT_S = 2.0
+# A rank that computed within this many seconds of the verdict is still computing.
+RECENT_COMPUTE_S = 1.0
 EXIT_CODES: dict[str, int] = {"ok": 0, "slow": 0, "crash": 3, "hang": 4, "mismatch": 5}
 
 
@@ -232,8 +234,11 @@ def _hang(
         culprits, kind = odd, "stuck_in_collective"
         summary = f"hang inside {primary.op} #{primary.seq} of group {primary.group!r}: every rank entered it"
     else:
-        culprits, kind = stale or _fork_ranks(forks, sorted(run.snapshots)), "not_enqueued"
-        summary = "hang: no communication progress and no collective in flight"
+        computing = _computing_alone(run)
+        culprits, kind = stale or computing or _fork_ranks(forks, sorted(run.snapshots)), "not_enqueued"
+        summary = "hang: no step and no communication progress, and no collective in flight that the probe saw"
+        if computing and not stale:
+            summary += f"; rank(s) {computing} still compute while the others wait"
     fork = _pick_fork(forks, culprits)
     if fork is not None:
         summary += f"; culprit stack leaves the others at {fork.frame}"
@@ -246,6 +251,16 @@ def _hang(
         summary=summary,
         evidence=evidence,
     )
+
+
+def _computing_alone(run: RunEvidence) -> list[int]:
+    """Ranks that computed just before the verdict while every other rank sat idle: the others wait
+    for them (stuck in compute), even when the collective they wait in left no record."""
+    recent = {
+        r for r, s in run.snapshots.items()
+        if s.last_compute is not None and run.detected_at - s.last_compute < RECENT_COMPUTE_S
+    }
+    return sorted(recent) if 0 < len(recent) < len(run.snapshots) else []
 
 
 def _p2p_explains(p2p: P2PAnalysis, primary: CollectiveFinding | None) -> bool:
@@ -264,7 +279,7 @@ def _finished(run: RunEvidence, ops: dict[int, list[OpRecord]]) -> HangDiagnosis
         culprit_ranks=[straggler.rank],
         summary=f"slow: {straggler.describe()}",
         evidence=[_evidence(run, straggler.rank, straggler.describe(), last_share=straggler.last_share,
-                            median_lag_s=straggler.median_lag_s)],
+                            median_lag_s=straggler.median_lag_s, wait_by_rank=straggler.wait_by_rank)],
     )
 
 
@@ -310,7 +325,7 @@ def _rank_table(run: RunEvidence, findings: list[CollectiveFinding], tree: Stack
             state = "in communication"
         elif snap is not None and snap.activity.get("kind") == "checkpoint":
             state = "saving checkpoint"
-        elif snap is not None and snap.last_compute and run.detected_at - snap.last_compute < 1.0:
+        elif snap is not None and snap.last_compute and run.detected_at - snap.last_compute < RECENT_COMPUTE_S:
             state = "in compute"
         else:
             state = "outside communication"
@@ -354,7 +369,7 @@ def _add_rank_evidence(run: RunEvidence, diag: HangDiagnosis) -> None:
                 run, rank, f"rank {rank} main thread ({run.stack_source}): "
                 + " <- ".join(reversed(threads["MainThread"][-6:])), frames=threads["MainThread"]))
         snap = run.snapshots.get(rank)
-        if snap is not None and snap.last_compute and run.detected_at - snap.last_compute < 1.0:
+        if snap is not None and snap.last_compute and run.detected_at - snap.last_compute < RECENT_COMPUTE_S:
             diag.evidence.append(_evidence(
                 run, rank, f"rank {rank} is still computing ({snap.compute_calls} matmul calls) but not "
                 "communicating: stuck in compute", compute_calls=snap.compute_calls))

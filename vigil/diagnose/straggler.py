@@ -1,16 +1,19 @@
 """Straggler detection from collective wait times, without comparing clocks across hosts.
 
 In a synchronous collective the last rank to arrive waits the least. A rank that arrives last in
-most recent collectives, by a margin that matters next to the step time, is the straggler.
+most recent collectives, by a margin that matters next to the step time, is the straggler. Under
+DDP or FSDP only one or two of a step's collectives show the lag (the rest run in lockstep once
+everyone has arrived), so the window counts the collectives that made ranks wait, not all of them.
+The finding also carries each rank's total wait: the slow rank computes longest and waits least.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from vigil.diagnose.collectives import collective_ops
+from vigil.detect.collectives import collective_ops
 from vigil.sources.probe.records import OpRecord
 
 
@@ -21,6 +24,7 @@ class StragglerFinding:
     collectives: int
     median_lag_s: float
     median_wait_others_s: float
+    wait_by_rank: dict[int, float] = field(default_factory=dict)
 
     def describe(self) -> str:
         return (
@@ -40,6 +44,7 @@ def find_straggler(
     last_counts: Counter[int] = Counter()
     lags: dict[int, list[float]] = {}
     others_waits: list[float] = []
+    total_wait: Counter[int] = Counter()
     counted = 0
     for table in collective_ops(ops_by_rank).values():
         ranks = sorted(table)
@@ -47,14 +52,17 @@ def find_straggler(
             continue
         common = sorted(set.intersection(*(set(table[r]) for r in ranks)))
         done = [s for s in common if all(table[r][s].state == "completed" for r in ranks)]
-        for seq in done[-window:]:
+        lagging = []
+        for seq in done:
             waits = {r: table[r][seq].duration_s or 0.0 for r in ranks}
+            total_wait.update(waits)
             last = min(waits, key=lambda r: waits[r])
             others = [w for r, w in waits.items() if r != last]
             lag = statistics.median(others) - waits[last]
             # Collectives everyone reaches together say nothing about who is slow.
-            if lag < min_lag_s:
-                continue
+            if lag >= min_lag_s:
+                lagging.append((last, lag, others))
+        for last, lag, others in lagging[-window:]:
             last_counts[last] += 1
             lags.setdefault(last, []).append(lag)
             others_waits.extend(others)
@@ -72,4 +80,5 @@ def find_straggler(
         collectives=counted,
         median_lag_s=lag,
         median_wait_others_s=statistics.median(others_waits) if others_waits else 0.0,
+        wait_by_rank={r: round(w, 4) for r, w in sorted(total_wait.items())},
     )

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from vigil.diagnose.hang import HangDiagnosis
+from vigil.diagnose.timeline import TIMELINE_FILE
 from vigil.model import VigilInputError
 from vigil.run.supervise import EventSink, Supervisor, SupervisorConfig
 from vigil.sources.probe.activate import ENV_DIR, ENV_HANG_TIMEOUT
@@ -76,7 +77,7 @@ def prepare_out_dir(out_dir: Path) -> None:
     for pattern in ("rank*.json", "rank*.cur", "rank*.log", ".rank*.tmp"):
         for path in out_dir.glob(pattern):
             path.unlink()
-    for name in (STACKS_FILE, RUN_FILE, DIAGNOSIS_FILE, DUMP_REQUEST_FILE):
+    for name in (STACKS_FILE, RUN_FILE, DIAGNOSIS_FILE, DUMP_REQUEST_FILE, TIMELINE_FILE):
         (out_dir / name).unlink(missing_ok=True)
     shutil.rmtree(out_dir / FR_DIR, ignore_errors=True)
 

@@ -1,8 +1,8 @@
-"""The out-of-process supervisor: watches every rank's exit status, probe heartbeat and op ledger.
+"""The out-of-process supervisor: where the probe's records meet detection, diagnosis and action.
 
-It decides *that* something is wrong (crash, hang, mismatch), then gathers evidence from outside the
-ranks (py-spy stacks, FR dumps via the probes) before it stops the job, and asks
-``vigil.diagnose.hang`` *who* and *why*.
+It reads every rank's exit status and probe records (sources), asks ``vigil.detect.hang`` *whether*
+the job is hung or mismatched, gathers evidence from outside the ranks (py-spy stacks, FR dumps via
+the probes), stops the job, and asks ``vigil.diagnose.hang`` *who* and *why*.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vigil.diagnose.collectives import signature_mismatches
+from vigil.detect.hang import HangTrigger
 from vigil.diagnose.hang import HangDiagnosis, RunEvidence, diagnose, write_diagnosis
 from vigil.diagnose.stacks import from_pyspy, from_python_stacks
 from vigil.diagnose.straggler import find_straggler
+from vigil.diagnose.timeline import write_timeline
 from vigil.model import VigilInputError
 from vigil.sources.probe.pyspy import dump_all
 from vigil.sources.probe.records import (
@@ -36,14 +37,13 @@ from vigil.sources.probe.records import (
 EventSink = Callable[[str], None]
 # After the first rank fails, wait this long for the peers' own errors so the cascade is visible.
 CRASH_GRACE_S = 2.0
-# A mismatch must hold this long before it is reported, so a rank that is merely late is not flagged.
-MISMATCH_CONFIRM_S = 1.0
 
 
 @dataclass
 class SupervisorConfig:
     hang_timeout_s: float = 10.0
     checkpoint_timeout_s: float = 600.0
+    startup_grace_s: float = 60.0
     tick_s: float = 0.25
     pyspy_timeout_s: float = 10.0
     evidence_wait_s: float = 3.0
@@ -63,6 +63,14 @@ class Supervisor:
     _mtimes: dict[int, tuple[float, float]] = field(default_factory=dict)
     _straggler_reported: bool = False
     _next_straggler_check: float = 0.0
+    trigger: HangTrigger = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.trigger = HangTrigger(
+            hang_timeout_s=self.config.hang_timeout_s,
+            checkpoint_timeout_s=self.config.checkpoint_timeout_s,
+            startup_grace_s=self.config.startup_grace_s,
+        )
 
     @property
     def world_size(self) -> int:
@@ -91,10 +99,10 @@ class Supervisor:
             if first_failure is not None and now - first_failure >= CRASH_GRACE_S:
                 return self._conclude("crash", now)
             if first_failure is None:
-                if self._mismatch(now):
+                if self.trigger.mismatch(self.snapshots, self.world_size, now):
                     self.on_event("collective signature mismatch across ranks")
                     return self._conclude("mismatch", now)
-                reason = self._hang_reason(now)
+                reason = self.trigger.stall(self.snapshots, set(alive), now)
                 if reason is not None:
                     self.on_event(f"hang: {reason}")
                     return self._conclude("hang", now)
@@ -127,35 +135,6 @@ class Supervisor:
             except VigilInputError:
                 continue
             self._mtimes[rank] = mtime
-
-    def _hang_reason(self, now: float) -> str | None:
-        """A hang: an op past its timeout (or a frozen probe) while the whole job makes no progress."""
-        live = {r: s for r, s in self.snapshots.items() if self.exit_codes.get(r) is None}
-        if not live:
-            return None
-        last_progress = max(s.last_progress() for s in self.snapshots.values())
-        if now - last_progress < self.config.hang_timeout_s:
-            return None
-        for snap in live.values():
-            in_checkpoint = snap.activity.get("kind") == "checkpoint"
-            if in_checkpoint and now - float(snap.activity.get("since", now)) < self.config.checkpoint_timeout_s:
-                return None
-        for rank, snap in sorted(live.items()):
-            for op in snap.ops:
-                timeout = op.timeout_s or self.config.hang_timeout_s
-                if op.in_flight and now - op.t_start > timeout:
-                    waited = now - op.t_start
-                    return f"rank {rank} has waited {waited:.1f} s in {op.op} #{op.seq} (timeout {timeout:.1f} s)"
-        for rank, snap in sorted(live.items()):
-            if now - snap.heartbeat > self.config.hang_timeout_s and not snap.finished:
-                return f"rank {rank}'s probe heartbeat stopped {now - snap.heartbeat:.1f} s ago"
-        return None
-
-    def _mismatch(self, now: float) -> bool:
-        if len(self.snapshots) < self.world_size:
-            return False
-        ops = {r: s.ops for r, s in self.snapshots.items()}
-        return any(f.oldest_wait_s >= MISMATCH_CONFIRM_S for f in signature_mismatches(ops, now))
 
     def _watch_straggler(self, now: float) -> None:
         if self._straggler_reported or now < self._next_straggler_check:
@@ -264,6 +243,7 @@ class Supervisor:
         }
         (self.out_dir / RUN_FILE).write_text(json.dumps(meta, indent=1))
         write_diagnosis(self.out_dir, diag)
+        write_timeline(self.out_dir, evidence, diag)
 
 
 def _mtime(path: Path) -> float:

@@ -18,6 +18,7 @@ from vigil.faces.cli.precheck import inspect_command, precheck_command
 from vigil.faces.cli.rca import kb_app, rca_app
 from vigil.faces.cli.remedy import app as remedy_app
 from vigil.faces.cli.serve import mcp, serve
+from vigil.faces.cli.timeline import timeline_command
 from vigil.model import VigilInputError
 
 app = typer.Typer(
@@ -47,6 +48,7 @@ app.command("launch")(launch_command)
 app.add_typer(detect_app, name="detect")
 app.add_typer(logs_app, name="logs")
 app.command("diagnose")(diagnose_command)
+app.command("timeline")(timeline_command)
 app.add_typer(kb_app, name="kb")
 app.add_typer(rca_app, name="rca")
 # remedy and prevention

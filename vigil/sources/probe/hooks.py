@@ -1,7 +1,15 @@
-"""Wrap torch.distributed collectives and p2p ops, matmuls, optimizer steps and torch.save.
+"""Wrap torch.distributed collectives and p2p ops, module forwards, matmuls, optimizer steps, torch.save.
 
 Wrappers are installed in both ``torch.distributed`` and ``torch.distributed.distributed_c10d`` so that
-helpers built on the primitives (all_gather_object, broadcast_object_list, ...) are recorded too.
+helpers built on the primitives (all_gather_object, broadcast_object_list, ...) and FSDP2 (which calls
+``dist.all_gather_single`` / ``dist.reduce_scatter_single``) are recorded too. DistributedDataParallel's
+reducer issues its gradient all_reduce from C++; the probe gives every DDP model without a hook of its
+own the default all_reduce hook written in Python, so those all_reduces pass through the wrappers as well.
+
+An op ends when its Work says so (``is_completed``), never when the Python call returns: on NCCL a
+call returns once the kernel is enqueued on the communication stream, so a collective stuck on the GPU
+would otherwise look finished. Works of CUDA tensors are polled by the probe's watchdog; on the CPU the
+work's future (or its wait) gives the exact end.
 """
 
 from __future__ import annotations
@@ -14,9 +22,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import Work
+from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from vigil.sources.probe.probe import Probe
+from vigil.sources.probe.probe import Probe, work_succeeded
 from vigil.sources.probe.records import COLLECTIVE, P2P, OpRecord
 
 # name -> (parameter holding the tensor whose shape must agree, parameter holding the root rank)
@@ -26,8 +35,12 @@ COLLECTIVES: dict[str, tuple[str | None, str | None]] = {
     "reduce": ("tensor", "dst"),
     "all_gather": ("tensor", None),
     "all_gather_into_tensor": ("input_tensor", None),
+    "all_gather_single": ("input_tensor", None),
+    "all_gather_coalesced": ("input_tensor_list", None),
+    "all_reduce_coalesced": ("tensors", None),
     "reduce_scatter": ("output", None),
     "reduce_scatter_tensor": ("input", None),
+    "reduce_scatter_single": ("input", None),
     "gather": ("tensor", "dst"),
     "scatter": ("tensor", "src"),
     "all_to_all": (None, None),
@@ -68,7 +81,7 @@ class ProbedWork(Work):
         except BaseException:
             self._probe.end_op(self._record, ok=False)
             raise
-        self._probe.end_op(self._record, ok=True)
+        _end_if_completed(self._probe, self._record, self._inner)
         return bool(done)
 
     def is_completed(self) -> bool:
@@ -134,17 +147,27 @@ class _Params:
 def _shape_of(value: Any) -> tuple[list[list[int]], list[str]]:
     if isinstance(value, torch.Tensor):
         return [list(value.shape)], [str(value.dtype).removeprefix("torch.")]
+    if isinstance(value, list | tuple) and value and all(isinstance(t, torch.Tensor) for t in value):
+        return [list(t.shape) for t in value], [str(t.dtype).removeprefix("torch.") for t in value]
     return [], []
+
+
+def _on_cuda(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return bool(value.is_cuda)
+    return isinstance(value, list | tuple) and any(isinstance(t, torch.Tensor) and t.is_cuda for t in value)
 
 
 def _wrap_collective(probe: Probe, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     tensor_param, root_param = COLLECTIVES[name]
     params = _Params(original)
+    takes_async = "async_op" in params.index
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         group_name, group_ranks = _group_info(params.get("group", args, kwargs))
-        sizes, dtypes = _shape_of(params.get(tensor_param, args, kwargs))
+        tensor = params.get(tensor_param, args, kwargs)
+        sizes, dtypes = _shape_of(tensor)
         root = params.get(root_param, args, kwargs)
         is_async = bool(params.get("async_op", args, kwargs))
         record = probe.begin_op(
@@ -157,7 +180,10 @@ def _wrap_collective(probe: Probe, name: str, original: Callable[..., Any]) -> C
             root=root if isinstance(root, int) else None,
             is_async=is_async,
         )
-        return _run(probe, record, original, args, kwargs, is_async)
+        on_cuda = _on_cuda(tensor)
+        if not is_async and takes_async and on_cuda:
+            return _run_sync_on_stream(probe, record, original, args, kwargs)
+        return _run(probe, record, original, args, kwargs, is_async, on_cuda)
 
     return wrapper
 
@@ -170,7 +196,8 @@ def _wrap_p2p(probe: Probe, name: str, original: Callable[..., Any]) -> Callable
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         group_name, group_ranks = _group_info(params.get("group", args, kwargs))
-        sizes, dtypes = _shape_of(params.get("tensor", args, kwargs))
+        tensor = params.get("tensor", args, kwargs)
+        sizes, dtypes = _shape_of(tensor)
         peer = params.get(peer_param, args, kwargs)
         record = probe.begin_op(
             group_name,
@@ -182,7 +209,7 @@ def _wrap_p2p(probe: Probe, name: str, original: Callable[..., Any]) -> Callable
             peer=peer if isinstance(peer, int) else None,
             is_async=is_async,
         )
-        return _run(probe, record, original, args, kwargs, is_async)
+        return _run(probe, record, original, args, kwargs, is_async, _on_cuda(tensor))
 
     return wrapper
 
@@ -194,6 +221,7 @@ def _run(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     is_async: bool,
+    on_cuda: bool,
 ) -> Any:
     try:
         result = original(*args, **kwargs)
@@ -203,15 +231,50 @@ def _run(
     if not is_async:
         probe.end_op(record, ok=True)
         return result
-    if isinstance(result, Work):
-        _watch_future(probe, record, result)
+    if isinstance(result, Work) and not _illegal(result):
+        probe.watch_work(record, result)
+        if not on_cuda:
+            _watch_future(probe, record, result)
         return ProbedWork(result, record, probe)
     probe.end_op(record, ok=True)
     return result
 
 
+def _run_sync_on_stream(
+    probe: Probe, record: OpRecord, original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    """A synchronous collective on CUDA tensors, issued as async + wait (what the sync call does
+    itself) so the probe keeps the work and learns when the GPU, not the enqueue, finished it."""
+    kwargs = {**kwargs, "async_op": True}
+    try:
+        work = original(*args, **kwargs)
+        if isinstance(work, Work) and not _illegal(work):
+            work.wait()
+    except BaseException:
+        probe.end_op(record, ok=False)
+        raise
+    if isinstance(work, Work) and not _illegal(work):
+        _end_if_completed(probe, record, work)
+    else:
+        probe.end_op(record, ok=True)
+
+
+def _illegal(work: Work) -> bool:
+    # Inside a coalescing manager the collectives return a placeholder that must not be waited on.
+    return type(work).__name__ == "_IllegalWork"
+
+
+def _end_if_completed(probe: Probe, record: OpRecord, work: Work) -> None:
+    if work.is_completed():
+        probe.end_op(record, ok=work_succeeded(work))
+    else:
+        probe.watch_work(record, work)
+
+
+
 def _watch_future(probe: Probe, record: OpRecord, work: Work) -> None:
-    """Collectives with a future report completion even if nobody waits on them."""
+    """On the CPU a work's future completes when the collective did: the exact end, even if nobody
+    waits. (NCCL futures complete at enqueue, stream-ordered; there the watchdog's polling decides.)"""
     try:
         future = work.get_future()
     except RuntimeError:
@@ -260,6 +323,44 @@ def _patch(owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[
     setattr(owner, name, make(original))
 
 
+def _mark_forward(probe: Probe) -> Callable[..., None]:
+    def hook(module: torch.nn.Module, inputs: Any) -> None:
+        if module.training and torch.is_grad_enabled():
+            probe.compute_begin()
+        else:
+            probe.eval_begin()
+
+    return hook
+
+
+def _wrap_ddp_forward(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Before a DDP model's first forward (when DDP allows a comm hook and the user has had the
+    chance to register one), give it the default all_reduce hook, written in Python."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    @functools.wraps(original)
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not getattr(self, "_vigil_hooked", False):
+            self._vigil_hooked = True
+            reducer = getattr(self, "reducer", None)
+            if reducer is not None and not getattr(self, "_vigil_user_hook", False):
+                self.register_comm_hook(self.process_group, allreduce_hook)
+        return original(self, *args, **kwargs)
+
+    return forward
+
+
+def _wrap_register_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def register(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not getattr(self, "_vigil_hooked", False):
+            # The user's own hook (or a built-in C++ one) wins; a Python hook's collectives are seen anyway.
+            self._vigil_user_hook = True
+        return original(self, *args, **kwargs)
+
+    return register
+
+
 def install_hooks(probe: Probe) -> None:
     """Patch torch in place; idempotent."""
     c10d = dist.distributed_c10d
@@ -284,8 +385,13 @@ def install_hooks(probe: Probe) -> None:
     _patch(torch.Tensor, "__matmul__", lambda orig: _wrap_compute(probe, orig))
     _patch(torch.nn.functional, "linear", lambda orig: _wrap_compute(probe, orig))
     _patch(torch, "save", lambda orig: _wrap_checkpoint(probe, orig))
+    ddp = torch.nn.parallel.DistributedDataParallel
+    _patch(ddp, "forward", _wrap_ddp_forward)
+    _patch(ddp, "register_comm_hook", _wrap_register_hook)
+    _patch(ddp, "_register_builtin_comm_hook", _wrap_register_hook)
     if not _HANDLES:
         _HANDLES.append(register_optimizer_step_post_hook(lambda *_: probe.step()))
+        _HANDLES.append(register_module_forward_pre_hook(_mark_forward(probe)))
 
 
 def uninstall_hooks() -> None:

@@ -66,6 +66,7 @@ class Probe:
         self.activity: dict[str, Any] = {"kind": "idle", "since": self.started}
         self.compute_calls = 0
         self.last_compute: float | None = None
+        self.last_eval: float | None = None
         self.steps = 0
         self.last_step: float | None = None
         self.step_times: deque[float] = deque(maxlen=64)
@@ -81,6 +82,8 @@ class Probe:
         self._current_fd: int | None = None
         self._current_id = -1
         self._json_cache: dict[str, str] = {}
+        # Issued ops whose Work the watchdog polls until it reports completion.
+        self._works: dict[int, tuple[OpRecord, Any]] = {}
         if out_dir is not None:
             self._current_fd = os.open(current_op_path(out_dir, rank), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
 
@@ -169,6 +172,22 @@ class Probe:
             end = f"{record.record_id} {record.state} {record.t_end!r}".encode()
             os.pwrite(self._current_fd, end.ljust(CURRENT_END_BYTES), CURRENT_OP_BYTES)
 
+    def watch_work(self, record: OpRecord, work: Any) -> None:
+        """Poll ``work.is_completed()`` until the op ends (NCCL: when the GPU finished it)."""
+        if record.in_flight:
+            with self._lock:
+                self._works[record.record_id] = (record, work)
+
+    def poll_works(self) -> None:
+        with self._lock:
+            pending = list(self._works.items())
+        for record_id, (record, work) in pending:
+            if record.in_flight and work.is_completed():
+                self.end_op(record, ok=work_succeeded(work))
+            if not record.in_flight:
+                with self._lock:
+                    self._works.pop(record_id, None)
+
     def mark_waiting(self, record: OpRecord) -> None:
         """An async op's handle is being waited on: from now on the rank is blocked by it."""
         if record.state == "scheduled":
@@ -187,6 +206,11 @@ class Probe:
     def compute_begin(self) -> None:
         self.compute_calls += 1
         self.last_compute = time.time()
+
+    def eval_begin(self) -> None:
+        """A forward pass without gradients (or of a module in eval mode): an evaluation, not a step."""
+        self.compute_calls += 1
+        self.last_compute = self.last_eval = time.time()
 
     def step(self) -> None:
         now = time.time()
@@ -224,6 +248,7 @@ class Probe:
             activity=dict(self.activity),
             compute_calls=self.compute_calls,
             last_compute=self.last_compute,
+            last_eval=self.last_eval,
             steps=self.steps,
             last_step=self.last_step,
             step_times=list(self.step_times),
@@ -260,6 +285,7 @@ class Probe:
 
     def _watch(self) -> None:
         while not self._stop.wait(self.tick_s):
+            self.poll_works()
             self.check_stall()
             self.answer_dump_request()
             try:
@@ -290,6 +316,14 @@ class Probe:
         self.stacks = python_stacks()
         self.write_snapshot()
         dump_flight_recorder(self.out_dir / FR_DIR, self.rank)
+
+
+def work_succeeded(work: Any) -> bool:
+    try:
+        return work.exception() is None
+    except (RuntimeError, ValueError):
+        # Backends that keep no exception object say so by raising; completion is all they report.
+        return True
 
 
 def _json_int(value: int | None) -> str:

@@ -119,6 +119,7 @@ class RankSnapshot:
     activity: dict[str, Any] = field(default_factory=dict)
     compute_calls: int = 0
     last_compute: float | None = None
+    last_eval: float | None = None
     steps: int = 0
     last_step: float | None = None
     step_times: list[float] = field(default_factory=list)

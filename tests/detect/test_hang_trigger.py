@@ -1,0 +1,66 @@
+"""Hang triggers on hand-made rank snapshots: progress without op records, adaptive step limits,
+and the long pauses that are not hangs (checkpoint, evaluation, warm-up, a finished rank)."""
+
+from __future__ import annotations
+
+from vigil.detect.hang import HangTrigger
+from vigil.sources.probe.records import OpRecord, RankSnapshot
+
+T0 = 1000.0
+
+
+def snap(rank: int, *, last_step: float | None, steps: int = 5, step_time: float = 0.5,
+         last_compute: float | None = None, last_eval: float | None = None, finished: bool = False,
+         ops: list[OpRecord] | None = None, activity: dict[str, object] | None = None) -> RankSnapshot:
+    return RankSnapshot(rank=rank, world_size=3, pid=100 + rank, host="h", heartbeat=T0 + 100, started=T0,
+                        steps=steps, last_step=last_step, step_times=[step_time] * 4, last_compute=last_compute,
+                        last_eval=last_eval, finished=finished, ops=ops or [], activity=activity or {})
+
+
+def test_steps_stop_and_peers_idle_is_a_hang_without_any_op_record() -> None:
+    trigger = HangTrigger(hang_timeout_s=3.0)
+    now = T0 + 60
+    snaps = {0: snap(0, last_step=now - 10, last_compute=now - 9.5),
+             1: snap(1, last_step=now - 10, last_compute=now - 0.1),
+             2: snap(2, last_step=now - 10, last_compute=now - 9.5)}
+    reason = trigger.stall(snaps, {0, 1, 2}, now)
+    assert reason is not None and "rank(s) [0, 2] neither compute nor communicate" in reason
+
+
+def test_step_limit_adapts_to_the_jobs_step_times() -> None:
+    trigger = HangTrigger(hang_timeout_s=3.0)
+    now = T0 + 60
+    slow = {r: snap(r, last_step=now - 10, last_compute=now - 9.5, step_time=4.0) for r in range(3)}
+    assert trigger.step_timeout(slow) == 16.0
+    assert trigger.stall(slow, {0, 1, 2}, now) is None
+    assert trigger.stall(slow, {0, 1, 2}, now + 7) is not None
+
+
+def test_evaluation_checkpoint_warmup_and_finished_ranks_are_not_hangs() -> None:
+    trigger = HangTrigger(hang_timeout_s=3.0, startup_grace_s=60.0)
+    now = T0 + 60
+    waiting = OpRecord(record_id=7, group="0", group_ranks=[0, 1, 2], kind="collective", seq=9, op="barrier",
+                       state="started", t_start=now - 20, timeout_s=3.0)
+    evaluating = {0: snap(0, last_step=now - 20, last_eval=now - 0.2, last_compute=now - 0.2),
+                  1: snap(1, last_step=now - 20, last_compute=now - 19, ops=[waiting]),
+                  2: snap(2, last_step=now - 20, last_compute=now - 19, ops=[waiting])}
+    assert trigger.stall(evaluating, {0, 1, 2}, now) is None
+    saving = dict(evaluating)
+    saving[0] = snap(0, last_step=now - 20, activity={"kind": "checkpoint", "since": now - 19})
+    assert trigger.stall(saving, {0, 1, 2}, now) is None
+    warming_up = {r: snap(r, last_step=None, steps=0, ops=[waiting] if r else []) for r in range(3)}
+    assert trigger.stall(warming_up, {0, 1, 2}, T0 + 30) is None
+    assert trigger.stall(warming_up, {0, 1, 2}, T0 + 61) is not None
+    done = {r: snap(r, last_step=now - 20, finished=True) for r in range(3)}
+    assert trigger.stall(done, {0, 1, 2}, now) is None
+
+
+def test_op_past_its_timeout_while_the_job_is_still_names_the_op() -> None:
+    trigger = HangTrigger(hang_timeout_s=3.0)
+    now = T0 + 60
+    waiting = OpRecord(record_id=7, group="0", group_ranks=[0, 1], kind="collective", seq=9, op="all_reduce",
+                       state="started", t_start=now - 4, timeout_s=3.0)
+    snaps = {0: snap(0, last_step=now - 5, last_compute=now - 4.5, ops=[waiting]),
+             1: snap(1, last_step=now - 5, last_compute=now - 0.1)}
+    reason = trigger.stall(snaps, {0, 1}, now)
+    assert reason is not None and "rank 0 has waited 4.0 s in all_reduce #9" in reason
