@@ -90,8 +90,43 @@ def test_no_root_only_symptoms(tmp_path: Path) -> None:
                                          "timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE, ...) ran for 600000 ms\n")
     (tmp_path / "rank_1.log").write_text("2026-01-01 00:00:00,000 INFO step 4\n")
     result = triage(tmp_path)
-    assert result.root is None and result.silent_ranks == [1]
-    assert "silent ranks [1]" in result.summary
+    # no root signature: the symptom is named (never nothing), and said to be one
+    assert result.root is not None and (result.root.source, result.root.lineno) == ("rank_0.log", 1)
+    assert result.root_basis == "symptom" and result.probable_cause is None and result.silent_ranks == [1]
+    assert "earliest symptom" in result.summary and "silent ranks [1]" in result.summary
+
+
+def test_unknown_error_wording_beats_an_earlier_symptom(tmp_path: Path) -> None:
+    (tmp_path / "rank_0.log").write_text(
+        "2026-01-01 00:00:01,000 [E ProcessGroupNCCL.cpp:100] Watchdog caught collective operation timeout\n")
+    (tmp_path / "rank_1.log").write_text(
+        "2026-01-01 00:00:00,000 INFO step 4\n"
+        "2026-01-01 00:00:05,000 node7:11:12 [1] misc/socket.cc:483 NCCL WARN socketStartConnect: Connect to "
+        "10.0.0.2<45763> failed : Software caused connection abort\n"
+        "2026-01-01 00:00:05,000 node7:11:12 [1] NCCL INFO misc/socket.cc:564 -> 2\n")
+    result = triage(tmp_path)
+    assert result.root is not None and (result.root.source, result.root.lineno) == ("rank_1.log", 2)
+    assert result.root_basis == "error_wording" and result.root.fault_type == "unclassified_error"
+
+
+def test_a_timeout_is_the_last_choice_among_symptoms(tmp_path: Path) -> None:
+    (tmp_path / "rank_0.log").write_text(
+        "2026-01-01 00:00:01,000 Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE\n")
+    (tmp_path / "rank_1.log").write_text(
+        "2026-01-01 00:00:09,000 RuntimeError: [gloo/transport/tcp/pair.cc:799] connect [10.0.0.3]:13195: "
+        "Connection refused\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.source == "rank_1.log" and result.root_basis == "symptom"
+
+
+def test_the_kernel_assertion_printed_after_the_host_error_is_the_root(tmp_path: Path) -> None:
+    (tmp_path / "rank_0.log").write_text(
+        "RuntimeError: CUDA error: device-side assert triggered\n"
+        "For debugging consider passing CUDA_LAUNCH_BLOCKING=1.\n"
+        "/pytorch/aten/src/ATen/native/cuda/IndexKernel.cu:92: operator(): block: [0,0,0], thread: [3,0,0] "
+        "Assertion `index >= -sizes[i] && index < sizes[i] && \"index out of bounds\"` failed.\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.lineno == 3 and result.root.signature == "cuda.kernel_assert"
 
 
 def test_bad_directory_is_a_clear_error(tmp_path: Path) -> None:

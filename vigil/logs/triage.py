@@ -8,7 +8,10 @@ each line against the signature library, and decides:
   exceptions, ...), the earliest; within ``tie_s`` seconds of it the most specific signature wins
   (hardware before CUDA before a generic exception). A line without a timestamp (a traceback line)
   happened between the stamps above and below it; it takes the one below (the last one above when
-  nothing follows), so an unstamped error never looks earlier than it can have been.
+  nothing follows), so an unstamped error never looks earlier than it can have been. When no signature
+  names a root, the earliest line that reads as a specific error (:mod:`vigil.logs.severity`: an exception
+  class, an NCCL WARN, a failed call) is the root; failing that, the earliest symptom, preferring one that
+  is not a timeout or watchdog report (``root_basis`` says which of the three named it).
 * cascade: every other error line - symptoms on healthy ranks (NCCL watchdog timeouts, closed
   connections, launcher reports) and later errors - one per rank and fault type, with a count.
 * machine faults: kernel-log errors (Xid, link down, OOM killer, AER) near the root's time, tied to
@@ -33,12 +36,21 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from vigil.logs.miner import read_lines
+from vigil.logs.severity import SPECIFIC, strength
 from vigil.logs.signatures import SignatureMatcher, load_signatures
 from vigil.logs.sources import LINE_RANK_PREFIX, LogSource, discover, entity_name
 from vigil.logs.timestamps import line_time
 from vigil.model import Evidence, FaultLevel, node_id, rank_id
 
 MAX_LINE_CHARS = 2000
+# A line no signature knows but that reads as an error is kept for the fallback; a chatty log keeps its first few.
+MAX_WORDED_PER_FILE = 200
+WORDED_SIGNATURE = "generic.error_wording"
+WORDED_FAULT = "unclassified_error"
+# A more specific report of the same fault this many lines below the first one replaces it.
+SAME_REPORT_LINES = 12
+# Symptoms that every healthy rank prints once another one is gone: the last choice for a root.
+ECHO_FAULTS = frozenset({"nccl_collective_timeout", "nccl_watchdog_hang", "launcher_child_failed"})
 # Kernel-log faults this long before the root (or shortly after it) are linked to it.
 MACHINE_WINDOW_BEFORE_S = 600.0
 MACHINE_WINDOW_AFTER_S = 120.0
@@ -68,12 +80,18 @@ class LogEvent(BaseModel):
     count: int = 1
 
 
+RootBasis = Literal["signature", "error_wording", "symptom"]
+
+
 class TriageResult(BaseModel):
     """The verdict on a failed job's logs."""
 
     job: str
     directory: str
     root: LogEvent | None
+    root_basis: RootBasis | None = Field(
+        default=None, description="what named the root: a root signature, the generic error wording of a "
+                                  "line no signature knows, or (last resort) the earliest symptom")
     probable_cause: str | None = Field(description="fault type of the root, or of a linked machine fault")
     cascade: list[LogEvent] = Field(default_factory=list)
     machine_faults: list[LogEvent] = Field(default_factory=list)
@@ -110,6 +128,7 @@ class _Scan:
 
     source: LogSource
     events: list[LogEvent] = field(default_factory=list)
+    worded: list[LogEvent] = field(default_factory=list)  # lines no signature knows that read as errors
     lines: int = 0
     hosts: dict[int, str] = field(default_factory=dict)
     pids: dict[tuple[str, int], int] = field(default_factory=dict)  # (host, pid) -> rank
@@ -223,16 +242,22 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
                 scan.pids[(origin["host"], int(origin["pid"]))] = rank
             hit = matcher.match(line)
             if hit is None:
+                if len(scan.worded) < MAX_WORDED_PER_FILE and (grade := strength(line)):
+                    scan.worded.append(LogEvent(
+                        source=source.name, lineno=lineno, ts=ts, entity=_entity(source, job, rank), rank=rank,
+                        node=source.node, signature=WORDED_SIGNATURE, fault_type=WORDED_FAULT,
+                        level=FaultLevel.OBSERVE, role="root", line=line[:MAX_LINE_CHARS],
+                        attrs={"strength": grade}))
+                    if stamp is None:
+                        untimed.append(scan.worded[-1])
                 continue
             attrs = dict(hit.attrs)
             if frames and hit.signature.role == "root":
                 attrs.update(_traceback_attrs(frames))
                 frames = []
-            node = source.node
-            entity = (node_id(node) if source.kind == "node" and node
-                      else rank_id(job, rank) if rank is not None else f"job/{job}")
             event = LogEvent(
-                source=source.name, lineno=lineno, ts=ts, entity=entity, rank=rank, node=node,
+                source=source.name, lineno=lineno, ts=ts, entity=_entity(source, job, rank), rank=rank,
+                node=source.node,
                 signature=hit.signature.id, fault_type=hit.fault_type, level=hit.level,
                 role=hit.signature.role, line=line[:MAX_LINE_CHARS], attrs=attrs,
             )
@@ -241,6 +266,12 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
             scan.events.append(event)
     scan.lines = lineno
     return scan
+
+
+def _entity(source: LogSource, job: str, rank: int | None) -> str:
+    if source.kind == "node" and source.node:
+        return node_id(source.node)
+    return rank_id(job, rank) if rank is not None else f"job/{job}"
 
 
 def _traceback_attrs(frames: list[dict[str, Any]]) -> dict[str, Any]:
@@ -280,7 +311,9 @@ def decide(scans: list[_Scan], job: str, directory: Path, tie_s: float = 1.0) ->
         _link_launcher_event(event, job, single_node)
         if event.rank is not None and event.node is None and event.rank in hosts:
             event.node = entity_name(hosts[event.rank], "") or None
-    root = _pick_root(events, priority, tie_s)
+    root, basis = _pick_root(events, priority, tie_s)
+    if root is None:
+        root, basis = _fallback_root([e for scan in scans for e in scan.worded], events)
     if root is not None and root.rank is None and root.entity.startswith("node/"):
         _attribute_to_rank(root, events)
     rank_events = [e for e in events if not e.entity.startswith("node/")]
@@ -290,14 +323,15 @@ def decide(scans: list[_Scan], job: str, directory: Path, tie_s: float = 1.0) ->
                         [e for e in node_events if e not in machine])
     erring = {e.rank for e in events if e.rank is not None}
     silent = sorted(ranks - erring) if erring else []
-    probable = root.fault_type if root else None
+    # a root named by its wording or as a symptom says nothing about the fault
+    probable = root.fault_type if root is not None and basis == "signature" else None
     if root is not None and not root.entity.startswith("node/"):
         serious = [m for m in machine if m.level >= FaultLevel.DRAIN
                    and (root.node is None or m.node in (root.node, "unknown"))]
         if serious:
             probable = max(serious, key=lambda m: m.level).fault_type
     result = TriageResult(
-        job=job, directory=str(directory), root=root, probable_cause=probable, cascade=cascade,
+        job=job, directory=str(directory), root=root, root_basis=basis, probable_cause=probable, cascade=cascade,
         machine_faults=machine, silent_ranks=silent, ranks=sorted(ranks),
         nodes=sorted({s.source.node for s in scans if s.source.kind == "node" and s.source.node}),
         files=len(scans), lines=sum(s.lines for s in scans), error_lines=len(events),
@@ -355,22 +389,45 @@ def _attribute_to_rank(root: LogEvent, events: list[LogEvent]) -> None:
         root.attrs["rank_from"] = "same fault reported by the rank"
 
 
-def _pick_root(events: list[LogEvent], priority: dict[str, int], tie_s: float) -> LogEvent | None:
+def _pick_root(events: list[LogEvent], priority: dict[str, int],
+               tie_s: float) -> tuple[LogEvent | None, RootBasis | None]:
     # A process reports its own failure in order: within one file only the first root-like line counts
-    # (an abort after an exception, a RuntimeError after a device-side assert are its consequences).
+    # (an abort after an exception, a RuntimeError after a device-side assert are its consequences) -
+    # unless a few lines below it the same fault is named more specifically (the kernel's assertion,
+    # flushed after the host's "device-side assert triggered").
+    last = len(priority)
     first_per_source: dict[str, LogEvent] = {}
     for event in events:
-        if event.role == "root" and event.source not in first_per_source:
+        if event.role != "root":
+            continue
+        first = first_per_source.get(event.source)
+        if first is None or (event.fault_type == first.fault_type
+                             and event.lineno - first.lineno <= SAME_REPORT_LINES
+                             and priority.get(event.signature, last) < priority.get(first.signature, last)):
             first_per_source[event.source] = event
     roots = list(first_per_source.values())
     if not roots:
-        return None
+        return None, None
     timed = [e for e in roots if e.ts is not None]
     if timed:
-        first = min(e.ts for e in timed if e.ts is not None)
-        roots = [e for e in timed if e.ts is not None and e.ts <= first + tie_s]
-    last = len(priority)
-    return min(roots, key=lambda e: (priority.get(e.signature, last), e.ts or 0.0, e.source, e.lineno))
+        first_ts = min(e.ts for e in timed if e.ts is not None)
+        roots = [e for e in timed if e.ts is not None and e.ts <= first_ts + tie_s]
+    return min(roots, key=lambda e: (priority.get(e.signature, last), e.ts or 0.0, e.source, e.lineno)), "signature"
+
+
+def _fallback_root(worded: list[LogEvent],
+                   symptoms: list[LogEvent]) -> tuple[LogEvent | None, RootBasis | None]:
+    """No signature names a root: the earliest specific error wording, else the earliest symptom that is not a
+    timeout or watchdog report, else the earliest symptom, else the earliest generic error wording."""
+    specific = [e for e in worded if e.attrs.get("strength") == SPECIFIC]
+    if specific:
+        return min(specific, key=_time_order), "error_wording"
+    direct = [e for e in symptoms if e.fault_type not in ECHO_FAULTS]
+    if direct or symptoms:
+        return min(direct or symptoms, key=_time_order), "symptom"
+    if worded:
+        return min(worded, key=_time_order), "error_wording"
+    return None, None
 
 
 def _near(node_events: list[LogEvent], root: LogEvent | None) -> list[LogEvent]:
@@ -403,10 +460,17 @@ def _summary(result: TriageResult) -> str:
             return f"no root error found, only symptoms ({len(result.cascade)} cascade events){where}"
         return "no error lines found"
     who = f"rank {root.rank}" if root.rank is not None else root.entity
-    text = f"root error on {who}: {root.fault_type} ({root.signature}) at {root.source}:{root.lineno}"
+    if result.root_basis == "signature":
+        text = f"root error on {who}: {root.fault_type} ({root.signature}) at {root.source}:{root.lineno}"
+    elif result.root_basis == "symptom":
+        text = f"no root signature; earliest symptom on {who}: {root.fault_type} at {root.source}:{root.lineno}"
+    else:
+        text = f"no root signature; earliest error line on {who} at {root.source}:{root.lineno}"
     if result.probable_cause and result.probable_cause != root.fault_type:
         text += f"; linked machine fault: {result.probable_cause}"
     if result.cascade:
         affected = len({e.entity for e in result.cascade})
         text += f"; cascade on {affected} other entities"
+    if result.root_basis != "signature" and result.silent_ranks:
+        text += f"; silent ranks {result.silent_ranks}"
     return text

@@ -1,0 +1,34 @@
+"""The corpus of real failure logs from public issue threads: its index is consistent, and triage names the
+root line of every development case (the held-out cases are measured in bench/logs.py, never tuned on)."""
+
+from __future__ import annotations
+
+import pytest
+
+from vigil.logs.triage import triage
+from vigil_eval.realcorpus import CORPUS, load_cases, split_of
+
+CASES = load_cases()
+
+
+def test_index_is_consistent() -> None:
+    assert len(CASES) >= 40 and len({c.id for c in CASES}) == len(CASES)
+    assert {c.split for c in CASES} == {"development", "held_out"}
+    listed = {c.id for c in CASES}
+    assert listed == {p.name for p in CORPUS.iterdir() if p.is_dir()}
+    for case in CASES:
+        lines = (case.directory / case.root_file).read_text(encoding="utf-8").splitlines()
+        assert 1 <= case.root_line <= len(lines) and lines[case.root_line - 1].strip(), case.id
+        assert case.source.startswith("https://github.com/") and case.why
+
+
+def test_split_is_a_function_of_the_id_alone() -> None:
+    assert split_of("any-case") == split_of("any-case")
+    assert sum(split_of(f"case-{i}") == "held_out" for i in range(300)) in range(70, 130)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.split == "development"], ids=lambda c: c.id)
+def test_triage_names_the_root_line_of_a_development_case(case) -> None:  # type: ignore[no-untyped-def]
+    result = triage(case.directory, job=case.id, workers=1)
+    assert result.root is not None, result.summary
+    assert case.accepts(result), f"named {result.root.source}:{result.root.lineno}: {result.root.line[:120]}"

@@ -1,0 +1,45 @@
+"""How strongly a log line that no signature knows reads as an error: the generic fallback of triage.
+
+When no signature names a root line, triage still names the earliest, most specific error line rather than
+nothing. ``strength`` grades a line from its wording alone, with nothing specific to one library:
+
+* 2, specific: the line names what failed - an exception class with its message (``DistNetworkError: ...``),
+  an NCCL ``WARN``, a failed assertion, an ``ERROR`` / ``[E...]`` severity tag, "... failed:", "Fatal",
+  a process reported ``Killed``.
+* 1, generic: only an error word ("error", "failure", "exception") - or a specific line that reads as the
+  echo of a failure elsewhere (a timeout, a watchdog, a closing signal), which is what every healthy peer
+  prints once one rank is gone.
+* 0: not an error line (NCCL ``INFO`` unwinding such as ``net.cc:1302 -> 6``, traceback frames).
+"""
+
+from __future__ import annotations
+
+import re
+
+SPECIFIC = 2
+GENERIC = 1
+
+_NOT_AN_ERROR = re.compile(
+    r"NCCL INFO|^\s*File \"|^\s*frame #\d+|Traceback \(most recent call last\)"
+)
+_SPECIFIC = re.compile(
+    r"NCCL WARN"
+    r"|\b[A-Z][A-Za-z]*(?:Error|Exception|Failure)\b(?::|\s*$)"
+    r"|\bAssertion\b.*\bfailed\b"
+    r"|\bFatal\b|\bFATAL\b|\bpanic\b|\bAborted\b"
+    r"|(?:^|[\s\]|])Killed\.?\s*$"
+    r"|^\[?E\d{4} |\[E [\w.]+:\d+\]|\[ERROR\]|\bERROR\b"
+    r"|\b(?:failed|cannot|could not|unable to)\b"
+)
+_GENERIC = re.compile(r"(?i)\b(?:error|errors|failure|exception)\b")
+# What a healthy peer prints once the failing rank is gone: never more than generic.
+_ECHO = re.compile(r"(?i)time(?:d)? ?out|watchdog|closing signal|SIGTERM|ChildFailedError|heartbeat")
+
+
+def strength(line: str) -> int:
+    """0 (not an error), GENERIC or SPECIFIC, from the wording of one line."""
+    if _NOT_AN_ERROR.search(line):
+        return 0
+    if _SPECIFIC.search(line):
+        return GENERIC if _ECHO.search(line) else SPECIFIC
+    return GENERIC if _GENERIC.search(line) else 0

@@ -1,0 +1,77 @@
+"""The corpus of real failure logs from public issue threads (tests/fixtures/logs/real), and triage's score on it.
+
+Each case is a small directory of excerpts (a job log, a node's dmesg) with its source, its root line and why
+that line is the root (``index.yaml``). The split into development and held-out cases is fixed by the case id
+alone (:func:`split_of`), so it was decided before any result was seen; triage's rules are tuned on the
+development part only, and the held-out part is reported separately.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import yaml
+
+from vigil.logs.triage import TriageResult, triage
+
+REPO = Path(__file__).resolve().parents[1]
+CORPUS = REPO / "tests" / "fixtures" / "logs" / "real"
+Split = Literal["development", "held_out"]
+
+
+def split_of(case_id: str) -> Split:
+    """Held out when the SHA-256 of the id is divisible by 3 (about a third of the cases)."""
+    return "held_out" if int(hashlib.sha256(case_id.encode()).hexdigest(), 16) % 3 == 0 else "development"
+
+
+@dataclass(frozen=True)
+class RealCase:
+    id: str
+    source: str
+    category: str
+    split: Split
+    directory: Path
+    root_file: str
+    root_line: int
+    also_lines: tuple[int, ...]
+    why: str
+
+    def accepts(self, result: TriageResult) -> bool:
+        root = result.root
+        return (root is not None and root.source == self.root_file
+                and (root.lineno == self.root_line or root.lineno in self.also_lines))
+
+
+def load_cases(corpus: Path = CORPUS) -> list[RealCase]:
+    """Every case of the index, checked: the split recorded there must be the one :func:`split_of` gives."""
+    entries = yaml.safe_load((corpus / "index.yaml").read_text(encoding="utf-8"))
+    cases = []
+    for entry in entries:
+        split = split_of(entry["id"])
+        if entry["split"] != split:
+            raise ValueError(f"{corpus / 'index.yaml'}: case {entry['id']!r} says split {entry['split']!r}, "
+                             f"the rule gives {split!r}")
+        cases.append(RealCase(
+            id=entry["id"], source=entry["source"], category=entry["category"], split=split,
+            directory=corpus / entry["id"], root_file=entry["root"]["file"], root_line=int(entry["root"]["line"]),
+            also_lines=tuple(int(n) for n in entry.get("also_lines", ())), why=entry["why"],
+        ))
+    return cases
+
+
+@dataclass(frozen=True)
+class CaseOutcome:
+    case: RealCase
+    right: bool
+    named: str | None  # file:line triage named as the root, None when it named none
+
+
+def evaluate(cases: list[RealCase]) -> Iterator[CaseOutcome]:
+    for case in cases:
+        result = triage(case.directory, job=case.id, workers=1)
+        named = None if result.root is None else f"{result.root.source}:{result.root.lineno}"
+        yield CaseOutcome(case, case.accepts(result), named)
