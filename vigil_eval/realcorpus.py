@@ -68,10 +68,11 @@ class CaseOutcome:
     case: RealCase
     right: bool
     named: str | None  # file:line triage named as the root, None when it named none
+    basis: str | None  # what named it (TriageResult.root_basis)
 
 
 def evaluate(cases: list[RealCase]) -> Iterator[CaseOutcome]:
     for case in cases:
         result = triage(case.directory, job=case.id, workers=1)
         named = None if result.root is None else f"{result.root.source}:{result.root.lineno}"
-        yield CaseOutcome(case, case.accepts(result), named)
+        yield CaseOutcome(case, case.accepts(result), named, result.root_basis)
