@@ -29,8 +29,6 @@ _ALTERNATIVES = [
     r"[\[(<'\"]?~?/(?:[^\s/]+/)+[^\s]*",
     # Host and file names: dotted words ending in a short lowercase suffix (adelphia.net, libc.so, x.log).
     r"[\w\-]+(?:\.[\w\-]+)*\.[a-z]{2,4}(?=[\s)\]}>\"',;:]|$)",
-    # Empty brackets stand for an empty value.
-    r"(?<=\()(?=\))",
     # Any token that contains a digit: numbers, ids, IPs, hex, versions, sizes, durations.
     r"[^\s\d()\[\]{}<>\"',;:=]*+\d[^\s()\[\]{}<>\"',;:=]*+",
 ]

@@ -1,4 +1,4 @@
-"""Streaming log template miner: number-blind caches, masking, and similarity clustering of the rest.
+"""Streaming log template miner: number-blind caches, masking, and token-position statistics for the rest.
 
 How a block of lines finds its templates:
 
@@ -6,9 +6,17 @@ How a block of lines finds its templates:
    regex): almost every line of a long log hits it.
 2. For the misses, cache by the line with every number turned into a single 0.
 3. Only lines never seen in that form are masked by :mod:`vigil.logs.masking` (values become ``<*>``),
-   one representative per form, in one regex pass; the masked form is compared with the templates of
-   the same token count and first token, and the most similar one absorbs it when at most
-   ``1 - sim_threshold`` of its tokens differ (those become ``<*>``); otherwise it starts a template.
+   one representative per form, in one regex pass. A masked form that fits a known template (equal at
+   every position where the template has a word) joins it.
+4. The rest are grouped as Brain does (Yu et al., ICSE'23), with no similarity threshold: among the lines
+   of one length (this block's new forms weighted by their line counts, plus the templates already known
+   with theirs), each word is counted at its position. The words of a line that share the frequency most
+   of its words have - the pattern it has in common with its siblings - are its constants, as are words
+   more frequent than that; the positions below it are where the siblings differ. Such a position is a
+   variable when the siblings hold more than ``max_split_values`` different words there, and otherwise
+   splits them into separate templates (``opened`` / ``closed`` are two events, fifty user names are one
+   variable). The grouped form joins a known template when no word of the two conflicts (the template
+   is generalised where they differ), or starts a new one.
 
 Masking never looks at which digit a number has nor how many, which is what makes steps 1 and 2 exact.
 Memory is bounded: each cache is cleared when it reaches ``max_cache`` keys (it is rebuilt from the
@@ -22,6 +30,7 @@ import json
 import os
 import re
 import tempfile
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +39,7 @@ from typing import BinaryIO
 from vigil.logs.masking import WILDCARD, mask, tokenize
 from vigil.model import VigilInputError
 
-STATE_VERSION = 1
+STATE_VERSION = 2
 _DIGITS_TO_ZERO = str.maketrans("123456789", "000000000")
 _HAS_DIGIT = re.compile(r"\d")
 
@@ -42,14 +51,22 @@ def _one_zero_per_number(digitless: str) -> str:
     return digitless
 
 
+def _fits(tokens: tuple[str, ...], pattern: tuple[str | None, ...]) -> bool:
+    """Whether ``tokens`` hold every word of ``pattern`` (None: any token) at its place."""
+    return all(word is None or word == token for word, token in zip(pattern, tokens, strict=True))
+
+
 @dataclass
 class Template:
-    """One mined template: ``tokens`` with ``<*>`` at the variable positions."""
+    """One mined template: ``tokens`` with ``<*>`` at the variable positions. ``open`` are the positions where
+    the template's lines hold different words (they take any token); the other ``<*>`` are masked values, which
+    only a masked value matches - a word there is another event."""
 
     id: str
     tokens: list[str]
     size: int = 0
     last_seen: int = 0
+    open: set[int] = field(default_factory=set)
 
     @property
     def text(self) -> str:
@@ -66,14 +83,14 @@ class Match:
 class TemplateMiner:
     """Mines templates from a stream of log lines; ``add`` / ``add_block`` return one match per line."""
 
-    sim_threshold: float = 0.9
+    max_split_values: int = 3
     max_templates: int = 50_000
     max_cache: int = 200_000
     templates: dict[str, Template] = field(default_factory=dict)
     _cache: dict[str, Template] = field(default_factory=dict, repr=False)
     _digit_cache: dict[str, Template] = field(default_factory=dict, repr=False)
     _width_cache: dict[str, Template] = field(default_factory=dict, repr=False)
-    _by_shape: dict[tuple[int, str], list[Template]] = field(default_factory=dict, repr=False)
+    _by_length: dict[int, list[Template]] = field(default_factory=dict, repr=False)
     _next_id: int = 1
     _clock: int = 0
 
@@ -106,6 +123,8 @@ class TemplateMiner:
         missing = [i for i, template in enumerate(found) if template is None]
         if missing:
             self._resolve(flat, digitless, found, missing)
+        for template in found:  # line counts: the statistics the grouping of later forms weighs
+            template.size += 1  # type: ignore[union-attr]
         return found  # type: ignore[return-value]
 
     def _resolve(self, flat: list[str], digitless: list[str], found: list[Template | None],
@@ -119,17 +138,17 @@ class TemplateMiner:
             unseen = sorted(((key, j) for key, j in first_of.items() if key not in self._width_cache),
                             key=lambda item: item[1])  # learn in line order
             masked = mask("\n".join(flat[missing[j]] for _, j in unseen)).split("\n")
+            lines_of = Counter(widthless)
+            fresh = self._learn_forms(masked, [lines_of[width_key] for width_key, _ in unseen])
             learned: dict[str, Template] = {}
-            for (width_key, _), key in zip(unseen, masked, strict=True):
-                fresh = self._cache.get(key) or self._learn(key)
+            for (width_key, _), key, template in zip(unseen, masked, fresh, strict=True):
                 if not _HAS_DIGIT.search(key):  # else a digit survived: the number-free form is not a safe key
-                    learned[width_key] = fresh
+                    learned[width_key] = template
             self._remember_all(self._width_cache, learned)
             resolved = [t if t is not None else learned.get(k) for t, k in zip(resolved, widthless, strict=True)]
             for j, known in enumerate(resolved):
                 if known is None:  # rare: lines whose masked form keeps a digit
-                    key = mask(flat[missing[j]])
-                    resolved[j] = self._cache.get(key) or self._learn(key)
+                    resolved[j] = self._learn_forms([mask(flat[missing[j]])], [1])[0]
         safe = {k: t for k, t, w in zip(missing_digitless, resolved, widthless, strict=True) if w in self._width_cache}
         self._remember_all(self._digit_cache, safe)  # type: ignore[arg-type]
         for i, known in zip(missing, resolved, strict=True):
@@ -149,42 +168,119 @@ class TemplateMiner:
     def match(self, line: str) -> Match | None:
         """The template a line belongs to, without learning anything."""
         key = mask(line.replace("\n", " "))
-        template = self._cache.get(key) or self._best(tokenize(key), require_exact=True)
+        template = self._cache.get(key) or self._fitting(tokenize(key) or [""])
         return None if template is None else Match(template.id, template.text)
 
-    def _learn(self, key: str) -> Template:
-        tokens = tokenize(key) or [""]
-        template = self._best(tokens, require_exact=False)
-        if template is None:
-            template = self._create(tokens)
-        else:
-            self._generalize(template, tokens)
-        template.size += 1
-        template.last_seen = self._clock
-        self._remember(self._cache, key, template)
-        return template
+    def _learn_forms(self, keys: list[str], lines: list[int]) -> list[Template]:
+        """The template of each masked form (``lines``: how many lines of this block have it)."""
+        found: list[Template | None] = []
+        new: list[int] = []
+        for i, key in enumerate(keys):
+            known = self._cache.get(key) or self._fitting(tokenize(key) or [""])
+            found.append(known)
+            if known is None:
+                new.append(i)
+        if new:
+            grouped = self._group([tokenize(keys[i]) or [""] for i in new], [lines[i] for i in new])
+            for i, (tokens, open_positions) in zip(new, grouped, strict=True):
+                found[i] = self._absorb(tokens, open_positions)
+        for key, template in zip(keys, found, strict=True):
+            template.last_seen = self._clock  # type: ignore[union-attr]
+            self._remember(self._cache, key, template)  # type: ignore[arg-type]
+        return found  # type: ignore[return-value]
 
-    @staticmethod
-    def _shape(tokens: list[str]) -> tuple[int, str]:
-        first = tokens[0] if tokens else ""
-        return (len(tokens), first)
-
-    def _best(self, tokens: list[str], require_exact: bool) -> Template | None:
-        candidates = self._by_shape.get(self._shape(tokens), [])
-        if tokens and tokens[0] != WILDCARD:
-            candidates = candidates + self._by_shape.get((len(tokens), WILDCARD), [])
+    def _fitting(self, tokens: list[str]) -> Template | None:
+        """The template whose every word is at its place in ``tokens`` (the most specific one)."""
         best: Template | None = None
-        best_score = -1.0
-        allowed = int(len(tokens) * (1.0 - self.sim_threshold) + 1e-9)
-        for template in candidates:
-            same = sum(1 for mine, theirs in zip(template.tokens, tokens, strict=True)
-                       if mine in (theirs, WILDCARD))
-            differing = len(tokens) - same
-            if differing > (0 if require_exact else allowed):
-                continue
-            score = same / max(len(tokens), 1)
-            if score > best_score:
-                best, best_score = template, score
+        best_words = -1
+        for template in self._by_length.get(len(tokens), ()):
+            words = 0
+            for position, (mine, theirs) in enumerate(zip(template.tokens, tokens, strict=True)):
+                if position in template.open:
+                    continue
+                if mine != theirs:
+                    break
+                words += mine != WILDCARD
+            else:
+                if words > best_words:
+                    best, best_words = template, words
+        return best
+
+    def _group(self, forms: list[list[str]], lines: list[int]) -> list[tuple[list[str], set[int]]]:
+        """Each new form with ``<*>`` at the positions where its siblings vary, and those positions (see the
+        module docstring)."""
+        grouped: list[tuple[list[str], set[int]]] = [([], set()) for _ in forms]
+        by_length: dict[int, list[int]] = defaultdict(list)
+        for i, tokens in enumerate(forms):
+            by_length[len(tokens)].append(i)
+        families: list[tuple[list[int], list[tuple[str, ...]], dict[tuple[str | None, ...], list[int]]]] = []
+        for length, members in by_length.items():
+            known = [tuple(WILDCARD if p in t.open else w for p, w in enumerate(t.tokens))
+                     for t in self._by_length.get(length, ())]
+            weights = [max(t.size, 1) for t in self._by_length.get(length, ())]
+            counts = [Counter[str]() for _ in range(length)]
+            weighted: list[tuple[tuple[str, ...], int]] = [(tuple(forms[i]), lines[i]) for i in members]
+            for words, weight in weighted + list(zip(known, weights, strict=True)):
+                for position, token in enumerate(words):
+                    counts[position][token] += weight
+            patterns: dict[tuple[str | None, ...], list[int]] = defaultdict(list)
+            for i in members:
+                # masked values are no words: they take no part in the pattern, and stay variables
+                frequency = [0 if token == WILDCARD else counts[p][token] for p, token in enumerate(forms[i])]
+                shared = Counter(f for f in frequency if f)
+                common = max(shared, key=lambda f: (shared[f], f)) if shared else 0
+                pattern = tuple(token if f >= common else None for token, f in zip(forms[i], frequency, strict=True))
+                patterns[pattern].append(i)
+            families.append((members, known, patterns))
+        # A word that varies in more than one pattern names an entity (a user, a host) that recurs in different
+        # messages: a value. A word set that only one message varies over is more likely an enumeration.
+        patterns_of: dict[str, set[tuple[str | None, ...]]] = defaultdict(set)
+        for _, _, patterns in families:
+            for pattern, siblings in patterns.items():
+                for p, word in enumerate(pattern):
+                    if word is None:
+                        for i in siblings:
+                            patterns_of[forms[i][p]].add(pattern)
+        for _, known, patterns in families:
+            for pattern, siblings in patterns.items():
+                variable = set()
+                fitting = [t for t in known if _fits(t, pattern)]
+                for p in (p for p, word in enumerate(pattern) if word is None):
+                    values = {forms[i][p] for i in siblings}
+                    values.update(t[p] for t in fitting)
+                    roaming = sum(len(patterns_of[value]) > 1 for value in values if WILDCARD not in value)
+                    # a masked value at one position (alone or in a word: "(<*>)") and words at another
+                    # line's same position: the position holds values
+                    if (len(values) > self.max_split_values or roaming > 1
+                            or (len(values) > 1 and any(WILDCARD in value for value in values))):
+                        variable.add(p)
+                for i in siblings:
+                    grouped[i] = ([WILDCARD if p in variable else token for p, token in enumerate(forms[i])],
+                                  variable)
+        return grouped
+
+    def _absorb(self, tokens: list[str], open_positions: set[int]) -> Template:
+        """The known template with which ``tokens`` conflict nowhere but at open positions (of either), made
+        open where they differ; or a new template."""
+        best: Template | None = None
+        best_words = -1
+        for template in self._by_length.get(len(tokens), ()):
+            words = 0
+            for position, (mine, theirs) in enumerate(zip(template.tokens, tokens, strict=True)):
+                if position in template.open or position in open_positions:
+                    continue
+                if mine != theirs:
+                    break
+                words += mine != WILDCARD
+            else:
+                if words > best_words:
+                    best, best_words = template, words
+        if best is None:
+            template = self._create(tokens)
+            template.open = set(open_positions)
+            return template
+        self._generalize(best, tokens)
+        best.open |= open_positions
         return best
 
     def _create(self, tokens: list[str]) -> Template:
@@ -193,20 +289,21 @@ class TemplateMiner:
         template = Template(id=f"t{self._next_id}", tokens=list(tokens))
         self._next_id += 1
         self.templates[template.id] = template
-        self._by_shape.setdefault(self._shape(tokens), []).append(template)
+        self._by_length.setdefault(len(tokens), []).append(template)
         return template
 
     def _generalize(self, template: Template, tokens: list[str]) -> None:
         for i, token in enumerate(tokens):
-            if template.tokens[i] != token:
+            if template.tokens[i] != token or i in template.open:
                 template.tokens[i] = WILDCARD
+                template.open.add(i)
 
     def _evict(self) -> None:
         oldest = min(self.templates.values(), key=lambda t: t.last_seen)
         del self.templates[oldest.id]
-        for bucket in self._by_shape.values():
-            if oldest in bucket:
-                bucket.remove(oldest)
+        bucket = self._by_length.get(len(oldest.tokens), [])
+        if oldest in bucket:
+            bucket.remove(oldest)
         self._cache = {k: v for k, v in self._cache.items() if v is not oldest}
         self._digit_cache = {k: v for k, v in self._digit_cache.items() if v is not oldest}
         self._width_cache = {k: v for k, v in self._width_cache.items() if v is not oldest}
@@ -217,11 +314,11 @@ class TemplateMiner:
         """Write the templates atomically (a crash mid-write leaves the previous file intact)."""
         state = {
             "version": STATE_VERSION,
-            "sim_threshold": self.sim_threshold,
+            "max_split_values": self.max_split_values,
             "next_id": self._next_id,
             "clock": self._clock,
             "templates": [
-                {"id": t.id, "tokens": t.tokens, "size": t.size, "last_seen": t.last_seen}
+                {"id": t.id, "tokens": t.tokens, "size": t.size, "last_seen": t.last_seen, "open": sorted(t.open)}
                 for t in self.templates.values()
             ],
         }
@@ -238,17 +335,22 @@ class TemplateMiner:
             return cls(**params)  # type: ignore[arg-type]
         try:
             state = json.loads(path.read_text(encoding="utf-8"))
-            if state.get("version") != STATE_VERSION:
+            if state.get("version") not in (1, STATE_VERSION):
                 raise VigilInputError(
                     f"template state {path}: version {state.get('version')!r}, expected {STATE_VERSION}"
                 )
-            params.setdefault("sim_threshold", float(state["sim_threshold"]))
+            # version 1 held a similarity threshold; its templates load the same
+            params.setdefault("max_split_values", int(state.get("max_split_values", cls.max_split_values)))
             miner = cls(**params)  # type: ignore[arg-type]
             for item in state["templates"]:
                 tokens = [str(tok) for tok in item["tokens"]]
-                template = Template(str(item["id"]), tokens, int(item["size"]), int(item["last_seen"]))
+                # a version-1 template's <*> all came from merging lines: open
+                open_positions = (item["open"] if "open" in item
+                                  else [p for p, token in enumerate(tokens) if token == WILDCARD])
+                template = Template(str(item["id"]), tokens, int(item["size"]), int(item["last_seen"]),
+                                    {int(p) for p in open_positions})
                 miner.templates[template.id] = template
-                miner._by_shape.setdefault(cls._shape(tokens), []).append(template)
+                miner._by_length.setdefault(len(tokens), []).append(template)
             miner._next_id = int(state["next_id"])
             miner._clock = int(state["clock"])
         except (ValueError, KeyError, TypeError) as err:
