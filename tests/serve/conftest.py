@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -26,6 +27,16 @@ from vigil.sources.sim import SimConfig, SimRun, simulate
 from vigil.store.metrics import MetricFrame, MetricStore
 from vigil.store.sql import Store
 
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "tests" / "artifacts"
 TOKEN = "test-token-7f3a"
@@ -203,3 +214,41 @@ def fresh_database(postgres_url: str, name: str) -> str:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
         conn.execute(f'CREATE DATABASE "{name}"')
     return postgres_url.rsplit("/", 1)[0] + f"/{name}"
+
+
+@dataclass
+class BigCluster:
+    """The 10,000-GPU demo cluster (1,250 nodes x 8 GPUs), run through the same path as `vigil demo`."""
+
+    run: SimRun
+    store: Store
+    metrics: MetricStore
+    home: Path
+
+    def settings(self, **overrides: object) -> Settings:
+        values: dict[str, object] = {"home": self.home, "db_url": self.store.url, "api_token": TOKEN}
+        values.update(overrides)
+        return Settings(**values)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="session")
+def cluster_10k(tmp_path_factory: pytest.TempPathFactory) -> BigCluster:
+    """Built once per test session (about half a minute): every dashboard view is tested at this size."""
+    home = tmp_path_factory.mktemp("vigil-10k")
+    run = simulate(SimConfig(nodes=1250, gpus=8, minutes=30, seed=0))
+    store = Store(f"sqlite:///{home / 'vigil.db'}")
+    result = run_pipeline(run, store=store, metrics=MetricStore(home / "metrics"))
+    result.metrics.flush()
+    return BigCluster(run, store, result.metrics, home)
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    """Debian's Chromium, headless, driven by Playwright; one per test session."""
+    chromium = require_binary("/usr/bin/chromium")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        instance = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
+        yield instance
+        instance.close()

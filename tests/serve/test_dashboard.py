@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.serve.conftest import ARTIFACTS, STRAGGLER_RANK, TOKEN, SimCluster, require_binary, serve_in_thread
+from tests.serve.conftest import ARTIFACTS, STRAGGLER_RANK, TOKEN, SimCluster, serve_in_thread
 from vigil.faces.api.app import create_app
 from vigil.model import ActionStatus, FaultLevel
 from vigil.remedy.lifecycle import LifecycleStore, Trigger
@@ -17,16 +17,6 @@ from vigil.remedy.lifecycle import LifecycleStore, Trigger
 pytestmark = pytest.mark.slow
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "serve"
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 LIFECYCLE_NODE = "n006"
 
 
@@ -40,17 +30,6 @@ def site(cluster: SimCluster) -> Iterator[str]:
     app = create_app(cluster.store, cluster.metrics, cluster.settings(), launch_dirs=[FIXTURES], lifecycle=lifecycle)
     with serve_in_thread(app) as base_url:
         yield base_url
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    chromium = require_binary("/usr/bin/chromium")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        instance = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
-        yield instance
-        instance.close()
 
 
 @pytest.fixture

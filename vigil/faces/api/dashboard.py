@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from fastapi import APIRouter, HTTPException, Request, status
-from fastapi.responses import HTMLResponse
+from fastapi.responses import FileResponse, HTMLResponse
 from fastapi.templating import Jinja2Templates
 from markupsafe import Markup
 
@@ -226,6 +227,23 @@ def api_docs(request: Request) -> HTMLResponse:
     return _page(request, "api_docs.html", spec=spec, groups=sorted(groups.items()), schemas=schemas)
 
 
+TIMELINE_FILE = "timeline.json"  # the Chrome trace `vigil launch` writes beside its diagnosis.json
+
+
+def _run_view(name: str, path: Path) -> dict[str, Any]:
+    """What the run partial shows of one launch run: verdict, stack tree with its fork point, ring, ranks."""
+    report = load_hang_report(path)
+    return {
+        "report": report,
+        "tree": stack_tree(report.stacks, report.fork_point),
+        # Past a few dozen ranks a ring drawing is a blur; the rank table says the same.
+        "ring": Markup(svg.ring(report.world_size, report.culprit_links, report.culprit_ranks))
+        if report.world_size <= 64
+        else None,
+        "timeline": f"/hangs/{name}/{TIMELINE_FILE}" if (path.parent / TIMELINE_FILE).is_file() else "",
+    }
+
+
 @router.get("/jobs/{job}", response_class=HTMLResponse)
 def job_view(request: Request, job: str) -> HTMLResponse:
     ctx = _ctx(request)
@@ -241,7 +259,40 @@ def job_view(request: Request, job: str) -> HTMLResponse:
     # Without per-rank reports (the training probe sends them) the job's own step time is still worth a look.
     job_level = not data["ranks"] and any(v is not None for v in data["job_series"]["values"])
     chart = svg.step_time_chart({0: data["job_series"]} if job_level else data["ranks"])
-    return _page(request, "job.html", job=data["job"], chart=Markup(chart), medians=medians, job_level=job_level)
+    levels = {g["id"]: g["level"] for row in ctx.node_grid() for g in row["gpus"]}
+    placement = [
+        {"rank": rank, "gpu": gpu, "node": gpu.split("/")[1], "level": levels.get(gpu, 0)}
+        for rank, gpu in enumerate(data["job"]["placement"])
+    ]
+    slowest = None
+    if len(medians) > 1:
+        ordered = sorted(medians.values())
+        rank = max(medians, key=lambda r: medians[r])
+        slowest = {"rank": rank, "median": medians[rank], "ratio": medians[rank] / ordered[len(ordered) // 2]}
+    run = None
+    for name, path in sorted(ctx.hang_reports().items()):
+        try:
+            if load_hang_report(path).raw.get("job") == job:
+                run = {"name": name, **_run_view(name, path)}
+                break
+        except VigilInputError:
+            continue
+    rank_rows = {}
+    if run is not None:
+        rank_rows = {r["rank"]: r for r in run["report"].raw.get("ranks") or [] if isinstance(r, dict) and "rank" in r}
+    return _page(
+        request,
+        "job.html",
+        job=data["job"],
+        chart=Markup(chart),
+        medians=medians,
+        job_level=job_level,
+        placement=placement,
+        nodes=len({p["node"] for p in placement}),
+        slowest=slowest,
+        run=run,
+        rank_rows=rank_rows,
+    )
 
 
 @router.get("/hangs/{name}", response_class=HTMLResponse)
@@ -250,15 +301,16 @@ def hang_view(request: Request, name: str) -> HTMLResponse:
     path = ctx.hang_reports().get(name)
     if path is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no launch run {name!r}")
-    report = load_hang_report(path)
-    tree = stack_tree(report.stacks, report.fork_point)
-    return _page(
-        request,
-        "hang.html",
-        report=report,
-        tree=tree,
-        ring=Markup(svg.ring(report.world_size, report.culprit_links, report.culprit_ranks)),
-    )
+    return _page(request, "hang.html", **_run_view(name, path))
+
+
+@router.get(f"/hangs/{{name}}/{TIMELINE_FILE}")
+def hang_timeline(request: Request, name: str) -> FileResponse:
+    """The run's op timeline as a Chrome trace, for ui.perfetto.dev or chrome://tracing."""
+    path = _ctx(request).hang_reports().get(name)
+    if path is None or not (path.parent / TIMELINE_FILE).is_file():
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no op timeline for launch run {name!r}")
+    return FileResponse(path.parent / TIMELINE_FILE, media_type="application/json", filename=f"{name}-timeline.json")
 
 
 # What a GPU's and a node's pages plot, in dcgm-exporter's and Vigil's agent's names; a series the metrics

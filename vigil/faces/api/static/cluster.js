@@ -577,6 +577,7 @@ function connect() {
 window.vigilMap = {
   state: state,
   cell: (pos) => state.layout.cellOf.get(pos),
+  gpuId: gpuId,
   position: (entity) => { for (let p = 0; p < state.map.gpu_levels.length; p++) { if (gpuId(p) === entity) { return p; } } return -1; },
 };
 
