@@ -18,6 +18,7 @@ demo: $(STAMP)
 	$(BIN)/vigil demo
 
 test: $(STAMP)
+	bash .ci/debian-packages.sh
 	$(BIN)/python -m pytest -q tests
 
 test-fast: $(STAMP)

@@ -30,6 +30,13 @@ class Settings(BaseSettings):
     execute_actions: bool = Field(default=False, description="False = every actuator runs in dry-run")
     max_cordon_share: float = Field(default=0.1, ge=0.0, le=1.0)
     max_cordon_share_per_switch: float = Field(default=0.5, ge=0.0, le=1.0)
+    engine_interval_s: float = Field(default=5.0, gt=0, description="how often the live engine ticks")
+    resolve_after_s: float = Field(default=900.0, gt=0, description="quiet time before an incident resolves")
+    policies_file: str = Field(default="", description="remediation policies YAML; empty = the built-in ones")
+    alertmanager_url: str = Field(default="", description="Alertmanager to push incidents to; empty = off")
+    alert_resend_s: float = Field(default=60.0, gt=0, description="re-send open incidents this often")
+    alert_webhook_url: str = Field(default="", description="Slack-compatible webhook for incidents; empty = off")
+    external_url: str = Field(default="", description="this server's URL as people reach it (alert links)")
 
     def database_url(self) -> str:
         if self.db_url:

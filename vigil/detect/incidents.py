@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from vigil.model import (
@@ -20,7 +22,6 @@ from vigil.model import (
     Incident,
     IncidentStatus,
     Topology,
-    new_id,
     node_id,
     parse_entity,
     switch_id,
@@ -30,11 +31,17 @@ NETWORK_FAULTS = {"link_down", "link_flap", "nic_lost", "nic_speed_low", "rnic_g
 MAX_EVIDENCE = 50
 
 
+def incident_id_for(anchor: str, first: Anomaly) -> str:
+    """An incident's id from its anchor and first anomaly: the same anomaly seen again after a restart
+    lands in the same incident instead of a second one."""
+    return "inc-" + hashlib.sha1(f"{anchor}|{first.id}".encode()).hexdigest()[:16]
+
+
 @dataclass
 class _Group:
     anchor: str
+    id: str
     anomalies: list[Anomaly] = field(default_factory=list)
-    id: str = field(default_factory=lambda: new_id("inc"))
     merged_into: str | None = None
 
     @property
@@ -66,6 +73,12 @@ class IncidentGrouper:
         self.groups: list[_Group] = []
         self.observations: list[Anomaly] = []
         self._open: dict[str, _Group] = {}
+        self.set_topology(topology)
+
+    def set_topology(self, topology: Topology) -> None:
+        """Read placement and switches from a newer topology (a node registered, a job started); the
+        incidents being grouped stay."""
+        self.topology = topology
         self._switch_of = {n.id: n.switch for n in topology.nodes}
         self._job_nodes: dict[str, set[str]] = {}
         self._node_of_gpu: dict[str, str] = {}
@@ -108,7 +121,7 @@ class IncidentGrouper:
             if anomaly.level < self.min_level:
                 self.observations.append(anomaly)
                 return
-            group = _Group(anchor=anchor)
+            group = _Group(anchor=anchor, id=incident_id_for(anchor, anomaly))
             self.groups.append(group)
             self._open[anchor] = group
             if not anchor.startswith("job/"):
@@ -165,7 +178,8 @@ class IncidentGrouper:
         if existing is not None and existing.end >= start - self.gap_s:
             target = existing
         elif len(peers) >= 2:
-            target = _Group(anchor=key)
+            target = _Group(anchor=key, id=incident_id_for(key, min(
+                (a for p in peers for a in p.anomalies if a.fault_type in NETWORK_FAULTS), key=lambda a: a.start)))
             self.groups.append(target)
             self._open[key] = target
         else:
@@ -176,6 +190,23 @@ class IncidentGrouper:
             target.anomalies.extend(peer.anomalies)
             peer.merged_into = target.id
             self._open[peer.anchor] = target
+
+    # ---------------------------------------------------------------- continuity
+
+    def resume(self, incident: Incident, anomalies: Iterable[Anomaly]) -> None:
+        """Take up an incident stored before a restart, so new anomalies join it instead of opening another."""
+        anchor = incident.scope if incident.scope.startswith("switch/") else self.anchor(incident.scope)
+        group = _Group(anchor=anchor, id=incident.id, anomalies=list(anomalies))
+        if not group.anomalies:
+            return
+        self.groups.append(group)
+        self._open[anchor] = group
+
+    def forget(self, incident_ids: set[str]) -> None:
+        """Drop finished incidents (and those merged into them) from memory; the store keeps them."""
+        self.groups = [g for g in self.groups if g.id not in incident_ids and g.merged_into not in incident_ids]
+        kept = {id(g) for g in self.groups}
+        self._open = {anchor: g for anchor, g in self._open.items() if id(g) in kept}
 
     # ---------------------------------------------------------------- output
 

@@ -16,10 +16,11 @@ from typing import Any
 import httpx
 import numpy as np
 
-from vigil.model import VigilInputError, gpu_id, parse_entity
+from vigil.model import VigilInputError, gpu_id, job_id, nic_id, node_id, parse_entity, rank_id
 from vigil.store.metrics import MetricFrame
 
 _METRIC_NAME = re.compile(r"^[A-Za-z_:][A-Za-z0-9_:]*$")
+_ENTITY_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]*$")
 
 
 @dataclass
@@ -50,6 +51,22 @@ def entity_selector(entity: str) -> dict[str, str]:
     if kind == "rank":
         return {"job_id": parts[0], "rank": parts[1]}
     raise VigilInputError(f"entity {entity!r}: no Prometheus label mapping for {kind} entities")
+
+
+def labels_entity(labels: dict[str, str]) -> str | None:
+    """The entity a series' labels name (the inverse of ``entity_selector``), or None."""
+    job, rank = labels.get("job_id", ""), labels.get("rank", "")
+    if job and _ENTITY_PART.match(job):
+        return rank_id(job, int(rank)) if rank.isdigit() else job_id(job)
+    host = labels.get("node") or labels.get("Hostname")
+    if not host or not _ENTITY_PART.match(host):
+        return None
+    gpu, nic = labels.get("gpu", ""), labels.get("nic", "")
+    if gpu.isdigit():
+        return gpu_id(host, int(gpu))
+    if nic and _ENTITY_PART.match(nic):
+        return nic_id(host, nic)
+    return node_id(host)
 
 
 def selector(metric: str, labels: dict[str, str]) -> str:
@@ -180,6 +197,21 @@ class PromQLSource:
             metrics=list(metrics),
             values=matrix,
         )
+
+    def samples(self, metrics: Sequence[str], at: float | None = None) -> list[tuple[str, str, float, float]]:
+        """The latest value of every series of ``metrics`` as (metric, entity, value, ts): one instant query
+        per scrape interval, rows named by the labels Vigil's node agent exposes (``node`` with ``gpu`` or
+        ``nic``) or, scraped straight from dcgm-exporter, its ``Hostname`` and ``gpu``. Series naming no
+        entity are left out."""
+        for metric in metrics:
+            if not _METRIC_NAME.match(metric):
+                raise VigilInputError(f"metric name {metric!r}: expected [A-Za-z_:][A-Za-z0-9_:]*")
+        out = []
+        for series in self.query("{__name__=~" + _quote("|".join(metrics)) + "}", at=at):
+            entity = labels_entity(series.labels)
+            if entity is not None and len(series.values) and not np.isnan(series.values[0]):
+                out.append((series.labels["__name__"], entity, float(series.values[0]), float(series.ts[0])))
+        return out
 
     def wait_ready(self, timeout_s: float = 30.0) -> None:
         deadline = time.monotonic() + timeout_s

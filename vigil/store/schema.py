@@ -80,3 +80,39 @@ topology = Table(
     Column("id", Integer, primary_key=True),
     Column("body", JSON, nullable=False),
 )
+
+# What node agents push between scrapes: one row per push, the points as JSON ({metric, entity, value}).
+metric_pushes = Table(
+    "metric_pushes", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("ts", Float, nullable=False),
+    Column("node", String(300), nullable=False),
+    Column("points", JSON, nullable=False),
+    # ids are a consumer's cursor: never hand out an id again after the newest rows were pruned
+    sqlite_autoincrement=True,
+)
+
+# How far a consumer (the engine) has read an append-only table; written after its outputs are stored.
+cursors = Table(
+    "cursors", metadata,
+    Column("name", String(100), primary_key=True),
+    Column("position", Float, nullable=False),
+    Column("state", JSON, nullable=False),
+)
+
+# Each node's inventory as its agent registered it (GPUs, NICs), newest wins.
+inventory = Table(
+    "inventory", metadata,
+    Column("node", String(300), primary_key=True),
+    Column("ts", Float, nullable=False),
+    Column("body", JSON, nullable=False),
+)
+
+# Every topology the store has held, so an incident can be read against the cluster as it was.
+topology_versions = Table(
+    "topology_versions", metadata,
+    Column("version", Integer, primary_key=True, autoincrement=True),
+    Column("ts", Float, nullable=False),
+    Column("source", String(100), nullable=False),
+    Column("body", JSON, nullable=False),
+)

@@ -8,7 +8,9 @@ validated as a whole before anything is written, so a bad record never costs wha
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,8 @@ from vigil.model import (
     Incident,
     IncidentStatus,
     LogRecord,
+    Node,
+    Sample,
     Topology,
     VigilInputError,
     parse_entity,
@@ -36,6 +40,9 @@ from vigil.model import (
 from vigil.store import schema as t
 
 _migrate_lock = threading.Lock()
+# Node labels that place a node in the fabric (the Kubernetes well-known topology labels' style).
+RACK_LABEL = "topology.vigil.io/rack"
+SWITCH_LABEL = "topology.vigil.io/leaf"
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -121,6 +128,51 @@ class Store:
         with self.engine.connect() as conn:
             return [LogRecord(ts=r.ts, entity=r.entity, source=r.source, line=r.line, lineno=r.lineno)
                     for r in conn.execute(q)]
+
+    def events_after(self, after_id: int, limit: int = 10_000) -> list[tuple[int, Event]]:
+        """Events in arrival order (their row id) after ``after_id``: what a consumer reads with a cursor."""
+        q = select(t.events).where(t.events.c.id > after_id).order_by(t.events.c.id).limit(limit)
+        with self.engine.connect() as conn:
+            return [(int(r.id), Event(ts=r.ts, entity=r.entity, kind=r.kind, source=r.source,
+                                      level=FaultLevel(r.level), message=r.message, attrs=r.attrs))
+                    for r in conn.execute(q)]
+
+    # ---------------------------------------------------------------- agents' metric pushes
+
+    def add_samples(self, node: str, samples: Iterable[Sample]) -> int:
+        """One agent push: the node's latest samples, kept as one row (a consumer reads them in order)."""
+        items = _validated(Sample, samples)
+        if not items:
+            return 0
+        points = [[s.metric, s.entity, s.value] for s in items]
+        with self.engine.begin() as conn:
+            conn.execute(insert(t.metric_pushes).values(ts=max(s.ts for s in items), node=node, points=points))
+        return len(items)
+
+    def pushes_after(self, after_id: int, limit: int = 10_000) -> list[MetricPush]:
+        q = select(t.metric_pushes).where(t.metric_pushes.c.id > after_id).order_by(t.metric_pushes.c.id)
+        with self.engine.connect() as conn:
+            return [MetricPush(int(r.id), r.ts, r.node, [(str(m), str(e), float(v)) for m, e, v in r.points])
+                    for r in conn.execute(q.limit(limit))]
+
+    def prune_pushes(self, up_to_id: int) -> None:
+        """Drop pushes every consumer has read (they live on in the metric store or Prometheus)."""
+        with self.engine.begin() as conn:
+            conn.execute(delete(t.metric_pushes).where(t.metric_pushes.c.id <= up_to_id))
+
+    # ---------------------------------------------------------------- consumer cursors
+
+    def cursor(self, name: str) -> tuple[float, dict[str, Any]]:
+        with self.engine.connect() as conn:
+            row = conn.execute(select(t.cursors).where(t.cursors.c.name == name)).first()
+        return (float(row.position), dict(row.state)) if row else (0.0, {})
+
+    def set_cursor(self, name: str, position: float, state: dict[str, Any]) -> None:
+        with self.engine.begin() as conn:
+            done = conn.execute(update(t.cursors).where(t.cursors.c.name == name)
+                                .values(position=position, state=state))
+            if done.rowcount == 0:
+                conn.execute(insert(t.cursors).values(name=name, position=position, state=state))
 
     # ---------------------------------------------------------------- anomalies and incidents
 
@@ -209,11 +261,56 @@ class Store:
 
     # ---------------------------------------------------------------- topology and health
 
-    def save_topology(self, topology: Topology) -> None:
+    def save_topology(self, topology: Topology, source: str = "file") -> int:
+        """Make ``topology`` the current one; every version is kept. Returns the new version number."""
         topology = _validated(Topology, [topology])[0]
+        body = topology.model_dump(mode="json")
         with self.engine.begin() as conn:
             conn.execute(delete(t.topology))
-            conn.execute(insert(t.topology).values(id=1, body=topology.model_dump(mode="json")))
+            conn.execute(insert(t.topology).values(id=1, body=body))
+            done = conn.execute(insert(t.topology_versions).values(ts=time.time(), source=source, body=body))
+            return int(done.inserted_primary_key[0])  # type: ignore[index]
+
+    def topology_version(self) -> int:
+        """The current topology's version (0: none stored yet); cheap enough to poll every tick."""
+        with self.engine.connect() as conn:
+            return int(conn.execute(select(func.max(t.topology_versions.c.version))).scalar_one() or 0)
+
+    def topology_at(self, version: int) -> Topology | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(select(t.topology_versions.c.body)
+                               .where(t.topology_versions.c.version == version)).first()
+        return Topology.model_validate(row.body) if row else None
+
+    def register_node(self, node: Node, source: str = "agent") -> int:
+        """A node's inventory as its agent reports it, merged into the current topology: its GPUs and NICs
+        replace the stored ones; rack and switch stay as a topology file or labels set them unless the
+        report names them. Returns the topology version (unchanged when the report changes nothing)."""
+        node = _validated(Node, [node])[0]
+        with self.engine.begin() as conn:
+            done = conn.execute(update(t.inventory).where(t.inventory.c.node == node.name)
+                                .values(ts=time.time(), body=node.model_dump(mode="json")))
+            if done.rowcount == 0:
+                conn.execute(insert(t.inventory).values(node=node.name, ts=time.time(),
+                                                        body=node.model_dump(mode="json")))
+        topology = self.topology() or Topology()
+        nodes = {n.name: n for n in topology.nodes}
+        old = nodes.get(node.name)
+        merged = node.model_copy(update={
+            "rack": node.rack or (old.rack if old else "") or node.labels.get(RACK_LABEL, ""),
+            "switch": node.switch or (old.switch if old else "") or node.labels.get(SWITCH_LABEL, ""),
+            "labels": {**(old.labels if old else {}), **node.labels},
+        })
+        if old == merged:
+            return self.topology_version()
+        nodes[node.name] = merged
+        return self.save_topology(topology.model_copy(update={"nodes": sorted(nodes.values(), key=lambda n: n.name)}),
+                                  source=source)
+
+    def inventory(self) -> list[Node]:
+        with self.engine.connect() as conn:
+            return [Node.model_validate(r.body) for r in conn.execute(select(t.inventory.c.body)
+                                                                     .order_by(t.inventory.c.node))]
 
     def topology(self) -> Topology | None:
         with self.engine.connect() as conn:
@@ -238,6 +335,16 @@ class Store:
                 for key in {entity, f"node/{parts[0]}"}:
                     health[key] = max(health.get(key, FaultLevel.HEALTHY), incident.level)
         return health
+
+
+@dataclass(frozen=True)
+class MetricPush:
+    """One agent push as stored: (metric, entity, value) points of one node at ``ts``."""
+
+    id: int
+    ts: float
+    node: str
+    points: list[tuple[str, str, float]]
 
 
 def _action_row(action: Action) -> dict[str, Any]:

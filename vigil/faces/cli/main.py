@@ -12,6 +12,7 @@ from vigil.faces.cli.agent import agent
 from vigil.faces.cli.checkpoint import app as checkpoint_app
 from vigil.faces.cli.detect import app as detect_app
 from vigil.faces.cli.diagnose import diagnose_command
+from vigil.faces.cli.engine import engine
 from vigil.faces.cli.launch import launch_command
 from vigil.faces.cli.logs import app as logs_app
 from vigil.faces.cli.precheck import inspect_command, precheck_command
@@ -58,6 +59,7 @@ app.command("inspect")(inspect_command)
 app.add_typer(checkpoint_app, name="checkpoint")
 # interfaces
 app.command("serve")(serve)
+app.command("engine")(engine)
 app.command("mcp")(mcp)
 app.command("bench")(core_cli.bench)
 

@@ -103,8 +103,11 @@ def serve(
         str,
         typer.Option(help="none, kubernetes or slurm: what runs approved actions when execute_actions is on"),
     ] = "none",
+    engine: Annotated[
+        bool, typer.Option("--engine/--no-engine", help="run the live engine in this process (off: `vigil engine`)")
+    ] = True,
 ) -> None:
-    """Run the REST API (OpenAPI at /docs), the web dashboard, /metrics and the Alertmanager webhook."""
+    """Run the REST API (OpenAPI at /docs), the web dashboard, /metrics, the Alertmanager webhook and the engine."""
     import uvicorn
 
     from vigil.faces.api.app import app_for_context
@@ -113,6 +116,10 @@ def serve(
         raise VigilInputError(f"--actuator {actuator!r}: expected none, kubernetes or slurm")
     ctx = _context(config, metrics_dir, launch_dir, actuator)
     app = app_for_context(ctx)
+    if engine:
+        from vigil.run.engine import Engine, start_in_thread
+
+        start_in_thread(Engine(ctx.store, ctx.settings, prom=ctx.prom))
     _freeze_heap()
     typer.echo(f"vigil serving on http://{host}:{port} (store {ctx.settings.database_url()})", err=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -20,6 +20,7 @@ server (``POST <server>/api/v1/events``) when one is configured.
 from __future__ import annotations
 
 import logging
+import math
 import re
 import threading
 import time
@@ -36,7 +37,7 @@ from prometheus_client.registry import Collector
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from vigil.model import Event, FaultLevel, VigilInputError, parse_entity
+from vigil.model import Event, FaultLevel, Gpu, Nic, Node, Sample, VigilInputError, parse_entity
 from vigil.sources.collect.base import Collection, Point, Source, default_node_name
 
 if TYPE_CHECKING:
@@ -71,7 +72,11 @@ class AgentSettings(BaseSettings):
     dcgm_url: str = Field(default="http://localhost:9400/metrics", description="dcgm-exporter; empty = off")
     server_url: str = Field(default="", description="Vigil server to push events to; empty = off")
     server_token: str = Field(default="", description="bearer token for the server (its api_token)")
+    labels: dict[str, str] = Field(default_factory=dict, description="node labels sent with the inventory "
+                                   "(topology.vigil.io/rack, topology.vigil.io/leaf place it in the fabric)")
     push_interval_s: float = Field(default=15.0, gt=0)
+    push_samples: bool = Field(default=True, description="push metric samples too (off where Prometheus scrapes "
+                               "the agent and the engine reads PromQL)")
     kmsg_file: str = Field(default="", description="read this kernel log file instead of /dev/kmsg")
     max_label_values: int = Field(default=64, ge=1)
     store: str = Field(default="", description="directory of the agent's embedded history; empty = none")
@@ -364,8 +369,24 @@ class Agent:
         self._next_push = mono + self.settings.push_interval_s
         with self._lock:
             batch, self.pending_events = self.pending_events, []
-        if batch:
-            self._pusher.send(batch, requeue=self._requeue)
+        inventory: Node | None = self.inventory()
+        if inventory == self._pusher.registered:
+            inventory = None
+        now = self.clock()
+        samples = [Sample(ts=now, entity=p.entity, metric=p.metric, value=p.value) for p in self.points()
+                   if math.isfinite(p.value)] if self.settings.push_samples else []
+        self._pusher.send(batch, requeue=self._requeue, samples=samples, node=self.node, inventory=inventory)
+
+    def inventory(self) -> Node:
+        """This node as the server's topology should hold it: GPUs (index, UUID, PCI bus, model) and NICs."""
+        gpus: dict[int, Gpu] = {}
+        for runner in self.runners:
+            gpus.update(getattr(runner.source, "gpus", {}))
+        nics = sorted({parse_entity(p.entity)[1][1]: p.value for p in self.points()
+                       if p.metric == "vigil_nic_speed_gbps" and math.isfinite(p.value)}.items())
+        return Node(name=self.node, gpus=[gpus[i] for i in sorted(gpus)],
+                    nics=[Nic(node=self.node, name=name, speed_gbps=rate) for name, rate in nics],
+                    labels=dict(self.settings.labels))
 
     def _requeue(self, events: list[Event]) -> None:
         with self._lock:
@@ -579,10 +600,13 @@ class AgentExposition(Collector):
 
 
 class EventPusher:
-    """POSTs event batches to the Vigil server in a background thread; failed batches are re-queued."""
+    """POSTs to the Vigil server in a background thread: the node's inventory when it changed, event batches
+    (re-queued when they fail) and the latest samples (dropped when they fail: the next push has newer)."""
 
     def __init__(self, server_url: str, token: str = "", timeout_s: float = 5.0) -> None:
-        self.url = server_url.rstrip("/") + "/api/v1/events"
+        self.base = server_url.rstrip("/") + "/api/v1"
+        self.url = self.base + "/events"
+        self.registered: Node | None = None
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._client = httpx.Client(timeout=timeout_s, headers=headers)
         self._thread: threading.Thread | None = None
@@ -594,18 +618,39 @@ class EventPusher:
     def busy(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def send(self, events: list[Event], requeue: Callable[[list[Event]], None]) -> None:
-        self._thread = threading.Thread(target=self._post, args=(events, requeue), daemon=True, name="vigil-agent-push")
+    def send(
+        self,
+        events: list[Event],
+        requeue: Callable[[list[Event]], None],
+        samples: list[Sample] | None = None,
+        node: str = "",
+        inventory: Node | None = None,
+    ) -> None:
+        self._thread = threading.Thread(
+            target=self._post, args=(events, requeue, samples or [], node, inventory), daemon=True,
+            name="vigil-agent-push",
+        )
         self._thread.start()
 
-    def _post(self, events: list[Event], requeue: Callable[[list[Event]], None]) -> None:
+    def _post(self, events: list[Event], requeue: Callable[[list[Event]], None], samples: list[Sample], node: str,
+              inventory: Node | None) -> None:
         try:
-            body = [e.model_dump(mode="json") for e in events]
-            self._client.post(self.url, json=body).raise_for_status()
-            self.sent += len(events)
+            # The inventory first: the server places the events and samples that follow on it.
+            if inventory is not None:
+                self._client.post(self.base + "/inventory", json=inventory.model_dump(mode="json")).raise_for_status()
+                self.registered = inventory
+            if events:
+                body = [e.model_dump(mode="json") for e in events]
+                self._client.post(self.url, json=body).raise_for_status()
+                self.sent += len(events)
+                events = []
+            if samples:
+                push = {"node": node, "samples": [s.model_dump(mode="json") for s in samples]}
+                self._client.post(self.base + "/samples", json=push).raise_for_status()
         except httpx.HTTPError as err:
             self.failures += 1
             if not self._warned:
                 self._warned = True
-                log.warning("push to %s failed (%s); events are kept and retried", self.url, err)
-            requeue(events)
+                log.warning("push to %s failed (%s); events are kept and retried", self.base, err)
+            if events:
+                requeue(events)

@@ -20,7 +20,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from vigil.knowledge.xid import xid_info
-from vigil.model import Event, gpu_id, node_id
+from vigil.model import Event, Gpu, gpu_id, node_id
 from vigil.sources.collect.base import Collection, Source, default_node_name
 from vigil.sources.collect.nvml import normalise_pci_bus
 
@@ -61,6 +61,8 @@ class DcgmExporterScraper(Source):
         # PCI bus id -> GPU index from the page's labels: lets the kernel log name the GPU of an Xid on nodes
         # where the agent itself cannot open NVML.
         self.pci_to_index: dict[str, int] = {}
+        # Each GPU's identity as the page's labels give it: the node's inventory when NVML is not readable here.
+        self.gpus: dict[int, Gpu] = {}
         # Xid events from the exporter's "last Xid" gauge, for nodes whose kernel log the agent cannot read.
         self.xid_events = xid_events
         self._last_xid: dict[str, int] = {}
@@ -167,5 +169,9 @@ class DcgmExporterScraper(Source):
         entity = gpu_id(self.node, int(gpu)) if gpu.isdigit() else node_id(self.node)
         if gpu.isdigit() and "pci_bus_id" in labels:
             self.pci_to_index[normalise_pci_bus(labels["pci_bus_id"])] = int(gpu)
+        if gpu.isdigit() and int(gpu) not in self.gpus:
+            self.gpus[int(gpu)] = Gpu(node=self.node, index=int(gpu), uuid=labels.get("UUID", ""),
+                                      model=labels.get("modelName", ""),
+                                      pci_bus_id=normalise_pci_bus(labels.get("pci_bus_id", "")))
         extra = {k: v for k, v in labels.items() if k not in IDENTITY_LABELS}
         out.add(name, entity, value, **extra)

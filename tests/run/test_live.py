@@ -1,0 +1,202 @@
+"""The closed loop with real parts: `vigil serve` (engine inside) and two `vigil agent` processes reading
+dcgm-exporter pages over HTTP and kernel-log files, a real Alertmanager (Debian's) receiving the incidents,
+and a real Prometheus scraping the agents for the PromQL path. Faults are injected only by writing the
+formats machines write: an Xid line in a kernel log, a higher double-bit ECC counter on a dcgm-exporter page.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.collect.conftest import PageServer
+from tests.run.pages import dcgm_page, xid_line
+from tests.serve.conftest import REPO, TOKEN, free_port, require_binary, wait_for
+
+pytestmark = pytest.mark.slow
+
+NODES = ("n01", "n02")
+ALERTMANAGER = """
+route: {receiver: sink, group_wait: 1s, group_interval: 1s, repeat_interval: 1h}
+receivers: [{name: sink}]
+"""
+PROMETHEUS = """
+global: {{scrape_interval: 1s, evaluation_interval: 1s}}
+scrape_configs:
+  - job_name: vigil-agents
+    static_configs: [{{targets: [{targets}]}}]
+"""
+
+
+def _start(stack: ExitStack, args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    out = stack.enter_context(log.open("w"))
+    process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
+
+    def stop() -> None:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+    stack.callback(stop)
+    return process
+
+
+@dataclass
+class LiveCluster:
+    url: str
+    alertmanager: str
+    tmp: Path
+    pages: dict[str, PageServer]
+    kmsg: dict[str, Path]
+    prometheus: bool
+    logs: list[Path] = field(default_factory=list)
+
+    def get(self, path: str) -> Any:
+        response = httpx.get(self.url + path, timeout=10)
+        response.raise_for_status()
+        return response.json()
+
+    def incidents(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self.get("/api/v1/incidents")
+        return result
+
+    def set_page(self, node: str, dbe: dict[int, int] | None = None) -> None:
+        self.pages[node].page = dcgm_page(node, dbe=dbe).encode()
+
+    def write_kernel(self, node: str, line: str) -> None:
+        with self.kmsg[node].open("a") as fh:
+            fh.write(line + "\n")
+
+    def alerts(self) -> list[dict[str, Any]]:
+        response = httpx.get(self.alertmanager + "/api/v2/alerts", params={"filter": 'alertname="VigilIncident"'})
+        response.raise_for_status()
+        result: list[dict[str, Any]] = response.json()
+        return result
+
+    def wait(self, condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+        try:
+            wait_for(condition, timeout_s, what, interval_s=0.25)
+        except AssertionError:
+            for log in self.logs:
+                print(f"--- {log.name}\n{log.read_text()[-3000:]}")
+            raise
+
+
+def _env(**values: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VIGIL_")}
+    env["PYTHONPATH"] = str(REPO)
+    env.update(values)
+    return env
+
+
+def _start_cluster(tmp: Path, stack: ExitStack, prometheus: bool) -> LiveCluster:
+    """Alertmanager, `vigil serve` and one `vigil agent` per node (each with its dcgm-exporter page and kernel
+    log); with ``prometheus`` the agents are scraped by Prometheus and the engine reads PromQL instead of
+    their pushed samples."""
+    alertmanager_bin = require_binary("prometheus-alertmanager")
+    am_port, port = free_port(), free_port()
+    (tmp / "alertmanager.yml").write_text(ALERTMANAGER)
+    logs = [tmp / "alertmanager.log", tmp / "serve.log"]
+    _start(stack, [alertmanager_bin, f"--config.file={tmp / 'alertmanager.yml'}",
+                   f"--web.listen-address=127.0.0.1:{am_port}", f"--storage.path={tmp / 'am'}",
+                   "--cluster.listen-address="], logs[0])
+    pages, kmsg, agent_ports = {}, {}, {}
+    for node in NODES:
+        pages[node] = PageServer()
+        stack.callback(pages[node].close)
+        pages[node].page = dcgm_page(node).encode()
+        kmsg[node] = tmp / f"kmsg-{node}.log"
+        kmsg[node].write_text("")
+        agent_ports[node] = free_port()
+    server_env = {"VIGIL_HOME": str(tmp / "home"), "VIGIL_API_TOKEN": TOKEN, "VIGIL_ENGINE_INTERVAL_S": "0.5",
+                  "VIGIL_ALERTMANAGER_URL": f"http://127.0.0.1:{am_port}", "VIGIL_ALERT_RESEND_S": "5"}
+    if prometheus:
+        prom_bin = require_binary("prometheus")
+        prom_port = free_port()
+        targets = ", ".join(f'"127.0.0.1:{p}"' for p in agent_ports.values())
+        (tmp / "prometheus.yml").write_text(PROMETHEUS.format(targets=targets))
+        logs.append(tmp / "prometheus.log")
+        _start(stack, [prom_bin, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+                       f"--web.listen-address=127.0.0.1:{prom_port}"], logs[-1])
+        server_env["VIGIL_METRICS_URL"] = f"http://127.0.0.1:{prom_port}"
+    _start(stack, [sys.executable, "-m", "vigil", "serve", "--port", str(port)], logs[1], _env(**server_env))
+    url = f"http://127.0.0.1:{port}"
+    cluster = LiveCluster(url, f"http://127.0.0.1:{am_port}", tmp, pages, kmsg, prometheus, logs)
+    cluster.wait(lambda: _answers(url + "/api/v1/health"), 60, "vigil serve to answer")
+    for node in NODES:
+        logs.append(tmp / f"agent-{node}.log")
+        _start(stack, [sys.executable, "-m", "vigil", "agent", "--interval", "0.5", "--port", str(agent_ports[node]),
+                       "--dcgm-url", pages[node].url + "/metrics", "--server", url,
+                       "--kmsg-file", str(kmsg[node])], logs[-1],
+               _env(VIGIL_AGENT_NODE=node, VIGIL_AGENT_SERVER_TOKEN=TOKEN, VIGIL_AGENT_PUSH_INTERVAL_S="0.5",
+                    VIGIL_AGENT_PUSH_SAMPLES="false" if prometheus else "true"))
+    cluster.wait(lambda: _answers(cluster.alertmanager + "/-/ready"), 60, "Alertmanager to be ready")
+    cluster.wait(lambda: sorted(n["name"] for n in cluster.get("/api/v1/nodes")) == list(NODES)
+                 and all(len(n["gpus"]) == 4 for n in cluster.get("/api/v1/nodes")), 60,
+                 "both agents to register their GPUs")
+    return cluster
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.fixture(params=[False, True], ids=["agent-push", "prometheus"])
+def live(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LiveCluster]:
+    with ExitStack() as stack:
+        yield _start_cluster(tmp_path, stack, prometheus=request.param)
+
+
+def _ticks(cluster: LiveCluster) -> int:
+    return int(cluster.get("/api/v1/engine")["ticks"])
+
+
+def test_faults_written_as_machines_write_them_become_incidents(live: LiveCluster) -> None:
+    if live.prometheus:
+        query = "/api/v1/metrics/query?query=DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"
+        live.wait(lambda: _answers(live.url + query) and len(live.get(query)) == 8, 60,
+                  "Prometheus to hold both agents' GPUs")
+    else:
+        live.wait(lambda: live.get("/api/v1/engine")["pushes"] >= 4, 60, "the engine to read both agents")
+    # Healthy: the engine goes round many times over both nodes and opens nothing.
+    start = _ticks(live)
+    live.wait(lambda: _ticks(live) >= start + 20, 60, "20 rounds of the engine")
+    assert live.incidents() == []
+
+    live.write_kernel("n01", xid_line(gpu=1, code=79))
+    live.set_page("n02", dbe={2: 1})
+    live.wait(lambda: len(live.incidents()) == 2, 90, "two incidents")
+    incidents = {i["scope"]: i for i in live.incidents()}
+    assert set(incidents) == {"gpu/n01/1", "gpu/n02/2"}
+    assert incidents["gpu/n01/1"]["fault_types"] == ["gpu_lost"]
+    assert incidents["gpu/n02/2"]["fault_types"] == ["gpu_dbe"]
+    for scope, incident in incidents.items():
+        diagnosis = live.get(f"/api/v1/incidents/{incident['id']}/diagnosis")
+        assert diagnosis["root_cause"]["entity"] == scope
+        assert diagnosis["root_cause"]["fault_type"] == incident["fault_types"][0]
+        actions = live.get(f"/api/v1/actions?incident_id={incident['id']}")
+        node = "node/" + scope.split("/")[1]
+        assert {(a["kind"], a["target"]) for a in actions} >= {("cordon", node)}
+        assert all(a["status"] == "proposed" and a["dry_run"] for a in actions)
+    live.wait(lambda: len(live.alerts()) == 2, 30, "Alertmanager to hold both incidents")
+    labels = sorted((a["labels"]["node"], a["labels"]["gpu"], a["labels"]["fault"], a["labels"]["severity"])
+                    for a in live.alerts())
+    assert labels == [("n01", "1", "gpu_lost", "critical"), ("n02", "2", "gpu_dbe", "critical")]
+    metrics = httpx.get(live.url + "/metrics").text
+    assert re.search(r"^vigil_gpu_fault_level\{gpu=\"1\",node=\"n01\"\} 4\.0$", metrics, re.M), metrics[:2000]

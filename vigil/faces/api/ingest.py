@@ -1,0 +1,81 @@
+"""What node agents send between scrapes: their inventory (the topology is built from it) and metric samples.
+
+The live engine (vigil/run/engine.py) reads both from the store; these routes only validate and store.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Body, Depends, Request
+from pydantic import BaseModel, Field
+
+from vigil.faces.api.auth import check_token
+from vigil.faces.api.context import ServeContext
+from vigil.model import Node, Sample, VigilInputError, node_of
+
+router = APIRouter(prefix="/api/v1", tags=["agents"])
+Writer = Annotated[str, Depends(check_token)]
+
+
+async def ctx_of(request: Request) -> ServeContext:
+    return request.app.state.ctx
+
+
+Ctx = Annotated[ServeContext, Depends(ctx_of)]
+
+
+class SamplePush(BaseModel):
+    """One agent's latest value of every metric it reads (dcgm-exporter names for GPUs, vigil_* otherwise)."""
+
+    model_config = {"extra": "forbid"}
+
+    node: str = Field(min_length=1, max_length=200)
+    samples: list[Sample] = Field(max_length=200_000)
+
+
+class Stored(BaseModel):
+    stored: int
+
+
+class Registered(BaseModel):
+    node: str
+    topology_version: int
+
+
+class EngineProgress(BaseModel):
+    """How far the live engine has read: row ids of the last event and metric push it processed, the rounds
+    it has done (over restarts) and when the last one ended."""
+
+    events: int
+    pushes: int
+    ticks: int
+    at: float | None
+
+
+@router.get("/engine")
+def engine_progress(ctx: Ctx) -> EngineProgress:
+    _, state = ctx.store.cursor("engine")
+    return EngineProgress(events=int(state.get("events", 0)), pushes=int(state.get("pushes", 0)),
+                          ticks=int(state.get("ticks", 0)), at=state.get("at"))
+
+
+@router.post("/samples", status_code=201)
+def push_samples(body: SamplePush, ctx: Ctx, user: Writer) -> Stored:
+    """Store an agent's samples for the engine; every sample must be about the pushing node."""
+    foreign = next((s.entity for s in body.samples if node_of(s.entity) not in (f"node/{body.node}", None)), None)
+    if foreign is not None:
+        raise VigilInputError(f"sample for {foreign!r} pushed by node {body.node!r}: a node pushes its own entities")
+    return Stored(stored=ctx.store.add_samples(body.node, body.samples))
+
+
+@router.post("/inventory", status_code=201)
+def register_inventory(node: Annotated[Node, Body()], ctx: Ctx, user: Writer) -> Registered:
+    """A node's GPUs and NICs as its agent found them, merged into the topology (a new version if changed)."""
+    owners = [g.node for g in node.gpus] + [n.node for n in node.nics]
+    stray = next((owner for owner in owners if owner != node.name), None)
+    if stray is not None:
+        raise VigilInputError(f"inventory of node {node.name!r} lists a device of node {stray!r}")
+    version = ctx.store.register_node(node)
+    ctx.invalidate()
+    return Registered(node=node.name, topology_version=version)

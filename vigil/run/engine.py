@@ -1,0 +1,429 @@
+"""The live loop: what agents pushed and Prometheus holds -> detectors -> incidents -> diagnosis -> actions -> alerts.
+
+Each tick reads what arrived since the last one - events and metric pushes by their row id in the store, one
+PromQL instant query when a Prometheus-compatible API is configured - turns the latest value of every entity
+into one frame per family, runs the detectors, groups anomalies into incidents and, for every incident that is
+new or changed, stores it, ranks its root causes, proposes the policies' actions (dry-run: proposals wait for
+approval) and notifies. An incident resolves once its signals have been quiet for ``resolve_after_s``.
+
+Restart-safe: the read position is a cursor in the store, written after a tick's outputs. Anomaly, incident
+and action ids are derived from what they are about, so a tick replayed after ``kill -9`` writes the same rows
+again instead of new ones; open incidents are taken up again at start.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from vigil.config import Settings
+from vigil.detect.incidents import IncidentGrouper
+from vigil.detect.rules import RuleDetector
+from vigil.diagnose.kg import KnowledgeGraph
+from vigil.diagnose.llm import LlmClient, diagnose
+from vigil.diagnose.rca import analyze_incident
+from vigil.knowledge.metrics import ENTITY_FAMILIES, family_metrics
+from vigil.model import Anomaly, Diagnosis, Event, Incident, IncidentStatus, Topology, parse_entity
+from vigil.remedy.notify import AlertmanagerNotifier, Notifier, WebhookNotifier
+from vigil.remedy.policy import PolicyEngine, load_policies
+from vigil.sources.promql import PromQLSource
+from vigil.store.metrics import MetricFrame
+from vigil.store.sql import MetricPush, Store
+
+log = logging.getLogger("vigil.engine")
+
+CURSOR = "engine"
+# Records this far around an incident are what its diagnosis may cite.
+DIAGNOSIS_SLACK_S = 900.0
+# An open incident whose signals keep firing is rewritten this often (its end time), not every tick.
+REWRITE_EVERY_S = 60.0
+
+
+def stable_id(prefix: str, *parts: object) -> str:
+    return f"{prefix}-" + hashlib.sha1("|".join(str(p) for p in parts).encode()).hexdigest()[:16]
+
+
+class LiveFrames:
+    """The latest value of every (entity, metric) that sources report, as one frame per family.
+
+    A frame holds the catalogue's metrics of its family that some source has reported (a column appears the
+    first time one does), so a metric no exporter here produces is absent, not a column of NaN that a rule
+    would read as a vanished device. A node's report lists everything it currently sees: an entity in the
+    node's last report that is missing from this one while its siblings are present has gone (a GPU fallen
+    off the bus) and reads NaN; a node that stops reporting keeps its last values (its agent may be late).
+    """
+
+    def __init__(self, families: Mapping[str, Sequence[str]]) -> None:
+        self.catalogue = {family: frozenset(metrics) for family, metrics in families.items()}
+        self.columns: dict[str, dict[str, int]] = defaultdict(dict)
+        self._rows: dict[str, dict[str, int]] = defaultdict(dict)
+        self._values: dict[str, np.ndarray] = {}
+        self._reported: dict[str, set[str]] = {}
+
+    def apply(self, node: str, points: Iterable[tuple[str, str, float]]) -> None:
+        reported: set[str] = set()
+        for metric, entity, value in points:
+            family = parse_entity(entity)[0]
+            if metric not in self.catalogue.get(family, ()):
+                continue
+            row, column = self._row(family, entity), self._column(family, metric)
+            self._values[family][row, column] = value
+            reported.add(entity)
+        families_now = {parse_entity(e)[0] for e in reported}
+        for entity in self._reported.get(node, set()) - reported:
+            family = parse_entity(entity)[0]
+            if family in families_now:
+                self._values[family][self._rows[family][entity], :] = np.nan
+        self._reported[node] = reported
+
+    def _grow(self, family: str, rows: int, columns: int) -> None:
+        old = self._values.get(family, np.empty((0, 0), dtype=np.float32))
+        grown = np.full((rows, columns), np.nan, dtype=np.float32)
+        grown[: old.shape[0], : old.shape[1]] = old
+        self._values[family] = grown
+
+    def _row(self, family: str, entity: str) -> int:
+        rows = self._rows[family]
+        row = rows.get(entity)
+        if row is None:
+            row = rows[entity] = len(rows)
+            self._grow(family, len(rows), len(self.columns[family]))
+        return row
+
+    def _column(self, family: str, metric: str) -> int:
+        columns = self.columns[family]
+        column = columns.get(metric)
+        if column is None:
+            column = columns[metric] = len(columns)
+            self._grow(family, len(self._rows[family]), len(columns))
+        return column
+
+    def frames(self, ts: float) -> list[MetricFrame]:
+        return [
+            MetricFrame(ts=ts, family=family, entities=list(rows), metrics=list(self.columns[family]),
+                        values=self._values[family].copy())
+            for family, rows in self._rows.items() if rows
+        ]
+
+
+@dataclass
+class TickReport:
+    events: int = 0
+    pushes: int = 0
+    anomalies: int = 0
+    opened: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    resolved: list[str] = field(default_factory=list)
+    actions: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class _Known:
+    """What was last written for an incident: a change in any of these is news."""
+
+    anomalies: tuple[str, ...]
+    level: int
+    status: str
+    end: float
+    written: float
+
+
+class Engine:
+    """One engine over one store. ``tick`` does one round; ``run`` loops until ``stop`` is set."""
+
+    def __init__(
+        self,
+        store: Store,
+        settings: Settings,
+        *,
+        prom: PromQLSource | None = None,
+        notifiers: Sequence[Notifier] | None = None,
+        clock: Callable[[], float] = time.time,
+        batch: int = 10_000,
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.prom = prom
+        self.clock = clock
+        self.batch = batch
+        self.notifiers: list[Notifier] = list(notifiers) if notifiers is not None else notifiers_from(settings)
+        self.policies = PolicyEngine(load_policies(settings.policies_file or None), clock=clock)
+        self.llm = LlmClient.from_settings(settings)
+        self.frames = LiveFrames({family: family_metrics(family) for family in ENTITY_FAMILIES})
+        self.topology = Topology()
+        self.topology_version = -1
+        self.detector = RuleDetector(self.topology)
+        self.grouper = IncidentGrouper(self.topology, resolve_after_s=settings.resolve_after_s)
+        self._kg: KnowledgeGraph | None = None
+        self._anomalies: dict[str, Anomaly] = {}
+        self._known: dict[str, _Known] = {}
+        self._notified: dict[str, float] = {}
+        self.event_cursor = 0
+        self.push_cursor = 0
+        self.ticks = 0
+        self.last_tick: TickReport | None = None
+        self.stop = threading.Event()
+        self._started = False
+
+    # ---------------------------------------------------------------- start-up
+
+    def start(self) -> None:
+        """Take up where the last engine stopped: cursor, open incidents, the latest metric values."""
+        _, state = self.store.cursor(CURSOR)
+        self.event_cursor = int(state.get("events", 0))
+        self.push_cursor = int(state.get("pushes", 0))
+        self.ticks = int(state.get("ticks", 0))
+        self._refresh_topology()
+        for incident in self.store.incidents(status=IncidentStatus.OPEN, limit=100_000) + self.store.incidents(
+                status=IncidentStatus.ACKNOWLEDGED, limit=100_000):
+            wanted = set(incident.anomalies)
+            anomalies = [a for a in self.store.anomalies(since=incident.start - 1, limit=100_000) if a.id in wanted]
+            self.grouper.resume(incident, anomalies)
+            for anomaly in anomalies:
+                self._anomalies[anomaly.id] = anomaly
+                self.detector.active.setdefault((anomaly.entity, anomaly.fault_type), anomaly)
+            self._known[incident.id] = self._signature(incident, self.clock())
+            self._notified[incident.id] = 0.0
+        # The values before the cursor, so a counter that rose while the engine was down shows its rise.
+        replay = [p for p in self.store.pushes_after(0, limit=self.batch) if p.id <= self.push_cursor]
+        for push in replay[-self.batch:]:
+            self.frames.apply(push.node, push.points)
+        if replay:
+            self._detect(self.frames.frames(max(p.ts for p in replay)), [], TickReport())
+        self._started = True
+
+    # ---------------------------------------------------------------- one round
+
+    def tick(self) -> TickReport:
+        if not self._started:
+            self.start()
+        began = time.perf_counter()
+        report = TickReport()
+        now = self.clock()
+        self._refresh_topology()
+        events = self.store.events_after(self.event_cursor, limit=self.batch)
+        pushes = self.store.pushes_after(self.push_cursor, limit=self.batch)
+        report.events, report.pushes = len(events), len(pushes)
+        for push in pushes:
+            self.frames.apply(push.node, push.points)
+        if self.prom is not None:
+            self._pull_prometheus(now)
+        self._detect(self.frames.frames(now), [e for _, e in events], report)
+        self._publish(now, report)
+        if events:
+            self.event_cursor = events[-1][0]
+        if pushes:
+            self.push_cursor = pushes[-1].id
+        self._save_cursor()
+        if pushes:
+            self._prune(pushes)
+        self.ticks += 1
+        report.seconds = time.perf_counter() - began
+        self.last_tick = report
+        return report
+
+    def _pull_prometheus(self, now: float) -> None:
+        assert self.prom is not None
+        metrics = sorted({m for family in ENTITY_FAMILIES for m in family_metrics(family)})
+        by_node: dict[str, list[tuple[str, str, float]]] = defaultdict(list)
+        for metric, entity, value, _ts in self.prom.samples(metrics, at=now):
+            kind, parts = parse_entity(entity)
+            by_node[parts[0] if kind in ("gpu", "nic", "node") else entity].append((metric, entity, value))
+        for node, points in by_node.items():
+            self.frames.apply(f"prometheus:{node}", points)
+
+    def _detect(self, frames: list[MetricFrame], events: list[Event], report: TickReport) -> None:
+        opened = self.detector.detect(frames, events)
+        for anomaly in opened:
+            # Named by what it is about, so a tick replayed after a crash finds the same anomaly.
+            anomaly.id = stable_id("an", anomaly.detector, anomaly.entity, anomaly.fault_type, f"{anomaly.start:.3f}")
+            self._anomalies[anomaly.id] = anomaly
+        report.anomalies += len(opened)
+        self.grouper.add(opened)
+
+    def _publish(self, now: float, report: TickReport) -> None:
+        news: list[Incident] = []
+        finished: set[str] = set()
+        for incident in self.grouper.incidents(now):
+            known = self._known.get(incident.id)
+            signature = self._signature(incident, now)
+            if known is not None and known.status == IncidentStatus.ACKNOWLEDGED.value and (
+                    incident.status is IncidentStatus.OPEN and known.anomalies == signature.anomalies):
+                incident.status = IncidentStatus.ACKNOWLEDGED
+                signature.status = known.status
+            if known is not None and (known.anomalies, known.level, known.status) == (
+                    signature.anomalies, signature.level, signature.status):
+                if incident.end > known.end and now - known.written >= REWRITE_EVERY_S:
+                    self.store.upsert_incident(self._keep_user_status(incident))
+                    known.end, known.written = incident.end, now
+                continue
+            incident = self._keep_user_status(incident)
+            signature.status = incident.status.value
+            self.store.add_anomalies([self._anomalies[a] for a in incident.anomalies if a in self._anomalies])
+            self.store.upsert_incident(incident)
+            if known is None:
+                report.opened.append(incident.id)
+            elif incident.status is IncidentStatus.RESOLVED:
+                report.resolved.append(incident.id)
+            else:
+                report.changed.append(incident.id)
+            if incident.status is not IncidentStatus.RESOLVED and (
+                    known is None or known.anomalies != signature.anomalies or known.level != signature.level):
+                self._diagnose(incident)
+                report.actions += self._propose(incident, set(known.anomalies) if known else set())
+            self._known[incident.id] = signature
+            news.append(incident)
+            if incident.status is IncidentStatus.RESOLVED:
+                finished.add(incident.id)
+        self._notify(news, now)
+        if finished:
+            self.grouper.forget(finished)
+            for incident_id in finished:
+                self._known.pop(incident_id, None)
+                self._notified.pop(incident_id, None)
+            live = {a for g in self.grouper.groups for a in (x.id for x in g.anomalies)}
+            self._anomalies = {k: v for k, v in self._anomalies.items() if k in live}
+
+    def _keep_user_status(self, incident: Incident) -> Incident:
+        """A person's acknowledgement stands while the incident is open."""
+        stored = self.store.incident(incident.id)
+        acknowledged = stored is not None and stored.status is IncidentStatus.ACKNOWLEDGED
+        if acknowledged and incident.status is IncidentStatus.OPEN:
+            incident.status = IncidentStatus.ACKNOWLEDGED
+        return incident
+
+    @staticmethod
+    def _signature(incident: Incident, now: float) -> _Known:
+        return _Known(tuple(sorted(incident.anomalies)), int(incident.level), incident.status.value, incident.end, now)
+
+    # ---------------------------------------------------------------- diagnosis and actions
+
+    def _diagnose(self, incident: Incident) -> Diagnosis | None:
+        if not self.topology.nodes:
+            log.warning("incident %s: no topology registered yet; diagnosis waits for the agents' inventory",
+                        incident.id)
+            return None
+        if self._kg is None:
+            self._kg = KnowledgeGraph.build(self.topology)
+        anomalies = [self._anomalies[a] for a in incident.anomalies if a in self._anomalies]
+        lo, hi = incident.start - DIAGNOSIS_SLACK_S, incident.end + DIAGNOSIS_SLACK_S
+        events = self.store.events(since=lo, until=hi, limit=100_000)
+        logs = self.store.logs(since=lo, until=hi, limit=100_000)
+        result = analyze_incident(self._kg, incident, anomalies, events, logs)
+        found = diagnose(self._kg, incident, result, self.llm)
+        self.store.save_diagnosis(found)
+        return found
+
+    def _propose(self, incident: Incident, seen: set[str]) -> int:
+        """The policies' actions for each anomaly new to the incident, as proposals (dry-run until approved)."""
+        count = 0
+        for anomaly_id in incident.anomalies:
+            anomaly = self._anomalies.get(anomaly_id)
+            if anomaly_id in seen or anomaly is None:
+                continue
+            for action in self.policies.plan(anomaly, incident.id):
+                action.id = stable_id("act", incident.id, anomaly.id, action.kind.value, action.target)
+                action.requested_by = "vigil-engine"
+                if self.store.action(action.id) is None:
+                    self.store.add_action(action)
+                    count += 1
+        return count
+
+    # ---------------------------------------------------------------- alerts
+
+    def _notify(self, news: list[Incident], now: float) -> None:
+        """New, changed and resolved incidents now; open ones again before Alertmanager would time them out."""
+        for notifier in self.notifiers:
+            resend = getattr(notifier, "resend_s", float("inf"))
+            due = {i.id: i for i in news}
+            if resend != float("inf"):
+                for incident_id, last in self._notified.items():
+                    if incident_id not in due and now - last >= resend:
+                        stored = self.store.incident(incident_id)
+                        if stored is not None:
+                            due[incident_id] = stored
+            if not due:
+                continue
+            try:
+                notifier.send(list(due.values()), now)
+            except Exception as err:  # a notifier down must not stop detection; the next tick retries
+                log.warning("notifying %s failed: %s", notifier.name, err)
+                continue
+            for incident_id in due:
+                self._notified[incident_id] = now
+
+    # ---------------------------------------------------------------- bookkeeping
+
+    def _refresh_topology(self) -> None:
+        version = self.store.topology_version()
+        if version == self.topology_version:
+            return
+        self.topology_version = version
+        self.topology = self.store.topology() or Topology()
+        self._kg = None
+        old = self.detector
+        self.detector = RuleDetector(self.topology, old.t)
+        # The rules' running state (open anomalies, last frame for counter deltas, job baselines) carries over;
+        # only what the topology decides (placement, which node a GPU is on) is rebuilt.
+        for name in ("active", "closed", "unknown_xids", "_prev", "_jobs", "_grad_hist"):
+            if hasattr(old, name):
+                setattr(self.detector, name, getattr(old, name))
+        self.grouper.set_topology(self.topology)
+
+    def _save_cursor(self) -> None:
+        self.store.set_cursor(CURSOR, float(self.event_cursor),
+                              {"events": self.event_cursor, "pushes": self.push_cursor, "ticks": self.ticks + 1,
+                               "at": self.clock()})
+
+    def _prune(self, pushes: list[MetricPush]) -> None:
+        """Keep the pushes of the last few minutes (what a restart replays for counter baselines)."""
+        horizon = pushes[-1].ts - 300.0
+        old = [p.id for p in pushes if p.ts < horizon]
+        if old:
+            self.store.prune_pushes(max(old))
+
+    def run(self) -> None:
+        """Tick every ``engine_interval_s`` until ``stop`` is set; a failing tick is logged and retried."""
+        while not self.stop.is_set():
+            began = time.monotonic()
+            try:
+                self.tick()
+            except Exception:  # one bad tick (store briefly down) must not end the loop
+                log.exception("engine tick failed; retrying")
+            self.stop.wait(max(0.0, self.settings.engine_interval_s - (time.monotonic() - began)))
+
+    def status(self) -> dict[str, Any]:
+        last = self.last_tick
+        return {
+            "ticks": self.ticks,
+            "event_cursor": self.event_cursor,
+            "push_cursor": self.push_cursor,
+            "topology_version": self.topology_version,
+            "open_incidents": len(self._known),
+            "last_tick_s": last.seconds if last else None,
+        }
+
+
+def notifiers_from(settings: Settings) -> list[Notifier]:
+    out: list[Notifier] = []
+    if settings.alertmanager_url:
+        out.append(AlertmanagerNotifier(settings.alertmanager_url, settings.external_url,
+                                        resend_s=settings.alert_resend_s))
+    if settings.alert_webhook_url:
+        out.append(WebhookNotifier(settings.alert_webhook_url, settings.external_url))
+    return out
+
+
+def start_in_thread(engine: Engine) -> threading.Thread:
+    thread = threading.Thread(target=engine.run, name="vigil-engine", daemon=True)
+    thread.start()
+    return thread
