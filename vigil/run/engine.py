@@ -31,9 +31,10 @@ from vigil.diagnose.kg import KnowledgeGraph
 from vigil.diagnose.llm import LlmClient, diagnose
 from vigil.diagnose.rca import analyze_incident
 from vigil.knowledge.metrics import ENTITY_FAMILIES, family_metrics
-from vigil.model import Anomaly, Diagnosis, Event, Incident, IncidentStatus, Topology, parse_entity
+from vigil.model import Anomaly, Diagnosis, Event, Incident, IncidentStatus, Topology, VigilInputError, parse_entity
 from vigil.remedy.notify import AlertmanagerNotifier, Notifier, WebhookNotifier
 from vigil.remedy.policy import PolicyEngine, load_policies
+from vigil.sources.collect.slurm import SlurmJobs, placement
 from vigil.sources.promql import PromQLSource
 from vigil.store.metrics import MetricFrame
 from vigil.store.sql import MetricPush, Store
@@ -173,6 +174,8 @@ class Engine:
         self.last_tick: TickReport | None = None
         self.stop = threading.Event()
         self._started = False
+        self.slurm = SlurmJobs() if settings.slurm_poll_s > 0 else None
+        self._next_slurm = 0.0
 
     # ---------------------------------------------------------------- start-up
 
@@ -209,6 +212,9 @@ class Engine:
         began = time.perf_counter()
         report = TickReport()
         now = self.clock()
+        if self.slurm is not None and now >= self._next_slurm:
+            self._next_slurm = now + self.settings.slurm_poll_s
+            self._read_slurm(now)
         self._refresh_topology()
         events = self.store.events_after(self.event_cursor, limit=self.batch)
         pushes = self.store.pushes_after(self.push_cursor, limit=self.batch)
@@ -240,6 +246,22 @@ class Engine:
             by_node[parts[0] if kind in ("gpu", "nic", "node") else entity].append((metric, entity, value))
         for node, points in by_node.items():
             self.frames.apply(f"prometheus:{node}", points)
+
+    def _read_slurm(self, now: float) -> None:
+        """Slurm's jobs into the topology (rank -> GPU placement on the registered nodes); a job that failed
+        becomes an event, read by this and every other engine through the event cursor."""
+        assert self.slurm is not None
+        try:
+            collected = self.slurm.collect(now)
+            running = [j for j in self.slurm.jobs() if j.state in ("RUNNING", "COMPLETING")]
+        except VigilInputError as err:
+            log.warning("reading Slurm failed: %s", err)
+            return
+        self.store.add_events(collected.events)
+        topology = self.store.topology() or Topology()
+        jobs = [placement(j, topology) for j in running]
+        if jobs != topology.jobs:
+            self.store.save_topology(topology.model_copy(update={"jobs": jobs}), source="slurm")
 
     def _detect(self, frames: list[MetricFrame], events: list[Event], report: TickReport) -> None:
         opened = self.detector.detect(frames, events)

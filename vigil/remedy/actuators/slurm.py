@@ -4,6 +4,8 @@
   running jobs finish and schedules nothing new, which is Kubernetes' cordon + allow-completion drain.
 - uncordon: ``scontrol update nodename=N state=resume``.
 - reboot: ``scontrol reboot ASAP nextstate=resume reason="..." N`` (reboots once the node is idle).
+- restart_job: ``scontrol requeue J`` (a failed or running batch job goes back to the queue; Slurm counts
+  it in the job's Restarts).
 
 Idempotence reads ``scontrol show node N -o``: a node whose State already carries DRAIN is not
 drained again. The tests put a fake ``scontrol`` on PATH that records its calls.
@@ -22,8 +24,15 @@ _SAFE_REASON = re.compile(r"[^A-Za-z0-9 _.,:/=()\-]")
 
 class SlurmActuator(Actuator):
     name = "slurm"
-    kinds = frozenset({ActionKind.CORDON, ActionKind.DRAIN, ActionKind.UNCORDON, ActionKind.REBOOT})
-    target_kinds = frozenset({"node"})
+    kinds = frozenset({ActionKind.CORDON, ActionKind.DRAIN, ActionKind.UNCORDON, ActionKind.REBOOT,
+                       ActionKind.RESTART_JOB})
+    target_kinds = frozenset({"node", "job"})
+
+    def accepts(self, action: Action) -> bool:
+        kind = parse_entity(action.target)[0]
+        if action.kind is ActionKind.RESTART_JOB:
+            return kind == "job"
+        return action.kind in self.kinds and kind == "node"
 
     def __init__(self, scontrol: str = "scontrol", timeout_s: float = 30.0) -> None:
         self.scontrol = scontrol
@@ -36,6 +45,8 @@ class SlurmActuator(Actuator):
 
     def command(self, action: Action) -> list[str]:
         node = parse_entity(action.target)[1][0]
+        if action.kind is ActionKind.RESTART_JOB:
+            return [self.scontrol, "requeue", node]
         if action.kind in (ActionKind.CORDON, ActionKind.DRAIN):
             return [
                 self.scontrol,
@@ -68,7 +79,7 @@ class SlurmActuator(Actuator):
         return match.group(1) if match else ""
 
     def is_satisfied(self, action: Action) -> bool:
-        if action.kind is ActionKind.REBOOT:
+        if action.kind in (ActionKind.REBOOT, ActionKind.RESTART_JOB):
             return False
         state = self.node_state(parse_entity(action.target)[1][0]).upper()
         draining = "DRAIN" in state

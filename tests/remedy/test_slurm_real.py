@@ -1,0 +1,116 @@
+"""Against a real one-node Slurm (slurm-wlm + munge started by the fixture): the actuator drains and resumes
+the node, job discovery reads squeue, and a failed batch job is requeued per its failover policy."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.slurm_cluster import SlurmCluster, slurm_cluster
+from vigil.model import Action, ActionKind, ActionStatus, Gpu, Node, Topology, node_id
+from vigil.remedy.actuators.slurm import SlurmActuator
+from vigil.remedy.audit import AuditLog
+from vigil.remedy.failover import failover_action, policy_from_comment
+from vigil.remedy.remediator import Remediator
+from vigil.sources.collect.slurm import SlurmJobs, placement
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def slurm() -> Iterator[SlurmCluster]:
+    with slurm_cluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def on_path(slurm: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> SlurmCluster:
+    monkeypatch.setenv("SLURM_CONF", slurm.env["SLURM_CONF"])
+    return slurm
+
+
+def _wait(condition: object, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if callable(condition) and condition():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+
+
+def test_actuator_drains_and_resumes_the_real_node(on_path: SlurmCluster, tmp_path: Path) -> None:
+    remediator = Remediator([SlurmActuator()], AuditLog(f"sqlite:///{tmp_path / 'audit.db'}"), dry_run=False)
+    drain = Action(ts=time.time(), kind=ActionKind.DRAIN, target=node_id(on_path.node), reason="Xid 79 on gpu 1")
+    done = remediator.execute(drain)
+    assert done.status is ActionStatus.EXECUTED, done.result
+    assert on_path.node_state() in ("drained", "draining")
+    assert "vigil: Xid 79 on gpu 1" in on_path.run("sinfo", "-h", "-R", "-o", "%E")
+    again = remediator.execute(Action(ts=time.time(), kind=ActionKind.DRAIN, target=drain.target, reason="repeat"))
+    assert again.status is ActionStatus.SKIPPED  # already drained: idempotent
+    resumed = remediator.execute(Action(ts=time.time(), kind=ActionKind.UNCORDON, target=node_id(on_path.node)))
+    assert resumed.status is ActionStatus.EXECUTED, resumed.result
+    _wait(lambda: on_path.node_state() == "idle", 30, "the node to be idle again")
+
+
+def test_failed_job_is_discovered_and_requeued_per_its_failover_policy(on_path: SlurmCluster, tmp_path: Path) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text("#!/bin/sh\necho step 1\nexit 3\n")
+    job = on_path.run("sbatch", "--parsable", "--requeue", "-o", str(tmp_path / "out-%j.txt"),
+                      "--comment=failoverPolicy: {maxRetries: 1, action: restart}", "-J", "train", str(script)).strip()
+    source = SlurmJobs()
+    _wait(lambda: any(j.id == job and j.failed for j in source.jobs()), 60, "the job to fail")
+    (found,) = [j for j in source.jobs() if j.id == job]
+    assert found.name == "train" and found.state == "FAILED" and found.nodes == (on_path.node,)
+    topology = Topology(nodes=[Node(name=on_path.node, gpus=[Gpu(node=on_path.node, index=i) for i in range(2)])])
+    assert placement(found, topology).placement == [f"gpu/{on_path.node}/0", f"gpu/{on_path.node}/1"]
+
+    (event,) = [e for e in source.collect(time.time()).events if e.entity == f"job/{job}"]
+    assert event.attrs["reason"] == "crashed" and event.attrs["restarts"] == 0
+    assert "exit code 3" in event.attrs["exit_reason"]
+    policy = policy_from_comment(event.attrs["comment"])
+    assert policy.max_retries == 1
+    action = failover_action(job, event.attrs["restarts"], policy, time.time(), event.message)
+    assert action.kind is ActionKind.RESTART_JOB
+    remediator = Remediator([SlurmActuator()], AuditLog(f"sqlite:///{tmp_path / 'audit.db'}"), dry_run=False)
+    assert remediator.execute(action).status is ActionStatus.EXECUTED
+
+    # Requeued: back in the queue (Slurm holds a requeued job back a while before it may start again) with
+    # the restart counted - which spends this policy's one retry.
+    _wait(lambda: source.details(job).get("Restarts") == "1", 30, "Slurm to count the restart")
+    (requeued,) = [j for j in source.jobs() if j.id == job]
+    assert requeued.state in ("PENDING", "REQUEUED", "RUNNING", "CONFIGURING")
+    restarts = int(source.details(job)["Restarts"])
+    assert failover_action(job, restarts, policy, time.time()).kind is ActionKind.ALERT
+
+
+def test_engine_reads_slurm_jobs_and_a_failure_becomes_an_incident(on_path: SlurmCluster, tmp_path: Path) -> None:
+    from vigil.config import Settings
+    from vigil.run.engine import Engine
+    from vigil.store.sql import Store
+
+    settings = Settings(home=tmp_path, slurm_poll_s=0.5)
+    store = Store(settings.database_url())
+    store.register_node(Node(name=on_path.node, gpus=[Gpu(node=on_path.node, index=i) for i in range(2)]))
+    engine = Engine(store, settings, notifiers=[])
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\nsleep 3\nexit 1\n")
+    job = on_path.run("sbatch", "--parsable", "-o", str(tmp_path / "out.txt"), "-J", "pretrain", str(script)).strip()
+
+    def placed() -> bool:
+        engine.tick()
+        topology = store.topology()
+        return topology is not None and [j.placement for j in topology.jobs if j.id == job] == [
+            [f"gpu/{on_path.node}/0", f"gpu/{on_path.node}/1"]]
+
+    _wait(placed, 60, "the running job's placement in the topology")
+
+    def crashed() -> bool:
+        engine.tick()
+        return any(i.scope == f"job/{job}" for i in store.incidents())
+
+    _wait(crashed, 60, "a crash incident on the job")
+    (incident,) = [i for i in store.incidents() if i.scope == f"job/{job}"]
+    assert incident.fault_types == ["job_crash"]
