@@ -12,6 +12,7 @@ from vigil.faces.cli.agent import agent
 from vigil.faces.cli.checkpoint import app as checkpoint_app
 from vigil.faces.cli.detect import app as detect_app
 from vigil.faces.cli.diagnose import diagnose_command
+from vigil.faces.cli.du import du
 from vigil.faces.cli.engine import engine
 from vigil.faces.cli.launch import launch_command
 from vigil.faces.cli.logs import app as logs_app
@@ -57,6 +58,7 @@ app.add_typer(remedy_app, name="remedy")
 app.command("precheck")(precheck_command)
 app.command("inspect")(inspect_command)
 app.add_typer(checkpoint_app, name="checkpoint")
+app.command("du")(du)
 # interfaces
 app.command("serve")(serve)
 app.command("engine")(engine)

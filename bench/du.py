@@ -1,0 +1,140 @@
+"""Directory usage: `vigil du`'s scanner against GNU du on a generated tree of 1,000,000 files.
+
+Run: .venv/bin/python bench/du.py [--top 100 --mid 100 --files 100] [--dir /tmp/vigil-du-bench]
+     -> bench/results/du.json
+
+The tree is top x mid leaf directories with `files` files each (most empty, one in ten with a few bytes, one
+in a hundred with 64 KiB), made once and kept under --dir. Rows, each the median of --repeat runs, page cache
+warm for both tools:
+- first scan: GNU `du -s -B1` against the scanner with no cache (1 and 2 processes);
+- re-scan: after a new file is written into 1% of the leaf directories, GNU du again against the scanner
+  with its cache. Both must report the same bytes (checked on every run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from vigil.sources.fscount import ScanCache, scan
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results" / "du.json"
+console = Console()
+
+
+def make_tree(root: Path, top: int, mid: int, files: int) -> int:
+    marker = root / ".complete"
+    if marker.is_file() and marker.read_text() == f"{top} {mid} {files}":
+        return top * mid * files
+    if root.exists():
+        shutil.rmtree(root)
+    rng = random.Random(0)
+    small, big = b"x" * 100, b"y" * 65536
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task("making the tree", total=top * mid)
+        for i in range(top):
+            for j in range(mid):
+                leaf = root / f"t{i:03d}" / f"m{j:03d}"
+                leaf.mkdir(parents=True)
+                for k in range(files):
+                    draw = rng.random()
+                    (leaf / f"f{k:04d}").write_bytes(big if draw < 0.01 else small if draw < 0.1 else b"")
+                bar.advance(task)
+    past = time.time() - 3600
+    for path in root.rglob("*"):
+        if path.is_dir():
+            os.utime(path, (past, past))
+    marker.write_text(f"{top} {mid} {files}")
+    return top * mid * files
+
+
+def gnu_du(root: Path) -> tuple[float, int]:
+    start = time.perf_counter()
+    out = subprocess.run(["du", "-s", "-B1", str(root)], capture_output=True, text=True, check=True).stdout
+    return time.perf_counter() - start, int(out.split("\t", 1)[0])
+
+
+def timed_scan(root: Path, cache: ScanCache | None, workers: int) -> tuple[float, int, int]:
+    start = time.perf_counter()
+    result = scan(root, cache, workers=workers, history_depth=1)
+    return time.perf_counter() - start, result.totals[result.root].bytes, result.listed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--top", type=int, default=100)
+    parser.add_argument("--mid", type=int, default=100)
+    parser.add_argument("--files", type=int, default=100)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "vigil-du-bench")
+    args = parser.parse_args()
+
+    root = args.dir / "tree"
+    n_files = make_tree(root, args.top, args.mid, args.files)
+    leaves = sorted(root.glob("t*/m*"))
+    rng = random.Random(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        cache = ScanCache(Path(tmp) / "du.sqlite")
+        gnu_du(root)  # warm the page cache for both tools
+        rows: dict[str, list[float]] = {"du_first": [], "scan_first_1": [], "scan_first_2": []}
+        for _ in range(args.repeat):
+            t, expect = gnu_du(root)
+            rows["du_first"].append(t)
+            for workers in (1, 2):
+                t, got, _ = timed_scan(root, None, workers)
+                assert got == expect, f"scanner {got} bytes, du {expect}"
+                rows[f"scan_first_{workers}"].append(t)
+        timed_scan(root, cache, 1)  # fill the cache
+        rows.update({"du_rescan": [], "scan_rescan": []})
+        listed: list[int] = []
+        for round_ in range(args.repeat):
+            for leaf in rng.sample(leaves, max(1, len(leaves) // 100)):
+                (leaf / f"new-{round_}").write_bytes(b"z" * 5000)
+            t, expect = gnu_du(root)
+            rows["du_rescan"].append(t)
+            t, got, n_listed = timed_scan(root, cache, 1)
+            assert got == expect, f"scanner {got} bytes after the change, du {expect}"
+            rows["scan_rescan"].append(t)
+            listed.append(n_listed)
+    for round_ in range(args.repeat):
+        for leaf in leaves:
+            (leaf / f"new-{round_}").unlink(missing_ok=True)
+
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    table = Table(title=f"Directory usage, {n_files:,} files in {len(leaves):,} leaf directories")
+    for column in ("what", "GNU du s", "vigil s", "du / vigil"):
+        table.add_column(column, justify="right")
+    table.add_row("first scan, 1 process", f"{med['du_first']:.3f}", f"{med['scan_first_1']:.3f}",
+                  f"{med['du_first'] / med['scan_first_1']:.2f}x")
+    table.add_row("first scan, 2 processes", f"{med['du_first']:.3f}", f"{med['scan_first_2']:.3f}",
+                  f"{med['du_first'] / med['scan_first_2']:.2f}x")
+    table.add_row("re-scan after 1% of dirs changed", f"{med['du_rescan']:.3f}", f"{med['scan_rescan']:.3f}",
+                  f"{med['du_rescan'] / med['scan_rescan']:.1f}x")
+    console.print(table)
+    console.print(f"directories listed again per re-scan: {listed}")
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps({
+        "machine": platform.processor() or platform.machine(), "cores": os.cpu_count(), "files": n_files,
+        "leaf_dirs": len(leaves), "repeat": args.repeat, "median_seconds": med,
+        "first_scan_ratio_1_thread": med["du_first"] / med["scan_first_1"],
+        "first_scan_ratio_2_threads": med["du_first"] / med["scan_first_2"],
+        "rescan_ratio": med["du_rescan"] / med["scan_rescan"], "rescan_listed_dirs": listed,
+    }, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
