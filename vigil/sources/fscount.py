@@ -157,8 +157,8 @@ class ScanCache:
                 own_bytes,
                 own_apparent,
                 own_files,
-                json.loads(subdirs),
-                [(int(a), int(b), int(c), int(d)) for a, b, c, d in json.loads(links)],
+                subdirs.split("\0") if subdirs else [],
+                [(int(a), int(b), int(c), int(d)) for a, b, c, d in json.loads(links)] if links else [],
             )
         return records
 
@@ -199,8 +199,8 @@ class ScanCache:
                             r.own_bytes,
                             r.own_apparent,
                             r.own_files,
-                            json.dumps(r.subdirs),
-                            json.dumps(r.links),
+                            "\0".join(r.subdirs),
+                            json.dumps(r.links) if r.links else "",
                         )
                         for r in changed
                     ),
@@ -316,27 +316,34 @@ def _walk(
         _WALK = None
 
 
-def _totals(root: str, records: dict[str, DirRecord]) -> dict[str, Usage]:
+def _totals(records: dict[str, DirRecord]) -> dict[str, Usage]:
+    """Subtree totals; ``records`` holds every parent before its children (the walk's order)."""
     seen_links: set[tuple[int, int]] = set()
-    own: dict[str, list[int]] = {}
-    for path in sorted(records):
-        r = records[path]
-        nbytes, apparent = r.own_bytes, r.own_apparent
-        for dev, ino, link_bytes, link_apparent in r.links:
+    own: dict[str, tuple[int, int]] = {}
+    # Hard-linked inodes go to the first directory in path order that holds one, as the names sort.
+    for path in sorted(p for p, r in records.items() if r.links):
+        nbytes = apparent = 0
+        for dev, ino, link_bytes, link_apparent in records[path].links:
             if (dev, ino) not in seen_links:
                 seen_links.add((dev, ino))
                 nbytes += link_bytes
                 apparent += link_apparent
-        own[path] = [nbytes, apparent, r.own_files, 1]
+        own[path] = (nbytes, apparent)
     totals: dict[str, Usage] = {}
-    # Deepest first, so every child's total exists before its parent's.
-    for path in sorted(records, key=lambda p: p.count(os.sep), reverse=True):
-        acc = own[path]
-        for name in records[path].subdirs:
-            child = totals.get(os.path.join(path, name))
+    sep = os.sep
+    for path in reversed(list(records)):
+        r = records[path]
+        link_bytes, link_apparent = own.get(path, (0, 0))
+        nbytes, apparent, files, dirs = r.own_bytes + link_bytes, r.own_apparent + link_apparent, r.own_files, 1
+        prefix = path + sep if not path.endswith(sep) else path
+        for name in r.subdirs:
+            child = totals.get(prefix + name)
             if child is not None:
-                acc = [acc[0] + child.bytes, acc[1] + child.apparent, acc[2] + child.files, acc[3] + child.dirs]
-        totals[path] = Usage(path, *acc)
+                nbytes += child.bytes
+                apparent += child.apparent
+                files += child.files
+                dirs += child.dirs
+        totals[path] = Usage(path, nbytes, apparent, files, dirs)
     return totals
 
 
@@ -360,7 +367,7 @@ def scan(
     start = time.perf_counter()
     cached = cache.load(top) if cache is not None else {}
     records, listed, reused = _walk(top, cached, full, workers, progress)
-    result = ScanResult(top, records, _totals(top, records), listed, reused, 0.0)
+    result = ScanResult(top, records, _totals(records), listed, reused, 0.0)
     result.seconds = time.perf_counter() - start
     if cache is not None:
         cache.save(result, cached, history_depth)

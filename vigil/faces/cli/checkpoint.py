@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import signal
+import time
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from vigil.model import VigilInputError
 
-app = typer.Typer(help="Checkpoints: list (with sizes), restore a backup.", no_args_is_help=True)
+if TYPE_CHECKING:
+    from vigil.checkpoint.evaluation import EvalRecord
+
+app = typer.Typer(help="Checkpoints: list (with sizes), restore a backup, evaluate each new one.", no_args_is_help=True)
 console = Console()
 
 
@@ -58,3 +65,117 @@ def restore_backup_command(
 
     target = restore_backup(url, step, directory)
     console.print(f"restored step {step} into {target}")
+
+
+def _open_incident(job: str, record: EvalRecord) -> None:
+    """An evaluation that failed (or a checkpoint that vanished unevaluated) is an incident, not silence."""
+    from vigil.checkpoint.evaluation import EvalState
+    from vigil.model import Evidence, FaultLevel, Incident, job_id
+    from vigil.store.sql import open_store
+
+    entity = job_id(job)
+    what = "was removed before evaluation" if record.state == EvalState.VANISHED else "evaluation failed"
+    summary = f"checkpoint step {record.step} {what}: {record.message}"[:4096]
+    now = time.time()
+    incident = Incident(
+        id=f"inc-eval-{job}-{record.step}",
+        title=f"Checkpoint step {record.step} of {job}: {what}",
+        scope=entity,
+        entities=[entity],
+        start=record.started or now,
+        end=record.ended or now,
+        level=FaultLevel.OBSERVE,
+        fault_types=["checkpoint_eval_failed"],
+        evidence=[Evidence(kind="event", entity=entity, ts=record.ended or now, summary=summary)],
+    )
+    store = open_store()
+    try:
+        if store.incident(incident.id) is None:
+            store.upsert_incident(incident)
+    finally:
+        store.close()
+    console.print(f"[red]{escape(summary)}[/]")
+
+
+@app.command("watch")
+def watch_command(
+    directory: Annotated[Path, typer.Argument(help="a job's checkpoint directory (step-<N>/ with .metadata)")],
+    eval_command: Annotated[
+        str, typer.Option("--eval", help="command run per checkpoint; {checkpoint} and {step} are filled in")
+    ],
+    max_parallel: Annotated[int, typer.Option("--max-parallel", min=1, help="evaluations at once")] = 1,
+    devices: Annotated[
+        str, typer.Option("--devices", help="comma-separated CUDA devices, one evaluation per device")
+    ] = "",
+    retries: Annotated[int, typer.Option("--retries", min=0, help="new attempts after a failed one")] = 1,
+    timeout: Annotated[float | None, typer.Option("--timeout", help="seconds before an evaluation is stopped")] = None,
+    logdir: Annotated[
+        Path | None, typer.Option("--logdir", help="TensorBoard log directory; scalars go to <logdir>/eval")
+    ] = None,
+    job: Annotated[str | None, typer.Option("--job", help="job name for incidents (default: directory name)")] = None,
+    interval: Annotated[float, typer.Option("--interval", min=0.05, help="seconds between polls")] = 5.0,
+    once: Annotated[bool, typer.Option("--once", help="evaluate what is there now, wait for it, then exit")] = False,
+) -> None:
+    """Evaluate every new complete checkpoint asynchronously, exactly once, across watcher or eval crashes.
+
+    The command's last stdout line, if a JSON object of numbers, becomes the step's scalars (TensorBoard and
+    `vigil checkpoint evals`). A failed evaluation is retried, then opens an incident for the job.
+    """
+    from vigil.checkpoint.evaluation import CheckpointEvaluator, EvalConfig, parse_command
+    from vigil.model import job_id
+
+    name = job or directory.resolve().name
+    job_id(name)  # a name that cannot be an entity id is refused before anything runs
+    config = EvalConfig(
+        command=parse_command(eval_command),
+        max_parallel=max_parallel,
+        devices=[d.strip() for d in devices.split(",") if d.strip()],
+        retries=retries,
+        timeout_s=timeout,
+        logdir=logdir,
+    )
+    evaluator = CheckpointEvaluator(
+        directory,
+        config,
+        on_failure=lambda record: _open_incident(name, record),
+        on_done=lambda record: console.print(
+            f"step {record.step}: " + ", ".join(f"{k}={v:.6g}" for k, v in sorted(record.metrics.items())),
+            highlight=False,
+            markup=False,
+        ),
+    )
+    stopping: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, _frame: stopping.append(signum))
+    try:
+        evaluator.run(interval_s=interval, until_idle=once, stop=lambda: bool(stopping))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        evaluator.close()
+
+
+@app.command("evals")
+def evals_command(
+    directory: Annotated[Path, typer.Argument(help="a watched checkpoint directory")],
+    as_json: Annotated[bool, typer.Option("--json", help="print the evaluations as JSON")] = False,
+) -> None:
+    """Every checkpoint's evaluation: state, attempts, scalars, and why it failed."""
+    from vigil.checkpoint.evaluation import LEDGER_DIR, Ledger
+
+    if not (directory / LEDGER_DIR / "ledger.sqlite").is_file():
+        raise VigilInputError(f"{directory} has no evaluations (run `vigil checkpoint watch {directory}` first)")
+    ledger = Ledger(directory)
+    try:
+        records = ledger.records()
+    finally:
+        ledger.close()
+    if as_json:
+        typer.echo(json.dumps([dataclasses.asdict(r) for r in records], indent=2))
+        return
+    table = Table(title=f"Checkpoint evaluations in {escape(str(directory))}")
+    for column in ("step", "state", "attempts", "scalars", "message"):
+        table.add_column(column, overflow="fold")
+    for r in records:
+        scalars = ", ".join(f"{k}={v:.4g}" for k, v in sorted(r.metrics.items()))
+        table.add_row(str(r.step), r.state.value, str(r.attempts), escape(scalars), escape(r.message))
+    console.print(table)
