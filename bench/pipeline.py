@@ -44,7 +44,7 @@ def throughput(nodes: int, minutes: float) -> dict[str, float]:
     for tick in ticks:
         for frame in tick.frames:
             store.append(frame)
-        grouper.add(rules.detect(tick.frames, tick.events))
+        grouper.add(rules.update(tick.frames, tick.events))
     cpu_s = time.process_time() - started
     _, peak_traced = tracemalloc.get_traced_memory()
     tracemalloc.stop()

@@ -19,7 +19,7 @@ def test_kernel_events_become_rule_anomalies(shared_data: Path, tmp_path: Path) 
     # the capture names its GPU by PCI bus id only; say it is GPU 4 of this node, as NVML would
     kernel = KernelLogSource.from_file(log, node=node.name, gpu_index={"0000:9b:00": 4}.get, boot_time=0.0)
     events = kernel.collect(2e9).events
-    anomalies = RuleDetector(topology).detect([], events)
+    anomalies = RuleDetector(topology).update([], events)
     found = {(a.entity, a.fault_type, a.level) for a in anomalies}
     assert (f"gpu/{node.name}/4", "gpu_gsp_timeout", FaultLevel.DRAIN) in found
     assert (f"node/{node.name}", "cpu_mce", FaultLevel.DRAIN) in found

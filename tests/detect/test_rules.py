@@ -34,8 +34,8 @@ def gpu_frame(ts: float, **overrides: dict[int, float]) -> MetricFrame:
 
 def test_thresholds_fire_on_the_right_gpu_only() -> None:
     det = RuleDetector(TOPO)
-    assert det.detect([gpu_frame(0)], []) == []
-    found = det.detect([gpu_frame(10, DCGM_FI_DEV_GPU_TEMP={5: 93}, DCGM_FI_DEV_PCIE_LINK_WIDTH={9: 8})], [])
+    assert det.update([gpu_frame(0)], []) == []
+    found = det.update([gpu_frame(10, DCGM_FI_DEV_GPU_TEMP={5: 93}, DCGM_FI_DEV_PCIE_LINK_WIDTH={9: 8})], [])
     assert {(a.entity, a.fault_type) for a in found} == {(GPUS[5], "gpu_thermal"), (GPUS[9], "gpu_pcie_width_low")}
     thermal = next(a for a in found if a.fault_type == "gpu_thermal")
     assert thermal.level is FaultLevel.DEGRADED and thermal.evidence[0].value == 93
@@ -43,8 +43,8 @@ def test_thresholds_fire_on_the_right_gpu_only() -> None:
 
 def test_counter_rules_use_rates_and_ignore_resets() -> None:
     det = RuleDetector(TOPO)
-    det.detect([gpu_frame(0, DCGM_FI_DEV_ECC_DBE_VOL_TOTAL={1: 5}, DCGM_FI_DEV_PCIE_REPLAY_COUNTER={2: 1000})], [])
-    found = det.detect([gpu_frame(10, DCGM_FI_DEV_ECC_DBE_VOL_TOTAL={1: 6},
+    det.update([gpu_frame(0, DCGM_FI_DEV_ECC_DBE_VOL_TOTAL={1: 5}, DCGM_FI_DEV_PCIE_REPLAY_COUNTER={2: 1000})], [])
+    found = det.update([gpu_frame(10, DCGM_FI_DEV_ECC_DBE_VOL_TOTAL={1: 6},
                                   DCGM_FI_DEV_PCIE_REPLAY_COUNTER={2: 0})], [])
     assert [(a.entity, a.fault_type) for a in found] == [(GPUS[1], "gpu_dbe")]
 
@@ -52,14 +52,14 @@ def test_counter_rules_use_rates_and_ignore_resets() -> None:
 def test_a_held_condition_extends_one_anomaly() -> None:
     det = RuleDetector(TOPO)
     for ts in range(0, 100, 10):
-        det.detect([gpu_frame(ts, DCGM_FI_DEV_GPU_TEMP={0: 95})], [])
-    closed = det.close_all()
+        det.update([gpu_frame(ts, DCGM_FI_DEV_GPU_TEMP={0: 95})], [])
+    closed = det.close()
     assert len(closed) == 1 and (closed[0].start, closed[0].end) == (0, 90)
 
 
 def test_xid_events_map_through_the_catalogue() -> None:
     det = RuleDetector(TOPO)
-    found = det.detect([], [Event(ts=1, entity=GPUS[3], kind="xid", attrs={"xid": 79}),
+    found = det.update([], [Event(ts=1, entity=GPUS[3], kind="xid", attrs={"xid": 79}),
                             Event(ts=1, entity=GPUS[4], kind="xid", attrs={"xid": 13}),
                             Event(ts=1, entity=GPUS[6], kind="xid", attrs={"xid": 4242})])
     by_gpu = {a.entity: a for a in found}
@@ -70,7 +70,7 @@ def test_xid_events_map_through_the_catalogue() -> None:
 
 def test_straggler_is_found_by_peer_difference() -> None:
     det = RuleDetector(TOPO)
-    found = det.detect([gpu_frame(0, DCGM_FI_DEV_SM_CLOCK={17: 1300})], [])
+    found = det.update([gpu_frame(0, DCGM_FI_DEV_SM_CLOCK={17: 1300})], [])
     job = TOPO.jobs[0] if GPUS[17] in TOPO.jobs[0].placement else TOPO.jobs[1]
     rank = job.placement.index(GPUS[17])
     assert [(a.entity, a.fault_type) for a in found] == [(f"job/{job.id}/rank/{rank}", "straggler")]
@@ -113,14 +113,14 @@ def test_switch_failure_becomes_one_switch_incident() -> None:
 def test_observations_do_not_open_incidents() -> None:
     grouper = IncidentGrouper(TOPO)
     det = RuleDetector(TOPO)
-    grouper.add(det.detect([], [Event(ts=5, entity=GPUS[0], kind="xid", attrs={"xid": 13})]))
+    grouper.add(det.update([], [Event(ts=5, entity=GPUS[0], kind="xid", attrs={"xid": 13})]))
     assert grouper.incidents(now=10) == [] and len(grouper.observations) == 1
 
 
 def test_agent_events_take_the_fault_catalogue_level() -> None:
     """Whatever level a source wrote, a finding is reported at the one level the fault catalogue gives it."""
     det = RuleDetector(TOPO)
-    found = det.detect([], [
+    found = det.update([], [
         Event(ts=1, entity=GPUS[2], kind="gpu_recovery_action", source="nvml", level=FaultLevel.OBSERVE,
               attrs={"action": "GPU_RESET"}),
         Event(ts=1, entity="node/n000", kind="kernel", level=FaultLevel.DEGRADED, attrs={"signature": "oom_kill"}),
@@ -140,10 +140,10 @@ def test_a_healthy_nic_is_judged_by_its_own_rated_speed() -> None:
     names = ("vigil_nic_link_up", "vigil_nic_speed_gbps")
     det = RuleDetector(topo)
     healthy = np.array([[1.0, 200.0]] * len(nics), dtype=np.float32)
-    assert det.detect([MetricFrame(0, "nic", nics, names, healthy)], []) == []
+    assert det.update([MetricFrame(0, "nic", nics, names, healthy)], []) == []
     slow = healthy.copy()
     slow[1, 1] = 100.0
-    found = det.detect([MetricFrame(10, "nic", nics, names, slow)], [])
+    found = det.update([MetricFrame(10, "nic", nics, names, slow)], [])
     assert [(a.entity, a.fault_type, a.level) for a in found] == [
         (nics[1], "nic_speed_low", fault_level("nic_speed_low"))]
 
@@ -154,7 +154,7 @@ def test_a_partial_node_frame_judges_what_it_holds() -> None:
     values = np.array([[1.0, 0.5]] * len(nodes), dtype=np.float32)
     values[2, 0] = 0.0
     det = RuleDetector(TOPO)
-    found = det.detect([MetricFrame(0, "node", nodes, ("vigil_node_up", "vigil_node_load1"), values)], [])
+    found = det.update([MetricFrame(0, "node", nodes, ("vigil_node_up", "vigil_node_load1"), values)], [])
     assert [(a.entity, a.fault_type) for a in found] == [(nodes[2], "node_down")]
 
 
@@ -163,13 +163,13 @@ def test_pcie_width_is_judged_against_the_gpu_own_maximum() -> None:
     names = ("DCGM_FI_DEV_PCIE_LINK_WIDTH", "DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH")
     values = np.array([[8.0, 8.0]] * len(GPUS), dtype=np.float32)
     values[3] = (4.0, 8.0)
-    found = RuleDetector(TOPO).detect([MetricFrame(0, "gpu", GPUS, names, values)], [])
+    found = RuleDetector(TOPO).update([MetricFrame(0, "gpu", GPUS, names, values)], [])
     assert [(a.entity, a.fault_type) for a in found] == [(GPUS[3], "gpu_pcie_width_low")]
 
 
 def test_ipmi_sel_records_are_read_by_sensor_type() -> None:
     det = RuleDetector(TOPO)
-    found = det.detect([], [
+    found = det.update([], [
         Event(ts=1, entity="node/n001", kind="ipmi_sel", source="ipmi",
               message="Power Supply #0x51 | Failure detected | Asserted"),
         Event(ts=1, entity="node/n002", kind="ipmi_sel", source="ipmi",

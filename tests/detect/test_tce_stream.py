@@ -69,8 +69,8 @@ def test_stream_detector_opens_an_anomaly_for_a_learned_fault() -> None:
     stream = LearnedStreamDetector(det, run.topology, min_probability=0.5)
     opened = []
     for tick in run.ticks():
-        opened.extend(stream.detect(tick.frames, tick.events))
-    found = {a.entity for a in stream.close_all() if a.fault_type == "gpu_thermal"}
+        opened.extend(stream.update(tick.frames, tick.events))
+    found = {a.entity for a in stream.close() if a.fault_type == "gpu_thermal"}
     faulty = {p.entity for p in plans}
     assert len(found & faulty) >= len(faulty) - 1
     assert len(found - faulty) <= 1
@@ -87,7 +87,7 @@ def test_stream_detector_refuses_untrained_or_mismatched_models() -> None:
     stream = LearnedStreamDetector(det, topo)
     frame = MetricFrame(0.0, "gpu", [g.id for g in topo.nodes[0].gpus], ["a"], np.zeros((2, 1)))
     with pytest.raises(VigilInputError, match="GPU features"):
-        stream.detect([frame], [])
+        stream.update([frame], [])
 
 
 def test_ground_truth_on_other_entities_is_ignored() -> None:

@@ -52,8 +52,8 @@ def peer_anomalies(plan: FaultPlan, seed: int) -> tuple[Any, list[Any]]:
     run = simulate(SimConfig(nodes=8, gpus=8, minutes=25, seed=seed, job_nodes=8, plans=(plan,)))
     detector = PeerDifferenceDetector(run.topology)
     for tick in run.ticks():
-        detector.detect(tick.frames, tick.events)
-    return run, detector.close_all()
+        detector.update(tick.frames, tick.events)
+    return run, detector.close()
 
 
 def test_peer_detector_flags_only_the_degraded_gpu() -> None:

@@ -20,6 +20,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel
 
+from vigil.detect.base import StreamDetector
 from vigil.knowledge.faults import fault_level
 from vigil.knowledge.metrics import family_metrics, is_counter
 from vigil.knowledge.xid import xid_info
@@ -161,7 +162,7 @@ class _JobState:
     last_crash_ts: float = -np.inf
 
 
-class RuleDetector:
+class RuleDetector(StreamDetector):
     """The rules as one StreamDetector."""
 
     name = "rules"
@@ -210,14 +211,14 @@ class RuleDetector:
             if ts - anomaly.end > self.t.hold_s:
                 self.closed.append(self.active.pop(key))
 
-    def close_all(self) -> list[Anomaly]:
+    def close(self) -> list[Anomaly]:
         self.closed.extend(self.active.values())
         self.active.clear()
         return self.closed
 
     # ---------------------------------------------------------------- the tick
 
-    def detect(self, frames: Sequence[MetricFrame], events: Sequence[Event]) -> list[Anomaly]:
+    def update(self, frames: Sequence[MetricFrame], events: Sequence[Event]) -> list[Anomaly]:
         opened: list[Anomaly] = []
         by_family = {f.family: f for f in frames}
         ts = max((f.ts for f in frames), default=max((e.ts for e in events), default=0.0))

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vigil.detect.base import StreamDetector
 from vigil.detect.learned.tce import TCEDetector
 from vigil.knowledge.faults import fault_level
 from vigil.model import Anomaly, Event, Evidence, FaultLevel, Topology, VigilInputError
@@ -30,7 +31,7 @@ def _fault_level(fault_type: str) -> FaultLevel:
         return FaultLevel.DEGRADED
 
 
-class LearnedStreamDetector:
+class LearnedStreamDetector(StreamDetector):
     """Wraps a fitted ``TCEDetector`` trained on GPU windows (``vigil detect train --format sim``)."""
 
     def __init__(self, detector: TCEDetector, topology: Topology, *, min_probability: float = 0.5,
@@ -65,7 +66,7 @@ class LearnedStreamDetector:
         self._seen += 1
         return self._buffer.transpose(1, 0, 2)
 
-    def detect(self, frames: Sequence[MetricFrame], events: Sequence[Event]) -> list[Anomaly]:
+    def update(self, frames: Sequence[MetricFrame], events: Sequence[Event]) -> list[Anomaly]:
         frame = next((f for f in frames if f.family == "gpu"), None)
         if frame is None:
             return []
@@ -100,7 +101,7 @@ class LearnedStreamDetector:
                 self.closed.append(self.active.pop(gpu))
         return opened
 
-    def close_all(self) -> list[Anomaly]:
+    def close(self) -> list[Anomaly]:
         self.closed.extend(self.active.values())
         self.active.clear()
         return self.closed

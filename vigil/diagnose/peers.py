@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vigil.detect.base import StreamDetector
 from vigil.model import Anomaly, Event, Evidence, FaultLevel, Topology
 from vigil.store.metrics import MetricFrame
 
@@ -34,8 +35,8 @@ PEER_SIGNALS = (
 )
 
 
-class PeerDifferenceDetector:
-    """StreamDetector: GPUs far below their job's median on a throughput metric."""
+class PeerDifferenceDetector(StreamDetector):
+    """GPUs far below their job's median on a throughput metric."""
 
     name = "peers"
 
@@ -49,7 +50,7 @@ class PeerDifferenceDetector:
         self._open: dict[tuple[str, str], Anomaly] = {}
         self.closed: list[Anomaly] = []
 
-    def detect(self, frames: Sequence[MetricFrame], events: Sequence[Event]) -> list[Anomaly]:
+    def update(self, frames: Sequence[MetricFrame], events: Sequence[Event]) -> list[Anomaly]:
         frame = next((f for f in frames if f.family == "gpu"), None)
         if frame is None:
             return []
@@ -97,7 +98,7 @@ class PeerDifferenceDetector:
                 self.closed.append(self._open.pop(key))
         return opened
 
-    def close_all(self) -> list[Anomaly]:
+    def close(self) -> list[Anomaly]:
         self.closed.extend(self._open.values())
         self._open.clear()
         return self.closed

@@ -52,14 +52,12 @@ def run_pipeline(
         if store is not None and tick.events:
             store.add_events(tick.events)
         for det in dets:
-            grouper.add(det.detect(tick.frames, tick.events))
+            grouper.add(det.update(tick.frames, tick.events))
         if progress is not None:
             progress(k + 1, run.n_ticks)
     anomalies: list[Anomaly] = []
     for det in dets:
-        close_all = getattr(det, "close_all", None)
-        if callable(close_all):
-            anomalies.extend(close_all())
+        anomalies.extend(det.close())
     seconds = time.perf_counter() - started
     incidents = grouper.incidents(now=run.end_ts)
     if store is not None:
