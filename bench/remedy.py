@@ -2,7 +2,7 @@
 
 Run: .venv/bin/python bench/remedy.py   -> bench/results/remedy.json
 
-1. Failover (real): the 2-rank gloo job of vigil.checkpoint.tinytrain (200 steps, a checkpoint every 20,
+1. Failover (real): the 2-rank gloo job of vigil_eval.tinytrain (200 steps, a checkpoint every 20,
    ~10 ms per step) runs once clean, then with one rank SIGKILLed at step 90 and once with one rank
    hung at step 90 (hang timeout 5 s). Per fault: detection latency (last sign of life -> detected),
    restart (detected -> ranks relaunched), resume (relaunched -> every rank past its restored step),
@@ -60,7 +60,7 @@ def job(name: str) -> TrainingJob:
                 "command": [
                     "python",
                     "-m",
-                    "vigil.checkpoint.tinytrain",
+                    "vigil_eval.tinytrain",
                     "--steps",
                     str(STEPS),
                     "--step-seconds",

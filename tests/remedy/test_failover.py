@@ -20,7 +20,7 @@ def tiny_job(name: str, steps: int = 30, hang_timeout: str = "10s") -> TrainingJ
             "metadata": {"name": name},
             "spec": {
                 "replicas": 2,
-                "command": ["python", "-m", "vigil.checkpoint.tinytrain", "--steps", str(steps)],
+                "command": ["python", "-m", "vigil_eval.tinytrain", "--steps", str(steps)],
                 "devices": ["cpu:0", "cpu:1", "cpu:2"],
                 "checkpoint": {"everySteps": 5, "keepLast": 2},
                 "failoverPolicy": {"maxRetries": 2, "action": "restart"},

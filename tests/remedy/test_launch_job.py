@@ -17,7 +17,7 @@ kind: TrainingJob
 metadata: {name: cli-job}
 spec:
   replicas: 2
-  command: [python, -m, vigil.checkpoint.tinytrain, --steps, "16"]
+  command: [python, -m, vigil_eval.tinytrain, --steps, "16"]
   env: {VIGIL_INJECT_FAULT: "kill:rank=0:step=9"}
   checkpoint: {dir: ckpt, everySteps: 4}
   failoverPolicy: {maxRetries: 1, action: restart}

@@ -5,7 +5,7 @@ kind: TrainingJob
 metadata: {name: tiny}
 spec:
   replicas: 2
-  command: [python, -m, vigil.checkpoint.tinytrain, --steps, "40"]
+  command: [python, -m, vigil_eval.tinytrain, --steps, "40"]
   devices: [cpu:0, cpu:1, cpu:2]        # more devices than replicas = spares for failover
   checkpoint: {dir: ckpt, everySteps: 5, keepLast: 3}
   failoverPolicy: {maxRetries: 3, action: restart, excludeFailedDevice: true}

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -20,7 +18,6 @@ from vigil.model import FaultLevel, IncidentStatus, VigilInputError
 console = Console()
 LEVEL_STYLE = {FaultLevel.HEALTHY: "green", FaultLevel.OBSERVE: "cyan", FaultLevel.DEGRADED: "yellow",
                FaultLevel.DRAIN: "dark_orange", FaultLevel.ISOLATE: "bold red"}
-REPO_ROOT = Path(__file__).resolve().parents[3]
 DEMO_MARKER = "DEMO"
 
 
@@ -210,25 +207,3 @@ def _lifecycle_states() -> dict[str, str]:
     except ImportError:
         return {}
     return {node: str(state) for node, state in LifecycleStore(settings().database_url()).states().items()}
-
-
-def bench(
-    names: Annotated[list[str] | None, typer.Argument(help="benchmarks to run (default: all in bench/)")] = None,
-) -> None:
-    """Run benchmarks (bench/*.py); each prints a table and writes bench/results/<name>.json."""
-    bench_dir = REPO_ROOT / "bench"
-    available = sorted(p.stem for p in bench_dir.glob("*.py") if not p.stem.startswith("_"))
-    if not available:
-        raise VigilInputError(f"no benchmarks found in {bench_dir} (they ship with the source checkout)")
-    chosen = names or available
-    unknown = sorted(set(chosen) - set(available))
-    if unknown:
-        raise VigilInputError(f"unknown benchmark {', '.join(unknown)}; available: {', '.join(available)}")
-    failed = []
-    for name in chosen:
-        console.rule(f"bench/{name}.py")
-        code = subprocess.call([sys.executable, str(bench_dir / f"{name}.py")], cwd=REPO_ROOT)
-        if code != 0:
-            failed.append(name)
-    if failed:
-        raise VigilInputError(f"benchmarks failed: {', '.join(failed)}")

@@ -63,7 +63,6 @@ app.command("du")(du)
 app.command("serve")(serve)
 app.command("engine")(engine)
 app.command("mcp")(mcp)
-app.command("bench")(core_cli.bench)
 
 
 def main() -> None:
