@@ -68,13 +68,16 @@ def gather(results: list[CheckResult], group: Any = None) -> list[tuple[str, lis
     return [(host, [CheckResult.from_dict(r) for r in rows]) for host, rows in everyone]
 
 
-def _worker(out: Path, options: CheckOptions) -> None:
+def _worker(out: Path, rendezvous: Path, options: CheckOptions) -> None:
     import torch
 
     # Ranks sharing a machine split its cores; oversubscribed threads would measure contention.
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_ranks))
-    dist.init_process_group("gloo")
+    # The ranks share a machine, so they meet through a file rather than a TCP port that could be taken
+    # between choosing it and binding it.
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=int(os.environ["RANK"]),
+                            world_size=int(os.environ["WORLD_SIZE"]))
     try:
         per_rank = gather(run_checks(None, options))
         if dist.get_rank() == 0:
@@ -102,25 +105,22 @@ def run_local(
     if nproc < 1:
         raise VigilInputError(f"--nproc must be at least 1, got {nproc}")
     options = options or CheckOptions()
-    from vigil.remedy.local import free_port
-
     with tempfile.TemporaryDirectory(prefix="vigil-precheck-") as tmp:
         out = Path(tmp) / "results.json"
-        port = free_port()
+        rendezvous = Path(tmp) / "rendezvous"
         procs = []
         for rank in range(nproc):
             env = {
                 **os.environ,
                 "RANK": str(rank),
                 "WORLD_SIZE": str(nproc),
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
                 "LOCAL_RANK": str(rank),
                 "LOCAL_WORLD_SIZE": str(nproc),
             }
             if node_names:
                 env["VIGIL_NODE_NAME"] = node_names[rank % len(node_names)]
-            argv = [sys.executable, "-m", "vigil.precheck.runner", str(out), json.dumps(options.__dict__)]
+            argv = [sys.executable, "-m", "vigil.precheck.runner", str(out), str(rendezvous),
+                    json.dumps(options.__dict__)]
             procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
         deadline = time.time() + timeout_s
         if on_progress:
@@ -143,4 +143,4 @@ def run_local(
 
 
 if __name__ == "__main__":
-    _worker(Path(sys.argv[1]), CheckOptions(**json.loads(sys.argv[2])))
+    _worker(Path(sys.argv[1]), Path(sys.argv[2]), CheckOptions(**json.loads(sys.argv[3])))
