@@ -7,9 +7,13 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from vigil.model import entity_kind
 from vigil.sources.collect.agent import AgentSettings
+from vigil.sources.collect.base import Collection
+from vigil.store.metrics import MetricFrame
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "collect"
 
@@ -75,3 +79,19 @@ def fast_settings(**overrides: object) -> AgentSettings:
     }
     base.update(overrides)
     return AgentSettings(**base)  # type: ignore[arg-type]
+
+
+def frames(collection: Collection, ts: float) -> list[MetricFrame]:
+    """A collection's points as one metric frame per family (gpu, node, nic), the shape the rules read."""
+    by_family: dict[str, dict[tuple[str, str], float]] = {}
+    for point in collection.points:
+        by_family.setdefault(entity_kind(point.entity), {})[(point.entity, point.metric)] = point.value
+    out = []
+    for family, values in sorted(by_family.items()):
+        entities = sorted({e for e, _ in values})
+        metrics = sorted({m for _, m in values})
+        matrix = np.full((len(entities), len(metrics)), np.nan, dtype=np.float32)
+        for (entity, metric), value in values.items():
+            matrix[entities.index(entity), metrics.index(metric)] = value
+        out.append(MetricFrame(ts, family, entities, metrics, matrix))
+    return out

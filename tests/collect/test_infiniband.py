@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vigil.model import FaultLevel
+from tests.collect.conftest import frames
+from vigil.detect.rules import RuleDetector
+from vigil.knowledge.faults import fault_level
+from vigil.model import FaultLevel, Nic, Node, Topology
 from vigil.sources.collect.infiniband import InfinibandCollector
 
 
@@ -65,25 +68,44 @@ def test_absent_sysfs_says_so(tmp_path: Path) -> None:
     assert out.points == [] and "absent" in out.status
 
 
-def test_link_down_flap_speed_drop_and_lost_device_events(tmp_path: Path) -> None:
+def test_state_flaps_and_speed_are_recorded_not_judged_and_the_rules_judge_them_once(tmp_path: Path) -> None:
     port = make_port(tmp_path, "mlx5_0")
     collector = InfinibandCollector(node="n01", root=tmp_path)
-    assert collector.collect(0.0).events == []
+    topology = Topology(nodes=[Node(name="n01", nics=[Nic(node="n01", name="mlx5_0", speed_gbps=400.0)])])
+    rules = RuleDetector(topology)
+    found: list[tuple[float, str]] = []
+
+    def step(ts: float) -> dict[tuple[str, str], float]:
+        out = collector.collect(ts)
+        assert out.events == [], "a collector records; it does not judge"
+        found.extend((ts, a.fault_type) for a in rules.update(frames(out, ts), out.events))
+        return points(out)
+
+    step(0.0)
     (port / "state").write_text("1: DOWN\n")
-    assert [(e.kind, e.level) for e in collector.collect(1.0).events] == [("link_down", FaultLevel.DRAIN)]
-    make_port(tmp_path, "mlx5_0", link_downed=1)  # back up after one more link_downed
-    assert collector.collect(2.0).events == []  # coming back is not a flap by itself...
-    (port / "counters" / "link_downed").write_text("3\n")  # ...but going down twice while up again is
-    [flap] = collector.collect(3.0).events
-    assert flap.kind == "nic_link_flap" and "2 time(s)" in flap.message
+    assert step(1.0)[("vigil_nic_link_up", "nic/n01/mlx5_0")] == 0
+    make_port(tmp_path, "mlx5_0", link_downed=3)  # back up, after the link went down three times
+    assert step(2.0)[("vigil_nic_link_downed_total", "nic/n01/mlx5_0")] == 3
     (port / "rate").write_text("200 Gb/sec (4X HDR)\n")
-    assert [e.kind for e in collector.collect(4.0).events] == ["nic_speed_low"]
-    assert collector.collect(5.0).events == []
+    assert step(3.0)[("vigil_nic_speed_gbps", "nic/n01/mlx5_0")] == 200
+    assert found == [(1.0, "link_down"), (2.0, "link_flap"), (3.0, "nic_speed_low")]
+    assert all(a.level == fault_level(a.fault_type) for a in rules.active.values())
+
+
+def test_a_vanished_device_is_an_observation_the_rules_level(tmp_path: Path) -> None:
+    make_port(tmp_path, "mlx5_0")
+    collector = InfinibandCollector(node="n01", root=tmp_path)
+    assert collector.collect(0.0).events == []
     for path in sorted(tmp_path.rglob("*"), reverse=True):
         path.unlink() if path.is_file() else path.rmdir()
     tmp_path.mkdir(exist_ok=True)
-    [lost] = collector.collect(6.0).events
-    assert (lost.kind, lost.level, lost.entity) == ("nic_lost", FaultLevel.ISOLATE, "nic/n01/mlx5_0")
+    [lost] = collector.collect(1.0).events
+    assert (lost.kind, lost.level, lost.entity) == ("nic_lost", FaultLevel.OBSERVE, "nic/n01/mlx5_0")
+    assert collector.collect(2.0).events == []
+    topology = Topology(nodes=[Node(name="n01", nics=[Nic(node="n01", name="mlx5_0")])])
+    [anomaly] = RuleDetector(topology).update([], [lost])
+    assert (anomaly.entity, anomaly.fault_type) == ("nic/n01/mlx5_0", "nic_lost")
+    assert anomaly.level == fault_level("nic_lost")
 
 
 def test_roce_port_without_gid_is_reported_once(tmp_path: Path) -> None:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import pynvml
 
+from tests.collect.conftest import frames
 from tests.collect.fake_nvml import FakeGpu, FakeNvml
-from vigil.model import FaultLevel
+from vigil.detect.rules import RuleDetector
+from vigil.knowledge.faults import fault_level
+from vigil.model import FaultLevel, Gpu, Node, Topology
 from vigil.sources.collect.nvml import NvmlCollector, normalise_pci_bus
 
 
@@ -46,34 +49,34 @@ def test_real_pynvml_without_driver_says_no_gpu() -> None:
     assert out.status.startswith("no GPU"), out.status
 
 
-def test_pcie_width_downgrade_raises_one_event_until_it_recovers() -> None:
-    gpu = FakeGpu(width=8)
-    collector = NvmlCollector(node="n01", nvml=FakeNvml([gpu]))
-    first = collector.collect(1.0)
-    assert [(e.kind, e.level, e.entity) for e in first.events] == [
-        ("gpu_pcie_width_low", FaultLevel.DRAIN, "gpu/n01/0")
-    ]
-    assert collector.collect(2.0).events == []
-    gpu.width = 16
-    assert collector.collect(3.0).events == []
-    gpu.width = 4
-    assert len(collector.collect(4.0).events) == 1
-
-
-def test_generation_drop_alone_is_power_saving_not_a_downgrade() -> None:
-    collector = NvmlCollector(node="n01", nvml=FakeNvml([FakeGpu(gen=1)]))
-    assert collector.collect(1.0).events == []
-
-
-def test_row_remap_failure_isolates_and_recovery_action_change_is_reported() -> None:
-    gpu = FakeGpu(remap=(0, 5, 0, 1), recovery_action=0)
-    collector = NvmlCollector(node="n01", nvml=FakeNvml([gpu]), health_every=1)
+def test_pcie_width_and_row_remap_failure_are_recorded_for_the_rules_to_judge() -> None:
+    gpu = FakeGpu(width=8, remap=(0, 5, 0, 1))
+    fine = FakeGpu(bus_id="00000000:2A:00.0", gen=1)  # a lower generation alone is power saving
+    collector = NvmlCollector(node="n01", nvml=FakeNvml([gpu, fine]), health_every=1)
     out = collector.collect(1.0)
-    assert [(e.kind, e.level) for e in out.events] == [("gpu_row_remap_failure", FaultLevel.ISOLATE)]
-    gpu.remap = (0, 5, 0, 0)
-    gpu.recovery_action = pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET
+    assert out.events == [], "a collector records; it does not judge"
+    gpu0 = values(out, "gpu/n01/0")
+    assert (gpu0["DCGM_FI_DEV_PCIE_LINK_WIDTH"], gpu0["DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH"]) == (8, 16)
+    assert gpu0["DCGM_FI_DEV_ROW_REMAP_FAILURE"] == 1
+    topology = Topology(nodes=[Node(name="n01", gpus=[Gpu(node="n01", index=0), Gpu(node="n01", index=1)])])
+    rules = RuleDetector(topology)
+    found = rules.update(frames(out, 1.0), out.events)
+    assert sorted((a.entity, a.fault_type, a.level) for a in found) == [
+        ("gpu/n01/0", "gpu_pcie_width_low", fault_level("gpu_pcie_width_low")),
+        ("gpu/n01/0", "gpu_row_remap_failure", fault_level("gpu_row_remap_failure"))]
+    gpu.width = 16
     out = collector.collect(2.0)
-    assert [(e.kind, e.attrs["action"]) for e in out.events] == [("gpu_recovery_action", "DRAIN_AND_RESET")]
+    assert out.events == [] and rules.update(frames(out, 2.0), out.events) == []
+
+
+def test_a_recovery_action_change_is_reported_decoded_and_unjudged() -> None:
+    gpu = FakeGpu(recovery_action=0)
+    collector = NvmlCollector(node="n01", nvml=FakeNvml([gpu]), health_every=1)
+    assert collector.collect(1.0).events == []
+    gpu.recovery_action = pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET
+    [event] = collector.collect(2.0).events
+    assert (event.kind, event.attrs["action"], event.level) == ("gpu_recovery_action", "DRAIN_AND_RESET",
+                                                                FaultLevel.OBSERVE)
     assert collector.collect(3.0).events == []
 
 
@@ -137,9 +140,3 @@ def test_health_counters_are_read_every_nth_collect_and_repeated_in_between() ->
     assert [calls for calls, _ in seen] == [72, 0, 0, 72, 0, 0, 72]  # 18 links x 4 counters
     assert [v["DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"] for _, v in seen] == [3, 3, 3, 6, 6, 6, 9]
     assert all(v["DCGM_FI_DEV_GPU_UTIL"] == 87 and v["vigil_gpu_nvlink_links_up"] == 18 for _, v in seen)
-
-
-def test_row_remap_failure_is_reported_once() -> None:
-    collector = NvmlCollector(node="n01", nvml=FakeNvml([FakeGpu(remap=(0, 5, 0, 1))]), health_every=1)
-    assert len(collector.collect(1.0).events) == 1
-    assert collector.collect(2.0).events == []

@@ -124,11 +124,12 @@ def test_agent_events_take_the_fault_catalogue_level() -> None:
         Event(ts=1, entity=GPUS[2], kind="gpu_recovery_action", source="nvml", level=FaultLevel.OBSERVE,
               attrs={"action": "GPU_RESET"}),
         Event(ts=1, entity="node/n000", kind="kernel", level=FaultLevel.DEGRADED, attrs={"signature": "oom_kill"}),
-        Event(ts=1, entity="nic/n001/mlx5_0", kind="nic_link_flap", source="sysfs", level=FaultLevel.DRAIN),
+        Event(ts=1, entity="nic/n001/mlx5_0", kind="rnic_gid_error", source="sysfs", level=FaultLevel.OBSERVE),
     ])
     assert {(a.entity, a.fault_type, a.level) for a in found} == {
         (GPUS[2], "gpu_recovery_action", fault_level("gpu_recovery_action")),
-        ("node/n000", "host_oom", fault_level("host_oom")), ("nic/n001/mlx5_0", "link_flap", fault_level("link_flap"))}
+        ("node/n000", "host_oom", fault_level("host_oom")),
+        ("nic/n001/mlx5_0", "rnic_gid_error", fault_level("rnic_gid_error"))}
 
 
 def test_a_healthy_nic_is_judged_by_its_own_rated_speed() -> None:

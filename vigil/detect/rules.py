@@ -59,10 +59,11 @@ class Thresholds(BaseModel):
 KERNEL_FAULTS = {"mlx5_link_down": "link_down", "mlx5_health": "nic_lost", "rnic_gid_error": "rnic_gid_error",
                  "mce": "cpu_mce", "fs_readonly": "fs_readonly", "gpu_fallen_off_bus": "gpu_lost",
                  "nvswitch_sxid": "nvswitch_error", "oom_kill": "host_oom", "segfault": "process_crash"}
-# Events the node agent's NVML and sysfs collectors report by kind -> fault type or finding.
-DIRECT_FAULTS = {"gpu_row_remap_failure": "gpu_row_remap_failure", "gpu_pcie_width_low": "gpu_pcie_width_low",
-                 "gpu_recovery_action": "gpu_recovery_action", "link_down": "link_down", "nic_lost": "nic_lost",
-                 "nic_link_flap": "link_flap", "nic_speed_low": "nic_speed_low", "rnic_gid_error": "rnic_gid_error"}
+# The node agent's NVML and sysfs observations that have no metric, by event kind -> fault type. Everything else
+# those collectors see (link state and rate, link_downed, PCIe width, row-remap failure) is a metric the
+# metric rules judge, so each fact is judged once.
+DIRECT_FAULTS = {"gpu_recovery_action": "gpu_recovery_action", "nic_lost": "nic_lost",
+                 "rnic_gid_error": "rnic_gid_error"}
 # IPMI SEL sensor types (IPMI 2.0 table 42-3, as ipmitool prints them) -> fault type.
 SENSOR_FAULTS = {"Power Supply": "psu_failure", "Fan": "fan_failure"}
 # References a rule compares against, computed per frame by the detector.

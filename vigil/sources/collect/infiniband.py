@@ -11,9 +11,11 @@ Layout read (the kernel's ib_core ABI, same for InfiniBand and RoCE devices)::
     <root>/<device>/ports/<port>/gids/<n>       RoCE GID table
 
 The root is a constructor argument, so tests run against a fake tree under a temporary directory.
-Events: a port leaving ACTIVE (link_down), the link_downed counter rising while the port is up again
-(a flap: nic_link_flap), a lower rate than first seen (nic_speed_low), a device that disappears (nic_lost),
-a RoCE port with no usable GID (rnic_gid_error).
+The collector records what sysfs says and judges nothing: port state, rate and counters are metrics (a
+down link, a flap, a rate below the NIC's rated speed are the rules' findings, judged once in
+``vigil.detect.rules``). Two observations have no metric and are events: a device that disappears from sysfs
+(``nic_lost``) and a RoCE port whose GID table holds no usable GID (``rnic_gid_error``); their level is the
+fault catalogue's, not the collector's.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from vigil.model import Event, FaultLevel, nic_id
+from vigil.model import Event, nic_id
 from vigil.sources.collect.base import Collection, Source, default_node_name
 
 SYSFS_ROOT = Path("/sys/class/infiniband")
@@ -62,10 +64,7 @@ class InfinibandCollector(Source):
         super().__init__()
         self.node = node or default_node_name()
         self.root = root
-        self._state: dict[str, bool] = {}
-        self._link_downed: dict[str, int] = {}
-        self._first_rate: dict[str, float] = {}
-        self._speed_low: set[str] = set()
+        self._ports: set[str] = set()
         self._gid_missing: set[str] = set()
 
     def device_of_pci(self, pci: str) -> str | None:
@@ -95,18 +94,17 @@ class InfinibandCollector(Source):
                 name = device.name if port.name == "1" else f"{device.name}:{port.name}"
                 seen.add(name)
                 self._collect_port(out, now, name, port)
-        for lost in sorted(set(self._state) - seen):
+        for lost in sorted(self._ports - seen):
             out.events.append(
                 Event(
                     ts=now,
                     entity=nic_id(self.node, lost),
                     kind="nic_lost",
                     source="sysfs",
-                    level=FaultLevel.ISOLATE,
                     message=f"{lost} disappeared from {self.root}",
                 )
             )
-            del self._state[lost]
+        self._ports = seen
         out.status = f"{len(seen)} InfiniBand / RoCE port(s)"
         return out
 
@@ -148,66 +146,9 @@ class InfinibandCollector(Source):
             out.add(metric, entity, None if words is None else words * 4)
         for file, metric in HW_COUNTERS.items():
             out.add(metric, entity, self._number(port / "hw_counters" / file))
-        self._events(out, now, name, entity, port, up, rate, self._number(port / "counters" / "link_downed"))
+        self._gid_event(out, now, name, entity, port, up)
 
-    def _events(
-        self,
-        out: Collection,
-        now: float,
-        name: str,
-        entity: str,
-        port: Path,
-        up: bool,
-        rate: float | None,
-        link_downed: int | None,
-    ) -> None:
-        was_up = self._state.get(name)
-        if was_up and not up:
-            out.events.append(
-                Event(
-                    ts=now,
-                    entity=entity,
-                    kind="link_down",
-                    source="sysfs",
-                    level=FaultLevel.DRAIN,
-                    message=f"{name} left ACTIVE: {self._read(port / 'state')}",
-                )
-            )
-        previous_downed = self._link_downed.get(name)
-        if up and was_up and previous_downed is not None and link_downed is not None:
-            flaps = link_downed - previous_downed
-            if flaps > 0:
-                out.events.append(
-                    Event(
-                        ts=now,
-                        entity=entity,
-                        kind="nic_link_flap",
-                        source="sysfs",
-                        level=FaultLevel.DRAIN,
-                        message=f"{name} link went down {flaps} time(s) since the last read",
-                        attrs={"link_downed": link_downed},
-                    )
-                )
-        if link_downed is not None:
-            self._link_downed[name] = link_downed
-        self._state[name] = up
-        if rate is not None and up:
-            first = self._first_rate.setdefault(name, rate)
-            if rate < first and name not in self._speed_low:
-                self._speed_low.add(name)
-                out.events.append(
-                    Event(
-                        ts=now,
-                        entity=entity,
-                        kind="nic_speed_low",
-                        source="sysfs",
-                        level=FaultLevel.DEGRADED,
-                        message=f"{name} runs at {rate:g} Gb/s, down from {first:g} Gb/s",
-                        attrs={"rate_gbps": rate, "first_rate_gbps": first},
-                    )
-                )
-            elif rate >= first:
-                self._speed_low.discard(name)
+    def _gid_event(self, out: Collection, now: float, name: str, entity: str, port: Path, up: bool) -> None:
         gid_missing = up and self._read(port / "link_layer") == "Ethernet" and not self._has_gid(port)
         if not gid_missing:
             self._gid_missing.discard(name)
@@ -219,7 +160,6 @@ class InfinibandCollector(Source):
                     entity=entity,
                     kind="rnic_gid_error",
                     source="sysfs",
-                    level=FaultLevel.DRAIN,
                     message=f"RoCE port {name} has no usable GID",
                 )
             )

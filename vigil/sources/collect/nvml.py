@@ -9,6 +9,10 @@ inject a fake that implements the same functions; on a machine with no NVIDIA dr
 ``NVMLError_LibraryNotFound`` / ``DriverNotLoaded`` and the collector reports "no GPU" instead of failing.
 Fields a GPU does not support (``NVML_ERROR_NOT_SUPPORTED``: ECC on consumer boards, NVLink on PCIe cards,
 row remapping before Ampere) are skipped silently; other per-field errors are counted.
+
+The collector records and judges nothing: a narrow PCIe link or a failed row remap is a metric that the rules
+judge (``vigil.detect.rules``); the one event it raises is a change of the driver's recovery action, decoded to
+NVIDIA's name, whose level the fault catalogue gives.
 """
 
 from __future__ import annotations
@@ -16,18 +20,12 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from vigil.model import Event, FaultLevel, gpu_id, node_id
+from vigil.model import Event, gpu_id, node_id
 from vigil.sources.collect.base import Collection, Point, Source, default_node_name
 
-# NVML's recovery action enum (nvmlDeviceGetFieldValues NVML_FI_DEV_GET_GPU_RECOVERY_ACTION): names as in
-# NVIDIA's error-recovery-and-response-flags page, mapped to what Vigil must do with the GPU.
-RECOVERY_ACTIONS: dict[int, tuple[str, FaultLevel]] = {
-    0: ("NONE", FaultLevel.HEALTHY),
-    1: ("GPU_RESET", FaultLevel.DRAIN),
-    2: ("NODE_REBOOT", FaultLevel.DRAIN),
-    3: ("DRAIN_P2P", FaultLevel.DEGRADED),
-    4: ("DRAIN_AND_RESET", FaultLevel.DRAIN),
-}
+# NVML's recovery action enum (nvmlDeviceGetFieldValues NVML_FI_DEV_GET_GPU_RECOVERY_ACTION), decoded to the
+# names of NVIDIA's error-recovery-and-response-flags page; what an action means for the GPU is judged in detect.
+RECOVERY_ACTIONS = {0: "NONE", 1: "GPU_RESET", 2: "NODE_REBOOT", 3: "DRAIN_P2P", 4: "DRAIN_AND_RESET"}
 
 NVLINK_ERROR_METRICS = {
     "NVML_NVLINK_ERROR_DL_CRC_FLIT": "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
@@ -59,7 +57,6 @@ class NvmlCollector(Source):
         self._reads = 0
         self._health: dict[int, list[Point]] = {}
         self._links: dict[int, int] = {}
-        self._remap_failed: set[str] = set()
         self.node = node or default_node_name()
         self._nvml: Any = nvml
         self._initialised = False
@@ -69,7 +66,6 @@ class NvmlCollector(Source):
         self.pci_to_index: dict[str, int] = {}
         # Last recovery action per GPU, so an event is raised on a change, not on every scrape.
         self._recovery: dict[int, int] = {}
-        self._pcie_low: set[int] = set()
 
     # ---------------------------------------------------------------- setup
 
@@ -163,13 +159,13 @@ class NvmlCollector(Source):
             entity,
             self._call(handle, "nvmlDeviceGetCurrentClocksEventReasons"),
         )
-        self._collect_pcie(out, now, index, entity, handle)
+        self._collect_pcie(out, entity, handle)
         self._collect_nvlink_state(out, index, entity, handle)
         self._collect_recovery_action(out, now, index, entity, handle)
         if fresh:
             health = Collection()
             self._collect_ecc(health, entity, handle)
-            self._collect_memory_health(health, now, entity, handle)
+            self._collect_memory_health(health, entity, handle)
             self._collect_nvlink_errors(health, index, entity, handle)
             self._health[index] = health.points
             out.events.extend(health.events)
@@ -183,7 +179,7 @@ class NvmlCollector(Source):
         ):
             out.add(metric, entity, self._call(handle, "nvmlDeviceGetTotalEccErrors", error_type, nv.NVML_VOLATILE_ECC))
 
-    def _collect_memory_health(self, out: Collection, now: float, entity: str, handle: Any) -> None:
+    def _collect_memory_health(self, out: Collection, entity: str, handle: Any) -> None:
         nv = self._nvml
         remap = self._call(handle, "nvmlDeviceGetRemappedRows")
         if remap is not None:
@@ -192,18 +188,6 @@ class NvmlCollector(Source):
             out.add("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", entity, uncorrected)
             out.add("DCGM_FI_DEV_ROW_REMAP_PENDING", entity, pending)
             out.add("DCGM_FI_DEV_ROW_REMAP_FAILURE", entity, failure)
-            if failure and entity not in self._remap_failed:
-                self._remap_failed.add(entity)
-                out.events.append(
-                    Event(
-                        ts=now,
-                        entity=entity,
-                        kind="gpu_row_remap_failure",
-                        source="nvml",
-                        level=FaultLevel.ISOLATE,
-                        message="row remapping failed: no spare rows left for an uncorrectable error",
-                    )
-                )
             return
         # Pre-Ampere GPUs retire pages instead of remapping rows.
         sbe = self._call(
@@ -219,35 +203,18 @@ class NvmlCollector(Source):
             None if pending is None else int(pending == nv.NVML_FEATURE_ENABLED),
         )
 
-    def _collect_pcie(self, out: Collection, now: float, index: int, entity: str, handle: Any) -> None:
+    def _collect_pcie(self, out: Collection, entity: str, handle: Any) -> None:
         gen = self._call(handle, "nvmlDeviceGetCurrPcieLinkGeneration")
         max_gen = self._call(handle, "nvmlDeviceGetMaxPcieLinkGeneration")
         width = self._call(handle, "nvmlDeviceGetCurrPcieLinkWidth")
         max_width = self._call(handle, "nvmlDeviceGetMaxPcieLinkWidth")
         out.add("DCGM_FI_DEV_PCIE_LINK_GEN", entity, gen)
         out.add("DCGM_FI_DEV_PCIE_MAX_LINK_GEN", entity, max_gen)
+        # Current and maximum width both go out, so the rules can compare a GPU with its own slot: width is the
+        # downgrade signal (a bad riser, cable or seating), generation is not (idle GPUs lower it to save power).
         out.add("DCGM_FI_DEV_PCIE_LINK_WIDTH", entity, width)
         out.add("DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH", entity, max_width)
         out.add("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", entity, self._call(handle, "nvmlDeviceGetPcieReplayCounter"))
-        # Width is the reliable downgrade signal: idle GPUs drop their link *generation* to save power, but
-        # never their width; a narrower link than the slot allows is a bad riser, cable or seating.
-        downgraded = width is not None and max_width is not None and 0 < width < max_width
-        if downgraded and index not in self._pcie_low:
-            out.events.append(
-                Event(
-                    ts=now,
-                    entity=entity,
-                    kind="gpu_pcie_width_low",
-                    source="nvml",
-                    level=FaultLevel.DRAIN,
-                    message=f"PCIe link width x{width} below the maximum x{max_width}",
-                    attrs={"width": width, "max_width": max_width, "gen": gen},
-                )
-            )
-        if downgraded:
-            self._pcie_low.add(index)
-        else:
-            self._pcie_low.discard(index)
 
     def _collect_nvlink_state(self, out: Collection, index: int, entity: str, handle: Any) -> None:
         nv = self._nvml
@@ -294,14 +261,13 @@ class NvmlCollector(Source):
         previous = self._recovery.get(index, 0)
         self._recovery[index] = action
         if action != previous and action != 0:
-            name, level = RECOVERY_ACTIONS.get(action, (f"UNKNOWN_{action}", FaultLevel.DRAIN))
+            name = RECOVERY_ACTIONS.get(action, f"UNKNOWN_{action}")
             out.events.append(
                 Event(
                     ts=now,
                     entity=entity,
                     kind="gpu_recovery_action",
                     source="nvml",
-                    level=level,
                     message=f"driver asks for recovery action {name}",
                     attrs={"action": name, "code": action},
                 )
