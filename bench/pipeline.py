@@ -1,6 +1,6 @@
 """Ingest + rule evaluation throughput on a 10,000-GPU simulation, peak memory, detection by fault type.
 
-Run: .venv/bin/python bench/pipeline.py   (or `vigil bench pipeline`) -> bench/results/pipeline.json
+Run: .venv/bin/python bench/pipeline.py   (or `make bench BENCH=pipeline`) -> bench/results/pipeline.json
 
 Throughput is measured on one core over pre-generated scrapes (generation is not counted), side by side
 with a per-sample Python rule loop over the same scrapes - the shape of a hand-written alerting script -

@@ -264,7 +264,7 @@ class Engine:
             self.store.save_topology(topology.model_copy(update={"jobs": jobs}), source="slurm")
 
     def _detect(self, frames: list[MetricFrame], events: list[Event], report: TickReport) -> None:
-        opened = self.detector.detect(frames, events)
+        opened = self.detector.update(frames, events)
         for anomaly in opened:
             # Named by what it is about, so a tick replayed after a crash finds the same anomaly.
             anomaly.id = stable_id("an", anomaly.detector, anomaly.entity, anomaly.fault_type, f"{anomaly.start:.3f}")
