@@ -53,6 +53,13 @@ class VigilCollector(Collector):
         yield gpu_level
         yield node_level
 
+        _, engine_state = self.store.cursor("engine")
+        yield GaugeMetricFamily(
+            "vigil_engine_last_tick_timestamp_seconds",
+            "When the live engine last finished a round (0 before its first).",
+            value=float(engine_state.get("at") or 0.0),
+        )
+
         open_incidents = GaugeMetricFamily(
             "vigil_incidents_open", "Open (not resolved) incidents by fault level.", labels=["level"]
         )
