@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from vigil.model import VigilInputError, describe_validation_error
@@ -22,7 +22,14 @@ class Settings(BaseSettings):
     home: Path = Field(default=Path(".vigil"), description="directory for the embedded store and caches")
     db_url: str = Field(default="", description="SQLAlchemy URL; empty means sqlite:///<home>/vigil.db")
     metrics_url: str = Field(default="", description="Prometheus-compatible HTTP API; empty = embedded store")
-    api_token: str = Field(default="", description="bearer token for mutating REST / MCP calls")
+    api_token: str = Field(default="", description="one shared bearer token for mutating REST / MCP calls "
+                           "(identity 'api', admin); per-user tokens: users_file")
+    users_file: Path | None = Field(default=None, description="users with roles and hashed tokens; "
+                                    "default <home>/users.yaml when it exists")
+    identity_header: str = Field(default="", description="header naming the user, set by an authenticating "
+                                 "reverse proxy (e.g. X-Forwarded-User); empty = bearer tokens only")
+    two_person_rule: bool = Field(default=True, description="the proposer of a destructive action cannot "
+                                  "approve it")
     llm_base_url: str = Field(default="", description="OpenAI-compatible endpoint; empty = deterministic")
     llm_model: str = ""
     llm_api_key: str = ""
@@ -39,6 +46,13 @@ class Settings(BaseSettings):
     external_url: str = Field(default="", description="this server's URL as people reach it (alert links)")
     slurm_poll_s: float = Field(default=0.0, ge=0, description="read Slurm's jobs (squeue) this often; 0 = off")
 
+    @field_validator("home")
+    @classmethod
+    def _home_is_a_directory(cls, home: Path) -> Path:
+        if home.exists() and not home.is_dir():
+            raise ValueError(f"home {home} is a file; expected a directory")
+        return home
+
     def database_url(self) -> str:
         if self.db_url:
             return self.db_url
@@ -51,6 +65,8 @@ def read_yaml(path: Path, what: str) -> Any:
         return yaml.safe_load(path.read_text())
     except FileNotFoundError:
         raise VigilInputError(f"{what} {path} does not exist") from None
+    except OSError as err:
+        raise VigilInputError(f"{what} {path} cannot be read: {err.strerror or err}") from None
     except (yaml.YAMLError, UnicodeDecodeError) as err:
         raise VigilInputError(f"{what} {path} is not valid YAML: {str(err).splitlines()[0]}") from None
 

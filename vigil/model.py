@@ -47,6 +47,7 @@ __all__ = [
     "Sample",
     "Switch",
     "Topology",
+    "VigilConflictError",
     "VigilInputError",
     "describe_validation_error",
     "entity_kind",
@@ -64,6 +65,10 @@ __all__ = [
 
 class VigilInputError(ValueError):
     """Bad input from a user or a source; the message is one line naming what was wrong."""
+
+
+class VigilConflictError(VigilInputError):
+    """A create that would replace something already stored (HTTP 409; exit status 2 on the command line)."""
 
 
 # --------------------------------------------------------------------------- entity ids
@@ -143,6 +148,10 @@ def node_of(entity: str) -> str | None:
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+# Record ids travel in URLs, file names and SQL keys: letters, digits and ``_ . : -``, no path separators.
+RECORD_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,63}$"
 
 
 # --------------------------------------------------------------------------- fault levels
@@ -293,7 +302,7 @@ class IncidentStatus(enum.StrEnum):
 class Incident(Record):
     """Anomalies grouped by entity, topology and time: what a person is paged about."""
 
-    id: str = Field(default_factory=lambda: new_id("inc"))
+    id: str = Field(default_factory=lambda: new_id("inc"), pattern=RECORD_ID_PATTERN)
     title: str
     scope: EntityId
     entities: list[EntityId]
@@ -334,6 +343,12 @@ class ActionKind(enum.StrEnum):
     RUN_DIAGNOSTICS = "run_diagnostics"
     COLLECT_LOGS = "collect_logs"
 
+    @property
+    def destructive(self) -> bool:
+        """Takes capacity or work away (the two-person rule applies); the rest only tell or gather."""
+        return self not in (ActionKind.ALERT, ActionKind.VENDOR_TICKET, ActionKind.RUN_DIAGNOSTICS,
+                            ActionKind.COLLECT_LOGS)
+
 
 class RemediationStep(Record):
     action: ActionKind
@@ -366,7 +381,7 @@ class ActionStatus(enum.StrEnum):
 class Action(Record):
     """One remediation action and its audit trail: who, why, what, result."""
 
-    id: str = Field(default_factory=lambda: new_id("act"))
+    id: str = Field(default_factory=lambda: new_id("act"), pattern=RECORD_ID_PATTERN)
     ts: float
     kind: ActionKind
     target: EntityId

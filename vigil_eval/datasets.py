@@ -23,7 +23,6 @@ from __future__ import annotations
 import csv
 import gzip
 import json
-import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -33,6 +32,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from vigil.model import VigilInputError
+from vigil.store.safe_pickle import load_array
 
 ASD_METRICS = 19
 NAB_PROBATION = 0.15
@@ -132,12 +132,12 @@ def _read_pickle(path: Path) -> np.ndarray:
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(path, "rb") as fh:
-            # Pickles of the public data sets only (read-only shared folder), never user uploads.
-            return np.asarray(pickle.load(fh))  # noqa: S301
+            raw = fh.read()
     except FileNotFoundError:
         raise VigilInputError(f"missing data file {path}") from None
-    except (pickle.UnpicklingError, EOFError, OSError, ValueError) as err:
-        raise VigilInputError(f"{path}: not a readable numpy pickle ({err})") from None
+    except (OSError, EOFError) as err:
+        raise VigilInputError(f"{path}: not readable ({err})") from None
+    return load_array(raw, str(path))
 
 
 def load_asd(root: Path, entities: Sequence[str] | None = None) -> Dataset:

@@ -1,4 +1,4 @@
-"""`vigil diagnose` / `vigil launch` on bad input: one clear line, exit status 2."""
+"""`vigil diagnose run` / `vigil launch script` on bad input: one clear line, exit status 2."""
 
 from __future__ import annotations
 
@@ -22,14 +22,14 @@ def vigil(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_diagnose_missing_path_is_one_line() -> None:
-    result = vigil("diagnose", "/nonexistent/run")
+    result = vigil("diagnose", "run", "/nonexistent/run")
     assert result.returncode == 2
     assert "does not exist" in result.stderr
     assert "Traceback" not in result.stderr
 
 
 def test_launch_missing_script_is_one_line(tmp_path: Path) -> None:
-    result = vigil("launch", "--out", str(tmp_path / "o"), "--", str(tmp_path / "nope.py"))
+    result = vigil("launch", "script", "--out", str(tmp_path / "o"), "--", str(tmp_path / "nope.py"))
     assert result.returncode == 2
     assert "nope.py does not exist" in result.stderr
 

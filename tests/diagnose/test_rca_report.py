@@ -1,4 +1,4 @@
-"""Reports (Markdown / HTML) and the CLI: `vigil kb`, `vigil kb validate`, `vigil diagnose --incident`."""
+"""Reports (Markdown / HTML) and the CLI: `vigil kb`, `vigil kb validate`, `vigil diagnose incident`."""
 
 from __future__ import annotations
 
@@ -140,10 +140,10 @@ def test_diagnose_a_stored_incident_end_to_end(tmp_path: Path, monkeypatch: pyte
             diagnose_incident("inc-nope")
     finally:
         settings.cache_clear()
-    shown = _cli("diagnose", "--incident", incident_id, home=tmp_path)
+    shown = _cli("diagnose", "incident", incident_id, home=tmp_path)
     assert shown.returncode == 0, shown.stderr
     assert "Ranked causes" in shown.stdout and "gpu/n005/6" in shown.stdout
-    missing = _cli("diagnose", "--incident", "inc-nope", home=tmp_path)
+    missing = _cli("diagnose", "incident", "inc-nope", home=tmp_path)
     assert missing.returncode == 2 and "no incident" in missing.stderr
 
 

@@ -127,7 +127,7 @@ def test_cli_launch_json_and_diagnose_agree(tmp_path: Path) -> None:
     out = tmp_path / "cli"
     vigil = [sys.executable, "-m", "vigil"]
     launched = subprocess.run(
-        [*vigil, "launch", "--nproc-per-node", "3", "--hang-timeout", str(HANG_TIMEOUT), "--out", str(out),
+        [*vigil, "launch", "script", "--nproc-per-node", "3", "--hang-timeout", str(HANG_TIMEOUT), "--out", str(out),
          "--json", "--", str(JOB), "--fault", "deadlock", "--rank", "1"],
         capture_output=True, text=True, timeout=180,
     )
@@ -135,15 +135,16 @@ def test_cli_launch_json_and_diagnose_agree(tmp_path: Path) -> None:
     printed = json.loads(launched.stdout)
     assert printed == json.loads((out / "diagnosis.json").read_text())
     assert printed["culprit_ranks"] == [1]
-    again = subprocess.run([*vigil, "diagnose", str(out), "--json"], capture_output=True, text=True, timeout=120)
-    assert again.returncode == 0, again.stderr[-2000:]
+    again = subprocess.run([*vigil, "diagnose", "run", str(out), "--json"], capture_output=True, text=True,
+                           timeout=120)
+    assert again.returncode == 4, again.stderr[-2000:]  # a hang has one exit status, from launch or diagnose
     offline = json.loads(again.stdout)
     for key in ("verdict", "culprit_ranks", "hang_kind", "fork_point", "detected_after_s"):
         assert offline[key] == printed[key]
     # The same run's Flight Recorder dumps, analysed on their own, agree on the culprit.
-    from_fr = subprocess.run([*vigil, "diagnose", str(out / "fr"), "--json"], capture_output=True, text=True,
-                             timeout=120)
-    assert from_fr.returncode == 0, from_fr.stderr[-2000:]
+    from_fr = subprocess.run([*vigil, "diagnose", "run", str(out / "fr"), "--json"], capture_output=True,
+                             text=True, timeout=120)
+    assert from_fr.returncode == 4, from_fr.stderr[-2000:]
     fr = json.loads(from_fr.stdout)
     assert (fr["verdict"], fr["culprit_ranks"], fr["source"]) == ("hang", [1], "flight_recorder")
 
@@ -166,7 +167,7 @@ def test_terminated_launcher_stops_its_ranks(tmp_path: Path) -> None:
 
     out = tmp_path / "term"
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "vigil", "launch", "--nproc-per-node", "2", "--hang-timeout", "60", "--out",
+        [sys.executable, "-m", "vigil", "launch", "script", "--nproc-per-node", "2", "--hang-timeout", "60", "--out",
          str(out), "--", str(JOB), "--fault", "deadlock", "--rank", "1", "--at-step", "1"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )

@@ -1,4 +1,4 @@
-"""`vigil launch --job job.yaml` through the command line."""
+"""`vigil launch job job.yaml` through the command line."""
 
 from __future__ import annotations
 
@@ -6,10 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
-from vigil.faces.cli.launch import launch_command
+from vigil.faces.cli.main import app
 
 JOB = """
 apiVersion: vigil/v1
@@ -25,13 +24,6 @@ spec:
 """
 
 
-def app() -> typer.Typer:
-    cli = typer.Typer()
-    cli.command("launch")(launch_command)
-    cli.command("other")(lambda: None)  # two commands, so "launch" stays a sub-command as in vigil
-    return cli
-
-
 @pytest.mark.slow
 def test_launch_job_restarts_per_failover_policy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VIGIL_DB_URL", f"sqlite:///{tmp_path}/vigil.db")
@@ -40,7 +32,7 @@ def test_launch_job_restarts_per_failover_policy(tmp_path: Path, monkeypatch: py
     settings.cache_clear()
     spec = tmp_path / "job.yaml"
     spec.write_text(JOB)
-    result = CliRunner().invoke(app(), ["launch", "--job", str(spec), "--out", str(tmp_path / "run"), "--json"])
+    result = CliRunner().invoke(app, ["launch", "job", str(spec), "--out", str(tmp_path / "run"), "--json"])
     settings.cache_clear()
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
@@ -53,6 +45,6 @@ def test_launch_job_restarts_per_failover_policy(tmp_path: Path, monkeypatch: py
 def test_launch_job_bad_spec_is_a_clear_error(tmp_path: Path) -> None:
     spec = tmp_path / "job.yaml"
     spec.write_text("metadata: {name: x}\nspec: {replicas: 0, command: [a]}")
-    result = CliRunner().invoke(app(), ["launch", "--job", str(spec)])
+    result = CliRunner().invoke(app, ["launch", "job", str(spec)])
     assert result.exit_code != 0
     assert "replicas" in str(result.exception)

@@ -25,14 +25,10 @@ from vigil.detect.collectives import CollectiveFinding, match_collectives
 from vigil.diagnose.hang import HangDiagnosis, HangKind, Verdict
 from vigil.model import Evidence, VigilInputError, rank_id
 from vigil.sources.probe.records import COLLECTIVE, P2P, OpRecord
+from vigil.store.safe_pickle import PICKLE_ERRORS, DataOnlyUnpickler
 
 SUPPORTED_VERSIONS = ((2, 3), (2, 10))
 _RANK_SUFFIX = re.compile(r"(\d+)(\.json|\.pkl|\.pickle)?$")
-
-
-class _DataOnlyUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"refusing to load class {module}.{name}")
 
 
 @dataclass
@@ -60,8 +56,8 @@ def read_dump(path: Path) -> FRDump:
         raise VigilInputError(f"FR dump {path}: file name must end with the rank number (e.g. rank_3)")
     raw = path.read_bytes()
     try:
-        data = json.loads(raw) if raw[:1] in (b"{", b"[") else _DataOnlyUnpickler(io.BytesIO(raw)).load()
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError) as err:
+        data = json.loads(raw) if raw[:1] in (b"{", b"[") else DataOnlyUnpickler(io.BytesIO(raw)).load()
+    except (*PICKLE_ERRORS, UnicodeDecodeError) as err:
         raise VigilInputError(f"FR dump {path} is corrupt or not a Flight Recorder dump: {err}") from None
     if not isinstance(data, dict):
         raise VigilInputError(f"FR dump {path}: expected a dict at the top level")

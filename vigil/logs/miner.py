@@ -336,8 +336,12 @@ class TemplateMiner:
         """A miner restored from :meth:`save`; a missing file gives a fresh miner."""
         if not path.exists():
             return cls(**params)  # type: ignore[arg-type]
+        if not path.is_file():
+            raise VigilInputError(f"template state {path} is not a file")
         try:
             state = json.loads(path.read_text(encoding="utf-8"))
+            if not isinstance(state, dict):
+                raise TypeError("expected a JSON object at the top level")
             if state.get("version") not in (1, STATE_VERSION):
                 raise VigilInputError(
                     f"template state {path}: version {state.get('version')!r}, expected {STATE_VERSION}"

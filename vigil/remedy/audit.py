@@ -29,9 +29,10 @@ from sqlalchemy import (
     insert,
     select,
 )
+from sqlalchemy.exc import SQLAlchemyError
 
 from vigil.config import settings
-from vigil.model import Action, ActionKind, ActionStatus
+from vigil.model import Action, ActionKind, ActionStatus, VigilInputError
 
 metadata = MetaData()
 
@@ -88,12 +89,15 @@ def engine_for(url: str | None = None) -> Engine:
     with _engines_lock:
         engine = _engines.get(url)
         if engine is None:
-            if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
-                Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-            engine = create_engine(url)
-            if engine.dialect.name == "sqlite":
-                event.listen(engine, "connect", _sqlite_pragmas)
-            metadata.create_all(engine)
+            try:
+                if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+                    Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+                engine = create_engine(url)
+                if engine.dialect.name == "sqlite":
+                    event.listen(engine, "connect", _sqlite_pragmas)
+                metadata.create_all(engine)
+            except (SQLAlchemyError, OSError, ValueError) as err:
+                raise VigilInputError(f"cannot open the store at {url!r}: {str(err).splitlines()[0]}") from None
             _engines[url] = engine
         return engine
 

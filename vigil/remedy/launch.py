@@ -1,4 +1,4 @@
-"""`vigil launch --job job.yaml`: run a TrainingJob spec under the failover supervisor.
+"""`vigil launch job job.yaml`: run a TrainingJob spec under the failover supervisor.
 
 The spec's failoverPolicy decides what a crash or hang leads to (restart from the latest checkpoint,
 migrate the failed rank to a spare device, or alert and stop), its healthCheck which metric
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import NoReturn
 
 from rich.console import Console
 
@@ -60,15 +59,3 @@ def print_report(report: FailoverReport, console: Console) -> None:
         )
     for recovery in report.recoveries:
         console.print(f"  resumed training {recovery['resumed'] - recovery['detected']:.1f}s after detection")
-
-
-def launch_job_command(spec_path: Path, out_dir: Path, as_json: bool) -> NoReturn:
-    """The `vigil launch --job` path; exits 0 when the job finished, 3 when it failed for good."""
-    import typer
-
-    report = run_job(spec_path, out_dir)
-    if as_json:
-        typer.echo(report_json(report))
-    else:
-        print_report(report, Console())
-    raise typer.Exit(0 if report.succeeded else 3)

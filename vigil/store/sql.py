@@ -18,7 +18,7 @@ from typing import Any
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, create_engine, delete, event, func, insert, select, update
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from vigil.config import Settings
 from vigil.config import settings as default_settings
@@ -34,6 +34,7 @@ from vigil.model import (
     Node,
     Sample,
     Topology,
+    VigilConflictError,
     VigilInputError,
     parse_entity,
 )
@@ -65,8 +66,11 @@ def migrate(engine: Engine) -> None:
 class Store:
     def __init__(self, url: str) -> None:
         self.url = url
-        if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
-            Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+                Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise VigilInputError(f"cannot create the store at {url!r}: {err.strerror or err}") from None
         try:
             self.engine = create_engine(url, future=True, pool_pre_ping=True)
         except (SQLAlchemyError, ValueError) as err:
@@ -196,14 +200,37 @@ class Store:
             return [Anomaly.model_validate(r.body) for r in conn.execute(q)]
 
     def upsert_incident(self, incident: Incident) -> None:
-        incident = _validated(Incident, [incident])[0]
-        row = {"id": incident.id, "start": incident.start, "end": incident.end, "level": int(incident.level),
-               "status": incident.status.value, "scope": incident.scope, "title": incident.title,
-               "body": incident.model_dump(mode="json")}
+        """The engine's own write: an incident it grouped grows as its anomalies do."""
+        row = _incident_row(_validated(Incident, [incident])[0])
         with self.engine.begin() as conn:
-            done = conn.execute(update(t.incidents).where(t.incidents.c.id == incident.id).values(**row))
+            done = conn.execute(update(t.incidents).where(t.incidents.c.id == row["id"]).values(**row))
             if done.rowcount == 0:
                 conn.execute(insert(t.incidents).values(**row))
+
+    def create_incident(self, incident: Incident) -> None:
+        """Create-only: an incident with an id already stored is refused, never replaced."""
+        row = _incident_row(_validated(Incident, [incident])[0])
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(insert(t.incidents).values(**row))
+        except IntegrityError:
+            raise VigilConflictError(f"incident {row['id']!r} already exists; change it through its own routes "
+                                     "(status, diagnosis)") from None
+
+    def set_incident_status(self, incident_id: str, status: IncidentStatus, by: str) -> Incident:
+        """Move an incident to ``status`` and record who did it as an ``incident_status`` event (the audit)."""
+        with self.engine.begin() as conn:
+            row = conn.execute(select(t.incidents.c.body).where(t.incidents.c.id == incident_id)).first()
+            if row is None:
+                raise KeyError(incident_id)
+            incident = Incident.model_validate(row.body)
+            before, incident.status = incident.status, status
+            conn.execute(update(t.incidents).where(t.incidents.c.id == incident_id).values(**_incident_row(incident)))
+            conn.execute(insert(t.events).values(
+                ts=time.time(), entity=incident.scope, kind="incident_status", source="api", level=0,
+                message=f"incident {incident_id} {before.value} -> {status.value} by {by}",
+                attrs={"incident_id": incident_id, "from": before.value, "to": status.value, "by": by}))
+        return incident
 
     def incidents(self, status: IncidentStatus | str | None = None, limit: int = 1000) -> list[Incident]:
         q = select(t.incidents.c.body).order_by(t.incidents.c.start.desc()).limit(limit)
@@ -347,6 +374,12 @@ class MetricPush:
     points: list[tuple[str, str, float]]
 
 
+def _incident_row(incident: Incident) -> dict[str, Any]:
+    return {"id": incident.id, "start": incident.start, "end": incident.end, "level": int(incident.level),
+            "status": incident.status.value, "scope": incident.scope, "title": incident.title,
+            "body": incident.model_dump(mode="json")}
+
+
 def _action_row(action: Action) -> dict[str, Any]:
     return {"id": action.id, "ts": action.ts, "incident_id": action.incident_id, "kind": action.kind.value,
             "target": action.target, "status": action.status.value, "body": action.model_dump(mode="json")}
@@ -364,6 +397,14 @@ def _validated(model: Any, items: Iterable[Any]) -> Sequence[Any]:
             raise VigilInputError(f"record {k}: expected {model.__name__}, got {type(item).__name__}")
         out.append(item)
     return out
+
+
+def store_exists(url: str) -> bool:
+    """False for an SQLite file not written yet: a read command then answers "nothing stored" instead of
+    creating directories and an empty store."""
+    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+        return Path(url.removeprefix("sqlite:///")).is_file()
+    return True
 
 
 def open_store(config: Settings | None = None) -> Store:

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request, sta
 from pydantic import BaseModel, Field
 
 from vigil.faces.api.alertmanager import alerts_to_events, parse_payload
-from vigil.faces.api.auth import check_token
+from vigil.faces.api.auth import Identity, check_approver, check_operator, check_read
 from vigil.faces.api.context import ServeContext
 from vigil.faces.api.hang import load_hang_report, stack_tree
 from vigil.model import (
@@ -22,12 +22,14 @@ from vigil.model import (
     Incident,
     IncidentStatus,
     Topology,
+    VigilConflictError,
     VigilInputError,
     parse_entity,
 )
 
-router = APIRouter(prefix="/api/v1")
-Writer = Annotated[str, Depends(check_token)]
+router = APIRouter(prefix="/api/v1", dependencies=[Depends(check_read)])
+Writer = Annotated[Identity, Depends(check_operator)]
+Approver = Annotated[Identity, Depends(check_approver)]
 
 
 async def ctx_of(request: Request) -> ServeContext:
@@ -122,8 +124,12 @@ def incidents(
 
 @router.post("/incidents", tags=["incidents"], status_code=status.HTTP_201_CREATED)
 def create_incident(incident: Incident, ctx: Ctx, user: Writer) -> Incident:
-    """Record an incident (from an external detector); committed before the response is sent."""
-    ctx.store.upsert_incident(incident)
+    """Record an incident (from an external detector); committed before the response is sent. Create-only:
+    an id already stored answers 409 and changes nothing (status and diagnosis have their own routes)."""
+    try:
+        ctx.store.create_incident(incident)
+    except VigilConflictError as err:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(err)) from None
     ctx.invalidate()
     return incident
 
@@ -138,14 +144,13 @@ def incident(incident_id: str, ctx: Ctx) -> Incident:
 
 @router.post("/incidents/{incident_id}/status", tags=["incidents"])
 def set_incident_status(incident_id: str, change: StatusChange, ctx: Ctx, user: Writer) -> Incident:
-    """Acknowledge or resolve an incident."""
-    found = ctx.store.incident(incident_id)
-    if found is None:
-        raise _not_found("incident", incident_id)
-    found.status = change.status
-    ctx.store.upsert_incident(found)
+    """Acknowledge or resolve an incident; the change is recorded as an ``incident_status`` event naming who."""
+    try:
+        changed = ctx.store.set_incident_status(incident_id, change.status, by=user.name)
+    except KeyError:
+        raise _not_found("incident", incident_id) from None
     ctx.invalidate()
-    return found
+    return changed
 
 
 @router.get("/incidents/{incident_id}/diagnosis", tags=["incidents"])
@@ -198,7 +203,7 @@ def propose_action(body: ActionRequest, ctx: Ctx, user: Writer) -> Action:
         target=body.target,
         incident_id=body.incident_id,
         reason=body.reason,
-        requested_by=user,
+        requested_by=user.name,
         params=body.params,
     )
     ctx.store.add_action(action)
@@ -213,8 +218,9 @@ def _action(ctx: ServeContext, action_id: str) -> Action:
 
 
 @router.post("/actions/{action_id}/approve", tags=["actions"])
-def approve_action(action_id: str, ctx: Ctx, user: Writer) -> Action:
-    """proposed -> approved (idempotent for an approved action)."""
+def approve_action(action_id: str, ctx: Ctx, user: Approver) -> Action:
+    """proposed -> approved (idempotent for an approved action). Needs the approver role; with the two-person
+    rule on (the default) the user who proposed a destructive action cannot approve it."""
     with ctx.action_lock:
         action = _action(ctx, action_id)
         if action.status is ActionStatus.APPROVED:
@@ -224,8 +230,13 @@ def approve_action(action_id: str, ctx: Ctx, user: Writer) -> Action:
                 status.HTTP_409_CONFLICT,
                 f"action {action_id} is {action.status.value}; only a proposed action can be approved",
             )
+        if action.kind.destructive and not ctx.auth.may_approve(user, action.requested_by):
+            raise HTTPException(
+                status.HTTP_403_FORBIDDEN,
+                f"two-person rule: {user.name} proposed this {action.kind.value}; another approver must approve it",
+            )
         action.status = ActionStatus.APPROVED
-        action.params = {**action.params, "approved_by": user, "approved_at": time.time()}
+        action.params = {**action.params, "approved_by": user.name, "approved_at": time.time()}
         ctx.store.update_action(action)
         return action
 
@@ -259,7 +270,7 @@ def execute_action(action_id: str, ctx: Ctx, user: Writer, dry_run: Annotated[bo
             decided = ctx.executor(action)
             action.status, action.result = decided.status, decided.result
             action.params = {**action.params, **decided.params}
-        action.params = {**action.params, "executed_by": user, "executed_at": time.time()}
+        action.params = {**action.params, "executed_by": user.name, "executed_at": time.time()}
         ctx.store.update_action(action)
         return action
 

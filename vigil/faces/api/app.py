@@ -21,7 +21,7 @@ from vigil.faces.api.context import ServeContext
 from vigil.faces.api.dcgm import CONTENT_TYPE as DCGM_CONTENT_TYPE
 from vigil.faces.api.dcgm import render_dcgm
 from vigil.faces.api.exporter import render_metrics
-from vigil.model import Action, VigilInputError
+from vigil.model import Action, VigilConflictError, VigilInputError
 from vigil.remedy.lifecycle import LifecycleStore
 from vigil.sources.promql import PromQLSource
 from vigil.store.metrics import MetricFrame, MetricStore
@@ -76,7 +76,7 @@ def app_for_context(ctx: ServeContext) -> FastAPI:
 
     @app.exception_handler(VigilInputError)
     async def _bad_input(request: Request, err: VigilInputError) -> JSONResponse:
-        return JSONResponse({"detail": str(err)}, status_code=400)
+        return JSONResponse({"detail": str(err)}, status_code=409 if isinstance(err, VigilConflictError) else 400)
 
     @app.exception_handler(RequestValidationError)
     async def _bad_request(request: Request, err: RequestValidationError) -> JSONResponse:

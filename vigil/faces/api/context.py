@@ -14,6 +14,7 @@ import numpy as np
 from sqlalchemy import Text, cast, select
 
 from vigil.config import Settings
+from vigil.faces.api.auth import Authenticator
 from vigil.faces.api.exporter import VigilCollector
 from vigil.faces.api.hang import find_reports
 from vigil.model import Action, Diagnosis, Event, FaultLevel, Topology, VigilInputError
@@ -92,6 +93,7 @@ class ServeContext:
     executor: Callable[[Action], Action] | None = None
     lifecycle: LifecycleStore | None = None
     collector: VigilCollector = field(init=False)
+    auth: Authenticator = field(init=False)
     # Actions are read-modify-write (approve, execute); one lock keeps two approvals from racing.
     action_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     cache_ttl_s: float = 1.0
@@ -101,10 +103,15 @@ class ServeContext:
     _kg_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
 
     def __post_init__(self) -> None:
+        self.auth = Authenticator(self.settings)
         topology = self.store.topology()
         self.collector = VigilCollector(self.store, self.node_grid, cluster=topology.cluster if topology else "vigil")
 
     # ------------------------------------------------------------------ metrics
+
+    @property
+    def auth_configured(self) -> bool:
+        return self.auth.configured
 
     def metric_source(self) -> MetricsSource | None:
         return self.prom if self.prom is not None else self.metrics

@@ -18,6 +18,7 @@ import numpy as np
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
+from vigil.faces.api.auth import Role, mcp_identity
 from vigil.faces.api.context import ServeContext
 from vigil.knowledge.xid import xid_info
 from vigil.model import (
@@ -254,7 +255,7 @@ def build_mcp_server(ctx: ServeContext, *, allow_writes: bool = False) -> MCPSer
                 target=target,
                 incident_id=incident_id,
                 reason=reason[:2000],
-                requested_by="mcp",
+                requested_by=mcp_identity().name,
             )
             ctx.store.add_action(action)
             return action.model_dump()
@@ -268,8 +269,16 @@ def build_mcp_server(ctx: ServeContext, *, allow_writes: bool = False) -> MCPSer
                     raise VigilInputError(f"no action {action_id!r}")
                 if action.status is not ActionStatus.PROPOSED:
                     raise VigilInputError(f"action {action_id} is {action.status.value}; only proposed ones")
+                caller = mcp_identity()
+                if caller.role < Role.APPROVER:
+                    raise VigilInputError(f"user {caller.name!r} is {caller.role.label}; approving needs approver")
+                if action.kind.destructive and not ctx.auth.may_approve(caller, action.requested_by):
+                    raise VigilInputError(
+                        f"two-person rule: {caller.name} proposed this {action.kind.value}; another approver "
+                        "must approve it"
+                    )
                 action.status = ActionStatus.APPROVED
-                action.params = {**action.params, "approved_by": "mcp"}
+                action.params = {**action.params, "approved_by": caller.name}
                 ctx.store.update_action(action)
                 return action.model_dump()
 

@@ -8,19 +8,22 @@ import signal
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from vigil.faces.cli.listen import ensure_port_free
+from vigil.faces.cli.output import SafeConsole, SafeFormatter
 from vigil.model import VigilInputError
 
-console = Console()
+console = SafeConsole()
 
 
 def agent(
     once: Annotated[bool, typer.Option("--once", help="read every source once, print, exit")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the --once report as JSON")] = False,
     interval: Annotated[float | None, typer.Option("--interval", help="one interval (s) for every source")] = None,
-    port: Annotated[int | None, typer.Option("--port", help="Prometheus /metrics port (0 = off)")] = None,
+    port: Annotated[
+        int | None, typer.Option("--port", min=0, max=65535, help="Prometheus /metrics port (0 = off)")
+    ] = None,
     dcgm_url: Annotated[str | None, typer.Option("--dcgm-url", help="dcgm-exporter page ('' = off)")] = None,
     server: Annotated[str | None, typer.Option("--server", help="Vigil server URL to push events to")] = None,
     kmsg_file: Annotated[str | None, typer.Option("--kmsg-file", help="kernel log file instead of /dev/kmsg")] = None,
@@ -46,7 +49,11 @@ def agent(
         if interval <= 0:
             raise VigilInputError(f"--interval must be a positive number of seconds, not {interval}")
         settings.intervals = dict.fromkeys(settings.intervals, interval)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(SafeFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
+    if settings.port and not once:
+        ensure_port_free("0.0.0.0", settings.port, "--port")
     agent_ = Agent(build_sources(settings), settings)
     if once:
         agent_.collect_once()

@@ -11,17 +11,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from vigil.faces.cli.output import SafeConsole
 from vigil.model import VigilInputError
 
 if TYPE_CHECKING:
     from vigil.checkpoint.evaluation import EvalRecord
 
 app = typer.Typer(help="Checkpoints: list (with sizes), restore a backup, evaluate each new one.", no_args_is_help=True)
-console = Console()
+console = SafeConsole()
 
 
 @app.command("ls")

@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from vigil.config import settings
+from vigil.faces.cli.output import SafeConsole
 from vigil.model import FaultLevel, IncidentStatus, VigilInputError
 
-console = Console()
+if TYPE_CHECKING:
+    from vigil.sources.sim import SimConfig
+
+console = SafeConsole()
 LEVEL_STYLE = {FaultLevel.HEALTHY: "green", FaultLevel.OBSERVE: "cyan", FaultLevel.DEGRADED: "yellow",
                FaultLevel.DRAIN: "dark_orange", FaultLevel.ISOLATE: "bold red"}
 DEMO_MARKER = "DEMO"
@@ -23,11 +27,29 @@ DEMO_MARKER = "DEMO"
 
 def _progress(enabled: bool) -> Progress:
     return Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                    TimeElapsedColumn(), console=Console(stderr=True), disable=not enabled, transient=True)
+                    TimeElapsedColumn(), console=SafeConsole(stderr=True), disable=not enabled, transient=True)
+
+
+def _sim_config(nodes: int, gpus: int, minutes: float, seed: int) -> SimConfig:
+    """Every number checked before anything is written (``nan`` and ``inf`` pass the comparisons)."""
+    from vigil.sources.sim import SimConfig
+
+    if not math.isfinite(minutes) or minutes <= 0:
+        raise VigilInputError(f"--minutes must be a positive number of simulated minutes, not {minutes}")
+    config = SimConfig(nodes=nodes, gpus=gpus, minutes=minutes, seed=seed)
+    config.validate()
+    return config
+
+
+def _directory_option(path: Path, option: str) -> Path:
+    if path.exists() and not path.is_dir():
+        raise VigilInputError(f"{option} {path} is a file; expected a directory")
+    return path
 
 
 def _fresh_demo_store(home: Path) -> Path:
     """The demo owns its store: it may replace a store it made before, never someone else's."""
+    _directory_option(home, "--home")
     db = home / "vigil.db"
     if db.exists() and not (home / DEMO_MARKER).exists():
         raise VigilInputError(f"{db} holds data that `vigil demo` did not write; pass --home DIR to run the demo "
@@ -51,18 +73,20 @@ def demo(
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
 ) -> None:
     """Simulate a cluster with injected faults, run the whole flow, and score it against the ground truth."""
+    config = _sim_config(nodes, gpus, minutes, seed)
+    home = home or settings().home
+    _directory_option(home, "--home")
+
     from vigil.detect.base import StreamDetector
     from vigil.detect.rules import RuleDetector
     from vigil.detect.stream import learned_detectors
     from vigil.run.pipeline import run_pipeline
-    from vigil.sources.sim import SimConfig, simulate
+    from vigil.sources.sim import simulate
     from vigil.store.metrics import MetricStore
     from vigil.store.sql import Store
     from vigil_eval.scoring import score as score_incidents
 
-    home = home or settings().home
     db = _fresh_demo_store(home)
-    config = SimConfig(nodes=nodes, gpus=gpus, minutes=minutes, seed=seed)
     run = simulate(config)
     store = Store(f"sqlite:///{db}")
     # the learned GPU detector runs beside the rules once one is trained into <home>/models/tce-gpu
@@ -135,10 +159,12 @@ def sim(
     as_json: Annotated[bool, typer.Option("--json", help="print a JSON summary")] = False,
 ) -> None:
     """Write a simulated run (topology, metrics, events, logs, ground truth) as files (see docs/simulator.md)."""
-    from vigil.sources.sim import SimConfig, simulate
+    from vigil.sources.sim import simulate
     from vigil.sources.sim.io import write_sim
 
-    run = simulate(SimConfig(nodes=nodes, gpus=gpus, minutes=minutes, seed=seed))
+    config = _sim_config(nodes, gpus, minutes, seed)
+    _directory_option(out, "--out")
+    run = simulate(config)
     with _progress(not as_json) as progress:
         task = progress.add_task(f"writing {out}", total=run.n_ticks)
         summary = write_sim(run, out, progress=lambda done, total: progress.update(task, completed=done))
@@ -149,10 +175,11 @@ def sim(
                       f"lines and {summary['faults']} ground-truth faults to {out}")
 
 
-def _store() -> Any:
-    from vigil.store.sql import open_store
+def _stored() -> Any:
+    """The store for a read command, or None when nothing was ever stored (reading creates nothing)."""
+    from vigil.store.sql import open_store, store_exists
 
-    return open_store()
+    return open_store() if store_exists(settings().database_url()) else None
 
 
 def incidents(
@@ -163,7 +190,8 @@ def incidents(
     """List incidents, newest first."""
     if status is not None and status not in {s.value for s in IncidentStatus}:
         raise VigilInputError(f"bad --status {status!r}: expected open, acknowledged or resolved")
-    items = _store().incidents(status=status, limit=limit)
+    store = _stored()
+    items = store.incidents(status=status, limit=limit) if store is not None else []
     if as_json:
         print(json.dumps([i.model_dump(mode="json") for i in items]))
         return
@@ -178,10 +206,10 @@ def incidents(
 
 def nodes(as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False) -> None:
     """Health and fault level per node and GPU (worst open incident), with the node lifecycle state."""
-    store = _store()
-    health = store.node_health()
-    topo = store.topology()
-    lifecycle = _lifecycle_states()
+    store = _stored()
+    health = store.node_health() if store is not None else {}
+    topo = store.topology() if store is not None else None
+    lifecycle = _lifecycle_states() if store is not None else {}
     rows = []
     for node in topo.nodes if topo else []:
         rows.append({"node": node.id, "level": health.get(node.id, FaultLevel.HEALTHY).label,

@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from vigil.faces.cli.output import SafeConsole
 from vigil.model import VigilInputError
 
 app = typer.Typer(help="Learned anomaly detection: train TCE, evaluate detectors honestly.", no_args_is_help=True)
-console = Console()
+console = SafeConsole()
 
 FORMAT_HELP = "data format: asd, nab, csv (docs/detection.md) or sim (a `vigil sim --out` directory)"
 
@@ -27,7 +27,7 @@ def _progress() -> Any:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     return Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                    TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+                    TimeElapsedColumn(), console=SafeConsole(stderr=True), transient=True)
 
 
 def _split_entities(dataset: Any, train: list[str], test: list[str]) -> tuple[list[str], list[str]]:

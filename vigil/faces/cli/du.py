@@ -9,14 +9,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from vigil.config import settings
+from vigil.faces.cli.output import SafeConsole
 from vigil.sources.fscount import ScanCache, ScanResult, Usage, scan
 
-console = Console()
+console = SafeConsole()
 
 
 def _human(n: int) -> str:

@@ -1,53 +1,101 @@
-"""`vigil launch`: run a script as an N-rank job with the probe and the supervisor."""
+"""`vigil launch script` and `vigil launch job`: run a training job under the probe and the supervisor.
+
+Every launch writes into a run directory of its own, so no launch can overwrite the evidence of an
+earlier one: ``--out DIR`` must be new (or empty), and without it each launch gets
+``vigil-runs/<time>-<name>/`` and ``vigil-runs/latest`` points at it.
+"""
 
 from __future__ import annotations
 
+import math
+import os
+import shutil
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
-console = Console(stderr=True)
+from vigil.faces.cli.output import SafeConsole
+from vigil.model import VigilInputError
+
+app = typer.Typer(
+    help="Run a training job under the probe: a script on N local ranks, or a TrainingJob spec.",
+    no_args_is_help=True,
+)
+console = SafeConsole(stderr=True)
+RUNS_ROOT = Path("vigil-runs")
+LATEST = "latest"
+
+OutOption = Annotated[
+    Path | None,
+    typer.Option("--out", help="new run directory (default: a fresh one under vigil-runs/, linked as latest)"),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="print the result as JSON on stdout")]
 
 
-def launch_command(
-    script: Annotated[
-        Path | None, typer.Argument(help="training script, run unchanged as every rank's __main__")
-    ] = None,
+def new_run_dir(out: Path | None, name: str, root: Path = RUNS_ROOT) -> Path:
+    """A run directory nobody has written to: ``out`` when it is new or empty, else refused; without ``out``
+    a fresh ``root/<time>-<name>`` (created exclusively, so two launches in the same second differ) with
+    ``root/latest`` moved to it."""
+    if out is not None:
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):
+            raise VigilInputError(
+                f"--out {out} already holds {'a file' if not out.is_dir() else 'files'}; every launch needs a new "
+                "run directory (omit --out for a fresh one under vigil-runs/)"
+            )
+        out.mkdir(parents=True, exist_ok=True)
+        return out
+    if root.exists() and not root.is_dir():
+        raise VigilInputError(f"{root} is a file; run directories go under it")
+    root.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for attempt in range(1000):
+        run = root / (f"{stamp}-{name}" if attempt == 0 else f"{stamp}-{name}-{attempt}")
+        try:
+            run.mkdir()
+        except FileExistsError:
+            continue
+        link = root / f".{LATEST}.{os.getpid()}"
+        link.unlink(missing_ok=True)
+        link.symlink_to(run.name)
+        link.replace(root / LATEST)  # atomic: readers see the old run or the new one, never no link
+        return run
+    raise VigilInputError(f"{root}: no free run directory name for {stamp}-{name}")
+
+
+def _positive_seconds(value: float, option: str) -> float:
+    if not math.isfinite(value) or value <= 0:
+        raise VigilInputError(f"{option} must be a positive number of seconds, not {value}")
+    return value
+
+
+@app.command("script")
+def script_command(
+    script: Annotated[Path, typer.Argument(help="training script, run unchanged as every rank's __main__")],
     script_args: Annotated[
         list[str] | None, typer.Argument(help="arguments passed to the script (after --)")
     ] = None,
-    nproc_per_node: Annotated[int, typer.Option("--nproc-per-node", help="number of ranks to start")] = 2,
+    nproc_per_node: Annotated[int, typer.Option("--nproc-per-node", min=1, help="number of ranks to start")] = 2,
     hang_timeout: Annotated[
         float, typer.Option("--hang-timeout", help="seconds without progress that make a hang")
     ] = 10.0,
-    out: Annotated[
-        Path, typer.Option("--out", help="run directory (diagnosis.json, rank logs, stacks, FR dumps)")
-    ] = Path("vigil-run"),
-    as_json: Annotated[bool, typer.Option("--json", help="print diagnosis.json on stdout")] = False,
-    job: Annotated[
-        Path | None,
-        typer.Option("--job", help="TrainingJob spec (YAML): run it honouring failoverPolicy and healthCheck"),
-    ] = None,
+    out: OutOption = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Start SCRIPT as an N-rank torch.distributed job; on a hang, crash or mismatch say who and why.
 
-    Exit status: 0 ok or slow, 3 crash, 4 hang, 5 mismatch, 2 bad input.
+    Exit status (the same as vigil diagnose run): 0 ok or slow, 3 crash, 4 hang, 5 mismatch, 2 bad input.
     """
-    if job is not None:
-        from vigil.remedy.launch import launch_job_command
-
-        launch_job_command(job, out, as_json)
-    if script is None:
-        from vigil.model import VigilInputError
-
-        raise VigilInputError("give a training SCRIPT to launch, or --job job.yaml")
     from vigil.diagnose.hang_render import print_diagnosis
     from vigil.run.launcher import launch
 
+    _positive_seconds(hang_timeout, "--hang-timeout")
+    if not script.is_file():
+        raise VigilInputError(f"training script {script} does not exist")
+    run_dir = new_run_dir(out, script.stem)
     # A terminated launcher must not orphan its ranks: turn SIGTERM into an exit that runs launch's cleanup.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
@@ -62,12 +110,40 @@ def launch_command(
             script_args or [],
             nproc=nproc_per_node,
             hang_timeout=hang_timeout,
-            out_dir=out,
+            out_dir=run_dir,
             on_event=on_event,
         )
     if as_json:
         typer.echo(diagnosis.model_dump_json(indent=2))
     else:
-        print_diagnosis(diagnosis, Console())
-        console.print(f"diagnosis written to {out / 'diagnosis.json'}")
+        print_diagnosis(diagnosis, SafeConsole())
+        console.print(f"diagnosis written to {run_dir / 'diagnosis.json'}", highlight=False)
     raise typer.Exit(diagnosis.exit_code)
+
+
+@app.command("job")
+def job_command(
+    spec: Annotated[Path, typer.Argument(help="TrainingJob spec (YAML) with failoverPolicy and healthCheck")],
+    out: OutOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Run a TrainingJob spec on local ranks, honouring its failoverPolicy and healthCheck.
+
+    Exit status: 0 the job finished, 3 it failed for good, 2 bad input.
+    """
+    from vigil.remedy.jobspec import load_jobspec
+    from vigil.remedy.launch import print_report, report_json, run_job
+
+    if spec.is_dir():
+        raise VigilInputError(f"job spec {spec} is a directory; expected a TrainingJob YAML file")
+    job = load_jobspec(spec)
+    program = job.spec.command[0]
+    if program not in ("python", "python3") and shutil.which(program) is None:
+        raise VigilInputError(f"job spec {spec}: command {program!r} is not an executable on PATH")
+    run_dir = new_run_dir(out, job.name)
+    report = run_job(spec, run_dir, console=console)
+    if as_json:
+        typer.echo(report_json(report))
+    else:
+        print_report(report, SafeConsole())
+    raise typer.Exit(0 if report.succeeded else 3)

@@ -9,15 +9,16 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
+from vigil.faces.cli.output import SafeConsole
+
 app = typer.Typer(name="logs", help="Log intelligence: templates, root error across ranks, scalar checks.",
                   no_args_is_help=True)
-console = Console()
-err_console = Console(stderr=True)
+console = SafeConsole()
+err_console = SafeConsole(stderr=True)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="machine-readable output")]
 
@@ -29,7 +30,7 @@ def parse(
     state: Annotated[Path | None, typer.Option(help="template state file to resume from and save to")] = None,
     summary: Annotated[bool, typer.Option(help="one row per template with its line count, not per line")] = False,
 ) -> None:
-    """Mine templates: one template per input line (``--json``: JSON lines {line, template, template_id})."""
+    """Mine templates: one template per input line (with --json: JSON lines of line, template, template_id)."""
     from vigil.logs.miner import TemplateMiner, read_lines
 
     miner = TemplateMiner.load(state) if state else TemplateMiner()
@@ -144,7 +145,7 @@ def signatures(as_json: JsonFlag = False) -> None:
 class _progress:
     """A transient Rich progress bar on stderr (silent when stderr is not a terminal)."""
 
-    def __init__(self, target: Console, total: int, label: str) -> None:
+    def __init__(self, target: SafeConsole, total: int, label: str) -> None:
         self.bar = Progress(TextColumn(label), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                             TimeElapsedColumn(), console=target, transient=True)
         self.total = total

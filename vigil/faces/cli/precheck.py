@@ -8,16 +8,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from vigil.faces.cli.output import SafeConsole
 from vigil.model import VigilInputError
 
 if TYPE_CHECKING:
     from vigil.precheck.baseline import MachineVerdict
 
-console = Console()
-err_console = Console(stderr=True)
+console = SafeConsole()
+err_console = SafeConsole(stderr=True)
 
 
 def _baseline_path(path: Path | None) -> Path:

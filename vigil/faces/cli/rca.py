@@ -1,4 +1,4 @@
-"""`vigil kb`, `vigil rca eval` and the incident side of `vigil diagnose --incident ID`."""
+"""`vigil kb`, `vigil rca eval` and the report behind `vigil diagnose incident ID`."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markdown import Markdown
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from vigil.faces.cli.output import SafeConsole, echo
 from vigil.model import VigilInputError
 
 kb_app = typer.Typer(help="The fault knowledge base: symptom -> fault -> cause -> remedy.", no_args_is_help=False)
@@ -39,7 +39,7 @@ def kb_list(
         typer.echo(json.dumps({"summary": kb.summary(), "faults": faults, "problems": kb.problems,
                                "warnings": kb.warnings}, indent=2))
         return
-    console = Console()
+    console = SafeConsole()
     table = Table(title=f"Vigil knowledge base ({kb.source}; versions {kb.versions})")
     for column in ("fault", "entity", "level", "symptoms", "remedies", "prior"):
         table.add_column(column)
@@ -66,7 +66,7 @@ def kb_validate(
         typer.echo(json.dumps({"valid": not kb.problems, "problems": kb.problems, "warnings": kb.warnings,
                                "summary": kb.summary()}, indent=2))
     else:
-        console = Console()
+        console = SafeConsole()
         for warning in kb.warnings:
             console.print(f"[yellow]warning:[/] {warning}", highlight=False)
         for problem in kb.problems:
@@ -88,7 +88,7 @@ def rca_eval_command(
     RCA on each, and report AC@1 / AC@3 overall and per fault type."""
     from vigil_eval.rca import evaluate
 
-    err = Console(stderr=True)
+    err = SafeConsole(stderr=True)
     with Progress(TextColumn("rca eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err,
                   disable=as_json) as bar:
         task = bar.add_task("cases", total=cases)
@@ -97,7 +97,7 @@ def rca_eval_command(
     if as_json:
         typer.echo(json.dumps(summary, indent=2))
         return
-    console = Console()
+    console = SafeConsole()
     table = Table(title=f"RCA on {summary['cases']} simulated incidents (seed {seed})")
     for column in ("fault type", "cases", "detected", "AC@1", "AC@3"):
         table.add_column(column)
@@ -111,13 +111,16 @@ def rca_eval_command(
 
 def diagnose_incident(incident_id: str, as_json: bool = False, html: bool = False, out: Path | None = None,
                       ) -> None:
-    """`vigil diagnose --incident ID`: rank root causes of a stored incident and print the report."""
+    """`vigil diagnose incident ID`: rank root causes of a stored incident and print the report."""
+    from vigil.config import settings
     from vigil.diagnose.kg import KnowledgeGraph
     from vigil.diagnose.llm import LlmClient, diagnose
     from vigil.diagnose.rca import analyze_incident
     from vigil.diagnose.report import render_html, render_markdown, report_data
-    from vigil.store.sql import open_store
+    from vigil.store.sql import open_store, store_exists
 
+    if not store_exists(settings().database_url()):
+        raise VigilInputError(f"no incident {incident_id!r}: nothing is stored yet ({settings().database_url()})")
     store = open_store()
     incident = store.incident(incident_id)
     if incident is None:
@@ -142,9 +145,11 @@ def diagnose_incident(incident_id: str, as_json: bool = False, html: bool = Fals
         text = render_markdown(incident, diagnosis, result)
     if out is not None:
         out.write_text(text)
-        Console(stderr=True).print(f"wrote {out}")
-    elif as_json or html:
+        SafeConsole(stderr=True).print(f"wrote {out}")
+    elif as_json:
         typer.echo(text)
+    elif html:
+        echo(text)
     else:
-        Console().print(Markdown(text))
+        SafeConsole().print(Markdown(text))
 

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from vigil.model import Action, ActionKind, Anomaly, VigilInputError
+from vigil.faces.cli.output import SafeConsole
+from vigil.model import Action, ActionKind, ActionStatus, Anomaly, Topology, VigilInputError
 
 if TYPE_CHECKING:
     from vigil.remedy.remediator import Remediator
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 app = typer.Typer(
     help="Remediation: policies, actions (dry-run by default), audit log, node lifecycle.", no_args_is_help=True
 )
-console = Console()
+console = SafeConsole()
 
 
 @app.command("policies")
@@ -64,11 +64,28 @@ def _when(ts: float) -> str:
     return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
 
 
+def _read_topology(path: Path) -> Topology:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise VigilInputError(f"topology file {path} does not exist") from None
+    except OSError as err:
+        raise VigilInputError(f"topology file {path} cannot be read: {err.strerror or err}") from None
+    try:
+        return Topology.from_json(raw)
+    except VigilInputError as err:
+        raise VigilInputError(f"topology file {path}: {err}") from None
+
+
 def _read_anomalies(path: Path) -> list[Anomaly]:
     try:
-        lines = path.read_text().splitlines()
+        lines = path.read_bytes().decode("utf-8").splitlines()
     except FileNotFoundError:
         raise VigilInputError(f"anomaly file {path} does not exist") from None
+    except UnicodeDecodeError:
+        raise VigilInputError(f"anomaly file {path} is not UTF-8 text (one Anomaly JSON record per line)") from None
+    except OSError as err:
+        raise VigilInputError(f"anomaly file {path} cannot be read: {err.strerror or err}") from None
     anomalies = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -118,7 +135,6 @@ def apply_command(
 def _remediator(topology: Path | None, backend: str, execute: bool, local_node: str | None) -> Remediator:
     """The remedy engine the CLI verbs share: actuators for the backend, guard, lifecycle, audit, dry-run."""
     from vigil.config import settings
-    from vigil.model import Topology
     from vigil.remedy.actuators.base import Actuator, OutboxActuator
     from vigil.remedy.audit import AuditLog
     from vigil.remedy.guard import BlastRadiusGuard
@@ -146,10 +162,7 @@ def _remediator(topology: Path | None, backend: str, execute: bool, local_node: 
     lifecycle = LifecycleStore()
     guard = None
     if topology is not None:
-        try:
-            cluster = Topology.from_json(topology.read_text())
-        except FileNotFoundError:
-            raise VigilInputError(f"topology file {topology} does not exist") from None
+        cluster = _read_topology(topology)
         guard = BlastRadiusGuard(
             cluster,
             lifecycle,
@@ -179,7 +192,7 @@ def act_command(
     """Carry out one action of a diagnosis plan through the blast-radius guard and the audit log."""
     import time
 
-    from vigil.model import parse_entity
+    from vigil.model import node_of, parse_entity
 
     try:
         kind = ActionKind(action)
@@ -188,13 +201,27 @@ def act_command(
             f"action {action!r} is not on the whitelist ({', '.join(k.value for k in ActionKind)})"
         ) from None
     parse_entity(target)
-    remediator = _remediator(topology or _store_topology_file(), backend, execute, local_node)
-    done = remediator.execute(Action(ts=time.time(), kind=kind, target=target, incident_id=incident,
-                                     reason=reason, requested_by="vigil-cli", dry_run=remediator.dry_run))
+    topology_file = topology or _store_topology_file()
+    remediator = _remediator(topology_file, backend, execute, local_node)
+    proposed = Action(ts=time.time(), kind=kind, target=target, incident_id=incident, reason=reason,
+                      requested_by="vigil-cli", dry_run=remediator.dry_run)
+    # Checked before anything is audited: an action nobody can carry out, or on a machine the cluster does
+    # not have, is a mistake in the command line, not a refusal to record.
+    if remediator.actuator_for(proposed) is None:
+        raise VigilInputError(f"no actuator handles {kind.value} on {target} with --backend {backend}; "
+                              "choose --backend kubernetes or slurm (or --local-node for reset_gpu)")
+    node = node_of(target)
+    if topology_file is not None and node is not None:
+        known = {n.id for n in _read_topology(topology_file).nodes}
+        if node not in known:
+            raise VigilInputError(f"{node} is not in the topology ({topology_file}); check the node name")
+    done = remediator.execute(proposed)
     if as_json:
         typer.echo(done.model_dump_json(indent=2))
-        return
-    _print_actions([done], f"Action ({'dry-run' if remediator.dry_run else 'executed'})")
+    else:
+        _print_actions([done], f"Action ({'dry-run' if remediator.dry_run else 'executed'})")
+    if done.status in (ActionStatus.REFUSED, ActionStatus.FAILED):
+        raise typer.Exit(1)
 
 
 def _store_topology_file() -> Path | None:
@@ -229,9 +256,11 @@ def audit_command(
     as_json: Annotated[bool, typer.Option("--json", help="print the actions as JSON")] = False,
 ) -> None:
     """The audit log: every action proposed, refused, skipped or executed, with who / why / result."""
+    from vigil.config import settings
     from vigil.remedy.audit import AuditLog
+    from vigil.store.sql import store_exists
 
-    actions = AuditLog().actions(target=target)[-limit:]
+    actions = AuditLog().actions(target=target)[-limit:] if store_exists(settings().database_url()) else []
     if as_json:
         typer.echo(json.dumps([a.model_dump(mode="json") for a in actions], indent=2))
         return
@@ -243,9 +272,11 @@ def lifecycle_command(
     as_json: Annotated[bool, typer.Option("--json", help="print node states as JSON")] = False,
 ) -> None:
     """Node lifecycle states (healthy, suspect, cordoned, draining, repairing, self_check, vendor_repair)."""
+    from vigil.config import settings
     from vigil.remedy.lifecycle import LifecycleStore
+    from vigil.store.sql import store_exists
 
-    nodes = LifecycleStore().all()
+    nodes = LifecycleStore().all() if store_exists(settings().database_url()) else []
     if as_json:
         typer.echo(
             json.dumps(

@@ -8,9 +8,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from vigil.faces.cli.listen import ensure_port_free, warn_if_open
 from vigil.model import Action, VigilInputError
 
 if TYPE_CHECKING:
+    from vigil.faces.api.auth import Authenticator
     from vigil.faces.api.context import ServeContext
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="settings YAML file (else VIGIL_* env)")]
@@ -114,7 +116,9 @@ def serve(
 
     if actuator not in ("none", "kubernetes", "slurm"):
         raise VigilInputError(f"--actuator {actuator!r}: expected none, kubernetes or slurm")
+    ensure_port_free(host, port, "--port")
     ctx = _context(config, metrics_dir, launch_dir, actuator)
+    warn_if_open(host, ctx.auth_configured, "vigil serve")
     app = app_for_context(ctx)
     if engine:
         from vigil.run.engine import Engine, start_in_thread
@@ -156,39 +160,54 @@ def mcp(
     if transport == "stdio":
         server.run("stdio")
         return
-    if allow_writes and not ctx.settings.api_token:
-        raise VigilInputError("--allow-writes over http needs an api_token (VIGIL_API_TOKEN) to check callers")
+    if allow_writes and not ctx.auth.configured:
+        raise VigilInputError("--allow-writes over http needs users (`vigil users add`) or VIGIL_API_TOKEN to "
+                              "check callers")
     import uvicorn
 
+    ensure_port_free(host, port, "--port")
+    warn_if_open(host, allow_writes, "vigil mcp")
     app: Any = server.streamable_http_app(host=host)
     if allow_writes:
-        app = BearerGate(app, ctx.settings.api_token)
+        app = BearerGate(app, ctx.auth)
     _freeze_heap()
     typer.echo(f"vigil MCP (streamable HTTP) on http://{host}:{port}/mcp", err=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")
 
 
 class BearerGate:
-    """ASGI wrapper: every HTTP request needs 'Authorization: Bearer <token>' (lifespan passes through)."""
+    """ASGI wrapper: every HTTP request needs a bearer token of an operator (or the shared api_token); the
+    caller's identity is what the write tools record (lifespan passes through)."""
 
-    def __init__(self, app: Any, token: str) -> None:
+    def __init__(self, app: Any, auth: Authenticator) -> None:
         self.app = app
-        self.token = token.encode()
+        self.auth = auth
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        import secrets
+        from fastapi import HTTPException
 
-        if scope["type"] == "http":
-            headers = dict(scope.get("headers") or [])
-            given = headers.get(b"authorization", b"")
-            if not secrets.compare_digest(given, b"Bearer " + self.token):
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": 401,
-                        "headers": [(b"content-type", b"text/plain"), (b"www-authenticate", b"Bearer")],
-                    }
-                )
-                await send({"type": "http.response.body", "body": b"missing or wrong bearer token\n"})
-                return
-        await self.app(scope, receive, send)
+        from vigil.faces.api.auth import Role, mcp_caller
+
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}
+        try:
+            who = self.auth.identify(headers)
+        except HTTPException:
+            who = None
+        if who is None or who.role < Role.OPERATOR:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 401,
+                    "headers": [(b"content-type", b"text/plain"), (b"www-authenticate", b"Bearer")],
+                }
+            )
+            await send({"type": "http.response.body", "body": b"missing or wrong bearer token\n"})
+            return
+        token = mcp_caller.set(who)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            mcp_caller.reset(token)

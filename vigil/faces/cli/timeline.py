@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
+
+from vigil.faces.cli.output import SafeConsole
 
 
 def timeline_command(
@@ -27,4 +28,4 @@ def timeline_command(
     path = out or run_dir / TIMELINE_FILE
     path.write_text(json.dumps(trace))
     spans = sum(1 for e in trace["traceEvents"] if e["ph"] == "X")
-    Console(stderr=True).print(f"{spans} spans of {len(run.snapshots)} rank(s) written to {path}")
+    SafeConsole(stderr=True).print(f"{spans} spans of {len(run.snapshots)} rank(s) written to {path}")

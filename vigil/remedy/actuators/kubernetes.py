@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vigil.model import Action, ActionKind, parse_entity
+from vigil.model import Action, ActionKind, VigilInputError, parse_entity
 from vigil.remedy.actuators.base import Actuator, ActuatorError
 
 STATE_LABEL = "vigil.dev/state"
@@ -73,7 +73,12 @@ class KubernetesActuator(Actuator):
             try:
                 config.load_incluster_config()
             except config.ConfigException:
-                config.load_kube_config()
+                try:
+                    config.load_kube_config()
+                except (config.ConfigException, OSError, TypeError, ValueError) as err:
+                    raise VigilInputError(
+                        f"no Kubernetes credentials: not in a cluster and no usable kubeconfig ({err})"
+                    ) from None
             api_client = client.ApiClient()
         self.client = client
         self.core = client.CoreV1Api(api_client)

@@ -329,7 +329,7 @@ class Agent:
             if result is not None or error is not None:
                 runner.reads += 1
                 runner.last_duration_s = runner.finished - runner.started
-                runner.up = error is None
+                runner.up = error is None and result is not None and result.up
             if error is not None:
                 runner.failures += 1
                 runner.status = f"failed: {type(error).__name__}: {error}"

@@ -42,6 +42,8 @@ class Collection:
     events: list[Event] = field(default_factory=list)
     # A short human status, e.g. "no NVIDIA driver on this node": shown by `vigil agent --once`.
     status: str = "ok"
+    # False when the source's device, file or service could not be read at all (shown as down, not as idle).
+    up: bool = True
 
     def add(self, metric: str, entity: str, value: float | int | bool | None, **labels: str) -> None:
         """Add a point, skipping values the source could not read (None)."""

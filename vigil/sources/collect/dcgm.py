@@ -79,7 +79,7 @@ class DcgmExporterScraper(Source):
             response.raise_for_status()
         except httpx.HTTPError as err:
             self.problems.report("unreachable", f"{self.url}: {err}")
-            return Collection(status=f"dcgm-exporter at {self.url} unreachable")
+            return Collection(status=f"dcgm-exporter at {self.url} unreachable", up=False)
         return self.parse_page(response.text, now)
 
     def parse_page(self, page: str, now: float = 0.0) -> Collection:

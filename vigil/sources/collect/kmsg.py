@@ -143,6 +143,8 @@ class KernelLogSource(Source):
         # Records older than this are history the agent already reported before a restart.
         self.not_before = 0.0
         self._closer: Callable[[], None] | None = None
+        # Whether the last read reached its input (a kernel log file that does not exist is down, not quiet).
+        self.reader_up: Callable[[], bool] = lambda: True
 
     # ---------------------------------------------------------------- inputs
 
@@ -160,6 +162,7 @@ class KernelLogSource(Source):
         tail = FileTail(path)
         source = cls(tail.read, origin=str(path), **kwargs)  # type: ignore[arg-type]
         tail.problems = source.problems
+        source.reader_up = lambda: tail.present
         return source
 
     @classmethod
@@ -193,6 +196,8 @@ class KernelLogSource(Source):
                 out.events.append(event)
         out.add("vigil_agent_kernel_lines_total", node_id(self.node), self.lines_read)
         out.add("vigil_agent_kernel_xids_total", node_id(self.node), self.xids)
+        if not self.reader_up():
+            out.up, out.status = False, f"{self.origin} cannot be read"
         return out
 
     def decode(self, raw: str, now: float) -> Event | None:
@@ -311,14 +316,17 @@ class FileTail:
         self._offset = 0
         self._inode: int | None = None
         self._partial = ""
+        self.present = True
 
     def read(self) -> list[str]:
         try:
             stat = self.path.stat()
         except FileNotFoundError:
+            self.present = False
             if self.problems is not None:
                 self.problems.report("missing file", f"kernel log file {self.path} does not exist")
             return []
+        self.present = True
         if stat.st_ino != self._inode or stat.st_size < self._offset:
             self._inode, self._offset, self._partial = stat.st_ino, 0, ""
         with self.path.open("rb") as fh:

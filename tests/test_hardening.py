@@ -1,0 +1,397 @@
+"""Regression tests for the hardening cases: nothing stored is lost, no code runs from data, every bad input is
+one line and exit status 2, terminal-safe output, no wrong successes."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from vigil.faces.cli.output import SafeConsole, SafeFormatter, terminal_safe
+from vigil.model import VigilInputError
+
+VIGIL = [sys.executable, "-m", "vigil"]
+
+
+@dataclass
+class Ran:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def vigil(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Callable[..., Ran]:
+    """The `vigil` entry point run in this process, as a user runs it (argv, environment, exit status)."""
+    from vigil.config import settings
+    from vigil.faces.cli.main import main
+
+    def run(*args: str, home: Path, env: dict[str, str] | None = None) -> Ran:
+        with monkeypatch.context() as patch:
+            patch.setenv("VIGIL_HOME", str(home))
+            patch.setenv("COLUMNS", "200")
+            for key, value in (env or {}).items():
+                patch.setenv(key, value)
+            patch.setattr(sys, "argv", ["vigil", *args])
+            settings.cache_clear()
+            capsys.readouterr()
+            try:
+                main()
+                code = 0
+            except SystemExit as done:
+                code = done.code if isinstance(done.code, int) else 1
+            finally:
+                settings.cache_clear()
+            out = capsys.readouterr()
+        return Ran(code, out.out, out.err)
+
+    return run
+
+
+def subprocess_vigil(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "VIGIL_HOME": str(home), "COLUMNS": "200"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
+    return subprocess.run([*VIGIL, *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+def one_line_error(proc: Ran, *needles: str) -> None:
+    assert proc.returncode == 2, (proc.returncode, proc.stdout[-500:], proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+# ----------------------------------------------------------------------------- terminal safety
+
+
+def test_terminal_safe_escapes_controls_and_bidi_but_keeps_text() -> None:
+    assert terminal_safe("ok\x1b[2J\x07\x9b\u202etxt\tend\n") == "ok\\x1b[2J\\x07\\x9b\\u202etxt\tend\n"
+    assert terminal_safe("GPU 3 Xid 79: fallen off the bus") == "GPU 3 Xid 79: fallen off the bus"
+
+
+def test_safe_console_keeps_its_own_colours_and_escapes_the_data(tmp_path: Path) -> None:
+    out = tmp_path / "tty"
+    with out.open("w") as fh:
+        console = SafeConsole(file=fh, force_terminal=True, color_system="standard", width=200)
+        console.print("[red]level[/] ", "line\x1b]0;owned\x07\x1b[2J", highlight=False)
+    text = out.read_text()
+    assert "\x1b[31m" in text  # Rich's own styling survives
+    assert "\\x1b]0;owned" in text and "\\x1b[2J" in text and "\x1b[2J" not in text and "\x07" not in text
+
+
+def test_agent_log_warnings_escape_exporter_bytes() -> None:
+    import logging
+
+    record = logging.LogRecord("vigil", logging.WARNING, __file__, 1, "corrupt page: %s", ("x\x1b[2Jy",), None)
+    assert SafeFormatter("%(message)s").format(record) == "corrupt page: x\\x1b[2Jy"
+
+
+def test_logs_triage_prints_no_escape_sequence_from_a_log_line(tmp_path: Path) -> None:
+    logs = tmp_path / "job"
+    logs.mkdir()
+    (logs / "rank0.log").write_text(
+        "step 1 loss 2.0\nRuntimeError: CUDA error: an illegal memory access was encountered \x1b[2J\x1b]0;x\x07\n"
+    )
+    (logs / "rank1.log").write_text("step 1 loss 2.0\nRuntimeError: NCCL communicator was aborted \x1b[31m\n")
+    proc = subprocess_vigil("logs", "triage", str(logs), home=tmp_path / "home")
+    assert proc.returncode == 0, proc.stderr
+    assert "\x1b" not in proc.stdout and "\x07" not in proc.stdout
+    assert "\\x1b" in proc.stdout  # the bytes are shown, escaped
+
+
+# ----------------------------------------------------------------------------- nothing stored is lost
+
+
+def _incident(incident_id: str = "inc-ext-1", title: str = "Xid 79 on gpu/n1/0") -> dict[str, object]:
+    return {"id": incident_id, "title": title, "scope": "node/n1", "entities": ["gpu/n1/0"], "start": 100.0,
+            "end": 160.0, "level": 4, "fault_types": ["gpu_fallen_off_bus"]}
+
+
+@pytest.fixture
+def api(tmp_path: Path):  # type: ignore[no-untyped-def]
+    from fastapi.testclient import TestClient
+
+    from vigil.config import Settings
+    from vigil.faces.api.app import create_app
+    from vigil.store.sql import Store
+
+    store = Store(f"sqlite:///{tmp_path / 'vigil.db'}")
+    with TestClient(create_app(store, settings=Settings(home=tmp_path, api_token="shared-7"))) as client:
+        client.headers["Authorization"] = "Bearer shared-7"
+        yield client, store
+
+
+def test_post_incident_with_an_existing_id_is_409_and_changes_nothing(api) -> None:  # type: ignore[no-untyped-def]
+    client, store = api
+    assert client.post("/api/v1/incidents", json=_incident()).status_code == 201
+    acked = client.post("/api/v1/incidents/inc-ext-1/status", json={"status": "acknowledged"})
+    assert acked.status_code == 200 and acked.json()["status"] == "acknowledged"
+    again = client.post("/api/v1/incidents", json=_incident(title="replacement"))
+    assert again.status_code == 409 and "already exists" in again.json()["detail"]
+    kept = store.incident("inc-ext-1")
+    assert kept is not None and kept.title == "Xid 79 on gpu/n1/0" and kept.status.value == "acknowledged"
+    audit = store.events(kind="incident_status")
+    assert [(e.attrs["from"], e.attrs["to"], e.attrs["by"]) for e in audit] == [("open", "acknowledged", "api")]
+
+
+@pytest.mark.parametrize("bad_id", ["inc-../../etc", "../x", "inc/1", "", "a" * 65, "inc 1"])
+def test_incident_ids_are_validated(api, bad_id: str) -> None:  # type: ignore[no-untyped-def]
+    client, store = api
+    answer = client.post("/api/v1/incidents", json=_incident(incident_id=bad_id))
+    assert answer.status_code == 422, answer.text
+    assert store.count_incidents() == 0
+
+
+def test_demo_with_bad_minutes_leaves_the_demo_store_alone(tmp_path: Path, vigil: Callable[..., Ran]) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "DEMO").write_text("demo store\n")
+    (home / "vigil.db").write_bytes(b"previous demo")
+    for minutes in ("nan", "inf", "-1"):
+        one_line_error(vigil("demo", "--minutes", minutes, "--home", str(home), home=home), "--minutes")
+    assert (home / "vigil.db").read_bytes() == b"previous demo"
+
+
+def test_read_commands_create_nothing(tmp_path: Path, vigil: Callable[..., Ran]) -> None:
+    home = tmp_path / "never"
+    for args in (["incidents", "--json"], ["nodes", "--json"], ["remedy", "audit", "--json"],
+                 ["remedy", "lifecycle", "--json"]):
+        proc = vigil(*args, home=home)
+        assert proc.returncode == 0 and json.loads(proc.stdout) == [], proc.stderr
+    assert not home.exists()
+    one_line_error(vigil("diagnose", "incident", "inc-1", home=home), "nothing is stored")
+    assert not home.exists()
+
+
+# ----------------------------------------------------------------------------- no code runs from data
+
+
+class _Exploit:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_asd_pickle_that_names_a_function_is_refused_without_running_it(tmp_path: Path) -> None:
+    from vigil_eval.datasets import load_asd
+
+    marker = tmp_path / "ran"
+    processed = tmp_path / "asd" / "processed"
+    processed.mkdir(parents=True)
+    for part in ("test", "test_label"):
+        (processed / f"omi-1_{part}.pkl").write_bytes(pickle.dumps(_Exploit(marker)))
+    with pytest.raises(VigilInputError, match="refusing to load posix.system"):
+        load_asd(tmp_path / "asd")
+    assert not marker.exists()
+
+
+def test_flight_recorder_and_asd_share_the_data_only_unpickler() -> None:
+    import numpy as np
+
+    from vigil.diagnose import flight_recorder
+    from vigil.store import safe_pickle
+
+    assert flight_recorder.DataOnlyUnpickler is safe_pickle.DataOnlyUnpickler
+    array = np.arange(12, dtype=np.float32).reshape(3, 4)
+    assert np.array_equal(safe_pickle.load_array(pickle.dumps(array), "a"), array)
+    with pytest.raises(VigilInputError, match="refusing"):
+        safe_pickle.load_data(pickle.dumps(array), "fr dump")  # an FR dump holds no numpy at all
+
+
+# ----------------------------------------------------------------------------- one line, exit 2
+
+
+def test_bad_environment_and_paths_are_one_line(tmp_path: Path, vigil: Callable[..., Ran]) -> None:
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    one_line_error(vigil("incidents", home=tmp_path, env={"VIGIL_CONFIG": str(tmp_path)}), "config file")
+    one_line_error(vigil("incidents", home=a_file), "is a file")
+    one_line_error(vigil("sim", "--out", str(a_file), "--minutes", "1", "--nodes", "1", home=tmp_path), "--out")
+    one_line_error(vigil("agent", "--port", "99999", home=tmp_path), "--port")
+
+
+def test_corrupt_store_and_binary_inputs_are_one_line(tmp_path: Path, vigil: Callable[..., Ran]) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "vigil.db").write_bytes(os.urandom(4096))
+    one_line_error(vigil("remedy", "audit", home=home), "cannot open the store")
+    one_line_error(vigil("remedy", "lifecycle", home=home), "cannot open the store")
+    binary = tmp_path / "blob.bin"
+    binary.write_bytes(bytes(range(256)) * 4)
+    clean = tmp_path / "clean"
+    one_line_error(vigil("remedy", "apply", str(binary), home=clean), "not UTF-8")
+    one_line_error(vigil("remedy", "act", "cordon", "node/n1", "--topology", str(binary), "--backend", "slurm",
+                         home=clean), "topology file")
+    one_line_error(vigil("remedy", "act", "cordon", "node/n1", "--backend", "kubernetes", home=clean,
+                         env={"KUBECONFIG": str(tmp_path / "none"), "HOME": str(tmp_path)}), "Kubernetes")
+
+
+def test_logs_parse_state_must_be_a_miner_state(tmp_path: Path, vigil: Callable[..., Ran]) -> None:
+    log = tmp_path / "a.log"
+    log.write_text("hello 1\nhello 2\n")
+    one_line_error(vigil("logs", "parse", str(log), "--state", str(tmp_path), home=tmp_path), "not a file")
+    listed = tmp_path / "state.json"
+    listed.write_text("[1, 2]")
+    one_line_error(vigil("logs", "parse", str(log), "--state", str(listed), home=tmp_path), "not a valid miner")
+    assert listed.read_text() == "[1, 2]"
+
+
+def test_servers_on_a_port_in_use_are_one_line(tmp_path: Path, vigil: Callable[..., Ran]) -> None:
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = str(holder.getsockname()[1])
+    try:
+        one_line_error(vigil("serve", "--port", port, home=tmp_path), f"port {port}")
+        one_line_error(vigil("mcp", "--transport", "http", "--port", port, home=tmp_path), f"port {port}")
+    finally:
+        holder.close()
+
+
+def test_binding_beyond_loopback_without_auth_warns(capsys: pytest.CaptureFixture[str]) -> None:
+    from vigil.faces.cli.listen import warn_if_open
+
+    warn_if_open("127.0.0.1", False, "vigil serve")
+    warn_if_open("0.0.0.0", True, "vigil serve")
+    assert capsys.readouterr().err == ""
+    warn_if_open("0.0.0.0", False, "vigil serve")
+    assert "without authentication" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- wrong successes
+
+
+def _topology(path: Path) -> Path:
+    from vigil.model import Gpu, Node, Topology
+
+    topo = Topology(cluster="t", nodes=[Node(name=f"n{i}", switch="s0", gpus=[Gpu(node=f"n{i}", index=0)])
+                                        for i in range(1, 5)])
+    path.write_text(topo.model_dump_json())
+    return path
+
+
+def test_act_without_an_actuator_or_on_an_unknown_node_fails(tmp_path: Path, vigil: Callable[..., Ran]) -> None:
+    topology = _topology(tmp_path / "topo.json")
+    one_line_error(vigil("remedy", "act", "cordon", "node/n014", home=tmp_path), "no actuator handles cordon")
+    one_line_error(vigil("remedy", "act", "cordon", "node/n014", "--backend", "slurm", "--topology",
+                         str(topology), home=tmp_path), "node/n014 is not in the topology")
+    audit = vigil("remedy", "audit", "--json", home=tmp_path)
+    assert json.loads(audit.stdout) == []  # a mistaken command line leaves no audit record
+
+
+def test_agent_once_reports_missing_kernel_log_and_dead_exporter_as_down(
+    tmp_path: Path, vigil: Callable[..., Ran]
+) -> None:
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{closed.getsockname()[1]}/metrics"
+    proc = vigil("agent", "--once", "--json", "--kmsg-file", str(tmp_path / "nonexistent"), "--dcgm-url", dead,
+                 home=tmp_path, env={"VIGIL_AGENT_PORT": "0"})
+    assert proc.returncode == 0, proc.stderr
+    sources = {s["name"]: s for s in json.loads(proc.stdout)["sources"]}
+    kernel = next(s for s in sources.values() if s["kind"] == "kernel" or "kmsg" in s["name"])
+    exporter = next(s for s in sources.values() if "dcgm" in s["name"])
+    assert kernel["up"] is False and exporter["up"] is False
+
+
+# ----------------------------------------------------------------------------- UX
+
+
+def test_version(tmp_path: Path) -> None:
+    from vigil import __version__
+
+    proc = subprocess_vigil("--version", home=tmp_path)
+    assert proc.returncode == 0 and proc.stdout.strip() == f"vigil {__version__}"
+
+
+def test_diagnose_incident_formats_are_exclusive(tmp_path: Path, vigil: Callable[..., Ran]) -> None:
+    one_line_error(vigil("diagnose", "incident", "inc-1", "--json", "--html", home=tmp_path), "--json and --html")
+
+
+# ----------------------------------------------------------------------------- access by role
+
+
+@pytest.fixture
+def team(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A server with four users, one per role, and the users file they were added to."""
+    from fastapi.testclient import TestClient
+
+    from vigil.config import Settings
+    from vigil.faces.api.app import create_app
+    from vigil.faces.api.auth import User, hash_token, save_users
+    from vigil.store.sql import Store
+
+    tokens = {name: f"tok-{name}-{'x' * 20}" for name in ("vera", "otto", "ada", "alan", "root")}
+    roles = {"vera": "viewer", "otto": "operator", "ada": "approver", "alan": "approver", "root": "admin"}
+    users_file = tmp_path / "users.yaml"
+    save_users(users_file, [User(name=n, role=roles[n], token_sha256=hash_token(t)) for n, t in tokens.items()])
+    store = Store(f"sqlite:///{tmp_path / 'vigil.db'}")
+    settings = Settings(home=tmp_path, users_file=users_file)
+    with TestClient(create_app(store, settings=settings)) as client:
+        yield client, tokens, users_file
+
+
+def _as(tokens: dict[str, str], name: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {tokens[name]}"}
+
+
+def test_tokens_are_stored_hashed_and_reads_need_one(team) -> None:  # type: ignore[no-untyped-def]
+    client, tokens, users_file = team
+    stored = users_file.read_text()
+    assert all(token not in stored for token in tokens.values())
+    assert client.get("/api/v1/incidents").status_code == 401
+    assert client.get("/api/v1/incidents", headers={"Authorization": "Bearer forged"}).status_code == 401
+    assert client.get("/api/v1/incidents", headers=_as(tokens, "vera")).status_code == 200
+
+
+def test_roles_and_the_two_person_rule(team) -> None:  # type: ignore[no-untyped-def]
+    client, tokens, _ = team
+    cordon = {"kind": "cordon", "target": "node/n1", "reason": "Xid 79"}
+    viewer = client.post("/api/v1/actions", json=cordon, headers=_as(tokens, "vera"))
+    assert viewer.status_code == 403 and "viewer" in viewer.json()["detail"]
+    proposed = client.post("/api/v1/actions", json=cordon, headers=_as(tokens, "ada"))
+    assert proposed.status_code == 201 and proposed.json()["requested_by"] == "ada"
+    action_id = proposed.json()["id"]
+    operator = client.post(f"/api/v1/actions/{action_id}/approve", headers=_as(tokens, "otto"))
+    assert operator.status_code == 403
+    own = client.post(f"/api/v1/actions/{action_id}/approve", headers=_as(tokens, "ada"))
+    assert own.status_code == 403 and "two-person rule" in own.json()["detail"]
+    other = client.post(f"/api/v1/actions/{action_id}/approve", headers=_as(tokens, "alan"))
+    assert other.status_code == 200 and other.json()["params"]["approved_by"] == "alan"
+    done = client.post(f"/api/v1/actions/{action_id}/execute", headers=_as(tokens, "otto"))
+    assert done.status_code == 200 and done.json()["params"]["executed_by"] == "otto"
+    # An alert takes nothing away: its proposer may approve it.
+    alert = client.post("/api/v1/actions", json={**cordon, "kind": "alert"}, headers=_as(tokens, "root")).json()
+    assert client.post(f"/api/v1/actions/{alert['id']}/approve", headers=_as(tokens, "root")).status_code == 200
+
+
+def test_self_declared_identity_headers_are_ignored(team) -> None:  # type: ignore[no-untyped-def]
+    client, tokens, _ = team
+    headers = {**_as(tokens, "ada"), "X-Vigil-User": "alan"}
+    proposed = client.post("/api/v1/actions", json={"kind": "drain", "target": "node/n2"}, headers=headers)
+    assert proposed.json()["requested_by"] == "ada"
+
+
+def test_users_cli_prints_the_token_once_and_stores_its_hash(tmp_path: Path, vigil: Callable[..., Ran]) -> None:
+    from vigil.faces.api.auth import hash_token, load_users
+
+    users_file = tmp_path / "users.yaml"
+    added = vigil("users", "add", "ada", "--role", "approver", "--file", str(users_file), home=tmp_path)
+    assert added.returncode == 0, added.stderr
+    token = added.stdout.strip()
+    assert load_users(users_file)[0].token_sha256 == hash_token(token) and token not in users_file.read_text()
+    one_line_error(vigil("users", "add", "ada", "--role", "viewer", "--file", str(users_file), home=tmp_path),
+                   "already exists")
+    one_line_error(vigil("users", "add", "bob", "--role", "root", "--file", str(users_file), home=tmp_path), "role")
