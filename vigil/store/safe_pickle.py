@@ -20,7 +20,7 @@ class DataOnlyUnpickler(pickle.Unpickler):
     """Builtin containers and scalars only: every global a pickle names is refused."""
 
     def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"refusing to load {module}.{name}: only plain data is read")
+        raise pickle.UnpicklingError(f"refusing to load class {module}.{name}: only plain data is read")
 
 
 def _reconstruct(cls: Any, shape: Any, dtype: Any) -> np.ndarray:
