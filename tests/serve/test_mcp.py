@@ -133,7 +133,8 @@ def test_mcp_over_streamable_http_with_write_tools(cluster: SimCluster, tmp_path
 
         anyio.run(session)
         stored = [a for a in cluster.store.actions(limit=10000) if a.reason == "from an agent"]
-        assert stored and stored[-1].requested_by == "mcp" and stored[-1].status.value == "approved"
+        # the authenticated identity, not the transport: the shared token is the user "api"
+        assert stored and stored[-1].requested_by == "api" and stored[-1].status.value == "approved"
     finally:
         process.terminate()
         process.wait(timeout=30)
