@@ -10,12 +10,12 @@ from typing import Annotated
 from fastapi import APIRouter, Body, Depends, Request
 from pydantic import BaseModel, Field
 
-from vigil.faces.api.auth import check_token
+from vigil.faces.api.auth import Identity, check_operator, check_read
 from vigil.faces.api.context import ServeContext
 from vigil.model import Node, Sample, VigilInputError, node_of
 
-router = APIRouter(prefix="/api/v1", tags=["agents"])
-Writer = Annotated[str, Depends(check_token)]
+router = APIRouter(prefix="/api/v1", tags=["agents"], dependencies=[Depends(check_read)])
+Writer = Annotated[Identity, Depends(check_operator)]
 
 
 async def ctx_of(request: Request) -> ServeContext:
