@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 
-from vigil.checkpoint.tinytrain import make_dataset, make_model
+from vigil_eval.tinytrain import make_dataset, make_model
 
 checkpoint = Path(os.environ["VIGIL_CHECKPOINT_PATH"])
 step = int(os.environ["VIGIL_CHECKPOINT_STEP"])

@@ -32,7 +32,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Path:
         os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port())
     )
     subprocess.run(
-        [sys.executable, "-m", "vigil.checkpoint.tinytrain", "--steps", "20", "--run-dir", str(root / "run"),
+        [sys.executable, "-m", "vigil_eval.tinytrain", "--steps", "20", "--run-dir", str(root / "run"),
          "--checkpoint-dir", str(root / "ckpt"), "--checkpoint-every", "4", "--keep-last", "100"],
         env=env, check=True, timeout=300,
     )
