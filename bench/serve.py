@@ -72,10 +72,12 @@ def populate(home: Path) -> dict[str, Any]:
 
 
 class Server:
-    """`vigil serve` as a child process on a free loopback port."""
+    """`vigil serve` as a child process on a free loopback port; ``code`` is the checkout it runs from (another
+    one gives a same-run baseline of an earlier version)."""
 
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, code: Path = REPO) -> None:
         self.home = home
+        self.code = code
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen[bytes] | None = None
@@ -86,12 +88,12 @@ class Server:
             "VIGIL_HOME": str(self.home),
             "VIGIL_API_TOKEN": TOKEN,
             "VIGIL_DB_URL": f"sqlite:///{self.home / 'vigil.db'}",
-            "PYTHONPATH": str(REPO),
+            "PYTHONPATH": str(self.code),
         }
         started = time.perf_counter()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "vigil", "serve", "--port", str(self.port)],
-            cwd=REPO,
+            cwd=self.code,
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=(self.home / "serve.log").open("ab"),

@@ -73,6 +73,8 @@ def app_for_context(ctx: ServeContext) -> FastAPI:
     )
     app.state.ctx = ctx
     app.state.cluster_map = cluster_map.ClusterMapSource(ctx)
+    # Parse the topology and incidents now, not on the first visitor's clock (about 0.4 s at 10,000 GPUs).
+    app.state.cluster_map.build()
 
     @app.exception_handler(VigilInputError)
     async def _bad_input(request: Request, err: VigilInputError) -> JSONResponse:

@@ -313,8 +313,8 @@ def hang_timeline(request: Request, name: str) -> FileResponse:
     return FileResponse(path.parent / TIMELINE_FILE, media_type="application/json", filename=f"{name}-timeline.json")
 
 
-# What a GPU's and a node's pages plot, in dcgm-exporter's and Vigil's agent's names; a series the metrics
-# source does not hold is left out.
+# What a GPU's and a node's pages plot (names from the metric catalogue, vigil/knowledge/data/metrics.yaml);
+# a series the metrics source does not hold is left out.
 GPU_PLOTS = (
     "DCGM_FI_DEV_GPU_TEMP",
     "DCGM_FI_DEV_POWER_USAGE",

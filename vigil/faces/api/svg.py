@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from html import escape
 from typing import Any
 
+from vigil.knowledge.metrics import metric_catalogue
 from vigil.model import Evidence, FaultLevel
 
 LEVEL_COLORS = {0: "#2e7d32", 1: "#9ccc65", 2: "#fbc02d", 3: "#ef6c00", 4: "#c62828"}
@@ -121,10 +122,12 @@ def spark(
     start: float,
     end: float,
     width: int = 300,
-    height: int = 110,
+    height: int = 124,
 ) -> str:
-    """One metric of one entity as a small line plot, the incident's span [start, end] shaded, with its range
-    written out (the plot says what moved; the numbers say by how much)."""
+    """One metric of one entity as a small line plot, the span [start, end] shaded, titled from the metric
+    catalogue, with its range written out (the plot says what moved; the numbers say by how much)."""
+    spec = metric_catalogue().get(metric)
+    title, unit = (spec.help, f" {spec.unit}") if spec else (metric, "")
     points = [(t, v) for t, v in zip(ts, values, strict=True) if v == v]
     if not points:
         return f'<p class="empty">{escape(metric)} on {escape(entity)}: no samples.</p>'
@@ -133,7 +136,7 @@ def spark(
     lo = min(v for _, v in points)
     hi = max(v for _, v in points)
     span = (hi - lo) or 1.0
-    left, top, bottom = 4, 30, height - 18
+    left, top, bottom = 4, 44, height - 18
 
     def x_of(t: float) -> float:
         return left + (width - left - 4) * (t - t0) / (t1 - t0)
@@ -149,8 +152,9 @@ def spark(
             f'aria-label="{escape(metric)} on {escape(entity)}, {lo:.4g} to {hi:.4g}">',
             f'<rect x="{x_of(start):.1f}" y="{top}" width="{max(x_of(end) - x_of(start), 2):.1f}" '
             f'height="{bottom - top}" class="moved"/>',
-            f'<text x="{left}" y="12" class="title">{escape(metric)}</text>',
-            f'<text x="{left}" y="25" class="axis">{escape(entity)}: {lo:.4g} .. {hi:.4g}</text>',
+            f'<text x="{left}" y="12" class="title">{escape(title)}</text>',
+            f'<text x="{left}" y="25" class="axis">{escape(metric)}</text>',
+            f'<text x="{left}" y="38" class="axis">{escape(entity)}: {lo:.4g} .. {hi:.4g}{escape(unit)}</text>',
             f'<path d="{path}" class="series"/>',
             f'<text x="{left}" y="{height - 4}" class="axis">{t0 - start:+.0f} s</text>',
             f'<text x="{width - 4}" y="{height - 4}" class="axis" text-anchor="end">'

@@ -1,0 +1,174 @@
+"""The cluster page at 10,000 GPUs in headless Chromium: weight, time to the drawn map, and how many of the
+non-healthy GPUs are on the first screen.
+
+Run: .venv/bin/python bench/dashboard.py [--nodes 1250] [--gpus 8] [--loads 5]   -> bench/results/dashboard.json
+
+Store: `vigil demo --nodes 1250 --gpus 8 --minutes 30` (simulated cluster, the live path's detectors).
+Server: `vigil serve` as its own process over that store. Browser: Debian's Chromium, headless, 1280 x 900,
+a fresh context (empty cache) per load. The numbers are the page's own: bytes are the encoded bodies of
+the page, its assets and the map data (Resource Timing); the map time is the page's ``vigil-map-drawn`` mark
+(performance.now() when the canvas first holds every GPU), counted from navigation start. The first load
+after the server starts is reported apart (cold caches: topology parse, template compile).
+
+Baseline, same run, same store: the cluster page as it was before (commit 784b8c0: one server-rendered SVG
+row per node), served by that commit's own `vigil serve`; its map is drawn when the page's load event ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+from io import BytesIO
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serve import REPO, RESULTS, Server  # noqa: E402
+
+BASELINE_COMMIT = "784b8c0"
+VIEWPORT = {"width": 1280, "height": 900}
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
+console = Console(width=170)
+
+OURS_JS = """() => {
+  const m = vigilMap.state.map;
+  let bad = 0, shown = 0;
+  const canvas = document.getElementById('map').getBoundingClientRect();
+  for (let p = 0; p < m.gpu_levels.length; p++) {
+    if (m.gpu_levels[p] === '0') { continue; }
+    bad++;
+    const c = vigilMap.cell(p);
+    if (c && canvas.top + c[1] < innerHeight && canvas.left + c[0] < innerWidth) { shown++; }
+  }
+  const data = performance.getEntriesByType('resource').find((e) => e.name.includes('/api/v1/cluster/map'));
+  return {map_ms: vigilMap.state.firstRenderMs, map_data_ms: data ? data.responseEnd : null, unhealthy: bad,
+          unhealthy_on_first_screen: shown};
+}"""
+
+BASELINE_JS = """() => {
+  const nav = performance.getEntriesByType('navigation')[0];
+  let bad = 0, shown = 0;
+  for (const cell of document.querySelectorAll('svg.heatmap rect.cell[data-entity^="gpu/"]')) {
+    if (cell.dataset.level === '0') { continue; }
+    bad++;
+    if (cell.getBoundingClientRect().top < innerHeight) { shown++; }
+  }
+  return {map_ms: nav.loadEventEnd, map_data_ms: nav.responseEnd, unhealthy: bad, unhealthy_on_first_screen: shown};
+}"""
+
+COMMON_JS = """() => {
+  const nav = performance.getEntriesByType('navigation')[0];
+  const all = [nav, ...performance.getEntriesByType('resource')];
+  const fcp = performance.getEntriesByName('first-contentful-paint')[0];
+  return {bytes: all.reduce((s, e) => s + e.encodedBodySize, 0), requests: all.length,
+          html_bytes: nav.encodedBodySize, dom_content_loaded_ms: nav.domContentLoadedEventEnd,
+          first_contentful_paint_ms: fcp ? fcp.startTime : null};
+}"""
+
+
+def build_store(home: Path, nodes: int, gpus: int, minutes: float) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run(
+        [sys.executable, "-m", "vigil", "demo", "--nodes", str(nodes), "--gpus", str(gpus), "--minutes",
+         str(minutes), "--home", str(home), "--json"],
+        cwd=REPO, env=env, check=True, capture_output=True, text=True,
+    )
+    summary = json.loads(out.stdout)
+    return {"nodes": nodes, "gpus": summary["cluster"]["gpus"], "incidents": len(summary["incidents"])}
+
+
+def baseline_checkout(into: Path) -> Path:
+    """The earlier version's package, exported from git (no work tree touched)."""
+    archive = subprocess.run(["git", "archive", BASELINE_COMMIT, "vigil"], cwd=REPO, check=True, capture_output=True)
+    with tarfile.open(fileobj=BytesIO(archive.stdout)) as tar:
+        tar.extractall(into, filter="data")
+    return into
+
+
+def measure(browser: Any, url: str, ready: str, probe: str) -> dict[str, Any]:
+    context = browser.new_context(viewport=VIEWPORT)
+    page = context.new_page()
+    page.goto(url, timeout=120_000)
+    page.wait_for_function(ready, timeout=120_000)
+    page.wait_for_load_state("load")
+    row: dict[str, Any] = {**page.evaluate(COMMON_JS), **page.evaluate(probe)}
+    context.close()
+    return row
+
+
+def run_page(browser: Any, server: Server, ready: str, probe: str, loads: int) -> dict[str, Any]:
+    server.start()
+    try:
+        cold = measure(browser, server.url + "/", ready, probe)
+        warm = [measure(browser, server.url + "/", ready, probe) for _ in range(loads)]
+    finally:
+        server.stop()
+    keys = ("bytes", "html_bytes", "requests", "dom_content_loaded_ms", "first_contentful_paint_ms", "map_data_ms",
+            "map_ms")
+    median = {k: statistics.median(r[k] for r in warm if r[k] is not None) for k in keys}
+    return {
+        "cold": cold,
+        "median": median,
+        "max_map_ms": max(r["map_ms"] for r in warm),
+        "unhealthy": warm[0]["unhealthy"],
+        "unhealthy_on_first_screen": warm[0]["unhealthy_on_first_screen"],
+        "loads": warm,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=1250)
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--minutes", type=float, default=30.0)
+    parser.add_argument("--loads", type=int, default=5)
+    args = parser.parse_args()
+    from playwright.sync_api import sync_playwright
+
+    with tempfile.TemporaryDirectory(prefix="vigil-bench-dashboard-") as tmp:
+        home = Path(tmp) / "home"
+        console.print(f"building the demo store: {args.nodes} nodes x {args.gpus} GPUs, {args.minutes:g} min")
+        store = build_store(home, args.nodes, args.gpus, args.minutes)
+        old = baseline_checkout(Path(tmp) / "baseline")
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+            results = {
+                "canvas map (this version)": run_page(
+                    browser, Server(home), "document.body.dataset.mapReady", OURS_JS, args.loads
+                ),
+                f"SVG rows ({BASELINE_COMMIT})": run_page(
+                    browser, Server(home, code=old), "document.readyState === 'complete'", BASELINE_JS, args.loads
+                ),
+            }
+            browser.close()
+    title = f"Cluster page at {store['gpus']:,} GPUs (median of {args.loads} loads, Chromium 1280x900)"
+    table = Table(title=title)
+    for col in ("page", "bytes", "requests", "DOMContentLoaded ms", "map data in ms", "map drawn ms", "max ms",
+                "cold ms", "unhealthy on first screen"):
+        table.add_column(col, justify="right" if col != "page" else "left")
+    for name, r in results.items():
+        m = r["median"]
+        table.add_row(
+            name, f"{m['bytes']:,.0f}", f"{m['requests']:.0f}", f"{m['dom_content_loaded_ms']:.0f}",
+            f"{m['map_data_ms']:.0f}", f"{m['map_ms']:.0f}", f"{r['max_map_ms']:.0f}", f"{r['cold']['map_ms']:.0f}",
+            f"{r['unhealthy_on_first_screen']} of {r['unhealthy']}",
+        )
+    console.print(table)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = {"store": store, "viewport": VIEWPORT, "loads": args.loads, "cpus": os.cpu_count(), "pages": results}
+    (RESULTS / "dashboard.json").write_text(json.dumps(out, indent=2) + "\n")
+    console.print(f"wrote {RESULTS / 'dashboard.json'}")
+
+
+if __name__ == "__main__":
+    main()
