@@ -25,7 +25,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from vigil.logs import signatures
+from vigil.knowledge import signatures
 from vigil.logs.triage import triage
 
 REPO = Path(__file__).resolve().parents[1]

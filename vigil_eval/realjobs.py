@@ -79,8 +79,8 @@ def root_label(job: RealJob) -> RootLabel:
     for path in candidates:
         for lineno, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
             if pattern.search(line):
-                fault = {"exception": "python_exception", "nan": "training_divergence",
-                         "segfault": "process_segfault", "kill": "process_killed"}[job.mode]
+                fault = {"exception": "python.exception", "nan": "nan_loss",
+                         "segfault": "process_crash", "kill": "launcher.worker_killed"}[job.mode]
                 return RootLabel(f"real_{job.mode}", path.relative_to(job.directory).as_posix(), lineno, fault,
                                  job.culprit)
     raise RuntimeError(f"real job {job.directory}: the culprit's error line was not captured")

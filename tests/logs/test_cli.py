@@ -43,7 +43,7 @@ def test_triage_json(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     verdict = json.loads(result.stdout)
     assert (verdict["root"]["source"], verdict["root"]["lineno"]) == (label.source, label.lineno)
-    assert verdict["root"]["fault_type"] == "cuda_oom"
+    assert verdict["root"]["fault_type"] == "gpu_oom"
     table = runner.invoke(app, ["logs", "triage", str(tmp_path / "job")])
     assert table.exit_code == 0 and "root error on rank" in table.stdout
 

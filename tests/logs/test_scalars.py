@@ -37,7 +37,7 @@ def test_healthy_run_has_no_findings(tmp_path: Path) -> None:
 def test_nan_spike_and_stall_are_found_where_they_happen(tmp_path: Path) -> None:
     write_run(tmp_path, spike_at=80, nan_at=100, pause_at=120)
     found = {(f.fault_type, f.step) for f in check_event_dir(tmp_path) if f.tag == "train/loss"}
-    assert found == {("loss_spike", 80), ("training_divergence", 100), ("training_stall", 120)}
+    assert found == {("loss_spike", 80), ("nan_loss", 100), ("job_hang", 120)}
 
 
 def test_vanishing_gradient(tmp_path: Path) -> None:

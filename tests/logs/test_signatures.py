@@ -1,58 +1,63 @@
-"""Signature library: well-formed, one fault-type list, real lines map to the right faults."""
+"""THE signature library: well-formed, one fault vocabulary, real lines map to the right fault or symptom."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 
-from vigil.logs.signatures import SignatureMatcher, fault_types, load_signatures, parse_library
+from vigil.knowledge.faults import fault_catalogue
+from vigil.knowledge.files import kb_dir
+from vigil.knowledge.signatures import SignatureMatcher, load_signature_file, signature_library
 from vigil.model import FaultLevel, VigilInputError
 
 # Real line shapes: PyTorch / NCCL / kernel messages as they are printed (see docs/logs.md for sources).
 CASES = [
     ("[Sun Feb 23 16:24:18 2025] NVRM: Xid (PCI:0000:9b:00): 119, pid=2024380, name=nvidia-smi, Timeout after 6s "
-     "of waiting for RPC response from GPU4 GSP!", "gpu_gsp_error", "root"),
-    ("NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus.", "gpu_fallen_off_bus",
+     "of waiting for RPC response from GPU4 GSP!", "gpu_gsp_timeout", "root"),
+    ("NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus.", "gpu_lost",
      "root"),
-    ("NVRM: Xid (PCI:0000:3b:00): 48, pid=1, name=python, DBE (double bit error) ECC error", "gpu_ecc_error", "root"),
+    ("NVRM: Xid (PCI:0000:3b:00): 48, pid=1, name=python, DBE (double bit error) ECC error", "gpu_dbe", "root"),
     ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79 GiB",
-     "cuda_oom", "root"),
-    ("RuntimeError: CUDA error: an illegal memory access was encountered", "cuda_illegal_memory_access", "root"),
-    ("RuntimeError: CUDA error: uncorrectable ECC error encountered", "gpu_ecc_error", "root"),
+     "gpu_oom", "root"),
+    ("RuntimeError: CUDA error: an illegal memory access was encountered", "cuda_illegal_address", "root"),
+    ("RuntimeError: CUDA error: uncorrectable ECC error encountered", "gpu_dbe", "root"),
     ("RuntimeError: CUDA error: unspecified launch failure", "cuda_launch_failure", "root"),
     ("n1:1:2 [3] transport/net_ib.cc:1696 NCCL WARN NET/IB : Got completion from peer 10.1.1.2<4789> with "
      "status=IBV_WC_RETRY_EXC_ERR(12) opcode=0 len=0 vendor_err=129 localGid ::1 remoteGids ::2 hca mlx5_3",
-     "ib_completion_error", "root"),
+     "nccl_ib_error", "root"),
     ("[PG ID 0 PG GUID 0 Rank 4] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1580, "
      "OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600004 milliseconds before timing out.",
-     "nccl_collective_timeout", "cascade"),
+     "nccl_timeout", "cascade"),
     ("torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1970, "
-     "unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.19.3", "nccl_system_error", "root"),
+     "unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.19.3",
+     "nccl_unhandled_system_error", "root"),
     ("ncclSystemError: System call (e.g. socket, malloc) or external library call failed or device error. "
-     "Last error: socketProgress: Connection closed by remote peer n2<54320>", "nccl_remote_error", "cascade"),
-    ("NCCL error: remote process exited or there was a network error, NCCL version 2.21.5", "nccl_remote_error",
+     "Last error: socketProgress: Connection closed by remote peer n2<54320>", "nccl_net_error", "cascade"),
+    ("NCCL error: remote process exited or there was a network error, NCCL version 2.21.5", "nccl_net_error",
      "cascade"),
     ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:5000",
-     "peer_connection_lost", "cascade"),
-    ("Out of memory: Killed process 4242 (python) total-vm:1kB, anon-rss:1kB", "host_oom_kill", "root"),
+     "nccl_net_error", "cascade"),
+    ("Out of memory: Killed process 4242 (python) total-vm:1kB, anon-rss:1kB", "host_oom", "root"),
     ("pt_main_thread[2536443]: segfault at 7f797fe00000 ip 00007f7c7ac69996 sp 00007f7c12fd7c30 error 4 in "
-     "libnccl.so.2[7f7c7ac00000+d3d3000]", "process_segfault", "root"),
-    ("OSError: [Errno 28] No space left on device: '/ckpt/step_8000/model.pt'", "filesystem_error", "root"),
-    ("mlx5_core 0000:0c:00.0 ib0: Link down", "nic_link_flap", "root"),
-    ("pcieport 0000:00:03.1: AER: Uncorrected (Fatal) error received: 0000:3b:00.0", "pcie_error", "root"),
-    ("RuntimeError: DataLoader worker (pid 4567) is killed by signal: Killed.", "dataloader_worker_killed", "root"),
-    ("ValueError: batch 3 has 0 samples", "python_exception", "root"),
-    ("failed (exitcode: -9) local_rank: 1 (pid: 123) of binary: /usr/bin/python", "process_killed", "root"),
-    ("failed (exitcode: 1) local_rank: 0 (pid: 123) of binary: /usr/bin/python", "launcher_child_failed", "cascade"),
+     "libnccl.so.2[7f7c7ac00000+d3d3000]", "process_crash", "root"),
+    ("OSError: [Errno 28] No space left on device: '/ckpt/step_8000/model.pt'", "fs.errno", "root"),
+    ("mlx5_core 0000:0c:00.0 ib0: Link down", "link_down", "root"),
+    ("pcieport 0000:00:03.1: AER: Uncorrected (Fatal) error received: 0000:3b:00.0", "kernel.aer_uncorrected", "root"),
+    ("RuntimeError: DataLoader worker (pid 4567) is killed by signal: Killed.", "torch.dataloader_killed", "root"),
+    ("ValueError: batch 3 has 0 samples", "python.exception", "root"),
+    ("failed (exitcode: -9) local_rank: 1 (pid: 123) of binary: /usr/bin/python", "launcher.worker_killed", "root"),
+    ("failed (exitcode: 1) local_rank: 0 (pid: 123) of binary: /usr/bin/python", "launcher.child_failed", "cascade"),
 ]
 
 
-@pytest.mark.parametrize(("line", "fault_type", "role"), CASES)
-def test_real_lines_map_to_their_fault(line: str, fault_type: str, role: str) -> None:
+@pytest.mark.parametrize(("line", "kind", "role"), CASES)
+def test_real_lines_map_to_their_fault(line: str, kind: str, role: str) -> None:
     hit = SignatureMatcher().match(line)
     assert hit is not None, line
-    assert (hit.fault_type, hit.signature.role) == (fault_type, role)
+    # kind: the catalogue fault the line establishes, else its RCA symptom, else the signature id
+    assert (hit.kind, hit.signature.role) == (kind, role)
 
 
 @pytest.mark.parametrize("line", [
@@ -78,19 +83,17 @@ def test_real_dmesg_samples(shared_data: Path) -> None:
     matcher = SignatureMatcher()
     xid_log = (shared_data / "xid" / "log_samples" / "gpud_testdata_dmesg-with-xid-119.log").read_text()
     xids = [matcher.match(line) for line in xid_log.splitlines() if "NVRM: Xid" in line]
-    assert xids and all(h is not None and h.attrs["xid"] == 119 and h.fault_type == "gpu_gsp_error" for h in xids)
+    assert xids and all(h is not None and h.attrs["xid"] == 119 and h.fault == "gpu_gsp_timeout" for h in xids)
     nccl_log = (shared_data / "xid" / "log_samples" / "gpud_testdata_nccl_dmesg.decode.iso.log").read_text()
     hits = [matcher.match(line) for line in nccl_log.splitlines() if line.strip()]
     assert hits and all(h is not None and h.attrs["library"] == "libnccl.so.2" for h in hits)
 
 
-def test_every_signature_maps_to_a_listed_fault_type() -> None:
-    names = fault_types()
-    signatures = load_signatures()
-    assert len(signatures) >= 25
-    assert {s.fault_type for s in signatures} <= set(names)
-    assert all(name == name.lower() and " " not in name for name in names)
-    assert len({s.id for s in signatures}) == len(signatures)
+def test_every_fault_is_in_the_one_vocabulary() -> None:
+    catalogue = fault_catalogue()
+    signatures = signature_library()
+    assert len(signatures) >= 50 and len({s.id for s in signatures}) == len(signatures)
+    assert all(s.fault in catalogue.faults or s.fault in catalogue.findings for s in signatures if s.fault)
 
 
 def test_hostile_lines_are_cheap_and_safe() -> None:
@@ -99,13 +102,16 @@ def test_hostile_lines_are_cheap_and_safe() -> None:
     assert matcher.match("\x00\ufffd" * 1000 + "CUDA out of memory") is not None
 
 
-def test_bad_library_is_a_clear_error() -> None:
-    with pytest.raises(VigilInputError, match="unknown fault type"):
-        parse_library("fault_types: {a: x}\nsignatures:\n- {id: s, fault_type: b, pattern: x, level: drain, "
-                      "description: d, role: root}\n", "lib.yaml")
-    with pytest.raises(VigilInputError, match="bad pattern"):
-        parse_library("fault_types: {a: x}\nsignatures:\n- {id: s, fault_type: a, pattern: '(', level: drain, "
-                      "description: d, role: root}\n", "lib.yaml")
+def test_bad_library_is_a_clear_error(tmp_path: Path) -> None:
+    shutil.copytree(kb_dir(), tmp_path / "kb")
+    library = tmp_path / "kb" / "signatures.yaml"
+    shipped = library.read_text()
+    library.write_text(shipped.replace("fault: host_oom", "fault: host_oom_kill", 1))
+    with pytest.raises(VigilInputError, match="kernel.oom_kill: fault 'host_oom_kill' is neither"):
+        load_signature_file(tmp_path / "kb")
+    library.write_text(shipped.replace("- id: cuda.ecc", "- id: cuda.oom", 1))
+    with pytest.raises(VigilInputError, match="'cuda.oom' appears twice"):
+        load_signature_file(tmp_path / "kb")
 
 
 def test_the_fast_screen_agrees_with_python_re(shared_data: Path) -> None:

@@ -4,7 +4,8 @@ Files (all under one directory, the package's ``vigil/knowledge/data/kb`` by def
 
 - ``faults.yaml``: THE fault catalogue (``vigil.knowledge.faults``): entity kinds, level, causes,
   P(symptom | fault), remedies, weight;
-- ``signatures.yaml``: log signatures (NCCL / CUDA / kernel) -> ``log:<name>`` symptoms;
+- ``signatures.yaml``: THE log-signature library (``vigil.knowledge.signatures``); a signature that names a
+  symptom is the RCA symptom ``log:<symptom>``;
 - ``trace.yaml``: the real StepFun trace's fault classes -> fault types with counts (the priors);
 - ``actions.yaml``: the remediation whitelist (``vigil.knowledge.actions``).
 
@@ -23,11 +24,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from vigil.config import read_yaml
 from vigil.knowledge.actions import load_action_whitelist
 from vigil.knowledge.faults import ENTITY_KINDS, FaultEntry, load_fault_catalogue
 from vigil.knowledge.files import kb_dir
 from vigil.knowledge.metrics import metric_catalogue
+from vigil.knowledge.signatures import load_signature_file
 from vigil.knowledge.xid import known_xids, xid_info
 from vigil.model import ActionKind, FaultLevel, VigilInputError
 
@@ -62,11 +63,11 @@ class Signature:
     pattern: re.Pattern[str]
     meaning: str
     fault_type: str | None = None
-    alias: str | None = None  # an external signature produces the symptom of this KB signature
+    symptom_name: str | None = None  # the RCA symptom the library names for it (default: its own name)
 
     @property
     def symptom(self) -> str:
-        return f"log:{self.alias or self.name}"
+        return f"log:{self.symptom_name or self.name}"
 
 
 _DIGIT = re.compile(r"\d")
@@ -197,14 +198,6 @@ class KnowledgeBase:
 # --------------------------------------------------------------------------- loading
 
 
-def _read_yaml(directory: Path, name: str) -> dict[str, Any]:
-    path = directory / name
-    data = read_yaml(path, "knowledge base file")
-    if not isinstance(data, dict) or not isinstance(data.get("version"), int):
-        raise VigilInputError(f"knowledge base file {path}: expected a mapping with an integer 'version'")
-    return data
-
-
 def _need(mapping: Any, key: str, where: str, kind: type | tuple[type, ...]) -> Any:
     if not isinstance(mapping, dict) or key not in mapping:
         raise VigilInputError(f"{where}: missing field {key!r}")
@@ -228,73 +221,26 @@ def _fault(name: str, entry: FaultEntry) -> Fault:
     )
 
 
-def _external_signatures(aliases: dict[str, str]) -> tuple[list[Signature], list[str]]:
-    """Signatures of the log-intelligence package (vigil/logs/signatures.py) when it is installed; a broken
-    library there is reported as a problem, never fatal here."""
-    try:
-        from vigil.logs import signatures as log_signatures
-    except ImportError:
-        return [], []
-    loader = getattr(log_signatures, "load_signatures", None)
-    if loader is None:
-        return [], []
-    try:
-        items = list(loader())
-    except (VigilInputError, ValueError, OSError) as err:
-        return [], [f"vigil/logs signatures not merged: {err}"]
-    found = []
-    for item in items:
-        name = getattr(item, "name", None) or getattr(item, "id", None)
-        pattern = getattr(item, "pattern", None) or getattr(item, "regex", None)
-        if not name or not pattern:
-            continue
-        fault_type = getattr(item, "fault_type", None)
-        alias = aliases.get(str(fault_type))
-        if alias is None:
-            continue
-        try:
-            compiled = pattern if isinstance(pattern, re.Pattern) else re.compile(str(pattern), re.IGNORECASE)
-        except re.error as err:
-            return [], [f"vigil/logs signature {name!r} not merged: bad regular expression ({err})"]
-        found.append(Signature(f"sig_{name}", compiled, str(getattr(item, "description", "")), fault_type, alias))
-    return found, []
-
-
-def load_kb(directory: Path | None = None, include_external: bool = True) -> KnowledgeBase:
+def load_kb(directory: Path | None = None) -> KnowledgeBase:
     """Read and cross-check the knowledge base; structural errors raise VigilInputError naming the file."""
     base, source = (kb_dir(), "package") if directory is None else (directory, str(directory))
     catalogue = load_fault_catalogue(base)
     faults = {name: _fault(name, entry) for name, entry in catalogue.faults.items()}
-    raw_signatures = _read_yaml(base, "signatures.yaml")
-
-    signatures: dict[str, Signature] = {}
-    where = str(base / "signatures.yaml")
-    for name, item in _need(raw_signatures, "signatures", where, dict).items():
-        pattern = _need(item, "pattern", f"{where}: signature {name!r}", str)
-        try:
-            compiled = re.compile(pattern, re.IGNORECASE)
-        except re.error as err:
-            raise VigilInputError(f"{where}: signature {name!r}: bad regular expression ({err})") from None
-        signatures[str(name)] = Signature(str(name), compiled, str(item.get("meaning", "")), item.get("fault"))
-    external_problems: list[str] = []
-    if include_external:
-        aliases = {str(k): str(v) for k, v in (raw_signatures.get("external_aliases") or {}).items()}
-        for their_type, ours in aliases.items():
-            if ours not in signatures:
-                raise VigilInputError(f"{where}: external_aliases: {their_type!r} -> unknown signature {ours!r}")
-        external, external_problems = _external_signatures(aliases)
-        for signature in external:
-            signatures.setdefault(signature.name, signature)
+    # THE signature library; a signature is an RCA symptom (log:<symptom>) when it names one. RCA matches
+    # messages and log lines alike, so case is ignored here.
+    library = load_signature_file(base)
+    signatures = {s.id: Signature(s.id, re.compile(s.pattern.removeprefix("(?i)"), re.IGNORECASE), s.description,
+                                  s.fault, s.symptom)
+                  for s in library.signatures if s.symptom is not None}
 
     xids = {code: XidEntry(code, info.mnemonic, info.level, info.fault)
             for code in known_xids() for info in (xid_info(code),)}
     trace = [TraceClass(t.level, t.cls, t.desc, t.count, t.fault) for t in catalogue.trace]
     templates = {action: (entry.target, entry.command) for action, entry in load_action_whitelist(base).items()}
-    versions = {**catalogue.versions, "signatures": int(raw_signatures["version"])}
+    versions = {**catalogue.versions, "signatures": library.version}
     kb = KnowledgeBase(versions, faults, signatures, xids, trace, templates, findings=frozenset(catalogue.findings),
                        source=source)
     kb.problems = catalogue.problems() + validate_kb(kb)
-    kb.warnings = external_problems
     return kb
 
 
@@ -314,7 +260,7 @@ def _symptom_problem(symptom: str, kb: KnowledgeBase) -> str | None:
         return f"symptom {symptom!r} is not of the form <{'|'.join(SYMPTOM_PREFIXES)}>:<name>, hang or crash"
     if prefix == "anomaly" and rest not in kb.faults and rest not in kb.findings:
         return f"symptom {symptom!r} names an unknown fault type or detector finding"
-    if prefix == "log" and rest not in kb.signatures:
+    if prefix == "log" and rest not in {s.symptom_name or s.name for s in kb.signatures.values()}:
         return f"symptom {symptom!r} names an unknown log signature"
     if prefix == "xid" and (not rest.isdigit() or int(rest) not in kb.xids):
         return f"symptom {symptom!r} names an Xid that is not in the Xid table"

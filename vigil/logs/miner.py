@@ -86,7 +86,7 @@ class Match:
 class TemplateMiner:
     """Mines templates from a stream of log lines; ``add`` / ``add_block`` return one match per line."""
 
-    max_split_values: int = 3
+    max_split_values: int = 10
     max_templates: int = 50_000
     max_cache: int = 200_000
     templates: dict[str, Template] = field(default_factory=dict)

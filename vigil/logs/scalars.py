@@ -4,11 +4,11 @@ vanishing gradients.
 :class:`ScalarMonitor` takes points one at a time (``update``), so it can follow a live run; its state is
 a bounded window per tag. ``check_event_dir`` replays the event files of a run directory through it.
 
-- non-finite: any NaN / Inf value of any tag (``training_divergence``).
+- non-finite: any NaN / Inf value of any tag (``nan_loss``).
 - loss spike: a loss value more than ``spike_z`` robust deviations (median absolute deviation over the
   last ``window`` points) above the window's median, and at least ``spike_ratio`` times it.
 - stall: the wall-clock gap between two points of a tag is over ``stall_factor`` times the median gap
-  and over ``stall_min_s`` (``training_stall``); ``stalled(now)`` checks a live run for silence.
+  and over ``stall_min_s`` (``job_hang``); ``stalled(now)`` checks a live run for silence.
 - vanishing gradient: a gradient-norm tag averaging under ``vanishing_below`` over a full window.
 """
 
@@ -65,12 +65,12 @@ class ScalarMonitor:
             if len(series.gaps) >= 5:
                 typical = statistics.median(series.gaps)
                 if gap > self.stall_min_s and gap > self.stall_factor * max(typical, 1e-3):
-                    found.append(self._finding(tag, step, wall_time, value, "training_stall", FaultLevel.OBSERVE,
+                    found.append(self._finding(tag, step, wall_time, value, "job_hang", FaultLevel.OBSERVE,
                                                f"{gap:.0f} s since the previous point (typical {typical:.1f} s)"))
             series.gaps.append(max(gap, 0.0))
         series.last_wall = wall_time
         if not math.isfinite(value):
-            found.append(self._finding(tag, step, wall_time, value, "training_divergence", FaultLevel.OBSERVE,
+            found.append(self._finding(tag, step, wall_time, value, "nan_loss", FaultLevel.OBSERVE,
                                        f"{tag} is {value}"))
             return found  # a NaN must not poison the window
         if LOSS_TAG.search(tag) and len(series.values) >= 10:

@@ -35,9 +35,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from vigil.knowledge.signatures import SignatureMatcher, signature_library
 from vigil.logs.miner import read_lines
 from vigil.logs.severity import SPECIFIC, strength
-from vigil.logs.signatures import SignatureMatcher, load_signatures
 from vigil.logs.sources import LINE_RANK_PREFIX, LogSource, discover, entity_name
 from vigil.logs.timestamps import line_time
 from vigil.model import Evidence, FaultLevel, node_id, rank_id
@@ -46,11 +46,11 @@ MAX_LINE_CHARS = 2000
 # A line no signature knows but that reads as an error is kept for the fallback; a chatty log keeps its first few.
 MAX_WORDED_PER_FILE = 200
 WORDED_SIGNATURE = "generic.error_wording"
-WORDED_FAULT = "unclassified_error"
 # A more specific report of the same fault this many lines below the first one replaces it.
 SAME_REPORT_LINES = 12
 # Symptoms that every healthy rank prints once another one is gone: the last choice for a root.
-ECHO_FAULTS = frozenset({"nccl_collective_timeout", "nccl_watchdog_hang", "launcher_child_failed"})
+ECHO_SIGNATURES = frozenset({"nccl.watchdog_timeout", "gloo.collective_timeout", "nccl.watchdog_stuck",
+                             "launcher.child_failed"})
 # Kernel-log faults this long before the root (or shortly after it) are linked to it.
 MACHINE_WINDOW_BEFORE_S = 600.0
 MACHINE_WINDOW_AFTER_S = 120.0
@@ -72,12 +72,20 @@ class LogEvent(BaseModel):
     rank: int | None = None
     node: str | None = None
     signature: str
-    fault_type: str
+    fault_type: str | None = Field(description="the fault type or finding of the fault catalogue the line "
+                                                 "establishes, None when the line alone does not tell")
+    symptom: str | None = Field(default=None, description="the RCA symptom (log:<symptom>) of its signature")
     level: FaultLevel
     role: Literal["root", "cascade"]
     line: str = Field(max_length=MAX_LINE_CHARS)
     attrs: dict[str, Any] = Field(default_factory=dict)
     count: int = 1
+
+    @property
+    def kind(self) -> str:
+        """What the line reports, to group the reports of one failure: its fault, else its symptom, else its
+        signature."""
+        return self.fault_type or self.symptom or self.signature
 
 
 RootBasis = Literal["signature", "error_wording", "symptom"]
@@ -114,8 +122,8 @@ class TriageResult(BaseModel):
                 kind="log",
                 entity=event.entity,
                 ts=event.ts or 0.0,
-                summary=f"{role}: {event.fault_type} at {event.source}:{event.lineno}: {event.line[:300]}",
-                attrs={"signature": event.signature, "fault_type": event.fault_type,
+                summary=f"{role}: {event.kind} at {event.source}:{event.lineno}: {event.line[:300]}",
+                attrs={"signature": event.signature, "fault_type": event.fault_type, "symptom": event.symptom,
                        "level": event.level.label, "source": event.source, "lineno": event.lineno,
                        "count": event.count, **{k: v for k, v in event.attrs.items() if k != "frames"}},
             ))
@@ -245,7 +253,7 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
                 if len(scan.worded) < MAX_WORDED_PER_FILE and (grade := strength(line)):
                     scan.worded.append(LogEvent(
                         source=source.name, lineno=lineno, ts=ts, entity=_entity(source, job, rank), rank=rank,
-                        node=source.node, signature=WORDED_SIGNATURE, fault_type=WORDED_FAULT,
+                        node=source.node, signature=WORDED_SIGNATURE, fault_type=None,
                         level=FaultLevel.OBSERVE, role="root", line=line[:MAX_LINE_CHARS],
                         attrs={"strength": grade}))
                     if stamp is None:
@@ -258,7 +266,7 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
             event = LogEvent(
                 source=source.name, lineno=lineno, ts=ts, entity=_entity(source, job, rank), rank=rank,
                 node=source.node,
-                signature=hit.signature.id, fault_type=hit.fault_type, level=hit.level,
+                signature=hit.signature.id, fault_type=hit.fault, symptom=hit.signature.symptom, level=hit.level,
                 role=hit.signature.role, line=line[:MAX_LINE_CHARS], attrs=attrs,
             )
             if stamp is None:
@@ -285,7 +293,7 @@ def _traceback_attrs(frames: list[dict[str, Any]]) -> dict[str, Any]:
 
 def decide(scans: list[_Scan], job: str, directory: Path, tie_s: float = 1.0) -> TriageResult:
     """Pick the root, the cascade and the linked machine faults from the scanned files."""
-    priority = {s.id: i for i, s in enumerate(load_signatures())}
+    priority = {s.id: i for i, s in enumerate(signature_library())}
     hosts: dict[int, str] = {}
     ranks: set[int] = set()
     for scan in scans:
@@ -326,7 +334,7 @@ def decide(scans: list[_Scan], job: str, directory: Path, tie_s: float = 1.0) ->
     # a root named by its wording or as a symptom says nothing about the fault
     probable = root.fault_type if root is not None and basis == "signature" else None
     if root is not None and not root.entity.startswith("node/"):
-        serious = [m for m in machine if m.level >= FaultLevel.DRAIN
+        serious = [m for m in machine if m.fault_type is not None and m.level >= FaultLevel.DRAIN
                    and (root.node is None or m.node in (root.node, "unknown"))]
         if serious:
             probable = max(serious, key=lambda m: m.level).fault_type
@@ -382,7 +390,7 @@ def _attribute_to_rank(root: LogEvent, events: list[LogEvent]) -> None:
     (a second of slack: many logs stamp whole seconds)."""
     if root.ts is None:
         return
-    echoes = [e for e in events if e.rank is not None and e.node == root.node and e.fault_type == root.fault_type
+    echoes = [e for e in events if e.rank is not None and e.node == root.node and _same_report(e, root)
               and e.ts is not None and root.ts - 1.0 <= e.ts <= root.ts + MACHINE_WINDOW_AFTER_S]
     if echoes:
         root.rank = min(echoes, key=_time_order).rank
@@ -401,7 +409,7 @@ def _pick_root(events: list[LogEvent], priority: dict[str, int],
         if event.role != "root":
             continue
         first = first_per_source.get(event.source)
-        if first is None or (event.fault_type == first.fault_type
+        if first is None or (_same_report(event, first)
                              and event.lineno - first.lineno <= SAME_REPORT_LINES
                              and priority.get(event.signature, last) < priority.get(first.signature, last)):
             first_per_source[event.source] = event
@@ -415,6 +423,12 @@ def _pick_root(events: list[LogEvent], priority: dict[str, int],
     return min(roots, key=lambda e: (priority.get(e.signature, last), e.ts or 0.0, e.source, e.lineno)), "signature"
 
 
+def _same_report(one: LogEvent, other: LogEvent) -> bool:
+    """Whether two lines report one failure: the same fault, the same RCA symptom or the same signature."""
+    return (one.signature == other.signature or (one.fault_type is not None and one.fault_type == other.fault_type)
+            or (one.symptom is not None and one.symptom == other.symptom))
+
+
 def _fallback_root(worded: list[LogEvent],
                    symptoms: list[LogEvent]) -> tuple[LogEvent | None, RootBasis | None]:
     """No signature names a root: the earliest specific error wording, else the earliest symptom that is not a
@@ -422,7 +436,7 @@ def _fallback_root(worded: list[LogEvent],
     specific = [e for e in worded if e.attrs.get("strength") == SPECIFIC]
     if specific:
         return min(specific, key=_time_order), "error_wording"
-    direct = [e for e in symptoms if e.fault_type not in ECHO_FAULTS]
+    direct = [e for e in symptoms if e.signature not in ECHO_SIGNATURES]
     if direct or symptoms:
         return min(direct or symptoms, key=_time_order), "symptom"
     if worded:
@@ -439,10 +453,10 @@ def _near(node_events: list[LogEvent], root: LogEvent | None) -> list[LogEvent]:
 
 def _collapse(events: list[LogEvent]) -> list[LogEvent]:
     """The first event per (entity, fault type), counting the repeats: 1,000 ranks, not 100,000 lines."""
-    counts = Counter((e.entity, e.fault_type) for e in events)
+    counts = Counter((e.entity, e.kind) for e in events)
     first: dict[tuple[str, str], LogEvent] = {}
     for event in sorted(events, key=_time_order):
-        key = (event.entity, event.fault_type)
+        key = (event.entity, event.kind)
         if key not in first:
             first[key] = event.model_copy(update={"count": counts[key]})
     return list(first.values())
@@ -461,9 +475,9 @@ def _summary(result: TriageResult) -> str:
         return "no error lines found"
     who = f"rank {root.rank}" if root.rank is not None else root.entity
     if result.root_basis == "signature":
-        text = f"root error on {who}: {root.fault_type} ({root.signature}) at {root.source}:{root.lineno}"
+        text = f"root error on {who}: {root.kind} ({root.signature}) at {root.source}:{root.lineno}"
     elif result.root_basis == "symptom":
-        text = f"no root signature; earliest symptom on {who}: {root.fault_type} at {root.source}:{root.lineno}"
+        text = f"no root signature; earliest symptom on {who}: {root.kind} at {root.source}:{root.lineno}"
     else:
         text = f"no root signature; earliest error line on {who} at {root.source}:{root.lineno}"
     if result.probable_cause and result.probable_cause != root.fault_type:

@@ -129,16 +129,16 @@ def scalars(
 
 @app.command("signatures")
 def signatures(as_json: JsonFlag = False) -> None:
-    """List the error signature library and the fault types it maps to."""
-    from vigil.logs.signatures import load_signatures
+    """List the error signature library, with the fault and the RCA symptom each signature establishes."""
+    from vigil.knowledge.signatures import signature_library
 
-    library = load_signatures()
+    library = signature_library()
     if as_json:
         sys.stdout.write(json.dumps([s.model_dump(mode="json") for s in library]) + "\n")
         return
-    table = Table("id", "fault type", "level", "role", "description", title=f"{len(library)} signatures")
+    table = Table("id", "fault", "symptom", "level", "role", "description", title=f"{len(library)} signatures")
     for s in library:
-        table.add_row(s.id, s.fault_type, s.level.label, s.role, Text(s.description))
+        table.add_row(s.id, s.fault or "-", s.symptom or "-", s.level.label, s.role, Text(s.description))
     console.print(table)
 
 
