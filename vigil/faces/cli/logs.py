@@ -90,16 +90,17 @@ def triage_command(
         root = result.root
         table = Table(show_header=False, title="root error")
         for key, value in [("where", f"{root.source}:{root.lineno}"), ("entity", root.entity),
-                           ("fault", f"{root.fault_type} ({root.level.label})"), ("signature", root.signature),
+                           ("fault", f"{root.fault_type or '-'} ({root.level.label})"),
+                           ("named by", result.root_basis or "-"), ("signature", root.signature),
                            ("line", root.line[:300])] + [(k, str(v)) for k, v in root.attrs.items() if k != "frames"]:
             table.add_row(key, Text(value))
         console.print(table)
     for title, events in (("machine faults", result.machine_faults), ("cascade", result.cascade[:30])):
         if not events:
             continue
-        table = Table("entity", "fault", "lines", "first at", "line", title=title)
+        table = Table("entity", "kind", "lines", "first at", "line", title=title)
         for event in events:
-            table.add_row(event.entity, event.fault_type, str(event.count), Text(f"{event.source}:{event.lineno}"),
+            table.add_row(event.entity, event.kind, str(event.count), Text(f"{event.source}:{event.lineno}"),
                           Text(event.line[:120]))
         console.print(table)
     if len(result.cascade) > 30:
