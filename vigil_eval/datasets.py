@@ -36,7 +36,6 @@ from vigil.store.safe_pickle import load_array
 
 ASD_METRICS = 19
 NAB_PROBATION = 0.15
-FORMATS = ("asd", "nab", "csv", "sim")
 
 
 @dataclass
@@ -318,21 +317,6 @@ def _class_name(value: str) -> str:
 def _classes(values: Sequence[str]) -> list[str]:
     names = sorted({_class_name(v) for v in values} - {"normal"})
     return ["normal", *names] if names else ["normal", "anomaly"]
-
-
-def load(fmt: str, root: Path, entities: Sequence[str] | None = None) -> Dataset:
-    """Dispatch on ``--format``."""
-    if fmt == "asd":
-        return load_asd(root, entities)
-    if fmt == "nab":
-        return load_nab(root, entities)
-    if fmt == "csv":
-        return load_csv(root, entities)
-    if fmt == "sim":
-        from vigil_eval.simdata import load_sim_dataset
-
-        return load_sim_dataset(root, entities)
-    raise VigilInputError(f"unknown data format {fmt!r}: expected one of {', '.join(FORMATS)}")
 
 
 class WindowSet:

@@ -21,6 +21,7 @@ import numpy as np
 from sklearn.metrics import average_precision_score, f1_score, precision_recall_curve, recall_score
 
 from vigil.model import VigilInputError
+from vigil_eval.datasets import WindowSet
 
 VUS_THRESHOLDS = 250
 
@@ -209,8 +210,6 @@ def fleet_split(dataset: Any, train_entities: list[str], test_entities: list[str
     and the older part of its labelled data; nothing of a test entity is seen except its own history as
     the input windows' past.
     """
-    from vigil_eval.datasets import WindowSet
-
     overlap = set(train_entities) & set(test_entities)
     if overlap:
         raise VigilInputError(f"entity {sorted(overlap)[0]!r} is both a training and a test entity")
@@ -236,8 +235,6 @@ def calibration_split(dataset: Any, train_entities: list[str], *, history: int, 
     history still trains (as normal windows), its labelled data never do: they calibrate the novelty weight
     (``TCEDetector.calibrate``). Returns (train, validation, calibration); with a single training entity there
     is nothing to hold out and calibration is None."""
-    from vigil_eval.datasets import WindowSet
-
     held = train_entities[-1] if len(train_entities) >= 2 else None
     fit_on = train_entities[:-1] if held is not None else train_entities
     train, val, _ = fleet_split(dataset, fit_on, [], history=history, val_fraction=val_fraction,
@@ -256,8 +253,6 @@ def calibration_split(dataset: Any, train_entities: list[str], *, history: int, 
 def entity_split(series: Any, *, history: int, val_fraction: float = 0.3) -> tuple[Any, Any, Any]:
     """Protocol (a): fit on the entity's own history, choose the threshold on the oldest ``val_fraction`` of
     its labelled data, report on the rest."""
-    from vigil_eval.datasets import WindowSet
-
     cut = int(len(series.test) * val_fraction)
     train = WindowSet(history)
     if series.train is not None:

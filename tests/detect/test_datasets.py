@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from vigil.model import VigilInputError
-from vigil_eval.datasets import WindowSet, impute, load, load_asd, load_csv, load_nab, windows
+from vigil_eval.datasets import WindowSet, impute, load_asd, load_csv, load_nab, windows
+from vigil_eval.formats import load
 
 
 def test_asd_loads_eight_entities(shared_data: Path) -> None:

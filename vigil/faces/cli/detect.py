@@ -59,8 +59,8 @@ def train_command(
 
     from vigil.detect.learned.tce import TCEDetector
     from vigil.detect.learned.train import save_detector
-    from vigil_eval.datasets import load
     from vigil_eval.detection import calibration_split, fleet_split
+    from vigil_eval.formats import load
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     dataset = load(fmt, data)
@@ -116,8 +116,8 @@ def eval_command(
     and point-adjusted F1 (a separate, inflated column). Without entity lists: protocol (a), per entity."""
     import torch
 
-    from vigil_eval.datasets import load
     from vigil_eval.detection import DETECTORS, calibration_split, entity_split, fleet_split, run_detector, summarise
+    from vigil_eval.formats import load
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     names = _names(detectors) or list(DETECTORS)
