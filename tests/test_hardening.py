@@ -395,3 +395,32 @@ def test_users_cli_prints_the_token_once_and_stores_its_hash(tmp_path: Path, vig
     one_line_error(vigil("users", "add", "ada", "--role", "viewer", "--file", str(users_file), home=tmp_path),
                    "already exists")
     one_line_error(vigil("users", "add", "bob", "--role", "root", "--file", str(users_file), home=tmp_path), "role")
+
+
+def _stored_cluster(home: Path) -> None:
+    from vigil.model import Gpu, Incident, Node, Topology
+    from vigil.store.sql import Store
+
+    store = Store(f"sqlite:///{home / 'vigil.db'}")
+    store.save_topology(Topology(cluster="t", nodes=[
+        Node(name=f"n{i}", switch="s0", gpus=[Gpu(node=f"n{i}", index=g) for g in range(2)]) for i in range(1, 4)]))
+    store.upsert_incident(Incident(
+        id="inc-0123456789abcdef0123456789abcdef", title="double-bit ECC errors rose on GPU 1 " * 4,
+        scope="node/n2", entities=["gpu/n2/1"], start=1.0, end=2.0, level=4, fault_types=["gpu_dbe"]))
+    store.close()
+
+
+def test_ids_are_never_cut_in_an_80_column_table(tmp_path: Path, vigil: Callable[..., Ran]) -> None:
+    _stored_cluster(tmp_path)
+    shown = vigil("incidents", home=tmp_path, env={"COLUMNS": "80"})
+    assert shown.returncode == 0, shown.stderr
+    assert "inc-0123456789abcdef0123456789abcdef" in shown.stdout
+    assert max(len(line) for line in shown.stdout.splitlines()) <= 80
+
+
+def test_nodes_unhealthy_and_the_summary_line(tmp_path: Path, vigil: Callable[..., Ran]) -> None:
+    _stored_cluster(tmp_path)
+    sick = json.loads(vigil("nodes", "--unhealthy", "--json", home=tmp_path).stdout)
+    assert [row["node"] for row in sick] == ["node/n2"]
+    shown = vigil("nodes", home=tmp_path)
+    assert "3 nodes: 2 healthy, 1 with a fault or out of service" in shown.stdout

@@ -1,4 +1,4 @@
-"""The spine's verbs: demo, sim, incidents, nodes, bench."""
+"""The spine's verbs: demo, sim, incidents, nodes."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from vigil.config import settings
 from vigil.faces.cli.output import SafeConsole
@@ -196,15 +197,20 @@ def incidents(
         print(json.dumps([i.model_dump(mode="json") for i in items]))
         return
     table = Table(title=f"{len(items)} incidents")
-    for col in ("id", "status", "level", "title", "entities"):
+    # Ids are what the next command needs: never cut or wrapped; the title wraps instead.
+    table.add_column("id", no_wrap=True, min_width=max((len(i.id) for i in items), default=2))
+    for col in ("status", "level", "title", "entities"):
         table.add_column(col)
     for inc in items:
-        table.add_row(inc.id, inc.status.value, f"[{LEVEL_STYLE[inc.level]}]{inc.level.label}[/]", inc.title,
+        table.add_row(inc.id, inc.status.value, f"[{LEVEL_STYLE[inc.level]}]{inc.level.label}[/]", Text(inc.title),
                       str(len(inc.entities)))
     console.print(table)
 
 
-def nodes(as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False) -> None:
+def nodes(
+    unhealthy: Annotated[bool, typer.Option("--unhealthy", help="only nodes with a fault or out of service")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+) -> None:
     """Health and fault level per node and GPU (worst open incident), with the node lifecycle state."""
     store = _stored()
     health = store.node_health() if store is not None else {}
@@ -215,11 +221,17 @@ def nodes(as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = 
         rows.append({"node": node.id, "level": health.get(node.id, FaultLevel.HEALTHY).label,
                      "lifecycle": lifecycle.get(node.id, "healthy"), "switch": node.switch,
                      "gpus": {g.id: health.get(g.id, FaultLevel.HEALTHY).label for g in node.gpus}})
+    total = len(rows)
+    sick = [r for r in rows if r["level"] != "healthy" or r["lifecycle"] != "healthy"
+            or any(v != "healthy" for v in r["gpus"].values())]
+    if unhealthy:
+        rows = sick
     if as_json:
         print(json.dumps(rows))
         return
     table = Table(title=f"{len(rows)} nodes")
-    for col in ("node", "level", "lifecycle", "switch", "GPUs (0..n)"):
+    table.add_column("node", no_wrap=True, min_width=max((len(r["node"]) for r in rows), default=4))
+    for col in ("level", "lifecycle", "switch", "GPUs (0..n)"):
         table.add_column(col)
     for row in rows:
         level = FaultLevel.parse(row["level"])
@@ -227,6 +239,9 @@ def nodes(as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = 
                         for v in row["gpus"].values())
         table.add_row(row["node"], f"[{LEVEL_STYLE[level]}]{level.label}[/]", row["lifecycle"], row["switch"], cells)
     console.print(table)
+    out_of_service = sum(1 for r in sick if r["lifecycle"] != "healthy")
+    console.print(f"{total} nodes: {total - len(sick)} healthy, {len(sick)} with a fault or out of service "
+                  f"({out_of_service} out of service)", highlight=False)
 
 
 def _lifecycle_states() -> dict[str, str]:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from vigil.faces.cli.output import SafeConsole
 from vigil.model import Action, ActionKind, ActionStatus, Anomaly, Topology, VigilInputError
@@ -240,11 +241,15 @@ def _store_topology_file() -> Path | None:
 
 def _print_actions(actions: Sequence[Action], title: str) -> None:
     table = Table(title=title)
-    for column in ("time", "action", "target", "status", "result / reason"):
-        table.add_column(column)
+    table.add_column("time", no_wrap=True)
+    table.add_column("action", no_wrap=True)
+    table.add_column("target", no_wrap=True, min_width=max((len(a.target) for a in actions), default=6))
+    table.add_column("status", no_wrap=True)
+    table.add_column("result / reason")
     for action in actions:
         table.add_row(
-            _when(action.ts), action.kind.value, action.target, action.status.value, action.result or action.reason
+            _when(action.ts), action.kind.value, action.target, action.status.value,
+            Text(action.result or action.reason),
         )
     console.print(table)
 
