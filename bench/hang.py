@@ -121,7 +121,7 @@ def run_scenarios(hang_timeout: float, work: Path, quick: bool, stacks: bool = F
             "culprit_ranks": diagnosis.culprit_ranks,
             "culprit_links": diagnosis.culprit_links,
             "hang_kind": diagnosis.hang_kind,
-            "fork_point": diagnosis.fork_point["frame"] if diagnosis.fork_point else None,
+            "fork_point": diagnosis.fork_point.frame if diagnosis.fork_point else None,
             "correct": correct,
             "detected_after_s": latency,
             "within_budget": latency is None or latency <= hang_timeout + 5.0,

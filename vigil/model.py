@@ -489,3 +489,69 @@ class GroundTruthFault(Record):
     end: float
     visible_to_rules: bool = True
     attrs: dict[str, Any] = Field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- hang diagnosis of a job run
+
+HangVerdict = Literal["ok", "hang", "crash", "mismatch", "slow"]
+HangKind = Literal["not_enqueued", "stuck_in_collective", "signature_mismatch", "process_dead", "p2p"]
+# One exit status per verdict, the same from `vigil launch script` and `vigil diagnose run`.
+HANG_EXIT_CODES: dict[str, int] = {"ok": 0, "slow": 0, "crash": 3, "hang": 4, "mismatch": 5}
+
+
+class StackFork(BaseModel):
+    """Where the odd ranks' stack leaves the majority's, in one thread; ``frame`` is ``name (file:line)``."""
+
+    name: str
+    filename: str = ""
+    line: int | None = None
+    thread: str = "MainThread"
+    parent: str | None = None
+    frame: str
+    majority_frame: str | None = None
+    ranks: list[int] = Field(default_factory=list)
+    majority_ranks: list[int] = Field(default_factory=list)
+
+
+class StackClass(BaseModel):
+    """Ranks whose stacks are identical (an equivalence class), with the innermost main-thread frame."""
+
+    ranks: list[int]
+    main_top: str
+
+
+class RankStatus(BaseModel):
+    rank: int
+    state: str
+    op: str | None = None
+    heartbeat_age_s: float | None = None
+    exit_code: int | None = None
+    top_frame: str | None = None
+    median_step_s: float | None = None
+    mean_comm_wait_s: float | None = None
+
+
+class HangDiagnosis(BaseModel):
+    """What ``vigil launch script`` writes to diagnosis.json, ``vigil diagnose run`` prints and the dashboard's
+    hang view reads: one type, so no reader guesses keys. Unknown keys from other versions are ignored."""
+
+    verdict: HangVerdict
+    culprit_ranks: list[int] = Field(default_factory=list)
+    hang_kind: HangKind | None = None
+    culprit_links: list[list[int]] = Field(default_factory=list, description="[src, dst] rank pairs")
+    fork_point: StackFork | None = None
+    root_error: str | None = None
+    detected_after_s: float | None = None
+    summary: str = ""
+    job: str = "local"
+    world_size: int = 0
+    source: Literal["probe", "flight_recorder"] = "probe"
+    stack_source: str = "none"
+    ranks: list[RankStatus] = Field(default_factory=list)
+    stack_classes: list[StackClass] = Field(default_factory=list)
+    stacks: dict[int, list[str]] = Field(default_factory=dict, description="main thread, outermost first")
+    evidence: list[Evidence] = Field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return HANG_EXIT_CODES[self.verdict]

@@ -51,8 +51,8 @@ def test_rank_stuck_outside_communication(tmp_path: Path, fault: str, culprit: i
     assert diagnosis.culprit_ranks == [culprit]
     assert diagnosis.stack_source == "py-spy"
     assert diagnosis.fork_point is not None
-    assert diagnosis.fork_point["ranks"] == [culprit]
-    assert diagnosis.fork_point["name"] == culprit_function
+    assert diagnosis.fork_point.ranks == [culprit]
+    assert diagnosis.fork_point.name == culprit_function
     assert_hang_timing(diagnosis)
     texts = " ".join(e.summary for e in diagnosis.evidence)
     if fault == "compute":

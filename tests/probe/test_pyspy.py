@@ -58,4 +58,4 @@ def test_launch_without_pyspy_falls_back_to_probe_stacks(tmp_path: Path, monkeyp
     assert diagnosis.culprit_ranks == [1]
     assert diagnosis.stack_source == "probe"
     assert any("py-spy is not installed" in e for e in events)
-    assert diagnosis.fork_point is not None and diagnosis.fork_point["ranks"] == [1]
+    assert diagnosis.fork_point is not None and diagnosis.fork_point.ranks == [1]

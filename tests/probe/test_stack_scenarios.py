@@ -30,7 +30,7 @@ def test_rank_stuck_in_forward_is_the_culprit(tmp_path: Path, stack: str) -> Non
     assert diagnosis.culprit_ranks == [1]
     assert diagnosis.detected_after_s is not None
     assert HANG_TIMEOUT * 0.9 <= diagnosis.detected_after_s <= LATENCY_BUDGET
-    assert diagnosis.fork_point is not None and diagnosis.fork_point["ranks"] == [1]
+    assert diagnosis.fork_point is not None and diagnosis.fork_point.ranks == [1]
     if stack == "ddp_builtin":
         # The gradient all_reduce never passed through Python: progress alone found the hang.
         assert "still compute while the others wait" in diagnosis.summary

@@ -45,7 +45,7 @@ def test_torchrun_job_with_installed_probe_is_diagnosed_live(tmp_path: Path) -> 
         assert diagnosis.culprit_ranks == [1]
         assert diagnosis.stack_source == "py-spy"
         assert diagnosis.fork_point is not None
-        assert diagnosis.fork_point["name"] == "deadlock_between_threads"
+        assert diagnosis.fork_point.name == "deadlock_between_threads"
     finally:
         os.killpg(torchrun.pid, signal.SIGKILL)
         torchrun.wait()

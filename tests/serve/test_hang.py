@@ -18,22 +18,23 @@ def test_report_and_fork_point_from_fixture() -> None:
     report = load_hang_report(FIXTURE)
     assert report.verdict == "hang" and report.culprit_ranks == [5] and report.culprit_links == [(5, 6)]
     assert report.world_size == 8 and len(report.stacks) == 8
+    assert report.diagnosis.fork_point is not None and report.diagnosis.fork_point.parent == "train_step (train.py:40)"
+    assert [c.ranks for c in report.diagnosis.stack_classes] == [[0, 1, 2, 3, 4, 6, 7], [5]]
     tree = stack_tree(report.stacks, report.fork_point)
-    node = tree
-    while not node.is_fork_point:
-        (node,) = node.children
-    assert node.frame == "train_step (train.py:40)"
-    minority = min(node.children, key=lambda c: len(c.ranks))
-    assert minority.ranks == [5] and minority.frame.startswith("load_batch")
+    marked = [n for n in _walk(tree) if n.is_fork_point]
+    assert [(n.frame, n.ranks) for n in marked] == [("load_batch (data.py:12)", [5])]
 
 
 def test_fork_point_is_computed_when_not_named(tmp_path: Path) -> None:
     stacks = {0: ["a", "b", "c"], 1: ["a", "b", "c"], 2: ["a", "b", "x"]}
     tree = stack_tree(stacks)
     assert tree.children[0].children[0].frame == "b" and tree.children[0].children[0].is_fork_point
-    frames = {0: [{"name": "f", "filename": "m.py", "line": 3}]}
-    (tmp_path / "diagnosis.json").write_text(json.dumps({"verdict": "ok", "stacks": frames}))
+    (tmp_path / "diagnosis.json").write_text(json.dumps({"verdict": "ok", "stacks": {"0": ["f (m.py:3)"]}}))
     assert load_hang_report(tmp_path).stacks == {0: ["f (m.py:3)"]}
+    # The hang view reads one typed diagnosis: a frame that is not a string is refused, not guessed at.
+    (tmp_path / "diagnosis.json").write_text(json.dumps({"verdict": "ok", "stacks": {"0": [{"name": "f"}]}}))
+    with pytest.raises(VigilInputError, match="stacks"):
+        load_hang_report(tmp_path)
 
 
 @pytest.mark.parametrize(

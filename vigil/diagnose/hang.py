@@ -11,16 +11,25 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import BaseModel, Field
+from typing import Any
 
 from vigil.detect.collectives import CollectiveFinding, match_collectives
 from vigil.diagnose.crash import RankFailure, describe_exit, error_from_log, root_failure
 from vigil.diagnose.p2p import P2PAnalysis, analyse, states_from_probe
 from vigil.diagnose.stacks import ForkPoint, RankStacks, StackTree, load_stacks, merge_stacks
 from vigil.diagnose.straggler import find_straggler
-from vigil.model import Evidence, VigilInputError, rank_id
+from vigil.model import (
+    HANG_EXIT_CODES,
+    Evidence,
+    HangDiagnosis,
+    HangKind,
+    HangVerdict,
+    RankStatus,
+    StackClass,
+    StackFork,
+    VigilInputError,
+    rank_id,
+)
 from vigil.sources.probe.records import (
     DIAGNOSIS_FILE,
     RUN_FILE,
@@ -31,49 +40,12 @@ from vigil.sources.probe.records import (
     read_snapshot,
 )
 
-Verdict = Literal["ok", "hang", "crash", "mismatch", "slow"]
-HangKind = Literal["not_enqueued", "stuck_in_collective", "signature_mismatch", "process_dead", "p2p"]
+Verdict = HangVerdict
 # A rank whose probe heartbeat is older than this cannot run Python: it holds the GIL or is frozen.
 STALE_HEARTBEAT_S = 2.0
 # A rank that computed within this many seconds of the verdict is still computing.
 RECENT_COMPUTE_S = 1.0
-EXIT_CODES: dict[str, int] = {"ok": 0, "slow": 0, "crash": 3, "hang": 4, "mismatch": 5}
-
-
-class RankStatus(BaseModel):
-    rank: int
-    state: str
-    op: str | None = None
-    heartbeat_age_s: float | None = None
-    exit_code: int | None = None
-    top_frame: str | None = None
-    median_step_s: float | None = None
-    mean_comm_wait_s: float | None = None
-
-
-class HangDiagnosis(BaseModel):
-    """What ``vigil launch`` writes to diagnosis.json and ``vigil diagnose`` prints."""
-
-    verdict: Verdict
-    culprit_ranks: list[int] = Field(default_factory=list)
-    hang_kind: HangKind | None = None
-    culprit_links: list[list[int]] = Field(default_factory=list)
-    fork_point: dict[str, Any] | None = None
-    root_error: str | None = None
-    detected_after_s: float | None = None
-    summary: str = ""
-    job: str = "local"
-    world_size: int = 0
-    source: Literal["probe", "flight_recorder"] = "probe"
-    stack_source: str = "none"
-    ranks: list[RankStatus] = Field(default_factory=list)
-    stack_classes: list[dict[str, Any]] = Field(default_factory=list)
-    stacks: dict[int, list[str]] = Field(default_factory=dict, description="main thread, outermost first")
-    evidence: list[Evidence] = Field(default_factory=list)
-
-    @property
-    def exit_code(self) -> int:
-        return EXIT_CODES[self.verdict]
+EXIT_CODES = HANG_EXIT_CODES
 
 
 @dataclass
@@ -127,12 +99,12 @@ def diagnose(run: RunEvidence) -> HangDiagnosis:
         diag.detected_after_s = round(max(0.0, run.detected_at - last), 3)
     if diag.fork_point is None and diag.verdict != "ok":
         fork = _pick_fork(forks, diag.culprit_ranks)
-        diag.fork_point = fork.to_dict() if fork is not None else None
+        diag.fork_point = StackFork.model_validate(fork.to_dict()) if fork is not None else None
     diag.ranks = _rank_table(run, findings, tree)
     diag.stacks = {r: t["MainThread"] for r, t in sorted(run.stacks.items()) if t.get("MainThread")}
     if tree is not None:
         diag.stack_classes = [
-            {"ranks": ranks, "main_top": (threads.get("MainThread") or ["?"])[-1]}
+            StackClass(ranks=ranks, main_top=(threads.get("MainThread") or ["?"])[-1])
             for ranks, threads in tree.classes[:8]
         ]
     _add_rank_evidence(run, diag)
@@ -247,7 +219,7 @@ def _hang(
         culprit_ranks=sorted(culprits),
         hang_kind=kind,
         culprit_links=p2p.culprit_links if kind == "p2p" else [],
-        fork_point=fork.to_dict() if fork is not None else None,
+        fork_point=StackFork.model_validate(fork.to_dict()) if fork is not None else None,
         summary=summary,
         evidence=evidence,
     )

@@ -23,8 +23,8 @@ def print_diagnosis(diagnosis: HangDiagnosis, console: Console) -> None:
     if diagnosis.fork_point:
         fork = diagnosis.fork_point
         console.print(
-            f"fork point ({fork['thread']}): after {fork['parent']}, ranks {fork['ranks']} go to "
-            f"{fork['frame']} while ranks {fork['majority_ranks']} go to {fork['majority_frame']}",
+            f"fork point ({fork.thread}): after {fork.parent}, ranks {fork.ranks} go to "
+            f"{fork.frame} while ranks {fork.majority_ranks} go to {fork.majority_frame}",
             highlight=False,
         )
     if diagnosis.detected_after_s is not None:

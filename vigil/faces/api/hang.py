@@ -1,22 +1,18 @@
-"""Read the ``diagnosis.json`` that ``vigil launch`` / ``vigil diagnose`` write, for the hang view.
+"""Read the ``diagnosis.json`` that ``vigil launch script`` / ``vigil diagnose run`` write, for the hang view.
 
-Only the documented keys are relied on (verdict, culprit_ranks, hang_kind, culprit_links, fork_point,
-root_error, detected_after_s, evidence); per-rank stacks are looked for under ``stacks`` at the top level or
-inside ``evidence``, as ``{rank: [frame, ...]}`` outermost frame first, each frame a string or a mapping with
-``name``/``function`` and ``filename``/``file`` and ``line``/``lineno``. Anything else is ignored, so the view
-keeps working as the probe adds fields.
+The file is a ``vigil.model.HangDiagnosis``, validated as one: the view reads its typed fields (fork point,
+stack classes, per-rank stacks), never guessed keys.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vigil.model import VigilInputError
+from pydantic import ValidationError
 
-VERDICTS = ("ok", "hang", "crash", "mismatch", "slow")
+from vigil.model import HangDiagnosis, VigilInputError, describe_validation_error
 
 
 @dataclass
@@ -33,88 +29,65 @@ class StackNode:
 @dataclass
 class HangReport:
     name: str
-    verdict: str
-    culprit_ranks: list[int]
-    hang_kind: str | None
-    culprit_links: list[tuple[int, int]]
-    fork_point: str | None
-    root_error: str | None
-    detected_after_s: float | None
-    world_size: int
-    stacks: dict[int, list[str]]
-    raw: dict[str, Any]
+    diagnosis: HangDiagnosis
+    raw: dict[str, Any]  # the diagnosis as JSON, for templates
 
+    @property
+    def verdict(self) -> str:
+        return self.diagnosis.verdict
 
-def _frame_text(frame: Any) -> str:
-    if isinstance(frame, str):
-        return frame
-    if isinstance(frame, dict):
-        if isinstance(frame.get("frame"), str):  # vigil launch's fork_point carries the rendered frame
-            return str(frame["frame"])
-        name = frame.get("name") or frame.get("function") or frame.get("func") or "?"
-        where = frame.get("filename") or frame.get("file") or ""
-        line = frame.get("line") or frame.get("lineno")
-        return f"{name} ({where}:{line})" if where else str(name)
-    return str(frame)
+    @property
+    def culprit_ranks(self) -> list[int]:
+        return self.diagnosis.culprit_ranks
 
+    @property
+    def hang_kind(self) -> str | None:
+        return self.diagnosis.hang_kind
 
-def _find_stacks(data: dict[str, Any]) -> dict[int, list[str]]:
-    candidates: list[Any] = [data.get("stacks")]
-    evidence = data.get("evidence")
-    if isinstance(evidence, dict):
-        candidates.append(evidence.get("stacks"))
-    elif isinstance(evidence, list):
-        candidates.extend(item.get("stacks") for item in evidence if isinstance(item, dict))
-    for found in candidates:
-        if isinstance(found, dict) and found:
-            stacks = {}
-            for rank, frames in found.items():
-                if str(rank).isdigit() and isinstance(frames, list):
-                    stacks[int(rank)] = [_frame_text(f) for f in frames]
-            if stacks:
-                return stacks
-    return {}
+    @property
+    def culprit_links(self) -> list[tuple[int, int]]:
+        return [(link[0], link[1]) for link in self.diagnosis.culprit_links if len(link) == 2]
+
+    @property
+    def fork_point(self) -> str | None:
+        return self.diagnosis.fork_point.frame if self.diagnosis.fork_point else None
+
+    @property
+    def root_error(self) -> str | None:
+        return self.diagnosis.root_error
+
+    @property
+    def detected_after_s(self) -> float | None:
+        return self.diagnosis.detected_after_s
+
+    @property
+    def stacks(self) -> dict[int, list[str]]:
+        return self.diagnosis.stacks
+
+    @property
+    def world_size(self) -> int:
+        known = set(self.stacks) | set(self.culprit_ranks) | {r for link in self.culprit_links for r in link}
+        return self.diagnosis.world_size or (max(known) + 1 if known else 0)
 
 
 def load_hang_report(path: Path) -> HangReport:
     """Parse ``path`` (a diagnosis.json, or a directory holding one) with one clear error if it is bad."""
     file = path / "diagnosis.json" if path.is_dir() else path
     try:
-        data = json.loads(file.read_text())
+        raw = file.read_bytes()
     except FileNotFoundError:
         raise VigilInputError(f"{file}: no such file (vigil launch writes DIR/diagnosis.json)") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise VigilInputError(f"{file}: not valid JSON ({err})") from None
-    if not isinstance(data, dict):
+    except OSError as err:
+        raise VigilInputError(f"{file}: cannot be read ({err.strerror or err})") from None
+    if not raw.lstrip()[:1] == b"{":
         raise VigilInputError(f"{file}: expected a JSON object at the top level")
-    verdict = data.get("verdict")
-    if verdict not in VERDICTS:
-        raise VigilInputError(f"{file}: field 'verdict' is {verdict!r}; expected one of {', '.join(VERDICTS)}")
     try:
-        culprits = [int(r) for r in data.get("culprit_ranks") or []]
-        links = [(int(a), int(b)) for a, b in data.get("culprit_links") or []]
-    except (TypeError, ValueError):
-        raise VigilInputError(
-            f"{file}: 'culprit_ranks' must be a list of ints and 'culprit_links' a list of [src, dst] pairs"
-        ) from None
-    stacks = _find_stacks(data)
-    fork = data.get("fork_point")
-    known_ranks = set(stacks) | set(culprits) | {r for link in links for r in link}
-    world = int(data.get("world_size") or (max(known_ranks) + 1 if known_ranks else 0))
-    detected = data.get("detected_after_s")
-    return HangReport(
-        name=file.parent.name,
-        verdict=verdict,
-        culprit_ranks=culprits,
-        hang_kind=data.get("hang_kind"),
-        culprit_links=links,
-        fork_point=_frame_text(fork) if fork else None,
-        root_error=str(data["root_error"]) if data.get("root_error") else None,
-        detected_after_s=float(detected) if isinstance(detected, int | float) else None,
-        world_size=world,
-        stacks=stacks,
-        raw=data,
-    )
+        diagnosis = HangDiagnosis.model_validate_json(raw)
+    except ValidationError as err:
+        if any(e["type"] == "json_invalid" for e in err.errors()):
+            raise VigilInputError(f"{file}: not valid JSON ({err.errors()[0]['msg']})") from None
+        raise VigilInputError(f"{file}: {describe_validation_error(err)}") from None
+    return HangReport(name=file.parent.name, diagnosis=diagnosis, raw=diagnosis.model_dump(mode="json"))
 
 
 def stack_tree(stacks: dict[int, list[str]], fork_point: str | None = None) -> StackNode:
