@@ -11,7 +11,21 @@ from pydantic import BaseModel, Field
 from vigil.faces.api.alertmanager import alerts_to_events, parse_payload
 from vigil.faces.api.auth import Identity, check_approver, check_operator, check_read
 from vigil.faces.api.context import ServeContext
-from vigil.faces.api.hang import load_hang_report, stack_tree
+from vigil.faces.api.hang import StackNode, load_hang_report, stack_tree
+from vigil.faces.api.responses import (
+    AlertsStored,
+    GpuRow,
+    HangSummary,
+    HangView,
+    Health,
+    JobStepTimes,
+    MetricSeries,
+    NodeDetail,
+    NodeRow,
+    PromSample,
+    StackTreeNode,
+    Stored,
+)
 from vigil.model import (
     Action,
     ActionKind,
@@ -21,6 +35,7 @@ from vigil.model import (
     Event,
     Incident,
     IncidentStatus,
+    Job,
     Topology,
     VigilConflictError,
     VigilInputError,
@@ -62,9 +77,9 @@ class StatusChange(BaseModel):
 
 
 @router.get("/health", tags=["meta"])
-def health(ctx: Ctx) -> dict[str, Any]:
+def health(ctx: Ctx) -> Health:
     """Liveness with a store round trip (a count), cheap enough for a load balancer to poll."""
-    return {"status": "ok", "incidents": ctx.store.count_incidents()}
+    return Health(incidents=ctx.store.count_incidents())
 
 
 # ------------------------------------------------------------------------------------------ cluster
@@ -76,36 +91,37 @@ def topology(ctx: Ctx) -> Topology:
 
 
 @router.get("/nodes", tags=["cluster"])
-def nodes(ctx: Ctx) -> list[dict[str, Any]]:
+def nodes(ctx: Ctx) -> list[NodeRow]:
     """Every node with its worst open fault level and its GPUs' levels (0 healthy .. 4 isolate)."""
-    return ctx.node_grid()
+    return [NodeRow.model_validate(row) for row in ctx.node_grid()]
 
 
 @router.get("/nodes/{name}", tags=["cluster"])
-def node(name: str, ctx: Ctx) -> dict[str, Any]:
+def node(name: str, ctx: Ctx) -> NodeDetail:
     """One node: its record, fault level, lifecycle stage and steps, recent events and actions."""
     try:
-        return ctx.node_lifecycle(name)
+        return NodeDetail.model_validate(ctx.node_lifecycle(name))
     except KeyError:
         raise _not_found("node", name) from None
 
 
 @router.get("/gpus", tags=["cluster"])
-def gpus(ctx: Ctx, min_level: Annotated[int, Query(ge=0, le=4)] = 0) -> list[dict[str, Any]]:
+def gpus(ctx: Ctx, min_level: Annotated[int, Query(ge=0, le=4)] = 0) -> list[GpuRow]:
     """GPUs at or above ``min_level``."""
-    return [{**g, "node": row["name"]} for row in ctx.node_grid() for g in row["gpus"] if g["level"] >= min_level]
+    return [GpuRow.model_validate({**g, "node": row["name"]}) for row in ctx.node_grid() for g in row["gpus"]
+            if g["level"] >= min_level]
 
 
 @router.get("/jobs", tags=["cluster"])
-def jobs(ctx: Ctx) -> list[dict[str, Any]]:
-    return [j.model_dump() for j in ctx.topology().jobs]
+def jobs(ctx: Ctx) -> list[Job]:
+    return ctx.topology().jobs
 
 
 @router.get("/jobs/{job}", tags=["cluster"])
-def job(job: str, ctx: Ctx, last: Annotated[int, Query(ge=1, le=10000)] = 240) -> dict[str, Any]:
+def job(job: str, ctx: Ctx, last: Annotated[int, Query(ge=1, le=10000)] = 240) -> JobStepTimes:
     """A job's placement and per-rank step times (``vigil_job_step_time_seconds``)."""
     try:
-        return ctx.job_step_times(job, last=last)
+        return JobStepTimes.model_validate(ctx.job_step_times(job, last=last))
     except KeyError:
         raise _not_found("job", job) from None
 
@@ -293,20 +309,20 @@ def events(
 
 
 @router.post("/events", tags=["events"], status_code=status.HTTP_201_CREATED)
-def add_events(body: Annotated[list[Event], Body(max_length=10000)], ctx: Ctx, user: Writer) -> dict[str, int]:
+def add_events(body: Annotated[list[Event], Body(max_length=10000)], ctx: Ctx, user: Writer) -> Stored:
     ctx.store.add_events(body)
-    return {"stored": len(body)}
+    return Stored(stored=len(body))
 
 
 @router.post("/alertmanager", tags=["events"])
-def alertmanager_webhook(payload: Annotated[dict[str, Any], Body()], ctx: Ctx, user: Writer) -> dict[str, Any]:
+def alertmanager_webhook(payload: Annotated[dict[str, Any], Body()], ctx: Ctx, user: Writer) -> AlertsStored:
     """Alertmanager webhook (payload version 4; unknown fields accepted): each alert becomes an Event."""
     parsed = parse_payload(payload)
     new_events = alerts_to_events(parsed, cluster=ctx.collector.cluster)
     ctx.store.add_events(new_events)
     for alert in parsed.alerts:
         ctx.collector.alerts_received[alert.status] += 1
-    return {"stored": len(new_events), "entities": sorted({e.entity for e in new_events})}
+    return AlertsStored(stored=len(new_events), entities=sorted({e.entity for e in new_events}))
 
 
 # ------------------------------------------------------------------------------------------ metrics
@@ -319,16 +335,12 @@ def metric_series(
     metric: Annotated[str, Query(pattern=r"^[A-Za-z_:][A-Za-z0-9_:]*$", max_length=200)],
     start: float | None = None,
     end: float | None = None,
-) -> dict[str, Any]:
+) -> MetricSeries:
     """One entity's metric from the configured source (embedded store or Prometheus)."""
     parse_entity(entity)
     ts, values = ctx.series(entity, metric, start, end)
-    return {
-        "entity": entity,
-        "metric": metric,
-        "ts": ts.tolist(),
-        "values": [None if v != v else float(v) for v in values],
-    }
+    return MetricSeries(entity=entity, metric=metric, ts=ts.tolist(),
+                        values=[None if v != v else float(v) for v in values])
 
 
 @router.get("/metrics/query", tags=["metrics"])
@@ -336,59 +348,45 @@ def promql_query(
     ctx: Ctx,
     query: Annotated[str, Query(min_length=1, max_length=4000)],
     time_: Annotated[float | None, Query(alias="time")] = None,
-) -> list[dict[str, Any]]:
+) -> list[PromSample]:
     """A PromQL instant query against the configured Prometheus-compatible API."""
     if ctx.prom is None:
         raise HTTPException(
             status.HTTP_400_BAD_REQUEST, "no Prometheus-compatible API configured: set VIGIL_METRICS_URL"
         )
-    return [
-        {"labels": s.labels, "ts": float(s.ts[0]), "value": float(s.values[0])} for s in ctx.prom.query(query, at=time_)
-    ]
+    found = ctx.prom.query(query, at=time_)
+    return [PromSample(labels=s.labels, ts=float(s.ts[0]), value=float(s.values[0])) for s in found]
 
 
 # ------------------------------------------------------------------------------------------ hangs
 
 
 @router.get("/hangs", tags=["hangs"])
-def hangs(ctx: Ctx) -> list[dict[str, Any]]:
+def hangs(ctx: Ctx) -> list[HangSummary]:
     """Runs of ``vigil launch`` under the server's launch directories, with their verdicts."""
     out = []
     for name, path in sorted(ctx.hang_reports().items()):
         try:
             report = load_hang_report(path)
-            out.append(
-                {
-                    "name": name,
-                    "verdict": report.verdict,
-                    "culprit_ranks": report.culprit_ranks,
-                    "hang_kind": report.hang_kind,
-                }
-            )
+            out.append(HangSummary(name=name, verdict=report.verdict, culprit_ranks=report.culprit_ranks,
+                                   hang_kind=report.hang_kind))
         except VigilInputError as err:
-            out.append({"name": name, "verdict": "unreadable", "error": str(err)})
+            out.append(HangSummary(name=name, verdict="unreadable", error=str(err)))
     return out
 
 
 @router.get("/hangs/{name}", tags=["hangs"])
-def hang(name: str, ctx: Ctx) -> dict[str, Any]:
+def hang(name: str, ctx: Ctx) -> HangView:
+    """One run's typed diagnosis and the stack tree of all its ranks with the fork point marked."""
     path = ctx.hang_reports().get(name)
     if path is None:
         raise _not_found("launch run", name)
     report = load_hang_report(path)
     tree = stack_tree(report.stacks, report.fork_point)
-    return {
-        **report.raw,
-        "name": report.name,
-        "world_size": report.world_size,
-        "stack_tree": _tree_dict(tree),
-    }
+    return HangView(name=report.name, world_size=report.world_size, diagnosis=report.diagnosis,
+                    stack_tree=_tree(tree))
 
 
-def _tree_dict(node: Any) -> dict[str, Any]:
-    return {
-        "frame": node.frame,
-        "ranks": node.ranks,
-        "fork_point": node.is_fork_point,
-        "children": [_tree_dict(c) for c in node.children],
-    }
+def _tree(node: StackNode) -> StackTreeNode:
+    return StackTreeNode(frame=node.frame, ranks=node.ranks, fork_point=node.is_fork_point,
+                         children=[_tree(c) for c in node.children])

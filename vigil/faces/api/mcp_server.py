@@ -12,26 +12,47 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import BaseModel
 
 from vigil.faces.api.auth import Role, mcp_identity
 from vigil.faces.api.context import ServeContext
+from vigil.faces.api.responses import (
+    ActionItem,
+    EvidenceItem,
+    GpuHealth,
+    HealthReport,
+    IncidentDetail,
+    IncidentList,
+    IncidentSummary,
+    JobHealth,
+    LogHit,
+    LogSearch,
+    MetricPoints,
+    MetricStats,
+    NodeHealth,
+    RankOnBadHardware,
+    StepTimeStats,
+    XidExplanation,
+)
 from vigil.knowledge.xid import xid_info
 from vigil.model import (
     Action,
     ActionKind,
     ActionStatus,
     FaultLevel,
+    Incident,
     IncidentStatus,
     VigilInputError,
     parse_entity,
 )
 
 MAX_POINTS = 500
+Result = TypeVar("Result", bound=BaseModel)
 INSTRUCTIONS = (
     "Vigil watches an AI training cluster. Start with list_incidents or node_health, drill into one incident "
     "with get_incident, check numbers with query_metrics, decode GPU Xid codes with explain_xid, and look at "
@@ -40,18 +61,18 @@ INSTRUCTIONS = (
 )
 
 
-def _incident_summary(incident: Any) -> dict[str, Any]:
-    return {
-        "id": incident.id,
-        "title": incident.title,
-        "level": FaultLevel(incident.level).label,
-        "scope": incident.scope,
-        "fault_types": incident.fault_types,
-        "start": incident.start,
-        "end": incident.end,
-        "status": incident.status.value,
-        "entities": incident.entities[:20],
-    }
+def _incident_summary(incident: Incident) -> IncidentSummary:
+    return IncidentSummary(
+        id=incident.id,
+        title=incident.title,
+        level=FaultLevel(incident.level).label,
+        scope=incident.scope,
+        fault_types=incident.fault_types,
+        start=incident.start,
+        end=incident.end,
+        status=incident.status.value,
+        entities=incident.entities[:20],
+    )
 
 
 def _downsample(ts: np.ndarray, values: np.ndarray, max_points: int) -> tuple[list[float], list[float | None]]:
@@ -64,12 +85,12 @@ def _downsample(ts: np.ndarray, values: np.ndarray, max_points: int) -> tuple[li
 def build_mcp_server(ctx: ServeContext, *, allow_writes: bool = False) -> MCPServer:
     server: MCPServer = MCPServer("vigil", instructions=INSTRUCTIONS)
 
-    def tool(fn: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+    def tool(fn: Callable[..., Result]) -> Callable[..., Result]:
         """Register ``fn``; a VigilInputError reaches the agent as its one-line message (the SDK hides the
         text of any other exception)."""
 
         @functools.wraps(fn)
-        def checked(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        def checked(*args: Any, **kwargs: Any) -> Result:
             try:
                 return fn(*args, **kwargs)
             except VigilInputError as err:
@@ -81,31 +102,31 @@ def build_mcp_server(ctx: ServeContext, *, allow_writes: bool = False) -> MCPSer
     @tool
     def list_incidents(
         status: Literal["open", "acknowledged", "resolved", "any"] = "open", limit: int = 20
-    ) -> dict[str, Any]:
+    ) -> IncidentList:
         """Incidents, newest first, as one-line summaries (id, title, level, scope, fault types, time)."""
         limit = max(1, min(limit, 200))
         wanted = None if status == "any" else IncidentStatus(status)
         found = ctx.store.incidents(status=wanted, limit=limit)
-        return {"count": len(found), "incidents": [_incident_summary(i) for i in found]}
+        return IncidentList(count=len(found), incidents=[_incident_summary(i) for i in found])
 
     @tool
-    def get_incident(incident_id: str) -> dict[str, Any]:
+    def get_incident(incident_id: str) -> IncidentDetail:
         """One incident with its evidence (first 30 items), diagnosis (ranked causes, plan) and actions."""
         incident = ctx.store.incident(incident_id)
         if incident is None:
             raise VigilInputError(f"no incident {incident_id!r}; call list_incidents for ids")
         diagnosis = ctx.store.diagnosis(incident_id)
-        return {
-            **_incident_summary(incident),
-            "entities": incident.entities,
-            "evidence": [e.model_dump(exclude={"attrs"}) for e in incident.evidence[:30]],
-            "evidence_total": len(incident.evidence),
-            "diagnosis": diagnosis.model_dump() if diagnosis else None,
-            "actions": [a.model_dump(exclude={"params"}) for a in ctx.store.actions(incident_id=incident_id)],
-        }
+        return IncidentDetail(
+            **{**_incident_summary(incident).model_dump(), "entities": incident.entities},
+            evidence=[EvidenceItem.model_validate(e.model_dump(exclude={"attrs"})) for e in incident.evidence[:30]],
+            evidence_total=len(incident.evidence),
+            diagnosis=diagnosis,
+            actions=[ActionItem.model_validate(a.model_dump(exclude={"params"}))
+                     for a in ctx.store.actions(incident_id=incident_id)],
+        )
 
     @tool
-    def node_health(node: str | None = None, min_level: str = "observe") -> dict[str, Any]:
+    def node_health(node: str | None = None, min_level: str = "observe") -> HealthReport:
         """Fault levels (healthy < observe < degraded < drain < isolate) of nodes and GPUs at or above
         min_level; with ``node`` (a name like n003) every GPU of that node."""
         floor = int(FaultLevel.parse(min_level))
@@ -117,42 +138,33 @@ def build_mcp_server(ctx: ServeContext, *, allow_writes: bool = False) -> MCPSer
             floor = 0
         out = []
         for row in rows:
-            gpus = [{"gpu": g["id"], "level": FaultLevel(g["level"]).label} for g in row["gpus"] if g["level"] >= floor]
+            gpus = [GpuHealth(gpu=g["id"], level=FaultLevel(g["level"]).label) for g in row["gpus"]
+                    if g["level"] >= floor]
             if row["level"] >= floor or gpus:
-                out.append({"node": row["id"], "level": FaultLevel(row["level"]).label, "gpus": gpus})
-        return {"nodes_total": len(ctx.node_grid()), "matching": len(out), "nodes": out}
+                out.append(NodeHealth(node=row["id"], level=FaultLevel(row["level"]).label, gpus=gpus))
+        return HealthReport(nodes_total=len(ctx.node_grid()), matching=len(out), nodes=out)
 
     @tool
     def query_metrics(
         entity: str, metric: str, start: float | None = None, end: float | None = None, max_points: int = 120
-    ) -> dict[str, Any]:
+    ) -> MetricPoints:
         """One entity's metric (e.g. gpu/n003/5, DCGM_FI_DEV_GPU_TEMP) as statistics plus a series
         downsampled to max_points; times are Unix seconds."""
         parse_entity(entity)
         ts, values = ctx.series(entity, metric, start, end)
         finite = values[np.isfinite(values)] if len(values) else values
         stats = (
-            {
-                "min": float(finite.min()),
-                "max": float(finite.max()),
-                "mean": float(finite.mean()),
-                "last": float(finite[-1]),
-            }
+            MetricStats(min=float(finite.min()), max=float(finite.max()), mean=float(finite.mean()),
+                        last=float(finite[-1]))
             if len(finite)
-            else {}
+            else None
         )
         points_ts, points = _downsample(ts, values, max(2, min(max_points, MAX_POINTS)))
-        return {
-            "entity": entity,
-            "metric": metric,
-            "points_total": int(len(ts)),
-            "stats": stats,
-            "ts": points_ts,
-            "values": points,
-        }
+        return MetricPoints(entity=entity, metric=metric, points_total=int(len(ts)), stats=stats, ts=points_ts,
+                            values=points)
 
     @tool
-    def diagnose_job(job_id: str) -> dict[str, Any]:
+    def diagnose_job(job_id: str) -> JobHealth:
         """A training job's health: ranks placed on unhealthy GPUs or nodes, the open incidents touching
         its nodes, and per-rank step-time statistics (straggler = slowest median)."""
         topology = ctx.topology()
@@ -167,7 +179,7 @@ def build_mcp_server(ctx: ServeContext, *, allow_writes: bool = False) -> MCPSer
             job_nodes.add(f"node/{node_name}")
             level = max(int(health.get(gpu, 0)), int(health.get(f"node/{node_name}", 0)))
             if level > 0:
-                bad_ranks.append({"rank": rank, "gpu": gpu, "level": FaultLevel(level).label})
+                bad_ranks.append(RankOnBadHardware(rank=rank, gpu=gpu, level=FaultLevel(level).label))
         incidents = [
             _incident_summary(i)
             for status in (IncidentStatus.OPEN, IncidentStatus.ACKNOWLEDGED)
@@ -188,36 +200,36 @@ def build_mcp_server(ctx: ServeContext, *, allow_writes: bool = False) -> MCPSer
         }
         job_values = [v for v in steps["job_series"]["values"] if v is not None]
         straggler = max(rank_medians, key=lambda r: rank_medians[r]) if rank_medians else None
-        return {
-            "job": job.id,
-            "world_size": job.world_size,
-            "ranks_on_unhealthy_hardware": bad_ranks,
-            "incidents": incidents[:20],
-            "step_time_median_s_by_rank": rank_medians,
-            "straggler_rank": straggler,
-            "job_step_time_s": (
-                {"median": float(np.median(job_values)), "last": job_values[-1], "max": max(job_values)}
+        return JobHealth(
+            job=job.id,
+            world_size=job.world_size,
+            ranks_on_unhealthy_hardware=bad_ranks,
+            incidents=incidents[:20],
+            step_time_median_s_by_rank=rank_medians,
+            straggler_rank=straggler,
+            job_step_time_s=(
+                StepTimeStats(median=float(np.median(job_values)), last=job_values[-1], max=max(job_values))
                 if job_values
                 else None
             ),
-        }
+        )
 
     @tool
-    def explain_xid(code: int) -> dict[str, Any]:
+    def explain_xid(code: int) -> XidExplanation:
         """What an NVIDIA Xid code means, its fault level and the action Vigil takes for it."""
         info = xid_info(code)
-        return {
-            "xid": info.code,
-            "mnemonic": info.mnemonic,
-            "description": info.description,
-            "nvidia_action": info.bucket,
-            "level": info.level.label,
-            "vigil_action": info.action.value,
-            "known": info.known,
-        }
+        return XidExplanation(
+            xid=info.code,
+            mnemonic=info.mnemonic,
+            description=info.description,
+            nvidia_action=info.bucket,
+            level=info.level.label,
+            vigil_action=info.action.value,
+            known=info.known,
+        )
 
     @tool
-    def search_logs(text: str, entity: str | None = None, limit: int = 50) -> dict[str, Any]:
+    def search_logs(text: str, entity: str | None = None, limit: int = 50) -> LogSearch:
         """Substring search over stored log lines (rank logs, kernel Xid lines, NCCL errors) and event
         messages, optionally for one entity and what lies under it (job/j7 covers its ranks)."""
         if not text.strip():
@@ -225,21 +237,21 @@ def build_mcp_server(ctx: ServeContext, *, allow_writes: bool = False) -> MCPSer
         if entity is not None:
             parse_entity(entity)
         limit = max(1, min(limit, 200))
-        hits: list[dict[str, Any]] = [
-            {"ts": e.ts, "entity": e.entity, "source": e.source, "kind": e.kind, "line": e.message[:500]}
+        hits = [
+            LogHit(ts=e.ts, entity=e.entity, source=e.source, kind=e.kind, line=e.message[:500])
             for e in ctx.search_events(text, entity=entity, limit=limit)
         ]
         hits.extend(
-            {"ts": r.ts, "entity": r.entity, "source": r.source, "kind": "log", "line": r.line[:500]}
+            LogHit(ts=r.ts, entity=r.entity, source=r.source, kind="log", line=r.line[:500])
             for r in ctx.store.logs(entity=entity, contains=text, limit=limit)
         )
-        hits.sort(key=lambda h: h["ts"] or 0.0, reverse=True)
-        return {"matches": len(hits), "results": hits[:limit]}
+        hits.sort(key=lambda h: h.ts or 0.0, reverse=True)
+        return LogSearch(matches=len(hits), results=hits[:limit])
 
     if allow_writes:
 
         @tool
-        def propose_action(kind: str, target: str, reason: str, incident_id: str | None = None) -> dict[str, Any]:
+        def propose_action(kind: str, target: str, reason: str, incident_id: str | None = None) -> Action:
             """Propose a whitelisted action (cordon, drain, reset_gpu, ...); a person or the REST API approves
             and executes it."""
             try:
@@ -258,10 +270,10 @@ def build_mcp_server(ctx: ServeContext, *, allow_writes: bool = False) -> MCPSer
                 requested_by=mcp_identity().name,
             )
             ctx.store.add_action(action)
-            return action.model_dump()
+            return action
 
         @tool
-        def approve_action(action_id: str) -> dict[str, Any]:
+        def approve_action(action_id: str) -> Action:
             """Approve a proposed action (it still runs only through the REST execute endpoint)."""
             with ctx.action_lock:
                 action = ctx.store.action(action_id)
@@ -280,6 +292,6 @@ def build_mcp_server(ctx: ServeContext, *, allow_writes: bool = False) -> MCPSer
                 action.status = ActionStatus.APPROVED
                 action.params = {**action.params, "approved_by": caller.name}
                 ctx.store.update_action(action)
-                return action.model_dump()
+                return action
 
     return server
