@@ -1,7 +1,7 @@
 """The heartbeat a rank gives the failover supervisor: one JSON line per step.
 
     from vigil.remedy.heartbeat import Heartbeat
-    beat = Heartbeat()                     # reads VIGIL_RUN_DIR and RANK; a no-op outside vigil launch --job
+    beat = Heartbeat()                     # reads VIGIL_RUN_DIR and RANK; a no-op outside vigil launch job
     beat.start(step=restored_step)
     for step in ...:
         ...
