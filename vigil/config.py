@@ -44,6 +44,8 @@ class Settings(BaseSettings):
     alert_resend_s: float = Field(default=60.0, gt=0, description="re-send open incidents this often")
     alert_webhook_url: str = Field(default="", description="Slack-compatible webhook for incidents; empty = off")
     external_url: str = Field(default="", description="this server's URL as people reach it (alert links)")
+    topology_file: str = Field(default="", description="YAML / JSON topology placing nodes in racks and under "
+                               "leaf switches; merged with what the agents register")
     slurm_poll_s: float = Field(default=0.0, ge=0, description="read Slurm's jobs (squeue) this often; 0 = off")
 
     @field_validator("home")

@@ -188,3 +188,26 @@ def test_gpu_missing_from_its_node_report(live: tuple[Store, Clock, Cluster, Set
     engine.tick()
     (incident,) = store.incidents()
     assert incident.scope == "gpu/n01/2" and incident.fault_types == ["gpu_metrics_missing"]
+
+
+def test_topology_from_file_labels_and_inventory_is_versioned(tmp_path: Path) -> None:
+    from vigil.model import Gpu, Node
+
+    layout = tmp_path / "topology.yaml"
+    layout.write_text("cluster: prod\nnodes:\n  - {name: n01, rack: r1, switch: leaf-01}\n"
+                      "switches:\n  - {name: leaf-01}\n")
+    settings = Settings(home=tmp_path, topology_file=str(layout))
+    store = Store(settings.database_url())
+    first = store.register_node(Node(name="n02", gpus=[Gpu(node="n02", index=0, uuid="GPU-a")],
+                                     labels={"topology.vigil.io/rack": "r2", "topology.vigil.io/leaf": "leaf-02"}))
+    Engine(store, settings, notifiers=[]).tick()
+    second = store.register_node(Node(name="n01", gpus=[Gpu(node="n01", index=0, uuid="GPU-b")]))
+    topology = store.topology()
+    assert topology is not None and topology.cluster == "prod"
+    placed = {n.name: (n.rack, n.switch, [g.uuid for g in n.gpus]) for n in topology.nodes}
+    assert placed == {"n01": ("r1", "leaf-01", ["GPU-b"]), "n02": ("r2", "leaf-02", ["GPU-a"])}
+    assert second > first and store.topology_version() == second
+    old = store.topology_at(first)
+    assert old is not None and [n.name for n in old.nodes] == ["n02"]
+    # The same report again changes nothing and makes no new version.
+    assert store.register_node(Node(name="n01", gpus=[Gpu(node="n01", index=0, uuid="GPU-b")])) == second

@@ -20,11 +20,12 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from vigil.config import Settings
+from vigil.config import Settings, read_yaml
 from vigil.detect.incidents import IncidentGrouper
 from vigil.detect.rules import RuleDetector
 from vigil.diagnose.kg import KnowledgeGraph
@@ -185,6 +186,8 @@ class Engine:
         self.event_cursor = int(state.get("events", 0))
         self.push_cursor = int(state.get("pushes", 0))
         self.ticks = int(state.get("ticks", 0))
+        if self.settings.topology_file:
+            self.store.place_nodes(load_topology_file(Path(self.settings.topology_file)))
         self._refresh_topology()
         for incident in self.store.incidents(status=IncidentStatus.OPEN, limit=100_000) + self.store.incidents(
                 status=IncidentStatus.ACKNOWLEDGED, limit=100_000):
@@ -433,6 +436,15 @@ class Engine:
             "open_incidents": len(self._known),
             "last_tick_s": last.seconds if last else None,
         }
+
+
+def load_topology_file(path: Path) -> Topology:
+    """A topology file (YAML or JSON: cluster, nodes with rack / switch / labels, switches)."""
+    data = read_yaml(path, "topology file")
+    if not isinstance(data, dict):
+        raise VigilInputError(f"topology file {path}: expected a mapping with 'nodes' (and 'switches')")
+    topology: Topology = Topology.from_dict(data)
+    return topology
 
 
 def notifiers_from(settings: Settings) -> list[Notifier]:

@@ -334,6 +334,26 @@ class Store:
         return self.save_topology(topology.model_copy(update={"nodes": sorted(nodes.values(), key=lambda n: n.name)}),
                                   source=source)
 
+    def place_nodes(self, layout: Topology, source: str = "file") -> int:
+        """Rack, leaf switch and labels of the nodes a topology file names, and its switches, merged into the
+        current topology (GPUs and NICs stay as the agents registered them; a node no agent registered yet
+        is added as the file gives it). Returns the topology version (unchanged when nothing changed)."""
+        layout = _validated(Topology, [layout])[0]
+        topology = self.topology() or Topology()
+        nodes = {n.name: n for n in topology.nodes}
+        for placed in layout.nodes:
+            old = nodes.get(placed.name)
+            nodes[placed.name] = placed if old is None else old.model_copy(update={
+                "rack": placed.rack or old.rack, "switch": placed.switch or old.switch,
+                "labels": {**old.labels, **placed.labels}})
+        merged = topology.model_copy(update={
+            "cluster": layout.cluster if layout.cluster != "vigil" else topology.cluster,
+            "nodes": sorted(nodes.values(), key=lambda n: n.name),
+            "switches": layout.switches or topology.switches})
+        if merged == topology:
+            return self.topology_version()
+        return self.save_topology(merged, source=source)
+
     def inventory(self) -> list[Node]:
         with self.engine.connect() as conn:
             return [Node.model_validate(r.body) for r in conn.execute(select(t.inventory.c.body)
