@@ -46,6 +46,8 @@ class Settings(BaseSettings):
     external_url: str = Field(default="", description="this server's URL as people reach it (alert links)")
     topology_file: str = Field(default="", description="YAML / JSON topology placing nodes in racks and under "
                                "leaf switches; merged with what the agents register")
+    kube_jobs_poll_s: float = Field(default=0.0, ge=0, description="read training pods' placement from the "
+                                    "Kubernetes API (in cluster) this often; 0 = off")
     slurm_poll_s: float = Field(default=0.0, ge=0, description="read Slurm's jobs (squeue) this often; 0 = off")
 
     @field_validator("home")

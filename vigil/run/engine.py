@@ -32,9 +32,20 @@ from vigil.diagnose.kg import KnowledgeGraph
 from vigil.diagnose.llm import LlmClient, diagnose
 from vigil.diagnose.rca import analyze_incident
 from vigil.knowledge.metrics import ENTITY_FAMILIES, family_metrics
-from vigil.model import Anomaly, Diagnosis, Event, Incident, IncidentStatus, Topology, VigilInputError, parse_entity
+from vigil.model import (
+    Anomaly,
+    Diagnosis,
+    Event,
+    Incident,
+    IncidentStatus,
+    Job,
+    Topology,
+    VigilInputError,
+    parse_entity,
+)
 from vigil.remedy.notify import AlertmanagerNotifier, Notifier, WebhookNotifier
 from vigil.remedy.policy import PolicyEngine, load_policies
+from vigil.sources.collect.kube_jobs import KubernetesJobs
 from vigil.sources.collect.slurm import SlurmJobs, placement
 from vigil.sources.promql import PromQLSource
 from vigil.store.metrics import MetricFrame
@@ -151,6 +162,7 @@ class Engine:
         notifiers: Sequence[Notifier] | None = None,
         clock: Callable[[], float] = time.time,
         batch: int = 10_000,
+        kube_jobs: KubernetesJobs | None = None,
     ) -> None:
         self.store = store
         self.settings = settings
@@ -177,6 +189,10 @@ class Engine:
         self._started = False
         self.slurm = SlurmJobs() if settings.slurm_poll_s > 0 else None
         self._next_slurm = 0.0
+        if kube_jobs is None and settings.kube_jobs_poll_s > 0:
+            kube_jobs = KubernetesJobs()
+        self.kube_jobs = kube_jobs
+        self._next_kube = 0.0
 
     # ---------------------------------------------------------------- start-up
 
@@ -218,6 +234,9 @@ class Engine:
         if self.slurm is not None and now >= self._next_slurm:
             self._next_slurm = now + self.settings.slurm_poll_s
             self._read_slurm(now)
+        if self.kube_jobs is not None and now >= self._next_kube:
+            self._next_kube = now + self.settings.kube_jobs_poll_s
+            self._read_kube_jobs()
         self._refresh_topology()
         events = self.store.events_after(self.event_cursor, limit=self.batch)
         pushes = self.store.pushes_after(self.push_cursor, limit=self.batch)
@@ -262,9 +281,21 @@ class Engine:
             return
         self.store.add_events(collected.events)
         topology = self.store.topology() or Topology()
-        jobs = [placement(j, topology) for j in running]
+        self._set_jobs(topology, [placement(j, topology) for j in running], "slurm")
+
+    def _read_kube_jobs(self) -> None:
+        assert self.kube_jobs is not None
+        topology = self.store.topology() or Topology()
+        try:
+            jobs = self.kube_jobs.jobs(topology)
+        except Exception as err:  # the API server away for a moment must not stop detection
+            log.warning("reading training pods from Kubernetes failed: %s", err)
+            return
+        self._set_jobs(topology, jobs, "kubernetes")
+
+    def _set_jobs(self, topology: Topology, jobs: list[Job], source: str) -> None:
         if jobs != topology.jobs:
-            self.store.save_topology(topology.model_copy(update={"jobs": jobs}), source="slurm")
+            self.store.save_topology(topology.model_copy(update={"jobs": jobs}), source=source)
 
     def _detect(self, frames: list[MetricFrame], events: list[Event], report: TickReport) -> None:
         opened = self.detector.update(frames, events)
