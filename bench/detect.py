@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from vigil.detect.learned.tce import TCEDetector, TCEEnsemble
+from vigil.sources.replay import decoded_events
 from vigil.sources.sim.generator import SimConfig, simulate
 from vigil_eval.datasets import load_asd
 from vigil_eval.detection import (
@@ -192,7 +193,8 @@ def sim_cube(seed: int, nodes: int, minutes: float) -> GpuCube:
     gpu_types = tuple(gpu_fault_classes()[1:])
     run = simulate(SimConfig(nodes=nodes, gpus=8, minutes=minutes, seed=seed, interval_s=30.0,
                              job_nodes=SIM_JOB_NODES, faults_per_node_hour=1.0, fault_types=gpu_types))
-    return gpu_cube((f for tick in run.ticks() for f in tick.frames), run.events, run.ground_truth,
+    events = decoded_events(run.topology, run.events, run.logs)
+    return gpu_cube((f for tick in run.ticks() for f in tick.frames), events, run.ground_truth,
                     run.topology, gpu_fault_classes())
 
 

@@ -25,6 +25,7 @@ from rich.table import Table
 from vigil.detect.incidents import IncidentGrouper
 from vigil.detect.rules import RuleDetector, Thresholds
 from vigil.run.pipeline import run_pipeline
+from vigil.sources.replay import KernelLineDecoder
 from vigil.sources.sim import SimConfig, simulate
 from vigil.sources.sim import metrics as M
 from vigil.store.metrics import MetricStore
@@ -40,11 +41,12 @@ def throughput(nodes: int, minutes: float) -> dict[str, float]:
     samples = sum(t.sample_count for t in ticks)
     tracemalloc.start()
     store, rules, grouper = MetricStore(), RuleDetector(run.topology), IncidentGrouper(run.topology)
+    kernel = KernelLineDecoder(run.topology)
     started = time.process_time()
     for tick in ticks:
         for frame in tick.frames:
             store.append(frame)
-        grouper.add(rules.update(tick.frames, tick.events))
+        grouper.add(rules.update(tick.frames, [*tick.events, *kernel.decode(tick.kernel_lines)]))
     cpu_s = time.process_time() - started
     _, peak_traced = tracemalloc.get_traced_memory()
     tracemalloc.stop()

@@ -114,7 +114,7 @@ def generalization(seed: int) -> dict[str, object]:
         first = score(result.incidents, run.ground_truth, run.topology).matches[0]
         incident = next((i for i in result.incidents if i.id == first.incident_id), None)
         top = [] if incident is None else analyze_incident(
-            kg, incident, result.anomalies + list(result.observations), run.events, run.logs).top(1)
+            kg, incident, result.anomalies + list(result.observations), result.events, run.logs).top(1)
         if top == [(entity, spec.name)]:
             hits += 1
         else:

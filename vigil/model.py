@@ -414,6 +414,7 @@ class Nic(Record):
     name: str
     switch: str = ""
     speed_gbps: float = 400.0
+    pci_bus_id: str = ""
 
     @property
     def id(self) -> str:

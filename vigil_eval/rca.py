@@ -224,7 +224,7 @@ def run_case(case: EvalCase, kg_cache: dict[str, KnowledgeGraph] | None = None) 
     if incident is None:
         return CaseResult(case, False, None, [], 0.0)
     anomalies = result.anomalies + list(result.observations)
-    rca = analyze_incident(kg, incident, anomalies, run.events, run.logs)
+    rca = analyze_incident(kg, incident, anomalies, result.events, run.logs)
     key = (truth.entity, truth.fault_type)
     ranking = rca.top(10)
     rank = ranking.index(key) + 1 if key in ranking else None
@@ -234,7 +234,7 @@ def run_case(case: EvalCase, kg_cache: dict[str, KnowledgeGraph] | None = None) 
     blind_rank = blind.index(key) + 1 if key in blind else None
     keep = np.random.default_rng(case.seed).random(len(run.logs)) >= 0.5
     kept = [record for record, kept_line in zip(run.logs, keep, strict=True) if kept_line]
-    lossy = analyze_incident(kg, incident, anomalies, run.events, kept).top(10)
+    lossy = analyze_incident(kg, incident, anomalies, result.events, kept).top(10)
     lossy_rank = lossy.index(key) + 1 if key in lossy else None
     return CaseResult(case, True, rank, ranking[:3], rca.seconds, incident.id, baseline_rank, blind_rank,
                       lossy_rank)

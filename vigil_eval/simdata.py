@@ -28,6 +28,7 @@ from vigil.knowledge.faults import fault_catalogue
 from vigil.knowledge.metrics import is_counter
 from vigil.knowledge.xid import xid_codes_of
 from vigil.model import Event, GroundTruthFault, Topology, VigilInputError
+from vigil.sources.replay import decoded_events
 from vigil.store.metrics import MetricFrame
 from vigil_eval.datasets import Dataset, EntitySeries, WindowSet
 
@@ -195,7 +196,8 @@ def load_sim_dataset(root: Path, entities: Sequence[str] | None = None) -> Datas
 
     files = load_sim(root)
     classes = gpu_fault_classes()
-    cube = gpu_cube(files.frames("gpu"), files.events, files.ground_truth, files.topology, classes)
+    events = decoded_events(files.topology, files.events, files.logs())
+    cube = gpu_cube(files.frames("gpu"), events, files.ground_truth, files.topology, classes)
     cut = len(cube.ts) // 2
     data: dict[str, EntitySeries] = {}
     for g, gpu in enumerate(cube.gpus):

@@ -11,6 +11,7 @@ import torch
 from vigil.detect.learned.tce import TCEDetector
 from vigil.detect.stream import LearnedStreamDetector
 from vigil.model import Event, FaultLevel, GroundTruthFault, Job, VigilInputError
+from vigil.sources.replay import KernelLineDecoder, decoded_events
 from vigil.sources.sim.cluster import build_topology
 from vigil.sources.sim.generator import FaultPlan, SimConfig, simulate
 from vigil.store.metrics import MetricFrame
@@ -63,13 +64,15 @@ def test_stream_detector_opens_an_anomaly_for_a_learned_fault() -> None:
                   for n in range(2) for g in range(4) if (n + g) % 2 == 0)
     run = small_run(plans=plans)
     classes = ["normal", "gpu_thermal"]
-    cube = gpu_cube((f for t in run.ticks() for f in t.frames), run.events, run.ground_truth, run.topology, classes)
+    events = decoded_events(run.topology, run.events, run.logs)
+    cube = gpu_cube((f for t in run.ticks() for f in t.frames), events, run.ground_truth, run.topology, classes)
     det = TCEDetector(recent=8, history=24, scales=(4,), hidden=16, epochs=6, batch_size=64, prototypes=4, seed=0)
     det.fit(cube.window_set(24), classes=classes, features=cube.features)
     stream = LearnedStreamDetector(det, run.topology, min_probability=0.5)
     opened = []
+    kernel = KernelLineDecoder(run.topology)
     for tick in run.ticks():
-        opened.extend(stream.update(tick.frames, tick.events))
+        opened.extend(stream.update(tick.frames, [*tick.events, *kernel.decode(tick.kernel_lines)]))
     found = {a.entity for a in stream.close() if a.fault_type == "gpu_thermal"}
     faulty = {p.entity for p in plans}
     assert len(found & faulty) >= len(faulty) - 1

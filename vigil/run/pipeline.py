@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from vigil.detect.base import StreamDetector
 from vigil.detect.incidents import IncidentGrouper
 from vigil.detect.rules import RuleDetector
-from vigil.model import Anomaly, Incident
+from vigil.model import Anomaly, Event, Incident
+from vigil.sources.replay import KernelLineDecoder
 from vigil.sources.sim.generator import SimRun
 from vigil.store.metrics import MetricStore
 from vigil.store.sql import Store
@@ -23,6 +24,7 @@ class PipelineResult:
     anomalies: list[Anomaly]
     incidents: list[Incident]
     observations: list[Anomaly]
+    events: list[Event]
     samples: int
     seconds: float
     metrics: MetricStore
@@ -44,15 +46,20 @@ def run_pipeline(
         store.save_topology(run.topology)
         store.add_logs(run.logs)
     samples = 0
+    seen: list[Event] = []
     started = time.perf_counter()
+    # the fake cluster hands over raw kernel lines; the agent's own decoder turns them into events
+    kernel = KernelLineDecoder(run.topology)
     for k, tick in enumerate(run.ticks()):
         for frame in tick.frames:
             metrics.append(frame)
         samples += tick.sample_count
-        if store is not None and tick.events:
-            store.add_events(tick.events)
+        events = sorted([*tick.events, *kernel.decode(tick.kernel_lines)], key=lambda e: e.ts)
+        seen.extend(events)
+        if store is not None and events:
+            store.add_events(events)
         for det in dets:
-            grouper.add(det.update(tick.frames, tick.events))
+            grouper.add(det.update(tick.frames, events))
         if progress is not None:
             progress(k + 1, run.n_ticks)
     anomalies: list[Anomaly] = []
@@ -65,5 +72,5 @@ def run_pipeline(
         for incident in incidents:
             store.upsert_incident(incident)
     metrics.flush()
-    return PipelineResult(anomalies=anomalies, incidents=incidents, observations=grouper.observations,
+    return PipelineResult(anomalies=anomalies, incidents=incidents, observations=grouper.observations, events=seen,
                           samples=samples, seconds=seconds, metrics=metrics, detectors=dets)

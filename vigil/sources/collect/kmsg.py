@@ -64,6 +64,12 @@ KERNEL_PATTERNS: list[tuple[re.Pattern[str], str, FaultLevel]] = [
         "mlx5_health",
         FaultLevel.ISOLATE,
     ),
+    # ib_core's add_roce_gid / del_roce_gid (drivers/infiniband/core/cache.c) log through dev_err on the IB device.
+    (
+        re.compile(r"infiniband (?P<ib_dev>\S+): \w+ GID (?:add|delete) failed"),
+        "rnic_gid_error",
+        FaultLevel.DRAIN,
+    ),
     (re.compile(r"Out of memory: Killed process|oom-kill:"), "oom_kill", FaultLevel.OBSERVE),
     (
         re.compile(r"segfault at \S+ ip \S+ sp \S+ error \d+ in (?P<lib>libnccl|libcuda|libcudart)"),
@@ -218,7 +224,12 @@ class KernelLogSource(Source):
                 attrs: dict[str, object] = {"signature": signature}
                 if pci:
                     attrs["pci_bus"] = pci
-                entity = self._nic_entity(groups["nic_pci"]) if groups.get("nic_pci") else self._entity(pci)
+                if groups.get("ib_dev"):
+                    entity = nic_id(self.node, groups["ib_dev"])
+                elif groups.get("nic_pci"):
+                    entity = self._nic_entity(groups["nic_pci"])
+                else:
+                    entity = self._entity(pci)
                 return Event(
                     ts=parsed.ts,
                     entity=entity,

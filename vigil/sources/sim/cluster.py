@@ -12,6 +12,11 @@ HGX_PCI_BUS_IDS = [
 GPU_MODEL = "NVIDIA H100 80GB HBM3"
 
 
+def nic_pci_bus_id(index: int) -> str:
+    """The PCI address of a node's ``index``-th NIC (one ConnectX per GPU, on the bus after its GPU's switch)."""
+    return f"0000:{0x19 + 0x10 * (index % 14):02x}:00.0"
+
+
 def node_name(index: int, total: int) -> str:
     width = max(3, len(str(total - 1)))
     return f"n{index:0{width}d}"
@@ -46,7 +51,7 @@ def build_topology(
             gpus=[Gpu(node=name, index=g, uuid=f"GPU-{i:05d}{g:02d}-5e1f-4c2a-9d3b-{i * gpus + g:012x}",
                       model=GPU_MODEL, pci_bus_id=HGX_PCI_BUS_IDS[g % len(HGX_PCI_BUS_IDS)])
                   for g in range(gpus)],
-            nics=[Nic(node=name, name=f"mlx5_{g}", switch=leaf) for g in range(gpus)],
+            nics=[Nic(node=name, name=f"mlx5_{g}", switch=leaf, pci_bus_id=nic_pci_bus_id(g)) for g in range(gpus)],
             labels={"nvidia.com/gpu.product": GPU_MODEL.replace(" ", "-"), "vigil.dev/switch": leaf},
         ))
     size = job_nodes or max(1, min(64, nodes // 2 if nodes >= 2 else 1))

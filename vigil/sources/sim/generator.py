@@ -1,6 +1,12 @@
-"""The simulator: a cluster running training jobs, faults injected with ground truth, and everything the real
-sources would report - dcgm-exporter metrics, host / NIC / job metrics, NVRM Xid kernel lines, rank logs with
-NCCL / CUDA / Python errors, Kubernetes-style events.
+"""The simulator: a fake cluster running training jobs, faults injected with ground truth, and everything the
+real machines would write, in their wire formats only - metric frames (rendered as dcgm-exporter pages by
+``vigil.faces.api.dcgm``), raw kernel lines in ``dmesg --time-format iso`` shape (NVRM Xid, mlx5, ib_core,
+mce, EXT4), IPMI SEL records as ipmitool prints them, Kubernetes events, launcher job states and rank logs
+with NCCL / CUDA / Python errors. No record carries a label a real machine would not write: the production
+decoders (``vigil.sources.replay``) turn the kernel lines into events. Ground truth stays beside the output for
+evaluation only.
+
+Each catalogue fault has one registered effect function (``effects.py``).
 
 Deterministic for a given seed: ``SimRun.ticks()`` regenerates the same stream every time it is called, so a
 10,000-GPU run never has to sit in memory at once.
@@ -8,7 +14,6 @@ Deterministic for a given seed: ``SimRun.ticks()`` regenerates the same stream e
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -17,9 +22,9 @@ import numpy as np
 
 from vigil.model import (
     Event,
-    FaultLevel,
     GroundTruthFault,
     LogRecord,
+    Nic,
     Topology,
     VigilInputError,
     parse_entity,
@@ -27,17 +32,11 @@ from vigil.model import (
 )
 from vigil.sources.sim import metrics as M
 from vigil.sources.sim.cluster import build_topology
+from vigil.sources.sim.effects import EFFECTS, NCCL_WATCHDOG_S, ActiveFault, Scene
 from vigil.sources.sim.faults import BY_NAME, CATALOGUE, FaultSpec, fault_spec
 from vigil.store.metrics import MetricFrame
 
 DEFAULT_START = 1_767_225_600.0  # 2026-01-01T00:00:00Z
-
-CRASHES_JOB = {"gpu_dbe", "gpu_xid", "gpu_lost", "gpu_gsp_timeout", "gpu_row_remap_failure", "nic_lost",
-               "node_hardware_failure", "kernel_panic", "gpu_oom"}
-HANGS_JOB = {"link_down", "switch_failure", "job_hang"}
-SLOWS_JOB = {"gpu_thermal": 1.12, "gpu_pcie_width_low": 1.06, "gpu_p2p_bw_low": 1.10, "nic_speed_low": 1.15,
-             "straggler": 1.4, "fan_failure": 1.05}
-NCCL_WATCHDOG_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -75,28 +74,17 @@ class SimConfig:
 
 @dataclass
 class Tick:
+    """One scrape interval: metric frames, the non-kernel records (IPMI, Kubernetes, launcher) and the raw
+    kernel lines written since the previous tick."""
+
     ts: float
     frames: list[MetricFrame]
     events: list[Event]
+    kernel_lines: list[LogRecord] = field(default_factory=list)
 
     @property
     def sample_count(self) -> int:
         return sum(f.sample_count for f in self.frames)
-
-
-@dataclass
-class _Fault:
-    spec: FaultSpec
-    truth: GroundTruthFault
-    onset: float
-    end: float
-    precursor_start: float
-    gpus: list[int] = field(default_factory=list)
-    nodes: list[int] = field(default_factory=list)
-    nics: list[int] = field(default_factory=list)
-    jobs: list[int] = field(default_factory=list)
-    rank: int | None = None
-    magnitude: float = 1.0
 
 
 class SimRun:
@@ -115,6 +103,8 @@ class SimRun:
         self._faults = self._schedule(rng)
         self.events: list[Event] = []
         self.logs: list[LogRecord] = []
+        # (ts, gpu position, code) of every Xid written: dcgm-exporter's last-Xid gauge reads them
+        self._xid_marks: list[tuple[float, int, int]] = []
         self._checkpoints = self._schedule_checkpoints(rng)
         for fault in self._faults:
             self._fault_records(fault, rng)
@@ -155,10 +145,10 @@ class SimRun:
 
     # ------------------------------------------------------------------ fault schedule
 
-    def _schedule(self, rng: np.random.Generator) -> list[_Fault]:
+    def _schedule(self, rng: np.random.Generator) -> list[ActiveFault]:
         cfg = self.config
         total_s = self.n_ticks * cfg.interval_s
-        faults: list[_Fault] = []
+        faults: list[ActiveFault] = []
         footprints: list[tuple[float, float, set[int], set[int], set[int]]] = []
         if cfg.plans is not None:
             for plan in cfg.plans:
@@ -184,7 +174,8 @@ class SimRun:
             entity = self._pick_entity(spec, rng)
             fault = self._make_fault(spec, entity, onset, duration, rng)
             lo = fault.precursor_start - 120.0
-            hi = max(fault.end, fault.onset + 900.0 if spec.name in HANGS_JOB | CRASHES_JOB else fault.end) + 120.0
+            hi = max(fault.end, fault.onset + 900.0 if EFFECTS[spec.name].jobs in ("crash", "hang")
+                     else fault.end) + 120.0
             nodes = set(fault.nodes) | {int(self.gpu_node[g]) for g in fault.gpus} | {int(self.nic_node[c])
                                                                                       for c in fault.nics}
             excl_jobs = set(fault.jobs) if spec.target in ("job", "rank") else set()
@@ -216,7 +207,7 @@ class SimRun:
         return rank_id(job.id, int(rng.integers(job.world_size)))
 
     def _make_fault(self, spec: FaultSpec, entity: str, onset: float, duration_s: float,
-                    rng: np.random.Generator) -> _Fault:
+                    rng: np.random.Generator) -> ActiveFault:
         kind, parts = parse_entity(entity)
         expected = {"gpu": "gpu", "node": "node", "nic": "nic", "switch": "switch", "job": "job", "rank": "rank"}
         if expected[spec.target] != kind:
@@ -225,7 +216,7 @@ class SimRun:
         truth = GroundTruthFault(fault_type=spec.name, entity=entity, start=onset, end=end,
                                  visible_to_rules=spec.visible_to_rules,
                                  attrs={"level": spec.level.label, "precursor_s": spec.precursor_min * 60.0})
-        fault = _Fault(spec=spec, truth=truth, onset=onset, end=end,
+        fault = ActiveFault(spec=spec, truth=truth, onset=onset, end=end,
                        precursor_start=onset - spec.precursor_min * 60.0,
                        magnitude=float(rng.uniform(0.8, 1.2)))
         try:
@@ -251,7 +242,7 @@ class SimRun:
             raise VigilInputError(f"fault {spec.name!r}: entity {entity!r} is not in the simulated cluster") from None
         return fault
 
-    def _affected_jobs(self, fault: _Fault) -> list[int]:
+    def _affected_jobs(self, fault: ActiveFault) -> list[int]:
         nodes = set(fault.nodes) | {int(self.gpu_node[g]) for g in fault.gpus} | {int(self.nic_node[c])
                                                                                 for c in fault.nics}
         jobs = set(fault.jobs) | {int(self.node_job[n]) for n in nodes}
@@ -272,17 +263,43 @@ class SimRun:
 
     # ------------------------------------------------------------------ events and logs
 
-    def _kernel(self, node: int, ts: float, text: str) -> None:
-        stamp = datetime.fromtimestamp(ts, UTC).strftime("%a %b %e %H:%M:%S %Y")
-        self.logs.append(LogRecord(ts=ts, entity=self.node_ids[node], source="kernel", line=f"[{stamp}] {text}"))
+    def write_kernel(self, node: int, ts: float, message: str) -> None:
+        """A kernel line as ``dmesg --time-format iso -x`` prints it."""
+        stamp = datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S,%f+00:00")
+        self.logs.append(LogRecord(ts=ts, entity=self.node_ids[node], source="kernel",
+                                   line=f"kern  :err   : {stamp} {message}"))
 
-    def _xid(self, gpu: int, ts: float, code: int, message: str, pid: int = 48213) -> None:
+    def write_xid(self, gpu: int, ts: float, code: int, message: str, pid: int = 48213) -> None:
+        """The NVRM line the driver writes for an Xid: ``NVRM: Xid (PCI:0000:18:00): 48, pid=..., name=..., ...``."""
         node = int(self.gpu_node[gpu])
         bus = self.topology.nodes[node].gpus[gpu % self.config.gpus].pci_bus_id.rsplit(".", 1)[0]
-        line = f"NVRM: Xid (PCI:{bus}): {code}, pid={pid}, name=python, {message}"
-        self._kernel(node, ts, line)
-        self.events.append(Event(ts=ts, entity=self.gpu_ids[gpu], kind="xid", source="kernel", message=line,
-                                 level=FaultLevel.OBSERVE, attrs={"xid": code, "pci_bus": bus}))
+        self.write_kernel(node, ts, f"NVRM: Xid (PCI:{bus}): {code}, pid={pid}, name=python, {message}")
+        self._xid_marks.append((ts, gpu, code))
+
+    def write_event(self, ts: float, entity: str, kind: str, source: str, message: str) -> None:
+        self._event(ts, entity, kind, source, message)
+
+    def write_node_not_ready(self, node: int, ts: float) -> None:
+        name = self.topology.nodes[node].name
+        self._event(ts, self.node_ids[node], "k8s", "kubernetes", f"Node {name} status is now: NodeNotReady",
+                    type="Warning", reason="NodeNotReady", object=f"Node/{name}")
+
+    def write_nan_loss(self, f: ActiveFault) -> None:
+        j, t0 = f.jobs[0], f.onset
+        self._rank_log(j, 0, t0 + 1, f"[rank0] step loss is nan (grad_norm inf) at {self._torch_stamp(t0)}")
+        if f.end <= self.end_ts:
+            self._job_down_events(j, f.end, "stopped", 60.0, None, "loss is NaN; restarting from checkpoint")
+
+    def nic(self, position: int) -> Nic:
+        node = self.topology.nodes[int(self.nic_node[position])]
+        return node.nics[position - int(self.nic_node[position]) * self.config.gpus]
+
+    def node_of_fault(self, f: ActiveFault) -> int:
+        if f.gpus:
+            return int(self.gpu_node[f.gpus[0]])
+        if f.nics:
+            return int(self.nic_node[f.nics[0]])
+        return f.nodes[0]
 
     def _event(self, ts: float, entity: str, kind: str, source: str, message: str, **attrs: object) -> None:
         self.events.append(Event(ts=ts, entity=entity, kind=kind, source=source, message=message, attrs=attrs))
@@ -336,11 +353,14 @@ class SimRun:
             self._event(ts + restart_after, jid.entity, "job", "launcher",
                         f"job {jid.id} restarted from the latest checkpoint", reason="restarted", exit_reason="")
 
-    def _fault_records(self, f: _Fault, rng: np.random.Generator) -> None:
-        name, t0 = f.spec.name, f.onset
+    def _fault_records(self, f: ActiveFault, rng: np.random.Generator) -> None:
+        """The fault's own records (its effect function), then what its jobs write as they crash or hang."""
+        effect = EFFECTS[f.spec.name]
+        scene = Scene(self, f, rng, "records")
+        effect.render(scene)
+        lines, t0 = scene.root_lines, f.onset
         gpu = f.gpus[0] if f.gpus else None
-        node = (int(self.gpu_node[gpu]) if gpu is not None else
-                int(self.nic_node[f.nics[0]]) if f.nics else f.nodes[0] if f.nodes else None)
+        node = self.node_of_fault(f) if (f.gpus or f.nics or f.nodes) else None
         jobs = self._affected_jobs(f)
         root_rank = int(self.gpu_rank[gpu]) if gpu is not None else None
         if root_rank is None and f.nics:
@@ -348,129 +368,20 @@ class SimRun:
         if root_rank is None and node is not None and self.node_job[node] >= 0:
             root_rank = int(self.gpu_rank[node * self.config.gpus])
         restart = float(rng.uniform(180, 300))
-        tb = ["Traceback (most recent call last):",
-              '  File "/workspace/train.py", line 214, in <module>', "    main()",
-              '  File "/workspace/train.py", line 187, in main', "    loss.backward()"]
-        if name == "gpu_dbe":
-            assert gpu is not None
-            self._xid(gpu, t0, 48, "An uncorrectable double bit error (DBE) has been detected on GPU in the "
-                      "framebuffer at partition 0, subpartition 0.")
-            lines = [*tb, "RuntimeError: CUDA error: uncorrectable ECC error encountered"]
-        elif name == "gpu_xid":
-            assert gpu is not None
-            code = int(rng.choice([62, 109]))
-            self._xid(gpu, t0, code, {62: "Internal micro-controller halt",
-                                      109: "CTX SWITCH TIMEOUT, Info 0x1c00e"}[code])
-            lines = [*tb, "RuntimeError: CUDA error: unspecified launch failure"]
-        elif name == "gpu_lost":
-            assert gpu is not None
-            self._xid(gpu, t0, 79, "GPU has fallen off the bus.", pid=0)
-            lines = [*tb, "RuntimeError: CUDA error: unknown error"]
-        elif name == "gpu_gsp_timeout":
-            assert gpu is not None
-            for k in range(3):
-                self._xid(gpu, t0 + 6 * k, 119, f"Timeout after 6s of waiting for RPC response from GPU{gpu % 8} GSP! "
-                          "Expected function 76 (GSP_RM_CONTROL) (0x20801813 0x4c).")
-            lines = ["torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
-                     "ProcessGroupNCCL.cpp:1970, unhandled cuda error (run with NCCL_DEBUG=INFO for details), "
-                     "NCCL version 2.21.5"]
-        elif name == "gpu_sbe_storm":
-            assert gpu is not None
-            self._xid(gpu, t0 + 30, 92, "High single-bit ECC error rate")
-            lines = []
-        elif name == "nvlink_error":
-            assert gpu is not None
-            self._xid(gpu, t0 + 20, 74, "NVLink: fatal error detected on link 5(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)")
-            lines = []
-        elif name == "gpu_row_remap_failure":
-            assert gpu is not None
-            self._xid(gpu, t0, 64, "Row remapping failure (bank 3, row 0x1a2b)")
-            lines = [*tb, "RuntimeError: CUDA error: uncorrectable ECC error encountered"]
-        elif name == "gpu_oom":
-            lines = [*tb, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a "
-                     "total capacity of 79.10 GiB of which 1.12 GiB is free. Process 48213 has 77.97 GiB memory "
-                     "in use."]
-        elif name in ("link_down", "switch_failure"):
-            nics = f.nics
-            for c in nics[: 64]:
-                n = int(self.nic_node[c])
-                self._kernel(n, t0, f"mlx5_core 0000:{0x18 + c % 8 * 16:02x}:00.0 {self.nic_ids[c].rsplit('/', 1)[1]}: "
-                             "Link down")
-                self._event(t0, self.nic_ids[c], "kernel", "kernel", "mlx5 link down", signature="mlx5_link_down")
-            lines = [f"{self.node_ids[node or 0].split('/')[1]}:48213:48890 [{(root_rank or 0) % 8}] NCCL WARN "
-                     "NET/IB : Got completion from peer 10.0.3.17<36127> with status=12 opcode=0 len=0 vendor err "
-                     "129 (Recv) localGid ::ffff:10.0.1.4"]
-        elif name == "nic_lost":
-            assert node is not None
-            self._kernel(node, t0, f"mlx5_core 0000:{0x18 + f.nics[0] % 8 * 16:02x}:00.0: mlx5_health_try_recover:"
-                         "345: health recovery flow aborted, PCI reads still not working")
-            self._event(t0, self.nic_ids[f.nics[0]], "kernel", "kernel", "NIC health compromised",
-                        signature="mlx5_health")
-            lines = ["NCCL WARN NET/IB : ibv_poll_cq error 5, vendor err 244"]
-        elif name == "rnic_gid_error":
-            assert node is not None
-            self._kernel(node, t0, f"infiniband {self.nic_ids[f.nics[0]].rsplit('/', 1)[1]}: "
-                         "update_gid_table: GID table entry 3 invalid, RoCE v2 GID missing")
-            self._event(t0, self.nic_ids[f.nics[0]], "kernel", "kernel", "RoCE GID table error",
-                        signature="rnic_gid_error")
-            lines = []
-        elif name == "psu_failure":
-            assert node is not None
-            self._event(t0, self.node_ids[node], "ipmi_sel", "ipmi", "Power Supply #2 | Failure detected | Asserted")
-            lines = []
-        elif name == "fan_failure":
-            assert node is not None
-            self._event(t0, self.node_ids[node], "ipmi_sel", "ipmi", "Fan 3 | Lower Critical going low | Asserted")
-            lines = []
-        elif name == "cpu_mce":
-            assert node is not None
-            self._kernel(node, t0, "mce: [Hardware Error]: CPU 12: Machine Check Exception: 5 Bank 7: "
-                         "be00000000800400")
-            self._kernel(node, t0 + 0.1, "mce: [Hardware Error]: Machine check events logged")
-            self._event(t0, self.node_ids[node], "kernel", "kernel", "uncorrectable machine check", signature="mce")
-            lines = []
-        elif name == "fs_readonly":
-            assert node is not None
-            self._kernel(node, t0, "EXT4-fs error (device nvme0n1p2): ext4_journal_check_start:83: comm python: "
-                         "Detected aborted journal")
-            self._kernel(node, t0 + 0.2, "EXT4-fs (nvme0n1p2): Remounting filesystem read-only")
-            self._event(t0, self.node_ids[node], "kernel", "kernel", "filesystem read-only", signature="fs_readonly")
-            lines = []
-        elif name in ("kubelet_down", "node_hardware_failure", "kernel_panic"):
-            assert node is not None
-            if name == "kernel_panic":
-                self._kernel(node, t0, "Kernel panic - not syncing: Fatal exception in interrupt")
-            self._event(t0 + 40, self.node_ids[node], "k8s", "kubernetes",
-                        f"Node {self.topology.nodes[node].name} status is now: NodeNotReady",
-                        type="Warning", reason="NodeNotReady", object=f"Node/{self.topology.nodes[node].name}")
-            lines = [*tb, "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by "
-                     "peer"] if name != "kubelet_down" else []
-        else:
-            lines = []
-
-        if name in CRASHES_JOB:
+        if effect.jobs == "crash":
             for j in jobs:
-                rank = root_rank if (gpu is not None or f.nics or f.rank is not None) else None
-                exit_reason = "CUDA out of memory" if name == "gpu_oom" else lines[-1] if lines else ""
-                if name in ("node_hardware_failure", "kernel_panic"):
-                    rank = root_rank
+                rank = root_rank if (gpu is not None or f.nics or f.rank is not None or f.nodes) else None
                 self._crash_logs(j, rank, t0 + 1.0, lines)
-                self._job_down_events(j, t0 + 3.0, "crashed", restart, rank, exit_reason)
-        elif name in HANGS_JOB:
+                self._job_down_events(j, t0 + 3.0, "crashed", restart, rank, lines[-1] if lines else "")
+        elif effect.jobs == "hang":
             for j in jobs:
-                culprit = f.rank if name == "job_hang" else root_rank
-                if name != "job_hang" and lines:
-                    for k, line in enumerate(lines):
-                        self._rank_log(j, culprit or 0, t0 + 1.0 + k, line)
+                culprit = f.rank if f.spec.name == "job_hang" else root_rank
+                for k, line in enumerate(lines):
+                    self._rank_log(j, culprit or 0, t0 + 1.0 + k, line)
                 self._hang_logs(j, culprit, t0)
                 down = t0 + NCCL_WATCHDOG_S
                 if down < self.end_ts:
                     self._job_down_events(j, down, "crashed", 120.0, None, "NCCL watchdog timeout")
-        elif name == "nan_loss":
-            j = f.jobs[0]
-            self._rank_log(j, 0, t0 + 1, f"[rank0] step loss is nan (grad_norm inf) at {self._torch_stamp(t0)}")
-            if f.end <= self.end_ts:
-                self._job_down_events(j, f.end, "stopped", 60.0, None, "loss is NaN; restarting from checkpoint")
         f.truth.attrs["jobs"] = [self.job_ids[j] for j in jobs]
 
     def _benign_records(self, rng: np.random.Generator) -> None:
@@ -481,8 +392,8 @@ class SimRun:
             gpu = int(rng.integers(len(self.gpu_ids)))
             ts = self.start_ts + float(rng.uniform(0, self.n_ticks * self.config.interval_s))
             code = int(rng.choice([13, 43]))
-            self._xid(gpu, ts, code, "Graphics Exception: ESR 0x405840=0x0" if code == 13 else
-                      "Ch 00000008, intr 10000000")
+            self.write_xid(gpu, ts, code, "Graphics Exception: ESR 0x405840=0x0" if code == 13 else
+                           "Ch 00000008, intr 10000000")
 
     def _job_records(self) -> None:
         for j, job in enumerate(self.topology.jobs):
@@ -514,17 +425,23 @@ class SimRun:
         xid_gauge = np.zeros(n_gpu)
         base_step = rng.uniform(1.8, 2.4, n_job)
         tokens_per_step = 4_194_304.0
-        event_i = 0
+        event_i = line_i = xid_i = 0
         events = self.events
+        kernel_lines = [r for r in self.logs if r.source == "kernel"]
+        xid_marks = sorted(self._xid_marks)
         for k in range(self.n_ticks):
             ts = self.start_ts + k * cfg.interval_s
             tick_events = []
             while event_i < len(events) and events[event_i].ts <= ts:
                 tick_events.append(events[event_i])
                 event_i += 1
-            for ev in tick_events:
-                if ev.kind == "xid":
-                    xid_gauge[self._gpu_pos[ev.entity]] = ev.attrs["xid"]
+            tick_lines = []
+            while line_i < len(kernel_lines) and (kernel_lines[line_i].ts or 0.0) <= ts:
+                tick_lines.append(kernel_lines[line_i])
+                line_i += 1
+            while xid_i < len(xid_marks) and xid_marks[xid_i][0] <= ts:
+                xid_gauge[xid_marks[xid_i][1]] = xid_marks[xid_i][2]
+                xid_i += 1
 
             # --- job state: running / down / hung / checkpoint, slow factor
             job_state = np.zeros(n_job, dtype=np.int8)  # 0 run, 1 down, 2 hung, 3 checkpoint
@@ -535,31 +452,20 @@ class SimRun:
             for j in range(n_job):
                 if any(a <= ts < b for a, b in self._checkpoints[j]):
                     job_state[j] = 3
-            gpu_util_override: dict[int, float] = {}
             for f in self._faults:
                 if ts < f.precursor_start or ts >= max(f.end, f.onset + NCCL_WATCHDOG_S + 400):
                     continue
-                name = f.spec.name
+                effect = EFFECTS[f.spec.name]
                 active = f.onset <= ts < f.end
                 for j in self._affected_jobs(f):
-                    if name in CRASHES_JOB and f.onset <= ts < f.onset + 240:
+                    if effect.jobs == "crash" and f.onset <= ts < f.onset + 240:
                         job_state[j] = 1
-                    elif name in HANGS_JOB and f.onset <= ts < min(f.end, f.onset + NCCL_WATCHDOG_S):
+                    elif effect.jobs == "hang" and f.onset <= ts < min(f.end, f.onset + NCCL_WATCHDOG_S):
                         job_state[j] = 2
-                    elif name in HANGS_JOB and f.onset + NCCL_WATCHDOG_S <= ts < f.onset + NCCL_WATCHDOG_S + 120:
+                    elif effect.jobs == "hang" and f.onset + NCCL_WATCHDOG_S <= ts < f.onset + NCCL_WATCHDOG_S + 120:
                         job_state[j] = 1
-                    elif name in SLOWS_JOB and active:
-                        slow[j] *= 1 + (SLOWS_JOB[name] - 1) * f.magnitude
-                    if name == "nan_loss" and active:
-                        nan_job[j] = True
-                    if name == "loss_spike" and active:
-                        loss_mult[j] *= 1 + 3.5 * f.magnitude * math.exp(-(ts - f.onset) / 120.0)
-                    if name == "vanishing_gradient" and active:
-                        grad_mult[j] *= max(1e-3, math.exp(-(ts - f.onset) / 40.0))
-                    if name == "silent_data_corruption" and active:
-                        loss_mult[j] *= 1.02
-                if name == "job_hang" and f.onset <= ts < min(f.end, f.onset + NCCL_WATCHDOG_S):
-                    gpu_util_override[f.gpus[0]] = 0.0
+                    elif effect.jobs == "slow" and active:
+                        slow[j] *= 1 + (effect.slowdown - 1) * f.magnitude
 
             # --- GPU family
             running = (self.gpu_job >= 0) & (job_state[np.maximum(self.gpu_job, 0)] == 0)
@@ -591,13 +497,14 @@ class SimRun:
             nic_missing = np.zeros(n_nic, dtype=bool)
             counters["sym"] += rng.random(n_nic) < 0.001
 
-            for g, value in gpu_util_override.items():
-                util[g] = value
+            arrays = {**counters, "util": util, "temp": temp, "sm_clock": sm_clock, "fb_used": fb_used,
+                      "width": width, "nvbw": nvbw, "throttle": throttle, "remap_fail": remap_fail,
+                      "gpu_missing": gpu_missing, "node_up": node_up, "fan": fan, "psu": psu, "fs_ro": fs_ro,
+                      "kubelet": kubelet, "link_up": link_up, "speed": speed, "nic_missing": nic_missing,
+                      "loss_mult": loss_mult, "grad_mult": grad_mult, "nan_job": nan_job}
             for f in self._faults:
-                self._apply(f, ts, rng, util=util, temp=temp, sm_clock=sm_clock, fb_used=fb_used, width=width,
-                            nvbw=nvbw, throttle=throttle, remap_fail=remap_fail, gpu_missing=gpu_missing,
-                            counters=counters, node_up=node_up, fan=fan, psu=psu, fs_ro=fs_ro, kubelet=kubelet,
-                            link_up=link_up, speed=speed, nic_missing=nic_missing, power=power)
+                if f.precursor_start <= ts < f.end:
+                    EFFECTS[f.spec.name].render(Scene(self, f, rng, "tick", ts, arrays, self._affected_jobs(f)))
             # a node that is down takes its GPUs and NICs with it; a fan failure heats the node's GPUs
             down_nodes = node_up == 0
             gpu_missing |= down_nodes[self.gpu_node]
@@ -685,84 +592,7 @@ class SimRun:
                 MetricFrame(ts, "nic", self.nic_ids, M.NIC_METRICS, nic),
                 MetricFrame(ts, "job", self.job_ids, M.JOB_METRICS, job),
             ]
-            yield Tick(ts, frames, tick_events)
-
-    def _apply(self, f: _Fault, ts: float, rng: np.random.Generator, **s: np.ndarray | dict[str, np.ndarray]) -> None:
-        """Write one fault's effect on this tick's arrays (precursor, then the fault itself)."""
-        name = f.spec.name
-        if ts < f.precursor_start or ts >= f.end:
-            return
-        pre = ts < f.onset
-        progress = (ts - f.precursor_start) / max(1.0, f.onset - f.precursor_start)
-        c = s["counters"]
-        assert isinstance(c, dict)
-        arr = {k: v for k, v in s.items() if isinstance(v, np.ndarray)}
-        mag = f.magnitude
-        for g in f.gpus:
-            if name == "gpu_dbe":
-                if pre:
-                    c["sbe"][g] += rng.integers(3, 12)
-                elif c["dbe"][g] == 0:
-                    c["dbe"][g] += rng.integers(1, 3)
-                if not pre:
-                    arr["util"][g] = 0
-            elif name in ("gpu_lost", "gpu_gsp_timeout") and not pre:
-                arr["gpu_missing"][g] = True
-            elif name == "gpu_xid" and not pre:
-                arr["util"][g] = 0
-            elif name == "gpu_thermal":
-                rise = 14 * mag * (progress if pre else 1.0)
-                arr["temp"][g] += rise + (6 if not pre else 0)
-                if not pre:
-                    arr["sm_clock"][g] = 1410 + rng.normal(0, 20)
-                    arr["throttle"][g] = M.THROTTLE_THERMAL
-            elif name == "gpu_pcie_width_low":
-                if pre:
-                    c["replay"][g] += rng.integers(80, 300)
-                else:
-                    arr["width"][g] = 8 if mag > 1.0 else 4
-                    c["replay"][g] += rng.integers(0, 20)
-            elif name == "gpu_sbe_storm" and not pre:
-                c["sbe"][g] += rng.integers(60, 400)
-            elif name == "gpu_p2p_bw_low" and not pre:
-                arr["nvbw"][g] *= 0.45
-            elif name == "nvlink_error" and not pre:
-                c["crc"][g] += rng.integers(100, 2000)
-            elif name == "gpu_row_remap_failure" and not pre:
-                arr["remap_fail"][g] = 1
-                if c["remapped_u"][g] == 0:
-                    c["remapped_u"][g] += 1
-            elif name == "gpu_oom":
-                if pre:
-                    arr["fb_used"][g] = 60000 + 21000 * progress
-                elif ts < f.onset + 240:
-                    arr["fb_used"][g] = 500
-            elif name == "straggler" and not pre:
-                arr["sm_clock"][g] = 1980 / (1 + 0.5 * mag) + rng.normal(0, 10)
-        for n in f.nodes:
-            if name in ("node_hardware_failure", "kernel_panic") and not pre:
-                arr["node_up"][n] = 0
-            elif name == "psu_failure" and not pre:
-                arr["psu"][n] = 1
-            elif name == "fan_failure":
-                arr["fan"][n] = 9000 - (7500 * progress if pre else 7600) * min(1.0, mag)
-            elif name == "fs_readonly" and not pre:
-                arr["fs_ro"][n] = 1
-            elif name == "kubelet_down" and not pre:
-                arr["kubelet"][n] = 0
-        for nic in f.nics:
-            if name == "link_down":
-                if pre and rng.random() < 0.3:
-                    c["downed"][nic] += 1
-                    c["sym"][nic] += rng.integers(5, 50)
-                elif not pre:
-                    arr["link_up"][nic] = 0
-            elif name == "switch_failure" and not pre:
-                arr["link_up"][nic] = 0
-            elif name == "nic_speed_low" and not pre:
-                arr["speed"][nic] = 200 if mag > 1.0 else 100
-            elif name == "nic_lost" and not pre:
-                arr["nic_missing"][nic] = True
+            yield Tick(ts, frames, tick_events, tick_lines)
 
 
 def simulate(config: SimConfig | None = None) -> SimRun:

@@ -1,0 +1,48 @@
+"""Replayed raw records -> events through the production decoders, for any source that hands over raw lines.
+
+The node agent decodes its own kernel log (``vigil.sources.collect.kmsg``); a source that delivers raw kernel
+lines instead - a replayed dmesg capture, the fake cluster of ``vigil demo`` - goes through the same decoder
+here, one per node, with PCI addresses resolved through the topology's inventory exactly as the agent
+resolves them through NVML and sysfs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from vigil.model import Event, LogRecord, Topology, parse_entity
+from vigil.sources.collect.kmsg import KernelLogSource
+from vigil.sources.collect.nvml import normalise_pci_bus
+
+
+class KernelLineDecoder:
+    """One ``KernelLogSource`` decoder per node of the topology."""
+
+    def __init__(self, topology: Topology) -> None:
+        self._decoders: dict[str, KernelLogSource] = {}
+        for node in topology.nodes:
+            gpus = {normalise_pci_bus(g.pci_bus_id): g.index for g in node.gpus if g.pci_bus_id}
+            nics = {c.pci_bus_id.lower(): c.name for c in node.nics if c.pci_bus_id}
+            self._decoders[node.name] = KernelLogSource(
+                lambda: (), node=node.name, gpu_index=gpus.get, nic_name=nics.get,
+                origin=f"kernel lines of {node.name}", boot_time=0.0)
+
+    def decode(self, records: Iterable[LogRecord]) -> list[Event]:
+        """Events of the kernel lines among ``records`` (lines of nodes outside the topology are skipped)."""
+        events = []
+        for record in records:
+            if record.source != "kernel":
+                continue
+            kind, parts = parse_entity(record.entity)
+            decoder = self._decoders.get(parts[0]) if kind == "node" else None
+            if decoder is None:
+                continue
+            event = decoder.decode(record.line, record.ts or 0.0)
+            if event is not None:
+                events.append(event)
+        return events
+
+
+def decoded_events(topology: Topology, events: Iterable[Event], logs: Iterable[LogRecord]) -> list[Event]:
+    """``events`` plus the events decoded from the kernel lines in ``logs``, in time order."""
+    return sorted([*events, *KernelLineDecoder(topology).decode(logs)], key=lambda e: e.ts)
