@@ -27,6 +27,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from vigil.config import read_yaml
+from vigil.knowledge.actions import action_whitelist
 from vigil.model import (
     Action,
     ActionKind,
@@ -41,18 +42,11 @@ from vigil.model import (
 )
 from vigil.remedy.jobspec import parse_duration
 
-NODE_ACTIONS = frozenset(
-    {
-        ActionKind.CORDON,
-        ActionKind.UNCORDON,
-        ActionKind.DRAIN,
-        ActionKind.REBOOT,
-        ActionKind.VENDOR_TICKET,
-        ActionKind.RUN_DIAGNOSTICS,
-        ActionKind.COLLECT_LOGS,
-    }
-)
-JOB_ACTIONS = frozenset({ActionKind.RESTART_JOB, ActionKind.MIGRATE_JOB})
+# Where each action lands, from the whitelist: node actions (and the ones that may target anything, such as a
+# vendor ticket) go to the anomaly's node, job actions to its job.
+NODE_ACTIONS = frozenset(a for a, entry in action_whitelist().items()
+                         if entry.target in ("node", "any") and a is not ActionKind.ALERT)
+JOB_ACTIONS = frozenset(a for a, entry in action_whitelist().items() if entry.target == "job")
 
 
 class _Strict(BaseModel):

@@ -414,6 +414,7 @@ class SimRun:
         n_gpu, n_node, n_nic, n_job = len(self.gpu_ids), len(self.node_ids), len(self.nic_ids), len(self.job_ids)
         gi, ni, ci, ji = M.index("gpu"), M.index("node"), M.index("nic"), M.index("job")
         temp_offset = rng.normal(0, 2.0, n_gpu)
+        rated_gbps = np.array([self.nic(c).speed_gbps for c in range(n_nic)])
         fb_base = rng.normal(60000, 1500, n_gpu)
         counters = {
             "sbe": np.zeros(n_gpu), "dbe": np.zeros(n_gpu), "replay": np.zeros(n_gpu), "crc": np.zeros(n_gpu),
@@ -493,7 +494,7 @@ class SimRun:
             fs_ro = np.zeros(n_node)
             kubelet = np.ones(n_node)
             link_up = np.ones(n_nic)
-            speed = np.full(n_nic, M.NIC_RATED_GBPS)
+            speed = rated_gbps.copy()
             nic_missing = np.zeros(n_nic, dtype=bool)
             counters["sym"] += rng.random(n_nic) < 0.001
 

@@ -78,9 +78,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
 
 FB_TOTAL_MIB = 81559.0
 PSU_TOTAL = 2.0
-NIC_RATED_GBPS = 400.0
 PCIE_WIDTH = 16.0
-THROTTLE_THERMAL = 0x40  # DCGM clock throttle reason: HW thermal slowdown
 
 
 def index(family: str) -> dict[str, int]:
