@@ -50,7 +50,7 @@ def test_the_production_kernel_decoder_reads_every_simulated_kernel_line(fault: 
     assert lines and events  # a follow-up line (EXT4's journal abort, mlx5's recovery abort) may add nothing
     kind, decoded_entity = KERNEL_FAULTS[(fault, entity)]
     assert {(e.kind, e.entity) for e in events} == {(kind, decoded_entity)}
-    found = RuleDetector(run.topology).detect([], decoded_events(run.topology, [], lines))
+    found = RuleDetector(run.topology).update([], decoded_events(run.topology, [], lines))
     assert (entity, fault) in {(a.entity, a.fault_type) for a in found}
 
 
@@ -58,5 +58,5 @@ def test_ipmi_records_are_what_ipmitool_prints() -> None:
     run = one_fault("psu_failure", "node/n001")
     (sel,) = [e for e in run.events if e.kind == "ipmi_sel"]
     assert sel.attrs == {} and sel.message.split(" | ")[1:] == ["Failure detected", "Asserted"]
-    found = RuleDetector(run.topology).detect([], [sel])
+    found = RuleDetector(run.topology).update([], [sel])
     assert [(a.entity, a.fault_type) for a in found] == [("node/n001", "psu_failure")]
