@@ -16,7 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from vigil import __version__
 from vigil.config import Settings
 from vigil.config import settings as default_settings
-from vigil.faces.api import api, cluster_map, dashboard, ingest
+from vigil.faces.api import api, cluster_map, dashboard, ingest, runs
 from vigil.faces.api.context import ServeContext
 from vigil.faces.api.dcgm import CONTENT_TYPE as DCGM_CONTENT_TYPE
 from vigil.faces.api.dcgm import render_dcgm
@@ -113,6 +113,7 @@ def app_for_context(ctx: ServeContext) -> FastAPI:
     app.include_router(cluster_map.router)
     app.include_router(ingest.router)
     app.include_router(dashboard.router)
+    app.include_router(runs.router)
     static_dir = resources.files("vigil.faces.api") / "static"
     app.mount("/static", StaticFiles(directory=str(static_dir)), name="static")
     return app

@@ -25,6 +25,7 @@ from vigil.faces.cli.output import SafeConsole
 from vigil.faces.cli.precheck import inspect_command, precheck_command
 from vigil.faces.cli.rca import kb_app, rca_app
 from vigil.faces.cli.remedy import app as remedy_app
+from vigil.faces.cli.runs import app as runs_app
 from vigil.faces.cli.serve import mcp, serve
 from vigil.faces.cli.timeline import timeline_command
 from vigil.faces.cli.users import app as users_app
@@ -76,6 +77,7 @@ app.command("precheck")(precheck_command)
 app.command("inspect")(inspect_command)
 app.add_typer(checkpoint_app, name="checkpoint")
 app.command("du")(du)
+app.add_typer(runs_app, name="runs")
 # interfaces
 app.command("serve")(serve)
 app.command("engine")(engine)
