@@ -120,6 +120,8 @@ def test_downsampling_keeps_spikes(tmp_path: Path) -> None:
     index.update(logs)
     shown = index.series("spiky", "loss").downsampled(200)
     assert len(shown.steps) <= 200 and 3333 in shown.steps.tolist() and shown.values.max() == 100.0
+    ((preview, x),) = index.compare(["spiky"], "loss")  # the stored 1,000-point preview
+    assert len(preview.steps) <= 1000 and 3333 in x.tolist() and preview.values.max() == 100.0
 
 
 def test_bad_inputs(tmp_path: Path) -> None:

@@ -35,7 +35,10 @@ from vigil.model import VigilInputError
 EVENT_GLOB = "events.out.tfevents.*"
 _HEADER = struct.Struct("<Q")
 _CRC = struct.Struct("<I")
-_COMPACT_AFTER = 16  # chunks per (run, tag, segment) before they are merged into one
+_COMPACT_AFTER = 16
+PREVIEW_POINTS = (
+    1000  # the board's default points per series  # chunks per (run, tag, segment) before they are merged into one
+)
 
 
 def masked_crc32c(data: bytes) -> int:
@@ -136,6 +139,12 @@ class RunIndex:
                     " steps BLOB, walls BLOB, vals BLOB, PRIMARY KEY (run, tag, segment, seq))"
                 )
                 self.db.execute("CREATE TABLE IF NOT EXISTS merged (name TEXT PRIMARY KEY, parts TEXT NOT NULL)")
+                # Each indexed (run, tag) downsampled once when it changes, so the board's usual request reads
+                # one small blob; first_wall keeps time alignment right.
+                self.db.execute(
+                    "CREATE TABLE IF NOT EXISTS previews (run TEXT, tag TEXT, points INTEGER, first_wall REAL,"
+                    " steps BLOB, walls BLOB, vals BLOB, PRIMARY KEY (run, tag, points))"
+                )
         except sqlite3.DatabaseError as err:
             raise VigilInputError(f"run index {path} is not a readable database: {err}") from None
 
@@ -158,7 +167,40 @@ class RunIndex:
                 added[run] += self._index_file(path, run, offset)
             if progress:
                 progress(i + 1, len(files))
+        self._refresh_previews([run for run, n in added.items() if n])
         return dict(added)
+
+    def _refresh_previews(self, runs: Sequence[str]) -> None:
+        with self.db:
+            for run in runs:
+                tags = [r[0] for r in self.db.execute("SELECT DISTINCT tag FROM chunks WHERE run = ?", (run,))]
+                for tag in tags:
+                    full = self.series(run, tag)
+                    shown = full.downsampled(PREVIEW_POINTS)
+                    self.db.execute(
+                        "INSERT OR REPLACE INTO previews VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        (
+                            run,
+                            tag,
+                            PREVIEW_POINTS,
+                            float(full.walls.min()),
+                            shown.steps.tobytes(),
+                            shown.walls.tobytes(),
+                            shown.values.tobytes(),
+                        ),
+                    )
+
+    def _preview(self, run: str, tag: str, points: int) -> tuple[Series, float] | None:
+        row = self.db.execute(
+            "SELECT first_wall, steps, walls, vals FROM previews WHERE run = ? AND tag = ? AND points = ?",
+            (run, tag, points),
+        ).fetchone()
+        if row is None:
+            return None
+        steps, walls, values = (
+            np.frombuffer(b, dtype=d) for b, d in zip(row[1:], (np.int64, np.float64, np.float64), strict=True)
+        )
+        return Series(run, tag, steps, walls, values), float(row[0])
 
     def _index_file(self, path: Path, run: str, offset: int) -> int:
         columns: dict[str, tuple[list[int], list[float], list[float]]] = defaultdict(lambda: ([], [], []))
@@ -309,8 +351,11 @@ class RunIndex:
             raise VigilInputError(f"align must be step or time, not {align!r}")
         out = []
         for run in runs:
-            full = self.series(run, tag)
-            shown = full.downsampled(points)
-            x = shown.steps.astype(np.float64) if align == "step" else shown.walls - float(full.walls.min())
+            preview = self._preview(run, tag, points)
+            if preview is None:
+                full = self.series(run, tag)
+                preview = full.downsampled(points), float(full.walls.min())
+            shown, first_wall = preview
+            x = shown.steps.astype(np.float64) if align == "step" else shown.walls - first_wall
             out.append((shown, x))
         return out
