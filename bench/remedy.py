@@ -42,9 +42,9 @@ from vigil.remedy.audit import AuditLog  # noqa: E402
 from vigil.remedy.guard import BlastRadiusGuard  # noqa: E402
 from vigil.remedy.jobspec import TrainingJob  # noqa: E402
 from vigil.remedy.lifecycle import LifecycleStore  # noqa: E402
-from vigil.remedy.local import FailoverSupervisor, LocalJob  # noqa: E402
 from vigil.remedy.policy import PolicyEngine, load_policies  # noqa: E402
 from vigil.remedy.remediator import Remediator  # noqa: E402
+from vigil.run.failover import FailoverSupervisor, LocalJob  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 console = Console()

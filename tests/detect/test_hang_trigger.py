@@ -50,7 +50,7 @@ def test_evaluation_checkpoint_warmup_and_finished_ranks_are_not_hangs() -> None
     assert trigger.stall(saving, {0, 1, 2}, now) is None
     warming_up = {r: snap(r, last_step=None, steps=0, ops=[waiting] if r else []) for r in range(3)}
     assert trigger.stall(warming_up, {0, 1, 2}, T0 + 30) is None
-    assert trigger.stall(warming_up, {0, 1, 2}, T0 + 61) is not None
+    assert trigger.stall(warming_up, {0, 1, 2}, T0 + 101) is not None  # 60 s grace past the last op
     done = {r: snap(r, last_step=now - 20, finished=True) for r in range(3)}
     assert trigger.stall(done, {0, 1, 2}, now) is None
 

@@ -3,12 +3,17 @@ hand-written collectives - through `vigil launch`, one fault in one rank: verdic
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from vigil.diagnose.hang import HangDiagnosis
-from vigil.run.launcher import launch
+from vigil.remedy.audit import AuditLog
+from vigil.remedy.jobspec import TrainingJob
+from vigil.run.failover import FailoverSupervisor, LocalJob
+from vigil.run.launcher import free_port, launch
 
 JOB = Path(__file__).with_name("stack_job.py")
 HANG_TIMEOUT = 3.0
@@ -75,3 +80,51 @@ def test_native_call_holding_the_gil_under_ddp(tmp_path: Path) -> None:
     assert diagnosis.verdict == "hang"
     assert diagnosis.culprit_ranks == [2]
     assert any("holds the GIL" in e.summary for e in diagnosis.evidence)
+
+
+def test_job_spec_launch_gets_the_same_hang_verdict(tmp_path: Path) -> None:
+    """`vigil launch --job` runs the ranks through the same launcher and supervisor as `vigil launch
+    SCRIPT`: the rank stuck in DDP's forward is the culprit there too, not "the rank behind"."""
+    spec = TrainingJob.from_dict({
+        "metadata": {"name": "ddp-stuck"},
+        "spec": {
+            "replicas": WORLD,
+            "command": ["python", str(JOB), "--stack", "ddp", "--fault", "forward", "--rank", "2"],
+            "healthCheck": {"hangTimeout": f"{HANG_TIMEOUT:g}s"},
+            "failoverPolicy": {"maxRetries": 0, "action": "restart"},
+        },
+    })
+    report = FailoverSupervisor(LocalJob(spec, tmp_path / "run"), AuditLog(f"sqlite:///{tmp_path}/a.db")).run()
+    assert not report.succeeded
+    [anomaly] = report.anomalies
+    assert (anomaly.fault_type, anomaly.entity) == ("training_hang", "job/ddp-stuck/rank/2")
+    assert "never entered all_reduce" in anomaly.evidence[0].summary
+    diagnosis_file = tmp_path / "run" / "probe" / "attempt0" / "diagnosis.json"
+    written = HangDiagnosis.model_validate_json(diagnosis_file.read_text())
+    assert written.culprit_ranks == [2] and written.hang_kind == "not_enqueued"
+
+
+def test_two_nodes_name_the_culprit_across_nodes(tmp_path: Path) -> None:
+    """Two `vigil launch` processes as two nodes of one FSDP2 job (torchrun-style static rendezvous,
+    2 ranks each, a shared run directory); the rank stuck in forward lives on node 1."""
+    port = str(free_port())
+    nodes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "vigil", "launch", "script", str(JOB), "--nproc-per-node", "2", "--nnodes", "2",
+             "--node-rank", str(node), "--master-port", port, "--hang-timeout", str(HANG_TIMEOUT),
+             "--out", str(tmp_path / "shared"), "--json", "--", "--stack", "fsdp", "--fault", "forward",
+             "--rank", "2"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )
+        for node in (0, 1)
+    ]
+    verdicts = []
+    for node in nodes:
+        stdout, _ = node.communicate(timeout=240)
+        assert node.returncode == 4, stdout
+        verdicts.append(HangDiagnosis.model_validate_json(stdout))
+    for diagnosis in verdicts:
+        assert (diagnosis.verdict, diagnosis.culprit_ranks, diagnosis.world_size) == ("hang", [2], 4)
+        assert diagnosis.detected_after_s is not None and diagnosis.detected_after_s <= LATENCY_BUDGET
+    # Node 1's own py-spy stacks reached the verdict written by node 0.
+    assert verdicts[0].stack_source == "py-spy" and 2 in verdicts[0].stacks

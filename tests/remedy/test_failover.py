@@ -11,7 +11,7 @@ import pytest
 from vigil.model import ActionKind, ActionStatus
 from vigil.remedy.audit import AuditLog
 from vigil.remedy.jobspec import TrainingJob
-from vigil.remedy.local import FailoverSupervisor, LocalJob
+from vigil.run.failover import FailoverSupervisor, LocalJob
 
 
 def tiny_job(name: str, steps: int = 30, hang_timeout: str = "10s") -> TrainingJob:

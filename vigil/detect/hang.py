@@ -9,7 +9,8 @@ Three ways a job shows it has stopped, each enough on its own:
   the probe never saw (issued from C++, a compiled graph) still ends in a verdict.
 What is not a hang: a rank saving a checkpoint or running forward passes without gradients (an
 evaluation loop), up to ``checkpoint_timeout_s``; ranks that compute without stepping; anything
-before the job's first step (data-loader warm-up, the first compile), which gets ``startup_grace_s``.
+before the job's first step (data-loader warm-up, the first compile), which gets ``startup_grace_s``;
+a job that never stepped is judged by its ops and heartbeats only.
 """
 
 from __future__ import annotations
@@ -69,11 +70,10 @@ class HangTrigger:
         self, snapshots: Mapping[int, RankSnapshot], alive: Mapping[int, RankSnapshot], now: float, started: bool
     ) -> str | None:
         if not started:
-            last_step = max(s.started for s in snapshots.values())
-            limit = max(self.step_timeout(snapshots), self.startup_grace_s)
-        else:
-            last_step = max(s.last_step or s.started for s in snapshots.values())
-            limit = self.step_timeout(snapshots)
+            # Silence means nothing from a job that never stepped (it may not be a training loop).
+            return None
+        last_step = max(s.last_step or s.started for s in snapshots.values())
+        limit = self.step_timeout(snapshots)
         if now - last_step <= limit:
             return None
         idle = sorted(r for r, s in alive.items() if now - _last_activity(s) > self.hang_timeout_s)

@@ -1,4 +1,4 @@
-"""The heartbeat a rank gives the failover supervisor: one JSON line per step.
+"""The progress a rank reports to the failover supervisor: one JSON line per step, with its metrics.
 
     from vigil.remedy.heartbeat import Heartbeat
     beat = Heartbeat()                     # reads VIGIL_RUN_DIR and RANK; a no-op outside vigil launch job
@@ -8,8 +8,9 @@
         beat.step(step, loss=loss.item(), grad_norm=norm)   # metrics feed healthCheck conditions
     beat.done(step)
 
-Lines go to ``$VIGIL_RUN_DIR/progress-rank<RANK>.jsonl``. A job whose ranks never write one is still
-supervised for crashes, but not for hangs: silence means nothing when nobody was speaking.
+Lines go to ``$VIGIL_RUN_DIR/progress-rank<RANK>.jsonl``; they feed healthCheck metric conditions and
+time the resume after a restart. Liveness is not judged from them: every rank already carries the
+probe (``vigil.sources.probe``), whose snapshot is the one heartbeat hangs are judged from.
 """
 
 from __future__ import annotations

@@ -18,12 +18,14 @@ from pathlib import Path
 
 from vigil.detect.hang import HangTrigger
 from vigil.diagnose.hang import HangDiagnosis, RunEvidence, diagnose, write_diagnosis
-from vigil.diagnose.stacks import from_pyspy, from_python_stacks
+from vigil.diagnose.stacks import RankStacks, from_pyspy, from_python_stacks
 from vigil.diagnose.straggler import find_straggler
 from vigil.diagnose.timeline import write_timeline
 from vigil.model import VigilInputError
+from vigil.run.nodes import NodeGroup
 from vigil.sources.probe.pyspy import dump_all
 from vigil.sources.probe.records import (
+    DIAGNOSIS_FILE,
     DUMP_REQUEST_FILE,
     FR_DIR,
     RUN_FILE,
@@ -63,6 +65,11 @@ class Supervisor:
     _mtimes: dict[int, tuple[float, float]] = field(default_factory=dict)
     _straggler_reported: bool = False
     _next_straggler_check: float = 0.0
+    _first_failure: float | None = None
+    log_paths: dict[int, Path] = field(default_factory=dict)
+    # Several nodes: this supervisor's ranks are ``procs``; the job has ``world`` ranks in all.
+    nodes: NodeGroup | None = None
+    world: int | None = None
     trigger: HangTrigger = field(init=False)
 
     def __post_init__(self) -> None:
@@ -74,53 +81,71 @@ class Supervisor:
 
     @property
     def world_size(self) -> int:
-        return len(self.procs)
+        return self.world or len(self.procs)
 
     def run(self) -> HangDiagnosis:
         """Supervise until the job ends or a verdict is reached; the job is stopped on a verdict."""
-        first_failure: float | None = None
         while True:
-            now = time.time()
-            self._poll_exits(now)
-            self._read_snapshots()
-            alive = [r for r, code in self.exit_codes.items() if code is None]
-            failed = [r for r, code in self.exit_codes.items() if code not in (None, 0)]
-            raised = [r for r in alive if r in self.snapshots and self.snapshots[r].error is not None]
-            if failed and first_failure is None:
-                first_failure = now
-                self.on_event(f"rank {failed[0]} exited with status {self.exit_codes[failed[0]]}")
-            elif raised and first_failure is None:
-                # An uncaught exception is a crash even if the process then hangs on its way out.
-                first_failure = now
-                error = self.snapshots[raised[0]].error or {}
-                self.on_event(f"rank {raised[0]} raised {error.get('type')}: {str(error.get('message'))[:200]}")
-            if not alive:
-                return self._conclude("exit" if not (failed or raised) else "crash", now)
-            if first_failure is not None and now - first_failure >= CRASH_GRACE_S:
-                return self._conclude("crash", now)
-            if first_failure is None:
-                if self.trigger.mismatch(self.snapshots, self.world_size, now):
-                    self.on_event("collective signature mismatch across ranks")
-                    return self._conclude("mismatch", now)
-                reason = self.trigger.stall(self.snapshots, set(alive), now)
-                if reason is not None:
-                    self.on_event(f"hang: {reason}")
-                    return self._conclude("hang", now)
-                self._watch_straggler(now)
+            verdict = self.step()
+            if verdict is not None:
+                return verdict
             time.sleep(self.config.tick_s)
+
+    def step(self) -> HangDiagnosis | None:
+        """One look at the ranks: the verdict once the job ended or went wrong (then it is stopped)."""
+        if self.nodes is not None and self.nodes.claimed_by_other():
+            return self._follow()
+        now = time.time()
+        self._poll_exits(now)
+        self._read_snapshots()
+        alive = [r for r, code in self.exit_codes.items() if code is None]
+        failed = [r for r, code in self.exit_codes.items() if code not in (None, 0)]
+        raised = [r for r in alive if r in self.snapshots and self.snapshots[r].error is not None]
+        if failed and self._first_failure is None:
+            self._first_failure = now
+            self.on_event(f"rank {failed[0]} exited with status {self.exit_codes[failed[0]]}")
+        elif raised and self._first_failure is None:
+            # An uncaught exception is a crash even if the process then hangs on its way out.
+            self._first_failure = now
+            error = self.snapshots[raised[0]].error or {}
+            self.on_event(f"rank {raised[0]} raised {error.get('type')}: {str(error.get('message'))[:200]}")
+        if not alive:
+            return self._conclude("exit" if not (failed or raised) else "crash", now)
+        if self._first_failure is not None:
+            return self._conclude("crash", now) if now - self._first_failure >= CRASH_GRACE_S else None
+        if self.trigger.mismatch(self.snapshots, self.world_size, now):
+            self.on_event("collective signature mismatch across ranks")
+            return self._conclude("mismatch", now)
+        reason = self.trigger.stall(self.snapshots, set(alive), now)
+        if reason is not None:
+            self.on_event(f"hang: {reason}")
+            return self._conclude("hang", now)
+        self._watch_straggler(now)
+        return None
 
     # ------------------------------------------------------------------ observation
 
-    def _poll_exits(self, now: float) -> None:
+    def _poll_exits(self, now: float, final: bool = False, stopped: set[int] | None = None) -> None:
         for rank, proc in self.procs.items():
             if self.exit_codes.get(rank) is None:
                 code = proc.poll()
                 self.exit_codes[rank] = code
                 if code is not None:
                     self.exit_times[rank] = now
+        if self.nodes is None:
+            return
+        local = {r: c for r, c in self.exit_codes.items() if r in self.procs}
+        self.nodes.publish({r: p.pid for r, p in self.procs.items()}, local, self.exit_times, final, stopped)
+        codes, times = self.nodes.remote_exits()
+        for rank in range(self.world_size):
+            if rank not in self.procs:
+                # A node that has not published yet: its ranks count as running.
+                self.exit_codes[rank] = codes.get(rank)
+                if rank in times:
+                    self.exit_times[rank] = times[rank]
 
     def _read_snapshots(self) -> None:
-        for rank in self.procs:
+        for rank in range(self.world_size):
             try:
                 mtime = (
                     snapshot_path(self.out_dir, rank).stat().st_mtime,
@@ -148,9 +173,11 @@ class Supervisor:
     # ------------------------------------------------------------------ verdict
 
     def _conclude(self, trigger: str, now: float) -> HangDiagnosis:
+        if self.nodes is not None and not self.nodes.claim(trigger):
+            return self._follow()
         alive = {r: p.pid for r, p in self.procs.items() if self.exit_codes.get(r) is None}
         stopped: set[int] = set()
-        stacks = {}
+        stacks: RankStacks = {}
         stack_source = "none"
         heartbeat_ages = {
             r: max(0.0, now - s.heartbeat) for r, s in self.snapshots.items() if self.exit_codes.get(r) is None
@@ -158,19 +185,19 @@ class Supervisor:
         if alive:
             (self.out_dir / DUMP_REQUEST_FILE).touch()
             if trigger in ("hang", "mismatch"):
-                self.on_event(f"collecting py-spy stacks of {len(alive)} rank(s)")
-                dumps = dump_all(alive, self.config.pyspy_timeout_s)
-                stacks = {r: from_pyspy(d) for r, d in dumps.dumps.items()}
-                stack_source = "py-spy" if stacks else "none"
-                for rank, error in sorted(dumps.errors.items()):
-                    self.on_event(f"rank {rank}: {error}")
+                stacks, stack_source = self._pyspy(alive)
             self._wait_for_probe_evidence(alive, heartbeat_ages)
-            if not stacks:
-                stacks = {r: from_python_stacks(s.stacks) for r, s in self.snapshots.items() if s.stacks}
-                stack_source = "probe" if stacks else "none"
-            stopped = set(alive)
+        if self.nodes is not None:
+            stacks.update(self._gather_nodes())
+            stack_source = "py-spy" if stacks else stack_source
+            stopped |= self.nodes.remote_stopped()
+        if not stacks:
+            stacks = {r: from_python_stacks(s.stacks) for r, s in self.snapshots.items() if s.stacks}
+            stack_source = "probe" if stacks else "none"
+        if alive:
+            stopped |= set(alive)
             self._stop(alive)
-            self._poll_exits(time.time())
+            self._poll_exits(time.time(), final=True, stopped=set(alive))
         evidence = RunEvidence(
             world_size=self.world_size,
             snapshots=self.snapshots,
@@ -189,6 +216,44 @@ class Supervisor:
         diag = diagnose(evidence)
         self._write(evidence, diag)
         return diag
+
+    def _pyspy(self, alive: dict[int, int]) -> tuple[RankStacks, str]:
+        self.on_event(f"collecting py-spy stacks of {len(alive)} rank(s)")
+        dumps = dump_all(alive, self.config.pyspy_timeout_s)
+        for rank, error in sorted(dumps.errors.items()):
+            self.on_event(f"rank {rank}: {error}")
+        stacks = {r: from_pyspy(d) for r, d in dumps.dumps.items()}
+        return stacks, "py-spy" if stacks else "none"
+
+    def _gather_nodes(self) -> RankStacks:
+        """The claimer waits for the other nodes' stacks of their own ranks and their final exit codes."""
+        assert self.nodes is not None
+        deadline = time.time() + self.config.pyspy_timeout_s + self.config.evidence_wait_s + 5.0
+        while time.time() < deadline and not (self.nodes.stacks_in() and self.nodes.all_final()):
+            time.sleep(0.1)
+        self._poll_exits(time.time())
+        return self.nodes.read_stacks()
+
+    def _follow(self) -> HangDiagnosis:
+        """Another node reached the verdict: leave this node's stacks, stop its ranks, read the verdict."""
+        assert self.nodes is not None
+        self.on_event(f"node {self.nodes.claimer()} reached a verdict; stopping this node's ranks")
+        self._poll_exits(time.time())
+        alive = {r: p.pid for r, p in self.procs.items() if self.exit_codes.get(r) is None}
+        stacks = self._pyspy(alive)[0] if alive else {}
+        self.nodes.write_stacks(stacks)
+        self._stop(alive)
+        self._poll_exits(time.time(), final=True, stopped=set(alive))
+        path = self.out_dir / DIAGNOSIS_FILE
+        deadline = time.time() + self.config.pyspy_timeout_s + self.config.evidence_wait_s + 30.0
+        while time.time() < deadline:
+            if path.exists():
+                try:
+                    return HangDiagnosis.model_validate_json(path.read_text())
+                except ValueError:
+                    pass  # being written
+            time.sleep(0.1)
+        raise VigilInputError(f"node {self.nodes.claimer()} claimed the verdict but wrote no {path}")
 
     def _wait_for_probe_evidence(self, alive: dict[int, int], heartbeat_ages: dict[int, float]) -> None:
         """Give responsive probes a moment to write stacks and FR dumps; frozen ones are not waited for."""
@@ -218,8 +283,8 @@ class Supervisor:
 
     def _logs(self) -> dict[int, str]:
         logs = {}
-        for rank in self.procs:
-            path = self.out_dir / f"rank{rank}.log"
+        for rank in range(self.world_size):
+            path = self.log_paths.get(rank, self.out_dir / f"rank{rank}.log")
             if path.exists():
                 logs[rank] = path.read_text(errors="replace")[-20000:]
         return logs

@@ -84,8 +84,17 @@ def script_command(
     ] = 10.0,
     out: OutOption = None,
     as_json: JsonOption = False,
+    nnodes: Annotated[int, typer.Option("--nnodes", min=1, help="nodes in the job (run this on each)")] = 1,
+    node_rank: Annotated[int, typer.Option("--node-rank", min=0, help="this node's rank, 0 .. nnodes-1")] = 0,
+    master_addr: Annotated[str, typer.Option("--master-addr", help="node 0's address (rendezvous)")] = "127.0.0.1",
+    master_port: Annotated[
+        int | None, typer.Option("--master-port", help="rendezvous port on node 0 (needed with --nnodes > 1)")
+    ] = None,
 ) -> None:
     """Start SCRIPT as an N-rank torch.distributed job; on a hang, crash or mismatch say who and why.
+
+    Several nodes: run it on every node with --nnodes, --node-rank, --master-addr, --master-port and the
+    same --out, a directory every node can write; every node prints the same verdict.
 
     Exit status (the same as vigil diagnose run): 0 ok or slow, 3 crash, 4 hang, 5 mismatch, 2 bad input.
     """
@@ -95,7 +104,14 @@ def script_command(
     _positive_seconds(hang_timeout, "--hang-timeout")
     if not script.is_file():
         raise VigilInputError(f"training script {script} does not exist")
-    run_dir = new_run_dir(out, script.stem)
+    if nnodes > 1:
+        if out is None:
+            raise VigilInputError("several nodes share one run directory: give --out")
+        # Shared by the nodes, so the others may have written there already.
+        run_dir = out
+        run_dir.mkdir(parents=True, exist_ok=True)
+    else:
+        run_dir = new_run_dir(out, script.stem)
     # A terminated launcher must not orphan its ranks: turn SIGTERM into an exit that runs launch's cleanup.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
@@ -112,6 +128,10 @@ def script_command(
             hang_timeout=hang_timeout,
             out_dir=run_dir,
             on_event=on_event,
+            nnodes=nnodes,
+            node_rank=node_rank,
+            master_addr=master_addr,
+            master_port=master_port,
         )
     if as_json:
         typer.echo(diagnosis.model_dump_json(indent=2))
@@ -132,7 +152,7 @@ def job_command(
     Exit status: 0 the job finished, 3 it failed for good, 2 bad input.
     """
     from vigil.remedy.jobspec import load_jobspec
-    from vigil.remedy.launch import print_report, report_json, run_job
+    from vigil.run.failover import print_report, report_json, run_job
 
     if spec.is_dir():
         raise VigilInputError(f"job spec {spec} is a directory; expected a TrainingJob YAML file")

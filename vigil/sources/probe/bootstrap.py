@@ -1,6 +1,7 @@
-"""Entry point of every rank started by `vigil launch`: install the probe, then run the script as __main__.
+"""Entry point of every rank started by Vigil's launcher: install the probe, then run the program as
+``python`` would have - a script, ``-m MODULE`` or ``-c CODE`` - as __main__, unmodified.
 
-Run as ``python -m vigil.sources.probe.bootstrap SCRIPT [ARGS...]``; the script is not modified.
+Run as ``python -m vigil.sources.probe.bootstrap (SCRIPT | -m MODULE | -c CODE) [ARGS...]``.
 """
 
 from __future__ import annotations
@@ -11,17 +12,27 @@ import sys
 
 from vigil.sources.probe import install
 
+USAGE = "usage: python -m vigil.sources.probe.bootstrap (SCRIPT | -m MODULE | -c CODE) [ARGS...]\n"
+
 
 def main(argv: list[str]) -> None:
-    if not argv:
-        sys.stderr.write("usage: python -m vigil.sources.probe.bootstrap SCRIPT [ARGS...]\n")
+    if not argv or (argv[0] in ("-m", "-c") and len(argv) < 2):
+        sys.stderr.write(USAGE)
         raise SystemExit(2)
-    script = argv[0]
     install()
-    sys.argv = list(argv)
-    # As `python SCRIPT` would: the script's own directory comes first on the import path.
-    sys.path[0] = os.path.dirname(os.path.abspath(script))
-    runpy.run_path(script, run_name="__main__")
+    if argv[0] == "-m":
+        sys.argv = [argv[1], *argv[2:]]
+        sys.path[0] = os.getcwd()
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    elif argv[0] == "-c":
+        sys.argv = ["-c", *argv[2:]]
+        sys.path[0] = ""
+        exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+    else:
+        sys.argv = list(argv)
+        # As `python SCRIPT` would: the script's own directory comes first on the import path.
+        sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+        runpy.run_path(argv[0], run_name="__main__")
 
 
 if __name__ == "__main__":

@@ -1,11 +1,14 @@
-"""Local jobs: run a TrainingJob's ranks as processes, watch them, and fail over per its policy.
+"""Local TrainingJobs: run a job's ranks with the one launcher, watch them, and fail over per its policy.
 
-``LocalJob`` starts the ranks torchrun-style (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, plus
-VIGIL_DEVICE and the checkpoint settings) and can restart them all from the latest checkpoint,
-moving a failed rank to a spare device when the spec lists one. ``FailoverSupervisor`` watches the
-ranks - exit codes, heartbeat (the per-rank progress files), healthCheck metric conditions - turns
-what it sees into Anomaly records, and acts through the Remediator with ``LocalActuator``, so every
-restart is an audited Action like any other.
+``LocalJob`` starts the ranks torchrun-style through ``vigil.run.launcher`` (the probe in every Python
+rank, plus VIGIL_DEVICE and the checkpoint settings) and can restart them all from the latest
+checkpoint, moving a failed rank to a spare device when the spec lists one. ``FailoverSupervisor``
+watches an attempt with the same supervisor as ``vigil launch`` - exit codes, the probes' records,
+the hang and mismatch triggers of ``vigil.detect.hang`` and the verdict of ``vigil.diagnose.hang`` -
+so a hung or crashed job gets the same culprit whichever way it was launched; healthCheck metric
+conditions come from the ranks' progress lines (``vigil.remedy.heartbeat``). What it sees becomes
+Anomaly records, and it acts through the Remediator with ``LocalActuator``, so every restart is an
+audited Action like any other.
 """
 
 from __future__ import annotations
@@ -14,29 +17,29 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
 
+from rich.console import Console
+
+from vigil.config import settings
+from vigil.diagnose.hang import HangDiagnosis
 from vigil.model import Action, ActionKind, ActionStatus, Anomaly, Evidence, FaultLevel, job_id, rank_id
-from vigil.remedy.actuators.base import Actuator, ActuatorError, OutboxActuator
+from vigil.precheck.baseline import Baselines, hardware_key, verdicts
+from vigil.precheck.runner import CheckOptions, run_local
+from vigil.remedy.actuators.base import Actuator, OutboxActuator
+from vigil.remedy.actuators.local import LocalActuator
 from vigil.remedy.audit import AuditLog
 from vigil.remedy.heartbeat import progress_path
-from vigil.remedy.jobspec import FAILOVER_ACTIONS, TrainingJob
+from vigil.remedy.jobspec import FAILOVER_ACTIONS, TrainingJob, load_jobspec
 from vigil.remedy.remediator import Remediator
+from vigil.run.launcher import free_port, prepare_out_dir, probe_command, probe_env, start_rank, torchrun_env
+from vigil.run.supervise import Supervisor, SupervisorConfig
 
 POLL_S = 0.1
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -50,13 +53,13 @@ class RankProgress:
 
 
 class ProgressTracker:
-    """Tails ``progress-rank<r>.jsonl`` (vigil.remedy.heartbeat): each line a step, a start or a done."""
+    """Tails ``progress-rank<r>.jsonl`` (vigil.remedy.heartbeat): each line a step with its metrics (for
+    healthCheck conditions), a start (for the time to resume) or a done. Hangs are judged from the
+    probe's records, not from these lines."""
 
     def __init__(self, run_dir: Path, world_size: int) -> None:
         self.run_dir = run_dir
         self.ranks = [RankProgress() for _ in range(world_size)]
-        # Whether this job has ever sent a heartbeat: only then does silence mean a hang.
-        self.heard = False
 
     def reset_attempt(self) -> None:
         for rank in self.ranks:
@@ -78,7 +81,6 @@ class ProgressTracker:
                 except json.JSONDecodeError:
                     continue
                 rank.last_ts = time.time()
-                self.heard = True
                 if record.get("event") == "start":
                     rank.start_step = rank.last_step = int(record["step"])
                 elif record.get("event") == "done":
@@ -109,47 +111,44 @@ class LocalJob:
         self.attempt = 0
         self.processes: list[subprocess.Popen[bytes]] = []
         self.started_at = 0.0
-        self._logs: list[IO[bytes]] = []
         checkpoint_dir = Path(spec.spec.checkpoint.dir)
         self.checkpoint_dir = checkpoint_dir if checkpoint_dir.is_absolute() else self.run_dir / checkpoint_dir
 
     def command(self) -> list[str]:
-        argv = list(self.spec.spec.command)
-        if argv[0] in ("python", "python3"):
-            argv[0] = sys.executable  # the interpreter Vigil runs in, with torch and vigil importable
-        return argv
+        """The spec's command; a Python one runs through the probe (the interpreter Vigil runs in)."""
+        return probe_command(self.spec.spec.command)
+
+    @property
+    def probe_dir(self) -> Path:
+        """Each attempt's probe records, diagnosis and timeline, kept for the post-mortem."""
+        return self.run_dir / "probe" / f"attempt{self.attempt}"
+
+    def log_path(self, rank: int) -> Path:
+        return self.run_dir / "logs" / f"rank{rank}.attempt{self.attempt}.log"
 
     def start(self) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "logs").mkdir(exist_ok=True)
+        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        prepare_out_dir(self.probe_dir)
         port = free_port()
         checkpoint = self.spec.spec.checkpoint
-        self.processes = []
+        world = len(self.devices)
+        extra = {
+            **self.spec.spec.env,
+            **self.env,
+            "VIGIL_JOB": self.spec.name,
+            "VIGIL_RESTART_COUNT": str(self.attempt),
+            "VIGIL_RUN_DIR": str(self.run_dir),
+            "VIGIL_CHECKPOINT_DIR": str(self.checkpoint_dir),
+            "VIGIL_CHECKPOINT_EVERY": str(checkpoint.every_steps),
+            "VIGIL_CHECKPOINT_KEEP_LAST": str(checkpoint.keep_last),
+        }
+        hang_timeout = self.spec.spec.health_check.hang_timeout_s
         self.started_at = time.time()
+        self.processes = []
         for rank, device in enumerate(self.devices):
-            env = {
-                **os.environ,
-                **self.spec.spec.env,
-                **self.env,
-                "RANK": str(rank),
-                "LOCAL_RANK": str(rank),
-                "WORLD_SIZE": str(len(self.devices)),
-                "LOCAL_WORLD_SIZE": str(len(self.devices)),
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-                "VIGIL_JOB": self.spec.name,
-                "VIGIL_DEVICE": device,
-                "VIGIL_RESTART_COUNT": str(self.attempt),
-                "VIGIL_RUN_DIR": str(self.run_dir),
-                "VIGIL_CHECKPOINT_DIR": str(self.checkpoint_dir),
-                "VIGIL_CHECKPOINT_EVERY": str(checkpoint.every_steps),
-                "VIGIL_CHECKPOINT_KEEP_LAST": str(checkpoint.keep_last),
-            }
-            log = (self.run_dir / "logs" / f"rank{rank}.attempt{self.attempt}.log").open("wb")
-            self._logs.append(log)
-            self.processes.append(
-                subprocess.Popen(self.command(), env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            )
+            env = torchrun_env(rank, world, port, extra={**extra, "VIGIL_DEVICE": device})
+            env = probe_env(env, self.probe_dir, hang_timeout, flight_recorder=False)
+            self.processes.append(start_rank(self.command(), env, self.log_path(rank)))
 
     def poll(self) -> list[int | None]:
         return [p.poll() for p in self.processes]
@@ -166,9 +165,6 @@ class LocalJob:
             except subprocess.TimeoutExpired:
                 _signal_group(proc, signal.SIGKILL)
                 proc.wait()
-        for log in self._logs:
-            log.close()
-        self._logs.clear()
 
     def restart(self, bad_rank: int | None = None, move_bad_rank: bool = False) -> str:
         """Stop all ranks and start them again; they resume from the latest complete checkpoint."""
@@ -186,64 +182,6 @@ class LocalJob:
 def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, sig)
-
-
-def culprits_from_stacks(pids: dict[int, int], timeout_s: float = 10.0) -> list[int] | None:
-    """Ranks of a hung job whose main thread is outside torch.distributed while the others wait inside.
-
-    The basic case of hang localization: the ranks that reached the collective wait in it; the one
-    that never arrived is elsewhere. Stacks come from ``py-spy dump`` (works while a rank holds the
-    GIL); None when they cannot be read or do not single anyone out.
-    """
-    from vigil.sources.probe.pyspy import dump_all
-
-    dumps = dump_all(pids, timeout_s=timeout_s)
-    if dumps.errors or len(dumps.dumps) != len(pids):
-        return None
-    in_collective = {}
-    for rank, threads in dumps.dumps.items():
-        main = next((t for t in threads if t.get("os_thread_id") == t.get("pid")), threads[0] if threads else None)
-        frames = main.get("frames", []) if isinstance(main, dict) else []
-        in_collective[rank] = any("torch/distributed" in str(f.get("filename", "")) for f in frames)
-    outside = sorted(r for r, inside in in_collective.items() if not inside)
-    return outside if 0 < len(outside) < len(in_collective) else None
-
-
-class LocalActuator(Actuator):
-    """Restarts (or migrates to spare devices) local jobs this process supervises."""
-
-    name = "local"
-    kinds = frozenset({ActionKind.RESTART_JOB, ActionKind.MIGRATE_JOB})
-    target_kinds = frozenset({"job"})
-
-    def __init__(self) -> None:
-        self.jobs: dict[str, LocalJob] = {}
-
-    def register(self, job: LocalJob) -> None:
-        self.jobs[job.entity] = job
-
-    def _job(self, action: Action) -> LocalJob:
-        job = self.jobs.get(action.target)
-        if job is None:
-            raise ActuatorError(f"{action.target} is not a local job supervised here")
-        return job
-
-    def accepts(self, action: Action) -> bool:
-        return super().accepts(action) and action.target in self.jobs
-
-    def describe(self, action: Action) -> str:
-        job = self._job(action)
-        return f"stop the {len(job.devices)} ranks of {job.entity} and restart them from {job.checkpoint_dir}"
-
-    def is_satisfied(self, action: Action) -> bool:
-        # The fault was seen in attempt N; once the job is past N, this restart has already happened.
-        return self._job(action).attempt > int(action.params.get("attempt", -1))
-
-    def execute(self, action: Action) -> str:
-        job = self._job(action)
-        bad_rank = action.params.get("bad_rank")
-        move = action.kind is ActionKind.MIGRATE_JOB or bool(action.params.get("exclude_failed_device"))
-        return job.restart(int(bad_rank) if bad_rank is not None else None, move_bad_rank=move)
 
 
 @dataclass
@@ -293,6 +231,7 @@ class FailoverSupervisor:
                 report.detail = f"not started: {refusal.reason}"
                 return report
         self.job.start()
+        watch = self._supervisor()
         self.on_event(f"started {self.job.entity}: {len(self.job.devices)} ranks")
         deadline = time.time() + self.timeout_s
         fired_conditions: set[str] = set()
@@ -309,11 +248,11 @@ class FailoverSupervisor:
                         "after the fault was detected"
                     )
                     pending_resume = None
-                codes = self.job.poll()
-                if all(code == 0 for code in codes):
-                    report.succeeded, report.detail = True, "all ranks finished"
+                verdict = watch.step()
+                if verdict is not None and verdict.verdict in ("ok", "slow"):
+                    report.succeeded, report.detail = True, f"all ranks finished ({verdict.summary})"
                     return report
-                anomaly = self._detect(codes) or self._health(fired_conditions)
+                anomaly = self._from_verdict(verdict) if verdict is not None else self._health(fired_conditions)
                 if anomaly is None:
                     continue
                 report.anomalies.append(anomaly)
@@ -329,6 +268,7 @@ class FailoverSupervisor:
                 report.attempts += 1
                 fired_conditions.clear()
                 self.tracker.reset_attempt()
+                watch = self._supervisor()
                 pending_resume = {"detected": detected, "restarted": time.time()}
                 self.on_event(action.result)
             report.detail = f"timed out after {self.timeout_s:g}s"
@@ -338,10 +278,6 @@ class FailoverSupervisor:
 
     def _precheck(self, report: FailoverReport) -> Action | None:
         """Run PreCheck on the job's rank count; a bad machine gets an alert and the job does not start."""
-        from vigil.config import settings
-        from vigil.precheck.baseline import Baselines, hardware_key, verdicts
-        from vigil.precheck.runner import CheckOptions, run_local
-
         spec = self.job.spec.spec.precheck
         ranks = len(self.job.devices)
         self.on_event(f"PreCheck on {ranks} ranks")
@@ -369,49 +305,32 @@ class FailoverSupervisor:
     def _resumed(self) -> bool:
         return all(r.start_step is not None and r.last_step > r.start_step for r in self.tracker.ranks)
 
-    def _detect(self, codes: list[int | None]) -> Anomaly | None:
-        now = time.time()
-        failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
-        if failed:
-            # The first rank to die is the suspect; the others usually fail because it vanished.
-            # A rank killed by a signal (negative code) beats one that exited because its peer vanished.
-            rank, code = min(failed, key=lambda rc: (rc[1] >= 0, self.tracker.ranks[rc[0]].last_ts or 0.0))
-            return self._anomaly("rank_exit", rank, f"rank {rank} exited with code {code}", code=code)
-        if not self.tracker.heard:
-            return None  # a job without heartbeats is watched for crashes only
-        if all(p.last_ts is None for p in self.tracker.ranks):
-            if now - self.job.started_at > max(self.startup_grace_s, self.health.hang_timeout_s):
-                return self._anomaly("training_hang", None, "no rank reported progress after start")
-            return None
-        # A rank that has not reported since this attempt started is still starting up (imports,
-        # rendezvous, checkpoint load): it gets the start-up grace, not the hang timeout.
-        startup_limit = max(self.startup_grace_s, self.health.hang_timeout_s)
-        stalled = [
-            r
-            for r, p in enumerate(self.tracker.ranks)
-            if not p.done
-            and codes[r] is None
-            and (
-                now - p.last_ts > self.health.hang_timeout_s
-                if p.last_ts is not None
-                else now - self.job.started_at > startup_limit
-            )
+    def _supervisor(self) -> Supervisor:
+        """The supervisor of `vigil launch`, on this attempt's ranks: one hang verdict path for both."""
+        hang_timeout = self.health.hang_timeout_s
+        config = SupervisorConfig(
+            hang_timeout_s=hang_timeout,
+            checkpoint_timeout_s=max(600.0, 10 * hang_timeout),
+            startup_grace_s=self.startup_grace_s,
+            flight_recorder=False,
+            job=self.job.spec.name,
+        )
+        procs = dict(enumerate(self.job.processes))
+        logs = {rank: self.job.log_path(rank) for rank in procs}
+        return Supervisor(procs, self.job.probe_dir, config, self.on_event, log_paths=logs)
+
+    def _from_verdict(self, diagnosis: HangDiagnosis) -> Anomaly:
+        """A crash, hang or mismatch verdict as the anomaly the failover policy answers."""
+        fault_type = {"crash": "rank_exit", "hang": "training_hang", "mismatch": "collective_mismatch"}[
+            diagnosis.verdict
         ]
-        if stalled:
-            # A rank behind all others is the culprit: the rest wait for it in a collective. When
-            # several stopped at the same step, their stacks tell: the culprit is the one not inside
-            # a collective. If that is unclear too, the job is blamed and no device is excluded.
-            steps = {r: p.last_step for r, p in enumerate(self.tracker.ranks)}
-            lowest = min(steps.values())
-            behind = [r for r, step in steps.items() if step == lowest]
-            if len(behind) > 1:
-                behind = culprits_from_stacks({r: self.job.processes[r].pid for r in behind}) or behind
-            culprit = behind[0] if len(behind) == 1 else None
-            where = (
-                f"rank {culprit} stuck after step {lowest}" if culprit is not None else f"all ranks at step {lowest}"
-            )
-            return self._anomaly("training_hang", culprit, f"no progress for {self.health.hang_timeout_s:g}s; {where}")
-        return None
+        # One culprit is a rank to move off its device; several (or none) blame the job.
+        rank = diagnosis.culprit_ranks[0] if len(diagnosis.culprit_ranks) == 1 else None
+        code = next((row.exit_code for row in diagnosis.ranks if row.rank == rank), None)
+        return self._anomaly(
+            fault_type, rank, diagnosis.summary, verdict=diagnosis.verdict, hang_kind=diagnosis.hang_kind,
+            culprit_ranks=diagnosis.culprit_ranks, code=code, diagnosis=str(self.job.probe_dir / "diagnosis.json"),
+        )
 
     def _health(self, fired: set[str]) -> Anomaly | None:
         now = time.time()
@@ -481,3 +400,52 @@ class FailoverSupervisor:
             },
         )
         return self.remediator.execute(action)
+
+
+def run_job(
+    spec_path: Path, out_dir: Path, *, db_url: str | None = None, console: Console | None = None
+) -> FailoverReport:
+    """`vigil launch job job.yaml`: run a TrainingJob spec under the failover supervisor.
+
+    The spec's failoverPolicy decides what a crash or hang leads to (restart from the latest
+    checkpoint, migrate the failed rank to a spare device, or alert and stop), its healthCheck which
+    metric conditions raise an alert or a restart; every action lands in the audit log."""
+    spec = load_jobspec(spec_path)
+    console = console or Console(stderr=True)
+    job = LocalJob(spec, out_dir)
+    with console.status(f"running {spec.name}: {spec.spec.replicas} ranks") as status:
+
+        def on_event(message: str) -> None:
+            console.log(message)
+            status.update(message)
+
+        return FailoverSupervisor(job, AuditLog(db_url), on_event=on_event).run()
+
+
+def report_json(report: FailoverReport) -> str:
+    return json.dumps(
+        {
+            "job": report.job,
+            "succeeded": report.succeeded,
+            "attempts": report.attempts,
+            "detail": report.detail,
+            "anomalies": [a.model_dump(mode="json") for a in report.anomalies],
+            "actions": [a.model_dump(mode="json") for a in report.actions],
+            "recoveries": report.recoveries,
+        },
+        indent=2,
+    )
+
+
+def print_report(report: FailoverReport, console: Console) -> None:
+    style = "green" if report.succeeded else "bold red"
+    console.print(
+        f"[{style}]{report.job}: {'finished' if report.succeeded else 'failed'}[/] after "
+        f"{report.attempts} attempt(s): {report.detail}"
+    )
+    for anomaly, action in zip(report.anomalies, report.actions, strict=False):
+        console.print(
+            f"  {anomaly.fault_type} on {anomaly.entity} -> {action.kind.value} [{action.status.value}] {action.result}"
+        )
+    for recovery in report.recoveries:
+        console.print(f"  resumed training {recovery['resumed'] - recovery['detected']:.1f}s after detection")

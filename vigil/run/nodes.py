@@ -1,0 +1,123 @@
+"""Several nodes, one verdict: the supervisors of a multi-node job meet in the shared run directory.
+
+Each node runs its own ranks and its own supervisor (``vigil launch --nnodes N --node-rank I``); the
+probes of every rank already write their records to the shared directory. On top of that each
+supervisor publishes ``node<I>.json`` (its host and its ranks' pids and exit codes), so every node sees
+the whole job: an exit on one node is a crash for all. The first supervisor to reach a verdict claims
+it (``verdict.claim``, created exclusively); the others then read their own ranks' stacks with py-spy
+(it only reaches local processes), leave them in ``stacks.node<I>.json``, stop their ranks and wait
+for the claimer's ``diagnosis.json``, which names the culprit across nodes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vigil.sources.probe.records import write_json_atomic
+
+CLAIM_FILE = "verdict.claim"
+NODE_PATTERN = "node{node}.json"
+NODE_STACKS_PATTERN = "stacks.node{node}.json"
+
+
+@dataclass
+class NodeGroup:
+    """This node's place in a job of ``nnodes`` nodes sharing ``out_dir``."""
+
+    out_dir: Path
+    nnodes: int
+    node_rank: int
+
+    @property
+    def claim_path(self) -> Path:
+        return self.out_dir / CLAIM_FILE
+
+    def publish(self, pids: dict[int, int], exit_codes: dict[int, int | None], exit_times: dict[int, float],
+                final: bool = False, stopped: set[int] | None = None) -> None:
+        payload = {
+            "node_rank": self.node_rank,
+            "host": socket.gethostname(),
+            "heartbeat": time.time(),
+            "final": final,
+            "stopped": sorted(stopped or ()),
+            "ranks": {str(r): {"pid": pid, "exit_code": exit_codes.get(r), "exit_time": exit_times.get(r)}
+                      for r, pid in pids.items()},
+        }
+        write_json_atomic(self.out_dir / NODE_PATTERN.format(node=self.node_rank), json.dumps(payload))
+
+    def peers(self) -> dict[int, dict[str, Any]]:
+        """Every other node's last published state, by node rank."""
+        nodes = {}
+        for node in range(self.nnodes):
+            if node == self.node_rank:
+                continue
+            path = self.out_dir / NODE_PATTERN.format(node=node)
+            with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
+                nodes[node] = json.loads(path.read_text())
+        return nodes
+
+    def remote_exits(self) -> tuple[dict[int, int | None], dict[int, float]]:
+        codes: dict[int, int | None] = {}
+        times: dict[int, float] = {}
+        for node in self.peers().values():
+            for rank, state in node.get("ranks", {}).items():
+                codes[int(rank)] = state.get("exit_code")
+                if state.get("exit_time") is not None:
+                    times[int(rank)] = float(state["exit_time"])
+        return codes, times
+
+    def remote_stopped(self) -> set[int]:
+        """Ranks the other nodes' supervisors stopped (their signal exit is not a crash)."""
+        return {int(r) for node in self.peers().values() for r in node.get("stopped", [])}
+
+    def claimer(self) -> int | None:
+        with contextlib.suppress(json.JSONDecodeError, FileNotFoundError, KeyError):
+            return int(json.loads(self.claim_path.read_text())["node_rank"])
+        return None
+
+    def all_final(self) -> bool:
+        """Every other node has stopped its ranks and published their last exit codes."""
+        peers = self.peers()
+        return len(peers) == self.nnodes - 1 and all(p.get("final") for p in peers.values())
+
+    def claim(self, trigger: str) -> bool:
+        """True for the one node that reports this verdict."""
+        try:
+            fd = os.open(self.claim_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as out:
+            json.dump({"node_rank": self.node_rank, "trigger": trigger, "ts": time.time()}, out)
+        return True
+
+    def claimed_by_other(self) -> bool:
+        if not self.claim_path.exists():
+            return False
+        # A claim still being written belongs to another node: this one only claims through claim().
+        return self.claimer() != self.node_rank
+
+    def write_stacks(self, stacks: dict[int, dict[str, list[str]]]) -> None:
+        payload = {str(r): {"threads": t} for r, t in stacks.items()}
+        write_json_atomic(self.out_dir / NODE_STACKS_PATTERN.format(node=self.node_rank), json.dumps(payload))
+
+    def read_stacks(self) -> dict[int, dict[str, list[str]]]:
+        stacks: dict[int, dict[str, list[str]]] = {}
+        for node in range(self.nnodes):
+            path = self.out_dir / NODE_STACKS_PATTERN.format(node=node)
+            if node == self.node_rank or not path.exists():
+                continue
+            with contextlib.suppress(json.JSONDecodeError):
+                for rank, entry in json.loads(path.read_text()).items():
+                    stacks[int(rank)] = {str(k): list(v) for k, v in entry["threads"].items()}
+        return stacks
+
+    def stacks_in(self) -> bool:
+        return all((self.out_dir / NODE_STACKS_PATTERN.format(node=n)).exists()
+                   for n in range(self.nnodes) if n != self.node_rank)
