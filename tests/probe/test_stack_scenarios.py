@@ -80,6 +80,9 @@ def test_native_call_holding_the_gil_under_ddp(tmp_path: Path) -> None:
     assert diagnosis.verdict == "hang"
     assert diagnosis.culprit_ranks == [2]
     assert any("holds the GIL" in e.summary for e in diagnosis.evidence)
+    # py-spy --native: the C frames it is stuck in (libc's sleep, called through ctypes' libffi).
+    [native] = [e for e in diagnosis.evidence if "inside native code" in e.summary]
+    assert any(frame.startswith(("sleep", "clock_nanosleep", "nanosleep")) for frame in native.attrs["native_frames"])
 
 
 def test_job_spec_launch_gets_the_same_hang_verdict(tmp_path: Path) -> None:

@@ -65,6 +65,8 @@ class RunEvidence:
     heartbeat_ages: dict[int, float] = field(default_factory=dict)
     hang_timeout_s: float = 10.0
     job: str = "local"
+    # rank -> innermost C / C++ frames (py-spy --native) of a rank frozen inside native code
+    native: dict[int, list[str]] = field(default_factory=dict)
 
     def ops_by_rank(self) -> dict[int, list[OpRecord]]:
         return {rank: snap.ops for rank, snap in self.snapshots.items()}
@@ -329,6 +331,10 @@ def _add_rank_evidence(run: RunEvidence, diag: HangDiagnosis) -> None:
                 run, rank,
                 f"rank {rank}'s probe heartbeat stopped {age:.1f} s before the verdict: the process "
                 "holds the GIL (stuck in C code) or is frozen", heartbeat_age_s=age))
+        native = run.native.get(rank)
+        if native:
+            diag.evidence.append(_evidence(
+                run, rank, f"rank {rank} is inside native code: " + " <- ".join(native), native_frames=native))
         threads = run.stacks.get(rank)
         others = [t for r, t in run.stacks.items() if r not in diag.culprit_ranks]
         only_here = sorted(name for name in threads or {} if others and all(name not in t for t in others))
@@ -404,6 +410,7 @@ def load_run(directory: Path) -> RunEvidence:
         heartbeat_ages={int(k): float(v) for k, v in meta.get("heartbeat_ages", {}).items()} or heartbeat_ages,
         hang_timeout_s=float(meta.get("hang_timeout_s", 10.0)),
         job=str(meta.get("job", "local")),
+        native={int(k): [str(f) for f in v] for k, v in meta.get("native_frames", {}).items()},
     )
 
 

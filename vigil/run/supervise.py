@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vigil.detect.hang import HangTrigger
-from vigil.diagnose.hang import HangDiagnosis, RunEvidence, diagnose, write_diagnosis
+from vigil.diagnose.hang import STALE_HEARTBEAT_S, HangDiagnosis, RunEvidence, diagnose, write_diagnosis
 from vigil.diagnose.stacks import RankStacks, from_pyspy, from_python_stacks
 from vigil.diagnose.straggler import find_straggler
 from vigil.diagnose.timeline import write_timeline
 from vigil.model import VigilInputError
 from vigil.run.nodes import NodeGroup
-from vigil.sources.probe.pyspy import dump_all
+from vigil.sources.probe.pyspy import dump_all, native_frames
 from vigil.sources.probe.records import (
     DIAGNOSIS_FILE,
     DUMP_REQUEST_FILE,
@@ -182,10 +182,12 @@ class Supervisor:
         heartbeat_ages = {
             r: max(0.0, now - s.heartbeat) for r, s in self.snapshots.items() if self.exit_codes.get(r) is None
         }
+        native: dict[int, list[str]] = {}
         if alive:
             (self.out_dir / DUMP_REQUEST_FILE).touch()
             if trigger in ("hang", "mismatch"):
                 stacks, stack_source = self._pyspy(alive)
+                native = self._native(alive, heartbeat_ages)
             self._wait_for_probe_evidence(alive, heartbeat_ages)
         if self.nodes is not None:
             stacks.update(self._gather_nodes())
@@ -212,6 +214,7 @@ class Supervisor:
             heartbeat_ages=heartbeat_ages,
             hang_timeout_s=self.config.hang_timeout_s,
             job=self.config.job,
+            native=native,
         )
         diag = diagnose(evidence)
         self._write(evidence, diag)
@@ -224,6 +227,14 @@ class Supervisor:
             self.on_event(f"rank {rank}: {error}")
         stacks = {r: from_pyspy(d) for r, d in dumps.dumps.items()}
         return stacks, "py-spy" if stacks else "none"
+
+    def _native(self, alive: dict[int, int], heartbeat_ages: dict[int, float]) -> dict[int, list[str]]:
+        """C / C++ frames of the ranks whose probe froze: they hold the GIL inside native code."""
+        frozen = {r: pid for r, pid in alive.items() if heartbeat_ages.get(r, 0.0) > STALE_HEARTBEAT_S}
+        if not frozen:
+            return {}
+        dumps = dump_all(frozen, self.config.pyspy_timeout_s, native=True)
+        return {r: frames for r, d in dumps.dumps.items() if (frames := native_frames(d))}
 
     def _gather_nodes(self) -> RankStacks:
         """The claimer waits for the other nodes' stacks of their own ranks and their final exit codes."""
@@ -305,6 +316,7 @@ class Supervisor:
             "heartbeat_ages": evidence.heartbeat_ages,
             "hang_timeout_s": self.config.hang_timeout_s,
             "stack_source": evidence.stack_source,
+            "native_frames": evidence.native,
         }
         (self.out_dir / RUN_FILE).write_text(json.dumps(meta, indent=1))
         write_diagnosis(self.out_dir, diag)

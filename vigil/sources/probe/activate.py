@@ -10,6 +10,7 @@ from pathlib import Path
 from types import TracebackType
 
 from vigil.model import VigilInputError
+from vigil.sources.probe.otel import tracer_from_env
 from vigil.sources.probe.probe import DEFAULT_HANG_TIMEOUT_S, Probe
 
 ENV_DIR = "VIGIL_PROBE_DIR"
@@ -59,6 +60,10 @@ def install_probe(out_dir: str | Path | None = None, hang_timeout_s: float | Non
     )
     install_hooks(probe)
     _chain_excepthooks(probe)
+    traced = tracer_from_env(os.environ.get("VIGIL_JOB"), probe.rank)
+    if traced is not None:
+        probe.step_tracer, provider = traced
+        atexit.register(provider.shutdown)  # registered first, runs last: the final spans are flushed
     atexit.register(probe.stop)
     probe.write_snapshot()
     probe.start_watchdog()

@@ -327,6 +327,8 @@ def _mark_forward(probe: Probe) -> Callable[..., None]:
     def hook(module: torch.nn.Module, inputs: Any) -> None:
         if module.training and torch.is_grad_enabled():
             probe.compute_begin()
+            if probe.step_batch is None and inputs and isinstance(inputs[0], torch.Tensor) and inputs[0].dim():
+                probe.note_batch(int(inputs[0].shape[0]), str(inputs[0].device))
         else:
             probe.eval_begin()
 

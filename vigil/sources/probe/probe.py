@@ -71,6 +71,9 @@ class Probe:
         self.last_step: float | None = None
         self.step_times: deque[float] = deque(maxlen=64)
         self.error: dict[str, Any] | None = None
+        # OpenTelemetry step spans (vigil.sources.probe.otel), when an endpoint is configured.
+        self.step_tracer: Any = None
+        self.step_batch: tuple[int, str] | None = None
         self.stalled = False
         self.stacks: list[dict[str, Any]] = []
         self.finished = False
@@ -217,7 +220,16 @@ class Probe:
         if self.last_step is not None:
             self.step_times.append(now - self.last_step)
         self.steps += 1
+        if self.step_tracer is not None:
+            batch, device = self.step_batch or (None, None)
+            self.step_tracer.record(self.steps, self.last_step or self.started, now, batch, device)
+        self.step_batch = None
         self.last_step = now
+
+    def note_batch(self, batch_size: int, device: str) -> None:
+        """The batch of the step's first forward: what its span reports."""
+        if self.step_batch is None:
+            self.step_batch = (batch_size, device)
 
     def set_activity(self, kind: str, name: str = "") -> None:
         self.activity = {"kind": kind, "name": name, "since": time.time()}
@@ -231,6 +243,9 @@ class Probe:
             "message": str(exc)[:2000],
             "traceback": "".join(traceback.format_exception(exc_type, exc, tb))[-6000:],
         }
+        if self.step_tracer is not None:
+            batch, device = self.step_batch or (None, None)
+            self.step_tracer.record(self.steps + 1, self.last_step or self.started, time.time(), batch, device, exc)
         self.write_snapshot()
 
     # ----------------------------------------------------------------- snapshot

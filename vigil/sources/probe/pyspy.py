@@ -27,11 +27,12 @@ def find_pyspy() -> str | None:
     return shutil.which("py-spy")
 
 
-def dump_one(pyspy: str, pid: int, timeout_s: float) -> list[dict[str, Any]]:
-    """One process; raises RuntimeError with py-spy's own first line when it cannot attach."""
+def dump_one(pyspy: str, pid: int, timeout_s: float, native: bool = False) -> list[dict[str, Any]]:
+    """One process; raises RuntimeError with py-spy's own first line when it cannot attach.
+    ``native``: C / C++ frames too (``--native``), for a rank stuck inside an extension."""
     try:
         proc = subprocess.run(
-            [pyspy, "dump", "--pid", str(pid), "--json"],
+            [pyspy, "dump", "--pid", str(pid), "--json", *(["--native"] if native else [])],
             capture_output=True,
             text=True,
             timeout=timeout_s,
@@ -49,7 +50,7 @@ def dump_one(pyspy: str, pid: int, timeout_s: float) -> list[dict[str, Any]]:
     return data
 
 
-def dump_all(pids: dict[int, int], timeout_s: float = 10.0) -> StackDumps:
+def dump_all(pids: dict[int, int], timeout_s: float = 10.0, native: bool = False) -> StackDumps:
     """Dump every rank in parallel; failures are recorded per rank, never raised."""
     result = StackDumps()
     pyspy = find_pyspy()
@@ -60,7 +61,7 @@ def dump_all(pids: dict[int, int], timeout_s: float = 10.0) -> StackDumps:
     def one(item: tuple[int, int]) -> tuple[int, list[dict[str, Any]] | str]:
         rank, pid = item
         try:
-            return rank, dump_one(pyspy, pid, timeout_s)
+            return rank, dump_one(pyspy, pid, timeout_s, native)
         except (RuntimeError, json.JSONDecodeError, OSError) as err:
             return rank, str(err)
 
@@ -71,3 +72,16 @@ def dump_all(pids: dict[int, int], timeout_s: float = 10.0) -> StackDumps:
             else:
                 result.dumps[rank] = outcome
     return result
+
+
+def native_frames(dump: list[dict[str, Any]], limit: int = 8) -> list[str]:
+    """The main thread's innermost frames outside Python source, from a ``--native`` dump:
+    ``"name (library)"``, innermost first."""
+    main = next((t for t in dump if t.get("os_thread_id") == t.get("pid")), dump[0] if dump else None)
+    frames = []
+    for frame in (main or {}).get("frames", []):
+        filename = str(frame.get("filename", ""))
+        if filename.endswith(".py"):
+            break
+        frames.append(f"{frame.get('name', '?')} ({frame.get('short_filename') or Path(filename).name})")
+    return frames[:limit]
