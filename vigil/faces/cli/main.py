@@ -29,6 +29,7 @@ from vigil.faces.cli.runs import app as runs_app
 from vigil.faces.cli.serve import mcp, serve
 from vigil.faces.cli.timeline import timeline_command
 from vigil.faces.cli.users import app as users_app
+from vigil.faces.cli.waste import waste
 from vigil.model import VigilInputError
 
 app = typer.Typer(
@@ -77,6 +78,7 @@ app.command("precheck")(precheck_command)
 app.command("inspect")(inspect_command)
 app.add_typer(checkpoint_app, name="checkpoint")
 app.command("du")(du)
+app.command("waste")(waste)
 app.add_typer(runs_app, name="runs")
 # interfaces
 app.command("serve")(serve)
