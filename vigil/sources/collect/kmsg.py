@@ -31,6 +31,7 @@ from pathlib import Path
 
 import psutil
 
+from vigil.knowledge.signatures import signature_library
 from vigil.knowledge.xid import parse_xid_line, xid_info
 from vigil.model import Event, FaultLevel, gpu_id, nic_id, node_id
 from vigil.sources.collect.base import Collection, ProblemLog, Source, default_node_name
@@ -47,18 +48,17 @@ _DMESG_ISO = re.compile(
 )
 _SYSLOG = re.compile(r"^(?P<when>[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d) \S+ kernel: (?:\[\s*\d+\.\d+\] )?(?P<msg>.*)$")
 
+# THE log-signature library's kernel entries, where the decoder and log triage read the same lines.
+_LIBRARY = {s.id: s.regex for s in signature_library()}
+
 # Kernel messages other than Xids, as (pattern, signature, level): each becomes an Event of kind "kernel"
 # with ``attrs.signature``, the vocabulary the rule detector (vigil/detect/rules.py KERNEL_FAULTS) reads.
 KERNEL_PATTERNS: list[tuple[re.Pattern[str], str, FaultLevel]] = [
-    (
-        re.compile(r"NVRM: GPU (?:at PCI:)?(?P<pci>[0-9a-fA-F:.]+):? GPU has fallen off the bus"),
-        "gpu_fallen_off_bus",
-        FaultLevel.ISOLATE,
-    ),
+    (_LIBRARY["nvrm.fallen_off_bus"], "gpu_fallen_off_bus", FaultLevel.ISOLATE),
     (re.compile(r"SXid \(PCI:(?P<pci>[0-9a-fA-F:.]+)\): (?P<code>\d+)"), "nvswitch_sxid", FaultLevel.DEGRADED),
     (re.compile(r"mce: \[Hardware Error\]"), "mce", FaultLevel.DRAIN),
     (re.compile(r"[Rr]emounting filesystem read-only"), "fs_readonly", FaultLevel.DRAIN),
-    (re.compile(r"mlx5_core (?P<nic_pci>[0-9a-fA-F:.]+) \S+: Link down"), "mlx5_link_down", FaultLevel.ISOLATE),
+    (_LIBRARY["kernel.nic_link_down"], "mlx5_link_down", FaultLevel.ISOLATE),
     (
         re.compile(r"mlx5_core (?P<nic_pci>[0-9a-fA-F:.]+): .*(?:health compromised|internal error|unrecoverable)"),
         "mlx5_health",
@@ -70,7 +70,7 @@ KERNEL_PATTERNS: list[tuple[re.Pattern[str], str, FaultLevel]] = [
         "rnic_gid_error",
         FaultLevel.DRAIN,
     ),
-    (re.compile(r"Out of memory: Killed process|oom-kill:"), "oom_kill", FaultLevel.OBSERVE),
+    (_LIBRARY["kernel.oom_kill"], "oom_kill", FaultLevel.OBSERVE),
     (
         re.compile(r"segfault at \S+ ip \S+ sp \S+ error \d+ in (?P<lib>libnccl|libcuda|libcudart)"),
         "segfault",
