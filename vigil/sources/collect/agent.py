@@ -27,7 +27,8 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 import httpx
 from prometheus_client import CollectorRegistry, start_http_server
@@ -39,9 +40,14 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from vigil.model import Event, FaultLevel, Gpu, Nic, Node, Sample, VigilInputError, parse_entity
 from vigil.sources.collect.base import Collection, Point, Source, default_node_name
-
-if TYPE_CHECKING:
-    from vigil.sources.collect.local_store import AgentStore
+from vigil.sources.collect.dcgm import DcgmExporterScraper
+from vigil.sources.collect.host import CpuMeter, HostCollector
+from vigil.sources.collect.infiniband import InfinibandCollector
+from vigil.sources.collect.kmsg import KernelLogSource
+from vigil.sources.collect.kube import KubernetesSource, in_cluster
+from vigil.sources.collect.local_store import AgentStore
+from vigil.sources.collect.nvml import NvmlCollector
+from vigil.store.retention import RetentionPolicy
 
 log = logging.getLogger("vigil.agent")
 
@@ -240,8 +246,6 @@ class Agent:
             for s in sources
         ]
         if cpu_ratio is None:
-            from vigil.sources.collect.host import CpuMeter
-
             cpu_ratio = CpuMeter().ratio
         self._cpu_ratio = cpu_ratio
         self.cpu_last = 0.0
@@ -259,11 +263,6 @@ class Agent:
         self.store: AgentStore | None = None
         self._next_record = 0.0
         if self.settings.store:
-            from pathlib import Path
-
-            from vigil.sources.collect.local_store import AgentStore
-            from vigil.store.retention import RetentionPolicy
-
             policy = RetentionPolicy(
                 self.settings.raw_retention_s, self.settings.aggregate_retention_s, self.settings.aggregate_step_s
             )
@@ -489,15 +488,6 @@ class Agent:
 
 def build_sources(settings: AgentSettings) -> list[Source]:
     """Every source this node can have; each one says in its status when its device or service is absent."""
-    from pathlib import Path
-
-    from vigil.sources.collect.dcgm import DcgmExporterScraper
-    from vigil.sources.collect.host import HostCollector
-    from vigil.sources.collect.infiniband import InfinibandCollector
-    from vigil.sources.collect.kmsg import KernelLogSource
-    from vigil.sources.collect.kube import KubernetesSource, in_cluster
-    from vigil.sources.collect.nvml import NvmlCollector
-
     node = settings.node or default_node_name()
     gpus = NvmlCollector(node=node)
     nics = InfinibandCollector(node=node)
