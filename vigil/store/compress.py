@@ -32,7 +32,8 @@ _DTYPES = (np.dtype("float64"), np.dtype("float32"), np.dtype("int64"))
 _HEADER = struct.Struct("<2sBBBI")  # magic, codec, dtype, decimal scale, count
 _SAMPLE_FOR_CHOICE = 512
 _MAX_SCALE = 6
-_INT_LIMIT = 2**62
+# |value| < 2**61 keeps |delta| < 2**62 and |delta of delta| < 2**63, so each zig-zags into the 64 bits it is given.
+_INT_LIMIT = 2**61
 
 
 # --------------------------------------------------------------------------- bit streams
@@ -96,6 +97,8 @@ def _unzigzag(z: int) -> int:
 def _as_integers(values: np.ndarray) -> tuple[np.ndarray, int] | None:
     """The series as int64 times 10**scale if that round-trips exactly (bit for bit), else None."""
     if values.dtype == np.int64:
+        if values.size and (values.min() <= -_INT_LIMIT or values.max() >= _INT_LIMIT):
+            return None
         return values, 0
     if values.size == 0:
         return values.astype(np.int64), 0
