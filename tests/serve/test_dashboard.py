@@ -11,7 +11,7 @@ import pytest
 
 from tests.serve.conftest import ARTIFACTS, STRAGGLER_RANK, TOKEN, SimCluster, serve_in_thread
 from vigil.faces.api.app import create_app
-from vigil.model import ActionStatus, FaultLevel
+from vigil.model import ActionStatus, FaultLevel, IncidentStatus
 from vigil.remedy.lifecycle import LifecycleStore, Trigger
 
 pytestmark = pytest.mark.slow
@@ -168,3 +168,19 @@ def test_api_docs_page_is_served_from_the_package(page: Any, site: str) -> None:
     approve = page.locator("tr.endpoint", has_text="/api/v1/actions/{action_id}/approve")
     assert "token" in approve.inner_text()
     shot(page, "docs")
+
+
+def test_acknowledge_is_recorded_with_who_did_it(page: Any, site: str, cluster: SimCluster) -> None:
+    incident = next(i for i in cluster.result.incidents if cluster.store.incident(i.id).status.value == "open")
+    page.goto(f"{site}/incidents/{incident.id}")
+    page.fill("#token", TOKEN)
+    page.click("#token-form button")
+    try:
+        with page.expect_navigation():
+            page.locator('button.set-status[data-status="acknowledged"]').click()
+        assert page.locator("#incident-status").inner_text() == "acknowledged"
+        assert cluster.store.incident(incident.id).status.value == "acknowledged"
+        change = page.locator("table.status-changes tbody tr").last
+        assert "open → acknowledged" in change.inner_text() and change.locator("td.who").inner_text()
+    finally:  # the session's cluster is shared: leave the incident as the other tests expect it
+        cluster.store.set_incident_status(incident.id, IncidentStatus.OPEN, "test")

@@ -158,9 +158,16 @@ def incident_detail(request: Request, incident_id: str) -> HTMLResponse:
         )
     )
     timeline = svg.evidence_timeline(evidence, incident.start, incident.end)
+    # Who acknowledged or resolved it: the store records each status change as an event on the scope.
+    status_changes = [
+        e
+        for e in ctx.store.events(entity=incident.scope, kind="incident_status", limit=10_000)
+        if e.attrs.get("incident_id") == incident.id
+    ]
     return _page(
         request,
         "incident.html",
+        status_changes=status_changes,
         incident=incident,
         diagnosis=diagnosis,
         diagnosis_error=diagnosis_error,

@@ -1,4 +1,5 @@
-// Approve / execute / propose / diagnose buttons: the only writes the dashboard makes, each with the saved API token.
+// Approve / execute / propose / diagnose / acknowledge / resolve buttons: the only writes the dashboard makes,
+// each with the saved API token.
 "use strict";
 
 function vigilToken() {
@@ -33,7 +34,8 @@ function vigilShow(text, isError) {
 }
 
 document.addEventListener("click", async (event) => {
-  const button = event.target.closest("button.approve, button.execute, button.propose, button.diagnose");
+  const button = event.target.closest(
+    "button.approve, button.execute, button.propose, button.diagnose, button.set-status");
   if (!button) { return; }
   button.disabled = true;
   try {
@@ -43,6 +45,10 @@ document.addEventListener("click", async (event) => {
     } else if (button.classList.contains("execute")) {
       const action = await vigilPost("/api/v1/actions/" + button.dataset.action + "/execute?dry_run=true");
       vigilShow(action.result, false);
+    } else if (button.classList.contains("set-status")) {
+      const incident = await vigilPost("/api/v1/incidents/" + button.dataset.incident + "/status",
+        {status: button.dataset.status});
+      vigilShow(incident.id + " " + incident.status, false);
     } else if (button.classList.contains("diagnose")) {
       const diagnosis = await vigilPost("/api/v1/incidents/" + button.dataset.incident + "/diagnose");
       vigilShow("diagnosed: " + diagnosis.summary, false);
