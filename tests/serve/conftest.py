@@ -242,9 +242,10 @@ def cluster_10k(tmp_path_factory: pytest.TempPathFactory) -> BigCluster:
     return BigCluster(run, store, result.metrics, home)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    """Debian's Chromium, headless, driven by Playwright; one per test session."""
+    """Debian's Chromium, headless, driven by Playwright; one per test module, since Playwright's sync API
+    holds an event loop on the main thread while it runs and later modules run their own (asyncio.run)."""
     chromium = require_binary("/usr/bin/chromium")
     from playwright.sync_api import sync_playwright
 

@@ -114,9 +114,13 @@ def test_job_view_highlights_the_straggler_rank(page: Any, site: str, cluster: S
 
 def test_hang_view_marks_fork_point_and_culprit_link(page: Any, site: str) -> None:
     page.goto(f"{site}/hangs/hang_run")
-    assert page.locator("li.fork-point > .frame-text").inner_text() == "train_step (train.py:40)"
+    # The report's typed fork point is the culprit's first frame off the majority's path, under train_step.
+    fork = page.locator("li.fork-point")
+    assert fork.locator("> .frame-text").inner_text() == "load_batch (data.py:12)"
+    assert "culprit" in (fork.get_attribute("class") or "")
+    assert page.locator("li.frame", has=fork).locator("> .frame-text").last.inner_text() == "train_step (train.py:40)"
     culprit_path = page.locator("li.fork-point li.culprit > .frame-text")
-    assert culprit_path.count() == 2 and culprit_path.first.inner_text().startswith("load_batch")
+    assert culprit_path.count() == 1 and culprit_path.first.inner_text() == "read (fs.py:201)"
     assert page.locator("li.frame.culprit", has_text="all_reduce").count() == 0
     assert page.locator("svg.ring line.link.culprit").get_attribute("data-link") == "5-6"
     assert page.locator("svg.ring circle.rank.culprit").get_attribute("data-rank") == "5"
