@@ -158,3 +158,28 @@ def test_rank_comes_from_torchrun_or_slurm_variables(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("RANK", "two")
     with pytest.raises(VigilInputError, match="RANK='two' is not an integer"):
         _env_int(RANK_VARS, 0)
+
+
+def test_ddp_collectives_are_seen_and_an_earlier_user_hook_is_kept(tmp_path: Path) -> None:
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    probe = Probe(rank=0, world_size=1, out_dir=tmp_path, hang_timeout_s=5.0)
+    try:
+        # Registered before the probe is installed: DDP refuses a second hook, the probe must not break the job.
+        early = DistributedDataParallel(torch.nn.Linear(4, 2))
+        early.register_comm_hook(None, allreduce_hook)
+        builtin = DistributedDataParallel(torch.nn.Linear(4, 2))
+        builtin._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
+        install_hooks(probe)
+        plain = DistributedDataParallel(torch.nn.Linear(4, 2))
+        for model in (early, builtin, plain):
+            model(torch.ones(3, 4)).sum().backward()
+        # The probe's hook on the plain model and the user's Python hook both pass through the wrappers;
+        # the built-in C++ hook does not.
+        ops = [op for op in probe.ring.tail(10) if op.op == "all_reduce"]
+        assert len(ops) == 2 and all(op.state == "completed" and op.is_async for op in ops)
+    finally:
+        uninstall_hooks()
+        dist.destroy_process_group()

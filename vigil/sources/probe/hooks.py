@@ -14,6 +14,7 @@ work's future (or its wait) gives the exact end.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 from collections.abc import Callable
@@ -344,9 +345,12 @@ def _wrap_ddp_forward(original: Callable[..., Any]) -> Callable[..., Any]:
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not getattr(self, "_vigil_hooked", False):
             self._vigil_hooked = True
-            reducer = getattr(self, "reducer", None)
-            if reducer is not None and not getattr(self, "_vigil_user_hook", False):
-                self.register_comm_hook(self.process_group, allreduce_hook)
+            user_hook = getattr(self, "_vigil_user_hook", False) or bool(getattr(self, "_comm_hooks", None))
+            if getattr(self, "reducer", None) is not None and not user_hook:
+                # A hook registered before the probe was installed (a built-in one leaves no trace in
+                # Python) makes DDP refuse a second: the user's hook stays, the job never breaks.
+                with contextlib.suppress(RuntimeError):
+                    self.register_comm_hook(self.process_group, allreduce_hook)
         return original(self, *args, **kwargs)
 
     return forward
