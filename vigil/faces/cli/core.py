@@ -24,6 +24,7 @@ console = SafeConsole()
 LEVEL_STYLE = {FaultLevel.HEALTHY: "green", FaultLevel.OBSERVE: "cyan", FaultLevel.DEGRADED: "yellow",
                FaultLevel.DRAIN: "dark_orange", FaultLevel.ISOLATE: "bold red"}
 DEMO_MARKER = "DEMO"
+MAX_SIM_MINUTES = 7 * 24 * 60  # a week of simulated time; longer runs are a typo, not a plan
 
 
 def _progress(enabled: bool) -> Progress:
@@ -35,8 +36,9 @@ def _sim_config(nodes: int, gpus: int, minutes: float, seed: int) -> SimConfig:
     """Every number checked before anything is written (``nan`` and ``inf`` pass the comparisons)."""
     from vigil.sources.sim import SimConfig
 
-    if not math.isfinite(minutes) or minutes <= 0:
-        raise VigilInputError(f"--minutes must be a positive number of simulated minutes, not {minutes}")
+    if not math.isfinite(minutes) or not 0 < minutes <= MAX_SIM_MINUTES:
+        raise VigilInputError(f"--minutes must be a number of simulated minutes in (0, {MAX_SIM_MINUTES}], "
+                              f"not {minutes}")
     config = SimConfig(nodes=nodes, gpus=gpus, minutes=minutes, seed=seed)
     config.validate()
     return config
@@ -45,6 +47,9 @@ def _sim_config(nodes: int, gpus: int, minutes: float, seed: int) -> SimConfig:
 def _directory_option(path: Path, option: str) -> Path:
     if path.exists() and not path.is_dir():
         raise VigilInputError(f"{option} {path} is a file; expected a directory")
+    blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise VigilInputError(f"{option} {path}: {blocker} is a file, so no directory can be made there")
     return path
 
 
