@@ -66,6 +66,10 @@ __all__ = [
 class VigilInputError(ValueError):
     """Bad input from a user or a source; the message is one line naming what was wrong."""
 
+    def __init__(self, message: object = "") -> None:
+        # Messages quote what was read (a pickle's complaint, a key from a file): fold them onto one line.
+        super().__init__(" ".join(str(message).split()))
+
 
 class VigilConflictError(VigilInputError):
     """A create that would replace something already stored (HTTP 409; exit status 2 on the command line)."""
