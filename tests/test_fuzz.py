@@ -314,7 +314,8 @@ numbers = st.one_of(st.sampled_from(["nan", "inf", "-inf", "-1", "0", "1e400", "
 @SOME
 @given(st.sampled_from([
     ["incidents", "--limit"], ["incidents", "--status"], ["nodes", "--unhealthy", "--json", "--limit"],
-    ["demo", "--nodes", "0", "--minutes"], ["demo", "--minutes", "nan", "--nodes"], ["sim", "--out", "/dev/null/x", "--minutes"],
+    ["demo", "--nodes", "0", "--minutes"], ["demo", "--minutes", "nan", "--nodes"],
+    ["sim", "--out", "/dev/null/x", "--minutes"],
     ["launch", "script", "missing.py", "--hang-timeout"], ["launch", "script", "missing.py", "--nproc-per-node"],
     ["remedy", "audit", "--limit"], ["remedy", "act", "cordon"], ["diagnose", "incident"], ["users", "list", "--file"],
 ]), numbers)
