@@ -1,17 +1,19 @@
-"""Benchmark the learned detectors: ASD protocol (b) with an ablation of TCE's parts, simulated GPU faults
-protocol (c) with the full ablation over training seeds, training time and scoring speed. Writes
-bench/results/detect.json (about 25 minutes on 2 cores).
+"""Benchmark the learned detectors: nested leave-machines-out on real servers (ASD omi-1..8, SMD) for TCE and
+every baseline, supervised and unsupervised; simulated GPU faults protocol (c) with the ablation over training
+seeds; training time and scoring speed. Writes bench/results/detect.json.
 
-    .venv/bin/python bench/detect.py [--seeds 0,1,2] [--sim-seeds 0,1,2,3,4] [--only asd|asd-ablation|sim] [--quick]
+    .venv/bin/python bench/detect.py [--only asd|smd|sim] [--detectors tce,gbm,...] [--quick]
 
-Every number comes from this run; baselines run on the same splits with the same threshold rule (best F1 on
-validation data only), so the ratios are what to compare on a shared, noisy machine.
+Real data (``--only asd`` / ``--only smd``, tens of minutes each on 2 cores): the machines are dealt into
+outer folds; every choice (input scaling, TCE's novelty weight and epoch count, every detector's threshold)
+is made on inner folds of the development machines only, and each outer test machine is scored once
+(vigil_eval.detection.nested_leave_machines_out). Every number comes from this run; the spread is over outer
+folds.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import platform
 import time
@@ -21,32 +23,44 @@ from typing import Any
 import numpy as np
 import torch
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from vigil.detect.learned.tce import TCEDetector, TCEEnsemble
+from vigil.detect.learned.tce import TCEDetector
 from vigil.sources.replay import decoded_events
 from vigil.sources.sim.generator import SimConfig, simulate
 from vigil_eval.datasets import load_asd
 from vigil_eval.detection import (
     DETECTORS,
-    calibration_split,
+    SUPERVISED_BASELINES,
+    candidates_for,
     class_report,
-    fleet_split,
-    report_fitted,
-    run_detector,
-    summarise,
+    fold_spread,
+    nested_leave_machines_out,
 )
 from vigil_eval.simdata import GpuCube, gpu_cube, gpu_fault_classes
 
 REPO = Path(__file__).resolve().parents[1]
-ASD = REPO.parent / "shared" / "data" / "asd"
+DATA = REPO.parent / "shared" / "data"
 OUT = REPO / "bench" / "results" / "detect.json"
 console = Console()
 
-ASD_FOLDS = ((["omi-1", "omi-2", "omi-3", "omi-4"], ["omi-5", "omi-6", "omi-7", "omi-8"]),
-             (["omi-5", "omi-6", "omi-7", "omi-8"], ["omi-1", "omi-2", "omi-3", "omi-4"]))
-ASD_TCE = {"history": 288, "recent": 30, "scales": (12, 48), "epochs": 8, "steps_per_epoch": 100, "members": 3}
-SINGLE = "tce (1 model)"
+# Fixed before any fold was scored, never tuned: the window (8 hours of ASD's 5-minute samples, 96 minutes
+# of SMD's 1-minute samples), TCE's size, loss (dynamic weights), one model (no ensemble), window features as
+# its context. Chosen on inner folds: input scaling (fleet / per machine), novelty weight, epochs, thresholds.
+HISTORY = 96
+TCE_REAL = {"history": HISTORY, "recent": 24, "scales": (12, 24), "hidden": 32, "epochs": 5,
+            "steps_per_epoch": 40, "patience": 2, "prototypes": 16, "window_context": True}
+BASELINE_PARAMS: dict[str, dict[str, Any]] = {
+    "gbm": {"history": HISTORY, "recent": 10, "max_iter": 100},
+    "lstm_clf": {"window": 30, "epochs": 3, "steps_per_epoch": 80},
+    "lstm": {"epochs": 3},
+}
+REAL_SETS: dict[str, dict[str, Any]] = {
+    "asd": {"root": DATA / "asd", "outer": 4, "inner": 2, "inner_stride": 2, "normal_stride": 4},
+    "smd": {"root": DATA / "smd", "outer": 4, "inner": 2, "inner_stride": 4, "normal_stride": 8},
+}
+REAL_DETECTORS = ("tce", *SUPERVISED_BASELINES, *[d for d in DETECTORS if d != "tce"])
 SIM_HISTORY = 120
 SIM_TCE = {"history": SIM_HISTORY, "recent": 20, "scales": (10, 40), "epochs": 8, "steps_per_epoch": 100,
            "patience": 3}
@@ -66,127 +80,35 @@ ABLATION: dict[str, dict[str, Any]] = {
 }
 
 
-def member_views(det: TCEDetector) -> list[TCEDetector]:
-    """Each member of a TCE ensemble as a detector of its own: member ``i`` of seed ``s`` is exactly the single
-    model trained with seed ``s * members + i``, so single-model rows cost no extra training."""
-    if not isinstance(det.model_, TCEEnsemble):
-        return [det]
-    views = []
-    for seed, member in zip(det.member_seeds(), det.model_.members, strict=True):
-        view = copy.copy(det)
-        view.model_, view.members, view.seed = member, 1, seed
-        views.append(view)
-    return views
-
-
-def tce_selected_on_held_out(train: Any, val: Any, tests: dict[str, Any], seed: int, classes: list[str],
-                               candidates: list[dict[str, Any]],
-                               tce_split: tuple[Any, Any, Any]) -> tuple[list[dict[str, Any]], float]:
-    """Train one TCE per loss candidate on ``tce_split`` (the last training entity held out) and keep the one
-    whose calibrated score has the best AUC-PR on that held-out entity: the loss is a hyper-parameter of a
-    fleet model, so it is chosen on an entity the model never trained on, never on the test entities. The
-    threshold comes from ``val``, as for every detector. Every candidate's rows are kept under
-    ``tce[<mode>]``; the selected one is ``tce``. The same choice is made for each ensemble member alone:
-    ``tce (1 model)``."""
-    fit_on, stop_on, calibration = tce_split
-    best: tuple[float, list[dict[str, Any]]] | None = None
-    best_single: dict[int, tuple[float, list[dict[str, Any]]]] = {}
+def real_nested(part: str, detectors: list[str], quick: bool, checkpoint: Any = None) -> dict[str, Any]:
+    """Nested leave-machines-out on one real data set, one detector after the other (``checkpoint`` after
+    each, so a run cut short keeps the finished detectors)."""
+    spec = REAL_SETS[part]
+    dataset = load_asd(spec["root"])
     rows: list[dict[str, Any]] = []
-    fit_s = 0.0
-    for params in candidates:
-        det = TCEDetector(seed=seed, **{**ASD_TCE, **params})
-        det.fit(fit_on, validation=stop_on, classes=classes, calibration=calibration)
-        fit_s += det.report_.seconds
-        held_out = det.calibration_[str(det.novelty_weight_)]
-        result, _ = report_fitted(det, "tce", val, tests, seed=seed)
-        tag = f"tce[{params.get('weight_mode', 'dynamic')}]"
-        rows.extend({**r, "detector": tag, "held_out_auc_pr": held_out, "novelty_weight": det.novelty_weight_}
-                    for r in result)
-        if best is None or held_out > best[0]:
-            best = (held_out, result)
-        if det.members == 1:
-            continue
-        for k, view in enumerate(member_views(det)):
-            view.calibrate(calibration)
-            single, _ = report_fitted(view, SINGLE, val, tests, seed=view.seed)
-            member_held_out = view.calibration_[str(view.novelty_weight_)]
-            if k not in best_single or member_held_out > best_single[k][0]:
-                best_single[k] = (member_held_out, single)
-    assert best is not None
-    singles = [r for _, result in best_single.values() for r in result]
-    return rows + [{**r, "selected_by_held_out_entity": True} for r in best[1]] + singles, fit_s
-
-
-def asd_protocol_b(seeds: list[int], candidates: list[dict[str, Any]],
-                   checkpoint: Any = None, folds: list[int] | None = None) -> dict[str, Any]:
-    """Seeds outermost, so a run cut short still holds complete seeds; ``checkpoint(partial)`` after each
-    detector saves what is done."""
-    dataset = load_asd(ASD)
-    rows: list[dict[str, Any]] = []
-    timing: dict[str, list[float]] = {}
-    chosen = folds if folds is not None else list(range(len(ASD_FOLDS)))
-    splits = {k: fleet_split(dataset, *ASD_FOLDS[k], history=ASD_TCE["history"]) for k in chosen}
-    tce_splits = {k: calibration_split(dataset, ASD_FOLDS[k][0], history=ASD_TCE["history"]) for k in chosen}
-    part: dict[str, Any] = {}
-    for seed in seeds:
-        for fold, (train, val, tests) in splits.items():
-            for name in DETECTORS:
-                console.log(f"ASD seed {seed} fold {fold}: {name}")
-                if name == "tce":
-                    result, fit_s = tce_selected_on_held_out(train, val, tests, seed, dataset.classes, candidates,
-                                                               tce_splits[fold])
-                else:
-                    result, times = run_detector(name, train, val, tests, seed=seed, classes=dataset.classes)
-                    fit_s = times["fit_s"]
-                for row in result:
-                    row["fold"] = fold
-                rows.extend(result)
-                timing.setdefault(name, []).append(fit_s)
-                part = asd_summary(rows, timing, candidates)
-                if checkpoint is not None:
-                    checkpoint(part)
-    return part
-
-
-ASD_ABLATION: dict[str, dict[str, Any]] = {
-    "no long-history branch": {"use_history": False},
-    "no normal-context memory": {"prototypes": 0},
-}
-
-
-def asd_ablation(seeds: list[int], checkpoint: Any = None) -> dict[str, Any]:
-    """TCE with dynamic weights minus one part, same folds, seeds and ensemble size as ``tce[dynamic]`` in
-    protocol (b), so the rows compare directly. (ASD has no context features: that part has no row here.)"""
-    dataset = load_asd(ASD)
-    splits = [fleet_split(dataset, *fold, history=ASD_TCE["history"]) for fold in ASD_FOLDS]
-    tce_splits = [calibration_split(dataset, fold[0], history=ASD_TCE["history"]) for fold in ASD_FOLDS]
-    rows: list[dict[str, Any]] = []
-    part: dict[str, Any] = {}
-    for seed in seeds:
-        for fold, (_, val, tests) in enumerate(splits):
-            for label, params in ASD_ABLATION.items():
-                console.log(f"ASD ablation seed {seed} fold {fold}: {label}")
-                fit_on, stop_on, calibration = tce_splits[fold]
-                det = TCEDetector(seed=seed, **{**ASD_TCE, "weight_mode": "dynamic", **params})
-                det.fit(fit_on, validation=stop_on, classes=dataset.classes, calibration=calibration)
-                result, _ = report_fitted(det, f"tce[dynamic] {label}", val, tests, seed=seed)
-                rows.extend({**r, "fold": fold} for r in result)
-                part = {"results": rows, "summary": summarise(rows), "seeds_done": sorted({r["seed"] for r in rows})}
-                if checkpoint is not None:
-                    checkpoint(part)
-    return part
-
-
-def asd_summary(rows: list[dict[str, Any]], timing: dict[str, list[float]],
-                candidates: list[dict[str, Any]]) -> dict[str, Any]:
-    per_seed = {}
-    for seed in sorted({r["seed"] for r in rows if r["detector"] == "tce"}):
-        mine = [r for r in rows if r["detector"] == "tce" and r["seed"] == seed]
-        per_seed[seed] = summarise(mine)["tce"]
-    return {"results": rows, "summary": summarise(rows), "tce_per_seed": per_seed,
-            "seeds_done": sorted({r["seed"] for r in rows if r["detector"] == "tce"}),
-            "fit_seconds": {k: float(np.mean(v)) for k, v in timing.items()},
-            "tce_loss_candidates": candidates}
+    choices: dict[str, list[dict[str, Any]]] = {}
+    seconds: dict[str, float] = {}
+    out: dict[str, Any] = {}
+    for name in detectors:
+        params = dict(TCE_REAL) if name == "tce" else dict(BASELINE_PARAMS.get(name, {}))
+        if quick:
+            params.update({"epochs": 1, "steps_per_epoch": 3} if name in ("tce", "lstm_clf") else {})
+            params.update({"max_iter": 10} if name == "gbm" else {})
+            params.update({"epochs": 1} if name == "lstm" else {})
+        started = time.perf_counter()
+        result = nested_leave_machines_out(
+            dataset, candidates_for(name, params), outer=spec["outer"], inner=spec["inner"], history=HISTORY,
+            seed=0, inner_stride=spec["inner_stride"] * (8 if quick else 1), normal_stride=spec["normal_stride"],
+            log=lambda msg, p=part, n=name: console.log(escape(f"{p} {n}: {msg}")))
+        seconds[name] = time.perf_counter() - started
+        rows.extend(result.rows)
+        choices[name] = result.choices
+        out = {"machines": sorted(dataset.entities), "outer_folds": spec["outer"], "inner_folds": spec["inner"],
+               "history": HISTORY, "tce_params": TCE_REAL, "baseline_params": BASELINE_PARAMS,
+               "results": rows, "choices": choices, "summary": fold_spread(rows), "seconds": seconds}
+        if checkpoint is not None:
+            checkpoint(out)
+    return out
 
 
 def sim_cube(seed: int, nodes: int, minutes: float) -> GpuCube:
@@ -213,8 +135,7 @@ def evaluate_sim(det: TCEDetector, tests: list[Any], classes: list[str], rare: l
     return report
 
 
-def sim_protocol_c(seeds: list[int], quick: bool, checkpoint: Any = None, configs: list[str] | None = None,
-                   measure_speed: bool = True) -> dict[str, Any]:
+def sim_protocol_c(seeds: list[int], quick: bool, checkpoint: Any = None) -> dict[str, Any]:
     """Every ablation row trained at every seed (seeds outermost, so a run cut short holds complete seeds):
     a rare class has a handful of faults per run, so one seed's row says little."""
     classes = gpu_fault_classes()
@@ -242,14 +163,12 @@ def sim_protocol_c(seeds: list[int], quick: bool, checkpoint: Any = None, config
         val = val_cube.window_set(SIM_HISTORY, normal_stride=SIM_TRAIN_STRIDE, seed=seed)
         out["train_windows"] = len(train)
         for label, params in ABLATION.items():
-            if configs is not None and label not in configs:
-                continue
             console.log(f"simulated GPU faults, seed {seed}: {label}")
             det = TCEDetector(seed=seed, **{**SIM_TCE, **params})
             det.fit(train, validation=val, classes=classes, normal_subsample=SIM_TRAIN_STRIDE)
             out["runs"].setdefault(label, {})[str(seed)] = evaluate_sim(det, tests, classes, rare)
             out["configs"][label] = seed_summary(out["runs"][label])
-            if measure_speed and "scoring" not in out:
+            if "scoring" not in out:
                 out["scoring"] = scoring_speed(det)
             if checkpoint is not None:
                 checkpoint(out)
@@ -290,49 +209,21 @@ def scoring_speed(detector: TCEDetector, n_gpus: int = 10_000) -> dict[str, floa
     return {"gpus": n_gpus, "tce_s": tce_s, "lstm_s": lstm_s, "threads": torch.get_num_threads()}
 
 
-def merge_asd_parts(result: dict[str, Any]) -> None:
-    """Fold ASD folds run by side processes (``--folds``) into ``asd_protocol_b``."""
-    extras = [k for k in result if k.startswith("asd_protocol_b_folds_") and not k.endswith("_seconds")]
-    if not extras or "asd_protocol_b" not in result:
-        return
-    base = result["asd_protocol_b"]
-    rows = list(base["results"])
-    have = {(r["detector"], r["fold"], r["seed"]) for r in rows}
-    timing = {k: [v] for k, v in base["fit_seconds"].items()}
-    for key in extras:
-        part = result.pop(key)
-        result.pop(f"{key}_seconds", None)
-        rows.extend(r for r in part["results"] if (r["detector"], r["fold"], r["seed"]) not in have)
-        for name, seconds in part["fit_seconds"].items():
-            timing.setdefault(name, []).append(seconds)
-    result["asd_protocol_b"] = asd_summary(rows, timing, base["tce_loss_candidates"])
-
-
-def merge_sim_parts(result: dict[str, Any]) -> None:
-    """Fold ablation rows run by side processes (``--configs``) into ``sim_protocol_c``, in table order."""
-    extras = [k for k in result if k.startswith("sim_protocol_c_rows_") and not k.endswith("_seconds")]
-    if not extras or "sim_protocol_c" not in result:
-        return
-    configs = dict(result["sim_protocol_c"]["configs"])
-    for key in extras:
-        configs.update({k: v for k, v in result[key]["configs"].items() if k not in configs})
-    result["sim_protocol_c"]["configs"] = {k: configs[k] for k in ABLATION if k in configs}
-
-
-def print_tables(result: dict[str, Any]) -> None:
-    asd = result["asd_protocol_b"]
-    table = Table(title="ASD protocol (b): train on 4 entities, test on 4 unseen (both folds, mean of 8)")
-    for col in ("detector", "F1 (point-wise)", "AUC-PR", "VUS-PR", "event recall", "delay", "F1 (PA)", "fit s"):
-        table.add_column(col, justify="left" if col == "detector" else "right")
-    for name, m in asd["summary"].items():
-        table.add_row(name, f"{m['f1']:.3f}", f"{m['auc_pr']:.3f}", f"{m['vus_pr']:.3f}",
-                      f"{m['event_recall']:.2f}", f"{m['delay']:.1f}", f"{m['f1_pa']:.3f}",
-                      f"{asd['fit_seconds'].get(name, float('nan')):.1f}")
-    for name, m in result.get("asd_ablation", {}).get("summary", {}).items():
-        table.add_row(name, f"{m['f1']:.3f}", f"{m['auc_pr']:.3f}", f"{m['vus_pr']:.3f}",
-                      f"{m['event_recall']:.2f}", f"{m['delay']:.1f}", f"{m['f1_pa']:.3f}", "-")
+def print_real(name: str, part: dict[str, Any]) -> None:
+    table = Table(title=f"{name.upper()}: nested leave-machines-out, {len(part['machines'])} machines, "
+                        f"{part['outer_folds']} outer folds x {part['inner_folds']} inner; mean ± sd over outer folds")
+    for col in ("detector", "F1 (point-wise)", "AUC-PR", "VUS-PR", "event recall", "F1 (PA, inflated)",
+                "choices"):
+        table.add_column(col, justify="left" if col in ("detector", "choices") else "right")
+    for det, m in part["summary"].items():
+        picked = sorted({f"{c['candidate']} {c['variant']}".strip() for c in part["choices"][det]})
+        table.add_row(det, f"{m['f1']:.3f} ± {m['f1_sd']:.3f}", f"{m['auc_pr']:.3f} ± {m['auc_pr_sd']:.3f}",
+                      f"{m['vus_pr']:.3f} ± {m['vus_pr_sd']:.3f}", f"{m['event_recall']:.2f}",
+                      f"{m['f1_pa']:.3f}", ", ".join(picked))
     console.print(table)
-    sim = result["sim_protocol_c"]
+
+
+def print_sim(sim: dict[str, Any]) -> None:
     table = Table(title=f"simulated GPU faults, protocol (c): {len(sim['classes'])} classes, rarest fault "
                         f"{100 * sim['rarest_fault_share']:.3f} % of windows; mean ± std over seeds")
     for col in ("configuration", "seeds", "macro-F1", "rare-class recall", "false alarms / normal window", "fit s"):
@@ -349,33 +240,39 @@ def print_tables(result: dict[str, Any]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds for the ASD part (every detector)")
+    parser.add_argument("--only", choices=("asd", "smd", "sim"), help="run one part, keep the others from the json")
+    parser.add_argument("--detectors", default="", help="real data: comma-separated detectors "
+                        f"(default: {','.join(REAL_DETECTORS)}); their rows replace those of the same name")
     parser.add_argument("--quick", action="store_true",
-                        help="smoke run: quarter-size simulated data, 2 short epochs (numbers not comparable)")
-    parser.add_argument("--only", choices=("asd", "sim", "asd-ablation"),
-                        help="rerun one part, keep the others from the json")
-    parser.add_argument("--folds", default="", help="ASD folds to run (0-based, comma-separated); their "
-                        "results go to a separate part that the tables merge")
+                        help="smoke run: 1-epoch models, sparse inner folds (numbers not comparable)")
+    parser.add_argument("--out", type=Path, default=OUT, help="results file (default: bench/results/detect.json)")
     parser.add_argument("--sim-seeds", default="0,1,2,3,4", help="training seeds for every simulated-GPU row")
-    parser.add_argument("--configs", default="", help="sim ablation rows to run (1-based, comma-separated); "
-                        "their results go to a separate part that the tables merge")
     args = parser.parse_args()
-    seeds = [int(s) for s in args.seeds.split(",")]
+    torch.set_num_threads(1)
     if args.quick:
-        for params in (ASD_TCE, SIM_TCE):
-            params.update(epochs=2, steps_per_epoch=10)
+        SIM_TCE.update(epochs=2, steps_per_epoch=10)
     started = time.perf_counter()
-    out = OUT.with_name("detect-quick.json") if args.quick else OUT
-    mine: dict[str, Any] = {"machine": platform.processor() or platform.machine(), "torch": torch.__version__,
-                            "threads": torch.get_num_threads()}
+    out = args.out.with_name("detect-quick.json") if args.quick else args.out
+    detectors = [d for d in args.detectors.split(",") if d] or list(REAL_DETECTORS)
     result: dict[str, Any] = {}
 
     def save(part: str, value: dict[str, Any]) -> None:
-        # Re-read before writing: `--only asd` and `--only sim` may run side by side.
-        current = json.loads(out.read_text()) if args.only and out.exists() else {}
-        mine[part] = value
-        mine[f"{part}_seconds"] = time.perf_counter() - started
-        current.update(mine)
+        # Re-read before writing: parts run side by side in separate processes.
+        current = json.loads(out.read_text()) if out.exists() else {}
+        # The fleet protocol (b) of earlier runs leaked test-fold choices; its rows are not kept beside these.
+        for stale in [k for k in current if k.startswith(("asd_protocol_b", "asd_ablation"))]:
+            del current[stale]
+        previous = current.get(part, {})
+        if part in REAL_SETS and args.detectors and previous:
+            # Keep the other detectors' rows of an earlier run; this run's detectors replace theirs.
+            mine = set(detectors)
+            rows = [r for r in previous["results"] if r["detector"] not in mine] + value["results"]
+            value = {**previous, **value, "results": rows, "summary": fold_spread(rows),
+                     "choices": {**previous["choices"], **value["choices"]},
+                     "seconds": {**previous["seconds"], **value["seconds"]}}
+        current.update({"machine": platform.processor() or platform.machine(), "torch": torch.__version__,
+                        "threads": torch.get_num_threads(), part: value,
+                        f"{part}_seconds": time.perf_counter() - started})
         tmp = out.with_suffix(f".{part}.tmp")
         tmp.write_text(json.dumps(current, indent=1, default=float))
         tmp.replace(out)
@@ -383,27 +280,20 @@ def main() -> None:
         result.update(current)
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    if args.only in (None, "asd"):
-        candidates = [{"weight_mode": "dynamic"}, {"weight_mode": "none"}]
-        folds = [int(k) for k in args.folds.split(",") if k] or None
-        asd_name = f"asd_protocol_b_folds_{args.folds.replace(',', '_')}" if folds else "asd_protocol_b"
-        save(asd_name, asd_protocol_b(seeds, candidates, lambda part: save(asd_name, part), folds=folds))
-    if args.only in (None, "asd-ablation"):
-        save("asd_ablation", asd_ablation(seeds, lambda part: save("asd_ablation", part)))
+    for part in ("asd", "smd"):
+        if args.only in (None, part):
+            save(part, real_nested(part, detectors, args.quick, lambda value, p=part: save(p, value)))
     if args.only in (None, "sim"):
-        labels = list(ABLATION)
-        chosen = [labels[int(i) - 1] for i in args.configs.split(",") if i] or None
-        name = f"sim_protocol_c_rows_{args.configs.replace(',', '_')}" if chosen else "sim_protocol_c"
         sim_seeds = [int(k) for k in args.sim_seeds.split(",") if k]
-        save(name, sim_protocol_c(sim_seeds, args.quick, lambda part: save(name, part), configs=chosen,
-                                  measure_speed=chosen is None))
-    merge_sim_parts(result)
-    merge_asd_parts(result)
-    if "asd_protocol_b" not in result or "sim_protocol_c" not in result:
-        console.print(f"wrote {out.relative_to(REPO)}; run the other part for the tables")
-        return
-    print_tables(result)
-    console.print(f"wrote {out.relative_to(REPO)} in {time.perf_counter() - started:.0f} s")
+        save("sim_protocol_c", sim_protocol_c(sim_seeds, args.quick, lambda v: save("sim_protocol_c", v)))
+    if not result and out.exists():
+        result.update(json.loads(out.read_text()))
+    for part in ("asd", "smd"):
+        if part in result:
+            print_real(part, result[part])
+    if "sim_protocol_c" in result:
+        print_sim(result["sim_protocol_c"])
+    console.print(f"wrote {out} in {time.perf_counter() - started:.0f} s")
 
 
 if __name__ == "__main__":

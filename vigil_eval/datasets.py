@@ -127,7 +127,9 @@ def windows(values: np.ndarray, length: int, *, history: np.ndarray | None = Non
 # --------------------------------------------------------------------------- ASD / SMD
 
 
-def _read_pickle(path: Path) -> np.ndarray:
+def read_array(path: Path) -> np.ndarray:
+    """A numeric numpy array from a ``.pkl`` or ``.pkl.gz`` file (the ASD / SMD layout), read as data only
+    (``vigil.store.safe_pickle``: only the names a plain ndarray needs are resolved)."""
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(path, "rb") as fh:
@@ -144,7 +146,9 @@ def load_asd(root: Path, entities: Sequence[str] | None = None) -> Dataset:
     processed = root / "processed" if (root / "processed").is_dir() else root
     if not processed.is_dir():
         raise VigilInputError(f"ASD directory {root} does not exist")
-    names = sorted({p.name.split("_test_label")[0] for p in processed.glob("*_test_label.pkl*")})
+    labelled = sorted({p.name.split("_test_label")[0] for p in processed.glob("*_test_label.pkl*")})
+    # SMD ships labels for some machines whose metrics were never published: those are not entities.
+    names = [n for n in labelled if any((processed / f"{n}_test{s}").exists() for s in (".pkl", ".pkl.gz"))]
     if entities:
         names = [n for n in names if n in set(entities)] or list(entities)
     if not names:
@@ -153,15 +157,15 @@ def load_asd(root: Path, entities: Sequence[str] | None = None) -> Dataset:
     dims: int | None = None
     for name in names:
         suffix = ".pkl.gz" if (processed / f"{name}_test.pkl.gz").exists() else ".pkl"
-        test, imputed = impute(_read_pickle(processed / f"{name}_test{suffix}"), where=f"{name}_test")
+        test, imputed = impute(read_array(processed / f"{name}_test{suffix}"), where=f"{name}_test")
         train_path = processed / f"{name}_train{suffix}"
         train = None
         if train_path.exists():
-            train, extra = impute(_read_pickle(train_path), where=f"{name}_train")
+            train, extra = impute(read_array(train_path), where=f"{name}_train")
             imputed += extra
             if train.shape[1] != test.shape[1]:
                 raise VigilInputError(f"{name}: train has {train.shape[1]} metrics, test {test.shape[1]}")
-        labels = _check_labels(_read_pickle(processed / f"{name}_test_label{suffix}"), len(test),
+        labels = _check_labels(read_array(processed / f"{name}_test_label{suffix}"), len(test),
                                where=f"{name}_test_label")
         dims = dims or test.shape[1]
         if test.shape[1] != dims:
@@ -365,6 +369,16 @@ class WindowSet:
 
     def __len__(self) -> int:
         return self._offsets[-1]
+
+    def with_context(self, context: np.ndarray) -> WindowSet:
+        """The same windows with ``context`` (one row per window, in order) as their context features."""
+        arr = np.asarray(context, dtype=np.float32)
+        if len(arr) != len(self):
+            raise VigilInputError(f"{len(arr)} context rows for {len(self)} windows")
+        out = WindowSet(self.length)
+        out._views, out._rows, out._labels, out._offsets = self._views, self._rows, self._labels, self._offsets
+        out._context = [arr[self._offsets[k]:self._offsets[k + 1]] for k in range(len(self._views))]
+        return out
 
     @property
     def n_features(self) -> int:

@@ -15,6 +15,7 @@ thresholds; tests check it against a direct, point-by-point reading of the defin
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -186,19 +187,22 @@ def class_report(true: np.ndarray, predicted: np.ndarray, classes: list[str],
 
 # --------------------------------------------------------------------------- protocols
 
-DETECTORS = ("tce", "lstm", "pca", "iforest", "kmeans", "random")
+DETECTORS = ("tce", "lstm", "pca", "iforest", "kmeans", "knn", "random")
+# Fed the same labels as TCE; they need labelled anomalies in their training data, like TCE.
+SUPERVISED_BASELINES = ("gbm", "lstm_clf")
 
 
-def make_detector(name: str, seed: int = 0, **tce_params: Any) -> Any:
-    """A fresh detector by name; ``tce_params`` go to TCE only."""
+def make_detector(name: str, seed: int = 0, **params: Any) -> Any:
+    """A fresh detector by name with its constructor ``params``."""
     from vigil.detect.learned.baselines import BASELINES
     from vigil.detect.learned.tce import TCEDetector
 
     if name == "tce":
-        return TCEDetector(seed=seed, **tce_params)
+        return TCEDetector(seed=seed, **params)
     if name not in BASELINES:
-        raise VigilInputError(f"unknown detector {name!r}: expected one of {', '.join(DETECTORS)}")
-    return BASELINES[name](seed=seed)
+        raise VigilInputError(f"unknown detector {name!r}: expected one of "
+                              f"{', '.join((*DETECTORS, *SUPERVISED_BASELINES))}")
+    return BASELINES[name](seed=seed, **params)
 
 
 def fleet_split(dataset: Any, train_entities: list[str], test_entities: list[str], *, history: int,
@@ -273,7 +277,7 @@ def run_detector(name: str, train: Any, val: Any, tests: dict[str, Any], *, seed
     ``train`` and stops early on ``val``, uncalibrated."""
     import time
 
-    detector = make_detector(name, seed, **(tce_params or {}))
+    detector = make_detector(name, seed, **((tce_params or {}) if name == "tce" else {}))
     started = time.perf_counter()
     if name == "tce":
         fit_on, stop_on, calibration = tce_split if tce_split is not None else (train, val, None)
@@ -314,4 +318,229 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
         for m in metrics:
             vals = np.array([r[m] for r in mine], dtype=np.float64)
             out[name][m] = float(np.nanmean(vals)) if np.isfinite(vals).any() else float("nan")
+    return out
+
+
+# --------------------------------------------------------------------------- nested leave-machines-out
+
+NOVELTY_GRID = (0.0, 0.1, 0.5, 2.0)
+NORMALISATIONS = ("fleet", "machine")
+
+
+def standardise_per_machine(dataset: Any) -> Any:
+    """Each machine's metrics standardised by the mean and spread of its own unlabelled history (its train
+    part): what a new machine offers before anyone labels it. A metric constant in the history keeps unit
+    scale."""
+    from vigil_eval.datasets import Dataset, EntitySeries
+
+    out: dict[str, EntitySeries] = {}
+    for name, series in dataset.entities.items():
+        if series.train is None:
+            raise VigilInputError(f"{name}: per-machine standardisation needs the machine's history (train part)")
+        mean = series.train.mean(axis=0)
+        std = series.train.std(axis=0)
+        std = np.where(std < 1e-6, 1.0, std)
+        out[name] = EntitySeries(entity=name, test=((series.test - mean) / std).astype(np.float32),
+                                 test_labels=series.test_labels,
+                                 train=((series.train - mean) / std).astype(np.float32),
+                                 train_labels=series.train_labels, imputed=series.imputed)
+    return Dataset(name=dataset.name, features=dataset.features, classes=dataset.classes, entities=out)
+
+
+def machine_groups(entities: list[str], k: int, seed: int) -> list[list[str]]:
+    """``entities`` shuffled by ``seed`` and dealt into ``k`` groups of near-equal size (each group is one
+    fold's held-out machines)."""
+    if not 2 <= k <= len(entities):
+        raise VigilInputError(f"cannot make {k} folds of {len(entities)} machines")
+    order = np.random.default_rng(seed).permutation(len(entities))
+    return [sorted(entities[i] for i in part) for part in np.array_split(order, k)]
+
+
+def training_windows(dataset: Any, entities: list[str], *, history: int, normal_stride: int = 4) -> Any:
+    """Training windows of ``entities``: every ``normal_stride``-th window of the unlabelled history (as
+    normal) and every window of the labelled part."""
+    from vigil_eval.datasets import WindowSet
+
+    train = WindowSet(history)
+    for series in dataset.select(entities):
+        if series.train is not None:
+            train.add(series.train, series.train_labels, rows=np.arange(0, len(series.train), normal_stride))
+        train.add(series.test, series.test_labels, history=series.train)
+    return train
+
+
+def labelled_windows(series: Any, *, history: int, stride: int = 1) -> Any:
+    """Windows over a machine's labelled part (every ``stride``-th), its history as their past."""
+    from vigil_eval.datasets import WindowSet
+
+    return WindowSet(history).add(series.test, series.test_labels, history=series.train,
+                                  rows=np.arange(0, len(series.test), stride))
+
+
+def history_windows(series: Any, *, history: int, count: int = 720) -> Any:
+    """``count`` windows spread over a machine's unlabelled history: the reference its scores are read
+    against (``relative_scores``)."""
+    from vigil_eval.datasets import WindowSet
+
+    n = len(series.train)
+    rows = np.unique(np.linspace(min(history, n - 1), n - 1, min(count, n)).astype(np.int64))
+    return WindowSet(history).add(series.train, rows=rows)
+
+
+def relative_scores(scores: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """Scores in units of the machine's own history scores: ``(s - median) / IQR``. Label-free, fitted per
+    machine, so one threshold means the same on every machine and for every model (AUC-PR and VUS-PR are
+    unchanged: the map is increasing)."""
+    ref = np.asarray(reference, dtype=np.float64)
+    q25, median, q75 = np.percentile(ref, [25, 50, 75])
+    spread = q75 - q25
+    if spread <= 1e-12:
+        spread = max(float(ref.std()), 1e-12)
+    return (np.asarray(scores, dtype=np.float64) - median) / spread
+
+
+@dataclass
+class Candidate:
+    """One configuration that needs its own training: a detector, its parameters and the input scaling."""
+
+    label: str
+    detector: str
+    params: dict[str, Any] = field(default_factory=dict)
+    normalise: str = "fleet"
+
+
+def candidates_for(name: str, params: dict[str, Any] | None = None) -> list[Candidate]:
+    """The inner-fold grid of one detector: every input scaling, the detector's own parameters fixed."""
+    return [Candidate(f"{name}[{norm}]", name, dict(params or {}), norm) for norm in NORMALISATIONS]
+
+
+def variant_scores(detector: Any, windows: Any) -> dict[str, np.ndarray]:
+    """Every cheap variant of a fitted detector, scored: for TCE each novelty weight of ``NOVELTY_GRID``
+    (no retraining needed); for the rest the detector itself."""
+    if getattr(detector, "name", "") != "tce":
+        return {"": np.asarray(detector.decision_function(windows), dtype=np.float64)}
+    supervised, novelty = detector.score_parts(windows)
+    if novelty is None:
+        return {"w=0": supervised}
+    return {f"w={w:g}": supervised + w * novelty for w in NOVELTY_GRID}
+
+
+def fit_candidate(candidate: Any, dataset: Any, fit_on: list[str], *, history: int, seed: int,
+                  validation: Any | None = None, epochs: int | None = None,
+                  normal_stride: int = 4) -> Any:
+    """A fresh detector of ``candidate`` fitted on the machines ``fit_on``; TCE stops early on
+    ``validation`` (windows of other development machines) or trains ``epochs`` epochs."""
+    params = dict(candidate.params)
+    if candidate.detector == "tce" and epochs is not None:
+        params["epochs"] = epochs
+    detector = make_detector(candidate.detector, seed, **params)
+    train = training_windows(dataset, fit_on, history=history, normal_stride=normal_stride)
+    if candidate.detector == "tce":
+        detector.fit(train, validation=validation, classes=dataset.classes)
+    else:
+        detector.fit(train)
+    return detector
+
+
+@dataclass
+class NestedResult:
+    rows: list[dict[str, Any]]
+    choices: list[dict[str, Any]]
+
+
+def nested_leave_machines_out(dataset: Any, candidates: list[Candidate], *, outer: int, inner: int,
+                              history: int, seed: int = 0, inner_stride: int = 1, normal_stride: int = 4,
+                              sliding_window: int = 30, log: Any = None) -> NestedResult:
+    """Nested leave-machines-out for one detector's ``candidates``.
+
+    Outer loop: the machines are dealt into ``outer`` groups; each group in turn is the test fold, never
+    seen before it is scored once. Inner loop, on the other (development) machines only: they are dealt
+    into ``inner`` groups; each candidate is fitted on all but one group and scored on that group (every
+    ``inner_stride``-th window), its scores read relative to each held-out machine's own history. The
+    candidate and variant (novelty weight) with the best mean inner AUC-PR wins; the threshold is the best
+    F1 on the pooled relative scores of the inner held-out machines; TCE's epoch count is the median of
+    its inner early-stopping epochs. The winner is refitted on every development machine, and the test
+    machines are scored once with that threshold. Seeds: ``seed + outer fold``.
+    """
+    standardised = standardise_per_machine(dataset)
+    data = {"fleet": dataset, "machine": standardised}
+    names = sorted(dataset.entities)
+    rows: list[dict[str, Any]] = []
+    choices: list[dict[str, Any]] = []
+    for o, test_group in enumerate(machine_groups(names, outer, seed)):
+        fold_seed = seed + o
+        development = [n for n in names if n not in test_group]
+        inner_groups = machine_groups(development, inner, fold_seed)
+        inner_ap: dict[tuple[int, str], list[float]] = {}
+        pooled: dict[tuple[int, str], list[tuple[np.ndarray, np.ndarray]]] = {}
+        epochs_seen: dict[int, list[int]] = {}
+        for held in inner_groups:
+            fit_on = [n for n in development if n not in held]
+            for c, candidate in enumerate(candidates):
+                source = data[candidate.normalise]
+                held_series = source.select(held)
+                validation = None
+                if candidate.detector == "tce":
+                    from vigil_eval.datasets import WindowSet
+
+                    validation = WindowSet(history)
+                    for s in held_series:
+                        validation.add(s.test, s.test_labels, history=s.train,
+                                       rows=np.arange(0, len(s.test), inner_stride))
+                if log is not None:
+                    log(f"outer {o} inner {held}: {candidate.label}")
+                detector = fit_candidate(candidate, source, fit_on, history=history, seed=fold_seed,
+                                         validation=validation, normal_stride=normal_stride)
+                if candidate.detector == "tce":
+                    epochs_seen.setdefault(c, []).append(max(1, int(detector.report_.best_epoch)))
+                for s in held_series:
+                    labelled = labelled_windows(s, history=history, stride=inner_stride)
+                    reference = variant_scores(detector, history_windows(s, history=history))
+                    for variant, scores in variant_scores(detector, labelled).items():
+                        relative = relative_scores(scores, reference[variant])
+                        if labelled.labels.any():
+                            inner_ap.setdefault((c, variant), []).append(
+                                float(average_precision_score(labelled.labels > 0, relative)))
+                        pooled.setdefault((c, variant), []).append((labelled.labels, relative))
+        (best_c, best_variant) = max(inner_ap, key=lambda key: (np.mean(inner_ap[key]), -key[0]))
+        labels = np.concatenate([lab for lab, _ in pooled[(best_c, best_variant)]])
+        relative = np.concatenate([sc for _, sc in pooled[(best_c, best_variant)]])
+        threshold = choose_threshold(labels, relative)
+        winner = candidates[best_c]
+        epochs = int(np.median(epochs_seen[best_c])) if best_c in epochs_seen else None
+        choices.append({"outer_fold": o, "test": test_group, "inner_folds": inner_groups,
+                        "candidate": winner.label, "variant": best_variant,
+                        "inner_auc_pr": float(np.mean(inner_ap[(best_c, best_variant)])),
+                        "threshold": threshold, "epochs": epochs, "seed": fold_seed,
+                        "inner_grid": {f"{candidates[c].label} {v}".strip(): float(np.mean(ap))
+                                       for (c, v), ap in inner_ap.items()}})
+        if log is not None:
+            log(f"outer {o}: chose {winner.label} {best_variant} (inner AUC-PR "
+                f"{np.mean(inner_ap[(best_c, best_variant)]):.3f}); refit on {len(development)} machines")
+        source = data[winner.normalise]
+        detector = fit_candidate(winner, source, development, history=history, seed=fold_seed, epochs=epochs,
+                                 normal_stride=normal_stride)
+        for s in source.select(test_group):
+            labelled = labelled_windows(s, history=history)
+            reference = variant_scores(detector, history_windows(s, history=history))[best_variant]
+            scores = relative_scores(variant_scores(detector, labelled)[best_variant], reference)
+            rows.append({"detector": candidates[0].detector, "entity": s.entity, "outer_fold": o,
+                         "seed": fold_seed, "choice": f"{winner.label} {best_variant}".strip(),
+                         **score_report(labelled.labels, scores, threshold, sliding_window=sliding_window)})
+    return NestedResult(rows=rows, choices=choices)
+
+
+def fold_spread(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per detector and metric: the mean over outer folds of each fold's mean over its test machines, and the
+    standard deviation of those fold means (the spread the README quotes)."""
+    metrics = ("f1", "auc_pr", "vus_pr", "f1_pa", "event_recall", "precision", "recall")
+    out: dict[str, dict[str, float]] = {}
+    for name in dict.fromkeys(r["detector"] for r in rows):
+        mine = [r for r in rows if r["detector"] == name]
+        folds = sorted({r["outer_fold"] for r in mine})
+        out[name] = {"folds": float(len(folds)), "machines": float(len(mine))}
+        for m in metrics:
+            per_fold = [np.nanmean([r[m] for r in mine if r["outer_fold"] == f]) for f in folds]
+            out[name][m] = float(np.mean(per_fold))
+            out[name][f"{m}_sd"] = float(np.std(per_fold, ddof=1)) if len(per_fold) > 1 else 0.0
     return out

@@ -29,11 +29,11 @@ def sine_windows(n: int, seed: int, window: int = 30) -> tuple[np.ndarray, np.nd
 @pytest.mark.parametrize("name", sorted(BASELINES))
 def test_baseline_fits_and_scores(name: str) -> None:
     X, y = sine_windows(600, seed=0)
-    params = {"epochs": 3} if name == "lstm" else {}
+    params = {"lstm": {"epochs": 3}, "gbm": {"history": 30}, "lstm_clf": {"epochs": 6}}.get(name, {})
     det: Detector = BASELINES[name](seed=0, **params)
     det.fit(X, y)
     Xt, yt = sine_windows(300, seed=1)
-    scores = det.score(Xt)
+    scores = det.decision_function(Xt)
     assert scores.shape == (300,) and np.isfinite(scores).all()
     ap = average_precision_score(yt, scores)
     if name == "random":
@@ -74,3 +74,33 @@ def test_bad_input_is_refused() -> None:
         LSTMDetector().fit(X[:, -10:, :])
     with pytest.raises(VigilInputError, match="fit the detector"):
         RandomDetector().score(X)
+
+
+@pytest.mark.parametrize("name", ["gbm", "lstm_clf"])
+def test_supervised_baselines_need_labelled_faults(name: str) -> None:
+    X, y = sine_windows(200, seed=0)
+    det = BASELINES[name](seed=0, **({"history": 30} if name == "gbm" else {}))
+    assert getattr(det, "supervised", False)
+    with pytest.raises(VigilInputError, match="normal and anomalous"):
+        det.fit(X, np.zeros(len(X), dtype=int))
+    with pytest.raises(VigilInputError, match="one label per window"):
+        det.fit(X)
+    fitted = det.fit(WindowSet.from_array(X, y))
+    with pytest.raises(VigilInputError, match="fit the detector"):
+        BASELINES[name](seed=0).decision_function(X)
+    assert fitted.predict(X[:5]).shape == (5,)
+
+
+def test_window_features_read_the_deviation_from_the_window_past() -> None:
+    from vigil.detect.learned.features import FEATURES_PER_METRIC, feature_names, window_features
+
+    window = np.zeros((1, 20, 2), dtype=np.float32)
+    window[0, :, 0] = np.tile([-1.0, 1.0], 10)
+    window[0, -1, 0] = 5.0
+    features = window_features(window, recent=4).reshape(2, len(FEATURES_PER_METRIC))
+    named = dict(zip(FEATURES_PER_METRIC, features[0], strict=True))
+    assert named["last"] == 5.0 and named["z_last"] == pytest.approx(5.0 / 1.1, rel=1e-5)
+    assert (features[1] == [0, 0, 0, 0, 0, 0]).all()
+    assert feature_names(["a"])[3] == "a:z_last"
+    with pytest.raises(VigilInputError, match="longer than it"):
+        window_features(window, recent=20)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from vigil.model import VigilInputError
-from vigil_eval.datasets import WindowSet, impute, load_asd, load_csv, load_nab, windows
+from vigil_eval.datasets import WindowSet, impute, load_asd, load_csv, load_nab, read_array, windows
 from vigil_eval.formats import load
 
 
@@ -103,3 +103,53 @@ def test_window_set_gathers_across_series() -> None:
     assert ws.take(np.array([9]), last=2).shape == (1, 2, 2)
     with pytest.raises(VigilInputError, match="metrics"):
         ws.add(np.zeros((3, 5), dtype=np.float32))
+
+
+def test_numeric_pickles_are_read_as_data(tmp_path: Path) -> None:
+    import gzip
+    import pickle
+
+    table = np.arange(12, dtype=np.float32).reshape(4, 3)
+    for protocol in (2, 3, 4, 5):
+        (tmp_path / "a.pkl").write_bytes(pickle.dumps(table, protocol=protocol))
+        assert np.array_equal(read_array(tmp_path / "a.pkl"), table)
+    labels = np.array([0, 1, 1, 0], dtype=np.int64)
+    (tmp_path / "b.pkl.gz").write_bytes(gzip.compress(pickle.dumps(labels)))
+    got = read_array(tmp_path / "b.pkl.gz")
+    assert got.dtype == np.int64 and np.array_equal(got, labels)
+    fortran = np.asfortranarray(np.arange(6, dtype=np.float64).reshape(2, 3))
+    (tmp_path / "c.pkl").write_bytes(pickle.dumps(fortran))
+    assert np.array_equal(read_array(tmp_path / "c.pkl"), fortran)
+
+
+class _Hostile:
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        import os
+
+        return (os.system, ("touch pwned",))
+
+
+def test_a_hostile_pickle_is_refused_and_never_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pickle
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "x.pkl").write_bytes(pickle.dumps(_Hostile()))
+    with pytest.raises(VigilInputError, match="refusing to load class (posix|os).system"):
+        read_array(tmp_path / "x.pkl")
+    assert not (tmp_path / "pwned").exists()
+    (tmp_path / "o.pkl").write_bytes(pickle.dumps(np.array(["a", None], dtype=object)))
+    with pytest.raises(VigilInputError):
+        read_array(tmp_path / "o.pkl")
+    (tmp_path / "d.pkl").write_bytes(pickle.dumps({"not": "an array"}))
+    with pytest.raises(VigilInputError, match="expected a numeric array"):
+        read_array(tmp_path / "d.pkl")
+    (tmp_path / "t.pkl").write_bytes(pickle.dumps(np.zeros(8, dtype=np.float32))[:-20])
+    with pytest.raises(VigilInputError):
+        read_array(tmp_path / "t.pkl")
+
+
+def test_smd_machines_without_published_metrics_are_not_entities(shared_data: Path) -> None:
+    ds = load_asd(shared_data / "smd")
+    assert "machine-1-1" not in ds.entities and len(ds.entities) == 14 and len(ds.features) == 38
+    series = ds.entities["machine-1-2"]
+    assert series.train is not None and series.train.shape[1] == 38 and len(series.test) == len(series.test_labels)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -158,3 +160,96 @@ def test_calibration_split_keeps_the_held_out_labels_out_of_training() -> None:
     assert len(full) == len(train) + int(100 * 0.7)
     _, _, none = calibration_split(dataset, ["a"], history=5)
     assert none is None
+
+
+def fleet_of_servers(n: int = 6, seed: int = 0, rows: int = 240) -> Any:
+    """Servers with their own offset and scale; anomalies are bursts on metric 0 in the labelled part."""
+    from vigil_eval.datasets import Dataset, EntitySeries
+
+    rng = np.random.default_rng(seed)
+    entities = {}
+    for k in range(n):
+        offset, scale = rng.uniform(-3, 3), rng.uniform(0.5, 2.0)
+        history = offset + scale * rng.normal(size=(rows, 3))
+        test = offset + scale * rng.normal(size=(rows, 3))
+        labels = np.zeros(rows, dtype=np.int64)
+        for start in rng.choice(np.arange(20, rows - 10, 20), size=3, replace=False):
+            labels[start:start + 5] = 1
+            test[start:start + 5, 0] += 4 * scale
+        entities[f"m{k}"] = EntitySeries(entity=f"m{k}", test=test.astype(np.float32), test_labels=labels,
+                                         train=history.astype(np.float32))
+    return Dataset(name="toy", features=["a", "b", "c"], classes=["normal", "anomaly"], entities=entities)
+
+
+def test_machine_groups_cover_every_machine_once() -> None:
+    from vigil_eval.detection import machine_groups
+
+    names = [f"m{k}" for k in range(14)]
+    groups = machine_groups(names, 4, seed=3)
+    assert sorted(n for g in groups for n in g) == sorted(names) and {len(g) for g in groups} == {3, 4}
+    assert groups == machine_groups(names, 4, seed=3) != machine_groups(names, 4, seed=4)
+    with pytest.raises(VigilInputError, match="cannot make"):
+        machine_groups(names[:2], 3, seed=0)
+
+
+def test_relative_scores_keep_the_order_and_read_against_the_machine_history() -> None:
+    from vigil_eval.detection import relative_scores
+
+    reference = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
+    scores = np.array([3.0, 9.0, 1.0])
+    relative = relative_scores(scores, reference)
+    assert np.allclose(relative, [0.0, 3.0, -1.0])
+    assert np.isfinite(relative_scores(scores, np.ones(5))).all()
+
+
+def test_per_machine_standardisation_uses_the_history_only() -> None:
+    from vigil_eval.detection import standardise_per_machine
+
+    dataset = fleet_of_servers()
+    standard = standardise_per_machine(dataset)
+    for name, series in standard.entities.items():
+        assert series.train is not None
+        assert np.allclose(series.train.mean(axis=0), 0, atol=1e-5) and np.allclose(series.train.std(axis=0), 1,
+                                                                                      atol=1e-4)
+        original = dataset.entities[name]
+        assert original.train is not None
+        expected = (original.test - original.train.mean(axis=0)) / original.train.std(axis=0)
+        assert np.allclose(series.test, expected, atol=1e-5)
+
+
+def test_nested_protocol_scores_each_machine_once_and_never_reads_test_labels() -> None:
+    from vigil_eval.detection import candidates_for, fold_spread, nested_leave_machines_out
+
+    dataset = fleet_of_servers()
+    run = dict(outer=3, inner=2, history=12, seed=0)
+    result = nested_leave_machines_out(dataset, candidates_for("pca"), **run)
+    assert sorted(r["entity"] for r in result.rows) == sorted(dataset.entities)
+    for choice in result.choices:
+        development = {n for group in choice["inner_folds"] for n in group}
+        assert development == set(dataset.entities) - set(choice["test"]) and choice["candidate"].startswith("pca[")
+    # Scramble every label of the first outer fold's test machines: every choice made for that fold
+    # (scaling, threshold) stays the same, only its scores on them change.
+    first = result.choices[0]
+    for name in first["test"]:
+        series = dataset.entities[name]
+        series.test_labels = np.random.default_rng(1).permutation(series.test_labels)
+    again = nested_leave_machines_out(dataset, candidates_for("pca"), **run)
+    assert again.choices[0]["threshold"] == first["threshold"]
+    assert again.choices[0]["candidate"] == first["candidate"]
+    summary = fold_spread(result.rows)["pca"]
+    assert summary["folds"] == 3 and summary["auc_pr_sd"] >= 0 and 0 < summary["auc_pr"] <= 1
+
+
+def test_tce_variants_weigh_the_novelty_term() -> None:
+    from vigil_eval.detection import NOVELTY_GRID, Candidate, fit_candidate, labelled_windows, variant_scores
+
+    dataset = fleet_of_servers(n=3)
+    candidate = Candidate("tce[fleet]", "tce", {"history": 12, "recent": 4, "scales": (4,), "hidden": 8,
+                                                 "epochs": 1, "steps_per_epoch": 3, "batch_size": 32,
+                                                 "window_context": True})
+    detector = fit_candidate(candidate, dataset, ["m0", "m1"], history=12, seed=0)
+    windows = labelled_windows(dataset.entities["m2"], history=12)
+    variants = variant_scores(detector, windows)
+    assert list(variants) == [f"w={w:g}" for w in NOVELTY_GRID]
+    supervised, novelty = detector.score_parts(windows)
+    assert novelty is not None and np.allclose(variants["w=2"], supervised + 2 * novelty)

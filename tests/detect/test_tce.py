@@ -68,6 +68,18 @@ def test_save_load_round_trip(tmp_path: Path) -> None:
     assert meta["format_version"] == 1 and len(meta["scaler"]["mean"]) == 4
 
 
+def test_window_context_reads_the_window_features_and_round_trips(tmp_path: Path) -> None:
+    X, y = toy_windows(400, seed=0)
+    det = small_tce(epochs=2, window_context=True).fit(X, y)
+    assert det.n_context_ == 4 * 6
+    det.save(tmp_path / "m")
+    back = TCEDetector.load(tmp_path / "m")
+    assert back.window_context and back.n_context_ == 24
+    np.testing.assert_allclose(back.decision_function(X[:40]), det.decision_function(X[:40]), rtol=1e-5, atol=1e-6)
+    supervised, novelty = det.score_parts(X[:40])
+    assert novelty is not None and np.allclose(supervised, 1 - det.predict_proba(X[:40])[:, 0])
+
+
 def test_load_refuses_missing_or_mismatched_models(tmp_path: Path) -> None:
     with pytest.raises(VigilInputError, match="no trained model"):
         load_detector(tmp_path / "nothing")

@@ -8,7 +8,15 @@
   Isolation Forest.
 - ``KMeansDetector``: distance of a window to its nearest k-means centroid (TSB-AD's KMeansAD idea), with
   scikit-learn's MiniBatchKMeans.
+- ``KNNDetector``: distance of a sample to its ``k``-th nearest normal training sample (TAB's KNN).
 - ``RandomDetector``: uniform random scores, the floor every honest table needs.
+
+Supervised baselines, fed the same labels as TCE:
+
+- ``GradientBoostingDetector``: scikit-learn's HistGradientBoostingClassifier on the window features of
+  ``features.py`` (the same features TCE reads as its context); score = ``1 - p(normal)``.
+- ``LSTMClassifierDetector``: an LSTM over the newest 30 rows with a linear head over the classes, trained
+  with class-balanced cross-entropy; score = ``1 - p(normal)``.
 
 Unsupervised baselines are fitted on normal data: when labels are given, anomalous windows are left out.
 Inputs are (n, features) rows, (n, window, features) windows or a ``WindowSet``; each detector reads only the
@@ -22,13 +30,17 @@ from typing import Any, ClassVar, Self
 import numpy as np
 import torch
 from sklearn.cluster import MiniBatchKMeans
+from sklearn.ensemble import HistGradientBoostingClassifier
+from sklearn.neighbors import NearestNeighbors
 from torch import nn
 
 from vigil.detect.base import Detector
+from vigil.detect.learned.features import window_features
 from vigil.model import VigilInputError
 from vigil_eval.datasets import WindowSet
 
 MAX_FIT_SAMPLES = 20000
+BATCH = 4096
 
 
 def newest_rows(X: Any, window: int, *, name: str) -> np.ndarray:
@@ -68,6 +80,10 @@ def _normal_sample(X: Any, y: np.ndarray | None, window: int, seed: int, *, name
 class _FlatWindowDetector(Detector):
     window: int
     seed: int
+    supervised: ClassVar[bool] = False
+
+    def score(self, X: Any) -> np.ndarray:
+        return self.decision_function(X)
 
     def _check_features(self, arr: np.ndarray) -> None:
         expected = getattr(self, "n_features_", None)
@@ -82,7 +98,7 @@ class _FlatWindowDetector(Detector):
         self._fit_flat(arr.reshape(len(arr), -1))
         return self
 
-    def score(self, X: Any) -> np.ndarray:
+    def decision_function(self, X: Any) -> np.ndarray:
         if getattr(self, "n_features_", None) is None:
             raise VigilInputError(f"{self.name}: fit the detector first")
         arr = newest_rows(X, self.window, name=self.name)
@@ -144,6 +160,25 @@ class KMeansDetector(_FlatWindowDetector):
 
     def _score_flat(self, flat: np.ndarray) -> np.ndarray:
         return np.asarray(self.model_.transform(flat).min(axis=1), dtype=np.float64)
+
+
+class KNNDetector(_FlatWindowDetector):
+    name: ClassVar[str] = "knn"
+
+    def __init__(self, window: int = 1, n_neighbors: int = 5, max_samples: int = 10000, seed: int = 0) -> None:
+        self.window = window
+        self.n_neighbors = n_neighbors
+        self.max_samples = max_samples
+        self.seed = seed
+
+    def _fit_flat(self, flat: np.ndarray) -> None:
+        if len(flat) > self.max_samples:
+            flat = flat[np.sort(np.random.default_rng(self.seed).choice(len(flat), self.max_samples, replace=False))]
+        self.model_ = NearestNeighbors(n_neighbors=min(self.n_neighbors, len(flat))).fit(flat)
+
+    def _score_flat(self, flat: np.ndarray) -> np.ndarray:
+        distances, _ = self.model_.kneighbors(flat)
+        return np.asarray(distances[:, -1], dtype=np.float64)
 
 
 class RandomDetector(_FlatWindowDetector):
@@ -223,7 +258,7 @@ class LSTMDetector(_FlatWindowDetector):
                 out.append(((self.model_(batch[:, :-1]) - batch[:, -1]) ** 2).mean(dim=1).numpy())
         return np.concatenate(out).astype(np.float64)
 
-    def score(self, X: Any) -> np.ndarray:
+    def decision_function(self, X: Any) -> np.ndarray:
         if getattr(self, "model_", None) is None:
             raise VigilInputError(f"{self.name}: fit the detector first")
         arr = newest_rows(X, self.window, name=self.name)
@@ -235,6 +270,147 @@ class LSTMDetector(_FlatWindowDetector):
         return quantile + beyond
 
 
+def labelled_windows(X: Any, y: np.ndarray | None, *, name: str) -> tuple[Any, np.ndarray]:
+    """Windows and their class labels (0 normal) for a supervised detector; refuses data without a fault."""
+    labels = np.asarray(X.labels if isinstance(X, WindowSet) and y is None else y if y is not None else [])
+    n = len(X) if isinstance(X, WindowSet) else len(np.asarray(X))
+    if labels.shape != (n,):
+        raise VigilInputError(f"{name}: a supervised detector needs one label per window (0 normal, k fault class k)")
+    if not (labels > 0).any() or not (labels == 0).any():
+        raise VigilInputError(f"{name}: training data needs both normal and anomalous windows")
+    return X, labels.astype(np.int64)
+
+
+def features_of(X: Any, history: int, recent: int, *, name: str) -> np.ndarray:
+    """Window features of every window in ``X`` (windows or a WindowSet), computed a batch at a time."""
+    if isinstance(X, WindowSet):
+        if X.length < history:
+            raise VigilInputError(f"{name}: needs windows of {history} rows, got {X.length}")
+        parts = [window_features(X.take(np.arange(s, min(s + BATCH, len(X))), last=history), recent)
+                 for s in range(0, len(X), BATCH)]
+        return np.concatenate(parts) if parts else np.zeros((0, 0), dtype=np.float32)
+    arr = newest_rows(X, history, name=name)
+    return window_features(arr, recent)
+
+
+class GradientBoostingDetector(Detector):
+    """Supervised baseline: gradient-boosted trees on the window features (see module docstring)."""
+
+    name: ClassVar[str] = "gbm"
+    supervised: ClassVar[bool] = True
+
+    def __init__(self, history: int = 144, recent: int = 10, max_iter: int = 200, learning_rate: float = 0.1,
+                 max_leaf_nodes: int = 31, seed: int = 0) -> None:
+        self.history = history
+        self.recent = recent
+        self.max_iter = max_iter
+        self.learning_rate = learning_rate
+        self.max_leaf_nodes = max_leaf_nodes
+        self.seed = seed
+
+    def fit(self, X: Any, y: np.ndarray | None = None) -> Self:
+        X, labels = labelled_windows(X, y, name=self.name)
+        features = features_of(X, self.history, self.recent, name=self.name)
+        self.model_ = HistGradientBoostingClassifier(max_iter=self.max_iter, learning_rate=self.learning_rate,
+                                                     max_leaf_nodes=self.max_leaf_nodes, random_state=self.seed,
+                                                     early_stopping=False).fit(features, labels)
+        self.n_features_in_ = features.shape[1]
+        self.threshold_ = 0.5
+        return self
+
+    def decision_function(self, X: Any) -> np.ndarray:
+        if getattr(self, "model_", None) is None:
+            raise VigilInputError(f"{self.name}: fit the detector first")
+        features = features_of(X, self.history, self.recent, name=self.name)
+        if features.shape[1] != self.n_features_in_:
+            raise VigilInputError(f"{self.name}: expected {self.n_features_in_ // 6} metrics (as at fit time), "
+                                  f"got {features.shape[1] // 6}")
+        normal = list(self.model_.classes_).index(0)
+        return 1.0 - self.model_.predict_proba(features)[:, normal].astype(np.float64)
+
+    def score(self, X: Any) -> np.ndarray:
+        return self.decision_function(X)
+
+
+class _SequenceClassifier(nn.Module):
+    def __init__(self, n_features: int, hidden: int, n_classes: int) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(n_features, hidden, batch_first=True)
+        self.out = nn.Linear(hidden, n_classes)
+
+    def forward(self, window: torch.Tensor) -> torch.Tensor:
+        states, _ = self.lstm(window)
+        return self.out(states[:, -1, :])
+
+
+class LSTMClassifierDetector(_FlatWindowDetector):
+    """Supervised baseline: LSTM classifier over the newest ``window`` rows (see module docstring)."""
+
+    name: ClassVar[str] = "lstm_clf"
+    supervised: ClassVar[bool] = True
+
+    def __init__(self, window: int = 30, hidden: int = 32, epochs: int = 4, steps_per_epoch: int = 150,
+                 batch_size: int = 256, lr: float = 3e-3, seed: int = 0) -> None:
+        self.window = window
+        self.hidden = hidden
+        self.epochs = epochs
+        self.steps_per_epoch = steps_per_epoch
+        self.batch_size = batch_size
+        self.lr = lr
+        self.seed = seed
+
+    def _batch(self, X: Any, index: np.ndarray) -> torch.Tensor:
+        arr = X.take(index, last=self.window) if isinstance(X, WindowSet) else newest_rows(
+            np.asarray(X)[index], self.window, name=self.name)
+        return torch.from_numpy(((arr - self.mean_) / self.std_).astype(np.float32))
+
+    def fit(self, X: Any, y: np.ndarray | None = None) -> Self:
+        X, labels = labelled_windows(X, y, name=self.name)
+        rng = np.random.default_rng(self.seed)
+        sample = np.sort(rng.choice(len(labels), min(len(labels), MAX_FIT_SAMPLES), replace=False))
+        rows = (X.take(sample, last=self.window) if isinstance(X, WindowSet)
+                else newest_rows(np.asarray(X)[sample], self.window, name=self.name))
+        self.n_features_ = rows.shape[2]
+        self.mean_ = rows.reshape(-1, rows.shape[2]).mean(axis=0)
+        std = rows.reshape(-1, rows.shape[2]).std(axis=0)
+        self.std_ = np.where(std < 1e-6, 1.0, std)
+        n_classes = int(labels.max()) + 1
+        counts = np.bincount(labels, minlength=n_classes).astype(np.float64)
+        # Balanced class weights: without them one anomaly class at a few per cent is never predicted.
+        weight = torch.tensor(len(labels) / (n_classes * np.maximum(counts, 1.0)), dtype=torch.float32)
+        torch.manual_seed(self.seed)
+        self.model_ = _SequenceClassifier(self.n_features_, self.hidden, n_classes)
+        optimiser = torch.optim.Adam(self.model_.parameters(), lr=self.lr)
+        steps = min(self.steps_per_epoch, max(1, len(labels) // self.batch_size))
+        self.model_.train()
+        for _ in range(self.epochs):
+            order = rng.permutation(len(labels))
+            for step in range(steps):
+                idx = np.sort(order[step * self.batch_size:(step + 1) * self.batch_size])
+                logits = self.model_(self._batch(X, idx))
+                loss = nn.functional.cross_entropy(logits, torch.from_numpy(labels[idx]), weight=weight)
+                optimiser.zero_grad()
+                loss.backward()
+                optimiser.step()
+        self.model_.eval()
+        self.threshold_ = 0.5
+        return self
+
+    def decision_function(self, X: Any) -> np.ndarray:
+        if getattr(self, "model_", None) is None:
+            raise VigilInputError(f"{self.name}: fit the detector first")
+        n = len(X) if isinstance(X, WindowSet) else len(newest_rows(X, self.window, name=self.name))
+        if not isinstance(X, WindowSet):
+            self._check_features(newest_rows(X, self.window, name=self.name))
+        out = []
+        with torch.no_grad():
+            for start in range(0, n, BATCH):
+                logits = self.model_(self._batch(X, np.arange(start, min(start + BATCH, n))))
+                out.append(1.0 - torch.softmax(logits, dim=1)[:, 0].numpy())
+        return np.concatenate(out).astype(np.float64) if out else np.zeros(0)
+
+
 BASELINES: dict[str, type[Detector]] = {
-    cls.name: cls for cls in (LSTMDetector, PCADetector, IForestDetector, KMeansDetector, RandomDetector)
+    cls.name: cls for cls in (LSTMDetector, PCADetector, IForestDetector, KMeansDetector, KNNDetector,
+                              RandomDetector, GradientBoostingDetector, LSTMClassifierDetector)
 }

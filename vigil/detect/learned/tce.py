@@ -9,7 +9,9 @@ context. Three branches encode it, and attention fuses them (maths in docs/detec
 - long-history branch: the history averaged over several scales (e.g. 12 and 48 steps: the last hours at
   coarse resolution) as tokens with a scale embedding, plus a trend token (per-metric slope and spread).
 - context branch: per-window context features (time since job start / restart / checkpoint, counts of recent
-  events) as one token.
+  events) as one token; with ``window_context=True`` also the window features of ``features.py`` (each metric's
+  newest value, recent mean and spread, and their deviation from the window's own past), the same features
+  the gradient-boosting baseline reads.
 - normal-context memory: ``prototypes`` centroids of the fleet's normal recent contexts (k-means at fit time,
   fixed buffers); the sorted distances of the current context to them form one more token, and the smallest
   distance goes straight to the classifier: how unlike anything normal the fleet has shown is this context.
@@ -24,6 +26,7 @@ unchanged.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, ClassVar, Self
 
 import numpy as np
@@ -31,8 +34,18 @@ import torch
 from torch import nn
 
 from vigil.detect.base import Detector
+from vigil.detect.learned.features import window_features
 from vigil.detect.learned.loss import DynamicClassWeightedLoss, WeightMode
-from vigil.detect.learned.train import Progress, Scaler, TrainReport, ensemble_report, fit_classifier, predict_proba
+from vigil.detect.learned.train import (
+    Progress,
+    Scaler,
+    TrainReport,
+    ensemble_report,
+    fit_classifier,
+    load_detector,
+    predict_proba,
+    save_detector,
+)
 from vigil.model import VigilInputError
 from vigil_eval.datasets import WindowSet
 
@@ -208,7 +221,7 @@ class TCEDetector(Detector):
                  hidden: int = 32, heads: int = 4, use_history: bool = True, use_context: bool = True,
                  prototypes: int = 16, weight_mode: WeightMode = "dynamic", gamma: float = 1.0, epochs: int = 10,
                  batch_size: int = 256, lr: float = 2e-3, patience: int = 3, steps_per_epoch: int | None = None,
-                 seed: int = 0, members: int = 1) -> None:
+                 seed: int = 0, members: int = 1, window_context: bool = False) -> None:
         self.recent = recent
         self.history = history
         self.scales = scales
@@ -226,6 +239,7 @@ class TCEDetector(Detector):
         self.steps_per_epoch = steps_per_epoch
         self.seed = seed
         self.members = members
+        self.window_context = window_context
 
     def member_seeds(self) -> list[int]:
         """Disjoint seeds per detector seed: seed 0 trains members 0..k-1, seed 1 members k..2k-1."""
@@ -260,7 +274,13 @@ class TCEDetector(Detector):
         n_features = getattr(self, "features_", None)
         if n_features is not None and data.n_features != len(n_features):
             raise VigilInputError(f"tce: expected {len(n_features)} features (as at fit time), got {data.n_features}")
-        return data
+        if not self.window_context:
+            return data
+        parts = [window_features(data.take(np.arange(s, min(s + 4096, len(data)))), self.recent)
+                 for s in range(0, len(data), 4096)]
+        features = np.concatenate(parts) if parts else np.zeros((0, data.n_features * 6), dtype=np.float32)
+        given = data.context
+        return data.with_context(features if given is None else np.concatenate([given, features], axis=1))
 
     def fit(self, X: Any, y: np.ndarray | None = None, *, context: np.ndarray | None = None,
             validation: WindowSet | None = None, classes: Sequence[str] | None = None,
@@ -272,6 +292,8 @@ class TCEDetector(Detector):
         ``calibration``: labelled windows of an entity kept out of training; they choose how much the
         novelty term weighs in the anomaly score (``calibrate``)."""
         data = self._as_windows(X, y, context)
+        if validation is not None:
+            validation = self._as_windows(validation)
         labels = data.labels
         if y is None and not isinstance(X, WindowSet):
             raise VigilInputError("tce: training needs labels (0 normal, k fault class k)")
@@ -356,11 +378,28 @@ class TCEDetector(Detector):
             raise VigilInputError(f"tce: the model reads {self.n_context_} context features per window; none given")
         return predict_proba(self.model_, data, self.scaler_, logit_bias=getattr(self, "logit_bias_", None))
 
-    def score(self, X: Any, context: np.ndarray | None = None) -> np.ndarray:
+    def decision_function(self, X: Any, context: np.ndarray | None = None) -> np.ndarray:
         """``1 - p(normal)``, plus the calibrated novelty term when ``calibrate`` chose a weight above 0."""
         supervised = 1.0 - self.predict_proba(X, context)[:, 0]
         weight = getattr(self, "novelty_weight_", 0.0)
         return supervised + weight * self.novelty(X, context) if weight else supervised
+
+    def score(self, X: Any, context: np.ndarray | None = None) -> np.ndarray:
+        return self.decision_function(X, context)
+
+    def score_parts(self, X: Any) -> tuple[np.ndarray, np.ndarray | None]:
+        """``1 - p(normal)`` and the novelty (None without prototypes), so a caller can weigh them itself."""
+        supervised = (1.0 - self.predict_proba(X)[:, 0]).astype(np.float64)
+        return supervised, (self.novelty(X).astype(np.float64) if self.prototypes else None)
+
+    def save(self, path: Path) -> None:
+        """Write the fitted detector to the directory ``path`` (``model.pt`` + ``meta.json``)."""
+        save_detector(self, path)
+
+    @classmethod
+    def load(cls, path: Path) -> TCEDetector:
+        """A detector saved by ``save``; weights read with ``weights_only=True``, never unpickled."""
+        return load_detector(path)
 
     def predict_class(self, X: Any, context: np.ndarray | None = None) -> np.ndarray:
         return self.predict_proba(X, context).argmax(axis=1)
