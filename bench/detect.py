@@ -57,8 +57,10 @@ BASELINE_PARAMS: dict[str, dict[str, Any]] = {
     "lstm": {"epochs": 3},
 }
 REAL_SETS: dict[str, dict[str, Any]] = {
-    "asd": {"root": DATA / "asd", "outer": 4, "inner": 2, "inner_stride": 2, "normal_stride": 4},
-    "smd": {"root": DATA / "smd", "outer": 4, "inner": 2, "inner_stride": 4, "normal_stride": 8},
+    "asd": {"root": DATA / "asd", "outer": 4, "inner": 2, "inner_stride": 2, "normal_stride": 4,
+            "max_windows": 60000},
+    "smd": {"root": DATA / "smd", "outer": 4, "inner": 2, "inner_stride": 8, "normal_stride": 8,
+            "max_windows": 60000},
 }
 REAL_DETECTORS = ("tce", *SUPERVISED_BASELINES, *[d for d in DETECTORS if d != "tce"])
 SIM_HISTORY = 120
@@ -82,7 +84,7 @@ ABLATION: dict[str, dict[str, Any]] = {
 
 def real_nested(part: str, detectors: list[str], quick: bool, checkpoint: Any = None) -> dict[str, Any]:
     """Nested leave-machines-out on one real data set, one detector after the other (``checkpoint`` after
-    each, so a run cut short keeps the finished detectors)."""
+    every outer fold, so a run cut short keeps the folds done)."""
     spec = REAL_SETS[part]
     dataset = load_asd(spec["root"])
     rows: list[dict[str, Any]] = []
@@ -96,18 +98,24 @@ def real_nested(part: str, detectors: list[str], quick: bool, checkpoint: Any = 
             params.update({"max_iter": 10} if name == "gbm" else {})
             params.update({"epochs": 1} if name == "lstm" else {})
         started = time.perf_counter()
-        result = nested_leave_machines_out(
+        done = list(rows)
+
+        def record(result: Any, name: str = name, started: float = started, done: list[Any] = done) -> None:
+            rows[:] = done + result.rows
+            choices[name] = result.choices
+            seconds[name] = time.perf_counter() - started
+            out.update({"machines": sorted(dataset.entities), "outer_folds": spec["outer"],
+                        "inner_folds": spec["inner"], "history": HISTORY, "tce_params": TCE_REAL,
+                        "baseline_params": BASELINE_PARAMS, "results": list(rows), "choices": dict(choices),
+                        "summary": fold_spread(rows), "seconds": dict(seconds)})
+            if checkpoint is not None:
+                checkpoint(dict(out))
+
+        nested_leave_machines_out(
             dataset, candidates_for(name, params), outer=spec["outer"], inner=spec["inner"], history=HISTORY,
             seed=0, inner_stride=spec["inner_stride"] * (8 if quick else 1), normal_stride=spec["normal_stride"],
+            max_windows=spec["max_windows"], on_fold=record,
             log=lambda msg, p=part, n=name: console.log(escape(f"{p} {n}: {msg}")))
-        seconds[name] = time.perf_counter() - started
-        rows.extend(result.rows)
-        choices[name] = result.choices
-        out = {"machines": sorted(dataset.entities), "outer_folds": spec["outer"], "inner_folds": spec["inner"],
-               "history": HISTORY, "tce_params": TCE_REAL, "baseline_params": BASELINE_PARAMS,
-               "results": rows, "choices": choices, "summary": fold_spread(rows), "seconds": seconds}
-        if checkpoint is not None:
-            checkpoint(out)
     return out
 
 

@@ -21,8 +21,9 @@ from typing import Any
 import numpy as np
 from sklearn.metrics import average_precision_score, f1_score, precision_recall_curve, recall_score
 
+from vigil.detect.learned.windows import WindowSet
 from vigil.model import VigilInputError
-from vigil_eval.datasets import WindowSet
+from vigil_eval.datasets import Dataset, EntitySeries
 
 VUS_THRESHOLDS = 250
 
@@ -331,8 +332,6 @@ def standardise_per_machine(dataset: Any) -> Any:
     """Each machine's metrics standardised by the mean and spread of its own unlabelled history (its train
     part): what a new machine offers before anyone labels it. A metric constant in the history keeps unit
     scale."""
-    from vigil_eval.datasets import Dataset, EntitySeries
-
     out: dict[str, EntitySeries] = {}
     for name, series in dataset.entities.items():
         if series.train is None:
@@ -356,23 +355,34 @@ def machine_groups(entities: list[str], k: int, seed: int) -> list[list[str]]:
     return [sorted(entities[i] for i in part) for part in np.array_split(order, k)]
 
 
-def training_windows(dataset: Any, entities: list[str], *, history: int, normal_stride: int = 4) -> Any:
+def training_windows(dataset: Any, entities: list[str], *, history: int, normal_stride: int = 4,
+                     max_windows: int | None = None, seed: int = 0) -> Any:
     """Training windows of ``entities``: every ``normal_stride``-th window of the unlabelled history (as
-    normal) and every window of the labelled part."""
-    from vigil_eval.datasets import WindowSet
-
-    train = WindowSet(history)
+    normal) and every window of the labelled part. Above ``max_windows``, normal windows are thinned at
+    random (every anomalous one kept), so a large fleet costs no more than a small one."""
+    parts = []
     for series in dataset.select(entities):
         if series.train is not None:
-            train.add(series.train, series.train_labels, rows=np.arange(0, len(series.train), normal_stride))
-        train.add(series.test, series.test_labels, history=series.train)
+            labels = (series.train_labels if series.train_labels is not None
+                      else np.zeros(len(series.train), dtype=np.int64))
+            parts.append((series.train, labels, None, np.arange(0, len(series.train), normal_stride)))
+        parts.append((series.test, series.test_labels, series.train, np.arange(len(series.test))))
+    total = sum(len(rows) for *_, rows in parts)
+    anomalous = sum(int((labels[rows] > 0).sum()) for _, labels, _, rows in parts)
+    keep = 1.0
+    if max_windows is not None and total > max_windows:
+        keep = max(max_windows - anomalous, 0) / max(total - anomalous, 1)
+    rng = np.random.default_rng(seed)
+    train = WindowSet(history)
+    for values, labels, past, rows in parts:
+        if keep < 1.0:
+            rows = rows[(labels[rows] > 0) | (rng.random(len(rows)) < keep)]
+        train.add(values, labels, history=past, rows=rows)
     return train
 
 
 def labelled_windows(series: Any, *, history: int, stride: int = 1) -> Any:
     """Windows over a machine's labelled part (every ``stride``-th), its history as their past."""
-    from vigil_eval.datasets import WindowSet
-
     return WindowSet(history).add(series.test, series.test_labels, history=series.train,
                                   rows=np.arange(0, len(series.test), stride))
 
@@ -380,8 +390,6 @@ def labelled_windows(series: Any, *, history: int, stride: int = 1) -> Any:
 def history_windows(series: Any, *, history: int, count: int = 720) -> Any:
     """``count`` windows spread over a machine's unlabelled history: the reference its scores are read
     against (``relative_scores``)."""
-    from vigil_eval.datasets import WindowSet
-
     n = len(series.train)
     rows = np.unique(np.linspace(min(history, n - 1), n - 1, min(count, n)).astype(np.int64))
     return WindowSet(history).add(series.train, rows=rows)
@@ -427,14 +435,15 @@ def variant_scores(detector: Any, windows: Any) -> dict[str, np.ndarray]:
 
 def fit_candidate(candidate: Any, dataset: Any, fit_on: list[str], *, history: int, seed: int,
                   validation: Any | None = None, epochs: int | None = None,
-                  normal_stride: int = 4) -> Any:
+                  normal_stride: int = 4, max_windows: int | None = None) -> Any:
     """A fresh detector of ``candidate`` fitted on the machines ``fit_on``; TCE stops early on
     ``validation`` (windows of other development machines) or trains ``epochs`` epochs."""
     params = dict(candidate.params)
     if candidate.detector == "tce" and epochs is not None:
         params["epochs"] = epochs
     detector = make_detector(candidate.detector, seed, **params)
-    train = training_windows(dataset, fit_on, history=history, normal_stride=normal_stride)
+    train = training_windows(dataset, fit_on, history=history, normal_stride=normal_stride,
+                             max_windows=max_windows, seed=seed)
     if candidate.detector == "tce":
         detector.fit(train, validation=validation, classes=dataset.classes)
     else:
@@ -450,7 +459,8 @@ class NestedResult:
 
 def nested_leave_machines_out(dataset: Any, candidates: list[Candidate], *, outer: int, inner: int,
                               history: int, seed: int = 0, inner_stride: int = 1, normal_stride: int = 4,
-                              sliding_window: int = 30, log: Any = None) -> NestedResult:
+                              max_windows: int | None = None, sliding_window: int = 30,
+                              log: Any = None, on_fold: Any = None) -> NestedResult:
     """Nested leave-machines-out for one detector's ``candidates``.
 
     Outer loop: the machines are dealt into ``outer`` groups; each group in turn is the test fold, never
@@ -460,7 +470,8 @@ def nested_leave_machines_out(dataset: Any, candidates: list[Candidate], *, oute
     candidate and variant (novelty weight) with the best mean inner AUC-PR wins; the threshold is the best
     F1 on the pooled relative scores of the inner held-out machines; TCE's epoch count is the median of
     its inner early-stopping epochs. The winner is refitted on every development machine, and the test
-    machines are scored once with that threshold. Seeds: ``seed + outer fold``.
+    machines are scored once with that threshold. Seeds: ``seed + outer fold``. ``on_fold(result)`` after
+    each outer fold sees the folds done so far.
     """
     standardised = standardise_per_machine(dataset)
     data = {"fleet": dataset, "machine": standardised}
@@ -481,8 +492,6 @@ def nested_leave_machines_out(dataset: Any, candidates: list[Candidate], *, oute
                 held_series = source.select(held)
                 validation = None
                 if candidate.detector == "tce":
-                    from vigil_eval.datasets import WindowSet
-
                     validation = WindowSet(history)
                     for s in held_series:
                         validation.add(s.test, s.test_labels, history=s.train,
@@ -490,7 +499,8 @@ def nested_leave_machines_out(dataset: Any, candidates: list[Candidate], *, oute
                 if log is not None:
                     log(f"outer {o} inner {held}: {candidate.label}")
                 detector = fit_candidate(candidate, source, fit_on, history=history, seed=fold_seed,
-                                         validation=validation, normal_stride=normal_stride)
+                                         validation=validation, normal_stride=normal_stride,
+                                         max_windows=max_windows)
                 if candidate.detector == "tce":
                     epochs_seen.setdefault(c, []).append(max(1, int(detector.report_.best_epoch)))
                 for s in held_series:
@@ -519,14 +529,16 @@ def nested_leave_machines_out(dataset: Any, candidates: list[Candidate], *, oute
                 f"{np.mean(inner_ap[(best_c, best_variant)]):.3f}); refit on {len(development)} machines")
         source = data[winner.normalise]
         detector = fit_candidate(winner, source, development, history=history, seed=fold_seed, epochs=epochs,
-                                 normal_stride=normal_stride)
+                                 normal_stride=normal_stride, max_windows=max_windows)
         for s in source.select(test_group):
             labelled = labelled_windows(s, history=history)
-            reference = variant_scores(detector, history_windows(s, history=history))[best_variant]
-            scores = relative_scores(variant_scores(detector, labelled)[best_variant], reference)
+            own_history = variant_scores(detector, history_windows(s, history=history))[best_variant]
+            scores = relative_scores(variant_scores(detector, labelled)[best_variant], own_history)
             rows.append({"detector": candidates[0].detector, "entity": s.entity, "outer_fold": o,
                          "seed": fold_seed, "choice": f"{winner.label} {best_variant}".strip(),
                          **score_report(labelled.labels, scores, threshold, sliding_window=sliding_window)})
+        if on_fold is not None:
+            on_fold(NestedResult(rows=list(rows), choices=list(choices)))
     return NestedResult(rows=rows, choices=choices)
 
 

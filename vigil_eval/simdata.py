@@ -24,13 +24,14 @@ from pathlib import Path
 
 import numpy as np
 
+from vigil.detect.learned.windows import WindowSet
 from vigil.knowledge.faults import fault_catalogue
 from vigil.knowledge.metrics import is_counter
 from vigil.knowledge.xid import xid_codes_of
 from vigil.model import Event, GroundTruthFault, Topology, VigilInputError
 from vigil.sources.replay import decoded_events
 from vigil.store.metrics import MetricFrame
-from vigil_eval.datasets import Dataset, EntitySeries, WindowSet
+from vigil_eval.datasets import Dataset, EntitySeries
 
 # Context features group Xid codes by the fault the Xid table gives them.
 XID_FAMILY_FAULTS: dict[str, tuple[str, ...]] = {

@@ -9,8 +9,8 @@ from sklearn.metrics import average_precision_score
 
 from vigil.detect.base import Detector
 from vigil.detect.learned.baselines import BASELINES, LSTMDetector, RandomDetector
+from vigil.detect.learned.windows import WindowSet
 from vigil.model import VigilInputError
-from vigil_eval.datasets import WindowSet
 
 torch.set_num_threads(1)
 

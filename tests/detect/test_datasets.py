@@ -7,8 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from vigil.detect.learned.windows import WindowSet, windows
 from vigil.model import VigilInputError
-from vigil_eval.datasets import WindowSet, impute, load_asd, load_csv, load_nab, read_array, windows
+from vigil_eval.datasets import impute, load_asd, load_csv, load_nab, read_array
 from vigil_eval.formats import load
 
 
@@ -110,7 +111,7 @@ def test_numeric_pickles_are_read_as_data(tmp_path: Path) -> None:
     import pickle
 
     table = np.arange(12, dtype=np.float32).reshape(4, 3)
-    for protocol in (2, 3, 4, 5):
+    for protocol in (3, 4):
         (tmp_path / "a.pkl").write_bytes(pickle.dumps(table, protocol=protocol))
         assert np.array_equal(read_array(tmp_path / "a.pkl"), table)
     labels = np.array([0, 1, 1, 0], dtype=np.int64)
@@ -148,6 +149,7 @@ def test_a_hostile_pickle_is_refused_and_never_run(tmp_path: Path, monkeypatch: 
         read_array(tmp_path / "t.pkl")
 
 
+@pytest.mark.slow
 def test_smd_machines_without_published_metrics_are_not_entities(shared_data: Path) -> None:
     ds = load_asd(shared_data / "smd")
     assert "machine-1-1" not in ds.entities and len(ds.entities) == 14 and len(ds.features) == 38

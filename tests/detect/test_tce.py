@@ -12,8 +12,8 @@ from sklearn.metrics import average_precision_score
 
 from vigil.detect.learned.tce import TCEDetector, TemporalContextEncoder
 from vigil.detect.learned.train import load_detector, save_detector
+from vigil.detect.learned.windows import WindowSet
 from vigil.model import VigilInputError
-from vigil_eval.datasets import WindowSet
 
 torch.set_num_threads(1)
 

@@ -36,8 +36,8 @@ from torch import nn
 
 from vigil.detect.base import Detector
 from vigil.detect.learned.features import window_features
+from vigil.detect.learned.windows import WindowSet
 from vigil.model import VigilInputError
-from vigil_eval.datasets import WindowSet
 
 MAX_FIT_SAMPLES = 20000
 BATCH = 4096

@@ -46,8 +46,8 @@ from vigil.detect.learned.train import (
     predict_proba,
     save_detector,
 )
+from vigil.detect.learned.windows import WindowSet
 from vigil.model import VigilInputError
-from vigil_eval.datasets import WindowSet
 
 DEVIATION_CLIP = 10.0
 # Candidate weights of the novelty term in the anomaly score (0 = the classifier alone; 20 = novelty almost alone).

@@ -19,8 +19,8 @@ import torch
 from sklearn.metrics import average_precision_score, f1_score
 
 from vigil.detect.learned.loss import DynamicClassWeightedLoss
+from vigil.detect.learned.windows import WindowSet
 from vigil.model import VigilInputError
-from vigil_eval.datasets import WindowSet
 
 if TYPE_CHECKING:
     from vigil.detect.learned.tce import TCEDetector
