@@ -82,7 +82,8 @@ ABLATION: dict[str, dict[str, Any]] = {
 }
 
 
-def real_nested(part: str, detectors: list[str], quick: bool, checkpoint: Any = None) -> dict[str, Any]:
+def real_nested(part: str, detectors: list[str], quick: bool, checkpoint: Any = None,
+                folds: list[int] | None = None) -> dict[str, Any]:
     """Nested leave-machines-out on one real data set, one detector after the other (``checkpoint`` after
     every outer fold, so a run cut short keeps the folds done)."""
     spec = REAL_SETS[part]
@@ -114,7 +115,7 @@ def real_nested(part: str, detectors: list[str], quick: bool, checkpoint: Any = 
         nested_leave_machines_out(
             dataset, candidates_for(name, params), outer=spec["outer"], inner=spec["inner"], history=HISTORY,
             seed=0, inner_stride=spec["inner_stride"] * (8 if quick else 1), normal_stride=spec["normal_stride"],
-            max_windows=spec["max_windows"], on_fold=record,
+            max_windows=spec["max_windows"], on_fold=record, folds=folds,
             log=lambda msg, p=part, n=name: console.log(escape(f"{p} {n}: {msg}")))
     return out
 
@@ -251,6 +252,8 @@ def main() -> None:
     parser.add_argument("--only", choices=("asd", "smd", "sim"), help="run one part, keep the others from the json")
     parser.add_argument("--detectors", default="", help="real data: comma-separated detectors "
                         f"(default: {','.join(REAL_DETECTORS)}); their rows replace those of the same name")
+    parser.add_argument("--folds", default="", help="real data: outer folds to run (0-based, comma-separated; "
+                        "default all); runs of different folds add up in the results file")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 1-epoch models, sparse inner folds (numbers not comparable)")
     parser.add_argument("--out", type=Path, default=OUT, help="results file (default: bench/results/detect.json)")
@@ -271,12 +274,18 @@ def main() -> None:
         for stale in [k for k in current if k.startswith(("asd_protocol_b", "asd_ablation"))]:
             del current[stale]
         previous = current.get(part, {})
-        if part in REAL_SETS and args.detectors and previous:
-            # Keep the other detectors' rows of an earlier run; this run's detectors replace theirs.
-            mine = set(detectors)
-            rows = [r for r in previous["results"] if r["detector"] not in mine] + value["results"]
-            value = {**previous, **value, "results": rows, "summary": fold_spread(rows),
-                     "choices": {**previous["choices"], **value["choices"]},
+        if part in REAL_SETS and previous:
+            # Rows of other detectors or other outer folds from earlier (or parallel) runs stay; this run's
+            # (detector, outer fold) pairs replace theirs.
+            mine = {(r["detector"], r["outer_fold"]) for r in value["results"]}
+            rows = [r for r in previous["results"] if (r["detector"], r["outer_fold"]) not in mine]
+            rows += value["results"]
+            choices = {name: [c for c in previous["choices"].get(name, [])
+                              if (name, c["outer_fold"]) not in mine] + value["choices"].get(name, [])
+                       for name in {*previous["choices"], *value["choices"]}}
+            for name in choices:
+                choices[name].sort(key=lambda c: c["outer_fold"])
+            value = {**previous, **value, "results": rows, "summary": fold_spread(rows), "choices": choices,
                      "seconds": {**previous["seconds"], **value["seconds"]}}
         current.update({"machine": platform.processor() or platform.machine(), "torch": torch.__version__,
                         "threads": torch.get_num_threads(), part: value,
@@ -290,7 +299,8 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     for part in ("asd", "smd"):
         if args.only in (None, part):
-            save(part, real_nested(part, detectors, args.quick, lambda value, p=part: save(p, value)))
+            folds = [int(k) for k in args.folds.split(",") if k] or None
+            save(part, real_nested(part, detectors, args.quick, lambda value, p=part: save(p, value), folds=folds))
     if args.only in (None, "sim"):
         sim_seeds = [int(k) for k in args.sim_seeds.split(",") if k]
         save("sim_protocol_c", sim_protocol_c(sim_seeds, args.quick, lambda v: save("sim_protocol_c", v)))

@@ -15,6 +15,7 @@ thresholds; tests check it against a direct, point-by-point reading of the defin
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -460,7 +461,8 @@ class NestedResult:
 def nested_leave_machines_out(dataset: Any, candidates: list[Candidate], *, outer: int, inner: int,
                               history: int, seed: int = 0, inner_stride: int = 1, normal_stride: int = 4,
                               max_windows: int | None = None, sliding_window: int = 30,
-                              log: Any = None, on_fold: Any = None) -> NestedResult:
+                              log: Any = None, on_fold: Any = None,
+                              folds: Sequence[int] | None = None) -> NestedResult:
     """Nested leave-machines-out for one detector's ``candidates``.
 
     Outer loop: the machines are dealt into ``outer`` groups; each group in turn is the test fold, never
@@ -471,7 +473,8 @@ def nested_leave_machines_out(dataset: Any, candidates: list[Candidate], *, oute
     F1 on the pooled relative scores of the inner held-out machines; TCE's epoch count is the median of
     its inner early-stopping epochs. The winner is refitted on every development machine, and the test
     machines are scored once with that threshold. Seeds: ``seed + outer fold``. ``on_fold(result)`` after
-    each outer fold sees the folds done so far.
+    each outer fold sees the folds done so far; ``folds`` runs only those outer folds (the deal of machines
+    into folds is the same, so separate runs of different folds add up to one run).
     """
     standardised = standardise_per_machine(dataset)
     data = {"fleet": dataset, "machine": standardised}
@@ -479,6 +482,8 @@ def nested_leave_machines_out(dataset: Any, candidates: list[Candidate], *, oute
     rows: list[dict[str, Any]] = []
     choices: list[dict[str, Any]] = []
     for o, test_group in enumerate(machine_groups(names, outer, seed)):
+        if folds is not None and o not in folds:
+            continue
         fold_seed = seed + o
         development = [n for n in names if n not in test_group]
         inner_groups = machine_groups(development, inner, fold_seed)
