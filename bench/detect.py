@@ -214,7 +214,7 @@ def scoring_speed(detector: TCEDetector, n_gpus: int = 10_000) -> dict[str, floa
 
     tce_s = best(lambda: detector.predict_proba(windows, context))
     lstm = LSTMDetector(epochs=1).fit(windows[:2000, -30:, :])
-    lstm_s = best(lambda: lstm.score(windows[:, -30:, :]))
+    lstm_s = best(lambda: lstm.decision_function(windows[:, -30:, :]))
     return {"gpus": n_gpus, "tce_s": tce_s, "lstm_s": lstm_s, "threads": torch.get_num_threads()}
 
 

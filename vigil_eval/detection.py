@@ -298,12 +298,12 @@ def report_fitted(detector: Any, name: str, val: Any, tests: dict[str, Any], *, 
     seconds spent scoring."""
     import time
 
-    threshold = choose_threshold(val.labels, detector.score(val))
+    threshold = choose_threshold(val.labels, detector.decision_function(val))
     rows = []
     score_s = 0.0
     for entity, test in tests.items():
         started = time.perf_counter()
-        scores = detector.score(test)
+        scores = detector.decision_function(test)
         score_s += time.perf_counter() - started
         rows.append({"detector": name, "entity": entity, "seed": seed,
                      **score_report(test.labels, scores, threshold, sliding_window=sliding_window)})

@@ -49,7 +49,7 @@ def test_tce_learns_recent_and_trend_faults() -> None:
     Xv, yv = toy_windows(300, seed=1)
     det = small_tce().fit(X, y, validation=WindowSet.from_array(Xv, yv), classes=["normal", "shift", "ramp"])
     Xt, yt = toy_windows(300, seed=2)
-    scores = det.score(Xt)
+    scores = det.decision_function(Xt)
     assert average_precision_score(yt > 0, scores) > 0.9
     pred = det.predict_class(Xt)
     for k in (1, 2):
@@ -63,7 +63,7 @@ def test_save_load_round_trip(tmp_path: Path) -> None:
     save_detector(det, tmp_path / "m")
     back = load_detector(tmp_path / "m")
     assert back.features_ == ["a", "b", "c", "d"] and back.classes_ == det.classes_
-    np.testing.assert_allclose(back.score(X[:50]), det.score(X[:50]), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(back.decision_function(X[:50]), det.decision_function(X[:50]), rtol=1e-5, atol=1e-6)
     meta = json.loads((tmp_path / "m" / "meta.json").read_text())
     assert meta["format_version"] == 1 and len(meta["scaler"]["mean"]) == 4
 
@@ -103,13 +103,13 @@ def test_bad_input_gets_a_clear_error() -> None:
     X, y = toy_windows(200, seed=0)
     det = small_tce(epochs=1).fit(X, y)
     with pytest.raises(VigilInputError, match="expected 4 features"):
-        det.score(X[:, :, :3])
+        det.decision_function(X[:, :, :3])
     with pytest.raises(VigilInputError, match="48"):
-        det.score(X[:, -20:, :])
+        det.decision_function(X[:, -20:, :])
     bad = X[:5].copy()
     bad[0, 3, 1] = np.nan
     with pytest.raises(VigilInputError, match="NaN"):
-        det.score(bad)
+        det.decision_function(bad)
     with pytest.raises(VigilInputError, match="labels"):
         small_tce().fit(X)
 
@@ -132,7 +132,7 @@ def test_ensemble_averages_member_logits_and_round_trips(tmp_path: Path) -> None
     assert np.isfinite(det.report_.best_validation)
     save_detector(det, tmp_path / "ens")
     back = load_detector(tmp_path / "ens")
-    np.testing.assert_allclose(back.score(X[:50]), det.score(X[:50]), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(back.decision_function(X[:50]), det.decision_function(X[:50]), rtol=1e-5, atol=1e-6)
     with pytest.raises(VigilInputError, match="members"):
         small_tce(members=0).fit(X, y)
 
@@ -149,7 +149,7 @@ def test_calibration_weighs_novelty_when_the_held_out_faults_are_new() -> None:
     weight = det.calibrate(WindowSet.from_array(Xc, yc))
     assert weight > 0 and det.novelty_weight_ == weight
     supervised = 1.0 - det.predict_proba(Xc)[:, 0]
-    assert average_precision_score(yc, det.score(Xc)) > average_precision_score(yc, supervised) + 0.2
+    assert average_precision_score(yc, det.decision_function(Xc)) > average_precision_score(yc, supervised) + 0.2
     # No fault to calibrate on: the classifier alone.
     assert det.calibrate(WindowSet.from_array(Xc[yc == 0], yc[yc == 0])) == 0.0
     assert small_tce(epochs=1, prototypes=0).fit(X, y).calibrate(WindowSet.from_array(Xc, yc)) == 0.0
@@ -162,4 +162,4 @@ def test_novelty_weight_survives_save_and_load(tmp_path: Path) -> None:
     save_detector(det, tmp_path / "m")
     back = load_detector(tmp_path / "m")
     assert back.novelty_weight_ == 0.5
-    np.testing.assert_allclose(back.score(X[:40]), det.score(X[:40]), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(back.decision_function(X[:40]), det.decision_function(X[:40]), rtol=1e-5, atol=1e-6)

@@ -34,7 +34,7 @@ from sklearn.ensemble import HistGradientBoostingClassifier
 from sklearn.neighbors import NearestNeighbors
 from torch import nn
 
-from vigil.detect.base import Detector
+from vigil.detect.base import BaseDetector
 from vigil.detect.learned.features import window_features
 from vigil.detect.learned.windows import WindowSet
 from vigil.model import VigilInputError
@@ -77,13 +77,10 @@ def _normal_sample(X: Any, y: np.ndarray | None, window: int, seed: int, *, name
     return arr
 
 
-class _FlatWindowDetector(Detector):
+class _FlatWindowDetector(BaseDetector):
     window: int
     seed: int
     supervised: ClassVar[bool] = False
-
-    def score(self, X: Any) -> np.ndarray:
-        return self.decision_function(X)
 
     def _check_features(self, arr: np.ndarray) -> None:
         expected = getattr(self, "n_features_", None)
@@ -156,10 +153,15 @@ class KMeansDetector(_FlatWindowDetector):
 
     def _fit_flat(self, flat: np.ndarray) -> None:
         k = min(self.n_clusters, len(flat))
-        self.model_ = MiniBatchKMeans(n_clusters=k, random_state=self.seed, n_init=3).fit(flat)
+        # Only the centroids are kept: arrays, so the detector saves and loads as data (BaseDetector.save).
+        self.centroids_ = MiniBatchKMeans(n_clusters=k, random_state=self.seed, n_init=3).fit(flat).cluster_centers_
 
     def _score_flat(self, flat: np.ndarray) -> np.ndarray:
-        return np.asarray(self.model_.transform(flat).min(axis=1), dtype=np.float64)
+        # |a - c|^2 = |a|^2 - 2 a.c + |c|^2: no (samples x centroids x features) intermediate.
+        centroids = np.asarray(self.centroids_, dtype=np.float64)
+        rows = np.asarray(flat, dtype=np.float64)
+        squared = (rows ** 2).sum(axis=1)[:, None] - 2 * rows @ centroids.T + (centroids ** 2).sum(axis=1)[None, :]
+        return np.sqrt(np.maximum(squared.min(axis=1), 0.0))
 
 
 class KNNDetector(_FlatWindowDetector):
@@ -174,10 +176,12 @@ class KNNDetector(_FlatWindowDetector):
     def _fit_flat(self, flat: np.ndarray) -> None:
         if len(flat) > self.max_samples:
             flat = flat[np.sort(np.random.default_rng(self.seed).choice(len(flat), self.max_samples, replace=False))]
-        self.model_ = NearestNeighbors(n_neighbors=min(self.n_neighbors, len(flat))).fit(flat)
+        # The reference samples are the model: an array, so the detector saves and loads as data.
+        self.reference_ = np.asarray(flat, dtype=np.float32)
 
     def _score_flat(self, flat: np.ndarray) -> np.ndarray:
-        distances, _ = self.model_.kneighbors(flat)
+        index = NearestNeighbors(n_neighbors=min(self.n_neighbors, len(self.reference_))).fit(self.reference_)
+        distances, _ = index.kneighbors(flat)
         return np.asarray(distances[:, -1], dtype=np.float64)
 
 
@@ -293,7 +297,7 @@ def features_of(X: Any, history: int, recent: int, *, name: str) -> np.ndarray:
     return window_features(arr, recent)
 
 
-class GradientBoostingDetector(Detector):
+class GradientBoostingDetector(BaseDetector):
     """Supervised baseline: gradient-boosted trees on the window features (see module docstring)."""
 
     name: ClassVar[str] = "gbm"
@@ -327,9 +331,6 @@ class GradientBoostingDetector(Detector):
                                   f"got {features.shape[1] // 6}")
         normal = list(self.model_.classes_).index(0)
         return 1.0 - self.model_.predict_proba(features)[:, normal].astype(np.float64)
-
-    def score(self, X: Any) -> np.ndarray:
-        return self.decision_function(X)
 
 
 class _SequenceClassifier(nn.Module):
@@ -410,7 +411,7 @@ class LSTMClassifierDetector(_FlatWindowDetector):
         return np.concatenate(out).astype(np.float64) if out else np.zeros(0)
 
 
-BASELINES: dict[str, type[Detector]] = {
+BASELINES: dict[str, type[BaseDetector]] = {
     cls.name: cls for cls in (LSTMDetector, PCADetector, IForestDetector, KMeansDetector, KNNDetector,
                               RandomDetector, GradientBoostingDetector, LSTMClassifierDetector)
 }

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from vigil.detect.base import Detector
+from vigil.detect.base import BaseDetector
 from vigil.detect.learned.features import window_features
 from vigil.detect.learned.loss import DynamicClassWeightedLoss, WeightMode
 from vigil.detect.learned.train import (
@@ -208,7 +208,7 @@ class TCEEnsemble(nn.Module):
         return torch.stack([member(window, context) for member in self.members]).mean(dim=0)
 
 
-class TCEDetector(Detector):
+class TCEDetector(BaseDetector):
     """TCE behind the detector interface: ``fit`` on labelled windows, ``score`` = 1 - p(normal).
 
     ``X`` is (n, history, features) windows or a ``WindowSet``; ``y`` is the class index per window (0 normal);
@@ -384,9 +384,6 @@ class TCEDetector(Detector):
         weight = getattr(self, "novelty_weight_", 0.0)
         return supervised + weight * self.novelty(X, context) if weight else supervised
 
-    def score(self, X: Any, context: np.ndarray | None = None) -> np.ndarray:
-        return self.decision_function(X, context)
-
     def score_parts(self, X: Any) -> tuple[np.ndarray, np.ndarray | None]:
         """``1 - p(normal)`` and the novelty (None without prototypes), so a caller can weigh them itself."""
         supervised = (1.0 - self.predict_proba(X)[:, 0]).astype(np.float64)
@@ -397,9 +394,12 @@ class TCEDetector(Detector):
         save_detector(self, path)
 
     @classmethod
-    def load(cls, path: Path) -> TCEDetector:
+    def load(cls, path: Path) -> Self:
         """A detector saved by ``save``; weights read with ``weights_only=True``, never unpickled."""
-        return load_detector(path)
+        detector = load_detector(path)
+        if not isinstance(detector, cls):
+            raise VigilInputError(f"{path}: holds a {type(detector).__name__}, not a {cls.__name__}")
+        return detector
 
     def predict_class(self, X: Any, context: np.ndarray | None = None) -> np.ndarray:
         return self.predict_proba(X, context).argmax(axis=1)
