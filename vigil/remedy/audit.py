@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from sqlalchemy import (
     func,
     insert,
     select,
+    update,
 )
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -73,6 +75,20 @@ node_transitions_table = Table(
     Column("to_state", String(30), nullable=False),
     Column("trigger", String(60), nullable=False),
     Column("reason", Text, nullable=False),
+)
+
+# The execution journal: one row per idempotency key, written before the back end is called and closed after.
+# A row still "started" after a crash is an action that may be half done; running it again resumes it (every
+# actuator call is idempotent: a drain evicts what is left, a cordon sets what is already set).
+intents_table = Table(
+    "remedy_intents",
+    metadata,
+    Column("key", String(120), primary_key=True),
+    Column("action_id", String(40), nullable=False),
+    Column("state", String(20), nullable=False),
+    Column("started", Float, nullable=False),
+    Column("finished", Float),
+    Column("action", JSON, nullable=False),
 )
 
 _engines: dict[str, Engine] = {}
@@ -147,6 +163,32 @@ class AuditLog:
             query = query.limit(limit)
         with self.engine.connect() as conn:
             return [_action(row._mapping) for row in conn.execute(query)]
+
+    def begin(self, key: str, action: Action) -> str | None:
+        """Journal that ``action`` is about to run; returns the state a previous run under ``key`` left
+        ("done", "started" after a crash, "failed"), or None when this is the first."""
+        row = {"key": key, "action_id": action.id, "state": "started", "started": time.time(),
+               "action": action.model_dump(mode="json")}
+        with self.engine.begin() as conn:
+            found = conn.execute(select(intents_table.c.state).where(intents_table.c.key == key)).first()
+            if found is None:
+                conn.execute(insert(intents_table).values(**row))
+                return None
+            if found.state != "done":
+                conn.execute(update(intents_table).where(intents_table.c.key == key).values(state="started"))
+            return str(found.state)
+
+    def finish(self, key: str, state: str) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(update(intents_table).where(intents_table.c.key == key)
+                         .values(state=state, finished=time.time()))
+
+    def unfinished(self) -> list[Action]:
+        """Actions whose execution started and never ended: the process died in the middle."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(intents_table.c.action).where(intents_table.c.state == "started")
+                                .order_by(intents_table.c.started))
+            return [Action.model_validate(row.action) for row in rows]
 
     def count(self) -> int:
         with self.engine.connect() as conn:

@@ -117,7 +117,21 @@ class Remediator:
             if not verdict.admitted:
                 action.status, action.result = ActionStatus.REFUSED, verdict.reason
                 return
-        if not self.dry_run and self._done_per_actuator(action, actuator):
+        if self.dry_run:
+            action.status, action.result = (
+                ActionStatus.PROPOSED,
+                f"dry-run: would {actuator.describe(action)}",
+            )
+            return
+        # The idempotency key is the action's id unless the caller names one: the same approved action executed
+        # twice (a retry, a restart after kill -9) reaches the back end to completion once.
+        key = str(action.params.setdefault("idempotency_key", action.id))
+        previous = self.audit.begin(key, action)
+        if previous == "done":
+            action.status, action.result = ActionStatus.SKIPPED, f"already executed (idempotency key {key})"
+            return
+        if self._done_per_actuator(action, actuator):
+            self.audit.finish(key, "done")
             action.status, action.result = (
                 ActionStatus.SKIPPED,
                 f"{action.target} already {action.kind.value} per {actuator.name}",
@@ -125,22 +139,25 @@ class Remediator:
             # The back end is already there (Slurm's DRAIN is both cordon and drain): follow it.
             self._advance_lifecycle(action)
             return
-        if self.dry_run:
-            action.status, action.result = (
-                ActionStatus.PROPOSED,
-                f"dry-run: would {actuator.describe(action)}",
-            )
-            return
         try:
             action.result = actuator.execute(action)
         except (ActuatorError, OSError) as err:
+            self.audit.finish(key, "failed")
             action.status, action.result = ActionStatus.FAILED, f"{actuator.name}: {err}"
             if guarded:
                 assert self.guard is not None
                 self.guard.release(action.target)
             return
+        self.audit.finish(key, "done")
+        if previous == "started":
+            action.result = f"resumed after an interrupted run: {action.result}"
         action.status = ActionStatus.EXECUTED
         self._advance_lifecycle(action)
+
+    def recover(self) -> list[Action]:
+        """After a crash: run again every action whose execution started and never finished. Each resumes
+        under its idempotency key (a half-done drain evicts what is left), so none completes twice."""
+        return [self.execute(action) for action in self.audit.unfinished()]
 
     def finish_repair(self, node: str, self_check_passed: bool, detail: str = "") -> NodeState:
         """Close a repair (reset / reboot done): record the self-check, and return the node if it passed.

@@ -1,0 +1,76 @@
+"""kill -9 in the middle of an action, then restart: the half-done drain is resumed, and no action runs to
+completion twice (the idempotency key in the execution journal)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from vigil.model import Action, ActionKind, ActionStatus
+from vigil.remedy.actuators.slurm import SlurmActuator
+from vigil.remedy.audit import AuditLog
+from vigil.remedy.remediator import Remediator
+
+# A stand-in scontrol that records each call and, while the file "stall" exists, stops in the middle of the
+# drain (after it was issued) until it is killed: the moment a crash leaves a drain half done.
+SCONTROL = """#!/bin/sh
+echo "$*" >> "{state}/calls.log"
+case "$1" in
+  show) echo "NodeName=$3 State=IDLE" ;;
+  update) [ -f "{state}/stall" ] && sleep 120 ;;
+esac
+exit 0
+"""
+
+EXECUTE = """
+import sys
+from vigil.model import Action, ActionKind
+from vigil.remedy.actuators.slurm import SlurmActuator
+from vigil.remedy.audit import AuditLog
+from vigil.remedy.remediator import Remediator
+remediator = Remediator([SlurmActuator(scontrol=sys.argv[2])], AuditLog(sys.argv[1]), dry_run=False)
+remediator.execute(Action(id="act-drain-n1", ts=0.0, kind=ActionKind.DRAIN, target="node/n1", reason="Xid 79"))
+"""
+
+
+def _updates(state: Path) -> int:
+    log = state / "calls.log"
+    return sum(1 for line in log.read_text().splitlines() if line.startswith("update")) if log.exists() else 0
+
+
+def test_kill_9_mid_drain_then_restart_resumes_once(tmp_path: Path) -> None:
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text(SCONTROL.format(state=tmp_path))
+    scontrol.chmod(0o755)
+    url = f"sqlite:///{tmp_path / 'vigil.db'}"
+    (tmp_path / "stall").touch()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    worker = subprocess.Popen([sys.executable, "-c", EXECUTE, url, str(scontrol)], env=env)
+    deadline = time.monotonic() + 60
+    while _updates(tmp_path) == 0:
+        assert worker.poll() is None and time.monotonic() < deadline, "the drain never started"
+        time.sleep(0.05)
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.wait(timeout=30)
+    (tmp_path / "stall").unlink()
+
+    audit = AuditLog(url)
+    assert [a.id for a in audit.unfinished()] == ["act-drain-n1"] and audit.actions() == []
+    restarted = Remediator([SlurmActuator(scontrol=str(scontrol))], audit, dry_run=False)
+    (resumed,) = restarted.recover()
+    assert resumed.status is ActionStatus.EXECUTED and resumed.result.startswith("resumed after an interrupted run")
+    assert audit.unfinished() == [] and _updates(tmp_path) == 2  # the killed call and the one that completed
+
+    # A retry of the same intent (a new action record, the same idempotency key) does not run again.
+    retry = Action(id="act-drain-n1-retry", ts=1.0, kind=ActionKind.DRAIN, target="node/n1",
+                   params={"idempotency_key": "act-drain-n1"})
+    again = restarted.execute(retry)
+    assert again.status is ActionStatus.SKIPPED and "idempotency key" in again.result
+    assert _updates(tmp_path) == 2
+    assert [(a.id, a.status) for a in audit.actions()] == [("act-drain-n1", ActionStatus.EXECUTED),
+                                                           ("act-drain-n1-retry", ActionStatus.SKIPPED)]
