@@ -14,6 +14,7 @@ from typer._click import exceptions as click_exceptions
 from vigil import __version__
 from vigil.faces.cli import core as core_cli
 from vigil.faces.cli.agent import agent
+from vigil.faces.cli.ask import ask
 from vigil.faces.cli.checkpoint import app as checkpoint_app
 from vigil.faces.cli.detect import app as detect_app
 from vigil.faces.cli.diagnose import app as diagnose_app
@@ -84,6 +85,7 @@ app.add_typer(runs_app, name="runs")
 app.command("serve")(serve)
 app.command("engine")(engine)
 app.command("mcp")(mcp)
+app.command("ask")(ask)
 app.add_typer(users_app, name="users")
 
 
