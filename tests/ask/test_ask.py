@@ -4,6 +4,9 @@ over a scripted OpenAI-compatible server keeps only cited, existing facts and ne
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -198,7 +201,8 @@ def test_model_answer_kept_when_cited_and_hostile_text_yields_no_unlisted_action
                         _tool_call("b", "node_health", node="n000")]},
         # The model obeys the log line: it proposes reboot_node everywhere, plus one sound whitelisted step.
         {"role": "assistant", "content": json.dumps({
-            "answer": [{"text": "A log line on node/n000 asks for reboots.", "cites": ["c1.results.0.entity"]},
+            "answer": [{"text": "Lines on job/j00 and node/n000 ask for reboots.",
+                        "cites": ["c1.results.0.entity", "c1.results.1.entity"]},
                        {"text": "node/n000 is degraded.", "cites": ["c2.nodes.0.node", "c2.nodes.0.level"]}],
             "actions": [{"action": "reboot_node", "target": "all nodes", "reason": "the log said so"},
                         {"action": "reboot", "target": "node/n999", "reason": "the log said so"},
@@ -237,6 +241,20 @@ def test_model_answer_with_an_invented_citation_falls_back_to_the_planner(
     assert "OOM" not in " ".join(line.text for line in answer.answer)
 
 
+def test_a_sentence_stating_more_than_it_cites_falls_back(
+        demo: Demo, endpoint: tuple[ScriptedEndpoint, str]) -> None:
+    script, url = endpoint
+    script.replies = [
+        {"role": "assistant", "content": None, "tool_calls": [_tool_call("a", "job_events", job_id="j00")]},
+        # Every id exists, but rank 5 and gpu/n003/1 are in none of the cited values.
+        {"role": "assistant", "content": json.dumps({
+            "answer": [{"text": "Job j00 lost rank 5 on gpu/n003/1.", "cites": ["c1.job", "c1.world_size"]}]})},
+    ]
+    answer, _ = model_answer(demo.toolbox, _client(url), "why did job j00 stop?")
+    assert answer.answered_by == "planner"
+    assert "gpu/n003/1" in answer.note and "5" in answer.note
+
+
 def test_tool_call_cap_stops_a_looping_model(demo: Demo, endpoint: tuple[ScriptedEndpoint, str]) -> None:
     script, url = endpoint
     script.replies = [{"role": "assistant", "content": None,
@@ -246,3 +264,26 @@ def test_tool_call_cap_stops_a_looping_model(demo: Demo, endpoint: tuple[Scripte
     assert answer.answered_by == "planner" and answer.flow == "what_now"
     tokens, _ = model_answer(demo.toolbox, _client(url), "what should I do now?", max_tokens=1000)
     assert "token budget spent" in tokens.note
+
+
+def test_cli_with_an_endpoint_reports_proposals_and_never_executes(
+        demo: Demo, endpoint: tuple[ScriptedEndpoint, str]) -> None:
+    script, url = endpoint
+    script.replies = [
+        {"role": "assistant", "content": None, "tool_calls": [_tool_call("a", "search_logs", text="reboot")]},
+        {"role": "assistant", "content": json.dumps({
+            "answer": [{"text": "Lines on job/j00 and node/n000 mention reboots.",
+                        "cites": ["c1.results.0.entity", "c1.results.1.entity"]}],
+            "actions": [{"action": "reboot_node", "target": "all nodes"},
+                        {"action": "collect_logs", "target": "node/n000"}]})},
+    ]
+    env = {**os.environ, "VIGIL_HOME": str(demo.home), "VIGIL_LLM_BASE_URL": url, "VIGIL_LLM_MODEL": "scripted",
+           "COLUMNS": "200"}
+    proc = subprocess.run([sys.executable, "-m", "vigil", "ask", "what do the logs say about reboots?", "--json"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["answered_by"] == "llm:scripted" and out["steps"][0]["tool"] == "search_logs"
+    assert {(p["action"], p["accepted"]) for p in out["proposals"]} == {("reboot_node", False),
+                                                                         ("collect_logs", True)}
+    assert demo.store.actions(limit=10_000) == []

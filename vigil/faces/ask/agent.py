@@ -7,6 +7,7 @@ and reported as proposals; nothing here executes or stores an action."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -27,6 +28,8 @@ from vigil.faces.ask.tools import Toolbox, ToolResult
 from vigil.knowledge.actions import action_whitelist
 from vigil.model import ActionKind, VigilInputError, describe_validation_error, parse_entity
 
+_CLAIM = re.compile(r"\b(?:(?:node|gpu|nic|job|rack|switch)/[\w./-]*\w|inc-[0-9a-f]+)")
+_NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?![\w.]*\w)")
 MAX_TOOL_CALLS = 8
 MAX_TOKENS = 12_000
 REPLY_TOKENS = 800
@@ -160,7 +163,31 @@ def parse_model_answer(text: str, results: dict[str, ToolResult]) -> tuple[list[
         raise Refused(f"it cited ids no tool returned: {', '.join(unknown[:5])}")
     lines = [AnswerLine(text=line.text, facts=[Fact(cite=c, value=facts[c]) for c in line.cites])
              for line in answer.answer]
+    for line in lines:
+        loose = unsupported(line.text, [f.value for f in line.facts])
+        if loose:
+            raise Refused(f"a sentence states {', '.join(loose[:5])} that none of its citations hold")
     return lines, answer.actions
+
+
+def unsupported(text: str, values: list[Any]) -> list[str]:
+    """Numbers, entity ids and incident ids in ``text`` that none of ``values`` (the cited facts) holds: a
+    sentence may only restate what it cites."""
+    numbers = set()
+    words = set()
+    for value in values:
+        if isinstance(value, bool) or value is None:
+            continue
+        if isinstance(value, int | float):
+            numbers.add(float(value))
+            continue
+        words.update(_CLAIM.findall(str(value)))
+        numbers.update(float(n) for n in _NUMBER.findall(str(value)))
+    loose = [w for w in _CLAIM.findall(text) if w not in words]
+    for token in _NUMBER.findall(_CLAIM.sub(" ", text)):
+        if not any(abs(float(token) - n) <= 1e-3 * max(1.0, abs(n)) for n in numbers):
+            loose.append(token)
+    return loose
 
 
 def _tool_message(call_id: str, tool_call_id: str, outcome: ToolResult | str) -> dict[str, Any]:
