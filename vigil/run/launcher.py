@@ -177,6 +177,8 @@ def launch(
             job=job,
         )
         nodes = NodeGroup(out, nnodes, node_rank) if nnodes > 1 else None
+        if nodes is not None:
+            nodes.clear_own()
         supervisor = Supervisor(procs, out, config, on_event or (lambda message: None), nodes=nodes, world=world)
         return supervisor.run()
     finally:

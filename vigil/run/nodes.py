@@ -5,8 +5,9 @@ probes of every rank already write their records to the shared directory. On top
 supervisor publishes ``node<I>.json`` (its host and its ranks' pids and exit codes), so every node sees
 the whole job: an exit on one node is a crash for all. The first supervisor to reach a verdict claims
 it (``verdict.claim``, created exclusively); the others then read their own ranks' stacks with py-spy
-(it only reaches local processes), leave them in ``stacks.node<I>.json``, stop their ranks and wait
-for the claimer's ``diagnosis.json``, which names the culprit across nodes.
+(it only reaches local processes), leave them in ``stacks.node<I>.json``, wait for the claimer's
+``diagnosis.json``, which names the culprit across nodes, and only then stop their ranks (stopped
+earlier, they would make the claimer's ranks fail, and that cascade would read as a crash).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import json
 import os
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,9 @@ from vigil.sources.probe.records import write_json_atomic
 CLAIM_FILE = "verdict.claim"
 NODE_PATTERN = "node{node}.json"
 NODE_STACKS_PATTERN = "stacks.node{node}.json"
+# A peer rewrites its file every tick: one older than this node's start by more than this is left over
+# from an earlier run in the same directory.
+STALE_PEER_S = 5.0
 
 
 @dataclass
@@ -34,6 +38,12 @@ class NodeGroup:
     out_dir: Path
     nnodes: int
     node_rank: int
+    started: float = field(default_factory=time.time)
+
+    def clear_own(self) -> None:
+        """Drop what this node left in the shared directory on an earlier run."""
+        for pattern in (NODE_PATTERN, NODE_STACKS_PATTERN):
+            (self.out_dir / pattern.format(node=self.node_rank)).unlink(missing_ok=True)
 
     @property
     def claim_path(self) -> Path:
@@ -59,8 +69,10 @@ class NodeGroup:
             if node == self.node_rank:
                 continue
             path = self.out_dir / NODE_PATTERN.format(node=node)
-            with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
-                nodes[node] = json.loads(path.read_text())
+            with contextlib.suppress(FileNotFoundError, json.JSONDecodeError, TypeError, ValueError):
+                state = json.loads(path.read_text())
+                if float(state.get("heartbeat", 0.0)) >= self.started - STALE_PEER_S:
+                    nodes[node] = state
         return nodes
 
     def remote_exits(self) -> tuple[dict[int, int | None], dict[int, float]]:
@@ -73,22 +85,16 @@ class NodeGroup:
                     times[int(rank)] = float(state["exit_time"])
         return codes, times
 
-    def remote_stopped(self) -> set[int]:
-        """Ranks the other nodes' supervisors stopped (their signal exit is not a crash)."""
-        return {int(r) for node in self.peers().values() for r in node.get("stopped", [])}
-
     def claimer(self) -> int | None:
-        with contextlib.suppress(json.JSONDecodeError, FileNotFoundError, KeyError):
-            return int(json.loads(self.claim_path.read_text())["node_rank"])
+        """The node that claimed this run's verdict; a claim made before this node started is an
+        earlier run's (a verdict needs every node running first)."""
+        with contextlib.suppress(json.JSONDecodeError, FileNotFoundError, KeyError, TypeError, ValueError):
+            claim = json.loads(self.claim_path.read_text())
+            if float(claim["ts"]) >= self.started:
+                return int(claim["node_rank"])
         return None
 
-    def all_final(self) -> bool:
-        """Every other node has stopped its ranks and published their last exit codes."""
-        peers = self.peers()
-        return len(peers) == self.nnodes - 1 and all(p.get("final") for p in peers.values())
-
-    def claim(self, trigger: str) -> bool:
-        """True for the one node that reports this verdict."""
+    def _create_claim(self, trigger: str) -> bool:
         try:
             fd = os.open(self.claim_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
@@ -98,10 +104,15 @@ class NodeGroup:
         return True
 
     def claimed_by_other(self) -> bool:
-        if not self.claim_path.exists():
-            return False
-        # A claim still being written belongs to another node: this one only claims through claim().
-        return self.claimer() != self.node_rank
+        claimer = self.claimer()
+        return claimer is not None and claimer != self.node_rank
+
+    def claim(self, trigger: str) -> bool:
+        """True for the one node that reports this verdict."""
+        if self.claim_path.exists() and self.claimer() is None:
+            # An earlier run's claim: not this run's, so it does not stand in the way.
+            self.claim_path.unlink(missing_ok=True)
+        return self._create_claim(trigger)
 
     def write_stacks(self, stacks: dict[int, dict[str, list[str]]]) -> None:
         payload = {str(r): {"threads": t} for r, t in stacks.items()}

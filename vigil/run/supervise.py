@@ -192,7 +192,8 @@ class Supervisor:
         if self.nodes is not None:
             stacks.update(self._gather_nodes())
             stack_source = "py-spy" if stacks else stack_source
-            stopped |= self.nodes.remote_stopped()
+            # The other nodes stop their running ranks once this verdict is written.
+            stopped |= {r for r, code in self.exit_codes.items() if code is None and r not in self.procs}
         if not stacks:
             stacks = {r: from_python_stacks(s.stacks) for r, s in self.snapshots.items() if s.stacks}
             stack_source = "probe" if stacks else "none"
@@ -237,34 +238,37 @@ class Supervisor:
         return {r: frames for r, d in dumps.dumps.items() if (frames := native_frames(d))}
 
     def _gather_nodes(self) -> RankStacks:
-        """The claimer waits for the other nodes' stacks of their own ranks and their final exit codes."""
+        """The claimer waits for the other nodes' stacks of their own ranks (taken while every rank still
+        runs: a rank stopped early would make its peers fail, and that cascade is no crash)."""
         assert self.nodes is not None
         deadline = time.time() + self.config.pyspy_timeout_s + self.config.evidence_wait_s + 5.0
-        while time.time() < deadline and not (self.nodes.stacks_in() and self.nodes.all_final()):
+        while time.time() < deadline and not self.nodes.stacks_in():
             time.sleep(0.1)
         self._poll_exits(time.time())
         return self.nodes.read_stacks()
 
     def _follow(self) -> HangDiagnosis:
-        """Another node reached the verdict: leave this node's stacks, stop its ranks, read the verdict."""
+        """Another node reached the verdict: leave this node's stacks, wait for the verdict, then stop
+        this node's ranks (not before: the claimer is still reading evidence from its own)."""
         assert self.nodes is not None
-        self.on_event(f"node {self.nodes.claimer()} reached a verdict; stopping this node's ranks")
+        self.on_event(f"node {self.nodes.claimer()} reached a verdict; reading this node's stacks")
         self._poll_exits(time.time())
         alive = {r: p.pid for r, p in self.procs.items() if self.exit_codes.get(r) is None}
-        stacks = self._pyspy(alive)[0] if alive else {}
-        self.nodes.write_stacks(stacks)
-        self._stop(alive)
-        self._poll_exits(time.time(), final=True, stopped=set(alive))
-        path = self.out_dir / DIAGNOSIS_FILE
-        deadline = time.time() + self.config.pyspy_timeout_s + self.config.evidence_wait_s + 30.0
-        while time.time() < deadline:
-            if path.exists():
-                try:
-                    return HangDiagnosis.model_validate_json(path.read_text())
-                except ValueError:
-                    pass  # being written
-            time.sleep(0.1)
-        raise VigilInputError(f"node {self.nodes.claimer()} claimed the verdict but wrote no {path}")
+        try:
+            self.nodes.write_stacks(self._pyspy(alive)[0] if alive else {})
+            path = self.out_dir / DIAGNOSIS_FILE
+            deadline = time.time() + self.config.pyspy_timeout_s + self.config.evidence_wait_s + 30.0
+            while time.time() < deadline:
+                if path.exists() and path.stat().st_mtime >= self.nodes.started:
+                    try:
+                        return HangDiagnosis.model_validate_json(path.read_text())
+                    except ValueError:
+                        pass  # being written
+                time.sleep(0.1)
+            raise VigilInputError(f"node {self.nodes.claimer()} claimed the verdict but wrote no {path}")
+        finally:
+            self._stop(alive)
+            self._poll_exits(time.time(), final=True, stopped=set(alive))
 
     def _wait_for_probe_evidence(self, alive: dict[int, int], heartbeat_ages: dict[int, float]) -> None:
         """Give responsive probes a moment to write stacks and FR dumps; frozen ones are not waited for."""
