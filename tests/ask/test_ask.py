@@ -125,6 +125,31 @@ def test_a_forged_citation_is_caught(demo: Demo) -> None:
     assert len(check_answer(answer.answer, results)) == 2
 
 
+@pytest.mark.parametrize(("question", "flow", "params"), [
+    ("why did job j7 stop?", "job_stopped", {"job": "j7"}),
+    ("job j7 crashed, why?", "job_stopped", {"job": "j7"}),
+    ("why is j7 so slow", "job_stopped", {"job": "j7"}),
+    ("why did job/12345 fail", "job_stopped", {"job": "12345"}),
+    ("is n003 ok", "node_health", {"node": "n003"}),
+    ("node n003 health", "node_health", {"node": "n003"}),
+    ("what changed before inc-ab12?", "changes_before", {"incident": "inc-ab12"}),
+    ("what happened before the last incident", "changes_before", {}),
+    ("what do I do about inc-ab12", "what_now", {"incident": "inc-ab12"}),
+    ("what's wrong", "what_now", {}),
+    ("summarize today", "oncall_summary", {}),
+])
+def test_questions_route_to_their_flow(question: str, flow: str, params: dict[str, str]) -> None:
+    found, got = match(question)
+    assert (found.name, got) == (flow, params)
+
+
+def test_a_named_incident_skips_the_default_lookup(demo: Demo) -> None:
+    answer, results = plan_answer(demo.toolbox, f"what should I do about {demo.incident_id}?")
+    assert [s.tool for s in answer.steps] == ["incident_plan"]
+    assert answer.steps[0].args == {"incident_id": demo.incident_id}
+    assert check_answer(answer.answer, results) == []
+
+
 def test_unknown_question_and_unknown_job_are_input_errors(demo: Demo) -> None:
     with pytest.raises(VigilInputError, match="no flow answers"):
         match("what is the meaning of life")

@@ -25,6 +25,8 @@ class FlowStep(BaseModel):
     id: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
     tool: str
     args: dict[str, Any] = Field(default_factory=dict)
+    # a step that only finds a default: skipped when the question names this parameter
+    unless: str | None = None
 
 
 class Sentence(BaseModel):
@@ -223,6 +225,8 @@ def run_flow(toolbox: Toolbox, flow: Flow, params: dict[str, str],
     results: dict[str, ToolResult] = {}
     records: list[StepRecord] = []
     for step in flow.steps:
+        if step.unless is not None and step.unless in params:
+            continue
         try:
             args = {k: _fill_arg(v, params, results) for k, v in step.args.items()}
         except LookupError as err:
