@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from vigil.model import Action, ActionKind, ActionStatus
 from vigil.remedy.actuators.slurm import SlurmActuator
 from vigil.remedy.audit import AuditLog
@@ -74,3 +76,22 @@ def test_kill_9_mid_drain_then_restart_resumes_once(tmp_path: Path) -> None:
     assert _updates(tmp_path) == 2
     assert [(a.id, a.status) for a in audit.actions()] == [("act-drain-n1", ActionStatus.EXECUTED),
                                                            ("act-drain-n1-retry", ActionStatus.SKIPPED)]
+
+
+def test_serve_resumes_interrupted_actions_when_it_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from vigil.config import Settings
+    from vigil.faces.cli.serve import _executor
+    from vigil.model import Node, Topology
+    from vigil.remedy.lifecycle import LifecycleStore
+    from vigil.store.sql import Store
+
+    (tmp_path / "scontrol").write_text(SCONTROL.format(state=tmp_path))
+    (tmp_path / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    settings = Settings(home=tmp_path, execute_actions=True)
+    audit = AuditLog(settings.database_url())
+    audit.begin("act-cordon-n2", Action(id="act-cordon-n2", ts=0.0, kind=ActionKind.CORDON, target="node/n2"))
+    store = Store(settings.database_url())
+    store.save_topology(Topology(nodes=[Node(name=f"n{i}", switch="s0") for i in range(20)]))
+    _executor("slurm", settings, store, LifecycleStore(settings.database_url()))
+    assert audit.unfinished() == [] and _updates(tmp_path) == 1

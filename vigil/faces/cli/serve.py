@@ -92,6 +92,8 @@ def _executor(actuator: str, settings: Any, store: Any, lifecycle: Any) -> Calla
         dry_run=False,
         requested_by="vigil-api",
     )
+    # Actions a previous server was executing when it died are resumed before new ones are accepted.
+    remediator.recover()
     return remediator.execute
 
 
