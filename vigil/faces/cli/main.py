@@ -28,6 +28,7 @@ from vigil.faces.cli.rca import kb_app, rca_app
 from vigil.faces.cli.remedy import app as remedy_app
 from vigil.faces.cli.runs import app as runs_app
 from vigil.faces.cli.serve import mcp, serve
+from vigil.faces.cli.tide import app as tide_app
 from vigil.faces.cli.timeline import timeline_command
 from vigil.faces.cli.users import app as users_app
 from vigil.faces.cli.waste import waste
@@ -80,6 +81,7 @@ app.command("inspect")(inspect_command)
 app.add_typer(checkpoint_app, name="checkpoint")
 app.command("du")(du)
 app.command("waste")(waste)
+app.add_typer(tide_app, name="tide")
 app.add_typer(runs_app, name="runs")
 # interfaces
 app.command("serve")(serve)

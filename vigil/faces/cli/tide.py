@@ -1,0 +1,61 @@
+"""`vigil tide plan`: how many GPUs spot training and offline inference may hold over the coming intervals,
+from an inference request trace and the tier policy."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from vigil.model import VigilInputError
+
+app = typer.Typer(
+    help="Tidal planning: lend serving capacity to spot training and offline inference.", no_args_is_help=True
+)
+console = Console()
+
+
+@app.command("plan")
+def plan_command(
+    trace: Annotated[Path, typer.Option("--trace", help="request trace CSV with a TIMESTAMP column")],
+    gpus: Annotated[int, typer.Option("--gpus", min=1, help="GPUs in the cluster")] = 1000,
+    unhealthy_gpus: Annotated[
+        int, typer.Option("--unhealthy-gpus", min=0, help="GPUs on nodes below healthy: never offered")
+    ] = 0,
+    policy: Annotated[Path | None, typer.Option("--policy", help="tier policy YAML (default: the shipped one)")] = None,
+    horizon: Annotated[int | None, typer.Option("--horizon", min=1, help="intervals to plan")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+) -> None:
+    """Forecast the trace's inference load and allot each tier its GPUs per interval, with preemption notices."""
+    from vigil.remedy.tide.load import peak_rates, read_request_times
+    from vigil.remedy.tide.planner import Capacity, plan
+    from vigil.remedy.tide.tiers import load_tier_policy
+
+    tiers = load_tier_policy(policy)
+    if unhealthy_gpus > gpus:
+        raise VigilInputError(f"--unhealthy-gpus {unhealthy_gpus} exceeds --gpus {gpus}")
+    history = peak_rates(read_request_times(trace), tiers.interval_s)
+    result = plan(history, tiers, Capacity(gpus, unhealthy_gpus), horizon)
+    if as_json:
+        typer.echo(json.dumps(result.as_dict(), indent=2))
+        return
+    table = Table(title=f"Tidal plan: {result.healthy_gpus} healthy GPUs, {tiers.interval_s:g} s intervals")
+    for column in ("starts in", "forecast req/s", "1 inference", "2 training", "3 spot", "4 offline"):
+        table.add_column(column, justify="right")
+    for row in result.intervals:
+        table.add_row(
+            f"{row.start_s:g} s",
+            f"{row.forecast_rps:.1f}",
+            f"{row.tiers[1]}" + (f" (short {row.shortfall})" if row.shortfall else ""),
+            *(str(row.tiers[n]) for n in (2, 3, 4)),
+        )
+    console.print(table)
+    for notice in result.notices:
+        console.print(
+            f"notice at +{notice.issued_s:g} s: tier {notice.tier} gives back {notice.gpus} GPUs"
+            f" by +{notice.effective_s:g} s"
+        )
