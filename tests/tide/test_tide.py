@@ -197,3 +197,18 @@ def test_cli_plans_from_a_trace_and_refuses_bad_input(tmp_path: Path) -> None:
         done = _vigil(*args)
         assert done.returncode == 2
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_spot_moves_in_blocks_and_keeps_what_it_was_promised() -> None:
+    policy = load_tier_policy()
+    block = policy.tier(3).block_gpus
+    rates = daily_rates(days=2, peak=800.0)
+    result = plan(rates[: 288 + 140], policy, Capacity(total_gpus=1000), horizon=12)
+    assert all(row.tiers[3] % block == 0 for row in result.intervals)
+    free = plan(rates[: 288 + 140], policy, Capacity(total_gpus=1000), horizon=3)
+    promised = [free.intervals[0].tiers[3] + block]
+    kept = plan(rates[: 288 + 140], policy, Capacity(total_gpus=1000), horizon=3, promised_spot=promised)
+    row = kept.intervals[0]
+    assert row.tiers[1] + row.tiers[2] + promised[0] <= kept.healthy_gpus, "the promise must fit to be kept"
+    assert row.tiers[3] == promised[0]
+    assert sum(row.tiers.values()) <= kept.healthy_gpus

@@ -9,6 +9,7 @@ that is not healthy.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -93,11 +94,21 @@ def allot(inference_need: int, policy: TierPolicy, capacity: Capacity) -> dict[i
     return {1: inference, 2: training, 3: spot, 4: offline}
 
 
-def plan(history_rps: np.ndarray, policy: TierPolicy, capacity: Capacity, horizon: int | None = None) -> TidePlan:
+def plan(
+    history_rps: np.ndarray,
+    policy: TierPolicy,
+    capacity: Capacity,
+    horizon: int | None = None,
+    promised_spot: Sequence[int] = (),
+) -> TidePlan:
     """Plan the next ``horizon`` intervals from per-interval peak request rates so far.
 
-    Tier 3 holds, in each interval, the least it could hold over the notice lead that follows, so capacity
-    inference will need is already free when it arrives and every shrink is known a lead ahead.
+    ``promised_spot[i]`` is what an earlier plan told tier 3 it holds in interval ``i`` (its notice lead has
+    passed): kept unless serving needs it, so tier 3 loses GPUs at short notice only to a burst.
+
+    Serving is sized on the point forecast. Tier 3 is sized on the forecast's envelope and holds, in each
+    interval, the least it could hold over the notice lead that follows, so capacity inference will need is
+    free when it arrives and a shrink is known a lead ahead; tier 4 takes what is left and yields at once.
     """
     lead = lead_intervals(policy)
     horizon = horizon if horizon is not None else 2 * lead + 1
@@ -107,15 +118,26 @@ def plan(history_rps: np.ndarray, policy: TierPolicy, capacity: Capacity, horizo
     forecaster = SeasonalBurstForecaster(season=season).fit(np.asarray(history_rps, dtype=float))
     # forecast past the horizon by the lead, so the last intervals' tier 3 also looks ahead
     forecast = forecaster.predict(horizon + lead)
+    reserve = 1.0 + policy.inference.burst_reserve
+    envelope = np.maximum(forecaster.predict(horizon + lead, spread=lead + 1), forecast) * reserve
     needs = [policy.inference.gpus_for(float(rps)) for rps in forecast]
     raw = [allot(need, policy, capacity) for need in needs]
+    block = policy.tier(3).block_gpus
+    spot_room = [allot(policy.inference.gpus_for(float(rps)), policy, capacity)[3] // block * block for rps in envelope]
     result = TidePlan(interval_s=policy.interval_s, healthy_gpus=capacity.healthy_gpus)
+    t4 = policy.tier(4)
     for i in range(horizon):
         tiers = dict(raw[i])
-        spot = min(r[3] for r in raw[i : i + lead + 1])
-        # what tier 3 leaves ahead of time waits with tier 4, which yields it at any moment
-        tiers[4] = min(tiers[4] + tiers[3] - spot, policy.tier(4).ceiling_gpus)
+        spot = min(spot_room[i : i + lead + 1])
+        if i < len(promised_spot):
+            spot = max(spot, promised_spot[i])
+        # a burst past the envelope takes from tier 3 only what tier 4's floor and the rest cannot give
+        room = capacity.healthy_gpus - tiers[1] - tiers[2] - t4.floor_gpus
+        if spot > room:
+            spot = room // block * block
+        spot = max(spot, policy.tier(3).floor_gpus)
         tiers[3] = spot
+        tiers[4] = min(t4.ceiling_gpus, capacity.healthy_gpus - tiers[1] - tiers[2] - spot)
         result.intervals.append(Allotment(i * policy.interval_s, float(forecast[i]), needs[i], tiers))
     for previous, current in zip(result.intervals, result.intervals[1:], strict=False):
         for tier in (3, 4):

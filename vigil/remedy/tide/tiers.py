@@ -39,6 +39,8 @@ class InferenceSizing(_Spec):
 
     requests_per_gpu_s: float = Field(default=2.0, gt=0, alias="requestsPerGpuS")
     headroom: float = Field(default=0.2, ge=0, le=5)
+    # kept off tier 3 above the forecast's envelope, for tier 4 to hand back at once when a burst comes
+    burst_reserve: float = Field(default=0.3, ge=0, le=5, alias="burstReserve")
 
     def gpus_for(self, requests_per_s: float) -> int:
         """Serving GPUs that carry ``requests_per_s`` with the headroom kept free."""
@@ -54,6 +56,8 @@ class Tier(_Spec):
     ceiling_gpus: int = Field(default=100_000, ge=0, alias="ceilingGpus")
     grace_period_s: Seconds = Field(default=0.0, alias="gracePeriod")
     notice_lead_s: Seconds = Field(default=0.0, alias="noticeLead")
+    # a preemptible tier gains and loses GPUs in whole blocks (a node, a job's size), so it does not churn
+    block_gpus: int = Field(default=1, ge=1, alias="blockGpus")
 
     @property
     def preemptible(self) -> bool:
