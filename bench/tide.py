@@ -10,6 +10,10 @@ the busiest 10 s of a random 5-minute slice of the merged trace over its mean ra
 Diurnal profile: mean rate = PEAK_RPS x (0.25 + 0.75 x (1 - cos(2 pi (hour - 4) / 24)) / 2), a trough of a
 quarter of the peak at 04:00 and the peak at 16:00; days 6 and 7 (the weekend) at 0.7 of that.
 
+Node faults (real): each of the 125 8-GPU nodes is one of the 400 servers of the StepFun InfiniteHBD fault
+trace, drawn at random (most never fault), replayed over a random week of it; a node is down from its fault's
+start to its end. Both arms lose the GPUs of nodes that are down; the planner never offers them.
+
 Both arms get the same tier policy (shipped default) and load:
 - static: serving keeps a fixed partition sized on the development days (their peak need with the
   policy's headroom), tier 2 its reservation, spot training (tier 3) the rest, nothing moves;
@@ -46,6 +50,9 @@ from vigil.remedy.tide.tiers import TierPolicy, load_tier_policy
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results" / "tide.json"
 TRACES = REPO.parent / "shared" / "data" / "azure_llm_inference_2023"
+FAULTS = REPO.parent / "shared" / "data" / "stepfun_infinitehbd_trace" / "fault_trace.json"
+TRACE_SERVERS = 400
+GPUS_PER_NODE = 8
 TOTAL_GPUS = 1000
 PEAK_RPS = 250.0
 DEV_DAYS = 2
@@ -80,6 +87,30 @@ def week_of_load(days: int, interval_s: float, seed: int = 0) -> np.ndarray:
     return PEAK_RPS * tide * weekend * bursts
 
 
+def node_faults(days: int, interval_s: float, seed: int = 0) -> np.ndarray:
+    """Which of the cluster's nodes are down per interval: a random week of the real fault trace, each of our
+    nodes one of its 400 servers drawn at random (most of which never fault)."""
+    rng = np.random.default_rng(seed)
+    events = sorted(json.loads(FAULTS.read_text()), key=lambda e: e["event_time"])
+    faulty = sorted({e["node_id"] for e in events})
+    nodes = TOTAL_GPUS // GPUS_PER_NODE
+    drawn = rng.choice(TRACE_SERVERS, nodes, replace=False)
+    node_of = {faulty[server]: i for i, server in enumerate(drawn) if server < len(faulty)}
+    start = rng.uniform(0.0, events[-1]["event_time"] - days)
+    per_day = 86400.0 / interval_s
+    down = np.zeros((int(days * per_day), nodes), dtype=bool)
+    began: dict[str, float] = {}
+    for event in events:
+        if event["event_type"] == "fault_start":
+            began[event["node_id"]] = event["event_time"]
+        elif event["node_id"] in began and event["node_id"] in node_of:
+            first = max(int((began.pop(event["node_id"]) - start) * per_day), 0)
+            last = int((event["event_time"] - start) * per_day) + 1
+            if last > 0 and first < down.shape[0]:
+                down[first:last, node_of[event["node_id"]]] = True
+    return down
+
+
 @dataclass
 class Arm:
     name: str
@@ -101,6 +132,7 @@ def score(
     name: str,
     rps: np.ndarray,
     serving: np.ndarray,
+    training: np.ndarray,
     spot: np.ndarray,
     offline: np.ndarray,
     unnoticed: np.ndarray,
@@ -110,7 +142,7 @@ def score(
     interval = policy.interval_s
     need = needed(rps, policy)
     carried = np.minimum(rps / policy.inference.requests_per_gpu_s, serving)
-    busy = carried + policy.tier(2).floor_gpus + spot + offline
+    busy = carried + training + spot + offline
     prev = np.concatenate([[spot[0]], spot[:-1]])
     shrink = np.maximum(prev - spot, 0)
     grow = np.maximum(spot - prev, 0)
@@ -130,18 +162,21 @@ def score(
     )
 
 
-def run_planner(rps: np.ndarray, policy: TierPolicy, start: int, stop: int, label: str) -> tuple[np.ndarray, ...]:
-    """Plan every interval in [start, stop) from the load before it; apply the first planned interval."""
-    capacity = Capacity(TOTAL_GPUS)
+def run_planner(
+    rps: np.ndarray, down: np.ndarray, policy: TierPolicy, start: int, stop: int, label: str
+) -> tuple[np.ndarray, ...]:
+    """Plan every interval in [start, stop) from the load before it; apply the first planned interval.
+    Nodes down in an interval are known at its start (Vigil's detection takes seconds) and never offered."""
     lead = lead_intervals(policy)
     need = needed(rps, policy)
     n = stop - start
-    serving, spot, offline, unnoticed, misses, short_after = (np.zeros(n, dtype=int) for _ in range(6))
+    serving, training, spot, offline, unnoticed, misses, short_after = (np.zeros(n, dtype=int) for _ in range(7))
     # what tier 3 was told, a notice lead ahead, it holds in each interval (zero: nothing promised)
     promised = np.zeros(rps.size + 4 * lead + 2, dtype=int)
     held_spot = 0
     for k in track(range(n), description=label, console=console, transient=True):
         t = start + k
+        capacity = Capacity(TOTAL_GPUS, int(down[t].sum()) * GPUS_PER_NODE)
         result = plan(rps[:t], policy, capacity, promised_spot=promised[t : t + lead].tolist())
         # the plan a notice lead ahead of an interval is the last that may still lower tier 3 there
         promised[t + lead] = result.intervals[lead].tiers[3]
@@ -157,8 +192,8 @@ def run_planner(rps: np.ndarray, policy: TierPolicy, start: int, stop: int, labe
         short_after[k] = max(need[t] - tiers[1], 0)
         unnoticed[k] = max(min(held_spot, promised[t]) - tiers[3], 0)
         held_spot = tiers[3]
-        serving[k], spot[k], offline[k] = tiers[1], tiers[3], tiers[4]
-    return serving, spot, offline, unnoticed, misses, short_after
+        serving[k], training[k], spot[k], offline[k] = tiers[1], tiers[2], tiers[3], tiers[4]
+    return serving, training, spot, offline, unnoticed, misses, short_after
 
 
 def main() -> None:
@@ -167,6 +202,7 @@ def main() -> None:
     args = parser.parse_args()
     base = load_tier_policy()
     rps = week_of_load(args.days, base.interval_s)
+    down = node_faults(args.days, base.interval_s)
     per_day = int(86400 // base.interval_s)
     dev_start, report = per_day, DEV_DAYS * per_day
 
@@ -177,8 +213,8 @@ def main() -> None:
     chosen = BURST_RESERVES[-1]
     dev_misses: dict[str, int] = {}
     for reserve in BURST_RESERVES:
-        arm = run_planner(rps, with_reserve(reserve), dev_start, report, f"development, reserve {reserve}")
-        unnoticed_or_short = int((arm[3] > 0).sum() + (arm[5] > 0).sum())
+        arm = run_planner(rps, down, with_reserve(reserve), dev_start, report, f"development, reserve {reserve}")
+        unnoticed_or_short = int((arm[4] > 0).sum() + (arm[6] > 0).sum())
         dev_misses[str(reserve)] = unnoticed_or_short
         if unnoticed_or_short == 0:
             chosen = reserve
@@ -189,19 +225,27 @@ def main() -> None:
 
     partition = int(math.ceil(needed(rps[:report], base).max() * (1 + base.inference.headroom)))
     spot_static = TOTAL_GPUS - partition - base.tier(2).floor_gpus
-    zeros = np.zeros(held.size, dtype=int)
+    # static: serving on the first nodes, then tier 2's, then spot's; a node down takes GPUs from its partition
+    held_down = down[report:] * GPUS_PER_NODE
+    serving_nodes = -(-partition // GPUS_PER_NODE)
+    training_nodes = serving_nodes + -(-base.tier(2).floor_gpus // GPUS_PER_NODE)
+    static_spot = np.maximum(spot_static - held_down[:, training_nodes:].sum(axis=1), 0)
+    static_shrink = np.maximum(np.concatenate([[static_spot[0]], static_spot[:-1]]) - static_spot, 0)
     static = score(
         "static partitioning",
         held,
-        np.full(held.size, partition),
-        np.full(held.size, spot_static),
-        zeros,
-        zeros,
+        partition - held_down[:, :serving_nodes].sum(axis=1),
+        np.maximum(base.tier(2).floor_gpus - held_down[:, serving_nodes:training_nodes].sum(axis=1), 0),
+        static_spot,
+        np.zeros(held.size, dtype=int),
+        static_shrink,
         policy,
         days,
     )
-    serving, spot, offline, unnoticed, misses, _ = run_planner(rps, policy, report, rps.size, "reported days")
-    planner = score("tidal planner", held, serving, spot, offline, unnoticed, policy, days)
+    serving, training, spot, offline, unnoticed, misses, _ = run_planner(
+        rps, down, policy, report, rps.size, "reported days"
+    )
+    planner = score("tidal planner", held, serving, training, spot, offline, unnoticed, policy, days)
 
     table = Table(
         title=f"Tidal planning, {TOTAL_GPUS} GPUs, days {DEV_DAYS + 1}-{args.days} (simulated load, real bursts)"
@@ -232,7 +276,8 @@ def main() -> None:
         )
     table.caption = (
         f"static serving partition {partition} GPUs; planner burst reserve {chosen} chosen on development "
-        f"day 2; forecast misses on reported days: {int(misses.sum())}"
+        f"day 2; forecast misses on reported days: {int(misses.sum())}; "
+        f"node-intervals down (fault trace): {int(down[report:].sum())}"
     )
     console.print(table)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
@@ -252,6 +297,10 @@ def main() -> None:
                 "chosen_burst_reserve": chosen,
                 "static_serving_partition": partition,
                 "reported_forecast_misses": int(misses.sum()),
+                "reported_node_intervals_down": int(down[report:].sum()),
+                "reported_node_faults": int(
+                    (np.diff(down[report:].astype(int), axis=0) > 0).sum() + down[report].sum()
+                ),
                 "arms": [static.__dict__, planner.__dict__],
             },
             indent=2,
