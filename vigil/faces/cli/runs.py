@@ -7,18 +7,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
 from vigil.config import settings
+from vigil.faces.cli.output import SafeConsole
 
 if TYPE_CHECKING:
     from vigil.sources.tensorboard import RunIndex
 
 app = typer.Typer(help="Experiment runs (TensorBoard scalars): index, list, compare, merge.", no_args_is_help=True)
-console = Console()
+console = SafeConsole()
 
 
 def _index() -> RunIndex:

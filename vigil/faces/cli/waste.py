@@ -7,14 +7,14 @@ import json
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from vigil.config import settings
+from vigil.faces.cli.output import SafeConsole
 from vigil.model import VigilInputError
 
-console = Console()
+console = SafeConsole()
 
 
 def waste(
