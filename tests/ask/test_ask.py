@@ -96,6 +96,14 @@ def test_changes_before_counts_what_the_store_holds(demo: Demo) -> None:
     assert cited["changes.incident_id"] == demo.incident_id
     assert cited["changes.events_total"] == len(expected)
     assert HOSTILE in {v for v in cited.values() if isinstance(v, str)}  # shown as data, quoted
+    # the incident's first metric, before and after its start, as the metric store holds it
+    evidence = next(e for e in incident.evidence if e.metric)
+    assert (cited["shift.entity"], cited["shift.metric"]) == (evidence.entity, evidence.metric)
+    ts, values = MetricStore(demo.home / "metrics").series(evidence.entity, evidence.metric,
+                                                           incident.start - 600, incident.start + 600)
+    assert cited["shift.before.mean"] == pytest.approx(float(values[ts < incident.start].mean()))
+    assert cited["shift.after.mean"] == pytest.approx(float(values[ts >= incident.start].mean()))
+    assert cited["shift.after.mean"] != cited["shift.before.mean"]
 
 
 def test_what_now_gives_the_stored_whitelisted_plan_and_executes_nothing(demo: Demo) -> None:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult
@@ -119,6 +120,33 @@ class OncallSummary(BaseModel):
     worst: list[IncidentSummary]
 
 
+class WindowStats(BaseModel):
+    points: int
+    mean: float | None
+    min: float | None
+    max: float | None
+
+
+class MetricShift(BaseModel):
+    """One entity's metric in the window before a moment and the window after it, and the change of the mean."""
+
+    entity: str
+    metric: str
+    at: float
+    window_s: float
+    before: WindowStats
+    after: WindowStats
+    change_pct: float | None
+
+
+def _window_stats(values: np.ndarray) -> WindowStats:
+    finite = values[np.isfinite(values)]
+    if not len(finite):
+        return WindowStats(points=0, mean=None, min=None, max=None)
+    return WindowStats(points=int(len(finite)), mean=round(float(finite.mean()), 6),
+                       min=round(float(finite.min()), 6), max=round(float(finite.max()), 6))
+
+
 @dataclass
 class ToolResult:
     """One call: its citation id, the tool, its arguments and the model it answered with."""
@@ -173,6 +201,7 @@ class Toolbox:
             "changes_before": self.changes_before,
             "incident_plan": self.incident_plan,
             "oncall_summary": self.oncall_summary,
+            "metric_shift": self.metric_shift,
         }
 
     @property
@@ -187,7 +216,7 @@ class Toolbox:
             for t in asyncio.run(self._mcp.list_tools()) if t.name in MCP_TOOLS
         ]
         for name, fn in self._own.items():
-            params = {p: {"type": "string" if p.endswith("_id") or p == "entity" else "number"}
+            params = {p: {"type": "string" if p.endswith("_id") or p in ("entity", "metric") else "number"}
                       for p in fn.__annotations__ if p != "return"}
             specs.append({"type": "function", "function": {
                 "name": name, "description": (fn.__doc__ or "").strip(),
@@ -294,3 +323,17 @@ class Toolbox:
             top_fault_types=top_k([f for i in window for f in i.fault_types]),
             top_entities=top_k([i.scope for i in window]),
             worst=[_incident_summary(i) for i in worst])
+
+    def metric_shift(self, entity: str, metric: str, at: float, window_s: float = 600.0) -> MetricShift:
+        """An entity's metric (e.g. job/j7, vigil_job_tokens_per_second) in the ``window_s`` before and after
+        the Unix time ``at``: points, mean, min, max, and the change of the mean in percent."""
+        parse_entity(entity)
+        at, window_s = float(at), float(window_s)
+        if not 0 < window_s <= 7 * 86400:
+            raise VigilInputError(f"window_s must be in (0, 604800] seconds, not {window_s}")
+        ts, values = self.ctx.series(entity, metric, at - window_s, at + window_s)
+        before, after = _window_stats(values[ts < at]), _window_stats(values[ts >= at])
+        change = (round(100.0 * (after.mean - before.mean) / abs(before.mean), 2)
+                  if before.mean and after.mean is not None else None)
+        return MetricShift(entity=entity, metric=metric, at=at, window_s=window_s, before=before, after=after,
+                           change_pct=change)
