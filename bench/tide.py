@@ -43,6 +43,7 @@ from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 
+from vigil.remedy.tide.forecast import SeasonalBurstForecaster
 from vigil.remedy.tide.load import BURST_WINDOW_S, read_request_times
 from vigil.remedy.tide.planner import Capacity, lead_intervals, plan
 from vigil.remedy.tide.tiers import TierPolicy, load_tier_policy
@@ -196,6 +197,24 @@ def run_planner(
     return serving, training, spot, offline, unnoticed, misses, short_after
 
 
+def forecast_check(rps: np.ndarray, start: int, stop: int, season: int) -> dict[str, dict[str, float]]:
+    """The next interval's forecast by each candidate method over [start, stop): how often it falls short of the
+    load (each shortfall is capacity tier 4 or 3 must hand back at once) and its mean absolute relative error."""
+    guess: dict[str, list[float]] = {"last value": [], "seasonal naive": [], "seasonal + burst guard": []}
+    for t in range(start, stop):
+        guess["last value"].append(float(rps[t - 1]))
+        guess["seasonal naive"].append(float(rps[t - season]))
+        guess["seasonal + burst guard"].append(float(SeasonalBurstForecaster(season).fit(rps[:t]).predict(1)[0]))
+    actual = rps[start:stop]
+    return {
+        name: {
+            "short_of_load": float((np.asarray(values) < actual).mean()),
+            "mean_abs_rel_error": float((np.abs(np.asarray(values) - actual) / actual).mean()),
+        }
+        for name, values in guess.items()
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--days", type=int, default=7)
@@ -220,6 +239,13 @@ def main() -> None:
             chosen = reserve
             break
     policy = with_reserve(chosen)
+    forecasts = forecast_check(rps, dev_start, report, per_day)
+    check = Table(title="Next-interval forecast on development day 2")
+    for column in ("method", "short of the load", "mean abs. relative error"):
+        check.add_column(column, justify="left" if column == "method" else "right")
+    for name, row in forecasts.items():
+        check.add_row(name, f"{row['short_of_load']:.1%}", f"{row['mean_abs_rel_error']:.1%}")
+    console.print(check)
     days = args.days - DEV_DAYS
     held = rps[report:]
 
@@ -301,6 +327,7 @@ def main() -> None:
                 "reported_node_faults": int(
                     (np.diff(down[report:].astype(int), axis=0) > 0).sum() + down[report].sum()
                 ),
+                "development_forecast_check": forecasts,
                 "arms": [static.__dict__, planner.__dict__],
             },
             indent=2,
