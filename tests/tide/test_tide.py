@@ -12,11 +12,13 @@ import numpy as np
 import pytest
 import yaml
 
-from vigil.model import VigilInputError
+from vigil.config import settings
+from vigil.model import FaultLevel, Gpu, Incident, Node, Topology, VigilInputError
 from vigil.remedy.tide.forecast import SeasonalBurstForecaster
 from vigil.remedy.tide.load import peak_rates, read_request_times
-from vigil.remedy.tide.planner import Capacity, lead_intervals, plan
+from vigil.remedy.tide.planner import Capacity, capacity_of, lead_intervals, plan
 from vigil.remedy.tide.tiers import DEFAULT_TIERS, TierPolicy, load_tier_policy
+from vigil.store.sql import open_store
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -212,3 +214,46 @@ def test_spot_moves_in_blocks_and_keeps_what_it_was_promised() -> None:
     assert row.tiers[1] + row.tiers[2] + promised[0] <= kept.healthy_gpus, "the promise must fit to be kept"
     assert row.tiers[3] == promised[0]
     assert sum(row.tiers.values()) <= kept.healthy_gpus
+
+
+def test_capacity_from_topology_takes_out_every_gpu_of_a_node_below_healthy() -> None:
+    topology = Topology(
+        nodes=[Node(name=f"n{i}", gpus=[Gpu(node=f"n{i}", index=g) for g in range(8)]) for i in range(4)]
+    )
+    health = {"node/n1": FaultLevel.ISOLATE, "gpu/n2/3": FaultLevel.ISOLATE, "node/n0": FaultLevel.HEALTHY}
+    capacity = capacity_of(topology, health)
+    assert (capacity.total_gpus, capacity.unhealthy_gpus, capacity.healthy_gpus) == (32, 16, 16)
+
+
+def test_cli_takes_healthy_gpus_from_the_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    trace = tmp_path / "trace.csv"
+    trace.write_text("TIMESTAMP\n2023-11-16 18:00:00.1\n")
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.setenv("VIGIL_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("VIGIL_DB_URL", f"sqlite:///{tmp_path}/vigil.db")
+    done = _vigil("--trace", str(trace), "--from-store")
+    assert done.returncode == 2 and "nothing stored" in done.stderr
+
+    settings.cache_clear()
+    store = open_store()
+    try:
+        store.save_topology(
+            Topology(nodes=[Node(name=f"n{i}", gpus=[Gpu(node=f"n{i}", index=g) for g in range(8)]) for i in range(40)])
+        )
+        store.upsert_incident(
+            Incident(
+                title="xid 79",
+                scope="node/n3",
+                entities=["gpu/n3/5"],
+                start=0.0,
+                end=0.0,
+                level=FaultLevel.ISOLATE,
+                fault_types=["xid_79"],
+            )
+        )
+    finally:
+        store.close()
+        settings.cache_clear()
+    done = _vigil("--trace", str(trace), "--from-store", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["healthy_gpus"] == 40 * 8 - 8

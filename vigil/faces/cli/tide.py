@@ -26,20 +26,39 @@ def plan_command(
     unhealthy_gpus: Annotated[
         int, typer.Option("--unhealthy-gpus", min=0, help="GPUs on nodes below healthy: never offered")
     ] = 0,
+    from_store: Annotated[
+        bool,
+        typer.Option("--from-store", help="take the GPUs and the nodes below healthy from the store's topology"),
+    ] = False,
     policy: Annotated[Path | None, typer.Option("--policy", help="tier policy YAML (default: the shipped one)")] = None,
     horizon: Annotated[int | None, typer.Option("--horizon", min=1, help="intervals to plan")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
 ) -> None:
     """Forecast the trace's inference load and allot each tier its GPUs per interval, with preemption notices."""
     from vigil.remedy.tide.load import peak_rates, read_request_times
-    from vigil.remedy.tide.planner import Capacity, plan
+    from vigil.remedy.tide.planner import Capacity, capacity_of, plan
     from vigil.remedy.tide.tiers import load_tier_policy
 
     tiers = load_tier_policy(policy)
     if unhealthy_gpus > gpus:
         raise VigilInputError(f"--unhealthy-gpus {unhealthy_gpus} exceeds --gpus {gpus}")
+    capacity = Capacity(gpus, unhealthy_gpus)
+    if from_store:
+        from vigil.config import settings
+        from vigil.store.sql import open_store, store_exists
+
+        if not store_exists(settings().database_url()):
+            raise VigilInputError(f"nothing stored under {settings().home}: run `vigil demo` or `vigil serve` first")
+        store = open_store()
+        try:
+            topology, health = store.topology(), store.node_health()
+        finally:
+            store.close()
+        if topology is None or not any(node.gpus for node in topology.nodes):
+            raise VigilInputError("the stored topology has no GPUs")
+        capacity = capacity_of(topology, health)
     history = peak_rates(read_request_times(trace), tiers.interval_s)
-    result = plan(history, tiers, Capacity(gpus, unhealthy_gpus), horizon)
+    result = plan(history, tiers, capacity, horizon)
     if as_json:
         typer.echo(json.dumps(result.as_dict(), indent=2))
         return

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from vigil.model import VigilInputError
+from vigil.model import FaultLevel, Topology, VigilInputError
 from vigil.remedy.tide.forecast import SeasonalBurstForecaster
 from vigil.remedy.tide.tiers import TierPolicy
 
@@ -30,6 +30,19 @@ class Capacity:
     @property
     def healthy_gpus(self) -> int:
         return max(self.total_gpus - self.unhealthy_gpus, 0)
+
+
+def capacity_of(topology: Topology, health: dict[str, FaultLevel]) -> Capacity:
+    """The topology's GPUs; every GPU of a node that, or one of whose GPUs, has an open fault is unhealthy."""
+
+    def sick(entity: str) -> bool:
+        return health.get(entity, FaultLevel.HEALTHY) != FaultLevel.HEALTHY
+
+    total = sum(len(node.gpus) for node in topology.nodes)
+    unhealthy = sum(
+        len(node.gpus) for node in topology.nodes if sick(node.id) or any(sick(gpu.id) for gpu in node.gpus)
+    )
+    return Capacity(total, unhealthy)
 
 
 @dataclass(frozen=True)
