@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from vigil.detect.learned.gpu_features import CONTEXT_FEATURES, GpuFeaturizer
 from vigil.detect.learned.tce import TCEDetector
 from vigil.detect.stream import LearnedStreamDetector
 from vigil.model import Event, FaultLevel, GroundTruthFault, Job, VigilInputError
@@ -15,7 +16,7 @@ from vigil.sources.replay import KernelLineDecoder, decoded_events
 from vigil.sources.sim.cluster import build_topology
 from vigil.sources.sim.generator import FaultPlan, SimConfig, simulate
 from vigil.store.metrics import MetricFrame
-from vigil_eval.simdata import CONTEXT_FEATURES, GpuFeaturizer, gpu_cube, gpu_fault_classes
+from vigil_eval.simdata import gpu_cube, gpu_fault_classes
 
 torch.set_num_threads(1)
 

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from vigil.detect.base import StreamDetector
+from vigil.detect.learned.gpu_features import GpuFeaturizer
 from vigil.knowledge.faults import fault_level
 from vigil.model import Anomaly, Event, Evidence, FaultLevel, Topology, VigilInputError
 from vigil.store.metrics import MetricFrame
-from vigil_eval.simdata import GpuFeaturizer
 
 if TYPE_CHECKING:
     # torch is imported only once a trained model is loaded, so the demo runs without the [learn] extra
