@@ -10,8 +10,7 @@ import pytest
 import torch
 from sklearn.metrics import average_precision_score
 
-from vigil.detect.learned.tce import TCEDetector, TemporalContextEncoder
-from vigil.detect.learned.train import load_detector, save_detector
+from vigil.detect.learned.tce import TCEDetector, TemporalContextEncoder, load_detector, save_detector
 from vigil.detect.learned.windows import WindowSet
 from vigil.model import VigilInputError
 

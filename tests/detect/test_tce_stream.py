@@ -105,7 +105,7 @@ def test_ground_truth_on_other_entities_is_ignored() -> None:
 
 
 def test_learned_detectors_load_only_a_trained_gpu_model(tmp_path: Path) -> None:
-    from vigil.detect.learned.train import save_detector
+    from vigil.detect.learned.tce import save_detector
     from vigil.detect.stream import GPU_MODEL_DIR, learned_detectors
 
     topo = build_topology(1, 2, job_nodes=1)

@@ -54,7 +54,7 @@ class LearnedStreamDetector(StreamDetector):
 
     @classmethod
     def from_path(cls, path: Path, topology: Topology, **kw: float) -> LearnedStreamDetector:
-        from vigil.detect.learned.train import load_detector
+        from vigil.detect.learned.tce import load_detector
 
         return cls(load_detector(path), topology, **kw)
 

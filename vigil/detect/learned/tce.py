@@ -25,7 +25,9 @@ unchanged.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
@@ -37,14 +39,13 @@ from vigil.detect.base import BaseDetector
 from vigil.detect.learned.features import window_features
 from vigil.detect.learned.loss import DynamicClassWeightedLoss, WeightMode
 from vigil.detect.learned.train import (
+    FORMAT_VERSION,
     Progress,
     Scaler,
     TrainReport,
     ensemble_report,
     fit_classifier,
-    load_detector,
     predict_proba,
-    save_detector,
 )
 from vigil.detect.learned.windows import WindowSet
 from vigil.model import VigilInputError
@@ -403,3 +404,60 @@ class TCEDetector(BaseDetector):
 
     def predict_class(self, X: Any, context: np.ndarray | None = None) -> np.ndarray:
         return self.predict_proba(X, context).argmax(axis=1)
+
+
+# The saved form: model.pt (weights, loaded with weights_only) and meta.json (everything else).
+def save_detector(detector: TCEDetector, path: Path) -> None:
+    if getattr(detector, "model_", None) is None:
+        raise VigilInputError("cannot save an untrained detector; fit it first")
+    path.mkdir(parents=True, exist_ok=True)
+    torch.save(detector.model_.state_dict(), path / "model.pt")
+    meta: dict[str, Any] = {
+        "format_version": FORMAT_VERSION,
+        "detector": detector.name,
+        "params": detector.get_params(),
+        "features": list(detector.features_),
+        "classes": list(detector.classes_),
+        "scaler": {"mean": detector.scaler_.mean.tolist(), "std": detector.scaler_.std.tolist()},
+        "threshold": float(detector.threshold_),
+        "n_context": int(detector.n_context_),
+        "logit_bias": list(detector.logit_bias_),
+        "novelty_weight": float(getattr(detector, "novelty_weight_", 0.0)),
+        "report": asdict(detector.report_),
+    }
+    tmp = path / "meta.json.tmp"
+    tmp.write_text(json.dumps(meta, indent=1))
+    tmp.replace(path / "meta.json")
+
+
+def load_detector(path: Path) -> TCEDetector:
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+    except FileNotFoundError:
+        raise VigilInputError(f"no trained model at {path} (meta.json missing)") from None
+    except json.JSONDecodeError as err:
+        raise VigilInputError(f"{path / 'meta.json'}: corrupt model metadata ({err.msg})") from None
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise VigilInputError(f"{path}: model format version {meta.get('format_version')!r}, this Vigil reads "
+                              f"{FORMAT_VERSION}; retrain with `vigil detect train`")
+    detector = TCEDetector(**meta["params"])
+    detector.features_ = list(meta["features"])
+    detector.classes_ = list(meta["classes"])
+    detector.scaler_ = Scaler(np.asarray(meta["scaler"]["mean"], dtype=np.float32),
+                              np.asarray(meta["scaler"]["std"], dtype=np.float32))
+    detector.threshold_ = float(meta["threshold"])
+    detector.n_context_ = int(meta["n_context"])
+    detector.logit_bias_ = [float(b) for b in meta["logit_bias"]]
+    detector.novelty_weight_ = float(meta.get("novelty_weight", 0.0))
+    detector.report_ = TrainReport(**meta["report"])
+    detector.model_ = detector.build_model(len(detector.features_), len(detector.classes_), detector.n_context_)
+    try:
+        state = torch.load(path / "model.pt", weights_only=True)
+        detector.model_.load_state_dict(state)
+    except FileNotFoundError:
+        raise VigilInputError(f"{path}: model.pt missing") from None
+    except (RuntimeError, OSError, EOFError) as err:
+        raise VigilInputError(f"{path / 'model.pt'}: does not match its metadata or is corrupt "
+                              f"({str(err).splitlines()[0]})") from None
+    detector.model_.eval()
+    return detector

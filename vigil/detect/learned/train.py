@@ -7,12 +7,9 @@ report). Loading checks the format version and the file's presence, and refuses 
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -20,10 +17,6 @@ from sklearn.metrics import average_precision_score, f1_score
 
 from vigil.detect.learned.loss import DynamicClassWeightedLoss
 from vigil.detect.learned.windows import WindowSet
-from vigil.model import VigilInputError
-
-if TYPE_CHECKING:
-    from vigil.detect.learned.tce import TCEDetector
 
 FORMAT_VERSION = 1
 Progress = Callable[[int, int, float], None]
@@ -156,61 +149,3 @@ def ensemble_report(reports: list[TrainReport], model: torch.nn.Module, validati
         probs = predict_proba(model, validation, scaler, logit_bias=logit_bias)
         report.validation_metric, report.best_validation = validation_score(probs, validation.labels)
     return report
-
-
-def save_detector(detector: TCEDetector, path: Path) -> None:
-    if getattr(detector, "model_", None) is None:
-        raise VigilInputError("cannot save an untrained detector; fit it first")
-    path.mkdir(parents=True, exist_ok=True)
-    torch.save(detector.model_.state_dict(), path / "model.pt")
-    meta: dict[str, Any] = {
-        "format_version": FORMAT_VERSION,
-        "detector": detector.name,
-        "params": detector.get_params(),
-        "features": list(detector.features_),
-        "classes": list(detector.classes_),
-        "scaler": {"mean": detector.scaler_.mean.tolist(), "std": detector.scaler_.std.tolist()},
-        "threshold": float(detector.threshold_),
-        "n_context": int(detector.n_context_),
-        "logit_bias": list(detector.logit_bias_),
-        "novelty_weight": float(getattr(detector, "novelty_weight_", 0.0)),
-        "report": asdict(detector.report_),
-    }
-    tmp = path / "meta.json.tmp"
-    tmp.write_text(json.dumps(meta, indent=1))
-    tmp.replace(path / "meta.json")
-
-
-def load_detector(path: Path) -> TCEDetector:
-    from vigil.detect.learned.tce import TCEDetector
-
-    try:
-        meta = json.loads((path / "meta.json").read_text())
-    except FileNotFoundError:
-        raise VigilInputError(f"no trained model at {path} (meta.json missing)") from None
-    except json.JSONDecodeError as err:
-        raise VigilInputError(f"{path / 'meta.json'}: corrupt model metadata ({err.msg})") from None
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise VigilInputError(f"{path}: model format version {meta.get('format_version')!r}, this Vigil reads "
-                              f"{FORMAT_VERSION}; retrain with `vigil detect train`")
-    detector = TCEDetector(**meta["params"])
-    detector.features_ = list(meta["features"])
-    detector.classes_ = list(meta["classes"])
-    detector.scaler_ = Scaler(np.asarray(meta["scaler"]["mean"], dtype=np.float32),
-                              np.asarray(meta["scaler"]["std"], dtype=np.float32))
-    detector.threshold_ = float(meta["threshold"])
-    detector.n_context_ = int(meta["n_context"])
-    detector.logit_bias_ = [float(b) for b in meta["logit_bias"]]
-    detector.novelty_weight_ = float(meta.get("novelty_weight", 0.0))
-    detector.report_ = TrainReport(**meta["report"])
-    detector.model_ = detector.build_model(len(detector.features_), len(detector.classes_), detector.n_context_)
-    try:
-        state = torch.load(path / "model.pt", weights_only=True)
-        detector.model_.load_state_dict(state)
-    except FileNotFoundError:
-        raise VigilInputError(f"{path}: model.pt missing") from None
-    except (RuntimeError, OSError, EOFError) as err:
-        raise VigilInputError(f"{path / 'model.pt'}: does not match its metadata or is corrupt "
-                              f"({str(err).splitlines()[0]})") from None
-    detector.model_.eval()
-    return detector

@@ -57,8 +57,7 @@ def train_command(
     """Train TCE on labelled entities (validation = the newest 30 % of their labelled data) and save it."""
     import torch
 
-    from vigil.detect.learned.tce import TCEDetector
-    from vigil.detect.learned.train import save_detector
+    from vigil.detect.learned.tce import TCEDetector, save_detector
     from vigil_eval.detection import calibration_split, fleet_split
     from vigil_eval.formats import load
 
