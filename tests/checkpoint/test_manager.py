@@ -147,3 +147,24 @@ def test_cli_lists_checkpoints_with_sizes(tmp_path: Path) -> None:
     assert listing[0]["bytes"] > sum(p.numel() * 4 for p in model.parameters())
     missing = CliRunner().invoke(app, ["ls", str(tmp_path / "nope")])
     assert missing.exit_code != 0 and "does not exist" in str(missing.exception)
+
+
+def test_restoring_rng_state_never_runs_code(tmp_path: Path) -> None:
+    import os
+    import pickle
+
+    from vigil.checkpoint.state import capture_rng, restore_rng
+
+    marker = tmp_path / "ran"
+
+    class Hostile:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return (os.system, (f"touch {marker}",))
+
+    state = capture_rng()
+    restore_rng(state)  # a real capture round-trips
+    for part in ("python", "numpy"):
+        bad = dict(state, **{part: pickle.dumps(Hostile())})
+        with pytest.raises(VigilInputError, match="not a data-only pickle"):
+            restore_rng(bad)
+    assert not marker.exists()

@@ -27,6 +27,7 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from vigil.checkpoint.state import capture_rng, rank_key, restore_rng
 from vigil.model import VigilInputError
+from vigil.store.safe_pickle import load_data
 
 log = logging.getLogger(__name__)
 
@@ -237,7 +238,10 @@ class CheckpointManager:
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         own = state[rank_key(self.rank)]
         restore_rng(own["rng"])
-        return RestoredState(step=int(state["step"]), extra=dict(pickle.loads(own["extra"])))
+        extra = load_data(bytes(own["extra"]), f"checkpoint step {step} rank {self.rank} extra state")
+        if not isinstance(extra, dict):
+            raise VigilInputError(f"checkpoint step {step}: rank {self.rank}'s extra state is not a mapping")
+        return RestoredState(step=int(state["step"]), extra=extra)
 
 
 def restore_backup(backup_url: str, step: int, directory: str | Path) -> Path:

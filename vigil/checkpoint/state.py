@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from vigil.store.safe_pickle import load_data, load_data_with_arrays
+
 
 def capture_rng() -> dict[str, Any]:
     """Every RNG stream a training step may draw from (python, numpy, torch CPU, and CUDA when present)."""
@@ -23,16 +25,19 @@ def capture_rng() -> dict[str, Any]:
         "torch": torch.get_rng_state().clone(),
     }
     if torch.cuda.is_available():
-        state["cuda"] = pickle.dumps(torch.cuda.get_rng_state_all())
+        # Raw bytes, not pickled tensors: restoring reads them as data only.
+        state["cuda"] = pickle.dumps([s.numpy().tobytes() for s in torch.cuda.get_rng_state_all()])
     return state
 
 
 def restore_rng(state: dict[str, Any]) -> None:
-    random.setstate(pickle.loads(state["python"]))
-    np.random.set_state(pickle.loads(state["numpy"]))
+    """Set every stream back; the pickled parts are read as plain data (a checkpoint never runs code)."""
+    random.setstate(load_data(bytes(state["python"]), "checkpoint python RNG state"))
+    np.random.set_state(load_data_with_arrays(bytes(state["numpy"]), "checkpoint numpy RNG state"))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(pickle.loads(state["cuda"]))
+        raw = load_data(bytes(state["cuda"]), "checkpoint CUDA RNG state")
+        torch.cuda.set_rng_state_all([torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in raw])
 
 
 def rank_key(rank: int) -> str:

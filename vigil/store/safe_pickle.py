@@ -59,6 +59,14 @@ def load_data(raw: bytes, where: str) -> Any:
         raise VigilInputError(f"{where}: not a data-only pickle ({err})") from None
 
 
+def load_data_with_arrays(raw: bytes, where: str) -> Any:
+    """Unpickle plain data that may hold numeric numpy arrays (e.g. ``np.random.get_state()``)."""
+    try:
+        return NumpyArrayUnpickler(io.BytesIO(raw)).load()
+    except PICKLE_ERRORS as err:
+        raise VigilInputError(f"{where}: not a data-only pickle ({err})") from None
+
+
 def load_array(raw: bytes, where: str) -> np.ndarray:
     """Unpickle a numeric numpy array (or nested lists of numbers); an object array is refused."""
     try:
