@@ -47,5 +47,11 @@ def test_torchrun_job_with_installed_probe_is_diagnosed_live(tmp_path: Path) -> 
         assert diagnosis.fork_point is not None
         assert diagnosis.fork_point.name == "deadlock_between_threads"
     finally:
-        os.killpg(torchrun.pid, signal.SIGKILL)
-        torchrun.wait()
+        # torchrun's workers run in sessions of their own: asked to stop, torchrun stops them; a SIGKILL to
+        # its group alone would leave them running.
+        os.killpg(torchrun.pid, signal.SIGTERM)
+        try:
+            torchrun.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(torchrun.pid, signal.SIGKILL)
+            torchrun.wait()
