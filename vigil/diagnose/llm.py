@@ -378,11 +378,17 @@ class LlmClient:
 
     def complete(self, messages: Sequence[dict[str, str]]) -> str:
         """One chat completion's text; retries timeouts, connection errors, 429 and 5xx with backoff."""
+        body = {"model": self.model, "messages": list(messages), "temperature": 0,
+                "response_format": {"type": "json_object"}, "max_tokens": 1200}
+        return str(self.post_chat(body, text_reply=True)["choices"][0]["message"]["content"])
+
+    def post_chat(self, body: dict[str, Any], *, text_reply: bool = False) -> dict[str, Any]:
+        """POST ``body`` to the endpoint's /chat/completions and return the reply whose first choice holds a
+        message object (with text content when ``text_reply``); retries timeouts, connection errors, 429, 5xx
+        and malformed replies with backoff."""
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        body = {"model": self.model, "messages": list(messages), "temperature": 0,
-                "response_format": {"type": "json_object"}, "max_tokens": 1200}
         url = self.base_url.rstrip("/") + "/chat/completions"
         last = "no attempt"
         with httpx.Client(timeout=self.timeout_s, transport=self.transport) as http:
@@ -403,14 +409,18 @@ class LlmClient:
                 if response.status_code != 200:
                     raise LlmError(f"endpoint answered HTTP {response.status_code}")
                 try:
-                    content = response.json()["choices"][0]["message"]["content"]
+                    reply = response.json()
+                    message = reply["choices"][0]["message"]
                 except (ValueError, KeyError, IndexError, TypeError):
                     last = "reply is not an OpenAI chat completion"
                     continue
-                if not isinstance(content, str):
+                if not isinstance(message, dict):
+                    last = "reply message is not an object"
+                    continue
+                if text_reply and not isinstance(message.get("content"), str):
                     last = "reply content is not text"
                     continue
-                return content
+                return dict(reply)
         raise LlmError(f"{last} ({self.retries + 1} attempts)")
 
 

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from collections.abc import Callable
 from typing import Any
 
-import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from vigil.diagnose.llm import LlmClient, LlmError
@@ -72,40 +70,12 @@ class Refused(Exception):
 
 def chat(client: LlmClient, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
          max_tokens: int = REPLY_TOKENS) -> dict[str, Any]:
-    """One chat completion with tools on the client's endpoint: the reply's message and usage; retries
-    timeouts, connection errors, 429 and 5xx with backoff as :meth:`LlmClient.complete` does."""
-    headers = {"Content-Type": "application/json"}
-    if client.api_key:
-        headers["Authorization"] = f"Bearer {client.api_key}"
+    """One chat completion with tools on the client's endpoint: the reply's message and usage, through the
+    client's own retrying POST."""
     body = {"model": client.model, "messages": messages, "tools": tools, "tool_choice": "auto", "temperature": 0,
             "max_tokens": max_tokens}
-    url = client.base_url.rstrip("/") + "/chat/completions"
-    last = "no attempt"
-    with httpx.Client(timeout=client.timeout_s, transport=client.transport) as http:
-        for attempt in range(client.retries + 1):
-            if attempt:
-                time.sleep(client.backoff_s * (2 ** (attempt - 1)))
-            try:
-                response = http.post(url, json=body, headers=headers)
-            except httpx.HTTPError as err:
-                last = f"connection failed: {err.__class__.__name__}"
-                continue
-            if response.status_code == 429 or response.status_code >= 500:
-                last = f"HTTP {response.status_code}"
-                continue
-            if response.status_code != 200:
-                raise LlmError(f"endpoint answered HTTP {response.status_code}")
-            try:
-                reply = response.json()
-                message = reply["choices"][0]["message"]
-            except (ValueError, KeyError, IndexError, TypeError):
-                last = "reply is not an OpenAI chat completion"
-                continue
-            if not isinstance(message, dict):
-                last = "reply message is not an object"
-                continue
-            return {"message": message, "usage": reply.get("usage") or {}}
-    raise LlmError(f"{last} ({client.retries + 1} attempts)")
+    reply = client.post_chat(body)
+    return {"message": reply["choices"][0]["message"], "usage": reply.get("usage") or {}}
 
 
 def _entities(results: dict[str, ToolResult]) -> set[str]:
