@@ -31,9 +31,10 @@ def _human(n: int) -> str:
 def _growth(cache: ScanCache, result: ScanResult, rows: list[Usage]) -> dict[str, int | None]:
     """Bytes gained since the previous scan that recorded each directory (None: no earlier scan)."""
     history = cache.history(result.root)
+    latest = max((ts for ts, _, _ in history), default=0.0)  # this scan's own rows
     before: dict[str, int] = {}
-    for ts, path, nbytes in history:
-        if ts < max((t for t, _, _ in history), default=0.0):
+    for ts, path, nbytes in history:  # oldest first: the last earlier scan of each directory wins
+        if ts < latest:
             before[path] = nbytes
     return {u.path: (u.bytes - before[u.path]) if u.path in before else None for u in rows}
 
