@@ -22,7 +22,6 @@ import csv
 import gzip
 import json
 import os
-import pickle
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,8 @@ import numpy as np
 import psutil
 from rich.console import Console
 from rich.table import Table
+
+from vigil.store.safe_pickle import load_array
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
@@ -217,7 +218,7 @@ def sim_series() -> tuple[list[np.ndarray], list[np.ndarray]]:
 
 def smd_series() -> tuple[list[np.ndarray], list[np.ndarray]]:
     with gzip.open(SHARED / "smd" / "processed" / "machine-1-2_test.pkl.gz") as fh:
-        matrix = np.asarray(pickle.load(fh), dtype=np.float32)[:8000]
+        matrix = np.asarray(load_array(fh.read(), "SMD machine-1-2"), dtype=np.float32)[:8000]
     return [np.ascontiguousarray(matrix[:, j]) for j in range(matrix.shape[1])], []
 
 

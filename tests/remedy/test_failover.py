@@ -211,7 +211,7 @@ def test_precheck_keeps_a_job_off_a_bad_machine(tmp_path: Path) -> None:
     assert [(a.kind, a.target) for a in audit.actions()] == [(ActionKind.ALERT, "job/checked")]
 
 
-def test_job_without_heartbeats_is_watched_for_crashes_only(tmp_path: Path) -> None:
+def test_job_without_heartbeats_outliving_the_hang_timeout_is_not_a_hang(tmp_path: Path) -> None:
     spec = TrainingJob.from_dict(
         {
             "metadata": {"name": "silent"},
