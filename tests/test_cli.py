@@ -32,6 +32,10 @@ def test_demo_defaults_meet_the_targets_and_feed_the_read_commands(tmp_path: Pat
     nodes = json.loads(vigil("nodes", "--json", home=tmp_path).stdout)
     assert len(nodes) == 16 and all(len(n["gpus"]) == 8 for n in nodes)
     sick = {n["node"] for n in nodes if n["level"] != "healthy"}
+    # One form of fault level in every JSON answer: the label.
+    labels = {"healthy", "observe", "degraded", "drain", "isolate"}
+    assert {i["level"] for i in incidents} <= labels and {n["level"] for n in nodes} <= labels
+    assert {i["level"] for i in out["incidents"]} <= labels
     assert sick <= {e for i in incidents if i["status"] == "open" for e in
                     {f"node/{x.split('/')[1]}" for x in i["entities"] if x.split("/")[0] in ("gpu", "nic", "node")}}
     human = vigil("demo", "--minutes", "20", "--nodes", "4", home=tmp_path).stdout

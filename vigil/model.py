@@ -22,7 +22,16 @@ import re
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
+    ValidationError,
+)
+from pydantic_core import CoreSchema, core_schema
 
 __all__ = [
     "ActionKind",
@@ -188,14 +197,42 @@ class FaultLevel(enum.IntEnum):
 
     @classmethod
     def parse(cls, value: str | int) -> FaultLevel:
-        if isinstance(value, int):
-            return cls(value)
+        expected = f"expected one of {', '.join(m.label for m in cls)}"
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, int) and not isinstance(value, bool):
+            try:
+                return cls(value)
+            except ValueError:
+                raise VigilInputError(f"bad fault level {value!r}: {expected}") from None
+        if not isinstance(value, str):
+            raise VigilInputError(f"bad fault level {value!r}: {expected}")
+        if value.strip().isascii() and value.strip().isdigit():
+            return cls.parse(int(value))
         try:
             return cls[value.strip().upper()]
         except KeyError:
-            raise VigilInputError(
-                f"bad fault level {value!r}: expected one of {', '.join(m.label for m in cls)}"
-            ) from None
+            raise VigilInputError(f"bad fault level {value!r}: {expected}") from None
+
+    # JSON carries the label ("drain"), everywhere: REST, the store's bodies, --json output, MCP. Input also
+    # takes the integer (0..4), so records stored before labels were the JSON form still read.
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        return core_schema.no_info_plain_validator_function(
+            cls.parse,
+            serialization=core_schema.plain_serializer_function_ser_schema(
+                lambda level: level.label, when_used="json"
+            ),
+        )
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, schema: CoreSchema, handler: GetJsonSchemaHandler) -> dict[str, Any]:
+        return {
+            "title": "FaultLevel",
+            "type": "string",
+            "enum": [m.label for m in cls],
+            "description": "healthy < observe < degraded < drain < isolate (input also takes 0..4)",
+        }
 
 
 # --------------------------------------------------------------------------- base

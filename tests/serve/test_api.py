@@ -32,11 +32,30 @@ def test_nodes_and_gpus_carry_the_stores_fault_levels(client: TestClient, cluste
     assert len(nodes) == 8 and all(len(n["gpus"]) == 8 for n in nodes)
     for node in nodes:
         for gpu in node["gpus"]:
-            assert gpu["level"] == int(health[gpu["id"]])
-    bad = client.get("/api/v1/gpus", params={"min_level": int(FaultLevel.DRAIN)}).json()
+            assert gpu["level"] == health[gpu["id"]].label
+    bad = client.get("/api/v1/gpus", params={"min_level": "drain"}).json()
     expected = {e for e, level in health.items() if e.startswith("gpu/") and level >= FaultLevel.DRAIN}
     assert {g["id"] for g in bad} == expected and expected
+    # The integer form is still read (old scripts), and answered with labels.
+    assert client.get("/api/v1/gpus", params={"min_level": int(FaultLevel.DRAIN)}).json() == bad
     assert client.get("/api/v1/gpus", params={"min_level": 9}).status_code == 422
+    assert client.get("/api/v1/gpus", params={"min_level": "loud"}).status_code == 422
+
+
+def test_fault_levels_are_labels_in_every_json_answer(client: TestClient, cluster: SimCluster) -> None:
+    labels = ["healthy", "observe", "degraded", "drain", "isolate"]
+    incidents = client.get("/api/v1/incidents", params={"limit": 500}).json()
+    assert incidents and {i["level"] for i in incidents} <= set(labels)
+    assert {i["level"] for i in incidents} == {i.level.label for i in cluster.result.incidents}
+    rows = client.get("/api/v1/nodes").json()
+    assert {r["level"] for r in rows} | {r["node_level"] for r in rows} <= set(labels)
+    detail = client.get(f"/api/v1/nodes/{rows[0]['name']}").json()
+    assert detail["level"] in labels and all(e["level"] in labels for e in detail["events"])
+    cluster_map = client.get("/api/v1/cluster/map").json()
+    assert cluster_map["level_names"] == labels
+    assert all(i["level"] in labels for i in cluster_map["incidents"])
+    schema = client.get("/openapi.json").json()["components"]["schemas"]
+    assert schema["NodeRow"]["properties"]["level"]["enum"] == labels
 
 
 def test_incident_detail_and_diagnosis(client: TestClient, cluster: SimCluster) -> None:

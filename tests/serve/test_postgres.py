@@ -23,7 +23,7 @@ def test_api_on_postgresql(postgres_url: str, tmp_path: Path) -> None:
         assert {i["id"] for i in listed} == {i.id for i in cluster.result.incidents}
         nodes = client.get("/api/v1/nodes").json()
         health = cluster.store.node_health()
-        assert all(g["level"] == int(health[g["id"]]) for n in nodes for g in n["gpus"])
+        assert all(g["level"] == health[g["id"]].label for n in nodes for g in n["gpus"])
         diagnosis = client.get(f"/api/v1/incidents/{cluster.incident.id}/diagnosis").json()
         assert diagnosis["summary"] == cluster.diagnosis.summary
         action = client.post(

@@ -33,6 +33,7 @@ from vigil.model import (
     Diagnosis,
     EntityId,
     Event,
+    FaultLevel,
     Incident,
     IncidentStatus,
     Job,
@@ -92,7 +93,7 @@ def topology(ctx: Ctx) -> Topology:
 
 @router.get("/nodes", tags=["cluster"])
 def nodes(ctx: Ctx) -> list[NodeRow]:
-    """Every node with its worst open fault level and its GPUs' levels (0 healthy .. 4 isolate)."""
+    """Every node with its worst open fault level and its GPUs' levels (healthy .. isolate)."""
     return [NodeRow.model_validate(row) for row in ctx.node_grid()]
 
 
@@ -106,8 +107,8 @@ def node(name: str, ctx: Ctx) -> NodeDetail:
 
 
 @router.get("/gpus", tags=["cluster"])
-def gpus(ctx: Ctx, min_level: Annotated[int, Query(ge=0, le=4)] = 0) -> list[GpuRow]:
-    """GPUs at or above ``min_level``."""
+def gpus(ctx: Ctx, min_level: Annotated[FaultLevel, Query()] = FaultLevel.HEALTHY) -> list[GpuRow]:
+    """GPUs at or above ``min_level`` (a label: healthy, observe, degraded, drain, isolate)."""
     return [GpuRow.model_validate({**g, "node": row["name"]}) for row in ctx.node_grid() for g in row["gpus"]
             if g["level"] >= min_level]
 

@@ -65,7 +65,7 @@ def _incident_summary(incident: Incident) -> IncidentSummary:
     return IncidentSummary(
         id=incident.id,
         title=incident.title,
-        level=FaultLevel(incident.level).label,
+        level=incident.level,
         scope=incident.scope,
         fault_types=incident.fault_types,
         start=incident.start,
@@ -138,10 +138,10 @@ def build_mcp_server(ctx: ServeContext, *, allow_writes: bool = False) -> MCPSer
             floor = 0
         out = []
         for row in rows:
-            gpus = [GpuHealth(gpu=g["id"], level=FaultLevel(g["level"]).label) for g in row["gpus"]
+            gpus = [GpuHealth(gpu=g["id"], level=FaultLevel(g["level"])) for g in row["gpus"]
                     if g["level"] >= floor]
             if row["level"] >= floor or gpus:
-                out.append(NodeHealth(node=row["id"], level=FaultLevel(row["level"]).label, gpus=gpus))
+                out.append(NodeHealth(node=row["id"], level=FaultLevel(row["level"]), gpus=gpus))
         return HealthReport(nodes_total=len(ctx.node_grid()), matching=len(out), nodes=out)
 
     @tool
@@ -179,7 +179,7 @@ def build_mcp_server(ctx: ServeContext, *, allow_writes: bool = False) -> MCPSer
             job_nodes.add(f"node/{node_name}")
             level = max(int(health.get(gpu, 0)), int(health.get(f"node/{node_name}", 0)))
             if level > 0:
-                bad_ranks.append(RankOnBadHardware(rank=rank, gpu=gpu, level=FaultLevel(level).label))
+                bad_ranks.append(RankOnBadHardware(rank=rank, gpu=gpu, level=FaultLevel(level)))
         incidents = [
             _incident_summary(i)
             for status in (IncidentStatus.OPEN, IncidentStatus.ACKNOWLEDGED)
@@ -223,7 +223,7 @@ def build_mcp_server(ctx: ServeContext, *, allow_writes: bool = False) -> MCPSer
             mnemonic=info.mnemonic,
             description=info.description,
             nvidia_action=info.bucket,
-            level=info.level.label,
+            level=info.level,
             vigil_action=info.action.value,
             known=info.known,
         )

@@ -1,12 +1,12 @@
 """Response models of the REST routes that do not return a vigil/model.py record as it is: the contract the
-OpenAPI page documents and the dashboard reads. Fault levels are the integers of ``FaultLevel`` (0 healthy
-.. 4 isolate) everywhere in JSON."""
+OpenAPI page documents and the dashboard reads. Fault levels are ``FaultLevel`` labels ("healthy",
+"observe", "degraded", "drain", "isolate") everywhere in JSON, as in vigil/model.py records."""
 
 from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from vigil.model import Action, Diagnosis, Event, HangDiagnosis, Job, Node
+from vigil.model import Action, Diagnosis, Event, FaultLevel, HangDiagnosis, Job, Node
 
 
 class Health(BaseModel):
@@ -18,7 +18,7 @@ class GpuCell(BaseModel):
     id: str
     index: int
     model: str
-    level: int = Field(ge=0, le=4)
+    level: FaultLevel
 
 
 class GpuRow(GpuCell):
@@ -32,8 +32,8 @@ class NodeRow(BaseModel):
     id: str
     rack: str | None = None
     switch: str | None = None
-    node_level: int = Field(ge=0, le=4)
-    level: int = Field(ge=0, le=4)
+    node_level: FaultLevel
+    level: FaultLevel
     gpus: list[GpuCell]
 
 
@@ -49,7 +49,7 @@ class LifecycleStep(BaseModel):
 
 class NodeDetail(BaseModel):
     node: Node
-    level: int = Field(ge=0, le=4)
+    level: FaultLevel
     stage: str
     since: float
     reason: str
@@ -111,14 +111,14 @@ class HangView(BaseModel):
 
 
 # --------------------------------------------------------------------------- MCP tool results
-# Small, already-computed summaries (an agent's context is a budget); fault levels as labels, which is what
-# a model reads best, and what the tools' descriptions name.
+# Small, already-computed summaries (an agent's context is a budget); fault levels as labels, like every JSON
+# answer, which is what a model reads best and what the tools' descriptions name.
 
 
 class IncidentSummary(BaseModel):
     id: str
     title: str
-    level: str
+    level: FaultLevel
     scope: str
     fault_types: list[str]
     start: float
@@ -168,12 +168,12 @@ class IncidentDetail(IncidentSummary):
 
 class GpuHealth(BaseModel):
     gpu: str
-    level: str
+    level: FaultLevel
 
 
 class NodeHealth(BaseModel):
     node: str
-    level: str
+    level: FaultLevel
     gpus: list[GpuHealth]
 
 
@@ -202,7 +202,7 @@ class MetricPoints(BaseModel):
 class RankOnBadHardware(BaseModel):
     rank: int
     gpu: str
-    level: str
+    level: FaultLevel
 
 
 class StepTimeStats(BaseModel):
@@ -226,7 +226,7 @@ class XidExplanation(BaseModel):
     mnemonic: str
     description: str
     nvidia_action: str
-    level: str
+    level: FaultLevel
     vigil_action: str
     known: bool
 

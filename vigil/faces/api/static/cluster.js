@@ -22,6 +22,8 @@ const state = {
 function level(pos) { return state.map.gpu_levels.charCodeAt(pos) - 48; }
 function nodeLevel(node) { return state.map.node_levels.charCodeAt(node) - 48; }
 function levelName(lv) { return state.map.level_names[lv]; }
+// Records carry the level's label ("drain"); the packed gpu_levels / node_levels columns index level_names.
+function levelOf(label) { return state.map.level_names.indexOf(label); }
 
 function gpuIndex(node, k) {
   const odd = state.map.gpu_index[node];
@@ -403,7 +405,7 @@ function showDetail(pos) {
   const incidents = el("ul", {"class": "detail-incidents"});
   for (const inc of incidentsOf(pos)) {
     const item = el("li");
-    item.append(glyph(inc.level), document.createTextNode(" "), el("a", {href: "/incidents/" + inc.id}, inc.title));
+    item.append(glyph(levelOf(inc.level)), document.createTextNode(" "), el("a", {href: "/incidents/" + inc.id}, inc.title));
     incidents.append(item);
   }
   box.replaceChildren(head, facts, links, incidents.children.length ? incidents : el("p", {"class": "muted"}, "No incident on this GPU at this time."));
@@ -568,8 +570,8 @@ function connect() {
   });
   source.addEventListener("incident", (event) => {
     const inc = JSON.parse(event.data);
-    const item = el("li", {"class": "level-" + inc.level});
-    item.append(glyph(inc.level), document.createTextNode(" " + levelName(inc.level) + " "),
+    const item = el("li", {"class": "level-" + levelOf(inc.level)});
+    item.append(glyph(levelOf(inc.level)), document.createTextNode(" " + inc.level + " "),
       el("a", {href: "/incidents/" + inc.id}, inc.title));
     document.getElementById("feed").prepend(item);
   });
