@@ -142,9 +142,15 @@ def plain_run(script: Path, args: list[str], nproc: int, log_dir: Path) -> None:
         with open(log_dir / f"plain{rank}.log", "wb") as log:
             procs.append(subprocess.Popen([sys.executable, str(script), *args], env=env, stdout=log,
                                           stderr=subprocess.STDOUT))
-    for proc in procs:
-        if proc.wait(timeout=600) != 0:
-            raise RuntimeError(f"baseline job failed, see {log_dir}")
+    try:
+        for proc in procs:
+            if proc.wait(timeout=600) != 0:
+                raise RuntimeError(f"baseline job failed, see {log_dir}")
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 def measure_overhead(work: Path, rounds: int, steps: int, block: int = 20) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import pytest
 
 from vigil.diagnose.hang import HangDiagnosis
 from vigil.run.launcher import launch
+from vigil.run.rank_procs import launched, surviving_ranks
 
 JOB = Path(__file__).with_name("fault_job.py")
 HANG_TIMEOUT = 3.0
@@ -26,6 +27,8 @@ def run(tmp_path: Path, fault: str, *extra: str, culprit: int = 1) -> HangDiagno
     diagnosis = launch(JOB, args, nproc=WORLD, hang_timeout=HANG_TIMEOUT, out_dir=tmp_path / fault)
     written = json.loads((tmp_path / fault / "diagnosis.json").read_text())
     assert written["verdict"] == diagnosis.verdict
+    assert sorted(launched(tmp_path / fault)) == list(range(WORLD))
+    assert surviving_ranks(tmp_path / fault) == {}
     return diagnosis
 
 

@@ -3,8 +3,10 @@ hand-written collectives - through `vigil launch`, one fault in one rank: verdic
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from vigil.remedy.audit import AuditLog
 from vigil.remedy.jobspec import TrainingJob
 from vigil.run.failover import FailoverSupervisor, LocalJob
 from vigil.run.launcher import free_port, launch
+from vigil.run.rank_procs import LAUNCHED_PATTERN, launched, surviving_ranks
 
 JOB = Path(__file__).with_name("stack_job.py")
 HANG_TIMEOUT = 3.0
@@ -25,7 +28,40 @@ pytestmark = pytest.mark.slow
 
 def run(tmp_path: Path, stack: str, fault: str, *extra: str, culprit: int = 1) -> HangDiagnosis:
     args = ["--stack", stack, "--fault", fault, "--rank", str(culprit), *extra]
-    return launch(JOB, args, nproc=WORLD, hang_timeout=HANG_TIMEOUT, out_dir=tmp_path / f"{stack}-{fault}")
+    out = tmp_path / f"{stack}-{fault}"
+    diagnosis = launch(JOB, args, nproc=WORLD, hang_timeout=HANG_TIMEOUT, out_dir=out)
+    assert sorted(launched(out)) == list(range(WORLD))
+    assert surviving_ranks(out) == {}, "every rank the launcher started is stopped when it returns"
+    return diagnosis
+
+
+def start_nodes(out: Path, hang_timeout: float, *job_args: str) -> list[subprocess.Popen[str]]:
+    """Two `vigil launch` processes as two nodes of one job, 2 ranks each, sharing ``out``."""
+    port = str(free_port())
+    return [
+        subprocess.Popen(
+            [sys.executable, "-m", "vigil", "launch", "script", str(JOB), "--nproc-per-node", "2", "--nnodes", "2",
+             "--node-rank", str(node), "--master-port", port, "--hang-timeout", str(hang_timeout),
+             "--out", str(out), "--json", "--", *job_args],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )
+        for node in (0, 1)
+    ]
+
+
+def kill_launchers(launchers: list[subprocess.Popen[str]]) -> None:
+    """A failed test still ends the launchers it started (and with them, their ranks)."""
+    for launcher in launchers:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+
+
+def wait_until_gone(out: Path, timeout_s: float = 30.0) -> dict[int, int]:
+    deadline = time.time() + timeout_s
+    while (alive := surviving_ranks(out)) and time.time() < deadline:
+        time.sleep(0.2)
+    return alive
 
 
 @pytest.mark.parametrize("stack", ["ddp", "fsdp", "ddp_builtin", "manual"])
@@ -105,29 +141,56 @@ def test_job_spec_launch_gets_the_same_hang_verdict(tmp_path: Path) -> None:
     diagnosis_file = tmp_path / "run" / "probe" / "attempt0" / "diagnosis.json"
     written = HangDiagnosis.model_validate_json(diagnosis_file.read_text())
     assert written.culprit_ranks == [2] and written.hang_kind == "not_enqueued"
+    assert sorted(launched(diagnosis_file.parent)) == list(range(WORLD))
+    assert surviving_ranks(diagnosis_file.parent) == {}
 
 
 def test_two_nodes_name_the_culprit_across_nodes(tmp_path: Path) -> None:
     """Two `vigil launch` processes as two nodes of one FSDP2 job (torchrun-style static rendezvous,
     2 ranks each, a shared run directory); the rank stuck in forward lives on node 1."""
-    port = str(free_port())
-    nodes = [
-        subprocess.Popen(
-            [sys.executable, "-m", "vigil", "launch", "script", str(JOB), "--nproc-per-node", "2", "--nnodes", "2",
-             "--node-rank", str(node), "--master-port", port, "--hang-timeout", str(HANG_TIMEOUT),
-             "--out", str(tmp_path / "shared"), "--json", "--", "--stack", "fsdp", "--fault", "forward",
-             "--rank", "2"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-        )
-        for node in (0, 1)
-    ]
+    out = tmp_path / "shared"
+    nodes = start_nodes(out, HANG_TIMEOUT, "--stack", "fsdp", "--fault", "forward", "--rank", "2")
     verdicts = []
-    for node in nodes:
-        stdout, _ = node.communicate(timeout=240)
-        assert node.returncode == 4, stdout
-        verdicts.append(HangDiagnosis.model_validate_json(stdout))
+    try:
+        for node in nodes:
+            stdout, _ = node.communicate(timeout=240)
+            assert node.returncode == 4, stdout
+            verdicts.append(HangDiagnosis.model_validate_json(stdout))
+    finally:
+        kill_launchers(nodes)
     for diagnosis in verdicts:
         assert (diagnosis.verdict, diagnosis.culprit_ranks, diagnosis.world_size) == ("hang", [2], 4)
         assert diagnosis.detected_after_s is not None and diagnosis.detected_after_s <= LATENCY_BUDGET
+    # Every node stopped its own ranks, the spinning culprit on node 1 included.
+    assert sorted(launched(out)) == [0, 1, 2, 3]
+    assert surviving_ranks(out) == {}
     # Node 1's own py-spy stacks reached the verdict written by node 0.
     assert verdicts[0].stack_source == "py-spy" and 2 in verdicts[0].stacks
+
+
+@pytest.mark.parametrize(("node0_signal", "node1_signal"), [(signal.SIGTERM, signal.SIGKILL),
+                                                            (signal.SIGKILL, signal.SIGHUP)])
+def test_signalled_node_launchers_leave_no_rank_running(
+    tmp_path: Path, node0_signal: signal.Signals, node1_signal: signal.Signals
+) -> None:
+    """Launchers stopped from outside mid-run - SIGTERM / SIGHUP (the launch's cleanup runs) or SIGKILL (the
+    ranks die with their parent) - on a two-node FSDP2 job whose rank 2 spins in its forward pass."""
+    out = tmp_path / "shared"
+    nodes = start_nodes(out, 60.0, "--stack", "fsdp", "--fault", "forward", "--rank", "2", "--steps", "1000")
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not all(
+            (out / LAUNCHED_PATTERN.format(node=n)).exists() and (out / f"rank{2 * n + 1}.json").exists()
+            for n in (0, 1)
+        ):
+            time.sleep(0.2)
+        ranks = launched(out)
+        assert sorted(ranks) == [0, 1, 2, 3]
+        assert sorted(surviving_ranks(out)) == [0, 1, 2, 3]
+        nodes[0].send_signal(node0_signal)
+        nodes[1].send_signal(node1_signal)
+        for node in nodes:
+            assert node.wait(timeout=60) != 0
+    finally:
+        kill_launchers(nodes)
+    assert wait_until_gone(out) == {}

@@ -13,10 +13,7 @@ audited Action like any other.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -37,6 +34,7 @@ from vigil.remedy.heartbeat import progress_path
 from vigil.remedy.jobspec import FAILOVER_ACTIONS, TrainingJob, load_jobspec
 from vigil.remedy.remediator import Remediator
 from vigil.run.launcher import free_port, prepare_out_dir, probe_command, probe_env, start_rank, torchrun_env
+from vigil.run.rank_procs import record_launched, signals_raise, stop_groups
 from vigil.run.supervise import Supervisor, SupervisorConfig
 
 POLL_S = 0.1
@@ -149,22 +147,14 @@ class LocalJob:
             env = torchrun_env(rank, world, port, extra={**extra, "VIGIL_DEVICE": device})
             env = probe_env(env, self.probe_dir, hang_timeout, flight_recorder=False)
             self.processes.append(start_rank(self.command(), env, self.log_path(rank)))
+        record_launched(self.probe_dir, 0, dict(enumerate(self.processes)))
 
     def poll(self) -> list[int | None]:
         return [p.poll() for p in self.processes]
 
     def stop(self, grace_s: float = 5.0) -> None:
         """SIGTERM every rank's process group, SIGKILL what is left after ``grace_s``."""
-        for proc in self.processes:
-            if proc.poll() is None:
-                _signal_group(proc, signal.SIGTERM)
-        deadline = time.time() + grace_s
-        for proc in self.processes:
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.time()))
-            except subprocess.TimeoutExpired:
-                _signal_group(proc, signal.SIGKILL)
-                proc.wait()
+        stop_groups(self.processes, grace_s)
 
     def restart(self, bad_rank: int | None = None, move_bad_rank: bool = False) -> str:
         """Stop all ranks and start them again; they resume from the latest complete checkpoint."""
@@ -177,11 +167,6 @@ class LocalJob:
         self.attempt += 1
         self.start()
         return f"restarted {self.entity} (attempt {self.attempt}){moved}"
-
-
-def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, sig)
 
 
 @dataclass
@@ -419,7 +404,8 @@ def run_job(
             console.log(message)
             status.update(message)
 
-        return FailoverSupervisor(job, AuditLog(db_url), on_event=on_event).run()
+        with signals_raise():
+            return FailoverSupervisor(job, AuditLog(db_url), on_event=on_event).run()
 
 
 def report_json(report: FailoverReport) -> str:

@@ -13,10 +13,8 @@ Python API::
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -27,6 +25,7 @@ from vigil.diagnose.hang import HangDiagnosis
 from vigil.diagnose.timeline import TIMELINE_FILE
 from vigil.model import VigilInputError
 from vigil.run.nodes import CLAIM_FILE, NodeGroup
+from vigil.run.rank_procs import LAUNCHED_PATTERN, launcher_env, record_launched, signals_raise, stop_groups
 from vigil.run.supervise import EventSink, Supervisor, SupervisorConfig
 from vigil.sources.probe.activate import ENV_DIR, ENV_HANG_TIMEOUT
 from vigil.sources.probe.records import DIAGNOSIS_FILE, DUMP_REQUEST_FILE, FR_DIR, RUN_FILE, STACKS_FILE
@@ -97,9 +96,10 @@ def probe_command(argv: Sequence[str], python: str | None = None) -> list[str]:
 
 
 def start_rank(argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> subprocess.Popen[bytes]:
-    """One rank in its own session (so the whole process group can be signalled), output to its log."""
+    """One rank in its own session (so the whole process group can be signalled), output to its log; it dies
+    with its launcher (``vigil.run.rank_procs``)."""
     with open(log_path, "wb") as log:
-        return subprocess.Popen(list(argv), env=dict(env), stdout=log, stderr=subprocess.STDOUT,
+        return subprocess.Popen(list(argv), env={**env, **launcher_env()}, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
 
 
@@ -108,7 +108,8 @@ def prepare_out_dir(out_dir: Path, ranks: range | None = None, shared: bool = Tr
     files of ``ranks`` (default all), and with ``shared`` the job's own (one node of several cleans them)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     if ranks is None:
-        for pattern in ("rank*.json", "rank*.cur", "rank*.log", ".rank*.tmp", "node*.json", "stacks.node*.json"):
+        for pattern in ("rank*.json", "rank*.cur", "rank*.log", ".rank*.tmp", "node*.json", "stacks.node*.json",
+                        LAUNCHED_PATTERN.format(node="*")):
             for path in out_dir.glob(pattern):
                 path.unlink()
     else:
@@ -164,26 +165,25 @@ def launch(
     interpreter = python or sys.executable
     procs: dict[int, subprocess.Popen[bytes]] = {}
     argv = probe_command([interpreter, str(script_path), *args], python=interpreter)
-    try:
-        for local, rank in enumerate(local_ranks):
-            rank_vars = torchrun_env(rank, world, port, local_rank=local, local_world_size=nproc,
-                                     node_rank=node_rank, master_addr=master_addr, extra=env)
-            procs[rank] = start_rank(argv, probe_env(rank_vars, out, hang_timeout, flight_recorder),
-                                     out / f"rank{rank}.log")
-        config = SupervisorConfig(
-            hang_timeout_s=hang_timeout,
-            checkpoint_timeout_s=checkpoint_timeout or max(600.0, 10 * hang_timeout),
-            flight_recorder=flight_recorder,
-            job=job,
-        )
-        nodes = NodeGroup(out, nnodes, node_rank) if nnodes > 1 else None
-        if nodes is not None:
-            nodes.clear_own()
-        supervisor = Supervisor(procs, out, config, on_event or (lambda message: None), nodes=nodes, world=world)
-        return supervisor.run()
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+    with signals_raise():
+        try:
+            for local, rank in enumerate(local_ranks):
+                rank_vars = torchrun_env(rank, world, port, local_rank=local, local_world_size=nproc,
+                                         node_rank=node_rank, master_addr=master_addr, extra=env)
+                procs[rank] = start_rank(argv, probe_env(rank_vars, out, hang_timeout, flight_recorder),
+                                         out / f"rank{rank}.log")
+            record_launched(out, node_rank, procs)
+            config = SupervisorConfig(
+                hang_timeout_s=hang_timeout,
+                checkpoint_timeout_s=checkpoint_timeout or max(600.0, 10 * hang_timeout),
+                flight_recorder=flight_recorder,
+                job=job,
+            )
+            nodes = NodeGroup(out, nnodes, node_rank) if nnodes > 1 else None
+            if nodes is not None:
+                nodes.clear_own()
+            supervisor = Supervisor(procs, out, config, on_event or (lambda message: None), nodes=nodes,
+                                    world=world)
+            return supervisor.run()
+        finally:
+            stop_groups(procs.values(), grace_s=0.0)

@@ -95,12 +95,17 @@ class NodeGroup:
         return None
 
     def _create_claim(self, trigger: str) -> bool:
+        """Create the claim whole or not at all: written aside, then hard-linked into place (the link fails
+        if it exists). A claim created empty and filled after could be read half-written by a peer, taken
+        for an earlier run's and removed - and two nodes would both report."""
+        aside = self.out_dir / f".claim.node{self.node_rank}.tmp"
+        aside.write_text(json.dumps({"node_rank": self.node_rank, "trigger": trigger, "ts": time.time()}))
         try:
-            fd = os.open(self.claim_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            os.link(aside, self.claim_path)
         except FileExistsError:
             return False
-        with os.fdopen(fd, "w") as out:
-            json.dump({"node_rank": self.node_rank, "trigger": trigger, "ts": time.time()}, out)
+        finally:
+            aside.unlink(missing_ok=True)
         return True
 
     def claimed_by_other(self) -> bool:

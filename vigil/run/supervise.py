@@ -8,8 +8,6 @@ the probes), stops the job, and asks ``vigil.diagnose.hang`` *who* and *why*.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -23,6 +21,7 @@ from vigil.diagnose.straggler import find_straggler
 from vigil.diagnose.timeline import write_timeline
 from vigil.model import VigilInputError
 from vigil.run.nodes import NodeGroup
+from vigil.run.rank_procs import stop_groups
 from vigil.sources.probe.pyspy import dump_all, native_frames
 from vigil.sources.probe.records import (
     DIAGNOSIS_FILE,
@@ -285,16 +284,7 @@ class Supervisor:
             time.sleep(0.1)
 
     def _stop(self, alive: dict[int, int]) -> None:
-        for pid in alive.values():
-            _signal_group(pid, signal.SIGTERM)
-        deadline = time.time() + 3.0
-        for rank in alive:
-            remaining = max(0.1, deadline - time.time())
-            try:
-                self.procs[rank].wait(timeout=remaining)
-            except subprocess.TimeoutExpired:
-                _signal_group(alive[rank], signal.SIGKILL)
-                self.procs[rank].wait()
+        stop_groups([self.procs[rank] for rank in alive])
 
     def _logs(self) -> dict[int, str]:
         logs = {}
@@ -333,9 +323,3 @@ def _mtime(path: Path) -> float:
     except FileNotFoundError:
         return 0.0
 
-
-def _signal_group(pid: int, sig: signal.Signals) -> None:
-    try:
-        os.killpg(pid, sig)
-    except ProcessLookupError:
-        return

@@ -15,6 +15,8 @@ from vigil.sources.probe.probe import DEFAULT_HANG_TIMEOUT_S, Probe
 
 ENV_DIR = "VIGIL_PROBE_DIR"
 ENV_HANG_TIMEOUT = "VIGIL_HANG_TIMEOUT"
+# The launcher's pid: a rank it started asks for SIGKILL when that parent dies (bootstrap.die_with_launcher).
+ENV_LAUNCHER_PID = "VIGIL_LAUNCHER_PID"
 
 _probe: Probe | None = None
 

@@ -6,19 +6,37 @@ Run as ``python -m vigil.sources.probe.bootstrap (SCRIPT | -m MODULE | -c CODE) 
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import runpy
+import signal
 import sys
 
 from vigil.sources.probe import install
+from vigil.sources.probe.activate import ENV_LAUNCHER_PID
 
+PR_SET_PDEATHSIG = 1
 USAGE = "usage: python -m vigil.sources.probe.bootstrap (SCRIPT | -m MODULE | -c CODE) [ARGS...]\n"
+
+
+def die_with_launcher() -> None:
+    """A rank runs in a session of its own, so nothing else stops it when its launcher is killed: ask the
+    kernel for SIGKILL when that parent dies, and exit at once if it died already (before this call)."""
+    launcher = os.environ.pop(ENV_LAUNCHER_PID, None)
+    if launcher is None or not launcher.isdigit():
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != int(launcher):
+        os._exit(1)
 
 
 def main(argv: list[str]) -> None:
     if not argv or (argv[0] in ("-m", "-c") and len(argv) < 2):
         sys.stderr.write(USAGE)
         raise SystemExit(2)
+    die_with_launcher()
     install()
     if argv[0] == "-m":
         sys.argv = [argv[1], *argv[2:]]
