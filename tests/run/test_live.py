@@ -65,7 +65,7 @@ class LiveCluster:
     logs: list[Path] = field(default_factory=list)
 
     def get(self, path: str) -> Any:
-        response = httpx.get(self.url + path, timeout=10)
+        response = httpx.get(self.url + path, timeout=10, headers={"Authorization": f"Bearer {TOKEN}"})
         response.raise_for_status()
         return response.json()
 

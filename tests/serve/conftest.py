@@ -21,6 +21,7 @@ import pytest
 
 from tests.conftest import require_binary
 from vigil.config import Settings
+from vigil.faces.api.auth import TOKEN_COOKIE, User, hash_token, save_users
 from vigil.model import Cause, Diagnosis, Incident, RemediationStep
 from vigil.run.pipeline import PipelineResult, run_pipeline
 from vigil.sources.sim import SimConfig, SimRun, simulate
@@ -39,7 +40,11 @@ CHROMIUM_FLAGS = [
 ]
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "tests" / "artifacts"
-TOKEN = "test-token-7f3a"
+TOKEN = "test-token-7f3a"  # the shared api_token: the identity "api", admin
+# A second person for the two-person rule: what "api" proposes, "ada" approves.
+APPROVER = "ada"
+APPROVER_TOKEN = "test-approver-91c2"
+APPROVER_AUTH = {"Authorization": f"Bearer {APPROVER_TOKEN}"}
 STRAGGLER_RANK = 5
 
 
@@ -69,9 +74,23 @@ class SimCluster:
     diagnosis: Diagnosis
 
     def settings(self, **overrides: object) -> Settings:
-        values: dict[str, object] = {"home": self.home, "db_url": self.store.url, "api_token": TOKEN}
+        values: dict[str, object] = {"home": self.home, "db_url": self.store.url, "api_token": TOKEN,
+                                     "users_file": approvers_file(self.home)}
         values.update(overrides)
         return Settings(**values)  # type: ignore[arg-type]
+
+
+def approvers_file(home: Path) -> Path:
+    """The users file of the test servers: one approver beside the shared token."""
+    path = home / "approvers.yaml"
+    if not path.exists():
+        save_users(path, [User(name=APPROVER, role="approver", token_sha256=hash_token(APPROVER_TOKEN))])
+    return path
+
+
+def reader_cookies() -> dict[str, str]:
+    """What a signed-in dashboard sends on page loads: the token cookie, which opens reads only."""
+    return {TOKEN_COOKIE: TOKEN}
 
 
 def rank_frames(run: SimRun, metrics: MetricStore) -> None:
@@ -226,7 +245,8 @@ class BigCluster:
     home: Path
 
     def settings(self, **overrides: object) -> Settings:
-        values: dict[str, object] = {"home": self.home, "db_url": self.store.url, "api_token": TOKEN}
+        values: dict[str, object] = {"home": self.home, "db_url": self.store.url, "api_token": TOKEN,
+                                     "users_file": approvers_file(self.home)}
         values.update(overrides)
         return Settings(**values)  # type: ignore[arg-type]
 

@@ -1,4 +1,4 @@
-"""REST API over a store filled by the simulator and the pipeline: reads open, writes behind the token."""
+"""REST API over a store filled by the simulator and the pipeline: reads and writes behind tokens."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.serve.conftest import STRAGGLER_RANK, TOKEN, SimCluster
+from tests.serve.conftest import APPROVER, APPROVER_AUTH, STRAGGLER_RANK, TOKEN, SimCluster, reader_cookies
 from tests.serve.test_alertmanager import PAYLOAD
 from vigil.faces.api.app import create_app
 from vigil.model import ActionKind, ActionStatus, Event, FaultLevel, IncidentStatus
@@ -22,8 +22,38 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 @pytest.fixture
 def client(cluster: SimCluster) -> Iterator[TestClient]:
-    with TestClient(create_app(cluster.store, cluster.metrics, cluster.settings())) as test_client:
+    app = create_app(cluster.store, cluster.metrics, cluster.settings())
+    with TestClient(app, cookies=reader_cookies()) as test_client:
         yield test_client
+
+
+def test_reads_and_pages_need_a_token_when_one_is_configured(cluster: SimCluster) -> None:
+    app = create_app(cluster.store, cluster.metrics, cluster.settings())
+    with TestClient(app) as anonymous:
+        for path in ("/api/v1/incidents", "/api/v1/nodes", "/api/v1/cluster/map", "/api/v1/runs",
+                     "/api/v1/events"):
+            assert anonymous.get(path).status_code == 401, path
+        page = anonymous.get("/")
+        assert page.status_code == 401 and 'id="sign-in-form"' in page.text and "bearer token" in page.text
+        assert anonymous.get(f"/incidents/{cluster.incident.id}").status_code == 401
+        assert cluster.incident.title not in anonymous.get(f"/incidents/{cluster.incident.id}").text
+        assert anonymous.get("/api/v1/health").status_code == 200  # probes poll it without a token
+        assert anonymous.get("/static/vigil.js").status_code == 200  # the sign-in page needs it
+    with TestClient(app, cookies={"vigil_token": "forged"}) as forged:
+        assert forged.get("/").status_code == 401 and forged.get("/api/v1/nodes").status_code == 401
+    with TestClient(app, cookies=reader_cookies()) as signed_in:
+        assert signed_in.get("/").status_code == 200
+        assert signed_in.get("/api/v1/cluster/map").status_code == 200
+        # The cookie opens reads only: a write needs the Authorization header, so another site cannot
+        # make a signed-in browser write.
+        refused = signed_in.post("/api/v1/actions", json={"kind": "cordon", "target": "node/n001"})
+        assert refused.status_code == 401
+    with TestClient(app) as header_only:
+        assert header_only.get("/api/v1/nodes", headers=AUTH).status_code == 200
+        assert header_only.get("/", headers=APPROVER_AUTH).status_code == 200
+    # No users and no token: reads stay open, as on a laptop.
+    with TestClient(create_app(cluster.store, cluster.metrics, cluster.settings(api_token="", users_file=None))) as o:
+        assert o.get("/api/v1/nodes").status_code == 200 and o.get("/").status_code == 200
 
 
 def test_nodes_and_gpus_carry_the_stores_fault_levels(client: TestClient, cluster: SimCluster) -> None:
@@ -87,7 +117,8 @@ def test_job_step_times_per_rank_and_metric_series(client: TestClient, cluster: 
 
 def test_writes_need_the_bearer_token(cluster: SimCluster) -> None:
     body = {"kind": "cordon", "target": "node/n001", "reason": "test"}
-    with TestClient(create_app(cluster.store, cluster.metrics, cluster.settings(api_token=""))) as no_token:
+    settings = cluster.settings(api_token="", users_file=None)
+    with TestClient(create_app(cluster.store, cluster.metrics, settings)) as no_token:
         refused = no_token.post("/api/v1/actions", json=body)
         assert refused.status_code == 403 and "VIGIL_API_TOKEN" in refused.json()["detail"]
         assert no_token.get("/api/v1/actions").status_code == 200
@@ -123,15 +154,18 @@ def test_action_flow_propose_approve_execute_dry_run(client: TestClient, cluster
     action_id = created["id"]
     early = client.post(f"/api/v1/actions/{action_id}/execute", headers=AUTH)
     assert early.status_code == 409 and "approve" in early.json()["detail"]
-    approved = client.post(f"/api/v1/actions/{action_id}/approve", headers=AUTH).json()
-    assert approved["status"] == "approved" and approved["params"]["approved_by"] == "api"
+    # The shared token is one identity under the two-person rule: it cannot approve what it proposed.
+    own = client.post(f"/api/v1/actions/{action_id}/approve", headers=AUTH)
+    assert own.status_code == 403 and "two-person rule" in own.json()["detail"]
+    approved = client.post(f"/api/v1/actions/{action_id}/approve", headers=APPROVER_AUTH).json()
+    assert approved["status"] == "approved" and approved["params"]["approved_by"] == APPROVER
     real = client.post(f"/api/v1/actions/{action_id}/execute", params={"dry_run": "false"}, headers=AUTH)
     assert real.status_code == 409 and "execute_actions" in real.json()["detail"]
     done = client.post(f"/api/v1/actions/{action_id}/execute", headers=AUTH).json()
     assert done["status"] == "executed" and done["dry_run"] and done["result"].startswith("dry-run")
     stored = cluster.store.action(action_id)
     assert stored is not None and stored.status is ActionStatus.EXECUTED
-    again = client.post(f"/api/v1/actions/{action_id}/approve", headers=AUTH)
+    again = client.post(f"/api/v1/actions/{action_id}/approve", headers=APPROVER_AUTH)
     assert again.status_code == 409
     unknown = client.post(
         "/api/v1/actions", headers=AUTH, json={"kind": "cordon", "target": "node/n001", "incident_id": "inc-missing"}
@@ -150,7 +184,7 @@ def test_real_execution_goes_through_the_remediator(cluster: SimCluster, tmp_pat
         ]
         done = []
         for action_id in ids:
-            client.post(f"/api/v1/actions/{action_id}/approve", headers=AUTH)
+            client.post(f"/api/v1/actions/{action_id}/approve", headers=APPROVER_AUTH)
             response = client.post(f"/api/v1/actions/{action_id}/execute", params={"dry_run": False}, headers=AUTH)
             done.append(response.json())
     ticket, cordon = done

@@ -9,7 +9,16 @@ from typing import Any
 
 import pytest
 
-from tests.serve.conftest import ARTIFACTS, STRAGGLER_RANK, TOKEN, SimCluster, serve_in_thread
+from tests.serve.conftest import (
+    APPROVER,
+    APPROVER_TOKEN,
+    ARTIFACTS,
+    STRAGGLER_RANK,
+    TOKEN,
+    SimCluster,
+    reader_cookies,
+    serve_in_thread,
+)
 from vigil.faces.api.app import create_app
 from vigil.model import ActionStatus, FaultLevel, IncidentStatus
 from vigil.remedy.lifecycle import LifecycleStore, Trigger
@@ -34,7 +43,9 @@ def site(cluster: SimCluster) -> Iterator[str]:
 
 @pytest.fixture
 def page(browser: Any, site: str) -> Iterator[Any]:
+    """A signed-in browser: the token cookie opens the pages; writes still need the token saved in the form."""
     context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context.add_cookies([{"name": k, "value": v, "url": site} for k, v in reader_cookies().items()])
     tab = context.new_page()
     foreign: list[str] = []
     tab.on("request", lambda request: None if request.url.startswith(site) else foreign.append(request.url))
@@ -68,6 +79,30 @@ def test_heat_map_shows_every_gpu_by_fault_level(page: Any, site: str, cluster: 
     shot(page, "overview")
 
 
+def test_pages_need_a_token_and_sign_in_carries_it(browser: Any, site: str, cluster: SimCluster) -> None:
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    tab = context.new_page()
+    try:
+        first = tab.goto(site + "/")
+        assert first.status == 401 and tab.locator("#sign-in-form").is_visible()
+        assert tab.locator("canvas#map").count() == 0
+        tab.fill("#sign-in-token", "wrong-token")
+        with tab.expect_navigation():
+            tab.click("#sign-in-form button")
+        assert "does not match" in tab.locator("#sign-in-reason").inner_text()
+        tab.fill("#sign-in-token", APPROVER_TOKEN)
+        with tab.expect_navigation():
+            tab.click("#sign-in-form button")
+        # Signed in: the page, the map's fetch and its event stream all carry the token (the cookie).
+        tab.wait_for_function("document.body.dataset.mapReady")
+        assert len(tab.evaluate("vigilMap.state.map")["gpu_levels"]) == 8 * 8
+        tab.wait_for_function("document.getElementById('stream-status').textContent.includes('live updates on')")
+        assert tab.goto(f"{site}/incidents/{cluster.incident.id}").status == 200
+        assert tab.evaluate("window.localStorage.getItem('vigil-token')") == APPROVER_TOKEN
+    finally:
+        context.close()
+
+
 def test_incident_detail_and_approve_flow(page: Any, site: str, cluster: SimCluster) -> None:
     incident = cluster.incident
     page.goto(f"{site}/incidents/{incident.id}")
@@ -84,10 +119,14 @@ def test_incident_detail_and_approve_flow(page: Any, site: str, cluster: SimClus
     row = page.locator("table.actions tr", has_text=step.target).last
     action_id = row.get_attribute("data-action")
     assert row.locator("td.status").inner_text() == "proposed"
+    # Proposed with the shared token; approved by another person (the two-person rule).
+    page.fill("#token", APPROVER_TOKEN)
+    page.click("#token-form button")
     with page.expect_navigation():
         row.locator("button.approve").click()
     stored = cluster.store.action(action_id)
     assert stored is not None and stored.status is ActionStatus.APPROVED and stored.incident_id == incident.id
+    assert stored.params["approved_by"] == APPROVER
     with page.expect_navigation():
         page.locator(f"#action-{action_id} button.execute").click()
     assert page.locator(f"#action-{action_id} td.result").inner_text().startswith("dry-run: would cordon")

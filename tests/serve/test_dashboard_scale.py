@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.serve.conftest import ARTIFACTS, BigCluster, serve_in_thread
+from tests.serve.conftest import ARTIFACTS, BigCluster, reader_cookies, serve_in_thread
 from vigil.faces.api.app import create_app
 from vigil.model import Evidence, FaultLevel, Incident, IncidentStatus
 
@@ -49,6 +49,7 @@ def site(cluster_10k: BigCluster, launch_dir: Path) -> Iterator[str]:
 @pytest.fixture
 def page(browser: Any, site: str) -> Iterator[Any]:
     context = browser.new_context(viewport=VIEWPORT)
+    context.add_cookies([{"name": k, "value": v, "url": site} for k, v in reader_cookies().items()])
     tab = context.new_page()
     errors: list[str] = []
     tab.on("pageerror", lambda err: errors.append(str(err)))
@@ -234,7 +235,8 @@ def test_stream_polls_the_store_cursor(site: str, cluster_10k: BigCluster) -> No
     """The SSE route on its own, read as a client would: the first bytes set the reconnect delay."""
     import httpx
 
-    with httpx.stream("GET", site + "/api/v1/cluster/stream", timeout=10) as response:
+    assert httpx.get(site + "/api/v1/cluster/stream", timeout=10).status_code == 401  # the stream is a read
+    with httpx.stream("GET", site + "/api/v1/cluster/stream", timeout=10, cookies=reader_cookies()) as response:
         assert response.headers["content-type"].startswith("text/event-stream")
         first = next(response.iter_lines())
     assert first == "retry: 2000"

@@ -101,7 +101,8 @@ def test_no_acknowledged_incident_is_lost_after_kill_9(
         store = Store(db_url)
         lost = [i for i in acknowledged if store.incident(i) is None]
         assert not lost, f"{len(lost)} of {len(acknowledged)} acknowledged incidents lost"
-        listed = httpx.get(f"{url}/api/v1/incidents", params={"limit": 10000}).json()
+        listed = httpx.get(f"{url}/api/v1/incidents", params={"limit": 10000},
+                           headers={"Authorization": f"Bearer {TOKEN}"}).json()
         assert set(acknowledged) <= {i["id"] for i in listed}
     finally:
         server.terminate()

@@ -14,7 +14,17 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
-from tests.serve.conftest import REPO, STRAGGLER_RANK, TOKEN, SimCluster, free_port, wait_for
+from tests.serve.conftest import (
+    APPROVER,
+    APPROVER_TOKEN,
+    REPO,
+    STRAGGLER_RANK,
+    TOKEN,
+    SimCluster,
+    approvers_file,
+    free_port,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -26,6 +36,7 @@ def server_env(cluster: SimCluster) -> dict[str, str]:
         "VIGIL_HOME": str(cluster.home),
         "VIGIL_DB_URL": cluster.store.url,
         "VIGIL_API_TOKEN": TOKEN,
+        "VIGIL_USERS_FILE": str(approvers_file(cluster.home)),
         "PYTHONPATH": str(REPO),
     }
 
@@ -109,27 +120,32 @@ def test_mcp_over_streamable_http_with_write_tools(cluster: SimCluster, tmp_path
 
         async def session() -> None:
             import httpx2
+            from mcp.client.streamable_http import streamable_http_client
 
-            headers = {"Authorization": f"Bearer {TOKEN}"}
-            async with httpx2.AsyncClient(headers=headers, timeout=30) as http:
-                from mcp.client.streamable_http import streamable_http_client
-
-                async with Client(streamable_http_client(url, http_client=http)) as client:
-                    names = {tool.name for tool in (await client.list_tools()).tools}
-                    assert names == TOOLS | {"propose_action", "approve_action"}
-                    xid = await call(client, "explain_xid", code=119)
-                    assert xid["level"] == "drain"
-                    proposed = await call(
-                        client, "propose_action", kind="cordon", target="node/n002", reason="from an agent"
-                    )
-                    approved = await call(client, "approve_action", action_id=proposed["id"])
-                    assert approved["status"] == "approved"
-                    refused = await client.call_tool(
-                        "propose_action", {"kind": "rm_rf", "target": "node/n002", "reason": "x"}
-                    )
-                    assert refused.is_error and "whitelist" in refused.content[0].text  # type: ignore[union-attr]
-                    # the rest of the read tools, over HTTP this time
-                    await exercise_reads(client, cluster)
+            async with (
+                httpx2.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30) as http,
+                httpx2.AsyncClient(headers={"Authorization": f"Bearer {APPROVER_TOKEN}"}, timeout=30) as http2,
+                Client(streamable_http_client(url, http_client=http)) as client,
+                Client(streamable_http_client(url, http_client=http2)) as approver,
+            ):
+                names = {tool.name for tool in (await client.list_tools()).tools}
+                assert names == TOOLS | {"propose_action", "approve_action"}
+                xid = await call(client, "explain_xid", code=119)
+                assert xid["level"] == "drain"
+                proposed = await call(
+                    client, "propose_action", kind="cordon", target="node/n002", reason="from an agent"
+                )
+                # The shared token is one identity: it cannot approve its own proposal; another person can.
+                own = await client.call_tool("approve_action", {"action_id": proposed["id"]})
+                assert own.is_error and "two-person" in own.content[0].text  # type: ignore[union-attr]
+                approved = await call(approver, "approve_action", action_id=proposed["id"])
+                assert approved["status"] == "approved" and approved["params"]["approved_by"] == APPROVER
+                refused = await client.call_tool(
+                    "propose_action", {"kind": "rm_rf", "target": "node/n002", "reason": "x"}
+                )
+                assert refused.is_error and "whitelist" in refused.content[0].text  # type: ignore[union-attr]
+                # the rest of the read tools, over HTTP this time
+                await exercise_reads(client, cluster)
 
         anyio.run(session)
         stored = [a for a in cluster.store.actions(limit=10000) if a.reason == "from an agent"]

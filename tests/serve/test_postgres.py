@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.serve.conftest import TOKEN, build_cluster, fresh_database
+from tests.serve.conftest import APPROVER_AUTH, TOKEN, build_cluster, fresh_database, reader_cookies
 from tests.serve.test_alertmanager import PAYLOAD
 from vigil.faces.api.app import create_app
 
@@ -18,7 +18,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 def test_api_on_postgresql(postgres_url: str, tmp_path: Path) -> None:
     cluster = build_cluster(fresh_database(postgres_url, "api"), tmp_path)
     assert cluster.store.engine.dialect.name == "postgresql"
-    with TestClient(create_app(cluster.store, cluster.metrics, cluster.settings())) as client:
+    with TestClient(create_app(cluster.store, cluster.metrics, cluster.settings()), cookies=reader_cookies()) as client:
         listed = client.get("/api/v1/incidents", params={"limit": 1000}).json()
         assert {i["id"] for i in listed} == {i.id for i in cluster.result.incidents}
         nodes = client.get("/api/v1/nodes").json()
@@ -31,7 +31,7 @@ def test_api_on_postgresql(postgres_url: str, tmp_path: Path) -> None:
             headers=AUTH,
             json={"kind": "drain", "target": "node/n003", "incident_id": cluster.incident.id},
         ).json()
-        client.post(f"/api/v1/actions/{action['id']}/approve", headers=AUTH)
+        client.post(f"/api/v1/actions/{action['id']}/approve", headers=APPROVER_AUTH)
         done = client.post(f"/api/v1/actions/{action['id']}/execute", headers=AUTH).json()
         assert done["status"] == "executed"
         assert client.post("/api/v1/alertmanager", headers=AUTH, json=PAYLOAD).json()["stored"] == 2

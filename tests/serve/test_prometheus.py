@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.serve.conftest import SimCluster, free_port, require_binary, serve_in_thread, wait_for
+from tests.serve.conftest import SimCluster, free_port, reader_cookies, require_binary, serve_in_thread, wait_for
 from vigil.faces.api.app import create_app
 from vigil.model import VigilInputError
 from vigil.sources.promql import PromQLSource
@@ -113,7 +113,7 @@ def test_prometheus_scrapes_both_and_vigil_reads_back(
 
     # The REST API answers metric questions from Prometheus when configured with it.
     app = create_app(cluster.store, None, cluster.settings(), prom=source)
-    with TestClient(app) as client:
+    with TestClient(app, cookies=reader_cookies()) as client:
         answer = client.get("/api/v1/metrics/query", params={"query": f"{energy}{{Hostname='n001'}}"}).json()
         assert len(answer) == 4 and {a["labels"]["Hostname"] for a in answer} == {"n001"}
         series = client.get("/api/v1/metrics/series", params={"entity": "gpu/n000/1", "metric": energy}).json()

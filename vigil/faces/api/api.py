@@ -44,6 +44,8 @@ from vigil.model import (
 )
 
 router = APIRouter(prefix="/api/v1", dependencies=[Depends(check_read)])
+# Open without a token: load balancers and Kubernetes probes poll it.
+meta = APIRouter(prefix="/api/v1")
 Writer = Annotated[Identity, Depends(check_operator)]
 Approver = Annotated[Identity, Depends(check_approver)]
 
@@ -77,7 +79,7 @@ class StatusChange(BaseModel):
     status: IncidentStatus
 
 
-@router.get("/health", tags=["meta"])
+@meta.get("/health", tags=["meta"])
 def health(ctx: Ctx) -> Health:
     """Liveness with a store round trip (a count), cheap enough for a load balancer to poll."""
     return Health(incidents=ctx.store.count_incidents())

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -17,6 +17,7 @@ from vigil import __version__
 from vigil.config import Settings
 from vigil.config import settings as default_settings
 from vigil.faces.api import api, cluster_map, dashboard, ingest, runs
+from vigil.faces.api.auth import SignInRequired
 from vigil.faces.api.context import ServeContext
 from vigil.faces.api.dcgm import CONTENT_TYPE as DCGM_CONTENT_TYPE
 from vigil.faces.api.dcgm import render_dcgm
@@ -69,7 +70,8 @@ def app_for_context(ctx: ServeContext) -> FastAPI:
         title="Vigil",
         version=__version__,
         description="Observe, detect, localize, diagnose and remedy faults on AI training clusters. "
-        "Reads are open; writes need 'Authorization: Bearer <api_token>'.",
+        "With users or a token configured every route needs 'Authorization: Bearer <token>' (reads: any "
+        "user; writes: operator or above; approvals: approver, not the proposer).",
     )
     app.state.ctx = ctx
     app.state.cluster_map = cluster_map.ClusterMapSource(ctx)
@@ -79,6 +81,10 @@ def app_for_context(ctx: ServeContext) -> FastAPI:
     @app.exception_handler(VigilInputError)
     async def _bad_input(request: Request, err: VigilInputError) -> JSONResponse:
         return JSONResponse({"detail": str(err)}, status_code=409 if isinstance(err, VigilConflictError) else 400)
+
+    @app.exception_handler(SignInRequired)
+    async def _sign_in(request: Request, err: SignInRequired) -> HTMLResponse:
+        return dashboard.sign_in_page(request, err)
 
     @app.exception_handler(RequestValidationError)
     async def _bad_request(request: Request, err: RequestValidationError) -> JSONResponse:
@@ -109,6 +115,7 @@ def app_for_context(ctx: ServeContext) -> FastAPI:
         )
         return Response(render_dcgm(frame, ctx.topology()), media_type=DCGM_CONTENT_TYPE)
 
+    app.include_router(api.meta)
     app.include_router(api.router)
     app.include_router(cluster_map.router)
     app.include_router(ingest.router)

@@ -10,9 +10,15 @@ Only the SHA-256 of each token is stored: tokens are 32 random bytes, so a plain
 stolen file gives no token. With users configured every /api/v1 route needs a token (reads: viewer).
 Behind a reverse proxy that authenticates people (oauth2-proxy with OIDC, for example),
 ``settings.identity_header`` names the header the proxy sets (``X-Forwarded-User``); the user it names
-is looked up in the same file for the role. The legacy shared ``api_token`` still opens the writes as
-one identity, ``api``, with the admin role; it cannot tell two people apart, so the two-person rule
-holds only between configured users.
+is looked up in the same file for the role. The legacy shared ``api_token`` (deprecated: the server warns)
+is one identity, ``api``, with the admin role, and the two-person rule holds for it as for anyone: what the
+shared token proposed, the shared token cannot approve; a configured approver must.
+
+With users or a token configured, every read needs credentials too: the REST reads, the cluster map and
+its stream, the runs, and the dashboard's pages. A browser has no place for a header on a page load or an
+EventSource, so the dashboard's sign-in form also stores the token in a ``vigil_token`` cookie
+(``SameSite=Strict``); the cookie opens reads only. Writes take the token from the ``Authorization``
+header alone, so a page from another site cannot make the browser write with it.
 """
 
 from __future__ import annotations
@@ -20,10 +26,12 @@ from __future__ import annotations
 import enum
 import hashlib
 import secrets
+from collections.abc import Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import yaml
 from fastapi import HTTPException, Request, status
@@ -33,6 +41,11 @@ from vigil.config import Settings, read_yaml
 from vigil.model import VigilInputError, describe_validation_error
 
 SHARED_TOKEN_USER = "api"
+TOKEN_COOKIE = "vigil_token"
+SHARED_TOKEN_WARNING = (
+    "api_token is one shared identity ('api'): it cannot tell people apart, and what it proposes it cannot "
+    "approve; give each person a token with `vigil users add NAME --role ...`"
+)
 
 
 class Role(enum.IntEnum):
@@ -70,7 +83,6 @@ class UsersFile(BaseModel):
 class Identity:
     name: str
     role: Role
-    shared: bool = False  # the legacy shared token: one identity for everyone who holds it
 
 
 def hash_token(token: str) -> str:
@@ -129,8 +141,9 @@ class Authenticator:
     def configured(self) -> bool:
         return self.users_configured or bool(self.shared_token)
 
-    def identify(self, headers: Any) -> Identity | None:
-        """The caller, or None when the request carries no credentials; a wrong token is a 401."""
+    def identify(self, headers: Any, cookies: Mapping[str, str] | None = None) -> Identity | None:
+        """The caller, or None when the request carries no credentials; a wrong token is a 401. ``cookies``
+        (the dashboard's token cookie) are passed for reads only."""
         if self.identity_header:
             proxied = headers.get(self.identity_header)
             if proxied:
@@ -141,24 +154,27 @@ class Authenticator:
         scheme, _, token = headers.get("authorization", "").partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
-            return None
+            token = unquote(cookies.get(TOKEN_COOKIE, "")).strip() if cookies else ""
+            if not token:
+                return None
         user = self.by_hash.get(hash_token(token))
         if user is not None:
             return Identity(user.name, user.level)
         if self.shared_token and secrets.compare_digest(token.encode(), self.shared_token.encode()):
-            return Identity(SHARED_TOKEN_USER, Role.ADMIN, shared=True)
+            return Identity(SHARED_TOKEN_USER, Role.ADMIN)
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "bearer token does not match any user",
                             headers={"WWW-Authenticate": "Bearer"})
 
     def may_approve(self, approver: Identity, proposer: str) -> bool:
-        """The two-person rule: whoever proposed a destructive action may not approve it too."""
-        return not (self.two_person_rule and not approver.shared and approver.name == proposer)
+        """The two-person rule: whoever proposed a destructive action may not approve it too. It holds for the
+        shared token and the local MCP user as well: each is one identity, whoever holds it."""
+        return not (self.two_person_rule and approver.name == proposer)
 
 
 # The caller of the MCP tool being run: set by the HTTP gate per request; over stdio the local user, who
 # already holds the store, acts as one shared identity.
 mcp_caller: ContextVar[Identity | None] = ContextVar("mcp_caller", default=None)
-LOCAL_MCP_USER = Identity("mcp", Role.ADMIN, shared=True)
+LOCAL_MCP_USER = Identity("mcp", Role.ADMIN)
 
 
 def mcp_identity() -> Identity:
@@ -178,7 +194,7 @@ def _require(request: Request, role: Role) -> Identity:
             "mutating endpoints are disabled: add users (`vigil users add NAME --role operator`) or set "
             "VIGIL_API_TOKEN on the server",
         )
-    who = auth.identify(request.headers)
+    who = auth.identify(request.headers, request.cookies if role == Role.VIEWER else None)
     if who is None:
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED,
@@ -192,9 +208,27 @@ def _require(request: Request, role: Role) -> Identity:
 
 
 async def check_read(request: Request) -> None:
-    """Reads are open until users are configured; then every read needs a viewer's token."""
-    if _authenticator(request).users_configured:
+    """Reads are open until users or a token are configured; then every read needs a token (header or the
+    dashboard's cookie)."""
+    if _authenticator(request).configured:
         _require(request, Role.VIEWER)
+
+
+class SignInRequired(Exception):
+    """A dashboard page asked for without credentials (or with wrong ones): answered with the sign-in page."""
+
+    def __init__(self, reason: str, status_code: int) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.status_code = status_code
+
+
+async def check_page(request: Request) -> None:
+    """The dashboard's pages: as ``check_read``, but a person without credentials gets a sign-in form."""
+    try:
+        await check_read(request)
+    except HTTPException as err:
+        raise SignInRequired(str(err.detail), err.status_code) from None
 
 
 async def check_operator(request: Request) -> Identity:

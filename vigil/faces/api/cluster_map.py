@@ -17,15 +17,16 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
+from vigil.faces.api.auth import check_read
 from vigil.faces.api.context import ServeContext, change_cursor
 from vigil.model import FaultLevel, Incident, IncidentStatus, Topology, VigilInputError, parse_entity
 
-router = APIRouter(prefix="/api/v1/cluster", tags=["cluster"])
+router = APIRouter(prefix="/api/v1/cluster", tags=["cluster"], dependencies=[Depends(check_read)])
 
 # The live stream asks the store this often; clients share one cursor query per interval.
 POLL_S = 1.0

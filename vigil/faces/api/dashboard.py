@@ -8,19 +8,20 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from fastapi import APIRouter, HTTPException, Request, status
+from fastapi import APIRouter, Depends, HTTPException, Request, status
 from fastapi.responses import FileResponse, HTMLResponse
 from fastapi.templating import Jinja2Templates
 from markupsafe import Markup
 
 from vigil.faces.api import cluster_map, svg
+from vigil.faces.api.auth import SignInRequired, check_page
 from vigil.faces.api.context import ServeContext
 from vigil.faces.api.hang import load_hang_report, stack_tree
 from vigil.model import Diagnosis, Evidence, FaultLevel, Incident, IncidentStatus, VigilInputError, parse_entity
 from vigil.remedy.guard import CAPACITY_ACTIONS, BlastRadiusGuard
 from vigil.remedy.lifecycle import NodeState
 
-router = APIRouter(include_in_schema=False)
+router = APIRouter(include_in_schema=False, dependencies=[Depends(check_page)])
 templates = Jinja2Templates(directory=str(resources.files("vigil.faces.api") / "templates"))
 templates.env.globals["level_name"] = lambda level: FaultLevel(int(level)).label
 templates.env.globals["level_color"] = lambda level: svg.LEVEL_COLORS[int(level)]
@@ -47,6 +48,11 @@ def _ctx(request: Request) -> ServeContext:
 
 def _page(request: Request, name: str, **values: Any) -> HTMLResponse:
     return templates.TemplateResponse(request, name, values)
+
+
+def sign_in_page(request: Request, err: SignInRequired) -> HTMLResponse:
+    """What a page asked for without a good token answers: the reason and a sign-in form."""
+    return templates.TemplateResponse(request, "sign_in.html", {"reason": err.reason}, status_code=err.status_code)
 
 
 @router.get("/", response_class=HTMLResponse)

@@ -10,11 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, HTTPException, Query, Request, status
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse
 from pydantic import BaseModel
 
+from vigil.faces.api.auth import check_page, check_read
 from vigil.model import VigilInputError
 from vigil.sources.tensorboard import RunIndex
 
@@ -54,7 +55,7 @@ def _open(request: Request) -> RunIndex:
     return index
 
 
-@router.get("/api/v1/runs", response_model=list[RunSummary])
+@router.get("/api/v1/runs", response_model=list[RunSummary], dependencies=[Depends(check_read)])
 def list_runs(request: Request) -> list[RunSummary]:
     """Every indexed run and merged run."""
     index = _open(request)
@@ -63,7 +64,7 @@ def list_runs(request: Request) -> list[RunSummary]:
     return [RunSummary(name=i.name, tags=i.tags, points=i.points, merged_from=i.merged_from) for i in infos]
 
 
-@router.get("/api/v1/runs/scalars", response_model=RunComparison)
+@router.get("/api/v1/runs/scalars", response_model=RunComparison, dependencies=[Depends(check_read)])
 async def compare_runs(
     request: Request,
     run: Annotated[list[str], Query(min_length=1, max_length=50, description="runs to compare")],
@@ -93,7 +94,7 @@ async def compare_runs(
     )
 
 
-@router.get("/runs", response_class=HTMLResponse, include_in_schema=False)
+@router.get("/runs", response_class=HTMLResponse, include_in_schema=False, dependencies=[Depends(check_page)])
 def runs_page(request: Request) -> HTMLResponse:
     from vigil.faces.api.dashboard import templates
 

@@ -121,6 +121,7 @@ def serve(
     ensure_port_free(host, port, "--port")
     ctx = _context(config, metrics_dir, launch_dir, actuator)
     warn_if_open(host, ctx.auth_configured, "vigil serve")
+    warn_shared_token(ctx.settings.api_token)
     app = app_for_context(ctx)
     if engine:
         from vigil.run.engine import Engine, start_in_thread
@@ -168,22 +169,33 @@ def mcp(
     import uvicorn
 
     ensure_port_free(host, port, "--port")
-    warn_if_open(host, allow_writes, "vigil mcp")
+    warn_if_open(host, ctx.auth.configured, "vigil mcp")
+    warn_shared_token(ctx.settings.api_token)
     app: Any = server.streamable_http_app(host=host)
-    if allow_writes:
-        app = BearerGate(app, ctx.auth)
+    if ctx.auth.configured:
+        app = BearerGate(app, ctx.auth, writes=allow_writes)
     _freeze_heap()
     typer.echo(f"vigil MCP (streamable HTTP) on http://{host}:{port}/mcp", err=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")
 
 
-class BearerGate:
-    """ASGI wrapper: every HTTP request needs a bearer token of an operator (or the shared api_token); the
-    caller's identity is what the write tools record (lifespan passes through)."""
+def warn_shared_token(api_token: str) -> None:
+    from vigil.faces.api.auth import SHARED_TOKEN_WARNING
+    from vigil.faces.cli.output import SafeConsole
 
-    def __init__(self, app: Any, auth: Authenticator) -> None:
+    if api_token:
+        SafeConsole(stderr=True).print(f"[bold yellow]warning:[/] {SHARED_TOKEN_WARNING}", highlight=False,
+                                       soft_wrap=True, markup=True)
+
+
+class BearerGate:
+    """ASGI wrapper: every HTTP request needs a bearer token, of an operator when the write tools are on and
+    of any user otherwise; the caller's identity is what the write tools record (lifespan passes through)."""
+
+    def __init__(self, app: Any, auth: Authenticator, *, writes: bool) -> None:
         self.app = app
         self.auth = auth
+        self.writes = writes
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         from fastapi import HTTPException
@@ -198,7 +210,7 @@ class BearerGate:
             who = self.auth.identify(headers)
         except HTTPException:
             who = None
-        if who is None or who.role < Role.OPERATOR:
+        if who is None or who.role < (Role.OPERATOR if self.writes else Role.VIEWER):
             await send(
                 {
                     "type": "http.response.start",

@@ -6,10 +6,26 @@ function vigilToken() {
   return window.localStorage.getItem("vigil-token") || "";
 }
 
+// The token goes two places: local storage, which writes send in the Authorization header, and a cookie,
+// which page loads, the map's fetches and its event stream carry (the server takes the cookie for reads only).
+function vigilKeepToken(token) {
+  window.localStorage.setItem("vigil-token", token);
+  const secure = window.location.protocol === "https:" ? "; Secure" : "";
+  const age = token ? "" : "; Max-Age=0";
+  document.cookie = "vigil_token=" + encodeURIComponent(token) + "; Path=/; SameSite=Strict" + secure + age;
+}
+
 function vigilSaveToken(event) {
   event.preventDefault();
-  window.localStorage.setItem("vigil-token", document.getElementById("token").value);
+  vigilKeepToken(document.getElementById("token").value);
   document.getElementById("token").value = "";
+  return false;
+}
+
+function vigilSignIn(event) {
+  event.preventDefault();
+  vigilKeepToken(document.getElementById("sign-in-token").value);
+  window.location.reload();
   return false;
 }
 
