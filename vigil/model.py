@@ -47,6 +47,7 @@ __all__ = [
     "GroundTruthFault",
     "Gpu",
     "Incident",
+    "IncidentMemory",
     "IncidentStatus",
     "Job",
     "LogRecord",
@@ -54,6 +55,7 @@ __all__ = [
     "Node",
     "RemediationStep",
     "Sample",
+    "SimilarIncident",
     "Switch",
     "Topology",
     "VigilConflictError",
@@ -399,6 +401,42 @@ class RemediationStep(Record):
     reason: str = ""
 
 
+class IncidentMemory(Record):
+    """A resolved incident remembered: what it was, its root cause, what was done and how it ended. Written
+    once when the incident resolves; what the similar-incident index is built from."""
+
+    incident_id: str
+    title: str
+    scope: EntityId
+    fault_types: list[str]
+    level: FaultLevel
+    start: float
+    end: float
+    resolved_after_s: float = Field(ge=0.0)
+    root_cause_entity: str = ""
+    root_cause_fault: str = ""
+    # "diagnosis" when a stored diagnosis named the root cause, "incident" when it is the incident's own scope
+    root_cause_from: Literal["diagnosis", "incident"] = "incident"
+    summary: str = ""
+    actions: list[str] = Field(default_factory=list)
+    outcome: str = ""
+    evidence: list[str] = Field(default_factory=list)
+    remembered_at: float = 0.0
+
+
+class SimilarIncident(Record):
+    """A past incident like the current one and what fixed it, with the index's similarity (cosine, 0..1)."""
+
+    incident_id: str
+    score: float = Field(ge=0.0, le=1.0)
+    title: str
+    root_cause_fault: str = ""
+    root_cause_entity: str = ""
+    actions: list[str] = Field(default_factory=list)
+    outcome: str = ""
+    resolved_after_s: float = 0.0
+
+
 class Diagnosis(Record):
     incident_id: str
     summary: str
@@ -408,6 +446,7 @@ class Diagnosis(Record):
     evidence_refs: list[str] = Field(default_factory=list)
     plan: list[RemediationStep] = Field(default_factory=list)
     generated_by: str = "deterministic"
+    similar: list[SimilarIncident] = Field(default_factory=list)
 
 
 class ActionStatus(enum.StrEnum):

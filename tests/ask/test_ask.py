@@ -7,22 +7,20 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.ask.conftest import ScriptedEndpoint, client_for, tool_call
 from tests.test_cli import vigil
 from vigil.config import Settings
-from vigil.diagnose.llm import LlmClient
+from vigil.faces.api.ask.agent import model_answer
+from vigil.faces.api.ask.planner import Answer, check_answer, match, plan_answer
+from vigil.faces.api.ask.tools import Toolbox
 from vigil.faces.api.context import ServeContext
-from vigil.faces.ask.agent import model_answer
-from vigil.faces.ask.planner import Answer, check_answer, match, plan_answer
-from vigil.faces.ask.tools import Toolbox
 from vigil.knowledge.actions import action_whitelist
 from vigil.model import Event, LogRecord, VigilInputError
 from vigil.store.metrics import MetricStore
@@ -144,6 +142,9 @@ def test_a_forged_citation_is_caught(demo: Demo) -> None:
     ("what happened before the last incident", "changes_before", {}),
     ("what do I do about inc-ab12", "what_now", {"incident": "inc-ab12"}),
     ("what's wrong", "what_now", {}),
+    ("has this happened before?", "seen_before", {}),
+    ("similar incidents to inc-ab12", "seen_before", {"incident": "inc-ab12"}),
+    ("what fixed it last time for inc-ab12", "seen_before", {"incident": "inc-ab12"}),
     ("summarize today", "oncall_summary", {}),
 ])
 def test_questions_route_to_their_flow(question: str, flow: str, params: dict[str, str]) -> None:
@@ -153,7 +154,7 @@ def test_questions_route_to_their_flow(question: str, flow: str, params: dict[st
 
 def test_a_named_incident_skips_the_default_lookup(demo: Demo) -> None:
     answer, results = plan_answer(demo.toolbox, f"what should I do about {demo.incident_id}?")
-    assert [s.tool for s in answer.steps] == ["incident_plan"]
+    assert [s.tool for s in answer.steps] == ["incident_plan", "similar_incidents"]
     assert answer.steps[0].args == {"incident_id": demo.incident_id}
     assert check_answer(answer.answer, results) == []
 
@@ -180,58 +181,13 @@ def test_cli_json_shows_steps_and_cited_answer(demo: Demo) -> None:
 # ---------------------------------------------------------------------- the model path, scripted endpoint
 
 
-@dataclass
-class ScriptedEndpoint:
-    """An OpenAI-compatible /chat/completions that replies with canned messages in order."""
-
-    replies: list[dict[str, Any]]
-    requests: list[dict[str, Any]] = field(default_factory=list)
-
-
-def _tool_call(call_id: str, name: str, **args: Any) -> dict[str, Any]:
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
-
-
-@pytest.fixture
-def endpoint() -> Iterator[tuple[ScriptedEndpoint, str]]:
-    script = ScriptedEndpoint(replies=[])
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            script.requests.append(body)
-            message = script.replies[min(len(script.requests), len(script.replies)) - 1]
-            payload = json.dumps({"choices": [{"message": message}],
-                                  "usage": {"total_tokens": 400}}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-
-        def log_message(self, *args: Any) -> None:
-            return
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield script, f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
-    thread.join()
-    server.server_close()
-
-
-def _client(url: str) -> LlmClient:
-    return LlmClient(base_url=url, model="scripted", retries=0)
-
-
 def test_model_answer_kept_when_cited_and_hostile_text_yields_no_unlisted_action(
         demo: Demo, endpoint: tuple[ScriptedEndpoint, str]) -> None:
     script, url = endpoint
     script.replies = [
         {"role": "assistant", "content": None,
-         "tool_calls": [_tool_call("a", "search_logs", text="ignore previous"),
-                        _tool_call("b", "node_health", node="n000")]},
+         "tool_calls": [tool_call("a", "search_logs", text="ignore previous"),
+                        tool_call("b", "node_health", node="n000")]},
         # The model obeys the log line: it proposes reboot_node everywhere, plus one sound whitelisted step.
         {"role": "assistant", "content": json.dumps({
             "answer": [{"text": "Lines on job/j00 and node/n000 ask for reboots.",
@@ -242,7 +198,7 @@ def test_model_answer_kept_when_cited_and_hostile_text_yields_no_unlisted_action
                         {"action": "cordon", "target": "node/n000", "reason": "NIC below rated speed"}]})},
     ]
     before = demo.store.actions(limit=10_000)
-    answer, results = model_answer(demo.toolbox, _client(url), "is node n000 healthy and what do the logs say?")
+    answer, results = model_answer(demo.toolbox, client_for(url), "is node n000 healthy and what do the logs say?")
     assert answer.answered_by == "llm:scripted" and answer.note == ""
     assert check_answer(answer.answer, results) == []
     assert [s.tool for s in answer.steps] == ["search_logs", "node_health"]
@@ -262,12 +218,12 @@ def test_model_answer_with_an_invented_citation_falls_back_to_the_planner(
         demo: Demo, endpoint: tuple[ScriptedEndpoint, str]) -> None:
     script, url = endpoint
     script.replies = [
-        {"role": "assistant", "content": None, "tool_calls": [_tool_call("a", "job_events", job_id="j00")]},
+        {"role": "assistant", "content": None, "tool_calls": [tool_call("a", "job_events", job_id="j00")]},
         {"role": "assistant", "content": json.dumps({
             "answer": [{"text": "Job j00 was killed by an OOM on rank 5.", "cites": ["c1.oom.rank"]}],
             "actions": [{"action": "reboot_node", "target": "node/n000"}]})},
     ]
-    answer, results = model_answer(demo.toolbox, _client(url), "why did job j00 crash?")
+    answer, results = model_answer(demo.toolbox, client_for(url), "why did job j00 crash?")
     assert answer.answered_by == "planner" and answer.flow == "job_stopped"
     assert "c1.oom.rank" in answer.note and answer.proposals == []
     assert check_answer(answer.answer, results) == []
@@ -278,12 +234,12 @@ def test_a_sentence_stating_more_than_it_cites_falls_back(
         demo: Demo, endpoint: tuple[ScriptedEndpoint, str]) -> None:
     script, url = endpoint
     script.replies = [
-        {"role": "assistant", "content": None, "tool_calls": [_tool_call("a", "job_events", job_id="j00")]},
+        {"role": "assistant", "content": None, "tool_calls": [tool_call("a", "job_events", job_id="j00")]},
         # Every id exists, but rank 5 and gpu/n003/1 are in none of the cited values.
         {"role": "assistant", "content": json.dumps({
             "answer": [{"text": "Job j00 lost rank 5 on gpu/n003/1.", "cites": ["c1.job", "c1.world_size"]}]})},
     ]
-    answer, _ = model_answer(demo.toolbox, _client(url), "why did job j00 stop?")
+    answer, _ = model_answer(demo.toolbox, client_for(url), "why did job j00 stop?")
     assert answer.answered_by == "planner"
     assert "gpu/n003/1" in answer.note and "5" in answer.note
 
@@ -291,11 +247,11 @@ def test_a_sentence_stating_more_than_it_cites_falls_back(
 def test_tool_call_cap_stops_a_looping_model(demo: Demo, endpoint: tuple[ScriptedEndpoint, str]) -> None:
     script, url = endpoint
     script.replies = [{"role": "assistant", "content": None,
-                       "tool_calls": [_tool_call("a", "list_incidents", status="any", limit=5)]}]
-    answer, _ = model_answer(demo.toolbox, _client(url), "what should I do now?", max_tool_calls=3)
+                       "tool_calls": [tool_call("a", "list_incidents", status="any", limit=5)]}]
+    answer, _ = model_answer(demo.toolbox, client_for(url), "what should I do now?", max_tool_calls=3)
     assert len(script.requests) == 4 and "more than 3 tool calls" in answer.note
     assert answer.answered_by == "planner" and answer.flow == "what_now"
-    tokens, _ = model_answer(demo.toolbox, _client(url), "what should I do now?", max_tokens=1000)
+    tokens, _ = model_answer(demo.toolbox, client_for(url), "what should I do now?", max_tokens=1000)
     assert "token budget spent" in tokens.note
 
 
@@ -303,7 +259,7 @@ def test_cli_with_an_endpoint_reports_proposals_and_never_executes(
         demo: Demo, endpoint: tuple[ScriptedEndpoint, str]) -> None:
     script, url = endpoint
     script.replies = [
-        {"role": "assistant", "content": None, "tool_calls": [_tool_call("a", "search_logs", text="reboot")]},
+        {"role": "assistant", "content": None, "tool_calls": [tool_call("a", "search_logs", text="reboot")]},
         {"role": "assistant", "content": json.dumps({
             "answer": [{"text": "Lines on job/j00 and node/n000 mention reboots.",
                         "cites": ["c1.results.0.entity", "c1.results.1.entity"]}],

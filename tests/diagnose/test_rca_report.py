@@ -17,7 +17,7 @@ from vigil.diagnose.llm import diagnose
 from vigil.diagnose.rca import analyze_incident
 from vigil.diagnose.report import render_html, render_markdown, report_data
 from vigil.faces.cli.rca import diagnose_incident
-from vigil.model import Anomaly, Event, FaultLevel, Incident, LogRecord, VigilInputError, node_of
+from vigil.model import Anomaly, Event, FaultLevel, Incident, LogRecord, SimilarIncident, VigilInputError, node_of
 from vigil.run.pipeline import run_pipeline
 from vigil.sources.sim.cluster import build_topology
 from vigil.sources.sim.generator import FaultPlan, SimConfig, simulate
@@ -46,13 +46,18 @@ def hostile_case() -> tuple[Incident, object, object]:
     logs = [LogRecord(ts=T0 + 1, entity="job/j00/rank/10", line=f"RuntimeError: CUDA error: uncorrectable ECC error "
                       f"encountered {HOSTILE}")]
     result = analyze_incident(kg, incident, found, events=events, logs=logs)
-    return incident, diagnose(kg, incident, result), result
+    diagnosis = diagnose(kg, incident, result)
+    # a remembered incident's text is machine text too
+    diagnosis.similar = [SimilarIncident(incident_id="inc-0a1b", score=0.5, title=HOSTILE, root_cause_fault=HOSTILE,
+                                         root_cause_entity="gpu/n001/2", actions=[HOSTILE], outcome=HOSTILE)]
+    return incident, diagnosis, result
 
 
 def test_markdown_report_has_causes_plan_and_timeline(hostile_case: tuple) -> None:
     incident, diagnosis, result = hostile_case
     text = render_markdown(incident, diagnosis, result)
     assert "## Ranked causes" in text and "## Remediation plan" in text and "## Evidence timeline" in text
+    assert "## Similar past incidents" in text and "| inc-0a1b | 0.50 |" in text
     assert "| 1 | `gpu/n001/2` | gpu_dbe |" in text
     assert "`vigil remedy act cordon node/n001`" in text
     # the hostile text stays inside its cell: every table row keeps its column count
@@ -85,7 +90,7 @@ def test_html_report_escapes_machine_text(hostile_case: tuple) -> None:
 
     parser = Collect()
     parser.feed(page)
-    assert parser.tables == 3
+    assert parser.tables == 4
     embedded = json.loads(parser.scripts[0])
     assert embedded["root_cause"]["fault_type"] == "gpu_dbe"
     data = report_data(incident, diagnosis, result)

@@ -28,7 +28,9 @@ from tests.serve.conftest import (
 
 pytestmark = pytest.mark.slow
 
-TOOLS = {"list_incidents", "get_incident", "node_health", "query_metrics", "diagnose_job", "explain_xid", "search_logs"}
+TOOLS = {"list_incidents", "get_incident", "node_health", "query_metrics", "diagnose_job", "explain_xid", "search_logs",
+         "job_events", "incidents_touching", "changes_before", "incident_plan", "oncall_summary", "metric_shift",
+         "similar_incidents", "search_memory"}
 
 
 def server_env(cluster: SimCluster) -> dict[str, str]:
@@ -75,6 +77,23 @@ async def exercise(client: Client, cluster: SimCluster) -> None:
 
     logs = await call(client, "search_logs", text="Xid", limit=10)
     assert 0 < len(logs["results"]) <= 10 and all("xid" in r["line"].lower() for r in logs["results"])
+
+    # the analysis tools: counts computed over the store, and the memory of resolved incidents
+    incidents = cluster.store.incidents(limit=100_000)
+    changes = await call(client, "changes_before", incident_id=cluster.incident.id, window_s=600)
+    expected_events = cluster.store.events(since=cluster.incident.start - 600, until=cluster.incident.start,
+                                           limit=100_000)
+    assert changes["events_total"] == len(expected_events)
+    assert sum(c["count"] for c in changes["events_by_kind"]) <= len(expected_events)
+    summary = await call(client, "oncall_summary", hours=744)
+    assert summary["incidents_total"] == len(incidents)
+    resolved = {i.id for i in incidents if i.status.value == "resolved"}
+    similar = await call(client, "similar_incidents", incident_id=cluster.incident.id, k=2)
+    assert similar["remembered"] == len(resolved) and len(similar["similar"]) <= 2
+    assert {s["incident_id"] for s in similar["similar"]} <= resolved - {cluster.incident.id}
+    memory = await call(client, "search_memory", text=cluster.incident.fault_types[0], k=3)
+    assert memory["remembered"] == len(resolved)
+    assert all(0 < m["score"] <= 1 for m in memory["matches"])
 
     missing = await client.call_tool("get_incident", {"incident_id": "inc-nope"})
     assert missing.is_error and "no incident 'inc-nope'" in missing.content[0].text  # type: ignore[union-attr]

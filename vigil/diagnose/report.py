@@ -96,7 +96,15 @@ def render_markdown(incident: Incident, diagnosis: Diagnosis, result: RcaResult)
         lines.append(f"| {i} | {step.action.value} | `{step.target}` | {step.risk} | `{_code(step.command)}` | "
                      f"{_md(step.reason)} |")
     lines += ["", "Every action is on Vigil's whitelist and runs through the remedy engine (dry-run by default).",
-              "", "## Evidence timeline", "", "| time (UTC) | ref | kind | entity | evidence |",
+              "", "## Similar past incidents", "", "| incident | similarity | root cause | what was done | outcome |",
+              "|---|---|---|---|---|"]
+    for past in diagnosis.similar:
+        lines.append(f"| {_md(past.incident_id, 40)} | {past.score:.2f} | {_md(past.root_cause_fault, 80)} on "
+                     f"`{past.root_cause_entity}` | {_md('; '.join(past.actions) or 'nothing recorded')} | "
+                     f"{_md(past.outcome)} |")
+    if not diagnosis.similar:
+        lines.append("| - | - | - | - | no resolved incident in memory shares a term with this one |")
+    lines += ["", "## Evidence timeline", "", "| time (UTC) | ref | kind | entity | evidence |",
               "|---|---|---|---|---|"]
     for item in timeline(diagnosis, result, incident=incident):
         lines.append(f"| {_when(item.ts)} | {_md(item.ref, 40)} | {item.kind} | `{item.entity}` | "
@@ -131,6 +139,12 @@ confidence {{ "%.0f"|format(diagnosis.confidence * 100) }}%</p>
 <td><code>{{ step.target }}</code></td><td>{{ step.risk }}</td><td><code>{{ step.command }}</code></td>
 <td>{{ step.reason }}</td></tr>{% endfor %}</table>
 <p class="muted">Every action is on Vigil's whitelist and runs through the remedy engine (dry-run by default).</p>
+<h2>Similar past incidents</h2>
+<table><tr><th>incident</th><th>similarity</th><th>root cause</th><th>what was done</th><th>outcome</th></tr>
+{% for past in diagnosis.similar %}<tr><td>{{ past.incident_id }}</td><td>{{ "%.2f"|format(past.score) }}</td>
+<td>{{ past.root_cause_fault }} on <code>{{ past.root_cause_entity }}</code></td>
+<td>{{ past.actions|join("; ") or "nothing recorded" }}</td><td>{{ past.outcome }}</td></tr>
+{% else %}<tr><td colspan="5">no resolved incident in memory shares a term with this one</td></tr>{% endfor %}</table>
 <h2>Evidence timeline</h2>
 <table><tr><th>time (UTC)</th><th>ref</th><th>kind</th><th>entity</th><th>evidence</th></tr>
 {% for item in items %}<tr><td>{{ item.when }}</td><td>{{ item.ref }}</td><td>{{ item.kind }}</td>
@@ -146,8 +160,8 @@ _ENV = Environment(autoescape=select_autoescape(default=True, default_for_string
 def render_html(incident: Incident, diagnosis: Diagnosis, result: RcaResult) -> str:
     items = [{"when": _when(e.ts), "ref": e.ref, "kind": e.kind, "entity": e.entity, "summary": e.summary[:500]}
              for e in timeline(diagnosis, result, incident=incident)]
-    # JSON inside <script> must not be able to close the tag
-    data_json = Markup(json.dumps(diagnosis.model_dump(mode="json")).replace("</", "<\\/"))  # noqa: S704
+    # JSON inside <script> must not be able to open or close a tag: every "<" as its JSON escape
+    data_json = Markup(json.dumps(diagnosis.model_dump(mode="json")).replace("<", "\\u003c"))  # noqa: S704
     return _ENV.from_string(_HTML).render(
         incident=incident, diagnosis=diagnosis, result=result, items=items, start=_when(incident.start),
         end=_when(incident.end), data_json=data_json)

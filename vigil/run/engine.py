@@ -30,6 +30,7 @@ from vigil.detect.incidents import IncidentGrouper
 from vigil.detect.rules import RuleDetector
 from vigil.diagnose.kg import KnowledgeGraph
 from vigil.diagnose.llm import LlmClient, diagnose
+from vigil.diagnose.memory import recall, remember
 from vigil.diagnose.rca import analyze_incident
 from vigil.knowledge.metrics import ENTITY_FAMILIES, family_metrics
 from vigil.model import (
@@ -340,6 +341,7 @@ class Engine:
             news.append(incident)
             if incident.status is IncidentStatus.RESOLVED:
                 finished.add(incident.id)
+                remember(self.store, incident)
         self._notify(news, now)
         if finished:
             self.grouper.forget(finished)
@@ -376,6 +378,7 @@ class Engine:
         logs = self.store.logs(since=lo, until=hi, limit=100_000)
         result = analyze_incident(self._kg, incident, anomalies, events, logs)
         found = diagnose(self._kg, incident, result, self.llm)
+        found.similar = recall(self.store, incident, found)
         self.store.save_diagnosis(found)
         return found
 

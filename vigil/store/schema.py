@@ -116,3 +116,11 @@ topology_versions = Table(
     Column("source", String(100), nullable=False),
     Column("body", JSON, nullable=False),
 )
+
+# Each resolved incident summarized (root cause, actions, outcome): the memory similar incidents are found in.
+incident_memories = Table(
+    "incident_memories", metadata,
+    Column("incident_id", String(64), primary_key=True),
+    Column("end", Float, nullable=False),
+    Column("body", JSON, nullable=False),
+)

@@ -29,6 +29,7 @@ from vigil.model import (
     Event,
     FaultLevel,
     Incident,
+    IncidentMemory,
     IncidentStatus,
     LogRecord,
     Node,
@@ -285,6 +286,26 @@ class Store:
         with self.engine.connect() as conn:
             row = conn.execute(select(t.diagnoses.c.body).where(t.diagnoses.c.incident_id == incident_id)).first()
         return Diagnosis.model_validate(row.body) if row else None
+
+    # ---------------------------------------------------------------- incident memory
+
+    def save_memory(self, memory: IncidentMemory) -> None:
+        """Remember a resolved incident (a second summary of the same incident replaces the first)."""
+        memory = _validated(IncidentMemory, [memory])[0]
+        with self.engine.begin() as conn:
+            conn.execute(delete(t.incident_memories).where(t.incident_memories.c.incident_id == memory.incident_id))
+            conn.execute(insert(t.incident_memories).values(incident_id=memory.incident_id, end=memory.end,
+                                                            body=memory.model_dump(mode="json")))
+
+    def memories(self, limit: int = 100_000) -> list[IncidentMemory]:
+        """Remembered incidents, oldest resolution first."""
+        q = select(t.incident_memories.c.body).order_by(t.incident_memories.c.end).limit(limit)
+        with self.engine.connect() as conn:
+            return [IncidentMemory.model_validate(r.body) for r in conn.execute(q)]
+
+    def remembered_ids(self) -> set[str]:
+        with self.engine.connect() as conn:
+            return {r.incident_id for r in conn.execute(select(t.incident_memories.c.incident_id))}
 
     # ---------------------------------------------------------------- topology and health
 

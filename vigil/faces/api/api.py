@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request, status
 from pydantic import BaseModel, Field
 
+from vigil.diagnose.memory import remember
 from vigil.faces.api.alertmanager import alerts_to_events, parse_payload
 from vigil.faces.api.auth import Identity, check_approver, check_operator, check_read
 from vigil.faces.api.context import ServeContext
@@ -168,6 +169,8 @@ def set_incident_status(incident_id: str, change: StatusChange, ctx: Ctx, user: 
         changed = ctx.store.set_incident_status(incident_id, change.status, by=user.name)
     except KeyError:
         raise _not_found("incident", incident_id) from None
+    if changed.status is IncidentStatus.RESOLVED:
+        remember(ctx.store, changed)
     ctx.invalidate()
     return changed
 

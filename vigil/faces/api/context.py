@@ -224,6 +224,7 @@ class ServeContext:
         configured, else the deterministic plan) and store the diagnosis."""
         from vigil.diagnose.kg import KnowledgeGraph
         from vigil.diagnose.llm import LlmClient, diagnose
+        from vigil.diagnose.memory import recall
         from vigil.diagnose.rca import analyze_incident
 
         incident = self.store.incident(incident_id)
@@ -244,6 +245,7 @@ class ServeContext:
         logs = self.store.logs(since=incident.start - slack, until=incident.end + slack, limit=100_000)
         result = analyze_incident(kg, incident, anomalies, events, logs)
         found = diagnose(kg, incident, result, LlmClient.from_settings(self.settings))
+        found.similar = recall(self.store, incident, found)
         self.store.save_diagnosis(found)
         return found
 

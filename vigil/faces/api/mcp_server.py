@@ -19,6 +19,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel
 
+from vigil.faces.api.analysis import Analysis, incident_summary
 from vigil.faces.api.auth import Role, mcp_identity
 from vigil.faces.api.context import ServeContext
 from vigil.faces.api.responses import (
@@ -28,7 +29,6 @@ from vigil.faces.api.responses import (
     HealthReport,
     IncidentDetail,
     IncidentList,
-    IncidentSummary,
     JobHealth,
     LogHit,
     LogSearch,
@@ -45,7 +45,6 @@ from vigil.model import (
     ActionKind,
     ActionStatus,
     FaultLevel,
-    Incident,
     IncidentStatus,
     VigilInputError,
     parse_entity,
@@ -55,24 +54,10 @@ MAX_POINTS = 500
 Result = TypeVar("Result", bound=BaseModel)
 INSTRUCTIONS = (
     "Vigil watches an AI training cluster. Start with list_incidents or node_health, drill into one incident "
-    "with get_incident, check numbers with query_metrics, decode GPU Xid codes with explain_xid, and look at "
-    "a "
-    "training job with diagnose_job. Cite evidence refs (ev-...) from the results."
+    "with get_incident, check numbers with query_metrics or metric_shift, decode GPU Xid codes with explain_xid, "
+    "look at a training job with diagnose_job or job_events, and find what fixed similar past incidents with "
+    "similar_incidents or search_memory. Cite evidence refs (ev-...) from the results."
 )
-
-
-def _incident_summary(incident: Incident) -> IncidentSummary:
-    return IncidentSummary(
-        id=incident.id,
-        title=incident.title,
-        level=incident.level,
-        scope=incident.scope,
-        fault_types=incident.fault_types,
-        start=incident.start,
-        end=incident.end,
-        status=incident.status.value,
-        entities=incident.entities[:20],
-    )
 
 
 def _downsample(ts: np.ndarray, values: np.ndarray, max_points: int) -> tuple[list[float], list[float | None]]:
@@ -107,7 +92,7 @@ def build_mcp_server(ctx: ServeContext, *, allow_writes: bool = False) -> MCPSer
         limit = max(1, min(limit, 200))
         wanted = None if status == "any" else IncidentStatus(status)
         found = ctx.store.incidents(status=wanted, limit=limit)
-        return IncidentList(count=len(found), incidents=[_incident_summary(i) for i in found])
+        return IncidentList(count=len(found), incidents=[incident_summary(i) for i in found])
 
     @tool
     def get_incident(incident_id: str) -> IncidentDetail:
@@ -117,7 +102,7 @@ def build_mcp_server(ctx: ServeContext, *, allow_writes: bool = False) -> MCPSer
             raise VigilInputError(f"no incident {incident_id!r}; call list_incidents for ids")
         diagnosis = ctx.store.diagnosis(incident_id)
         return IncidentDetail(
-            **{**_incident_summary(incident).model_dump(), "entities": incident.entities},
+            **{**incident_summary(incident).model_dump(), "entities": incident.entities},
             evidence=[EvidenceItem.model_validate(e.model_dump(exclude={"attrs"})) for e in incident.evidence[:30]],
             evidence_total=len(incident.evidence),
             diagnosis=diagnosis,
@@ -181,7 +166,7 @@ def build_mcp_server(ctx: ServeContext, *, allow_writes: bool = False) -> MCPSer
             if level > 0:
                 bad_ranks.append(RankOnBadHardware(rank=rank, gpu=gpu, level=FaultLevel(level)))
         incidents = [
-            _incident_summary(i)
+            incident_summary(i)
             for status in (IncidentStatus.OPEN, IncidentStatus.ACKNOWLEDGED)
             for i in ctx.store.incidents(status=status, limit=1000)
             if i.scope == job.entity
@@ -247,6 +232,9 @@ def build_mcp_server(ctx: ServeContext, *, allow_writes: bool = False) -> MCPSer
         )
         hits.sort(key=lambda h: h.ts or 0.0, reverse=True)
         return LogSearch(matches=len(hits), results=hits[:limit])
+
+    for analysis_tool in Analysis(ctx).tools():
+        tool(analysis_tool)
 
     if allow_writes:
 

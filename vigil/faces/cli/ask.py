@@ -25,10 +25,10 @@ def ask(
     actions are checked against the whitelist and never executed."""
     from vigil.config import settings
     from vigil.diagnose.llm import LlmClient
+    from vigil.faces.api.ask.agent import model_answer
+    from vigil.faces.api.ask.planner import StepRecord, plan_answer
+    from vigil.faces.api.ask.tools import Toolbox
     from vigil.faces.api.context import ServeContext
-    from vigil.faces.ask.agent import model_answer
-    from vigil.faces.ask.planner import StepRecord, plan_answer
-    from vigil.faces.ask.tools import Toolbox
     from vigil.model import VigilInputError
     from vigil.store.metrics import MetricStore
     from vigil.store.sql import open_store, store_exists

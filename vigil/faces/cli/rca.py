@@ -115,6 +115,7 @@ def diagnose_incident(incident_id: str, as_json: bool = False, html: bool = Fals
     from vigil.config import settings
     from vigil.diagnose.kg import KnowledgeGraph
     from vigil.diagnose.llm import LlmClient, diagnose
+    from vigil.diagnose.memory import recall
     from vigil.diagnose.rca import analyze_incident
     from vigil.diagnose.report import render_html, render_markdown, report_data
     from vigil.store.sql import open_store, store_exists
@@ -136,6 +137,7 @@ def diagnose_incident(incident_id: str, as_json: bool = False, html: bool = Fals
     kg = KnowledgeGraph.build(topology)
     result = analyze_incident(kg, incident, anomalies, events, logs)
     diagnosis = diagnose(kg, incident, result, LlmClient.from_settings())
+    diagnosis.similar = recall(store, incident, diagnosis)
     store.save_diagnosis(diagnosis)
     if as_json:
         text = json.dumps(report_data(incident, diagnosis, result), indent=2)

@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from vigil.diagnose.llm import LlmClient, LlmError
-from vigil.faces.ask.planner import (
+from vigil.faces.api.ask.planner import (
     Answer,
     AnswerLine,
     Fact,
@@ -22,7 +22,7 @@ from vigil.faces.ask.planner import (
     StepRecord,
     plan_answer,
 )
-from vigil.faces.ask.tools import Toolbox, ToolResult
+from vigil.faces.api.ask.tools import Toolbox, ToolResult
 from vigil.knowledge.actions import action_whitelist
 from vigil.model import ActionKind, VigilInputError, describe_validation_error, parse_entity
 
@@ -31,6 +31,9 @@ _NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?![\w.]*\w)")
 MAX_TOOL_CALLS = 8
 MAX_TOKENS = 12_000
 REPLY_TOKENS = 800
+# What one request may carry (prompt, earlier turns, tool results); the model's own window is larger.
+CONTEXT_TOKENS = 6_000
+ELIDED = "elided to keep the working context within budget; its facts stay citable by this call id"
 
 SYSTEM_PROMPT = (
     "You answer questions about a GPU training cluster from Vigil's tools. Tools compute; you never compute or "
@@ -62,6 +65,14 @@ class ModelAnswer(BaseModel):
     model_config = ConfigDict(extra="ignore")
     answer: list[ModelLine] = Field(min_length=1, max_length=40)
     actions: list[ModelAction] = Field(default_factory=list, max_length=20)
+
+
+class Turn(BaseModel):
+    """An earlier turn of the conversation (a question or the answer given)."""
+
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["user", "assistant"]
+    content: str = Field(max_length=8000)
 
 
 class Refused(Exception):
@@ -160,6 +171,37 @@ def unsupported(text: str, values: list[Any]) -> list[str]:
     return loose
 
 
+def message_tokens(message: dict[str, Any]) -> int:
+    """A message's size in tokens, counted as four characters a token (no tokenizer download)."""
+    return len(json.dumps(message)) // 4 + 1
+
+
+def fit_context(messages: list[dict[str, Any]], budget: int = CONTEXT_TOKENS) -> list[dict[str, Any]]:
+    """The working context sent to the model, within ``budget`` tokens: the system prompt and the question are
+    kept; older tool results are elided first (newest kept whole), then the oldest earlier turns dropped.
+    ``messages`` is not changed. Raises Refused when even that does not fit."""
+    fitted = [dict(m) for m in messages]
+    total = sum(message_tokens(m) for m in fitted)
+    tool_indexes = [i for i, m in enumerate(fitted) if m.get("role") == "tool"]
+    for index in tool_indexes[:-1]:
+        if total <= budget:
+            break
+        before = message_tokens(fitted[index])
+        call_id = json.loads(fitted[index]["content"]).get("call_id", "")
+        fitted[index]["content"] = json.dumps({"call_id": call_id, "note": ELIDED})
+        total -= before - message_tokens(fitted[index])
+    question = next(i for i, m in enumerate(fitted) if m.get("role") == "user" and m.get("current"))
+    dropped: set[int] = set()
+    for index in range(1, question):
+        if total <= budget:
+            break
+        dropped.add(index)
+        total -= message_tokens(fitted[index])
+    if total > budget:
+        raise Refused(f"the working context needs {total} tokens, over the budget of {budget}")
+    return [{k: v for k, v in m.items() if k != "current"} for i, m in enumerate(fitted) if i not in dropped]
+
+
 def _tool_message(call_id: str, tool_call_id: str, outcome: ToolResult | str) -> dict[str, Any]:
     if isinstance(outcome, str):
         payload: dict[str, Any] = {"call_id": call_id, "error": outcome}
@@ -169,14 +211,16 @@ def _tool_message(call_id: str, tool_call_id: str, outcome: ToolResult | str) ->
 
 
 def model_answer(toolbox: Toolbox, client: LlmClient, question: str, *, max_tool_calls: int = MAX_TOOL_CALLS,
-                 max_tokens: int = MAX_TOKENS, on_step: Callable[[StepRecord], None] | None = None
+                 max_tokens: int = MAX_TOKENS, context_tokens: int = CONTEXT_TOKENS,
+                 history: list[Turn] | None = None, on_step: Callable[[StepRecord], None] | None = None
                  ) -> tuple[Answer, dict[str, ToolResult]]:
-    """The model's checked answer, else the planner's with a note saying why."""
+    """The model's checked answer, else the planner's with a note saying why. ``history`` holds the
+    conversation's earlier turns; they travel within the ``context_tokens`` budget, oldest dropped first."""
     results: dict[str, ToolResult] = {}
     records: list[StepRecord] = []
     try:
         lines, actions = _converse(toolbox, client, question, results, records, max_tool_calls, max_tokens,
-                                   on_step)
+                                   context_tokens, history or [], on_step)
     except (Refused, LlmError) as err:
         return _fallback(toolbox, question, f"the model's answer was not used: {err}", records, results, on_step)
     proposals = check_proposals(actions, results)
@@ -185,18 +229,21 @@ def model_answer(toolbox: Toolbox, client: LlmClient, question: str, *, max_tool
 
 
 def _converse(toolbox: Toolbox, client: LlmClient, question: str, results: dict[str, ToolResult],
-              records: list[StepRecord], max_tool_calls: int, max_tokens: int,
-              on_step: Callable[[StepRecord], None] | None) -> tuple[list[AnswerLine], list[ModelAction]]:
+              records: list[StepRecord], max_tool_calls: int, max_tokens: int, context_tokens: int,
+              history: list[Turn], on_step: Callable[[StepRecord], None] | None
+              ) -> tuple[list[AnswerLine], list[ModelAction]]:
     messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM_PROMPT},
-                                      {"role": "user", "content": question[:2000]}]
+                                      *({"role": t.role, "content": t.content} for t in history),
+                                      {"role": "user", "content": question[:2000], "current": True}]
     specs = toolbox.specs()
     used_tokens = 0
     while True:
-        reply = chat(client, messages, specs)
+        sent = fit_context(messages, context_tokens)
+        reply = chat(client, sent, specs)
         message, usage = reply["message"], reply["usage"]
         # Endpoints that report no usage are charged by characters (about four to a token).
         spent = usage.get("total_tokens") if isinstance(usage.get("total_tokens"), int) else None
-        used_tokens += spent if spent is not None else len(json.dumps(messages) + json.dumps(message)) // 4
+        used_tokens += spent if spent is not None else len(json.dumps(sent) + json.dumps(message)) // 4
         if used_tokens > max_tokens:
             raise Refused(f"token budget spent ({used_tokens} > {max_tokens})")
         calls = message.get("tool_calls") or []
@@ -240,4 +287,5 @@ def _fallback(toolbox: Toolbox, question: str, note: str, records: list[StepReco
     return answer, planned
 
 
-__all__ = ["MAX_TOKENS", "MAX_TOOL_CALLS", "chat", "check_proposals", "model_answer", "parse_model_answer"]
+__all__ = ["CONTEXT_TOKENS", "MAX_TOKENS", "MAX_TOOL_CALLS", "Turn", "chat", "check_proposals", "fit_context",
+           "model_answer", "parse_model_answer"]

@@ -1,48 +1,22 @@
-"""The tools `vigil ask` answers from: the MCP server's read tools, called through the SDK's own ``call_tool``,
-plus a few that compute over the store (a job's events, what changed before an incident, an incident's
-whitelisted plan, the on-call summary). Every tool returns a pydantic model; every scalar in it is a fact with
-a stable citation id ``<call id>.<path>`` (``job.ranks_on_unhealthy_hardware.0.gpu``), so an answer can be
-checked fact by fact against what the tools returned."""
+"""Analysis tools over the store that do the numbers for an agent: a job's events, incidents on an entity, what
+changed before an incident, an incident's whitelisted plan, the on-call summary, a metric before and after a
+moment, and the memory of past incidents (similar ones and what fixed them). Served by ``vigil mcp`` and
+called by ``vigil ask``; each returns a pydantic model."""
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from mcp.server.mcpserver import MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
-from mcp.types import CallToolResult
 from pydantic import BaseModel, Field
 
+from vigil.diagnose.memory import MemoryIndex, recall, remember_resolved
 from vigil.faces.api.context import ServeContext
-from vigil.faces.api.mcp_server import _incident_summary, build_mcp_server
-from vigil.faces.api.responses import (
-    HealthReport,
-    IncidentDetail,
-    IncidentList,
-    IncidentSummary,
-    JobHealth,
-    LogSearch,
-    MetricPoints,
-    XidExplanation,
-)
+from vigil.faces.api.responses import IncidentList, IncidentSummary
 from vigil.knowledge.actions import action_whitelist
-from vigil.model import FaultLevel, Incident, VigilInputError, parse_entity
+from vigil.model import FaultLevel, Incident, SimilarIncident, VigilInputError, parse_entity
 
-# The MCP tools `vigil ask` may call, with the model each answers with.
-MCP_TOOLS: dict[str, type[BaseModel]] = {
-    "list_incidents": IncidentList,
-    "get_incident": IncidentDetail,
-    "node_health": HealthReport,
-    "query_metrics": MetricPoints,
-    "diagnose_job": JobHealth,
-    "explain_xid": XidExplanation,
-    "search_logs": LogSearch,
-}
 MAX_ROWS = 50
 
 
@@ -147,34 +121,35 @@ def _window_stats(values: np.ndarray) -> WindowStats:
                        min=round(float(finite.min()), 6), max=round(float(finite.max()), 6))
 
 
-@dataclass
-class ToolResult:
-    """One call: its citation id, the tool, its arguments and the model it answered with."""
+class SimilarIncidents(BaseModel):
+    """Resolved incidents most like the given one (TF-IDF cosine over remembered summaries, only incidents that
+    ended before it started), each with its root cause, what was done and the outcome."""
 
-    id: str
-    tool: str
-    args: dict[str, Any]
-    result: BaseModel
-
-    def facts(self) -> dict[str, Any]:
-        """Every scalar of the result under its citation id."""
-        out: dict[str, Any] = {}
-        _flatten(self.id, self.result.model_dump(mode="json"), out)
-        return out
-
-    def as_json(self) -> dict[str, Any]:
-        return {"id": self.id, "tool": self.tool, "args": self.args, "result": self.result.model_dump(mode="json")}
+    incident_id: str
+    remembered: int
+    similar: list[SimilarIncident]
 
 
-def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
-    if isinstance(value, dict):
-        for key, item in value.items():
-            _flatten(f"{prefix}.{key}", item, out)
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            _flatten(f"{prefix}.{index}", item, out)
-    else:
-        out[prefix] = value
+class MemorySearch(BaseModel):
+    """Remembered (resolved) incidents most like a free-text description."""
+
+    text: str
+    remembered: int
+    matches: list[SimilarIncident]
+
+
+def incident_summary(incident: Incident) -> IncidentSummary:
+    return IncidentSummary(
+        id=incident.id,
+        title=incident.title,
+        level=incident.level,
+        scope=incident.scope,
+        fault_types=incident.fault_types,
+        start=incident.start,
+        end=incident.end,
+        status=incident.status.value,
+        entities=incident.entities[:20],
+    )
 
 
 def top_k(values: list[str], k: int = 5) -> list[CountItem]:
@@ -189,60 +164,15 @@ def _event_item(event: Any) -> EventItem:
                      exit_reason=str(event.attrs.get("exit_reason", "")))
 
 
-class Toolbox:
-    """The read tools over one ServeContext; ``call`` runs one by name and validates its arguments."""
+class Analysis:
+    """The analysis tools over one ServeContext (each method is one tool)."""
 
     def __init__(self, ctx: ServeContext) -> None:
         self.ctx = ctx
-        self._mcp: MCPServer = build_mcp_server(ctx)
-        self._own: dict[str, Callable[..., BaseModel]] = {
-            "job_events": self.job_events,
-            "incidents_touching": self.incidents_touching,
-            "changes_before": self.changes_before,
-            "incident_plan": self.incident_plan,
-            "oncall_summary": self.oncall_summary,
-            "metric_shift": self.metric_shift,
-        }
 
-    @property
-    def names(self) -> list[str]:
-        return [*MCP_TOOLS, *self._own]
-
-    def specs(self) -> list[dict[str, Any]]:
-        """OpenAI function specs of every tool (the MCP ones from the server's own input schemas)."""
-        specs = [
-            {"type": "function", "function": {"name": t.name, "description": t.description or "",
-                                              "parameters": t.input_schema}}
-            for t in asyncio.run(self._mcp.list_tools()) if t.name in MCP_TOOLS
-        ]
-        for name, fn in self._own.items():
-            params = {p: {"type": "string" if p.endswith("_id") or p in ("entity", "metric") else "number"}
-                      for p in fn.__annotations__ if p != "return"}
-            specs.append({"type": "function", "function": {
-                "name": name, "description": (fn.__doc__ or "").strip(),
-                "parameters": {"type": "object", "properties": params}}})
-        return specs
-
-    def call(self, call_id: str, tool: str, args: dict[str, Any]) -> ToolResult:
-        if tool in MCP_TOOLS:
-            try:
-                raw = asyncio.run(self._mcp.call_tool(tool, args))
-            except ToolError as err:
-                raise VigilInputError(f"{tool}: {err}") from None
-            if not isinstance(raw, CallToolResult) or raw.is_error or raw.structured_content is None:
-                text = " ".join(getattr(c, "text", "") for c in getattr(raw, "content", []))
-                raise VigilInputError(f"{tool}: {text or 'failed'}")
-            result = MCP_TOOLS[tool].model_validate(raw.structured_content)
-        elif tool in self._own:
-            try:
-                result = self._own[tool](**args)
-            except TypeError as err:
-                raise VigilInputError(f"{tool}: bad arguments {sorted(args)}: {err}") from None
-        else:
-            raise VigilInputError(f"no tool {tool!r}; tools: {', '.join(self.names)}")
-        return ToolResult(id=call_id, tool=tool, args=args, result=result)
-
-    # ------------------------------------------------------------------ tools of their own
+    def tools(self) -> list[Any]:
+        return [self.job_events, self.incidents_touching, self.changes_before, self.incident_plan,
+                self.oncall_summary, self.metric_shift, self.similar_incidents, self.search_memory]
 
     def _incident(self, incident_id: str) -> Incident:
         incident = self.ctx.store.incident(incident_id)
@@ -271,7 +201,7 @@ class Toolbox:
             touched = {incident.scope, *incident.entities}
             if entity in touched or (kind == "node" and any(
                     e.startswith(f"{k}/{entity.removeprefix('node/')}/") for e in touched for k in ("gpu", "nic"))):
-                found.append(_incident_summary(incident))
+                found.append(incident_summary(incident))
         return IncidentList(count=len(found), incidents=found[:MAX_ROWS])
 
     def changes_before(self, incident_id: str, window_s: float = 900.0) -> ChangesBefore:
@@ -322,7 +252,7 @@ class Toolbox:
             by_level=top_k([FaultLevel(i.level).label for i in window], k=5),
             top_fault_types=top_k([f for i in window for f in i.fault_types]),
             top_entities=top_k([i.scope for i in window]),
-            worst=[_incident_summary(i) for i in worst])
+            worst=[incident_summary(i) for i in worst])
 
     def metric_shift(self, entity: str, metric: str, at: float, window_s: float = 600.0) -> MetricShift:
         """An entity's metric (e.g. job/j7, vigil_job_tokens_per_second) in the ``window_s`` before and after
@@ -337,3 +267,23 @@ class Toolbox:
                   if before.mean and after.mean is not None else None)
         return MetricShift(entity=entity, metric=metric, at=at, window_s=window_s, before=before, after=after,
                            change_pct=change)
+
+    def similar_incidents(self, incident_id: str, k: int = 3) -> SimilarIncidents:
+        """Past resolved incidents most like this one (remembered summaries, TF-IDF similarity 0..1), with
+        their root cause, the actions taken and the outcome: what fixed it last time."""
+        incident = self._incident(incident_id)
+        k = max(1, min(int(k), 10))
+        similar = recall(self.ctx.store, incident, self.ctx.store.diagnosis(incident.id), k=k)
+        return SimilarIncidents(incident_id=incident.id, remembered=len(self.ctx.store.remembered_ids()),
+                                similar=similar)
+
+    def search_memory(self, text: str, k: int = 5) -> MemorySearch:
+        """Remembered resolved incidents most like a description (e.g. "gpu_dbe job_crash", "NIC link flap"):
+        root cause, actions taken, outcome."""
+        if not text.strip():
+            raise VigilInputError("search text is empty")
+        remember_resolved(self.ctx.store)
+        memories = self.ctx.store.memories()
+        k = max(1, min(int(k), 20))
+        return MemorySearch(text=text[:500], remembered=len(memories),
+                            matches=MemoryIndex(memories).similar(text[:2000], k=k))

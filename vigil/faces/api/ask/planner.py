@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from vigil.faces.ask.tools import Toolbox, ToolResult
+from vigil.faces.api.ask.tools import Toolbox, ToolResult
 from vigil.knowledge.files import kb_dir, read_data
 from vigil.model import VigilInputError
 
