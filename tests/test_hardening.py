@@ -270,6 +270,16 @@ def test_binding_beyond_loopback_without_auth_warns(capsys: pytest.CaptureFixtur
     assert "without authentication" in capsys.readouterr().err
 
 
+def test_the_shared_token_is_deprecated_with_a_warning(capsys: pytest.CaptureFixture[str]) -> None:
+    from vigil.faces.cli.serve import warn_shared_token
+
+    warn_shared_token("")
+    assert capsys.readouterr().err == ""
+    warn_shared_token("shared-7")
+    err = capsys.readouterr().err
+    assert "one shared identity" in err and "vigil users add" in err
+
+
 # ----------------------------------------------------------------------------- wrong successes
 
 
@@ -424,3 +434,70 @@ def test_nodes_unhealthy_and_the_summary_line(tmp_path: Path, vigil: Callable[..
     assert [row["node"] for row in sick] == ["node/n2"]
     shown = vigil("nodes", home=tmp_path)
     assert "3 nodes: 2 healthy, 1 with a fault or out of service" in shown.stdout
+
+
+# ----------------------------------------------------------------------------- markup in data
+
+HOSTILE = ["[bold]loud[/bold]", "[/]", "[red on white]x", "[link=file:///etc/passwd]click[/link]", "[rank0]: x\x1b[2J"]
+
+
+def test_data_table_shows_markup_in_data_as_written() -> None:
+    from io import StringIO
+
+    from vigil.faces.cli.output import DataTable, styled
+
+    table = DataTable("name", "level", title="under [/]", caption="[bold]caption")
+    for name in HOSTILE:
+        table.add_row(name, styled("drain", "red"))
+    buffer = StringIO()
+    SafeConsole(file=buffer, force_terminal=True, color_system="standard", width=200).print(table)
+    text = buffer.getvalue()
+    for name in ("[bold]loud[/bold]", "[/]", "[red on white]x", "[link=file:///etc/passwd]click[/link]"):
+        assert name in text
+    assert "under [/]" in text and "[bold]caption" in text
+    assert "\x1b]8;" not in text  # no hyperlink escape from "[link=...]"
+    assert "\\x1b[2J" in text and "\x1b[2J" not in text
+    assert "\x1b[31m" in text  # the styled cell keeps its colour
+
+
+def test_hostile_titles_and_file_names_never_break_or_restyle_a_table(
+    tmp_path: Path, vigil: Callable[..., Ran]
+) -> None:
+    from vigil.model import Incident
+    from vigil.store.sql import Store
+
+    _stored_cluster(tmp_path)
+    store = Store(f"sqlite:///{tmp_path / 'vigil.db'}")
+    for n, title in enumerate(HOSTILE):
+        store.upsert_incident(Incident(id=f"inc-hostile-{n}", title=title, scope="node/n1", entities=["node/n1"],
+                                       start=3.0, end=4.0, level=2, fault_types=["gpu_xid"]))
+    store.close()
+    shown = vigil("incidents", home=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    for title in HOSTILE[:4]:
+        assert title in shown.stdout
+    assert "[rank0]: x\\x1b[2J" in shown.stdout and "\x1b" not in shown.stdout
+
+    tree = tmp_path / "tree"
+    for name in ("[bold]", "[/]", "[red]x[/red]"):
+        (tree / name).mkdir(parents=True)
+        (tree / name / "f").write_bytes(b"x" * 5000)
+    listed = vigil("du", str(tree), home=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    for name in ("[bold]", "[/]", "[red]x[/red]"):
+        assert name in listed.stdout
+    assert str(tree) in listed.stdout
+
+
+def test_demo_summary_never_cuts_ids_at_80_columns(tmp_path: Path, vigil: Callable[..., Ran]) -> None:
+    shown = vigil("demo", "--minutes", "60", "--nodes", "16", home=tmp_path, env={"COLUMNS": "80"})
+    assert shown.returncode == 0, shown.stderr
+    assert max(len(line) for line in shown.stdout.splitlines()) <= 80
+    incidents = json.loads(vigil("incidents", "--json", home=tmp_path).stdout)
+    assert incidents
+    for incident in incidents:
+        assert incident["id"] in shown.stdout
+    # The ground-truth table: every entity id whole, never "nic/n001/mlx…".
+    rows = [line.split("│") for line in shown.stdout.splitlines() if line.count("│") == 7]
+    entities = [cells[2].strip() for cells in rows if "/" in cells[2]]
+    assert entities and not any("…" in e for e in entities)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from vigil.config import settings
 from vigil.diagnose.hang import HangDiagnosis
@@ -398,11 +399,11 @@ def run_job(
     spec = load_jobspec(spec_path)
     console = console or Console(stderr=True)
     job = LocalJob(spec, out_dir)
-    with console.status(f"running {spec.name}: {spec.spec.replicas} ranks") as status:
+    with console.status(f"running {escape(spec.name)}: {spec.spec.replicas} ranks") as status:
 
         def on_event(message: str) -> None:
-            console.log(message)
-            status.update(message)
+            console.log(message, markup=False)
+            status.update(escape(message))
 
         with signals_raise():
             return FailoverSupervisor(job, AuditLog(db_url), on_event=on_event).run()
@@ -426,12 +427,14 @@ def report_json(report: FailoverReport) -> str:
 def print_report(report: FailoverReport, console: Console) -> None:
     style = "green" if report.succeeded else "bold red"
     console.print(
-        f"[{style}]{report.job}: {'finished' if report.succeeded else 'failed'}[/] after "
-        f"{report.attempts} attempt(s): {report.detail}"
+        f"[{style}]{escape(report.job)}: {'finished' if report.succeeded else 'failed'}[/] after "
+        f"{report.attempts} attempt(s): {escape(report.detail)}"
     )
     for anomaly, action in zip(report.anomalies, report.actions, strict=False):
         console.print(
-            f"  {anomaly.fault_type} on {anomaly.entity} -> {action.kind.value} [{action.status.value}] {action.result}"
+            f"  {anomaly.fault_type} on {anomaly.entity} -> {action.kind.value} [{action.status.value}] "
+            f"{action.result}",
+            markup=False,
         )
     for recovery in report.recoveries:
         console.print(f"  resumed training {recovery['resumed'] - recovery['detected']:.1f}s after detection")

@@ -8,10 +8,10 @@ import signal
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
+from rich.markup import escape
 
 from vigil.faces.cli.listen import ensure_port_free
-from vigil.faces.cli.output import SafeConsole, SafeFormatter
+from vigil.faces.cli.output import DataTable, SafeConsole, SafeFormatter, styled
 from vigil.model import VigilInputError
 
 console = SafeConsole()
@@ -67,7 +67,8 @@ def agent(
         return
     if settings.port:
         _server, bound = agent_.serve()
-        console.print(f"vigil agent on node {agent_.node}: Prometheus metrics at http://0.0.0.0:{bound}/metrics")
+        console.print(f"vigil agent on node {agent_.node}: Prometheus metrics at http://0.0.0.0:{bound}/metrics",
+                      markup=False)
     signal.signal(signal.SIGTERM, lambda *_: agent_.stop_event.set())
     try:
         agent_.run(duration_s=duration)
@@ -78,7 +79,7 @@ def agent(
 
 
 def _print_report(report: dict[str, Any]) -> None:
-    table = Table(title=f"vigil agent on node {report['node']}")
+    table = DataTable(title=f"vigil agent on node {report['node']}")
     for column in ("source", "kind", "up", "points", "ms", "status", "problems"):
         table.add_column(column)
     for source in report["sources"]:
@@ -86,7 +87,7 @@ def _print_report(report: dict[str, Any]) -> None:
         table.add_row(
             source["name"],
             source["kind"],
-            "yes" if source["up"] else "[red]no[/]",
+            "yes" if source["up"] else styled("no", "red"),
             str(source["points"]),
             f"{source['duration_ms']:.0f}",
             source["status"],
@@ -96,8 +97,8 @@ def _print_report(report: dict[str, Any]) -> None:
     gpu = next((s for s in report["sources"] if s["name"] == "nvml"), None)
     if gpu is not None and gpu["status"].startswith("no GPU"):
         console.print(
-            f"[yellow]{gpu['status']}[/]: GPU metrics come from dcgm-exporter if it runs; the rest is "
+            f"[yellow]{escape(gpu['status'])}[/]: GPU metrics come from dcgm-exporter if it runs; the rest is "
             "collected as usual."
         )
     events = ", ".join(f"{k}: {v}" for k, v in report["events"].items()) or "none"
-    console.print(f"events: {events}")
+    console.print(f"events: {events}", markup=False)

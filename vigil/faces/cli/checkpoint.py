@@ -12,9 +12,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
-from vigil.faces.cli.output import SafeConsole
+from vigil.faces.cli.output import DataTable, SafeConsole, styled
 from vigil.model import VigilInputError
 
 if TYPE_CHECKING:
@@ -38,19 +37,19 @@ def ls_command(
     if as_json:
         typer.echo(json.dumps(entries, indent=2))
         return
-    table = Table(title=f"Checkpoints in {directory}")
+    table = DataTable(title=f"Checkpoints in {directory}")
     for column in ("step", "complete", "size MB", "files", "modified"):
         table.add_column(column, justify="right")
     for entry in entries:
         table.add_row(
             str(entry["step"]),
-            "yes" if entry["complete"] else "[red]no[/]",
+            "yes" if entry["complete"] else styled("no", "red"),
             f"{entry['bytes'] / 1e6:.1f}",
             str(entry["files"]),
             datetime.fromtimestamp(float(entry["mtime"])).strftime("%Y-%m-%d %H:%M:%S"),
         )
     total = sum(int(e["bytes"]) for e in entries)
-    table.caption = f"{len(entries)} checkpoints, {total / 1e6:.1f} MB in all"
+    table.set_caption(f"{len(entries)} checkpoints, {total / 1e6:.1f} MB in all")
     console.print(table)
 
 
@@ -64,7 +63,7 @@ def restore_backup_command(
     from vigil.checkpoint.manager import restore_backup
 
     target = restore_backup(url, step, directory)
-    console.print(f"restored step {step} into {target}")
+    console.print(f"restored step {step} into {target}", markup=False)
 
 
 def _open_incident(job: str, record: EvalRecord) -> None:
@@ -172,10 +171,10 @@ def evals_command(
     if as_json:
         typer.echo(json.dumps([dataclasses.asdict(r) for r in records], indent=2))
         return
-    table = Table(title=f"Checkpoint evaluations in {escape(str(directory))}")
+    table = DataTable(title=f"Checkpoint evaluations in {directory}")
     for column in ("step", "state", "attempts", "scalars", "message"):
         table.add_column(column, overflow="fold")
     for r in records:
         scalars = ", ".join(f"{k}={v:.4g}" for k, v in sorted(r.metrics.items()))
-        table.add_row(str(r.step), r.state.value, str(r.attempts), escape(scalars), escape(r.message))
+        table.add_row(str(r.step), r.state.value, str(r.attempts), scalars, r.message)
     console.print(table)

@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 from rich.text import Text
 
 from vigil.config import settings
-from vigil.faces.cli.output import SafeConsole
+from vigil.faces.cli.output import DataTable, SafeConsole, styled
 from vigil.model import FaultLevel, IncidentStatus, VigilInputError
 
 if TYPE_CHECKING:
@@ -124,20 +124,31 @@ def demo(
     console.print(f"[bold]Vigil demo[/] - {nodes} nodes x {gpus} GPUs, {len(run.topology.jobs)} training jobs, "
                   f"{minutes:g} simulated minutes, seed {seed}: {result.samples:,} samples in {result.seconds:.1f} s "
                   f"({sim_seconds / max(result.seconds, 1e-9):,.0f}x real time)")
-    table = Table(title="Injected faults (ground truth) and what Vigil found", title_justify="left")
-    for col in ("fault", "entity", "at", "detected", "incident scope", "delay"):
-        table.add_column(col)
+    table = DataTable(title="Injected faults (ground truth) and what Vigil found", title_justify="left")
+    # Entity ids are never cut (at 80 columns too); fault names fold whole and the verdict wraps instead.
+    table.add_column("fault", overflow="fold")
+    table.add_column("entity", no_wrap=True, min_width=max((len(m.entity) for m in score.matches), default=6))
+    table.add_column("at", no_wrap=True)
+    table.add_column("detected", overflow="fold")
+    table.add_column("incident scope", no_wrap=True,
+                     min_width=max((len(m.incident_scope or "-") for m in score.matches), default=5))
+    table.add_column("delay", no_wrap=True)
     for m in score.matches:
-        missed = "[red]no[/]" if m.visible_to_rules else "[dim]no (not rule-visible)[/]"
-        seen = "[green]yes[/]" if m.incident_id else missed
+        missed = styled("no", "red") if m.visible_to_rules else styled("no (not rule-visible)", "dim")
+        seen = styled("yes", "green") if m.incident_id else missed
         table.add_row(m.fault_type, m.entity, f"+{(m.start - run.start_ts) / 60:.1f} min", seen,
                       m.incident_scope or "-", "-" if m.delay_s is None else f"{m.delay_s:+.0f} s")
     console.print(table)
-    inc_table = Table(title="Incidents", title_justify="left")
-    for col in ("id", "level", "title", "at", "fault types"):
-        inc_table.add_column(col)
-    for inc in sorted(result.incidents, key=lambda i: i.start):
-        inc_table.add_row(inc.id, f"[{LEVEL_STYLE[inc.level]}]{inc.level.label}[/]", inc.title,
+    incidents = sorted(result.incidents, key=lambda i: i.start)
+    inc_table = DataTable(title="Incidents", title_justify="left")
+    # Ids are what the next command needs: never cut or wrapped; the title and fault types wrap instead.
+    inc_table.add_column("id", no_wrap=True, min_width=max((len(i.id) for i in incidents), default=2))
+    inc_table.add_column("level", no_wrap=True)
+    inc_table.add_column("title", ratio=2, overflow="fold")
+    inc_table.add_column("at", no_wrap=True)
+    inc_table.add_column("fault types", ratio=1, overflow="fold")
+    for inc in incidents:
+        inc_table.add_row(inc.id, styled(inc.level.label, LEVEL_STYLE[inc.level]), inc.title,
                           f"+{(inc.start - run.start_ts) / 60:.1f} min", ", ".join(inc.fault_types[:4]))
     console.print(inc_table)
     console.print(f"precision [bold]{score.precision:.2f}[/]  recall [bold]{score.recall:.2f}[/] "
@@ -146,14 +157,14 @@ def demo(
                   f"loose observations (not paged): {len(result.observations)}")
     hidden = sorted({m.fault_type for m in score.matches if not m.visible_to_rules})
     if hidden:
-        console.print(f"[dim]not visible to rules (left to the learned detectors): {', '.join(hidden)}[/]")
+        console.print(f"[dim]not visible to rules (left to the learned detectors): {escape(', '.join(hidden))}[/]")
     if len(detectors) == 1:
         console.print("[dim]detectors: rules only; to run the learned GPU detector beside them: "
                       "`vigil sim --seed 1 --minutes 240 --out RUN && vigil detect train --data RUN --format sim "
-                      f"--out {home}/models/tce-gpu`[/]")
+                      f"--out {escape(str(home))}/models/tce-gpu`[/]")
     else:
-        console.print(f"[dim]detectors: {', '.join(d.name for d in detectors)}[/]")
-    console.print(f"[dim]stored in {db}; next: `vigil incidents`, `vigil nodes`[/]")
+        console.print(f"[dim]detectors: {escape(', '.join(d.name for d in detectors))}[/]")
+    console.print(f"[dim]stored in {escape(str(db))}; next: `vigil incidents`, `vigil nodes`[/]")
 
 
 def sim(
@@ -172,13 +183,13 @@ def sim(
     _directory_option(out, "--out")
     run = simulate(config)
     with _progress(not as_json) as progress:
-        task = progress.add_task(f"writing {out}", total=run.n_ticks)
+        task = progress.add_task(f"writing {escape(str(out))}", total=run.n_ticks)
         summary = write_sim(run, out, progress=lambda done, total: progress.update(task, completed=done))
     if as_json:
         print(json.dumps({"out": str(out), **summary}))
     else:
         console.print(f"wrote {summary['samples']:,} samples, {summary['events']} events, {summary['log_lines']} log "
-                      f"lines and {summary['faults']} ground-truth faults to {out}")
+                      f"lines and {summary['faults']} ground-truth faults to {escape(str(out))}")
 
 
 def _stored() -> Any:
@@ -201,13 +212,13 @@ def incidents(
     if as_json:
         print(json.dumps([i.model_dump(mode="json") for i in items]))
         return
-    table = Table(title=f"{len(items)} incidents")
+    table = DataTable(title=f"{len(items)} incidents")
     # Ids are what the next command needs: never cut or wrapped; the title wraps instead.
     table.add_column("id", no_wrap=True, min_width=max((len(i.id) for i in items), default=2))
     for col in ("status", "level", "title", "entities"):
         table.add_column(col)
     for inc in items:
-        table.add_row(inc.id, inc.status.value, f"[{LEVEL_STYLE[inc.level]}]{inc.level.label}[/]", Text(inc.title),
+        table.add_row(inc.id, inc.status.value, styled(inc.level.label, LEVEL_STYLE[inc.level]), inc.title,
                       str(len(inc.entities)))
     console.print(table)
 
@@ -234,15 +245,15 @@ def nodes(
     if as_json:
         print(json.dumps(rows))
         return
-    table = Table(title=f"{len(rows)} nodes")
+    table = DataTable(title=f"{len(rows)} nodes")
     table.add_column("node", no_wrap=True, min_width=max((len(r["node"]) for r in rows), default=4))
     for col in ("level", "lifecycle", "switch", "GPUs (0..n)"):
         table.add_column(col)
     for row in rows:
         level = FaultLevel.parse(row["level"])
-        cells = "".join(f"[{LEVEL_STYLE[FaultLevel.parse(v)]}]{'#' if v != 'healthy' else '.'}[/]"
-                        for v in row["gpus"].values())
-        table.add_row(row["node"], f"[{LEVEL_STYLE[level]}]{level.label}[/]", row["lifecycle"], row["switch"], cells)
+        cells = Text.assemble(*(("#" if v != "healthy" else ".", LEVEL_STYLE[FaultLevel.parse(v)])
+                                for v in row["gpus"].values()))
+        table.add_row(row["node"], styled(level.label, LEVEL_STYLE[level]), row["lifecycle"], row["switch"], cells)
     console.print(table)
     out_of_service = sum(1 for r in sick if r["lifecycle"] != "healthy")
     console.print(f"{total} nodes: {total - len(sick)} healthy, {len(sick)} with a fault or out of service "

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
+from rich.markup import escape
 
-from vigil.faces.cli.output import SafeConsole
+from vigil.faces.cli.output import DataTable, SafeConsole, styled
 from vigil.model import VigilInputError
 
 app = typer.Typer(help="Learned anomaly detection: train TCE, evaluate detectors honestly.", no_args_is_help=True)
@@ -86,8 +86,8 @@ def train_command(
         print(json.dumps(report))
     else:
         brief = {k: v for k, v in report.items() if k not in ("model", "entities", "classes")}
-        console.print(f"saved TCE to [bold]{out}[/] ({len(names)} entities, {len(detector.classes_)} classes): "
-                      f"{brief}")
+        console.print(f"saved TCE to [bold]{escape(str(out))}[/] ({len(names)} entities, "
+                      f"{len(detector.classes_)} classes): {escape(str(brief))}")
 
 
 def _fmt(value: Any) -> str:
@@ -159,7 +159,7 @@ def eval_command(
         print(json.dumps({"protocol": protocol, "results": rows, "summary": summary, "notes": notes},
                          default=lambda v: None))
         return
-    table = Table(title=f"vigil detect eval - {dataset.name}, protocol {protocol}")
+    table = DataTable(title=f"vigil detect eval - {dataset.name}, protocol {protocol}")
     columns = ["detector", "entity", "f1", "auc_pr", "vus_pr", "event_recall", "delay", "f1_pa"]
     for col in columns:
         table.add_column("F1 (point-adjusted)" if col == "f1_pa" else col, justify="left" if col in
@@ -167,7 +167,7 @@ def eval_command(
     for row in rows:
         table.add_row(*[_fmt(row[c]) for c in columns])
     for name, means in summary.items():
-        table.add_row(f"[bold]{name}[/]", "[bold]mean[/]", *[_fmt(means[c]) for c in columns[2:]])
+        table.add_row(styled(name, "bold"), styled("mean", "bold"), *[_fmt(means[c]) for c in columns[2:]])
     console.print(table)
     for note in notes:
-        console.print(f"[yellow]note:[/] {note}")
+        console.print(f"[yellow]note:[/] {escape(note)}")

@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from vigil.config import settings
-from vigil.faces.cli.output import SafeConsole
+from vigil.faces.cli.output import DataTable, SafeConsole
 from vigil.sources.fscount import ScanCache, ScanResult, Usage, scan
 
 console = SafeConsole()
@@ -60,13 +60,14 @@ def du(
         with Progress(
             SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=True
         ) as bar:
-            task = bar.add_task(f"scanning {path}", total=None)
+            shown = escape(str(path))
+            task = bar.add_task(f"scanning {shown}", total=None)
             result = scan(
                 path,
                 cache,
                 full=full,
                 workers=workers,
-                progress=lambda n: bar.update(task, description=f"scanning {path}: {n:,} directories"),
+                progress=lambda n: bar.update(task, description=f"scanning {shown}: {n:,} directories"),
             )
     rows = result.top(top, depth)
     growth = _growth(cache, result, rows) if cache is not None else {u.path: None for u in rows}
@@ -98,7 +99,7 @@ def du(
             )
         )
         return
-    table = Table(title=f"Largest directories under {result.root}")
+    table = DataTable(title=f"Largest directories under {result.root}")
     table.add_column("directory", overflow="fold")
     for column in ("disk", "apparent", "files", "growth"):
         table.add_column(column, justify="right")

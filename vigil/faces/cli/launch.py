@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from vigil.faces.cli.output import SafeConsole
 from vigil.model import VigilInputError
@@ -115,11 +116,11 @@ def script_command(
     # A terminated launcher must not orphan its ranks: turn SIGTERM into an exit that runs launch's cleanup.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
-    with console.status(f"running {script} on {nproc_per_node} rank(s)") as status:
+    with console.status(f"running {escape(str(script))} on {nproc_per_node} rank(s)") as status:
 
         def on_event(message: str) -> None:
-            console.log(message)
-            status.update(message)
+            console.log(message, markup=False)
+            status.update(escape(message))
 
         diagnosis = launch(
             script,
@@ -137,7 +138,7 @@ def script_command(
         typer.echo(diagnosis.model_dump_json(indent=2))
     else:
         print_diagnosis(diagnosis, SafeConsole())
-        console.print(f"diagnosis written to {run_dir / 'diagnosis.json'}", highlight=False)
+        console.print(f"diagnosis written to {run_dir / 'diagnosis.json'}", highlight=False, markup=False)
     raise typer.Exit(diagnosis.exit_code)
 
 

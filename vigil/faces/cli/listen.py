@@ -6,6 +6,8 @@ from __future__ import annotations
 import ipaddress
 import socket
 
+from rich.markup import escape
+
 from vigil.faces.cli.output import SafeConsole
 from vigil.model import VigilInputError
 
@@ -39,7 +41,7 @@ def is_loopback(host: str) -> bool:
 def warn_if_open(host: str, authenticated: bool, what: str) -> None:
     if not is_loopback(host) and not authenticated:
         SafeConsole(stderr=True).print(
-            f"[bold yellow]warning:[/] {what} listens on {host}, beyond this machine, without authentication: "
+            f"[bold yellow]warning:[/] {what} listens on {escape(host)}, beyond this machine, without authentication: "
             "anyone who can reach it can read the cluster's state; configure users (docs/server.md, Access)",
             highlight=False,
             soft_wrap=True,

@@ -10,10 +10,9 @@ from typing import Annotated
 
 import typer
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
-from rich.table import Table
 from rich.text import Text
 
-from vigil.faces.cli.output import SafeConsole
+from vigil.faces.cli.output import DataTable, SafeConsole
 
 app = typer.Typer(name="logs", help="Log intelligence: templates, root error across ranks, scalar checks.",
                   no_args_is_help=True)
@@ -58,7 +57,7 @@ def parse(
         if as_json:
             out.write(json.dumps([{"template_id": t, "lines": n, "template": text} for t, n, text in rows]) + "\n")
             return
-        table = Table("template", "lines", "text", title=f"{file}: {lineno} lines, {len(rows)} templates")
+        table = DataTable("template", "lines", "text", title=f"{file}: {lineno} lines, {len(rows)} templates")
         for tid, n, text in rows:
             table.add_row(tid, str(n), Text(text))
         console.print(table)
@@ -88,7 +87,7 @@ def triage_command(
     console.print(Text(result.summary, style="bold"))
     if result.root is not None:
         root = result.root
-        table = Table(show_header=False, title="root error")
+        table = DataTable(show_header=False, title="root error")
         for key, value in [("where", f"{root.source}:{root.lineno}"), ("entity", root.entity),
                            ("fault", f"{root.fault_type or '-'} ({root.level.label})"),
                            ("named by", result.root_basis or "-"), ("signature", root.signature),
@@ -98,7 +97,7 @@ def triage_command(
     for title, events in (("machine faults", result.machine_faults), ("cascade", result.cascade[:30])):
         if not events:
             continue
-        table = Table("entity", "kind", "lines", "first at", "line", title=title)
+        table = DataTable("entity", "kind", "lines", "first at", "line", title=title)
         for event in events:
             table.add_row(event.entity, event.kind, str(event.count), Text(f"{event.source}:{event.lineno}"),
                           Text(event.line[:120]))
@@ -120,9 +119,9 @@ def scalars(
         sys.stdout.write(json.dumps([f.model_dump(mode="json") for f in findings]) + "\n")
         return
     if not findings:
-        console.print(f"{run}: no problems found in the training scalars")
+        console.print(f"{run}: no problems found in the training scalars", markup=False)
         return
-    table = Table("step", "tag", "fault", "detail", title=f"{run}: {len(findings)} findings")
+    table = DataTable("step", "tag", "fault", "detail", title=f"{run}: {len(findings)} findings")
     for f in findings:
         table.add_row(str(f.step), Text(f.tag), f.fault_type, Text(f.detail))
     console.print(table)
@@ -137,7 +136,7 @@ def signatures(as_json: JsonFlag = False) -> None:
     if as_json:
         sys.stdout.write(json.dumps([s.model_dump(mode="json") for s in library]) + "\n")
         return
-    table = Table("id", "fault", "symptom", "level", "role", "description", title=f"{len(library)} signatures")
+    table = DataTable("id", "fault", "symptom", "level", "role", "description", title=f"{len(library)} signatures")
     for s in library:
         table.add_row(s.id, s.fault or "-", s.symptom or "-", s.level.label, s.role, Text(s.description))
     console.print(table)

@@ -1,6 +1,10 @@
-"""Terminal-safe output: text that comes from data (log lines, exporter pages, names in a store) is shown
-with its control characters escaped, so a hostile line cannot clear the screen, move the cursor, retitle
-the terminal or hide text behind a bidirectional override."""
+"""Terminal-safe output: text that comes from data (log lines, exporter pages, names in a store, file names)
+is shown with its control characters escaped, so a hostile line cannot clear the screen, move the cursor,
+retitle the terminal or hide text behind a bidirectional override; and it is never read as Rich markup, so
+a name like ``[bold]`` or ``[/]`` is printed as written instead of restyling (or breaking) the table.
+
+The rule for the CLI: tables are ``DataTable`` (every str cell, the title and the caption are plain text;
+a styled cell is a ``Text`` with a style); a ``console.print`` f-string passes data through ``escape``."""
 
 from __future__ import annotations
 
@@ -10,6 +14,9 @@ from collections.abc import Iterable
 
 from rich.console import Console
 from rich.segment import Segment
+from rich.style import StyleType
+from rich.table import Table
+from rich.text import Text
 
 # C0 controls except tab and newline, DEL, C1 controls, and the Unicode bidirectional overrides.
 _UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
@@ -48,3 +55,26 @@ def echo(text: str, *, err: bool = False) -> None:
     import typer
 
     typer.echo(terminal_safe(text), err=err)
+
+
+def styled(text: object, style: StyleType = "") -> Text:
+    """A table cell or message part from data: shown as written, in ``style``."""
+    return Text(str(text), style=style)
+
+
+class DataTable(Table):
+    """A Rich table for data: str cells, the title and the caption are plain text, never markup."""
+
+    def __init__(self, *headers: str, title: str | Text | None = None, caption: str | Text | None = None,
+                 **options: object) -> None:
+        super().__init__(*headers, title=_plain(title), caption=_plain(caption), **options)  # type: ignore[arg-type]
+
+    def add_row(self, *cells: object, **options: object) -> None:
+        super().add_row(*(Text(c) if isinstance(c, str) else c for c in cells), **options)  # type: ignore[arg-type]
+
+    def set_caption(self, caption: str) -> None:
+        self.caption = Text(caption)
+
+
+def _plain(text: str | Text | None) -> Text | None:
+    return Text(text) if isinstance(text, str) else text

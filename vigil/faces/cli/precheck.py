@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.table import Table
+from rich.markup import escape
+from rich.text import Text
 
-from vigil.faces.cli.output import SafeConsole
+from vigil.faces.cli.output import DataTable, SafeConsole, styled
 from vigil.model import VigilInputError
 
 if TYPE_CHECKING:
@@ -38,9 +39,10 @@ def _round(nproc: int, baseline_file: Path, tolerance: float, record: bool, quic
     if record:
         baselines.record(key, [r for _, results in per_rank for r in results])
         baselines.save()
-        err_console.print(f"baseline for [bold]{key}[/] written to {baseline_file}")
+        err_console.print(f"baseline for [bold]{escape(key)}[/] written to {escape(str(baseline_file))}")
     elif key not in baselines.entries:
-        err_console.print(f"[yellow]no baseline for {key} in {baseline_file}; run with --record-baseline[/]")
+        err_console.print(f"[yellow]no baseline for {escape(key)} in {escape(str(baseline_file))}; run with "
+                          "--record-baseline[/]")
     return verdicts(per_rank, baselines.entries.get(key, {}), tolerance)
 
 
@@ -49,17 +51,17 @@ def _as_json(machines: list[MachineVerdict]) -> list[dict[str, Any]]:
 
 
 def _print(machines: list[MachineVerdict]) -> None:
-    table = Table(title="PreCheck")
+    table = DataTable(title="PreCheck")
     for column in ("machine", "check", "value", "baseline", "result"):
         table.add_column(column)
     for machine in machines:
         for check in machine.checks:
             value = "-" if check.value is None else f"{check.value:.3g} {check.unit}"
             baseline = "-" if check.baseline is None else f"{check.baseline:.3g}"
-            result = "skipped" if check.skipped else ("ok" if check.ok else "[red]FAIL[/]")
-            table.add_row(machine.host, check.name, value, baseline, f"{result} {check.detail}")
+            result = "skipped" if check.skipped else ("ok" if check.ok else styled("FAIL", "red"))
+            table.add_row(machine.host, check.name, value, baseline, Text.assemble(result, f" {check.detail}"))
         style = "green" if machine.verdict == "good" else "bold red"
-        table.add_row(f"[{style}]{machine.host}: {machine.verdict}[/]", ", ".join(machine.failing), "", "", "")
+        table.add_row(styled(f"{machine.host}: {machine.verdict}", style), ", ".join(machine.failing), "", "", "")
     console.print(table)
 
 
@@ -129,7 +131,7 @@ def inspect_command(
             typer.echo(line)
         else:
             err_console.print(
-                f"round {done}: " + (f"[bold red]bad: {'; '.join(bad)}[/]" if bad else "[green]all good[/]")
+                f"round {done}: " + (f"[bold red]bad: {escape('; '.join(bad))}[/]" if bad else "[green]all good[/]")
             )
         done += 1
         if count and done >= count:

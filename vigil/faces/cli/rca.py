@@ -8,10 +8,10 @@ from typing import Annotated
 
 import typer
 from rich.markdown import Markdown
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from vigil.faces.cli.output import SafeConsole, echo
+from vigil.faces.cli.output import DataTable, SafeConsole, echo, styled
 from vigil.model import VigilInputError
 
 kb_app = typer.Typer(help="The fault knowledge base: symptom -> fault -> cause -> remedy.", no_args_is_help=False)
@@ -40,7 +40,7 @@ def kb_list(
                                "warnings": kb.warnings}, indent=2))
         return
     console = SafeConsole()
-    table = Table(title=f"Vigil knowledge base ({kb.source}; versions {kb.versions})")
+    table = DataTable(title=f"Vigil knowledge base ({kb.source}; versions {kb.versions})")
     for column in ("fault", "entity", "level", "symptoms", "remedies", "prior"):
         table.add_column(column)
     for fault in kb.faults.values():
@@ -68,9 +68,9 @@ def kb_validate(
     else:
         console = SafeConsole()
         for warning in kb.warnings:
-            console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+            console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
         for problem in kb.problems:
-            console.print(f"[red]problem:[/] {problem}", highlight=False)
+            console.print(f"[red]problem:[/] {escape(problem)}", highlight=False)
         if not kb.problems:
             console.print(f"[green]knowledge base valid[/]: {len(kb.faults)} faults, {len(kb.signatures)} "
                           f"signatures, {len(kb.xids)} Xids")
@@ -98,14 +98,14 @@ def rca_eval_command(
         typer.echo(json.dumps(summary, indent=2))
         return
     console = SafeConsole()
-    table = Table(title=f"RCA on {summary['cases']} simulated incidents (seed {seed})")
+    table = DataTable(title=f"RCA on {summary['cases']} simulated incidents (seed {seed})")
     for column in ("fault type", "cases", "detected", "AC@1", "AC@3"):
         table.add_column(column)
     for name, block in summary["by_fault"].items():
         table.add_row(name, str(block["cases"]), str(block["detected"]), f"{block['ac_at_1']:.2f}",
                       f"{block['ac_at_3']:.2f}")
-    table.add_row("[bold]all", str(summary["cases"]), str(summary["detected"]), f"[bold]{summary['ac_at_1']:.3f}",
-                  f"[bold]{summary['ac_at_3']:.3f}")
+    table.add_row(styled("all", "bold"), str(summary["cases"]), str(summary["detected"]),
+                  styled(f"{summary['ac_at_1']:.3f}", "bold"), styled(f"{summary['ac_at_3']:.3f}", "bold"))
     console.print(table)
 
 
@@ -147,7 +147,7 @@ def diagnose_incident(incident_id: str, as_json: bool = False, html: bool = Fals
         text = render_markdown(incident, diagnosis, result)
     if out is not None:
         out.write_text(text)
-        SafeConsole(stderr=True).print(f"wrote {out}")
+        SafeConsole(stderr=True).print(f"wrote {out}", markup=False)
     elif as_json:
         typer.echo(text)
     elif html:

@@ -9,10 +9,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
 from rich.text import Text
 
-from vigil.faces.cli.output import SafeConsole
+from vigil.faces.cli.output import DataTable, SafeConsole
 from vigil.model import Action, ActionKind, ActionStatus, Anomaly, Topology, VigilInputError
 
 if TYPE_CHECKING:
@@ -36,7 +35,7 @@ def policies_command(
     if as_json:
         typer.echo(policies.model_dump_json(indent=2, by_alias=True))
         return
-    table = Table(title=f"Policies ({path or 'built-in'}), first match wins")
+    table = DataTable(title=f"Policies ({path or 'built-in'}), first match wins")
     for column in ("policy", "match", "actions", "cooldown", "escalation"):
         table.add_column(column)
     for policy in policies.policies:
@@ -240,7 +239,7 @@ def _store_topology_file() -> Path | None:
 
 
 def _print_actions(actions: Sequence[Action], title: str) -> None:
-    table = Table(title=title)
+    table = DataTable(title=title)
     table.add_column("time", no_wrap=True)
     table.add_column("action", no_wrap=True)
     table.add_column("target", no_wrap=True, min_width=max((len(a.target) for a in actions), default=6))
@@ -299,7 +298,7 @@ def lifecycle_command(
             )
         )
         return
-    table = Table(title="Node lifecycle")
+    table = DataTable(title="Node lifecycle")
     for column in ("node", "state", "since", "repairs", "reason"):
         table.add_column(column)
     for n in nodes:
@@ -328,4 +327,4 @@ def self_check_command(
         requested_by="vigil-cli",
     )
     state = remediator.finish_repair(node, passed, "vigil remedy self-check")
-    console.print(f"{node}: {state.value}")
+    console.print(f"{node}: {state.value}", markup=False)

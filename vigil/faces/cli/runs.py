@@ -9,10 +9,9 @@ from typing import TYPE_CHECKING, Annotated, Literal
 import typer
 from rich.markup import escape
 from rich.progress import Progress
-from rich.table import Table
 
 from vigil.config import settings
-from vigil.faces.cli.output import SafeConsole
+from vigil.faces.cli.output import DataTable, SafeConsole
 
 if TYPE_CHECKING:
     from vigil.sources.tensorboard import RunIndex
@@ -40,7 +39,7 @@ def index_command(
             typer.echo(json.dumps(added, indent=2))
             return
         with Progress(console=console, transient=True) as bar:
-            task = bar.add_task(f"indexing {logdir}", total=None)
+            task = bar.add_task(f"indexing {escape(str(logdir))}", total=None)
             added = index.update(logdir, progress=lambda done, total: bar.update(task, completed=done, total=total))
     finally:
         index.close()
@@ -60,15 +59,15 @@ def ls_command(as_json: Annotated[bool, typer.Option("--json", help="print the r
     if as_json:
         typer.echo(json.dumps([asdict(i) for i in infos], indent=2))
         return
-    table = Table(title="Runs")
+    table = DataTable(title="Runs")
     for column in ("run", "points", "tags", "merged from"):
         table.add_column(column, overflow="fold")
     for info in infos:
         table.add_row(
-            escape(info.name),
+            info.name,
             f"{info.points:,}",
-            escape(", ".join(info.tags)),
-            escape(", ".join(info.merged_from or [])),
+            ", ".join(info.tags),
+            ", ".join(info.merged_from or []),
         )
     console.print(table)
 
@@ -108,12 +107,12 @@ def compare_command(
             )
         )
         return
-    table = Table(title=f"{escape(tag)} by {align}")
+    table = DataTable(title=f"{tag} by {align}")
     for column in ("run", "points shown", "first x", "last x", "last value", "min value"):
         table.add_column(column, justify="right")
     for series, x in compared:
         table.add_row(
-            escape(series.run),
+            series.run,
             f"{len(x):,}",
             f"{x[0]:.6g}",
             f"{x[-1]:.6g}",

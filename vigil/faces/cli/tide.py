@@ -8,15 +8,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
+from vigil.faces.cli.output import DataTable, SafeConsole
 from vigil.model import VigilInputError
 
 app = typer.Typer(
     help="Tidal planning: lend serving capacity to spot training and offline inference.", no_args_is_help=True
 )
-console = Console()
+console = SafeConsole()
 
 
 @app.command("plan")
@@ -62,7 +61,7 @@ def plan_command(
     if as_json:
         typer.echo(json.dumps(result.as_dict(), indent=2))
         return
-    table = Table(title=f"Tidal plan: {result.healthy_gpus} healthy GPUs, {tiers.interval_s:g} s intervals")
+    table = DataTable(title=f"Tidal plan: {result.healthy_gpus} healthy GPUs, {tiers.interval_s:g} s intervals")
     for column in ("starts in", "forecast req/s", "1 inference", "2 training", "3 spot", "4 offline"):
         table.add_column(column, justify="right")
     for row in result.intervals:

@@ -28,4 +28,4 @@ def timeline_command(
     path = out or run_dir / TIMELINE_FILE
     path.write_text(json.dumps(trace))
     spans = sum(1 for e in trace["traceEvents"] if e["ph"] == "X")
-    SafeConsole(stderr=True).print(f"{spans} spans of {len(run.snapshots)} rank(s) written to {path}")
+    SafeConsole(stderr=True).print(f"{spans} spans of {len(run.snapshots)} rank(s) written to {path}", markup=False)

@@ -7,9 +7,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
-from vigil.faces.cli.output import SafeConsole
+from vigil.faces.cli.output import DataTable, SafeConsole
 from vigil.model import VigilInputError
 
 app = typer.Typer(help="Users of the API: roles (viewer, operator, approver, admin) and tokens.", no_args_is_help=True)
@@ -51,7 +50,8 @@ def add_command(
     if any(u.name == name for u in users) and not replace:
         raise VigilInputError(f"user {name!r} already exists in {path}; pass --replace to issue a new token")
     save_users(path, [u for u in users if u.name != name] + [user])
-    SafeConsole(stderr=True).print(f"added {name} ({user.role}) to {path}; the token is shown once:", highlight=False)
+    SafeConsole(stderr=True).print(f"added {name} ({user.role}) to {path}; the token is shown once:", highlight=False,
+                                   markup=False)
     typer.echo(token)
 
 
@@ -67,7 +67,7 @@ def list_command(
     if as_json:
         typer.echo(json.dumps([{"name": u.name, "role": u.role, "has_token": bool(u.token_sha256)} for u in users]))
         return
-    table = Table("user", "role", "token", title=f"{len(users)} users")
+    table = DataTable("user", "role", "token", title=f"{len(users)} users")
     for u in users:
         table.add_row(u.name, u.role, "set" if u.token_sha256 else "proxy only")
     console.print(table)

@@ -7,11 +7,9 @@ import json
 from typing import Annotated
 
 import typer
-from rich.markup import escape
-from rich.table import Table
 
 from vigil.config import settings
-from vigil.faces.cli.output import SafeConsole
+from vigil.faces.cli.output import DataTable, SafeConsole
 from vigil.model import VigilInputError
 
 console = SafeConsole()
@@ -59,20 +57,20 @@ def waste(
         payload = {"start": start, "end": end, "by": by, "rows": [dataclasses.asdict(r) for r in rows]}
         typer.echo(json.dumps(payload, indent=2))
         return
-    table = Table(title=f"GPU waste by {by}, last {end - start:.0f} s of metrics")
+    table = DataTable(title=f"GPU waste by {by}, last {end - start:.0f} s of metrics")
     table.add_column(by, no_wrap=True)
     for column in ("allocated", "measured", "mean activity", "waste rate", "idle GPUs"):
         table.add_column(column, justify="right" if column != "idle GPUs" else "left", overflow="fold")
     for row in rows:
         table.add_row(
-            escape(row.name),
+            row.name,
             str(row.allocated_gpus),
             str(row.measured_gpus),
             "-" if row.mean_activity is None else f"{row.mean_activity:.1%}",
             "-" if row.waste_rate is None else f"{row.waste_rate:.1%}",
-            escape(", ".join(row.idle_gpus)) or "-",
+            ", ".join(row.idle_gpus) or "-",
         )
     allocated = sum(r.allocated_gpus for r in rows)
     idle_total = sum(len(r.idle_gpus) for r in rows)
-    table.caption = f"{allocated} allocated GPUs, {idle_total} idle for the whole window"
+    table.set_caption(f"{allocated} allocated GPUs, {idle_total} idle for the whole window")
     console.print(table)
