@@ -18,7 +18,7 @@ from tests.ask.conftest import ScriptedEndpoint, client_for, tool_call
 from tests.test_cli import vigil
 from vigil.config import Settings
 from vigil.faces.api.ask.agent import model_answer
-from vigil.faces.api.ask.planner import Answer, check_answer, match, plan_answer
+from vigil.faces.api.ask.planner import Answer, check_answer, flows, match, plan_answer
 from vigil.faces.api.ask.tools import Toolbox
 from vigil.faces.api.context import ServeContext
 from vigil.knowledge.actions import action_whitelist
@@ -150,6 +150,12 @@ def test_a_forged_citation_is_caught(demo: Demo) -> None:
 def test_questions_route_to_their_flow(question: str, flow: str, params: dict[str, str]) -> None:
     found, got = match(question)
     assert (found.name, got) == (flow, params)
+
+
+def test_every_flow_example_routes_to_its_flow() -> None:
+    for flow in flows():
+        assert flow.examples, flow.name
+        assert all(match(question)[0].name == flow.name for question in flow.examples), flow.name
 
 
 def test_a_named_incident_skips_the_default_lookup(demo: Demo) -> None:

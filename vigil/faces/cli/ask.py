@@ -25,8 +25,8 @@ def ask(
     actions are checked against the whitelist and never executed."""
     from vigil.config import settings
     from vigil.diagnose.llm import LlmClient
-    from vigil.faces.api.ask.agent import model_answer
-    from vigil.faces.api.ask.planner import StepRecord, plan_answer
+    from vigil.faces.api.ask.agent import answer_question
+    from vigil.faces.api.ask.planner import StepRecord
     from vigil.faces.api.ask.tools import Toolbox
     from vigil.faces.api.context import ServeContext
     from vigil.model import VigilInputError
@@ -53,10 +53,7 @@ def ask(
     try:
         toolbox = Toolbox(ctx)
         client = LlmClient.from_settings(config) if llm else None
-        if client is not None:
-            answer, _ = model_answer(toolbox, client, question, on_step=show_step)
-        else:
-            answer, _ = plan_answer(toolbox, question, on_step=show_step)
+        answer, _ = answer_question(toolbox, question, client, on_step=show_step)
     finally:
         store.close()
     if as_json:

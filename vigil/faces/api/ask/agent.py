@@ -275,6 +275,15 @@ def _converse(toolbox: Toolbox, client: LlmClient, question: str, results: dict[
             messages.append(_tool_message(call_id, str(call.get("id", call_id)), outcome))
 
 
+def answer_question(toolbox: Toolbox, question: str, client: LlmClient | None, *, history: list[Turn] | None = None,
+                    on_step: Callable[[StepRecord], None] | None = None) -> tuple[Answer, dict[str, ToolResult]]:
+    """The answer every face gives (CLI, A2A, the dashboard chat): the model's checked answer when an endpoint
+    is configured, else the planner's (VigilInputError when no flow answers)."""
+    if client is not None:
+        return model_answer(toolbox, client, question, history=history, on_step=on_step)
+    return plan_answer(toolbox, question, on_step)
+
+
 def _fallback(toolbox: Toolbox, question: str, note: str, records: list[StepRecord],
               results: dict[str, ToolResult], on_step: Callable[[StepRecord], None] | None
               ) -> tuple[Answer, dict[str, ToolResult]]:
@@ -287,5 +296,5 @@ def _fallback(toolbox: Toolbox, question: str, note: str, records: list[StepReco
     return answer, planned
 
 
-__all__ = ["CONTEXT_TOKENS", "MAX_TOKENS", "MAX_TOOL_CALLS", "Turn", "chat", "check_proposals", "fit_context",
-           "model_answer", "parse_model_answer"]
+__all__ = ["CONTEXT_TOKENS", "MAX_TOKENS", "MAX_TOOL_CALLS", "Turn", "answer_question", "chat", "check_proposals",
+           "fit_context", "model_answer", "parse_model_answer"]

@@ -43,6 +43,8 @@ class Flow(BaseModel):
 
     name: str
     description: str
+    # questions the flow answers, shown to people and to other agents (the A2A card's skill examples)
+    examples: list[str] = Field(default_factory=list)
     patterns: list[str] = Field(min_length=1)
     steps: list[FlowStep] = Field(min_length=1)
     answer: list[Sentence] = Field(min_length=1)
