@@ -5,10 +5,11 @@ Run: .venv/bin/python bench/du.py [--top 100 --mid 100 --files 100] [--dir /tmp/
 
 The tree is top x mid leaf directories with `files` files each (most empty, one in ten with a few bytes, one
 in a hundred with 64 KiB), made once and kept under --dir. Rows, each the median of --repeat runs, page cache
-warm for both tools:
-- first scan: GNU `du -s -B1` against the scanner with no cache (1 and 2 processes);
+warm for both tools, GNU du and the scanner alternating in the same run:
+- first scan: GNU `du -s -B1` against the scanner with no cache (1 thread, and --threads threads);
 - re-scan: after a new file is written into 1% of the leaf directories, GNU du again against the scanner
-  with its cache. Both must report the same bytes (checked on every run).
+  with its cache (--threads threads). Both must report the same bytes (checked on every run).
+Beside wall time, the CPU seconds (user + system) each tool used: on a shared machine they say more.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import json
 import os
 import platform
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -62,16 +64,22 @@ def make_tree(root: Path, top: int, mid: int, files: int) -> int:
     return top * mid * files
 
 
-def gnu_du(root: Path) -> tuple[float, int]:
-    start = time.perf_counter()
+def _cpu(who: int) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
+def gnu_du(root: Path) -> tuple[float, float, int]:
+    start, cpu = time.perf_counter(), _cpu(resource.RUSAGE_CHILDREN)
     out = subprocess.run(["du", "-s", "-B1", str(root)], capture_output=True, text=True, check=True).stdout
-    return time.perf_counter() - start, int(out.split("\t", 1)[0])
+    return time.perf_counter() - start, _cpu(resource.RUSAGE_CHILDREN) - cpu, int(out.split("\t", 1)[0])
 
 
-def timed_scan(root: Path, cache: ScanCache | None, workers: int) -> tuple[float, int, int]:
-    start = time.perf_counter()
+def timed_scan(root: Path, cache: ScanCache | None, workers: int) -> tuple[float, float, int, int]:
+    start, cpu = time.perf_counter(), _cpu(resource.RUSAGE_SELF)
     result = scan(root, cache, workers=workers, history_depth=1)
-    return time.perf_counter() - start, result.totals[result.root].bytes, result.listed
+    return (time.perf_counter() - start, _cpu(resource.RUSAGE_SELF) - cpu, result.totals[result.root].bytes,
+            result.listed)
 
 
 def main() -> None:
@@ -80,6 +88,7 @@ def main() -> None:
     parser.add_argument("--mid", type=int, default=100)
     parser.add_argument("--files", type=int, default=100)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "vigil-du-bench")
     args = parser.parse_args()
 
@@ -87,51 +96,61 @@ def main() -> None:
     n_files = make_tree(root, args.top, args.mid, args.files)
     leaves = sorted(root.glob("t*/m*"))
     rng = random.Random(1)
+    threads = args.threads
     with tempfile.TemporaryDirectory() as tmp:
         cache = ScanCache(Path(tmp) / "du.sqlite")
         gnu_du(root)  # warm the page cache for both tools
-        rows: dict[str, list[float]] = {"du_first": [], "scan_first_1": [], "scan_first_2": []}
+        names = ("du_first", "scan_first_1", "scan_first_n", "du_rescan", "scan_rescan")
+        wall: dict[str, list[float]] = {k: [] for k in names}
+        cpu: dict[str, list[float]] = {k: [] for k in names}
+
+        def record(name: str, seconds: float, cpu_seconds: float) -> None:
+            wall[name].append(seconds)
+            cpu[name].append(cpu_seconds)
+
         for _ in range(args.repeat):
-            t, expect = gnu_du(root)
-            rows["du_first"].append(t)
-            for workers in (1, 2):
-                t, got, _ = timed_scan(root, None, workers)
+            t, c, expect = gnu_du(root)
+            record("du_first", t, c)
+            for workers, name in ((1, "scan_first_1"), (threads, "scan_first_n")):
+                t, c, got, _ = timed_scan(root, None, workers)
                 assert got == expect, f"scanner {got} bytes, du {expect}"
-                rows[f"scan_first_{workers}"].append(t)
-        timed_scan(root, cache, 1)  # fill the cache
-        rows.update({"du_rescan": [], "scan_rescan": []})
+                record(name, t, c)
+        timed_scan(root, cache, threads)  # fill the cache
         listed: list[int] = []
         for round_ in range(args.repeat):
             for leaf in rng.sample(leaves, max(1, len(leaves) // 100)):
                 (leaf / f"new-{round_}").write_bytes(b"z" * 5000)
-            t, expect = gnu_du(root)
-            rows["du_rescan"].append(t)
-            t, got, n_listed = timed_scan(root, cache, 1)
+            t, c, expect = gnu_du(root)
+            record("du_rescan", t, c)
+            t, c, got, n_listed = timed_scan(root, cache, threads)
             assert got == expect, f"scanner {got} bytes after the change, du {expect}"
-            rows["scan_rescan"].append(t)
+            record("scan_rescan", t, c)
             listed.append(n_listed)
     for round_ in range(args.repeat):
         for leaf in leaves:
             (leaf / f"new-{round_}").unlink(missing_ok=True)
 
-    med = {k: statistics.median(v) for k, v in rows.items()}
+    med = {k: statistics.median(v) for k, v in wall.items()}
+    med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
     table = Table(title=f"Directory usage, {n_files:,} files in {len(leaves):,} leaf directories")
-    for column in ("what", "GNU du s", "vigil s", "du / vigil"):
+    for column in ("what", "GNU du s", "vigil s", "du / vigil", "GNU du CPU s", "vigil CPU s"):
         table.add_column(column, justify="right")
-    table.add_row("first scan, 1 process", f"{med['du_first']:.3f}", f"{med['scan_first_1']:.3f}",
-                  f"{med['du_first'] / med['scan_first_1']:.2f}x")
-    table.add_row("first scan, 2 processes", f"{med['du_first']:.3f}", f"{med['scan_first_2']:.3f}",
-                  f"{med['du_first'] / med['scan_first_2']:.2f}x")
-    table.add_row("re-scan after 1% of dirs changed", f"{med['du_rescan']:.3f}", f"{med['scan_rescan']:.3f}",
-                  f"{med['du_rescan'] / med['scan_rescan']:.1f}x")
+    for label, du_key, key in (
+        ("first scan, 1 thread", "du_first", "scan_first_1"),
+        (f"first scan, {threads} threads", "du_first", "scan_first_n"),
+        (f"re-scan after 1% of dirs changed, {threads} threads", "du_rescan", "scan_rescan"),
+    ):
+        table.add_row(label, f"{med[du_key]:.3f}", f"{med[key]:.3f}", f"{med[du_key] / med[key]:.2f}x",
+                      f"{med_cpu[du_key]:.3f}", f"{med_cpu[key]:.3f}")
     console.print(table)
-    console.print(f"directories listed again per re-scan: {listed}")
+    console.print(f"directories listed again per re-scan: {listed}; load average {os.getloadavg()}")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({
         "machine": platform.processor() or platform.machine(), "cores": os.cpu_count(), "files": n_files,
-        "leaf_dirs": len(leaves), "repeat": args.repeat, "median_seconds": med,
+        "leaf_dirs": len(leaves), "repeat": args.repeat, "threads": threads, "median_seconds": med,
+        "median_cpu_seconds": med_cpu, "load_average_after": os.getloadavg(),
         "first_scan_ratio_1_thread": med["du_first"] / med["scan_first_1"],
-        "first_scan_ratio_2_threads": med["du_first"] / med["scan_first_2"],
+        "first_scan_ratio_threads": med["du_first"] / med["scan_first_n"],
         "rescan_ratio": med["du_rescan"] / med["scan_rescan"], "rescan_listed_dirs": listed,
     }, indent=2) + "\n")
 

@@ -14,13 +14,12 @@ where files grow in place, run a full scan (``full=True``) now and then.
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import sqlite3
 import stat
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -94,34 +93,55 @@ class ScanResult:
         return sorted(rows, key=lambda u: (-u.bytes, u.path))
 
 
+def _stat_all(names: list[str], fd: int) -> list[os.stat_result]:
+    """lstat of every name in the directory ``fd``, skipping names removed meanwhile (du skips them too)."""
+    lstat = os.lstat
+    try:
+        return [lstat(name, dir_fd=fd) for name in names]
+    except FileNotFoundError:
+        found = []
+        for name in names:
+            try:
+                found.append(lstat(name, dir_fd=fd))
+            except FileNotFoundError:
+                continue
+        return found
+
+
+def _is_dir(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_dir(follow_symlinks=False)
+    except OSError:
+        return False
+
+
 def _list_directory(path: str, st: os.stat_result) -> DirRecord:
-    own_bytes = st.st_blocks * BLOCK
-    own_apparent = st.st_size
-    own_files = 0
-    subdirs: list[str] = []
-    links: list[tuple[int, int, int, int]] = []
     # Listing through a directory descriptor makes each entry's stat an fstatat() relative to it, as du's fts
-    # does, instead of resolving the whole path again for every file.
+    # does, instead of resolving the whole path again for every file. The entry type from the listing (d_type)
+    # tells directories apart without a stat; every other entry needs one, for its blocks. The per-file work
+    # is comprehensions and sums, the cheapest Python has: the stat calls themselves release the GIL, so
+    # threads walking other subtrees run meanwhile.
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        entries = list(os.scandir(fd))
-        for entry in entries:
-            try:
-                if entry.is_dir(follow_symlinks=False):
-                    subdirs.append(entry.name)
-                    continue
-                info = entry.stat(follow_symlinks=False)
-            except FileNotFoundError:
-                continue  # removed while we listed: du would not count it either
-            own_files += 1
-            if info.st_nlink > 1 and not stat.S_ISDIR(info.st_mode):
-                links.append((info.st_dev, info.st_ino, info.st_blocks * BLOCK, info.st_size))
-            else:
-                own_bytes += info.st_blocks * BLOCK
-                own_apparent += info.st_size
+        with os.scandir(fd) as listing:
+            entries = list(listing)
+        try:
+            kinds = [e.is_dir(follow_symlinks=False) for e in entries]
+        except OSError:  # no d_type on this file system and an entry went away before its stat
+            kinds = [_is_dir(e) for e in entries]
+        subdirs = sorted(e.name for e, is_dir in zip(entries, kinds, strict=True) if is_dir)
+        others = [e.name for e, is_dir in zip(entries, kinds, strict=True) if not is_dir]
+        infos = _stat_all(others, fd)
     finally:
         os.close(fd)
-    subdirs.sort()
+    links: list[tuple[int, int, int, int]] = []
+    if any(info.st_nlink > 1 for info in infos):
+        shared = [i for i in infos if i.st_nlink > 1 and not stat.S_ISDIR(i.st_mode)]
+        links = [(i.st_dev, i.st_ino, i.st_blocks * BLOCK, i.st_size) for i in shared]
+        infos = [i for i in infos if not (i.st_nlink > 1 and not stat.S_ISDIR(i.st_mode))]
+    own_bytes = (st.st_blocks + sum(i.st_blocks for i in infos)) * BLOCK
+    own_apparent = st.st_size + sum(i.st_size for i in infos)
+    own_files = len(infos) + len(links)
     return DirRecord(
         path, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, own_bytes, own_apparent, own_files, subdirs, links
     )
@@ -232,7 +252,7 @@ class ScanCache:
 
 @dataclass
 class _Walk:
-    """One traversal's inputs; module-level so forked workers inherit the cache without copying it."""
+    """One traversal's inputs, shared by the walking threads."""
 
     cached: dict[str, DirRecord]
     full: bool
@@ -300,11 +320,11 @@ def _walk(
         if workers == 1:
             _, listed, reused = _walk_from([root], records, progress)
             return records, listed, reused
-        # Listing is CPU-bound in Python (one stat object per file), so subtrees go to forked processes.
+        # Subtrees go to threads: each file's lstat releases the GIL, so one thread's system calls run while
+        # another does its Python work (forked processes were slower: every record came back pickled).
         frontier, listed, reused = _walk_from([root], records, progress, stop_at=8 * workers)
         shares = [frontier[i :: 4 * workers] for i in range(4 * workers)]
-        context = multiprocessing.get_context("fork")
-        with ProcessPoolExecutor(workers, mp_context=context) as pool:
+        with ThreadPoolExecutor(workers, thread_name_prefix="vigil-du") as pool:
             for part, part_listed, part_reused in pool.map(_walk_subtrees, [s for s in shares if s]):
                 records.update(part)
                 listed += part_listed
