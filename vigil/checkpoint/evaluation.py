@@ -36,7 +36,7 @@ from typing import Any
 
 from vigil.checkpoint.evalrun import LOCK_FILE, RESULT_FILE
 from vigil.checkpoint.manager import complete_steps, step_dir_name
-from vigil.model import VigilInputError
+from vigil.model import Evidence, FaultLevel, Incident, VigilInputError, job_id
 
 LEDGER_DIR = ".vigil-eval"
 
@@ -83,6 +83,26 @@ class EvalConfig:
     @property
     def slots(self) -> int:
         return min(self.max_parallel, len(self.devices)) if self.devices else self.max_parallel
+
+
+def failure_incident(job: str, record: EvalRecord) -> Incident:
+    """An evaluation that failed (or a checkpoint that vanished unevaluated) is an incident, not silence; one
+    per job and step, so a watcher that reports it twice stores it once."""
+    entity = job_id(job)
+    what = "was removed before evaluation" if record.state == EvalState.VANISHED else "evaluation failed"
+    summary = f"checkpoint step {record.step} {what}: {record.message}"[:4096]
+    now = time.time()
+    return Incident(
+        id=f"inc-eval-{job}-{record.step}"[:64],
+        title=f"Checkpoint step {record.step} of {job}: {what}",
+        scope=entity,
+        entities=[entity],
+        start=record.started or now,
+        end=record.ended or now,
+        level=FaultLevel.OBSERVE,
+        fault_types=["checkpoint_eval_failed"],
+        evidence=[Evidence(kind="event", entity=entity, ts=record.ended or now, summary=summary)],
+    )
 
 
 def parse_command(text: str) -> list[str]:

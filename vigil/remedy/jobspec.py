@@ -8,6 +8,9 @@ spec:
   command: [python, -m, vigil_eval.tinytrain, --steps, "40"]
   devices: [cpu:0, cpu:1, cpu:2]        # more devices than replicas = spares for failover
   checkpoint: {dir: ckpt, everySteps: 5, keepLast: 3}
+  eval:                                 # optional: evaluate every complete checkpoint while the job runs
+    command: [python, eval.py, "{checkpoint}"]
+    maxParallel: 1
   failoverPolicy: {maxRetries: 3, action: restart, excludeFailedDevice: true}
   healthCheck:
     hangTimeout: 60s
@@ -112,6 +115,23 @@ class CheckpointSpec(_Spec):
     keep_last: int = Field(default=3, ge=1, alias="keepLast")
 
 
+class EvalSpec(_Spec):
+    """Evaluate every complete checkpoint while the job runs (``vigil checkpoint watch`` on its directory):
+    asynchronously, each exactly once across restarts, a failure an incident."""
+
+    command: list[str] = Field(min_length=1)  # {checkpoint} and {step} are filled in; python is Vigil's own
+    max_parallel: int = Field(default=1, ge=1, le=64, alias="maxParallel")
+    devices: list[str] = Field(default_factory=list)  # CUDA devices, one evaluation per device
+    retries: int = Field(default=1, ge=0, le=10)
+    timeout_s: float | None = Field(default=None, gt=0, alias="timeout")
+    logdir: str | None = None  # TensorBoard scalars go to <logdir>/eval; relative paths are under the run dir
+    interval_s: float = Field(default=2.0, gt=0, le=3600, alias="interval")
+
+    _durations = field_validator("timeout_s", "interval_s", mode="before")(
+        lambda v: None if v is None else parse_duration(v)
+    )
+
+
 class PrecheckSpec(_Spec):
     """PreCheck before the first start: a bad machine keeps the job from starting at all."""
 
@@ -131,6 +151,7 @@ class TrainingJobBody(_Spec):
     env: dict[str, str] = Field(default_factory=dict)
     devices: list[str] = Field(default_factory=list)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    eval: EvalSpec | None = None
     failover_policy: FailoverPolicy = Field(default_factory=FailoverPolicy, alias="failoverPolicy")
     health_check: HealthCheck = Field(default_factory=HealthCheck, alias="healthCheck")
     precheck: PrecheckSpec = Field(default_factory=PrecheckSpec)

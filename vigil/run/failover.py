@@ -13,8 +13,11 @@ audited Action like any other.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,6 +26,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
+from vigil.checkpoint.evaluation import CheckpointEvaluator, EvalConfig, EvalRecord, failure_incident
 from vigil.config import settings
 from vigil.diagnose.hang import HangDiagnosis
 from vigil.model import Action, ActionKind, ActionStatus, Anomaly, Evidence, FaultLevel, job_id, rank_id
@@ -37,6 +41,7 @@ from vigil.remedy.remediator import Remediator
 from vigil.run.launcher import free_port, prepare_out_dir, probe_command, probe_env, start_rank, torchrun_env
 from vigil.run.rank_procs import record_launched, signals_raise, stop_groups
 from vigil.run.supervise import Supervisor, SupervisorConfig
+from vigil.store.sql import Store, open_store
 
 POLL_S = 0.1
 
@@ -180,6 +185,8 @@ class FailoverReport:
     # (fault detected, ranks restarted, first step after resume) wall-clock times per recovery
     recoveries: list[dict[str, float]] = field(default_factory=list)
     detail: str = ""
+    # the spec's eval: every checkpoint's evaluation (step, state, attempts, scalars, message)
+    evaluations: list[dict[str, object]] = field(default_factory=list)
 
 
 class FailoverSupervisor:
@@ -405,8 +412,83 @@ def run_job(
             console.log(message, markup=False)
             status.update(escape(message))
 
-        with signals_raise():
-            return FailoverSupervisor(job, AuditLog(db_url), on_event=on_event).run()
+        watcher = CheckpointWatcher(job, db_url, on_event) if spec.spec.eval is not None else None
+        try:
+            with signals_raise():
+                report = FailoverSupervisor(job, AuditLog(db_url), on_event=on_event).run()
+        finally:
+            if watcher is not None:
+                watcher.finish()
+        if watcher is not None:
+            report.evaluations = watcher.evaluations
+        return report
+
+
+class CheckpointWatcher:
+    """The spec's ``eval``: a thread that evaluates each complete checkpoint of the job as it appears (the
+    ``vigil checkpoint watch`` machinery: once each, asynchronously, restart-safe), and once the job has ended
+    evaluates what is left before the report is written. A failed evaluation is an incident."""
+
+    def __init__(self, job: LocalJob, db_url: str | None, on_event: Callable[[str], None]) -> None:
+        assert job.spec.spec.eval is not None
+        spec = job.spec.spec.eval
+        command = [sys.executable if i == 0 and part in ("python", "python3") else part
+                   for i, part in enumerate(spec.command)]
+        logdir = Path(spec.logdir) if spec.logdir else None
+        self.config = EvalConfig(
+            command=command,
+            max_parallel=spec.max_parallel,
+            devices=spec.devices,
+            retries=spec.retries,
+            timeout_s=spec.timeout_s,
+            logdir=logdir if logdir is None or logdir.is_absolute() else job.run_dir / logdir,
+        )
+        self.job = job
+        self.db_url = db_url
+        self.on_event = on_event
+        self.interval_s = spec.interval_s
+        self.evaluations: list[dict[str, object]] = []
+        self.error: BaseException | None = None
+        self.stop = threading.Event()
+        job.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        self.thread = threading.Thread(target=self._run, name=f"vigil-eval-{job.spec.name}", daemon=True)
+        self.thread.start()
+
+    def finish(self) -> None:
+        """The job has ended: evaluate what is left, then stop."""
+        self.stop.set()
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+
+    def _run(self) -> None:
+        # The evaluator's ledger is a SQLite connection, used only from this thread.
+        try:
+            evaluator = CheckpointEvaluator(
+                self.job.checkpoint_dir, self.config, on_failure=self._failed, on_done=self._done
+            )
+            try:
+                evaluator.run(interval_s=self.interval_s, stop=self.stop.is_set)
+                evaluator.run(interval_s=min(self.interval_s, 0.5), until_idle=True)
+                self.evaluations = [dataclasses.asdict(r) for r in evaluator.ledger.records()]
+            finally:
+                evaluator.close()
+        except BaseException as err:  # handed to the main thread by finish()
+            self.error = err
+
+    def _done(self, record: EvalRecord) -> None:
+        scalars = ", ".join(f"{k}={v:.6g}" for k, v in sorted(record.metrics.items()))
+        self.on_event(f"evaluated checkpoint step {record.step}: {scalars}")
+
+    def _failed(self, record: EvalRecord) -> None:
+        incident = failure_incident(self.job.spec.name, record)
+        store = Store(self.db_url) if self.db_url else open_store()
+        try:
+            if store.incident(incident.id) is None:
+                store.upsert_incident(incident)
+        finally:
+            store.close()
+        self.on_event(incident.evidence[0].summary)
 
 
 def report_json(report: FailoverReport) -> str:
@@ -419,6 +501,7 @@ def report_json(report: FailoverReport) -> str:
             "anomalies": [a.model_dump(mode="json") for a in report.anomalies],
             "actions": [a.model_dump(mode="json") for a in report.actions],
             "recoveries": report.recoveries,
+            "evaluations": report.evaluations,
         },
         indent=2,
     )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import signal
-import time
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -68,25 +67,11 @@ def restore_backup_command(
 
 def _open_incident(job: str, record: EvalRecord) -> None:
     """An evaluation that failed (or a checkpoint that vanished unevaluated) is an incident, not silence."""
-    from vigil.checkpoint.evaluation import EvalState
-    from vigil.model import Evidence, FaultLevel, Incident, job_id
+    from vigil.checkpoint.evaluation import failure_incident
     from vigil.store.sql import open_store
 
-    entity = job_id(job)
-    what = "was removed before evaluation" if record.state == EvalState.VANISHED else "evaluation failed"
-    summary = f"checkpoint step {record.step} {what}: {record.message}"[:4096]
-    now = time.time()
-    incident = Incident(
-        id=f"inc-eval-{job}-{record.step}",
-        title=f"Checkpoint step {record.step} of {job}: {what}",
-        scope=entity,
-        entities=[entity],
-        start=record.started or now,
-        end=record.ended or now,
-        level=FaultLevel.OBSERVE,
-        fault_types=["checkpoint_eval_failed"],
-        evidence=[Evidence(kind="event", entity=entity, ts=record.ended or now, summary=summary)],
-    )
+    incident = failure_incident(job, record)
+    summary = incident.evidence[0].summary
     store = open_store()
     try:
         if store.incident(incident.id) is None:
