@@ -483,6 +483,8 @@ class Gpu(Record):
     uuid: str = ""
     model: str = ""
     pci_bus_id: str = ""
+    # Indices of this node's GPUs reached over NVLink, directly or through the node's NVSwitches.
+    nvlink_peers: list[int] = Field(default_factory=list)
 
     @property
     def id(self) -> str:

@@ -41,6 +41,10 @@ class FakeGpu:
     max_width: int = 16
     replay: int = 0
     nvlinks: list[int] = field(default_factory=lambda: [1] * 18)
+    # Each link's remote end (PCI bus id, NVML_NVLINK_DEVICE_TYPE_*); empty: the driver cannot say.
+    nvlink_remote: list[tuple[str, int]] = field(default_factory=list)
+    uuid: str = "GPU-5a1f0c2e-1d2b-4b8e-9f00-000000000000"
+    name: str = "NVIDIA H100 80GB HBM3"
     nvlink_errors: int = 0
     recovery_action: int | None = 0
     unsupported: set[str] = field(default_factory=set)
@@ -143,6 +147,24 @@ class FakeNvml:
         if link >= len(g.nvlinks):
             raise NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return g.nvlinks[link]
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, h: int, link: int) -> Any:
+        g = self._gpu(h, "nvmlDeviceGetNvLinkRemotePciInfo")
+        if link >= len(g.nvlink_remote):
+            raise NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return SimpleNamespace(busId=g.nvlink_remote[link][0].encode())
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, h: int, link: int) -> int:
+        g = self._gpu(h, "nvmlDeviceGetNvLinkRemoteDeviceType")
+        if link >= len(g.nvlink_remote):
+            raise NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return g.nvlink_remote[link][1]
+
+    def nvmlDeviceGetUUID(self, h: int) -> str:
+        return self._gpu(h, "nvmlDeviceGetUUID").uuid
+
+    def nvmlDeviceGetName(self, h: int) -> str:
+        return self._gpu(h, "nvmlDeviceGetName").name
 
     def nvmlDeviceGetNvLinkErrorCounter(self, h: int, link: int, counter: int) -> int:
         g = self._gpu(h, "nvmlDeviceGetNvLinkErrorCounter")

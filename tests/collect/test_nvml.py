@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pynvml
+import pytest
 
 from tests.collect.conftest import frames
 from tests.collect.fake_nvml import FakeGpu, FakeNvml
+from tests.run.pages import dcgm_page
 from vigil.detect.rules import RuleDetector
 from vigil.knowledge.faults import fault_level
 from vigil.model import FaultLevel, Gpu, Node, Topology
@@ -140,3 +144,72 @@ def test_health_counters_are_read_every_nth_collect_and_repeated_in_between() ->
     assert [calls for calls, _ in seen] == [72, 0, 0, 72, 0, 0, 72]  # 18 links x 4 counters
     assert [v["DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"] for _, v in seen] == [3, 3, 3, 6, 6, 6, 9]
     assert all(v["DCGM_FI_DEV_GPU_UTIL"] == 87 and v["vigil_gpu_nvlink_links_up"] == 18 for _, v in seen)
+
+
+HGX_BUSES = ["00000000:18:00.0", "00000000:2A:00.0", "00000000:3A:00.0", "00000000:5D:00.0",
+             "00000000:9A:00.0", "00000000:AB:00.0", "00000000:BA:00.0", "00000000:DB:00.0"]
+NVSWITCHES = ["00000000:05:00.0", "00000000:06:00.0", "00000000:07:00.0", "00000000:08:00.0"]
+TOPO = Path(__file__).resolve().parents[1] / "fixtures" / "diagnose"
+
+
+def test_inventory_names_each_gpu_and_its_nvlink_peers_through_nvswitches() -> None:
+    # HGX H100: each GPU's 18 links go to the board's four NVSwitches, never straight to another GPU.
+    remote = [(NVSWITCHES[link % 4], pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH) for link in range(18)]
+    gpus = [FakeGpu(bus_id=bus, uuid=f"GPU-{i:08d}-aaaa-bbbb-cccc-000000000000", nvlink_remote=remote)
+            for i, bus in enumerate(HGX_BUSES)]
+    gpus[7].nvlinks = [0] * 18  # all of GPU 7's links down: it reaches no one, and no one reaches it
+    collector = NvmlCollector(node="n01", nvml=FakeNvml(gpus), topo_reader=lambda: pytest.fail("NVML answered"))
+    collector.collect(0.0)
+    assert collector.gpus[0] == Gpu(node="n01", index=0, uuid="GPU-00000000-aaaa-bbbb-cccc-000000000000",
+                                    model="NVIDIA H100 80GB HBM3", pci_bus_id="00000000:18:00.0",
+                                    nvlink_peers=[1, 2, 3, 4, 5, 6])
+    assert collector.gpus[7].nvlink_peers == []
+    assert collector.problems.total() == 0
+
+
+def test_nvlink_bridges_pair_gpus_directly() -> None:
+    # Four PCIe cards, NVLink bridges between 0-1 and 2-3: each link's far end is the other GPU.
+    gpu_type = pynvml.NVML_NVLINK_DEVICE_TYPE_GPU
+    pairs = {0: 1, 1: 0, 2: 3, 3: 2}
+    gpus = [FakeGpu(bus_id=HGX_BUSES[i], nvlinks=[1] * 4, nvlink_remote=[(HGX_BUSES[pairs[i]], gpu_type)] * 4)
+            for i in range(4)]
+    collector = NvmlCollector(node="n01", nvml=FakeNvml(gpus))
+    collector.collect(0.0)
+    assert {i: g.nvlink_peers for i, g in collector.gpus.items()} == {0: [1], 1: [0], 2: [3], 3: [2]}
+
+
+@pytest.mark.parametrize(("fixture", "expected"), [
+    ("nvidia_smi_topo_hgx_h100.txt", {i: [j for j in range(8) if j != i] for i in range(8)}),
+    ("nvidia_smi_topo_pcie_4gpu.txt", {i: [] for i in range(4)}),
+])
+def test_without_remote_ends_in_nvml_the_peers_come_from_nvidia_smi_topo(fixture: str, expected: dict) -> None:
+    text = (TOPO / fixture).read_text()
+    gpus = [FakeGpu(bus_id=HGX_BUSES[i]) for i in range(len(expected))]
+    collector = NvmlCollector(node="n01", nvml=FakeNvml(gpus), topo_reader=lambda: text)
+    collector.collect(0.0)
+    assert {i: g.nvlink_peers for i, g in collector.gpus.items()} == expected
+
+
+def test_unreadable_topo_output_is_a_counted_problem_and_no_peers() -> None:
+    collector = NvmlCollector(node="n01", nvml=FakeNvml([FakeGpu()]), topo_reader=lambda: "hello\n")
+    collector.collect(0.0)
+    assert collector.gpus[0].nvlink_peers == []
+    assert collector.problems.counts["nvidia-smi topo -m"] == 1
+
+
+def test_the_agent_registers_nvml_peers_beside_what_dcgm_exporter_names() -> None:
+    from tests.collect.conftest import fast_settings
+    from vigil.sources.collect.agent import Agent
+    from vigil.sources.collect.dcgm import DcgmExporterScraper
+
+    remote = [(NVSWITCHES[0], pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH)]
+    gpus = [FakeGpu(bus_id=HGX_BUSES[i], uuid="", nvlinks=[1], nvlink_remote=remote) for i in range(2)]
+    nvml = NvmlCollector(node="n01", nvml=FakeNvml(gpus))
+    dcgm = DcgmExporterScraper("http://unused", node="n01")
+    dcgm.parse_page(dcgm_page("n01", gpus=2), 0.0)
+    agent = Agent([nvml, dcgm], fast_settings(), cpu_ratio=lambda: 0.1)
+    nvml.collect(0.0)
+    inventory = agent.inventory()
+    # NVML had no UUID here; dcgm-exporter's label fills it; the peers are NVML's.
+    assert [(g.index, g.nvlink_peers, g.uuid == dcgm.gpus[g.index].uuid != "") for g in inventory.gpus] == [
+        (0, [1], True), (1, [0], True)]

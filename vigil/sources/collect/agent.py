@@ -380,7 +380,11 @@ class Agent:
         """This node as the server's topology should hold it: GPUs (index, UUID, PCI bus, model) and NICs."""
         gpus: dict[int, Gpu] = {}
         for runner in self.runners:
-            gpus.update(getattr(runner.source, "gpus", {}))
+            for index, gpu in getattr(runner.source, "gpus", {}).items():
+                # NVML and dcgm-exporter both describe a GPU; each fills what the other left empty.
+                known = gpus.get(index)
+                gpus[index] = gpu if known is None else known.model_copy(
+                    update={k: v for k, v in gpu.model_dump().items() if v and not getattr(known, k)})
         nics = sorted({parse_entity(p.entity)[1][1]: p.value for p in self.points()
                        if p.metric == "vigil_nic_speed_gbps" and math.isfinite(p.value)}.items())
         return Node(name=self.node, gpus=[gpus[i] for i in sorted(gpus)],

@@ -17,11 +17,14 @@ NVIDIA's name, whose level the fault catalogue gives.
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from vigil.model import Event, gpu_id, node_id
+from vigil.model import Event, Gpu, VigilInputError, gpu_id, node_id
 from vigil.sources.collect.base import Collection, Point, Source, default_node_name
+from vigil.sources.collect.gpu_topology import parse_nvidia_smi_topo, read_nvidia_smi_topo
 
 # NVML's recovery action enum (nvmlDeviceGetFieldValues NVML_FI_DEV_GET_GPU_RECOVERY_ACTION), decoded to the
 # names of NVIDIA's error-recovery-and-response-flags page; what an action means for the GPU is judged in detect.
@@ -48,7 +51,8 @@ class NvmlCollector(Source):
     name = "nvml"
     kind = "gpu"
 
-    def __init__(self, node: str | None = None, nvml: Any = None, health_every: int = 6) -> None:
+    def __init__(self, node: str | None = None, nvml: Any = None, health_every: int = 6,
+                 topo_reader: Callable[[], str | None] = read_nvidia_smi_topo) -> None:
         super().__init__()
         # Health counters (ECC, row remapping / retired pages, per-link NVLink errors) change rarely and cost
         # most of the NVML calls (5 per NVLink link, 18 links on an H100): they are read on every
@@ -64,6 +68,9 @@ class NvmlCollector(Source):
         self.available = False
         self.status = "not started"
         self.pci_to_index: dict[str, int] = {}
+        # The node's GPUs as the inventory registers them (index, UUID, PCI bus id, model, NVLink peers).
+        self.gpus: dict[int, Gpu] = {}
+        self._topo_reader = topo_reader
         # Last recovery action per GPU, so an event is raised on a change, not on every scrape.
         self._recovery: dict[int, int] = {}
 
@@ -87,13 +94,63 @@ class NvmlCollector(Source):
         except nv.NVMLError as err:
             self.status = f"no GPU: NVML unavailable ({err})"
             return False
+        buses: dict[int, str] = {}
         for index, handle in enumerate(self._handles):
             bus = self._call(handle, "nvmlDeviceGetPciInfo")
             if bus is not None:
-                self.pci_to_index[normalise_pci_bus(_text(bus.busId))] = index
+                buses[index] = _text(bus.busId)
+                self.pci_to_index[normalise_pci_bus(buses[index])] = index
+        peers = self._nvlink_peers()
+        for index, handle in enumerate(self._handles):
+            uuid, model = self._call(handle, "nvmlDeviceGetUUID"), self._call(handle, "nvmlDeviceGetName")
+            self.gpus[index] = Gpu(node=self.node, index=index, uuid=_text(uuid or ""), model=_text(model or ""),
+                                   pci_bus_id=buses.get(index, ""), nvlink_peers=peers.get(index, []))
         self.available = True
         self.status = f"{count} GPU(s) through NVML"
         return True
+
+    def _nvlink_peers(self) -> dict[int, list[int]]:
+        """Each GPU's NVLink peers from the remote end of every active link: a GPU of this node (by PCI bus id)
+        is a peer; an NVSwitch makes every GPU cabled to it a peer. Where NVML cannot name the remote ends,
+        ``nvidia-smi topo -m`` tells the same from its NV# cells."""
+        nv = self._nvml
+        peers: dict[int, set[int]] = {index: set() for index in range(len(self._handles))}
+        switches: dict[str, set[int]] = defaultdict(set)
+        remote_known = False
+        for index, handle in enumerate(self._handles):
+            for link in range(nv.NVML_NVLINK_MAX_LINKS):
+                try:
+                    if nv.nvmlDeviceGetNvLinkState(handle, link) != nv.NVML_FEATURE_ENABLED:
+                        continue
+                except nv.NVMLError:
+                    break  # links past the GPU's last one: the end of the list
+                remote = self._call(handle, "nvmlDeviceGetNvLinkRemotePciInfo", link)
+                if remote is None:
+                    continue
+                remote_known = True
+                bus = normalise_pci_bus(_text(remote.busId))
+                kind = self._call(handle, "nvmlDeviceGetNvLinkRemoteDeviceType", link)
+                peer = self.pci_to_index.get(bus)
+                if peer is not None and kind in (None, nv.NVML_NVLINK_DEVICE_TYPE_GPU):
+                    peers[index].add(peer)
+                elif kind in (None, nv.NVML_NVLINK_DEVICE_TYPE_SWITCH):
+                    switches[bus].add(index)
+        for members in switches.values():
+            for index in members:
+                peers[index] |= members
+        if not remote_known:
+            return self._nvlink_peers_from_topo()
+        return {index: sorted(found - {index}) for index, found in peers.items()}
+
+    def _nvlink_peers_from_topo(self) -> dict[int, list[int]]:
+        text = self._topo_reader()
+        if text is None:
+            return {}
+        try:
+            return parse_nvidia_smi_topo(text).nvlink_peers()
+        except VigilInputError as err:
+            self.problems.report("nvidia-smi topo -m", str(err))
+            return {}
 
     def close(self) -> None:
         if self.available:

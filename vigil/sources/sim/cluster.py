@@ -31,7 +31,9 @@ def build_topology(
     cluster: str = "sim",
 ) -> Topology:
     """A cluster of ``nodes`` x ``gpus``: one rack and one leaf switch per ``nodes_per_switch`` nodes,
-    one NIC per GPU (rail-style naming mlx5_<i>), and jobs of ``job_nodes`` nodes each covering the cluster."""
+    one NIC per GPU (rail-style naming mlx5_<i>), every GPU of a node NVLink peer of the others (an HGX
+    board's NVSwitches, as the agents' NVML inventory reports them), and jobs of ``job_nodes`` nodes each
+    covering the cluster."""
     if nodes < 1 or gpus < 1 or nodes_per_switch < 1:
         raise ValueError("nodes, gpus and nodes_per_switch must be >= 1")
     leaves = (nodes + nodes_per_switch - 1) // nodes_per_switch
@@ -49,7 +51,8 @@ def build_topology(
             rack=f"rack{i // nodes_per_switch:0{width}d}",
             switch=leaf,
             gpus=[Gpu(node=name, index=g, uuid=f"GPU-{i:05d}{g:02d}-5e1f-4c2a-9d3b-{i * gpus + g:012x}",
-                      model=GPU_MODEL, pci_bus_id=HGX_PCI_BUS_IDS[g % len(HGX_PCI_BUS_IDS)])
+                      model=GPU_MODEL, pci_bus_id=HGX_PCI_BUS_IDS[g % len(HGX_PCI_BUS_IDS)],
+                      nvlink_peers=[h for h in range(gpus) if h != g])
                   for g in range(gpus)],
             nics=[Nic(node=name, name=f"mlx5_{g}", switch=leaf, pci_bus_id=nic_pci_bus_id(g)) for g in range(gpus)],
             labels={"nvidia.com/gpu.product": GPU_MODEL.replace(" ", "-"), "vigil.dev/switch": leaf},
