@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Debian packages the real-part tests run (Prometheus, Alertmanager, Chromium, PostgreSQL, Slurm, munge).
+# The Debian packages the real-part tests run (Prometheus, Alertmanager, Chromium, PostgreSQL, Slurm + slurmdbd + MariaDB, munge).
 # As root: installs the missing ones, with a policy-rc.d that keeps their services from starting (the tests
 # start their own daemons on loopback ports and stop them by PID). Otherwise: one line saying what to install.
 set -euo pipefail
@@ -13,6 +13,9 @@ command -v chromium >/dev/null 2>&1 || need+=(chromium)
 ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || need+=(postgresql)
 command -v slurmctld >/dev/null 2>&1 || need+=(slurm-wlm)
 command -v munged >/dev/null 2>&1 || need+=(munge)
+# QOS (tidal tiers) live in Slurm's accounting database: slurmdbd on a private MariaDB
+command -v slurmdbd >/dev/null 2>&1 || need+=(slurmdbd)
+command -v mariadbd >/dev/null 2>&1 || need+=(mariadb-server)
 [ ${#need[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" -ne 0 ]; then

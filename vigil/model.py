@@ -385,6 +385,10 @@ class ActionKind(enum.StrEnum):
     VENDOR_TICKET = "vendor_ticket"
     RUN_DIAGNOSTICS = "run_diagnostics"
     COLLECT_LOGS = "collect_logs"
+    # tidal scheduling: tell a preemptible job to checkpoint, take its capacity back, bound a tier's share
+    PREEMPT_NOTICE = "preempt_notice"
+    PREEMPT = "preempt"
+    SET_QUOTA = "set_quota"
 
     @property
     def destructive(self) -> bool:

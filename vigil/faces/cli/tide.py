@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from vigil.faces.cli.output import DataTable, SafeConsole
 from vigil.model import VigilInputError
+
+if TYPE_CHECKING:
+    from vigil.remedy.tide.planner import TidePlan
+    from vigil.remedy.tide.tiers import TierPolicy
 
 app = typer.Typer(
     help="Tidal planning: lend serving capacity to spot training and offline inference.", no_args_is_help=True
@@ -18,27 +22,23 @@ app = typer.Typer(
 console = SafeConsole()
 
 
-@app.command("plan")
-def plan_command(
-    trace: Annotated[Path, typer.Option("--trace", help="request trace CSV with a TIMESTAMP column")],
-    gpus: Annotated[int, typer.Option("--gpus", min=1, help="GPUs in the cluster")] = 1000,
-    unhealthy_gpus: Annotated[
-        int, typer.Option("--unhealthy-gpus", min=0, help="GPUs on nodes below healthy: never offered")
-    ] = 0,
-    from_store: Annotated[
-        bool,
-        typer.Option("--from-store", help="take the GPUs and the nodes below healthy from the store's topology"),
-    ] = False,
-    policy: Annotated[Path | None, typer.Option("--policy", help="tier policy YAML (default: the shipped one)")] = None,
-    horizon: Annotated[int | None, typer.Option("--horizon", min=1, help="intervals to plan")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
-) -> None:
-    """Forecast the trace's inference load and allot each tier its GPUs per interval, with preemption notices."""
+TraceOption = Annotated[Path, typer.Option("--trace", help="request trace CSV with a TIMESTAMP column")]
+GpusOption = Annotated[int, typer.Option("--gpus", min=1, help="GPUs in the cluster")]
+UnhealthyOption = Annotated[
+    int, typer.Option("--unhealthy-gpus", min=0, help="GPUs on nodes below healthy: never offered")
+]
+FromStoreOption = Annotated[
+    bool, typer.Option("--from-store", help="take the GPUs and the nodes below healthy from the store's topology")
+]
+PolicyOption = Annotated[Path | None, typer.Option("--policy", help="tier policy YAML (default: the shipped one)")]
+HorizonOption = Annotated[int | None, typer.Option("--horizon", min=1, help="intervals to plan")]
+
+
+def _plan(trace: Path, gpus: int, unhealthy_gpus: int, from_store: bool, tiers: TierPolicy,
+          horizon: int | None) -> TidePlan:
     from vigil.remedy.tide.load import peak_rates, read_request_times
     from vigil.remedy.tide.planner import Capacity, capacity_of, plan
-    from vigil.remedy.tide.tiers import load_tier_policy
 
-    tiers = load_tier_policy(policy)
     if unhealthy_gpus > gpus:
         raise VigilInputError(f"--unhealthy-gpus {unhealthy_gpus} exceeds --gpus {gpus}")
     capacity = Capacity(gpus, unhealthy_gpus)
@@ -57,7 +57,24 @@ def plan_command(
             raise VigilInputError("the stored topology has no GPUs")
         capacity = capacity_of(topology, health)
     history = peak_rates(read_request_times(trace), tiers.interval_s)
-    result = plan(history, tiers, capacity, horizon)
+    return plan(history, tiers, capacity, horizon)
+
+
+@app.command("plan")
+def plan_command(
+    trace: TraceOption,
+    gpus: GpusOption = 1000,
+    unhealthy_gpus: UnhealthyOption = 0,
+    from_store: FromStoreOption = False,
+    policy: PolicyOption = None,
+    horizon: HorizonOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+) -> None:
+    """Forecast the trace's inference load and allot each tier its GPUs per interval, with preemption notices."""
+    from vigil.remedy.tide.tiers import load_tier_policy
+
+    tiers = load_tier_policy(policy)
+    result = _plan(trace, gpus, unhealthy_gpus, from_store, tiers, horizon)
     if as_json:
         typer.echo(json.dumps(result.as_dict(), indent=2))
         return
@@ -77,3 +94,76 @@ def plan_command(
             f"notice at +{notice.issued_s:g} s: tier {notice.tier} gives back {notice.gpus} GPUs"
             f" by +{notice.effective_s:g} s"
         )
+
+
+@app.command("slurm-qos")
+def slurm_qos_command(
+    policy: PolicyOption = None,
+    tres: Annotated[str, typer.Option("--tres", help="the trackable resource a tier's ceiling bounds")] = "gres/gpu",
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+) -> None:
+    """The Slurm QOS for the tiers (sacctmgr command lines) and the slurm.conf lines preemption by QOS needs."""
+    from vigil.remedy.tide.slurm import SLURM_CONF_LINES, qos_commands
+    from vigil.remedy.tide.tiers import load_tier_policy
+
+    commands = qos_commands(load_tier_policy(policy), tres)
+    if as_json:
+        typer.echo(json.dumps({"slurm_conf": list(SLURM_CONF_LINES), "sacctmgr": commands}, indent=2))
+        return
+    typer.echo("# slurm.conf")
+    for line in SLURM_CONF_LINES:
+        typer.echo(line)
+    typer.echo("# QOS, one per tier")
+    for argv in commands:
+        typer.echo(" ".join(argv))
+
+
+@app.command("apply")
+def apply_command(
+    trace: TraceOption,
+    gpus: GpusOption = 1000,
+    unhealthy_gpus: UnhealthyOption = 0,
+    from_store: FromStoreOption = False,
+    policy: PolicyOption = None,
+    backend: Annotated[str, typer.Option("--backend", help="slurm")] = "slurm",
+    cluster: Annotated[str, typer.Option("--cluster", help="the cluster's name in audit records")] = "vigil",
+    tres: Annotated[str, typer.Option("--tres", help="the trackable resource tiers are counted in")] = "gres/gpu",
+    execute: Annotated[bool, typer.Option("--execute", help="act for real (default: dry-run)")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the resulting actions as JSON")] = False,
+) -> None:
+    """Carry out this interval of the tidal plan: tier quotas, preemption notices, preemptions (dry-run unless
+    --execute). Run it once an interval; notices given earlier are read back from the audit log."""
+    import time
+
+    from vigil.config import settings
+    from vigil.model import ActionKind
+    from vigil.remedy.actuators.base import OutboxActuator
+    from vigil.remedy.audit import AuditLog
+    from vigil.remedy.remediator import Remediator
+    from vigil.remedy.tide.act import given_notices, tide_actions
+    from vigil.remedy.tide.tiers import load_tier_policy
+
+    if backend != "slurm":
+        raise VigilInputError(f"--backend must be slurm, got {backend!r}")
+    from vigil.remedy.actuators.slurm import SlurmActuator
+    from vigil.remedy.tide.slurm import qos_names, running_tier_jobs
+
+    tiers = load_tier_policy(policy)
+    result = _plan(trace, gpus, unhealthy_gpus, from_store, tiers, None)
+    audit = AuditLog()
+    now = time.time()
+    notices = given_notices(audit.actions(kind=ActionKind.PREEMPT_NOTICE, since=now - 7 * 86400))
+    actions = tide_actions(result, tiers, running_tier_jobs(tiers, tres), notices, now, cluster=cluster,
+                           qos=qos_names(tiers), tres=tres)
+    remediator = Remediator([OutboxActuator(settings().home / "outbox.jsonl"), SlurmActuator()], audit,
+                            dry_run=not (execute or settings().execute_actions), requested_by="vigil-tide")
+    done = remediator.execute_all(actions)
+    if as_json:
+        typer.echo(json.dumps([a.model_dump(mode="json") for a in done], indent=2))
+        return
+    table = Table(title=f"Tidal actions ({'dry-run' if remediator.dry_run else 'executed'})")
+    for column in ("action", "target", "status", "result"):
+        table.add_column(column)
+    for action in done:
+        table.add_row(action.kind.value, action.target, action.status.value, action.result)
+    console.print(table)

@@ -6,6 +6,11 @@
 - reboot: ``scontrol reboot ASAP nextstate=resume reason="..." N`` (reboots once the node is idle).
 - restart_job: ``scontrol requeue J`` (a failed or running batch job goes back to the queue; Slurm counts
   it in the job's Restarts).
+- preempt_notice: ``scancel --signal=USR1 --full J`` - a tidal preemption notice: the job (batch script and
+  steps) gets the signal and writes its checkpoint before its capacity is taken back.
+- preempt: ``scontrol requeue J`` - a preemptible job gives its capacity back and waits in the queue.
+- set_quota: ``sacctmgr -i modify qos where name=Q set GrpTRES=gres/gpu=N`` - a tier's QOS may hold at
+  most N GPUs (``params``: qos, units, tres).
 
 Idempotence reads ``scontrol show node N -o``: a node whose State already carries DRAIN is not
 drained again. The tests put a fake ``scontrol`` on PATH that records its calls.
@@ -19,23 +24,42 @@ from vigil.model import Action, ActionKind, parse_entity
 from vigil.remedy.actuators.base import Actuator, ActuatorError, run_command
 
 _STATE = re.compile(r"\bState=(\S+)")
+_QOS_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_TRES_NAME = re.compile(r"^(cpu|mem|node|billing|gres/[a-z0-9_.:-]{1,40})$")
+# the signals a job may be told to checkpoint on (SIGKILL / SIGSTOP would not be a notice)
+NOTICE_SIGNALS = frozenset({"USR1", "USR2", "TERM", "INT", "URG"})
+_RUNNING_STATES = frozenset({"RUNNING", "CONFIGURING", "COMPLETING"})
 _SAFE_REASON = re.compile(r"[^A-Za-z0-9 _.,:/=()\-]")
 
 
 class SlurmActuator(Actuator):
     name = "slurm"
     kinds = frozenset({ActionKind.CORDON, ActionKind.DRAIN, ActionKind.UNCORDON, ActionKind.REBOOT,
-                       ActionKind.RESTART_JOB})
-    target_kinds = frozenset({"node", "job"})
+                       ActionKind.RESTART_JOB, ActionKind.PREEMPT_NOTICE, ActionKind.PREEMPT, ActionKind.SET_QUOTA})
+    target_kinds = frozenset({"node", "job", "cluster"})
+    job_kinds = frozenset({ActionKind.RESTART_JOB, ActionKind.PREEMPT_NOTICE, ActionKind.PREEMPT})
 
     def accepts(self, action: Action) -> bool:
         kind = parse_entity(action.target)[0]
-        if action.kind is ActionKind.RESTART_JOB:
+        if action.kind in self.job_kinds:
             return kind == "job"
+        if action.kind is ActionKind.SET_QUOTA:
+            return kind == "cluster"
         return action.kind in self.kinds and kind == "node"
 
-    def __init__(self, scontrol: str = "scontrol", timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        scontrol: str = "scontrol",
+        timeout_s: float = 30.0,
+        *,
+        scancel: str = "scancel",
+        squeue: str = "squeue",
+        sacctmgr: str = "sacctmgr",
+    ) -> None:
         self.scontrol = scontrol
+        self.scancel = scancel
+        self.squeue = squeue
+        self.sacctmgr = sacctmgr
         self.timeout_s = timeout_s
 
     @staticmethod
@@ -45,8 +69,13 @@ class SlurmActuator(Actuator):
 
     def command(self, action: Action) -> list[str]:
         node = parse_entity(action.target)[1][0]
-        if action.kind is ActionKind.RESTART_JOB:
+        if action.kind in (ActionKind.RESTART_JOB, ActionKind.PREEMPT):
             return [self.scontrol, "requeue", node]
+        if action.kind is ActionKind.PREEMPT_NOTICE:
+            return [self.scancel, f"--signal={self.notice_signal(action)}", "--full", node]
+        if action.kind is ActionKind.SET_QUOTA:
+            qos, tres, units = self.quota(action)
+            return [self.sacctmgr, "-i", "modify", "qos", "where", f"name={qos}", "set", f"GrpTRES={tres}={units}"]
         if action.kind in (ActionKind.CORDON, ActionKind.DRAIN):
             return [
                 self.scontrol,
@@ -68,6 +97,31 @@ class SlurmActuator(Actuator):
             ]
         raise ActuatorError(f"slurm actuator cannot {action.kind.value}")
 
+    @staticmethod
+    def notice_signal(action: Action) -> str:
+        signal = str(action.params.get("signal", "USR1")).upper().removeprefix("SIG")
+        if signal not in NOTICE_SIGNALS:
+            raise ActuatorError(f"notice signal {signal!r} is not one of {', '.join(sorted(NOTICE_SIGNALS))}")
+        return signal
+
+    @staticmethod
+    def quota(action: Action) -> tuple[str, str, int]:
+        """The QOS, TRES and limit of a set_quota action, checked: they go onto sacctmgr's command line."""
+        qos, tres, units = action.params.get("qos"), action.params.get("tres", "gres/gpu"), action.params.get("units")
+        if not isinstance(qos, str) or not _QOS_NAME.match(qos):
+            raise ActuatorError(f"set_quota needs params.qos, a QOS name, got {qos!r}")
+        if not isinstance(tres, str) or not _TRES_NAME.match(tres):
+            raise ActuatorError(f"set_quota params.tres must be cpu, node or gres/<name>, got {tres!r}")
+        if not isinstance(units, int) or isinstance(units, bool) or units < 0:
+            raise ActuatorError(f"set_quota needs params.units, a count of at least 0, got {units!r}")
+        return qos, tres, units
+
+    def job_state(self, job: str) -> str:
+        return self._run([self.squeue, "-h", "-j", job, "-o", "%T"]).strip()
+
+    def qos_limit(self, qos: str) -> str:
+        return self._run([self.sacctmgr, "-n", "-P", "show", "qos", f"name={qos}", "format=GrpTRES"]).strip()
+
     def describe(self, action: Action) -> str:
         return "run " + " ".join(self.command(action))
 
@@ -79,8 +133,14 @@ class SlurmActuator(Actuator):
         return match.group(1) if match else ""
 
     def is_satisfied(self, action: Action) -> bool:
-        if action.kind in (ActionKind.REBOOT, ActionKind.RESTART_JOB):
+        if action.kind in (ActionKind.REBOOT, ActionKind.RESTART_JOB, ActionKind.PREEMPT_NOTICE):
             return False
+        if action.kind is ActionKind.PREEMPT:
+            # a job that no longer runs (requeued, preempted by Slurm itself, done) holds nothing to give back
+            return self.job_state(parse_entity(action.target)[1][0]) not in _RUNNING_STATES
+        if action.kind is ActionKind.SET_QUOTA:
+            qos, tres, units = self.quota(action)
+            return f"{tres}={units}" in self.qos_limit(qos).split(",")
         state = self.node_state(parse_entity(action.target)[1][0]).upper()
         draining = "DRAIN" in state
         return not draining if action.kind is ActionKind.UNCORDON else draining
