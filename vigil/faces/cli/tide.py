@@ -161,7 +161,7 @@ def apply_command(
     if as_json:
         typer.echo(json.dumps([a.model_dump(mode="json") for a in done], indent=2))
         return
-    table = Table(title=f"Tidal actions ({'dry-run' if remediator.dry_run else 'executed'})")
+    table = DataTable(title=f"Tidal actions ({'dry-run' if remediator.dry_run else 'executed'})")
     for column in ("action", "target", "status", "result"):
         table.add_column(column)
     for action in done:
