@@ -389,6 +389,7 @@ class ActionKind(enum.StrEnum):
     PREEMPT_NOTICE = "preempt_notice"
     PREEMPT = "preempt"
     SET_QUOTA = "set_quota"
+    DELETE_CHECKPOINT = "delete_checkpoint"  # a step directory a clean-up proposal named (vigil checkpoint clean)
 
     @property
     def destructive(self) -> bool:

@@ -163,3 +163,48 @@ def evals_command(
         scalars = ", ".join(f"{k}={v:.4g}" for k, v in sorted(r.metrics.items()))
         table.add_row(str(r.step), r.state.value, str(r.attempts), scalars, r.message)
     console.print(table)
+
+
+@app.command("clean")
+def clean_command(
+    directory: Annotated[Path, typer.Argument(help="one job's checkpoint directory (step-<N>/)")],
+    keep_last: Annotated[int, typer.Option("--keep-last", min=1, help="complete checkpoints to keep")] = 3,
+    partial_age: Annotated[
+        float, typer.Option("--partial-age", min=0.0, help="seconds untouched before a partial save is orphaned")
+    ] = 3600.0,
+    job: Annotated[str | None, typer.Option("--job", help="job name (default: the directory's name)")] = None,
+    execute: Annotated[bool, typer.Option("--execute", help="delete for real (default: dry-run)")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the audited actions as JSON")] = False,
+) -> None:
+    """Propose removing checkpoints beyond retention and orphaned partial saves, with du's sizes.
+
+    Every removal is a delete_checkpoint action through the remediator: dry-run unless --execute, an audit
+    record either way (`vigil remedy audit`), and the directory checked again right before it is deleted.
+    """
+    from vigil.checkpoint.cleanup import propose_cleanup
+    from vigil.model import job_id
+    from vigil.remedy.actuators.checkpoint import CheckpointCleanupActuator
+    from vigil.remedy.audit import AuditLog
+    from vigil.remedy.remediator import Remediator
+
+    name = job or directory.resolve().name
+    job_id(name)  # a name that cannot be an entity id is refused before anything is proposed
+    proposals = propose_cleanup(directory, keep_last, partial_age)
+    remediator = Remediator([CheckpointCleanupActuator([directory])], AuditLog(), dry_run=not execute,
+                            requested_by="vigil-cli")
+    actions = [remediator.execute(p.action(name, keep_last, partial_age)) for p in proposals]
+    if as_json:
+        typer.echo(json.dumps([a.model_dump(mode="json") for a in actions], indent=2))
+        return
+    table = DataTable(title=f"Clean-up of {directory} ({'executed' if execute else 'dry-run'})")
+    for column in ("step", "why", "size MB", "status", "result"):
+        table.add_column(column, overflow="fold")
+    for proposal, action in zip(proposals, actions, strict=True):
+        table.add_row(str(proposal.step), proposal.reason, f"{proposal.bytes / 1e6:.1f}", action.status.value,
+                      action.result)
+    freed = sum(p.bytes for p, a in zip(proposals, actions, strict=True) if a.status.value == "executed")
+    table.set_caption(f"{len(proposals)} proposals, {sum(p.bytes for p in proposals) / 1e6:.1f} MB; "
+                      f"{freed / 1e6:.1f} MB freed" + ("" if execute else " (dry-run: run with --execute)"))
+    console.print(table)
+    if any(a.status.value in ("failed", "refused") for a in actions):
+        raise typer.Exit(1)
