@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from vigil.knowledge.xid import xid_info
+
 RANKS_PER_NODE = 4
 BASE_TIME = 1_785_000_000.0  # 2026-07-25, a fixed epoch keeps the corpus reproducible
 
@@ -25,12 +27,14 @@ BASE_TIME = 1_785_000_000.0  # 2026-07-25, a fixed epoch keeps the corpus reprod
 @dataclass(frozen=True)
 class RootLabel:
     """Where the root error is: (file relative to the job directory, 1-based line); alternates are lines
-    that report the same fault at the same moment (the Xid and the CUDA error it causes)."""
+    that report the same fault at the same moment (the Xid and the CUDA error it causes). ``fault_type`` is the
+    fault type or finding of THE fault catalogue the root line establishes (an Xid's from THE Xid table), None
+    when it names none (an application error: a Python exception, a device-side assert, a full disk)."""
 
     kind: str
     source: str
     lineno: int
-    fault_type: str
+    fault_type: str | None
     rank: int | None
     alternates: tuple[tuple[str, int], ...] = ()
 
@@ -234,7 +238,7 @@ def _python_exception(job: _Job, r: int, t: float) -> RootLabel:
     _traceback(job, r, USER_FRAMES[:2], library=False)
     line = job.raw(r, "KeyError: 'input_ids'")
     _cascade(job, {r}, t, job.rng.choice(["timeout", "gloo"]))
-    return RootLabel("python_exception", job.rank_file(r), line, "python_exception", r)
+    return RootLabel("python_exception", job.rank_file(r), line, None, r)
 
 
 def _cuda_oom(job: _Job, r: int, t: float) -> RootLabel:
@@ -247,7 +251,7 @@ def _cuda_oom(job: _Job, r: int, t: float) -> RootLabel:
     )
     _cascade(job, {r}, t, "timeout")
     _late_decoy(job, {r}, t)
-    return RootLabel("cuda_oom", job.rank_file(r), line, "cuda_oom", r)
+    return RootLabel("cuda_oom", job.rank_file(r), line, "gpu_oom", r)
 
 
 def _illegal_memory_access(job: _Job, r: int, t: float) -> RootLabel:
@@ -261,7 +265,7 @@ def _illegal_memory_access(job: _Job, r: int, t: float) -> RootLabel:
     )
     job.raw(r, "For debugging consider passing CUDA_LAUNCH_BLOCKING=1")
     _cascade(job, {r}, t, "timeout")
-    return RootLabel("illegal_memory_access", job.rank_file(r), line, "cuda_illegal_memory_access", r)
+    return RootLabel("illegal_memory_access", job.rank_file(r), line, None, r)
 
 
 def _device_assert(job: _Job, r: int, t: float) -> RootLabel:
@@ -275,11 +279,11 @@ def _device_assert(job: _Job, r: int, t: float) -> RootLabel:
     alt = job.raw(r, "RuntimeError: CUDA error: device-side assert triggered")
     _cascade(job, {r}, t, "timeout")
     return RootLabel(
-        "device_assert", job.rank_file(r), line, "cuda_device_assert", r, ((job.rank_file(r), alt),)
+        "device_assert", job.rank_file(r), line, None, r, ((job.rank_file(r), alt),)
     )
 
 
-def _xid(job: _Job, r: int, t: float, code: int, text: str, rank_error: str | None, fault: str) -> RootLabel:
+def _xid(job: _Job, r: int, t: float, code: int, text: str, rank_error: str | None) -> RootLabel:
     node = job.node(r)
     line = job.kernel(
         node,
@@ -294,7 +298,7 @@ def _xid(job: _Job, r: int, t: float, code: int, text: str, rank_error: str | No
         job.log(r, t + 0.4, "ERROR", "worker exiting")
     _cascade(job, {r}, t, "timeout")
     _late_decoy(job, {r}, t)
-    return RootLabel(f"xid_{code}", job.node_file(node), line, fault, r, alternates)
+    return RootLabel(f"xid_{code}", job.node_file(node), line, xid_info(code).fault, r, alternates)
 
 
 def _ecc(job: _Job, r: int, t: float) -> RootLabel:
@@ -305,7 +309,6 @@ def _ecc(job: _Job, r: int, t: float) -> RootLabel:
         48,
         "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer",
         "RuntimeError: CUDA error: uncorrectable ECC error encountered",
-        "gpu_ecc_error",
     )
 
 
@@ -317,7 +320,6 @@ def _fallen_off_bus(job: _Job, r: int, t: float) -> RootLabel:
         79,
         "GPU has fallen off the bus.",
         "RuntimeError: CUDA error: unknown error",
-        "gpu_fallen_off_bus",
     )
 
 
@@ -330,7 +332,6 @@ def _gsp_timeout(job: _Job, r: int, t: float) -> RootLabel:
         "Timeout after 6s of waiting for RPC response from GPU1 GSP! Expected function 76 "
         "(GSP_RM_CONTROL) (0x20801813 0x4c).",
         None,
-        "gpu_gsp_error",
     )
     job.log(
         r,
@@ -367,7 +368,7 @@ def _ib_completion(job: _Job, r: int, t: float) -> RootLabel:
         "system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5",
     )
     _cascade(job, {r}, t, "remote")
-    return RootLabel("ib_completion_error", job.rank_file(r), line, "ib_completion_error", r)
+    return RootLabel("ib_completion_error", job.rank_file(r), line, None, r)
 
 
 def _link_flap(job: _Job, r: int, t: float) -> RootLabel:
@@ -379,7 +380,7 @@ def _link_flap(job: _Job, r: int, t: float) -> RootLabel:
     )
     job.log(r, t + 1, "ERROR", "NCCL error: unhandled system error, NCCL version 2.21.5")
     _cascade(job, {r}, t, "remote")
-    return RootLabel("nic_link_flap", job.node_file(node), line, "nic_link_flap", r)
+    return RootLabel("nic_link_flap", job.node_file(node), line, "link_down", r)
 
 
 def _host_oom(job: _Job, r: int, t: float) -> RootLabel:
@@ -396,7 +397,7 @@ def _host_oom(job: _Job, r: int, t: float) -> RootLabel:
         "anon-rss:498765432kB, file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:970000kB oom_score_adj:0",
     )
     _cascade(job, {r}, t, job.rng.choice(["remote", "gloo"]))
-    return RootLabel("host_oom_kill", job.node_file(node), line, "host_oom_kill", r)
+    return RootLabel("host_oom_kill", job.node_file(node), line, "host_oom", r)
 
 
 def _segfault(job: _Job, r: int, t: float) -> RootLabel:
@@ -416,7 +417,7 @@ def _segfault(job: _Job, r: int, t: float) -> RootLabel:
         "sp 00007f7c12fd7c30 error 4 in libnccl.so.2[7f7c7ac00000+d3d3000]",
     )
     _cascade(job, {r}, t, "remote")
-    return RootLabel("segfault", job.node_file(node), alt, "process_segfault", r, ((job.rank_file(r), line),))
+    return RootLabel("segfault", job.node_file(node), alt, "process_crash", r, ((job.rank_file(r), line),))
 
 
 def _filesystem(job: _Job, r: int, t: float) -> RootLabel:
@@ -424,7 +425,7 @@ def _filesystem(job: _Job, r: int, t: float) -> RootLabel:
     _traceback(job, r, [("/workspace/train.py", 301, "save_checkpoint")])
     line = job.raw(r, "OSError: [Errno 28] No space left on device: '/ckpt/run17/step_8000/model_03.pt'")
     _cascade(job, {r}, t, "timeout")
-    return RootLabel("filesystem_error", job.rank_file(r), line, "filesystem_error", r)
+    return RootLabel("filesystem_error", job.rank_file(r), line, None, r)
 
 
 def _nan_loss(job: _Job, r: int, t: float) -> RootLabel:
@@ -432,7 +433,7 @@ def _nan_loss(job: _Job, r: int, t: float) -> RootLabel:
     _traceback(job, r, [("/workspace/train.py", 166, "check_finite")], library=False)
     job.raw(r, "FloatingPointError: non-finite loss at step 8120")
     _cascade(job, {r}, t, "timeout")
-    return RootLabel("nan_loss", job.rank_file(r), line, "training_divergence", r)
+    return RootLabel("nan_loss", job.rank_file(r), line, "nan_loss", r)
 
 
 def _dataloader_oom(job: _Job, r: int, t: float) -> RootLabel:
@@ -449,7 +450,7 @@ def _dataloader_oom(job: _Job, r: int, t: float) -> RootLabel:
     alt = job.raw(r, f"RuntimeError: DataLoader worker (pid {worker}) is killed by signal: Killed. ")
     _cascade(job, {r}, t, "timeout")
     return RootLabel(
-        "dataloader_killed", job.node_file(node), line, "host_oom_kill", r, ((job.rank_file(r), alt),)
+        "dataloader_killed", job.node_file(node), line, "host_oom", r, ((job.rank_file(r), alt),)
     )
 
 

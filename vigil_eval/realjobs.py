@@ -79,8 +79,8 @@ def root_label(job: RealJob) -> RootLabel:
     for path in candidates:
         for lineno, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
             if pattern.search(line):
-                fault = {"exception": "python.exception", "nan": "nan_loss",
-                         "segfault": "process_crash", "kill": "launcher.worker_killed"}[job.mode]
+                # the fault catalogue's name for what the line establishes; an exception or a kill names none
+                fault = {"exception": None, "nan": "nan_loss", "segfault": "process_crash", "kill": None}[job.mode]
                 return RootLabel(f"real_{job.mode}", path.relative_to(job.directory).as_posix(), lineno, fault,
                                  job.culprit)
     raise RuntimeError(f"real job {job.directory}: the culprit's error line was not captured")

@@ -15,7 +15,8 @@ def test_kernel_events_become_rule_anomalies(shared_data: Path, tmp_path: Path) 
     node = topology.nodes[0]
     capture = (shared_data / "xid" / "log_samples" / "gpud_testdata_dmesg-with-xid-119.log").read_text()
     log = tmp_path / "kern.log"
-    log.write_text(capture + "[ 9.0] mce: [Hardware Error]: Machine check events logged\n")
+    log.write_text(capture + "[ 9.0] mce: [Hardware Error]: CPU 12: Machine Check Exception: 5 Bank 7: "
+                   "be00000000800400\n[ 9.1] mce: [Hardware Error]: Machine check events logged\n")
     # the capture names its GPU by PCI bus id only; say it is GPU 4 of this node, as NVML would
     kernel = KernelLogSource.from_file(log, node=node.name, gpu_index={"0000:9b:00": 4}.get, boot_time=0.0)
     events = kernel.collect(2e9).events

@@ -120,8 +120,10 @@ def test_unexpected_line_formats_are_counted_and_xids_still_found(caplog) -> Non
     "message, signature, level",
     [
         ("NVRM: GPU at PCI:0000:18:00: GPU has fallen off the bus.", "gpu_fallen_off_bus", FaultLevel.ISOLATE),
-        ("mce: [Hardware Error]: Machine check events logged", "mce", FaultLevel.DRAIN),
+        ("mce: [Hardware Error]: CPU 12: Machine Check Exception: 5 Bank 7: be00000000800400", "mce", FaultLevel.DRAIN),
+        ("mce: [Hardware Error]: Machine check events logged", "mce_logged", FaultLevel.OBSERVE),
         ("mlx5_core 0000:0c:00.0 ens1f0np0: Link down", "mlx5_link_down", FaultLevel.ISOLATE),
+        ("mlx5_core 0000:0c:00.0 ens1f0np0: Link up", "mlx5_link_up", FaultLevel.HEALTHY),
         ("mlx5_core 0000:0c:00.0: poll_health: device's health compromised", "mlx5_health", FaultLevel.ISOLATE),
         ("EXT4-fs (nvme0n1p1): Remounting filesystem read-only", "fs_readonly", FaultLevel.DRAIN),
         ("Out of memory: Killed process 1234 (python) total-vm:1kB", "oom_kill", FaultLevel.OBSERVE),

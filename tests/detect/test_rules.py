@@ -177,3 +177,28 @@ def test_ipmi_sel_records_are_read_by_sensor_type() -> None:
               message="Power Supply #0x51 | Failure detected | Deasserted"),
     ])
     assert [(a.entity, a.fault_type) for a in found] == [("node/n001", "psu_failure")]
+
+
+def _link_event(ts: float, state: str) -> Event:
+    nic = TOPO.nodes[1].nics[3]
+    return Event(ts=ts, entity=nic.id, kind="kernel", source="kernel", level=FaultLevel.ISOLATE,
+                 message=f"mlx5_core {nic.pci_bus_id} enp12s0np0: Link {state}",
+                 attrs={"signature": f"mlx5_link_{state}"})
+
+
+def test_a_link_that_comes_back_within_the_flap_window_is_a_flap_not_a_dead_link() -> None:
+    det = RuleDetector(TOPO)
+    found = det.update([], [_link_event(100.0, "down"), _link_event(102.0, "up")])
+    found += det.update([], [])
+    closed = det.close()
+    nic = TOPO.nodes[1].nics[3].id
+    assert {(a.entity, a.fault_type) for a in found} == {(nic, "link_flap")}
+    assert all(a.fault_type != "link_down" for a in closed)
+
+
+def test_a_link_that_stays_down_is_a_link_down_after_the_flap_window() -> None:
+    det = RuleDetector(TOPO)
+    nic = TOPO.nodes[1].nics[3].id
+    assert det.update([], [_link_event(100.0, "down")]) == []
+    later = det.update([gpu_frame(100.0 + det.t.link_flap_s)], [])
+    assert [(a.entity, a.fault_type, a.start) for a in later] == [(nic, "link_down", 100.0)]

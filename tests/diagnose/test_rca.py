@@ -96,6 +96,34 @@ def test_unrelated_noise_does_not_move_the_root_cause(kg: KnowledgeGraph) -> Non
     assert abs(sum(c.probability for c in result.causes) - 1.0) < 1e-6
 
 
+def test_a_fault_on_another_node_of_the_job_is_no_root_without_a_topology_path(kg: KnowledgeGraph) -> None:
+    # a thermal incident on one GPU; the job's evidence also holds a link down on another node
+    found = [anomaly("gpu/n002/3", "gpu_thermal", FaultLevel.DEGRADED)]
+    elsewhere = [anomaly("nic/n006/mlx5_1", "link_down", FaultLevel.ISOLATE)]
+    logs = [LogRecord(ts=T0 + 5, entity="node/n006", source="kernel",
+                      line="mlx5_core 0000:0c:00.0 enp12s0np0: Link down")]
+    result = analyze_incident(kg, incident_of(found), found + elsewhere, logs=logs)
+    assert ("gpu/n002/3", "gpu_thermal") in result.top(3)
+    # only causes with a path to the GPU: its node's devices, the switches above it - nothing on node n006
+    assert all(kg.node_of(entity) in ("node/n002", None) for entity, _ in result.top(10))
+    assert all(entity in kg.causes_of("gpu/n002/3") for entity, _ in result.top(10))
+
+
+def test_a_nic_fault_does_not_explain_the_nic_beside_it(kg: KnowledgeGraph) -> None:
+    reach = kg.causes_of("nic/n005/mlx5_2")
+    assert "node/n005" in reach and "switch/leaf01" in reach
+    assert "nic/n005/mlx5_3" not in reach
+    # through the node, a NIC's fault still reaches the ranks it carries
+    assert "nic/n005/mlx5_3" in kg.causes_of(kg.job_ranks["job/j00"][42])
+
+
+def test_two_concurrent_faults_are_the_first_two_causes(kg: KnowledgeGraph) -> None:
+    found = [anomaly("nic/n005/mlx5_2", "nic_lost", FaultLevel.ISOLATE),
+             anomaly("gpu/n005/3", "gpu_sbe_storm", FaultLevel.DEGRADED), anomaly("job/j00", "job_crash")]
+    result = analyze_incident(kg, incident_of(found), found)
+    assert set(result.top(2)) == {("nic/n005/mlx5_2", "nic_lost"), ("gpu/n005/3", "gpu_sbe_storm")}
+
+
 def test_no_evidence_gives_no_ranking_and_says_so(kg: KnowledgeGraph) -> None:
     found = [anomaly("gpu/n001/1", "something_unknown")]
     result = analyze_incident(kg, incident_of(found), found)

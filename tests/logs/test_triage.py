@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from vigil.knowledge.faults import fault_catalogue
 from vigil.logs.sources import discover
 from vigil.logs.triage import triage
 from vigil.model import FaultLevel, VigilInputError
@@ -24,6 +25,17 @@ def test_simulated_corpus_root_accuracy(tmp_path: Path) -> None:
         right += label.accepts(result.root.source, result.root.lineno) and result.root.rank == label.rank
     assert len(cases) == 3 * len(FAILURE_KINDS)
     assert right / len(cases) >= 0.95
+
+
+def test_corpus_labels_speak_the_fault_catalogue(tmp_path: Path) -> None:
+    catalogue = fault_catalogue()
+    for case, label in simulate_corpus(tmp_path, per_kind=1, seed=3):
+        assert label.fault_type is None or label.fault_type in {*catalogue.faults, *catalogue.findings}, label
+        result = triage(case)
+        if result.root is not None and result.root_basis == "signature" and label.accepts(result.root.source,
+                                                                                          result.root.lineno):
+            # where triage named the labelled line by a signature, both name the same fault (or none)
+            assert result.root.fault_type == label.fault_type, (label.kind, result.root.signature)
 
 
 def test_cascade_and_machine_faults(tmp_path: Path) -> None:

@@ -53,11 +53,14 @@ class Thresholds(BaseModel):
     throughput_ticks: int = 3
     hold_s: float = 60.0
     crash_memory_s: float = 300.0
+    # A NIC whose kernel "Link down" is followed this soon by "Link up" flapped; it is not a dead link.
+    link_flap_s: float = 30.0
 
 
 # The kernel-log decoder's signatures (vigil/sources/collect/kmsg.py) -> fault type or finding.
 KERNEL_FAULTS = {"mlx5_link_down": "link_down", "mlx5_health": "nic_lost", "rnic_gid_error": "rnic_gid_error",
-                 "mce": "cpu_mce", "fs_readonly": "fs_readonly", "gpu_fallen_off_bus": "gpu_lost",
+                 "mce": "cpu_mce", "mce_logged": "mce_logged", "fs_readonly": "fs_readonly",
+                 "gpu_fallen_off_bus": "gpu_lost",
                  "nvswitch_sxid": "nvswitch_error", "oom_kill": "host_oom", "segfault": "process_crash"}
 # The node agent's NVML and sysfs observations that have no metric, by event kind -> fault type. Everything else
 # those collectors see (link state and rate, link_downed, PCIe width, row-remap failure) is a metric the
@@ -175,6 +178,8 @@ class RuleDetector(StreamDetector):
         self.active: dict[tuple[str, str], Anomaly] = {}
         self.closed: list[Anomaly] = []
         self.unknown_xids = 0
+        # kernel link-down lines waiting link_flap_s for a link-up that makes them a flap
+        self._link_down_pending: dict[str, Event] = {}
         self._prev: dict[str, tuple[float, np.ndarray, list[str]]] = {}
         self._jobs: dict[str, _JobState] = {}
         self._grad_hist: dict[str, list[tuple[float, float]]] = {}
@@ -213,9 +218,19 @@ class RuleDetector(StreamDetector):
                 self.closed.append(self.active.pop(key))
 
     def close(self) -> list[Anomaly]:
+        self._judge_link_downs(float("inf"), None)
         self.closed.extend(self.active.values())
         self.active.clear()
         return self.closed
+
+    def _judge_link_downs(self, now: float, opened: list[Anomaly] | None) -> None:
+        """A kernel link-down that no link-up followed within link_flap_s is a link down."""
+        for entity, event in list(self._link_down_pending.items()):
+            if now - event.ts >= self.t.link_flap_s:
+                del self._link_down_pending[entity]
+                fault = KERNEL_FAULTS["mlx5_link_down"]
+                self._fire(event.ts, entity, fault, _level_or(fault, event.level), f"kernel: {event.message[:200]}",
+                           kind="event", opened=opened)
 
     # ---------------------------------------------------------------- the tick
 
@@ -230,6 +245,7 @@ class RuleDetector(StreamDetector):
             down_nodes = {node_frame.entities[int(i)] for i in np.flatnonzero(~(up > 0))}
         for event in events:
             self._event(event, opened)
+        self._judge_link_downs(ts, opened)
         for frame in frames:
             self._metric_rules(frame, down_nodes, opened)
         if "gpu" in by_family:
@@ -377,6 +393,14 @@ class RuleDetector(StreamDetector):
             self._fire(event.ts, event.entity, info.fault, info.level,
                        f"Xid {code} {info.mnemonic} ({info.bucket or 'no bucket'}): {event.message[:200]}",
                        kind="event", opened=opened, xid=code)
+        elif kind == "kernel" and attrs.get("signature") == "mlx5_link_down":
+            self._link_down_pending.setdefault(event.entity, event)
+        elif kind == "kernel" and attrs.get("signature") == "mlx5_link_up":
+            down = self._link_down_pending.pop(event.entity, None)
+            if down is not None:
+                self._fire(down.ts, event.entity, "link_flap", fault_level("link_flap"),
+                           f"kernel: link down, back up after {event.ts - down.ts:.0f} s: {down.message[:160]}",
+                           kind="event", opened=opened)
         elif kind == "kernel" and attrs.get("signature"):
             signature = str(attrs["signature"])
             fault = KERNEL_FAULTS.get(signature, signature)

@@ -53,6 +53,10 @@ IMPACT = {
     "rank_of": 0.9,  # rank -> job
     "nvlink": 0.4,  # gpu -> nvlink domain -> gpu
 }
+# A device's fault shows at its host (SIBLING_UP), a host's at its devices (SIBLING_DOWN); a path that goes up
+# and straight down again reaches a sibling device, which the device's fault does not touch.
+SIBLING_UP = frozenset({"nic_of"})
+SIBLING_DOWN = frozenset({"hosts_nic"})
 # A rank's fault stalls every collective of its job: symptoms on its peers are explained this strongly.
 PEER_IMPACT = 0.5
 
@@ -70,7 +74,7 @@ class KnowledgeGraph:
     _names: list[str] = field(default_factory=list, repr=False)
     _walk: sparse.csr_matrix | None = field(default=None, repr=False)
     _behind: dict[str, set[str]] = field(default_factory=dict, repr=False)
-    _impact_preds: dict[str, list[tuple[str, float]]] | None = field(default=None, repr=False)
+    _impact_preds: dict[str, list[tuple[str, float, str]]] | None = field(default=None, repr=False)
     _reach: dict[tuple[str, int], dict[str, float]] = field(default_factory=dict, repr=False)
 
     # ------------------------------------------------------------------ building
@@ -159,27 +163,31 @@ class KnowledgeGraph:
             return cached
         preds = self._predecessors()
         reach = {entity: 1.0}
-        frontier = deque([(entity, 1.0, 0)])
+        frontier = deque([(entity, 1.0, 0, "")])
         while frontier:
-            current, strength, depth = frontier.popleft()
+            current, strength, depth, came_by = frontier.popleft()
             if depth >= max_depth:
                 continue
-            for source, impact in preds.get(current, ()):
+            for source, impact, rel in preds.get(current, ()):
+                # up to the host and down to a sibling device is no causal path: one NIC's fault does not
+                # take down the NIC beside it
+                if came_by in SIBLING_DOWN and rel in SIBLING_UP:
+                    continue
                 value = strength * impact
                 if value > reach.get(source, 0.0):
                     reach[source] = value
-                    frontier.append((source, value, depth + 1))
+                    frontier.append((source, value, depth + 1, rel))
         if len(self._reach) < 200_000:
             self._reach[(entity, max_depth)] = reach
         return reach
 
-    def _predecessors(self) -> dict[str, list[tuple[str, float]]]:
+    def _predecessors(self) -> dict[str, list[tuple[str, float, str]]]:
         """Impact predecessors per entity as plain lists: the reverse walk's hot loop avoids graph views."""
         if self._impact_preds is None:
-            preds: dict[str, list[tuple[str, float]]] = {}
+            preds: dict[str, list[tuple[str, float, str]]] = {}
             for source, target, data in self.graph.edges(data=True):
                 if "impact" in data and self.graph.nodes[source].get("kind") != "nvlink":
-                    preds.setdefault(target, []).append((source, float(data["impact"])))
+                    preds.setdefault(target, []).append((source, float(data["impact"]), str(data.get("rel", ""))))
             self._impact_preds = preds
         return self._impact_preds
 

@@ -56,9 +56,15 @@ _LIBRARY = {s.id: s.regex for s in signature_library()}
 KERNEL_PATTERNS: list[tuple[re.Pattern[str], str, FaultLevel]] = [
     (_LIBRARY["nvrm.fallen_off_bus"], "gpu_fallen_off_bus", FaultLevel.ISOLATE),
     (re.compile(r"SXid \(PCI:(?P<pci>[0-9a-fA-F:.]+)\): (?P<code>\d+)"), "nvswitch_sxid", FaultLevel.DEGRADED),
+    # mce_notify_irq() prints this after logging any machine-check record, corrected ones included
+    # (arch/x86/kernel/cpu/mce/core.c): on its own it is not an uncorrectable error
+    (re.compile(r"mce: \[Hardware Error\]: Machine check events logged"), "mce_logged", FaultLevel.OBSERVE),
     (re.compile(r"mce: \[Hardware Error\]"), "mce", FaultLevel.DRAIN),
     (re.compile(r"[Rr]emounting filesystem read-only"), "fs_readonly", FaultLevel.DRAIN),
     (_LIBRARY["kernel.nic_link_down"], "mlx5_link_down", FaultLevel.ISOLATE),
+    # the link coming back (mlx5e_update_carrier's netdev_info "Link up"): a link-down shortly before was a flap
+    (re.compile(r"(?:mlx5_core|mlx4_core|bnxt_en|ice|i40e) (?P<nic_pci>[0-9a-fA-F:.]+)(?: [\w.\-]+)?: "
+                r"(?:Link up|Link is Up|link up)"), "mlx5_link_up", FaultLevel.HEALTHY),
     (
         re.compile(r"mlx5_core (?P<nic_pci>[0-9a-fA-F:.]+): .*(?:health compromised|internal error|unrecoverable)"),
         "mlx5_health",

@@ -14,6 +14,7 @@ Deterministic for a given seed: ``SimRun.ticks()`` regenerates the same stream e
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -275,6 +276,18 @@ class SimRun:
         bus = self.topology.nodes[node].gpus[gpu % self.config.gpus].pci_bus_id.rsplit(".", 1)[0]
         self.write_kernel(node, ts, f"NVRM: Xid (PCI:{bus}): {code}, pid={pid}, name=python, {message}")
         self._xid_marks.append((ts, gpu, code))
+
+    def relabel_xid(self, old: int, new: int) -> int:
+        """Rewrite every Xid ``old`` the run wrote (kernel lines and dcgm-exporter's last-Xid gauge) as ``new``,
+        the way a sibling code of the same fault family would appear; returns how many lines changed."""
+        pattern = re.compile(rf"(NVRM: Xid \(PCI:[0-9A-Fa-f:.]+\): ){old},")
+        changed = 0
+        for k, record in enumerate(self.logs):
+            if record.source == "kernel" and pattern.search(record.line):
+                self.logs[k] = record.model_copy(update={"line": pattern.sub(rf"\g<1>{new},", record.line)})
+                changed += 1
+        self._xid_marks = [(ts, gpu, new if code == old else code) for ts, gpu, code in self._xid_marks]
+        return changed
 
     def write_event(self, ts: float, entity: str, kind: str, source: str, message: str) -> None:
         self._event(ts, entity, kind, source, message)
