@@ -227,3 +227,29 @@ def test_acknowledge_is_recorded_with_who_did_it(page: Any, site: str, cluster: 
         assert "open → acknowledged" in change.inner_text() and change.locator("td.who").inner_text()
     finally:  # the session's cluster is shared: leave the incident as the other tests expect it
         cluster.store.set_incident_status(incident.id, IncidentStatus.OPEN, "test")
+
+
+def test_chat_panel_shows_each_tool_step_and_the_cited_answer(page: Any, site: str, cluster: SimCluster) -> None:
+    node = cluster.run.topology.nodes[1]
+    page.goto(f"{site}/ask")
+    page.fill("#chat-question", f"is node {node.name} healthy?")
+    page.click("#chat-send")
+    page.wait_for_function("document.getElementById('chat-status').textContent.startsWith('finished')")
+    events = page.evaluate("window.vigilEvents")
+    assert events[0] == "RUN_STARTED" and events[-1] == "RUN_FINISHED"
+    assert events.count("TOOL_CALL_START") == events.count("TOOL_CALL_RESULT") == 2
+    assert events.index("TOOL_CALL_RESULT") < events.index("TEXT_MESSAGE_START")  # steps shown before the answer
+    steps = page.locator("#chat-log ol.steps li")
+    assert steps.evaluate_all("els => els.map(e => e.dataset.tool)") == ["node_health", "incidents_touching"]
+    assert steps.evaluate_all("els => els.every(e => e.classList.contains('done'))")
+    assert f"'node': '{node.name}'" in steps.first.locator(".args").inner_text().replace('"', "'")
+    lines = page.locator("#chat-log .answer p.line").all_inner_texts()
+    level = cluster.store.node_health().get(node.id)
+    assert lines[0] == (f"Node {node.id} is at level {(level or FaultLevel.HEALTHY).label}. "
+                        "[health.nodes.0.node, health.nodes.0.level]")
+    assert all(line.endswith("]") for line in lines)  # every sentence names its citations
+    page.fill("#chat-question", "tell me a joke")
+    page.click("#chat-send")
+    page.wait_for_function("document.getElementById('chat-status').textContent === 'error'")
+    assert "no flow answers" in page.locator("#chat-log .message.error").inner_text()
+    shot(page, "chat")

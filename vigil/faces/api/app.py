@@ -16,7 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from vigil import __version__
 from vigil.config import Settings
 from vigil.config import settings as default_settings
-from vigil.faces.api import a2a, api, cluster_map, dashboard, ingest, runs
+from vigil.faces.api import a2a, api, chat, cluster_map, dashboard, ingest, runs
 from vigil.faces.api.auth import SignInRequired
 from vigil.faces.api.context import ServeContext
 from vigil.faces.api.dcgm import CONTENT_TYPE as DCGM_CONTENT_TYPE
@@ -120,6 +120,7 @@ def app_for_context(ctx: ServeContext) -> FastAPI:
     app.state.a2a_tasks = a2a.TaskBook()
     app.include_router(a2a.card_router)
     app.include_router(a2a.router)
+    app.include_router(chat.router)
     app.include_router(cluster_map.router)
     app.include_router(ingest.router)
     app.include_router(dashboard.router)

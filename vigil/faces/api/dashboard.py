@@ -71,6 +71,15 @@ def overview(request: Request) -> HTMLResponse:
     )
 
 
+@router.get("/ask", response_class=HTMLResponse)
+def ask_page(request: Request) -> HTMLResponse:
+    """The chat panel: questions go to /api/v1/agent/run, the answer and each tool step stream back as AG-UI
+    events (static/ask.js)."""
+    from vigil.faces.api.ask.planner import flows
+
+    return _page(request, "ask.html", examples=[q for f in flows() for q in f.examples[:1]])
+
+
 @router.get("/incidents", response_class=HTMLResponse)
 def incident_list(request: Request) -> HTMLResponse:
     ctx = _ctx(request)
