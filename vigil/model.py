@@ -50,12 +50,17 @@ __all__ = [
     "IncidentMemory",
     "IncidentStatus",
     "Job",
+    "LaunchReport",
+    "LaunchVerdict",
     "LogRecord",
     "Nic",
     "Node",
+    "RankPlacement",
+    "RankState",
     "RemediationStep",
     "Sample",
     "SimilarIncident",
+    "StepTelemetry",
     "Switch",
     "Topology",
     "VigilConflictError",
@@ -532,7 +537,8 @@ class Switch(Record):
 
 
 class Job(Record):
-    """A training job; ``placement[r]`` is the gpu id that rank r runs on."""
+    """A training job; ``placement[r]`` is the gpu id that rank r runs on (the node id for a rank that uses
+    no GPU, e.g. a CPU gloo job)."""
 
     id: str
     name: str = ""
@@ -643,3 +649,71 @@ class HangDiagnosis(BaseModel):
     @property
     def exit_code(self) -> int:
         return HANG_EXIT_CODES[self.verdict]
+
+
+# --------------------------------------------------------------------------- what `vigil launch` reports
+
+
+class RankPlacement(BaseModel):
+    """Where one rank runs: its node (as the node's agent names it) and GPU index (None: no GPU)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rank: int = Field(ge=0)
+    node: str = Field(min_length=1, max_length=200, pattern=rf"^{_NAME}$")
+    gpu: int | None = Field(default=None, ge=0)
+    pid: int | None = None
+
+
+class RankState(BaseModel):
+    """A rank's process as the launch supervisor sees it: running, or exited with its status (a negative
+    status is the signal that killed it, as Python's ``Popen.returncode`` reports it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rank: int = Field(ge=0)
+    exit_code: int | None = None
+
+
+class StepTelemetry(BaseModel):
+    """One look at the job's training progress: steps done and the latest step time (from the probe), loss,
+    gradient norm and tokens/s (from the ranks' heartbeat lines, when the script writes them). Non-finite
+    values travel as the strings "NaN" / "Infinity": a NaN loss is news, not a bad record."""
+
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
+
+    ts: float
+    steps: int = Field(ge=0)
+    step_time_s: float | None = None
+    loss: float | None = None
+    grad_norm: float | None = None
+    tokens_per_s: float | None = None
+    checkpointing: bool = False
+
+
+class LaunchVerdict(BaseModel):
+    """The supervisor's verdict on the job (the headline of its HangDiagnosis)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    verdict: HangVerdict
+    culprit_ranks: list[int] = Field(default_factory=list)
+    hang_kind: HangKind | None = None
+    root_error: str | None = Field(default=None, max_length=4096)
+    summary: str = Field(default="", max_length=4096)
+    exit_codes: dict[int, int] = Field(default_factory=dict, description="each exited rank's status")
+
+
+class LaunchReport(BaseModel):
+    """What one `vigil launch` tells the server: its ranks' placement and state, step telemetry since its last
+    report, and the verdict once the job ended. Every part is optional, so a report is sent when any changed."""
+
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
+
+    job: str = Field(min_length=1, max_length=200, pattern=rf"^{_NAME}$")
+    ts: float
+    world_size: int = Field(ge=1)
+    placement: list[RankPlacement] = Field(default_factory=list, max_length=100_000)
+    ranks: list[RankState] = Field(default_factory=list, max_length=100_000)
+    steps: list[StepTelemetry] = Field(default_factory=list, max_length=10_000)
+    verdict: LaunchVerdict | None = None

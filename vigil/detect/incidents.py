@@ -43,6 +43,7 @@ class _Group:
     id: str
     anomalies: list[Anomaly] = field(default_factory=list)
     merged_into: str | None = None
+    settled: bool = False
 
     @property
     def start(self) -> float:
@@ -202,6 +203,14 @@ class IncidentGrouper:
         self.groups.append(group)
         self._open[anchor] = group
 
+    def settle(self, anchor: str) -> None:
+        """The incident open on ``anchor`` is over now (a job that then finished normally), not after the
+        quiet time; a later anomaly there opens a new one."""
+        group = self._live(anchor)
+        if group is not None and group.anchor == anchor:
+            group.settled = True
+            del self._open[anchor]
+
     def forget(self, incident_ids: set[str]) -> None:
         """Drop finished incidents (and those merged into them) from memory; the store keeps them."""
         self.groups = [g for g in self.groups if g.id not in incident_ids and g.merged_into not in incident_ids]
@@ -234,7 +243,8 @@ class IncidentGrouper:
             title = f"{head.fault_type.replace('_', ' ')} on {scope}" + (
                 f" (+{effects} effect{'s' if effects > 1 else ''} on jobs)" if effects else "")
             evidence = [ev for a in sorted(group.anomalies, key=lambda a: a.start) for ev in a.evidence][:MAX_EVIDENCE]
-            status = IncidentStatus.RESOLVED if now - group.end > self.resolve_after_s else IncidentStatus.OPEN
+            quiet = group.settled or now - group.end > self.resolve_after_s
+            status = IncidentStatus.RESOLVED if quiet else IncidentStatus.OPEN
             out.append(Incident(id=group.id, title=title, scope=scope, entities=entities, start=group.start,
                                 end=group.end, level=group.level, fault_types=fault_types, status=status,
                                 anomalies=[a.id for a in group.anomalies], evidence=evidence))

@@ -172,7 +172,6 @@ class RuleDetector(StreamDetector):
     name = "rules"
 
     def __init__(self, topology: Topology, thresholds: Thresholds | None = None) -> None:
-        self.topology = topology
         self.t = thresholds or Thresholds()
         self.rules = _rules(self.t)
         self.active: dict[tuple[str, str], Anomaly] = {}
@@ -183,6 +182,13 @@ class RuleDetector(StreamDetector):
         self._prev: dict[str, tuple[float, np.ndarray, list[str]]] = {}
         self._jobs: dict[str, _JobState] = {}
         self._grad_hist: dict[str, list[tuple[float, float]]] = {}
+        self.set_topology(topology)
+
+    def set_topology(self, topology: Topology) -> None:
+        """Read placement, GPUs' nodes and NICs' rated speeds from a newer topology (a node registered, a job
+        started). The running state - open anomalies, the last frame for counter deltas, jobs' baselines -
+        stays, so a topology change neither re-opens nor forgets anything."""
+        self.topology = topology
         self._rank_of_gpu = {gpu: (job.id, r) for job in topology.jobs for r, gpu in enumerate(job.placement)}
         self._job_gpus = {job.entity: list(job.placement) for job in topology.jobs}
         self._node_of: dict[str, str] = {}
@@ -194,18 +200,25 @@ class RuleDetector(StreamDetector):
                 self._node_of[nic.id] = node.id
                 self._nic_rated[nic.id] = nic.speed_gbps
 
+    def resume(self, anomaly: Anomaly) -> None:
+        """Take up an anomaly stored before a restart as open, so the rule that keeps firing extends it
+        instead of opening a second one."""
+        self.active.setdefault((anomaly.entity, anomaly.fault_type), anomaly)
+
     # ---------------------------------------------------------------- anomaly bookkeeping
 
     def _fire(self, ts: float, entity: str, fault_type: str, level: FaultLevel, summary: str,
               kind: Literal["metric", "event", "peer"] = "metric", metric: str | None = None,
-              value: float | None = None, opened: list[Anomaly] | None = None, **attrs: object) -> None:
+              value: float | None = None, opened: list[Anomaly] | None = None,
+              context: dict[str, object] | None = None, **attrs: object) -> None:
         key = (entity, fault_type)
         anomaly = self.active.get(key)
         if anomaly is not None:
             anomaly.end = max(anomaly.end, ts)
             return
         evidence = Evidence(kind=kind, entity=entity, ts=ts, summary=summary, metric=metric,
-                            value=None if value is None or not np.isfinite(value) else float(value), attrs=attrs)
+                            value=None if value is None or not np.isfinite(value) else float(value),
+                            attrs={**(context or {}), **attrs})
         anomaly = Anomaly(entity=entity, start=ts, end=ts, detector=self.name, fault_type=fault_type, level=level,
                           evidence=[evidence])
         self.active[key] = anomaly
@@ -343,7 +356,8 @@ class RuleDetector(StreamDetector):
             if not progressing:
                 st.slow_ticks = 0
                 continue
-            if np.isnan(loss) or np.isinf(grad):
+            # NaN in a frame is also "never reported": a loss is NaN only for a job that has reported one.
+            if (np.isnan(loss) and np.isfinite(st.loss_mean)) or np.isinf(grad):
                 self._fire(frame.ts, job, "nan_loss", fault_level("nan_loss"), "training loss is NaN / gradient is inf",
                            metric="vigil_job_loss", value=loss, opened=opened)
             elif np.isfinite(st.loss_mean):
@@ -369,15 +383,21 @@ class RuleDetector(StreamDetector):
                     self._fire(frame.ts, job, "vanishing_gradient", fault_level("vanishing_gradient"),
                                f"gradient-norm average over {span:.0f} s is {avg:.4f} < {t.grad_norm_floor}",
                                metric="vigil_job_grad_norm", value=avg, opened=opened)
-            if np.isfinite(st.tokens_base) and tokens < t.throughput_ratio * st.tokens_base:
+            # Throughput against the job's own history: tokens/s where the job reports it, else its step rate.
+            pace, metric = (tokens, "vigil_job_tokens_per_second") if np.isfinite(tokens) else (
+                1.0 / max(step_time, 1e-9), "vigil_job_step_time_seconds")
+            if np.isfinite(st.tokens_base) and pace < t.throughput_ratio * st.tokens_base:
                 st.slow_ticks += 1
                 if st.slow_ticks >= t.throughput_ticks:
+                    what = (f"tokens/s {tokens:.0f}" if metric == "vigil_job_tokens_per_second"
+                            else f"step time {step_time:.3g} s")
                     self._fire(frame.ts, job, "throughput_drop", fault_level("throughput_drop"),
-                               f"tokens/s {tokens:.0f} is {tokens / st.tokens_base:.0%} of baseline",
-                               metric="vigil_job_tokens_per_second", value=tokens, opened=opened)
+                               f"{what} is {pace / st.tokens_base:.0%} of the job's baseline pace",
+                               metric=metric, value=tokens if metric == "vigil_job_tokens_per_second" else step_time,
+                               opened=opened)
             else:
                 st.slow_ticks = 0
-                st.tokens_base = tokens if np.isnan(st.tokens_base) else 0.9 * st.tokens_base + 0.1 * tokens
+                st.tokens_base = pace if np.isnan(st.tokens_base) else 0.9 * st.tokens_base + 0.1 * pace
 
     # ---------------------------------------------------------------- events
 
@@ -419,12 +439,28 @@ class RuleDetector(StreamDetector):
         elif kind == "job" and attrs.get("reason") == "crashed":
             self._jobs.setdefault(event.entity, _JobState()).last_crash_ts = event.ts
             exit_reason = str(attrs.get("exit_reason", ""))
+            where = _where(attrs)
             if "out of memory" in exit_reason.lower() and attrs.get("rank") is not None:
                 job_name = event.entity.split("/", 1)[1]
                 self._fire(event.ts, rank_id(job_name, int(str(attrs["rank"]))), "gpu_oom", fault_level("gpu_oom"),
-                           f"rank {attrs['rank']} died: {exit_reason}", kind="event", opened=opened)
+                           f"rank {attrs['rank']} died: {exit_reason}", kind="event", opened=opened, context=where)
             else:
                 rank = attrs.get("rank")
                 entity = event.entity if rank is None else rank_id(event.entity.split("/", 1)[1], int(str(rank)))
                 self._fire(event.ts, entity, "job_crash", fault_level("job_crash"),
-                           f"job crashed: {exit_reason[:200] or 'no exit reason'}", kind="event", opened=opened)
+                           f"job crashed: {exit_reason[:200] or 'no exit reason'}", kind="event", opened=opened,
+                           context=where)
+        elif kind == "job" and attrs.get("reason") == "hung" and attrs.get("rank") is not None:
+            # A launch supervisor's verdict names the rank the job waits on; the stall check on the job's
+            # telemetry stays quiet for it, as after a crash (the job has been stopped).
+            self._jobs.setdefault(event.entity, _JobState()).last_crash_ts = event.ts
+            rank = int(str(attrs["rank"]))
+            how = f" ({attrs['hang_kind']})" if attrs.get("hang_kind") else ""
+            self._fire(event.ts, rank_id(event.entity.split("/", 1)[1], rank), "job_hang", fault_level("job_hang"),
+                       f"rank {rank} hung{how}: {str(attrs.get('exit_reason') or event.message)[:200]}",
+                       kind="event", opened=opened, context=_where(attrs))
+
+
+def _where(attrs: dict[str, object]) -> dict[str, object]:
+    """Where a reported rank ran and how it ended, for the evidence."""
+    return {k: attrs[k] for k in ("node", "gpu", "exit_code", "signal") if attrs.get(k) is not None}

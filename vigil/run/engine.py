@@ -48,6 +48,7 @@ from vigil.remedy.notify import AlertmanagerNotifier, Notifier, WebhookNotifier
 from vigil.remedy.policy import PolicyEngine, load_policies
 from vigil.sources.collect.kube_jobs import KubernetesJobs
 from vigil.sources.collect.slurm import SlurmJobs, placement
+from vigil.sources.launch import JOB_ENDED
 from vigil.sources.promql import PromQLSource
 from vigil.store.metrics import MetricFrame
 from vigil.store.sql import MetricPush, Store
@@ -119,6 +120,15 @@ class LiveFrames:
             column = columns[metric] = len(columns)
             self._grow(family, len(self._rows[family]), len(columns))
         return column
+
+    def forget(self, entity: str) -> None:
+        """An entity that is gone for good (a job that ended): its values read NaN, not its last report."""
+        family = parse_entity(entity)[0]
+        row = self._rows.get(family, {}).get(entity)
+        if row is not None:
+            self._values[family][row, :] = np.nan
+        for reported in self._reported.values():
+            reported.discard(entity)
 
     def frames(self, ts: float) -> list[MetricFrame]:
         return [
@@ -213,7 +223,7 @@ class Engine:
             self.grouper.resume(incident, anomalies)
             for anomaly in anomalies:
                 self._anomalies[anomaly.id] = anomaly
-                self.detector.active.setdefault((anomaly.entity, anomaly.fault_type), anomaly)
+                self.detector.resume(anomaly)
             self._known[incident.id] = self._signature(incident, self.clock())
             self._notified[incident.id] = 0.0
         # The values before the cursor, so a counter that rose while the engine was down shows its rise.
@@ -221,6 +231,10 @@ class Engine:
         for push in replay[-self.batch:]:
             self.frames.apply(push.node, push.points)
         if replay:
+            # A job that ended in the replayed span has stopped reporting: its last values are not a stall.
+            for event in self.store.events(kind="job", since=min(p.ts for p in replay) - 1, limit=100_000):
+                if event.attrs.get("reason") in JOB_ENDED:
+                    self.frames.forget(event.entity)
             self._detect(self.frames.frames(max(p.ts for p in replay)), [], TickReport())
         self._started = True
 
@@ -306,6 +320,12 @@ class Engine:
             self._anomalies[anomaly.id] = anomaly
         report.anomalies += len(opened)
         self.grouper.add(opened)
+        for event in events:
+            if event.kind == "job" and event.attrs.get("reason") in JOB_ENDED:
+                # The job reports no more: its telemetry must not read as a stall from here on.
+                self.frames.forget(event.entity)
+                if event.attrs.get("reason") == "completed":
+                    self.grouper.settle(event.entity)
 
     def _publish(self, now: float, report: TickReport) -> None:
         news: list[Incident] = []
@@ -429,13 +449,7 @@ class Engine:
         self.topology_version = version
         self.topology = self.store.topology() or Topology()
         self._kg = None
-        old = self.detector
-        self.detector = RuleDetector(self.topology, old.t)
-        # The rules' running state (open anomalies, last frame for counter deltas, job baselines) carries over;
-        # only what the topology decides (placement, which node a GPU is on) is rebuilt.
-        for name in ("active", "closed", "unknown_xids", "_prev", "_jobs", "_grad_hist"):
-            if hasattr(old, name):
-                setattr(self.detector, name, getattr(old, name))
+        self.detector.set_topology(self.topology)
         self.grouper.set_topology(self.topology)
 
     def _save_cursor(self) -> None:

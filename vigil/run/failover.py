@@ -35,7 +35,7 @@ from vigil.precheck.runner import CheckOptions, run_local
 from vigil.remedy.actuators.base import Actuator, OutboxActuator
 from vigil.remedy.actuators.local import LocalActuator
 from vigil.remedy.audit import AuditLog
-from vigil.remedy.heartbeat import progress_path
+from vigil.remedy.heartbeat import ProgressTracker
 from vigil.remedy.jobspec import FAILOVER_ACTIONS, TrainingJob, load_jobspec
 from vigil.remedy.remediator import Remediator
 from vigil.run.launcher import free_port, prepare_out_dir, probe_command, probe_env, start_rank, torchrun_env
@@ -44,64 +44,6 @@ from vigil.run.supervise import Supervisor, SupervisorConfig
 from vigil.store.sql import Store, open_store
 
 POLL_S = 0.1
-
-
-@dataclass
-class RankProgress:
-    offset: int = 0
-    last_ts: float | None = None
-    last_step: int = 0
-    start_step: int | None = None
-    done: bool = False
-    metrics: list[tuple[float, dict[str, float]]] = field(default_factory=list)
-
-
-class ProgressTracker:
-    """Tails ``progress-rank<r>.jsonl`` (vigil.remedy.heartbeat): each line a step with its metrics (for
-    healthCheck conditions), a start (for the time to resume) or a done. Hangs are judged from the
-    probe's records, not from these lines."""
-
-    def __init__(self, run_dir: Path, world_size: int) -> None:
-        self.run_dir = run_dir
-        self.ranks = [RankProgress() for _ in range(world_size)]
-
-    def reset_attempt(self) -> None:
-        for rank in self.ranks:
-            rank.start_step, rank.done, rank.last_ts = None, False, None
-
-    def update(self) -> None:
-        for r, rank in enumerate(self.ranks):
-            path = progress_path(self.run_dir, r)
-            if not path.exists():
-                continue
-            with path.open() as stream:
-                stream.seek(rank.offset)
-                chunk = stream.read()
-            complete = chunk[: chunk.rfind("\n") + 1]
-            rank.offset += len(complete.encode())
-            for line in complete.splitlines():
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                rank.last_ts = time.time()
-                if record.get("event") == "start":
-                    rank.start_step = rank.last_step = int(record["step"])
-                elif record.get("event") == "done":
-                    rank.done = True
-                else:
-                    rank.last_step = int(record["step"])
-                    values = {k: float(v) for k, v in record.items() if k not in ("step", "ts")}
-                    rank.metrics.append((float(record["ts"]), values))
-
-    def window(self, metric: str, seconds: float, now: float) -> list[float]:
-        """Every rank's values of ``metric`` from the last ``seconds``."""
-        return [
-            values[metric]
-            for rank in self.ranks
-            for ts, values in rank.metrics
-            if ts >= now - seconds and metric in values
-        ]
 
 
 class LocalJob:

@@ -24,8 +24,10 @@ from pathlib import Path
 from vigil.diagnose.hang import HangDiagnosis
 from vigil.diagnose.timeline import TIMELINE_FILE
 from vigil.model import VigilInputError
+from vigil.remedy.heartbeat import RUN_DIR_ENV
 from vigil.run.nodes import CLAIM_FILE, NodeGroup
 from vigil.run.rank_procs import LAUNCHED_PATTERN, launcher_env, record_launched, signals_raise, stop_groups
+from vigil.run.report import LaunchReporter
 from vigil.run.supervise import EventSink, Supervisor, SupervisorConfig
 from vigil.sources.probe.activate import ENV_DIR, ENV_HANG_TIMEOUT
 from vigil.sources.probe.records import DIAGNOSIS_FILE, DUMP_REQUEST_FILE, FR_DIR, RUN_FILE, STACKS_FILE
@@ -109,12 +111,12 @@ def prepare_out_dir(out_dir: Path, ranks: range | None = None, shared: bool = Tr
     out_dir.mkdir(parents=True, exist_ok=True)
     if ranks is None:
         for pattern in ("rank*.json", "rank*.cur", "rank*.log", ".rank*.tmp", "node*.json", "stacks.node*.json",
-                        LAUNCHED_PATTERN.format(node="*")):
+                        LAUNCHED_PATTERN.format(node="*"), "progress-rank*.jsonl"):
             for path in out_dir.glob(pattern):
                 path.unlink()
     else:
         for rank in ranks:
-            for name in (f"rank{rank}.json", f"rank{rank}.cur", f"rank{rank}.log"):
+            for name in (f"rank{rank}.json", f"rank{rank}.cur", f"rank{rank}.log", f"progress-rank{rank}.jsonl"):
                 (out_dir / name).unlink(missing_ok=True)
     if shared:
         for name in (STACKS_FILE, RUN_FILE, DIAGNOSIS_FILE, DUMP_REQUEST_FILE, TIMELINE_FILE, CLAIM_FILE):
@@ -138,6 +140,7 @@ def launch(
     node_rank: int = 0,
     master_addr: str = "127.0.0.1",
     master_port: int | None = None,
+    reporter: LaunchReporter | None = None,
 ) -> HangDiagnosis:
     """Run SCRIPT as ``nproc`` ranks under the supervisor; returns the diagnosis also written to
     ``out_dir/diagnosis.json``. A hung, crashed or mismatched job is stopped before this returns.
@@ -170,6 +173,8 @@ def launch(
             for local, rank in enumerate(local_ranks):
                 rank_vars = torchrun_env(rank, world, port, local_rank=local, local_world_size=nproc,
                                          node_rank=node_rank, master_addr=master_addr, extra=env)
+                # Heartbeat lines (loss, gradient norm, tokens/s) go to the run directory too.
+                rank_vars.setdefault(RUN_DIR_ENV, str(out))
                 procs[rank] = start_rank(argv, probe_env(rank_vars, out, hang_timeout, flight_recorder),
                                          out / f"rank{rank}.log")
             record_launched(out, node_rank, procs)
@@ -184,6 +189,16 @@ def launch(
                 nodes.clear_own()
             supervisor = Supervisor(procs, out, config, on_event or (lambda message: None), nodes=nodes,
                                     world=world)
-            return supervisor.run()
+            if reporter is not None:
+                report = reporter
+                supervisor.watch = lambda s: report.watch(s.snapshots, s.exit_codes,
+                                                          {r: p.pid for r, p in s.procs.items()})
+            diagnosis = supervisor.run()
+            if reporter is not None:
+                reporter.finish(diagnosis)
+                reporter = None
+            return diagnosis
         finally:
+            if reporter is not None:
+                reporter.close()
             stop_groups(procs.values(), grace_s=0.0)

@@ -69,6 +69,8 @@ class Supervisor:
     # Several nodes: this supervisor's ranks are ``procs``; the job has ``world`` ranks in all.
     nodes: NodeGroup | None = None
     world: int | None = None
+    # Called after every step that reached no verdict (``vigil launch --server`` reports from here).
+    watch: Callable[[Supervisor], None] | None = None
     trigger: HangTrigger = field(init=False)
 
     def __post_init__(self) -> None:
@@ -88,6 +90,8 @@ class Supervisor:
             verdict = self.step()
             if verdict is not None:
                 return verdict
+            if self.watch is not None:
+                self.watch(self)
             time.sleep(self.config.tick_s)
 
     def step(self) -> HangDiagnosis | None:

@@ -7,6 +7,7 @@ validated as a whole before anything is written, so a bad record never costs wha
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -31,6 +32,7 @@ from vigil.model import (
     Incident,
     IncidentMemory,
     IncidentStatus,
+    Job,
     LogRecord,
     Node,
     Sample,
@@ -149,7 +151,8 @@ class Store:
         items = _validated(Sample, samples)
         if not items:
             return 0
-        points = [[s.metric, s.entity, s.value] for s in items]
+        # A NaN loss is news, and JSON (PostgreSQL's above all) has no NaN: non-finite values go as text.
+        points = [[s.metric, s.entity, s.value if math.isfinite(s.value) else str(s.value)] for s in items]
         with self.engine.begin() as conn:
             conn.execute(insert(t.metric_pushes).values(ts=max(s.ts for s in items), node=node, points=points))
         return len(items)
@@ -371,6 +374,24 @@ class Store:
             "cluster": layout.cluster if layout.cluster != "vigil" else topology.cluster,
             "nodes": sorted(nodes.values(), key=lambda n: n.name),
             "switches": layout.switches or topology.switches})
+        if merged == topology:
+            return self.topology_version()
+        return self.save_topology(merged, source=source)
+
+    def register_job(self, job: Job, source: str = "launch") -> int:
+        """A job and its ranks' placement as its launcher reports it, replacing the stored job of that id. A
+        node the job runs on that no agent registered yet is added bare (its agent fills in GPUs and NICs), so
+        incidents on the job have a node to be diagnosed on. Returns the topology version."""
+        job = _validated(Job, [job])[0]
+        topology = self.topology() or Topology()
+        nodes = {n.name: n for n in topology.nodes}
+        for placed in job.placement:
+            name = parse_entity(placed)[1][0]
+            nodes.setdefault(name, Node(name=name))
+        jobs = [job if j.id == job.id else j for j in topology.jobs]
+        merged = topology.model_copy(update={
+            "nodes": sorted(nodes.values(), key=lambda n: n.name),
+            "jobs": jobs if job in jobs else [*jobs, job]})
         if merged == topology:
             return self.topology_version()
         return self.save_topology(merged, source=source)

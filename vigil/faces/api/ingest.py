@@ -1,6 +1,7 @@
-"""What node agents send between scrapes: their inventory (the topology is built from it) and metric samples.
+"""What node agents send between scrapes (their inventory, from which the topology is built, and metric
+samples) and what `vigil launch` reports (a job's placement, rank exits, step telemetry, the verdict).
 
-The live engine (vigil/run/engine.py) reads both from the store; these routes only validate and store.
+The live engine (vigil/run/engine.py) reads them from the store; these routes only validate and store.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from pydantic import BaseModel, Field
 
 from vigil.faces.api.auth import Identity, check_operator, check_read
 from vigil.faces.api.context import ServeContext
-from vigil.model import Node, Sample, VigilInputError, node_of
+from vigil.model import LaunchReport, Node, Sample, Topology, VigilInputError, node_of
+from vigil.sources.launch import report_events, report_job, report_samples
 
 router = APIRouter(prefix="/api/v1", tags=["agents"], dependencies=[Depends(check_read)])
 Writer = Annotated[Identity, Depends(check_operator)]
@@ -41,6 +43,13 @@ class Stored(BaseModel):
 class Registered(BaseModel):
     node: str
     topology_version: int
+
+
+class LaunchStored(BaseModel):
+    job: str
+    placed: bool
+    samples: int
+    events: int
 
 
 class EngineProgress(BaseModel):
@@ -79,3 +88,20 @@ def register_inventory(node: Annotated[Node, Body()], ctx: Ctx, user: Writer) ->
     version = ctx.store.register_node(node)
     ctx.invalidate()
     return Registered(node=node.name, topology_version=version)
+
+
+@router.post("/launches", status_code=201)
+def report_launch(body: LaunchReport, ctx: Ctx, user: Writer) -> LaunchStored:
+    """A `vigil launch` report: the job's rank -> node / GPU placement into the topology (before the rest, so
+    the engine places what follows), step telemetry as the job's samples, rank exits and the verdict as events."""
+    known = next((j for j in (ctx.store.topology() or Topology()).jobs if j.id == body.job), None)
+    job = report_job(body, known)
+    if job is not None:
+        ctx.store.register_job(job)
+        ctx.invalidate()
+    samples = report_samples(body)
+    if samples:
+        ctx.store.add_samples(f"launch:{body.job}", samples)
+    events = report_events(body)
+    ctx.store.add_events(events)
+    return LaunchStored(job=body.job, placed=job is not None, samples=len(samples), events=len(events))

@@ -14,7 +14,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -91,6 +91,14 @@ def script_command(
     master_port: Annotated[
         int | None, typer.Option("--master-port", help="rendezvous port on node 0 (needed with --nnodes > 1)")
     ] = None,
+    server: Annotated[
+        str | None,
+        typer.Option("--server", help="Vigil server to report placement, telemetry and verdict to "
+                     "(default: the server_url setting, VIGIL_SERVER_URL)"),
+    ] = None,
+    job: Annotated[
+        str | None, typer.Option("--job", help="job name on the server (default: the run directory's name)")
+    ] = None,
 ) -> None:
     """Start SCRIPT as an N-rank torch.distributed job; on a hang, crash or mismatch say who and why.
 
@@ -113,6 +121,8 @@ def script_command(
         run_dir.mkdir(parents=True, exist_ok=True)
     else:
         run_dir = new_run_dir(out, script.stem)
+    reporter = _reporter(server, job or run_dir.resolve().name, nproc_per_node * nnodes, nproc_per_node, run_dir,
+                         node_rank)
     # A terminated launcher must not orphan its ranks: turn SIGTERM into an exit that runs launch's cleanup.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
@@ -133,6 +143,7 @@ def script_command(
             node_rank=node_rank,
             master_addr=master_addr,
             master_port=master_port,
+            reporter=reporter,
         )
     if as_json:
         typer.echo(diagnosis.model_dump_json(indent=2))
@@ -140,6 +151,28 @@ def script_command(
         print_diagnosis(diagnosis, SafeConsole())
         console.print(f"diagnosis written to {run_dir / 'diagnosis.json'}", highlight=False, markup=False)
     raise typer.Exit(diagnosis.exit_code)
+
+
+def _reporter(server: str | None, job: str, world: int, nproc: int, run_dir: Path, node_rank: int) -> Any:
+    """The server reporter when a server is named (flag, else settings); None otherwise."""
+    from vigil.config import settings
+    from vigil.model import LaunchReport
+    from vigil.run.report import LaunchReporter
+
+    config = settings()
+    url = server if server is not None else config.server_url
+    if not url:
+        return None
+    if not url.startswith(("http://", "https://")):
+        raise VigilInputError(f"--server {url!r}: expected an http:// or https:// URL")
+    try:
+        LaunchReport(job=job, ts=0.0, world_size=world)
+    except ValueError:
+        raise VigilInputError(f"--job {job!r}: expected letters, digits and . _ : - (starting with a letter or "
+                              "digit)") from None
+    return LaunchReporter(url, job, world, nproc, run_dir.resolve(), token=config.server_token or config.api_token,
+                          node_rank=node_rank, interval_s=config.report_interval_s,
+                          warn=lambda message: console.print(message, highlight=False, markup=False))
 
 
 @app.command("job")

@@ -1,0 +1,234 @@
+"""What `vigil launch --server` reports, through the real route into the store and the live engine: the job's
+placement, rank exits, step telemetry and the verdict become incidents on the right rank, node and job."""
+
+from __future__ import annotations
+
+import math
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.run.test_engine import Clock
+from vigil.config import Settings
+from vigil.faces.api.app import create_app
+from vigil.model import (
+    HangDiagnosis,
+    IncidentStatus,
+    LaunchReport,
+    LaunchVerdict,
+    RankPlacement,
+    RankState,
+    RankStatus,
+    StepTelemetry,
+)
+from vigil.remedy.heartbeat import Heartbeat
+from vigil.run.engine import Engine
+from vigil.run.report import LaunchReporter, gpu_indices
+from vigil.sources.probe.records import RankSnapshot
+from vigil.store.sql import Store
+
+TOKEN = "launch-token"
+PLACEMENT = [RankPlacement(rank=0, node="n01", gpu=0), RankPlacement(rank=1, node="n01", gpu=1),
+             RankPlacement(rank=2, node="n02", gpu=0), RankPlacement(rank=3, node="n02", gpu=1)]
+
+
+class Launch:
+    """A store, the server's real app in front of it, and an engine on a controlled clock."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.settings = Settings(home=tmp_path, api_token=TOKEN, resolve_after_s=600.0)
+        self.store = Store(self.settings.database_url())
+        self.clock = Clock()
+        self.engine = Engine(self.store, self.settings, notifiers=[], clock=self.clock)
+        self.client = TestClient(create_app(self.store, settings=self.settings))
+        self.step = 0
+
+    def report(self, job: str = "llm", **parts: object) -> dict[str, object]:
+        body = LaunchReport(job=job, ts=self.clock.now, world_size=4, placement=PLACEMENT, **parts)  # type: ignore[arg-type]
+        response = self.client.post("/api/v1/launches", content=body.model_dump_json(),
+                                    headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
+        assert response.status_code == 201, response.text
+        result: dict[str, object] = response.json()
+        return result
+
+    def train(self, ticks: int, step_time: float = 0.5, loss: float | None = 2.0, job: str = "llm") -> None:
+        """Ticks of a healthy job: 20 steps per tick, the loss drifting down slowly."""
+        for _ in range(ticks):
+            self.clock.now += 10.0
+            self.step += 20
+            self.report(job, steps=[StepTelemetry(ts=self.clock.now, steps=self.step, step_time_s=step_time,
+                                                  loss=loss, grad_norm=1.0)])
+            self.engine.tick()
+            if loss is not None:
+                loss *= 0.999
+
+    def end(self, verdict: LaunchVerdict, ranks: list[RankState] | None = None, job: str = "llm") -> None:
+        self.clock.now += 1.0
+        self.report(job, ranks=ranks or [], verdict=verdict)
+        self.engine.tick()
+
+    def open_incidents(self) -> list[dict[str, object]]:
+        incidents: list[dict[str, object]] = self.client.get("/api/v1/incidents").json()
+        return [i for i in incidents if i["status"] == "open"]
+
+
+@pytest.fixture
+def launch(tmp_path: Path) -> Iterator[Launch]:
+    state = Launch(tmp_path)
+    with state.client:
+        yield state
+
+
+def test_placement_registers_the_job_and_its_nodes(launch: Launch) -> None:
+    assert launch.report(steps=[])["placed"] is True
+    topology = launch.store.topology()
+    assert topology is not None
+    assert [j.placement for j in topology.jobs] == [["gpu/n01/0", "gpu/n01/1", "gpu/n02/0", "gpu/n02/1"]]
+    assert [n.name for n in topology.nodes] == ["n01", "n02"]
+    version = launch.store.topology_version()
+    launch.report(steps=[])
+    assert launch.store.topology_version() == version  # the same placement again is no new version
+
+
+def test_report_needs_the_token_and_a_well_formed_body(launch: Launch) -> None:
+    body = LaunchReport(job="llm", ts=1.0, world_size=1).model_dump_json()
+    assert launch.client.post("/api/v1/launches", content=body).status_code == 401
+    bad = launch.client.post("/api/v1/launches", json={"job": "no spaces", "ts": 1, "world_size": 1},
+                             headers={"Authorization": f"Bearer {TOKEN}"})
+    assert bad.status_code == 422 and "job" in bad.text
+
+
+def test_killed_rank_becomes_a_crash_incident_on_its_rank_node_and_job(launch: Launch) -> None:
+    launch.train(6)
+    assert launch.open_incidents() == []
+    launch.clock.now += 2.0
+    launch.report(ranks=[RankState(rank=2, exit_code=-9)])
+    launch.end(LaunchVerdict(verdict="crash", culprit_ranks=[2], hang_kind="process_dead",
+                             root_error="rank 2: killed: killed by signal SIGKILL", exit_codes={2: -9, 0: -15}))
+    [incident] = launch.open_incidents()
+    assert incident["scope"] == "job/llm/rank/2" and incident["fault_types"] == ["job_crash"]
+    [evidence] = incident["evidence"]  # type: ignore[misc]
+    assert evidence["attrs"] == {"node": "n02", "gpu": 0, "exit_code": -9}
+    diagnosis = launch.client.get(f"/api/v1/incidents/{incident['id']}/diagnosis").json()
+    assert diagnosis["root_cause"]["entity"] == "job/llm/rank/2"
+    exits = launch.client.get("/api/v1/events?kind=rank_exit").json()
+    assert [(e["entity"], e["attrs"]["signal"], e["attrs"]["node"]) for e in exits] == [
+        ("job/llm/rank/2", "SIGKILL", "n02")]
+    # The crashed job reports no more: its last telemetry is no stall, however long the engine goes on.
+    for _ in range(20):
+        launch.clock.now += 10.0
+        launch.engine.tick()
+    assert [i["scope"] for i in launch.open_incidents()] == ["job/llm/rank/2"]
+
+
+def test_hang_verdict_names_the_culprit_rank(launch: Launch) -> None:
+    launch.train(4)
+    launch.end(LaunchVerdict(verdict="hang", culprit_ranks=[1], hang_kind="not_enqueued",
+                             summary="rank 1 never entered all_reduce #12"))
+    [incident] = launch.open_incidents()
+    assert incident["scope"] == "job/llm/rank/1" and incident["fault_types"] == ["job_hang"]
+    diagnosis = launch.client.get(f"/api/v1/incidents/{incident['id']}/diagnosis").json()
+    assert diagnosis["root_cause"]["entity"] == "job/llm/rank/1"
+    assert diagnosis["root_cause"]["fault_type"] == "job_hang"
+
+
+def test_nan_loss_opens_an_incident_that_closes_when_the_job_ends_normally(launch: Launch) -> None:
+    launch.train(5)
+    launch.train(1, loss=math.nan)
+    [incident] = launch.open_incidents()
+    assert incident["scope"] == "job/llm" and incident["fault_types"] == ["nan_loss"]
+    launch.train(2)
+    launch.end(LaunchVerdict(verdict="ok"))
+    assert launch.open_incidents() == []
+    stored = launch.store.incident(str(incident["id"]))
+    assert stored is not None and stored.status is IncidentStatus.RESOLVED
+
+
+def test_job_without_loss_is_judged_on_its_step_time(launch: Launch) -> None:
+    launch.train(8, loss=None)
+    assert launch.open_incidents() == []
+    launch.train(4, step_time=0.8, loss=None)
+    [incident] = launch.open_incidents()
+    assert incident["fault_types"] == ["throughput_drop"]
+    assert "step time 0.8 s" in str(incident["evidence"])
+
+
+def test_loss_spike_against_the_jobs_own_history(launch: Launch) -> None:
+    launch.train(8)
+    launch.train(1, loss=9.0)
+    [incident] = launch.open_incidents()
+    assert incident["fault_types"] == ["loss_spike"]
+
+
+# --------------------------------------------------------------------------- the reporter
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _snapshot(rank: int, steps: int) -> RankSnapshot:
+    now = time.time()
+    return RankSnapshot(rank=rank, world_size=2, pid=100 + rank, host="n01.example", heartbeat=now, started=now,
+                        steps=steps, step_times=[0.25] if steps > 1 else [])
+
+
+def test_reporter_with_no_server_warns_once_and_never_blocks(tmp_path: Path) -> None:
+    warnings: list[str] = []
+    reporter = LaunchReporter(f"http://127.0.0.1:{_closed_port()}", "llm", 2, 2, tmp_path, node="n01",
+                              gpus=[None, None], interval_s=0.05, warn=warnings.append)
+    began = time.monotonic()
+    for steps in range(1, 40):
+        reporter.watch({0: _snapshot(0, steps), 1: _snapshot(1, steps)}, {0: None, 1: None}, {0: 100, 1: 101})
+        time.sleep(0.01)
+    reporter.finish(HangDiagnosis(verdict="ok"), wait_s=2.0)
+    assert time.monotonic() - began < 5.0
+    assert reporter.failures >= 1 and reporter.sent == 0
+    assert len(warnings) == 1, warnings
+    assert "unreachable" in warnings[0] and "training goes on" in warnings[0]
+
+
+def test_reporter_sends_placement_telemetry_and_verdict(launch: Launch, tmp_path: Path) -> None:
+    beats = [Heartbeat(tmp_path, rank=r) for r in range(2)]
+    sent: list[LaunchReport] = []
+
+    def post(request: httpx.Request) -> httpx.Response:
+        """The server's real app behind the reporter's HTTP client."""
+        sent.append(LaunchReport.model_validate_json(request.content))
+        response = launch.client.post("/api/v1/launches", content=request.content, headers=dict(request.headers))
+        return httpx.Response(response.status_code, content=response.content)
+
+    reporter = LaunchReporter("http://vigil.test", "llm", 2, 2, tmp_path, node="n01", gpus=[0, 1],
+                              interval_s=0.0, token=TOKEN, transport=httpx.MockTransport(post))
+    for step in range(1, 5):
+        for r, beat in enumerate(beats):
+            beat.step(step, loss=2.0 - 0.1 * step + r, grad_norm=0.5 * (r + 1), tokens_per_s=1000.0)
+        reporter.watch({0: _snapshot(0, step), 1: _snapshot(1, step)}, {0: None, 1: None}, {0: 100, 1: 101})
+    reporter.watch({0: _snapshot(0, 4), 1: _snapshot(1, 4)}, {0: None, 1: -9}, {0: 100, 1: 101})
+    reporter.finish(HangDiagnosis(verdict="crash", culprit_ranks=[1], root_error="rank 1 killed",
+                                  ranks=[RankStatus(rank=0, state="stopped", exit_code=-15),
+                                         RankStatus(rank=1, state="dead", exit_code=-9)]), wait_s=10.0)
+    assert reporter.sent == len(sent) and reporter.failures == 0
+    assert sent[0].placement == [RankPlacement(rank=0, node="n01", gpu=0, pid=100),
+                                 RankPlacement(rank=1, node="n01", gpu=1, pid=101)]
+    steps = [s for report in sent for s in report.steps]
+    assert steps[-1].steps == 4 and steps[-1].step_time_s == 0.25
+    assert steps[-1].loss == pytest.approx(2.1) and steps[-1].grad_norm == 1.0 and steps[-1].tokens_per_s == 2000.0
+    assert [(s.rank, s.exit_code) for r in sent for s in r.ranks] == [(1, -9), (0, -15)]
+    assert sent[-1].verdict is not None and sent[-1].verdict.exit_codes == {0: -15, 1: -9}
+    topology = launch.store.topology()
+    assert topology is not None and topology.jobs[0].placement == ["gpu/n01/0", "gpu/n01/1"]
+
+
+def test_gpu_indices_follow_cuda_visible_devices() -> None:
+    assert gpu_indices(2, {"CUDA_VISIBLE_DEVICES": "4,5"}) == [4, 5]
+    assert gpu_indices(3, {"CUDA_VISIBLE_DEVICES": "4,5"}) == [4, 5, None]
+    assert gpu_indices(2, {"CUDA_VISIBLE_DEVICES": ""}) == [None, None]
+    assert gpu_indices(2, {"CUDA_VISIBLE_DEVICES": "GPU-8a1f"}) == [None, None]

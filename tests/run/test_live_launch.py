@@ -1,0 +1,138 @@
+"""A real job under `vigil launch --server` reporting to a real `vigil serve` (engine inside): a rank killed
+with SIGKILL becomes a crash incident on that rank, its node and its job; a rank stuck in its own code becomes
+a hang incident naming it; a server that is not there costs the job one warning line and nothing else."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.run.test_live import _answers, _env, _start
+from tests.serve.conftest import TOKEN, free_port, wait_for
+from vigil.run.report import gpu_indices
+from vigil.sources.collect.base import default_node_name
+from vigil.sources.probe.records import snapshot_path
+
+pytestmark = pytest.mark.slow
+
+JOB = Path(__file__).with_name("heartbeat_job.py")
+
+
+@dataclass
+class Server:
+    url: str
+    log: Path
+
+    def get(self, path: str) -> Any:
+        response = httpx.get(self.url + path, timeout=10)
+        response.raise_for_status()
+        return response.json()
+
+    def incidents(self, job: str) -> list[dict[str, Any]]:
+        return [i for i in self.get("/api/v1/incidents") if i["scope"].startswith(f"job/{job}")]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    tmp = tmp_path_factory.mktemp("serve")
+    port = free_port()
+    with ExitStack() as stack:
+        env = _env(VIGIL_HOME=str(tmp / "home"), VIGIL_API_TOKEN=TOKEN, VIGIL_ENGINE_INTERVAL_S="0.5")
+        _start(stack, [sys.executable, "-m", "vigil", "serve", "--port", str(port)], tmp / "serve.log", env)
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: _answers(url + "/api/v1/health"), 60, "vigil serve to answer")
+        yield Server(url, tmp / "serve.log")
+
+
+def _launch(tmp: Path, server_url: str, job: str, *args: str) -> subprocess.Popen[bytes]:
+    env = _env(VIGIL_SERVER_TOKEN=TOKEN, VIGIL_REPORT_INTERVAL_S="0.5")
+    command = [sys.executable, "-m", "vigil", "launch", "script", str(JOB), "--nproc-per-node", "2",
+               "--hang-timeout", "3", "--out", str(tmp / "run"), "--server", server_url, "--job", job, "--", *args]
+    with (tmp / "launch.log").open("wb") as log:
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+def _finish(launch: subprocess.Popen[bytes], timeout_s: float = 120) -> int:
+    try:
+        return launch.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        launch.terminate()  # the launcher stops its own ranks on SIGTERM
+        launch.wait(timeout=30)
+        raise
+
+
+def _placed(server: Server, job: str) -> list[str]:
+    jobs = {j["id"]: j for j in server.get("/api/v1/topology")["jobs"]}
+    return list(jobs[job]["placement"]) if job in jobs else []
+
+
+def _expected_placement() -> list[str]:
+    node = default_node_name()
+    return [f"node/{node}" if gpu is None else f"gpu/{node}/{gpu}" for gpu in gpu_indices(2)]
+
+
+def test_killed_rank_becomes_a_crash_incident_on_its_rank_node_and_job(server: Server, tmp_path: Path) -> None:
+    job = "e2e-crash"
+    launch = _launch(tmp_path, server.url, job, "--steps", "100000")
+    try:
+        wait_for(lambda: _placed(server, job) == _expected_placement(), 60, "the job's placement on the server")
+        # Training has been reported for a while (telemetry is pushed every 0.5 s) and is healthy.
+        pushes = server.get("/api/v1/engine")["pushes"]
+        wait_for(lambda: server.get("/api/v1/engine")["pushes"] >= pushes + 6, 60, "step telemetry to arrive")
+        assert server.incidents(job) == []
+        rank1 = json.loads(snapshot_path(tmp_path / "run", 1).read_text())
+        assert rank1["steps"] > 2
+        os.kill(int(rank1["pid"]), signal.SIGKILL)
+        assert _finish(launch) == 3, (tmp_path / "launch.log").read_text()[-3000:]
+    finally:
+        if launch.poll() is None:
+            launch.terminate()
+            launch.wait(timeout=30)
+    wait_for(lambda: len(server.incidents(job)) == 1, 30, "the crash incident")
+    [incident] = server.incidents(job)
+    assert incident["scope"] == f"job/{job}/rank/1"
+    assert incident["fault_types"] == ["job_crash"] and incident["status"] == "open"
+    [evidence] = incident["evidence"]
+    assert evidence["attrs"]["node"] == default_node_name() and evidence["attrs"]["exit_code"] == -9
+    assert "SIGKILL" in evidence["summary"]
+    diagnosis = server.get(f"/api/v1/incidents/{incident['id']}/diagnosis")
+    assert diagnosis["root_cause"]["entity"] == f"job/{job}/rank/1"
+    exits = server.get("/api/v1/events?kind=rank_exit")
+    assert {(e["entity"], e["attrs"].get("signal")) for e in exits if e["entity"].startswith(f"job/{job}/")} >= {
+        (f"job/{job}/rank/1", "SIGKILL")}
+
+
+def test_hung_rank_becomes_a_hang_incident_naming_it(server: Server, tmp_path: Path) -> None:
+    job = "e2e-hang"
+    launch = _launch(tmp_path, server.url, job, "--steps", "100000", "--hang-rank", "1", "--at-step", "15")
+    try:
+        assert _finish(launch) == 4, (tmp_path / "launch.log").read_text()[-3000:]
+    finally:
+        if launch.poll() is None:
+            launch.terminate()
+            launch.wait(timeout=30)
+    wait_for(lambda: len(server.incidents(job)) == 1, 30, "the hang incident")
+    [incident] = server.incidents(job)
+    assert incident["scope"] == f"job/{job}/rank/1" and incident["fault_types"] == ["job_hang"]
+    assert incident["evidence"][0]["attrs"]["node"] == default_node_name()
+    diagnosis = server.get(f"/api/v1/incidents/{incident['id']}/diagnosis")
+    assert diagnosis["root_cause"]["entity"] == f"job/{job}/rank/1"
+
+
+def test_launch_without_its_server_trains_and_warns_once(tmp_path: Path) -> None:
+    launch = _launch(tmp_path, f"http://127.0.0.1:{free_port()}", "e2e-alone", "--steps", "30")
+    assert _finish(launch) == 0
+    output = (tmp_path / "launch.log").read_text()
+    assert sum("unreachable" in line for line in output.splitlines()) == 1, output[-3000:]
+    assert json.loads((tmp_path / "run" / "diagnosis.json").read_text())["verdict"] == "ok"

@@ -1,0 +1,259 @@
+"""`vigil launch --server URL`: the launch supervisor tells the Vigil server what it sees.
+
+The job and its rank -> node / GPU placement once every rank is placed, each rank's exit as it happens, step
+telemetry every ``interval_s`` (steps and step time from the probes, loss, gradient norm and tokens/s from the
+ranks' heartbeat lines) and the verdict when the job ends; the server's engine turns them into incidents.
+
+Reporting never stands in the way of training: reports go out from a background thread, a server that is
+down or refuses them costs one warning line, and what could not be sent is kept (bounded) and retried.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import httpx
+
+from vigil.diagnose.hang import HangDiagnosis
+from vigil.model import LaunchReport, LaunchVerdict, RankPlacement, RankState, StepTelemetry
+from vigil.remedy.heartbeat import ProgressTracker
+from vigil.sources.collect.base import default_node_name
+from vigil.sources.probe.records import RankSnapshot
+
+ROUTE = "/api/v1/launches"
+# Reports kept while the server is away; the oldest telemetry goes first (placement, exits and the verdict
+# are sent again with every later report, so only step history is lost).
+MAX_BUFFERED = 2000
+
+
+def gpu_indices(nproc: int, env: Mapping[str, str] | None = None) -> list[int | None]:
+    """The GPU each local rank uses, torchrun-style (local rank r -> r-th visible device); None where the node
+    has no GPU for it. CUDA_VISIBLE_DEVICES, when it lists indices, says which devices are visible."""
+    env = os.environ if env is None else env
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        ids = [v.strip() for v in visible.split(",") if v.strip()]
+        if not ids or not all(v.isdigit() for v in ids):
+            return [None] * nproc
+        return [int(ids[r]) if r < len(ids) else None for r in range(nproc)]
+    count = _nvml_device_count()
+    return [r if r < count else None for r in range(nproc)]
+
+
+def _nvml_device_count() -> int:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # no driver, no library: a node without GPUs
+        return 0
+    try:
+        return int(pynvml.nvmlDeviceGetCount())
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+
+
+class LaunchReporter:
+    """Builds the launch's reports from the supervisor's view and sends them to ``server_url``."""
+
+    def __init__(
+        self,
+        server_url: str,
+        job: str,
+        world_size: int,
+        nproc: int,
+        out_dir: Path,
+        *,
+        token: str = "",
+        node_rank: int = 0,
+        interval_s: float = 5.0,
+        timeout_s: float = 5.0,
+        node: str | None = None,
+        gpus: list[int | None] | None = None,
+        warn: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.time,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.url = server_url.rstrip("/") + ROUTE
+        self.job = job
+        self.world_size = world_size
+        self.nproc = nproc
+        self.node_rank = node_rank
+        self.interval_s = interval_s
+        self.node = node or default_node_name()
+        self.gpus = gpus if gpus is not None else gpu_indices(nproc)
+        self.clock = clock
+        self.progress = ProgressTracker(out_dir, world_size)
+        self._warn = warn or (lambda message: print(message, file=sys.stderr))
+        self._client = httpx.Client(timeout=timeout_s, transport=transport,
+                                    headers={"Authorization": f"Bearer {token}"} if token else {})
+        self._pending: deque[LaunchReport] = deque()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=self._send_loop, name="vigil-launch-report", daemon=True)
+        self._thread.start()
+        self._placement: list[RankPlacement] = []
+        self._exits: dict[int, int | None] = {}
+        self._steps: list[StepTelemetry] = []
+        self._next_telemetry = 0.0
+        self.sent = 0
+        self.failures = 0
+        self._warned = False
+
+    # ---------------------------------------------------------------- what the supervisor sees
+
+    def watch(self, snapshots: Mapping[int, RankSnapshot], exit_codes: Mapping[int, int | None],
+              pids: Mapping[int, int]) -> None:
+        """One look, after each supervisor step: placement once all ranks are placed, exits as they happen,
+        step telemetry every ``interval_s``. Only node 0 of a multi-node job reports (it sees every rank)."""
+        if self.node_rank != 0:
+            return
+        now = self.clock()
+        placed_now = not self._placement and self._place(snapshots, pids)
+        changed = self._changed_exits(exit_codes)
+        measured = False
+        if now >= self._next_telemetry:
+            self._next_telemetry = now + self.interval_s
+            measured = self._telemetry(snapshots, now)
+        if placed_now or changed or measured:
+            self._queue(now, ranks=changed)
+
+    def finish(self, diagnosis: HangDiagnosis, wait_s: float = 10.0) -> None:
+        """The verdict, with the exits not reported yet; waits up to ``wait_s`` for the reports to go out (one
+        try each: a server that is away does not hold up the end of the launch)."""
+        if self.node_rank == 0:
+            changed = self._changed_exits({s.rank: s.exit_code for s in diagnosis.ranks})
+            exit_codes = {r: c for r, c in self._exits.items() if c is not None}
+            verdict = LaunchVerdict(verdict=diagnosis.verdict, culprit_ranks=diagnosis.culprit_ranks,
+                                    hang_kind=diagnosis.hang_kind, summary=diagnosis.summary[:4096],
+                                    root_error=diagnosis.root_error[:4096] if diagnosis.root_error else None,
+                                    exit_codes=exit_codes)
+            self._queue(self.clock(), ranks=changed, verdict=verdict)
+        self.close(wait_s)
+
+    def _changed_exits(self, exit_codes: Mapping[int, int | None]) -> dict[int, int | None]:
+        changed: dict[int, int | None] = {
+            r: c for r, c in exit_codes.items() if c is not None and self._exits.get(r) != c}
+        self._exits.update(changed)
+        return changed
+
+    def close(self, wait_s: float = 0.0) -> None:
+        self._closing.set()
+        self._wake.set()
+        self._thread.join(timeout=wait_s)
+        if self._pending:
+            self._once(f"vigil launch: {len(self._pending)} report(s) to {self.url} could not be sent in time")
+        self._client.close()
+
+    def _place(self, snapshots: Mapping[int, RankSnapshot], pids: Mapping[int, int]) -> bool:
+        local = range(self.node_rank * self.nproc, (self.node_rank + 1) * self.nproc)
+        placement = []
+        for rank in range(self.world_size):
+            local_rank = rank % self.nproc
+            if rank in local:
+                node = self.node
+            elif rank in snapshots:
+                node = snapshots[rank].host.split(".")[0]
+            else:
+                return False  # a rank of another node that has not written its snapshot yet
+            placement.append(RankPlacement(rank=rank, node=node, gpu=self.gpus[local_rank],
+                                           pid=pids.get(rank) or (snapshots[rank].pid if rank in snapshots else None)))
+        self._placement = placement
+        return True
+
+    def _telemetry(self, snapshots: Mapping[int, RankSnapshot], now: float) -> bool:
+        """The job's progress: it is as far as its slowest rank and steps at its slowest rank's pace. Nothing
+        before the first complete step (start-up is not a stall)."""
+        running = [s for r, s in snapshots.items() if self._exits.get(r) is None]
+        timed = [s.step_times[-1] for s in running if s.step_times]
+        if not running or not timed:
+            return False
+        steps = min(s.steps for s in running)
+        self.progress.update()
+        losses = self.progress.latest("loss")
+        grads = self.progress.latest("grad_norm")
+        tokens = self.progress.latest("tokens_per_s")
+        for rank in self.progress.ranks:
+            del rank.metrics[:-16]  # only the latest values are read
+        self._steps.append(StepTelemetry(
+            ts=now,
+            steps=steps,
+            step_time_s=max(timed),
+            loss=statistics.fmean(losses) if losses else None,
+            grad_norm=max(grads) if grads else None,
+            tokens_per_s=sum(tokens) if tokens else None,
+            checkpointing=any(s.activity.get("kind") == "checkpoint" for s in running),
+        ))
+        return True
+
+    # ---------------------------------------------------------------- sending
+
+    def _queue(self, now: float, ranks: Mapping[int, int | None] | None = None,
+               verdict: LaunchVerdict | None = None) -> None:
+        if not self._placement and verdict is None and not self._steps:
+            return
+        report = LaunchReport(
+            job=self.job, ts=now, world_size=self.world_size, placement=list(self._placement),
+            ranks=[RankState(rank=r, exit_code=c) for r, c in sorted((ranks or {}).items())],
+            steps=self._steps, verdict=verdict)
+        self._steps = []
+        with self._lock:
+            self._pending.append(report)
+            while len(self._pending) > MAX_BUFFERED:
+                self._pending.popleft()
+        self._wake.set()
+
+    def _send_loop(self) -> None:
+        """Send what is pending, oldest first; on a failure wait ``interval_s`` (or for the next report) and
+        try again. Once closing, one last round."""
+        while True:
+            self._wake.wait(timeout=self.interval_s)
+            self._wake.clear()
+            closing = self._closing.is_set()
+            while self._pending:
+                report = self._pending[0]
+                if not self._post(report):
+                    break
+                with self._lock:
+                    if self._pending and self._pending[0] is report:
+                        self._pending.popleft()
+            if closing:
+                return
+
+    def _post(self, report: LaunchReport) -> bool:
+        """True when the report is done with: stored, or refused as malformed (sending it again cannot help)."""
+        try:
+            response = self._client.post(self.url, content=report.model_dump_json(),
+                                         headers={"Content-Type": "application/json"})
+        except httpx.HTTPError as err:
+            return self._failed(f"server {self.url} unreachable ({err})")
+        if response.status_code in (401, 403):
+            return self._failed(f"server {self.url} refused the token (HTTP {response.status_code})")
+        if response.status_code >= 500:
+            return self._failed(f"server {self.url} failed (HTTP {response.status_code})")
+        if response.status_code >= 400:
+            self._once(f"vigil launch: server {self.url} refused a report (HTTP {response.status_code}): "
+                       f"{response.text[:200]}")
+            return True
+        self.sent += 1
+        return True
+
+    def _failed(self, why: str) -> bool:
+        self.failures += 1
+        self._once(f"vigil launch: {why}; training goes on, reports are kept and retried")
+        return False
+
+    def _once(self, message: str) -> None:
+        if not self._warned:
+            self._warned = True
+            self._warn(message)
