@@ -45,7 +45,8 @@ class Launch:
         self.store = Store(self.settings.database_url())
         self.clock = Clock()
         self.engine = Engine(self.store, self.settings, notifiers=[], clock=self.clock)
-        self.client = TestClient(create_app(self.store, settings=self.settings))
+        self.client = TestClient(create_app(self.store, settings=self.settings),
+                                 headers={"Authorization": f"Bearer {TOKEN}"})
         self.step = 0
 
     def report(self, job: str = "llm", **parts: object) -> dict[str, object]:
@@ -97,7 +98,8 @@ def test_placement_registers_the_job_and_its_nodes(launch: Launch) -> None:
 
 def test_report_needs_the_token_and_a_well_formed_body(launch: Launch) -> None:
     body = LaunchReport(job="llm", ts=1.0, world_size=1).model_dump_json()
-    assert launch.client.post("/api/v1/launches", content=body).status_code == 401
+    refused = launch.client.post("/api/v1/launches", content=body, headers={"Authorization": "Bearer not-it"})
+    assert refused.status_code == 401
     bad = launch.client.post("/api/v1/launches", json={"job": "no spaces", "ts": 1, "world_size": 1},
                              headers={"Authorization": f"Bearer {TOKEN}"})
     assert bad.status_code == 422 and "job" in bad.text

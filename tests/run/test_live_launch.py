@@ -35,7 +35,7 @@ class Server:
     log: Path
 
     def get(self, path: str) -> Any:
-        response = httpx.get(self.url + path, timeout=10)
+        response = httpx.get(self.url + path, timeout=10, headers={"Authorization": f"Bearer {TOKEN}"})
         response.raise_for_status()
         return response.json()
 
