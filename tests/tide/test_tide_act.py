@@ -29,8 +29,8 @@ def jobs(*specs: tuple[str, int, int, str]) -> list[TierJob]:
 
 def test_quota_follows_the_plan_and_nothing_is_preempted_when_it_fits() -> None:
     actions = tide_actions(plan_of([64, 64, 64, 64]), POLICY, jobs(("1", 3, 32, "T1"), ("2", 3, 32, "T2")), [], 0.0,
-                           cluster="c1", qos=QOS)
-    assert [(a.kind, a.params["qos"], a.params["units"]) for a in actions] == [
+                           cluster="c1", queues=QOS)
+    assert [(a.kind, a.params["queue"], a.params["units"]) for a in actions] == [
         (ActionKind.SET_QUOTA, "spot-training", 64), (ActionKind.SET_QUOTA, "offline-inference", 0)]
 
 
@@ -38,18 +38,18 @@ def test_a_shrink_inside_the_lead_notices_the_youngest_jobs_a_lead_ahead() -> No
     running = jobs(("old", 3, 32, "2026-01-01T00:00:00"), ("mid", 3, 32, "2026-01-01T01:00:00"),
                    ("new", 3, 32, "2026-01-01T02:00:00"))
     # 96 held; the plan keeps 96 now and drops to 40 in three intervals: two youngest jobs must go
-    actions = tide_actions(plan_of([96, 96, 96, 40, 40]), POLICY, running, [], 1000.0, cluster="c1", qos=QOS)
+    actions = tide_actions(plan_of([96, 96, 96, 40, 40]), POLICY, running, [], 1000.0, cluster="c1", queues=QOS)
     notices = [a for a in actions if a.kind is ActionKind.PREEMPT_NOTICE]
     assert [a.target for a in notices] == ["job/new", "job/mid"]
     assert all(a.params["effective_ts"] == 1000.0 + 900.0 and a.params["signal"] == "USR1" for a in notices)
     # a shrink beyond the lead is not told yet
-    later = tide_actions(plan_of([96, 96, 96, 96, 40]), POLICY, running, [], 1000.0, cluster="c1", qos=QOS)
+    later = tide_actions(plan_of([96, 96, 96, 96, 40]), POLICY, running, [], 1000.0, cluster="c1", queues=QOS)
     assert not [a for a in later if a.kind is ActionKind.PREEMPT_NOTICE]
 
 
 def test_a_burst_gives_only_the_grace_period_and_tier4_goes_at_once() -> None:
     running = jobs(("s", 3, 32, "T1"), ("b1", 4, 8, "T1"), ("b2", 4, 8, "T2"))
-    actions = tide_actions(plan_of([0, 0], [8, 8]), POLICY, running, [], 50.0, cluster="c1", qos=QOS)
+    actions = tide_actions(plan_of([0, 0], [8, 8]), POLICY, running, [], 50.0, cluster="c1", queues=QOS)
     (notice,) = [a for a in actions if a.kind is ActionKind.PREEMPT_NOTICE]
     assert notice.target == "job/s" and notice.params["effective_ts"] == 50.0 + 300.0
     assert [a.target for a in actions if a.kind is ActionKind.PREEMPT] == ["job/b2"]
@@ -58,9 +58,9 @@ def test_a_burst_gives_only_the_grace_period_and_tier4_goes_at_once() -> None:
 def test_a_notice_that_ran_out_preempts_and_is_not_given_twice() -> None:
     running = jobs(("a", 3, 32, "T1"))
     given = [Notice("a", 900.0), Notice("gone", 100.0)]
-    before = tide_actions(plan_of([0, 0, 0, 0]), POLICY, running, given, 899.0, cluster="c1", qos=QOS)
+    before = tide_actions(plan_of([0, 0, 0, 0]), POLICY, running, given, 899.0, cluster="c1", queues=QOS)
     assert [a.kind for a in before] == [ActionKind.SET_QUOTA] * 2
-    after = tide_actions(plan_of([0, 0, 0, 0]), POLICY, running, given, 900.0, cluster="c1", qos=QOS)
+    after = tide_actions(plan_of([0, 0, 0, 0]), POLICY, running, given, 900.0, cluster="c1", queues=QOS)
     assert [(a.kind, a.target) for a in after][2:] == [(ActionKind.PREEMPT, "job/a")]
 
 
@@ -88,12 +88,12 @@ def test_slurm_actuator_command_lines_and_bad_parameters() -> None:
     assert slurm.accepts(notice) and slurm.command(notice) == ["scancel", "--signal=USR2", "--full", "42"]
     assert slurm.command(Action(ts=0.0, kind=ActionKind.PREEMPT, target="job/42")) == ["scontrol", "requeue", "42"]
     quota = Action(ts=0.0, kind=ActionKind.SET_QUOTA, target="cluster/c1",
-                   params={"qos": "spot-training", "tres": "gres/gpu", "units": 96})
+                   params={"queue": "spot-training", "resource": "gres/gpu", "units": 96})
     assert slurm.accepts(quota)
     assert slurm.command(quota)[-1] == "GrpTRES=gres/gpu=96"
     assert not slurm.accepts(Action(ts=0.0, kind=ActionKind.SET_QUOTA, target="node/n1"))
-    for params in ({"qos": "spot; rm -rf /", "units": 1}, {"qos": "spot", "units": -1},
-                   {"qos": "spot", "units": 1, "tres": "gres/gpu=1,cpu"}):
+    for params in ({"queue": "spot; rm -rf /", "units": 1}, {"queue": "spot", "units": -1},
+                   {"queue": "spot", "units": 1, "resource": "gres/gpu=1,cpu"}):
         with pytest.raises(ActuatorError):
             slurm.command(Action(ts=0.0, kind=ActionKind.SET_QUOTA, target="cluster/c1", params=params))
     with pytest.raises(ActuatorError, match="notice signal"):

@@ -111,7 +111,7 @@ def test_spot_job_checkpoints_on_notice_and_is_requeued_by_vigil_then_by_slurm(o
     remediator = Remediator([SlurmActuator()], audit, dry_run=False, requested_by="vigil-tide")
     now = time.time()
     first = remediator.execute_all(tide_actions(_plan(CPUS, 0), policy, [found], [], now, cluster="vigiltest",
-                                                qos=names, tres="cpu"))
+                                                queues=names, resource="cpu"))
     assert [(a.kind, a.status) for a in first] == [
         (ActionKind.SET_QUOTA, ActionStatus.EXECUTED), (ActionKind.SET_QUOTA, ActionStatus.EXECUTED),
         (ActionKind.PREEMPT_NOTICE, ActionStatus.EXECUTED)], [a.result for a in first]
@@ -124,10 +124,10 @@ def test_spot_job_checkpoints_on_notice_and_is_requeued_by_vigil_then_by_slurm(o
     notices = given_notices(audit.actions(kind=ActionKind.PREEMPT_NOTICE))
     assert notices and notices[0].effective_ts == pytest.approx(now + 6.0)
     early = tide_actions(_plan(CPUS, 0), policy, running_tier_jobs(policy, tres="cpu"), notices, now + 1,
-                         cluster="vigiltest", qos=names, tres="cpu")
+                         cluster="vigiltest", queues=names, resource="cpu")
     assert [a.kind for a in early] == [ActionKind.SET_QUOTA] * 2
     late = tide_actions(_plan(0, 0), policy, running_tier_jobs(policy, tres="cpu"), notices, now + 7,
-                        cluster="vigiltest", qos=names, tres="cpu")
+                        cluster="vigiltest", queues=names, resource="cpu")
     (preempt,) = [remediator.execute(a) for a in late if a.kind is ActionKind.PREEMPT]
     assert preempt.target == job_id(job) and preempt.status is ActionStatus.EXECUTED, preempt.result
     _wait(lambda: _job(on_path, job)["Restarts"] == "1" and _job(on_path, job)["JobState"] == "PENDING", 60,

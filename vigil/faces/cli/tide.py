@@ -125,9 +125,12 @@ def apply_command(
     unhealthy_gpus: UnhealthyOption = 0,
     from_store: FromStoreOption = False,
     policy: PolicyOption = None,
-    backend: Annotated[str, typer.Option("--backend", help="slurm")] = "slurm",
+    backend: Annotated[str, typer.Option("--backend", help="slurm or kubernetes (Kueue)")] = "slurm",
     cluster: Annotated[str, typer.Option("--cluster", help="the cluster's name in audit records")] = "vigil",
-    tres: Annotated[str, typer.Option("--tres", help="the trackable resource tiers are counted in")] = "gres/gpu",
+    resource: Annotated[
+        str | None,
+        typer.Option("--resource", help="what tiers are counted in (default: gres/gpu on Slurm, nvidia.com/gpu)"),
+    ] = None,
     execute: Annotated[bool, typer.Option("--execute", help="act for real (default: dry-run)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the resulting actions as JSON")] = False,
 ) -> None:
@@ -137,25 +140,41 @@ def apply_command(
 
     from vigil.config import settings
     from vigil.model import ActionKind
-    from vigil.remedy.actuators.base import OutboxActuator
+    from vigil.remedy.actuators.base import Actuator, OutboxActuator
     from vigil.remedy.audit import AuditLog
     from vigil.remedy.remediator import Remediator
     from vigil.remedy.tide.act import given_notices, tide_actions
     from vigil.remedy.tide.tiers import load_tier_policy
 
-    if backend != "slurm":
-        raise VigilInputError(f"--backend must be slurm, got {backend!r}")
-    from vigil.remedy.actuators.slurm import SlurmActuator
-    from vigil.remedy.tide.slurm import qos_names, running_tier_jobs
-
     tiers = load_tier_policy(policy)
+    actuator: Actuator
+    if backend == "slurm":
+        from vigil.remedy.actuators.slurm import SlurmActuator
+        from vigil.remedy.tide.slurm import qos_names, running_tier_jobs
+
+        resource = resource or "gres/gpu"
+        actuator, queues, jobs = SlurmActuator(), qos_names(tiers), running_tier_jobs(tiers, resource)
+    elif backend == "kubernetes":
+        from vigil.remedy.actuators.kueue import KueueActuator
+        from vigil.remedy.tide.kube import GPU_RESOURCE, admitted_tier_jobs, cluster_queues
+
+        resource = resource or GPU_RESOURCE
+        from vigil.remedy.actuators.base import ActuatorError
+
+        kueue = KueueActuator()
+        try:
+            workloads = kueue.workloads()
+        except ActuatorError as err:
+            raise VigilInputError(f"cannot list Kueue workloads: {err}") from None
+        actuator, queues, jobs = kueue, cluster_queues(tiers), admitted_tier_jobs(workloads, tiers, resource)
+    else:
+        raise VigilInputError(f"--backend must be slurm or kubernetes, got {backend!r}")
     result = _plan(trace, gpus, unhealthy_gpus, from_store, tiers, None)
     audit = AuditLog()
     now = time.time()
     notices = given_notices(audit.actions(kind=ActionKind.PREEMPT_NOTICE, since=now - 7 * 86400))
-    actions = tide_actions(result, tiers, running_tier_jobs(tiers, tres), notices, now, cluster=cluster,
-                           qos=qos_names(tiers), tres=tres)
-    remediator = Remediator([OutboxActuator(settings().home / "outbox.jsonl"), SlurmActuator()], audit,
+    actions = tide_actions(result, tiers, jobs, notices, now, cluster=cluster, queues=queues, resource=resource)
+    remediator = Remediator([OutboxActuator(settings().home / "outbox.jsonl"), actuator], audit,
                             dry_run=not (execute or settings().execute_actions), requested_by="vigil-tide")
     done = remediator.execute_all(actions)
     if as_json:
@@ -167,3 +186,32 @@ def apply_command(
     for action in done:
         table.add_row(action.kind.value, action.target, action.status.value, action.result)
     console.print(table)
+
+
+@app.command("kube-setup")
+def kube_setup_command(
+    namespace: Annotated[list[str], typer.Option("--namespace", help="a namespace that gets the tiers' LocalQueues")],
+    policy: PolicyOption = None,
+    execute: Annotated[bool, typer.Option("--execute", help="create them (default: print the manifests)")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+) -> None:
+    """The tiers' PriorityClasses and Kueue ResourceFlavor, ClusterQueues and LocalQueues: printed, or created
+    through the Kubernetes API with --execute (an object that exists is left as it is)."""
+    import yaml
+
+    from vigil.remedy.tide.kube import kueue_objects, priority_classes
+    from vigil.remedy.tide.tiers import load_tier_policy
+
+    tiers = load_tier_policy(policy)
+    objects = priority_classes(tiers) + kueue_objects(tiers, namespace)
+    if not execute:
+        typer.echo(json.dumps(objects, indent=2) if as_json else yaml.safe_dump_all(objects, sort_keys=False))
+        return
+    from vigil.remedy.actuators.base import ActuatorError
+    from vigil.remedy.actuators.kueue import KueueActuator
+
+    try:
+        results = KueueActuator().ensure(objects)
+    except ActuatorError as err:
+        raise VigilInputError(str(err)) from None
+    typer.echo(json.dumps(results, indent=2) if as_json else "\n".join(results))

@@ -10,7 +10,7 @@
   steps) gets the signal and writes its checkpoint before its capacity is taken back.
 - preempt: ``scontrol requeue J`` - a preemptible job gives its capacity back and waits in the queue.
 - set_quota: ``sacctmgr -i modify qos where name=Q set GrpTRES=gres/gpu=N`` - a tier's QOS may hold at
-  most N GPUs (``params``: qos, units, tres).
+  most N GPUs (``params``: queue, resource, units).
 
 Idempotence reads ``scontrol show node N -o``: a node whose State already carries DRAIN is not
 drained again. The tests put a fake ``scontrol`` on PATH that records its calls.
@@ -107,11 +107,12 @@ class SlurmActuator(Actuator):
     @staticmethod
     def quota(action: Action) -> tuple[str, str, int]:
         """The QOS, TRES and limit of a set_quota action, checked: they go onto sacctmgr's command line."""
-        qos, tres, units = action.params.get("qos"), action.params.get("tres", "gres/gpu"), action.params.get("units")
+        qos, tres, units = (action.params.get("queue"), action.params.get("resource", "gres/gpu"),
+                           action.params.get("units"))
         if not isinstance(qos, str) or not _QOS_NAME.match(qos):
-            raise ActuatorError(f"set_quota needs params.qos, a QOS name, got {qos!r}")
+            raise ActuatorError(f"set_quota needs params.queue, a QOS name, got {qos!r}")
         if not isinstance(tres, str) or not _TRES_NAME.match(tres):
-            raise ActuatorError(f"set_quota params.tres must be cpu, node or gres/<name>, got {tres!r}")
+            raise ActuatorError(f"set_quota params.resource must be cpu, node or gres/<name>, got {tres!r}")
         if not isinstance(units, int) or isinstance(units, bool) or units < 0:
             raise ActuatorError(f"set_quota needs params.units, a count of at least 0, got {units!r}")
         return qos, tres, units

@@ -69,16 +69,18 @@ def tide_actions(
     now: float,
     *,
     cluster: str,
-    qos: dict[int, str],
-    tres: str = "gres/gpu",
+    queues: dict[int, str],
+    resource: str = "gres/gpu",
 ) -> list[Action]:
-    """The actions that carry out the plan's first interval on the scheduler; ``qos`` names each tier's queue."""
+    """The actions that carry out the plan's first interval on the scheduler; ``queues`` names each tier's queue
+    (Slurm QOS, Kueue ClusterQueue), ``resource`` what its quota counts."""
     if not plan.intervals:
         return []
     actions = [
         Action(ts=now, kind=ActionKind.SET_QUOTA, target=f"cluster/{cluster}", requested_by="vigil-tide",
                reason=f"tidal plan: tier {tier} holds at most {plan.intervals[0].tiers[tier]} GPUs this interval",
-               params={"tier": tier, "qos": qos[tier], "tres": tres, "units": plan.intervals[0].tiers[tier]})
+               params={"tier": tier, "queue": queues[tier], "resource": resource,
+                       "units": plan.intervals[0].tiers[tier]})
         for tier in (3, 4)
     ]
     running = {job.id for job in jobs}
