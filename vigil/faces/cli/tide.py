@@ -13,6 +13,7 @@ from vigil.faces.cli.output import DataTable, SafeConsole
 from vigil.model import VigilInputError
 
 if TYPE_CHECKING:
+    from vigil.model import Action
     from vigil.remedy.tide.planner import TidePlan
     from vigil.remedy.tide.tiers import TierPolicy
 
@@ -215,3 +216,82 @@ def kube_setup_command(
     except ActuatorError as err:
         raise VigilInputError(str(err)) from None
     typer.echo(json.dumps(results, indent=2) if as_json else "\n".join(results))
+
+
+@app.command("rl")
+def rl_command(
+    trace: Annotated[Path, typer.Option("--trace", help="trace CSV with a GeneratedTokens column (lengths)")],
+    gpus: Annotated[int, typer.Option("--gpus", min=16, help="GPUs of the RL job")] = 64,
+    batch: Annotated[int, typer.Option("--batch", min=1, help="sequences trained on per step")] = 8192,
+    gpu_tokens_s: Annotated[float, typer.Option("--gpu-tokens-s", min=1, help="decode tokens/s of one GPU")] = 2500,
+    seq_tokens_s: Annotated[float, typer.Option("--seq-tokens-s", min=1, help="decode tokens/s of one sequence")] = 40,
+    train_tokens_gpu_s: Annotated[
+        float, typer.Option("--train-tokens-gpu-s", min=1, help="training tokens/s per GPU")
+    ] = 1000,
+    switch_s: Annotated[float, typer.Option("--switch-s", min=0, help="co-located switch, each way")] = 5,
+    weight_sync_s: Annotated[float, typer.Option("--weight-sync-s", min=0, help="separated weight sync")] = 5,
+    backend: Annotated[str, typer.Option("--backend", help="none, slurm or kubernetes: set the RL queues' quotas")]
+    = "none",
+    execute: Annotated[bool, typer.Option("--execute", help="act for real (default: dry-run)")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+) -> None:
+    """Plan RL train / inference placement: separated, co-located with switching, co-located with partial rollout,
+    from the trace's generation lengths; the chosen plan's GPUs per RL queue go to the scheduler with --backend."""
+    from vigil.remedy.tide.load import read_generation_lengths
+    from vigil.remedy.tide.rl import RlCluster, plan_rl
+
+    if backend not in ("none", "slurm", "kubernetes"):
+        raise VigilInputError(f"--backend must be none, slurm or kubernetes, got {backend!r}")
+    cluster = RlCluster(gpus=gpus, batch=batch, gpu_tokens_s=gpu_tokens_s, seq_tokens_s=seq_tokens_s,
+                        train_tokens_gpu_s=train_tokens_gpu_s, switch_s=switch_s, weight_sync_s=weight_sync_s)
+    result = plan_rl(read_generation_lengths(trace), cluster)
+    actions = _rl_quota_actions(result.quotas(), backend, execute)
+    if as_json:
+        typer.echo(json.dumps(result.as_dict() | {"actions": [a.model_dump(mode="json") for a in actions]}, indent=2))
+        return
+    table = DataTable(title=f"RL step on {gpus} GPUs, {batch} sequences a step (chosen: {result.chosen.mode})")
+    for column in ("deployment", "step s", "rollout s", "train s", "switch/sync s", "GPU idle", "tail s",
+                   "staleness", "samples/h"):
+        table.add_column(column, justify="right")
+    for stats in (result.separated, result.colocated, result.partial):
+        name = stats.mode + (f" ({stats.rollout_gpus} generate)" if stats.mode == "separated" else "") + (
+            f" (+{stats.over_provision:.0%})" if stats.mode == "partial" else "")
+        table.add_row(name, f"{stats.step_s:.1f}", f"{stats.rollout_s:.1f}", f"{stats.train_s:.1f}",
+                      f"{stats.overhead_s:.1f}", f"{stats.idle_fraction:.1%}", f"{stats.tail_s:.1f}",
+                      f"{stats.staleness:.2f}", f"{stats.samples_per_hour:,.0f}")
+    console.print(table)
+    for action in actions:
+        console.print(f"{action.kind.value} {action.params['queue']}={action.params['units']}: {action.status.value}"
+                      f" - {action.result}")
+
+
+def _rl_quota_actions(quotas: dict[str, int], backend: str, execute: bool) -> list[Action]:
+    """The RL queues' quotas through the remediator (audited; dry-run unless --execute)."""
+    import time
+
+    from vigil.config import settings
+    from vigil.model import Action, ActionKind
+    from vigil.remedy.actuators.base import Actuator
+    from vigil.remedy.audit import AuditLog
+    from vigil.remedy.remediator import Remediator
+
+    if backend == "none":
+        return []
+    actuator: Actuator
+    if backend == "slurm":
+        from vigil.remedy.actuators.slurm import SlurmActuator
+
+        actuator, resource = SlurmActuator(), "gres/gpu"
+    elif backend == "kubernetes":
+        from vigil.remedy.actuators.kueue import GPU_RESOURCE, KueueActuator
+
+        actuator, resource = KueueActuator(), GPU_RESOURCE
+    else:
+        raise VigilInputError(f"--backend must be none, slurm or kubernetes, got {backend!r}")
+    actions = [Action(ts=time.time(), kind=ActionKind.SET_QUOTA, target="cluster/vigil", requested_by="vigil-tide",
+                      reason=f"RL plan: {queue} holds {units} GPUs",
+                      params={"queue": queue, "resource": resource, "units": units})
+               for queue, units in quotas.items()]
+    remediator = Remediator([actuator], AuditLog(), dry_run=not (execute or settings().execute_actions),
+                            requested_by="vigil-tide")
+    return remediator.execute_all(actions)

@@ -58,3 +58,27 @@ def peak_rates(times: np.ndarray, interval_s: float, burst_window_s: float = BUR
     windows = np.floor((times - start) / burst_window_s).astype(int)
     counts = np.bincount(windows, minlength=intervals * per_interval)[: intervals * per_interval]
     return counts.reshape(intervals, per_interval).max(axis=1) / burst_window_s
+
+
+def read_generation_lengths(path: str | Path) -> np.ndarray:
+    """Generated tokens per request (in trace order) from a trace CSV with a GeneratedTokens column."""
+    source = Path(path)
+    try:
+        with source.open(newline="") as handle:
+            reader = csv.DictReader(handle)
+            if reader.fieldnames is None or "GeneratedTokens" not in reader.fieldnames:
+                raise VigilInputError(f"trace {source}: expected a CSV with a GeneratedTokens column")
+            lengths = []
+            for line, row in enumerate(reader, start=2):
+                text = (row["GeneratedTokens"] or "").strip()
+                if not text.isdigit():
+                    raise VigilInputError(f"trace {source} line {line}: bad GeneratedTokens {text!r}, expected a count")
+                lengths.append(int(text))
+    except FileNotFoundError:
+        raise VigilInputError(f"trace {source} does not exist") from None
+    except (OSError, UnicodeDecodeError, csv.Error) as err:
+        raise VigilInputError(f"trace {source} cannot be read: {err}") from None
+    positive = np.asarray([n for n in lengths if n > 0], dtype=float)
+    if positive.size == 0:
+        raise VigilInputError(f"trace {source} holds no request with generated tokens")
+    return positive
