@@ -13,6 +13,8 @@ from vigil.faces.cli.output import DataTable, SafeConsole
 from vigil.model import VigilInputError
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from vigil.model import Action
     from vigil.remedy.tide.planner import TidePlan
     from vigil.remedy.tide.tiers import TierPolicy
@@ -23,7 +25,40 @@ app = typer.Typer(
 console = SafeConsole()
 
 
-TraceOption = Annotated[Path, typer.Option("--trace", help="request trace CSV with a TIMESTAMP column")]
+TraceOption = Annotated[Path | None, typer.Option("--trace", help="request trace CSV with a TIMESTAMP column")]
+PromqlOption = Annotated[
+    str | None, typer.Option("--promql", help="Prometheus-compatible API URL to read the serving load from")
+]
+QueryOption = Annotated[
+    str, typer.Option("--query", help="PromQL: the serving request rate as one series")
+]
+AtOption = Annotated[float | None, typer.Option("--at", help="plan from this time (epoch s; default now)")]
+LookbackOption = Annotated[str, typer.Option("--lookback", help="load history read from Prometheus (e.g. 2d)")]
+DEFAULT_QUERY = "sum(rate(vllm:request_success_total[10s]))"
+
+
+def _history(trace: Path | None, promql: str | None, query: str, at: float | None, lookback: str,
+             interval_s: float) -> np.ndarray:
+    """Per-interval peak request rates from a trace file or from Prometheus (exactly one of them)."""
+    import time
+
+    from vigil.remedy.jobspec import parse_duration
+    from vigil.remedy.tide.load import peak_rates, peak_rates_from_prometheus, read_request_times
+
+    if (trace is None) == (promql is None):
+        raise VigilInputError("give either --trace or --promql (the serving load's source), not both or neither")
+    if trace is not None:
+        return peak_rates(read_request_times(trace), interval_s)
+    from vigil.sources.promql import PromQLSource
+
+    assert promql is not None
+    intervals = int(parse_duration(lookback) // interval_s)
+    source = PromQLSource(promql)
+    try:
+        end = time.time() if at is None else at
+        return peak_rates_from_prometheus(source, query, end - end % interval_s, intervals, interval_s)
+    finally:
+        source.close()
 GpusOption = Annotated[int, typer.Option("--gpus", min=1, help="GPUs in the cluster")]
 UnhealthyOption = Annotated[
     int, typer.Option("--unhealthy-gpus", min=0, help="GPUs on nodes below healthy: never offered")
@@ -35,9 +70,8 @@ PolicyOption = Annotated[Path | None, typer.Option("--policy", help="tier policy
 HorizonOption = Annotated[int | None, typer.Option("--horizon", min=1, help="intervals to plan")]
 
 
-def _plan(trace: Path, gpus: int, unhealthy_gpus: int, from_store: bool, tiers: TierPolicy,
+def _plan(history: np.ndarray, gpus: int, unhealthy_gpus: int, from_store: bool, tiers: TierPolicy,
           horizon: int | None) -> TidePlan:
-    from vigil.remedy.tide.load import peak_rates, read_request_times
     from vigil.remedy.tide.planner import Capacity, capacity_of, plan
 
     if unhealthy_gpus > gpus:
@@ -57,13 +91,16 @@ def _plan(trace: Path, gpus: int, unhealthy_gpus: int, from_store: bool, tiers: 
         if topology is None or not any(node.gpus for node in topology.nodes):
             raise VigilInputError("the stored topology has no GPUs")
         capacity = capacity_of(topology, health)
-    history = peak_rates(read_request_times(trace), tiers.interval_s)
     return plan(history, tiers, capacity, horizon)
 
 
 @app.command("plan")
 def plan_command(
-    trace: TraceOption,
+    trace: TraceOption = None,
+    promql: PromqlOption = None,
+    query: QueryOption = DEFAULT_QUERY,
+    at: AtOption = None,
+    lookback: LookbackOption = "2d",
     gpus: GpusOption = 1000,
     unhealthy_gpus: UnhealthyOption = 0,
     from_store: FromStoreOption = False,
@@ -71,11 +108,13 @@ def plan_command(
     horizon: HorizonOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
 ) -> None:
-    """Forecast the trace's inference load and allot each tier its GPUs per interval, with preemption notices."""
+    """Forecast the inference load (a trace or PromQL) and allot each tier its GPUs per interval, with preemption
+    notices."""
     from vigil.remedy.tide.tiers import load_tier_policy
 
     tiers = load_tier_policy(policy)
-    result = _plan(trace, gpus, unhealthy_gpus, from_store, tiers, horizon)
+    history = _history(trace, promql, query, at, lookback, tiers.interval_s)
+    result = _plan(history, gpus, unhealthy_gpus, from_store, tiers, horizon)
     if as_json:
         typer.echo(json.dumps(result.as_dict(), indent=2))
         return
@@ -121,7 +160,10 @@ def slurm_qos_command(
 
 @app.command("apply")
 def apply_command(
-    trace: TraceOption,
+    trace: TraceOption = None,
+    promql: PromqlOption = None,
+    query: QueryOption = DEFAULT_QUERY,
+    lookback: LookbackOption = "2d",
     gpus: GpusOption = 1000,
     unhealthy_gpus: UnhealthyOption = 0,
     from_store: FromStoreOption = False,
@@ -170,7 +212,8 @@ def apply_command(
         actuator, queues, jobs = kueue, cluster_queues(tiers), admitted_tier_jobs(workloads, tiers, resource)
     else:
         raise VigilInputError(f"--backend must be slurm or kubernetes, got {backend!r}")
-    result = _plan(trace, gpus, unhealthy_gpus, from_store, tiers, None)
+    history = _history(trace, promql, query, None, lookback, tiers.interval_s)
+    result = _plan(history, gpus, unhealthy_gpus, from_store, tiers, None)
     audit = AuditLog()
     now = time.time()
     notices = given_notices(audit.actions(kind=ActionKind.PREEMPT_NOTICE, since=now - 7 * 86400))

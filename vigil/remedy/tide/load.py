@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from vigil.model import VigilInputError
+from vigil.sources.promql import PromQLSource
 
 # Capacity must carry the peak inside an interval, not its mean: the load of an interval is the busiest
 # sub-window's request rate.
@@ -82,3 +83,23 @@ def read_generation_lengths(path: str | Path) -> np.ndarray:
     if positive.size == 0:
         raise VigilInputError(f"trace {source} holds no request with generated tokens")
     return positive
+
+
+def peak_rates_from_prometheus(source: PromQLSource, rate_expr: str, end: float, intervals: int, interval_s: float,
+                               burst_window_s: float = BURST_WINDOW_S) -> np.ndarray:
+    """Per interval ending at ``end`` (``intervals`` of them), the busiest ``burst_window_s`` of ``rate_expr``
+    (one series of requests per second, e.g. ``sum(rate(vllm:request_success_total[10s]))``), by the subquery
+    ``max_over_time((rate_expr)[interval:burst_window])``; an interval with no sample has no load."""
+    if intervals < 1:
+        raise VigilInputError("the PromQL lookback must cover at least one interval")
+    expr = f"max_over_time(({rate_expr})[{interval_s:g}s:{burst_window_s:g}s])"
+    start = end - (intervals - 1) * interval_s
+    found = source.query_range(expr, start, end, interval_s)
+    if len(found) > 1:
+        raise VigilInputError(f"query {rate_expr!r} gives {len(found)} series; aggregate it to one, e.g. sum(...)")
+    rates = np.zeros(intervals)
+    if found:
+        index = np.rint((found[0].ts - start) / interval_s).astype(int)
+        keep = (index >= 0) & (index < intervals) & np.isfinite(found[0].values)
+        rates[index[keep]] = found[0].values[keep]
+    return rates
