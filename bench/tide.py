@@ -14,9 +14,12 @@ Node faults (real): each of the 125 8-GPU nodes is one of the 400 servers of the
 trace, drawn at random (most never fault), replayed over a random week of it; a node is down from its fault's
 start to its end. Both arms lose the GPUs of nodes that are down; the planner never offers them.
 
-Both arms get the same tier policy (shipped default) and load:
+All arms get the same tier policy (shipped default) and load:
 - static: serving keeps a fixed partition sized on the development days (their peak need with the
   policy's headroom), tier 2 its reservation, spot training (tier 3) the rest, nothing moves;
+- static + fixed daily schedule: serving gets, per hour of the day, the development days' peak need in that
+  hour with the headroom; spot training the rest in whole blocks (known a day ahead, so with notice); a burst
+  beyond the schedule takes GPUs back at once from tier 4, then tier 3 - idle serving GPUs lent on a timetable;
 - planner: every interval, plan from the load seen so far and apply the first interval; a forecast miss
   takes GPUs back at once from tier 4, then from tier 3 (a preemption without notice).
 The planner's burst reserve is the smallest of BURST_RESERVES with no SLO violation and no tier-3 preemption
@@ -197,6 +200,35 @@ def run_planner(
     return serving, training, spot, offline, unnoticed, misses, short_after
 
 
+def run_fixed_schedule(rps: np.ndarray, down: np.ndarray, policy: TierPolicy, report: int) -> tuple[np.ndarray, ...]:
+    """Static with a fixed daily schedule: serving gets, each hour of the day, the development days' peak need
+    in that hour with the policy's headroom; spot training the rest in whole blocks (a change it knows a day
+    ahead, so always with notice), tier 4 the block remainder. A burst beyond the schedule takes GPUs back at
+    once, from tier 4 and then tier 3 (a preemption without notice), as in the planner's arm."""
+    per_day = int(86400 // policy.interval_s)
+    per_hour = int(3600 // policy.interval_s)
+    need = needed(rps, policy)
+    by_hour = need[:report].reshape(-1, 24, per_hour).max(axis=(0, 2))
+    schedule = np.ceil(np.repeat(by_hour, per_hour) * (1 + policy.inference.headroom)).astype(int)
+    block, training = policy.tier(3).block_gpus, policy.tier(2).floor_gpus
+    n = rps.size - report
+    serving, spot, offline, unnoticed = (np.zeros(n, dtype=int) for _ in range(4))
+    for k in range(n):
+        t = report + k
+        healthy = TOTAL_GPUS - int(down[t].sum()) * GPUS_PER_NODE
+        serve = min(int(schedule[t % per_day]), healthy - training)
+        lent = (healthy - serve - training) // block * block
+        rest = healthy - serve - training - lent
+        short = need[t] - serve
+        if short > 0:
+            from_offline = min(short, rest)
+            from_spot = min(short - from_offline, lent)
+            rest, lent, serve = rest - from_offline, lent - from_spot, serve + from_offline + from_spot
+            unnoticed[k] = from_spot
+        serving[k], spot[k], offline[k] = serve, lent, rest
+    return serving, np.full(n, training), spot, offline, unnoticed
+
+
 def forecast_check(rps: np.ndarray, start: int, stop: int, season: int) -> dict[str, dict[str, float]]:
     """The next interval's forecast by each candidate method over [start, stop): how often it falls short of the
     load (each shortfall is capacity tier 4 or 3 must hand back at once) and its mean absolute relative error."""
@@ -268,6 +300,7 @@ def main() -> None:
         policy,
         days,
     )
+    fixed = score("static + fixed daily schedule", held, *run_fixed_schedule(rps, down, base, report), policy, days)
     serving, training, spot, offline, unnoticed, misses, _ = run_planner(
         rps, down, policy, report, rps.size, "reported days"
     )
@@ -288,7 +321,7 @@ def main() -> None:
         "mean offline GPUs",
     ):
         table.add_column(column, justify="right" if column != "arm" else "left")
-    for arm in (static, planner):
+    for arm in (static, fixed, planner):
         table.add_row(
             arm.name,
             f"{arm.utilization:.1%}",
@@ -328,7 +361,7 @@ def main() -> None:
                     (np.diff(down[report:].astype(int), axis=0) > 0).sum() + down[report].sum()
                 ),
                 "development_forecast_check": forecasts,
-                "arms": [static.__dict__, planner.__dict__],
+                "arms": [static.__dict__, fixed.__dict__, planner.__dict__],
             },
             indent=2,
         )
