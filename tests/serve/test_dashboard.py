@@ -76,6 +76,15 @@ def test_heat_map_shows_every_gpu_by_fault_level(page: Any, site: str, cluster: 
     for entity in unhealthy:  # level by name beside each one, not by colour alone
         assert health[entity].label in page.locator("#unhealthy-list li", has_text=entity).inner_text()
     assert page.locator("#open-incidents table tbody tr").count() >= 1
+    # GPU waste per job, as /metrics and `vigil waste` compute it.
+    from vigil.detect.waste import gpu_waste, window_of
+
+    start, end = window_of(cluster.metrics)  # type: ignore[misc]
+    rows = gpu_waste(cluster.metrics, cluster.run.topology, max(start, end - 900.0), end).summary("job")
+    assert page.locator("#waste table tbody tr").count() == len(rows) > 0
+    for row in rows:
+        cell = page.locator(f'#waste tr[data-job="{row.name}"] td.rate').inner_text()
+        assert cell == ("-" if row.waste_rate is None else f"{row.waste_rate * 100:.1f}%")
     shot(page, "overview")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -9,7 +10,7 @@ from tests.serve.conftest import SimCluster
 from vigil.faces.api.app import create_app
 from vigil.model import IncidentStatus
 
-ALLOWED_LABELS = {"node", "gpu", "level", "detector", "status", "version", "cluster"}
+ALLOWED_LABELS = {"node", "gpu", "job", "level", "detector", "status", "version", "cluster"}
 
 
 def test_metrics_reflect_store_and_follow_conventions(cluster: SimCluster) -> None:
@@ -40,3 +41,23 @@ def test_metrics_reflect_store_and_follow_conventions(cluster: SimCluster) -> No
     scores = {s.labels["detector"]: s.value for s in families["vigil_detector_score_max"].samples}
     assert scores == {d: max(a.score for a in recent if a.detector == d) for d in detectors}
     assert families["vigil_alertmanager_alerts"].type == "counter"
+
+
+def test_metrics_carry_gpu_waste_per_job_and_node(cluster: SimCluster) -> None:
+    from vigil.detect.waste import gpu_waste, window_of
+
+    with TestClient(create_app(cluster.store, cluster.metrics, cluster.settings())) as client:
+        page = client.get("/metrics").text
+    families = {f.name: f for f in text_string_to_metric_families(page)}
+    start, end = window_of(cluster.metrics)  # type: ignore[misc]
+    report = gpu_waste(cluster.metrics, cluster.run.topology, max(start, end - 900.0), end)
+    for key in ("job", "node"):
+        rows = {r.name: r for r in report.summary(key)}
+        assert rows, key
+        waste = {s.labels[key]: s.value for s in families[f"vigil_{key}_gpu_waste_ratio"].samples}
+        assert waste == pytest.approx({n: r.waste_rate for n, r in rows.items() if r.waste_rate is not None})
+        allocated = {s.labels[key]: s.value for s in families[f"vigil_{key}_gpus_allocated"].samples}
+        assert allocated == {n: float(r.allocated_gpus) for n, r in rows.items()}
+        idle = {s.labels[key]: s.value for s in families[f"vigil_{key}_gpus_idle"].samples}
+        assert idle == {n: float(len(r.idle_gpus)) for n, r in rows.items()}
+    assert all(0.0 <= s.value <= 1.0 for s in families["vigil_job_gpu_waste_ratio"].samples)

@@ -14,6 +14,7 @@ import numpy as np
 from sqlalchemy import Text, cast, select
 
 from vigil.config import Settings
+from vigil.detect.waste import WasteReport, gpu_waste, window_of
 from vigil.faces.api.auth import Authenticator
 from vigil.faces.api.exporter import VigilCollector
 from vigil.faces.api.hang import find_reports
@@ -99,13 +100,22 @@ class ServeContext:
     cache_ttl_s: float = 1.0
     _cache: _Snapshot | None = field(default=None, init=False)
     _cache_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    # GPU waste reads every allocated GPU's series: computed at most every waste_ttl_s, over the last
+    # waste_window_s of stored metrics.
+    waste_ttl_s: float = 30.0
+    waste_window_s: float = 900.0
+    _waste: tuple[float, WasteReport | None] | None = field(default=None, init=False)
+    _waste_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _waste_refreshing: bool = field(default=False, init=False)
     _kg: tuple[Topology, Any] | None = field(default=None, init=False)
     _kg_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
 
     def __post_init__(self) -> None:
         self.auth = Authenticator(self.settings)
         topology = self.store.topology()
-        self.collector = VigilCollector(self.store, self.node_grid, cluster=topology.cluster if topology else "vigil")
+        self.collector = VigilCollector(
+            self.store, self.node_grid, cluster=topology.cluster if topology else "vigil", waste=self.waste
+        )
 
     # ------------------------------------------------------------------ metrics
 
@@ -153,6 +163,35 @@ class ServeContext:
     def node_grid(self) -> list[dict[str, Any]]:
         """Nodes x GPUs with the worst open fault level of each (the heat map)."""
         return self._snapshot().grid
+
+    def waste(self) -> WasteReport | None:
+        """Allocated vs used GPUs per job and node over the last ``waste_window_s`` of the embedded metric
+        store (None without one, or without jobs or GPU metrics). Once computed, a stale report is answered
+        while a thread computes the next (about 2 s at 10,000 GPUs), so no page or scrape waits for it."""
+        with self._waste_lock:
+            cached = self._waste
+            if cached is None:
+                self._waste = cached = (time.monotonic(), self._compute_waste())
+            elif time.monotonic() - cached[0] >= self.waste_ttl_s and not self._waste_refreshing:
+                self._waste_refreshing = True
+                threading.Thread(target=self._refresh_waste, name="vigil-waste", daemon=True).start()
+            return cached[1]
+
+    def _refresh_waste(self) -> None:
+        try:
+            report = self._compute_waste()
+            with self._waste_lock:
+                self._waste = (time.monotonic(), report)
+        finally:
+            self._waste_refreshing = False
+
+    def _compute_waste(self) -> WasteReport | None:
+        topology = self.topology()
+        span = window_of(self.metrics) if self.metrics is not None and topology.jobs else None
+        if self.metrics is None or span is None:
+            return None
+        start, end = max(span[0], span[1] - self.waste_window_s), span[1]
+        return gpu_waste(self.metrics, topology, start, max(end, start + 1.0))
 
     def job_step_times(self, job: str, last: int = 240) -> dict[str, Any]:
         """Per-rank step times of a job: from rank entities when the source has them, else the job's own."""

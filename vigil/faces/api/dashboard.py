@@ -68,6 +68,8 @@ def overview(request: Request) -> HTMLResponse:
         open_total=len(source.open_incidents()),
         hangs=sorted(ctx.hang_reports()),
         jobs=source.jobs(),
+        waste=_waste_rows(ctx),
+        waste_window_s=ctx.waste_window_s,
     )
 
 
@@ -78,6 +80,11 @@ def ask_page(request: Request) -> HTMLResponse:
     from vigil.faces.api.ask.planner import flows
 
     return _page(request, "ask.html", examples=[q for f in flows() for q in f.examples[:1]])
+
+
+def _waste_rows(ctx: ServeContext) -> list[Any]:
+    report = ctx.waste()
+    return report.summary("job") if report is not None else []
 
 
 @router.get("/incidents", response_class=HTMLResponse)

@@ -1,8 +1,8 @@
 """``/metrics``: Vigil's own state as Prometheus families, following the naming conventions.
 
 Families carry the ``vigil_`` prefix, base units, ``_total`` only on counters, and few bounded labels
-(``node``, ``gpu``, ``level``, ``detector``): never an incident id, a message or a changing state, so the
-series count stays at about one per GPU plus a handful.
+(``node``, ``gpu``, ``job``, ``level``, ``detector``): never an incident id, a message or a changing state, so
+the series count stays at about one per GPU plus a handful.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import Collector
 
 from vigil import __version__
+from vigil.detect.waste import WasteReport
 from vigil.model import FaultLevel, IncidentStatus
 
 DETECTOR_WINDOW_S = 3600.0
@@ -25,10 +26,17 @@ class VigilCollector(Collector):
     """Reads the store on every scrape; fault levels come from ``grid`` (the server's heat-map snapshot,
     at most a second old) so a scrape costs no extra topology parse."""
 
-    def __init__(self, store: Any, grid: Callable[[], list[dict[str, Any]]], cluster: str = "vigil") -> None:
+    def __init__(
+        self,
+        store: Any,
+        grid: Callable[[], list[dict[str, Any]]],
+        cluster: str = "vigil",
+        waste: Callable[[], WasteReport | None] | None = None,
+    ) -> None:
         self.store = store
         self.grid = grid
         self.cluster = cluster
+        self.waste = waste
         self.alerts_received: Counter[str] = Counter()
 
     def collect(self) -> Iterable[Any]:
@@ -96,12 +104,44 @@ class VigilCollector(Collector):
         yield score
         yield anomaly_count
 
+        yield from self._waste_families()
+
         alerts = CounterMetricFamily(
             "vigil_alertmanager_alerts", "Alerts received on the Alertmanager webhook.", labels=["status"]
         )
         for alert_status in ("firing", "resolved"):
             alerts.add_metric([alert_status], self.alerts_received[alert_status])
         yield alerts
+
+
+    def _waste_families(self) -> Iterable[Any]:
+        """Allocated against used GPUs per job and per node (one series each: jobs and nodes are bounded)."""
+        report = self.waste() if self.waste is not None else None
+        if report is None:
+            return
+        for key in ("job", "node"):
+            waste = GaugeMetricFamily(
+                f"vigil_{key}_gpu_waste_ratio",
+                f"1 - mean activity of the GPUs each {key} is allocated, over the last window of stored metrics "
+                "(activity: DCGM graphics-engine active, else GPU utilization).",
+                labels=[key],
+            )
+            allocated = GaugeMetricFamily(
+                f"vigil_{key}_gpus_allocated", f"GPUs allocated to each {key} by the jobs' placement.", labels=[key]
+            )
+            idle = GaugeMetricFamily(
+                f"vigil_{key}_gpus_idle",
+                f"Allocated GPUs of each {key} idle for the whole window (nothing running: can be given back).",
+                labels=[key],
+            )
+            for row in report.summary(key):
+                if row.waste_rate is not None:
+                    waste.add_metric([row.name], row.waste_rate)
+                allocated.add_metric([row.name], row.allocated_gpus)
+                idle.add_metric([row.name], len(row.idle_gpus))
+            yield waste
+            yield allocated
+            yield idle
 
 
 def render_metrics(collector: VigilCollector) -> bytes:
