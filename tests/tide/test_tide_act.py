@@ -98,3 +98,17 @@ def test_slurm_actuator_command_lines_and_bad_parameters() -> None:
             slurm.command(Action(ts=0.0, kind=ActionKind.SET_QUOTA, target="cluster/c1", params=params))
     with pytest.raises(ActuatorError, match="notice signal"):
         slurm.command(notice.model_copy(update={"params": {"signal": "KILL"}}))
+
+
+def test_a_preempted_job_resumes_oldest_first_when_its_tier_has_room_for_the_lead() -> None:
+    running = jobs(("a", 3, 32, "T1"))
+    waiting = jobs(("old", 3, 32, "T0"), ("new", 3, 32, "T5"), ("big", 3, 96, "T0"))
+    # room for 64 more over the whole lead: 'big' does not fit, 'old' does, then 'new'
+    actions = tide_actions(plan_of([96, 96, 96, 96]), POLICY, running, [], 0.0, cluster="c1", queues=QOS,
+                           waiting=waiting)
+    assert [(a.kind, a.target) for a in actions][2:] == [(ActionKind.RESTART_JOB, "job/old"),
+                                                         (ActionKind.RESTART_JOB, "job/new")]
+    # a shrink inside the lead leaves no room: nothing resumes
+    shrinking = tide_actions(plan_of([96, 96, 32, 32]), POLICY, running, [], 0.0, cluster="c1", queues=QOS,
+                             waiting=waiting)
+    assert not [a for a in shrinking if a.kind is ActionKind.RESTART_JOB]

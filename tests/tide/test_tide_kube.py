@@ -83,12 +83,21 @@ def test_plan_becomes_quota_notice_and_preemption_dry_run_then_for_real(
     workload = api.objects["/apis/kueue.x-k8s.io/v1beta1/namespaces/ml/workloads/job-batch-embed-0b9f4"]
     assert workload["spec"]["active"] is False
 
+    assert admitted_tier_jobs(kueue.workloads(), POLICY, inactive=True)[0].id == "ml:batch-embed"
+    resume = Action(ts=0.0, kind=ActionKind.RESTART_JOB, target="job/ml:batch-embed")
+    (resumed,) = Remediator([kueue], audit, dry_run=False).execute_all([resume])
+    path = "/apis/kueue.x-k8s.io/v1beta1/namespaces/ml/workloads/job-batch-embed-0b9f4"
+    assert resumed.status is ActionStatus.EXECUTED and api.objects[path]["spec"]["active"] is True
+    (again_resumed,) = Remediator([kueue], audit, dry_run=False).execute_all(fresh([resume]))
+    assert again_resumed.status is ActionStatus.SKIPPED
+    api.objects[path]["spec"]["active"] = False
+
     # idempotent: the quota is there and the workload inactive, per the API
     again = Remediator([kueue], audit, dry_run=False).execute_all(
         fresh([a for a in actions if a.kind is not ActionKind.PREEMPT_NOTICE]))
     assert [a.status for a in again] == [ActionStatus.SKIPPED] * 3, [
         a.result for a in again]
-    assert len(audit.actions()) == 4 + 4 + 3
+    assert len(audit.actions()) == 4 + 4 + 2 + 3
 
 
 def test_api_refusals_and_bad_targets_fail_the_action_not_the_process(kube: tuple[RecordedApi, KueueActuator],

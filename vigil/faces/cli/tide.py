@@ -182,15 +182,16 @@ def apply_command(
     import time
 
     from vigil.config import settings
-    from vigil.model import ActionKind
+    from vigil.model import ActionKind, ActionStatus
     from vigil.remedy.actuators.base import Actuator, OutboxActuator
     from vigil.remedy.audit import AuditLog
     from vigil.remedy.remediator import Remediator
-    from vigil.remedy.tide.act import given_notices, tide_actions
+    from vigil.remedy.tide.act import TierJob, given_notices, tide_actions
     from vigil.remedy.tide.tiers import load_tier_policy
 
     tiers = load_tier_policy(policy)
     actuator: Actuator
+    waiting: list[TierJob] = []
     if backend == "slurm":
         from vigil.remedy.actuators.slurm import SlurmActuator
         from vigil.remedy.tide.slurm import qos_names, running_tier_jobs
@@ -210,6 +211,15 @@ def apply_command(
         except ActuatorError as err:
             raise VigilInputError(f"cannot list Kueue workloads: {err}") from None
         actuator, queues, jobs = kueue, cluster_queues(tiers), admitted_tier_jobs(workloads, tiers, resource)
+        # resumed only if Vigil's last word on it was a preemption: a Workload someone else deactivated stays
+        last: dict[str, ActionKind] = {}
+        for earlier in AuditLog().actions(status=ActionStatus.EXECUTED):
+            if earlier.params.get("actuator") == "kueue" and earlier.kind in (ActionKind.PREEMPT,
+                                                                                ActionKind.RESTART_JOB):
+                last[earlier.target] = earlier.kind
+        preempted_by_vigil = {target for target, kind in last.items() if kind is ActionKind.PREEMPT}
+        waiting = [j for j in admitted_tier_jobs(workloads, tiers, resource, inactive=True)
+                   if f"job/{j.id}" in preempted_by_vigil]
     else:
         raise VigilInputError(f"--backend must be slurm or kubernetes, got {backend!r}")
     history = _history(trace, promql, query, None, lookback, tiers.interval_s)
@@ -217,7 +227,8 @@ def apply_command(
     audit = AuditLog()
     now = time.time()
     notices = given_notices(audit.actions(kind=ActionKind.PREEMPT_NOTICE, since=now - 7 * 86400))
-    actions = tide_actions(result, tiers, jobs, notices, now, cluster=cluster, queues=queues, resource=resource)
+    actions = tide_actions(result, tiers, jobs, notices, now, cluster=cluster, queues=queues, resource=resource,
+                           waiting=waiting)
     remediator = Remediator([OutboxActuator(settings().home / "outbox.jsonl"), actuator], audit,
                             dry_run=not (execute or settings().execute_actions), requested_by="vigil-tide")
     done = remediator.execute_all(actions)

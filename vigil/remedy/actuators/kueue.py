@@ -8,7 +8,8 @@
   annotations through a Downward API volume, which the kubelet refreshes, and checkpoints;
 - preempt on the same target: the Job's Kueue Workload (label ``kueue.x-k8s.io/job-uid``) is deactivated
   (``spec.active: false``): Kueue evicts it (pods get SIGTERM and their terminationGracePeriodSeconds) and it
-  stays queued, inactive, until it is set active again.
+  stays queued, inactive, until it is set active again;
+- restart_job on the same target: the Workload is set active again, and Kueue admits it when quota allows.
 
 No API server runs in Vigil's CI: the tests run this code against a local server answering with JSON in the
 real API's shapes (tests/fixtures/tide/kube).
@@ -43,7 +44,7 @@ def job_ref(target: str) -> tuple[str, str]:
 
 class KueueActuator(Actuator):
     name = "kueue"
-    kinds = frozenset({ActionKind.SET_QUOTA, ActionKind.PREEMPT_NOTICE, ActionKind.PREEMPT})
+    kinds = frozenset({ActionKind.SET_QUOTA, ActionKind.PREEMPT_NOTICE, ActionKind.PREEMPT, ActionKind.RESTART_JOB})
     target_kinds = frozenset({"cluster", "job"})
 
     def __init__(self, api_client: Any | None = None) -> None:
@@ -153,6 +154,8 @@ class KueueActuator(Actuator):
         namespace, name = job_ref(action.target)
         if action.kind is ActionKind.PREEMPT_NOTICE:
             return f"annotate job {namespace}/{name} and its pods {NOTICE_AT}={self._deadline(action)}"
+        if action.kind is ActionKind.RESTART_JOB:
+            return f"activate the Kueue Workload of job {namespace}/{name} (spec.active=true)"
         return f"deactivate the Kueue Workload of job {namespace}/{name} (spec.active=false)"
 
     @staticmethod
@@ -165,9 +168,10 @@ class KueueActuator(Actuator):
             queue, resource, units = self.quota(action)
             quotas = self._quotas(self._cluster_queue(queue), resource)
             return bool(quotas) and all(str(r.get("nominalQuota")) == str(units) for r in quotas)
-        if action.kind is ActionKind.PREEMPT:
+        if action.kind in (ActionKind.PREEMPT, ActionKind.RESTART_JOB):
             workload = self._workload(*job_ref(action.target))
-            return workload is None or workload.get("spec", {}).get("active", True) is False
+            active = workload is not None and workload.get("spec", {}).get("active", True) is not False
+            return not active if action.kind is ActionKind.PREEMPT else active
         return False
 
     def execute(self, action: Action) -> str:
@@ -199,6 +203,10 @@ class KueueActuator(Actuator):
         if workload is None:
             raise ActuatorError(f"job {namespace}/{name} has no Kueue Workload")
         workload_name = workload["metadata"]["name"]
-        self._call(f"deactivate Workload {namespace}/{workload_name}", self.custom.patch_namespaced_custom_object,
-                   KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads", workload_name, {"spec": {"active": False}})
+        active = action.kind is ActionKind.RESTART_JOB
+        self._call(f"{'activate' if active else 'deactivate'} Workload {namespace}/{workload_name}",
+                   self.custom.patch_namespaced_custom_object, KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads",
+                   workload_name, {"spec": {"active": active}})
+        if active:
+            return f"Workload {namespace}/{workload_name} active again: Kueue admits job {namespace}/{name} by quota"
         return f"Workload {namespace}/{workload_name} deactivated: Kueue evicts job {namespace}/{name}"

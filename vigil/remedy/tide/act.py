@@ -5,7 +5,9 @@ Each round (once an interval):
 - a running tier-3 job whose capacity the plan takes back within the notice lead gets a ``preempt_notice``
   (youngest first: it has the least work since its start to lose); tier 4 is preempted at once;
 - a job whose notice has run out and that still runs is preempted (``preempt``: requeued), its checkpoint
-  written in the grace its notice gave.
+  written in the grace its notice gave;
+- a job Vigil preempted that waits inactive (a deactivated Kueue Workload) is resumed (``restart_job``), oldest
+  first, when its tier has room again for the whole notice lead.
 
 The scheduler's own preemption (Slurm QOS, Kueue) may take a job first; the actuators then find it no
 longer running and skip the preempt.
@@ -71,6 +73,7 @@ def tide_actions(
     cluster: str,
     queues: dict[int, str],
     resource: str = "gres/gpu",
+    waiting: Sequence[TierJob] = (),
 ) -> list[Action]:
     """The actions that carry out the plan's first interval on the scheduler; ``queues`` names each tier's queue
     (Slurm QOS, Kueue ClusterQueue), ``resource`` what its quota counts."""
@@ -109,4 +112,11 @@ def tide_actions(
             else:
                 actions.append(Action(ts=now, kind=ActionKind.PREEMPT, target=job_id(job.id), requested_by="vigil-tide",
                                       reason=f"tidal plan: tier {tier} gives back {job.units} GPUs at once"))
+        room = allowed - sum(j.units for j in jobs if j.tier == tier)
+        for job in sorted((j for j in waiting if j.tier == tier), key=lambda j: j.started):
+            if job.units <= room:
+                room -= job.units
+                actions.append(Action(ts=now, kind=ActionKind.RESTART_JOB, target=job_id(job.id),
+                                      requested_by="vigil-tide",
+                                      reason=f"tidal plan: tier {tier} has room for {job.units} GPUs again"))
     return actions

@@ -100,21 +100,26 @@ def _gpus(pod_set: dict[str, Any], resource: str) -> int:
     return per_pod * int(pod_set.get("count", 1))
 
 
-def admitted_tier_jobs(workloads: list[dict[str, Any]], policy: TierPolicy,
-                       resource: str = GPU_RESOURCE) -> list[TierJob]:
+def admitted_tier_jobs(workloads: list[dict[str, Any]], policy: TierPolicy, resource: str = GPU_RESOURCE,
+                       *, inactive: bool = False) -> list[TierJob]:
     """Jobs of tiers 3 and 4 that Kueue admitted, from Workload objects: the tier from the ClusterQueue that
-    admitted it, the job from its owner (``job/<namespace>:<name>``), units from its pod sets' requests."""
+    admitted it, the job from its owner (``job/<namespace>:<name>``), units from its pod sets' requests.
+    With ``inactive``: the deactivated ones instead, their tier from the LocalQueue they were submitted to."""
     by_queue = {name: tier for tier, name in cluster_queues(policy).items()}
+    by_local_queue = {t.name: t.tier for t in policy.tiers}
     jobs = []
     for workload in workloads:
-        metadata, status = workload.get("metadata", {}), workload.get("status", {})
+        metadata, status, spec = workload.get("metadata", {}), workload.get("status", {}), workload.get("spec", {})
         admission = status.get("admission") or {}
-        tier = by_queue.get(admission.get("clusterQueue", ""))
-        active = workload.get("spec", {}).get("active", True) is not False
+        active = spec.get("active", True) is not False
+        if inactive:
+            tier = None if active else by_local_queue.get(spec.get("queueName", ""))
+        else:
+            tier = by_queue.get(admission.get("clusterQueue", "")) if active else None
         owners = [o for o in metadata.get("ownerReferences", []) if o.get("kind") == "Job"]
-        if tier not in (3, 4) or not active or not owners:
+        if tier not in (3, 4) or not owners:
             continue
-        units = sum(_gpus(pod_set, resource) for pod_set in workload.get("spec", {}).get("podSets", []))
+        units = sum(_gpus(pod_set, resource) for pod_set in spec.get("podSets", []))
         jobs.append(TierJob(f"{metadata.get('namespace', 'default')}:{owners[0]['name']}", owners[0]["name"], tier,
                             units, metadata.get("creationTimestamp", "")))
     return jobs
