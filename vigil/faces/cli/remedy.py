@@ -328,3 +328,66 @@ def self_check_command(
     )
     state = remediator.finish_repair(node, passed, "vigil remedy self-check")
     console.print(f"{node}: {state.value}", markup=False)
+
+
+@app.command("idle-workers")
+def idle_workers_command(
+    grace: Annotated[float, typer.Option("--grace", min=1.0, help="seconds from the notice to the release")] = 1800.0,
+    min_idle: Annotated[int, typer.Option("--min-idle", min=1, help="idle GPUs that make a job count")] = 1,
+    idle_activity: Annotated[
+        float, typer.Option("--idle-activity", min=0.0, max=1.0, help="a GPU below this all window is idle")
+    ] = 0.05,
+    backend: Annotated[str, typer.Option(help="none, kubernetes or slurm: what carries out a release")] = "none",
+    execute: Annotated[bool, typer.Option("--execute", help="notify and release for real (default: dry-run)")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the actions as JSON")] = False,
+) -> None:
+    """The idle-worker policy: notify jobs whose GPUs sat idle, release them after --grace if still idle.
+
+    Reads the stored topology and GPU metrics (a window of twice the grace period up to the last scrape); run
+    it at least once per grace period. Every notice and release is an audited action (`vigil remedy audit`).
+    """
+    from vigil.config import settings
+    from vigil.detect.waste import gpu_waste, window_of
+    from vigil.remedy.actuators.base import Actuator, OutboxActuator
+    from vigil.remedy.audit import AuditLog
+    from vigil.remedy.idle import IdleWorkerPolicy, idle_worker_actions
+    from vigil.remedy.remediator import Remediator
+    from vigil.store.metrics import MetricStore
+    from vigil.store.sql import open_store, store_exists
+
+    home = settings().home
+    if not store_exists(settings().database_url()) or not (home / "metrics").is_dir():
+        raise VigilInputError(f"nothing stored under {home}: run `vigil demo` or `vigil serve` with agents first")
+    store = open_store()
+    try:
+        topology = store.topology()
+    finally:
+        store.close()
+    if topology is None or not topology.jobs:
+        raise VigilInputError("no jobs in the stored topology: nothing is allocated")
+    metrics = MetricStore(home / "metrics")
+    span = window_of(metrics)
+    if span is None:
+        raise VigilInputError(f"no GPU metrics stored under {home / 'metrics'}")
+    start, end = max(span[0], span[1] - 2 * grace), span[1]
+    report = gpu_waste(metrics, topology, start, max(end, start + 1.0), idle_activity=idle_activity)
+    actuators: list[Actuator] = [OutboxActuator(home / "outbox.jsonl")]
+    if backend == "slurm":
+        from vigil.remedy.actuators.slurm import SlurmActuator
+
+        actuators.append(SlurmActuator())
+    elif backend == "kubernetes":
+        from vigil.remedy.actuators.kueue import KueueActuator
+
+        actuators.append(KueueActuator())
+    elif backend != "none":
+        raise VigilInputError(f"--backend must be none, kubernetes or slurm, got {backend!r}")
+    audit = AuditLog()
+    remediator = Remediator(actuators, audit, dry_run=not execute, requested_by="idle-policy")
+    # The metrics' clock, not the wall clock: the grace period is measured on the scrapes.
+    wanted = idle_worker_actions(report, audit, IdleWorkerPolicy(grace, min_idle), now=end)
+    actions = [remediator.execute(action) for action in wanted]
+    if as_json:
+        typer.echo(json.dumps([a.model_dump(mode="json") for a in actions], indent=2))
+        return
+    _print_actions(actions, f"Idle workers ({'executed' if execute else 'dry-run'}), grace {grace:g} s")
