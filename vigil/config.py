@@ -49,6 +49,8 @@ class Settings(BaseSettings):
     kube_jobs_poll_s: float = Field(default=0.0, ge=0, description="read training pods' placement from the "
                                     "Kubernetes API (in cluster) this often; 0 = off")
     slurm_poll_s: float = Field(default=0.0, ge=0, description="read Slurm's jobs (squeue) this often; 0 = off")
+    detector_model: str = Field(default="", description="trained learned GPU detector the engine runs beside "
+                                "the rules (`vigil detect train --out DIR`); empty = <home>/models/tce-gpu if trained")
     server_url: str = Field(default="", description="Vigil server that `vigil launch` reports to; empty = off")
     server_token: str = Field(default="", description="bearer token for server_url; empty = api_token")
     report_interval_s: float = Field(default=5.0, gt=0, description="how often `vigil launch` sends step "

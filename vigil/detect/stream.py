@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from vigil.detect.base import StreamDetector
-from vigil.detect.learned.gpu_features import GpuFeaturizer
+from vigil.detect.learned.gpu_features import MISSING_FEATURE, GpuFeaturizer
 from vigil.knowledge.faults import fault_level
 from vigil.model import Anomaly, Event, Evidence, FaultLevel, Topology, VigilInputError
 from vigil.store.metrics import MetricFrame
@@ -52,11 +52,33 @@ class LearnedStreamDetector(StreamDetector):
         self._buffer: np.ndarray | None = None
         self._seen = 0
 
+    def set_topology(self, topology: Topology) -> None:
+        """Read the jobs' placement from a newer topology (the context features); the windows stay."""
+        self.featurizer.set_topology(topology)
+
+    def resume(self, anomaly: Anomaly) -> None:
+        """Take up an anomaly of this detector stored before a restart as open."""
+        self.active.setdefault(anomaly.entity, anomaly)
+
     @classmethod
     def from_path(cls, path: Path, topology: Topology, **kw: float) -> LearnedStreamDetector:
         from vigil.detect.learned.tce import load_detector
 
         return cls(load_detector(path), topology, **kw)
+
+    def _as_trained(self, frame: MetricFrame) -> MetricFrame:
+        """The frame with the metrics the model was trained on, in its order: a live source reports what its
+        exporters have (a column appears when one first does), and a metric it lacks reads as missing, as in
+        training. A model whose features carry no metric names reads the frame as it comes."""
+        metrics = trained_metrics(self.detector.features_)
+        if not metrics or metrics == list(frame.metrics):
+            return frame
+        values = np.full((len(frame.entities), len(metrics)), np.nan, dtype=np.float64)
+        for j, metric in enumerate(metrics):
+            if metric in frame.metrics:
+                values[:, j] = frame.column(metric)
+        return MetricFrame(ts=frame.ts, family=frame.family, entities=list(frame.entities), metrics=metrics,
+                           values=values)
 
     def _window(self, inputs: np.ndarray) -> np.ndarray:
         history = self.detector.history
@@ -74,7 +96,7 @@ class LearnedStreamDetector(StreamDetector):
         frame = next((f for f in frames if f.family == "gpu"), None)
         if frame is None:
             return []
-        inputs, context = self.featurizer.push(frame, events)
+        inputs, context = self.featurizer.push(self._as_trained(frame), events)
         if self.detector.features_ and len(self.detector.features_) != inputs.shape[1]:
             raise VigilInputError(f"the model reads {len(self.detector.features_)} GPU features, "
                                   f"the frames give {inputs.shape[1]}")
@@ -114,9 +136,20 @@ class LearnedStreamDetector(StreamDetector):
 GPU_MODEL_DIR = Path("models") / "tce-gpu"
 
 
-def learned_detectors(topology: Topology, home: Path) -> list[LearnedStreamDetector]:
-    """The learned GPU detector if one was trained into ``<home>/models/tce-gpu``
-    (``vigil detect train --format sim --data RUN --out <home>/models/tce-gpu``), else none."""
+def trained_metrics(features: Sequence[str]) -> list[str]:
+    """The raw metrics behind a model's GPU features (``rate(X)`` is X; the missing ratio is derived); empty
+    when the features are not metric names (a model fitted on bare arrays names them m0, m1, ...)."""
+    metrics = [f[len("rate("):-1] if f.startswith("rate(") and f.endswith(")") else f
+               for f in features if f != MISSING_FEATURE]
+    return metrics if metrics and all(m.startswith(("DCGM_", "vigil_")) for m in metrics) else []
+
+
+def learned_detectors(topology: Topology, home: Path, model: Path | None = None) -> list[LearnedStreamDetector]:
+    """The learned GPU detector at ``model`` (a clear error when there is none), else the one trained into
+    ``<home>/models/tce-gpu`` (``vigil detect train --format sim --data RUN --out <home>/models/tce-gpu``) if
+    any, else none."""
+    if model is not None:
+        return [LearnedStreamDetector.from_path(model, topology)]
     path = home / GPU_MODEL_DIR
     if not (path / "meta.json").exists():
         return []

@@ -28,6 +28,7 @@ import numpy as np
 from vigil.config import Settings, read_yaml
 from vigil.detect.incidents import IncidentGrouper
 from vigil.detect.rules import RuleDetector
+from vigil.detect.stream import LearnedStreamDetector, learned_detectors
 from vigil.diagnose.kg import KnowledgeGraph
 from vigil.diagnose.llm import LlmClient, diagnose
 from vigil.diagnose.memory import recall, remember
@@ -46,6 +47,7 @@ from vigil.model import (
 )
 from vigil.remedy.notify import AlertmanagerNotifier, Notifier, WebhookNotifier
 from vigil.remedy.policy import PolicyEngine, load_policies
+from vigil.remedy.remediator import Remediator
 from vigil.sources.collect.kube_jobs import KubernetesJobs
 from vigil.sources.collect.slurm import SlurmJobs, placement
 from vigil.sources.launch import JOB_ENDED
@@ -174,6 +176,7 @@ class Engine:
         clock: Callable[[], float] = time.time,
         batch: int = 10_000,
         kube_jobs: KubernetesJobs | None = None,
+        remediator: Remediator | None = None,
     ) -> None:
         self.store = store
         self.settings = settings
@@ -187,6 +190,11 @@ class Engine:
         self.topology = Topology()
         self.topology_version = -1
         self.detector = RuleDetector(self.topology)
+        # Trained models beside the rules; a configured model that is not there is a configuration error.
+        model = Path(settings.detector_model) if settings.detector_model else None
+        self.learned: list[LearnedStreamDetector] = learned_detectors(self.topology, settings.home, model)
+        self.remediator = remediator
+        self.resumed_actions = 0
         self.grouper = IncidentGrouper(self.topology, resolve_after_s=settings.resolve_after_s)
         self._kg: KnowledgeGraph | None = None
         self._anomalies: dict[str, Anomaly] = {}
@@ -208,7 +216,11 @@ class Engine:
     # ---------------------------------------------------------------- start-up
 
     def start(self) -> None:
-        """Take up where the last engine stopped: cursor, open incidents, the latest metric values."""
+        """Take up where the last engine stopped: actions it left half done, cursor, open incidents, the latest
+        metric values."""
+        if self.remediator is not None:
+            # An action whose execution a killed predecessor began is finished (or refused) before anything new.
+            self.resumed_actions = len(self.remediator.recover())
         _, state = self.store.cursor(CURSOR)
         self.event_cursor = int(state.get("events", 0))
         self.push_cursor = int(state.get("pushes", 0))
@@ -223,7 +235,7 @@ class Engine:
             self.grouper.resume(incident, anomalies)
             for anomaly in anomalies:
                 self._anomalies[anomaly.id] = anomaly
-                self.detector.resume(anomaly)
+                self._resume(anomaly)
             self._known[incident.id] = self._signature(incident, self.clock())
             self._notified[incident.id] = 0.0
         # The values before the cursor, so a counter that rose while the engine was down shows its rise.
@@ -237,6 +249,14 @@ class Engine:
                     self.frames.forget(event.entity)
             self._detect(self.frames.frames(max(p.ts for p in replay)), [], TickReport())
         self._started = True
+
+    def _resume(self, anomaly: Anomaly) -> None:
+        """Hand an anomaly stored before a restart back to the detector that found it."""
+        if anomaly.detector == self.detector.name:
+            self.detector.resume(anomaly)
+        for learned in self.learned:
+            if anomaly.detector == learned.name:
+                learned.resume(anomaly)
 
     # ---------------------------------------------------------------- one round
 
@@ -314,6 +334,13 @@ class Engine:
 
     def _detect(self, frames: list[MetricFrame], events: list[Event], report: TickReport) -> None:
         opened = self.detector.update(frames, events)
+        for learned in list(self.learned):
+            try:
+                opened += learned.update(frames, events)
+            except VigilInputError as err:
+                # A model that cannot read this cluster's frames is set aside; the rules go on.
+                log.error("learned detector %s set aside: %s", learned.name, err)
+                self.learned.remove(learned)
         for anomaly in opened:
             # Named by what it is about, so a tick replayed after a crash finds the same anomaly.
             anomaly.id = stable_id("an", anomaly.detector, anomaly.entity, anomaly.fault_type, f"{anomaly.start:.3f}")
@@ -450,6 +477,8 @@ class Engine:
         self.topology = self.store.topology() or Topology()
         self._kg = None
         self.detector.set_topology(self.topology)
+        for learned in self.learned:
+            learned.set_topology(self.topology)
         self.grouper.set_topology(self.topology)
 
     def _save_cursor(self) -> None:
@@ -482,6 +511,7 @@ class Engine:
             "push_cursor": self.push_cursor,
             "topology_version": self.topology_version,
             "open_incidents": len(self._known),
+            "detectors": [self.detector.name, *(d.name for d in self.learned)],
             "last_tick_s": last.seconds if last else None,
         }
 

@@ -33,6 +33,8 @@ XID_FAMILIES: dict[str, tuple[int, ...]] = {
 CONTEXT_FEATURES = ("log_min_since_job_start", "log_min_since_checkpoint", "job_down",
                     *(f"log_min_since_xid_{name}" for name in (*XID_FAMILIES, "other")))
 NEVER_S = 86400.0
+# The input that says how much of a GPU's row was missing (appended after the metrics).
+MISSING_FEATURE = "vigil_missing_ratio"
 
 class GpuFeaturizer:
     """Turns one ``gpu`` frame and the events since the last one into model inputs, tick by tick.
@@ -42,7 +44,6 @@ class GpuFeaturizer:
     """
 
     def __init__(self, topology: Topology) -> None:
-        self.job_of_gpu = {gpu: job.entity for job in topology.jobs for gpu in job.placement}
         self.family_of = {code: k for k, codes in enumerate(XID_FAMILIES.values()) for code in codes}
         self.gpus: list[str] = []
         self.metrics: list[str] = []
@@ -52,12 +53,19 @@ class GpuFeaturizer:
         self._prev_ts: float | None = None
         self._prev_raw: np.ndarray | None = None
         self._filled: np.ndarray | None = None
+        self._jobs: list[str | None] = []
+        self.set_topology(topology)
+
+    def set_topology(self, topology: Topology) -> None:
+        """Which job each GPU runs (a job started or moved); what was seen so far stays."""
+        self.job_of_gpu = {gpu: job.entity for job in topology.jobs for gpu in job.placement}
+        self._jobs = [self.job_of_gpu.get(g) for g in self.gpus]
 
     def _bind(self, frame: MetricFrame) -> None:
         self.gpus, self.metrics = list(frame.entities), list(frame.metrics)
         self._gpu_pos = {g: i for i, g in enumerate(self.gpus)}
         self._counters = np.array([is_counter(m) for m in self.metrics])
-        self.features = [f"rate({m})" if is_counter(m) else m for m in self.metrics] + ["vigil_missing_ratio"]
+        self.features = [f"rate({m})" if is_counter(m) else m for m in self.metrics] + [MISSING_FEATURE]
         self._xid_last = np.full((len(self.gpus), len(XID_FAMILIES) + 1), -np.inf)
         self._jobs = [self.job_of_gpu.get(g) for g in self.gpus]
 

@@ -14,9 +14,17 @@ import typer
 def engine(
     config: Annotated[Path | None, typer.Option("--config", help="settings YAML file (else VIGIL_* env)")] = None,
     once: Annotated[bool, typer.Option("--once", help="one tick, print what it did, exit")] = False,
+    actuator: Annotated[
+        str,
+        typer.Option(help="none, kubernetes or slurm: the back end whose half-done actions a killed engine or "
+                     "server left are finished at start (with execute_actions on)"),
+    ] = "none",
 ) -> None:
     """Read agents' pushes and Prometheus, detect, open / resolve incidents, diagnose, propose actions, alert."""
     from vigil.config import load_settings
+    from vigil.model import Topology
+    from vigil.remedy.acting import remediator_for
+    from vigil.remedy.lifecycle import LifecycleStore
     from vigil.run.engine import Engine
     from vigil.sources.promql import PromQLSource
     from vigil.store.sql import open_store
@@ -24,7 +32,13 @@ def engine(
     settings = load_settings(config)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     prom = PromQLSource(settings.metrics_url) if settings.metrics_url else None
-    live = Engine(open_store(settings), settings, prom=prom)
+    store = open_store(settings)
+    remediator = remediator_for(actuator, settings, store.topology() or Topology(),
+                                LifecycleStore(settings.database_url()), "vigil-engine")
+    live = Engine(store, settings, prom=prom, remediator=remediator)
+    live.start()
+    if live.resumed_actions:
+        typer.echo(f"resumed {live.resumed_actions} interrupted action(s)", err=True)
     if once:
         report = live.tick()
         typer.echo(f"events {report.events}, pushes {report.pushes}, anomalies {report.anomalies}, "

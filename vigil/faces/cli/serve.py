@@ -59,39 +59,14 @@ def _context(
 
 
 def _executor(actuator: str, settings: Any, store: Any, lifecycle: Any) -> Callable[[Action], Action] | None:
-    """The remediator behind POST /actions/{id}/execute?dry_run=false: blast-radius guard, node lifecycle and
-    audit log in front of the chosen back end; alerts, tickets and diagnostics go to <home>/outbox.jsonl."""
-    if actuator == "none" or not settings.execute_actions:
-        return None
+    """The remediator behind POST /actions/{id}/execute?dry_run=false (vigil.remedy.acting); None when
+    actions are not executed."""
     from vigil.model import Topology
-    from vigil.remedy.actuators.base import Actuator, OutboxActuator
-    from vigil.remedy.audit import AuditLog
-    from vigil.remedy.guard import BlastRadiusGuard
-    from vigil.remedy.remediator import Remediator
+    from vigil.remedy.acting import remediator_for
 
-    backends: list[Actuator] = [OutboxActuator(settings.home / "outbox.jsonl")]
-    if actuator == "kubernetes":
-        from vigil.remedy.actuators.kubernetes import KubernetesActuator
-
-        backends.append(KubernetesActuator())
-    else:
-        from vigil.remedy.actuators.slurm import SlurmActuator
-
-        backends.append(SlurmActuator())
-    guard = BlastRadiusGuard(
-        store.topology() or Topology(),
-        lifecycle,
-        max_share=settings.max_cordon_share,
-        max_share_per_switch=settings.max_cordon_share_per_switch,
-    )
-    remediator = Remediator(
-        backends,
-        AuditLog(settings.database_url()),
-        lifecycle=lifecycle,
-        guard=guard,
-        dry_run=False,
-        requested_by="vigil-api",
-    )
+    remediator = remediator_for(actuator, settings, store.topology() or Topology(), lifecycle, "vigil-api")
+    if remediator is None:
+        return None
     # Actions a previous server was executing when it died are resumed before new ones are accepted.
     remediator.recover()
     return remediator.execute

@@ -1,0 +1,125 @@
+"""The engine's start-up and its optional detectors: a half-done action left by a killed predecessor is
+finished before the first tick (`vigil engine --actuator slurm`, a real subprocess), and a trained learned
+detector runs beside the rules, its findings the evidence of their incidents."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.remedy.test_crash_safety import EXECUTE, SCONTROL, _updates
+from tests.run.test_engine import Clock
+from vigil.config import Settings
+from vigil.detect.learned.tce import TCEDetector, save_detector
+from vigil.model import ActionStatus, Gpu, Node, Sample, VigilInputError
+from vigil.remedy.audit import AuditLog
+from vigil.run.engine import Engine
+from vigil.store.sql import Store
+
+REPO = Path(__file__).resolve().parents[2]
+GPUS = [(node, index) for node in ("n01", "n02") for index in range(2)]
+
+
+def test_engine_finishes_an_action_its_killed_predecessor_left_half_done(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text(SCONTROL.format(state=tmp_path))
+    scontrol.chmod(0o755)
+    url = f"sqlite:///{tmp_path / 'home' / 'vigil.db'}"
+    store = Store(url)  # the store as the server that was executing left it: n1 is one node of ten
+    for name in ["n1", *(f"n{i}" for i in range(2, 11))]:
+        store.register_node(Node(name=name))
+    store.close()
+    (tmp_path / "stall").touch()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    worker = subprocess.Popen([sys.executable, "-c", EXECUTE, url, str(scontrol)], env=env)
+    deadline = time.monotonic() + 60
+    while _updates(tmp_path) == 0:
+        assert worker.poll() is None and time.monotonic() < deadline, "the drain never started"
+        time.sleep(0.05)
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.wait(timeout=30)
+    (tmp_path / "stall").unlink()
+    assert [a.id for a in AuditLog(url).unfinished()] == ["act-drain-n1"]
+
+    engine_env = {k: v for k, v in env.items() if not k.startswith("VIGIL_")}
+    engine_env.update(VIGIL_HOME=str(tmp_path / "home"), VIGIL_EXECUTE_ACTIONS="true",
+                      PATH=f"{bin_dir}{os.pathsep}{env['PATH']}")
+    done = subprocess.run([sys.executable, "-m", "vigil", "engine", "--once", "--actuator", "slurm"],
+                          env=engine_env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "resumed 1 interrupted action" in done.stderr
+    audit = AuditLog(url)
+    assert audit.unfinished() == [], [(a.status, a.result) for a in audit.actions()]
+    assert _updates(tmp_path) == 2  # the killed call and the one that completed
+    assert [(a.id, a.status) for a in audit.actions()] == [("act-drain-n1", ActionStatus.EXECUTED)]
+    # A second start finds nothing left to do.
+    again = subprocess.run([sys.executable, "-m", "vigil", "engine", "--once", "--actuator", "slurm"],
+                           env=engine_env, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and "resumed" not in again.stderr and _updates(tmp_path) == 2
+
+
+def _tiny_model(path: Path) -> None:
+    """A TCE that learned one thing: a GPU running warm (75-82 C, below the rules' 87 C) for a while is
+    gpu_thermal; 55-65 C is normal."""
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    n, history = 400, 8
+    labels = rng.integers(0, 2, n)
+    temp = np.where(labels[:, None] == 1, rng.uniform(75, 82, (n, history)), rng.uniform(55, 65, (n, history)))
+    util = rng.uniform(90, 100, (n, history))
+    windows = np.stack([temp, util, np.zeros((n, history))], axis=2).astype(np.float32)
+    detector = TCEDetector(recent=4, history=history, scales=(2,), hidden=8, epochs=8, prototypes=0, seed=0)
+    detector.fit(windows, labels, classes=["normal", "gpu_thermal"],
+                 features=["DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_GPU_UTIL", "vigil_missing_ratio"])
+    save_detector(detector, path)
+
+
+def test_learned_detector_findings_become_incident_evidence(tmp_path: Path) -> None:
+    _tiny_model(tmp_path / "model")
+    settings = Settings(home=tmp_path / "home", detector_model=str(tmp_path / "model"), resolve_after_s=600.0)
+    store = Store(settings.database_url())
+    for node in ("n01", "n02"):
+        store.register_node(Node(name=node, gpus=[Gpu(node=node, index=i) for i in range(2)]))
+    clock = Clock()
+    engine = Engine(store, settings, notifiers=[], clock=clock)
+
+    def scrape(warm: set[tuple[str, int]]) -> None:
+        for node in ("n01", "n02"):
+            samples = []
+            for index in range(2):
+                entity = f"gpu/{node}/{index}"
+                temp = 79.0 if (node, index) in warm else 60.0
+                samples += [Sample(ts=clock.now, entity=entity, metric="DCGM_FI_DEV_GPU_TEMP", value=temp),
+                            Sample(ts=clock.now, entity=entity, metric="DCGM_FI_DEV_GPU_UTIL", value=96.0),
+                            Sample(ts=clock.now, entity=entity, metric="DCGM_FI_DEV_SM_CLOCK", value=1980.0)]
+            store.add_samples(node, samples)
+
+    for _ in range(12):
+        clock.now += 10.0
+        scrape(set())
+        engine.tick()
+    assert store.incidents() == []
+    for _ in range(10):
+        clock.now += 10.0
+        scrape({("n02", 1)})
+        engine.tick()
+    [incident] = store.incidents()
+    assert incident.scope == "gpu/n02/1" and incident.fault_types == ["gpu_thermal"]
+    assert incident.evidence[0].kind == "detector" and "TCE: p(gpu_thermal)" in incident.evidence[0].summary
+    assert store.diagnosis(incident.id) is not None
+
+
+def test_a_configured_model_that_is_not_there_is_refused(tmp_path: Path) -> None:
+    settings = Settings(home=tmp_path, detector_model=str(tmp_path / "missing"))
+    with pytest.raises(VigilInputError, match="no trained model"):
+        Engine(Store(settings.database_url()), settings, notifiers=[])
