@@ -81,5 +81,8 @@ def test_kubernetes_deadline_annotation(tmp_path: Path) -> None:
     assert not notice.requested()
     podinfo.write_text('kueue.x-k8s.io/workload="job-train-spot-a-5c1d2"\nvigil.dev/preempt-at="2026-12-02T15:00:00Z"\n')
     assert notice.requested() and notice.deadline() == 1796223600.0
+    assert notice.take() and not notice.take()  # one checkpoint per notice
+    podinfo.write_text('vigil.dev/preempt-at="2026-12-02T15:05:00Z"\n')
+    assert notice.take()  # a new deadline is a new notice
     podinfo.write_text('vigil.dev/preempt-at="soon"\n')
     assert notice.requested() and notice.deadline() is None  # unreadable deadline: checkpoint anyway

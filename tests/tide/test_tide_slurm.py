@@ -17,6 +17,7 @@ import pytest
 
 from tests.slurm_cluster import SlurmCluster, slurm_cluster
 from tests.tide.test_tide import ROOT, write_policy
+from vigil.checkpoint.manager import complete_steps
 from vigil.model import Action, ActionKind, ActionStatus, job_id
 from vigil.remedy.actuators.slurm import SlurmActuator
 from vigil.remedy.audit import AuditLog
@@ -29,26 +30,39 @@ from vigil.remedy.tide.tiers import load_tier_policy
 pytestmark = pytest.mark.slow
 CPUS = os.cpu_count() or 1
 
-# A spot training job: counts steps, writes its checkpoint on the notice (SIGUSR1) and on Slurm's SIGTERM,
-# and starts from the checkpoint when there is one.
+# A spot training job on Vigil's checkpoint manager: it checkpoints (torch.distributed.checkpoint) on the notice
+# (SIGUSR1) and on Slurm's SIGTERM, exits after the latter, and starts from its latest checkpoint.
 SPOT_JOB = """#!{python}
-import json, os, signal, sys, time
-ckpt = os.environ["CKPT"]
-step = json.load(open(ckpt))["step"] if os.path.exists(ckpt) else 0
-def save(signum, frame):
-    with open(ckpt + ".tmp", "w") as out:
-        json.dump({{"step": step, "signal": signum}}, out)
-    os.replace(ckpt + ".tmp", ckpt)
-    print("checkpoint", step, "signal", signum, flush=True)
-    if signum == signal.SIGTERM:
-        sys.exit(0)
-signal.signal(signal.SIGUSR1, save)
-signal.signal(signal.SIGTERM, save)
+import os, signal, sys, time
+sys.path.insert(0, {root!r})
+import torch
+from vigil.checkpoint.manager import CheckpointManager
+from vigil.checkpoint.notice import PreemptionNotice, checkpoint_on_notice
+model = torch.nn.Linear(8, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+manager = CheckpointManager(os.environ["CKPT"], async_save=False)
+restored = manager.restore_latest(model, optimizer)
+step = restored.step + 1 if restored else 0
+notice = PreemptionNotice().install()
 print("start", step, "restarts", os.environ.get("SLURM_RESTART_COUNT", "0"), flush=True)
 while True:
+    loss = model(torch.randn(4, 8)).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    if checkpoint_on_notice(notice, manager, step, model, optimizer):
+        print("checkpoint", step, "signal", int(notice.received), flush=True)
+        if notice.received == signal.SIGTERM:
+            manager.close()
+            sys.exit(0)
     step += 1
     time.sleep(0.05)
 """
+
+
+def _checkpoints(out: Path, signum: int) -> list[int]:
+    return [int(line.split()[1]) for line in out.read_text().splitlines()
+            if line.startswith("checkpoint") and line.endswith(f"signal {signum}")]
 
 
 @pytest.fixture(scope="module")
@@ -96,13 +110,13 @@ def test_spot_job_checkpoints_on_notice_and_is_requeued_by_vigil_then_by_slurm(o
     assert set(qos["online-inference"][0].split(",")) == {"spot-training", "offline-inference"}
 
     script = tmp_path / "spot.py"
-    script.write_text(SPOT_JOB.format(python=sys.executable))
+    script.write_text(SPOT_JOB.format(python=sys.executable, root=str(ROOT)))
     script.chmod(0o755)
-    ckpt, out = tmp_path / "ckpt.json", tmp_path / "spot.out"
+    ckpt, out = tmp_path / "ckpt", tmp_path / "spot.out"
     job = on_path.run("sbatch", "--parsable", "--requeue", "--qos=spot-training", "-n", str(CPUS), "-o", str(out),
                       "--open-mode=append", f"--export=ALL,CKPT={ckpt}", "-J", "train-spot-sweep",
                       str(script)).strip()
-    _wait(lambda: out.exists() and "start 0" in out.read_text(), 60, "the spot job to start")
+    _wait(lambda: out.exists() and "start 0" in out.read_text(), 180, "the spot job to start")
     (found,) = running_tier_jobs(policy, tres="cpu")
     assert (found.id, found.tier, found.units) == (job, 3, CPUS)
 
@@ -116,8 +130,9 @@ def test_spot_job_checkpoints_on_notice_and_is_requeued_by_vigil_then_by_slurm(o
         (ActionKind.SET_QUOTA, ActionStatus.EXECUTED), (ActionKind.SET_QUOTA, ActionStatus.EXECUTED),
         (ActionKind.PREEMPT_NOTICE, ActionStatus.EXECUTED)], [a.result for a in first]
     assert f"cpu={CPUS}" in on_path.run("sacctmgr", "-n", "-P", "show", "qos", "spot-training", "format=GrpTRES")
-    _wait(lambda: ckpt.exists() and json.loads(ckpt.read_text())["signal"] == 10, 30, "the checkpoint on notice")
-    noticed_step = json.loads(ckpt.read_text())["step"]
+    _wait(lambda: bool(_checkpoints(out, 10)), 60, "the checkpoint on notice")
+    (noticed_step,) = _checkpoints(out, 10)
+    assert noticed_step in complete_steps(ckpt)
     assert _job(on_path, job)["JobState"] == "RUNNING"  # a notice is not a preemption
 
     # Before the notice runs out nothing more happens; after it, Vigil requeues the job.
@@ -134,16 +149,17 @@ def test_spot_job_checkpoints_on_notice_and_is_requeued_by_vigil_then_by_slurm(o
           "Slurm to requeue the job")
     # Slurm holds a requeued job back a while; the capacity came back, so release it now.
     on_path.run("scontrol", "update", f"JobId={job}", "StartTime=now")
-    _wait(lambda: "restarts 1" in out.read_text(), 60, f"the spot job to restart ({_job(on_path, job)})")
+    _wait(lambda: "restarts 1" in out.read_text(), 180, f"the spot job to restart ({_job(on_path, job)})")
     resumed = int(out.read_text().split("restarts 1")[0].split("start")[-1])
-    assert resumed >= noticed_step > 0, out.read_text()
+    assert resumed == complete_steps(ckpt)[-1] + 1 and resumed > noticed_step > 0, out.read_text()
 
     # Slurm's own preemption by QOS: an online-inference job needs the node; the spot job gets SIGTERM,
     # checkpoints inside its 3 s grace and goes back to the queue; Vigil's preempt then finds nothing to do.
     serve = on_path.run("sbatch", "--parsable", "--qos=online-inference", "-n", str(CPUS), "-J", "serve-llm",
                         "-o", str(tmp_path / "serve.out"), "--wrap", "sleep 2").strip()
-    _wait(lambda: _job(on_path, job)["Restarts"] == "2", 90, "Slurm to preempt the spot job")
-    assert json.loads(ckpt.read_text())["signal"] == 15
+    _wait(lambda: _job(on_path, job)["Restarts"] == "2" and _job(on_path, job)["JobState"] == "PENDING", 90,
+          "Slurm to preempt and requeue the spot job")
+    assert _checkpoints(out, 15) and _checkpoints(out, 15)[-1] == complete_steps(ckpt)[-1] > resumed
     assert "DUE TO PREEMPTION" in out.read_text()
     again = remediator.execute(Action(ts=time.time(), kind=ActionKind.PREEMPT, target=job_id(job)))
     assert again.status is ActionStatus.SKIPPED, again.result

@@ -6,7 +6,8 @@ Vigil tells a spot job ahead of time that its GPUs will be taken back (``vigil t
   Downward API volume (``/etc/podinfo/annotations``; the kubelet refreshes the file).
 
 ``PreemptionNotice`` turns either into ``requested()``; ``checkpoint_on_notice`` saves through the
-``CheckpointManager`` and waits until the checkpoint is durable, once per notice::
+``CheckpointManager`` and waits until the checkpoint is durable, once per notice (a signal, or a deadline not
+seen before)::
 
     notice = PreemptionNotice(annotations="/etc/podinfo/annotations").install()
     for step in range(start, steps):
@@ -39,6 +40,7 @@ class PreemptionNotice:
         self.annotations = Path(annotations) if annotations is not None else None
         self._event = threading.Event()
         self.received: signal.Signals | None = None
+        self._answered: str | None = None
 
     def install(self) -> PreemptionNotice:
         """Catch the notice signals (main thread only, as Python's signal module requires)."""
@@ -71,11 +73,24 @@ class PreemptionNotice:
         # an annotation whose deadline does not parse still asks for a checkpoint: the safe side
         return self._event.is_set() or self._annotation() is not None
 
+    def take(self) -> bool:
+        """True once per notice: a signal since the last call, or an annotation deadline not answered yet."""
+        if self._event.is_set():
+            self._event.clear()
+            self._answered = self._annotation() or self._answered
+            return True
+        annotation = self._annotation()
+        if annotation is not None and annotation != self._answered:
+            self._answered = annotation
+            return True
+        return False
+
 
 def checkpoint_on_notice(notice: PreemptionNotice, manager: CheckpointManager, step: int, model: Any,
                          optimizer: Any, extra: dict[str, Any] | None = None) -> bool:
-    """When a notice has come: save ``step`` and wait until it is durable; True when it did."""
-    if not notice.requested():
+    """When a notice has come (and was not answered yet): save ``step`` and wait until it is durable; True when
+    it did."""
+    if not notice.take():
         return False
     manager.save(step, model, optimizer, extra)
     manager.wait()

@@ -28,7 +28,8 @@ _QOS_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _TRES_NAME = re.compile(r"^(cpu|mem|node|billing|gres/[a-z0-9_.:-]{1,40})$")
 # the signals a job may be told to checkpoint on (SIGKILL / SIGSTOP would not be a notice)
 NOTICE_SIGNALS = frozenset({"USR1", "USR2", "TERM", "INT", "URG"})
-_RUNNING_STATES = frozenset({"RUNNING", "CONFIGURING", "COMPLETING"})
+# a COMPLETING job is already giving its capacity back
+_RUNNING_STATES = frozenset({"RUNNING", "CONFIGURING"})
 _SAFE_REASON = re.compile(r"[^A-Za-z0-9 _.,:/=()\-]")
 
 
