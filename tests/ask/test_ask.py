@@ -143,6 +143,7 @@ def test_a_forged_citation_is_caught(demo: Demo) -> None:
     ("what do I do about inc-ab12", "what_now", {"incident": "inc-ab12"}),
     ("what's wrong", "what_now", {}),
     ("has this happened before?", "seen_before", {}),
+    ("has inc-ab12 happened before?", "seen_before", {"incident": "inc-ab12"}),
     ("similar incidents to inc-ab12", "seen_before", {"incident": "inc-ab12"}),
     ("what fixed it last time for inc-ab12", "seen_before", {"incident": "inc-ab12"}),
     ("summarize today", "oncall_summary", {}),

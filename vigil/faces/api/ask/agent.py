@@ -27,7 +27,7 @@ from vigil.knowledge.actions import action_whitelist
 from vigil.model import ActionKind, VigilInputError, describe_validation_error, parse_entity
 
 _CLAIM = re.compile(r"\b(?:(?:node|gpu|nic|job|rack|switch)/[\w./-]*\w|inc-[0-9a-f]+)")
-_NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?![\w.]*\w)")
+_NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w.]*\w)")
 MAX_TOOL_CALLS = 8
 MAX_TOKENS = 12_000
 REPLY_TOKENS = 800
@@ -149,6 +149,11 @@ def parse_model_answer(text: str, results: dict[str, ToolResult]) -> tuple[list[
         if loose:
             raise Refused(f"a sentence states {', '.join(loose[:5])} that none of its citations hold")
     return lines, answer.actions
+
+
+def claims(text: str) -> list[str]:
+    """The checkable facts a sentence states: entity ids, incident ids and numbers."""
+    return [*_CLAIM.findall(text), *_NUMBER.findall(_CLAIM.sub(" ", text))]
 
 
 def unsupported(text: str, values: list[Any]) -> list[str]:
@@ -297,4 +302,4 @@ def _fallback(toolbox: Toolbox, question: str, note: str, records: list[StepReco
 
 
 __all__ = ["CONTEXT_TOKENS", "MAX_TOKENS", "MAX_TOOL_CALLS", "Turn", "answer_question", "chat", "check_proposals",
-           "fit_context", "model_answer", "parse_model_answer"]
+           "claims", "fit_context", "model_answer", "parse_model_answer"]

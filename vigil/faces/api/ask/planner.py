@@ -147,7 +147,7 @@ def resolve(ref: str, results: dict[str, ToolResult]) -> tuple[str, Any] | None:
     return ref, subtree
 
 
-def _fill_arg(value: Any, params: dict[str, str], results: dict[str, ToolResult]) -> Any:
+def fill_arg(value: Any, params: dict[str, str], results: dict[str, ToolResult]) -> Any:
     """A step argument: ``{param|step.path}`` takes the question's parameter, else the earlier result."""
     if not isinstance(value, str):
         return value
@@ -230,7 +230,7 @@ def run_flow(toolbox: Toolbox, flow: Flow, params: dict[str, str],
         if step.unless is not None and step.unless in params:
             continue
         try:
-            args = {k: _fill_arg(v, params, results) for k, v in step.args.items()}
+            args = {k: fill_arg(v, params, results) for k, v in step.args.items()}
         except LookupError as err:
             record = StepRecord(id=step.id, tool=step.tool, args={}, skipped=f"nothing for {err}")
         else:
