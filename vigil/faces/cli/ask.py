@@ -20,7 +20,8 @@ def ask(
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
 ) -> None:
     """Answer a question about the cluster from the store: the planner's flows (why did job J stop / hang /
-    crash, is node N healthy, what changed before incident I, what should I do now, daily on-call summary),
+    crash, is node N healthy, what changed before incident I, what should I do now, has this happened before,
+    daily on-call summary),
     or the LLM endpoint in settings with the same read tools. Every fact carries its citation; proposed
     actions are checked against the whitelist and never executed."""
     from vigil.config import settings
