@@ -124,7 +124,7 @@ def sim_cube(seed: int, nodes: int, minutes: float) -> GpuCube:
     gpu_types = tuple(gpu_fault_classes()[1:])
     run = simulate(SimConfig(nodes=nodes, gpus=8, minutes=minutes, seed=seed, interval_s=30.0,
                              job_nodes=SIM_JOB_NODES, faults_per_node_hour=1.0, fault_types=gpu_types))
-    events = decoded_events(run.topology, run.events, run.logs)
+    events = decoded_events(run.topology, run.events, [*run.logs, *run.kube_events])
     return gpu_cube((f for tick in run.ticks() for f in tick.frames), events, run.ground_truth,
                     run.topology, gpu_fault_classes())
 

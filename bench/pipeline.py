@@ -25,7 +25,7 @@ from rich.table import Table
 from vigil.detect.incidents import IncidentGrouper
 from vigil.detect.rules import RuleDetector, Thresholds
 from vigil.run.pipeline import run_pipeline
-from vigil.sources.replay import KernelLineDecoder
+from vigil.sources.replay import KernelLineDecoder, decode_kube_events
 from vigil.sources.sim import SimConfig, simulate
 from vigil.sources.sim import metrics as M
 from vigil.store.metrics import MetricStore
@@ -46,7 +46,8 @@ def throughput(nodes: int, minutes: float) -> dict[str, float]:
     for tick in ticks:
         for frame in tick.frames:
             store.append(frame)
-        grouper.add(rules.update(tick.frames, [*tick.events, *kernel.decode(tick.kernel_lines)]))
+        grouper.add(rules.update(tick.frames, [*tick.events, *kernel.decode(tick.kernel_lines),
+                                               *decode_kube_events(tick.kube_events)]))
     cpu_s = time.process_time() - started
     _, peak_traced = tracemalloc.get_traced_memory()
     tracemalloc.stop()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from kubernetes.client import (
+    ApiClient,
     CoreV1Event,
     CoreV1EventList,
     V1EventSource,
@@ -18,7 +19,7 @@ from kubernetes.client import (
 from kubernetes.client.exceptions import ApiException
 
 from vigil.model import FaultLevel
-from vigil.sources.collect.kube import KubernetesSource
+from vigil.sources.collect.kube import KubernetesSource, decode_event
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
@@ -105,3 +106,26 @@ def test_outside_a_cluster_the_real_client_fails_cleanly(monkeypatch) -> None:
     source = KubernetesSource(node="n01")
     out = source.collect(0.0)
     assert "unavailable" in out.status and source.problems.counts["api"] == 1
+
+
+def test_raw_event_objects_decode_as_the_client_objects_do() -> None:
+    # The node lifecycle controller's NodeNotReady is a Normal event in the API's JSON; it still means trouble.
+    lost = {"apiVersion": "v1", "kind": "Event", "metadata": {"name": "n07.17c2a", "namespace": "default",
+                                                              "uid": "5d1e"},
+            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": "n07", "uid": "n07"},
+            "reason": "NodeNotReady", "message": "Node n07 status is now: NodeNotReady",
+            "source": {"component": "node-controller"}, "firstTimestamp": "2026-03-02T10:04:05Z",
+            "lastTimestamp": "2026-03-02T10:04:05Z", "count": 1, "type": "Normal"}
+    decoded = decode_event(lost, now=0.0)
+    assert decoded is not None
+    assert (decoded.entity, decoded.kind, decoded.attrs["reason"], decoded.attrs["component"]) == (
+        "node/n07", "k8s", "NodeNotReady", "node-controller")
+    assert decoded.ts == datetime(2026, 3, 2, 10, 4, 5, tzinfo=UTC).timestamp()
+    pod = {**lost, "involvedObject": {"kind": "Pod", "name": "trainer-0", "namespace": "ml"}, "type": "Warning",
+           "reason": "BackOff"}
+    assert decode_event(pod, now=0.0) is None  # the node source reads events about nodes only
+    assert decode_event({**lost, "reason": "Starting"}, now=0.0) is None
+    api = RecordingCoreApi()
+    api.events = [event("a", "NodeNotReady")]
+    from_client = KubernetesSource(node="n01", api=api).collect(T0.timestamp()).events
+    assert from_client == [decode_event(ApiClient().sanitize_for_serialization(api.events[0]), now=0.0)]

@@ -99,6 +99,12 @@ def test_prometheus_scrapes_both_and_vigil_reads_back(
     read_back = source.gpu_frame(list(later.metrics), entities=list(later.entities))
     np.testing.assert_array_equal(read_back.values, later.values)
     assert source.gpu_frame(["DCGM_FI_DEV_GPU_TEMP"]).entities == sorted(later.entities)
+    # The engine's read: one row per (metric, GPU), named from the labels, each the frame's value.
+    rows = [(m, e, np.float32(v)) for m, e, v, _ in source.samples(list(later.metrics)) if e in later.entities]
+    assert len(rows) == len({(m, e) for m, e, _ in rows})
+    assert {(m, e): v for m, e, v in rows} == {
+        (m, e): later.values[i, j] for i, e in enumerate(later.entities) for j, m in enumerate(later.metrics)
+        if not np.isnan(later.values[i, j])}
     ts, values = source.series("gpu/n000/1", energy, step=1.0)
     assert len(ts) >= 2 and float(later.values[1, column]) in values.tolist()
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from vigil.detect.rules import RuleDetector
 from vigil.knowledge.faults import fault_catalogue
 from vigil.sources.collect.kmsg import KernelLineParser
-from vigil.sources.replay import KernelLineDecoder, decoded_events
+from vigil.sources.replay import KernelLineDecoder, decode_kube_events, decoded_events
 from vigil.sources.sim import FaultPlan, SimConfig, simulate
 from vigil.sources.sim.effects import EFFECTS
 
@@ -34,7 +36,7 @@ def test_every_catalogue_fault_has_exactly_one_effect() -> None:
 
 def test_no_simulated_record_carries_a_label() -> None:
     run = simulate(SimConfig(nodes=8, gpus=8, minutes=60, seed=3, faults_per_node_hour=2.0))
-    assert {e.kind for e in run.events} <= {"job", "k8s", "ipmi_sel"}
+    assert {e.kind for e in run.events} <= {"job", "ipmi_sel"}
     for event in run.events:
         assert not {"signature", "sensor", "xid", "fault", "fault_type"} & set(event.attrs)
     parser = KernelLineParser(boot_time=0.0)
@@ -62,3 +64,16 @@ def test_ipmi_records_are_what_ipmitool_prints() -> None:
     assert sel.attrs == {} and sel.message.split(" | ")[1:] == ["Failure detected", "Asserted"]
     found = RuleDetector(run.topology).update([], [sel])
     assert [(a.entity, a.fault_type) for a in found] == [("node/n001", "psu_failure")]
+
+
+def test_kubernetes_events_are_api_objects_read_by_the_kubernetes_sources_decoder() -> None:
+    run = one_fault("kernel_panic", "node/n002")
+    (record,) = run.kube_events
+    raw = json.loads(record.line)
+    assert (raw["kind"], raw["involvedObject"], raw["type"], raw["reason"]) == (
+        "Event", {"apiVersion": "v1", "kind": "Node", "name": "n002", "uid": "n002"}, "Normal", "NodeNotReady")
+    assert {"firstTimestamp", "lastTimestamp", "count", "source", "metadata", "message"} <= set(raw)
+    events = decode_kube_events(run.kube_events)
+    assert [(e.kind, e.entity, e.attrs["reason"]) for e in events] == [("k8s", "node/n002", "NodeNotReady")]
+    found = RuleDetector(run.topology).update([], events)
+    assert ("node/n002", "node_not_ready") in {(a.entity, a.fault_type) for a in found}

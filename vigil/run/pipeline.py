@@ -13,7 +13,7 @@ from vigil.detect.base import StreamDetector
 from vigil.detect.incidents import IncidentGrouper
 from vigil.detect.rules import RuleDetector
 from vigil.model import Anomaly, Event, Incident
-from vigil.sources.replay import KernelLineDecoder
+from vigil.sources.replay import KernelLineDecoder, decode_kube_events
 from vigil.sources.sim.generator import SimRun
 from vigil.store.metrics import MetricStore
 from vigil.store.sql import Store
@@ -48,13 +48,15 @@ def run_pipeline(
     samples = 0
     seen: list[Event] = []
     started = time.perf_counter()
-    # the fake cluster hands over raw kernel lines; the agent's own decoder turns them into events
+    # the fake cluster hands over raw kernel lines and Kubernetes Event objects; the production decoders turn
+    # them into events
     kernel = KernelLineDecoder(run.topology)
     for k, tick in enumerate(run.ticks()):
         for frame in tick.frames:
             metrics.append(frame)
         samples += tick.sample_count
-        events = sorted([*tick.events, *kernel.decode(tick.kernel_lines)], key=lambda e: e.ts)
+        events = sorted([*tick.events, *kernel.decode(tick.kernel_lines), *decode_kube_events(tick.kube_events)],
+                        key=lambda e: e.ts)
         seen.extend(events)
         if store is not None and events:
             store.add_events(events)

@@ -3,16 +3,22 @@
 The node agent decodes its own kernel log (``vigil.sources.collect.kmsg``); a source that delivers raw kernel
 lines instead - a replayed dmesg capture, the fake cluster of ``vigil demo`` - goes through the same decoder
 here, one per node, with PCI addresses resolved through the topology's inventory exactly as the agent
-resolves them through NVML and sysfs.
+resolves them through NVML and sysfs. Kubernetes Event objects handed over as the API's JSON go through the
+Kubernetes source's own decoder (``vigil.sources.collect.kube.decode_event``).
 """
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Iterable
 
 from vigil.model import Event, LogRecord, Topology, parse_entity
 from vigil.sources.collect.kmsg import KernelLogSource
+from vigil.sources.collect.kube import decode_event
 from vigil.sources.collect.nvml import normalise_pci_bus
+
+log = logging.getLogger("vigil.replay")
 
 
 class KernelLineDecoder:
@@ -43,6 +49,30 @@ class KernelLineDecoder:
         return events
 
 
+def decode_kube_events(records: Iterable[LogRecord]) -> list[Event]:
+    """Events of the Kubernetes Event objects among ``records`` (source "kubernetes", one JSON object per line);
+    a line that is not a JSON object is logged and skipped."""
+    events = []
+    for record in records:
+        if record.source != "kubernetes":
+            continue
+        try:
+            raw = json.loads(record.line)
+        except ValueError:
+            raw = None
+        if not isinstance(raw, dict):
+            log.warning("%s line %s: not a Kubernetes Event object (expected one JSON object); skipped",
+                        record.entity, record.lineno or "?")
+            continue
+        event = decode_event(raw, record.ts or 0.0)
+        if event is not None:
+            events.append(event)
+    return events
+
+
 def decoded_events(topology: Topology, events: Iterable[Event], logs: Iterable[LogRecord]) -> list[Event]:
-    """``events`` plus the events decoded from the kernel lines in ``logs``, in time order."""
-    return sorted([*events, *KernelLineDecoder(topology).decode(logs)], key=lambda e: e.ts)
+    """``events`` plus the events decoded from the kernel lines and Kubernetes Event objects in ``logs``, in
+    time order."""
+    records = list(logs)
+    return sorted([*events, *KernelLineDecoder(topology).decode(records), *decode_kube_events(records)],
+                  key=lambda e: e.ts)

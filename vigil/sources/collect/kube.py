@@ -9,13 +9,20 @@ Conditions become points ``vigil_node_condition{condition=...}`` (1 = the condit
 cardinality because condition types are a fixed, small set per cluster. A condition turning bad becomes an
 event of kind ``k8s`` (Ready False/Unknown -> reason NodeNotReady; pressure, NetworkUnavailable, and
 NVSentinel / node-problem-detector conditions such as GpuXidError -> reason = the condition type). Warning
-events about the node become ``k8s`` events with their own reason, each reported once.
+events about the node become ``k8s`` events with their own reason, each reported once, and so does the node
+lifecycle controller's NodeNotReady (a Normal event that means the node is lost).
+
+``decode_event`` reads one Event object in the API's own JSON (``involvedObject``, ``reason``, ``message``,
+``type``, ``firstTimestamp`` ...): the client's model objects are serialised to it first, and any other
+source of raw Event objects (a recorded ``kubectl get events -o json``, the fake cluster of ``vigil demo``)
+goes through the same function.
 """
 
 from __future__ import annotations
 
 import os
 from collections import deque
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -26,6 +33,8 @@ from vigil.sources.collect.base import Collection, Source, default_node_name
 HEALTHY_WHEN_TRUE = {"Ready"}
 PRESSURE = {"MemoryPressure", "DiskPressure", "PIDPressure"}
 SEEN_EVENTS_KEPT = 4096
+# Normal events that still say a node is in trouble: the node lifecycle controller writes NodeNotReady as Normal.
+NODE_TROUBLE_REASONS = {"NodeNotReady"}
 
 
 def in_cluster() -> bool:
@@ -34,6 +43,43 @@ def in_cluster() -> bool:
 
 def _timestamp(value: datetime | None, default: float) -> float:
     return value.timestamp() if value is not None else default
+
+
+def _api_timestamp(value: object, default: float) -> float:
+    """An API timestamp (RFC 3339, ``2026-03-02T10:04:05Z``) as epoch seconds; ``default`` when absent or bad."""
+    if not isinstance(value, str) or not value:
+        return default
+    try:
+        return datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        return default
+
+
+def event_key(raw: Mapping[str, Any]) -> str:
+    """One occurrence of an Event object: its uid and count (the API bumps ``count`` when it happens again)."""
+    metadata = raw.get("metadata") or {}
+    return f"{metadata.get('uid') or metadata.get('name')}/{raw.get('count') or 1}"
+
+
+def decode_event(raw: Mapping[str, Any], now: float) -> Event | None:
+    """A ``k8s`` event on the node an Event object is about; None for events about other objects and for
+    routine Normal events."""
+    involved = raw.get("involvedObject") or {}
+    reason = str(raw.get("reason") or "")
+    if involved.get("kind") != "Node" or not involved.get("name"):
+        return None
+    if raw.get("type") != "Warning" and reason not in NODE_TROUBLE_REASONS:
+        return None
+    source = raw.get("source") or {}
+    return Event(
+        ts=_api_timestamp(raw.get("lastTimestamp") or raw.get("eventTime") or raw.get("firstTimestamp"), now),
+        entity=node_id(str(involved["name"])),
+        kind="k8s",
+        source="kubernetes",
+        level=FaultLevel.OBSERVE,
+        message=f"{reason}: {raw.get('message') or ''}"[:8192],
+        attrs={"reason": reason, "count": raw.get("count") or 1, "component": source.get("component") or ""},
+    )
 
 
 class KubernetesSource(Source):
@@ -121,31 +167,22 @@ class KubernetesSource(Source):
 
     def _events(self, out: Collection, now: float, items: list[Any]) -> None:
         not_before = (self._started or now) - self.lookback_s
+        serialise = None
         for item in items:
-            uid = item.metadata.uid or f"{item.metadata.name}/{item.count}"
-            key = f"{uid}/{item.count}"
-            if key in self._seen_set or item.type != "Warning":
+            if not isinstance(item, Mapping):
+                if serialise is None:
+                    from kubernetes.client import ApiClient
+
+                    serialise = ApiClient().sanitize_for_serialization
+                item = serialise(item)
+            key = event_key(item)
+            if key in self._seen_set:
                 continue
-            when = item.last_timestamp or item.event_time or item.first_timestamp
-            ts = _timestamp(when, now)
-            if ts < not_before:
+            event = decode_event(item, now)
+            if event is None or event.ts < not_before:
                 continue
             if len(self._seen) == self._seen.maxlen:
                 self._seen_set.discard(self._seen[0])
             self._seen.append(key)
             self._seen_set.add(key)
-            out.events.append(
-                Event(
-                    ts=ts,
-                    entity=node_id(self.node),
-                    kind="k8s",
-                    source="kubernetes",
-                    level=FaultLevel.OBSERVE,
-                    message=f"{item.reason}: {item.message or ''}"[:8192],
-                    attrs={
-                        "reason": item.reason or "",
-                        "count": item.count or 1,
-                        "component": (item.source.component if item.source else "") or "",
-                    },
-                )
-            )
+            out.events.append(event)

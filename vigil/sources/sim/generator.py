@@ -14,6 +14,8 @@ Deterministic for a given seed: ``SimRun.ticks()`` regenerates the same stream e
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -75,13 +77,14 @@ class SimConfig:
 
 @dataclass
 class Tick:
-    """One scrape interval: metric frames, the non-kernel records (IPMI, Kubernetes, launcher) and the raw
-    kernel lines written since the previous tick."""
+    """One scrape interval: metric frames, the non-kernel records (IPMI, launcher), the raw kernel lines and the
+    Kubernetes Event objects (the API's JSON, one per record) written since the previous tick."""
 
     ts: float
     frames: list[MetricFrame]
     events: list[Event]
     kernel_lines: list[LogRecord] = field(default_factory=list)
+    kube_events: list[LogRecord] = field(default_factory=list)
 
     @property
     def sample_count(self) -> int:
@@ -104,6 +107,8 @@ class SimRun:
         self._faults = self._schedule(rng)
         self.events: list[Event] = []
         self.logs: list[LogRecord] = []
+        # Kubernetes Event objects about nodes, as the API serves them (source "kubernetes", line = the JSON).
+        self.kube_events: list[LogRecord] = []
         # (ts, gpu position, code) of every Xid written: dcgm-exporter's last-Xid gauge reads them
         self._xid_marks: list[tuple[float, int, int]] = []
         self._checkpoints = self._schedule_checkpoints(rng)
@@ -114,6 +119,7 @@ class SimRun:
         self._job_records()
         self.events.sort(key=lambda e: e.ts)
         self.logs.sort(key=lambda r: (r.ts or 0.0))
+        self.kube_events.sort(key=lambda r: (r.ts or 0.0))
         self.ground_truth: list[GroundTruthFault] = [f.truth for f in self._faults]
 
     # ------------------------------------------------------------------ indexing
@@ -293,9 +299,22 @@ class SimRun:
         self._event(ts, entity, kind, source, message)
 
     def write_node_not_ready(self, node: int, ts: float) -> None:
+        """The node lifecycle controller's Event when it loses the node's kubelet (a Normal event, as it
+        writes it)."""
         name = self.topology.nodes[node].name
-        self._event(ts, self.node_ids[node], "k8s", "kubernetes", f"Node {name} status is now: NodeNotReady",
-                    type="Warning", reason="NodeNotReady", object=f"Node/{name}")
+        stamp = datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        uid = hashlib.sha1(f"{name}|NodeNotReady|{ts:.3f}".encode()).hexdigest()
+        event = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": f"{name}.{int(ts * 1e9):x}", "namespace": "default",
+                         "uid": f"{uid[:8]}-{uid[8:12]}-{uid[12:16]}-{uid[16:20]}-{uid[20:32]}"},
+            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": name, "uid": name},
+            "reason": "NodeNotReady", "message": f"Node {name} status is now: NodeNotReady",
+            "source": {"component": "node-controller"}, "firstTimestamp": stamp, "lastTimestamp": stamp,
+            "count": 1, "type": "Normal", "reportingComponent": "", "reportingInstance": "",
+        }
+        self.kube_events.append(LogRecord(ts=ts, entity=self.node_ids[node], source="kubernetes",
+                                          line=json.dumps(event)))
 
     def write_nan_loss(self, f: ActiveFault) -> None:
         j, t0 = f.jobs[0], f.onset
@@ -360,8 +379,6 @@ class SimRun:
         if rank is not None:
             attrs["rank"] = rank
         self._event(ts, jid.entity, "job", "launcher", f"job {jid.id} {reason}: {exit_reason}".strip(), **attrs)
-        self._event(ts + 5, jid.entity, "k8s", "kubernetes", "Back-off restarting failed container",
-                    type="Warning", reason="BackOff", object=f"Pod/{jid.name}-worker-{rank or 0}")
         if ts + restart_after <= self.end_ts:
             self._event(ts + restart_after, jid.entity, "job", "launcher",
                         f"job {jid.id} restarted from the latest checkpoint", reason="restarted", exit_reason="")
@@ -442,6 +459,7 @@ class SimRun:
         event_i = line_i = xid_i = 0
         events = self.events
         kernel_lines = [r for r in self.logs if r.source == "kernel"]
+        kube_events, kube_i = self.kube_events, 0
         xid_marks = sorted(self._xid_marks)
         for k in range(self.n_ticks):
             ts = self.start_ts + k * cfg.interval_s
@@ -453,6 +471,10 @@ class SimRun:
             while line_i < len(kernel_lines) and (kernel_lines[line_i].ts or 0.0) <= ts:
                 tick_lines.append(kernel_lines[line_i])
                 line_i += 1
+            tick_kube = []
+            while kube_i < len(kube_events) and (kube_events[kube_i].ts or 0.0) <= ts:
+                tick_kube.append(kube_events[kube_i])
+                kube_i += 1
             while xid_i < len(xid_marks) and xid_marks[xid_i][0] <= ts:
                 xid_gauge[xid_marks[xid_i][1]] = xid_marks[xid_i][2]
                 xid_i += 1
@@ -606,7 +628,7 @@ class SimRun:
                 MetricFrame(ts, "nic", self.nic_ids, M.NIC_METRICS, nic),
                 MetricFrame(ts, "job", self.job_ids, M.JOB_METRICS, job),
             ]
-            yield Tick(ts, frames, tick_events, tick_lines)
+            yield Tick(ts, frames, tick_events, tick_lines, tick_kube)
 
 
 def simulate(config: SimConfig | None = None) -> SimRun:

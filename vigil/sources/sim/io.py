@@ -4,8 +4,9 @@ Layout of ``vigil sim --out DIR``::
 
     DIR/topology.json              the Topology record
     DIR/ground_truth.jsonl         one GroundTruthFault per line
-    DIR/events.jsonl               one Event per line (Xid, kernel, IPMI, Kubernetes, job)
+    DIR/events.jsonl               one Event per line (IPMI, job)
     DIR/logs/kernel/<node>.log     dmesg-style kernel lines (NVRM Xid, mlx5, mce, EXT4)
+    DIR/logs/kubernetes/<node>.log Kubernetes Event objects about the node, one API JSON object per line
     DIR/logs/ranks/<job>/rank-<r>.log   each rank's log lines (NCCL / CUDA / Python errors)
     DIR/metrics/<family>.npz       ts[T], entities[E], metrics[M], values[T, E, M] (float32, NaN = missing)
     DIR/config.json                the SimConfig that produced it
@@ -34,9 +35,9 @@ def write_sim(run: SimRun, out: Path, progress: Callable[[int, int], None] | Non
     (out / "ground_truth.jsonl").write_text("".join(g.model_dump_json() + "\n" for g in run.ground_truth))
     (out / "events.jsonl").write_text("".join(e.model_dump_json() + "\n" for e in run.events))
     by_file: dict[Path, list[str]] = {}
-    for record in run.logs:
+    for record in [*run.logs, *run.kube_events]:
         kind, parts = parse_entity(record.entity)
-        path = (out / "logs" / "kernel" / f"{parts[0]}.log" if kind == "node"
+        path = (out / "logs" / record.source / f"{parts[0]}.log" if kind == "node"
                 else out / "logs" / "ranks" / parts[0] / f"rank-{int(parts[1]):05d}.log")
         by_file.setdefault(path, []).append(record.line)
     for path, lines in by_file.items():
@@ -83,7 +84,7 @@ class SimFiles:
     def logs(self) -> Iterator[LogRecord]:
         for path in sorted((self.root / "logs").rglob("*.log")):
             rel = path.relative_to(self.root / "logs")
-            if rel.parts[0] == "kernel":
+            if rel.parts[0] in ("kernel", "kubernetes"):
                 entity = f"node/{path.stem}"
             else:
                 entity = f"job/{rel.parts[1]}/rank/{int(path.stem.split('-')[1])}"
