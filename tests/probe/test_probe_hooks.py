@@ -84,6 +84,29 @@ def test_snapshot_and_current_op_files(probe: Probe, tmp_path: Path) -> None:
     assert json.loads(snapshot_path(tmp_path, 0).read_text())["rank"] == 0
 
 
+def test_watchdog_marks_reach_the_reader_without_a_snapshot_rewrite(probe: Probe, tmp_path: Path) -> None:
+    """Heartbeat, steps and compute marks go through the mapped current-op file every tick; the full
+    snapshot is rewritten at most once a second, so the reader must take the newer marks from there."""
+    probe.write_snapshot()
+    written = snapshot_path(tmp_path, 0).read_bytes()
+    first = read_rank(tmp_path, 0)
+    probe.step()
+    probe.step()
+    probe.compute_begin()
+    later = first.heartbeat + 0.5
+    probe.write_live(later)
+    assert snapshot_path(tmp_path, 0).read_bytes() == written
+    merged = read_rank(tmp_path, 0)
+    assert (merged.heartbeat, merged.steps) == (later, 2)
+    assert merged.last_step == probe.last_step and merged.last_compute == probe.last_compute
+    assert merged.compute_calls == probe.compute_calls
+    # An op ended after the snapshot: its end slot says so, in the same file.
+    record = probe.begin_op("0", [0], "collective", "all_reduce", [[2]], ["float32"])
+    probe.end_op(record)
+    [op] = [o for o in read_rank(tmp_path, 0).ops if o.record_id == record.record_id]
+    assert op.state == "completed" and op.t_end == record.t_end
+
+
 def test_adaptive_timeout_has_a_floor(probe: Probe) -> None:
     assert probe.timeout_for("0", "all_reduce") == 5.0
     for duration in (0.1, 3.0, 0.2):

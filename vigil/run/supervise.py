@@ -61,7 +61,7 @@ class Supervisor:
     snapshots: dict[int, RankSnapshot] = field(default_factory=dict)
     exit_codes: dict[int, int | None] = field(default_factory=dict)
     exit_times: dict[int, float] = field(default_factory=dict)
-    _mtimes: dict[int, tuple[float, float]] = field(default_factory=dict)
+    _seen: dict[int, tuple[float, bytes]] = field(default_factory=dict)
     _straggler_reported: bool = False
     _next_straggler_check: float = 0.0
     _first_failure: float | None = None
@@ -150,19 +150,18 @@ class Supervisor:
     def _read_snapshots(self) -> None:
         for rank in range(self.world_size):
             try:
-                mtime = (
-                    snapshot_path(self.out_dir, rank).stat().st_mtime,
-                    _mtime(current_op_path(self.out_dir, rank)),
-                )
+                # The current-op file is written through a memory map, which need not touch its mtime:
+                # its bytes (2 KB) are the change mark.
+                seen = (snapshot_path(self.out_dir, rank).stat().st_mtime, _read(current_op_path(self.out_dir, rank)))
             except FileNotFoundError:
                 continue
-            if self._mtimes.get(rank) == mtime:
+            if self._seen.get(rank) == seen:
                 continue
             try:
                 self.snapshots[rank] = read_rank(self.out_dir, rank)
             except VigilInputError:
                 continue
-            self._mtimes[rank] = mtime
+            self._seen[rank] = seen
 
     def _watch_straggler(self, now: float) -> None:
         if self._straggler_reported or now < self._next_straggler_check:
@@ -321,9 +320,9 @@ class Supervisor:
         write_timeline(self.out_dir, evidence, diag)
 
 
-def _mtime(path: Path) -> float:
+def _read(path: Path) -> bytes:
     try:
-        return path.stat().st_mtime
+        return path.read_bytes()
     except FileNotFoundError:
-        return 0.0
+        return b""
 

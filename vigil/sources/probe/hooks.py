@@ -233,9 +233,10 @@ def _run(
         probe.end_op(record, ok=True)
         return result
     if isinstance(result, Work) and not _illegal(result):
-        probe.watch_work(record, result)
-        if not on_cuda:
-            _watch_future(probe, record, result)
+        # On the CPU the future says when the op ended; otherwise (CUDA, or a work without a future) the
+        # watchdog polls the work.
+        if on_cuda or not _watch_future(probe, record, result):
+            probe.watch_work(record, result)
         return ProbedWork(result, record, probe)
     probe.end_op(record, ok=True)
     return result
@@ -272,14 +273,14 @@ def _end_if_completed(probe: Probe, record: OpRecord, work: Work) -> None:
         probe.watch_work(record, work)
 
 
-
-def _watch_future(probe: Probe, record: OpRecord, work: Work) -> None:
+def _watch_future(probe: Probe, record: OpRecord, work: Work) -> bool:
     """On the CPU a work's future completes when the collective did: the exact end, even if nobody
-    waits. (NCCL futures complete at enqueue, stream-ordered; there the watchdog's polling decides.)"""
+    waits. (NCCL futures complete at enqueue, stream-ordered; there the watchdog's polling decides.)
+    False when the work has no future."""
     try:
         future = work.get_future()
     except RuntimeError:
-        return
+        return False
 
     def on_done(fut: Any) -> None:
         try:
@@ -290,6 +291,7 @@ def _watch_future(probe: Probe, record: OpRecord, work: Work) -> None:
         probe.end_op(record, ok=True)
 
     future.then(on_done)
+    return True
 
 
 def _wrap_compute(probe: Probe, original: Callable[..., Any]) -> Callable[..., Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import mmap
 import os
 import socket
 import sys
@@ -21,6 +22,7 @@ from typing import Any
 
 from vigil.sources.probe.records import (
     CURRENT_END_BYTES,
+    CURRENT_FILE_BYTES,
     CURRENT_OP_BYTES,
     DUMP_REQUEST_FILE,
     FR_DIR,
@@ -36,6 +38,13 @@ SNAPSHOT_OPS = 128
 DEFAULT_HANG_TIMEOUT_S = 10.0
 # An op may take this many times its recent worst duration before it counts as stalled.
 ADAPTIVE_FACTOR = 4.0
+# The full snapshot (ops, step times, stacks) is rewritten at most this often, or at once when something
+# the supervisor must see changes (a stall, an error, stacks, a checkpoint mark, the end); the heartbeat,
+# step and compute marks and the current op go to the mapped current-op file on every tick / op.
+SNAPSHOT_INTERVAL_S = 1.0
+_LIVE_START = CURRENT_OP_BYTES + CURRENT_END_BYTES
+_LIVE_BYTES = CURRENT_FILE_BYTES - _LIVE_START
+_BLANK_END = b" " * CURRENT_END_BYTES
 
 
 class Probe:
@@ -82,13 +91,25 @@ class Probe:
         self._fr_dumped = False
         self._last_payload_version = -1
         self._ops_payload: list[dict[str, Any]] = []
-        self._current_fd: int | None = None
+        self._current: mmap.mmap | None = None
         self._current_id = -1
         self._json_cache: dict[str, str] = {}
+        # JSON of finished ops (they never change again), by record id: a snapshot encodes each op once.
+        self._encoded: dict[int, str] = {}
+        self._last_full = 0.0
+        self._urgent = False
         # Issued ops whose Work the watchdog polls until it reports completion.
         self._works: dict[int, tuple[OpRecord, Any]] = {}
         if out_dir is not None:
-            self._current_fd = os.open(current_op_path(out_dir, rank), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            # Mapped shared: a write is a memory store, and what was written stays in the page cache
+            # (visible to the supervisor) even if the process aborts the next instant.
+            fd = os.open(current_op_path(out_dir, rank), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.ftruncate(fd, CURRENT_FILE_BYTES)
+                self._current = mmap.mmap(fd, CURRENT_FILE_BYTES)
+            finally:
+                os.close(fd)
+            self._current[:] = b" " * CURRENT_FILE_BYTES
 
     # ----------------------------------------------------------------- ops
 
@@ -135,16 +156,17 @@ class Probe:
         return record
 
     def _write_current(self, record: OpRecord) -> None:
-        """One pwrite at the op's start (and a short one at its end, see end_op), so an abort inside
-        the op, or a rank whose snapshot writer cannot run, still leaves it on disk."""
-        if self._current_fd is None:
+        """The op's record into the mapped current-op file at its start (and its end slot at its end, see
+        end_op), so an abort inside the op, or a rank whose snapshot writer cannot run, still shows it."""
+        if self._current is None:
             return
         self._current_id = record.record_id
-        payload = self._encode_current(record)
+        payload = self._encode(record)
         if len(payload) <= CURRENT_OP_BYTES:
-            os.pwrite(self._current_fd, payload.ljust(CURRENT_OP_BYTES) + b" " * CURRENT_END_BYTES, 0)
+            self._current[CURRENT_OP_BYTES:_LIVE_START] = _BLANK_END
+            self._current[:CURRENT_OP_BYTES] = payload.encode().ljust(CURRENT_OP_BYTES)
 
-    def _encode_current(self, record: OpRecord) -> bytes:
+    def _encode(self, record: OpRecord) -> str:
         """JSON of the record, by hand: json.dumps was most of the probe's cost per op."""
         group = self._json_cache.get(record.group)
         if group is None:
@@ -158,8 +180,9 @@ class Probe:
             f'"kind":"{record.kind}","seq":{record.seq},"op":"{record.op}","sizes":{record.sizes},'
             f'"dtypes":{dtypes},"peer":{_json_int(record.peer)},"root":{_json_int(record.root)},'
             f'"is_async":{"true" if record.is_async else "false"},"state":"{record.state}",'
-            f'"t_start":{record.t_start!r},"t_end":null,"timeout_s":{record.timeout_s!r},"thread":{thread}}}'
-        ).encode()
+            f'"t_start":{record.t_start!r},"t_end":{_json_float(record.t_end)},"timeout_s":{record.timeout_s!r},'
+            f'"thread":{thread}}}'
+        )
 
     def end_op(self, record: OpRecord, ok: bool = True) -> None:
         if not record.in_flight:
@@ -171,9 +194,9 @@ class Probe:
             recent.append(record.t_end - record.t_start)
             self._worst[(record.group, record.op)] = max(recent)
         self.ring.touch()
-        if record.record_id == self._current_id and self._current_fd is not None:
+        if record.record_id == self._current_id and self._current is not None:
             end = f"{record.record_id} {record.state} {record.t_end!r}".encode()
-            os.pwrite(self._current_fd, end.ljust(CURRENT_END_BYTES), CURRENT_OP_BYTES)
+            self._current[CURRENT_OP_BYTES:_LIVE_START] = end.ljust(CURRENT_END_BYTES)
 
     def watch_work(self, record: OpRecord, work: Any) -> None:
         """Poll ``work.is_completed()`` until the op ends (NCCL: when the GPU finished it)."""
@@ -233,6 +256,7 @@ class Probe:
 
     def set_activity(self, kind: str, name: str = "") -> None:
         self.activity = {"kind": kind, "name": name, "since": time.time()}
+        self._urgent = True
 
     def record_error(
         self, exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None
@@ -274,17 +298,56 @@ class Probe:
         )
 
     def write_snapshot(self) -> None:
+        """Rewrite ``rank<R>.json`` whole (write aside, rename over); each finished op is encoded once."""
         if self.out_dir is None:
             return
-        version = self.ring.version
-        if version != self._last_payload_version:
-            self._ops_payload = [op.to_dict() for op in self.ring.tail(SNAPSHOT_OPS)]
-            self._last_payload_version = version
-        snap = self.snapshot()
-        snap.ops = []
-        data = snap.to_dict()
-        data["ops"] = self._ops_payload
-        write_json_atomic(snapshot_path(self.out_dir, self.rank), json.dumps(data))
+        parts = []
+        ops = self.ring.tail(SNAPSHOT_OPS)
+        for op in ops:
+            text = self._encoded.get(op.record_id)
+            if text is None:
+                finished = not op.in_flight
+                text = self._encode(op)
+                if finished:
+                    self._encoded[op.record_id] = text
+            parts.append(text)
+        if ops and len(self._encoded) > 2 * SNAPSHOT_OPS:
+            oldest = ops[0].record_id
+            self._encoded = {k: v for k, v in self._encoded.items() if k >= oldest}
+        now = time.time()
+        fields = {
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "pid": os.getpid(),
+            "host": self.host,
+            "heartbeat": now,
+            "started": self.started,
+            "op_count": self.ring.total,
+            "activity": dict(self.activity),
+            "compute_calls": self.compute_calls,
+            "last_compute": self.last_compute,
+            "last_eval": self.last_eval,
+            "steps": self.steps,
+            "last_step": self.last_step,
+            "step_times": list(self.step_times),
+            "error": self.error,
+            "stalled": self.stalled,
+            "stacks": self.stacks,
+            "finished": self.finished,
+        }
+        head = json.dumps(fields)
+        write_json_atomic(snapshot_path(self.out_dir, self.rank), head[:-1] + ', "ops": [' + ",".join(parts) + "]}")
+        self._last_full = now
+        self._urgent = False
+
+    def write_live(self, now: float) -> None:
+        """The per-tick marks into the mapped current-op file: a memory write, no system call."""
+        if self._current is None:
+            return
+        live = (f"{now!r} {self.steps} {_or_minus(self.last_step)} {self.compute_calls} "
+                f"{_or_minus(self.last_compute)} {_or_minus(self.last_eval)}").encode()
+        if len(live) <= _LIVE_BYTES:
+            self._current[_LIVE_START:] = live.ljust(_LIVE_BYTES)
 
     # ----------------------------------------------------------------- watchdog
 
@@ -303,10 +366,14 @@ class Probe:
             self.poll_works()
             self.check_stall()
             self.answer_dump_request()
+            now = time.time()
             try:
-                self.write_snapshot()
-            except OSError:
-                # The run directory may be gone at shutdown; the probe must never break the job.
+                self.write_live(now)
+                if self._urgent or now - self._last_full >= SNAPSHOT_INTERVAL_S:
+                    self.write_snapshot()
+            except (OSError, ValueError):
+                # The run directory may be gone at shutdown (or the map closed); the probe must never
+                # break the job.
                 return
 
     def check_stall(self) -> None:
@@ -317,6 +384,8 @@ class Probe:
         )
         if stalled and not self.stalled:
             self.stacks = python_stacks()
+        if stalled != self.stalled:
+            self._urgent = True
         self.stalled = stalled
 
     def answer_dump_request(self) -> None:
@@ -343,6 +412,14 @@ def work_succeeded(work: Any) -> bool:
 
 def _json_int(value: int | None) -> str:
     return "null" if value is None else str(int(value))
+
+
+def _json_float(value: float | None) -> str:
+    return "null" if value is None else repr(float(value))
+
+
+def _or_minus(value: float | None) -> str:
+    return "-1" if value is None else repr(value)
 
 
 def python_stacks() -> list[dict[str, Any]]:

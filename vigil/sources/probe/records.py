@@ -19,6 +19,10 @@ SNAPSHOT_PATTERN = "rank{rank}.json"
 CURRENT_OP_PATTERN = "rank{rank}.cur"
 CURRENT_OP_BYTES = 2048
 CURRENT_END_BYTES = 64
+# After the op and its end: "<heartbeat> <steps> <last_step> <compute_calls> <last_compute> <last_eval>",
+# rewritten by the watchdog every tick (a memory write into the mapped file: no system call).
+CURRENT_LIVE_BYTES = 192
+CURRENT_FILE_BYTES = CURRENT_OP_BYTES + CURRENT_END_BYTES + CURRENT_LIVE_BYTES
 STACKS_FILE = "stacks.json"
 RUN_FILE = "run.json"
 DIAGNOSIS_FILE = "diagnosis.json"
@@ -171,7 +175,11 @@ def read_current_op(path: Path) -> OpRecord | None:
         raw = path.read_bytes()
     except FileNotFoundError:
         return None
-    text = raw[:CURRENT_OP_BYTES].decode(errors="replace").strip()
+    return _current_op(raw)
+
+
+def _current_op(raw: bytes) -> OpRecord | None:
+    text = raw[:CURRENT_OP_BYTES].decode(errors="replace").strip(" \x00\n")
     if not text:
         return None
     try:
@@ -188,10 +196,33 @@ def read_current_op(path: Path) -> OpRecord | None:
     return record
 
 
+def _apply_live(snap: RankSnapshot, raw: bytes) -> None:
+    """The watchdog's per-tick marks, newer than the snapshot's when the snapshot was not rewritten since."""
+    fields = raw[CURRENT_OP_BYTES + CURRENT_END_BYTES:CURRENT_FILE_BYTES].decode(errors="replace").split()
+    if len(fields) != 6:
+        return
+    try:
+        heartbeat, steps, last_step, compute_calls, last_compute, last_eval = (float(f) for f in fields)
+    except ValueError:
+        return
+    if heartbeat <= snap.heartbeat:
+        return
+    snap.heartbeat, snap.steps, snap.compute_calls = heartbeat, int(steps), int(compute_calls)
+    snap.last_step = last_step if last_step >= 0 else snap.last_step
+    snap.last_compute = last_compute if last_compute >= 0 else snap.last_compute
+    snap.last_eval = last_eval if last_eval >= 0 else snap.last_eval
+
+
 def read_rank(out_dir: Path, rank: int) -> RankSnapshot:
-    """A rank's snapshot plus the op it began after the snapshot was written, if any."""
+    """A rank's snapshot plus what its current-op file says since: the op it began last and the
+    watchdog's latest heartbeat, step and compute marks."""
     snap = read_snapshot(snapshot_path(out_dir, rank))
-    current = read_current_op(current_op_path(out_dir, rank))
+    try:
+        raw = current_op_path(out_dir, rank).read_bytes()
+    except FileNotFoundError:
+        return snap
+    _apply_live(snap, raw)
+    current = _current_op(raw)
     if current is None:
         return snap
     for op in snap.ops:
