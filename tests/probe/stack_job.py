@@ -1,10 +1,14 @@
 """A small training job on the stacks people use - DDP, FSDP2, or hand-written collectives - with one
 injectable fault in one rank; a plain user script (no Vigil imports).
 
-    python stack_job.py --stack ddp|ddp_builtin|fsdp|manual --fault NAME --rank R --at-step K [--steps N]
+    python stack_job.py --stack ddp|ddp_builtin|fsdp|manual|funcol|mesh|compiled_ops --fault NAME --rank R
+        --at-step K [--steps N]
 
 ``ddp_builtin`` registers DDP's built-in C++ all_reduce hook, so its gradient collectives never pass
-through Python.
+through Python. ``funcol`` all-reduces gradients with functional collectives on the world group, ``mesh``
+with functional collectives on a DeviceMesh dimension (2 x N/2 mesh when the world is even: the "dp"
+sub-groups), ``compiled_ops`` through the c10d_functional operators a compiled graph calls (no Python
+collective API at all).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+STACKS = ("ddp", "ddp_builtin", "fsdp", "manual", "funcol", "mesh", "compiled_ops")
 FAULTS = ("none", "forward", "uneven", "straggler", "crash", "gil", "checkpoint", "eval", "warmup")
 
 
@@ -78,9 +83,34 @@ def wrap(model: nn.Module, stack: str) -> nn.Module:
     return model
 
 
+def make_mesh() -> object:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world = dist.get_world_size()
+    shape = (2, world // 2) if world % 2 == 0 and world >= 4 else (1, world)
+    return init_device_mesh("cpu", shape, mesh_dim_names=("pp", "dp"))
+
+
+def reduce_gradients(model: nn.Module, stack: str, mesh: object) -> None:
+    import torch.distributed._functional_collectives as funcol
+
+    for param in model.parameters():
+        assert param.grad is not None
+        if stack == "manual":
+            dist.all_reduce(param.grad)
+        elif stack == "funcol":
+            param.grad.copy_(funcol.all_reduce(param.grad, "sum", dist.group.WORLD))
+        elif stack == "mesh":
+            param.grad.copy_(funcol.all_reduce(param.grad, "sum", (mesh, 1)))
+        else:
+            group_name = dist.group.WORLD.group_name  # type: ignore[union-attr]
+            reduced = torch.ops._c10d_functional.all_reduce(param.grad, "sum", group_name)
+            param.grad.copy_(torch.ops._c10d_functional.wait_tensor(reduced))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--stack", choices=("ddp", "ddp_builtin", "fsdp", "manual"), default="ddp")
+    parser.add_argument("--stack", choices=STACKS, default="ddp")
     parser.add_argument("--fault", choices=FAULTS, default="none")
     parser.add_argument("--rank", type=int, default=1, help="the faulty rank")
     parser.add_argument("--at-step", type=int, default=4)
@@ -96,6 +126,7 @@ def main() -> None:
     faulty = rank == args.rank
     stuck = args.at_step if faulty and args.fault == "forward" else None
     model = wrap(Net(stuck), args.stack)
+    mesh = make_mesh() if args.stack == "mesh" else None
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     # Uneven inputs: the faulty rank's data runs out early and it leaves the loop.
     steps = args.at_step if faulty and args.fault == "uneven" else args.steps
@@ -109,10 +140,8 @@ def main() -> None:
         loss = model(torch.randn(16, 32)).pow(2).mean()
         optimizer.zero_grad()
         loss.backward()
-        if args.stack == "manual":
-            for param in model.parameters():
-                assert param.grad is not None
-                dist.all_reduce(param.grad)
+        if args.stack in ("manual", "funcol", "mesh", "compiled_ops"):
+            reduce_gradients(model, args.stack, mesh)
         optimizer.step()
         if faulty and step == args.at_step:
             if args.fault == "crash":

@@ -3,6 +3,8 @@ hand-written collectives - through `vigil launch`, one fault in one rank: verdic
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import subprocess
 import sys
@@ -17,6 +19,7 @@ from vigil.remedy.jobspec import TrainingJob
 from vigil.run.failover import FailoverSupervisor, LocalJob
 from vigil.run.launcher import free_port, launch
 from vigil.run.rank_procs import LAUNCHED_PATTERN, launched, surviving_ranks
+from vigil.sources.probe.records import read_rank
 
 JOB = Path(__file__).with_name("stack_job.py")
 HANG_TIMEOUT = 3.0
@@ -26,24 +29,28 @@ LATENCY_BUDGET = HANG_TIMEOUT + 5.0
 pytestmark = pytest.mark.slow
 
 
-def run(tmp_path: Path, stack: str, fault: str, *extra: str, culprit: int = 1) -> HangDiagnosis:
+def run(tmp_path: Path, stack: str, fault: str, *extra: str, culprit: int = 1, world: int = WORLD,
+        startup_grace: float = 60.0) -> HangDiagnosis:
     args = ["--stack", stack, "--fault", fault, "--rank", str(culprit), *extra]
     out = tmp_path / f"{stack}-{fault}"
-    diagnosis = launch(JOB, args, nproc=WORLD, hang_timeout=HANG_TIMEOUT, out_dir=out)
-    assert sorted(launched(out)) == list(range(WORLD))
+    diagnosis = launch(JOB, args, nproc=world, hang_timeout=HANG_TIMEOUT, out_dir=out, startup_grace=startup_grace)
+    assert sorted(launched(out)) == list(range(world))
     assert surviving_ranks(out) == {}, "every rank the launcher started is stopped when it returns"
     return diagnosis
 
 
-def start_nodes(out: Path, hang_timeout: float, *job_args: str) -> list[subprocess.Popen[str]]:
-    """Two `vigil launch` processes as two nodes of one job, 2 ranks each, sharing ``out``."""
+def start_nodes(out: Path, hang_timeout: float, *job_args: str, launch_args: tuple[str, ...] = (),
+                node_names: tuple[str, str] | None = None) -> list[subprocess.Popen[str]]:
+    """Two `vigil launch` processes as two nodes of one job, 2 ranks each, sharing ``out``; ``node_names``
+    name the two machines (VIGIL_NODE_NAME) where both run on this one."""
     port = str(free_port())
     return [
         subprocess.Popen(
             [sys.executable, "-m", "vigil", "launch", "script", str(JOB), "--nproc-per-node", "2", "--nnodes", "2",
              "--node-rank", str(node), "--master-port", port, "--hang-timeout", str(hang_timeout),
-             "--out", str(out), "--json", "--", *job_args],
+             "--out", str(out), "--json", *launch_args, "--", *job_args],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            env=dict(os.environ, VIGIL_NODE_NAME=node_names[node]) if node_names else None,
         )
         for node in (0, 1)
     ]
@@ -77,6 +84,45 @@ def test_rank_stuck_in_forward_is_the_culprit(tmp_path: Path, stack: str) -> Non
         assert "still compute while the others wait" in diagnosis.summary
     else:
         assert diagnosis.hang_kind == "not_enqueued"
+
+
+STARTUP_GRACE = 10.0
+
+
+def test_hang_before_the_first_step_in_a_collective_the_probe_never_saw(tmp_path: Path) -> None:
+    """Gradients reduced through the c10d_functional operators a compiled graph calls (no Python collective
+    API): rank 1 is stuck in its very first forward, so no rank ever steps and the probe records no op.
+    Past the startup allowance every rank's py-spy stack splits the job: the rank outside the collective."""
+    diagnosis = run(tmp_path, "compiled_ops", "forward", "--at-step", "0", startup_grace=STARTUP_GRACE)
+    assert (diagnosis.verdict, diagnosis.culprit_ranks, diagnosis.hang_kind) == ("hang", [1], "not_enqueued")
+    assert "rank(s) [1] never entered it" in diagnosis.summary
+    assert diagnosis.stack_source == "py-spy"
+    assert diagnosis.fork_point is not None and diagnosis.fork_point.ranks == [1]
+    # Timed from the moment the waiting ranks fell silent (their last compute before the collective): the
+    # probe's start is earlier by however long torch took to import and rendezvous on this machine.
+    out = tmp_path / "compiled_ops-forward"
+    detected_at = json.loads((out / "run.json").read_text())["detected_at"]
+    for rank in (0, 2):
+        silent_since = read_rank(out, rank).last_compute
+        assert silent_since is not None
+        assert STARTUP_GRACE * 0.9 <= detected_at - silent_since <= STARTUP_GRACE + LATENCY_BUDGET
+
+
+@pytest.mark.parametrize(("stack", "world", "group_ranks"), [("funcol", 3, [0, 1, 2]), ("mesh", 4, [0, 1])])
+def test_functional_collectives_are_seen_and_name_the_culprit(
+    tmp_path: Path, stack: str, world: int, group_ranks: list[int]
+) -> None:
+    """Functional collectives on the world group, and on the "dp" dimension of a 2 x 2 DeviceMesh (ranks 0-1
+    and 2-3 each reduce in their own sub-group): recorded as ops of their group, so the rank that never
+    entered its group's all_reduce is named from the records."""
+    diagnosis = run(tmp_path, stack, "forward", world=world)
+    assert (diagnosis.verdict, diagnosis.culprit_ranks, diagnosis.hang_kind) == ("hang", [1], "not_enqueued")
+    assert "never entered all_reduce" in diagnosis.summary
+    records = json.loads((tmp_path / f"{stack}-forward" / "rank0.json").read_text())["ops"]
+    reduces = [op for op in records if op["op"] == "all_reduce"]
+    assert reduces and {tuple(op["group_ranks"]) for op in reduces} == {tuple(group_ranks)}
+    assert reduces[-1]["state"] == "started"
+    assert all(op["state"] == "completed" for op in reduces[:-1])
 
 
 @pytest.mark.parametrize(("stack", "waiting_in"), [("ddp", "all_reduce"), ("fsdp", "all_gather_single")])
@@ -194,3 +240,33 @@ def test_signalled_node_launchers_leave_no_rank_running(
     finally:
         kill_launchers(nodes)
     assert wait_until_gone(out) == {}
+
+
+def test_periodic_stacks_flag_the_machine_that_is_the_outlier_in_every_job(tmp_path: Path) -> None:
+    """Two two-node DDP jobs on "machines" node-a and node-b, a py-spy sweep of every rank each second; in
+    both jobs the rank that lags every step (sleeping while its peers wait in the gradient all_reduce)
+    lives on node-b: `vigil stacks` clusters the sweeps and flags node-b, not node-a."""
+    runs = []
+    for job, slow_rank in (("first", "2"), ("second", "3")):
+        out = tmp_path / job
+        nodes = start_nodes(out, 30.0, "--stack", "ddp", "--fault", "straggler", "--rank", slow_rank, "--steps", "24",
+                            "--sleep", "0.5", launch_args=("--stack-period", "1"), node_names=("node-a", "node-b"))
+        try:
+            for node in nodes:
+                node.communicate(timeout=240)
+                assert node.returncode == 0
+        finally:
+            kill_launchers(nodes)
+        runs.append(str(out))
+    result = subprocess.run([sys.executable, "-m", "vigil", "stacks", *runs, "--json"], capture_output=True,
+                            text=True, timeout=120, check=True)
+    report = json.loads(result.stdout)
+    for job, slow_rank in zip(report["jobs"], (2, 3), strict=True):
+        assert job["sweeps"] >= 3
+        assert job["hosts"] == {"0": "node-a", "1": "node-a", "2": "node-b", "3": "node-b"}
+        counts = {int(r): n for r, n in job["outlier_counts"].items()}
+        assert max(counts, key=lambda rank: counts[rank]) == slow_rank
+        assert 2 * counts[slow_rank] > job["sweeps"]
+    machines = {m["host"]: m for m in report["machines"]}
+    assert machines["node-b"]["flagged"] and machines["node-b"]["outlier_jobs"] == 2
+    assert not machines["node-a"]["flagged"]

@@ -61,6 +61,18 @@ class HangTrigger:
                 return f"rank {rank}'s probe heartbeat stopped {now - snap.heartbeat:.1f} s ago"
         return self._no_steps(snapshots, alive, now, started)
 
+    def pre_step_suspects(self, snapshots: Mapping[int, RankSnapshot], live: set[int], now: float) -> list[int]:
+        """Before the job's first step: the ranks silent (no op, no compute) for the startup allowance while
+        no rank made op progress either. Silence alone proves nothing here - a long warm-up looks the same -
+        so the caller confirms with every rank's stack (``vigil.diagnose.stacks.collective_split``)."""
+        alive = {r: s for r, s in snapshots.items() if r in live and not s.finished}
+        if not alive or any(s.steps > 0 for s in snapshots.values()) or self._saving_checkpoint(alive, now):
+            return []
+        floor = max(self.hang_timeout_s, self.startup_grace_s)
+        if now - max(s.last_progress() for s in snapshots.values()) < floor:
+            return []
+        return sorted(r for r, s in alive.items() if now - _last_activity(s) >= floor)
+
     def step_timeout(self, snapshots: Mapping[int, RankSnapshot]) -> float:
         """The hang timeout, or a multiple of the job's slowest recent step when that is longer."""
         worst = max((max(s.step_times) for s in snapshots.values() if s.step_times), default=0.0)

@@ -16,7 +16,7 @@ from typing import Any
 from vigil.detect.collectives import CollectiveFinding, match_collectives
 from vigil.diagnose.crash import RankFailure, describe_exit, error_from_log, root_failure
 from vigil.diagnose.p2p import P2PAnalysis, analyse, states_from_probe
-from vigil.diagnose.stacks import ForkPoint, RankStacks, StackTree, load_stacks, merge_stacks
+from vigil.diagnose.stacks import ForkPoint, RankStacks, StackTree, collective_split, load_stacks, merge_stacks
 from vigil.diagnose.straggler import find_straggler
 from vigil.model import (
     HANG_EXIT_CODES,
@@ -209,8 +209,13 @@ def _hang(
         summary = f"hang inside {primary.op} #{primary.seq} of group {primary.group!r}: every rank entered it"
     else:
         computing = _computing_alone(run)
-        culprits, kind = stale or computing or _fork_ranks(forks, sorted(run.snapshots)), "not_enqueued"
+        split = collective_split(run.stacks) if run.stacks else None
+        elsewhere = split[1] if split is not None else []
+        culprits = stale or elsewhere or computing or _fork_ranks(forks, sorted(run.snapshots))
+        kind = "not_enqueued"
         summary = "hang: no step and no communication progress, and no collective in flight that the probe saw"
+        if split is not None and not stale:
+            summary += f"; rank(s) {split[0]} wait in a collective, rank(s) {elsewhere} never entered it"
         if computing and not stale:
             summary += f"; rank(s) {computing} still compute while the others wait"
     fork = _pick_fork(forks, culprits)

@@ -194,6 +194,43 @@ def merge_stacks(stacks: RankStacks) -> StackTree:
     )
 
 
+# A main-thread frame in one of these files means the rank is inside a collective (eager c10d, functional
+# collectives, DDP / FSDP2 waiting on their works).
+_COLLECTIVE_FILES = (
+    "distributed/distributed_c10d.py",
+    "distributed/_functional_collectives.py",
+    "_composable/fsdp/_fsdp_collectives.py",
+    "fsdp/_fully_shard/_fsdp_collectives.py",
+)
+
+
+def in_collective(frames: list[Frame]) -> bool:
+    for frame in frames:
+        match = _PARTS.match(frame)
+        if match is not None and match.group("file").endswith(_COLLECTIVE_FILES):
+            return True
+    return False
+
+
+def collective_split(stacks: RankStacks) -> tuple[list[int], list[int]] | None:
+    """(ranks waiting in a collective, ranks elsewhere) from every rank's main-thread stack, or None when
+    the stacks do not split the job that way. A collective is recognised by its frames; one issued from
+    C++ or a compiled graph leaves none, so then two stack classes, one a strict minority, split the job
+    the same way: the many wait, the few are elsewhere."""
+    main = {r: threads.get(MAIN_THREAD, []) for r, threads in stacks.items()}
+    waiting = sorted(r for r, frames in main.items() if in_collective(frames))
+    outside = sorted(r for r in main if r not in waiting)
+    if waiting and outside:
+        return waiting, outside
+    classes: dict[tuple[str, ...], list[int]] = defaultdict(list)
+    for rank, frames in main.items():
+        classes[tuple(function_of(f)[0] for f in frames)].append(rank)
+    if len(classes) != 2:
+        return None
+    few, many = sorted(classes.values(), key=len)
+    return (sorted(many), sorted(few)) if len(few) < len(many) else None
+
+
 def _ranges(ranks: set[int] | list[int]) -> str:
     ordered = sorted(ranks)
     if not ordered:

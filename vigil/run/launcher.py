@@ -141,6 +141,8 @@ def launch(
     master_addr: str = "127.0.0.1",
     master_port: int | None = None,
     reporter: LaunchReporter | None = None,
+    startup_grace: float = 60.0,
+    stack_period: float = 300.0,
 ) -> HangDiagnosis:
     """Run SCRIPT as ``nproc`` ranks under the supervisor; returns the diagnosis also written to
     ``out_dir/diagnosis.json``. A hung, crashed or mismatched job is stopped before this returns.
@@ -148,7 +150,13 @@ def launch(
     Several nodes, as torchrun's static rendezvous: run this on every node with the same ``nnodes``,
     ``master_addr`` / ``master_port`` (node 0's address) and ``out_dir`` (a directory every node can
     write), and each node's ``node_rank``; ranks are ``node_rank * nproc + local rank``. Every node
-    returns the same verdict, naming the culprit whichever node it runs on."""
+    returns the same verdict, naming the culprit whichever node it runs on.
+
+    However it ends - verdict, exception, SIGTERM / SIGHUP / SIGINT - this node's ranks' process groups are
+    stopped before it returns; their pids are in ``out_dir/launched.node<I>.json``. ``startup_grace``:
+    seconds of silence allowed before the first step (warm-up, first compile); past it, ranks split into
+    some waiting in a collective and some elsewhere are a hang even if the probe saw no collective.
+    ``stack_period``: seconds between py-spy sweeps of every rank for ``vigil stacks`` (0: none)."""
     script_path = Path(script)
     if not script_path.is_file():
         raise VigilInputError(f"training script {script_path} does not exist")
@@ -156,6 +164,10 @@ def launch(
         raise VigilInputError(f"--nproc-per-node must be at least 1, got {nproc}")
     if hang_timeout <= 0:
         raise VigilInputError(f"--hang-timeout must be positive, got {hang_timeout}")
+    if stack_period < 0:
+        raise VigilInputError(f"--stack-period must be 0 (off) or positive, got {stack_period}")
+    if startup_grace <= 0:
+        raise VigilInputError(f"--startup-grace must be positive, got {startup_grace}")
     if nnodes < 1 or not 0 <= node_rank < nnodes:
         raise VigilInputError(f"--node-rank must be in [0, {nnodes}) with --nnodes {nnodes} >= 1, got {node_rank}")
     if nnodes > 1 and master_port is None:
@@ -183,6 +195,8 @@ def launch(
                 checkpoint_timeout_s=checkpoint_timeout or max(600.0, 10 * hang_timeout),
                 flight_recorder=flight_recorder,
                 job=job,
+                startup_grace_s=startup_grace,
+                stack_period_s=stack_period,
             )
             nodes = NodeGroup(out, nnodes, node_rank) if nnodes > 1 else None
             if nodes is not None:

@@ -8,6 +8,7 @@ the probes), stops the job, and asks ``vigil.diagnose.hang`` *who* and *why*.
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import time
 from collections.abc import Callable
@@ -16,7 +17,8 @@ from pathlib import Path
 
 from vigil.detect.hang import HangTrigger
 from vigil.diagnose.hang import STALE_HEARTBEAT_S, HangDiagnosis, RunEvidence, diagnose, write_diagnosis
-from vigil.diagnose.stacks import RankStacks, from_pyspy, from_python_stacks
+from vigil.diagnose.stack_clusters import append_sweep, periodic_file, sweep_of
+from vigil.diagnose.stacks import MAIN_THREAD, RankStacks, collective_split, from_pyspy, from_python_stacks
 from vigil.diagnose.straggler import find_straggler
 from vigil.diagnose.timeline import write_timeline
 from vigil.model import VigilInputError
@@ -38,6 +40,8 @@ from vigil.sources.probe.records import (
 EventSink = Callable[[str], None]
 # After the first rank fails, wait this long for the peers' own errors so the cascade is visible.
 CRASH_GRACE_S = 2.0
+# Before the first step a silent job is looked at with py-spy at most this often.
+PRE_STEP_LOOK_S = 2.0
 
 
 @dataclass
@@ -50,6 +54,8 @@ class SupervisorConfig:
     evidence_wait_s: float = 3.0
     flight_recorder: bool = True
     job: str = "local"
+    # Periodic py-spy sweeps of every rank (vigil.diagnose.stack_clusters); 0 turns them off.
+    stack_period_s: float = 300.0
 
 
 @dataclass
@@ -64,6 +70,8 @@ class Supervisor:
     _seen: dict[int, tuple[float, bytes]] = field(default_factory=dict)
     _straggler_reported: bool = False
     _next_straggler_check: float = 0.0
+    _next_stack_look: float = 0.0
+    _next_sweep: float = 0.0
     _first_failure: float | None = None
     log_paths: dict[int, Path] = field(default_factory=dict)
     # Several nodes: this supervisor's ranks are ``procs``; the job has ``world`` ranks in all.
@@ -119,11 +127,12 @@ class Supervisor:
         if self.trigger.mismatch(self.snapshots, self.world_size, now):
             self.on_event("collective signature mismatch across ranks")
             return self._conclude("mismatch", now)
-        reason = self.trigger.stall(self.snapshots, set(alive), now)
+        reason = self.trigger.stall(self.snapshots, set(alive), now) or self._pre_step_hang(alive, now)
         if reason is not None:
             self.on_event(f"hang: {reason}")
             return self._conclude("hang", now)
         self._watch_straggler(now)
+        self._periodic_stacks(alive, now)
         return None
 
     # ------------------------------------------------------------------ observation
@@ -162,6 +171,48 @@ class Supervisor:
             except VigilInputError:
                 continue
             self._seen[rank] = seen
+
+    def _pre_step_hang(self, alive: list[int], now: float) -> str | None:
+        """A job silent before its first step, in a collective the probe never saw: every rank's stack says
+        whether some wait in a collective while others are elsewhere (looked at, at most, once per hang
+        timeout). Only where this supervisor runs every rank: py-spy reaches local processes alone."""
+        if self.nodes is not None or now < self._next_stack_look:
+            return None
+        if not self.trigger.pre_step_suspects(self.snapshots, set(alive), now):
+            return None
+        self._next_stack_look = now + max(self.config.hang_timeout_s, PRE_STEP_LOOK_S)
+        stacks, _ = self._pyspy({r: self.procs[r].pid for r in alive})
+        split = collective_split(stacks)
+        if split is None:
+            return None
+        waiting, elsewhere = split
+        return (f"no step yet and no progress for {now - max(s.last_progress() for s in self.snapshots.values()):.1f}"
+                f" s: rank(s) {waiting} wait in a collective, rank(s) {elsewhere} are elsewhere")
+
+    def _periodic_stacks(self, alive: list[int], now: float) -> None:
+        """One py-spy sweep of this node's training ranks per ``stack_period_s`` once the job has stepped (start-up
+        stacks - imports, rendezvous - say nothing about a machine), appended to the run's periodic stacks
+        file; ranks past their script's end, or with no main-thread stack left, are left out."""
+        period = self.config.stack_period_s
+        if period <= 0 or now < self._next_sweep or not any(s.steps > 0 for s in self.snapshots.values()):
+            return
+        # Sweeps fall on multiples of the period of the wall clock, numbered by them, so every node of the
+        # job looks at its ranks at the same moment and the sweeps of one number form one picture.
+        slot = math.floor(now / period)
+        first = self._next_sweep == 0.0
+        self._next_sweep = (slot + 1) * period
+        if first:
+            return
+        pids = {r: self.procs[r].pid for r in alive
+                if r in self.procs and not (r in self.snapshots and self.snapshots[r].finished)}
+        if not pids:
+            return
+        dumps = dump_all(pids, self.config.pyspy_timeout_s)
+        stacks = {r: threads for r, d in dumps.dumps.items() if (threads := from_pyspy(d)).get(MAIN_THREAD)}
+        if stacks:
+            hosts = {r: s.host for r, s in self.snapshots.items()}
+            path = self.out_dir / periodic_file(self.nodes.node_rank if self.nodes is not None else None)
+            append_sweep(path, sweep_of(stacks, hosts, self.config.job, slot, now))
 
     def _watch_straggler(self, now: float) -> None:
         if self._straggler_reported or now < self._next_straggler_check:

@@ -99,6 +99,12 @@ def script_command(
     job: Annotated[
         str | None, typer.Option("--job", help="job name on the server (default: the run directory's name)")
     ] = None,
+    startup_grace: Annotated[
+        float, typer.Option("--startup-grace", help="seconds of silence allowed before the first step (warm-up)")
+    ] = 60.0,
+    stack_period: Annotated[
+        float, typer.Option("--stack-period", help="seconds between py-spy sweeps of every rank (0: off)")
+    ] = 300.0,
 ) -> None:
     """Start SCRIPT as an N-rank torch.distributed job; on a hang, crash or mismatch say who and why.
 
@@ -111,6 +117,7 @@ def script_command(
     from vigil.run.launcher import launch
 
     _positive_seconds(hang_timeout, "--hang-timeout")
+    _positive_seconds(startup_grace, "--startup-grace")
     if not script.is_file():
         raise VigilInputError(f"training script {script} does not exist")
     if nnodes > 1:
@@ -144,6 +151,8 @@ def script_command(
             master_addr=master_addr,
             master_port=master_port,
             reporter=reporter,
+            startup_grace=startup_grace,
+            stack_period=stack_period,
         )
     if as_json:
         typer.echo(diagnosis.model_dump_json(indent=2))

@@ -28,6 +28,7 @@ from vigil.faces.cli.rca import kb_app, rca_app
 from vigil.faces.cli.remedy import app as remedy_app
 from vigil.faces.cli.runs import app as runs_app
 from vigil.faces.cli.serve import mcp, serve
+from vigil.faces.cli.stacks import stacks_command
 from vigil.faces.cli.tide import app as tide_app
 from vigil.faces.cli.timeline import timeline_command
 from vigil.faces.cli.users import app as users_app
@@ -72,6 +73,7 @@ app.add_typer(detect_app, name="detect")
 app.add_typer(logs_app, name="logs")
 app.add_typer(diagnose_app, name="diagnose")
 app.command("timeline")(timeline_command)
+app.command("stacks")(stacks_command)
 app.add_typer(kb_app, name="kb")
 app.add_typer(rca_app, name="rca")
 # remedy and prevention

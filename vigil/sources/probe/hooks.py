@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -57,6 +58,18 @@ P2P_OPS: dict[str, tuple[str, str]] = {
     "irecv": ("src", "recv"),
 }
 COMPUTE_FUNCS = ("matmul", "mm", "bmm", "addmm")
+# torch.distributed._functional_collectives (what DTensor, tensor parallelism and DeviceMesh code call):
+# name -> parameter holding the tensor(s). The deprecated spellings call these, so they are seen too.
+FUNCTIONAL: dict[str, str] = {
+    "all_reduce": "self",
+    "broadcast": "self",
+    "all_gather_single": "self",
+    "reduce_scatter_single": "self",
+    "all_to_all_single": "self",
+    "all_reduce_coalesced": "self",
+    "all_gather_single_coalesced": "self",
+    "reduce_scatter_single_coalesced": "inputs",
+}
 
 _ORIGINALS: dict[tuple[Any, str], Any] = {}
 _HANDLES: list[Any] = []
@@ -294,6 +307,98 @@ def _watch_future(probe: Probe, record: OpRecord, work: Work) -> bool:
     return True
 
 
+# Functional collectives in flight, by id of the result tensor that wait_tensor will be given.
+_FUNCTIONAL_PENDING: dict[int, tuple[weakref.ref[torch.Tensor], OpRecord]] = {}
+_FUNCTIONAL_GROUPS: dict[str, tuple[str, list[int]]] = {}
+
+
+def _functional_group(module: Any, group: Any, tag: str) -> tuple[str, list[int]]:
+    """A functional collective's group (ranks, a ProcessGroup, a DeviceMesh or one of its dimensions, a
+    group name) as the probe names process groups."""
+    resolved = module._resolve_group_name(group, tag)
+    name = str(resolved)
+    cached = _FUNCTIONAL_GROUPS.get(name)
+    if cached is None:
+        try:
+            cached = _group_info(dist.distributed_c10d._resolve_process_group(resolved))
+        except (RuntimeError, ValueError, KeyError):
+            cached = (name, [])
+        _FUNCTIONAL_GROUPS[name] = cached
+    return cached
+
+
+def _wrap_functional(probe: Probe, module: Any, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    """A functional collective is issued by the call and ends when its result is waited on (``wait_tensor``,
+    which the returned AsyncCollectiveTensor calls on first use): the op is recorded between the two."""
+    params = _Params(original)
+    tensor_param = FUNCTIONAL[name]
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():
+            return original(*args, **kwargs)
+        group_name, group_ranks = _functional_group(module, params.get("group", args, kwargs),
+                                                    params.get("tag", args, kwargs) or "")
+        sizes, dtypes = _shape_of(params.get(tensor_param, args, kwargs))
+        root = params.get("src", args, kwargs)
+        record = probe.begin_op(group_name, group_ranks, COLLECTIVE, name, sizes, dtypes,
+                                root=root if isinstance(root, int) else None, is_async=True)
+        try:
+            result = original(*args, **kwargs)
+        except BaseException:
+            probe.end_op(record, ok=False)
+            raise
+        outputs = result if isinstance(result, list | tuple) else [result]
+        waited = [getattr(out, "elem", out) for out in outputs if isinstance(out, torch.Tensor)]
+        if not waited:
+            probe.end_op(record)
+        for tensor in waited:
+            _FUNCTIONAL_PENDING[id(tensor)] = (weakref.ref(tensor, functools.partial(_dropped, probe, id(tensor))),
+                                               record)
+        return result
+
+    return wrapper
+
+
+def _dropped(probe: Probe, key: int, _ref: object) -> None:
+    """A result never waited on was freed; torch waits on such a work itself."""
+    entry = _FUNCTIONAL_PENDING.pop(key, None)
+    if entry is not None:
+        probe.end_op(entry[1])
+
+
+def _wrap_wait_tensor(probe: Probe, original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def wait_tensor(tensor: torch.Tensor) -> Any:
+        entry = _FUNCTIONAL_PENDING.get(id(tensor))
+        if entry is None or entry[0]() is not tensor:
+            return original(tensor)
+        record = entry[1]
+        probe.mark_waiting(record)
+        try:
+            out = original(tensor)
+        except BaseException:
+            probe.end_op(record, ok=False)
+            raise
+        _FUNCTIONAL_PENDING.pop(id(tensor), None)
+        # A coalesced op ends when its last result has been waited on.
+        if not any(other is record for _, other in _FUNCTIONAL_PENDING.values()):
+            probe.end_op(record)
+        return out
+
+    return wait_tensor
+
+
+def _install_functional(probe: Probe) -> None:
+    try:
+        import torch.distributed._functional_collectives as funcol
+    except ImportError:
+        return
+    for name in FUNCTIONAL:
+        _patch(funcol, name, functools.partial(_wrap_functional, probe, funcol, name))
+    _patch(funcol, "wait_tensor", lambda orig: _wrap_wait_tensor(probe, orig))
+
+
 def _wrap_compute(probe: Probe, original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -388,6 +493,7 @@ def install_hooks(probe: Probe) -> None:
             if (owner, name) not in _ORIGINALS:
                 _ORIGINALS[(owner, name)] = getattr(owner, name)
                 setattr(owner, name, wrapped)
+    _install_functional(probe)
     for name in COMPUTE_FUNCS:
         _patch(torch, name, lambda orig: _wrap_compute(probe, orig))
     _patch(torch.Tensor, "__matmul__", lambda orig: _wrap_compute(probe, orig))
@@ -410,3 +516,5 @@ def uninstall_hooks() -> None:
         handle.remove()
     _HANDLES.clear()
     _GROUPS.clear()
+    _FUNCTIONAL_GROUPS.clear()
+    _FUNCTIONAL_PENDING.clear()

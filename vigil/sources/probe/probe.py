@@ -42,6 +42,7 @@ ADAPTIVE_FACTOR = 4.0
 # the supervisor must see changes (a stall, an error, stacks, a checkpoint mark, the end); the heartbeat,
 # step and compute marks and the current op go to the mapped current-op file on every tick / op.
 SNAPSHOT_INTERVAL_S = 1.0
+ENV_NODE_NAME = "VIGIL_NODE_NAME"
 _LIVE_START = CURRENT_OP_BYTES + CURRENT_END_BYTES
 _LIVE_BYTES = CURRENT_FILE_BYTES - _LIVE_START
 _BLANK_END = b" " * CURRENT_END_BYTES
@@ -66,7 +67,9 @@ class Probe:
         self.tick_s = tick_s
         self.ring = OpRing(capacity)
         self.started = time.time()
-        self.host = socket.gethostname()
+        # The machine's name as the cluster knows it (Kubernetes' NODE_NAME, say) when it differs from the
+        # hostname; the periodic stacks compare machines across jobs by it.
+        self.host = os.environ.get(ENV_NODE_NAME) or socket.gethostname()
         self._seq: dict[str, int] = defaultdict(int)
         self._p2p_seq: dict[tuple[str, int, str], int] = defaultdict(int)
         self._durations: dict[tuple[str, str], deque[float]] = defaultdict(lambda: deque(maxlen=32))
