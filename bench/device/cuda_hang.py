@@ -9,7 +9,10 @@ queries the CUDA event NCCL records after the kernel). This script, on a one-ran
    ``started`` until the GPU reaches the collective, and end about ``--gpu-busy-s`` later;
 2. reads the Flight Recorder ring with ``TORCH_NCCL_ENABLE_TIMING=1``: NCCL's own state and duration
    of the same collectives, for comparison;
-3. times a matmul with CUDA events on the current stream (the CUDA-event timeline source).
+3. the same for a functional collective (``_functional_collectives.all_reduce`` and ``wait_tensor``, which
+   on CUDA only makes the stream wait): the record must stay ``started`` until the GPU finished it (a
+   CUDA event behind the wait, polled by the watchdog);
+4. times a matmul with CUDA events on the current stream (the CUDA-event timeline source).
 
 Run: python bench/device/cuda_hang.py [--gpu-busy-s 2]   -> $OUT/cuda_hang.json (or bench/results/)
 """
@@ -83,6 +86,32 @@ def check_collective(probe: Probe, cycles: int, busy_s: float, async_op: bool) -
     }
 
 
+def check_functional(probe: Probe, cycles: int, busy_s: float) -> dict[str, Any]:
+    import torch.distributed._functional_collectives as funcol
+
+    tensor = torch.ones(1 << 20, device="cuda")
+    torch.cuda._sleep(cycles)
+    called = time.time()
+    reduced = funcol.all_reduce(tensor, "sum", dist.group.WORLD)
+    record = probe.ring.tail(1)[0]
+    waited = funcol.wait_tensor(getattr(reduced, "elem", reduced))
+    returned = time.time()
+    in_flight_after_wait = record.in_flight
+    ended = wait_until_done(probe, record, busy_s * 5 + 10)
+    torch.cuda.synchronize()
+    return {
+        "functional": True,
+        "op": record.op,
+        "wait_returned_after_s": round(returned - called, 4),
+        "in_flight_after_wait": in_flight_after_wait,
+        "state": record.state,
+        "probe_duration_s": None if ended is None else round(ended - record.t_start, 3),
+        "expected_at_least_s": round(busy_s * 0.8, 3),
+        "result_ok": bool(torch.equal(waited, torch.ones_like(waited))),
+        "ok": in_flight_after_wait and ended is not None and ended - record.t_start >= busy_s * 0.8,
+    }
+
+
 def flight_recorder_entries() -> list[dict[str, Any]]:
     from torch._C._distributed_c10d import _dump_fr_trace_json  # type: ignore[attr-defined]
 
@@ -120,6 +149,7 @@ def main() -> None:
             probe.poll_works()
             cycles = sleep_cycles(args.gpu_busy_s)
             checks = [check_collective(probe, cycles, args.gpu_busy_s, async_op) for async_op in (False, True)]
+            checks.append(check_functional(probe, cycles, args.gpu_busy_s))
             result = {
                 "device": torch.cuda.get_device_name(0),
                 "torch": torch.__version__,

@@ -107,6 +107,23 @@ def test_watchdog_marks_reach_the_reader_without_a_snapshot_rewrite(probe: Probe
     assert op.state == "completed" and op.t_end == record.t_end
 
 
+def test_functional_collectives_run_from_the_call_to_the_wait(probe: Probe) -> None:
+    import torch.distributed._functional_collectives as funcol
+
+    reduced = funcol.all_reduce(torch.ones(4), "sum", dist.group.WORLD)
+    [record] = probe.ring.tail(1)
+    assert (record.op, record.group_ranks, record.sizes, record.state) == ("all_reduce", [0], [[4]], "scheduled")
+    assert torch.equal(reduced + 0, torch.ones(4))  # first use waits
+    assert record.state == "completed" and record.t_end is not None
+    parts = funcol.all_reduce_coalesced([torch.ones(2), torch.ones(3)], "sum", dist.group.WORLD)
+    [coalesced] = probe.ring.tail(1)
+    assert coalesced.op == "all_reduce_coalesced" and coalesced.sizes == [[2], [3]]
+    parts[0].wait()
+    assert coalesced.in_flight, "one of two results waited on: the op is not over"
+    parts[1].wait()
+    assert coalesced.state == "completed"
+
+
 def test_adaptive_timeout_has_a_floor(probe: Probe) -> None:
     assert probe.timeout_for("0", "all_reduce") == 5.0
     for duration in (0.1, 3.0, 0.2):

@@ -335,7 +335,8 @@ def _wrap_functional(probe: Probe, module: Any, name: str, original: Callable[..
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() or module._are_we_tracing():
+            # A graph being traced waits inside the call; the compiled graph runs the operators from C++.
             return original(*args, **kwargs)
         group_name, group_ranks = _functional_group(module, params.get("group", args, kwargs),
                                                     params.get("tag", args, kwargs) or "")
@@ -383,10 +384,29 @@ def _wrap_wait_tensor(probe: Probe, original: Callable[..., Any]) -> Callable[..
         _FUNCTIONAL_PENDING.pop(id(tensor), None)
         # A coalesced op ends when its last result has been waited on.
         if not any(other is record for _, other in _FUNCTIONAL_PENDING.values()):
-            probe.end_op(record)
+            if tensor.is_cuda:
+                # On CUDA wait_tensor only makes the current stream wait for the collective: an event
+                # recorded behind that wait completes when the GPU has finished it; the watchdog polls it.
+                probe.watch_work(record, StreamEvent())
+            else:
+                probe.end_op(record)
         return out
 
     return wait_tensor
+
+
+class StreamEvent:
+    """A CUDA event on the current stream, read like a Work by the probe's watchdog."""
+
+    def __init__(self) -> None:
+        self.event = torch.cuda.Event()
+        self.event.record()
+
+    def is_completed(self) -> bool:
+        return bool(self.event.query())
+
+    def exception(self) -> None:
+        return None
 
 
 def _install_functional(probe: Probe) -> None:
