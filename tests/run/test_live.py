@@ -150,9 +150,10 @@ def _start_cluster(tmp: Path, stack: ExitStack, prometheus: bool) -> LiveCluster
     return cluster
 
 
-def _answers(url: str) -> bool:
+def _answers(url: str, token: str | None = None) -> bool:
     try:
-        return httpx.get(url, timeout=2).status_code == 200
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.get(url, timeout=2, headers=headers).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -170,7 +171,7 @@ def _ticks(cluster: LiveCluster) -> int:
 def test_faults_written_as_machines_write_them_become_incidents(live: LiveCluster) -> None:
     if live.prometheus:
         query = "/api/v1/metrics/query?query=DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"
-        live.wait(lambda: _answers(live.url + query) and len(live.get(query)) == 8, 60,
+        live.wait(lambda: _answers(live.url + query, TOKEN) and len(live.get(query)) == 8, 60,
                   "Prometheus to hold both agents' GPUs")
     else:
         live.wait(lambda: live.get("/api/v1/engine")["pushes"] >= 4, 60, "the engine to read both agents")
