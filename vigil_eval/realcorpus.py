@@ -39,6 +39,7 @@ class RealCase:
     root_line: int
     also_lines: tuple[int, ...]
     why: str
+    batch: int = 1  # the collection round that added the case (the held-out parts of each are reported apart)
 
     def accepts(self, result: TriageResult) -> bool:
         root = result.root
@@ -59,6 +60,7 @@ def load_cases(corpus: Path = CORPUS) -> list[RealCase]:
             id=entry["id"], source=entry["source"], category=entry["category"], split=split,
             directory=corpus / entry["id"], root_file=entry["root"]["file"], root_line=int(entry["root"]["line"]),
             also_lines=tuple(int(n) for n in entry.get("also_lines", ())), why=entry["why"],
+            batch=int(entry.get("batch", 1)),
         ))
     return cases
 

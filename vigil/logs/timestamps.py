@@ -18,7 +18,8 @@ _ISO = re.compile(
 _CLOCK = r"(?P<H>\d{2}):(?P<M>\d{2}):(?P<S>\d{2})"
 _CTIME = re.compile(rf"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) {_MON} +(?P<d>\d{{1,2}}) {_CLOCK} (?P<y>\d{{4}})")
 _SYSLOG = re.compile(rf"^{_MON} +(?P<d>\d{{1,2}}) {_CLOCK}(?:\.(?P<frac>\d+))?")
-_GLOG = re.compile(rf"^\[?[IWEF](?P<m>\d{{2}})(?P<d>\d{{2}}) {_CLOCK}(?:\.(?P<frac>\d+))?")
+# glog pads the month (E0626); PyTorch's c10 logger does not (E626).
+_GLOG = re.compile(rf"^\[?[IWEF](?P<m>1[0-2]|0?[1-9])(?P<d>\d{{2}}) {_CLOCK}(?:\.(?P<frac>\d+))?")
 
 # Only the head of a line is searched: timestamps lead their lines, and a value deep in a message
 # (a date printed by the application) must not be taken for the line's time.

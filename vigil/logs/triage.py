@@ -55,6 +55,7 @@ ECHO_SIGNATURES = frozenset({"nccl.watchdog_timeout", "gloo.collective_timeout",
 MACHINE_WINDOW_BEFORE_S = 600.0
 MACHINE_WINDOW_AFTER_S = 120.0
 
+_CONTEXT_ATTRS = frozenset({"frames", "user_frame"})
 _NCCL_ORIGIN = re.compile(r"^(?:\[[^\]]*\] )?(?P<host>[\w.\-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\]")
 _FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
 _LIBRARY_PATH = re.compile(r"(site-packages|dist-packages|/lib/python\d|<frozen |/torch/|\\lib\\)")
@@ -321,7 +322,7 @@ def decide(scans: list[_Scan], job: str, directory: Path, tie_s: float = 1.0) ->
             event.node = entity_name(hosts[event.rank], "") or None
     root, basis = _pick_root(events, priority, tie_s)
     if root is None:
-        root, basis = _fallback_root([e for scan in scans for e in scan.worded], events)
+        root, basis = _fallback_root([e for scan in scans for e in scan.worded], events, tie_s)
     if root is not None and root.rank is None and root.entity.startswith("node/"):
         _attribute_to_rank(root, events)
     rank_events = [e for e in events if not e.entity.startswith("node/")]
@@ -402,7 +403,9 @@ def _pick_root(events: list[LogEvent], priority: dict[str, int],
     # A process reports its own failure in order: within one file only the first root-like line counts
     # (an abort after an exception, a RuntimeError after a device-side assert are its consequences) -
     # unless a few lines below it the same fault is named more specifically (the kernel's assertion,
-    # flushed after the host's "device-side assert triggered").
+    # flushed after the host's "device-side assert triggered"), or by the same signature with more of its
+    # fields filled in where the first filled none (NCCL's "Cuda failure 1 'invalid argument'" under PyTorch's
+    # bare "unhandled cuda error").
     last = len(priority)
     first_per_source: dict[str, LogEvent] = {}
     for event in events:
@@ -411,7 +414,9 @@ def _pick_root(events: list[LogEvent], priority: dict[str, int],
         first = first_per_source.get(event.source)
         if first is None or (_same_report(event, first)
                              and event.lineno - first.lineno <= SAME_REPORT_LINES
-                             and priority.get(event.signature, last) < priority.get(first.signature, last)):
+                             and (priority.get(event.signature, last) < priority.get(first.signature, last)
+                                  or (event.signature == first.signature
+                                      and _detail(first) == 0 < _detail(event)))):
             first_per_source[event.source] = event
     roots = list(first_per_source.values())
     if not roots:
@@ -423,25 +428,40 @@ def _pick_root(events: list[LogEvent], priority: dict[str, int],
     return min(roots, key=lambda e: (priority.get(e.signature, last), e.ts or 0.0, e.source, e.lineno)), "signature"
 
 
+def _detail(event: LogEvent) -> int:
+    """How many of its signature's fields a line filled in (traceback context not counted)."""
+    return sum(1 for key, value in event.attrs.items() if key not in _CONTEXT_ATTRS and value not in (None, ""))
+
+
 def _same_report(one: LogEvent, other: LogEvent) -> bool:
     """Whether two lines report one failure: the same fault, the same RCA symptom or the same signature."""
     return (one.signature == other.signature or (one.fault_type is not None and one.fault_type == other.fault_type)
             or (one.symptom is not None and one.symptom == other.symptom))
 
 
-def _fallback_root(worded: list[LogEvent],
-                   symptoms: list[LogEvent]) -> tuple[LogEvent | None, RootBasis | None]:
+def _fallback_root(worded: list[LogEvent], symptoms: list[LogEvent],
+                   tie_s: float = 1.0) -> tuple[LogEvent | None, RootBasis | None]:
     """No signature names a root: the earliest specific error wording, else the earliest symptom that is not a
     timeout or watchdog report, else the earliest symptom, else the earliest generic error wording."""
     specific = [e for e in worded if e.attrs.get("strength") == SPECIFIC]
     if specific:
-        return min(specific, key=_time_order), "error_wording"
+        return _earliest(specific, tie_s), "error_wording"
     direct = [e for e in symptoms if e.signature not in ECHO_SIGNATURES]
     if direct or symptoms:
-        return min(direct or symptoms, key=_time_order), "symptom"
+        return _earliest(direct or symptoms, tie_s), "symptom"
     if worded:
-        return min(worded, key=_time_order), "error_wording"
+        return _earliest(worded, tie_s), "error_wording"
     return None, None
+
+
+def _earliest(events: list[LogEvent], tie_s: float) -> LogEvent:
+    """The earliest event; stamps within ``tie_s`` of the earliest count as one moment, decided by file order
+    (ranks that stamp the same collective's timeout a fraction of a second apart did not fail in that order)."""
+    stamps = [e.ts for e in events if e.ts is not None]
+    if not stamps:
+        return min(events, key=_time_order)
+    first = min(stamps)
+    return min((e for e in events if e.ts is not None and e.ts <= first + tie_s), key=lambda e: (e.source, e.lineno))
 
 
 def _near(node_events: list[LogEvent], root: LogEvent | None) -> list[LogEvent]:
