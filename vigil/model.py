@@ -544,6 +544,7 @@ class Job(Record):
     name: str = ""
     placement: list[str] = Field(default_factory=list)
     start: float = 0.0
+    source: str = Field(default="", description="who registered it (slurm, kubernetes, launch; empty: a file)")
 
     @property
     def entity(self) -> str:

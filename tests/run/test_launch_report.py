@@ -234,3 +234,21 @@ def test_gpu_indices_follow_cuda_visible_devices() -> None:
     assert gpu_indices(3, {"CUDA_VISIBLE_DEVICES": "4,5"}) == [4, 5, None]
     assert gpu_indices(2, {"CUDA_VISIBLE_DEVICES": ""}) == [None, None]
     assert gpu_indices(2, {"CUDA_VISIBLE_DEVICES": "GPU-8a1f"}) == [None, None]
+
+
+def test_a_launched_job_stays_beside_the_jobs_kubernetes_lists(tmp_path: Path) -> None:
+    from tests.collect.test_kube_jobs import RecordedCoreApi
+    from vigil.model import Gpu, Job, Node
+    from vigil.sources.collect.kube_jobs import KubernetesJobs
+
+    settings = Settings(home=tmp_path, kube_jobs_poll_s=30)
+    store = Store(settings.database_url())
+    for name in ("n01", "n02", "n03"):
+        store.register_node(Node(name=name, gpus=[Gpu(node=name, index=i) for i in range(8)]))
+    store.register_job(Job(id="llm", placement=["gpu/n03/6", "gpu/n03/7"], source="launch"))
+    engine = Engine(store, settings, notifiers=[], kube_jobs=KubernetesJobs(RecordedCoreApi()))
+    engine.tick()
+    topology = store.topology()
+    assert topology is not None
+    assert sorted((j.id, j.source) for j in topology.jobs) == [
+        ("eval", "kubernetes"), ("llama-ft", "kubernetes"), ("llm", "launch")]

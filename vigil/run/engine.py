@@ -329,8 +329,11 @@ class Engine:
         self._set_jobs(topology, jobs, "kubernetes")
 
     def _set_jobs(self, topology: Topology, jobs: list[Job], source: str) -> None:
-        if jobs != topology.jobs:
-            self.store.save_topology(topology.model_copy(update={"jobs": jobs}), source=source)
+        """``source``'s jobs as it lists them now; jobs another source registered (a `vigil launch`) stay."""
+        mine = [job.model_copy(update={"source": source}) for job in jobs]
+        kept = [job for job in topology.jobs if job.source != source and job.id not in {j.id for j in mine}]
+        if kept + mine != topology.jobs:
+            self.store.save_topology(topology.model_copy(update={"jobs": kept + mine}), source=source)
 
     def _detect(self, frames: list[MetricFrame], events: list[Event], report: TickReport) -> None:
         opened = self.detector.update(frames, events)

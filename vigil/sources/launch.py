@@ -41,7 +41,7 @@ def report_job(report: LaunchReport, known: Job | None = None) -> Job | None:
     placement = [node_id(p.node) if p.gpu is None else gpu_id(p.node, p.gpu)
                  for p in (by_rank[r] for r in range(report.world_size))]
     start = known.start if known is not None else report.ts
-    return Job(id=report.job, name=report.job, placement=placement, start=start)
+    return Job(id=report.job, name=report.job, placement=placement, start=start, source="launch")
 
 
 def report_samples(report: LaunchReport) -> list[Sample]:
