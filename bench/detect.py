@@ -5,7 +5,7 @@ seeds; training time and scoring speed. Writes bench/results/detect.json.
     .venv/bin/python bench/detect.py [--only asd|smd|sim] [--detectors tce,gbm,...] [--quick]
 
 Real data (``--only asd`` / ``--only smd``, tens of minutes each on 2 cores): the machines are dealt into
-outer folds; every choice (input scaling, TCE's novelty weight and epoch count, every detector's threshold)
+outer folds; every choice (input scaling, TCE's score mix and epoch count, every detector's threshold)
 is made on inner folds of the development machines only, and each outer test machine is scored once
 (vigil_eval.detection.nested_leave_machines_out). Every number comes from this run; the spread is over outer
 folds.
@@ -47,12 +47,14 @@ console = Console()
 
 # Fixed before any fold was scored, never tuned: the window (8 hours of ASD's 5-minute samples, 96 minutes
 # of SMD's 1-minute samples), TCE's size, loss (dynamic weights), one model (no ensemble), window features as
-# its context. Chosen on inner folds: input scaling (fleet / per machine), novelty weight, epochs, thresholds.
+# its context, its normal-window memory at KMeansAD's own setting (20 centroids of the newest 10 rows).
+# Chosen on inner folds: input scaling (fleet / per machine), TCE's score mix (MIX_GRID), epochs, thresholds.
 HISTORY = 96
 TCE_REAL = {"history": HISTORY, "recent": 24, "scales": (12, 24), "hidden": 32, "epochs": 5,
-            "steps_per_epoch": 40, "patience": 2, "prototypes": 16, "window_context": True}
+            "steps_per_epoch": 40, "patience": 2, "prototypes": 16, "window_context": True, "memory": 20,
+            "memory_rows": 10}
 BASELINE_PARAMS: dict[str, dict[str, Any]] = {
-    "gbm": {"history": HISTORY, "recent": 10, "max_iter": 100},
+    "gbm": {"history": HISTORY, "recent": 10, "max_iter": 100, "max_samples": 20000},
     "lstm_clf": {"window": 30, "epochs": 3, "steps_per_epoch": 80},
     "lstm": {"epochs": 3},
 }

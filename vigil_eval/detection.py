@@ -325,7 +325,6 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 
 # --------------------------------------------------------------------------- nested leave-machines-out
 
-NOVELTY_GRID = (0.0, 0.1, 0.5, 2.0)
 NORMALISATIONS = ("fleet", "machine")
 
 
@@ -423,15 +422,33 @@ def candidates_for(name: str, params: dict[str, Any] | None = None) -> list[Cand
     return [Candidate(f"{name}[{norm}]", name, dict(params or {}), norm) for norm in NORMALISATIONS]
 
 
-def variant_scores(detector: Any, windows: Any) -> dict[str, np.ndarray]:
-    """Every cheap variant of a fitted detector, scored: for TCE each novelty weight of ``NOVELTY_GRID``
-    (no retraining needed); for the rest the detector itself."""
+# TCE's score mixes (weights of the supervised, novelty and memory parts, each read against the machine's own
+# history): every mix keeps the supervised part; the inner folds choose one.
+MIX_GRID: dict[str, tuple[float, float, float]] = {
+    "sup": (1.0, 0.0, 0.0), "sup+nov": (1.0, 1.0, 0.0), "sup+mem": (1.0, 0.0, 1.0),
+    "sup+nov+mem": (1.0, 1.0, 1.0), "2sup+nov+mem": (2.0, 1.0, 1.0), "sup+2nov+2mem": (1.0, 2.0, 2.0),
+}
+
+
+def variant_scores(detector: Any, windows: Any, reference: Any) -> dict[str, np.ndarray]:
+    """Every cheap variant of a fitted detector, scored on ``windows`` of one machine relative to
+    ``reference`` (windows of the same machine's unlabelled history). For TCE each mix of ``MIX_GRID``
+    whose parts the model has (``history_rank`` of each part, no retraining needed); for the rest the
+    detector's own score through ``relative_scores``."""
     if getattr(detector, "name", "") != "tce":
-        return {"": np.asarray(detector.decision_function(windows), dtype=np.float64)}
-    supervised, novelty = detector.score_parts(windows)
-    if novelty is None:
-        return {"w=0": supervised}
-    return {f"w={w:g}": supervised + w * novelty for w in NOVELTY_GRID}
+        scores = np.asarray(detector.decision_function(windows), dtype=np.float64)
+        return {"": relative_scores(scores, np.asarray(detector.decision_function(reference), dtype=np.float64))}
+    from vigil.detect.learned.tce import COMPONENTS, history_rank
+
+    parts, ref = detector.score_components(windows), detector.score_components(reference)
+    ranks = {name: history_rank(parts[name], ref[name]) for name in parts}
+    out = {}
+    for label, mix in MIX_GRID.items():
+        used = {name: w for name, w in zip(COMPONENTS, mix, strict=True) if w}
+        if all(name in ranks for name in used):
+            total = sum(used.values())
+            out[label] = np.sum([w / total * ranks[name] for name, w in used.items()], axis=0)
+    return out
 
 
 def fit_candidate(candidate: Any, dataset: Any, fit_on: list[str], *, history: int, seed: int,
@@ -465,16 +482,16 @@ def nested_leave_machines_out(dataset: Any, candidates: list[Candidate], *, oute
                               folds: Sequence[int] | None = None) -> NestedResult:
     """Nested leave-machines-out for one detector's ``candidates``.
 
-    Outer loop: the machines are dealt into ``outer`` groups; each group in turn is the test fold, never
-    seen before it is scored once. Inner loop, on the other (development) machines only: they are dealt
-    into ``inner`` groups; each candidate is fitted on all but one group and scored on that group (every
-    ``inner_stride``-th window), its scores read relative to each held-out machine's own history. The
-    candidate and variant (novelty weight) with the best mean inner AUC-PR wins; the threshold is the best
-    F1 on the pooled relative scores of the inner held-out machines; TCE's epoch count is the median of
-    its inner early-stopping epochs. The winner is refitted on every development machine, and the test
-    machines are scored once with that threshold. Seeds: ``seed + outer fold``. ``on_fold(result)`` after
-    each outer fold sees the folds done so far; ``folds`` runs only those outer folds (the deal of machines
-    into folds is the same, so separate runs of different folds add up to one run).
+    Outer loop: the machines are dealt into ``outer`` groups; each group in turn is the test fold, never seen
+    before it is scored once. Inner loop, on the other (development) machines only: they are dealt into
+    ``inner`` groups; each candidate is fitted on all but one group and scored on that group (every
+    ``inner_stride``-th window), its scores read relative to each held-out machine's own history. The candidate
+    and variant (TCE's score mix, ``MIX_GRID``) with the best mean inner AUC-PR wins; the threshold is the best
+    F1 on the pooled relative scores of the inner held-out machines; TCE's epoch count is the median of its
+    inner early-stopping epochs. The winner is refitted on every development machine, and the test machines are
+    scored once with that threshold. Seeds: ``seed + outer fold``. ``on_fold(result)`` after each outer fold
+    sees the folds done so far; ``folds`` runs only those outer folds (the deal of machines into folds is the
+    same, so separate runs of different folds add up to one run).
     """
     standardised = standardise_per_machine(dataset)
     data = {"fleet": dataset, "machine": standardised}
@@ -510,9 +527,8 @@ def nested_leave_machines_out(dataset: Any, candidates: list[Candidate], *, oute
                     epochs_seen.setdefault(c, []).append(max(1, int(detector.report_.best_epoch)))
                 for s in held_series:
                     labelled = labelled_windows(s, history=history, stride=inner_stride)
-                    reference = variant_scores(detector, history_windows(s, history=history))
-                    for variant, scores in variant_scores(detector, labelled).items():
-                        relative = relative_scores(scores, reference[variant])
+                    reference = history_windows(s, history=history)
+                    for variant, relative in variant_scores(detector, labelled, reference).items():
                         if labelled.labels.any():
                             inner_ap.setdefault((c, variant), []).append(
                                 float(average_precision_score(labelled.labels > 0, relative)))
@@ -537,8 +553,7 @@ def nested_leave_machines_out(dataset: Any, candidates: list[Candidate], *, oute
                                  normal_stride=normal_stride, max_windows=max_windows)
         for s in source.select(test_group):
             labelled = labelled_windows(s, history=history)
-            own_history = variant_scores(detector, history_windows(s, history=history))[best_variant]
-            scores = relative_scores(variant_scores(detector, labelled)[best_variant], own_history)
+            scores = variant_scores(detector, labelled, history_windows(s, history=history))[best_variant]
             rows.append({"detector": candidates[0].detector, "entity": s.entity, "outer_fold": o,
                          "seed": fold_seed, "choice": f"{winner.label} {best_variant}".strip(),
                          **score_report(labelled.labels, scores, threshold, sliding_window=sliding_window)})

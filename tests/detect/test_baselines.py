@@ -117,3 +117,17 @@ def test_array_baselines_save_and_load_as_data(name: str, tmp_path: Path) -> Non
     back = type(det).load(tmp_path / name)
     assert back.get_params() == det.get_params()
     np.testing.assert_allclose(back.decision_function(X[:20]), det.decision_function(X[:20]), rtol=1e-6)
+
+
+def test_gbm_thins_normal_windows_keeps_every_fault_and_the_prior() -> None:
+    from vigil.detect.learned.baselines import GradientBoostingDetector, thin_normal
+
+    labels = np.r_[np.zeros(900, dtype=int), np.ones(100, dtype=int)]
+    keep, weight = thin_normal(labels, 300, seed=0)
+    assert len(keep) == 300 and (labels[keep] == 1).sum() == 100
+    assert weight == pytest.approx(900 / 200)
+    assert thin_normal(labels, None, seed=0)[1] == 1.0 and len(thin_normal(labels, 5000, seed=0)[0]) == 1000
+    X, y = sine_windows(400, seed=0)
+    capped = GradientBoostingDetector(history=30, max_iter=20, max_samples=150, seed=0).fit(X, y)
+    Xt, yt = sine_windows(300, seed=1)
+    assert average_precision_score(yt > 0, capped.decision_function(Xt)) > 0.5

@@ -240,16 +240,42 @@ def test_nested_protocol_scores_each_machine_once_and_never_reads_test_labels() 
     assert summary["folds"] == 3 and summary["auc_pr_sd"] >= 0 and 0 < summary["auc_pr"] <= 1
 
 
-def test_tce_variants_weigh_the_novelty_term() -> None:
-    from vigil_eval.detection import NOVELTY_GRID, Candidate, fit_candidate, labelled_windows, variant_scores
+def test_tce_variants_mix_its_parts_read_against_the_machines_history() -> None:
+    from vigil.detect.learned.tce import history_rank
+    from vigil_eval.detection import (
+        MIX_GRID,
+        Candidate,
+        fit_candidate,
+        history_windows,
+        labelled_windows,
+        variant_scores,
+    )
 
     dataset = fleet_of_servers(n=3)
     candidate = Candidate("tce[fleet]", "tce", {"history": 12, "recent": 4, "scales": (4,), "hidden": 8,
                                                  "epochs": 1, "steps_per_epoch": 3, "batch_size": 32,
-                                                 "window_context": True})
+                                                 "window_context": True, "memory": 4, "memory_rows": 3})
     detector = fit_candidate(candidate, dataset, ["m0", "m1"], history=12, seed=0)
     windows = labelled_windows(dataset.entities["m2"], history=12)
-    variants = variant_scores(detector, windows)
-    assert list(variants) == [f"w={w:g}" for w in NOVELTY_GRID]
-    supervised, novelty = detector.score_parts(windows)
-    assert novelty is not None and np.allclose(variants["w=2"], supervised + 2 * novelty)
+    reference = history_windows(dataset.entities["m2"], history=12, count=200)
+    variants = variant_scores(detector, windows, reference)
+    assert list(variants) == list(MIX_GRID)
+    parts, ref = detector.score_components(windows), detector.score_components(reference)
+    assert set(parts) == {"supervised", "novelty", "memory"}
+    ranks = {k: history_rank(parts[k], ref[k]) for k in parts}
+    assert np.allclose(variants["sup"], ranks["supervised"])
+    assert np.allclose(variants["2sup+nov+mem"], (2 * ranks["supervised"] + ranks["novelty"] + ranks["memory"]) / 4)
+    assert np.allclose(detector.relative_score(windows, reference, mix=(1.0, 0.0, 1.0)), variants["sup+mem"])
+    # The memory reads windows as fed: a window far from every normal one is far from every centroid.
+    assert detector.memory_distance(windows).min() >= 0
+
+
+def test_history_rank_reads_scores_against_the_history_and_ranks_beyond_it() -> None:
+    from vigil.detect.learned.tce import history_rank
+
+    reference = np.arange(100, dtype=float)
+    ranked = history_rank(np.array([-1.0, 49.0, 99.0, 149.5, 199.0]), reference)
+    assert ranked[0] == 0 and ranked[1] == pytest.approx(0.5) and ranked[2] == pytest.approx(1.0)
+    assert ranked[3] == pytest.approx(1.0 + 50.5 / 49.5) and ranked[4] > ranked[3]
+    with pytest.raises(VigilInputError, match="no history"):
+        history_rank(np.ones(3), np.zeros(0))

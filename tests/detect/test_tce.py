@@ -162,3 +162,21 @@ def test_novelty_weight_survives_save_and_load(tmp_path: Path) -> None:
     back = load_detector(tmp_path / "m")
     assert back.novelty_weight_ == 0.5
     np.testing.assert_allclose(back.decision_function(X[:40]), det.decision_function(X[:40]), rtol=1e-5, atol=1e-6)
+
+
+def test_memory_and_mix_survive_save_and_load_and_rank_a_new_fault(tmp_path: Path) -> None:
+    X, y = toy_windows(400, seed=0)
+    det = small_tce(epochs=1, prototypes=8, memory=6, memory_rows=4, mix=(1.0, 1.0, 1.0)).fit(X, y)
+    normal_history = np.random.default_rng(5).normal(size=(200, 48, 4)).astype(np.float32)
+    save_detector(det, tmp_path / "m")
+    back = load_detector(tmp_path / "m")
+    assert back.mix == (1.0, 1.0, 1.0) and back.memory_.shape == det.memory_.shape
+    np.testing.assert_allclose(back.relative_score(X[:40], normal_history), det.relative_score(X[:40], normal_history),
+                               rtol=1e-5, atol=1e-6)
+    # A fault no training window showed (metric 3 jumps): the memory part sees it without labels.
+    fresh, _ = toy_windows(100, seed=9)
+    fresh[50:, -4:, 3] += 8.0
+    memory_only = det.relative_score(fresh, normal_history, mix=(0.0, 0.0, 1.0))
+    assert memory_only[50:].min() > memory_only[:50].max() * 0.5 and memory_only[50:].mean() > 1.0
+    with pytest.raises(VigilInputError, match="lacks"):
+        small_tce(epochs=1).fit(X, y).relative_score(X[:10], normal_history, mix=(0.0, 0.0, 1.0))

@@ -14,7 +14,10 @@
 Supervised baselines, fed the same labels as TCE:
 
 - ``GradientBoostingDetector``: scikit-learn's HistGradientBoostingClassifier on the window features of
-  ``features.py`` (the same features TCE reads as its context); score = ``1 - p(normal)``.
+  ``features.py`` (the same features TCE reads as its context); score = ``1 - p(normal)``. Above
+  ``max_samples`` training windows, normal ones are thinned at random (every anomalous window kept) and the
+  normal class is re-weighted by the thinning factor, so fitting on a large fleet costs no more than on a
+  small one and the class prior is unchanged.
 - ``LSTMClassifierDetector``: an LSTM over the newest 30 rows with a linear head over the classes, trained
   with class-balanced cross-entropy; score = ``1 - p(normal)``.
 
@@ -297,6 +300,20 @@ def features_of(X: Any, history: int, recent: int, *, name: str) -> np.ndarray:
     return window_features(arr, recent)
 
 
+def thin_normal(labels: np.ndarray, max_samples: int | None, seed: int) -> tuple[np.ndarray, float]:
+    """Positions of the windows to train on (every anomalous one, normal ones thinned at random to fit
+    ``max_samples``) and the weight a kept normal window carries (the thinning factor)."""
+    everything = np.arange(len(labels))
+    if max_samples is None or len(labels) <= max_samples:
+        return everything, 1.0
+    normal = np.flatnonzero(labels == 0)
+    room = max(max_samples - (len(labels) - len(normal)), 1)
+    if room >= len(normal):
+        return everything, 1.0
+    kept = np.random.default_rng(seed).choice(normal, room, replace=False)
+    return np.sort(np.concatenate([np.flatnonzero(labels > 0), kept])), len(normal) / room
+
+
 class GradientBoostingDetector(BaseDetector):
     """Supervised baseline: gradient-boosted trees on the window features (see module docstring)."""
 
@@ -304,20 +321,29 @@ class GradientBoostingDetector(BaseDetector):
     supervised: ClassVar[bool] = True
 
     def __init__(self, history: int = 144, recent: int = 10, max_iter: int = 200, learning_rate: float = 0.1,
-                 max_leaf_nodes: int = 31, seed: int = 0) -> None:
+                 max_leaf_nodes: int = 31, max_samples: int | None = MAX_FIT_SAMPLES, seed: int = 0) -> None:
         self.history = history
         self.recent = recent
         self.max_iter = max_iter
         self.learning_rate = learning_rate
         self.max_leaf_nodes = max_leaf_nodes
+        self.max_samples = max_samples
         self.seed = seed
 
     def fit(self, X: Any, y: np.ndarray | None = None) -> Self:
         X, labels = labelled_windows(X, y, name=self.name)
-        features = features_of(X, self.history, self.recent, name=self.name)
+        keep, normal_weight = thin_normal(labels, self.max_samples, self.seed)
+        if isinstance(X, WindowSet):
+            features = np.concatenate([window_features(X.take(keep[s:s + BATCH], last=self.history), self.recent)
+                                       for s in range(0, len(keep), BATCH)])
+        else:
+            features = features_of(np.asarray(X)[keep], self.history, self.recent, name=self.name)
+        labels = labels[keep]
+        weight = np.where(labels == 0, normal_weight, 1.0)
         self.model_ = HistGradientBoostingClassifier(max_iter=self.max_iter, learning_rate=self.learning_rate,
                                                      max_leaf_nodes=self.max_leaf_nodes, random_state=self.seed,
-                                                     early_stopping=False).fit(features, labels)
+                                                     early_stopping=False).fit(features, labels,
+                                                                               sample_weight=weight)
         self.n_features_in_ = features.shape[1]
         self.threshold_ = 0.5
         return self

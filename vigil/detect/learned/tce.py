@@ -19,6 +19,14 @@ context. Three branches encode it, and attention fuses them (maths in docs/detec
 A query built from the recent branch attends over all tokens; query and attended summary feed a classifier
 over ``normal + fault classes``. The anomaly score is ``1 - p(normal)``.
 
+On a machine the model never trained on, the classifier knows only the faults of other machines. Two
+label-free parts stand beside it: the novelty of the recent context against the fleet's normal prototypes,
+and (``memory > 0``) a normal-window memory: k-means centroids of the newest ``memory_rows`` rows of normal
+training windows as fed (not rescaled), the distance to the nearest one (TSB-AD's KMeansAD reading).
+``relative_score`` reads each part against the machine's own unlabelled history (``history_rank``) and
+mixes them with the weights ``mix`` (supervised, novelty, memory); the weights are chosen on development
+machines (vigil_eval.detection, nested leave-machines-out).
+
 ``use_history=False`` / ``use_context=False`` / ``prototypes=0`` remove a part (ablation); the rest is
 unchanged.
 """
@@ -53,6 +61,23 @@ from vigil.model import VigilInputError
 DEVIATION_CLIP = 10.0
 # Candidate weights of the novelty term in the anomaly score (0 = the classifier alone; 20 = novelty almost alone).
 NOVELTY_WEIGHTS = (0.0, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 20.0)
+COMPONENTS = ("supervised", "novelty", "memory")
+MEMORY_FIT_WINDOWS = 20000
+
+
+def history_rank(scores: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """Scores read against a machine's own history scores ``reference``: the share of the history at or below
+    each score (0..1), plus, above the largest history score, the excess in units of the history's
+    interquartile range, so scores beyond anything the machine has shown still rank. Label-free and
+    increasing, so parts on different scales (a probability, a distance) can be averaged."""
+    ref = np.sort(np.asarray(reference, dtype=np.float64))
+    if not len(ref):
+        raise VigilInputError("history_rank: no history scores to read against")
+    sc = np.asarray(scores, dtype=np.float64)
+    share = np.searchsorted(ref, sc, side="right") / len(ref)
+    q25, q75 = np.percentile(ref, [25, 75])
+    spread = max(float(q75 - q25), 1e-9)
+    return share + np.maximum(sc - ref[-1], 0.0) / spread
 
 
 class TemporalContextEncoder(nn.Module):
@@ -222,7 +247,8 @@ class TCEDetector(BaseDetector):
                  hidden: int = 32, heads: int = 4, use_history: bool = True, use_context: bool = True,
                  prototypes: int = 16, weight_mode: WeightMode = "dynamic", gamma: float = 1.0, epochs: int = 10,
                  batch_size: int = 256, lr: float = 2e-3, patience: int = 3, steps_per_epoch: int | None = None,
-                 seed: int = 0, members: int = 1, window_context: bool = False) -> None:
+                 seed: int = 0, members: int = 1, window_context: bool = False, memory: int = 0,
+                 memory_rows: int = 10, mix: tuple[float, float, float] = (1.0, 0.0, 0.0)) -> None:
         self.recent = recent
         self.history = history
         self.scales = scales
@@ -241,6 +267,9 @@ class TCEDetector(BaseDetector):
         self.seed = seed
         self.members = members
         self.window_context = window_context
+        self.memory = memory
+        self.memory_rows = memory_rows
+        self.mix = tuple(mix)
 
     def member_seeds(self) -> list[int]:
         """Disjoint seeds per detector seed: seed 0 trains members 0..k-1, seed 1 members k..2k-1."""
@@ -326,11 +355,66 @@ class TCEDetector(BaseDetector):
         if len(reports) > 1:
             self.report_ = ensemble_report(reports, self.model_, validation, self.scaler_, self.logit_bias_)
         self.class_weights_ = torch.stack(weights).mean(dim=0).tolist()
+        self.memory_ = self._fit_memory(data, normal)
         self.threshold_ = 0.5
         self.novelty_weight_ = 0.0
         if calibration is not None:
             self.calibrate(calibration)
         return self
+
+    def _fit_memory(self, data: WindowSet, normal: np.ndarray) -> np.ndarray | None:
+        """k-means centroids of the newest ``memory_rows`` rows of normal training windows, flattened."""
+        if not self.memory:
+            return None
+        from sklearn.cluster import MiniBatchKMeans
+
+        rng = np.random.default_rng(self.seed)
+        pick = np.sort(rng.choice(normal, min(len(normal), MEMORY_FIT_WINDOWS), replace=False))
+        flat = data.take(pick, last=self.memory_rows).reshape(len(pick), -1)
+        k = min(self.memory, len(flat))
+        return np.asarray(MiniBatchKMeans(n_clusters=k, random_state=self.seed, n_init=3).fit(flat).cluster_centers_,
+                          dtype=np.float64)
+
+    def memory_distance(self, X: Any) -> np.ndarray:
+        """Distance of each window's newest ``memory_rows`` rows to the nearest normal-window centroid."""
+        centroids = getattr(self, "memory_", None)
+        if centroids is None:
+            raise VigilInputError("tce: this model has no normal-window memory (memory=0)")
+        data = self._as_windows(X)
+        out = []
+        for start in range(0, len(data), 4096):
+            rows = data.take(np.arange(start, min(start + 4096, len(data))), last=self.memory_rows)
+            flat = rows.reshape(len(rows), -1).astype(np.float64)
+            squared = ((flat ** 2).sum(axis=1)[:, None] - 2 * flat @ centroids.T
+                       + (centroids ** 2).sum(axis=1)[None, :])
+            out.append(np.sqrt(np.maximum(squared.min(axis=1), 0.0)))
+        return np.concatenate(out) if out else np.zeros(0)
+
+    def score_components(self, X: Any) -> dict[str, np.ndarray]:
+        """Every part of the anomaly score this model has: ``supervised`` (1 - p(normal)), ``novelty``
+        (prototypes) and ``memory`` (normal-window centroids)."""
+        supervised, novelty = self.score_parts(X)
+        parts = {"supervised": supervised}
+        if novelty is not None:
+            parts["novelty"] = novelty
+        if getattr(self, "memory_", None) is not None:
+            parts["memory"] = self.memory_distance(X)
+        return parts
+
+    def relative_score(self, X: Any, reference: Any, mix: Sequence[float] | None = None) -> np.ndarray:
+        """The anomaly score of windows ``X`` of one machine read against ``reference``, windows of the same
+        machine's unlabelled history: each part through ``history_rank``, then their average weighted by
+        ``mix`` (supervised, novelty, memory; default the detector's ``mix``). Needs no label of the
+        machine, so a new machine is scored as soon as it has a history."""
+        weights = dict(zip(COMPONENTS, self.mix if mix is None else mix, strict=True))
+        parts, ref = self.score_components(X), self.score_components(reference)
+        used = {name: w for name, w in weights.items() if w}
+        missing = [name for name in used if name not in parts]
+        if missing or not used:
+            raise VigilInputError(f"tce: mix {tuple(weights.values())} weighs parts this model lacks: "
+                                  f"{', '.join(missing) or 'none weighed'}")
+        total = sum(used.values())
+        return np.sum([w / total * history_rank(parts[name], ref[name]) for name, w in used.items()], axis=0)
 
     def novelty(self, X: Any, context: np.ndarray | None = None) -> np.ndarray:
         """``log(1 + d)`` with ``d`` the distance of each window's recent context to the nearest normal
@@ -423,6 +507,8 @@ def save_detector(detector: TCEDetector, path: Path) -> None:
         "n_context": int(detector.n_context_),
         "logit_bias": list(detector.logit_bias_),
         "novelty_weight": float(getattr(detector, "novelty_weight_", 0.0)),
+        "memory": (None if getattr(detector, "memory_", None) is None
+                   else np.asarray(detector.memory_).tolist()),
         "report": asdict(detector.report_),
     }
     tmp = path / "meta.json.tmp"
@@ -449,6 +535,8 @@ def load_detector(path: Path) -> TCEDetector:
     detector.n_context_ = int(meta["n_context"])
     detector.logit_bias_ = [float(b) for b in meta["logit_bias"]]
     detector.novelty_weight_ = float(meta.get("novelty_weight", 0.0))
+    memory = meta.get("memory")
+    detector.memory_ = None if memory is None else np.asarray(memory, dtype=np.float64)
     detector.report_ = TrainReport(**meta["report"])
     detector.model_ = detector.build_model(len(detector.features_), len(detector.classes_), detector.n_context_)
     try:
