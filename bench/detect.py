@@ -262,6 +262,11 @@ def main() -> None:
     parser.add_argument("--sim-seeds", default="0,1,2,3,4", help="training seeds for every simulated-GPU row")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    # One OpenMP thread too (gradient boosting): on a shared, loaded machine its threads wait on each other
+    # at every barrier and a fit took many times its single-thread time.
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(1)
     if args.quick:
         SIM_TCE.update(epochs=2, steps_per_epoch=10)
     started = time.perf_counter()
