@@ -8,6 +8,7 @@ typed as counters. Only the values change between scrapes.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 
 import psutil
 
@@ -33,14 +34,21 @@ def kernel_bus(gpu: int) -> str:
     return f"0000:{0x18 + 0x12 * gpu:02X}:00"
 
 
-def dcgm_page(host: str, gpus: int = 4, dbe: dict[int, int] | None = None) -> str:
+def dcgm_page(host: str, gpus: int = 4, dbe: dict[int, int] | None = None,
+              readings: Mapping[str, Sequence[float]] | None = None, hostname: str | None = None) -> str:
+    """``readings`` replace a field's value per GPU (a healthy cluster's temperatures and power vary);
+    ``hostname`` is the Hostname label: dcgm-exporter's pod name in Kubernetes (the default), the machine's
+    own name where it runs on the host (systemd, or a pod with host networking)."""
+    hostname = f"dcgm-exporter-{host}" if hostname is None else hostname
     lines = []
     for name, kind, help_text, value in FIELDS:
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
         for gpu in range(gpus):
             v = (dbe or {}).get(gpu, 0) if name == "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL" else value
+            if readings is not None and name in readings:
+                v = readings[name][gpu]
             labels = (f'gpu="{gpu}",UUID="GPU-5a1f0c2e-1d2b-4b8e-9f00-{host}{gpu:08d}",pci_bus_id="{pci_bus(gpu)}",'
-                      f'device="nvidia{gpu}",modelName="NVIDIA H100 80GB HBM3",Hostname="dcgm-exporter-{host}",'
+                      f'device="nvidia{gpu}",modelName="NVIDIA H100 80GB HBM3",Hostname="{hostname}",'
                       f'DCGM_FI_DRIVER_VERSION="550.54.15"')
             lines.append(f"{name}{{{labels}}} {v}")
     return "\n".join(lines) + "\n"
