@@ -27,6 +27,7 @@ from vigil.sources.probe.records import snapshot_path
 pytestmark = pytest.mark.slow
 
 JOB = Path(__file__).with_name("heartbeat_job.py")
+HEADERS = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @dataclass
@@ -35,9 +36,17 @@ class Server:
     log: Path
 
     def get(self, path: str) -> Any:
-        response = httpx.get(self.url + path, timeout=10, headers={"Authorization": f"Bearer {TOKEN}"})
+        response = httpx.get(self.url + path, timeout=10, headers=HEADERS)
         response.raise_for_status()
         return response.json()
+
+    def diagnosis(self, incident: str) -> dict[str, Any]:
+        """The incident's diagnosis, once the engine has stored it (it writes the incident first)."""
+        path = f"/api/v1/incidents/{incident}/diagnosis"
+        wait_for(lambda: httpx.get(self.url + path, timeout=10, headers=HEADERS).status_code == 200, 30,
+                 f"the diagnosis of {incident}")
+        result: dict[str, Any] = self.get(path)
+        return result
 
     def incidents(self, job: str) -> list[dict[str, Any]]:
         return [i for i in self.get("/api/v1/incidents") if i["scope"].startswith(f"job/{job}")]
@@ -84,7 +93,8 @@ def _expected_placement() -> list[str]:
 
 def test_killed_rank_becomes_a_crash_incident_on_its_rank_node_and_job(server: Server, tmp_path: Path) -> None:
     job = "e2e-crash"
-    launch = _launch(tmp_path, server.url, job, "--steps", "100000")
+    # Steps of 0.3 s: a shared machine's jitter stays well inside the 10 % the throughput rule allows.
+    launch = _launch(tmp_path, server.url, job, "--steps", "100000", "--step-time", "0.3")
     try:
         wait_for(lambda: _placed(server, job) == _expected_placement(), 60, "the job's placement on the server")
         # Training has been reported for a while (telemetry is pushed every 0.5 s) and is healthy.
@@ -101,12 +111,12 @@ def test_killed_rank_becomes_a_crash_incident_on_its_rank_node_and_job(server: S
             launch.wait(timeout=30)
     wait_for(lambda: len(server.incidents(job)) == 1, 30, "the crash incident")
     [incident] = server.incidents(job)
-    assert incident["scope"] == f"job/{job}/rank/1"
+    assert incident["scope"] == f"job/{job}/rank/1", incident
     assert incident["fault_types"] == ["job_crash"] and incident["status"] == "open"
     [evidence] = incident["evidence"]
     assert evidence["attrs"]["node"] == default_node_name() and evidence["attrs"]["exit_code"] == -9
     assert "SIGKILL" in evidence["summary"]
-    diagnosis = server.get(f"/api/v1/incidents/{incident['id']}/diagnosis")
+    diagnosis = server.diagnosis(incident["id"])
     assert diagnosis["root_cause"]["entity"] == f"job/{job}/rank/1"
     exits = server.get("/api/v1/events?kind=rank_exit")
     assert {(e["entity"], e["attrs"].get("signal")) for e in exits if e["entity"].startswith(f"job/{job}/")} >= {
@@ -126,7 +136,7 @@ def test_hung_rank_becomes_a_hang_incident_naming_it(server: Server, tmp_path: P
     [incident] = server.incidents(job)
     assert incident["scope"] == f"job/{job}/rank/1" and incident["fault_types"] == ["job_hang"]
     assert incident["evidence"][0]["attrs"]["node"] == default_node_name()
-    diagnosis = server.get(f"/api/v1/incidents/{incident['id']}/diagnosis")
+    diagnosis = server.diagnosis(incident["id"])
     assert diagnosis["root_cause"]["entity"] == f"job/{job}/rank/1"
 
 
