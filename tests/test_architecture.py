@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,14 @@ PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 
 
 def test_import_contracts_hold(capsys: pytest.CaptureFixture[str]) -> None:
-    status = lint_imports(config_filename=str(PYPROJECT), no_cache=True, no_logo=True)
+    # import-linter configures logging with disable_existing_loggers, which would silence every logger that later
+    # tests in this process read through caplog: keep each logger's state as it was
+    before = {name: logger.disabled for name, logger in logging.root.manager.loggerDict.items()
+              if isinstance(logger, logging.Logger)}
+    try:
+        status = lint_imports(config_filename=str(PYPROJECT), no_cache=True, no_logo=True)
+    finally:
+        for name, disabled in before.items():
+            logging.getLogger(name).disabled = disabled
     report = capsys.readouterr().out
     assert status == EXIT_STATUS_SUCCESS, report
