@@ -12,15 +12,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from tests.ask.conftest import ScriptedEndpoint, client_for, tool_call
 from tests.test_cli import vigil
 from vigil.config import Settings
+from vigil.faces.api.analysis import IncidentCorrelation, JobComparison
 from vigil.faces.api.ask.agent import model_answer
 from vigil.faces.api.ask.planner import Answer, check_answer, flows, match, plan_answer
 from vigil.faces.api.ask.tools import Toolbox
-from vigil.faces.api.context import ServeContext
+from vigil.faces.api.context import STEP_TIME, ServeContext
 from vigil.knowledge.actions import action_whitelist
 from vigil.model import Event, LogRecord, VigilInputError
 from vigil.store.metrics import MetricStore
@@ -62,7 +64,8 @@ def _cited(answer: Answer) -> dict[str, Any]:
 
 def test_job_flow_answer_traces_to_the_job_tools(demo: Demo) -> None:
     answer, results = plan_answer(demo.toolbox, "Why did job j00 stop?")
-    assert answer.flow == "job_stopped" and [s.tool for s in answer.steps] == ["job_events", "diagnose_job"]
+    assert answer.flow == "job_stopped"
+    assert [s.tool for s in answer.steps] == ["job_events", "diagnose_job", "compare_jobs"]
     assert check_answer(answer.answer, results) == []
     cited = _cited(answer)
     job = next(j for j in demo.store.topology().jobs if j.id == "j00")  # type: ignore[union-attr]
@@ -71,6 +74,44 @@ def test_job_flow_answer_traces_to_the_job_tools(demo: Demo) -> None:
     assert cited["events.events_total"] == len(events)
     assert cited["events.last_event.message"] == max(events, key=lambda e: e.ts).message
     assert all(line.facts for line in answer.answer)
+    # beside the peer of the closest world size, step time and throughput as the metric store holds them
+    topology = demo.store.topology()
+    assert topology is not None
+    peer = min((j for j in topology.jobs if j.id != "j00"), key=lambda j: (abs(j.world_size - job.world_size), j.id))
+    assert cited["peer.b.job"] == peer.id
+    metrics = MetricStore(demo.home / "metrics")
+    step_a = _finite_mean(metrics.series("job/j00", STEP_TIME)[1])
+    step_b = _finite_mean(metrics.series(peer.entity, STEP_TIME)[1])
+    tps_a = _finite_mean(metrics.series("job/j00", "vigil_job_tokens_per_second")[1])
+    tps_b = _finite_mean(metrics.series(peer.entity, "vigil_job_tokens_per_second")[1])
+    assert cited["peer.a.step_time_s.mean"] == pytest.approx(step_a)
+    assert cited["peer.b.step_time_s.mean"] == pytest.approx(step_b)
+    assert cited["peer.step_time_ratio"] == pytest.approx(step_a / step_b, abs=1e-4)
+    assert cited["peer.throughput_change_pct"] == pytest.approx(100 * (tps_a - tps_b) / tps_b, abs=0.01)
+    # the injected slow NIC sits under j00: it is the slower job of the two, and the incident is on its side
+    assert cited["peer.step_time_ratio"] > 1
+    assert cited["peer.a.incidents_total"] == 1 and cited["peer.b.incidents_total"] == 0
+
+
+def _finite_mean(values: np.ndarray) -> float:
+    return float(values[np.isfinite(values)].mean())
+
+
+def test_compare_jobs_takes_a_named_peer_and_a_window(demo: Demo) -> None:
+    incident = demo.store.incident(demo.incident_id)
+    assert incident is not None
+    since, until = incident.start - 300, incident.start - 1  # the window ends just before the incident
+    named = demo.toolbox.call("cmp", "compare_jobs", {"job_a": "j01", "job_b": "job/j00", "since": since,
+                                                      "until": until}).result
+    assert isinstance(named, JobComparison) and named.b is not None
+    assert (named.a.job, named.b.job, named.peer_chosen) == ("j01", "j00", False)
+    _, values = MetricStore(demo.home / "metrics").series("job/j00", STEP_TIME, since, until)
+    assert named.b.step_time_s.points == int(np.isfinite(values).sum())
+    assert named.b.incidents_total == 0 and named.b.incident_ids == []
+    with pytest.raises(VigilInputError, match="since"):
+        demo.toolbox.call("cmp", "compare_jobs", {"job_a": "j00", "since": until, "until": since})
+    with pytest.raises(VigilInputError, match="no job"):
+        demo.toolbox.call("cmp", "compare_jobs", {"job_a": "j99"})
 
 
 def test_node_flow_reports_the_stored_levels(demo: Demo) -> None:
@@ -102,6 +143,26 @@ def test_changes_before_counts_what_the_store_holds(demo: Demo) -> None:
     assert cited["shift.before.mean"] == pytest.approx(float(values[ts < incident.start].mean()))
     assert cited["shift.after.mean"] == pytest.approx(float(values[ts >= incident.start].mean()))
     assert cited["shift.after.mean"] != cited["shift.before.mean"]
+    # what moved most against its peers: the evidence's metric, recomputed from every peer's series
+    moved = results["moved"].result
+    assert isinstance(moved, IncidentCorrelation)
+    top = moved.ranked[0]
+    assert (cited["moved.ranked.0.entity"], cited["moved.ranked.0.metric"]) == (evidence.entity, evidence.metric)
+    metrics = MetricStore(demo.home / "metrics")
+
+    def move(entity: str) -> float:
+        ts, values = metrics.series(entity, evidence.metric, incident.start - 600, incident.start + 600)
+        return float(values[ts >= incident.start].mean() - values[ts < incident.start].mean())
+
+    family = metrics.family_of(evidence.entity)
+    assert family is not None
+    peers = [e for e in metrics.entities(family) if e not in {incident.scope, *incident.entities}]
+    assert top.peers == len(peers)
+    assert top.shift == pytest.approx(move(evidence.entity))
+    assert top.peer_median_shift == pytest.approx(float(np.median([move(e) for e in peers])))
+    assert abs(top.shift - top.peer_median_shift) > 0
+    finite = [abs(m.robust_z) for m in moved.ranked if m.robust_z is not None]
+    assert finite == sorted(finite, reverse=True)
 
 
 def test_what_now_gives_the_stored_whitelisted_plan_and_executes_nothing(demo: Demo) -> None:
@@ -176,7 +237,7 @@ def test_unknown_question_and_unknown_job_are_input_errors(demo: Demo) -> None:
 def test_cli_json_shows_steps_and_cited_answer(demo: Demo) -> None:
     out = json.loads(vigil("ask", "why did job j00 hang?", "--json", "--no-llm", home=demo.home).stdout)
     assert out["flow"] == "job_stopped" and out["answered_by"] == "planner"
-    assert [s["tool"] for s in out["steps"]] == ["job_events", "diagnose_job"]
+    assert [s["tool"] for s in out["steps"]] == ["job_events", "diagnose_job", "compare_jobs"]
     assert out["steps"][0]["args"] == {"job_id": "j00"} and out["steps"][0]["result"]["job"] == "j00"
     assert out["answer"] and all(line["facts"] for line in out["answer"])
     human = vigil("ask", "is node n001 healthy", "--no-llm", home=demo.home).stdout

@@ -30,6 +30,7 @@ pytestmark = pytest.mark.slow
 
 TOOLS = {"list_incidents", "get_incident", "node_health", "query_metrics", "diagnose_job", "explain_xid", "search_logs",
          "job_events", "incidents_touching", "changes_before", "incident_plan", "oncall_summary", "metric_shift",
+         "compare_jobs", "correlate_incident",
          "similar_incidents", "search_memory"}
 
 

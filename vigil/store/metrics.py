@@ -220,6 +220,20 @@ class MetricStore:
             return np.empty(0), np.empty((0, len(fam.entities), len(fam.metrics)), dtype=np.float32)
         return np.concatenate(ts_parts), np.concatenate(val_parts)
 
+    def between(self, family: str, start: float, end: float) -> tuple[np.ndarray, np.ndarray]:
+        """Every frame of a family with ``start <= ts <= end``: (ts[n], values[n, entities, metrics])."""
+        fam = self._family(family)
+        ts_parts: list[np.ndarray] = []
+        val_parts: list[np.ndarray] = []
+        for ts, values in fam.chunks():
+            mask = (ts >= start) & (ts <= end)
+            if mask.any():
+                ts_parts.append(ts[mask])
+                val_parts.append(values[mask])
+        if not ts_parts:
+            return np.empty(0), np.empty((0, len(fam.entities), len(fam.metrics)), dtype=np.float32)
+        return np.concatenate(ts_parts), np.concatenate(val_parts)
+
     def frame_count(self, family: str) -> int:
         fam = self._family(family)
         return sum(len(ts) for ts in fam.ts_chunks) + fam.fill

@@ -54,8 +54,9 @@ MAX_POINTS = 500
 Result = TypeVar("Result", bound=BaseModel)
 INSTRUCTIONS = (
     "Vigil watches an AI training cluster. Start with list_incidents or node_health, drill into one incident "
-    "with get_incident, check numbers with query_metrics or metric_shift, decode GPU Xid codes with explain_xid, "
-    "look at a training job with diagnose_job or job_events, and find what fixed similar past incidents with "
+    "with get_incident, check numbers with query_metrics or metric_shift, rank what moved at an incident's start "
+    "with correlate_incident, decode GPU Xid codes with explain_xid, look at a training job with diagnose_job, "
+    "job_events or compare_jobs (beside a peer job), and find what fixed similar past incidents with "
     "similar_incidents or search_memory. Cite evidence refs (ev-...) from the results."
 )
 

@@ -10,6 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from vigil.faces.api.ask.tools import Toolbox, ToolResult
@@ -188,7 +189,9 @@ def _render(template: str, lookup: Callable[[str], tuple[str, Any] | None]) -> A
 
 def _show(value: Any) -> str:
     if isinstance(value, float):
-        return f"{value:.4g}"
+        # four significant digits without an exponent (1594000, not 1.594e+06), so a reader - and the claim
+        # check - reads the number whole
+        return np.format_float_positional(value, precision=4, unique=False, fractional=False, trim="-")
     return str(value)
 
 

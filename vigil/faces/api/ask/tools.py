@@ -17,7 +17,9 @@ from pydantic import BaseModel
 
 from vigil.faces.api.analysis import (
     ChangesBefore,
+    IncidentCorrelation,
     IncidentPlan,
+    JobComparison,
     JobEvents,
     MemorySearch,
     MetricShift,
@@ -52,6 +54,8 @@ MCP_TOOLS: dict[str, type[BaseModel]] = {
     "incident_plan": IncidentPlan,
     "oncall_summary": OncallSummary,
     "metric_shift": MetricShift,
+    "compare_jobs": JobComparison,
+    "correlate_incident": IncidentCorrelation,
     "similar_incidents": SimilarIncidents,
     "search_memory": MemorySearch,
 }
