@@ -297,7 +297,9 @@ def _walk_from(
             records[record.path] = record
             listed += was_listed
             reused += not was_listed
-            next_frontier.extend(os.path.join(record.path, name) for name in record.subdirs)
+            if record.subdirs:
+                prefix = record.path if record.path.endswith(os.sep) else record.path + os.sep
+                next_frontier.extend([prefix + name for name in record.subdirs])
         if progress:
             progress(len(records))
         frontier = next_frontier
