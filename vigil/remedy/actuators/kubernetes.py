@@ -60,6 +60,22 @@ def condition_and_taint(fault_type: str) -> tuple[str, str]:
     return "DCGMError", "nvidia.com/gpu-error"
 
 
+def kube_api_client() -> Any:
+    """A ``kubernetes.client.ApiClient`` from in-cluster config, else the kubeconfig; one line if neither works."""
+    from kubernetes import client, config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        try:
+            config.load_kube_config()
+        except (config.ConfigException, OSError, TypeError, ValueError) as err:
+            raise VigilInputError(
+                f"no Kubernetes credentials: not in a cluster and no usable kubeconfig ({err})"
+            ) from None
+    return client.ApiClient()
+
+
 class KubernetesActuator(Actuator):
     name = "kubernetes"
     kinds = frozenset({ActionKind.CORDON, ActionKind.UNCORDON, ActionKind.DRAIN, ActionKind.REBOOT})
@@ -67,19 +83,9 @@ class KubernetesActuator(Actuator):
 
     def __init__(self, api_client: Any | None = None, *, eviction_grace_s: int | None = None) -> None:
         """``api_client``: a ``kubernetes.client.ApiClient``; None loads kubeconfig or in-cluster config."""
-        from kubernetes import client, config
+        from kubernetes import client
 
-        if api_client is None:
-            try:
-                config.load_incluster_config()
-            except config.ConfigException:
-                try:
-                    config.load_kube_config()
-                except (config.ConfigException, OSError, TypeError, ValueError) as err:
-                    raise VigilInputError(
-                        f"no Kubernetes credentials: not in a cluster and no usable kubeconfig ({err})"
-                    ) from None
-            api_client = client.ApiClient()
+        api_client = api_client if api_client is not None else kube_api_client()
         self.client = client
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)

@@ -21,8 +21,9 @@ import datetime as dt
 import re
 from typing import Any
 
-from vigil.model import Action, ActionKind, VigilInputError, parse_entity
+from vigil.model import Action, ActionKind, parse_entity
 from vigil.remedy.actuators.base import Actuator, ActuatorError
+from vigil.remedy.actuators.kubernetes import kube_api_client
 
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta1"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -49,19 +50,9 @@ class KueueActuator(Actuator):
 
     def __init__(self, api_client: Any | None = None) -> None:
         """``api_client``: a ``kubernetes.client.ApiClient``; None loads in-cluster config or kubeconfig."""
-        from kubernetes import client, config
+        from kubernetes import client
 
-        if api_client is None:
-            try:
-                config.load_incluster_config()
-            except config.ConfigException:
-                try:
-                    config.load_kube_config()
-                except (config.ConfigException, OSError, TypeError, ValueError) as err:
-                    raise VigilInputError(
-                        f"no Kubernetes credentials: not in a cluster and no usable kubeconfig ({err})"
-                    ) from None
-            api_client = client.ApiClient()
+        api_client = api_client if api_client is not None else kube_api_client()
         self.client = client
         self.core = client.CoreV1Api(api_client)
         self.batch = client.BatchV1Api(api_client)
