@@ -347,28 +347,15 @@ def idle_workers_command(
     it at least once per grace period. Every notice and release is an audited action (`vigil remedy audit`).
     """
     from vigil.config import settings
-    from vigil.detect.waste import gpu_waste, window_of
+    from vigil.detect.waste import gpu_waste
+    from vigil.faces.cli.waste import stored_allocation
     from vigil.remedy.actuators.base import Actuator, OutboxActuator
     from vigil.remedy.audit import AuditLog
     from vigil.remedy.idle import IdleWorkerPolicy, idle_worker_actions
     from vigil.remedy.remediator import Remediator
-    from vigil.store.metrics import MetricStore
-    from vigil.store.sql import open_store, store_exists
 
     home = settings().home
-    if not store_exists(settings().database_url()) or not (home / "metrics").is_dir():
-        raise VigilInputError(f"nothing stored under {home}: run `vigil demo` or `vigil serve` with agents first")
-    store = open_store()
-    try:
-        topology = store.topology()
-    finally:
-        store.close()
-    if topology is None or not topology.jobs:
-        raise VigilInputError("no jobs in the stored topology: nothing is allocated")
-    metrics = MetricStore(home / "metrics")
-    span = window_of(metrics)
-    if span is None:
-        raise VigilInputError(f"no GPU metrics stored under {home / 'metrics'}")
+    topology, metrics, span = stored_allocation()
     start, end = max(span[0], span[1] - 2 * grace), span[1]
     report = gpu_waste(metrics, topology, start, max(end, start + 1.0), idle_activity=idle_activity)
     actuators: list[Actuator] = [OutboxActuator(home / "outbox.jsonl")]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -12,7 +12,34 @@ from vigil.config import settings
 from vigil.faces.cli.output import DataTable, SafeConsole
 from vigil.model import VigilInputError
 
+if TYPE_CHECKING:
+    from vigil.model import Topology
+    from vigil.store.metrics import MetricStore
+
 console = SafeConsole()
+
+
+def stored_allocation() -> tuple[Topology, MetricStore, tuple[float, float]]:
+    """The stored topology (with jobs), the GPU metric store and its time span; one line if any is missing."""
+    from vigil.detect.waste import window_of
+    from vigil.store.metrics import MetricStore
+    from vigil.store.sql import open_store, store_exists
+
+    home = settings().home
+    if not store_exists(settings().database_url()) or not (home / "metrics").is_dir():
+        raise VigilInputError(f"nothing stored under {home}: run `vigil demo` or `vigil serve` with agents first")
+    store = open_store()
+    try:
+        topology = store.topology()
+    finally:
+        store.close()
+    if topology is None or not topology.jobs:
+        raise VigilInputError("no jobs in the stored topology: nothing is allocated")
+    metrics = MetricStore(home / "metrics")
+    span = window_of(metrics)
+    if span is None:
+        raise VigilInputError(f"no GPU metrics stored under {home / 'metrics'}")
+    return topology, metrics, span
 
 
 def waste(
@@ -28,26 +55,11 @@ def waste(
     Activity is DCGM's graphics-engine-active ratio when profiled, else GPU utilization; allocation is the
     jobs' placement in the store's topology.
     """
-    from vigil.detect.waste import gpu_waste, window_of
-    from vigil.store.metrics import MetricStore
-    from vigil.store.sql import open_store, store_exists
+    from vigil.detect.waste import gpu_waste
 
     if by not in ("job", "node"):
         raise VigilInputError(f"--by must be job or node, not {by!r}")
-    home = settings().home
-    if not store_exists(settings().database_url()) or not (home / "metrics").is_dir():
-        raise VigilInputError(f"nothing stored under {home}: run `vigil demo` or `vigil serve` with agents first")
-    store = open_store()
-    try:
-        topology = store.topology()
-    finally:
-        store.close()
-    if topology is None or not topology.jobs:
-        raise VigilInputError("no jobs in the stored topology: nothing is allocated")
-    metrics = MetricStore(home / "metrics")
-    span = window_of(metrics)
-    if span is None:
-        raise VigilInputError(f"no GPU metrics stored under {home / 'metrics'}")
+    topology, metrics, span = stored_allocation()
     start, end = max(span[0], span[1] - window), span[1]
     if end <= start:
         start = end - 1.0
