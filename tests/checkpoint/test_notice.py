@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -40,6 +39,8 @@ for step in range(start, 100000):
     if checkpoint_on_notice(notice, manager, step, model, optimizer):
         print("checkpoint", step, notice.received.name, flush=True)
         break
+    if step == start + 2:
+        print("trained", step, flush=True)
     time.sleep(0.01)
 manager.close()
 """
@@ -52,7 +53,8 @@ def _run_until_notice(script: Path, directory: Path) -> tuple[int, str]:
     assert process.stdout is not None
     first = process.stdout.readline()
     assert first.startswith("start"), first
-    time.sleep(0.5)  # let it train a few steps: the checkpoint must land past the start
+    trained = process.stdout.readline()  # a few steps done: the checkpoint must land past the start
+    assert trained.startswith("trained"), trained
     os.kill(process.pid, signal.SIGUSR1)
     out, _ = process.communicate(timeout=120)
     assert process.returncode == 0, out
