@@ -5,6 +5,11 @@ most recent collectives, by a margin that matters next to the step time, is the 
 DDP or FSDP only one or two of a step's collectives show the lag (the rest run in lockstep once
 everyone has arrived), so the window counts the collectives that made ranks wait, not all of them.
 The finding also carries each rank's total wait: the slow rank computes longest and waits least.
+
+A share alone is not evidence on a short window: with three ranks and random per-step jitter, some
+rank is last in six of eight collectives about one run in seventeen. The finding therefore also
+needs the share to be unlikely under "every rank is equally likely to be last" (a one-sided binomial
+test, Bonferroni-corrected over the ranks), at a false-alarm rate of one run in a thousand.
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ from __future__ import annotations
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
+
+from scipy.stats import binom
 
 from vigil.detect.collectives import collective_ops
 from vigil.sources.probe.records import OpRecord
@@ -39,9 +46,11 @@ def find_straggler(
     min_collectives: int = 8,
     min_share: float = 0.7,
     min_lag_s: float = 0.05,
+    false_alarm: float = 1e-3,
 ) -> StragglerFinding | None:
     """The consistently-last rank over the last ``window`` completed collectives that made ranks wait."""
     last_counts: Counter[int] = Counter()
+    world = 0
     lags: dict[int, list[float]] = {}
     others_waits: list[float] = []
     total_wait: Counter[int] = Counter()
@@ -50,6 +59,7 @@ def find_straggler(
         ranks = sorted(table)
         if len(ranks) < 2:
             continue
+        world = max(world, len(ranks))
         common = sorted(set.intersection(*(set(table[r]) for r in ranks)))
         done = [s for s in common if all(table[r][s].state == "completed" for r in ranks)]
         lagging = []
@@ -72,7 +82,7 @@ def find_straggler(
     rank, count = last_counts.most_common(1)[0]
     share = count / counted
     lag = statistics.median(lags[rank])
-    if share < min_share:
+    if share < min_share or _chance_of(count, counted, world) > false_alarm:
         return None
     return StragglerFinding(
         rank=rank,
@@ -82,3 +92,9 @@ def find_straggler(
         median_wait_others_s=statistics.median(others_waits) if others_waits else 0.0,
         wait_by_rank={r: round(w, 4) for r, w in sorted(total_wait.items())},
     )
+
+
+def _chance_of(count: int, counted: int, world: int) -> float:
+    """How likely some rank is last at least ``count`` times in ``counted`` collectives by chance alone."""
+    tail = float(binom.sf(count - 1, counted, 1.0 / world))
+    return min(1.0, world * tail)
