@@ -22,9 +22,11 @@ def test_index_is_consistent() -> None:
         assert case.source.startswith("https://github.com/") and case.why
 
 
-def test_split_is_a_function_of_the_id_alone() -> None:
+def test_split_is_a_function_of_the_id_and_the_collection_round_alone() -> None:
     assert split_of("any-case") == split_of("any-case")
     assert sum(split_of(f"case-{i}") == "held_out" for i in range(300)) in range(70, 130)
+    assert all(split_of(f"case-{i}", batch=3) == "held_out" for i in range(300))
+    assert all(c.split == "held_out" for c in CASES if c.batch >= 3)
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.split == "development"], ids=lambda c: c.id)
