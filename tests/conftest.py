@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
+import time
 from pathlib import Path
 from typing import NoReturn
 
@@ -32,6 +34,23 @@ def require_binary(path_or_name: str) -> str:
     if found is None:
         missing(f"{path_or_name} is not installed (apt-get install it; .ci/run does)")
     return found
+
+
+def free_port() -> int:
+    """A loopback TCP port nobody listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for(condition: object, timeout_s: float, what: str, interval_s: float = 0.1) -> None:
+    """Poll ``condition`` until it is true; fail naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if callable(condition) and condition():
+            return
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
 
 
 @pytest.fixture(scope="session")

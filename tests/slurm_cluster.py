@@ -19,7 +19,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.conftest import missing, require_binary
+import pytest
+
+from tests.conftest import free_port, missing, require_binary, wait_for
 
 CONF = """ClusterName=vigiltest
 SlurmctldHost={host}
@@ -87,21 +89,6 @@ class SlurmCluster:
         return self.run("sinfo", "-h", "-N", "-o", "%T").strip()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _wait(condition: object, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if callable(condition) and condition():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
-
-
 def _stop(pid_file: Path) -> None:
     try:
         pid = int(pid_file.read_text().strip())
@@ -124,7 +111,7 @@ def _stop(pid_file: Path) -> None:
 def _start_accounting(base: Path, host: str, env: dict[str, str], slurm_conf: str) -> subprocess.Popen[bytes]:
     """A private MariaDB on a loopback port and slurmdbd on it, with slurm.conf told to use them; returns the
     MariaDB process (it does not daemonize)."""
-    db_port, dbd_port, password = _free_port(), _free_port(), os.urandom(12).hex()
+    db_port, dbd_port, password = free_port(), free_port(), os.urandom(12).hex()
     Path(env["SLURM_CONF"]).write_text(slurm_conf + ACCOUNTING.format(host=host, base=base, dbd_port=dbd_port))
     subprocess.run(["mariadb-install-db", "--no-defaults", f"--datadir={base}/db", "--user=root",
                     "--auth-root-authentication-method=normal", "--skip-test-db"],
@@ -135,8 +122,8 @@ def _start_accounting(base: Path, host: str, env: dict[str, str], slurm_conf: st
          f"--log-error={base}/log/mariadb.log", "--skip-log-bin", "--innodb-buffer-pool-size=16M"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     client = ["mariadb", "--no-defaults", f"--socket={base}/db.sock", "-uroot"]
-    _wait(lambda: subprocess.run([*client, "-e", "select 1"], capture_output=True).returncode == 0, 60,
-          "MariaDB to answer")
+    wait_for(lambda: subprocess.run([*client, "-e", "select 1"], capture_output=True).returncode == 0, 60,
+             "MariaDB to answer")
     subprocess.run([*client, "-e", f"CREATE USER 'slurm'@'127.0.0.1' IDENTIFIED BY '{password}'; "
                     "GRANT ALL ON *.* TO 'slurm'@'127.0.0.1';"], check=True, capture_output=True, timeout=30)
     # slurmdbd reads slurmdbd.conf beside $SLURM_CONF, and only when it is private to its user
@@ -145,8 +132,8 @@ def _start_accounting(base: Path, host: str, env: dict[str, str], slurm_conf: st
                                         db_password=password))
     dbd_conf.chmod(0o600)
     subprocess.run(["slurmdbd"], env=env, check=True, capture_output=True, timeout=30)
-    _wait(lambda: subprocess.run(["sacctmgr", "-n", "show", "cluster"], env=env, capture_output=True).returncode == 0,
-          60, "slurmdbd to answer")
+    wait_for(lambda: subprocess.run(["sacctmgr", "-n", "show", "cluster"], env=env,
+                                    capture_output=True).returncode == 0, 60, "slurmdbd to answer")
     for argv in (["add", "cluster", "vigiltest"], ["add", "account", "tide", "Description=tide", "Organization=vigil"],
                  ["add", "user", "root", "Account=tide", "DefaultAccount=tide"]):
         subprocess.run(["sacctmgr", "-i", *argv], env=env, check=True, capture_output=True, timeout=60)
@@ -170,7 +157,7 @@ def slurm_cluster(accounting: bool = False) -> Iterator[SlurmCluster]:
     key.chmod(0o400)
     host = socket.gethostname().split(".")[0]
     conf = base / "slurm.conf"
-    text = CONF.format(host=host, base=base, ctld_port=_free_port(), slurmd_port=_free_port(),
+    text = CONF.format(host=host, base=base, ctld_port=free_port(), slurmd_port=free_port(),
                        cpus=os.cpu_count() or 1)
     conf.write_text(text)
     env = {**os.environ, "SLURM_CONF": str(conf)}
@@ -184,10 +171,10 @@ def slurm_cluster(accounting: bool = False) -> Iterator[SlurmCluster]:
         if accounting:
             mariadb = _start_accounting(base, host, env, text)
         subprocess.run(["slurmctld", "-f", str(conf)], env=env, check=True, capture_output=True, timeout=30)
-        _wait(lambda: subprocess.run(["scontrol", "ping"], env=env, capture_output=True, text=True).stdout.count("UP"),
-              30, "slurmctld to answer")
+        wait_for(lambda: "UP" in subprocess.run(["scontrol", "ping"], env=env, capture_output=True, text=True).stdout,
+                 30, "slurmctld to answer")
         subprocess.run(["slurmd", "-f", str(conf)], env=env, check=True, capture_output=True, timeout=30)
-        _wait(lambda: cluster.node_state() in ("idle", "mixed", "allocated"), 60, "the node to be idle")
+        wait_for(lambda: cluster.node_state() in ("idle", "mixed", "allocated"), 60, "the node to be idle")
         yield cluster
     finally:
         _stop(base / "run" / "slurmd.pid")
@@ -198,3 +185,17 @@ def slurm_cluster(accounting: bool = False) -> Iterator[SlurmCluster]:
             mariadb.wait(timeout=30)
         _stop(base / "munge" / "munged.pid")
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def slurm(request: pytest.FixtureRequest) -> Iterator[SlurmCluster]:
+    """One cluster for a test module; with accounting where the module sets ``SLURM_ACCOUNTING = True``."""
+    with slurm_cluster(accounting=getattr(request.module, "SLURM_ACCOUNTING", False)) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def on_path(slurm: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> SlurmCluster:
+    """The cluster, with ``SLURM_CONF`` set so the product's own Slurm clients talk to it."""
+    monkeypatch.setenv("SLURM_CONF", slurm.env["SLURM_CONF"])
+    return slurm

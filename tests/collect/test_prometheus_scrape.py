@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -11,18 +10,12 @@ import httpx
 import pytest
 
 from tests.collect.conftest import fast_settings
-from tests.conftest import require_binary
+from tests.conftest import free_port, require_binary
 from vigil.sources.collect.agent import Agent
 from vigil.sources.collect.dcgm import DcgmExporterScraper
 from vigil.sources.collect.host import HostCollector
 
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def query(base: str, expr: str) -> list[dict]:

@@ -1,4 +1,4 @@
-"""Fixtures shared by the remedy tests."""
+"""Fixtures shared by the remedy tests, with the real one-node Slurm cluster's."""
 
 from __future__ import annotations
 
@@ -8,6 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.slurm_cluster import on_path as on_path
+from tests.slurm_cluster import slurm as slurm
 
 FAKE_SCONTROL = """
 import os, sys

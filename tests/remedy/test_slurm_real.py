@@ -4,12 +4,12 @@ the node, job discovery reads squeue, and a failed batch job is requeued per its
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.slurm_cluster import SlurmCluster, slurm_cluster
+from tests.conftest import wait_for
+from tests.slurm_cluster import SlurmCluster
 from vigil.model import Action, ActionKind, ActionStatus, Gpu, Node, Topology, node_id
 from vigil.remedy.actuators.slurm import SlurmActuator
 from vigil.remedy.audit import AuditLog
@@ -18,27 +18,6 @@ from vigil.remedy.remediator import Remediator
 from vigil.sources.collect.slurm import SlurmJobs, placement
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def slurm() -> Iterator[SlurmCluster]:
-    with slurm_cluster() as cluster:
-        yield cluster
-
-
-@pytest.fixture
-def on_path(slurm: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> SlurmCluster:
-    monkeypatch.setenv("SLURM_CONF", slurm.env["SLURM_CONF"])
-    return slurm
-
-
-def _wait(condition: object, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if callable(condition) and condition():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
 
 
 def test_actuator_drains_and_resumes_the_real_node(on_path: SlurmCluster, tmp_path: Path) -> None:
@@ -52,7 +31,7 @@ def test_actuator_drains_and_resumes_the_real_node(on_path: SlurmCluster, tmp_pa
     assert again.status is ActionStatus.SKIPPED  # already drained: idempotent
     resumed = remediator.execute(Action(ts=time.time(), kind=ActionKind.UNCORDON, target=node_id(on_path.node)))
     assert resumed.status is ActionStatus.EXECUTED, resumed.result
-    _wait(lambda: on_path.node_state() == "idle", 30, "the node to be idle again")
+    wait_for(lambda: on_path.node_state() == "idle", 30, "the node to be idle again")
 
 
 def test_failed_job_is_discovered_and_requeued_per_its_failover_policy(on_path: SlurmCluster, tmp_path: Path) -> None:
@@ -61,7 +40,7 @@ def test_failed_job_is_discovered_and_requeued_per_its_failover_policy(on_path: 
     job = on_path.run("sbatch", "--parsable", "--requeue", "-o", str(tmp_path / "out-%j.txt"),
                       "--comment=failoverPolicy: {maxRetries: 1, action: restart}", "-J", "train", str(script)).strip()
     source = SlurmJobs()
-    _wait(lambda: any(j.id == job and j.failed for j in source.jobs()), 60, "the job to fail")
+    wait_for(lambda: any(j.id == job and j.failed for j in source.jobs()), 60, "the job to fail")
     (found,) = [j for j in source.jobs() if j.id == job]
     assert found.name == "train" and found.state == "FAILED" and found.nodes == (on_path.node,)
     topology = Topology(nodes=[Node(name=on_path.node, gpus=[Gpu(node=on_path.node, index=i) for i in range(2)])])
@@ -79,7 +58,7 @@ def test_failed_job_is_discovered_and_requeued_per_its_failover_policy(on_path: 
 
     # Requeued: back in the queue (Slurm holds a requeued job back a while before it may start again) with
     # the restart counted - which spends this policy's one retry.
-    _wait(lambda: source.details(job).get("Restarts") == "1", 30, "Slurm to count the restart")
+    wait_for(lambda: source.details(job).get("Restarts") == "1", 30, "Slurm to count the restart")
     (requeued,) = [j for j in source.jobs() if j.id == job]
     assert requeued.state in ("PENDING", "REQUEUED", "RUNNING", "CONFIGURING")
     restarts = int(source.details(job)["Restarts"])
@@ -105,12 +84,12 @@ def test_engine_reads_slurm_jobs_and_a_failure_becomes_an_incident(on_path: Slur
         return topology is not None and [j.placement for j in topology.jobs if j.id == job] == [
             [f"gpu/{on_path.node}/0", f"gpu/{on_path.node}/1"]]
 
-    _wait(placed, 60, "the running job's placement in the topology")
+    wait_for(placed, 60, "the running job's placement in the topology")
 
     def crashed() -> bool:
         engine.tick()
         return any(i.scope == f"job/{job}" for i in store.incidents())
 
-    _wait(crashed, 60, "a crash incident on the job")
+    wait_for(crashed, 60, "a crash incident on the job")
     (incident,) = [i for i in store.incidents() if i.scope == f"job/{job}"]
     assert incident.fault_types == ["job_crash"]

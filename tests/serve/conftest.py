@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.conftest import require_binary
+from tests.conftest import free_port, require_binary, wait_for
 from vigil.config import Settings
 from vigil.faces.api.auth import TOKEN_COOKIE, User, hash_token, save_users
 from vigil.model import Cause, Diagnosis, Incident, RemediationStep
@@ -46,21 +44,6 @@ APPROVER = "ada"
 APPROVER_TOKEN = "test-approver-91c2"
 APPROVER_AUTH = {"Authorization": f"Bearer {APPROVER_TOKEN}"}
 STRAGGLER_RANK = 5
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_for(condition: object, timeout_s: float, what: str, interval_s: float = 0.1) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if callable(condition) and condition():
-            return
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
 
 
 @dataclass

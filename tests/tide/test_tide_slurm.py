@@ -10,12 +10,12 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.slurm_cluster import SlurmCluster, slurm_cluster
+from tests.conftest import wait_for
+from tests.slurm_cluster import SlurmCluster
 from tests.tide.test_tide import ROOT, write_policy
 from vigil.checkpoint.manager import complete_steps
 from vigil.model import Action, ActionKind, ActionStatus, job_id
@@ -28,6 +28,7 @@ from vigil.remedy.tide.slurm import qos_commands, qos_names, running_tier_jobs
 from vigil.remedy.tide.tiers import load_tier_policy
 
 pytestmark = pytest.mark.slow
+SLURM_ACCOUNTING = True  # QOS and preemption need slurmdbd
 CPUS = os.cpu_count() or 1
 
 # A spot training job on Vigil's checkpoint manager: it checkpoints (torch.distributed.checkpoint) on the notice
@@ -65,27 +66,6 @@ def _checkpoints(out: Path, signum: int) -> list[int]:
             if line.startswith("checkpoint") and line.endswith(f"signal {signum}")]
 
 
-@pytest.fixture(scope="module")
-def slurm() -> Iterator[SlurmCluster]:
-    with slurm_cluster(accounting=True) as cluster:
-        yield cluster
-
-
-@pytest.fixture
-def on_path(slurm: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> SlurmCluster:
-    monkeypatch.setenv("SLURM_CONF", slurm.env["SLURM_CONF"])
-    return slurm
-
-
-def _wait(condition: object, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if callable(condition) and condition():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
-
-
 def _job(cluster: SlurmCluster, job: str) -> dict[str, str]:
     text = cluster.run("scontrol", "show", "job", job, "-o")
     return dict(field.split("=", 1) for field in text.split() if "=" in field)
@@ -116,7 +96,7 @@ def test_spot_job_checkpoints_on_notice_and_is_requeued_by_vigil_then_by_slurm(o
     job = on_path.run("sbatch", "--parsable", "--requeue", "--qos=spot-training", "-n", str(CPUS), "-o", str(out),
                       "--open-mode=append", f"--export=ALL,CKPT={ckpt}", "-J", "train-spot-sweep",
                       str(script)).strip()
-    _wait(lambda: out.exists() and "start 0" in out.read_text(), 180, "the spot job to start")
+    wait_for(lambda: out.exists() and "start 0" in out.read_text(), 180, "the spot job to start")
     (found,) = running_tier_jobs(policy, tres="cpu")
     assert (found.id, found.tier, found.units) == (job, 3, CPUS)
 
@@ -130,7 +110,7 @@ def test_spot_job_checkpoints_on_notice_and_is_requeued_by_vigil_then_by_slurm(o
         (ActionKind.SET_QUOTA, ActionStatus.EXECUTED), (ActionKind.SET_QUOTA, ActionStatus.EXECUTED),
         (ActionKind.PREEMPT_NOTICE, ActionStatus.EXECUTED)], [a.result for a in first]
     assert f"cpu={CPUS}" in on_path.run("sacctmgr", "-n", "-P", "show", "qos", "spot-training", "format=GrpTRES")
-    _wait(lambda: bool(_checkpoints(out, 10)), 60, "the checkpoint on notice")
+    wait_for(lambda: bool(_checkpoints(out, 10)), 60, "the checkpoint on notice")
     (noticed_step,) = _checkpoints(out, 10)
     assert noticed_step in complete_steps(ckpt)
     assert _job(on_path, job)["JobState"] == "RUNNING"  # a notice is not a preemption
@@ -145,11 +125,11 @@ def test_spot_job_checkpoints_on_notice_and_is_requeued_by_vigil_then_by_slurm(o
                         cluster="vigiltest", queues=names, resource="cpu")
     (preempt,) = [remediator.execute(a) for a in late if a.kind is ActionKind.PREEMPT]
     assert preempt.target == job_id(job) and preempt.status is ActionStatus.EXECUTED, preempt.result
-    _wait(lambda: _job(on_path, job)["Restarts"] == "1" and _job(on_path, job)["JobState"] == "PENDING", 60,
+    wait_for(lambda: _job(on_path, job)["Restarts"] == "1" and _job(on_path, job)["JobState"] == "PENDING", 60,
           "Slurm to requeue the job")
     # Slurm holds a requeued job back a while; the capacity came back, so release it now.
     on_path.run("scontrol", "update", f"JobId={job}", "StartTime=now")
-    _wait(lambda: "restarts 1" in out.read_text(), 180, f"the spot job to restart ({_job(on_path, job)})")
+    wait_for(lambda: "restarts 1" in out.read_text(), 180, f"the spot job to restart ({_job(on_path, job)})")
     resumed = int(out.read_text().split("restarts 1")[0].split("start")[-1])
     assert resumed == complete_steps(ckpt)[-1] + 1 and resumed > noticed_step > 0, out.read_text()
 
@@ -157,13 +137,13 @@ def test_spot_job_checkpoints_on_notice_and_is_requeued_by_vigil_then_by_slurm(o
     # checkpoints inside its 3 s grace and goes back to the queue; Vigil's preempt then finds nothing to do.
     serve = on_path.run("sbatch", "--parsable", "--qos=online-inference", "-n", str(CPUS), "-J", "serve-llm",
                         "-o", str(tmp_path / "serve.out"), "--wrap", "sleep 2").strip()
-    _wait(lambda: _job(on_path, job)["Restarts"] == "2" and _job(on_path, job)["JobState"] == "PENDING", 90,
+    wait_for(lambda: _job(on_path, job)["Restarts"] == "2" and _job(on_path, job)["JobState"] == "PENDING", 90,
           "Slurm to preempt and requeue the spot job")
     assert _checkpoints(out, 15) and _checkpoints(out, 15)[-1] == complete_steps(ckpt)[-1] > resumed
     assert "DUE TO PREEMPTION" in out.read_text()
     again = remediator.execute(Action(ts=time.time(), kind=ActionKind.PREEMPT, target=job_id(job)))
     assert again.status is ActionStatus.SKIPPED, again.result
-    _wait(lambda: _job(on_path, serve)["JobState"] == "COMPLETED", 60, "the online job to run")
+    wait_for(lambda: _job(on_path, serve)["JobState"] == "COMPLETED", 60, "the online job to run")
 
 
 def test_apply_is_a_dry_run_by_default_and_audited(on_path: SlurmCluster, tmp_path: Path,
