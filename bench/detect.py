@@ -32,6 +32,7 @@ from vigil.sources.sim.generator import SimConfig, simulate
 from vigil_eval.datasets import load_asd
 from vigil_eval.detection import (
     DETECTORS,
+    SERVER_TCE,
     SUPERVISED_BASELINES,
     candidates_for,
     class_report,
@@ -46,13 +47,11 @@ OUT = REPO / "bench" / "results" / "detect.json"
 console = Console()
 
 # Fixed before any fold was scored, never tuned: the window (8 hours of ASD's 5-minute samples, 96 minutes
-# of SMD's 1-minute samples), TCE's size, loss (dynamic weights), one model (no ensemble), window features as
-# its context, its normal-window memory at KMeansAD's own setting (20 centroids of the newest 10 rows).
-# Chosen on inner folds: input scaling (fleet / per machine), TCE's score mix (MIX_GRID), epochs, thresholds.
+# of SMD's 1-minute samples) and TCE's configuration (SERVER_TCE, the one `vigil detect train` uses).
+# Chosen on inner folds: input scaling (fleet / per machine / robust per machine), TCE's score mix
+# (MIX_GRID), every detector's smoothing (SMOOTHING_ROWS), epochs, thresholds.
 HISTORY = 96
-TCE_REAL = {"history": HISTORY, "recent": 24, "scales": (12, 24), "hidden": 32, "epochs": 5,
-            "steps_per_epoch": 40, "patience": 2, "prototypes": 16, "window_context": True, "memory": 20,
-            "memory_rows": 10}
+TCE_REAL = {"history": HISTORY, **SERVER_TCE}
 BASELINE_PARAMS: dict[str, dict[str, Any]] = {
     "gbm": {"history": HISTORY, "recent": 10, "max_iter": 100, "max_samples": 20000},
     "lstm_clf": {"window": 30, "epochs": 3, "steps_per_epoch": 80},

@@ -189,6 +189,12 @@ def class_report(true: np.ndarray, predicted: np.ndarray, classes: list[str],
 
 # --------------------------------------------------------------------------- protocols
 
+# TCE on server metrics (ASD, SMD, users' CSV), fixed before any fold was scored, never tuned: its size, loss
+# (dynamic weights), one model (no ensemble), window features as its context, a normal-window memory at
+# KMeansAD's own setting (20 centroids of the newest 10 rows). The benchmark and `vigil detect train` use it.
+SERVER_TCE: dict[str, Any] = {"recent": 24, "scales": (12, 24), "hidden": 32, "epochs": 5, "steps_per_epoch": 40,
+                              "patience": 2, "prototypes": 16, "window_context": True, "memory": 20,
+                              "memory_rows": 10}
 DETECTORS = ("tce", "lstm", "pca", "iforest", "kmeans", "knn", "random")
 # Fed the same labels as TCE; they need labelled anomalies in their training data, like TCE.
 SUPERVISED_BASELINES = ("gbm", "lstm_clf")
@@ -235,27 +241,6 @@ def fleet_split(dataset: Any, train_entities: list[str], test_entities: list[str
     return train, val, tests
 
 
-def calibration_split(dataset: Any, train_entities: list[str], *, history: int, val_fraction: float = 0.3,
-                      normal_stride: int = 4) -> tuple[Any, Any, Any | None]:
-    """TCE's side of protocol (b): the last training entity stands in for the unseen ones. Its unlabelled
-    history still trains (as normal windows), its labelled data never do: they calibrate the novelty weight
-    (``TCEDetector.calibrate``). Returns (train, validation, calibration); with a single training entity there
-    is nothing to hold out and calibration is None."""
-    held = train_entities[-1] if len(train_entities) >= 2 else None
-    fit_on = train_entities[:-1] if held is not None else train_entities
-    train, val, _ = fleet_split(dataset, fit_on, [], history=history, val_fraction=val_fraction,
-                                normal_stride=normal_stride)
-    if held is None:
-        return train, val, None
-    (series,) = dataset.select([held])
-    if series.train is not None:
-        train.add(series.train, series.train_labels, context=series.train_context,
-                  rows=np.arange(0, len(series.train), normal_stride))
-    calibration = WindowSet(history).add(series.test, series.test_labels, history=series.train,
-                                         context=series.test_context)
-    return train, val, calibration
-
-
 def entity_split(series: Any, *, history: int, val_fraction: float = 0.3) -> tuple[Any, Any, Any]:
     """Protocol (a): fit on the entity's own history, choose the threshold on the oldest ``val_fraction`` of
     its labelled data, report on the rest."""
@@ -272,18 +257,15 @@ def entity_split(series: Any, *, history: int, val_fraction: float = 0.3) -> tup
 
 def run_detector(name: str, train: Any, val: Any, tests: dict[str, Any], *, seed: int = 0,
                  classes: list[str] | None = None, sliding_window: int = 30,
-                 tce_params: dict[str, Any] | None = None,
-                 tce_split: tuple[Any, Any, Any | None] | None = None) -> tuple[list[dict[str, Any]], dict[str, float]]:
-    """Fit one detector, pick its threshold on ``val``, and score every test entity. ``tce_split``: TCE's
-    (train, early-stopping validation, calibration) from ``calibration_split``; without it TCE trains on
-    ``train`` and stops early on ``val``, uncalibrated."""
+                 tce_params: dict[str, Any] | None = None) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """Fit one detector, pick its threshold on ``val``, and score every test entity (TCE stops early on
+    ``val`` and scores ``1 - p(normal)``)."""
     import time
 
     detector = make_detector(name, seed, **((tce_params or {}) if name == "tce" else {}))
     started = time.perf_counter()
     if name == "tce":
-        fit_on, stop_on, calibration = tce_split if tce_split is not None else (train, val, None)
-        detector.fit(fit_on, validation=stop_on, classes=classes, calibration=calibration)
+        detector.fit(train, validation=val, classes=classes)
     else:
         detector.fit(train)
     fit_s = time.perf_counter() - started
@@ -325,25 +307,40 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 
 # --------------------------------------------------------------------------- nested leave-machines-out
 
-NORMALISATIONS = ("fleet", "machine")
+# Input scalings: the fleet's values as they come; each machine standardised by the mean and spread of its own
+# history; or by its median and interquartile range (robust to the spikes a history holds).
+NORMALISATIONS = ("fleet", "machine", "robust")
+IQR_TO_SD = 1.349  # the interquartile range of a normal distribution, in standard deviations
 
 
-def standardise_per_machine(dataset: Any) -> Any:
-    """Each machine's metrics standardised by the mean and spread of its own unlabelled history (its train
-    part): what a new machine offers before anyone labels it. A metric constant in the history keeps unit
-    scale."""
+def standardise_per_machine(dataset: Any, *, robust: bool = False) -> Any:
+    """Each machine's metrics standardised by its own unlabelled history (its train part): what a new
+    machine offers before anyone labels it. ``robust``: centre on the median and divide by the interquartile
+    range (in standard-deviation units), falling back to the standard deviation where the range is zero.
+    A metric constant in the history keeps unit scale."""
     out: dict[str, EntitySeries] = {}
     for name, series in dataset.entities.items():
         if series.train is None:
             raise VigilInputError(f"{name}: per-machine standardisation needs the machine's history (train part)")
-        mean = series.train.mean(axis=0)
         std = series.train.std(axis=0)
-        std = np.where(std < 1e-6, 1.0, std)
-        out[name] = EntitySeries(entity=name, test=((series.test - mean) / std).astype(np.float32),
+        if robust:
+            q25, centre, q75 = np.percentile(series.train, [25, 50, 75], axis=0)
+            spread = np.where((q75 - q25) > 1e-6, (q75 - q25) / IQR_TO_SD, std)
+        else:
+            centre, spread = series.train.mean(axis=0), std
+        spread = np.where(spread < 1e-6, 1.0, spread)
+        out[name] = EntitySeries(entity=name, test=((series.test - centre) / spread).astype(np.float32),
                                  test_labels=series.test_labels,
-                                 train=((series.train - mean) / std).astype(np.float32),
-                                 train_labels=series.train_labels, imputed=series.imputed)
+                                 train=((series.train - centre) / spread).astype(np.float32),
+                                 train_labels=series.train_labels, imputed=series.imputed,
+                                 train_context=series.train_context, test_context=series.test_context)
     return Dataset(name=dataset.name, features=dataset.features, classes=dataset.classes, entities=out)
+
+
+def scaled_inputs(dataset: Any) -> dict[str, Any]:
+    """The data set under every input scaling of ``NORMALISATIONS``."""
+    return {"fleet": dataset, "machine": standardise_per_machine(dataset),
+            "robust": standardise_per_machine(dataset, robust=True)}
 
 
 def machine_groups(entities: list[str], k: int, seed: int) -> list[list[str]]:
@@ -427,27 +424,51 @@ def candidates_for(name: str, params: dict[str, Any] | None = None) -> list[Cand
 MIX_GRID: dict[str, tuple[float, float, float]] = {
     "sup": (1.0, 0.0, 0.0), "sup+nov": (1.0, 1.0, 0.0), "sup+mem": (1.0, 0.0, 1.0),
     "sup+nov+mem": (1.0, 1.0, 1.0), "2sup+nov+mem": (2.0, 1.0, 1.0), "sup+2nov+2mem": (1.0, 2.0, 2.0),
+    "sup+nov+2mem": (1.0, 1.0, 2.0), "sup+2nov+4mem": (1.0, 2.0, 4.0),
 }
+# Trailing means of every detector's score over this many rows (1 = none); the inner folds choose one.
+SMOOTHING_ROWS = (1, 6, 24)
 
 
-def variant_scores(detector: Any, windows: Any, reference: Any) -> dict[str, np.ndarray]:
-    """Every cheap variant of a fitted detector, scored on ``windows`` of one machine relative to
-    ``reference`` (windows of the same machine's unlabelled history). For TCE each mix of ``MIX_GRID``
-    whose parts the model has (``history_rank`` of each part, no retraining needed); for the rest the
-    detector's own score through ``relative_scores``."""
-    if getattr(detector, "name", "") != "tce":
+def variant_grid(detector: Any) -> dict[str, dict[str, Any]]:
+    """The cheap variants of a fitted detector (no retraining): label -> ``{"mix", "smooth"}``. TCE: every mix
+    of ``MIX_GRID`` whose parts the model has, times every smoothing; the others: every smoothing of their
+    own score (``mix`` None)."""
+    is_tce = getattr(detector, "name", "") == "tce"
+    mixes: dict[str, Any] = {"": None}
+    if is_tce:
+        from vigil.detect.learned.tce import COMPONENTS
+
+        have = set(detector.score_components_available())
+        mixes = {label: mix for label, mix in MIX_GRID.items()
+                 if all(name in have for name, w in zip(COMPONENTS, mix, strict=True) if w)}
+    return {" ".join(p for p in (label, "" if rows == 1 else f"smooth={rows}") if p): {"mix": mix, "smooth": rows}
+            for label, mix in mixes.items() for rows in SMOOTHING_ROWS}
+
+
+def variant_scores(detector: Any, windows: Any, reference: Any, *, stride: int = 1) -> dict[str, np.ndarray]:
+    """Every variant of ``variant_grid`` scored on ``windows`` of one machine (every ``stride``-th row)
+    relative to ``reference`` (windows of the same machine's unlabelled history). TCE: each part through
+    ``history_rank``, mixed; the rest: the detector's own score through ``relative_scores``. Then the
+    trailing mean over the variant's rows (in windows: rows / ``stride``, at least 1)."""
+    from vigil.detect.learned.tce import COMPONENTS, history_rank, trailing_mean
+
+    grid = variant_grid(detector)
+    if getattr(detector, "name", "") == "tce":
+        parts, ref = detector.score_components(windows), detector.score_components(reference)
+        ranks = {name: history_rank(parts[name], ref[name]) for name in parts}
+    else:
         scores = np.asarray(detector.decision_function(windows), dtype=np.float64)
-        return {"": relative_scores(scores, np.asarray(detector.decision_function(reference), dtype=np.float64))}
-    from vigil.detect.learned.tce import COMPONENTS, history_rank
-
-    parts, ref = detector.score_components(windows), detector.score_components(reference)
-    ranks = {name: history_rank(parts[name], ref[name]) for name in parts}
+        plain = relative_scores(scores, np.asarray(detector.decision_function(reference), dtype=np.float64))
     out = {}
-    for label, mix in MIX_GRID.items():
-        used = {name: w for name, w in zip(COMPONENTS, mix, strict=True) if w}
-        if all(name in ranks for name in used):
+    for label, variant in grid.items():
+        if variant["mix"] is None:
+            mixed = plain
+        else:
+            used = {name: w for name, w in zip(COMPONENTS, variant["mix"], strict=True) if w}
             total = sum(used.values())
-            out[label] = np.sum([w / total * ranks[name] for name, w in used.items()], axis=0)
+            mixed = np.sum([w / total * ranks[name] for name, w in used.items()], axis=0)
+        out[label] = trailing_mean(mixed, max(1, round(variant["smooth"] / stride)))
     return out
 
 
@@ -463,9 +484,91 @@ def fit_candidate(candidate: Any, dataset: Any, fit_on: list[str], *, history: i
     train = training_windows(dataset, fit_on, history=history, normal_stride=normal_stride,
                              max_windows=max_windows, seed=seed)
     if candidate.detector == "tce":
-        detector.fit(train, validation=validation, classes=dataset.classes)
+        detector.fit(train, validation=validation, classes=dataset.classes, features=dataset.features)
     else:
         detector.fit(train)
+    return detector
+
+
+@dataclass
+class InnerChoice:
+    """What the inner folds of a set of development machines chose: the candidate (index into the candidates),
+    its variant (``variant_grid``), the threshold on relative scores, TCE's epoch count, and the evidence."""
+
+    candidate: int
+    variant: str
+    threshold: float
+    epochs: int | None
+    inner_auc_pr: float
+    inner_folds: list[list[str]]
+    inner_grid: dict[str, float]
+
+
+def choose_on_inner_folds(data: dict[str, Any], candidates: list[Candidate], development: list[str], *,
+                          inner: int, history: int, seed: int, inner_stride: int = 1, normal_stride: int = 4,
+                          max_windows: int | None = None, log: Any = None) -> InnerChoice:
+    """Every choice for one detector made on ``development`` machines alone. They are dealt into ``inner``
+    groups; each candidate is fitted on all but one group and scored on that group (every ``inner_stride``-th
+    window), its scores read relative to each held-out machine's own history. The candidate and variant with
+    the best mean AUC-PR over the held-out machines wins; the threshold is the best F1 on their pooled
+    relative scores; TCE's epoch count is the median of its early-stopping epochs. ``data``: the data set
+    under each input scaling (``scaled_inputs``)."""
+    inner_groups = machine_groups(development, inner, seed)
+    inner_ap: dict[tuple[int, str], list[float]] = {}
+    pooled: dict[tuple[int, str], list[tuple[np.ndarray, np.ndarray]]] = {}
+    epochs_seen: dict[int, list[int]] = {}
+    for held in inner_groups:
+        fit_on = [n for n in development if n not in held]
+        for c, candidate in enumerate(candidates):
+            held_series = data[candidate.normalise].select(held)
+            validation = None
+            if candidate.detector == "tce":
+                validation = WindowSet(history)
+                for s in held_series:
+                    validation.add(s.test, s.test_labels, history=s.train,
+                                   rows=np.arange(0, len(s.test), inner_stride))
+            if log is not None:
+                log(f"inner {held}: {candidate.label}")
+            detector = fit_candidate(candidate, data[candidate.normalise], fit_on, history=history, seed=seed,
+                                     validation=validation, normal_stride=normal_stride, max_windows=max_windows)
+            if candidate.detector == "tce":
+                epochs_seen.setdefault(c, []).append(max(1, int(detector.report_.best_epoch)))
+            for s in held_series:
+                labelled = labelled_windows(s, history=history, stride=inner_stride)
+                reference = history_windows(s, history=history)
+                for variant, relative in variant_scores(detector, labelled, reference, stride=inner_stride).items():
+                    if labelled.labels.any():
+                        inner_ap.setdefault((c, variant), []).append(
+                            float(average_precision_score(labelled.labels > 0, relative)))
+                    pooled.setdefault((c, variant), []).append((labelled.labels, relative))
+    if not inner_ap:
+        raise VigilInputError("no held-out development machine holds a labelled anomaly: nothing to choose on")
+    best_c, best_variant = max(inner_ap, key=lambda key: (np.mean(inner_ap[key]), -key[0]))
+    labels = np.concatenate([lab for lab, _ in pooled[(best_c, best_variant)]])
+    relative = np.concatenate([sc for _, sc in pooled[(best_c, best_variant)]])
+    return InnerChoice(
+        candidate=best_c, variant=best_variant, threshold=choose_threshold(labels, relative),
+        epochs=int(np.median(epochs_seen[best_c])) if best_c in epochs_seen else None,
+        inner_auc_pr=float(np.mean(inner_ap[(best_c, best_variant)])), inner_folds=inner_groups,
+        inner_grid={f"{candidates[c].label} {v}".strip(): float(np.mean(ap)) for (c, v), ap in inner_ap.items()})
+
+
+def fit_chosen(data: dict[str, Any], candidates: list[Candidate], choice: InnerChoice, development: list[str], *,
+               history: int, seed: int, normal_stride: int = 4, max_windows: int | None = None) -> Any:
+    """The inner folds' winner refitted on every development machine (TCE for the chosen epoch count), its
+    chosen variant and threshold set: TCE's ``mix``, ``smooth`` and ``threshold_`` (on ``relative_score``),
+    and ``choice_`` recording the input scaling and the inner-fold evidence."""
+    winner = candidates[choice.candidate]
+    detector = fit_candidate(winner, data[winner.normalise], development, history=history, seed=seed,
+                             epochs=choice.epochs, normal_stride=normal_stride, max_windows=max_windows)
+    variant = variant_grid(detector)[choice.variant]
+    if variant["mix"] is not None:
+        detector.mix = tuple(variant["mix"])
+        detector.smooth = int(variant["smooth"])
+    detector.threshold_ = choice.threshold
+    detector.choice_ = {"scaling": winner.normalise, "variant": choice.variant, "epochs": choice.epochs,
+                        "threshold": choice.threshold, "inner_auc_pr": choice.inner_auc_pr,
+                        "inner_folds": choice.inner_folds, "development": list(development)}
     return detector
 
 
@@ -483,18 +586,14 @@ def nested_leave_machines_out(dataset: Any, candidates: list[Candidate], *, oute
     """Nested leave-machines-out for one detector's ``candidates``.
 
     Outer loop: the machines are dealt into ``outer`` groups; each group in turn is the test fold, never seen
-    before it is scored once. Inner loop, on the other (development) machines only: they are dealt into
-    ``inner`` groups; each candidate is fitted on all but one group and scored on that group (every
-    ``inner_stride``-th window), its scores read relative to each held-out machine's own history. The candidate
-    and variant (TCE's score mix, ``MIX_GRID``) with the best mean inner AUC-PR wins; the threshold is the best
-    F1 on the pooled relative scores of the inner held-out machines; TCE's epoch count is the median of its
-    inner early-stopping epochs. The winner is refitted on every development machine, and the test machines are
-    scored once with that threshold. Seeds: ``seed + outer fold``. ``on_fold(result)`` after each outer fold
-    sees the folds done so far; ``folds`` runs only those outer folds (the deal of machines into folds is the
-    same, so separate runs of different folds add up to one run).
+    before it is scored once. Inner loop, on the other (development) machines only: ``choose_on_inner_folds``
+    picks the input scaling, the variant (TCE's score mix, every detector's smoothing), the threshold and
+    TCE's epoch count. The winner is refitted on every development machine (``fit_chosen``), and the test
+    machines are scored once with that threshold. Seeds: ``seed + outer fold``. ``on_fold(result)`` after each
+    outer fold sees the folds done so far; ``folds`` runs only those outer folds (the deal of machines into
+    folds is the same, so separate runs of different folds add up to one run).
     """
-    standardised = standardise_per_machine(dataset)
-    data = {"fleet": dataset, "machine": standardised}
+    data = scaled_inputs(dataset)
     names = sorted(dataset.entities)
     rows: list[dict[str, Any]] = []
     choices: list[dict[str, Any]] = []
@@ -503,60 +602,27 @@ def nested_leave_machines_out(dataset: Any, candidates: list[Candidate], *, oute
             continue
         fold_seed = seed + o
         development = [n for n in names if n not in test_group]
-        inner_groups = machine_groups(development, inner, fold_seed)
-        inner_ap: dict[tuple[int, str], list[float]] = {}
-        pooled: dict[tuple[int, str], list[tuple[np.ndarray, np.ndarray]]] = {}
-        epochs_seen: dict[int, list[int]] = {}
-        for held in inner_groups:
-            fit_on = [n for n in development if n not in held]
-            for c, candidate in enumerate(candidates):
-                source = data[candidate.normalise]
-                held_series = source.select(held)
-                validation = None
-                if candidate.detector == "tce":
-                    validation = WindowSet(history)
-                    for s in held_series:
-                        validation.add(s.test, s.test_labels, history=s.train,
-                                       rows=np.arange(0, len(s.test), inner_stride))
-                if log is not None:
-                    log(f"outer {o} inner {held}: {candidate.label}")
-                detector = fit_candidate(candidate, source, fit_on, history=history, seed=fold_seed,
-                                         validation=validation, normal_stride=normal_stride,
-                                         max_windows=max_windows)
-                if candidate.detector == "tce":
-                    epochs_seen.setdefault(c, []).append(max(1, int(detector.report_.best_epoch)))
-                for s in held_series:
-                    labelled = labelled_windows(s, history=history, stride=inner_stride)
-                    reference = history_windows(s, history=history)
-                    for variant, relative in variant_scores(detector, labelled, reference).items():
-                        if labelled.labels.any():
-                            inner_ap.setdefault((c, variant), []).append(
-                                float(average_precision_score(labelled.labels > 0, relative)))
-                        pooled.setdefault((c, variant), []).append((labelled.labels, relative))
-        (best_c, best_variant) = max(inner_ap, key=lambda key: (np.mean(inner_ap[key]), -key[0]))
-        labels = np.concatenate([lab for lab, _ in pooled[(best_c, best_variant)]])
-        relative = np.concatenate([sc for _, sc in pooled[(best_c, best_variant)]])
-        threshold = choose_threshold(labels, relative)
-        winner = candidates[best_c]
-        epochs = int(np.median(epochs_seen[best_c])) if best_c in epochs_seen else None
-        choices.append({"outer_fold": o, "test": test_group, "inner_folds": inner_groups,
-                        "candidate": winner.label, "variant": best_variant,
-                        "inner_auc_pr": float(np.mean(inner_ap[(best_c, best_variant)])),
-                        "threshold": threshold, "epochs": epochs, "seed": fold_seed,
-                        "inner_grid": {f"{candidates[c].label} {v}".strip(): float(np.mean(ap))
-                                       for (c, v), ap in inner_ap.items()}})
+        choice = choose_on_inner_folds(
+            data, candidates, development, inner=inner, history=history, seed=fold_seed, inner_stride=inner_stride,
+            normal_stride=normal_stride, max_windows=max_windows,
+            log=None if log is None else (lambda msg, o=o: log(f"outer {o} {msg}")))
+        winner = candidates[choice.candidate]
+        choices.append({"outer_fold": o, "test": test_group, "inner_folds": choice.inner_folds,
+                        "candidate": winner.label, "variant": choice.variant, "inner_auc_pr": choice.inner_auc_pr,
+                        "threshold": choice.threshold, "epochs": choice.epochs, "seed": fold_seed,
+                        "inner_grid": choice.inner_grid})
         if log is not None:
-            log(f"outer {o}: chose {winner.label} {best_variant} (inner AUC-PR "
-                f"{np.mean(inner_ap[(best_c, best_variant)]):.3f}); refit on {len(development)} machines")
-        source = data[winner.normalise]
-        detector = fit_candidate(winner, source, development, history=history, seed=fold_seed, epochs=epochs,
-                                 normal_stride=normal_stride, max_windows=max_windows)
-        for s in source.select(test_group):
+            log(f"outer {o}: chose {winner.label} {choice.variant} (inner AUC-PR {choice.inner_auc_pr:.3f}); "
+                f"refit on {len(development)} machines")
+        detector = fit_chosen(data, candidates, choice, development, history=history, seed=fold_seed,
+                              normal_stride=normal_stride, max_windows=max_windows)
+        for s in data[winner.normalise].select(test_group):
             labelled = labelled_windows(s, history=history)
-            scores = variant_scores(detector, labelled, history_windows(s, history=history))[best_variant]
+            scores = variant_scores(detector, labelled, history_windows(s, history=history))[choice.variant]
             rows.append({"detector": candidates[0].detector, "entity": s.entity, "outer_fold": o,
-                         "seed": fold_seed, "choice": f"{winner.label} {best_variant}".strip(),
-                         **score_report(labelled.labels, scores, threshold, sliding_window=sliding_window)})
+                         "seed": fold_seed, "choice": f"{winner.label} {choice.variant}".strip(),
+                         **score_report(labelled.labels, scores, threshold=choice.threshold,
+                                        sliding_window=sliding_window)})
         if on_fold is not None:
             on_fold(NestedResult(rows=list(rows), choices=list(choices)))
     return NestedResult(rows=rows, choices=choices)

@@ -137,31 +137,6 @@ def test_class_report_macro_f1() -> None:
     assert report["macro_f1"] == pytest.approx(np.mean([0.8, 2 / 3, 1.0]))
 
 
-def test_calibration_split_keeps_the_held_out_labels_out_of_training() -> None:
-    from vigil_eval.datasets import Dataset, EntitySeries
-    from vigil_eval.detection import calibration_split, fleet_split
-
-    rng = np.random.default_rng(0)
-    entities = {}
-    for k, name in enumerate(("a", "b", "c")):
-        test = rng.normal(size=(100, 2)) + 10 * k  # each entity's values in its own range
-        labels = (np.arange(100) % 10 == 0).astype(np.int64)
-        history = rng.normal(size=(80, 2)) + 10 * k
-        entities[name] = EntitySeries(entity=name, test=test, test_labels=labels, train=history)
-    dataset = Dataset(name="toy", features=["x", "y"], classes=["normal", "anomaly"], entities=entities)
-    train, val, calibration = calibration_split(dataset, ["a", "b", "c"], history=5)
-    assert calibration is not None and len(calibration) == 100
-    newest = train.take(np.arange(len(train)))[:, -1, 0]
-    # Entity c (values near 20): only its unlabelled history (every 4th row) trains; none of its labelled rows.
-    assert ((newest > 15).sum()) == 20
-    assert (train.labels[newest > 15] == 0).all()
-    assert not (val.take(np.arange(len(val)))[:, -1, 0] > 15).any()
-    full, _, _ = fleet_split(dataset, ["a", "b", "c"], [], history=5)
-    assert len(full) == len(train) + int(100 * 0.7)
-    _, _, none = calibration_split(dataset, ["a"], history=5)
-    assert none is None
-
-
 def fleet_of_servers(n: int = 6, seed: int = 0, rows: int = 240) -> Any:
     """Servers with their own offset and scale; anomalies are bursts on metric 0 in the labelled part."""
     from vigil_eval.datasets import Dataset, EntitySeries
@@ -217,6 +192,20 @@ def test_per_machine_standardisation_uses_the_history_only() -> None:
         assert np.allclose(series.test, expected, atol=1e-5)
 
 
+def test_robust_standardisation_reads_median_and_interquartile_range() -> None:
+    from vigil_eval.detection import IQR_TO_SD, standardise_per_machine
+
+    dataset = fleet_of_servers(n=2)
+    series = dataset.entities["m0"]
+    assert series.train is not None
+    series.train[::50, 1] = 1e4  # spikes in the history move the mean and spread, not the median and quartiles
+    robust = standardise_per_machine(dataset, robust=True).entities["m0"]
+    q25, median, q75 = np.percentile(series.train, [25, 50, 75], axis=0)
+    assert np.allclose(robust.test, (series.test - median) / ((q75 - q25) / IQR_TO_SD), atol=1e-4)
+    plain = standardise_per_machine(dataset).entities["m0"]
+    assert plain.test[:, 1].std() < 0.01 and 0.5 < robust.test[:, 1].std() < 2
+
+
 def test_nested_protocol_scores_each_machine_once_and_never_reads_test_labels() -> None:
     from vigil_eval.detection import candidates_for, fold_spread, nested_leave_machines_out
 
@@ -241,9 +230,10 @@ def test_nested_protocol_scores_each_machine_once_and_never_reads_test_labels() 
 
 
 def test_tce_variants_mix_its_parts_read_against_the_machines_history() -> None:
-    from vigil.detect.learned.tce import history_rank
+    from vigil.detect.learned.tce import history_rank, trailing_mean
     from vigil_eval.detection import (
         MIX_GRID,
+        SMOOTHING_ROWS,
         Candidate,
         fit_candidate,
         history_windows,
@@ -259,13 +249,19 @@ def test_tce_variants_mix_its_parts_read_against_the_machines_history() -> None:
     windows = labelled_windows(dataset.entities["m2"], history=12)
     reference = history_windows(dataset.entities["m2"], history=12, count=200)
     variants = variant_scores(detector, windows, reference)
-    assert list(variants) == list(MIX_GRID)
+    assert list(variants) == [f"{mix} smooth={rows}" if rows > 1 else mix for mix in MIX_GRID
+                              for rows in SMOOTHING_ROWS]
     parts, ref = detector.score_components(windows), detector.score_components(reference)
     assert set(parts) == {"supervised", "novelty", "memory"}
     ranks = {k: history_rank(parts[k], ref[k]) for k in parts}
     assert np.allclose(variants["sup"], ranks["supervised"])
     assert np.allclose(variants["2sup+nov+mem"], (2 * ranks["supervised"] + ranks["novelty"] + ranks["memory"]) / 4)
     assert np.allclose(detector.relative_score(windows, reference, mix=(1.0, 0.0, 1.0)), variants["sup+mem"])
+    assert np.allclose(detector.relative_score(windows, reference, mix=(1.0, 0.0, 1.0), smooth=6),
+                       variants["sup+mem smooth=6"])
+    # Scored every 2nd window, 6 rows of smoothing are 3 windows.
+    assert np.allclose(variant_scores(detector, windows, reference, stride=2)["sup smooth=6"],
+                       trailing_mean(ranks["supervised"], 3))
     # The memory reads windows as fed: a window far from every normal one is far from every centroid.
     assert detector.memory_distance(windows).min() >= 0
 

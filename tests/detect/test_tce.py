@@ -136,47 +136,36 @@ def test_ensemble_averages_member_logits_and_round_trips(tmp_path: Path) -> None
         small_tce(members=0).fit(X, y)
 
 
-def test_calibration_weighs_novelty_when_the_held_out_faults_are_new() -> None:
-    X, y = toy_windows(800, seed=0)
-    det = small_tce(epochs=3, prototypes=8).fit(X, y)
-    assert det.novelty_weight_ == 0.0
-    # A held-out machine whose faults the classifier was never shown: a jump in metric 3.
-    rng = np.random.default_rng(5)
-    Xc = rng.normal(size=(300, 48, 4)).astype(np.float32)
-    yc = (rng.random(300) < 0.1).astype(np.int64)
-    Xc[yc == 1, -10:, 3] += 6.0
-    weight = det.calibrate(WindowSet.from_array(Xc, yc))
-    assert weight > 0 and det.novelty_weight_ == weight
-    supervised = 1.0 - det.predict_proba(Xc)[:, 0]
-    assert average_precision_score(yc, det.decision_function(Xc)) > average_precision_score(yc, supervised) + 0.2
-    # No fault to calibrate on: the classifier alone.
-    assert det.calibrate(WindowSet.from_array(Xc[yc == 0], yc[yc == 0])) == 0.0
-    assert small_tce(epochs=1, prototypes=0).fit(X, y).calibrate(WindowSet.from_array(Xc, yc)) == 0.0
+def test_trailing_mean_is_causal_and_smooths() -> None:
+    from vigil.detect.learned.tce import trailing_mean
 
-
-def test_novelty_weight_survives_save_and_load(tmp_path: Path) -> None:
-    X, y = toy_windows(300, seed=0)
-    det = small_tce(epochs=1, prototypes=8).fit(X, y)
-    det.novelty_weight_ = 0.5
-    save_detector(det, tmp_path / "m")
-    back = load_detector(tmp_path / "m")
-    assert back.novelty_weight_ == 0.5
-    np.testing.assert_allclose(back.decision_function(X[:40]), det.decision_function(X[:40]), rtol=1e-5, atol=1e-6)
+    scores = np.array([0.0, 0.0, 9.0, 0.0, 0.0, 3.0])
+    smoothed = trailing_mean(scores, 3)
+    assert np.allclose(smoothed, [0.0, 0.0, 3.0, 3.0, 3.0, 1.0])
+    # Causal: a change at row 5 moves no earlier score.
+    later = scores.copy()
+    later[5] = 100.0
+    assert np.allclose(trailing_mean(later, 3)[:5], smoothed[:5])
+    assert np.array_equal(trailing_mean(scores, 1), scores)
 
 
 def test_memory_and_mix_survive_save_and_load_and_rank_a_new_fault(tmp_path: Path) -> None:
     X, y = toy_windows(400, seed=0)
-    det = small_tce(epochs=1, prototypes=8, memory=6, memory_rows=4, mix=(1.0, 1.0, 1.0)).fit(X, y)
+    det = small_tce(epochs=1, prototypes=8, memory=6, memory_rows=4, mix=(1.0, 1.0, 1.0), smooth=3).fit(X, y)
+    det.choice_ = {"scaling": "fleet", "variant": "sup+nov+mem smooth=3"}
     normal_history = np.random.default_rng(5).normal(size=(200, 48, 4)).astype(np.float32)
     save_detector(det, tmp_path / "m")
     back = load_detector(tmp_path / "m")
-    assert back.mix == (1.0, 1.0, 1.0) and back.memory_.shape == det.memory_.shape
+    assert back.mix == (1.0, 1.0, 1.0) and back.smooth == 3 and back.memory_.shape == det.memory_.shape
+    assert back.choice_ == det.choice_
+    unsmoothed = det.relative_score(X[:40], normal_history, smooth=1)
+    assert not np.allclose(unsmoothed, det.relative_score(X[:40], normal_history))
     np.testing.assert_allclose(back.relative_score(X[:40], normal_history), det.relative_score(X[:40], normal_history),
                                rtol=1e-5, atol=1e-6)
     # A fault no training window showed (metric 3 jumps): the memory part sees it without labels.
     fresh, _ = toy_windows(100, seed=9)
     fresh[50:, -4:, 3] += 8.0
-    memory_only = det.relative_score(fresh, normal_history, mix=(0.0, 0.0, 1.0))
+    memory_only = det.relative_score(fresh, normal_history, mix=(0.0, 0.0, 1.0), smooth=1)
     assert memory_only[50:].min() > memory_only[:50].max() * 0.5 and memory_only[50:].mean() > 1.0
     with pytest.raises(VigilInputError, match="lacks"):
         small_tce(epochs=1).fit(X, y).relative_score(X[:10], normal_history, mix=(0.0, 0.0, 1.0))

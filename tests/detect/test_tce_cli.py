@@ -59,15 +59,52 @@ def test_eval_table_protocol_a_and_bad_input(tmp_path: Path) -> None:
     assert isinstance(bad.exception, VigilInputError) and "unknown detector" in str(bad.exception)
 
 
-def test_train_saves_a_model(tmp_path: Path) -> None:
-    write_entities(tmp_path, ["a", "b"])
+def test_train_chooses_on_inner_folds_as_the_benchmark_does(tmp_path: Path) -> None:
+    from vigil.detect.learned.tce import load_detector
+    from vigil_eval.detection import (
+        SERVER_TCE,
+        candidates_for,
+        choose_on_inner_folds,
+        history_windows,
+        labelled_windows,
+        scaled_inputs,
+        variant_grid,
+    )
+    from vigil_eval.formats import load
+
+    write_entities(tmp_path, ["a", "b", "c"])
     out = tmp_path / "model"
     result = CliRunner().invoke(app, ["detect", "train", "--data", str(tmp_path), "--format", "csv",
                                       "--out", str(out), "--history", "40", "--epochs", "1", "--json"])
     assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
     meta = json.loads((out / "meta.json").read_text())
     assert meta["features"] == ["cpu", "mem"] and meta["classes"] == ["normal", "anomaly"]
-    assert json.loads(result.output)["epochs_run"] == 1
+    choice = report["choice"]
+    assert meta["choice"] == choice and choice["development"] == ["a", "b", "c"] and choice["epochs"] == 1
+    # The same inner folds, run directly, make the same choice: the command is the benchmark's inner loop.
+    dataset = load("csv", tmp_path)
+    params = {**SERVER_TCE, "history": 40, "epochs": 1, "members": 1, "scales": (12, 24)}
+    candidates = candidates_for("tce", params)
+    direct = choose_on_inner_folds(scaled_inputs(dataset), candidates, ["a", "b", "c"], inner=2, history=40, seed=0)
+    assert candidates[direct.candidate].normalise == choice["scaling"] and direct.variant == choice["variant"]
+    assert direct.threshold == pytest.approx(choice["threshold"])
+    model = load_detector(out)
+    variant = variant_grid(model)[choice["variant"]]
+    assert list(model.mix) == report["mix"] == list(variant["mix"]) and model.smooth == variant["smooth"]
+    assert model.threshold_ == pytest.approx(choice["threshold"])
+    # The saved model scores a machine against its own history, and the bursts rank above normal rows.
+    series = scaled_inputs(dataset)[choice["scaling"]].entities["c"]
+    windows = labelled_windows(series, history=40)
+    scores = model.relative_score(windows, history_windows(series, history=40))
+    assert scores[windows.labels > 0].mean() > scores[windows.labels == 0].mean()
+
+
+def test_train_refuses_too_few_entities_for_the_inner_folds(tmp_path: Path) -> None:
+    write_entities(tmp_path, ["a"])
+    result = CliRunner().invoke(app, ["detect", "train", "--data", str(tmp_path), "--format", "csv",
+                                      "--out", str(tmp_path / "m"), "--history", "40", "--epochs", "1"])
+    assert isinstance(result.exception, VigilInputError) and "inner-fold choice needs" in str(result.exception)
 
 
 @pytest.mark.parametrize("fmt", ["asd", "sim"])

@@ -23,9 +23,11 @@ On a machine the model never trained on, the classifier knows only the faults of
 label-free parts stand beside it: the novelty of the recent context against the fleet's normal prototypes,
 and (``memory > 0``) a normal-window memory: k-means centroids of the newest ``memory_rows`` rows of normal
 training windows as fed (not rescaled), the distance to the nearest one (TSB-AD's KMeansAD reading).
-``relative_score`` reads each part against the machine's own unlabelled history (``history_rank``) and
-mixes them with the weights ``mix`` (supervised, novelty, memory); the weights are chosen on development
-machines (vigil_eval.detection, nested leave-machines-out).
+``relative_score`` reads each part against the machine's own unlabelled history (``history_rank``), mixes
+them with the weights ``mix`` (supervised, novelty, memory) and averages the mixed score over the last
+``smooth`` windows (a trailing mean, so it stays causal); the weights and the smoothing are chosen on
+development machines (vigil_eval.detection, inner folds of leave-machines-out; ``vigil detect train``
+makes the same choice).
 
 ``use_history=False`` / ``use_context=False`` / ``prototypes=0`` remove a part (ablation); the rest is
 unchanged.
@@ -59,10 +61,20 @@ from vigil.detect.learned.windows import WindowSet
 from vigil.model import VigilInputError
 
 DEVIATION_CLIP = 10.0
-# Candidate weights of the novelty term in the anomaly score (0 = the classifier alone; 20 = novelty almost alone).
-NOVELTY_WEIGHTS = (0.0, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 20.0)
 COMPONENTS = ("supervised", "novelty", "memory")
 MEMORY_FIT_WINDOWS = 20000
+
+
+def trailing_mean(scores: np.ndarray, width: int) -> np.ndarray:
+    """Each score averaged with the ``width - 1`` before it (fewer at the start): a causal smoothing, so a
+    live detector can apply it as each window arrives."""
+    sc = np.asarray(scores, dtype=np.float64)
+    if width <= 1 or not len(sc):
+        return sc
+    sums = np.cumsum(np.r_[0.0, sc])
+    ends = np.arange(1, len(sc) + 1)
+    starts = np.maximum(ends - width, 0)
+    return (sums[ends] - sums[starts]) / (ends - starts)
 
 
 def history_rank(scores: np.ndarray, reference: np.ndarray) -> np.ndarray:
@@ -248,7 +260,7 @@ class TCEDetector(BaseDetector):
                  prototypes: int = 16, weight_mode: WeightMode = "dynamic", gamma: float = 1.0, epochs: int = 10,
                  batch_size: int = 256, lr: float = 2e-3, patience: int = 3, steps_per_epoch: int | None = None,
                  seed: int = 0, members: int = 1, window_context: bool = False, memory: int = 0,
-                 memory_rows: int = 10, mix: tuple[float, float, float] = (1.0, 0.0, 0.0)) -> None:
+                 memory_rows: int = 10, mix: tuple[float, float, float] = (1.0, 0.0, 0.0), smooth: int = 1) -> None:
         self.recent = recent
         self.history = history
         self.scales = scales
@@ -270,6 +282,7 @@ class TCEDetector(BaseDetector):
         self.memory = memory
         self.memory_rows = memory_rows
         self.mix = tuple(mix)
+        self.smooth = smooth
 
     def member_seeds(self) -> list[int]:
         """Disjoint seeds per detector seed: seed 0 trains members 0..k-1, seed 1 members k..2k-1."""
@@ -315,12 +328,10 @@ class TCEDetector(BaseDetector):
     def fit(self, X: Any, y: np.ndarray | None = None, *, context: np.ndarray | None = None,
             validation: WindowSet | None = None, classes: Sequence[str] | None = None,
             features: Sequence[str] | None = None, normal_subsample: float = 1.0,
-            calibration: WindowSet | None = None, progress: Progress | None = None) -> Self:
+            progress: Progress | None = None) -> Self:
         """Train on labelled windows. ``normal_subsample``: the factor by which normal windows were thinned
         in ``X`` (kept: one in ``normal_subsample``); predictions add ``log(normal_subsample)`` to the normal
-        logit, restoring the true prior (logit adjustment) so thinning for speed does not flood false alarms.
-        ``calibration``: labelled windows of an entity kept out of training; they choose how much the
-        novelty term weighs in the anomaly score (``calibrate``)."""
+        logit, restoring the true prior (logit adjustment) so thinning for speed does not flood false alarms."""
         data = self._as_windows(X, y, context)
         if validation is not None:
             validation = self._as_windows(validation)
@@ -357,9 +368,6 @@ class TCEDetector(BaseDetector):
         self.class_weights_ = torch.stack(weights).mean(dim=0).tolist()
         self.memory_ = self._fit_memory(data, normal)
         self.threshold_ = 0.5
-        self.novelty_weight_ = 0.0
-        if calibration is not None:
-            self.calibrate(calibration)
         return self
 
     def _fit_memory(self, data: WindowSet, normal: np.ndarray) -> np.ndarray | None:
@@ -390,6 +398,12 @@ class TCEDetector(BaseDetector):
             out.append(np.sqrt(np.maximum(squared.min(axis=1), 0.0)))
         return np.concatenate(out) if out else np.zeros(0)
 
+    def score_components_available(self) -> list[str]:
+        """The parts of ``COMPONENTS`` this model has (``score_components``)."""
+        return [name for name, has in zip(COMPONENTS, (True, bool(self.prototypes),
+                                                       getattr(self, "memory_", None) is not None), strict=True)
+                if has]
+
     def score_components(self, X: Any) -> dict[str, np.ndarray]:
         """Every part of the anomaly score this model has: ``supervised`` (1 - p(normal)), ``novelty``
         (prototypes) and ``memory`` (normal-window centroids)."""
@@ -401,11 +415,13 @@ class TCEDetector(BaseDetector):
             parts["memory"] = self.memory_distance(X)
         return parts
 
-    def relative_score(self, X: Any, reference: Any, mix: Sequence[float] | None = None) -> np.ndarray:
-        """The anomaly score of windows ``X`` of one machine read against ``reference``, windows of the same
-        machine's unlabelled history: each part through ``history_rank``, then their average weighted by
-        ``mix`` (supervised, novelty, memory; default the detector's ``mix``). Needs no label of the
-        machine, so a new machine is scored as soon as it has a history."""
+    def relative_score(self, X: Any, reference: Any, mix: Sequence[float] | None = None,
+                       smooth: int | None = None) -> np.ndarray:
+        """The anomaly score of windows ``X`` of one machine (consecutive windows, oldest first) read against
+        ``reference``, windows of the same machine's unlabelled history: each part through ``history_rank``,
+        their average weighted by ``mix`` (supervised, novelty, memory), then the trailing mean over
+        ``smooth`` windows (defaults: the detector's ``mix`` and ``smooth``). Needs no label of the machine,
+        so a new machine is scored as soon as it has a history."""
         weights = dict(zip(COMPONENTS, self.mix if mix is None else mix, strict=True))
         parts, ref = self.score_components(X), self.score_components(reference)
         used = {name: w for name, w in weights.items() if w}
@@ -414,7 +430,8 @@ class TCEDetector(BaseDetector):
             raise VigilInputError(f"tce: mix {tuple(weights.values())} weighs parts this model lacks: "
                                   f"{', '.join(missing) or 'none weighed'}")
         total = sum(used.values())
-        return np.sum([w / total * history_rank(parts[name], ref[name]) for name, w in used.items()], axis=0)
+        mixed = np.sum([w / total * history_rank(parts[name], ref[name]) for name, w in used.items()], axis=0)
+        return trailing_mean(mixed, self.smooth if smooth is None else smooth)
 
     def novelty(self, X: Any, context: np.ndarray | None = None) -> np.ndarray:
         """``log(1 + d)`` with ``d`` the distance of each window's recent context to the nearest normal
@@ -434,27 +451,6 @@ class TCEDetector(BaseDetector):
                 out.append(torch.stack(nearest).mean(dim=0).numpy())
         return np.concatenate(out) if out else np.zeros(0, dtype=np.float32)
 
-    def calibrate(self, windows: WindowSet) -> float:
-        """Choose the novelty weight ``w`` of ``score = 1 - p(normal) + w * novelty`` by AUC-PR on labelled
-        windows of an entity the classifier never trained on. A supervised model is sure of the faults it was
-        shown; on a machine it has never seen, how unlike any normal context the fleet has shown a window is
-        often says more. Validation windows of the training entities cannot tell the two apart, so the
-        weight is chosen on a held-out entity. Without a fault in ``windows`` (or without prototypes) the
-        weight stays 0."""
-        from sklearn.metrics import average_precision_score
-
-        self.novelty_weight_ = 0.0
-        labels = windows.labels > 0
-        if not self.prototypes or not labels.any() or labels.all():
-            return 0.0
-        supervised = 1.0 - self.predict_proba(windows)[:, 0]
-        novelty = self.novelty(windows)
-        scores = {w: float(average_precision_score(labels, supervised + w * novelty)) for w in NOVELTY_WEIGHTS}
-        # The smallest weight among the best: the supervised score unless novelty clearly helps.
-        self.novelty_weight_ = max(NOVELTY_WEIGHTS, key=lambda w: (round(scores[w], 4), -w))
-        self.calibration_ = {str(w): v for w, v in scores.items()}
-        return self.novelty_weight_
-
     def predict_proba(self, X: Any, context: np.ndarray | None = None) -> np.ndarray:
         if getattr(self, "model_", None) is None:
             raise VigilInputError("tce: fit or load the model first")
@@ -464,10 +460,9 @@ class TCEDetector(BaseDetector):
         return predict_proba(self.model_, data, self.scaler_, logit_bias=getattr(self, "logit_bias_", None))
 
     def decision_function(self, X: Any, context: np.ndarray | None = None) -> np.ndarray:
-        """``1 - p(normal)``, plus the calibrated novelty term when ``calibrate`` chose a weight above 0."""
-        supervised = 1.0 - self.predict_proba(X, context)[:, 0]
-        weight = getattr(self, "novelty_weight_", 0.0)
-        return supervised + weight * self.novelty(X, context) if weight else supervised
+        """``1 - p(normal)``: the classifier's score, which needs no history of the machine
+        (``relative_score`` reads a machine against its own history)."""
+        return 1.0 - self.predict_proba(X, context)[:, 0]
 
     def score_parts(self, X: Any) -> tuple[np.ndarray, np.ndarray | None]:
         """``1 - p(normal)`` and the novelty (None without prototypes), so a caller can weigh them itself."""
@@ -506,7 +501,7 @@ def save_detector(detector: TCEDetector, path: Path) -> None:
         "threshold": float(detector.threshold_),
         "n_context": int(detector.n_context_),
         "logit_bias": list(detector.logit_bias_),
-        "novelty_weight": float(getattr(detector, "novelty_weight_", 0.0)),
+        "choice": getattr(detector, "choice_", None),
         "memory": (None if getattr(detector, "memory_", None) is None
                    else np.asarray(detector.memory_).tolist()),
         "report": asdict(detector.report_),
@@ -534,7 +529,7 @@ def load_detector(path: Path) -> TCEDetector:
     detector.threshold_ = float(meta["threshold"])
     detector.n_context_ = int(meta["n_context"])
     detector.logit_bias_ = [float(b) for b in meta["logit_bias"]]
-    detector.novelty_weight_ = float(meta.get("novelty_weight", 0.0))
+    detector.choice_ = meta.get("choice")
     memory = meta.get("memory")
     detector.memory_ = None if memory is None else np.asarray(memory, dtype=np.float64)
     detector.report_ = TrainReport(**meta["report"])

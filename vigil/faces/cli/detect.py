@@ -45,49 +45,82 @@ def train_command(
     fmt: Annotated[str, typer.Option("--format", help=FORMAT_HELP)],
     out: Annotated[Path, typer.Option("--out", help="directory to save the model to")] = Path(".vigil/models/tce"),
     train_entities: Annotated[str, typer.Option("--train-entities", help="comma-separated; default: all")] = "",
-    epochs: Annotated[int, typer.Option(help="maximum epochs (early stopping on validation data)")] = 10,
-    history: Annotated[int, typer.Option(help="rows of history per window (the recent window is the last 30)")] = 288,
+    epochs: Annotated[int | None, typer.Option(help="maximum epochs (early stopping on held-out data); default "
+                                               "5 on server data, as the benchmark, 10 on simulated runs")] = None,
+    history: Annotated[int, typer.Option(help="rows of history per window (the benchmark reads 96 rows of server "
+                                         "data)")] = 288,
     seed: Annotated[int, typer.Option(help="random seed")] = 0,
     members: Annotated[int, typer.Option(help="ensemble size: members trained from different seeds, logits "
                                          "averaged")] = 1,
-    calibrate: Annotated[bool, typer.Option(help="hold the last entity's labelled data out of training to "
-                                            "calibrate the novelty weight (needs 2+ entities)")] = True,
+    inner_folds: Annotated[int, typer.Option("--inner-folds", help="server data: groups of training entities "
+                                             "that take turns as the held-out ones when the input scaling, score "
+                                             "mix, smoothing, epochs and threshold are chosen")] = 2,
     as_json: Annotated[bool, typer.Option("--json", help="print the training report as JSON")] = False,
 ) -> None:
-    """Train TCE on labelled entities (validation = the newest 30 % of their labelled data) and save it."""
+    """Train TCE on labelled entities and save it.
+
+    Server data (asd, nab, csv): every choice is made as the benchmark makes it, on inner folds of the
+    training entities (fit on some, score the others against their own history); the winner is refitted on
+    all of them. Simulated GPU runs (sim, per-window context): the classifier alone, validation = the newest
+    30 % of the labelled data."""
     import torch
 
-    from vigil.detect.learned.tce import TCEDetector, save_detector
-    from vigil_eval.detection import calibration_split, fleet_split
+    from vigil.detect.learned.tce import save_detector
+    from vigil_eval.detection import (
+        SERVER_TCE,
+        candidates_for,
+        choose_on_inner_folds,
+        fit_chosen,
+        fleet_split,
+        make_detector,
+        scaled_inputs,
+    )
     from vigil_eval.formats import load
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     dataset = load(fmt, data)
     names = _names(train_entities) or list(dataset.entities)
-    if calibrate:
-        train, val, calibration = calibration_split(dataset, names, history=history)
-    else:
-        (train, val, _), calibration = fleet_split(dataset, names, [], history=history), None
-    if not (train.labels > 0).any():
+    series = dataset.select(names)
+    if not any((s.test_labels > 0).any() or (s.train_labels is not None and (s.train_labels > 0).any())
+               for s in series):
         raise VigilInputError(f"{data}: the training entities hold no labelled anomaly; TCE is supervised")
-    detector = TCEDetector(history=history, epochs=epochs, seed=seed, members=members,
-                           recent=min(30, history), scales=tuple(s for s in (12, 48) if s < history))
+    server = all(s.train is not None and s.test_context is None for s in series)
+    params: dict[str, Any] = ({**SERVER_TCE, "recent": min(SERVER_TCE["recent"], history)} if server else
+                              {"recent": min(30, history), "scales": (12, 48), "epochs": 10})
+    params.update(history=history, members=members, scales=tuple(s for s in params["scales"] if s < history))
+    if epochs is not None:
+        params["epochs"] = epochs
     with _progress() as progress:
-        task = progress.add_task("training TCE", total=epochs * members)
-        detector.fit(train, validation=val, classes=dataset.classes, features=dataset.features,
-                     calibration=calibration,
-                     progress=lambda epoch, total, loss: progress.advance(task))
+        if server:
+            if len(names) < max(inner_folds, 2):
+                raise VigilInputError(f"{data}: {len(names)} training entities; the inner-fold choice needs at "
+                                      f"least {max(inner_folds, 2)} (one per inner fold)")
+            candidates = candidates_for("tce", params)
+            task = progress.add_task("choosing on inner folds", total=inner_folds * len(candidates) + 1)
+            scaled = scaled_inputs(dataset)
+            choice = choose_on_inner_folds(scaled, candidates, names, inner=inner_folds, history=history, seed=seed,
+                                           log=lambda msg: progress.advance(task))
+            detector = fit_chosen(scaled, candidates, choice, names, history=history, seed=seed)
+            progress.advance(task)
+        else:
+            train, val, _ = fleet_split(dataset, names, [], history=history)
+            detector = make_detector("tce", seed, **params)
+            task = progress.add_task("training TCE", total=params["epochs"] * members)
+            detector.fit(train, validation=val, classes=dataset.classes, features=dataset.features,
+                         progress=lambda epoch, total, loss: progress.advance(task))
     save_detector(detector, out)
     report = {"model": str(out), "entities": names, "classes": detector.classes_,
               "epochs_run": detector.report_.epochs_run, "best_epoch": detector.report_.best_epoch,
-              detector.report_.validation_metric or "validation": detector.report_.best_validation,
-              "novelty_weight": detector.novelty_weight_, "seconds": round(detector.report_.seconds, 1)}
+              "choice": getattr(detector, "choice_", None), "mix": list(detector.mix), "smooth": detector.smooth,
+              "seconds": round(detector.report_.seconds, 1)}
     if as_json:
         print(json.dumps(report))
     else:
-        brief = {k: v for k, v in report.items() if k not in ("model", "entities", "classes")}
+        choice = report["choice"]
+        said = (f"chosen on inner folds: {choice['scaling']} scaling, {choice['variant']}, {choice['epochs']} "
+                f"epochs, inner AUC-PR {choice['inner_auc_pr']:.3f}" if choice else "classifier alone")
         console.print(f"saved TCE to [bold]{escape(str(out))}[/] ({len(names)} entities, "
-                      f"{len(detector.classes_)} classes): {escape(str(brief))}")
+                      f"{len(detector.classes_)} classes; {escape(said)})")
 
 
 def _fmt(value: Any) -> str:
@@ -115,7 +148,7 @@ def eval_command(
     and point-adjusted F1 (a separate, inflated column). Without entity lists: protocol (a), per entity."""
     import torch
 
-    from vigil_eval.detection import DETECTORS, calibration_split, entity_split, fleet_split, run_detector, summarise
+    from vigil_eval.detection import DETECTORS, entity_split, fleet_split, run_detector, summarise
     from vigil_eval.formats import load
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -129,13 +162,10 @@ def eval_command(
                   "scales": tuple(s for s in (12, 48) if s < history)}
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
-    tce_split = None
     with _progress() as progress:
         if train:
             protocol = "b: fleet model, unseen test entities"
             splits = [fleet_split(dataset, train, test, history=history)]
-            if "tce" in names:
-                tce_split = calibration_split(dataset, train, history=history)
         else:
             protocol = "a: per entity, threshold on the oldest 30 % of its labelled data"
             splits = []
@@ -151,7 +181,7 @@ def eval_command(
                     notes.append(f"{name} skipped for {', '.join(tests)}: no training data")
                 else:
                     result, _ = run_detector(name, tr, va, tests, seed=seed, classes=dataset.classes,
-                                             tce_params=tce_params, tce_split=tce_split)
+                                             tce_params=tce_params)
                     rows.extend(result)
                 progress.advance(task)
     summary = summarise(rows) if rows else {}
