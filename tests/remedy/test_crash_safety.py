@@ -39,41 +39,47 @@ remediator.execute(Action(id="act-drain-n1", ts=0.0, kind=ActionKind.DRAIN, targ
 """
 
 
-def _updates(state: Path) -> int:
+def scontrol_updates(state: Path) -> int:
     log = state / "calls.log"
     return sum(1 for line in log.read_text().splitlines() if line.startswith("update")) if log.exists() else 0
 
 
-def test_kill_9_mid_drain_then_restart_resumes_once(tmp_path: Path) -> None:
-    scontrol = tmp_path / "scontrol"
-    scontrol.write_text(SCONTROL.format(state=tmp_path))
+def kill_mid_drain(state: Path, scontrol: Path, url: str) -> None:
+    """Write the stalling scontrol at ``scontrol``, start the drain of node/n1 (action ``act-drain-n1``) in a
+    worker journaling to ``url``, and kill -9 the worker once the drain was issued: it is left half done."""
+    scontrol.write_text(SCONTROL.format(state=state))
     scontrol.chmod(0o755)
-    url = f"sqlite:///{tmp_path / 'vigil.db'}"
-    (tmp_path / "stall").touch()
+    (state / "stall").touch()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
                                                         os.environ.get("PYTHONPATH", "")])}
     worker = subprocess.Popen([sys.executable, "-c", EXECUTE, url, str(scontrol)], env=env)
     deadline = time.monotonic() + 60
-    while _updates(tmp_path) == 0:
+    while scontrol_updates(state) == 0:
         assert worker.poll() is None and time.monotonic() < deadline, "the drain never started"
         time.sleep(0.05)
     os.kill(worker.pid, signal.SIGKILL)
     worker.wait(timeout=30)
-    (tmp_path / "stall").unlink()
+    (state / "stall").unlink()
+
+
+def test_kill_9_mid_drain_then_restart_resumes_once(tmp_path: Path) -> None:
+    scontrol = tmp_path / "scontrol"
+    url = f"sqlite:///{tmp_path / 'vigil.db'}"
+    kill_mid_drain(tmp_path, scontrol, url)
 
     audit = AuditLog(url)
     assert [a.id for a in audit.unfinished()] == ["act-drain-n1"] and audit.actions() == []
     restarted = Remediator([SlurmActuator(scontrol=str(scontrol))], audit, dry_run=False)
     (resumed,) = restarted.recover()
     assert resumed.status is ActionStatus.EXECUTED and resumed.result.startswith("resumed after an interrupted run")
-    assert audit.unfinished() == [] and _updates(tmp_path) == 2  # the killed call and the one that completed
+    assert audit.unfinished() == [] and scontrol_updates(tmp_path) == 2  # the killed call and the one that completed
 
     # A retry of the same intent (a new action record, the same idempotency key) does not run again.
     retry = Action(id="act-drain-n1-retry", ts=1.0, kind=ActionKind.DRAIN, target="node/n1",
                    params={"idempotency_key": "act-drain-n1"})
     again = restarted.execute(retry)
     assert again.status is ActionStatus.SKIPPED and "idempotency key" in again.result
-    assert _updates(tmp_path) == 2
+    assert scontrol_updates(tmp_path) == 2
     assert [(a.id, a.status) for a in audit.actions()] == [("act-drain-n1", ActionStatus.EXECUTED),
                                                            ("act-drain-n1-retry", ActionStatus.SKIPPED)]
 
@@ -94,4 +100,4 @@ def test_serve_resumes_interrupted_actions_when_it_starts(tmp_path: Path, monkey
     store = Store(settings.database_url())
     store.save_topology(Topology(nodes=[Node(name=f"n{i}", switch="s0") for i in range(20)]))
     _executor("slurm", settings, store, LifecycleStore(settings.database_url()))
-    assert audit.unfinished() == [] and _updates(tmp_path) == 1
+    assert audit.unfinished() == [] and scontrol_updates(tmp_path) == 1

@@ -5,17 +5,15 @@ detector runs beside the rules, its findings the evidence of their incidents."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from tests.remedy.test_crash_safety import EXECUTE, SCONTROL, _updates
+from tests.remedy.test_crash_safety import kill_mid_drain, scontrol_updates
 from tests.run.test_engine import Clock
 from vigil.config import Settings
 from vigil.detect.learned.tce import TCEDetector, save_detector
@@ -31,41 +29,29 @@ GPUS = [(node, index) for node in ("n01", "n02") for index in range(2)]
 def test_engine_finishes_an_action_its_killed_predecessor_left_half_done(tmp_path: Path) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    scontrol = bin_dir / "scontrol"
-    scontrol.write_text(SCONTROL.format(state=tmp_path))
-    scontrol.chmod(0o755)
     url = f"sqlite:///{tmp_path / 'home' / 'vigil.db'}"
     store = Store(url)  # the store as the server that was executing left it: n1 is one node of ten
     for name in ["n1", *(f"n{i}" for i in range(2, 11))]:
         store.register_node(Node(name=name))
     store.close()
-    (tmp_path / "stall").touch()
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    worker = subprocess.Popen([sys.executable, "-c", EXECUTE, url, str(scontrol)], env=env)
-    deadline = time.monotonic() + 60
-    while _updates(tmp_path) == 0:
-        assert worker.poll() is None and time.monotonic() < deadline, "the drain never started"
-        time.sleep(0.05)
-    os.kill(worker.pid, signal.SIGKILL)
-    worker.wait(timeout=30)
-    (tmp_path / "stall").unlink()
+    kill_mid_drain(tmp_path, bin_dir / "scontrol", url)
     assert [a.id for a in AuditLog(url).unfinished()] == ["act-drain-n1"]
 
-    engine_env = {k: v for k, v in env.items() if not k.startswith("VIGIL_")}
-    engine_env.update(VIGIL_HOME=str(tmp_path / "home"), VIGIL_EXECUTE_ACTIONS="true",
-                      PATH=f"{bin_dir}{os.pathsep}{env['PATH']}")
+    engine_env = {k: v for k, v in os.environ.items() if not k.startswith("VIGIL_")}
+    engine_env.update(PYTHONPATH=str(REPO), VIGIL_HOME=str(tmp_path / "home"), VIGIL_EXECUTE_ACTIONS="true",
+                      PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     done = subprocess.run([sys.executable, "-m", "vigil", "engine", "--once", "--actuator", "slurm"],
                           env=engine_env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "resumed 1 interrupted action" in done.stderr
     audit = AuditLog(url)
     assert audit.unfinished() == [], [(a.status, a.result) for a in audit.actions()]
-    assert _updates(tmp_path) == 2  # the killed call and the one that completed
+    assert scontrol_updates(tmp_path) == 2  # the killed call and the one that completed
     assert [(a.id, a.status) for a in audit.actions()] == [("act-drain-n1", ActionStatus.EXECUTED)]
     # A second start finds nothing left to do.
     again = subprocess.run([sys.executable, "-m", "vigil", "engine", "--once", "--actuator", "slurm"],
                            env=engine_env, capture_output=True, text=True, timeout=120)
-    assert again.returncode == 0 and "resumed" not in again.stderr and _updates(tmp_path) == 2
+    assert again.returncode == 0 and "resumed" not in again.stderr and scontrol_updates(tmp_path) == 2
 
 
 def _tiny_model(path: Path) -> None:
