@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import csv
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
@@ -15,6 +17,7 @@ from vigil.sources.promql import PromQLSource
 # Capacity must carry the peak inside an interval, not its mean: the load of an interval is the busiest
 # sub-window's request rate.
 BURST_WINDOW_S = 10.0
+T = TypeVar("T")
 
 
 def _timestamp(text: str) -> float:
@@ -24,28 +27,35 @@ def _timestamp(text: str) -> float:
     return stamp.timestamp()
 
 
-def read_request_times(path: str | Path) -> np.ndarray:
-    """Request arrival times (epoch seconds, sorted) from a trace CSV with a TIMESTAMP column."""
+def _read_column(path: str | Path, column: str, parse: Callable[[str], T], expected: str) -> list[T]:
+    """Every row's ``column`` of a trace CSV, through ``parse`` (a ValueError names the line, the value and
+    ``expected``)."""
     source = Path(path)
     try:
         with source.open(newline="") as handle:
             reader = csv.DictReader(handle)
-            if reader.fieldnames is None or "TIMESTAMP" not in reader.fieldnames:
-                raise VigilInputError(f"trace {source}: expected a CSV with a TIMESTAMP column")
-            times = []
+            if reader.fieldnames is None or column not in reader.fieldnames:
+                raise VigilInputError(f"trace {source}: expected a CSV with a {column} column")
+            values = []
             for line, row in enumerate(reader, start=2):
+                text = row[column] or ""
                 try:
-                    times.append(_timestamp(row["TIMESTAMP"] or ""))
+                    values.append(parse(text))
                 except ValueError:
                     raise VigilInputError(
-                        f"trace {source} line {line}: bad TIMESTAMP {row['TIMESTAMP']!r}, expected YYYY-MM-DD HH:MM:SS"
-                    ) from None
+                        f"trace {source} line {line}: bad {column} {text!r}, expected {expected}") from None
     except FileNotFoundError:
         raise VigilInputError(f"trace {source} does not exist") from None
     except (OSError, UnicodeDecodeError, csv.Error) as err:
         raise VigilInputError(f"trace {source} cannot be read: {err}") from None
+    return values
+
+
+def read_request_times(path: str | Path) -> np.ndarray:
+    """Request arrival times (epoch seconds, sorted) from a trace CSV with a TIMESTAMP column."""
+    times = _read_column(path, "TIMESTAMP", _timestamp, "YYYY-MM-DD HH:MM:SS")
     if not times:
-        raise VigilInputError(f"trace {source} holds no requests")
+        raise VigilInputError(f"trace {path} holds no requests")
     return np.sort(np.asarray(times, dtype=float))
 
 
@@ -61,27 +71,18 @@ def peak_rates(times: np.ndarray, interval_s: float, burst_window_s: float = BUR
     return counts.reshape(intervals, per_interval).max(axis=1) / burst_window_s
 
 
+def _count(text: str) -> int:
+    if not text.strip().isdigit():
+        raise ValueError(text)
+    return int(text)
+
+
 def read_generation_lengths(path: str | Path) -> np.ndarray:
     """Generated tokens per request (in trace order) from a trace CSV with a GeneratedTokens column."""
-    source = Path(path)
-    try:
-        with source.open(newline="") as handle:
-            reader = csv.DictReader(handle)
-            if reader.fieldnames is None or "GeneratedTokens" not in reader.fieldnames:
-                raise VigilInputError(f"trace {source}: expected a CSV with a GeneratedTokens column")
-            lengths = []
-            for line, row in enumerate(reader, start=2):
-                text = (row["GeneratedTokens"] or "").strip()
-                if not text.isdigit():
-                    raise VigilInputError(f"trace {source} line {line}: bad GeneratedTokens {text!r}, expected a count")
-                lengths.append(int(text))
-    except FileNotFoundError:
-        raise VigilInputError(f"trace {source} does not exist") from None
-    except (OSError, UnicodeDecodeError, csv.Error) as err:
-        raise VigilInputError(f"trace {source} cannot be read: {err}") from None
+    lengths = _read_column(path, "GeneratedTokens", _count, "a count")
     positive = np.asarray([n for n in lengths if n > 0], dtype=float)
     if positive.size == 0:
-        raise VigilInputError(f"trace {source} holds no request with generated tokens")
+        raise VigilInputError(f"trace {path} holds no request with generated tokens")
     return positive
 
 
