@@ -39,6 +39,7 @@ from vigil.model import (
     switch_id,
 )
 from vigil.sources.collect.gpu_topology import NvTopology, nvml_topology, parse_nvidia_smi_topo, read_nvml_topology
+from vigil.sources.collect.kube_client import kube_api_client
 
 # How strongly a fault at the source entity shows at the target, per structural relation.
 IMPACT = {
@@ -435,14 +436,11 @@ def topology_from_node_labels(nodes: Any, cluster: str = "k8s", nics_per_node: i
 
 def read_kubernetes_topology(cluster: str = "k8s") -> Topology:  # pragma: no cover - needs an API server
     """Read the live cluster's nodes through the Kubernetes API (in-cluster config, else kubeconfig)."""
-    from kubernetes import client, config
+    from kubernetes import client
 
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config()
-    node_list = client.CoreV1Api().list_node()
-    return topology_from_node_labels(client.ApiClient().sanitize_for_serialization(node_list), cluster=cluster)
+    api_client = kube_api_client()
+    node_list = client.CoreV1Api(api_client).list_node()
+    return topology_from_node_labels(api_client.sanitize_for_serialization(node_list), cluster=cluster)
 
 
 __all__ = [

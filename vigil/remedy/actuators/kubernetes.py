@@ -20,8 +20,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from vigil.model import Action, ActionKind, VigilInputError, parse_entity
+from vigil.model import Action, ActionKind, parse_entity
 from vigil.remedy.actuators.base import Actuator, ActuatorError
+from vigil.sources.collect.kube_client import kube_api_client
 
 STATE_LABEL = "vigil.dev/state"
 VIGIL_TAINT_KEYS = frozenset({"nvidia.com/gpu-error", "nvidia.com/gpu-xid-error", "nvidia.com/gpu-nvlink-error"})
@@ -58,22 +59,6 @@ def condition_and_taint(fault_type: str) -> tuple[str, str]:
         if prefix in lowered:
             return condition, taint
     return "DCGMError", "nvidia.com/gpu-error"
-
-
-def kube_api_client() -> Any:
-    """A ``kubernetes.client.ApiClient`` from in-cluster config, else the kubeconfig; one line if neither works."""
-    from kubernetes import client, config
-
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        try:
-            config.load_kube_config()
-        except (config.ConfigException, OSError, TypeError, ValueError) as err:
-            raise VigilInputError(
-                f"no Kubernetes credentials: not in a cluster and no usable kubeconfig ({err})"
-            ) from None
-    return client.ApiClient()
 
 
 class KubernetesActuator(Actuator):

@@ -23,7 +23,7 @@ from typing import Any
 
 from vigil.model import Action, ActionKind, parse_entity
 from vigil.remedy.actuators.base import Actuator, ActuatorError
-from vigil.remedy.actuators.kubernetes import kube_api_client
+from vigil.sources.collect.kube_client import kube_api_client
 
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta1"
 GPU_RESOURCE = "nvidia.com/gpu"

@@ -28,6 +28,7 @@ from typing import Any
 
 from vigil.model import Event, FaultLevel, node_id
 from vigil.sources.collect.base import Collection, Source, default_node_name
+from vigil.sources.collect.kube_client import kube_api_client
 
 # Condition types whose "True" is the healthy state; every other type is a problem when True.
 HEALTHY_WHEN_TRUE = {"Ready"}
@@ -98,10 +99,9 @@ class KubernetesSource(Source):
 
     def _core(self) -> Any:
         if self._api is None:
-            from kubernetes import client, config
+            from kubernetes import client
 
-            config.load_incluster_config()
-            self._api = client.CoreV1Api()
+            self._api = client.CoreV1Api(kube_api_client())
         return self._api
 
     def collect(self, now: float) -> Collection:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vigil.model import Job, Topology
+from vigil.sources.collect.kube_client import kube_api_client
 
 JOB_LABELS = (
     ("training.kubeflow.org/job-name", "training.kubeflow.org/replica-index"),
@@ -59,10 +60,9 @@ class KubernetesJobs:
 
     def __init__(self, api: Any = None, timeout_s: float = 10.0) -> None:
         if api is None:
-            from kubernetes import client, config
+            from kubernetes import client
 
-            config.load_incluster_config()
-            api = client.CoreV1Api()
+            api = client.CoreV1Api(kube_api_client())
         self.api = api
         self.timeout_s = timeout_s
 
