@@ -29,7 +29,11 @@ from vigil.model import ActionKind, VigilInputError, describe_validation_error, 
 _CLAIM = re.compile(r"\b(?:(?:node|gpu|nic|job|rack|switch)/[\w./-]*\w|inc-[0-9a-f]+)")
 _NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w.]*\w)")
 MAX_TOOL_CALLS = 8
-MAX_TOKENS = 12_000
+# Tokens per question, summed over its requests as the endpoint counts them (each request re-sends the system
+# prompt, the tool specs - about 2,000 - and the working context). Set on the development store: the longest
+# flow followed step by step (the job flow: 3 tool calls, 4 requests) used up to 16,562; 24,000 leaves about
+# two more rounds. (At 12,000 every job-flow answer was refused for the budget alone.)
+MAX_TOKENS = 24_000
 REPLY_TOKENS = 800
 # What one request may carry (prompt, earlier turns, tool results); the model's own window is larger.
 CONTEXT_TOKENS = 6_000
