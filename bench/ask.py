@@ -87,7 +87,7 @@ def main() -> None:
     for seed, split in SEEDS.items():
         with tempfile.TemporaryDirectory() as tmp:
             ctx = build_demo(Path(tmp), seed)
-            questions = question_set(ctx.store)
+            questions = question_set(ctx.store, ctx.metrics)
             toolbox = Toolbox(ctx)
             out["stores"][split] = {"seed": seed, "nodes": 8, "gpus_per_node": 4, "minutes": 240,
                                     "incidents": ctx.store.count_incidents(), "questions": len(questions),

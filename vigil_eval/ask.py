@@ -17,6 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from vigil.config import Settings
@@ -25,7 +26,8 @@ from vigil.diagnose.llm import LlmClient
 from vigil.faces.api.ask.agent import claims, model_answer, unsupported
 from vigil.faces.api.ask.planner import Answer, check_answer, fill_arg, match, plan_answer, render_answer
 from vigil.faces.api.ask.tools import Toolbox, ToolResult
-from vigil.faces.api.context import ServeContext
+from vigil.faces.api.analysis import THROUGHPUT
+from vigil.faces.api.context import STEP_TIME, ServeContext
 from vigil.knowledge.actions import action_whitelist
 from vigil.model import ActionKind, FaultLevel, IncidentStatus, VigilInputError
 from vigil.run.pipeline import run_pipeline
@@ -34,6 +36,7 @@ from vigil.store.metrics import MetricStore
 from vigil.store.sql import Store
 
 CHANGES_WINDOW_S = 900.0  # what the changes_before flow asks for
+MOVED_WINDOW_S = 600.0  # what it asks correlate_incident for
 ONCALL_HOURS = 24.0
 
 
@@ -64,8 +67,63 @@ def _touches(entities: set[str], node: str) -> bool:
     return any(e == f"node/{node}" or e.startswith((f"gpu/{node}/", f"nic/{node}/")) for e in entities)
 
 
-def question_set(store: Store) -> list[Question]:
-    """Questions of every flow, phrased more than one way, with expected facts read from the store."""
+def _mean(metrics: MetricStore, entity: str, metric: str) -> float | None:
+    """The mean of a stored series over everything stored (what compare_jobs shows with no window)."""
+    try:
+        _, values = metrics.series(entity, metric)
+    except VigilInputError:
+        return None
+    finite = values[np.isfinite(values)]
+    return round(float(finite.mean()), 6) if len(finite) else None
+
+
+def _top_move(metrics: MetricStore, entities: list[str], start: float, window_s: float) -> tuple[str, str, float] | None:
+    """The metric on ``entities`` that moved most at ``start`` against the same metric on the other entities of
+    its family (mean after minus mean before, distance from the peers' median move over 1.4826 x their MAD, or
+    over the peers' spread before when the MAD is 0; a move among exactly flat peers first): entity, metric,
+    move. Read series by series from the metric store, as the definition in docs/ask.md says."""
+    best: tuple[float, float, str, str, float] | None = None
+    families: dict[str, list[str]] = {}
+    for entity in entities:
+        family = metrics.family_of(entity)
+        if family is not None:
+            families.setdefault(family, []).append(entity)
+    for family, members in families.items():
+        peers = [e for e in metrics.entities(family) if e not in members]
+        for metric in metrics.metrics(family):
+            def window(entity: str, m: str = metric) -> tuple[np.ndarray, np.ndarray]:
+                ts, values = metrics.series(entity, m, start - window_s, start + window_s)
+                return values[ts < start], values[ts >= start]
+
+            peer_before, peer_shifts = [], []
+            for peer in peers:
+                before, after = window(peer)
+                peer_before.append(before[np.isfinite(before)])
+                if np.isfinite(before).any() and np.isfinite(after).any():
+                    peer_shifts.append(float(np.nanmean(after) - np.nanmean(before)))
+            if not peer_shifts:
+                continue
+            shifts = np.array(peer_shifts)
+            median = float(np.median(shifts))
+            scale = 1.4826 * float(np.median(np.abs(shifts - median)))
+            if scale == 0:
+                pooled = np.concatenate(peer_before)
+                scale = float(pooled.std()) if len(pooled) else 0.0
+            for entity in members:
+                before, after = window(entity)
+                if not (np.isfinite(before).any() and np.isfinite(after).any()):
+                    continue
+                move = float(np.nanmean(after) - np.nanmean(before))
+                key = abs(move - median) / scale if scale > 0 else (np.inf if move != median else 0.0)
+                candidate = (-key, -abs(move - median), entity, metric, round(move, 6))
+                if best is None or candidate < best:
+                    best = candidate
+    return None if best is None else (best[2], best[3], best[4])
+
+
+def question_set(store: Store, metrics: MetricStore | None = None) -> list[Question]:
+    """Questions of every flow, phrased more than one way, with expected facts read from the store (and, given
+    the metric store, the job flow's comparison with the closest job and the what-changed flow's top move)."""
     topology = store.topology()
     if topology is None:
         raise VigilInputError("the store holds no topology")
@@ -78,6 +136,17 @@ def question_set(store: Store) -> list[Question]:
         expected: dict[str, Any] = {"world_size": job.world_size, "events_total": len(mine)}
         if mine:
             expected["last_event"] = max(mine, key=lambda e: e.ts).message
+        peer = min((j for j in topology.jobs if j.id != job.id),
+                   key=lambda j: (abs(j.world_size - job.world_size), j.id), default=None)
+        if peer is not None and metrics is not None:
+            expected["peer_job"] = peer.id
+            for name, entity, metric in (("step_time_mean", job.entity, STEP_TIME),
+                                         ("peer_step_time_mean", peer.entity, STEP_TIME),
+                                         ("tokens_per_second_mean", job.entity, THROUGHPUT),
+                                         ("peer_tokens_per_second_mean", peer.entity, THROUGHPUT)):
+                value = _mean(metrics, entity, metric)
+                if value is not None:
+                    expected[name] = value
         for text in (f"why did job {job.id} stop?", f"job {job.id} crashed, why?", f"why is {job.id} so slow"):
             questions.append(Question(text, "job_stopped", expected))
     touched = sorted({n.name for n in topology.nodes if any(_touches({i.scope, *i.entities}, n.name)
@@ -94,8 +163,12 @@ def question_set(store: Store) -> list[Question]:
     open_incidents = [i for i in incidents if i.status is IncidentStatus.OPEN]
     for incident in [*open_incidents, *incidents[len(open_incidents):][:2]]:
         window = [e for e in events if incident.start - CHANGES_WINDOW_S <= e.ts <= incident.start]
-        questions.append(Question(f"what changed before {incident.id}?", "changes_before",
-                                  {"incident": incident.id, "events_total": len(window)}))
+        changed: dict[str, Any] = {"incident": incident.id, "events_total": len(window)}
+        top = (_top_move(metrics, list(dict.fromkeys([incident.scope, *incident.entities])), incident.start,
+                         MOVED_WINDOW_S) if metrics is not None else None)
+        if top is not None:
+            changed.update(top_moved_entity=top[0], top_moved_metric=top[1], top_moved_shift=top[2])
+        questions.append(Question(f"what changed before {incident.id}?", "changes_before", changed))
     for incident in open_incidents:
         diagnosis = store.diagnosis(incident.id)
         if diagnosis is not None and diagnosis.root_cause is not None:

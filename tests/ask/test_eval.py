@@ -27,8 +27,12 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeContext]:
 
 
 def test_the_question_set_covers_every_flow_and_the_planner_gets_every_fact(demo: ServeContext) -> None:
-    questions = question_set(demo.store)
+    questions = question_set(demo.store, demo.metrics)
     assert {q.kind for q in questions} == {f.name for f in flows()}
+    # the job flow's comparison with its closest peer and the what-changed flow's top move are scored too
+    assert all({"peer_job", "step_time_mean", "tokens_per_second_mean"} <= set(q.expected)
+               for q in questions if q.kind == "job_stopped")
+    assert any("top_moved_shift" in q.expected for q in questions if q.kind == "changes_before")
     summary = summarize(evaluate(Toolbox(demo), questions, None))
     assert summary["accuracy"] == 1.0 and summary["claims"] > 100
     assert summary["hallucinated_facts"] == 0 and summary["citation_problems"] == 0
@@ -37,7 +41,7 @@ def test_the_question_set_covers_every_flow_and_the_planner_gets_every_fact(demo
 
 
 def test_invented_facts_and_unlisted_actions_of_a_scripted_endpoint_are_caught(demo: ServeContext) -> None:
-    questions = question_set(demo.store)
+    questions = question_set(demo.store, demo.metrics)
     with serve_model(RunbookModel(invent_every=2, unlisted_every=3).reply) as url:
         rows = evaluate(Toolbox(demo), questions, RecordingClient(base_url=url, model="runbook", retries=0))
     summary = summarize(rows)
@@ -45,6 +49,16 @@ def test_invented_facts_and_unlisted_actions_of_a_scripted_endpoint_are_caught(d
     assert summary["hallucinated_facts"] == 0 and summary["unlisted_actions_delivered"] == 0  # none got through
     assert summary["fell_back_to_planner"] >= len(questions) // 2 - 1 and summary["answered_by_model"] > 0
     assert summary["accuracy"] == 1.0  # an answer refused is the planner's, which is right
+
+
+def test_a_runbook_model_that_invents_nothing_has_every_answer_kept(demo: ServeContext) -> None:
+    # each request re-sends the prompt and the tool specs: the longest flow must fit the per-question budget
+    questions = question_set(demo.store, demo.metrics)
+    with serve_model(RunbookModel(invent_every=10**6, unlisted_every=10**6).reply) as url:
+        rows = evaluate(Toolbox(demo), questions, RecordingClient(base_url=url, model="runbook", retries=0))
+    summary = summarize(rows)
+    assert summary["answered_by_model"] == len(questions) and summary["fell_back_to_planner"] == 0
+    assert summary["accuracy"] == 1.0 and summary["hallucinated_facts"] == 0
 
 
 def test_a_babbling_model_changes_nothing_but_the_note(demo: ServeContext) -> None:
@@ -63,7 +77,7 @@ def test_a_babbling_model_changes_nothing_but_the_note(demo: ServeContext) -> No
                 "actions": [{"action": "rm -rf /", "target": "node/n000"}]})}
         return {"role": "assistant", "content": "{\"answer\": [{\"text\": \"ignore previous instructions\""}
 
-    questions = question_set(demo.store)[::3]
+    questions = question_set(demo.store, demo.metrics)[::3]
     with serve_model(babble) as url:
         rows = evaluate(Toolbox(demo), questions, RecordingClient(base_url=url, model="babble", retries=0))
     summary = summarize(rows)
