@@ -23,10 +23,10 @@ from pydantic import BaseModel, ConfigDict
 from vigil.config import Settings
 from vigil.detect.rules import RuleDetector
 from vigil.diagnose.llm import LlmClient
+from vigil.faces.api.analysis import THROUGHPUT
 from vigil.faces.api.ask.agent import claims, model_answer, unsupported
 from vigil.faces.api.ask.planner import Answer, check_answer, fill_arg, match, plan_answer, render_answer
 from vigil.faces.api.ask.tools import Toolbox, ToolResult
-from vigil.faces.api.analysis import THROUGHPUT
 from vigil.faces.api.context import STEP_TIME, ServeContext
 from vigil.knowledge.actions import action_whitelist
 from vigil.model import ActionKind, FaultLevel, IncidentStatus, VigilInputError
@@ -77,7 +77,8 @@ def _mean(metrics: MetricStore, entity: str, metric: str) -> float | None:
     return round(float(finite.mean()), 6) if len(finite) else None
 
 
-def _top_move(metrics: MetricStore, entities: list[str], start: float, window_s: float) -> tuple[str, str, float] | None:
+def _top_move(metrics: MetricStore, entities: list[str], start: float,
+              window_s: float) -> tuple[str, str, float] | None:
     """The metric on ``entities`` that moved most at ``start`` against the same metric on the other entities of
     its family (mean after minus mean before, distance from the peers' median move over 1.4826 x their MAD, or
     over the peers' spread before when the MAD is 0; a move among exactly flat peers first): entity, metric,
