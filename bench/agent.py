@@ -138,9 +138,12 @@ def fake_sysfs(root: Path) -> None:
 
 
 def serve_page(page: bytes) -> ThreadingHTTPServer:
+    """``page`` over HTTP on a free loopback port, as dcgm-exporter serves its metrics."""
+
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's naming
             self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
             self.send_header("Content-Length", str(len(page)))
             self.end_headers()
             self.wfile.write(page)
