@@ -4,11 +4,13 @@ Run: .venv/bin/python bench/probe_overhead.py [--runs 3] [--blocks 8] [--block-s
      -> bench/results/probe_overhead.json
 
 bench/jobs/train_ddp.py as a 2-rank gloo job under `vigil launch` (probe, watchdog and supervisor as a
-user gets them): a 4-layer transformer language model under DistributedDataParallel, held twice in
+user gets them): a 4-layer transformer language model under DistributedDataParallel, held four times in
 every rank - one stepped with torch alone (built-in C++ all_reduce, no Vigil code), one with everything
-the probe adds (its Python comm hook, op records, module marks, current-op writes) - in alternating
-blocks of steps. Per run: median step time of each arm, wall clock and process CPU time (all threads,
-the watchdog's included), and the ratio of medians of adjacent blocks (paired). Across runs: median,
+the probe adds (its Python comm hook, op records, compute marks, current-op writes), and two with a Python
+comm hook alone (torch's allreduce_hook; the probe's allreduce_mean_hook) - in alternating blocks of steps.
+The watchdog thread runs through every arm, so its share of the process CPU is reported on its own.
+Per run: median step time of each arm, wall clock and process CPU time (all threads, the watchdog's
+included), and the ratio of medians of adjacent blocks (paired). Across runs: median,
 min and max. Goal: <= 1% of step time.
 
 Also the probe's cost per op in isolation (a one-rank gloo all_reduce of 1,000 floats, sync and
@@ -64,7 +66,7 @@ def run_job(work: Path, index: int, blocks: int, block_steps: int) -> dict[str, 
         times = data[f"{measure}_s"]
         off = times["plain"]
         row[f"{measure}_off_ms"] = round(statistics.median(off) * 1000, 2)
-        for arm, name in (("probed", "on"), ("torch_hook", "torch_hook")):
+        for arm, name in (("probed", "on"), ("torch_hook", "torch_hook"), ("mean_hook", "mean_hook")):
             on = times[arm]
             row[f"{measure}_{name}_ms"] = round(statistics.median(on) * 1000, 2)
             row[f"{measure}_{name}_overhead_pct"] = pct(statistics.median(on), statistics.median(off))
@@ -101,6 +103,11 @@ def measure_unit_costs(calls: int = 3000) -> dict[str, float]:
 
         def forward() -> None:
             modules(batch)
+
+        # Steady state: the first optimizer step shows the probe the root module, and only it keeps a hook.
+        install_hooks(probe)
+        forward()
+        torch.optim.SGD(modules.parameters(), lr=0.0).step()
 
         costs: dict[str, float] = {}
         try:
@@ -141,8 +148,8 @@ def main() -> None:
     units = measure_unit_costs()
     summary = {key: spread(rows, key) for key in
                ("cpu_off_ms", "cpu_on_ms", "cpu_on_overhead_pct", "cpu_on_paired_pct", "cpu_torch_hook_paired_pct",
-                "wall_off_ms", "wall_on_ms", "wall_on_overhead_pct", "wall_on_paired_pct",
-                "wall_torch_hook_paired_pct", "watchdog_cpu_pct_of_process")}
+                "cpu_mean_hook_paired_pct", "wall_off_ms", "wall_on_ms", "wall_on_overhead_pct", "wall_on_paired_pct",
+                "wall_torch_hook_paired_pct", "wall_mean_hook_paired_pct", "watchdog_cpu_pct_of_process")}
     table = Table(title="Probe overhead on a DDP transformer step (2 gloo ranks, same processes)")
     for column in ("measure", "median", "min", "max"):
         table.add_column(column, justify="left" if column == "measure" else "right")

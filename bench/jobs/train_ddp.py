@@ -4,16 +4,18 @@
 
 Run under `vigil launch` (the probe installed by its bootstrap). The model - a 4-layer transformer
 encoder language model (d_model 256, 4 heads, feed-forward 1024, vocabulary 2048, batch 4 x 64
-tokens), 41 module calls per forward - exists twice in every rank, identically initialised:
+tokens), 41 module calls per forward - exists four times in every rank, identically initialised:
 
 - ``plain``: wrapped in DDP and first run with the probe's hooks taken out, so its reducer keeps
   torch's built-in C++ all_reduce and no Vigil code runs in its step;
 - ``probed``: wrapped in DDP and first run with the hooks in, so it gets the probe's Python comm hook;
   its step runs every wrapper, module mark, op record and current-op write the probe adds;
-- ``torch_hook``: torch's own Python all_reduce comm hook (the one the probe installs), hooks out: what
-  a Python comm hook costs by itself, without any Vigil code.
+- ``torch_hook``: torch's own Python all_reduce comm hook (``allreduce_hook``), hooks out: what a Python
+  comm hook costs by itself, without any Vigil code;
+- ``mean_hook``: the hook the probe installs (``allreduce_mean_hook``), hooks out: the part of the probe's
+  cost that is the comm hook alone.
 
-Blocks of ``--block-steps`` steps rotate between the three (hooks taken out / put back in step on
+Blocks of ``--block-steps`` steps rotate between the arms (hooks taken out / put back in step on
 every rank), so the arms share the same processes and the same moments of machine load. Rank 0
 writes per-step wall and process-CPU times of each arm, plus the CPU time the probe's watchdog thread
 used, to FILE (JSON).
@@ -33,7 +35,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
-ARMS = ("plain", "probed", "torch_hook")
+ARMS = ("plain", "probed", "torch_hook", "mean_hook")
 VOCAB, D_MODEL, HEADS, FF, LAYERS, BATCH, SEQ = 2048, 256, 4, 1024, 4, 4, 64
 
 
@@ -80,6 +82,8 @@ def main() -> None:
         models[arm] = DistributedDataParallel(model)
         if arm == "torch_hook":
             models[arm].register_comm_hook(None, allreduce_hook)
+        elif arm == "mean_hook":
+            models[arm].register_comm_hook(None, hooks.allreduce_mean_hook)
         optimizers[arm] = torch.optim.AdamW(models[arm].parameters(), lr=1e-4)
     generator = torch.Generator().manual_seed(dist.get_rank())
     loss_fn = nn.CrossEntropyLoss()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 from collections.abc import Iterator
@@ -220,6 +221,60 @@ def test_ddp_collectives_are_seen_and_an_earlier_user_hook_is_kept(tmp_path: Pat
         # the built-in C++ hook does not.
         ops = [op for op in probe.ring.tail(10) if op.op == "all_reduce"]
         assert len(ops) == 2 and all(op.state == "completed" and op.is_async for op in ops)
+    finally:
+        uninstall_hooks()
+        dist.destroy_process_group()
+
+
+def test_forward_marks_move_from_every_module_to_the_roots_at_the_first_step(probe: Probe) -> None:
+    from torch.nn.modules import module as torch_module
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    loss_fn = torch.nn.MSELoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert torch_module._global_forward_pre_hooks
+    loss_fn(model(torch.ones(3, 4)), torch.zeros(3, 2)).backward()
+    optimizer.step()
+    # After the first step only the modules called outside any other carry a hook: the inner ones are back
+    # on nn.Module's fast path.
+    assert not torch_module._global_forward_pre_hooks
+    assert model._forward_pre_hooks and loss_fn._forward_pre_hooks
+    assert not any(inner._forward_pre_hooks for inner in model)
+    assert probe.step_batch is None
+    marked = probe.last_compute
+    model(torch.ones(5, 4))
+    assert probe.last_compute is not None and marked is not None and probe.last_compute > marked
+    assert probe.step_batch == (5, "cpu")
+    # An evaluation model first called after the step: its matmuls without gradients mark evaluation.
+    evaluator = torch.nn.Linear(4, 4)
+    before = probe.last_eval
+    with torch.no_grad():
+        evaluator(torch.ones(1, 4))
+    assert probe.last_eval is not None and probe.last_eval != before
+    # What was learned outlives taking the hooks out and back in.
+    uninstall_hooks()
+    assert not model._forward_pre_hooks
+    install_hooks(probe)
+    assert model._forward_pre_hooks and not torch_module._global_forward_pre_hooks
+
+
+def test_ddp_gradients_with_the_probe_hook_equal_ddp_without_a_hook(tmp_path: Path) -> None:
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    probe = Probe(rank=0, world_size=1, out_dir=tmp_path, hang_timeout_s=5.0)
+    try:
+        torch.manual_seed(0)
+        template = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+        plain = DistributedDataParallel(copy.deepcopy(template))
+        batch = torch.randn(8, 6)
+        plain(batch).pow(2).sum().backward()
+        install_hooks(probe)
+        hooked = DistributedDataParallel(copy.deepcopy(template))
+        hooked(batch).pow(2).sum().backward()
+        assert any(op.op == "all_reduce" for op in probe.ring.tail(10))
+        for a, b in zip(plain.parameters(), hooked.parameters(), strict=True):
+            assert a.grad is not None and b.grad is not None and torch.equal(a.grad, b.grad)
     finally:
         uninstall_hooks()
         dist.destroy_process_group()

@@ -25,7 +25,7 @@ from vigil.sources.probe.records import RankSnapshot
 STEP_FACTOR = 4.0
 # A mismatch must hold this long before it is reported, so a rank that is merely late is not flagged.
 MISMATCH_CONFIRM_S = 1.0
-# A rank computed "just now" within this many seconds (the probe marks every module forward).
+# A rank computed "just now" within this many seconds (the probe marks model forwards and matmuls).
 RECENT_S = 2.0
 
 

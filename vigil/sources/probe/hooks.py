@@ -4,7 +4,8 @@ Wrappers are installed in both ``torch.distributed`` and ``torch.distributed.dis
 helpers built on the primitives (all_gather_object, broadcast_object_list, ...) and FSDP2 (which calls
 ``dist.all_gather_single`` / ``dist.reduce_scatter_single``) are recorded too. DistributedDataParallel's
 reducer issues its gradient all_reduce from C++; the probe gives every DDP model without a hook of its
-own the default all_reduce hook written in Python, so those all_reduces pass through the wrappers as well.
+own an all_reduce hook written in Python (``allreduce_mean_hook``), so those all_reduces pass through the
+wrappers as well.
 
 An op ends when its Work says so (``is_completed``), never when the Python call returns: on NCCL a
 call returns once the kernel is enqueued on the communication stream, so a collective stuck on the GPU
@@ -25,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import Work
 from torch.nn.modules.module import register_module_forward_pre_hook
-from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from vigil.sources.probe.probe import Probe, work_succeeded
 from vigil.sources.probe.records import COLLECTIVE, P2P, OpRecord
@@ -73,6 +74,8 @@ FUNCTIONAL: dict[str, str] = {
 
 _ORIGINALS: dict[tuple[Any, str], Any] = {}
 _HANDLES: list[Any] = []
+# Per probe, what its forward marks learned (the root modules) outlives taking the hooks out and back in.
+_MARKS: dict[int, ForwardMarks] = {}
 
 
 class ProbedWork(Work):
@@ -420,9 +423,16 @@ def _install_functional(probe: Probe) -> None:
 
 
 def _wrap_compute(probe: Probe, original: Callable[..., Any]) -> Callable[..., Any]:
+    """A matmul marks compute; without gradients and outside an optimizer step (where Shampoo- or Muon-style
+    optimizers multiply matrices), evaluation - so an evaluation model no module hook sees still counts."""
+    grad_enabled = torch.is_grad_enabled
+
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        probe.compute_begin()
+        if grad_enabled() or probe.in_optimizer_step:
+            probe.compute_begin()
+        else:
+            probe.eval_begin()
         return original(*args, **kwargs)
 
     return wrapper
@@ -451,22 +461,93 @@ def _patch(owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[
     setattr(owner, name, make(original))
 
 
-def _mark_forward(probe: Probe) -> Callable[..., None]:
-    def hook(module: torch.nn.Module, inputs: Any) -> None:
+class ForwardMarks:
+    """Compute / evaluation marks and the step's batch from module forwards.
+
+    A global forward pre-hook puts every module call on nn.Module's slow path (a few microseconds each, a
+    large share of a small model's step). So it runs only until the first optimizer step, which shows the
+    modules called outside any other (the roots: the model, its loss); from then on only the roots carry
+    a hook, and matmuls inside them mark compute on their own (``_wrap_compute``).
+    """
+
+    def __init__(self, probe: Probe) -> None:
+        self.probe = probe
+        self.called: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+        self.roots: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+        self.handles: list[Any] = []
+        self.learning = False
+
+    def install(self) -> None:
+        if self.roots:
+            self.handles = [root.register_forward_pre_hook(self.mark) for root in self.roots]
+        else:
+            self.learning = True
+            self.handles = [register_module_forward_pre_hook(self.mark)]
+
+    def uninstall(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+        self.learning = False
+        self.called = weakref.WeakSet()
+
+    def mark(self, module: torch.nn.Module, inputs: Any) -> None:
+        probe = self.probe
         if module.training and torch.is_grad_enabled():
             probe.compute_begin()
             if probe.step_batch is None and inputs and isinstance(inputs[0], torch.Tensor) and inputs[0].dim():
                 probe.note_batch(int(inputs[0].shape[0]), str(inputs[0].device))
         else:
             probe.eval_begin()
+        if self.learning:
+            self.called.add(module)
 
-    return hook
+    def step_taken(self) -> None:
+        """At the first optimizer step after some forwards: hook the roots, drop the global hook."""
+        if not self.learning or not self.called:
+            return
+        called = list(self.called)
+        inner = {id(child) for module in called for child in module.modules() if child is not module}
+        self.roots = weakref.WeakSet(module for module in called if id(module) not in inner)
+        self.uninstall()
+        self.install()
+
+
+def _step_hooks(probe: Probe, marks: ForwardMarks) -> list[Any]:
+    def before(*_: Any) -> None:
+        probe.in_optimizer_step = True
+
+    def after(*_: Any) -> None:
+        probe.in_optimizer_step = False
+        probe.step()
+        marks.step_taken()
+
+    return [register_optimizer_step_pre_hook(before), register_optimizer_step_post_hook(after)]
+
+
+def allreduce_mean_hook(process_group: Any, bucket: Any) -> Any:
+    """DDP's gradient all_reduce issued from Python, so the collective wrappers see it.
+
+    The bucket is scaled by 1 / group size with a multiplication, as DDP's C++ path does when it has no
+    hook (there fused with the copy into the bucket). torch's ``allreduce_hook`` divides instead: the same
+    extra pass over every gradient, about 1.5x slower on the CPU. With a world size that is a power of two
+    the two are bit for bit the same.
+    """
+    group: Any = process_group if process_group is not None else dist.group.WORLD
+    tensor = bucket.buffer()
+    tensor.mul_(1.0 / group.size())
+    return dist.all_reduce(tensor, group=group, async_op=True).get_future().then(lambda fut: fut.value()[0])
+
+
+# DDP checks a hook's annotations against the classes themselves; postponed (string) ones would be refused.
+allreduce_mean_hook.__annotations__ = {
+    "process_group": dist.ProcessGroup, "bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor],
+}
 
 
 def _wrap_ddp_forward(original: Callable[..., Any]) -> Callable[..., Any]:
     """Before a DDP model's first forward (when DDP allows a comm hook and the user has had the
-    chance to register one), give it the default all_reduce hook, written in Python."""
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    chance to register one), give it the all_reduce hook, written in Python."""
 
     @functools.wraps(original)
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -477,7 +558,7 @@ def _wrap_ddp_forward(original: Callable[..., Any]) -> Callable[..., Any]:
                 # A hook registered before the probe was installed (a built-in one leaves no trace in
                 # Python) makes DDP refuse a second: the user's hook stays, the job never breaks.
                 with contextlib.suppress(RuntimeError):
-                    self.register_comm_hook(self.process_group, allreduce_hook)
+                    self.register_comm_hook(self.process_group, allreduce_mean_hook)
         return original(self, *args, **kwargs)
 
     return forward
@@ -524,8 +605,12 @@ def install_hooks(probe: Probe) -> None:
     _patch(ddp, "register_comm_hook", _wrap_register_hook)
     _patch(ddp, "_register_builtin_comm_hook", _wrap_register_hook)
     if not _HANDLES:
-        _HANDLES.append(register_optimizer_step_post_hook(lambda *_: probe.step()))
-        _HANDLES.append(register_module_forward_pre_hook(_mark_forward(probe)))
+        marks = _MARKS.get(id(probe))
+        if marks is None:
+            marks = _MARKS[id(probe)] = ForwardMarks(probe)
+        marks.install()
+        _HANDLES.append(marks)
+        _HANDLES.extend(_step_hooks(probe, marks))
 
 
 def uninstall_hooks() -> None:
@@ -533,7 +618,7 @@ def uninstall_hooks() -> None:
         setattr(owner, name, original)
     _ORIGINALS.clear()
     for handle in _HANDLES:
-        handle.remove()
+        handle.uninstall() if isinstance(handle, ForwardMarks) else handle.remove()
     _HANDLES.clear()
     _GROUPS.clear()
     _FUNCTIONAL_GROUPS.clear()

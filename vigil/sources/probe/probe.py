@@ -77,6 +77,8 @@ class Probe:
         self._lock = threading.Lock()
         self.activity: dict[str, Any] = {"kind": "idle", "since": self.started}
         self.compute_calls = 0
+        # Set by the optimizer step hooks: matmuls without gradients there are the optimizer's, not an evaluation.
+        self.in_optimizer_step = False
         self.last_compute: float | None = None
         self.last_eval: float | None = None
         self.steps = 0
@@ -103,6 +105,8 @@ class Probe:
         self._urgent = False
         # Issued ops whose Work the watchdog polls until it reports completion.
         self._works: dict[int, tuple[OpRecord, Any]] = {}
+        # Ops begun and not ended, oldest first, by record id: the stall check reads these, not the whole ring.
+        self._in_flight: dict[int, OpRecord] = {}
         if out_dir is not None:
             # Mapped shared: a write is a memory store, and what was written stays in the page cache
             # (visible to the supervisor) even if the process aborts the next instant.
@@ -155,6 +159,10 @@ class Probe:
             thread=threading.current_thread().name,
         )
         self.ring.append(record)
+        self._in_flight[record.record_id] = record
+        if len(self._in_flight) > self.ring.capacity:
+            # Async ops nobody ever waits on stay in flight; past the ring's size they are forgotten with it.
+            self._in_flight.pop(next(iter(self._in_flight)), None)
         self._write_current(record)
         return record
 
@@ -192,6 +200,7 @@ class Probe:
             return
         record.t_end = time.time()
         record.state = "completed" if ok else "failed"
+        self._in_flight.pop(record.record_id, None)
         if ok:
             recent = self._durations[(record.group, record.op)]
             recent.append(record.t_end - record.t_start)
@@ -383,7 +392,8 @@ class Probe:
         """An op in flight past its timeout: remember the in-process stacks while they still matter."""
         now = time.time()
         stalled = any(
-            now - op.t_start > (op.timeout_s or self.hang_timeout_s) for op in self.ring.in_flight()
+            now - op.t_start > (op.timeout_s or self.hang_timeout_s)
+            for op in list(self._in_flight.values()) if op.in_flight
         )
         if stalled and not self.stalled:
             self.stacks = python_stacks()

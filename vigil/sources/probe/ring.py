@@ -48,9 +48,5 @@ class OpRing:
                 return list(self._ops)
             return list(self._ops)[-count:]
 
-    def in_flight(self) -> list[OpRecord]:
-        with self._lock:
-            return [op for op in self._ops if op.in_flight]
-
     def __len__(self) -> int:
         return len(self._ops)
