@@ -214,6 +214,28 @@ def test_two_nodes_name_the_culprit_across_nodes(tmp_path: Path) -> None:
     assert verdicts[0].stack_source == "py-spy" and 2 in verdicts[0].stacks
 
 
+def test_two_nodes_find_a_hang_before_the_first_step(tmp_path: Path) -> None:
+    """The pre-step case across two nodes: no rank ever steps and the probe records no op (c10d_functional
+    operators), rank 1 on node 0 is stuck in its first forward. Each node leaves its own ranks' py-spy stacks
+    in the shared directory, so the split of the whole job - ranks 0, 2, 3 in the collective - is made."""
+    out = tmp_path / "shared"
+    nodes = start_nodes(out, HANG_TIMEOUT, "--stack", "compiled_ops", "--fault", "forward", "--rank", "1",
+                        "--at-step", "0", launch_args=("--startup-grace", str(STARTUP_GRACE)))
+    verdicts = []
+    try:
+        for node in nodes:
+            stdout, _ = node.communicate(timeout=240)
+            assert node.returncode == 4, stdout
+            verdicts.append(HangDiagnosis.model_validate_json(stdout))
+    finally:
+        kill_launchers(nodes)
+    for diagnosis in verdicts:
+        assert (diagnosis.verdict, diagnosis.culprit_ranks, diagnosis.world_size) == ("hang", [1], 4)
+        assert "rank(s) [1] never entered it" in diagnosis.summary
+    assert sorted(verdicts[0].stacks) == [0, 1, 2, 3]
+    assert sorted(surviving_ranks(out)) == []
+
+
 @pytest.mark.parametrize(("node0_signal", "node1_signal"), [(signal.SIGTERM, signal.SIGKILL),
                                                             (signal.SIGKILL, signal.SIGHUP)])
 def test_signalled_node_launchers_leave_no_rank_running(

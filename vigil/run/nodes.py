@@ -26,6 +26,8 @@ from vigil.sources.probe.records import write_json_atomic
 CLAIM_FILE = "verdict.claim"
 NODE_PATTERN = "node{node}.json"
 NODE_STACKS_PATTERN = "stacks.node{node}.json"
+# Before the first step: each node's py-spy stacks of its own ranks, so any node can split the whole job.
+PRE_STEP_STACKS_PATTERN = "prestep.node{node}.json"
 # A peer rewrites its file every tick: one older than this node's start by more than this is left over
 # from an earlier run in the same directory.
 STALE_PEER_S = 5.0
@@ -42,7 +44,7 @@ class NodeGroup:
 
     def clear_own(self) -> None:
         """Drop what this node left in the shared directory on an earlier run."""
-        for pattern in (NODE_PATTERN, NODE_STACKS_PATTERN):
+        for pattern in (NODE_PATTERN, NODE_STACKS_PATTERN, PRE_STEP_STACKS_PATTERN):
             (self.out_dir / pattern.format(node=self.node_rank)).unlink(missing_ok=True)
 
     @property
@@ -119,19 +121,21 @@ class NodeGroup:
             self.claim_path.unlink(missing_ok=True)
         return self._create_claim(trigger)
 
-    def write_stacks(self, stacks: dict[int, dict[str, list[str]]]) -> None:
-        payload = {str(r): {"threads": t} for r, t in stacks.items()}
-        write_json_atomic(self.out_dir / NODE_STACKS_PATTERN.format(node=self.node_rank), json.dumps(payload))
+    def write_stacks(self, stacks: dict[int, dict[str, list[str]]], pattern: str = NODE_STACKS_PATTERN) -> None:
+        payload = {str(r): {"threads": t, "ts": time.time()} for r, t in stacks.items()}
+        write_json_atomic(self.out_dir / pattern.format(node=self.node_rank), json.dumps(payload))
 
-    def read_stacks(self) -> dict[int, dict[str, list[str]]]:
+    def read_stacks(self, pattern: str = NODE_STACKS_PATTERN, since: float = 0.0) -> dict[int, dict[str, list[str]]]:
+        """The other nodes' stacks of their ranks (those taken at ``since`` or later)."""
         stacks: dict[int, dict[str, list[str]]] = {}
         for node in range(self.nnodes):
-            path = self.out_dir / NODE_STACKS_PATTERN.format(node=node)
+            path = self.out_dir / pattern.format(node=node)
             if node == self.node_rank or not path.exists():
                 continue
-            with contextlib.suppress(json.JSONDecodeError):
+            with contextlib.suppress(json.JSONDecodeError, FileNotFoundError, KeyError, TypeError, ValueError):
                 for rank, entry in json.loads(path.read_text()).items():
-                    stacks[int(rank)] = {str(k): list(v) for k, v in entry["threads"].items()}
+                    if float(entry.get("ts", since)) >= since:
+                        stacks[int(rank)] = {str(k): list(v) for k, v in entry["threads"].items()}
         return stacks
 
     def stacks_in(self) -> bool:

@@ -22,7 +22,7 @@ from vigil.diagnose.stacks import MAIN_THREAD, RankStacks, collective_split, fro
 from vigil.diagnose.straggler import find_straggler
 from vigil.diagnose.timeline import write_timeline
 from vigil.model import VigilInputError
-from vigil.run.nodes import NodeGroup
+from vigil.run.nodes import PRE_STEP_STACKS_PATTERN, NodeGroup
 from vigil.run.rank_procs import stop_groups
 from vigil.sources.probe.pyspy import dump_all, native_frames
 from vigil.sources.probe.records import (
@@ -175,13 +175,21 @@ class Supervisor:
     def _pre_step_hang(self, alive: list[int], now: float) -> str | None:
         """A job silent before its first step, in a collective the probe never saw: every rank's stack says
         whether some wait in a collective while others are elsewhere (looked at, at most, once per hang
-        timeout). Only where this supervisor runs every rank: py-spy reaches local processes alone."""
-        if self.nodes is not None or now < self._next_stack_look:
+        timeout). py-spy reaches local processes alone, so with several nodes each node leaves its ranks'
+        stacks in the shared directory and splits the job once every node's stacks of this look are in."""
+        if now < self._next_stack_look:
             return None
         if not self.trigger.pre_step_suspects(self.snapshots, set(alive), now):
             return None
-        self._next_stack_look = now + max(self.config.hang_timeout_s, PRE_STEP_LOOK_S)
-        stacks, _ = self._pyspy({r: self.procs[r].pid for r in alive})
+        look = max(self.config.hang_timeout_s, PRE_STEP_LOOK_S)
+        self._next_stack_look = now + look
+        stacks, _ = self._pyspy({r: self.procs[r].pid for r in alive if r in self.procs})
+        if self.nodes is not None:
+            self.nodes.write_stacks(stacks, PRE_STEP_STACKS_PATTERN)
+            # The other nodes look on the same evidence (the shared snapshots) within one look of this one.
+            stacks = {**self.nodes.read_stacks(PRE_STEP_STACKS_PATTERN, since=now - look), **stacks}
+            if not set(alive) <= set(stacks):
+                return None
         split = collective_split(stacks)
         if split is None:
             return None
