@@ -115,11 +115,34 @@ def test_recently_changed_directories_are_listed_again(tmp_path: Path) -> None:
     assert again.totals[str(root)].bytes == gnu_du(root)[str(root)]
 
 
-def test_worker_processes_give_the_same_answer(tmp_path: Path) -> None:
+def test_worker_processes_match_gnu_du_in_every_directory(tmp_path: Path) -> None:
+    # 24 top-level subtrees: wide enough that 4 workers hand them to forked processes (at least 16 pending
+    # directories after the root), with hard-linked inodes named in subtrees walked by different processes.
     root = tmp_path / "tree"
     root.mkdir()
-    make_tree(root, seed=11, dirs=60)
-    assert by_path(scan(root, workers=4).totals, "bytes") == by_path(scan(root).totals, "bytes")
+    rng = random.Random(13)
+    for i in range(24):
+        top = root / f"t{i:02d}"
+        top.mkdir()
+        make_tree(top, seed=100 + i, dirs=4)
+    for source, target in (("t00", "t23"), ("t05", "t17")):
+        shared = next(p for p in sorted((root / source).rglob("f*")) if p.stat().st_size > 0)
+        os.link(shared, root / target / "same")
+    (root / "t09" / "empty-dir").mkdir()
+    for i in range(20):
+        (root / f"file-{i}").write_bytes(os.urandom(rng.choice([0, 10, 5000])))
+    parallel = scan(root, workers=4)
+    # Which of two directories holding a hard-linked inode is charged follows the walk order: totals only there.
+    outside = {str(root / t) for t in ("t00", "t05", "t17", "t23")}
+    du_bytes, du_apparent = gnu_du(root), gnu_du(root, apparent=True)
+    assert {p: n for p, n in by_path(parallel.totals, "bytes").items() if not p.startswith(tuple(outside))} == {
+        p: n for p, n in du_bytes.items() if not p.startswith(tuple(outside))
+    }
+    assert parallel.totals[str(root)].bytes == du_bytes[str(root)]
+    assert parallel.totals[str(root)].apparent == du_apparent[str(root)]
+    assert parallel.listed == len(gnu_du(root))
+    one = scan(root, workers=1)
+    assert parallel.records == one.records
 
 
 def test_history_gives_growth(tmp_path: Path) -> None:

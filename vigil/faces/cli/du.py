@@ -45,7 +45,15 @@ def du(
     depth: Annotated[int | None, typer.Option("--depth", min=0, help="only directories down to this depth")] = None,
     full: Annotated[bool, typer.Option("--full", help="list every directory again, ignoring the cache")] = False,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="neither read nor write the scan cache")] = False,
-    workers: Annotated[int, typer.Option("--workers", min=1, max=64, help="threads listing directories")] = 1,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            "--workers",
+            min=1,
+            max=64,
+            help="processes listing separate subtrees on a first or full scan [default: CPUs, at most 8]",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print totals and the top directories as JSON")] = False,
 ) -> None:
     """Disk usage of PATH and its largest directories (GNU du's numbers); re-scans list only changed directories.
