@@ -330,6 +330,22 @@ def self_check_command(
     console.print(f"{node}: {state.value}", markup=False)
 
 
+def _record_idle_incidents(actions: Sequence[Action]) -> None:
+    """A sent notice opens an incident; an executed release step adds its evidence to the notice's incident."""
+    from vigil.remedy.idle import POLICY, idle_incident, idle_incident_id
+    from vigil.store.sql import open_store
+
+    done = [a for a in actions if a.status is ActionStatus.EXECUTED and a.params.get("policy") == POLICY]
+    if not done:
+        return
+    store = open_store()
+    try:
+        for action in done:
+            store.upsert_incident(idle_incident(action, store.incident(idle_incident_id(action))))
+    finally:
+        store.close()
+
+
 @app.command("idle-workers")
 def idle_workers_command(
     grace: Annotated[float, typer.Option("--grace", min=1.0, help="seconds from the notice to the release")] = 1800.0,
@@ -344,12 +360,15 @@ def idle_workers_command(
     """The idle-worker policy: notify jobs whose GPUs sat idle, release them after --grace if still idle.
 
     Reads the stored topology and GPU metrics (a window of twice the grace period up to the last scrape); run
-    it at least once per grace period. Every notice and release is an audited action (`vigil remedy audit`).
+    it at least once per grace period. Every notice and release is an audited action (`vigil remedy audit`),
+    and a sent notice opens an incident. A job the --backend scheduler does not run (an interactive or bare
+    machine) gets a release request to its owner through the outbox instead of a preemption.
     """
     from vigil.config import settings
     from vigil.detect.waste import gpu_waste
     from vigil.faces.cli.waste import stored_allocation
     from vigil.remedy.actuators.base import Actuator, OutboxActuator
+    from vigil.remedy.actuators.release import ReleaseRequestActuator
     from vigil.remedy.audit import AuditLog
     from vigil.remedy.idle import IdleWorkerPolicy, idle_worker_actions
     from vigil.remedy.remediator import Remediator
@@ -358,7 +377,7 @@ def idle_workers_command(
     topology, metrics, span = stored_allocation()
     start, end = max(span[0], span[1] - 2 * grace), span[1]
     report = gpu_waste(metrics, topology, start, max(end, start + 1.0), idle_activity=idle_activity)
-    actuators: list[Actuator] = [OutboxActuator(home / "outbox.jsonl")]
+    actuators: list[Actuator] = [OutboxActuator(home / "outbox.jsonl"), ReleaseRequestActuator(home / "outbox.jsonl")]
     if backend == "slurm":
         from vigil.remedy.actuators.slurm import SlurmActuator
 
@@ -372,8 +391,11 @@ def idle_workers_command(
     audit = AuditLog()
     remediator = Remediator(actuators, audit, dry_run=not execute, requested_by="idle-policy")
     # The metrics' clock, not the wall clock: the grace period is measured on the scrapes.
-    wanted = idle_worker_actions(report, audit, IdleWorkerPolicy(grace, min_idle), now=end)
+    # Jobs the back end's scheduler did not start (an interactive or bare machine's, a file's) it cannot release.
+    bare = {job.id for job in topology.jobs if job.source != backend}
+    wanted = idle_worker_actions(report, audit, IdleWorkerPolicy(grace, min_idle), now=end, bare_jobs=bare)
     actions = [remediator.execute(action) for action in wanted]
+    _record_idle_incidents(actions)
     if as_json:
         typer.echo(json.dumps([a.model_dump(mode="json") for a in actions], indent=2))
         return
