@@ -90,11 +90,8 @@ def xid_event(node: str, gpu: int, now: float, scraper: DcgmExporterScraper) -> 
     return event
 
 
-def register(store: Store, nodes: list[str], rng: random.Random) -> dict[str, DcgmExporterScraper]:
-    """Each agent's first page gives it its GPUs' identity (its inventory, NVLink peers as on an HGX board).
-    The inventories are stored as one topology version: one ``Store.register_node`` per agent writes a whole
-    topology version per node, quadratic in the nodes (minutes at 1,250 nodes on this machine) - a cost of
-    start-up, not of the loop measured here."""
+def inventories(nodes: list[str], rng: random.Random) -> tuple[dict[str, DcgmExporterScraper], list[Node]]:
+    """Each agent's first page gives it its GPUs' identity (its inventory, NVLink peers as on an HGX board)."""
     scrapers = {}
     inventory = []
     for node in nodes:
@@ -104,8 +101,67 @@ def register(store: Store, nodes: list[str], rng: random.Random) -> dict[str, Dc
             Gpu(node=node, index=i, uuid=g.uuid, pci_bus_id=g.pci_bus_id, model=g.model,
                 nvlink_peers=[j for j in range(GPUS_PER_NODE) if j != i])
             for i, g in sorted(scrapers[node].gpus.items())]))
+    return scrapers, inventory
+
+
+def register(store: Store, nodes: list[str], rng: random.Random) -> dict[str, DcgmExporterScraper]:
+    """The agents' inventories, stored as one topology version: agent registration is measured on its own
+    (``--registration``), not in the loop measured here."""
+    scrapers, inventory = inventories(nodes, rng)
     store.save_topology(Topology(nodes=inventory), source="agent")
     return scrapers
+
+
+# Above this many GPUs the baseline (quadratic) is not run: it would take most of an hour here.
+REGISTRATION_BASELINE_MAX_GPUS = 1000
+
+
+def run_registration(gpus: int, seed: int) -> dict[str, Any]:
+    """Every agent registers its inventory once, one after another, as ``POST /api/v1/inventory`` does
+    (``Store.register_node``, a fresh SQLite store). Baseline, same run: the store before node versions, a whole
+    topology version per registration (the current topology read, the node merged, ``Store.save_topology``)."""
+    nodes = [f"n{i:05d}" for i in range(gpus // GPUS_PER_NODE)]
+    _, inventory = inventories(nodes, random.Random(seed))
+
+    def timed(register_one: Callable[[Store, Node], object]) -> tuple[float, int]:
+        home = Path(tempfile.mkdtemp(prefix="vigil-bench-register-"))
+        store = Store(f"sqlite:///{home / 'vigil.db'}")
+        started = time.perf_counter()
+        for node in inventory:
+            register_one(store, node)
+        seconds = time.perf_counter() - started
+        topology = store.topology()
+        assert topology is not None and len(topology.nodes) == len(nodes)
+        store.close()
+        return seconds, (home / "vigil.db").stat().st_size
+
+    def whole_version(store: Store, node: Node) -> None:
+        current = store.topology() or Topology()
+        store.save_topology(current.model_copy(update={"nodes": [*current.nodes, node]}), source="agent")
+
+    seconds, size = timed(lambda store, node: store.register_node(node))
+    result: dict[str, Any] = {"gpus": gpus, "nodes": len(nodes), "seconds": seconds,
+                              "ms_per_node": 1000 * seconds / len(nodes), "store_mib": size / 2**20}
+    if gpus <= REGISTRATION_BASELINE_MAX_GPUS:
+        base_seconds, base_size = timed(whole_version)
+        result.update(baseline_seconds=base_seconds, baseline_ms_per_node=1000 * base_seconds / len(nodes),
+                      baseline_store_mib=base_size / 2**20)
+    return result
+
+
+def registration_table(rows: list[dict[str, Any]]) -> None:
+    table = Table(title="agent registration, one Store.register_node per agent (simulated inventories, SQLite)")
+    for column in ("GPUs", "nodes", "s", "ms / node", "store MiB", "baseline s", "baseline ms / node",
+                   "baseline store MiB", "speed-up"):
+        table.add_column(column, justify="right")
+    for r in rows:
+        base = "baseline_seconds" in r
+        table.add_row(str(r["gpus"]), str(r["nodes"]), f"{r['seconds']:.2f}", f"{r['ms_per_node']:.1f}",
+                      f"{r['store_mib']:.1f}", f"{r['baseline_seconds']:.2f}" if base else "-",
+                      f"{r['baseline_ms_per_node']:.1f}" if base else "-",
+                      f"{r['baseline_store_mib']:.1f}" if base else "-",
+                      f"{r['baseline_seconds'] / r['seconds']:.1f}x" if base else "-")
+    Console().print(table)
 
 
 class Outcome:
@@ -448,6 +504,8 @@ def main() -> None:
     parser.add_argument("--faults", type=int, default=10)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--prometheus", default="/usr/bin/prometheus")
+    parser.add_argument("--registration", action="store_true",
+                        help="measure only agent registration (Store.register_node) at --sizes")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--serve-exporters", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--port-file", type=Path, help=argparse.SUPPRESS)
@@ -471,6 +529,13 @@ def main() -> None:
               file=sys.stderr)
         raise SystemExit(2)
     out = REPO / "bench" / "results" / "live.json"
+    if args.registration:
+        rows = [run_registration(int(size), args.seed) for size in args.sizes.split(",")]
+        results = json.loads(out.read_text()) if out.exists() else {"scrape_s": SCRAPE_S, "engine_s": ENGINE_S,
+                                                                      "results": []}
+        out.write_text(json.dumps({**results, "registration": rows}, indent=2) + "\n")
+        registration_table(rows)
+        return
     # Runs go one at a time (10,000 GPUs takes minutes here); each replaces its (path, size) in the results file.
     kept = [r for r in (json.loads(out.read_text())["results"] if out.exists() else [])
             if "false_incidents_per_hour" in r]
@@ -481,7 +546,9 @@ def main() -> None:
             print(json.dumps(result), flush=True)
             kept = [r for r in kept if (r["path"], r["gpus"]) != (names[path], size)] + [result]
             kept.sort(key=lambda r: (r["path"], r["gpus"]))
-            out.write_text(json.dumps({"scrape_s": SCRAPE_S, "engine_s": ENGINE_S, "results": kept}, indent=2) + "\n")
+            previous = json.loads(out.read_text()) if out.exists() else {}
+            out.write_text(json.dumps({**previous, "scrape_s": SCRAPE_S, "engine_s": ENGINE_S, "results": kept},
+                                      indent=2) + "\n")
     table = Table(title=f"live engine (scrape {SCRAPE_S:g} s, engine tick {ENGINE_S:g} s; simulated cluster)")
     for column in ("path", "GPUs", "healthy min", "false / h", "missed", "p50 s", "p99 s", "p50 scr.", "p99 scr.",
                    "tick p50 ms", "p99 ms", "CPU core frac.", "max RSS MiB", "load avg"):

@@ -108,13 +108,17 @@ inventory = Table(
     Column("body", JSON, nullable=False),
 )
 
-# Every topology the store has held, so an incident can be read against the cluster as it was.
+# Every topology the store has held, so an incident can be read against the cluster as it was. A version is
+# either the whole topology (node NULL) or one node as an agent registered it (node: its name, body: the node),
+# which applies on top of the whole version before it.
 topology_versions = Table(
     "topology_versions", metadata,
     Column("version", Integer, primary_key=True, autoincrement=True),
     Column("ts", Float, nullable=False),
     Column("source", String(100), nullable=False),
     Column("body", JSON, nullable=False),
+    Column("node", String(300), nullable=True),
+    Index("ix_topology_versions_node_version", "node", "version"),
 )
 
 # Each resolved incident summarized (root cause, actions, outcome): the memory similar incidents are found in.

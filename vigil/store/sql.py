@@ -47,6 +47,8 @@ _migrate_lock = threading.Lock()
 # Node labels that place a node in the fabric (the Kubernetes well-known topology labels' style).
 RACK_LABEL = "topology.vigil.io/rack"
 SWITCH_LABEL = "topology.vigil.io/leaf"
+# Node versions written before the topology is written whole again, at the least (see Store.register_node).
+WHOLE_AFTER = 64
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -84,6 +86,7 @@ class Store:
             migrate(self.engine)
         except SQLAlchemyError as err:
             raise VigilInputError(f"cannot open the store at {url!r}: {str(err).splitlines()[0]}") from None
+        self._whole_cache: tuple[int, dict[str, dict[str, Any]]] | None = None
 
     def close(self) -> None:
         self.engine.dispose()
@@ -313,7 +316,8 @@ class Store:
     # ---------------------------------------------------------------- topology and health
 
     def save_topology(self, topology: Topology, source: str = "file") -> int:
-        """Make ``topology`` the current one; every version is kept. Returns the new version number."""
+        """Make ``topology`` the current one, as a whole version; every version is kept. Returns the new version
+        number."""
         topology = _validated(Topology, [topology])[0]
         body = topology.model_dump(mode="json")
         with self.engine.begin() as conn:
@@ -328,35 +332,67 @@ class Store:
             return int(conn.execute(select(func.max(t.topology_versions.c.version))).scalar_one() or 0)
 
     def topology_at(self, version: int) -> Topology | None:
+        """The topology as it was at ``version``: the whole version at or before it with the registered nodes
+        after that applied."""
+        v = t.topology_versions.c
         with self.engine.connect() as conn:
-            row = conn.execute(select(t.topology_versions.c.body)
-                               .where(t.topology_versions.c.version == version)).first()
-        return Topology.model_validate(row.body) if row else None
+            if conn.execute(select(v.version).where(v.version == version)).first() is None:
+                return None
+            whole = conn.execute(select(v.version, v.body).where(v.node.is_(None), v.version <= version)
+                                 .order_by(v.version.desc()).limit(1)).first()
+            base = whole.version if whole else 0
+            nodes = conn.execute(select(v.body).where(v.node.is_not(None), v.version > base, v.version <= version)
+                                 .order_by(v.version)).all()
+        return _with_nodes(whole.body if whole else None, [r.body for r in nodes])
+
+    def _whole_nodes(self, conn: Any) -> tuple[int, dict[str, dict[str, Any]]]:
+        """The newest whole version's number and its nodes' bodies by name; parsed once per whole version."""
+        v = t.topology_versions.c
+        version = int(conn.execute(select(func.max(v.version)).where(v.node.is_(None))).scalar_one() or 0)
+        cached = self._whole_cache
+        if cached is None or cached[0] != version:
+            row = conn.execute(select(t.topology.c.body).where(t.topology.c.id == 1)).first()
+            cached = (version, {n["name"]: n for n in row.body["nodes"]} if row else {})
+            self._whole_cache = cached
+        return cached
 
     def register_node(self, node: Node, source: str = "agent") -> int:
         """A node's inventory as its agent reports it, merged into the current topology: its GPUs and NICs
         replace the stored ones; rack and switch stay as a topology file or labels set them unless the
-        report names them. Returns the topology version (unchanged when the report changes nothing)."""
+        report names them. Returns the topology version (unchanged when the report changes nothing).
+
+        A changed node is stored as a version of that node alone, so registering every agent of a cluster costs
+        time linear in the nodes; once the node versions outnumber the nodes of the whole version they apply
+        to, the current topology is written whole again (amortized, each registration still costs one node)."""
         node = _validated(Node, [node])[0]
+        v = t.topology_versions.c
         with self.engine.begin() as conn:
+            # the write first, so the reads below see what no concurrent registration can change under them
             done = conn.execute(update(t.inventory).where(t.inventory.c.node == node.name)
                                 .values(ts=time.time(), body=node.model_dump(mode="json")))
             if done.rowcount == 0:
                 conn.execute(insert(t.inventory).values(node=node.name, ts=time.time(),
                                                         body=node.model_dump(mode="json")))
-        topology = self.topology() or Topology()
-        nodes = {n.name: n for n in topology.nodes}
-        old = nodes.get(node.name)
-        merged = node.model_copy(update={
-            "rack": node.rack or (old.rack if old else "") or node.labels.get(RACK_LABEL, ""),
-            "switch": node.switch or (old.switch if old else "") or node.labels.get(SWITCH_LABEL, ""),
-            "labels": {**(old.labels if old else {}), **node.labels},
-        })
-        if old == merged:
-            return self.topology_version()
-        nodes[node.name] = merged
-        return self.save_topology(topology.model_copy(update={"nodes": sorted(nodes.values(), key=lambda n: n.name)}),
-                                  source=source)
+            whole_version, whole_nodes = self._whole_nodes(conn)
+            row = conn.execute(select(v.body).where(v.node == node.name, v.version > whole_version)
+                               .order_by(v.version.desc()).limit(1)).first()
+            old_body = row.body if row else whole_nodes.get(node.name)
+            old = Node.model_validate(old_body) if old_body else None
+            merged = node.model_copy(update={
+                "rack": node.rack or (old.rack if old else "") or node.labels.get(RACK_LABEL, ""),
+                "switch": node.switch or (old.switch if old else "") or node.labels.get(SWITCH_LABEL, ""),
+                "labels": {**(old.labels if old else {}), **node.labels},
+            })
+            if old == merged:
+                return int(conn.execute(select(func.max(v.version))).scalar_one() or 0)
+            done = conn.execute(insert(t.topology_versions).values(
+                ts=time.time(), source=source, body=merged.model_dump(mode="json"), node=node.name))
+            version = int(done.inserted_primary_key[0])  # type: ignore[index]
+        if version - whole_version > max(WHOLE_AFTER, len(whole_nodes)):
+            current = self.topology()
+            if current is not None:
+                return self.save_topology(current, source=source)
+        return version
 
     def place_nodes(self, layout: Topology, source: str = "file") -> int:
         """Rack, leaf switch and labels of the nodes a topology file names, and its switches, merged into the
@@ -402,9 +438,14 @@ class Store:
                                                                      .order_by(t.inventory.c.node))]
 
     def topology(self) -> Topology | None:
+        """The current topology: the newest whole version with the nodes registered since applied."""
+        v = t.topology_versions.c
         with self.engine.connect() as conn:
+            whole_version = int(conn.execute(select(func.max(v.version)).where(v.node.is_(None))).scalar_one() or 0)
             row = conn.execute(select(t.topology.c.body).where(t.topology.c.id == 1)).first()
-        return Topology.model_validate(row.body) if row else None
+            nodes = conn.execute(select(v.body).where(v.node.is_not(None), v.version > whole_version)
+                                 .order_by(v.version)).all()
+        return _with_nodes(row.body if row else None, [r.body for r in nodes])
 
     def node_health(self, include_resolved: bool = False) -> dict[str, FaultLevel]:
         """Worst level of open incidents per node and per GPU / NIC (every entity of the topology listed)."""
@@ -445,6 +486,20 @@ def _incident_row(incident: Incident) -> dict[str, Any]:
 def _action_row(action: Action) -> dict[str, Any]:
     return {"id": action.id, "ts": action.ts, "incident_id": action.incident_id, "kind": action.kind.value,
             "target": action.target, "status": action.status.value, "body": action.model_dump(mode="json")}
+
+
+def _with_nodes(whole: dict[str, Any] | None, nodes: Sequence[dict[str, Any]]) -> Topology | None:
+    """A whole topology's body with registered nodes' bodies applied in order (each replaces its name's node)."""
+    if whole is None and not nodes:
+        return None
+    topology = Topology.model_validate(whole) if whole is not None else Topology()
+    if not nodes:
+        return topology
+    by_name = {n.name: n for n in topology.nodes}
+    for body in nodes:
+        node = Node.model_validate(body)
+        by_name[node.name] = node
+    return topology.model_copy(update={"nodes": sorted(by_name.values(), key=lambda n: n.name)})
 
 
 def _validated(model: Any, items: Iterable[Any]) -> Sequence[Any]:
