@@ -1,6 +1,8 @@
 """Root cause analysis: accuracy on simulated incidents and time per incident on a 10,000-GPU topology.
 
 Run: .venv/bin/python bench/rca.py [--cases 300] [--seed 2026] [--per-subset 20]   -> bench/results/rca.json
+     [--only-stress]: the stress evaluation alone, its entry of the results file updated in place
+     [--explain-away-grid 0,0.5,1]: the development split again for each value of RCA's explaining-away weight
 
 Stress evaluation (vigil_eval.rca_stress, the one the knowledge base was not written for): ``--per-subset``
 simulated cases per subset - concurrent faults in one job or on one node, sibling Xids of the same family
@@ -44,6 +46,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from vigil.detect.rules import RuleDetector  # noqa: E402
+from vigil.diagnose import rca as rca_ranking  # noqa: E402
 from vigil.diagnose.kg import KnowledgeGraph  # noqa: E402
 from vigil.diagnose.peers import PeerDifferenceDetector  # noqa: E402
 from vigil.diagnose.rca import analyze_incident  # noqa: E402
@@ -148,21 +151,70 @@ def _print_stress(summary: dict[str, dict[str, object]], per_subset: int) -> Non
         console.print(table)
 
 
+def explain_away_grid(values: list[float], per_subset: int) -> dict[str, dict[str, float | None]]:
+    """Development-split AC@1 / AC@3 for each value of the explaining-away weight (the held-out split is never
+    run here: the shipped value is chosen from these rows)."""
+    shipped = rca_ranking.EXPLAIN_AWAY
+    rows: dict[str, dict[str, float | None]] = {}
+    try:
+        for value in values:
+            rca_ranking.EXPLAIN_AWAY = value
+            with console.status(f"development split, EXPLAIN_AWAY = {value}"):
+                block = evaluate_stress(per_subset, splits=("development",)).summary()["development"]["all"]
+            rows[str(value)] = {"ac_at_1": block["ac_at_1"], "ac_at_3": block["ac_at_3"]}
+    finally:
+        rca_ranking.EXPLAIN_AWAY = shipped
+    return rows
+
+
+def run_stress(per_subset: int, grid: list[float]) -> dict[str, object]:
+    with Progress(TextColumn("rca stress"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console) as bar:
+        task = bar.add_task("cases", total=None)
+        stress = evaluate_stress(per_subset, progress=lambda done, total: bar.update(task, completed=done,
+                                                                                      total=total))
+    summary = stress.summary()
+    _print_stress(summary, per_subset)
+    out: dict[str, object] = {
+        "per_subset": per_subset, "seconds": round(stress.seconds, 1),
+        "splits": {split: {k: v for k, v in block.items() if k != "misses"} for split, block in summary.items()},
+        "misses": {split: block["misses"] for split, block in summary.items()},
+        "explain_away_shipped": rca_ranking.EXPLAIN_AWAY,
+    }
+    if grid:
+        rows = explain_away_grid(grid, per_subset)
+        out["explain_away_development"] = rows
+        console.print("development split by EXPLAIN_AWAY: " + ", ".join(
+            f"{value}: AC@1 {row['ac_at_1']}, AC@3 {row['ac_at_3']}" for value, row in rows.items()))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=int, default=300)
     parser.add_argument("--seed", type=int, default=2026)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--per-subset", type=int, default=20)
+    parser.add_argument("--only-stress", action="store_true",
+                        help="run only the stress evaluation and update its entry in the results file")
+    parser.add_argument("--explain-away-grid", default="",
+                        help="comma-separated values of the explaining-away weight to rerun the development split with")
     args = parser.parse_args()
+    try:
+        grid = [float(v) for v in args.explain_away_grid.split(",") if v.strip()]
+    except ValueError:
+        print(f"--explain-away-grid: expected numbers separated by commas, got {args.explain_away_grid!r}",
+              file=sys.stderr)
+        raise SystemExit(2) from None
 
-    with Progress(TextColumn("rca stress"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as bar:
-        task = bar.add_task("cases", total=None)
-        stress = evaluate_stress(args.per_subset, progress=lambda done, total: bar.update(task, completed=done,
-                                                                                           total=total))
-    stress_summary = stress.summary()
-    _print_stress(stress_summary, args.per_subset)
+    stress_out = run_stress(args.per_subset, grid)
+    if args.only_stress:
+        previous = json.loads((RESULTS / "rca.json").read_text()) if (RESULTS / "rca.json").exists() else {}
+        previous["stress"] = stress_out
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / "rca.json").write_text(json.dumps(previous, indent=2) + "\n")
+        console.print(f"updated stress in {RESULTS / 'rca.json'}")
+        return
 
     with Progress(TextColumn("rca eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as bar:
@@ -221,10 +273,7 @@ def main() -> None:
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = {
-        "stress": {"per_subset": args.per_subset, "seconds": round(stress.seconds, 1),
-                   "splits": {split: {k: v for k, v in block.items() if k != "misses"}
-                              for split, block in stress_summary.items()},
-                   "misses": {split: block["misses"] for split, block in stress_summary.items()}},
+        "stress": stress_out,
         "accuracy": {k: v for k, v in summary.items() if k != "misses"},
         "misses": summary["misses"],
         "generalization": general,

@@ -9,7 +9,8 @@ base's authors assumed, in one way per subset:
 - ``concurrent_node``: two faults on one node (a GPU fault and a fault on another GPU or a NIC of that node).
 - ``xid_family``: the fault's Xid rewritten as another code of the same family, chosen from NVIDIA's Xid
   catalogue by mnemonic and immediate action (:func:`xid_families`), not from the knowledge base's table.
-- ``missing_kernel``: no kernel log at all (no Xid, mlx5, mce lines); ``missing_dcgm``: no GPU metrics
+- ``missing_kernel``: no kernel log at all (no Xid, mlx5, mce lines; Xids then come only from dcgm-exporter's
+  last-Xid gauge, as the agent reads them on such a node); ``missing_dcgm``: no GPU metrics
   (dcgm-exporter absent); ``missing_rank_logs``: no rank logs (pods gone before their logs were collected).
 - ``noisy_node``: the faulty node also writes what healthy nodes write every day - application Xids (13, 31,
   43, 45: the catalogue's RESTART_APP / IGNORE codes) on its GPUs, a NIC that flaps (down, up two seconds
@@ -436,7 +437,9 @@ def run_stress_case(case: StressCase, kg_cache: dict[str, KnowledgeGraph] | None
     started = time.perf_counter()
     cache = kg_cache if kg_cache is not None else {}
     run, kg = _prepare(case, cache)
-    result = run_pipeline(run, detectors=[RuleDetector(run.topology), PeerDifferenceDetector(run.topology)])
+    # without a kernel log the agent reads Xids from dcgm-exporter's last-Xid gauge (vigil.sources.collect.agent)
+    result = run_pipeline(run, detectors=[RuleDetector(run.topology), PeerDifferenceDetector(run.topology)],
+                          xid_from_gpu_gauge=case.subset == "missing_kernel")
     anomalies = result.anomalies + list(result.observations)
     matches = score(result.incidents, run.ground_truth, run.topology).matches
     injected = {(p.entity, p.fault_type) for p in case.plans}

@@ -202,3 +202,19 @@ def test_a_link_that_stays_down_is_a_link_down_after_the_flap_window() -> None:
     assert det.update([], [_link_event(100.0, "down")]) == []
     later = det.update([gpu_frame(100.0 + det.t.link_flap_s)], [])
     assert [(a.entity, a.fault_type, a.start) for a in later] == [(nic, "link_down", 100.0)]
+
+
+def test_without_a_kernel_log_the_xid_comes_from_the_dcgm_gauge() -> None:
+    plan = FaultPlan("gpu_gsp_timeout", "gpu/n001/3", start_s=20 * 60, duration_s=10 * 60)
+    run = simulate(SimConfig(nodes=2, minutes=40, seed=4, plans=(plan,), benign_noise=False))
+    run.logs[:] = [r for r in run.logs if r.source != "kernel"]  # the agent cannot read this node's kernel log
+
+    def gsp_found(xid_from_gpu_gauge: bool) -> bool:
+        result = run_pipeline(run, xid_from_gpu_gauge=xid_from_gpu_gauge)
+        return any((a.entity, a.fault_type) == (plan.entity, plan.fault_type) for a in result.anomalies)
+
+    assert not gsp_found(False)
+    assert gsp_found(True)
+    events = run_pipeline(run, xid_from_gpu_gauge=True).events
+    assert {(e.entity, e.attrs["xid"], e.source) for e in events if e.kind == "xid"} == {
+        ("gpu/n001/3", 119, "dcgm-exporter")}

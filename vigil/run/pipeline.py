@@ -5,6 +5,7 @@ the result."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ from vigil.detect.base import StreamDetector
 from vigil.detect.incidents import IncidentGrouper
 from vigil.detect.rules import RuleDetector
 from vigil.model import Anomaly, Event, Incident
+from vigil.sources.collect.dcgm import XID_GAUGE, XidGaugeChanges
 from vigil.sources.replay import KernelLineDecoder, decode_kube_events
 from vigil.sources.sim.generator import SimRun
 from vigil.store.metrics import MetricStore
@@ -37,8 +39,12 @@ def run_pipeline(
     metrics: MetricStore | None = None,
     detectors: Sequence[StreamDetector] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    xid_from_gpu_gauge: bool = False,
 ) -> PipelineResult:
-    """Feed a simulated run tick by tick through the store and the detectors, then group the anomalies."""
+    """Feed a simulated run tick by tick through the store and the detectors, then group the anomalies.
+
+    ``xid_from_gpu_gauge``: Xid events from dcgm-exporter's last-Xid gauge, as the agent reads them on nodes
+    whose kernel log it cannot read (``vigil.sources.collect.agent``)."""
     metrics = metrics if metrics is not None else MetricStore()
     dets: list[StreamDetector] = list(detectors) if detectors is not None else [RuleDetector(run.topology)]
     grouper = IncidentGrouper(run.topology)
@@ -51,12 +57,19 @@ def run_pipeline(
     # the fake cluster hands over raw kernel lines and Kubernetes Event objects; the production decoders turn
     # them into events
     kernel = KernelLineDecoder(run.topology)
+    xid_gauge = XidGaugeChanges() if xid_from_gpu_gauge else None
     for k, tick in enumerate(run.ticks()):
+        gauge_events: list[Event] = []
         for frame in tick.frames:
             metrics.append(frame)
+            if xid_gauge is not None and XID_GAUGE in frame.metrics:
+                column = frame.column(XID_GAUGE)
+                readings = [(e, int(v)) for e, v in zip(frame.entities, column.tolist(), strict=True)
+                            if math.isfinite(v)]  # a GPU off the bus reads nothing
+                gauge_events += xid_gauge.changes(readings, frame.ts)
         samples += tick.sample_count
-        events = sorted([*tick.events, *kernel.decode(tick.kernel_lines), *decode_kube_events(tick.kube_events)],
-                        key=lambda e: e.ts)
+        events = sorted([*tick.events, *kernel.decode(tick.kernel_lines), *decode_kube_events(tick.kube_events),
+                         *gauge_events], key=lambda e: e.ts)
         seen.extend(events)
         if store is not None and events:
             store.add_events(events)

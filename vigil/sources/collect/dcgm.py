@@ -14,6 +14,7 @@ guard, which folds or refuses the high-cardinality ones.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import httpx
 from prometheus_client.metrics_core import Metric
@@ -25,6 +26,7 @@ from vigil.sources.collect.base import Collection, Source, default_node_name
 from vigil.sources.collect.nvml import normalise_pci_bus
 
 DEFAULT_URL = "http://localhost:9400/metrics"
+XID_GAUGE = "DCGM_FI_DEV_XID_ERRORS"  # the last Xid a GPU reported
 IDENTITY_LABELS = frozenset(
     {
         "gpu",
@@ -38,6 +40,35 @@ IDENTITY_LABELS = frozenset(
         "window_size_in_ms",
     }
 )
+
+
+class XidGaugeChanges:
+    """Xid events from dcgm-exporter's DCGM_FI_DEV_XID_ERRORS gauge, for nodes whose kernel log is not read.
+
+    The gauge holds the *last* Xid until the exporter restarts (dcgm-exporter#190, #500), so only a change
+    is news: the value seen at the first reading is history of unknown age, and a repeat of the same code
+    is invisible here - the kernel log is the better source wherever the agent can read it.
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[str, int] = {}
+
+    def changes(self, readings: Iterable[tuple[str, int]], now: float) -> list[Event]:
+        """One event per GPU whose gauge changed to a non-zero code since its previous reading."""
+        events = []
+        for entity, code in readings:
+            previous = self._last.get(entity)
+            self._last[entity] = code
+            if previous is None or code == previous or code <= 0:
+                continue
+            info = xid_info(code)
+            events.append(Event(
+                ts=now, entity=entity, kind="xid", source="dcgm-exporter", level=info.level,
+                message=f"Xid {code} ({info.mnemonic}) reported by dcgm-exporter",
+                attrs={"xid": code, "mnemonic": info.mnemonic, "bucket": info.bucket, "action": info.action.value,
+                       "known": info.known},
+            ))
+        return events
 
 
 class DcgmExporterScraper(Source):
@@ -65,7 +96,7 @@ class DcgmExporterScraper(Source):
         self.gpus: dict[int, Gpu] = {}
         # Xid events from the exporter's "last Xid" gauge, for nodes whose kernel log the agent cannot read.
         self.xid_events = xid_events
-        self._last_xid: dict[str, int] = {}
+        self._xid_watch = XidGaugeChanges()
 
     def close(self) -> None:
         if self._client is not None:
@@ -108,40 +139,12 @@ class DcgmExporterScraper(Source):
         return out
 
     def _xid_changes(self, out: Collection, now: float) -> None:
-        """An event when a GPU's DCGM_FI_DEV_XID_ERRORS changes to a non-zero code.
-
-        The gauge holds the *last* Xid until the exporter restarts (dcgm-exporter#190, #500), so only a change
-        is news: the value seen at the first scrape is history of unknown age, and a repeat of the same code
-        is invisible here - the kernel log is the better source wherever the agent can read it.
-        """
-        for point in out.points:
-            if point.metric != "DCGM_FI_DEV_XID_ERRORS":
-                continue
-            code = int(point.value)
-            previous = self._last_xid.get(point.entity)
-            self._last_xid[point.entity] = code
-            if previous is None or code == previous or code <= 0:
-                continue
-            info = xid_info(code)
-            if not info.known:
-                self.problems.report("unknown Xid", f"Xid {code} on {point.entity} is not in the catalogue")
-            out.events.append(
-                Event(
-                    ts=now,
-                    entity=point.entity,
-                    kind="xid",
-                    source="dcgm-exporter",
-                    level=info.level,
-                    message=f"Xid {code} ({info.mnemonic}) reported by dcgm-exporter",
-                    attrs={
-                        "xid": code,
-                        "mnemonic": info.mnemonic,
-                        "bucket": info.bucket,
-                        "action": info.action.value,
-                        "known": info.known,
-                    },
-                )
-            )
+        readings = [(p.entity, int(p.value)) for p in out.points if p.metric == XID_GAUGE]
+        for event in self._xid_watch.changes(readings, now):
+            if not event.attrs["known"]:
+                self.problems.report("unknown Xid",
+                                     f"Xid {event.attrs['xid']} on {event.entity} is not in the catalogue")
+            out.events.append(event)
 
     @staticmethod
     def _parser_added_total(family: str, page: str) -> bool:
