@@ -2,13 +2,15 @@
 
 The numbers are GNU ``du``'s: disk usage is ``st_blocks * 512`` of every inode under a directory (files,
 directories, symlinks, not followed), apparent size is ``st_size``, and an inode with several hard links
-is counted once. The cache keeps, per directory, its identity (device, inode), its ``mtime`` and
-``ctime`` and what it holds directly. A directory whose identity and times are unchanged has the same
-entries, so it is not listed again: a re-scan stats each directory once instead of every file.
+is counted once, in the directory where du's walk meets it first. The cache keeps, per directory, its
+identity (device, inode), its ``mtime`` and ``ctime`` and what it holds directly. A directory whose
+identity and times are unchanged has the same entries, so it is not listed again: a re-scan stats each
+directory once instead of every file.
 
-What the cache cannot see: a file rewritten in place (same name, new size) changes the file's times, not
-its directory's. Checkpoint writers create new files and directories, which the cache sees; for volumes
-where files grow in place, run a full scan (``full=True``) now and then.
+What the cache cannot see: a file rewritten in place (same name, new size), or given a first extra name in
+another directory, changes the file's inode, not its directory. Checkpoint writers create new files and
+directories, which the cache sees; for volumes where files grow in place, run a full scan (``full=True``)
+now and then.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import NamedTuple
 from vigil.model import VigilInputError
 
 BLOCK = 512
+TABLE = "dir_records"  # the cache's table of directory records
 # A directory changed within this long of the scan may change again in the same timestamp tick (ext4 stamps
 # with a coarse clock), so its times are not trusted next time: it is listed again (as git does for racy files).
 RACY_NS = 2_000_000_000
@@ -50,8 +53,11 @@ class DirRecord(NamedTuple):
     own_apparent: int
     own_files: int
     subdirs: tuple[str, ...]
-    # Inodes with more than one link: counted once for the whole tree, wherever they are first met.
-    links: tuple[tuple[int, int, int, int], ...] = ()
+    # Inodes with more than one link (device, inode, bytes, apparent, place in the listing): counted once for the
+    # whole tree, in the directory where du's walk meets them first.
+    links: tuple[tuple[int, int, int, int, int], ...] = ()
+    # Each subdirectory's place in this directory's listing (readdir order, which du's walk follows).
+    subdir_positions: tuple[int, ...] = ()
 
 
 class Usage(NamedTuple):
@@ -131,17 +137,18 @@ def _list_directory(path: str, st: os.stat_result, mtime_ns: int) -> tuple[DirRe
         )
         return record, []
     prefix = path if path.endswith(os.sep) else path + os.sep
-    children: list[Pending] = []
+    placed: list[tuple[str, os.stat_result, int]] = []
     files: list[os.stat_result] = []
-    links: list[tuple[int, int, int, int]] = []
-    for name, info in zip(names, infos, strict=True):
+    links: list[tuple[int, int, int, int, int]] = []
+    for position, (name, info) in enumerate(zip(names, infos, strict=True)):
         if stat.S_ISDIR(info.st_mode):
-            children.append((prefix + name, info))
+            placed.append((prefix + name, info, position))
         elif info.st_nlink > 1:
-            links.append((info.st_dev, info.st_ino, info.st_blocks * BLOCK, info.st_size))
+            links.append((info.st_dev, info.st_ino, info.st_blocks * BLOCK, info.st_size, position))
         else:
             files.append(info)
-    children.sort(key=itemgetter(0))
+    placed.sort(key=itemgetter(0))
+    children: list[Pending] = [(child, info) for child, info, _ in placed]
     record = DirRecord(
         path,
         st.st_dev,
@@ -153,6 +160,7 @@ def _list_directory(path: str, st: os.stat_result, mtime_ns: int) -> tuple[DirRe
         len(files) + len(links),
         tuple(child[len(prefix) :] for child, _ in children),
         tuple(links),
+        tuple(position for _, _, position in placed),
     )
     return record, children
 
@@ -168,15 +176,21 @@ class ScanCache:
             return {}
         try:
             with sqlite3.connect(self.path) as db:
+                # A cache written before the records kept listing places (table "dirs") is not read: one full scan.
+                if not db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (TABLE,)).fetchone():
+                    return {}
                 rows = db.execute(
-                    "SELECT path, dev, ino, mtime_ns, ctime_ns, own_bytes, own_apparent, own_files, subdirs, links "
-                    "FROM dirs WHERE root = ?",
+                    "SELECT path, dev, ino, mtime_ns, ctime_ns, own_bytes, own_apparent, own_files, subdirs, links,"
+                    f" subdir_positions FROM {TABLE} WHERE root = ?",
                     (root,),
                 ).fetchall()
         except sqlite3.DatabaseError as err:
             raise VigilInputError(f"usage cache {self.path} is not a readable cache: {err}") from None
         records = {}
-        for path, dev, ino, mtime_ns, ctime_ns, own_bytes, own_apparent, own_files, subdirs, links in rows:
+        for path, dev, ino, mtime_ns, ctime_ns, own_bytes, own_apparent, own_files, subdirs, links, places in rows:
+            if not subdirs and not links:  # most directories: files only
+                records[path] = DirRecord(path, dev, ino, mtime_ns, ctime_ns, own_bytes, own_apparent, own_files, ())
+                continue
             records[path] = DirRecord(
                 path,
                 dev,
@@ -187,7 +201,8 @@ class ScanCache:
                 own_apparent,
                 own_files,
                 tuple(subdirs.split("\0")) if subdirs else (),
-                tuple((int(a), int(b), int(c), int(d)) for a, b, c, d in json.loads(links)) if links else (),
+                tuple((int(a), int(b), int(c), int(d), int(e)) for a, b, c, d, e in json.loads(links)) if links else (),
+                tuple(int(p) for p in places.split(",")) if places else (),
             )
         return records
 
@@ -210,18 +225,19 @@ class ScanCache:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
             with db:
+                db.execute("DROP TABLE IF EXISTS dirs")  # the records of an earlier version, without listing places
                 db.execute(
-                    "CREATE TABLE IF NOT EXISTS dirs (root TEXT, path TEXT, dev INTEGER, ino INTEGER,"
+                    f"CREATE TABLE IF NOT EXISTS {TABLE} (root TEXT, path TEXT, dev INTEGER, ino INTEGER,"
                     " mtime_ns INTEGER, ctime_ns INTEGER, own_bytes INTEGER, own_apparent INTEGER,"
-                    " own_files INTEGER, subdirs TEXT, links TEXT, PRIMARY KEY (root, path))"
+                    " own_files INTEGER, subdirs TEXT, links TEXT, subdir_positions TEXT, PRIMARY KEY (root, path))"
                 )
                 db.execute(
                     "CREATE TABLE IF NOT EXISTS history (root TEXT, ts REAL, path TEXT, bytes INTEGER,"
                     " apparent INTEGER, files INTEGER)"
                 )
-                db.executemany("DELETE FROM dirs WHERE root = ? AND path = ?", removed)
+                db.executemany(f"DELETE FROM {TABLE} WHERE root = ? AND path = ?", removed)
                 db.executemany(
-                    "INSERT OR REPLACE INTO dirs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    f"INSERT OR REPLACE INTO {TABLE} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         (
                             result.root,
@@ -235,6 +251,7 @@ class ScanCache:
                             r.own_files,
                             "\0".join(r.subdirs),
                             json.dumps(r.links) if r.links else "",
+                            ",".join(map(str, r.subdir_positions)),
                         )
                         for r in changed
                     ),
@@ -385,19 +402,40 @@ def _walk(
         _WALK = None
 
 
+def _charge_hard_links(records: dict[str, DirRecord]) -> dict[str, tuple[int, int]]:
+    """Bytes and apparent size of hard-linked inodes charged to each directory, where du charges them.
+
+    du's walk (fts) is depth-first and takes each directory's entries in listing (readdir) order; it counts an
+    inode at the first name it meets. A name's place in that walk is the listing places on the way down to it,
+    compared as tuples. ``records`` holds every parent before its children (the walk's order).
+    """
+    places: dict[str, tuple[int, ...]] = {}  # the root's place is ()
+    met: list[tuple[tuple[int, ...], int, int, int, int, str]] = []
+    for path, r in records.items():
+        here = places.get(path, ())
+        if r.subdirs:
+            prefix = path if path.endswith(os.sep) else path + os.sep
+            for name, position in zip(r.subdirs, r.subdir_positions, strict=True):
+                places[prefix + name] = (*here, position)
+        met.extend(
+            ((*here, position), dev, ino, nbytes, apparent, path) for dev, ino, nbytes, apparent, position in r.links
+        )
+    met.sort(key=itemgetter(0))
+    seen: set[tuple[int, int]] = set()
+    own: dict[str, tuple[int, int]] = {}
+    for _, dev, ino, nbytes, apparent, path in met:
+        if (dev, ino) not in seen:
+            seen.add((dev, ino))
+            charged = own.get(path, (0, 0))
+            own[path] = (charged[0] + nbytes, charged[1] + apparent)
+    return own
+
+
 def _totals(records: dict[str, DirRecord]) -> dict[str, Usage]:
     """Subtree totals; ``records`` holds every parent before its children (the walk's order)."""
-    seen_links: set[tuple[int, int]] = set()
     own: dict[str, tuple[int, int]] = {}
-    # Hard-linked inodes go to the first directory in path order that holds one, as the names sort.
-    for path in sorted(p for p, r in records.items() if r.links):
-        nbytes = apparent = 0
-        for dev, ino, link_bytes, link_apparent in records[path].links:
-            if (dev, ino) not in seen_links:
-                seen_links.add((dev, ino))
-                nbytes += link_bytes
-                apparent += link_apparent
-        own[path] = (nbytes, apparent)
+    if any(r.links for r in records.values()):
+        own = _charge_hard_links(records)
     totals: dict[str, Usage] = {}
     sep = os.sep
     for r in reversed(list(records.values())):
