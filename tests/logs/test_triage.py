@@ -206,3 +206,21 @@ def test_own_error_beats_the_launcher_report_of_the_abort_after_it(tmp_path: Pat
     result = triage(tmp_path)
     assert result.root is not None
     assert (result.root.kind, result.root.lineno, result.root.rank) == ("python.exception", 4, 0)
+
+
+def test_nccl_last_error_under_the_wrapper_is_the_root(tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "job.log").write_text(
+        "[rank3]: torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:3763, unhandled cuda "
+        "error (run with NCCL_DEBUG=INFO for details), NCCL version 2.28.8\n"
+        "[rank3]: ncclUnhandledCudaError: Call to CUDA function failed.\n"
+        "[rank3]: Last error:\n"
+        "[rank3]: Cuda failure 2 'out of memory'\n"
+        "[rank2]: Traceback (most recent call last):\n")
+    result = triage(job, workers=1)
+    assert result.root is not None and result.root.lineno == 4, result.summary
+    assert result.root.rank == 3 and result.root.attrs["failure"] == "out of memory"
+    (job / "job.log").write_text("RuntimeError: the loader failed\nLast error:\n\nsomething else entirely\n")
+    result = triage(job, workers=1)
+    assert result.root is not None and result.root.lineno == 4  # the header's next non-empty line

@@ -46,6 +46,10 @@ MAX_LINE_CHARS = 2000
 # A line no signature knows but that reads as an error is kept for the fallback; a chatty log keeps its first few.
 MAX_WORDED_PER_FILE = 200
 WORDED_SIGNATURE = "generic.error_wording"
+# PyTorch prints NCCL's own account of a failure under its wrapper: "DistBackendError: NCCL error in: ... /
+# ncclRemoteError: ... / Last error: / <NCCL's last WARN>". The line after the header names what failed.
+NCCL_LAST_ERROR_HEADER = "Last error:"
+NCCL_LAST_ERROR = "nccl_last_error"
 # A more specific report of the same fault this many lines below the first one replaces it.
 SAME_REPORT_LINES = 12
 # Symptoms that every healthy rank prints once another one is gone: the last choice for a root.
@@ -213,6 +217,7 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
     frames: list[dict[str, Any]] = []
     untimed: list[LogEvent] = []
     in_traceback = False
+    after_last_error = False
     lineno = 0
     for block in read_lines(source.path):
         for raw in block:
@@ -245,22 +250,29 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
                 if line[:1].isspace() or not stripped:
                     continue
                 in_traceback = False
+            if stripped == NCCL_LAST_ERROR_HEADER:
+                after_last_error = True
+                continue
+            detail, after_last_error = after_last_error and bool(stripped), after_last_error and not stripped
             origin = _NCCL_ORIGIN.match(line)
             if origin and rank is not None:
                 scan.hosts[rank] = origin["host"]
                 scan.pids[(origin["host"], int(origin["pid"]))] = rank
             hit = matcher.match(line)
             if hit is None:
-                if len(scan.worded) < MAX_WORDED_PER_FILE and (grade := strength(line)):
+                grade = strength(line) or (SPECIFIC if detail else 0)
+                if len(scan.worded) < MAX_WORDED_PER_FILE and grade:
                     scan.worded.append(LogEvent(
                         source=source.name, lineno=lineno, ts=ts, entity=_entity(source, job, rank), rank=rank,
                         node=source.node, signature=WORDED_SIGNATURE, fault_type=None,
                         level=FaultLevel.OBSERVE, role="root", line=line[:MAX_LINE_CHARS],
-                        attrs={"strength": grade}))
+                        attrs={"strength": grade, **({NCCL_LAST_ERROR: True} if detail else {})}))
                     if stamp is None:
                         untimed.append(scan.worded[-1])
                 continue
             attrs = dict(hit.attrs)
+            if detail:
+                attrs[NCCL_LAST_ERROR] = True
             if frames and hit.signature.role == "root":
                 attrs.update(_traceback_attrs(frames))
                 frames = []
@@ -321,8 +333,10 @@ def decide(scans: list[_Scan], job: str, directory: Path, tie_s: float = 1.0) ->
         if event.rank is not None and event.node is None and event.rank in hosts:
             event.node = entity_name(hosts[event.rank], "") or None
     root, basis = _pick_root(events, priority, tie_s)
+    worded = [e for scan in scans for e in scan.worded]
     if root is None:
-        root, basis = _fallback_root([e for scan in scans for e in scan.worded], events, tie_s)
+        root, basis = _fallback_root(worded, events, tie_s)
+    root = _nccl_detail(root, events + worded)
     if root is not None and root.rank is None and root.entity.startswith("node/"):
         _attribute_to_rank(root, events)
     rank_events = [e for e in events if not e.entity.startswith("node/")]
@@ -426,6 +440,22 @@ def _pick_root(events: list[LogEvent], priority: dict[str, int],
         first_ts = min(e.ts for e in timed if e.ts is not None)
         roots = [e for e in timed if e.ts is not None and e.ts <= first_ts + tie_s]
     return min(roots, key=lambda e: (priority.get(e.signature, last), e.ts or 0.0, e.source, e.lineno)), "signature"
+
+
+def _nccl_detail(root: LogEvent | None, candidates: list[LogEvent]) -> LogEvent | None:
+    """NCCL's "Last error:" detail a few lines below the root's report names what failed: it becomes the root,
+    keeping the report's fault type when it has none of its own."""
+    if root is None:
+        return None
+    details = [e for e in candidates if e.attrs.get(NCCL_LAST_ERROR) and e.source == root.source
+               and 0 < e.lineno - root.lineno <= SAME_REPORT_LINES]
+    if not details:
+        return root
+    detail = min(details, key=lambda e: e.lineno)
+    detail.role = "root"
+    if detail.fault_type is None:
+        detail.fault_type, detail.level = root.fault_type, max(root.level, detail.level)
+    return detail
 
 
 def _detail(event: LogEvent) -> int:
