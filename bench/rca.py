@@ -210,7 +210,8 @@ def main() -> None:
     stress_out = run_stress(args.per_subset, grid)
     if args.only_stress:
         previous = json.loads((RESULTS / "rca.json").read_text()) if (RESULTS / "rca.json").exists() else {}
-        previous["stress"] = stress_out
+        # a run without --explain-away-grid keeps the development grid of the previous run
+        previous["stress"] = {**previous.get("stress", {}), **stress_out}
         RESULTS.mkdir(parents=True, exist_ok=True)
         (RESULTS / "rca.json").write_text(json.dumps(previous, indent=2) + "\n")
         console.print(f"updated stress in {RESULTS / 'rca.json'}")

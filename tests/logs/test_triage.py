@@ -224,3 +224,15 @@ def test_nccl_last_error_under_the_wrapper_is_the_root(tmp_path: Path) -> None:
     (job / "job.log").write_text("RuntimeError: the loader failed\nLast error:\n\nsomething else entirely\n")
     result = triage(job, workers=1)
     assert result.root is not None and result.root.lineno == 4  # the header's next non-empty line
+
+
+def test_nccl_last_error_far_below_an_nccl_warn_does_not_replace_it(tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "job.log").write_text(
+        "host:2852:3596 [0] include/alloc.h:112 NCCL WARN Cuda failure 999 'unknown error'\n"
+        + "".join(f"host:2852:3596 [0] NCCL INFO init.cc:{n} -> 1\n" for n in range(500, 505))
+        + "ERROR - NCCL error in: NCCLUtils.hpp:268, unhandled cuda error, NCCL version 2.21.5\n"
+        "ncclUnhandledCudaError: Call to CUDA function failed.\nLast error:\nCuda failure 999 'unknown error'\n")
+    result = triage(job, workers=1)
+    assert result.root is not None and result.root.lineno == 1, result.summary

@@ -50,6 +50,9 @@ WORDED_SIGNATURE = "generic.error_wording"
 # ncclRemoteError: ... / Last error: / <NCCL's last WARN>". The line after the header names what failed.
 NCCL_LAST_ERROR_HEADER = "Last error:"
 NCCL_LAST_ERROR = "nccl_last_error"
+# The detail belongs to the report whose head is the root: wrapper, NCCL's error class, header, detail. Further down
+# it repeats an error NCCL already reported on its own (a WARN line above the wrapper stays the root).
+NCCL_REPORT_LINES = 3
 # A more specific report of the same fault this many lines below the first one replaces it.
 SAME_REPORT_LINES = 12
 # Symptoms that every healthy rank prints once another one is gone: the last choice for a root.
@@ -443,12 +446,12 @@ def _pick_root(events: list[LogEvent], priority: dict[str, int],
 
 
 def _nccl_detail(root: LogEvent | None, candidates: list[LogEvent]) -> LogEvent | None:
-    """NCCL's "Last error:" detail a few lines below the root's report names what failed: it becomes the root,
-    keeping the report's fault type when it has none of its own."""
+    """NCCL's "Last error:" detail under the root's report names what failed: it becomes the root, keeping the
+    report's fault type when it has none of its own."""
     if root is None:
         return None
     details = [e for e in candidates if e.attrs.get(NCCL_LAST_ERROR) and e.source == root.source
-               and 0 < e.lineno - root.lineno <= SAME_REPORT_LINES]
+               and 0 < e.lineno - root.lineno <= NCCL_REPORT_LINES]
     if not details:
         return root
     detail = min(details, key=lambda e: e.lineno)
