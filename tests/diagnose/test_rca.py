@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from vigil.detect.rules import RuleDetector
 from vigil.diagnose.hang import HangDiagnosis
 from vigil.diagnose.kg import KnowledgeGraph
 from vigil.diagnose.rca import analyze_incident, culprits_from_hang
@@ -153,3 +154,19 @@ def test_ten_thousand_gpu_topology_ranks_an_incident_within_a_second() -> None:
     assert result.top(1) == [(leaf, "switch_failure")]
     # target 1 s on an idle machine; the assertion leaves room for a loaded, shared CI box
     assert best < 3.0, f"RCA took {best:.2f} s"
+
+
+@pytest.mark.parametrize(("exit_code", "exit_reason", "fault"), [
+    (-9, "rank 21 killed by signal SIGKILL", "process_killed"),
+    (1, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.", "gpu_oom"),
+])
+def test_a_crashed_rank_is_out_of_memory_only_with_evidence_of_it(kg: KnowledgeGraph, exit_code: int,
+                                                                   exit_reason: str, fault: str) -> None:
+    """A rank ended by SIGKILL with no CUDA out-of-memory error is a killed process, not gpu_oom: the job event
+    as `vigil launch` reports it, through the rules."""
+    crash = Event(ts=T0, entity="job/j00", kind="job", source="launch", message=exit_reason, level=FaultLevel.DRAIN,
+                  attrs={"reason": "crashed", "verdict": "crash", "rank": 21, "exit_reason": exit_reason,
+                         "node": "n002", "exit_code": exit_code})
+    found = RuleDetector(build_topology(nodes=8, gpus=8, nodes_per_switch=4, job_nodes=8)).update([], [crash])
+    result = analyze_incident(kg, incident_of(found), found, events=[crash])
+    assert result.top(1) == [("job/j00/rank/21", fault)]

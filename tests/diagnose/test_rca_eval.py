@@ -39,6 +39,8 @@ def test_case_mix_is_deterministic_and_covers_the_catalogue() -> None:
     ("job_hang", "job/j01/rank/21"),
     ("gpu_lost", "gpu/n003/5"),
     ("gpu_p2p_bw_low", "gpu/n012/1"),
+    ("process_killed", "job/j01/rank/21"),
+    ("gpu_oom", "job/j01/rank/21"),
 ])
 def test_full_path_ranks_the_injected_fault_first(fault: str, entity: str) -> None:
     result = run_case(EvalCase(0, "single", 1234, (FaultPlan(fault, entity, 780.0, 660.0),)))

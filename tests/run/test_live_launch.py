@@ -117,7 +117,9 @@ def test_killed_rank_becomes_a_crash_incident_on_its_rank_node_and_job(server: S
     assert evidence["attrs"]["node"] == default_node_name() and evidence["attrs"]["exit_code"] == -9
     assert "SIGKILL" in evidence["summary"]
     diagnosis = server.diagnosis(incident["id"])
-    assert diagnosis["root_cause"]["entity"] == f"job/{job}/rank/1"
+    # no CUDA out-of-memory error, an exit by SIGKILL: a killed process
+    assert (diagnosis["root_cause"]["entity"], diagnosis["root_cause"]["fault_type"]) == (
+        f"job/{job}/rank/1", "process_killed")
     exits = server.get("/api/v1/events?kind=rank_exit")
     assert {(e["entity"], e["attrs"].get("signal")) for e in exits if e["entity"].startswith(f"job/{job}/")} >= {
         (f"job/{job}/rank/1", "SIGKILL")}

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import re
+import signal
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -32,7 +33,7 @@ from vigil.knowledge.signatures import load_signature_file
 from vigil.knowledge.xid import known_xids, xid_info
 from vigil.model import ActionKind, FaultLevel, VigilInputError
 
-SYMPTOM_PREFIXES = ("anomaly", "xid", "log", "metric", "peer")
+SYMPTOM_PREFIXES = ("anomaly", "xid", "log", "metric", "peer", "signal")
 BARE_SYMPTOMS = ("hang", "crash")
 
 
@@ -266,6 +267,8 @@ def _symptom_problem(symptom: str, kb: KnowledgeBase) -> str | None:
         return f"symptom {symptom!r} names an Xid that is not in the Xid table"
     if prefix == "metric" and rest not in metric_catalogue():
         return f"symptom {symptom!r} names a metric that is not in the metric catalogue"
+    if prefix == "signal" and rest not in signal.Signals.__members__:
+        return f"symptom {symptom!r} names no POSIX signal (SIGKILL, SIGTERM, ...)"
     return None
 
 

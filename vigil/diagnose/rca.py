@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import re
+import signal
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -99,6 +100,20 @@ class RcaResult:
 # --------------------------------------------------------------------------- evidence -> observations
 
 
+def exit_signal(attrs: Mapping[str, object]) -> str | None:
+    """The signal that ended a rank as its launcher reported it (``signal``, or a negative ``exit_code``)."""
+    name = attrs.get("signal")
+    if isinstance(name, str) and name:
+        return name
+    code = attrs.get("exit_code")
+    if isinstance(code, int) and code < 0:
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return None
+    return None
+
+
 def _entity_in_graph(kg: KnowledgeGraph, entity: str) -> str | None:
     if entity in kg:
         return entity
@@ -143,6 +158,8 @@ def observations_from(
                 add(signature.symptom, ev.entity, weight, ev)
         if isinstance(attrs.get("fault_type"), str):
             add(f"anomaly:{attrs['fault_type']}", ev.entity, weight, ev)
+        if (ended_by := exit_signal(attrs)) is not None:
+            add(f"signal:{ended_by}", ev.entity, weight, ev)
 
     for anomaly in anomalies:
         weight = min(1.0, max(0.1, float(anomaly.score))) * (0.6 + 0.1 * int(anomaly.level))
@@ -179,6 +196,8 @@ def observations_from(
             rank = event.attrs.get("rank")
             target = f"{event.entity}/rank/{rank}" if isinstance(rank, int) else event.entity
             add("crash", target, 0.5, ev)
+            if (ended_by := exit_signal(event.attrs)) is not None:
+                add(f"signal:{ended_by}", target, 0.5, ev)
             matched = True
         if matched:
             evidence.append(ev)

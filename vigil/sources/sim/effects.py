@@ -13,6 +13,7 @@ A new fault type is one entry in the fault catalogue (vigil/knowledge/data/kb/fa
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
@@ -80,6 +81,7 @@ class Scene:
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
     jobs: list[int] = field(default_factory=list)
     root_lines: list[str] = field(default_factory=list)
+    exit_code: int | None = None
 
     # ------------------------------------------------------------ timing
 
@@ -135,6 +137,12 @@ class Scene:
         """The root error the fault's rank writes before its job goes down."""
         if self._records():
             self.root_lines.extend(lines)
+
+    def killed_by(self, signum: int) -> None:
+        """The fault's rank is ended by ``signum`` without a word of its own: its launcher reports exit code
+        -signum, as ``vigil launch`` does."""
+        if self._records():
+            self.exit_code = -signum
 
     # ------------------------------------------------------------ metrics (phase "tick")
 
@@ -449,6 +457,11 @@ def loss_spike(s: Scene) -> None:
 def vanishing_gradient(s: Scene) -> None:
     if s.live:
         s.scale("grad_mult", max(1e-3, float(np.exp(-(s.ts - s.fault.onset) / 40.0))))
+
+
+@effect("process_killed", jobs="crash")
+def process_killed(s: Scene) -> None:
+    s.killed_by(signal.SIGKILL)
 
 
 @effect("gpu_oom", jobs="crash")

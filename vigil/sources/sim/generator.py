@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -373,11 +374,13 @@ class SimRun:
                            "before timing out.")
 
     def _job_down_events(self, job: int, ts: float, reason: str, restart_after: float, rank: int | None = None,
-                         exit_reason: str = "") -> None:
+                         exit_reason: str = "", exit_code: int | None = None) -> None:
         jid = self.topology.jobs[job]
         attrs: dict[str, object] = {"reason": reason, "exit_reason": exit_reason}
         if rank is not None:
             attrs["rank"] = rank
+        if exit_code is not None:
+            attrs["exit_code"] = exit_code
         self._event(ts, jid.entity, "job", "launcher", f"job {jid.id} {reason}: {exit_reason}".strip(), **attrs)
         if ts + restart_after <= self.end_ts:
             self._event(ts + restart_after, jid.entity, "job", "launcher",
@@ -402,7 +405,10 @@ class SimRun:
             for j in jobs:
                 rank = root_rank if (gpu is not None or f.nics or f.rank is not None or f.nodes) else None
                 self._crash_logs(j, rank, t0 + 1.0, lines)
-                self._job_down_events(j, t0 + 3.0, "crashed", restart, rank, lines[-1] if lines else "")
+                exit_reason = lines[-1] if lines else ""
+                if scene.exit_code is not None and scene.exit_code < 0 and not lines:
+                    exit_reason = f"rank {rank} killed by signal {signal.Signals(-scene.exit_code).name}"
+                self._job_down_events(j, t0 + 3.0, "crashed", restart, rank, exit_reason, scene.exit_code)
         elif effect.jobs == "hang":
             for j in jobs:
                 culprit = f.rank if f.spec.name == "job_hang" else root_rank
