@@ -14,10 +14,15 @@ Run: .venv/bin/python bench/hang.py [--hang-timeout 10] [--quick] [--stacks-only
 3. Stack merge: 10,000 synthetic ranks (several states, varying line numbers) merged into the prefix
    tree and the fork point found. Target < 1 s.
 5. Stacks: tests/probe/stack_job.py under DDP (the probe's Python comm hook, and the built-in C++ hook
-   whose collectives never pass through Python), FSDP2 and hand-written collectives: a rank stuck in
-   forward, uneven inputs, a 0.6 s/step straggler, a crash, a C call holding the GIL, and three long pauses
-   that are not hangs (checkpoint save, evaluation loop, data-loader warm-up); plus what the probe adds to
-   a DDP step (Python hook + op record + module marks vs the built-in C++ hook without the probe).
+   whose collectives never pass through Python), FSDP2, hand-written collectives, functional collectives
+   (world group; a 2 x 2 DeviceMesh sub-group) and the c10d_functional operators of a compiled graph (no op
+   recorded): a rank stuck in forward (for the last, in its first forward: a hang before any step, judged
+   from every rank's stack past the start-up allowance), uneven inputs, a 0.6 s/step straggler, a crash, a
+   C call holding the GIL, three long pauses that are not hangs (checkpoint save, evaluation loop,
+   data-loader warm-up), and an FSDP2 job on two "nodes" (two `vigil launch` processes); plus what the probe
+   adds to a DDP step (Python hook + op record + compute marks vs the built-in C++ hook without the probe).
+6. Periodic stacks: two two-node DDP jobs on "machines" node-a and node-b with py-spy sweeps every second, a
+   slow rank on node-b in both; `vigil stacks` must flag node-b and not node-a.
 4. FR side by side: the FR dumps each scenario left (gloo, TORCH_FR_BUFFER_SIZE) analysed by
    `vigil diagnose` and by torch.distributed.flight_recorder.fr_trace, raw and with gloo's pg_config
    key repaired; which names the right culprit.
@@ -34,7 +39,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from rich.console import Console
 from rich.table import Table
@@ -47,6 +52,7 @@ from vigil.diagnose.flight_recorder import (  # noqa: E402
     normalize_for_torch,
     run_torch_analyzer,
 )
+from vigil.diagnose.hang import HangDiagnosis  # noqa: E402
 from vigil.diagnose.stacks import merge_stacks  # noqa: E402
 from vigil.model import VigilInputError  # noqa: E402
 from vigil.run.launcher import free_port, launch  # noqa: E402
@@ -58,39 +64,58 @@ STACK_JOB = REPO / "tests" / "probe" / "stack_job.py"
 WORLD = 3
 console = Console()
 
-# name, script args, expected verdict, expected culprit ranks, expected links
-SCENARIOS: list[tuple[str, list[str], str, list[int], list[list[int]]]] = [
-    ("stuck in compute", ["--fault", "compute", "--rank", "1"], "hang", [1], []),
-    ("deadlock between threads", ["--fault", "deadlock", "--rank", "2"], "hang", [2], []),
-    ("busy loop holding the GIL", ["--fault", "busyloop", "--rank", "1"], "hang", [1], []),
-    ("C call holding the GIL", ["--fault", "gil", "--rank", "0"], "hang", [0], []),
-    ("rank 0 stuck (reference-rank case)", ["--fault", "deadlock", "--rank", "0"], "hang", [0], []),
-    ("skipped collective", ["--fault", "skip", "--rank", "1"], "mismatch", [1], []),
-    ("mismatched shape", ["--fault", "shape", "--rank", "2"], "mismatch", [2], []),
-    ("exception (CUDA error)", ["--fault", "exception", "--rank", "2"], "crash", [2], []),
-    ("killed process", ["--fault", "kill", "--rank", "1"], "crash", [1], []),
-    ("missing p2p recv in a ring", ["--fault", "p2p", "--rank", "2"], "hang", [2], [[1, 2]]),
-    ("straggler", ["--fault", "straggler", "--rank", "2", "--sleep", "0.3", "--steps", "16"], "slow", [2], []),
-    ("slow but progressing", ["--fault", "slow", "--sleep", "1.5", "--steps", "8"], "ok", [], []),
-    ("long checkpoint save", ["--fault", "checkpoint", "--rank", "0", "--steps", "6"], "ok", [], []),
+class Scenario(NamedTuple):
+    name: str
+    args: list[str]
+    verdict: str
+    culprits: list[int]
+    links: list[list[int]] = []
+    world: int = WORLD
+    # Set for a job hung before its first step: judged after this start-up allowance (else the default 60 s).
+    startup_grace: float | None = None
+
+
+SCENARIOS: list[Scenario] = [
+    Scenario("stuck in compute", ["--fault", "compute", "--rank", "1"], "hang", [1]),
+    Scenario("deadlock between threads", ["--fault", "deadlock", "--rank", "2"], "hang", [2]),
+    Scenario("busy loop holding the GIL", ["--fault", "busyloop", "--rank", "1"], "hang", [1]),
+    Scenario("C call holding the GIL", ["--fault", "gil", "--rank", "0"], "hang", [0]),
+    Scenario("rank 0 stuck (reference-rank case)", ["--fault", "deadlock", "--rank", "0"], "hang", [0]),
+    Scenario("skipped collective", ["--fault", "skip", "--rank", "1"], "mismatch", [1]),
+    Scenario("mismatched shape", ["--fault", "shape", "--rank", "2"], "mismatch", [2]),
+    Scenario("exception (CUDA error)", ["--fault", "exception", "--rank", "2"], "crash", [2]),
+    Scenario("killed process", ["--fault", "kill", "--rank", "1"], "crash", [1]),
+    Scenario("missing p2p recv in a ring", ["--fault", "p2p", "--rank", "2"], "hang", [2], [[1, 2]]),
+    Scenario("straggler", ["--fault", "straggler", "--rank", "2", "--sleep", "0.3", "--steps", "16"], "slow", [2]),
+    Scenario("slow but progressing", ["--fault", "slow", "--sleep", "1.5", "--steps", "8"], "ok", []),
+    Scenario("long checkpoint save", ["--fault", "checkpoint", "--rank", "0", "--steps", "6"], "ok", []),
 ]
 
+# Past this start-up allowance a job that never stepped is judged by every rank's stack (pre-step hangs).
+PRE_STEP_GRACE_S = 10.0
 # The stacks people train with (tests/probe/stack_job.py): DDP with the probe's Python comm hook, DDP with
-# the built-in C++ hook (no collective passes through Python), FSDP2, hand-written collectives.
-STACK_SCENARIOS: list[tuple[str, list[str], str, list[int], list[list[int]]]] = [
-    *[(f"{stack}: rank stuck in forward", ["--stack", stack, "--fault", "forward", "--rank", "1"], "hang", [1], [])
-      for stack in ("ddp", "fsdp", "ddp_builtin", "manual")],
-    *[(f"{stack}: uneven inputs", ["--stack", stack, "--fault", "uneven", "--rank", "2"], "mismatch", [2], [])
+# the built-in C++ hook (no collective passes through Python), FSDP2, hand-written collectives, functional
+# collectives (on the world group, and on a DeviceMesh sub-group), and the c10d_functional operators a
+# compiled graph calls (no Python collective API at all).
+STACK_SCENARIOS: list[Scenario] = [
+    *[Scenario(f"{stack}: rank stuck in forward", ["--stack", stack, "--fault", "forward", "--rank", "1"], "hang", [1])
+      for stack in ("ddp", "fsdp", "ddp_builtin", "manual", "funcol")],
+    Scenario("mesh (dp sub-group of a 2 x 2 DeviceMesh, 4 ranks): rank stuck in forward",
+             ["--stack", "mesh", "--fault", "forward", "--rank", "1"], "hang", [1], world=4),
+    Scenario("compiled_ops: rank stuck before the first step, no op recorded",
+             ["--stack", "compiled_ops", "--fault", "forward", "--rank", "1", "--at-step", "0"], "hang", [1],
+             startup_grace=PRE_STEP_GRACE_S),
+    *[Scenario(f"{stack}: uneven inputs", ["--stack", stack, "--fault", "uneven", "--rank", "2"], "mismatch", [2])
       for stack in ("ddp", "fsdp")],
-    *[(f"{stack}: straggler 0.6 s/step", ["--stack", stack, "--fault", "straggler", "--rank", "1"], "slow", [1], [])
-      for stack in ("ddp", "fsdp")],
-    ("fsdp: crash", ["--stack", "fsdp", "--fault", "crash", "--rank", "0"], "crash", [0], []),
-    ("ddp: C call holding the GIL", ["--stack", "ddp", "--fault", "gil", "--rank", "2"], "hang", [2], []),
-    ("fsdp: long checkpoint save", ["--stack", "fsdp", "--fault", "checkpoint", "--rank", "1", "--steps", "8"],
-     "ok", [], []),
-    ("ddp: evaluation loop", ["--stack", "ddp", "--fault", "eval", "--rank", "1", "--steps", "8"], "ok", [], []),
-    ("ddp_builtin: slow data-loader warm-up", ["--stack", "ddp_builtin", "--fault", "warmup", "--rank", "1",
-                                               "--steps", "8"], "ok", [], []),
+    *[Scenario(f"{stack}: straggler 0.6 s/step", ["--stack", stack, "--fault", "straggler", "--rank", "1"], "slow",
+               [1]) for stack in ("ddp", "fsdp")],
+    Scenario("fsdp: crash", ["--stack", "fsdp", "--fault", "crash", "--rank", "0"], "crash", [0]),
+    Scenario("ddp: C call holding the GIL", ["--stack", "ddp", "--fault", "gil", "--rank", "2"], "hang", [2]),
+    Scenario("fsdp: long checkpoint save", ["--stack", "fsdp", "--fault", "checkpoint", "--rank", "1", "--steps", "8"],
+             "ok", []),
+    Scenario("ddp: evaluation loop", ["--stack", "ddp", "--fault", "eval", "--rank", "1", "--steps", "8"], "ok", []),
+    Scenario("ddp_builtin: slow data-loader warm-up", ["--stack", "ddp_builtin", "--fault", "warmup", "--rank", "1",
+                                                       "--steps", "8"], "ok", []),
 ]
 LONG_PAUSES = ("checkpoint", "eval", "warmup")
 
@@ -101,13 +126,14 @@ def run_scenarios(hang_timeout: float, work: Path, quick: bool, stacks: bool = F
         scenarios, script = STACK_SCENARIOS, STACK_JOB
     else:
         scenarios, script = (SCENARIOS[:4] + SCENARIOS[9:10] if quick else SCENARIOS), FAULT_JOB
-    for index, (name, args, verdict, culprits, links) in enumerate(scenarios):
+    for index, (name, args, verdict, culprits, links, world, startup_grace) in enumerate(scenarios):
         if any(pause in args for pause in LONG_PAUSES):
             args = [*args, "--sleep", str(2.5 * hang_timeout)]
         out = work / f"scenario{index}"
         console.log(f"scenario: {name}")
         start = time.time()
-        diagnosis = launch(script, args, nproc=WORLD, hang_timeout=hang_timeout, out_dir=out)
+        diagnosis = launch(script, args, nproc=world, hang_timeout=hang_timeout, out_dir=out,
+                           startup_grace=startup_grace or 60.0)
         wall = time.time() - start
         correct = diagnosis.verdict == verdict and diagnosis.culprit_ranks == culprits
         if links:
@@ -115,6 +141,7 @@ def run_scenarios(hang_timeout: float, work: Path, quick: bool, stacks: bool = F
         latency = diagnosis.detected_after_s
         rows.append({
             "scenario": name,
+            "world_size": world,
             "expected_verdict": verdict,
             "verdict": diagnosis.verdict,
             "expected_culprits": culprits,
@@ -124,11 +151,90 @@ def run_scenarios(hang_timeout: float, work: Path, quick: bool, stacks: bool = F
             "fork_point": diagnosis.fork_point.frame if diagnosis.fork_point else None,
             "correct": correct,
             "detected_after_s": latency,
-            "within_budget": latency is None or latency <= hang_timeout + 5.0,
+            # A job that never stepped is judged after its start-up allowance, not the hang timeout.
+            "within_budget": latency is None or latency <= max(hang_timeout, startup_grace or 0.0) + 5.0,
             "wall_s": round(wall, 1),
             "fr_dir": str(out / "fr") if (out / "fr").is_dir() else None,
         })
     return rows
+
+
+def start_nodes(out: Path, hang_timeout: float, job_args: list[str], launch_args: tuple[str, ...] = (),
+                node_names: tuple[str, str] | None = None) -> list[subprocess.Popen[str]]:
+    """Two `vigil launch` processes as two nodes of one job (torchrun-style static rendezvous), 2 ranks each,
+    sharing ``out``; ``node_names`` name the two machines (VIGIL_NODE_NAME) where both run on this one."""
+    port = str(free_port())
+    return [
+        subprocess.Popen(
+            [sys.executable, "-m", "vigil", "launch", "script", str(STACK_JOB), "--nproc-per-node", "2",
+             "--nnodes", "2", "--node-rank", str(node), "--master-port", port, "--hang-timeout", str(hang_timeout),
+             "--out", str(out), "--json", *launch_args, "--", *job_args],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO,
+            env=dict(os.environ, VIGIL_NODE_NAME=node_names[node]) if node_names else None,
+        )
+        for node in (0, 1)
+    ]
+
+
+def finish_nodes(nodes: list[subprocess.Popen[str]]) -> list[str]:
+    """Each launcher's output; a launcher still running when this ends (a failure) is killed, by its pid."""
+    try:
+        return [node.communicate(timeout=600)[0] for node in nodes]
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                node.kill()
+                node.wait()
+
+
+def run_two_nodes(hang_timeout: float, work: Path) -> dict[str, Any]:
+    """One FSDP2 job on two "nodes" (2 ranks each); rank 2, on node 1, stuck in forward: both node
+    supervisors must name it."""
+    name = "fsdp, 2 nodes x 2 ranks: rank stuck in forward (on node 1)"
+    console.log(f"scenario: {name}")
+    start = time.time()
+    outputs = finish_nodes(start_nodes(work / "two_nodes", hang_timeout,
+                                       ["--stack", "fsdp", "--fault", "forward", "--rank", "2"]))
+    wall = time.time() - start
+    verdicts = [HangDiagnosis.model_validate_json(text) for text in outputs]
+    agree = all((v.verdict, v.culprit_ranks) == (verdicts[0].verdict, verdicts[0].culprit_ranks) for v in verdicts)
+    latency = max((v.detected_after_s for v in verdicts if v.detected_after_s is not None), default=None)
+    first = verdicts[0]
+    return {
+        "scenario": name, "world_size": 4, "expected_verdict": "hang", "verdict": first.verdict,
+        "expected_culprits": [2], "culprit_ranks": first.culprit_ranks, "culprit_links": first.culprit_links,
+        "hang_kind": first.hang_kind, "fork_point": first.fork_point.frame if first.fork_point else None,
+        "nodes_agree": agree, "correct": agree and (first.verdict, first.culprit_ranks) == ("hang", [2]),
+        "detected_after_s": latency, "within_budget": latency is not None and latency <= hang_timeout + 5.0,
+        "wall_s": round(wall, 1),
+    }
+
+
+def measure_periodic_stacks(work: Path) -> dict[str, Any]:
+    """Periodic py-spy sweeps (--stack-period 1) of two two-node DDP jobs on "machines" node-a and node-b; in
+    both the rank that lags every step lives on node-b. `vigil stacks` must flag node-b and not node-a."""
+    console.log("periodic stacks: two two-node DDP jobs with a slow rank on node-b")
+    runs = []
+    start = time.time()
+    for name, slow in (("first", "2"), ("second", "3")):
+        out = work / "periodic" / name
+        nodes = start_nodes(out, 30.0, ["--stack", "ddp", "--fault", "straggler", "--rank", slow, "--steps",
+                                        "24", "--sleep", "0.5"], launch_args=("--stack-period", "1"),
+                            node_names=("node-a", "node-b"))
+        finish_nodes(nodes)
+        runs.append(str(out))
+    report = json.loads(subprocess.run([sys.executable, "-m", "vigil", "stacks", *runs, "--json"], cwd=REPO,
+                                       capture_output=True, text=True, timeout=300, check=True).stdout)
+    jobs = []
+    for job, slow_rank in zip(report["jobs"], (2, 3), strict=True):
+        counts = {int(rank): n for rank, n in job["outlier_counts"].items()}
+        top = max(counts, key=lambda rank: counts[rank]) if counts else -1
+        jobs.append({"slow_rank": slow_rank, "sweeps": job["sweeps"], "outlier_counts": counts, "top_outlier": top,
+                     "right": top == slow_rank and 2 * counts[top] > job["sweeps"]})
+    machines = {m["host"]: {"flagged": m["flagged"], "outlier_jobs": m["outlier_jobs"]} for m in report["machines"]}
+    return {"jobs": jobs, "machines": machines, "wall_s": round(time.time() - start, 1),
+            "right": all(j["right"] for j in jobs) and machines.get("node-b", {}).get("flagged") is True
+            and not machines.get("node-a", {}).get("flagged")}
 
 
 def plain_run(script: Path, args: list[str], nproc: int, log_dir: Path) -> None:
@@ -244,8 +350,8 @@ def measure_op_cost(calls: int = 5000) -> dict[str, Any]:
 
 
 def measure_ddp_hook_cost(steps: int = 400) -> dict[str, Any]:
-    """What the probe adds to a DDP training step: the Python all_reduce comm hook it installs, the
-    recorded op, and the module-forward marks; against DDP's built-in C++ hook without the probe, in
+    """What the probe adds to a DDP training step (forward, backward, SGD step): the Python all_reduce comm
+    hook it installs, the recorded op, and the compute marks; against DDP's built-in C++ hook without the probe, in
     alternating blocks in one one-rank gloo process (same load for both arms)."""
     import torch
     import torch.distributed as dist
@@ -267,6 +373,7 @@ def measure_ddp_hook_cost(steps: int = 400) -> dict[str, Any]:
         install_hooks(probe)
         probed = DistributedDataParallel(net())
         batch = torch.randn(64, 256)
+        optimizers = {id(m): torch.optim.SGD(m.parameters(), lr=1e-3) for m in (plain, probed)}
         on: list[float] = []
         off: list[float] = []
         try:
@@ -279,6 +386,7 @@ def measure_ddp_hook_cost(steps: int = 400) -> dict[str, Any]:
                 start = time.perf_counter()
                 for _ in range(steps // 10):
                     model(batch).pow(2).mean().backward()
+                    optimizers[id(model)].step()
                 (on if block % 2 == 0 else off).append((time.perf_counter() - start) / (steps // 10))
         finally:
             uninstall_hooks()
@@ -366,7 +474,9 @@ def main() -> None:
                                      "per_op": measure_op_cost()})
             return
         rows = run_scenarios(args.hang_timeout, work, args.quick)
-        stack_rows = run_scenarios(args.hang_timeout, work / "stacks", args.quick, stacks=True)
+        stack_rows = [*run_scenarios(args.hang_timeout, work / "stacks", args.quick, stacks=True),
+                      run_two_nodes(args.hang_timeout, work)]
+        periodic = measure_periodic_stacks(work)
         comparisons = compare_with_torch(rows, work)
         overhead = measure_overhead(work, 1 if args.quick else args.overhead_rounds, args.overhead_steps)
     merge = measure_stack_merge()
@@ -389,6 +499,7 @@ def main() -> None:
         "max_detection_latency_s": max(latencies) if latencies else None,
         "all_within_budget": all(r["within_budget"] for r in rows),
         "stack_scenarios": stack_summary(stack_rows),
+        "periodic_stacks": periodic,
         "overhead": overhead,
         "ddp_hook_cost": measure_ddp_hook_cost(),
         "stack_merge": merge,
@@ -410,10 +521,12 @@ def stack_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def run_stacks(hang_timeout: float, work: Path) -> None:
     """The DDP / FSDP2 scenarios and the DDP hook cost, merged into an existing hang.json."""
     (work / "stacks").mkdir()
-    summary = stack_summary(run_scenarios(hang_timeout, work / "stacks", False, stacks=True))
+    summary = stack_summary([*run_scenarios(hang_timeout, work / "stacks", False, stacks=True),
+                             run_two_nodes(hang_timeout, work)])
     path = RESULTS / "hang.json"
     result = json.loads(path.read_text()) if path.exists() else {"hang_timeout_s": hang_timeout}
     result["stack_scenarios"] = {**summary, "hang_timeout_s": hang_timeout}
+    result["periodic_stacks"] = measure_periodic_stacks(work)
     result["ddp_hook_cost"] = measure_ddp_hook_cost()
     RESULTS.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1))
@@ -431,6 +544,13 @@ def show_stacks(result: dict[str, Any]) -> None:
         table.add_row(row["scenario"], row["verdict"], str(row["culprit_ranks"]), str(row["expected_culprits"]),
                       latency, f"{row['wall_s']:.0f}", "yes" if row["correct"] else "NO")
     console.print(table)
+    periodic = result.get("periodic_stacks")
+    if periodic:
+        console.print(f"periodic stacks: node-b flagged {periodic['machines'].get('node-b', {}).get('flagged')}, "
+                      f"node-a flagged {periodic['machines'].get('node-a', {}).get('flagged')}; per job "
+                      + ", ".join(f"slow rank {j['slow_rank']}: top outlier {j['top_outlier']} "
+                                  f"({j['outlier_counts'].get(j['top_outlier'], 0)} of {j['sweeps']} sweeps)"
+                                  for j in periodic["jobs"]) + (" - right" if periodic["right"] else " - WRONG"))
     cost = result["ddp_hook_cost"]
     console.print(f"{stacks['correct']}/{stacks['total']} right; DDP step {cost['ddp_step_probed_ms']} ms probed vs "
                   f"{cost['ddp_step_builtin_hook_ms']} ms built-in hook, no probe ({cost['overhead_pct']:+.2f}%)")
