@@ -5,10 +5,10 @@ seeds; training time and scoring speed. Writes bench/results/detect.json.
     .venv/bin/python bench/detect.py [--only asd|smd|sim] [--detectors tce,gbm,...] [--quick]
 
 Real data (``--only asd`` / ``--only smd``, tens of minutes each on 2 cores): the machines are dealt into
-outer folds; every choice (input scaling, TCE's score mix and epoch count, every detector's threshold)
-is made on inner folds of the development machines only, and each outer test machine is scored once
-(vigil_eval.detection.nested_leave_machines_out). Every number comes from this run; the spread is over outer
-folds.
+outer folds; every choice (input scaling, every detector's smoothing and threshold, TCE's score mix and
+epoch count) is made on inner folds of the development machines only, and each outer test machine is scored
+once (vigil_eval.detection.nested_leave_machines_out). Runs of different detectors add up in the results
+file (docs/benchmarks.md says which rows come from which run); the spread is over outer folds.
 """
 
 from __future__ import annotations
