@@ -258,6 +258,28 @@ def test_forward_marks_move_from_every_module_to_the_roots_at_the_first_step(pro
     assert model._forward_pre_hooks and not torch_module._global_forward_pre_hooks
 
 
+def test_forward_marks_learn_again_when_the_model_is_replaced(probe: Probe) -> None:
+    import gc
+
+    from torch.nn.modules import module as torch_module
+
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.ones(1, 4)).sum().backward()
+    optimizer.step()
+    assert model._forward_pre_hooks and not torch_module._global_forward_pre_hooks
+    del model, optimizer
+    gc.collect()
+    # Every root is gone: the next step goes back to the global hook, and the new model's forwards are seen.
+    replacement = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(replacement.parameters(), lr=0.1)
+    optimizer.step()
+    assert torch_module._global_forward_pre_hooks
+    replacement(torch.ones(3, 4)).sum().backward()
+    optimizer.step()
+    assert replacement._forward_pre_hooks and not torch_module._global_forward_pre_hooks
+
+
 def test_ddp_gradients_with_the_probe_hook_equal_ddp_without_a_hook(tmp_path: Path) -> None:
     from torch.nn.parallel import DistributedDataParallel
 

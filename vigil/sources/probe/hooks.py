@@ -472,14 +472,16 @@ class ForwardMarks:
 
     def __init__(self, probe: Probe) -> None:
         self.probe = probe
-        self.called: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
-        self.roots: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+        # Held weakly: the probe keeps no model alive.
+        self.called: dict[int, weakref.ref[torch.nn.Module]] = {}
+        self.roots: list[weakref.ref[torch.nn.Module]] = []
         self.handles: list[Any] = []
         self.learning = False
 
     def install(self) -> None:
-        if self.roots:
-            self.handles = [root.register_forward_pre_hook(self.mark) for root in self.roots]
+        roots = [root for ref in self.roots if (root := ref()) is not None]
+        if roots:
+            self.handles = [root.register_forward_pre_hook(self.mark) for root in roots]
         else:
             self.learning = True
             self.handles = [register_module_forward_pre_hook(self.mark)]
@@ -489,7 +491,7 @@ class ForwardMarks:
             handle.remove()
         self.handles = []
         self.learning = False
-        self.called = weakref.WeakSet()
+        self.called = {}
 
     def mark(self, module: torch.nn.Module, inputs: Any) -> None:
         probe = self.probe
@@ -500,15 +502,24 @@ class ForwardMarks:
         else:
             probe.eval_begin()
         if self.learning:
-            self.called.add(module)
+            seen = self.called.get(id(module))
+            if seen is None or seen() is not module:
+                self.called[id(module)] = weakref.ref(module)
 
     def step_taken(self) -> None:
-        """At the first optimizer step after some forwards: hook the roots, drop the global hook."""
-        if not self.learning or not self.called:
+        """At the first optimizer step after some forwards: hook the roots, drop the global hook. When every
+        root is gone (a new model replaced them), learn again."""
+        if not self.learning:
+            if self.roots and all(ref() is None for ref in self.roots):
+                self.roots = []
+                self.uninstall()
+                self.install()
             return
-        called = list(self.called)
+        called = [module for ref in self.called.values() if (module := ref()) is not None]
+        if not called:
+            return
         inner = {id(child) for module in called for child in module.modules() if child is not module}
-        self.roots = weakref.WeakSet(module for module in called if id(module) not in inner)
+        self.roots = [weakref.ref(module) for module in called if id(module) not in inner]
         self.uninstall()
         self.install()
 
