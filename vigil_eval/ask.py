@@ -215,6 +215,8 @@ class Scored:
     raw_hallucinated: list[str] = field(default_factory=list)
     raw_unlisted_actions: int = 0
     raw_unparseable: bool = False
+    note: str = ""  # why the model's answer was not used, if it was not
+    raw_reply: str = ""  # the start of the model's final reply
 
 
 def score_answer(question: Question, answer: Answer, results: dict[str, ToolResult]) -> Scored:
@@ -250,6 +252,7 @@ def raw_reply_score(scored: Scored, client: RecordingClient, results: dict[str, 
     final = next((r["choices"][0]["message"] for r in reversed(client.replies)
                   if not r["choices"][0]["message"].get("tool_calls")), None)
     text = str((final or {}).get("content") or "")
+    scored.raw_reply = text[:300]
     start = text.find("{")
     try:
         obj, _ = json.JSONDecoder().raw_decode(text[start:]) if start >= 0 else (None, 0)
@@ -283,6 +286,7 @@ def evaluate(toolbox: Toolbox, questions: list[Question], client: RecordingClien
             scored = score_answer(question, answer, results)
             model_results = {k: v for k, v in results.items() if k.startswith("c")}
             raw_reply_score(scored, client, model_results or results)
+            scored.note = answer.note[:300]
         scored.seconds = time.perf_counter() - started
         out.append(scored)
         if progress is not None:
