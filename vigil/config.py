@@ -34,6 +34,9 @@ class Settings(BaseSettings):
     llm_model: str = ""
     llm_api_key: str = ""
     llm_timeout_s: float = 30.0
+    llm_tokenizer: str = Field(default="", description="the endpoint model's tokenizer (a tokenizer.json, or "
+                               "a .gguf with transformers installed) to count `vigil ask`'s working context; "
+                               "empty = four characters a token")
     execute_actions: bool = Field(default=False, description="False = every actuator runs in dry-run")
     max_cordon_share: float = Field(default=0.1, ge=0.0, le=1.0)
     max_cordon_share_per_switch: float = Field(default=0.5, ge=0.0, le=1.0)

@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 from tests.ask.conftest import ScriptedEndpoint, client_for, tool_call
 from tests.test_cli import vigil
 from vigil.config import Settings
+from vigil.diagnose.llm import LlmClient, estimate_tokens
 from vigil.diagnose.memory import MemoryIndex, recall, remember_resolved, summarize
 from vigil.diagnose.rca import RcaResult
 from vigil.diagnose.report import render_markdown
@@ -179,6 +180,33 @@ def test_working_context_keeps_the_question_and_newest_result_within_budget() ->
     assert "old question" not in json.dumps(tight)  # earlier turns go before the current question does
     with pytest.raises(Exception, match="over the budget"):
         fit_context(messages, budget=50)
+
+
+def test_a_configured_tokenizer_counts_the_working_context(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+
+    tokenizer = Tokenizer(WordLevel({"[UNK]": 0, "x": 1}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = Whitespace()  # type: ignore[assignment]
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    client = LlmClient(base_url="http://127.0.0.1:9/v1", model="m", tokenizer=str(tmp_path / "tokenizer.json"))
+    result = json.dumps({"call_id": "c1", "untrusted_data": {"text": "x " * 1000}})
+    messages = [{"role": "system", "content": "rules"}, {"role": "user", "content": "why?", "current": True},
+                {"role": "assistant", "content": "", "tool_calls": [{"id": "a"}, {"id": "b"}]},
+                {"role": "tool", "tool_call_id": "a", "content": result},
+                {"role": "tool", "tool_call_id": "b", "content": result.replace("c1", "c2")}]
+    # one token a word here, where four characters a token counts "x " as half a token
+    assert client.count_tokens(result) > 1000 > 2 * estimate_tokens(result) - 100
+    assert fit_context(messages, budget=1500) == [{k: v for k, v in m.items() if k != "current"} for m in messages]
+    counted = fit_context(messages, budget=1500, count=client.count_tokens)
+    assert "elided" in counted[3]["content"] and counted[4]["content"] == messages[4]["content"]
+    assert LlmClient(base_url="http://127.0.0.1:9/v1", model="m").count_tokens(result) == estimate_tokens(result)
+    with pytest.raises(VigilInputError, match="is not a file"):
+        LlmClient(base_url="x", model="m", tokenizer=str(tmp_path / "none.json")).count_tokens("a")
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(VigilInputError, match="is not a tokenizer.json"):
+        LlmClient(base_url="x", model="m", tokenizer=str(tmp_path / "bad.json")).count_tokens("a")
 
 
 def test_conversation_history_travels_within_the_budget(

@@ -18,11 +18,12 @@ produces the same structured output from the knowledge graph.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -328,9 +329,47 @@ class LlmError(Exception):
     """The endpoint could not give a usable reply (after retries)."""
 
 
+def estimate_tokens(text: str) -> int:
+    """Four characters a token: the count when no tokenizer is configured (none is downloaded)."""
+    return len(text) // 4 + 1
+
+
+@functools.lru_cache(maxsize=4)
+def token_counter(path: str) -> Callable[[str], int]:
+    """The token count of the tokenizer at ``path`` (``settings().llm_tokenizer``): a ``tokenizer.json`` read with
+    the tokenizers library, or a ``.gguf`` model file whose tokenizer transformers reads (never a hub download);
+    empty: :func:`estimate_tokens`. Raises VigilInputError for a file that is missing or cannot be read."""
+    if not path:
+        return estimate_tokens
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise VigilInputError(f"llm_tokenizer {path!r} is not a file")
+    if file.suffix == ".gguf":
+        try:
+            from transformers import AutoTokenizer
+        except ImportError:
+            raise VigilInputError("llm_tokenizer is a GGUF file: reading it needs transformers and gguf "
+                                  "(pip install 'vigil[eval-llm]')") from None
+        try:
+            hf = AutoTokenizer.from_pretrained(str(file.parent), gguf_file=file.name, local_files_only=True)
+        except (OSError, ValueError, KeyError) as err:
+            raise VigilInputError(f"llm_tokenizer {path!r}: {err.__class__.__name__}: {str(err)[:200]}") from None
+        return lambda text: len(hf.encode(text, add_special_tokens=False))
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise VigilInputError("llm_tokenizer needs the tokenizers package (pip install 'vigil[server]')") from None
+    try:
+        tokenizer = Tokenizer.from_file(str(file))
+    except Exception as err:  # the library raises its own Exception for any unreadable file
+        raise VigilInputError(f"llm_tokenizer {path!r} is not a tokenizer.json: {str(err)[:200]}") from None
+    return lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids)
+
+
 @dataclass
 class LlmClient:
-    """Chat completions on an OpenAI-compatible endpoint, with timeouts, retries and a reply cache."""
+    """Chat completions on an OpenAI-compatible endpoint, with timeouts, retries and a reply cache; ``tokenizer``
+    is the model's tokenizer file for counting what is sent (empty: four characters a token)."""
 
     base_url: str
     model: str
@@ -340,6 +379,7 @@ class LlmClient:
     backoff_s: float = 0.5
     cache_dir: Path | None = None
     transport: httpx.BaseTransport | None = None
+    tokenizer: str = ""
     _memory: dict[str, str] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -349,7 +389,11 @@ class LlmClient:
             return None
         return cls(base_url=config.llm_base_url, model=config.llm_model or "default",
                    api_key=config.llm_api_key, timeout_s=config.llm_timeout_s,
-                   cache_dir=Path(config.home) / "llm-cache")
+                   cache_dir=Path(config.home) / "llm-cache", tokenizer=config.llm_tokenizer)
+
+    def count_tokens(self, text: str) -> int:
+        """``text``'s length in the model's tokens (its tokenizer's count, else four characters a token)."""
+        return token_counter(self.tokenizer)(text)
 
     def _key(self, messages: Sequence[dict[str, str]]) -> str:
         blob = json.dumps({"model": self.model, "v": PROMPT_VERSION, "messages": list(messages)}, sort_keys=True)

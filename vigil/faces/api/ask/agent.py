@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from vigil.diagnose.llm import LlmClient, LlmError
+from vigil.diagnose.llm import LlmClient, LlmError, estimate_tokens
 from vigil.faces.api.ask.planner import (
     Answer,
     AnswerLine,
@@ -180,32 +180,34 @@ def unsupported(text: str, values: list[Any]) -> list[str]:
     return loose
 
 
-def message_tokens(message: dict[str, Any]) -> int:
-    """A message's size in tokens, counted as four characters a token (no tokenizer download)."""
-    return len(json.dumps(message)) // 4 + 1
+def message_tokens(message: dict[str, Any], count: Callable[[str], int] = estimate_tokens) -> int:
+    """A message's size in tokens: ``count`` (the endpoint model's tokenizer when one is configured, else four
+    characters a token) over the message as JSON."""
+    return count(json.dumps(message))
 
 
-def fit_context(messages: list[dict[str, Any]], budget: int = CONTEXT_TOKENS) -> list[dict[str, Any]]:
-    """The working context sent to the model, within ``budget`` tokens: the system prompt and the question are
-    kept; older tool results are elided first (newest kept whole), then the oldest earlier turns dropped.
-    ``messages`` is not changed. Raises Refused when even that does not fit."""
+def fit_context(messages: list[dict[str, Any]], budget: int = CONTEXT_TOKENS,
+                count: Callable[[str], int] = estimate_tokens) -> list[dict[str, Any]]:
+    """The working context sent to the model, within ``budget`` tokens as ``count`` counts them: the system
+    prompt and the question are kept; older tool results are elided first (newest kept whole), then the oldest
+    earlier turns dropped. ``messages`` is not changed. Raises Refused when even that does not fit."""
     fitted = [dict(m) for m in messages]
-    total = sum(message_tokens(m) for m in fitted)
+    total = sum(message_tokens(m, count) for m in fitted)
     tool_indexes = [i for i, m in enumerate(fitted) if m.get("role") == "tool"]
     for index in tool_indexes[:-1]:
         if total <= budget:
             break
-        before = message_tokens(fitted[index])
+        before = message_tokens(fitted[index], count)
         call_id = json.loads(fitted[index]["content"]).get("call_id", "")
         fitted[index]["content"] = json.dumps({"call_id": call_id, "note": ELIDED})
-        total -= before - message_tokens(fitted[index])
+        total -= before - message_tokens(fitted[index], count)
     question = next(i for i, m in enumerate(fitted) if m.get("role") == "user" and m.get("current"))
     dropped: set[int] = set()
     for index in range(1, question):
         if total <= budget:
             break
         dropped.add(index)
-        total -= message_tokens(fitted[index])
+        total -= message_tokens(fitted[index], count)
     if total > budget:
         raise Refused(f"the working context needs {total} tokens, over the budget of {budget}")
     return [{k: v for k, v in m.items() if k != "current"} for i, m in enumerate(fitted) if i not in dropped]
@@ -247,12 +249,12 @@ def _converse(toolbox: Toolbox, client: LlmClient, question: str, results: dict[
     specs = toolbox.specs()
     used_tokens = 0
     while True:
-        sent = fit_context(messages, context_tokens)
+        sent = fit_context(messages, context_tokens, client.count_tokens)
         reply = chat(client, sent, specs)
         message, usage = reply["message"], reply["usage"]
-        # Endpoints that report no usage are charged by characters (about four to a token).
+        # Endpoints that report no usage are charged by the client's count (its tokenizer, else characters / 4).
         spent = usage.get("total_tokens") if isinstance(usage.get("total_tokens"), int) else None
-        used_tokens += spent if spent is not None else len(json.dumps(sent) + json.dumps(message)) // 4
+        used_tokens += spent if spent is not None else client.count_tokens(json.dumps(sent) + json.dumps(message))
         if used_tokens > max_tokens:
             raise Refused(f"token budget spent ({used_tokens} > {max_tokens})")
         calls = message.get("tool_calls") or []
