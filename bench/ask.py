@@ -131,8 +131,12 @@ def run_stores(args: argparse.Namespace, out: dict[str, Any], label: str, local_
             if local_url:
                 local = RecordingClient(base_url=local_url, model="smollm2", retries=0, timeout_s=900.0)
                 started = time.perf_counter()
-                rows = evaluate(toolbox, questions, local, progress=lambda done, total: console.print(
-                    f"  {SMOLLM2} on the {split} store: {done}/{total} ({time.perf_counter() - started:.0f} s)"))
+
+                def show(done: int, total: int, split: str = split, started: float = started) -> None:
+                    console.print(f"  {SMOLLM2} on the {split} store: {done}/{total} "
+                                  f"({time.perf_counter() - started:.0f} s)")
+
+                rows = evaluate(toolbox, questions, local, progress=show)
                 runs[SMOLLM2] = summarize(rows)
                 out.setdefault("local_model_rows", {})[split] = [asdict(r) for r in rows]
             for name, summary in runs.items():

@@ -49,11 +49,13 @@ def test_a_tool_calling_conversation_becomes_plain_turns() -> None:
 
 
 @pytest.mark.parametrize("text, calls", [
-    ('<tool_call>{"name": "job_events", "arguments": {"job_id": "j00"}}</tool_call>', [("job_events", {"job_id": "j00"})]),
+    ('<tool_call>{"name": "job_events", "arguments": {"job_id": "j00"}}</tool_call>',
+     [("job_events", {"job_id": "j00"})]),
     ('Let me look. <tool_call>{"name": "a", "arguments": {}}</tool_call>\n<tool_call>{"name": "b", "arguments": '
      '{"k": 1}}</tool_call>', [("a", {}), ("b", {"k": 1})]),
     ('{"name": "list_incidents", "arguments": {"limit": 1}}', [("list_incidents", {"limit": 1})]),
-    ('<tool_call>{"name": "job_events", "arguments": {"job_id": "j00"}}', [("job_events", {"job_id": "j00"})]),  # no end tag
+    # no end tag
+    ('<tool_call>{"name": "job_events", "arguments": {"job_id": "j00"}}', [("job_events", {"job_id": "j00"})]),
 ])
 def test_tool_calls_are_read_from_what_a_small_model_writes(text: str, calls: list[tuple[str, dict]]) -> None:
     message = parse_reply(text)
