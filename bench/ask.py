@@ -150,12 +150,14 @@ def run_stores(args: argparse.Namespace, out: dict[str, Any], label: str, local_
 
 def print_tables(out: dict[str, Any]) -> None:
     table = Table(title="vigil ask: answers on the demo stores (accuracy = every expected fact cited)")
-    for column in ("answerer", "store", "questions", "accuracy", "halluc. delivered", "off-list delivered",
-                   "model replies kept", "raw halluc. rate", "raw off-list actions", "raw unparseable", "s/question"):
+    for column in ("answerer", "store", "questions", "accuracy", "model's own", "halluc. delivered",
+                   "off-list delivered", "model replies kept", "raw halluc. rate", "raw off-list actions",
+                   "raw unparseable", "s/question"):
         table.add_column(column)
     for name, splits in out["answerers"].items():
         for split, s in splits.items():
             table.add_row(name, split, str(s["questions"]), f"{s['accuracy']:.1%}",
+                          "-" if name == "planner" else f"{s['model_accuracy']:.1%}",
                           f"{s['hallucinated_facts']} / {s['claims']}", str(s["unlisted_actions_delivered"]),
                           "-" if name == "planner" else str(s["answered_by_model"]),
                           "-" if name == "planner" else f"{s['raw_hallucinated_rate']:.1%}",

@@ -247,21 +247,24 @@ class RecordingClient(LlmClient):
 
 
 def raw_reply_score(scored: Scored, client: RecordingClient, results: dict[str, ToolResult]) -> None:
-    """What the model's own final reply stated, before Vigil's checks: claims no tool returned, actions off the
-    whitelist, or no parseable answer at all."""
+    """What the model's own final reply stated, before Vigil's checks: claims no tool returned (in its JSON
+    answer's sentences, or in the whole text when it wrote no JSON answer), actions off the whitelist."""
     final = next((r["choices"][0]["message"] for r in reversed(client.replies)
                   if not r["choices"][0]["message"].get("tool_calls")), None)
     text = str((final or {}).get("content") or "")
-    scored.raw_reply = text[:300]
+    scored.raw_reply = text[:2000]
     start = text.find("{")
     try:
         obj, _ = json.JSONDecoder().raw_decode(text[start:]) if start >= 0 else (None, 0)
     except json.JSONDecodeError:
         obj = None
-    if not isinstance(obj, dict):
-        scored.raw_unparseable = True
-        return
     tool_values = [v for r in results.values() for v in r.facts().values()]
+    if not isinstance(obj, dict):
+        # prose instead of the JSON answer: the ids and numbers it states are scored all the same
+        scored.raw_unparseable = True
+        scored.raw_claims = len(claims(text))
+        scored.raw_hallucinated = unsupported(text, tool_values)
+        return
     sentences = [str(line.get("text", "")) for line in obj.get("answer") or [] if isinstance(line, dict)]
     scored.raw_claims = sum(len(claims(s)) for s in sentences)
     scored.raw_hallucinated = [c for s in sentences for c in unsupported(s, tool_values)]
@@ -301,6 +304,8 @@ def summarize(rows: list[Scored]) -> dict[str, Any]:
     return {
         "questions": len(rows),
         "accuracy": round(sum(r.correct for r in rows) / n, 4),
+        # the model's own answers: kept by the checks and right (a refused one counts as wrong)
+        "model_accuracy": round(sum(r.correct and r.answered_by.startswith("llm:") for r in rows) / n, 4),
         "claims": claims_total,
         "hallucinated_facts": sum(len(r.hallucinated) for r in rows),
         "hallucinated_rate": round(sum(len(r.hallucinated) for r in rows) / max(1, claims_total), 4),
