@@ -15,6 +15,7 @@ now and then.
 
 from __future__ import annotations
 
+import gc
 import json
 import multiprocessing
 import os
@@ -480,9 +481,17 @@ def scan(
         raise VigilInputError(f"workers must be at least 1, not {workers}")
     top = os.path.abspath(root)
     start = time.perf_counter()
-    cached = cache.load(top) if cache is not None else {}
-    records, listed, reused = _walk(top, cached, full, workers, progress)
-    result = ScanResult(top, records, _totals(records), listed, reused, 0.0)
+    # The records, stat results and totals hold no reference cycles, yet every few hundred of them would start a
+    # cyclic collection that walks all the records made so far: 10% of a re-scan's CPU. Off for the scan only.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        cached = cache.load(top) if cache is not None else {}
+        records, listed, reused = _walk(top, cached, full, workers, progress)
+        result = ScanResult(top, records, _totals(records), listed, reused, 0.0)
+    finally:
+        if collecting:
+            gc.enable()
     result.seconds = time.perf_counter() - start
     if cache is not None:
         cache.save(result, cached, history_depth)
