@@ -2,6 +2,7 @@
 
 Run: .venv/bin/python bench/rca.py [--cases 300] [--seed 2026] [--per-subset 20]   -> bench/results/rca.json
      [--only-stress]: the stress evaluation alone, its entry of the results file updated in place
+     [--only-catalogue]: the catalogue evaluation, generalization check and timing alone, the stress entry kept
      [--explain-away-grid 0,0.5,1]: the development split again for each value of RCA's explaining-away weight
 
 Stress evaluation (vigil_eval.rca_stress, the one the knowledge base was not written for): ``--per-subset``
@@ -197,6 +198,8 @@ def main() -> None:
     parser.add_argument("--per-subset", type=int, default=20)
     parser.add_argument("--only-stress", action="store_true",
                         help="run only the stress evaluation and update its entry in the results file")
+    parser.add_argument("--only-catalogue", action="store_true",
+                        help="run everything but the stress evaluation and keep its entry in the results file")
     parser.add_argument("--explain-away-grid", default="",
                         help="comma-separated values of the explaining-away weight to rerun the development split with")
     args = parser.parse_args()
@@ -206,8 +209,15 @@ def main() -> None:
         print(f"--explain-away-grid: expected numbers separated by commas, got {args.explain_away_grid!r}",
               file=sys.stderr)
         raise SystemExit(2) from None
+    if args.only_stress and args.only_catalogue:
+        print("--only-stress and --only-catalogue: choose one", file=sys.stderr)
+        raise SystemExit(2)
 
-    stress_out = run_stress(args.per_subset, grid)
+    if args.only_catalogue:
+        previous = json.loads((RESULTS / "rca.json").read_text()) if (RESULTS / "rca.json").exists() else {}
+        stress_out = previous.get("stress", {})
+    else:
+        stress_out = run_stress(args.per_subset, grid)
     if args.only_stress:
         previous = json.loads((RESULTS / "rca.json").read_text()) if (RESULTS / "rca.json").exists() else {}
         # a run without --explain-away-grid keeps the development grid of the previous run
