@@ -64,6 +64,19 @@ def kill_launchers(launchers: list[subprocess.Popen[str]]) -> None:
             launcher.wait()
 
 
+def node_verdicts(nodes: list[subprocess.Popen[str]]) -> list[HangDiagnosis]:
+    """Each node's printed verdict of a hang (exit status 4); the launchers are ended whatever happens."""
+    verdicts = []
+    try:
+        for node in nodes:
+            stdout, _ = node.communicate(timeout=240)
+            assert node.returncode == 4, stdout
+            verdicts.append(HangDiagnosis.model_validate_json(stdout))
+    finally:
+        kill_launchers(nodes)
+    return verdicts
+
+
 def wait_until_gone(out: Path, timeout_s: float = 30.0) -> dict[int, int]:
     deadline = time.time() + timeout_s
     while (alive := surviving_ranks(out)) and time.time() < deadline:
@@ -195,15 +208,7 @@ def test_two_nodes_name_the_culprit_across_nodes(tmp_path: Path) -> None:
     """Two `vigil launch` processes as two nodes of one FSDP2 job (torchrun-style static rendezvous,
     2 ranks each, a shared run directory); the rank stuck in forward lives on node 1."""
     out = tmp_path / "shared"
-    nodes = start_nodes(out, HANG_TIMEOUT, "--stack", "fsdp", "--fault", "forward", "--rank", "2")
-    verdicts = []
-    try:
-        for node in nodes:
-            stdout, _ = node.communicate(timeout=240)
-            assert node.returncode == 4, stdout
-            verdicts.append(HangDiagnosis.model_validate_json(stdout))
-    finally:
-        kill_launchers(nodes)
+    verdicts = node_verdicts(start_nodes(out, HANG_TIMEOUT, "--stack", "fsdp", "--fault", "forward", "--rank", "2"))
     for diagnosis in verdicts:
         assert (diagnosis.verdict, diagnosis.culprit_ranks, diagnosis.world_size) == ("hang", [2], 4)
         assert diagnosis.detected_after_s is not None and diagnosis.detected_after_s <= LATENCY_BUDGET
@@ -219,16 +224,9 @@ def test_two_nodes_find_a_hang_before_the_first_step(tmp_path: Path) -> None:
     operators), rank 1 on node 0 is stuck in its first forward. Each node leaves its own ranks' py-spy stacks
     in the shared directory, so the split of the whole job - ranks 0, 2, 3 in the collective - is made."""
     out = tmp_path / "shared"
-    nodes = start_nodes(out, HANG_TIMEOUT, "--stack", "compiled_ops", "--fault", "forward", "--rank", "1",
-                        "--at-step", "0", launch_args=("--startup-grace", str(STARTUP_GRACE)))
-    verdicts = []
-    try:
-        for node in nodes:
-            stdout, _ = node.communicate(timeout=240)
-            assert node.returncode == 4, stdout
-            verdicts.append(HangDiagnosis.model_validate_json(stdout))
-    finally:
-        kill_launchers(nodes)
+    verdicts = node_verdicts(start_nodes(out, HANG_TIMEOUT, "--stack", "compiled_ops", "--fault", "forward",
+                                         "--rank", "1", "--at-step", "0",
+                                         launch_args=("--startup-grace", str(STARTUP_GRACE))))
     for diagnosis in verdicts:
         assert (diagnosis.verdict, diagnosis.culprit_ranks, diagnosis.world_size) == ("hang", [1], 4)
         assert "rank(s) [1] never entered it" in diagnosis.summary
