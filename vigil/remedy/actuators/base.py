@@ -75,15 +75,21 @@ class OutboxActuator(Actuator):
     def describe(self, action: Action) -> str:
         return f"append {action.kind.value} for {action.target} to {self.path}"
 
-    def execute(self, action: Action) -> str:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        record = {
+    def record(self, action: Action) -> dict[str, object]:
+        """The JSON line appended for ``action``."""
+        return {
             "ts": time.time(),
             "kind": action.kind.value,
             "target": action.target,
             "reason": action.reason,
             "action_id": action.id,
         }
+
+    def execute(self, action: Action) -> str:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a") as outbox:
-            outbox.write(json.dumps(record) + "\n")
-        return f"{action.kind.value} written to {self.path}"
+            outbox.write(json.dumps(self.record(action)) + "\n")
+        return f"{self.record_kind(action)} written to {self.path}"
+
+    def record_kind(self, action: Action) -> str:
+        return action.kind.value

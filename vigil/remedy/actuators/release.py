@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import time
-from pathlib import Path
-
 from vigil.model import Action, ActionKind
-from vigil.remedy.actuators.base import Actuator
+from vigil.remedy.actuators.base import OutboxActuator
 
 
-class ReleaseRequestActuator(Actuator):
+class ReleaseRequestActuator(OutboxActuator):
     """The release step where no scheduler can take GPUs back: a request to the job's owner, in the outbox.
 
     Only idle-policy releases marked ``release_by: owner`` come here, so a scheduler's preemption is never
@@ -21,9 +17,6 @@ class ReleaseRequestActuator(Actuator):
     name = "release-request"
     kinds = frozenset({ActionKind.PREEMPT})
     target_kinds = frozenset({"job"})
-
-    def __init__(self, outbox: str | Path) -> None:
-        self.outbox = Path(outbox)
 
     def accepts(self, action: Action) -> bool:
         return super().accepts(action) and action.params.get("release_by") == "owner"
@@ -36,15 +29,15 @@ class ReleaseRequestActuator(Actuator):
 
     def describe(self, action: Action) -> str:
         return (f"ask the owner of {action.target} to stop its work and free {self._what(action)}: no scheduler "
-                f"releases them; append a release request to {self.outbox}")
+                f"releases them; append a release request to {self.path}")
 
-    def execute(self, action: Action) -> str:
-        self.outbox.parent.mkdir(parents=True, exist_ok=True)
-        record = {
-            "ts": time.time(), "kind": "release_request", "target": action.target, "reason": action.reason,
-            "idle_gpus": list(action.params.get("idle_gpus", [])), "nodes": list(action.params.get("nodes", [])),
-            "action_id": action.id,
+    def record(self, action: Action) -> dict[str, object]:
+        return {
+            **super().record(action),
+            "kind": "release_request",
+            "idle_gpus": list(action.params.get("idle_gpus", [])),
+            "nodes": list(action.params.get("nodes", [])),
         }
-        with self.outbox.open("a") as outbox:
-            outbox.write(json.dumps(record) + "\n")
-        return f"release request for {self._what(action)} written to {self.outbox}"
+
+    def record_kind(self, action: Action) -> str:
+        return f"release request for {self._what(action)}"
