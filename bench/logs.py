@@ -1,10 +1,13 @@
 """Log intelligence: template mining against Drain3, bounded memory on 1 GB, root-error triage accuracy.
 
 Run: .venv/bin/python bench/logs.py [--size-gb 1.0] [--per-kind 20] [--real-jobs 8] [--only-real-logs]
-     -> bench/results/logs.json (--only-real-logs: part 4 alone, its entry updated in place)
+     [--unseen DIR] [--only-mining] -> bench/results/logs.json (--only-real-logs: part 4 alone, --only-mining:
+     parts 1-3 alone, their entries updated in place)
 
 1. Accuracy: grouping accuracy (GA) and parsing accuracy (PA) on the 10 Loghub-2k systems with the
-   corrected ground truth (../shared/data/loghub2k_corrected), for Vigil's miner and the drain3 package
+   corrected ground truth (../shared/data/loghub2k_corrected), plus any systems of the same layout in
+   --unseen DIR (or $VIGIL_LOGHUB_UNSEEN: the other 6 Loghub-2k systems, which were not used to develop the
+   miner; kept outside the repository), for Vigil's miner and the drain3 package
    (0.9.11) twice - default settings (no masking, the README's baseline) and with drain3's own example
    masking (IDs, IPs, hex, numbers) - all fed the raw message contents in file order. GA groups
    lines by their ground-truth template text (Loghub-2.0 convention: the corrected sets give some equal
@@ -34,6 +37,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import random
 import re
 import statistics
@@ -66,15 +70,17 @@ from vigil_eval.realjobs import MODES, root_label, run_failed_job  # noqa: E402
 
 DATA = REPO.parent / "shared" / "data" / "loghub2k_corrected"
 SYSTEMS = ["Android", "Apache", "BGL", "HDFS", "HPC", "Hadoop", "Linux", "OpenStack", "Windows", "Zookeeper"]
-# Leave-systems-out folds: two systems held out at a time, the knob tuned on the other eight.
+# Leave-systems-out folds: two systems held out at a time, the knob tuned on all the others (8, or 14 with the
+# unseen systems).
 FOLDS = [("Android", "Apache"), ("BGL", "HDFS"), ("HPC", "Hadoop"), ("Linux", "OpenStack"), ("Windows", "Zookeeper")]
 SPLIT_VALUES_GRID = [1, 2, 3, 4, 5, 6, 8, 10, 12, 16]
 RESULTS = REPO / "bench" / "results" / "logs.json"
+HELD_OUT_LABEL = "held-out (never used for development)"
 console = Console()
 
 
-def load(system: str) -> tuple[list[str], list[str]]:
-    path = DATA / system / f"{system}_2k.log_structured_corrected.csv"
+def load(system: str, root: Path = DATA) -> tuple[list[str], list[str]]:
+    path = root / system / f"{system}_2k.log_structured_corrected.csv"
     rows = list(csv.DictReader(path.open(newline="", encoding="utf-8")))
     return [r["Content"] for r in rows], [r["EventTemplate"] for r in rows]
 
@@ -130,15 +136,37 @@ def vigil_scores(contents: list[str], truth: list[str], split_values: int) -> di
     return scores([t.id for t in found], [t.text for t in found], truth)
 
 
-def accuracy() -> dict[str, object]:
-    """Leave-systems-out: for each fold, the one knob (max_split_values) is chosen on the other 8 systems by mean
-    GA, and the fold's 2 systems are scored with it. Drain3 (default, and masked) in the same run."""
-    data = {system: load(system) for system in SYSTEMS}
-    grid = {(system, k): vigil_scores(*data[system], k) for system in SYSTEMS for k in SPLIT_VALUES_GRID}
+def unseen_systems(root: Path | None) -> dict[str, Path]:
+    """Systems of the Loghub-2k layout under ``root`` that are not among the ten of ../shared/data."""
+    if root is None:
+        return {}
+    if not root.is_dir():
+        raise ValueError(f"--unseen {root}: not a directory")
+    found = {path.parent.name: root for path in sorted(root.glob("*/*_2k.log_structured_corrected.csv"))
+             if path.parent.name not in SYSTEMS and path.name.startswith(path.parent.name + "_")}
+    if not found:
+        raise ValueError(f"--unseen {root}: no <System>/<System>_2k.log_structured_corrected.csv inside")
+    return found
+
+
+def folds_for(extra: list[str]) -> list[tuple[str, ...]]:
+    """The five folds of the ten systems, then the extra systems two at a time (in name order)."""
+    ordered = sorted(extra)
+    return FOLDS + [tuple(ordered[i:i + 2]) for i in range(0, len(ordered), 2)]
+
+
+def accuracy(unseen: dict[str, Path] | None = None) -> dict[str, object]:
+    """Leave-systems-out: for each fold, the one knob (max_split_values) is chosen on all the other systems by
+    mean GA, and the fold's systems are scored with it. Drain3 (default, and masked) in the same run."""
+    unseen = unseen or {}
+    roots = {system: DATA for system in SYSTEMS} | unseen
+    systems = list(roots)
+    data = {system: load(system, root) for system, root in roots.items()}
+    grid = {(system, k): vigil_scores(*data[system], k) for system in systems for k in SPLIT_VALUES_GRID}
     rows = []
     folds = []
-    for held_out in FOLDS:
-        training = [s for s in SYSTEMS if s not in held_out]
+    for held_out in folds_for(list(unseen)):
+        training = [s for s in systems if s not in held_out]
         # ties go to the smaller value: fewer words kept as constants
         chosen = max(SPLIT_VALUES_GRID,
                      key=lambda k: (round(statistics.fmean(grid[s, k]["ga"] for s in training), 6), -k))
@@ -151,6 +179,7 @@ def accuracy() -> dict[str, object]:
             masked = Drain3Parser(masked=True)
             masked_ids = masked.parse(contents)
             row: dict[str, object] = {"system": system, "fold_split_values": chosen,
+                                      "set": HELD_OUT_LABEL if system in unseen else "development",
                                       "templates_truth": len(set(truth))}
             row.update({f"{k}_vigil": v for k, v in grid[system, chosen].items()})
             row.update({f"{k}_drain3": v for k, v in scores([str(i) for i in drain_ids], drain.templates(drain_ids),
@@ -158,8 +187,9 @@ def accuracy() -> dict[str, object]:
             row.update({f"{k}_drain3_masked": v for k, v in scores(
                 [str(i) for i in masked_ids], masked.templates(masked_ids), truth).items()})
             rows.append(row)
-    by_value = {k: statistics.fmean(grid[s, k]["ga"] for s in SYSTEMS) for k in SPLIT_VALUES_GRID}
+    by_value = {k: statistics.fmean(grid[s, k]["ga"] for s in systems) for k in SPLIT_VALUES_GRID}
     return {"rows": rows, "folds": folds, "ga_mean_by_split_values_all_systems": by_value,
+            "systems": systems, "held_out_systems": sorted(unseen),
             "default_split_values": TemplateMiner().max_split_values,
             "ga_by_system_and_split_values": {f"{s}/{k}": v["ga"] for (s, k), v in grid.items()}}
 
@@ -332,15 +362,118 @@ def root_accuracy(per_kind: int, real_jobs: int) -> dict[str, object]:
     }
 
 
+def mining(args: argparse.Namespace, unseen: dict[str, Path]) -> tuple[
+        dict[str, object], dict[str, dict[str, float]], list[float], dict[str, object], dict[str, object]]:
+    """Parts 1-3: accuracy (leave-systems-out), throughput, memory; each printed as a table."""
+    with console.status("accuracy on Loghub-2k (corrected), leave-systems-out"):
+        acc = accuracy(unseen)
+    means, fold_means = mining_table(acc)
+
+    with console.status("throughput"):
+        speed = throughput(args.stream_lines)
+    best = speed["best_lines_per_s"]
+    table = Table("workload", "vigil lines/s", "drain3 lines/s", "drain3+mask lines/s", "ratio",
+                  title="Throughput (same run, best of 3; ratio vs the faster drain3)")
+    for name, label, ratio in (("stream", f"{speed['stream_lines']:,}-line production-like stream", "ratio"),
+                               ("cold", "10 x 2k samples, cold", "cold_2k_ratio")):
+        table.add_row(label, *(f"{best[f'{name}_{p}']:,.0f}" for p in ("vigil", "drain3", "drain3_masked")),
+                      f"{speed[ratio]:.1f}x")
+    console.print(table)
+
+    mem = memory(args.size_gb) if args.size_gb > 0 else {}
+    if mem:
+        table = Table("lines", "RSS after imports MB", "RSS half-way MB", "RSS at end MB", "peak RSS MB",
+                      "templates", "lines/s", title=f"Streaming a generated {mem['bytes'] / (1 << 30):.2f} GB log")
+        table.add_row(f"{mem['lines']:,}", f"{mem['rss_after_imports_mb']:.0f}", f"{mem['rss_at_half_mb']:.0f}",
+                      f"{mem['rss_at_end_mb']:.0f}", f"{mem['peak_rss_mb']:.0f}", str(mem["templates"]),
+                      f"{mem['lines_per_s']:,.0f}")
+        console.print(table)
+    return acc, means, fold_means, speed, mem
+
+
+def mining_table(acc: dict[str, object]) -> tuple[dict[str, dict[str, float]], list[float]]:
+    """Print the accuracy table; the means by set (development, held-out, all) and the fold means."""
+    rows: list[dict[str, object]] = acc["rows"]  # type: ignore[assignment]
+    columns = ("ga_vigil", "ga_drain3", "ga_drain3_masked", "pa_vigil", "pa_drain3_masked", "fga_vigil",
+               "fga_drain3_masked", "fta_vigil", "fta_drain3_masked")
+    table = Table("system", "set", "knob (fold)", "GA vigil", "GA drain3", "GA drain3+mask", "PA vigil",
+                  "PA drain3+mask", "FGA vigil", "FGA drain3+mask", "FTA vigil", "FTA drain3+mask",
+                  title="Template mining on Loghub-2k (corrected truth), each system scored in the fold that held it "
+                        "out (knob tuned on all the other systems)")
+    for r in rows:
+        table.add_row(str(r["system"]), str(r["set"]), str(r["fold_split_values"]),
+                      *(f"{float(r[k]):.3f}" for k in columns))  # type: ignore[arg-type]
+    means: dict[str, dict[str, float]] = {}
+    for name in ("development", HELD_OUT_LABEL, "all"):
+        part = [r for r in rows if name in ("all", r["set"])]
+        if part and (name != "all" or len(part) > len([r for r in rows if r["set"] == "development"])):
+            means[name] = {k: statistics.fmean(float(r[k]) for r in part) for k in columns}  # type: ignore[arg-type]
+            table.add_row(f"mean ({len(part)})", name, "", *(f"{means[name][k]:.3f}" for k in columns), style="bold")
+    console.print(table)
+    folds: list[dict[str, object]] = acc["folds"]  # type: ignore[assignment]
+    fold_means = [float(f["ga_mean"]) for f in folds]  # type: ignore[arg-type]
+    by_value: dict[int, float] = acc["ga_mean_by_split_values_all_systems"]  # type: ignore[assignment]
+    systems: list[str] = acc["systems"]  # type: ignore[assignment]
+    console.print(f"GA across the {len(folds)} folds: min {min(fold_means):.3f}, max {max(fold_means):.3f}; knob "
+                  f"chosen per fold: {[f['chosen_split_values'] for f in folds]}; mean GA on all {len(systems)} by "
+                  "knob value: " + ", ".join(f"{k}: {v:.3f}" for k, v in by_value.items()))
+    below = [str(r["system"]) for r in rows
+             if float(r["ga_vigil"]) < max(float(r["ga_drain3"]), float(r["ga_drain3_masked"]))]  # type: ignore[arg-type]
+    console.print(f"GA below drain3 (either configuration) on: {', '.join(below) or 'no system'}")
+    return means, fold_means
+
+
+def mining_targets(rows: list[dict[str, object]], means: dict[str, dict[str, float]]) -> dict[str, bool]:
+    targets = {
+        "ga_mean_ge_0_95": means["development"]["ga_vigil"] >= 0.95,
+        "ga_never_below_drain3_held_out": all(
+            float(r["ga_vigil"]) >= max(float(r["ga_drain3"]), float(r["ga_drain3_masked"]))  # type: ignore[arg-type]
+            for r in rows),
+    }
+    if HELD_OUT_LABEL in means:
+        targets["ga_mean_ge_0_95_unseen_systems"] = means[HELD_OUT_LABEL]["ga_vigil"] >= 0.95
+    return targets
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-gb", type=float, default=1.0, help="size of the generated log for memory")
     parser.add_argument("--stream-lines", type=int, default=150_000)
     parser.add_argument("--per-kind", type=int, default=20, help="simulated failed jobs per failure kind")
     parser.add_argument("--real-jobs", type=int, default=8, help="real crashed gloo jobs")
+    parser.add_argument("--unseen", type=Path, default=None,
+                        help="directory of more Loghub-2k systems (<System>/<System>_2k.log_structured_corrected.csv)"
+                             " scored beside the ten as held-out (default: $VIGIL_LOGHUB_UNSEEN)")
     parser.add_argument("--only-real-logs", action="store_true",
                         help="run only part 4 (real failure logs) and update its entry in the results file")
+    parser.add_argument("--only-mining", action="store_true",
+                        help="run only parts 1-3 (template mining accuracy, throughput, memory) and update their "
+                             "entries in the results file")
     args = parser.parse_args()
+    unseen_dir = args.unseen or (Path(os.environ["VIGIL_LOGHUB_UNSEEN"]) if os.environ.get("VIGIL_LOGHUB_UNSEEN")
+                                 else None)
+    try:
+        unseen = unseen_systems(unseen_dir)
+        for system, root in unseen.items():
+            load(system, root)
+    except (ValueError, OSError, KeyError, csv.Error) as err:
+        print(f"bench/logs.py: {err}", file=sys.stderr)
+        sys.exit(2)
+
+    if args.only_mining:
+        acc, means, fold_means, speed, mem = mining(args, unseen)
+        previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+        previous.update({"mining_generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                         "accuracy": acc, "means": means, "fold_ga_min": min(fold_means),
+                         "fold_ga_max": max(fold_means), "throughput": speed, "memory": mem})
+        previous.setdefault("targets", {}).update(mining_targets(acc["rows"], means))  # type: ignore[arg-type]
+        previous["targets"].update({
+            "throughput_ge_3x_long_stream": speed["ratio"] >= 3.0,  # type: ignore[operator]
+            "throughput_ge_3x_cold_2k_samples": speed["cold_2k_ratio"] >= 3.0})  # type: ignore[operator]
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(json.dumps(previous, indent=2))
+        console.print(f"updated the template-mining entries of {RESULTS.relative_to(REPO)}")
+        return
 
     real = real_corpus()
     table = Table("part", "cases", "vigil", "vigil, signatures only", "first error line", "last error line",
@@ -364,46 +497,7 @@ def main() -> None:
         console.print(f"updated real_logs in {RESULTS.relative_to(REPO)}")
         return
 
-    with console.status("accuracy on Loghub-2k (corrected), leave-systems-out"):
-        acc = accuracy()
-    rows: list[dict[str, object]] = acc["rows"]  # type: ignore[assignment]
-    columns = ("ga_vigil", "ga_drain3", "ga_drain3_masked", "pa_vigil", "pa_drain3_masked", "fga_vigil",
-               "fga_drain3_masked", "fta_vigil", "fta_drain3_masked")
-    table = Table("system", "knob (fold)", "GA vigil", "GA drain3", "GA drain3+mask", "PA vigil", "PA drain3+mask",
-                  "FGA vigil", "FGA drain3+mask", "FTA vigil", "FTA drain3+mask",
-                  title="Template mining on Loghub-2k (corrected truth), each system scored in the fold that held it "
-                        "out (knob tuned on the other 8)")
-    for r in rows:
-        table.add_row(str(r["system"]), str(r["fold_split_values"]),
-                      *(f"{float(r[k]):.3f}" for k in columns))  # type: ignore[arg-type]
-    means = {k: statistics.fmean(float(r[k]) for r in rows) for k in columns}  # type: ignore[arg-type]
-    table.add_row("mean", "", *(f"{means[k]:.3f}" for k in columns), style="bold")
-    console.print(table)
-    folds: list[dict[str, object]] = acc["folds"]  # type: ignore[assignment]
-    fold_means = [float(f["ga_mean"]) for f in folds]  # type: ignore[arg-type]
-    console.print(f"GA across the 5 folds: min {min(fold_means):.3f}, max {max(fold_means):.3f}; knob chosen per fold: "
-                  f"{[f['chosen_split_values'] for f in folds]}; mean GA on all 10 by knob value: "
-                  + ", ".join(f"{k}: {v:.3f}" for k, v in acc["ga_mean_by_split_values_all_systems"].items()))
-
-    with console.status("throughput"):
-        speed = throughput(args.stream_lines)
-    best = speed["best_lines_per_s"]
-    table = Table("workload", "vigil lines/s", "drain3 lines/s", "drain3+mask lines/s", "ratio",
-                  title="Throughput (same run, best of 3; ratio vs the faster drain3)")
-    for name, label, ratio in (("stream", f"{speed['stream_lines']:,}-line production-like stream", "ratio"),
-                               ("cold", "10 x 2k samples, cold", "cold_2k_ratio")):
-        table.add_row(label, *(f"{best[f'{name}_{p}']:,.0f}" for p in ("vigil", "drain3", "drain3_masked")),
-                      f"{speed[ratio]:.1f}x")
-    console.print(table)
-
-    mem = memory(args.size_gb) if args.size_gb > 0 else {}
-    if mem:
-        table = Table("lines", "RSS after imports MB", "RSS half-way MB", "RSS at end MB", "peak RSS MB",
-                      "templates", "lines/s", title=f"Streaming a generated {mem['bytes'] / (1 << 30):.2f} GB log")
-        table.add_row(f"{mem['lines']:,}", f"{mem['rss_after_imports_mb']:.0f}", f"{mem['rss_at_half_mb']:.0f}",
-                      f"{mem['rss_at_end_mb']:.0f}", f"{mem['peak_rss_mb']:.0f}", str(mem["templates"]),
-                      f"{mem['lines_per_s']:,.0f}")
-        console.print(table)
+    acc, means, fold_means, speed, mem = mining(args, unseen)
 
     roots = root_accuracy(args.per_kind, args.real_jobs)
     table = Table("corpus", "jobs", "root-error accuracy", title="Root error across ranks")
@@ -423,10 +517,7 @@ def main() -> None:
         "throughput": speed, "memory": mem, "root_error": roots,
         "real_logs": real,
         "targets": {
-            "ga_mean_ge_0_95": means["ga_vigil"] >= 0.95,
-            "ga_never_below_drain3_held_out": all(
-                float(r["ga_vigil"]) >= max(float(r["ga_drain3"]), float(r["ga_drain3_masked"]))  # type: ignore[arg-type]
-                for r in rows),
+            **mining_targets(acc["rows"], means),  # type: ignore[arg-type]
             "throughput_ge_3x_long_stream": speed["ratio"] >= 3.0,  # type: ignore[operator]
             "throughput_ge_3x_cold_2k_samples": speed["cold_2k_ratio"] >= 3.0,  # type: ignore[operator]
             "root_accuracy_ge_0_95": roots["overall_accuracy"] >= 0.95,  # type: ignore[operator]
