@@ -23,15 +23,20 @@ CORPUS = REPO / "tests" / "fixtures" / "logs" / "real"
 Split = Literal["development", "held_out"]
 
 
-HELD_OUT_ROUNDS_FROM = 3  # collection rounds from this one on are held out whole, to grow the part nobody tuned on
+HELD_OUT_ROUNDS_FROM = 3  # collection rounds 3-5 are held out whole, to grow the part nobody tuned on
+HALVED_ROUNDS_FROM = 6  # from the sixth round on, each round is split in half: one half to tune on, one held out
 
 
 def split_of(case_id: str, batch: int = 1) -> Split:
-    """Held out when the case comes from a held-out collection round, or the SHA-256 of its id is divisible by 3
-    (about a third of the earlier rounds' cases)."""
+    """Rounds 1-2: held out when the SHA-256 of the id is divisible by 3 (about a third). Rounds 3-5: held out whole.
+    Round 6 on: held out when the SHA-256 of the id is even (about half), so a new round both shows what triage
+    misses (its development half) and measures the fixes on cases nobody looked at (its held-out half)."""
+    digest = int(hashlib.sha256(case_id.encode()).hexdigest(), 16)
+    if batch >= HALVED_ROUNDS_FROM:
+        return "held_out" if digest % 2 == 0 else "development"
     if batch >= HELD_OUT_ROUNDS_FROM:
         return "held_out"
-    return "held_out" if int(hashlib.sha256(case_id.encode()).hexdigest(), 16) % 3 == 0 else "development"
+    return "held_out" if digest % 3 == 0 else "development"
 
 
 @dataclass(frozen=True)
