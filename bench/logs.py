@@ -56,7 +56,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from vigil.logs.miner import TemplateMiner  # noqa: E402
-from vigil.logs.severity import strength  # noqa: E402
 from vigil.logs.triage import triage  # noqa: E402
 from vigil_eval.logaccuracy import (  # noqa: E402
     f1_grouping_accuracy,
@@ -65,7 +64,7 @@ from vigil_eval.logaccuracy import (  # noqa: E402
     parsing_accuracy,
 )
 from vigil_eval.logcorpus import simulate_corpus  # noqa: E402
-from vigil_eval.realcorpus import RealCase, evaluate, load_cases  # noqa: E402
+from vigil_eval.realcorpus import TABLE_COLUMNS, score_corpus, table_rows  # noqa: E402
 from vigil_eval.realjobs import MODES, root_label, run_failed_job  # noqa: E402
 
 DATA = REPO.parent / "shared" / "data" / "loghub2k_corrected"
@@ -294,42 +293,6 @@ def memory(size_gb: float) -> dict[str, object]:
                 "templates": int(templates), "lines_per_s": int(lines) / float(took)}
 
 
-def _naive_root(case: RealCase, last: bool) -> tuple[str, int] | None:
-    """The first (or last) line of the case's files whose wording reads as an error."""
-    found = [(path.name, n) for path in sorted(case.directory.iterdir())
-             for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if strength(line)]
-    return (found[-1] if last else found[0]) if found else None
-
-
-def real_corpus() -> dict[str, object]:
-    rows: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
-    misses: list[str] = []
-    by_batch: dict[int, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
-    for outcome in evaluate(load_cases()):
-        case = outcome.case
-        named_by_signature = outcome.right and outcome.basis == "signature"
-        naive = {"first_error_line": _naive_root(case, last=False), "last_error_line": _naive_root(case, last=True)}
-        rows[case.split]["vigil"].append(int(outcome.right))
-        rows[case.split]["vigil_signatures_only"].append(int(named_by_signature))
-        for name, found in naive.items():
-            rows[case.split][name].append(int(found is not None and found[0] == case.root_file
-                                              and (found[1] == case.root_line or found[1] in case.also_lines)))
-        if case.split == "held_out":
-            for name, values in rows[case.split].items():
-                by_batch[case.batch][name].append(values[-1])
-        if case.split == "development" and not outcome.right:
-            misses.append(case.id)  # held-out misses are not listed: nobody tunes on them
-    return {
-        "cases": {split: len(v["vigil"]) for split, v in rows.items()},
-        "accuracy": {split: {name: statistics.fmean(values) for name, values in v.items()}
-                     for split, v in rows.items()},
-        "right": {split: {name: sum(values) for name, values in v.items()} for split, v in rows.items()},
-        "development_misses": misses,
-        "held_out_by_batch": {str(b): {"cases": len(v["vigil"]), "right": {k: sum(x) for k, x in v.items()}}
-                              for b, v in sorted(by_batch.items())},
-    }
-
-
 def root_accuracy(per_kind: int, real_jobs: int) -> dict[str, object]:
     per_kind_right: dict[str, list[int]] = defaultdict(list)
     with tempfile.TemporaryDirectory(prefix="vigil-bench-triage-") as tmp:
@@ -475,17 +438,11 @@ def main() -> None:
         console.print(f"updated the template-mining entries of {RESULTS.relative_to(REPO)}")
         return
 
-    real = real_corpus()
-    table = Table("part", "cases", "vigil", "vigil, signatures only", "first error line", "last error line",
-                  title="Root line named on real failure logs from public issue threads")
-    for split in ("development", "held_out"):
-        right, cases = real["right"][split], real["cases"][split]  # type: ignore[index]
-        table.add_row(split.replace("_", "-"), str(cases), *(f"{right[k]}/{cases}" for k in (  # type: ignore[index]
-            "vigil", "vigil_signatures_only", "first_error_line", "last_error_line")))
+    real = score_corpus()
+    table = Table(*TABLE_COLUMNS, title="Root line named on real failure logs from public issue threads")
+    for row in table_rows(real):
+        table.add_row(*row)
     console.print(table)
-    for batch, part in real["held_out_by_batch"].items():  # type: ignore[attr-defined]
-        console.print(f"held-out, collection round {batch}: " + ", ".join(
-            f"{name} {right}/{part['cases']}" for name, right in part["right"].items()))
     if args.only_real_logs:
         previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
         previous["real_logs"] = real

@@ -9,6 +9,8 @@ tuned on the development part only, and the held-out part is reported separately
 from __future__ import annotations
 
 import hashlib
+import statistics
+from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +18,7 @@ from typing import Literal
 
 import yaml
 
+from vigil.logs.severity import strength
 from vigil.logs.triage import TriageResult, triage
 
 REPO = Path(__file__).resolve().parents[1]
@@ -92,3 +95,83 @@ def evaluate(cases: list[RealCase]) -> Iterator[CaseOutcome]:
         result = triage(case.directory, job=case.id, workers=1)
         named = None if result.root is None else f"{result.root.source}:{result.root.lineno}"
         yield CaseOutcome(case, case.accepts(result), named, result.root_basis)
+
+
+def naive_root(case: RealCase, last: bool = False) -> tuple[str, int] | None:
+    """The baseline: the first (or last) line of the case's files whose wording reads as an error."""
+    found = [(path.name, n) for path in sorted(case.directory.iterdir())
+             for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if strength(line)]
+    return (found[-1] if last else found[0]) if found else None
+
+
+def part_of(case: RealCase) -> str:
+    """The row a case is reported in: development, or the held-out part of the rounds before the sixth (``held_out,
+    rounds 1-5``) or of the sixth round on (``held_out, round 6``)."""
+    if case.split == "development":
+        return "development"
+    return "held_out, rounds 1-5" if case.batch < HALVED_ROUNDS_FROM else f"held_out, round {case.batch}"
+
+
+def _part_order(part: str) -> tuple[int, int]:
+    """Development first, then the held-out part of rounds 1-5, then each later round's held-out half."""
+    if part == "development":
+        return (0, 0)
+    return (1, 0) if part.endswith("rounds 1-5") else (2, int(part.rsplit(" ", 1)[-1]))
+
+
+SCORERS = ("vigil", "vigil_signatures_only", "first_error_line", "last_error_line")
+
+
+def score_corpus(cases: list[RealCase] | None = None) -> dict[str, object]:
+    """Triage and the two line baselines on every case, in one run: right counts per split, per reported part and per
+    held-out round, and the development misses by id (held-out misses are not listed: nobody tunes on them)."""
+    rows: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
+    parts: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
+    by_batch: dict[int, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
+    misses: list[str] = []
+    for outcome in evaluate(load_cases() if cases is None else cases):
+        case = outcome.case
+        right = {"vigil": outcome.right, "vigil_signatures_only": outcome.right and outcome.basis == "signature"}
+        for name, last in (("first_error_line", False), ("last_error_line", True)):
+            found = naive_root(case, last)
+            right[name] = (found is not None and found[0] == case.root_file
+                           and (found[1] == case.root_line or found[1] in case.also_lines))
+        for name in SCORERS:
+            rows[case.split][name].append(int(right[name]))
+            parts[part_of(case)][name].append(int(right[name]))
+            if case.split == "held_out":
+                by_batch[case.batch][name].append(int(right[name]))
+        if case.split == "development" and not outcome.right:
+            misses.append(case.id)
+
+    def counted(table: dict[str, list[int]]) -> dict[str, object]:
+        return {"cases": len(table["vigil"]), "right": {k: sum(v) for k, v in table.items()}}
+
+    return {
+        "cases": {split: len(v["vigil"]) for split, v in rows.items()},
+        "accuracy": {split: {name: statistics.fmean(values) for name, values in v.items()}
+                     for split, v in rows.items()},
+        "right": {split: {name: sum(values) for name, values in v.items()} for split, v in rows.items()},
+        "parts": {part: counted(parts[part]) for part in sorted(parts, key=_part_order)},
+        "development_misses": misses,
+        "held_out_by_batch": {str(b): counted(v) for b, v in sorted(by_batch.items())},
+    }
+
+
+def table_rows(scored: dict[str, object]) -> list[tuple[str, ...]]:
+    """``score_corpus``'s result as table rows: each part, then every held-out case together (never tuned on)."""
+    parts: dict[str, dict[str, object]] = scored["parts"]  # type: ignore[assignment]
+    rows = []
+    for name, part in parts.items():
+        right: dict[str, int] = part["right"]  # type: ignore[assignment]
+        rows.append((name.replace("_", "-"), str(part["cases"]),
+                     *(f"{right[k]}/{part['cases']}" for k in SCORERS)))
+    cases: dict[str, int] = scored["cases"]  # type: ignore[assignment]
+    right_all: dict[str, dict[str, int]] = scored["right"]  # type: ignore[assignment]
+    if "held_out" in cases:
+        n = cases["held_out"]
+        rows.append(("held-out, together", str(n), *(f"{right_all['held_out'][k]}/{n}" for k in SCORERS)))
+    return rows
+
+
+TABLE_COLUMNS = ("part", "cases", "vigil", "vigil, signatures only", "first error line", "last error line")

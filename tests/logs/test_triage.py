@@ -141,6 +141,96 @@ def test_the_kernel_assertion_printed_after_the_host_error_is_the_root(tmp_path:
     assert result.root is not None and result.root.lineno == 3 and result.root.signature == "cuda.kernel_assert"
 
 
+def test_the_message_of_an_aborting_exception_is_the_root_not_the_abort(tmp_path: Path) -> None:
+    # "terminate called" is the process aborting; the "what():" line under it is the error it aborts on
+    (tmp_path / "rank_2.log").write_text(
+        "terminate called after throwing an instance of 'gloo::IoException'\n"
+        "  what():  [gloo/transport/tcp/pair.cc:310] read [10.0.0.5]:4411: Connection reset by peer\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.lineno == 2 and result.root_basis == "symptom"
+    # an abort alone is still named (never nothing)
+    (tmp_path / "rank_2.log").write_text("terminate called after throwing an instance of 'std::bad_alloc'\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.signature == "python.aborted"
+
+
+def test_the_heartbeat_timeout_not_its_debug_dump_is_the_root(tmp_path: Path) -> None:
+    (tmp_path / "rank_0.log").write_text(
+        "[rank0]:[E ProcessGroupNCCL.cpp:1300] [PG 0 Rank 0] Heartbeat monitor timed out! Process will be "
+        "terminated after dumping debug info. workMetaList_.size()=2\n"
+        "[rank0]:[E ProcessGroupNCCL.cpp:1150] [PG 0 Rank 0] ProcessGroupNCCL preparing to dump debug info.\n"
+        "[rank0]:[F ProcessGroupNCCL.cpp:1170] [PG 0 Rank 0] ProcessGroupNCCL's watchdog got stuck for 600 seconds "
+        "without making progress in monitoring enqueued collectives.\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.lineno == 1
+
+
+def test_the_root_cause_of_a_childfailederror_report_is_its_first_observed_failure(tmp_path: Path) -> None:
+    (tmp_path / "launcher.log").write_text(
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
+        "============================================================\n"
+        "train.py FAILED\n"
+        "------------------------------------------------------------\n"
+        "Failures:\n"
+        "[1]:\n"
+        "  rank      : 3 (local_rank: 3)\n"
+        "  exitcode  : -15 (pid: 402)\n"
+        "------------------------------------------------------------\n"
+        "Root Cause (first observed failure):\n"
+        "[0]:\n"
+        "  rank      : 1 (local_rank: 1)\n"
+        "  exitcode  : -9 (pid: 400)\n"
+        "  traceback : Signal 9 (SIGKILL) received by PID 400\n"
+        "============================================================\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.lineno == 13 and result.root.signature == "launcher.root_cause"
+    # the other failures' exit codes are the report's echo: with no root cause section, the report's head is named
+    (tmp_path / "launcher.log").write_text(
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
+        "Failures:\n"
+        "  exitcode  : -15 (pid: 402)\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.lineno == 1
+
+
+def test_the_agent_s_worker_group_failed_is_an_echo(tmp_path: Path) -> None:
+    (tmp_path / "agent.log").write_text(
+        "RuntimeError: Timed out initializing process group in store based barrier on rank: 2, for key: "
+        "store_based_barrier_key:1 (world_size=4, worker_count=3, timeout=0:30:00)\n"
+        "ERROR:torch.distributed.elastic.agent.server.local_elastic_agent:[default] Worker group failed\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.lineno == 1
+
+
+def test_a_fatal_signal_caught_by_the_process_is_a_root(tmp_path: Path) -> None:
+    (tmp_path / "rank_5.log").write_text(
+        "n3:1:1 [5] NCCL INFO Channel 00/0 : 5[5] -> 6[6] via P2P/IPC\n"
+        "[n3:7781:0:7790] Caught signal 7 (Bus error: nonexistent physical address)\n"
+        "==== backtrace (tid:   7790) ====\n"
+        " 0  /usr/lib/libucs.so.0(ucs_handle_error+0x2dc) [0x7f00aa]\n"
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.lineno == 2 and result.root_basis == "signature"
+    assert result.root.fault_type == "process_crash"
+
+
+def test_a_signal_death_no_signature_knows_is_still_named(tmp_path: Path) -> None:
+    # the shell's report of a bus error: no signature, but the wording names a fatal signal
+    (tmp_path / "rank_0.log").write_text("Data size: 30000\n[1]    4939 bus error  python train.py\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.lineno == 2 and result.root_basis == "error_wording"
+
+
+def test_a_glog_error_tag_with_an_unpadded_month_reads_as_an_error(tmp_path: Path) -> None:
+    # c10's glog prefix: severity E or F, then the month without zero padding and the day (April 29)
+    (tmp_path / "rank_6.log").write_text(
+        "[rank6]:[E429 13:55:49.384372190 ProcessGroupNCCL.cpp:1743] [PG ID 0 PG GUID 0(default_pg) Rank 6] "
+        "ProcessGroupNCCL'\n"
+        "s watchdog got stuck for 480 seconds without making progress in monitoring enqueued collectives.\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.lineno == 1 and result.root_basis == "error_wording"
+
+
 def test_bad_directory_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(VigilInputError, match="does not exist"):
         triage(tmp_path / "missing")

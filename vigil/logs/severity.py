@@ -4,11 +4,13 @@ When no signature names a root line, triage still names the earliest, most speci
 nothing. ``strength`` grades a line from its wording alone, with nothing specific to one library:
 
 * 2, specific: the line names what failed - an exception class with its message (``DistNetworkError: ...``),
-  an NCCL ``WARN``, a failed assertion, an ``ERROR`` / ``[E...]`` severity tag, "... failed:", "Fatal",
-  a process reported ``Killed``.
+  an NCCL ``WARN``, a failed assertion, an ``ERROR`` / glog ``E``/``F`` severity tag (``[E429 13:55:49...]``,
+  the month not zero-padded in PyTorch's c10 logs), "... failed:", "Fatal", a process reported ``Killed``, a
+  fatal signal by name ("Segmentation fault", "Bus error", "core dumped", "Caught signal 11").
 * 1, generic: only an error word ("error", "failure", "exception") - or a specific line that reads as the
   echo of a failure elsewhere (a timeout, a watchdog, a closing signal), which is what every healthy peer
-  prints once one rank is gone.
+  prints once one rank is gone, or as a process's follow-through on a failure it already reported ("preparing to
+  dump debug info" before the heartbeat monitor terminates it).
 * 0: not an error line (NCCL ``INFO`` unwinding such as ``net.cc:1302 -> 6``, traceback frames).
 """
 
@@ -28,12 +30,15 @@ _SPECIFIC = re.compile(
     r"|\bAssertion\b.*\bfailed\b"
     r"|\bFatal\b|\bFATAL\b|\bpanic\b|\bAborted\b"
     r"|(?:^|[\s\]|])Killed\.?\s*$"
-    r"|^\[?E\d{4} |\[E [\w.]+:\d+\]|\[ERROR\]|\bERROR\b"
+    r"|\b[Ss]egmentation fault\b|\b[Bb]us error\b|\bcore dumped\b|\bCaught signal \d+"
+    r"|^\[?[EF]\d{3,4} |\[[EF] [\w.]+:\d+\]|\[ERROR\]|\bERROR\b"
     r"|\b(?:failed|cannot|could not|unable to)\b"
 )
 _GENERIC = re.compile(r"(?i)\b(?:error|errors|failure|exception)\b")
-# What a healthy peer prints once the failing rank is gone: never more than generic.
-_ECHO = re.compile(r"(?i)time(?:d)? ?out|watchdog|closing signal|SIGTERM|ChildFailedError|heartbeat")
+# What a healthy peer prints once the failing rank is gone, or what a process does after reporting its failure
+# (dumping debug info before it is terminated): never more than generic.
+_ECHO = re.compile(r"(?i)time(?:d)? ?out|watchdog|closing signal|SIGTERM|ChildFailedError|heartbeat"
+                   r"|dump(?:ing)? debug info")
 
 
 def strength(line: str) -> int:

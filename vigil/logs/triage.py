@@ -57,7 +57,14 @@ NCCL_REPORT_LINES = 3
 SAME_REPORT_LINES = 12
 # Symptoms that every healthy rank prints once another one is gone: the last choice for a root.
 ECHO_SIGNATURES = frozenset({"nccl.watchdog_timeout", "gloo.collective_timeout", "nccl.watchdog_stuck",
-                             "launcher.child_failed"})
+                             "launcher.child_failed", "launcher.root_cause"})
+# An abort is what a process does after reporting its error ("terminate called after throwing an instance of X" is
+# followed by X's message on the "what():" line): never a root while any other report exists.
+ABORT_SIGNATURES = frozenset({"python.aborted"})
+# torchelastic's ChildFailedError report: the exit code under this header is the failure the launcher saw first.
+ROOT_CAUSE_HEADER = "Root Cause (first observed failure):"
+ROOT_CAUSE_SIGNATURE = "launcher.root_cause"
+FIRST_OBSERVED = "first_observed"
 # Kernel-log faults this long before the root (or shortly after it) are linked to it.
 MACHINE_WINDOW_BEFORE_S = 600.0
 MACHINE_WINDOW_AFTER_S = 120.0
@@ -221,6 +228,7 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
     untimed: list[LogEvent] = []
     in_traceback = False
     after_last_error = False
+    in_root_cause = False
     lineno = 0
     for block in read_lines(source.path):
         for raw in block:
@@ -256,6 +264,9 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
             if stripped == NCCL_LAST_ERROR_HEADER:
                 after_last_error = True
                 continue
+            if stripped == ROOT_CAUSE_HEADER or stripped[:3] in ("===", "---"):
+                in_root_cause = stripped == ROOT_CAUSE_HEADER
+                continue
             detail, after_last_error = after_last_error and bool(stripped), after_last_error and not stripped
             origin = _NCCL_ORIGIN.match(line)
             if origin and rank is not None:
@@ -276,6 +287,8 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
             attrs = dict(hit.attrs)
             if detail:
                 attrs[NCCL_LAST_ERROR] = True
+            if in_root_cause and hit.signature.id == ROOT_CAUSE_SIGNATURE:
+                attrs[FIRST_OBSERVED] = True
             if frames and hit.signature.role == "root":
                 attrs.update(_traceback_attrs(frames))
                 frames = []
@@ -475,13 +488,16 @@ def _same_report(one: LogEvent, other: LogEvent) -> bool:
 def _fallback_root(worded: list[LogEvent], symptoms: list[LogEvent],
                    tie_s: float = 1.0) -> tuple[LogEvent | None, RootBasis | None]:
     """No signature names a root: the earliest specific error wording, else the earliest symptom that is not a
-    timeout or watchdog report, else the earliest symptom, else the earliest generic error wording."""
+    timeout or watchdog report (the exit code a ChildFailedError report gives as its root cause counts as one), else
+    the earliest echo of a failure elsewhere, else an abort, else the earliest generic error wording."""
     specific = [e for e in worded if e.attrs.get("strength") == SPECIFIC]
     if specific:
         return _earliest(specific, tie_s), "error_wording"
-    direct = [e for e in symptoms if e.signature not in ECHO_SIGNATURES]
-    if direct or symptoms:
-        return _earliest(direct or symptoms, tie_s), "symptom"
+    direct = [e for e in symptoms if e.attrs.get(FIRST_OBSERVED)
+              or e.signature not in ECHO_SIGNATURES | ABORT_SIGNATURES]
+    echoes = [e for e in symptoms if e.signature not in ABORT_SIGNATURES]
+    if symptoms:
+        return _earliest(direct or echoes or symptoms, tie_s), "symptom"
     if worded:
         return _earliest(worded, tie_s), "error_wording"
     return None, None
