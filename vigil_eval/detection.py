@@ -62,6 +62,65 @@ def choose_threshold(labels: np.ndarray, scores: np.ndarray) -> float:
     return float(thresholds[int(np.argmax(f1[:-1]))])
 
 
+def per_machine_threshold(machines: Sequence[tuple[np.ndarray, np.ndarray]], n_cuts: int = 400) -> float:
+    """The threshold with the best mean F1 over machines, each given as ``(labels, scores)``; candidates are
+    ``n_cuts`` quantiles of the pooled scores. A machine without anomalies has F1 0 at any threshold (as in the
+    reported mean); none with anomalies gives the largest score, as ``choose_threshold`` does."""
+    pooled = np.concatenate([np.asarray(sc, dtype=np.float64) for _, sc in machines])
+    cuts = np.unique(np.quantile(pooled, np.linspace(0.0, 1.0, n_cuts)))
+    total = np.zeros(len(cuts))
+    any_positive = False
+    for labels, scores in machines:
+        lab, sc = _check(labels, scores)
+        positives = int(lab.sum())
+        if not positives:
+            continue
+        any_positive = True
+        predicted = len(sc) - np.searchsorted(np.sort(sc), cuts, side="left")
+        hits = positives - np.searchsorted(np.sort(sc[lab > 0]), cuts, side="left")
+        total += 2 * hits / np.maximum(predicted + positives, 1)
+    if not any_positive:
+        return float(np.nextafter(pooled.max(), np.inf))
+    return float(cuts[int(np.argmax(total))])
+
+
+def mean_machine_f1(machines: Sequence[tuple[np.ndarray, np.ndarray]], threshold: float) -> float:
+    """Mean over machines of the point-wise F1 at ``threshold`` (0 where a machine has no anomaly)."""
+    f1 = []
+    for labels, scores in machines:
+        lab, sc = _check(labels, scores)
+        f1.append(float(f1_score(lab, sc >= threshold, zero_division=0)))
+    return float(np.mean(f1))
+
+
+def rule_threshold(rule: str, machines: Sequence[tuple[np.ndarray, np.ndarray]]) -> float:
+    """The threshold ``rule`` (``THRESHOLD_RULES``) sets on ``machines``' ``(labels, scores)``."""
+    if rule == "pooled":
+        return choose_threshold(np.concatenate([lab for lab, _ in machines]),
+                                np.concatenate([sc for _, sc in machines]))
+    if rule == "per-machine":
+        return per_machine_threshold(machines)
+    raise VigilInputError(f"unknown threshold rule {rule!r}")
+
+
+def choose_threshold_rule(groups: Sequence[Sequence[tuple[np.ndarray, np.ndarray]]],
+                          rules: Sequence[str] = ("pooled", "per-machine")) -> tuple[str, float, dict[str, float]]:
+    """A threshold rule chosen by cross-fitting over groups of held-out machines: each rule sets its threshold
+    on the other groups and is scored by the mean per-machine F1 on the group left out; the best mean wins
+    (ties: the first rule) and sets the threshold on every machine. Returns the rule, its threshold and each
+    rule's cross-fitted F1."""
+    evidence: dict[str, float] = {}
+    for rule in rules:
+        scores = []
+        for g, held in enumerate(groups):
+            others = [m for h, group in enumerate(groups) if h != g for m in group]
+            if held and others:
+                scores.append(mean_machine_f1(held, rule_threshold(rule, others)))
+        evidence[rule] = float(np.mean(scores)) if scores else float("nan")
+    best = max(rules, key=lambda r: (np.nan_to_num(evidence[r], nan=-1.0), -rules.index(r)))
+    return best, rule_threshold(best, [m for group in groups for m in group]), evidence
+
+
 def point_adjust(labels: np.ndarray, predictions: np.ndarray) -> np.ndarray:
     """Point adjustment (Xu et al. 2018): a labelled range counts as fully detected once any point is."""
     adjusted = np.asarray(predictions).astype(bool).copy()
@@ -192,9 +251,10 @@ def class_report(true: np.ndarray, predicted: np.ndarray, classes: list[str],
 # TCE on server metrics (ASD, SMD, users' CSV), fixed before any fold was scored, never tuned: its size, loss
 # (dynamic weights), one model (no ensemble), window features as its context, a normal-window memory at
 # KMeansAD's own setting (20 centroids of the newest 10 rows). The benchmark and `vigil detect train` use it.
+# A learned-space memory of 20 centroids of the classifier's hidden layer (the embedding part of the mix).
 SERVER_TCE: dict[str, Any] = {"recent": 24, "scales": (12, 24), "hidden": 32, "epochs": 5, "steps_per_epoch": 40,
                               "patience": 2, "prototypes": 16, "window_context": True, "memory": 20,
-                              "memory_rows": 10}
+                              "memory_rows": 10, "embedding": 20}
 DETECTORS = ("tce", "lstm", "pca", "iforest", "kmeans", "knn", "random")
 # Fed the same labels as TCE; they need labelled anomalies in their training data, like TCE.
 SUPERVISED_BASELINES = ("gbm", "lstm_clf")
@@ -414,20 +474,41 @@ class Candidate:
     normalise: str = "fleet"
 
 
+# Shares of synthetic anomalies TCE trains on beside the labelled ones (vigil.detect.learned.augment); the
+# inner folds choose.
+TCE_AUGMENT = (0.0, 0.05)
+
+
 def candidates_for(name: str, params: dict[str, Any] | None = None) -> list[Candidate]:
-    """The inner-fold grid of one detector: every input scaling, the detector's own parameters fixed."""
-    return [Candidate(f"{name}[{norm}]", name, dict(params or {}), norm) for norm in NORMALISATIONS]
+    """The inner-fold grid of one detector: every input scaling, the detector's own parameters fixed; TCE
+    (unless ``params`` fix ``augment``) also trains with each share of synthetic anomalies of ``TCE_AUGMENT``."""
+    given = dict(params or {})
+    shares: tuple[float, ...] = (0.0,)
+    if name == "tce" and "augment" not in given:
+        shares = TCE_AUGMENT
+    return [Candidate(f"{name}{f'+aug{share:g}' if share else ''}[{norm}]", name,
+                      {**given, "augment": share} if share else dict(given), norm)
+            for share in shares for norm in NORMALISATIONS]
 
 
-# TCE's score mixes (weights of the supervised, novelty and memory parts, each read against the machine's own
-# history): every mix keeps the supervised part; the inner folds choose one.
-MIX_GRID: dict[str, tuple[float, float, float]] = {
-    "sup": (1.0, 0.0, 0.0), "sup+nov": (1.0, 1.0, 0.0), "sup+mem": (1.0, 0.0, 1.0),
-    "sup+nov+mem": (1.0, 1.0, 1.0), "2sup+nov+mem": (2.0, 1.0, 1.0), "sup+2nov+2mem": (1.0, 2.0, 2.0),
-    "sup+nov+2mem": (1.0, 1.0, 2.0), "sup+2nov+4mem": (1.0, 2.0, 4.0),
+# TCE's score mixes (weights of the supervised, novelty, memory and embedding parts, each read against the
+# machine's own history): every mix keeps the learned model (its classifier or its embedding); the inner folds
+# choose one.
+MIX_GRID: dict[str, tuple[float, float, float, float]] = {
+    "sup": (1.0, 0.0, 0.0, 0.0), "sup+nov": (1.0, 1.0, 0.0, 0.0), "sup+mem": (1.0, 0.0, 1.0, 0.0),
+    "sup+nov+mem": (1.0, 1.0, 1.0, 0.0), "2sup+nov+mem": (2.0, 1.0, 1.0, 0.0),
+    "sup+2nov+2mem": (1.0, 2.0, 2.0, 0.0), "sup+nov+2mem": (1.0, 1.0, 2.0, 0.0),
+    "sup+2nov+4mem": (1.0, 2.0, 4.0, 0.0),
+    "emb": (0.0, 0.0, 0.0, 1.0), "sup+emb": (1.0, 0.0, 0.0, 1.0), "emb+mem": (0.0, 0.0, 1.0, 1.0),
+    "sup+emb+mem": (1.0, 0.0, 1.0, 1.0), "sup+nov+mem+emb": (1.0, 1.0, 1.0, 1.0),
+    "sup+nov+2mem+2emb": (1.0, 1.0, 2.0, 2.0), "sup+2mem+2emb": (1.0, 0.0, 2.0, 2.0),
 }
 # Trailing means of every detector's score over this many rows (1 = none); the inner folds choose one.
-SMOOTHING_ROWS = (1, 6, 24)
+SMOOTHING_ROWS = (1, 3, 6, 12, 24, 48)
+# How the alarm threshold is set from the inner held-out machines' relative scores: the best F1 on their
+# pooled scores, or the threshold with the best mean of their per-machine F1 (the reported figure is a mean
+# over machines, and a pooled F1 lets the machines with most anomalies set it). The inner folds choose.
+THRESHOLD_RULES = ("pooled", "per-machine")
 
 
 def variant_grid(detector: Any) -> dict[str, dict[str, Any]]:
@@ -446,17 +527,21 @@ def variant_grid(detector: Any) -> dict[str, dict[str, Any]]:
             for label, mix in mixes.items() for rows in SMOOTHING_ROWS}
 
 
-def variant_scores(detector: Any, windows: Any, reference: Any, *, stride: int = 1) -> dict[str, np.ndarray]:
+def variant_scores(detector: Any, windows: Any, reference: Any, *, stride: int = 1,
+                   parts_out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """Every variant of ``variant_grid`` scored on ``windows`` of one machine (every ``stride``-th row)
     relative to ``reference`` (windows of the same machine's unlabelled history). TCE: each part through
     ``history_rank``, mixed; the rest: the detector's own score through ``relative_scores``. Then the
-    trailing mean over the variant's rows (in windows: rows / ``stride``, at least 1)."""
+    trailing mean over the variant's rows (in windows: rows / ``stride``, at least 1). ``parts_out`` receives
+    TCE's raw parts on ``windows``."""
     from vigil.detect.learned.tce import COMPONENTS, history_rank, trailing_mean
 
     grid = variant_grid(detector)
     if getattr(detector, "name", "") == "tce":
         parts, ref = detector.score_components(windows), detector.score_components(reference)
         ranks = {name: history_rank(parts[name], ref[name]) for name in parts}
+        if parts_out is not None:
+            parts_out.update(parts)
     else:
         scores = np.asarray(detector.decision_function(windows), dtype=np.float64)
         plain = relative_scores(scores, np.asarray(detector.decision_function(reference), dtype=np.float64))
@@ -502,6 +587,8 @@ class InnerChoice:
     inner_auc_pr: float
     inner_folds: list[list[str]]
     inner_grid: dict[str, float]
+    threshold_rule: str = "pooled"
+    rule_f1: dict[str, float] = field(default_factory=dict)
 
 
 def choose_on_inner_folds(data: dict[str, Any], candidates: list[Candidate], development: list[str], *,
@@ -510,14 +597,15 @@ def choose_on_inner_folds(data: dict[str, Any], candidates: list[Candidate], dev
     """Every choice for one detector made on ``development`` machines alone. They are dealt into ``inner``
     groups; each candidate is fitted on all but one group and scored on that group (every ``inner_stride``-th
     window), its scores read relative to each held-out machine's own history. The candidate and variant with
-    the best mean AUC-PR over the held-out machines wins; the threshold is the best F1 on their pooled
-    relative scores; TCE's epoch count is the median of its early-stopping epochs. ``data``: the data set
+    the best mean AUC-PR over the held-out machines wins; the threshold rule (``THRESHOLD_RULES``) is chosen by
+    cross-fitting between the inner groups (``choose_threshold_rule``) and sets the threshold on all held-out
+    machines' relative scores; TCE's epoch count is the median of its early-stopping epochs. ``data``: the data set
     under each input scaling (``scaled_inputs``)."""
     inner_groups = machine_groups(development, inner, seed)
     inner_ap: dict[tuple[int, str], list[float]] = {}
-    pooled: dict[tuple[int, str], list[tuple[np.ndarray, np.ndarray]]] = {}
+    pooled: dict[tuple[int, str], list[tuple[int, np.ndarray, np.ndarray]]] = {}
     epochs_seen: dict[int, list[int]] = {}
-    for held in inner_groups:
+    for g, held in enumerate(inner_groups):
         fit_on = [n for n in development if n not in held]
         for c, candidate in enumerate(candidates):
             held_series = data[candidate.normalise].select(held)
@@ -540,14 +628,15 @@ def choose_on_inner_folds(data: dict[str, Any], candidates: list[Candidate], dev
                     if labelled.labels.any():
                         inner_ap.setdefault((c, variant), []).append(
                             float(average_precision_score(labelled.labels > 0, relative)))
-                    pooled.setdefault((c, variant), []).append((labelled.labels, relative))
+                    pooled.setdefault((c, variant), []).append((g, labelled.labels, relative))
     if not inner_ap:
         raise VigilInputError("no held-out development machine holds a labelled anomaly: nothing to choose on")
     best_c, best_variant = max(inner_ap, key=lambda key: (np.mean(inner_ap[key]), -key[0]))
-    labels = np.concatenate([lab for lab, _ in pooled[(best_c, best_variant)]])
-    relative = np.concatenate([sc for _, sc in pooled[(best_c, best_variant)]])
+    held_out = pooled[(best_c, best_variant)]
+    rule, threshold, rule_f1 = choose_threshold_rule(
+        [[(lab, sc) for h, lab, sc in held_out if h == g] for g in range(len(inner_groups))], THRESHOLD_RULES)
     return InnerChoice(
-        candidate=best_c, variant=best_variant, threshold=choose_threshold(labels, relative),
+        candidate=best_c, variant=best_variant, threshold=threshold, threshold_rule=rule, rule_f1=rule_f1,
         epochs=int(np.median(epochs_seen[best_c])) if best_c in epochs_seen else None,
         inner_auc_pr=float(np.mean(inner_ap[(best_c, best_variant)])), inner_folds=inner_groups,
         inner_grid={f"{candidates[c].label} {v}".strip(): float(np.mean(ap)) for (c, v), ap in inner_ap.items()})
@@ -567,7 +656,8 @@ def fit_chosen(data: dict[str, Any], candidates: list[Candidate], choice: InnerC
         detector.smooth = int(variant["smooth"])
     detector.threshold_ = choice.threshold
     detector.choice_ = {"scaling": winner.normalise, "variant": choice.variant, "epochs": choice.epochs,
-                        "threshold": choice.threshold, "inner_auc_pr": choice.inner_auc_pr,
+                        "threshold": choice.threshold, "threshold_rule": choice.threshold_rule,
+                        "inner_auc_pr": choice.inner_auc_pr,
                         "inner_folds": choice.inner_folds, "development": list(development)}
     return detector
 
@@ -609,7 +699,8 @@ def nested_leave_machines_out(dataset: Any, candidates: list[Candidate], *, oute
         winner = candidates[choice.candidate]
         choices.append({"outer_fold": o, "test": test_group, "inner_folds": choice.inner_folds,
                         "candidate": winner.label, "variant": choice.variant, "inner_auc_pr": choice.inner_auc_pr,
-                        "threshold": choice.threshold, "epochs": choice.epochs, "seed": fold_seed,
+                        "threshold": choice.threshold, "threshold_rule": choice.threshold_rule,
+                        "rule_f1": choice.rule_f1, "epochs": choice.epochs, "seed": fold_seed,
                         "inner_grid": choice.inner_grid})
         if log is not None:
             log(f"outer {o}: chose {winner.label} {choice.variant} (inner AUC-PR {choice.inner_auc_pr:.3f}); "
@@ -618,9 +709,15 @@ def nested_leave_machines_out(dataset: Any, candidates: list[Candidate], *, oute
                               normal_stride=normal_stride, max_windows=max_windows)
         for s in data[winner.normalise].select(test_group):
             labelled = labelled_windows(s, history=history)
-            scores = variant_scores(detector, labelled, history_windows(s, history=history))[choice.variant]
+            parts: dict[str, np.ndarray] = {}
+            scores = variant_scores(detector, labelled, history_windows(s, history=history),
+                                    parts_out=parts)[choice.variant]
+            # Diagnosis only, written after every choice of the fold was made: how each of TCE's parts alone
+            # ranks this test machine's anomalies (AUC-PR of the raw part).
+            diagnosis = ({f"part_auc_pr_{name}": float(average_precision_score(labelled.labels > 0, part))
+                          for name, part in parts.items()} if labelled.labels.any() else {})
             rows.append({"detector": candidates[0].detector, "entity": s.entity, "outer_fold": o,
-                         "seed": fold_seed, "choice": f"{winner.label} {choice.variant}".strip(),
+                         "seed": fold_seed, "choice": f"{winner.label} {choice.variant}".strip(), **diagnosis,
                          **score_report(labelled.labels, scores, threshold=choice.threshold,
                                         sliding_window=sliding_window)})
         if on_fold is not None:

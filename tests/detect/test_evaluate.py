@@ -244,7 +244,8 @@ def test_tce_variants_mix_its_parts_read_against_the_machines_history() -> None:
     dataset = fleet_of_servers(n=3)
     candidate = Candidate("tce[fleet]", "tce", {"history": 12, "recent": 4, "scales": (4,), "hidden": 8,
                                                  "epochs": 1, "steps_per_epoch": 3, "batch_size": 32,
-                                                 "window_context": True, "memory": 4, "memory_rows": 3})
+                                                 "window_context": True, "memory": 4, "memory_rows": 3,
+                                                 "embedding": 4})
     detector = fit_candidate(candidate, dataset, ["m0", "m1"], history=12, seed=0)
     windows = labelled_windows(dataset.entities["m2"], history=12)
     reference = history_windows(dataset.entities["m2"], history=12, count=200)
@@ -252,10 +253,11 @@ def test_tce_variants_mix_its_parts_read_against_the_machines_history() -> None:
     assert list(variants) == [f"{mix} smooth={rows}" if rows > 1 else mix for mix in MIX_GRID
                               for rows in SMOOTHING_ROWS]
     parts, ref = detector.score_components(windows), detector.score_components(reference)
-    assert set(parts) == {"supervised", "novelty", "memory"}
+    assert set(parts) == {"supervised", "novelty", "memory", "embedding"}
     ranks = {k: history_rank(parts[k], ref[k]) for k in parts}
     assert np.allclose(variants["sup"], ranks["supervised"])
     assert np.allclose(variants["2sup+nov+mem"], (2 * ranks["supervised"] + ranks["novelty"] + ranks["memory"]) / 4)
+    assert np.allclose(variants["sup+emb+mem"], (ranks["supervised"] + ranks["memory"] + ranks["embedding"]) / 3)
     assert np.allclose(detector.relative_score(windows, reference, mix=(1.0, 0.0, 1.0)), variants["sup+mem"])
     assert np.allclose(detector.relative_score(windows, reference, mix=(1.0, 0.0, 1.0), smooth=6),
                        variants["sup+mem smooth=6"])
@@ -275,3 +277,35 @@ def test_history_rank_reads_scores_against_the_history_and_ranks_beyond_it() -> 
     assert ranked[3] == pytest.approx(1.0 + 50.5 / 49.5) and ranked[4] > ranked[3]
     with pytest.raises(VigilInputError, match="no history"):
         history_rank(np.ones(3), np.zeros(0))
+
+
+def test_threshold_rule_is_chosen_by_cross_fitting_between_groups_of_machines() -> None:
+    from vigil_eval.detection import choose_threshold_rule, mean_machine_f1, per_machine_threshold, rule_threshold
+
+    rng = np.random.default_rng(0)
+
+    def machine(n: int, events: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+        labels = np.zeros(n, dtype=np.int64)
+        for start in rng.choice(np.arange(0, n - width, 2 * width), events, replace=False):
+            labels[start:start + width] = 1
+        return labels, rng.normal(size=n) + 2.5 * labels
+
+    # One machine with many anomalies sets the pooled threshold; the mean of per-machine F1 weighs each
+    # machine once.
+    crowded, sparse = machine(2000, 30, 20), machine(2000, 2, 5)
+    pooled = rule_threshold("pooled", [crowded, sparse])
+    per_machine = per_machine_threshold([crowded, sparse])
+    assert mean_machine_f1([crowded, sparse], per_machine) >= mean_machine_f1([crowded, sparse], pooled) - 1e-12
+    # Brute force over every score as a threshold finds no better mean (up to the quantile grid).
+    cuts = np.unique(np.concatenate([crowded[1], sparse[1]]))[::7]
+    assert mean_machine_f1([crowded, sparse], per_machine) >= max(
+        mean_machine_f1([crowded, sparse], c) for c in cuts) - 0.02
+    groups = [[machine(1500, 20, 20), machine(1500, 2, 5)], [machine(1500, 20, 20), machine(1500, 2, 5)]]
+    rule, threshold, evidence = choose_threshold_rule(groups)
+    assert set(evidence) == {"pooled", "per-machine"} and rule == max(evidence, key=evidence.get)
+    assert threshold == rule_threshold(rule, [m for g in groups for m in g])
+    # Machines without any anomaly: the largest score, alarms only above anything seen.
+    quiet = [(np.zeros(50, dtype=np.int64), rng.normal(size=50)) for _ in range(2)]
+    assert per_machine_threshold(quiet) > max(sc.max() for _, sc in quiet)
+    with pytest.raises(VigilInputError, match="threshold rule"):
+        rule_threshold("oracle", groups[0])

@@ -151,12 +151,15 @@ def test_trailing_mean_is_causal_and_smooths() -> None:
 
 def test_memory_and_mix_survive_save_and_load_and_rank_a_new_fault(tmp_path: Path) -> None:
     X, y = toy_windows(400, seed=0)
-    det = small_tce(epochs=1, prototypes=8, memory=6, memory_rows=4, mix=(1.0, 1.0, 1.0), smooth=3).fit(X, y)
-    det.choice_ = {"scaling": "fleet", "variant": "sup+nov+mem smooth=3"}
+    det = small_tce(epochs=1, prototypes=8, memory=6, memory_rows=4, embedding=5, mix=(1.0, 1.0, 1.0, 1.0),
+                    smooth=3).fit(X, y)
+    det.choice_ = {"scaling": "fleet", "variant": "sup+nov+mem+emb smooth=3"}
     normal_history = np.random.default_rng(5).normal(size=(200, 48, 4)).astype(np.float32)
     save_detector(det, tmp_path / "m")
     back = load_detector(tmp_path / "m")
-    assert back.mix == (1.0, 1.0, 1.0) and back.smooth == 3 and back.memory_.shape == det.memory_.shape
+    assert back.mix == (1.0, 1.0, 1.0, 1.0) and back.smooth == 3 and back.memory_.shape == det.memory_.shape
+    assert back.embedding_memory_.shape == det.embedding_memory_.shape == (5, det.hidden)
+    np.testing.assert_allclose(back.embedding_distance(X[:40]), det.embedding_distance(X[:40]), rtol=1e-5, atol=1e-6)
     assert back.choice_ == det.choice_
     unsmoothed = det.relative_score(X[:40], normal_history, smooth=1)
     assert not np.allclose(unsmoothed, det.relative_score(X[:40], normal_history))
@@ -166,6 +169,28 @@ def test_memory_and_mix_survive_save_and_load_and_rank_a_new_fault(tmp_path: Pat
     fresh, _ = toy_windows(100, seed=9)
     fresh[50:, -4:, 3] += 8.0
     memory_only = det.relative_score(fresh, normal_history, mix=(0.0, 0.0, 1.0), smooth=1)
+    # A mix of three weights (models saved before the embedding part) reads as the embedding weighing 0.
+    assert np.array_equal(memory_only, det.relative_score(fresh, normal_history, mix=(0.0, 0.0, 1.0, 0.0), smooth=1))
     assert memory_only[50:].min() > memory_only[:50].max() * 0.5 and memory_only[50:].mean() > 1.0
     with pytest.raises(VigilInputError, match="lacks"):
         small_tce(epochs=1).fit(X, y).relative_score(X[:10], normal_history, mix=(0.0, 0.0, 1.0))
+
+
+def test_embedding_part_is_the_distance_in_the_classifiers_hidden_space() -> None:
+    X, y = toy_windows(400, seed=0)
+    det = small_tce(epochs=2, embedding=6).fit(X, y)
+    assert det.score_components_available()[0] == "supervised" and "embedding" in det.score_components_available()
+    encoder = next(m for m in det.model_.modules() if isinstance(m, TemporalContextEncoder))
+    window = torch.from_numpy(det.scaler_.transform(X[:30]))
+    with torch.no_grad():
+        hidden = encoder.embed(window)
+        # The logits are read from the embedding: the head's last layer on it gives forward's output.
+        np.testing.assert_allclose(encoder.head[3](hidden).numpy(), encoder(window).numpy(), rtol=1e-5, atol=1e-5)
+    centroids = det.embedding_memory_
+    expected = np.sqrt(((hidden.numpy()[:, None, :] - centroids[None]) ** 2).sum(axis=2)).min(axis=1)
+    np.testing.assert_allclose(det.embedding_distance(X[:30]), expected, rtol=1e-4, atol=1e-4)
+    # Windows of the fault class sit farther from the normal windows' centroids than normal windows do.
+    distance = det.embedding_distance(X)
+    assert distance[y > 0].mean() > distance[y == 0].mean()
+    with pytest.raises(VigilInputError, match="embedding=0"):
+        small_tce(epochs=1).fit(X, y).embedding_distance(X[:5])

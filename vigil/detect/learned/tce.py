@@ -22,9 +22,13 @@ over ``normal + fault classes``. The anomaly score is ``1 - p(normal)``.
 On a machine the model never trained on, the classifier knows only the faults of other machines. Two
 label-free parts stand beside it: the novelty of the recent context against the fleet's normal prototypes,
 and (``memory > 0``) a normal-window memory: k-means centroids of the newest ``memory_rows`` rows of normal
-training windows as fed (not rescaled), the distance to the nearest one (TSB-AD's KMeansAD reading).
-``relative_score`` reads each part against the machine's own unlabelled history (``history_rank``), mixes
-them with the weights ``mix`` (supervised, novelty, memory) and averages the mixed score over the last
+training windows as fed (not rescaled), the distance to the nearest one (TSB-AD's KMeansAD reading); and
+(``embedding > 0``) a memory in the model's own learned space: k-means centroids of the classifier's hidden
+layer over normal training windows, the distance to the nearest one. The classifier learnt that space to
+tell faults from normal windows, so a distance there weighs what told faults apart on other machines while
+asking for no label of the new one. ``relative_score`` reads each part against the machine's own unlabelled
+history (``history_rank``), mixes them with the weights ``mix`` (supervised, novelty, memory, embedding)
+and averages the mixed score over the last
 ``smooth`` windows (a trailing mean, so it stays causal); the weights and the smoothing are chosen on
 development machines (vigil_eval.detection, inner folds of leave-machines-out; ``vigil detect train``
 makes the same choice).
@@ -46,6 +50,7 @@ import torch
 from torch import nn
 
 from vigil.detect.base import BaseDetector
+from vigil.detect.learned.augment import augmented
 from vigil.detect.learned.features import window_features
 from vigil.detect.learned.loss import DynamicClassWeightedLoss, WeightMode
 from vigil.detect.learned.train import (
@@ -61,8 +66,19 @@ from vigil.detect.learned.windows import WindowSet
 from vigil.model import VigilInputError
 
 DEVIATION_CLIP = 10.0
-COMPONENTS = ("supervised", "novelty", "memory")
+COMPONENTS = ("supervised", "novelty", "memory", "embedding")
 MEMORY_FIT_WINDOWS = 20000
+# Normal training windows embedded to fit the learned-space memory (a forward pass each).
+EMBEDDING_FIT_WINDOWS = 5000
+
+
+def full_mix(mix: Sequence[float]) -> tuple[float, ...]:
+    """A mix of the first parts of ``COMPONENTS`` (models saved before the embedding part weigh three)
+    padded with zero weights to all of them."""
+    weights = tuple(float(w) for w in mix)
+    if not 1 <= len(weights) <= len(COMPONENTS):
+        raise VigilInputError(f"tce: mix {weights} weighs {len(weights)} parts, the model has {len(COMPONENTS)}")
+    return weights + (0.0,) * (len(COMPONENTS) - len(weights))
 
 
 def trailing_mean(scores: np.ndarray, width: int) -> np.ndarray:
@@ -139,6 +155,15 @@ class TemporalContextEncoder(nn.Module):
 
     def forward(self, window: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
         """``window``: (batch, history, features), already standardised; ``context``: (batch, n_context)."""
+        return self.head(self.fuse(window, context))
+
+    def embed(self, window: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
+        """The classifier's hidden layer (``hidden`` values per window): the learned space the logits are
+        read from."""
+        return self.head[1](self.head[0](self.fuse(window, context)))
+
+    def fuse(self, window: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
+        """Every branch fused into the classifier's input."""
         recent = window[:, -self.recent:, :]
         tokens = []
         if self.use_history:
@@ -183,7 +208,7 @@ class TemporalContextEncoder(nn.Module):
         # Context and novelty also reach the classifier directly: a single decisive event (the Xid that
         # opened a fault) must not depend on the attention finding its token.
         fused = [query.squeeze(1), attended.squeeze(1)] + [t for t in (novelty, context_token) if t is not None]
-        return self.head(torch.cat(fused, dim=1))
+        return torch.cat(fused, dim=1)
 
     def _past_operator(self, length: int, device: torch.device) -> torch.Tensor:
         """(length, 1 + blocks + 1) columns: the mean; the block means of each scale (blocks counted back from
@@ -260,7 +285,8 @@ class TCEDetector(BaseDetector):
                  prototypes: int = 16, weight_mode: WeightMode = "dynamic", gamma: float = 1.0, epochs: int = 10,
                  batch_size: int = 256, lr: float = 2e-3, patience: int = 3, steps_per_epoch: int | None = None,
                  seed: int = 0, members: int = 1, window_context: bool = False, memory: int = 0,
-                 memory_rows: int = 10, mix: tuple[float, float, float] = (1.0, 0.0, 0.0), smooth: int = 1) -> None:
+                 memory_rows: int = 10, embedding: int = 0, augment: float = 0.0,
+                 mix: Sequence[float] = (1.0, 0.0, 0.0, 0.0), smooth: int = 1) -> None:
         self.recent = recent
         self.history = history
         self.scales = scales
@@ -281,7 +307,9 @@ class TCEDetector(BaseDetector):
         self.window_context = window_context
         self.memory = memory
         self.memory_rows = memory_rows
-        self.mix = tuple(mix)
+        self.embedding = embedding
+        self.augment = augment
+        self.mix = full_mix(mix)
         self.smooth = smooth
 
     def member_seeds(self) -> list[int]:
@@ -331,7 +359,16 @@ class TCEDetector(BaseDetector):
             progress: Progress | None = None) -> Self:
         """Train on labelled windows. ``normal_subsample``: the factor by which normal windows were thinned
         in ``X`` (kept: one in ``normal_subsample``); predictions add ``log(normal_subsample)`` to the normal
-        logit, restoring the true prior (logit adjustment) so thinning for speed does not flood false alarms."""
+        logit, restoring the true prior (logit adjustment) so thinning for speed does not flood false alarms.
+        ``augment`` > 0 adds that share of synthetic anomalies (``augment.augmented``: generic deviations
+        injected into copies of normal windows) to a two-class training set."""
+        if self.augment > 0:
+            if y is None and not isinstance(X, WindowSet):
+                raise VigilInputError("tce: training needs labels (0 normal, k fault class k)")
+            raw = X if isinstance(X, WindowSet) else WindowSet.from_array(np.asarray(X, dtype=np.float32), y, context)
+            if int(raw.labels.max(initial=0)) > 1 or (classes is not None and len(classes) > 2):
+                raise VigilInputError("tce: augment injects one anomaly class; the training data holds several")
+            X, y, context = augmented(raw, self.augment, self.recent, seed=self.seed), None, None
         data = self._as_windows(X, y, context)
         if validation is not None:
             validation = self._as_windows(validation)
@@ -367,6 +404,7 @@ class TCEDetector(BaseDetector):
             self.report_ = ensemble_report(reports, self.model_, validation, self.scaler_, self.logit_bias_)
         self.class_weights_ = torch.stack(weights).mean(dim=0).tolist()
         self.memory_ = self._fit_memory(data, normal)
+        self.embedding_memory_ = self._fit_embedding_memory(data, normal)
         self.threshold_ = 0.5
         return self
 
@@ -382,6 +420,46 @@ class TCEDetector(BaseDetector):
         k = min(self.memory, len(flat))
         return np.asarray(MiniBatchKMeans(n_clusters=k, random_state=self.seed, n_init=3).fit(flat).cluster_centers_,
                           dtype=np.float64)
+
+    def _fit_embedding_memory(self, data: WindowSet, normal: np.ndarray) -> np.ndarray | None:
+        """k-means centroids of the learned embedding (``embed``) of normal training windows."""
+        if not self.embedding:
+            return None
+        from sklearn.cluster import MiniBatchKMeans
+
+        rng = np.random.default_rng(self.seed + 1)
+        pick = np.sort(rng.choice(normal, min(len(normal), EMBEDDING_FIT_WINDOWS), replace=False))
+        points = self._embed(data, pick)
+        k = min(self.embedding, len(points))
+        return np.asarray(MiniBatchKMeans(n_clusters=k, random_state=self.seed, n_init=3).fit(points).cluster_centers_,
+                          dtype=np.float64)
+
+    def _embed(self, data: WindowSet, rows: np.ndarray) -> np.ndarray:
+        """Hidden-layer embeddings of ``data``'s windows ``rows`` (ensemble members side by side)."""
+        encoders = [m for m in self.model_.modules() if isinstance(m, TemporalContextEncoder)]
+        context = data.context
+        out = []
+        self.model_.eval()
+        with torch.no_grad():
+            for start in range(0, len(rows), 4096):
+                idx = rows[start:start + 4096]
+                window = torch.from_numpy(self.scaler_.transform(data.take(idx)))
+                ctx = torch.from_numpy(context[idx]) if context is not None else None
+                out.append(torch.cat([e.embed(window, ctx) for e in encoders], dim=1).numpy())
+        width = self.hidden * len(encoders)
+        return np.concatenate(out).astype(np.float64) if out else np.zeros((0, width))
+
+    def embedding_distance(self, X: Any) -> np.ndarray:
+        """Distance of each window's learned embedding to the nearest centroid of normal training windows'
+        embeddings."""
+        centroids = getattr(self, "embedding_memory_", None)
+        if centroids is None:
+            raise VigilInputError("tce: this model has no learned-space memory (embedding=0)")
+        data = self._as_windows(X)
+        points = self._embed(data, np.arange(len(data)))
+        squared = ((points ** 2).sum(axis=1)[:, None] - 2 * points @ centroids.T
+                   + (centroids ** 2).sum(axis=1)[None, :])
+        return np.sqrt(np.maximum(squared.min(axis=1), 0.0))
 
     def memory_distance(self, X: Any) -> np.ndarray:
         """Distance of each window's newest ``memory_rows`` rows to the nearest normal-window centroid."""
@@ -401,28 +479,33 @@ class TCEDetector(BaseDetector):
     def score_components_available(self) -> list[str]:
         """The parts of ``COMPONENTS`` this model has (``score_components``)."""
         return [name for name, has in zip(COMPONENTS, (True, bool(self.prototypes),
-                                                       getattr(self, "memory_", None) is not None), strict=True)
+                                                       getattr(self, "memory_", None) is not None,
+                                                       getattr(self, "embedding_memory_", None) is not None),
+                                          strict=True)
                 if has]
 
     def score_components(self, X: Any) -> dict[str, np.ndarray]:
         """Every part of the anomaly score this model has: ``supervised`` (1 - p(normal)), ``novelty``
-        (prototypes) and ``memory`` (normal-window centroids)."""
+        (prototypes), ``memory`` (normal-window centroids) and ``embedding`` (centroids in the learned
+        space)."""
         supervised, novelty = self.score_parts(X)
         parts = {"supervised": supervised}
         if novelty is not None:
             parts["novelty"] = novelty
         if getattr(self, "memory_", None) is not None:
             parts["memory"] = self.memory_distance(X)
+        if getattr(self, "embedding_memory_", None) is not None:
+            parts["embedding"] = self.embedding_distance(X)
         return parts
 
     def relative_score(self, X: Any, reference: Any, mix: Sequence[float] | None = None,
                        smooth: int | None = None) -> np.ndarray:
         """The anomaly score of windows ``X`` of one machine (consecutive windows, oldest first) read against
         ``reference``, windows of the same machine's unlabelled history: each part through ``history_rank``,
-        their average weighted by ``mix`` (supervised, novelty, memory), then the trailing mean over
+        their average weighted by ``mix`` (supervised, novelty, memory, embedding), then the trailing mean over
         ``smooth`` windows (defaults: the detector's ``mix`` and ``smooth``). Needs no label of the machine,
         so a new machine is scored as soon as it has a history."""
-        weights = dict(zip(COMPONENTS, self.mix if mix is None else mix, strict=True))
+        weights = dict(zip(COMPONENTS, full_mix(self.mix if mix is None else mix), strict=True))
         parts, ref = self.score_components(X), self.score_components(reference)
         used = {name: w for name, w in weights.items() if w}
         missing = [name for name in used if name not in parts]
@@ -504,6 +587,8 @@ def save_detector(detector: TCEDetector, path: Path) -> None:
         "choice": getattr(detector, "choice_", None),
         "memory": (None if getattr(detector, "memory_", None) is None
                    else np.asarray(detector.memory_).tolist()),
+        "embedding_memory": (None if getattr(detector, "embedding_memory_", None) is None
+                             else np.asarray(detector.embedding_memory_).tolist()),
         "report": asdict(detector.report_),
     }
     tmp = path / "meta.json.tmp"
@@ -532,6 +617,8 @@ def load_detector(path: Path) -> TCEDetector:
     detector.choice_ = meta.get("choice")
     memory = meta.get("memory")
     detector.memory_ = None if memory is None else np.asarray(memory, dtype=np.float64)
+    embedded = meta.get("embedding_memory")
+    detector.embedding_memory_ = None if embedded is None else np.asarray(embedded, dtype=np.float64)
     detector.report_ = TrainReport(**meta["report"])
     detector.model_ = detector.build_model(len(detector.features_), len(detector.classes_), detector.n_context_)
     try:

@@ -72,6 +72,21 @@ class WindowSet:
         ws._offsets.append(len(arr))
         return ws
 
+    def extended(self, X: np.ndarray, labels: np.ndarray, context: np.ndarray | None = None) -> WindowSet:
+        """A new set: these windows, then the ready-made windows ``X`` (n, length, features) with their
+        ``labels`` (and ``context`` rows, needed exactly when this set has context)."""
+        arr = np.asarray(X, dtype=np.float32)
+        if arr.ndim != 3 or arr.shape[1] != self.length or (self._views and arr.shape[2] != self.n_features):
+            raise VigilInputError(f"windows of shape {arr.shape} do not extend a set of {self.length}-row windows")
+        if (context is None) != (not self._context):
+            raise VigilInputError("extended windows need context rows exactly when the set has them")
+        out = WindowSet(self.length)
+        out._views, out._rows = [*self._views, arr], [*self._rows, np.arange(len(arr))]
+        out._labels = [*self._labels, np.asarray(labels, dtype=np.int64)]
+        out._context = [*self._context] + ([np.asarray(context, dtype=np.float32)] if context is not None else [])
+        out._offsets = [*self._offsets, self._offsets[-1] + len(arr)]
+        return out
+
     def __len__(self) -> int:
         return self._offsets[-1]
 
