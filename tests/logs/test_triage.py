@@ -231,6 +231,23 @@ def test_a_glog_error_tag_with_an_unpadded_month_reads_as_an_error(tmp_path: Pat
     assert result.root is not None and result.root.lineno == 1 and result.root_basis == "error_wording"
 
 
+def test_nccl_s_warn_below_a_bare_wrapper_names_the_failure(tmp_path: Path) -> None:
+    # one worker's wrapper only names the error class; NCCL's WARN from the job a few lines below names the call
+    lines = ["(pid=11) RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:784, unhandled cuda error, NCCL version 2.7.8",
+             "(pid=12) h:12:40 [0] NCCL INFO Channel 00 : 0[2d000] -> 1[2e000] via P2P/IPC",
+             "(pid=12) h:12:40 [0] transport/p2p.cc:238 NCCL WARN failed to open CUDA IPC handle : 217 peer access "
+             "is not supported between these two devices",
+             "(pid=12) h:12:40 [0] NCCL INFO transport.cc:68 -> 1"]
+    (tmp_path / "job.log").write_text("\n".join(lines) + "\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.lineno == 3
+    # a wrapper that names the failure itself stays the root
+    lines[0] = "RuntimeError: CUDA error: an illegal memory access was encountered"
+    (tmp_path / "job.log").write_text("\n".join(lines) + "\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.lineno == 1
+
+
 def test_bad_directory_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(VigilInputError, match="does not exist"):
         triage(tmp_path / "missing")

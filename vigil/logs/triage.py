@@ -353,6 +353,7 @@ def decide(scans: list[_Scan], job: str, directory: Path, tie_s: float = 1.0) ->
     if root is None:
         root, basis = _fallback_root(worded, events, tie_s)
     root = _nccl_detail(root, events + worded)
+    root = _nccl_warn_detail(root, basis, worded)
     if root is not None and root.rank is None and root.entity.startswith("node/"):
         _attribute_to_rank(root, events)
     rank_events = [e for e in events if not e.entity.startswith("node/")]
@@ -471,6 +472,26 @@ def _nccl_detail(root: LogEvent | None, candidates: list[LogEvent]) -> LogEvent 
     detail.role = "root"
     if detail.fault_type is None:
         detail.fault_type, detail.level = root.fault_type, max(root.level, detail.level)
+    return detail
+
+
+# Reports that name an NCCL error class and nothing else: PyTorch's "unhandled cuda error (run with NCCL_DEBUG=INFO
+# for details)", "unhandled system error", "internal error". NCCL's own WARN line names what failed.
+BARE_NCCL_REPORTS = frozenset({"cuda.other", "nccl.system_error", "nccl.internal_error"})
+
+
+def _nccl_warn_detail(root: LogEvent | None, basis: RootBasis | None, worded: list[LogEvent]) -> LogEvent | None:
+    """A root that only names NCCL's error class gives way to the first NCCL WARN a few lines below it in the same
+    file, which names the failing call (another process of the job printing the details its wrapper points to)."""
+    if root is None or basis != "signature" or root.signature not in BARE_NCCL_REPORTS or _detail(root) > 0:
+        return root
+    warns = [e for e in worded if e.source == root.source and "NCCL WARN" in e.line
+             and 0 < e.lineno - root.lineno <= SAME_REPORT_LINES]
+    if not warns:
+        return root
+    detail = min(warns, key=lambda e: e.lineno)
+    detail.role = "root"
+    detail.fault_type, detail.level = root.fault_type, max(root.level, detail.level)
     return detail
 
 
