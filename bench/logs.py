@@ -73,6 +73,7 @@ SYSTEMS = ["Android", "Apache", "BGL", "HDFS", "HPC", "Hadoop", "Linux", "OpenSt
 # unseen systems).
 FOLDS = [("Android", "Apache"), ("BGL", "HDFS"), ("HPC", "Hadoop"), ("Linux", "OpenStack"), ("Windows", "Zookeeper")]
 SPLIT_VALUES_GRID = [1, 2, 3, 4, 5, 6, 8, 10, 12, 16]
+UNIT_LETTERS_GRID = [-1, 2, 3, 4, 5, 6, 8]  # -1: values of different word counts never join (the rule off)
 RESULTS = REPO / "bench" / "results" / "logs.json"
 HELD_OUT_LABEL = "held-out (never used for development)"
 console = Console()
@@ -129,8 +130,9 @@ def scores(predicted: list[str], templates: list[str], truth: list[str]) -> dict
             "fga": f1_grouping_accuracy(predicted, truth), "fta": f1_template_accuracy(predicted, templates, truth)}
 
 
-def vigil_scores(contents: list[str], truth: list[str], split_values: int) -> dict[str, float]:
-    miner = TemplateMiner(max_split_values=split_values)
+def vigil_scores(contents: list[str], truth: list[str], split_values: int,
+                 unit_letters: int = TemplateMiner.max_unit_letters) -> dict[str, float]:
+    miner = TemplateMiner(max_split_values=split_values, max_unit_letters=unit_letters)
     found = [t for i in range(0, len(contents), 4096) for t in miner.add_templates(contents[i:i + 4096])]
     return scores([t.id for t in found], [t.text for t in found], truth)
 
@@ -161,36 +163,44 @@ def accuracy(unseen: dict[str, Path] | None = None) -> dict[str, object]:
     roots = {system: DATA for system in SYSTEMS} | unseen
     systems = list(roots)
     data = {system: load(system, root) for system, root in roots.items()}
-    grid = {(system, k): vigil_scores(*data[system], k) for system in systems for k in SPLIT_VALUES_GRID}
+    settings = [(k, u) for k in SPLIT_VALUES_GRID for u in UNIT_LETTERS_GRID]
+    grid = {(system, k, u): vigil_scores(*data[system], k, u) for system in systems for k, u in settings}
+    default_units = TemplateMiner.max_unit_letters
     rows = []
     folds = []
     for held_out in folds_for(list(unseen)):
         training = [s for s in systems if s not in held_out]
-        # ties go to the smaller value: fewer words kept as constants
-        chosen = max(SPLIT_VALUES_GRID,
-                     key=lambda k: (round(statistics.fmean(grid[s, k]["ga"] for s in training), 6), -k))
-        folds.append({"held_out": list(held_out), "chosen_split_values": chosen,
-                      "ga_mean": statistics.fmean(grid[s, chosen]["ga"] for s in held_out)})
+        # ties go to the shipped max_unit_letters, then to the smaller max_split_values (fewer words kept as
+        # constants)
+        chosen_k, chosen_u = max(settings, key=lambda ku: (
+            round(statistics.fmean(grid[s, ku[0], ku[1]]["ga"] for s in training), 6), ku[1] == default_units,
+            -ku[0]))
+        folds.append({"held_out": list(held_out), "chosen_split_values": chosen_k, "chosen_unit_letters": chosen_u,
+                      "ga_mean": statistics.fmean(grid[s, chosen_k, chosen_u]["ga"] for s in held_out)})
         for system in held_out:
             contents, truth = data[system]
             drain = Drain3Parser()
             drain_ids = drain.parse(contents)
             masked = Drain3Parser(masked=True)
             masked_ids = masked.parse(contents)
-            row: dict[str, object] = {"system": system, "fold_split_values": chosen,
+            row: dict[str, object] = {"system": system, "fold_split_values": chosen_k,
+                                      "fold_unit_letters": chosen_u,
                                       "set": HELD_OUT_LABEL if system in unseen else "development",
                                       "templates_truth": len(set(truth))}
-            row.update({f"{k}_vigil": v for k, v in grid[system, chosen].items()})
+            row.update({f"{k}_vigil": v for k, v in grid[system, chosen_k, chosen_u].items()})
             row.update({f"{k}_drain3": v for k, v in scores([str(i) for i in drain_ids], drain.templates(drain_ids),
                                                             truth).items()})
             row.update({f"{k}_drain3_masked": v for k, v in scores(
                 [str(i) for i in masked_ids], masked.templates(masked_ids), truth).items()})
             rows.append(row)
-    by_value = {k: statistics.fmean(grid[s, k]["ga"] for s in systems) for k in SPLIT_VALUES_GRID}
+    default_k = TemplateMiner.max_split_values
+    by_value = {k: statistics.fmean(grid[s, k, default_units]["ga"] for s in systems) for k in SPLIT_VALUES_GRID}
+    by_units = {u: statistics.fmean(grid[s, default_k, u]["ga"] for s in systems) for u in UNIT_LETTERS_GRID}
     return {"rows": rows, "folds": folds, "ga_mean_by_split_values_all_systems": by_value,
+            "ga_mean_by_unit_letters_all_systems": by_units,
             "systems": systems, "held_out_systems": sorted(unseen),
-            "default_split_values": TemplateMiner().max_split_values,
-            "ga_by_system_and_split_values": {f"{s}/{k}": v["ga"] for (s, k), v in grid.items()}}
+            "default_split_values": default_k, "default_unit_letters": default_units,
+            "ga_by_system_and_setting": {f"{s}/{k}/{u}": v["ga"] for (s, k, u), v in grid.items()}}
 
 
 _DIGITS = re.compile(r"\d+")
@@ -359,12 +369,12 @@ def mining_table(acc: dict[str, object]) -> tuple[dict[str, dict[str, float]], l
     rows: list[dict[str, object]] = acc["rows"]  # type: ignore[assignment]
     columns = ("ga_vigil", "ga_drain3", "ga_drain3_masked", "pa_vigil", "pa_drain3_masked", "fga_vigil",
                "fga_drain3_masked", "fta_vigil", "fta_drain3_masked")
-    table = Table("system", "set", "knob (fold)", "GA vigil", "GA drain3", "GA drain3+mask", "PA vigil",
+    table = Table("system", "set", "knobs (fold)", "GA vigil", "GA drain3", "GA drain3+mask", "PA vigil",
                   "PA drain3+mask", "FGA vigil", "FGA drain3+mask", "FTA vigil", "FTA drain3+mask",
                   title="Template mining on Loghub-2k (corrected truth), each system scored in the fold that held it "
                         "out (knob tuned on all the other systems)")
     for r in rows:
-        table.add_row(str(r["system"]), str(r["set"]), str(r["fold_split_values"]),
+        table.add_row(str(r["system"]), str(r["set"]), f"{r['fold_split_values']}/{r['fold_unit_letters']}",
                       *(f"{float(r[k]):.3f}" for k in columns))  # type: ignore[arg-type]
     means: dict[str, dict[str, float]] = {}
     for name in ("development", HELD_OUT_LABEL, "all"):
@@ -377,9 +387,13 @@ def mining_table(acc: dict[str, object]) -> tuple[dict[str, dict[str, float]], l
     fold_means = [float(f["ga_mean"]) for f in folds]  # type: ignore[arg-type]
     by_value: dict[int, float] = acc["ga_mean_by_split_values_all_systems"]  # type: ignore[assignment]
     systems: list[str] = acc["systems"]  # type: ignore[assignment]
-    console.print(f"GA across the {len(folds)} folds: min {min(fold_means):.3f}, max {max(fold_means):.3f}; knob "
-                  f"chosen per fold: {[f['chosen_split_values'] for f in folds]}; mean GA on all {len(systems)} by "
-                  "knob value: " + ", ".join(f"{k}: {v:.3f}" for k, v in by_value.items()))
+    by_units: dict[int, float] = acc["ga_mean_by_unit_letters_all_systems"]  # type: ignore[assignment]
+    console.print(f"GA across the {len(folds)} folds: min {min(fold_means):.3f}, max {max(fold_means):.3f}; knobs "
+                  "(max_split_values/max_unit_letters) chosen per fold: "
+                  + ", ".join(f"{f['chosen_split_values']}/{f['chosen_unit_letters']}" for f in folds)
+                  + f"; mean GA on all "
+                  f"{len(systems)} by max_split_values: " + ", ".join(f"{k}: {v:.3f}" for k, v in by_value.items())
+                  + "; by max_unit_letters: " + ", ".join(f"{u}: {v:.3f}" for u, v in by_units.items()))
     below = [str(r["system"]) for r in rows
              if float(r["ga_vigil"]) < max(float(r["ga_drain3"]), float(r["ga_drain3_masked"]))]  # type: ignore[arg-type]
     console.print(f"GA below drain3 (either configuration) on: {', '.join(below) or 'no system'}")

@@ -83,6 +83,47 @@ def test_a_word_where_other_lines_hold_a_value_is_a_value() -> None:
     assert len({m.template_id for m in found}) == 1
 
 
+# Lines written for these tests in the shape of a proxy's connection log: a size with or without its
+# human-readable form, a lifetime as a clock or as "<1 sec".
+SIZED = ["gw.example.org:8080 close, 1190 bytes (1.16 KB) sent, 1671 bytes (1.63 KB) received, lifetime 00:02",
+         "gw.example.org:8080 close, 0 bytes sent, 0 bytes received, lifetime 00:01",
+         "gw.example.org:8080 close, 403 bytes sent, 426 bytes received, lifetime <1 sec",
+         "gw.example.org:8080 close, 850 bytes sent, 10547 bytes (10.2 KB) received, lifetime 00:02",
+         "gw.example.org:8080 close, 12000 bytes (11.7 KB) sent, 66 bytes received, lifetime 00:03"]
+
+
+def test_a_value_of_more_words_keeps_its_statement_together() -> None:
+    found = TemplateMiner().add_block(SIZED * 3)
+    assert len({m.template_id for m in found}) == 1
+    # line by line, in separate blocks, the same
+    miner = TemplateMiner()
+    assert len({miner.add(line).template_id for line in SIZED}) == 1
+    # off: each word count is its own template
+    assert len({m.template_id for m in TemplateMiner(max_unit_letters=-1).add_block(SIZED * 3)}) > 1
+
+
+def test_extra_text_or_a_field_is_another_statement() -> None:
+    miner = TemplateMiner()
+    pairs = [("Probing PCI hardware", "Probing PCI hardware (bus 00)"),  # a word before the value: text
+             ("auth failure; rhost=10.0.0.1", "auth failure; rhost=10.0.0.1 user=root"),  # a key=value field
+             ("Fan speeds ( 3552 3534 3375 3515 3479 )", "Fan speeds ( 3552 3534 **** 3515 3479 )"),  # no letter
+             ("Failed password for root from 10.0.0.1 port 22",
+              "Failed password for invalid user 10.0.0.1 port 22")]  # long words
+    for short, long in pairs:
+        first, second = miner.add_block([short] * 3 + [long] * 3)[::3]
+        assert first.template_id != second.template_id, (short, long)
+
+
+def test_a_variant_survives_restart(tmp_path: Path) -> None:
+    state = tmp_path / "templates.json"
+    miner = TemplateMiner()
+    ids = {m.template_id for m in miner.add_block(SIZED[:3])}
+    miner.save(state)
+    restored = TemplateMiner.load(state)
+    assert {restored.add(line).template_id for line in SIZED} == ids
+    assert restored.match(SIZED[0]) == restored.match(SIZED[1])
+
+
 def test_state_survives_restart(tmp_path: Path) -> None:
     state = tmp_path / "state" / "templates.json"
     miner = TemplateMiner()

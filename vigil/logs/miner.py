@@ -59,6 +59,71 @@ def _fits(tokens: tuple[str, ...], pattern: tuple[str | None, ...]) -> bool:
     return all(word is None or word == token for word, token in zip(pattern, tokens, strict=True))
 
 
+_MAX_VALUE_WORDS = 6  # at most this many more tokens in one variant than in the other
+
+
+def _letters(token: str) -> int:
+    return sum(ch.isalpha() for ch in token)
+
+
+def _is_value(tokens: list[str], max_letters: int) -> bool:
+    """Whether a run of tokens reads as one value: a masked value first, then masked values or short words (units
+    follow their number: ``<*> KB)``, ``<<*> sec``; ``(bus <*>)`` is text and a value). A ``key=`` field is not
+    part of a value, nor is a token with no letter and no value (``****``)."""
+    if WILDCARD not in tokens[0]:
+        return False
+    for token in tokens:
+        if "=" in token:
+            return False
+        letters = _letters(token.replace(WILDCARD, ""))
+        if letters > max_letters or (letters == 0 and WILDCARD not in token):
+            return False
+    return True
+
+
+def _aligned_values(mine: list[str], my_open: set[int], theirs: list[str], their_open: set[int],
+                    max_letters: int) -> int:
+    """How many tokens two forms of different lengths align on when every stretch between aligned tokens is,
+    on each side, empty or one value (see :func:`_is_value`); 0 when some stretch is not."""
+    n, m = len(mine), len(theirs)
+
+    def score(i: int, j: int) -> int:
+        return 2 if mine[i] == theirs[j] else 1 if i in my_open or j in their_open else 0
+
+    # longest common subsequence, open positions matching anything (an equal token counts double, so that
+    # words align with words before open positions swallow them)
+    table = [[0] * (m + 1) for _ in range(n + 1)]
+    for i in range(n - 1, -1, -1):
+        row, below = table[i], table[i + 1]
+        for j in range(m - 1, -1, -1):
+            gain = score(i, j)
+            row[j] = max(below[j + 1] + gain, below[j], row[j + 1]) if gain else max(below[j], row[j + 1])
+    i = j = 0
+    gap_mine: list[str] = []
+    gap_theirs: list[str] = []
+    aligned = 0
+    while i < n or j < m:
+        if i < n and j < m and score(i, j) and table[i][j] == table[i + 1][j + 1] + score(i, j):
+            if gap_mine or gap_theirs:
+                if not ((not gap_mine or _is_value(gap_mine, max_letters))
+                        and (not gap_theirs or _is_value(gap_theirs, max_letters))):
+                    return 0
+                gap_mine, gap_theirs = [], []
+            aligned += 1
+            i += 1
+            j += 1
+        elif j < m and (i == n or table[i][j + 1] >= table[i + 1][j]):
+            gap_theirs.append(WILDCARD if j in their_open else theirs[j])
+            j += 1
+        else:
+            gap_mine.append(WILDCARD if i in my_open else mine[i])
+            i += 1
+    if (gap_mine or gap_theirs) and not ((not gap_mine or _is_value(gap_mine, max_letters))
+                                         and (not gap_theirs or _is_value(gap_theirs, max_letters))):
+        return 0
+    return aligned if aligned * 2 >= max(n, m) else 0
+
+
 @dataclass
 class Template:
     """One mined template: ``tokens`` with ``<*>`` at the variable positions. ``open`` are the positions where
@@ -70,6 +135,7 @@ class Template:
     size: int = 0
     last_seen: int = 0
     open: set[int] = field(default_factory=set)
+    same_as: str | None = None  # the template of another length this one is a variant of (a value of more words)
 
     @property
     def text(self) -> str:
@@ -87,6 +153,7 @@ class TemplateMiner:
     """Mines templates from a stream of log lines; ``add`` / ``add_block`` return one match per line."""
 
     max_split_values: int = 10
+    max_unit_letters: int = 4
     max_templates: int = 50_000
     max_cache: int = 200_000
     templates: dict[str, Template] = field(default_factory=dict)
@@ -96,6 +163,7 @@ class TemplateMiner:
     _by_length: dict[int, list[Template]] = field(default_factory=dict, repr=False)
     _next_id: int = 1
     _clock: int = 0
+    _variants: int = 0
 
     # ------------------------------------------------------------------ matching
 
@@ -128,7 +196,15 @@ class TemplateMiner:
             self._resolve(flat, digitless, found, missing)
         for template in found:  # line counts: the statistics the grouping of later forms weighs
             template.size += 1  # type: ignore[union-attr]
+        if self._variants:
+            return [self._canonical(t) for t in found]  # type: ignore[arg-type]
         return found  # type: ignore[return-value]
+
+    def _canonical(self, template: Template) -> Template:
+        """The template a variant of another length stands for (itself when that one was evicted)."""
+        if template.same_as is None:
+            return template
+        return self.templates.get(template.same_as, template)
 
     def _resolve(self, flat: list[str], digitless: list[str], found: list[Template | None],
                  missing: list[int]) -> None:
@@ -172,7 +248,10 @@ class TemplateMiner:
         """The template a line belongs to, without learning anything."""
         key = mask(line.replace("\n", " "))
         template = self._cache.get(key) or self._fitting(tokenize(key) or [""])
-        return None if template is None else Match(template.id, template.text)
+        if template is None:
+            return None
+        template = self._canonical(template)
+        return Match(template.id, template.text)
 
     def _learn_forms(self, keys: list[str], lines: list[int]) -> list[Template]:
         """The template of each masked form (``lines``: how many lines of this block have it)."""
@@ -279,12 +358,43 @@ class TemplateMiner:
                 if words > best_words:
                     best, best_words = template, words
         if best is None:
+            variant_of = self._variant_of(tokens, open_positions) if self.max_unit_letters >= 0 else None
             template = self._create(tokens)
             template.open = set(open_positions)
+            if variant_of is not None:
+                template.same_as = variant_of.id
+                self._variants += 1
             return template
         self._generalize(best, tokens)
         best.open |= open_positions
         return best
+
+    def _variant_of(self, tokens: list[str], open_positions: set[int]) -> Template | None:
+        """A known template of another length that ``tokens`` equal but for values of a different number of words.
+
+        The two are aligned word by word (an open position takes any token); what is left between the aligned
+        words must, on each side, be nothing or one value: masked values with at most short words beside them
+        (units, brackets: ``1190 bytes (1.16 KB)`` beside ``0 bytes``, ``<1 sec`` beside ``00:02``). A word longer
+        than ``max_unit_letters`` letters left over is text, and the two are different statements.
+        """
+        size = len(tokens)
+        words = {t for p, t in enumerate(tokens) if p not in open_positions and WILDCARD not in t}
+        best: Template | None = None
+        best_aligned = 0
+        for length in range(max(1, size - _MAX_VALUE_WORDS), size + _MAX_VALUE_WORDS + 1):
+            if length == size:
+                continue
+            for template in self._by_length.get(length, ()):
+                # quick screen: more long words on one side only than open positions on the other to take them
+                theirs = {t for p, t in enumerate(template.tokens) if p not in template.open and WILDCARD not in t}
+                if (sum(_letters(w) > self.max_unit_letters for w in words - theirs) > len(template.open)
+                        or sum(_letters(w) > self.max_unit_letters for w in theirs - words) > len(open_positions)):
+                    continue
+                aligned = _aligned_values(tokens, open_positions, template.tokens, template.open,
+                                          self.max_unit_letters)
+                if aligned > best_aligned:
+                    best, best_aligned = template, aligned
+        return None if best is None else self._canonical(best)
 
     def _create(self, tokens: list[str]) -> Template:
         if len(self.templates) >= self.max_templates:
@@ -318,10 +428,12 @@ class TemplateMiner:
         state = {
             "version": STATE_VERSION,
             "max_split_values": self.max_split_values,
+            "max_unit_letters": self.max_unit_letters,
             "next_id": self._next_id,
             "clock": self._clock,
             "templates": [
-                {"id": t.id, "tokens": t.tokens, "size": t.size, "last_seen": t.last_seen, "open": sorted(t.open)}
+                {"id": t.id, "tokens": t.tokens, "size": t.size, "last_seen": t.last_seen, "open": sorted(t.open),
+                 **({"same_as": t.same_as} if t.same_as is not None else {})}
                 for t in self.templates.values()
             ],
         }
@@ -348,6 +460,7 @@ class TemplateMiner:
                 )
             # version 1 held a similarity threshold; its templates load the same
             params.setdefault("max_split_values", int(state.get("max_split_values", cls.max_split_values)))
+            params.setdefault("max_unit_letters", int(state.get("max_unit_letters", cls.max_unit_letters)))
             miner = cls(**params)  # type: ignore[arg-type]
             for item in state["templates"]:
                 tokens = [str(tok) for tok in item["tokens"]]
@@ -355,7 +468,9 @@ class TemplateMiner:
                 open_positions = (item["open"] if "open" in item
                                   else [p for p, token in enumerate(tokens) if token == WILDCARD])
                 template = Template(str(item["id"]), tokens, int(item["size"]), int(item["last_seen"]),
-                                    {int(p) for p in open_positions})
+                                    {int(p) for p in open_positions},
+                                    str(item["same_as"]) if item.get("same_as") is not None else None)
+                miner._variants += template.same_as is not None
                 miner.templates[template.id] = template
                 miner._by_length.setdefault(len(tokens), []).append(template)
             miner._next_id = int(state["next_id"])
