@@ -19,7 +19,12 @@ How a block of lines finds its templates:
    (``()`` beside ``(<*>)``), and words that vary in more than one message (a user named in "session
    opened" and "session closed" is an entity, not an enumeration). The grouped form joins a known
    template when no word of the two conflicts (the template is generalised where they differ), or starts
-   a new one. ``max_split_values`` was chosen by leave-systems-out on the Loghub samples (bench/logs.py).
+   a new one.
+5. A form that still starts a new template is compared with the known templates of other lengths: when the two
+   align word by word and what is left over on each side is nothing or one value (a masked value followed by
+   masked values or short unit words: ``1190 bytes (1.16 KB)`` beside ``0 bytes``), the new template is a
+   variant of the known one and its lines take that one's id. ``max_split_values`` and ``max_unit_letters``
+   are chosen by leave-systems-out rotation on the Loghub samples (bench/logs.py).
 
 Masking never looks at which digit a number has nor how many, which is what makes steps 1 and 2 exact.
 Memory is bounded: each cache is cleared when it reaches ``max_cache`` keys (it is rebuilt from the
@@ -63,7 +68,7 @@ _MAX_VALUE_WORDS = 6  # at most this many more tokens in one variant than in the
 
 
 def _letters(token: str) -> int:
-    return sum(ch.isalpha() for ch in token)
+    return sum(map(str.isalpha, token))
 
 
 def _is_value(tokens: list[str], max_letters: int) -> bool:
@@ -136,6 +141,8 @@ class Template:
     last_seen: int = 0
     open: set[int] = field(default_factory=set)
     same_as: str | None = None  # the template of another length this one is a variant of (a value of more words)
+    long_words: frozenset[str] | None = field(default=None, repr=False, compare=False)  # see TemplateMiner._long
+
 
     @property
     def text(self) -> str:
@@ -367,6 +374,7 @@ class TemplateMiner:
             return template
         self._generalize(best, tokens)
         best.open |= open_positions
+        best.long_words = None
         return best
 
     def _variant_of(self, tokens: list[str], open_positions: set[int]) -> Template | None:
@@ -378,7 +386,7 @@ class TemplateMiner:
         than ``max_unit_letters`` letters left over is text, and the two are different statements.
         """
         size = len(tokens)
-        words = {t for p, t in enumerate(tokens) if p not in open_positions and WILDCARD not in t}
+        mine = self._long_words(tokens, open_positions)
         best: Template | None = None
         best_aligned = 0
         for length in range(max(1, size - _MAX_VALUE_WORDS), size + _MAX_VALUE_WORDS + 1):
@@ -386,15 +394,21 @@ class TemplateMiner:
                 continue
             for template in self._by_length.get(length, ()):
                 # quick screen: more long words on one side only than open positions on the other to take them
-                theirs = {t for p, t in enumerate(template.tokens) if p not in template.open and WILDCARD not in t}
-                if (sum(_letters(w) > self.max_unit_letters for w in words - theirs) > len(template.open)
-                        or sum(_letters(w) > self.max_unit_letters for w in theirs - words) > len(open_positions)):
+                if template.long_words is None:
+                    template.long_words = self._long_words(template.tokens, template.open)
+                theirs = template.long_words
+                if len(mine - theirs) > len(template.open) or len(theirs - mine) > len(open_positions):
                     continue
                 aligned = _aligned_values(tokens, open_positions, template.tokens, template.open,
                                           self.max_unit_letters)
                 if aligned > best_aligned:
                     best, best_aligned = template, aligned
         return None if best is None else self._canonical(best)
+
+    def _long_words(self, tokens: list[str], open_positions: set[int]) -> frozenset[str]:
+        """The words of a form too long to stand beside a value (see :meth:`_variant_of`)."""
+        return frozenset(t for p, t in enumerate(tokens)
+                         if p not in open_positions and WILDCARD not in t and _letters(t) > self.max_unit_letters)
 
     def _create(self, tokens: list[str]) -> Template:
         if len(self.templates) >= self.max_templates:
@@ -406,6 +420,7 @@ class TemplateMiner:
         return template
 
     def _generalize(self, template: Template, tokens: list[str]) -> None:
+        template.long_words = None
         for i, token in enumerate(tokens):
             if template.tokens[i] != token or i in template.open:
                 template.tokens[i] = WILDCARD
