@@ -248,6 +248,24 @@ def test_nccl_s_warn_below_a_bare_wrapper_names_the_failure(tmp_path: Path) -> N
     assert result.root is not None and result.root.lineno == 1
 
 
+def test_a_dataloader_worker_s_last_words_before_the_parent_s_traceback_are_the_root(tmp_path: Path) -> None:
+    lines = ["step 40 loss 2.31",
+             "free(): invalid pointer, worker failed to allocate",
+             "Traceback (most recent call last):",
+             '  File "/usr/lib/python3.11/site-packages/torch/utils/data/_utils/signal_handling.py", line 67, '
+             'in handler',
+             "    _error_if_any_worker_fails()",
+             "RuntimeError: DataLoader worker (pid 69916) is killed by signal: Aborted."]
+    (tmp_path / "rank_4.log").write_text("\n".join(lines) + "\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.lineno == 2
+    # no words of its own before the traceback: the parent's report stays the root
+    lines[1] = "step 41 loss 2.30"
+    (tmp_path / "rank_4.log").write_text("\n".join(lines) + "\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.lineno == 6 and result.root.signature == "torch.dataloader_killed"
+
+
 def test_bad_directory_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(VigilInputError, match="does not exist"):
         triage(tmp_path / "missing")

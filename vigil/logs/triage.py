@@ -69,7 +69,11 @@ FIRST_OBSERVED = "first_observed"
 MACHINE_WINDOW_BEFORE_S = 600.0
 MACHINE_WINDOW_AFTER_S = 120.0
 
-_CONTEXT_ATTRS = frozenset({"frames", "user_frame"})
+# A DataLoader worker shares its parent's stderr: what it printed as it died is the line right before the traceback in
+# which the parent reports the death ("DataLoader worker (pid N) is killed by signal: Aborted").
+CHILD_DEATH_REPORTS = frozenset({"torch.dataloader_killed"})
+PRINTED_BEFORE_TRACEBACK = "printed_before_traceback"
+_CONTEXT_ATTRS = frozenset({"frames", "user_frame", PRINTED_BEFORE_TRACEBACK})
 _NCCL_ORIGIN = re.compile(r"^(?:\[[^\]]*\] )?(?P<host>[\w.\-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\]")
 _FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
 _LIBRARY_PATH = re.compile(r"(site-packages|dist-packages|/lib/python\d|<frozen |/torch/|\\lib\\)")
@@ -229,6 +233,8 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
     in_traceback = False
     after_last_error = False
     in_root_cause = False
+    last_text = 0  # the last non-blank line, and the one before the current traceback's header
+    traceback_after = 0
     lineno = 0
     for block in read_lines(source.path):
         for raw in block:
@@ -252,7 +258,10 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
             stripped = line.strip()
             if stripped == "Traceback (most recent call last):":
                 frames, in_traceback = [], True
+                traceback_after = last_text
                 continue
+            if stripped:
+                last_text = lineno
             if in_traceback:
                 frame = _FRAME.match(line)
                 if frame:
@@ -291,6 +300,7 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
                 attrs[FIRST_OBSERVED] = True
             if frames and hit.signature.role == "root":
                 attrs.update(_traceback_attrs(frames))
+                attrs[PRINTED_BEFORE_TRACEBACK] = traceback_after
                 frames = []
             event = LogEvent(
                 source=source.name, lineno=lineno, ts=ts, entity=_entity(source, job, rank), rank=rank,
@@ -354,6 +364,7 @@ def decide(scans: list[_Scan], job: str, directory: Path, tie_s: float = 1.0) ->
         root, basis = _fallback_root(worded, events, tie_s)
     root = _nccl_detail(root, events + worded)
     root = _nccl_warn_detail(root, basis, worded)
+    root = _child_last_words(root, worded)
     if root is not None and root.rank is None and root.entity.startswith("node/"):
         _attribute_to_rank(root, events)
     rank_events = [e for e in events if not e.entity.startswith("node/")]
@@ -493,6 +504,21 @@ def _nccl_warn_detail(root: LogEvent | None, basis: RootBasis | None, worded: li
     detail.role = "root"
     detail.fault_type, detail.level = root.fault_type, max(root.level, detail.level)
     return detail
+
+
+def _child_last_words(root: LogEvent | None, worded: list[LogEvent]) -> LogEvent | None:
+    """A root that reports a child process's death (a DataLoader worker) gives way to the specific error line printed
+    right before the traceback that raised it: the child's own account of why it died."""
+    if root is None or root.signature not in CHILD_DEATH_REPORTS or not root.attrs.get(PRINTED_BEFORE_TRACEBACK):
+        return root
+    before = root.attrs[PRINTED_BEFORE_TRACEBACK]
+    words = [e for e in worded
+             if e.source == root.source and e.lineno == before and e.attrs.get("strength") == SPECIFIC]
+    if not words:
+        return root
+    words[0].role = "root"
+    words[0].fault_type, words[0].level = root.fault_type, max(root.level, words[0].level)
+    return words[0]
 
 
 def _detail(event: LogEvent) -> int:
