@@ -75,6 +75,7 @@ SYSTEMS = ["Android", "Apache", "BGL", "HDFS", "HPC", "Hadoop", "Linux", "OpenSt
 FOLDS = [("Android", "Apache"), ("BGL", "HDFS"), ("HPC", "Hadoop"), ("Linux", "OpenStack"), ("Windows", "Zookeeper")]
 SPLIT_VALUES_GRID = [1, 2, 3, 4, 5, 6, 8, 10, 12, 16]
 UNIT_LETTERS_GRID = [-1, 2, 3, 4, 5, 6, 8]  # -1: values of different word counts never join (the rule off)
+FIELD_VALUES_GRID = [False, True]  # whether words the stream writes as key=value values are values
 RESULTS = REPO / "bench" / "results" / "logs.json"
 HELD_OUT_LABEL = "held-out (outside ../shared/data)"
 console = Console()
@@ -132,8 +133,9 @@ def scores(predicted: list[str], templates: list[str], truth: list[str]) -> dict
 
 
 def vigil_scores(contents: list[str], truth: list[str], split_values: int,
-                 unit_letters: int = TemplateMiner.max_unit_letters) -> dict[str, float]:
-    miner = TemplateMiner(max_split_values=split_values, max_unit_letters=unit_letters)
+                 unit_letters: int = TemplateMiner.max_unit_letters,
+                 field_values: bool = TemplateMiner.field_values) -> dict[str, float]:
+    miner = TemplateMiner(max_split_values=split_values, max_unit_letters=unit_letters, field_values=field_values)
     found = [t for i in range(0, len(contents), 4096) for t in miner.add_templates(contents[i:i + 4096])]
     return scores([t.id for t in found], [t.text for t in found], truth)
 
@@ -164,20 +166,21 @@ def accuracy(unseen: dict[str, Path] | None = None) -> dict[str, object]:
     roots = {system: DATA for system in SYSTEMS} | unseen
     systems = list(roots)
     data = {system: load(system, root) for system, root in roots.items()}
-    settings = [(k, u) for k in SPLIT_VALUES_GRID for u in UNIT_LETTERS_GRID]
-    grid = {(system, k, u): vigil_scores(*data[system], k, u) for system in systems for k, u in settings}
-    default_units = TemplateMiner.max_unit_letters
+    settings = [(k, u, f) for k in SPLIT_VALUES_GRID for u in UNIT_LETTERS_GRID for f in FIELD_VALUES_GRID]
+    grid = {(system, *ku): vigil_scores(*data[system], *ku) for system in systems for ku in settings}
+    default_units, default_fields = TemplateMiner.max_unit_letters, TemplateMiner.field_values
     rows = []
     folds = []
     for held_out in folds_for(list(unseen)):
         training = [s for s in systems if s not in held_out]
-        # ties go to the shipped max_unit_letters, then to the smaller max_split_values (fewer words kept as
-        # constants)
-        chosen_k, chosen_u = max(settings, key=lambda ku: (
-            round(statistics.fmean(grid[s, ku[0], ku[1]]["ga"] for s in training), 6), ku[1] == default_units,
-            -ku[0]))
+        # ties go to the shipped max_unit_letters and field_values, then to the smaller max_split_values (fewer
+        # words kept as constants)
+        chosen_k, chosen_u, chosen_f = max(settings, key=lambda ku: (
+            round(statistics.fmean(grid[s, *ku]["ga"] for s in training), 6), ku[1] == default_units,
+            ku[2] == default_fields, -ku[0]))
         folds.append({"held_out": list(held_out), "chosen_split_values": chosen_k, "chosen_unit_letters": chosen_u,
-                      "ga_mean": statistics.fmean(grid[s, chosen_k, chosen_u]["ga"] for s in held_out)})
+                      "chosen_field_values": chosen_f,
+                      "ga_mean": statistics.fmean(grid[s, chosen_k, chosen_u, chosen_f]["ga"] for s in held_out)})
         for system in held_out:
             contents, truth = data[system]
             drain = Drain3Parser()
@@ -185,23 +188,28 @@ def accuracy(unseen: dict[str, Path] | None = None) -> dict[str, object]:
             masked = Drain3Parser(masked=True)
             masked_ids = masked.parse(contents)
             row: dict[str, object] = {"system": system, "fold_split_values": chosen_k,
-                                      "fold_unit_letters": chosen_u,
+                                      "fold_unit_letters": chosen_u, "fold_field_values": chosen_f,
                                       "set": HELD_OUT_LABEL if system in unseen else "development",
                                       "templates_truth": len(set(truth))}
-            row.update({f"{k}_vigil": v for k, v in grid[system, chosen_k, chosen_u].items()})
+            row.update({f"{k}_vigil": v for k, v in grid[system, chosen_k, chosen_u, chosen_f].items()})
             row.update({f"{k}_drain3": v for k, v in scores([str(i) for i in drain_ids], drain.templates(drain_ids),
                                                             truth).items()})
             row.update({f"{k}_drain3_masked": v for k, v in scores(
                 [str(i) for i in masked_ids], masked.templates(masked_ids), truth).items()})
             rows.append(row)
     default_k = TemplateMiner.max_split_values
-    by_value = {k: statistics.fmean(grid[s, k, default_units]["ga"] for s in systems) for k in SPLIT_VALUES_GRID}
-    by_units = {u: statistics.fmean(grid[s, default_k, u]["ga"] for s in systems) for u in UNIT_LETTERS_GRID}
+    by_value = {k: statistics.fmean(grid[s, k, default_units, default_fields]["ga"] for s in systems)
+                for k in SPLIT_VALUES_GRID}
+    by_units = {u: statistics.fmean(grid[s, default_k, u, default_fields]["ga"] for s in systems)
+                for u in UNIT_LETTERS_GRID}
+    by_fields = {str(f): statistics.fmean(grid[s, default_k, default_units, f]["ga"] for s in systems)
+                 for f in FIELD_VALUES_GRID}
     return {"rows": rows, "folds": folds, "ga_mean_by_split_values_all_systems": by_value,
-            "ga_mean_by_unit_letters_all_systems": by_units,
+            "ga_mean_by_unit_letters_all_systems": by_units, "ga_mean_by_field_values_all_systems": by_fields,
             "systems": systems, "held_out_systems": sorted(unseen),
             "default_split_values": default_k, "default_unit_letters": default_units,
-            "ga_by_system_and_setting": {f"{s}/{k}/{u}": v["ga"] for (s, k, u), v in grid.items()}}
+            "default_field_values": default_fields,
+            "ga_by_system_and_setting": {f"{s}/{k}/{u}/{int(f)}": v["ga"] for (s, k, u, f), v in grid.items()}}
 
 
 _DIGITS = re.compile(r"\d+")
@@ -375,7 +383,8 @@ def mining_table(acc: dict[str, object]) -> tuple[dict[str, dict[str, float]], l
                   title="Template mining on Loghub-2k (corrected truth), each system scored in the fold that held it "
                         "out (knob tuned on all the other systems)")
     for r in rows:
-        table.add_row(str(r["system"]), str(r["set"]), f"{r['fold_split_values']}/{r['fold_unit_letters']}",
+        table.add_row(str(r["system"]), str(r["set"]),
+                      f"{r['fold_split_values']}/{r['fold_unit_letters']}/{'on' if r['fold_field_values'] else 'off'}",
                       *(f"{float(r[k]):.3f}" for k in columns))  # type: ignore[arg-type]
     means: dict[str, dict[str, float]] = {}
     for name in ("development", HELD_OUT_LABEL, "all"):
@@ -389,12 +398,15 @@ def mining_table(acc: dict[str, object]) -> tuple[dict[str, dict[str, float]], l
     by_value: dict[int, float] = acc["ga_mean_by_split_values_all_systems"]  # type: ignore[assignment]
     systems: list[str] = acc["systems"]  # type: ignore[assignment]
     by_units: dict[int, float] = acc["ga_mean_by_unit_letters_all_systems"]  # type: ignore[assignment]
+    by_fields: dict[str, float] = acc["ga_mean_by_field_values_all_systems"]  # type: ignore[assignment]
     console.print(f"GA across the {len(folds)} folds: min {min(fold_means):.3f}, max {max(fold_means):.3f}; knobs "
-                  "(max_split_values/max_unit_letters) chosen per fold: "
-                  + ", ".join(f"{f['chosen_split_values']}/{f['chosen_unit_letters']}" for f in folds)
+                  "(max_split_values/max_unit_letters/field_values) chosen per fold: "
+                  + ", ".join(f"{f['chosen_split_values']}/{f['chosen_unit_letters']}/"
+                              f"{'on' if f['chosen_field_values'] else 'off'}" for f in folds)
                   + f"; mean GA on all "
                   f"{len(systems)} by max_split_values: " + ", ".join(f"{k}: {v:.3f}" for k, v in by_value.items())
-                  + "; by max_unit_letters: " + ", ".join(f"{u}: {v:.3f}" for u, v in by_units.items()))
+                  + "; by max_unit_letters: " + ", ".join(f"{u}: {v:.3f}" for u, v in by_units.items())
+                  + "; by field_values: " + ", ".join(f"{f}: {v:.3f}" for f, v in by_fields.items()))
     below = [str(r["system"]) for r in rows
              if float(r["ga_vigil"]) < max(float(r["ga_drain3"]), float(r["ga_drain3_masked"]))]  # type: ignore[arg-type]
     console.print(f"GA below drain3 (either configuration) on: {', '.join(below) or 'no system'}")

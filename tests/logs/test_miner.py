@@ -92,6 +92,21 @@ SIZED = ["gw.example.org:8080 close, 1190 bytes (1.16 KB) sent, 1671 bytes (1.63
          "gw.example.org:8080 close, 12000 bytes (11.7 KB) sent, 66 bytes received, lifetime 00:03"]
 
 
+def test_a_word_the_stream_writes_as_a_field_value_is_a_value() -> None:
+    users = ["root", "uucp", "ftp", "git"]
+    failed = [f"Failed password for {user} from 10.0.0.{n} port 22" for n, user in enumerate(users)] * 3
+    # alone, four words at one position are four events
+    assert len({m.template_id for m in TemplateMiner().add_block(failed)}) == 4
+    # the same stream also writes them as user=<name>: they are values
+    pam = [f"authentication failure; rhost=10.0.0.{n} user={user}" for n, user in enumerate(users)]
+    found = TemplateMiner().add_block(pam + failed)
+    assert len({m.template_id for m in found[len(pam):]}) == 1
+    assert found[-1].template == "Failed password for <*> from <*> port <*>"
+    # off: four events again
+    off = TemplateMiner(field_values=False).add_block(pam + failed)
+    assert len({m.template_id for m in off[len(pam):]}) == 4
+
+
 def test_a_value_of_more_words_keeps_its_statement_together() -> None:
     found = TemplateMiner().add_block(SIZED * 3)
     assert len({m.template_id for m in found}) == 1

@@ -15,9 +15,11 @@ How a block of lines finds its templates:
    more frequent than that; the positions below it are where the siblings differ. Such a position is a
    variable when the siblings hold more than ``max_split_values`` different words there, and otherwise
    splits them into separate templates (``opened`` / ``closed`` are two events, fifty user names are one
-   variable). Two more signs of a value need no count: a masked value at the same position of a sibling
-   (``()`` beside ``(<*>)``), and words that vary in more than one message (a user named in "session
-   opened" and "session closed" is an entity, not an enumeration). The grouped form joins a known
+   variable). Three more signs of a value need no count: a masked value at the same position of a sibling
+   (``()`` beside ``(<*>)``), words that vary in more than one message (a user named in "session
+   opened" and "session closed" is an entity, not an enumeration), and words the stream itself writes as the
+   value of a ``key=value`` field (``user=uucp`` elsewhere makes ``for uucp`` a value; ``field_values``, kept
+   per stream in a bounded set, not saved with the state). The grouped form joins a known
    template when no word of the two conflicts (the template is generalised where they differ), or starts
    a new one.
 5. A form that still starts a new template is compared with the known templates of other lengths: when the two
@@ -48,6 +50,8 @@ from vigil.logs.masking import WILDCARD, mask, tokenize
 from vigil.model import VigilInputError
 
 STATE_VERSION = 2
+# a word (no digit) written as the value of a key=value or key:value field: user=uucp, interactive=true
+_FIELD_VALUE = re.compile(r"(?<=[\w.\-][=:])[A-Za-z_][A-Za-z_\-]*(?=[\s,;)\]}>]|$)", re.MULTILINE)
 _DIGITS_TO_ZERO = str.maketrans("123456789", "000000000")
 _HAS_DIGIT = re.compile(r"\d")
 
@@ -161,6 +165,7 @@ class TemplateMiner:
 
     max_split_values: int = 10
     max_unit_letters: int = 4
+    field_values: bool = True
     max_templates: int = 50_000
     max_cache: int = 200_000
     templates: dict[str, Template] = field(default_factory=dict)
@@ -171,6 +176,7 @@ class TemplateMiner:
     _next_id: int = 1
     _clock: int = 0
     _variants: int = 0
+    _values: set[str] = field(default_factory=set, repr=False)
 
     # ------------------------------------------------------------------ matching
 
@@ -223,7 +229,10 @@ class TemplateMiner:
             first_of = dict(zip(reversed(widthless), range(len(widthless) - 1, -1, -1), strict=True))
             unseen = sorted(((key, j) for key, j in first_of.items() if key not in self._width_cache),
                             key=lambda item: item[1])  # learn in line order
-            masked = mask("\n".join(flat[missing[j]] for _, j in unseen)).split("\n")
+            text = "\n".join(flat[missing[j]] for _, j in unseen)
+            if self.field_values:
+                self._remember_values(_FIELD_VALUE.findall(text))
+            masked = mask(text).split("\n")
             lines_of = Counter(widthless)
             fresh = self._learn_forms(masked, [lines_of[width_key] for width_key, _ in unseen])
             learned: dict[str, Template] = {}
@@ -245,6 +254,11 @@ class TemplateMiner:
             cache.clear()  # rebuilt from the templates on demand; clearing keeps memory bounded
         if len(entries) <= self.max_cache:
             cache.update(entries)
+
+    def _remember_values(self, values: list[str]) -> None:
+        if len(self._values) + len(values) > self.max_cache:
+            self._values.clear()  # bounded like the caches; the values seen since are kept
+        self._values.update(values)
 
     def _remember(self, cache: dict[str, Template], key: str, template: Template) -> None:
         if len(cache) >= self.max_cache:
@@ -338,6 +352,8 @@ class TemplateMiner:
                     values = {forms[i][p] for i in siblings}
                     values.update(t[p] for t in fitting)
                     roaming = sum(len(patterns_of[value]) > 1 for value in values if WILDCARD not in value)
+                    # words the stream writes as the value of a key=value field elsewhere (user=uucp) are values
+                    roaming += sum(value in self._values for value in values) if self._values else 0
                     # a masked value at one position (alone or in a word: "(<*>)") and words at another
                     # line's same position: the position holds values
                     if (len(values) > self.max_split_values or roaming > 1
@@ -444,6 +460,7 @@ class TemplateMiner:
             "version": STATE_VERSION,
             "max_split_values": self.max_split_values,
             "max_unit_letters": self.max_unit_letters,
+            "field_values": self.field_values,
             "next_id": self._next_id,
             "clock": self._clock,
             "templates": [
@@ -476,6 +493,7 @@ class TemplateMiner:
             # version 1 held a similarity threshold; its templates load the same
             params.setdefault("max_split_values", int(state.get("max_split_values", cls.max_split_values)))
             params.setdefault("max_unit_letters", int(state.get("max_unit_letters", cls.max_unit_letters)))
+            params.setdefault("field_values", bool(state.get("field_values", cls.field_values)))
             miner = cls(**params)  # type: ignore[arg-type]
             for item in state["templates"]:
                 tokens = [str(tok) for tok in item["tokens"]]
