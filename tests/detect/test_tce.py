@@ -194,3 +194,13 @@ def test_embedding_part_is_the_distance_in_the_classifiers_hidden_space() -> Non
     assert distance[y > 0].mean() > distance[y == 0].mean()
     with pytest.raises(VigilInputError, match="embedding=0"):
         small_tce(epochs=1).fit(X, y).embedding_distance(X[:5])
+
+
+def test_score_components_in_one_pass_equal_the_parts_one_by_one() -> None:
+    X, y = toy_windows(300, seed=0)
+    det = small_tce(epochs=1, prototypes=8, memory=6, memory_rows=4, embedding=5, window_context=True).fit(X, y)
+    parts = det.score_components(X[:50])
+    np.testing.assert_allclose(parts["supervised"], det.decision_function(X[:50]), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(parts["novelty"], det.novelty(X[:50]), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(parts["memory"], det.memory_distance(X[:50]), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(parts["embedding"], det.embedding_distance(X[:50]), rtol=1e-4, atol=1e-5)

@@ -466,7 +466,8 @@ class TCEDetector(BaseDetector):
         centroids = getattr(self, "memory_", None)
         if centroids is None:
             raise VigilInputError("tce: this model has no normal-window memory (memory=0)")
-        data = self._as_windows(X)
+        # The memory reads the windows' rows only: a window set needs no context features computed.
+        data = X if isinstance(X, WindowSet) and X.length == self.history else self._as_windows(X)
         out = []
         for start in range(0, len(data), 4096):
             rows = data.take(np.arange(start, min(start + 4096, len(data))), last=self.memory_rows)
@@ -487,15 +488,44 @@ class TCEDetector(BaseDetector):
     def score_components(self, X: Any) -> dict[str, np.ndarray]:
         """Every part of the anomaly score this model has: ``supervised`` (1 - p(normal)), ``novelty``
         (prototypes), ``memory`` (normal-window centroids) and ``embedding`` (centroids in the learned
-        space)."""
-        supervised, novelty = self.score_parts(X)
-        parts = {"supervised": supervised}
-        if novelty is not None:
-            parts["novelty"] = novelty
+        space). One pass: the window features once, one forward pass of each member for the class
+        probabilities and the embedding (the same values ``predict_proba``, ``novelty`` and
+        ``embedding_distance`` give one by one)."""
+        if getattr(self, "model_", None) is None:
+            raise VigilInputError("tce: fit or load the model first")
+        data = self._as_windows(X)
+        if self.n_context_ and data.context is None:
+            raise VigilInputError(f"tce: the model reads {self.n_context_} context features per window; none given")
+        encoders = [m for m in self.model_.modules() if isinstance(m, TemporalContextEncoder)]
+        centroids = getattr(self, "embedding_memory_", None)
+        bias = torch.tensor(getattr(self, "logit_bias_", None) or [0.0] * len(self.classes_))
+        context = data.context
+        supervised, novelty, embedding = [], [], []
+        self.model_.eval()
+        with torch.no_grad():
+            for start in range(0, len(data), 4096):
+                idx = np.arange(start, min(start + 4096, len(data)))
+                window = torch.from_numpy(self.scaler_.transform(data.take(idx)))
+                ctx = torch.from_numpy(context[idx]) if context is not None else None
+                hidden = [e.embed(window, ctx) for e in encoders]
+                logits = torch.stack([e.head[3](e.head[2](h)) for e, h in zip(encoders, hidden, strict=True)])
+                probability = torch.softmax(logits.mean(dim=0) + bias, dim=1)
+                supervised.append(1.0 - probability[:, 0].numpy().astype(np.float64))
+                if self.prototypes:
+                    nearest = [torch.log1p(e.prototype_distances(window)[:, 0]) for e in encoders]
+                    novelty.append(torch.stack(nearest).mean(dim=0).numpy().astype(np.float64))
+                if centroids is not None:
+                    points = torch.cat(hidden, dim=1).numpy().astype(np.float64)
+                    squared = ((points ** 2).sum(axis=1)[:, None] - 2 * points @ centroids.T
+                               + (centroids ** 2).sum(axis=1)[None, :])
+                    embedding.append(np.sqrt(np.maximum(squared.min(axis=1), 0.0)))
+        parts = {"supervised": np.concatenate(supervised) if supervised else np.zeros(0)}
+        if self.prototypes:
+            parts["novelty"] = np.concatenate(novelty) if novelty else np.zeros(0)
         if getattr(self, "memory_", None) is not None:
-            parts["memory"] = self.memory_distance(X)
-        if getattr(self, "embedding_memory_", None) is not None:
-            parts["embedding"] = self.embedding_distance(X)
+            parts["memory"] = self.memory_distance(X if isinstance(X, WindowSet) else data)
+        if centroids is not None:
+            parts["embedding"] = np.concatenate(embedding) if embedding else np.zeros(0)
         return parts
 
     def relative_score(self, X: Any, reference: Any, mix: Sequence[float] | None = None,
