@@ -1,7 +1,8 @@
 """Hang detection and culprit localization on real gloo jobs, probe overhead, stack merge at scale,
 and a side-by-side with torch's Flight Recorder analyzer on the same dumps.
 
-Run: .venv/bin/python bench/hang.py [--hang-timeout 10] [--quick] [--stacks-only]   -> bench/results/hang.json
+Run: .venv/bin/python bench/hang.py [--hang-timeout 10] [--quick] [--stacks-only] [--new-only]
+    -> bench/results/hang.json
 
 1. Scenarios: tests/probe/fault_job.py as a 3-rank gloo job through `vigil.run.launcher.launch`, one fault
    injected into one rank; verdict, culprit and detection latency (seconds from the job's last progress to
@@ -23,6 +24,14 @@ Run: .venv/bin/python bench/hang.py [--hang-timeout 10] [--quick] [--stacks-only
    adds to a DDP step (Python hook + op record + compute marks vs the built-in C++ hook without the probe).
 6. Periodic stacks: two two-node DDP jobs on "machines" node-a and node-b with py-spy sweeps every second, a
    slow rank on node-b in both; `vigil stacks` must flag node-b and not node-a.
+7. New scenarios (tests/probe/realistic_job.py), written after the detector the way ML engineers' jobs look,
+   each verdict fixed before Vigil first ran on it: a custom autograd Function blocking in backward, an
+   optimizer subclass blocking in step(), a DataLoader worker process stuck reading a sample, a lock-order
+   deadlock in a forward hook, FSDP2 with one rank skipping its reduce-scatters, no_sync() accumulation with
+   one rank's count off, DDP branches with and without find_unused_parameters, a compute straggler under
+   FSDP2, a torch.save into storage that stopped accepting data vs rank 0 alone saving for 15 s, rank 0 alone
+   evaluating for 25 s, DataLoader workers slow to open their shards, a 2 x 2 DeviceMesh (FSDP2 over dp,
+   loss over tp) with one rank waiting forever, SIGSEGV, a rank that exits 0 early.
 4. FR side by side: the FR dumps each scenario left (gloo, TORCH_FR_BUFFER_SIZE) analysed by
    `vigil diagnose` and by torch.distributed.flight_recorder.fr_trace, raw and with gloo's pg_config
    key repaired; which names the right culprit.
@@ -61,6 +70,7 @@ RESULTS = REPO / "bench" / "results"
 FAULT_JOB = REPO / "tests" / "probe" / "fault_job.py"
 TRAIN_JOB = REPO / "bench" / "jobs" / "train_small.py"
 STACK_JOB = REPO / "tests" / "probe" / "stack_job.py"
+NEW_JOB = REPO / "tests" / "probe" / "realistic_job.py"
 WORLD = 3
 console = Console()
 
@@ -120,14 +130,45 @@ STACK_SCENARIOS: list[Scenario] = [
 LONG_PAUSES = ("checkpoint", "eval", "warmup")
 
 
-def run_scenarios(hang_timeout: float, work: Path, quick: bool, stacks: bool = False) -> list[dict[str, Any]]:
+def _new(name: str, scenario: str, rank: int, verdict: str, culprits: list[int], *extra: str,
+         world: int = WORLD) -> Scenario:
+    return Scenario(name, ["--scenario", scenario, "--rank", str(rank), *extra], verdict, culprits, world=world)
+
+
+# New scenarios (tests/probe/realistic_job.py), their verdicts fixed before Vigil first ran on them. The long
+# pauses that are no fault run for 15 s (the checkpoint) and 25 s (evaluation, warm-up) whatever the timeout.
+NEW_SCENARIOS: list[Scenario] = [
+    _new("ddp: custom autograd Function blocks in backward", "backward", 2, "hang", [2]),
+    _new("ddp: optimizer subclass blocks in step()", "optimizer", 1, "hang", [1]),
+    _new("ddp: DataLoader worker process stuck reading a sample", "loader_worker", 1, "hang", [1]),
+    _new("ddp: lock-order deadlock in a forward pre-hook (rank 0)", "lock_hook", 0, "hang", [0]),
+    _new("fsdp: one rank turns gradient sync off (skips its reduce-scatters)", "fsdp_skip_rs", 2, "mismatch", [2]),
+    _new("ddp no_sync(): one rank accumulates 3 micro-batches, the others 2", "accum", 1, "mismatch", [1]),
+    _new("ddp find_unused_parameters=True: one rank takes another branch", "unused_ok", 1, "ok", []),
+    _new("ddp: one rank skips the auxiliary head (unused parameters)", "unused_crash", 1, "crash", [1]),
+    _new("fsdp: compute straggler (~30 ms of a 0.13 s step)", "fsdp_straggler", 2, "slow", [2], "--steps", "16"),
+    _new("ddp: torch.save into storage that stopped accepting data", "ckpt_stuck", 1, "hang", [1]),
+    _new("ddp: rank 0 alone saves a checkpoint for 15 s", "ckpt_slow_ok", 0, "ok", [], "--sleep", "15"),
+    _new("ddp: rank 0 alone evaluates for 25 s, the others at a barrier", "eval_ok", 0, "ok", [], "--sleep", "25"),
+    _new("ddp: DataLoader workers take 25 s to open their shards", "warmup_ok", 2, "ok", [], "--sleep", "25"),
+    _new("mesh 2 x 2 (fsdp over dp, loss over tp): rank waits forever for a batch", "mesh_hang", 3, "hang", [3],
+         world=4),
+    _new("ddp: SIGSEGV in a native extension", "segv", 2, "crash", [2]),
+    _new("ddp: one rank leaves the loop early and exits 0", "exit0", 1, "hang", [1]),
+]
+
+
+def run_scenarios(hang_timeout: float, work: Path, quick: bool, stacks: bool = False,
+                  new: bool = False) -> list[dict[str, Any]]:
     rows = []
-    if stacks:
+    if new:
+        scenarios, script = NEW_SCENARIOS, NEW_JOB
+    elif stacks:
         scenarios, script = STACK_SCENARIOS, STACK_JOB
     else:
         scenarios, script = (SCENARIOS[:4] + SCENARIOS[9:10] if quick else SCENARIOS), FAULT_JOB
     for index, (name, args, verdict, culprits, links, world, startup_grace) in enumerate(scenarios):
-        if any(pause in args for pause in LONG_PAUSES):
+        if not new and any(pause in args for pause in LONG_PAUSES):
             args = [*args, "--sleep", str(2.5 * hang_timeout)]
         out = work / f"scenario{index}"
         console.log(f"scenario: {name}")
@@ -463,9 +504,14 @@ def main() -> None:
     parser.add_argument("--overhead-steps", type=int, default=200)
     parser.add_argument("--stacks-only", action="store_true",
                         help="only the DDP / FSDP2 scenarios and the DDP hook cost; merged into hang.json")
+    parser.add_argument("--new-only", action="store_true",
+                        help="only the new scenarios (tests/probe/realistic_job.py); merged into hang.json")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="vigil-bench-hang-") as tmp:
         work = Path(tmp)
+        if args.new_only:
+            run_new(args.hang_timeout, work)
+            return
         if args.stacks_only:
             run_stacks(args.hang_timeout, work)
             return
@@ -476,6 +522,7 @@ def main() -> None:
         rows = run_scenarios(args.hang_timeout, work, args.quick)
         stack_rows = [*run_scenarios(args.hang_timeout, work / "stacks", args.quick, stacks=True),
                       run_two_nodes(args.hang_timeout, work)]
+        new_rows = run_scenarios(args.hang_timeout, work / "new", args.quick, new=True)
         periodic = measure_periodic_stacks(work)
         comparisons = compare_with_torch(rows, work)
         overhead = measure_overhead(work, 1 if args.quick else args.overhead_rounds, args.overhead_steps)
@@ -499,6 +546,7 @@ def main() -> None:
         "max_detection_latency_s": max(latencies) if latencies else None,
         "all_within_budget": all(r["within_budget"] for r in rows),
         "stack_scenarios": stack_summary(stack_rows),
+        "new_scenarios": new_summary(new_rows, args.hang_timeout),
         "periodic_stacks": periodic,
         "overhead": overhead,
         "ddp_hook_cost": measure_ddp_hook_cost(),
@@ -531,6 +579,41 @@ def run_stacks(hang_timeout: float, work: Path) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1))
     show_stacks(result)
+
+
+def new_summary(rows: list[dict[str, Any]], hang_timeout: float) -> dict[str, Any]:
+    for row in rows:
+        row.pop("fr_dir", None)
+    return {"hang_timeout_s": hang_timeout, "scenarios": rows, "correct": sum(r["correct"] for r in rows),
+            "total": len(rows), "all_within_budget": all(r["within_budget"] for r in rows)}
+
+
+def run_new(hang_timeout: float, work: Path) -> None:
+    """The new scenarios alone, merged into an existing hang.json."""
+    (work / "new").mkdir()
+    summary = new_summary(run_scenarios(hang_timeout, work / "new", False, new=True), hang_timeout)
+    path = RESULTS / "hang.json"
+    result = json.loads(path.read_text()) if path.exists() else {"hang_timeout_s": hang_timeout}
+    result["new_scenarios"] = summary
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1))
+    show_new(result)
+
+
+def show_new(result: dict[str, Any]) -> None:
+    new = result["new_scenarios"]
+    table = Table(title="New scenarios (tests/probe/realistic_job.py, gloo, "
+                        f"--hang-timeout {new['hang_timeout_s']:g} s)")
+    for column in ("scenario", "ranks", "verdict", "culprit", "expected", "detected after (s)", "wall (s)", "ok"):
+        table.add_column(column)
+    for row in new["scenarios"]:
+        latency = "" if row["detected_after_s"] is None else f"{row['detected_after_s']:.1f}"
+        table.add_row(row["scenario"], str(row["world_size"]), f"{row['verdict']} ({row['expected_verdict']})",
+                      str(row["culprit_ranks"]), str(row["expected_culprits"]), latency, f"{row['wall_s']:.0f}",
+                      "yes" if row["correct"] and row["within_budget"] else "NO")
+    console.print(table)
+    console.print(f"{new['correct']}/{new['total']} right, all within the hang timeout + 5 s: "
+                  f"{new['all_within_budget']}")
 
 
 def show_stacks(result: dict[str, Any]) -> None:
@@ -587,6 +670,8 @@ def show(result: dict[str, Any]) -> None:
     console.print(side)
     if "stack_scenarios" in result:
         show_stacks(result)
+    if "new_scenarios" in result:
+        show_new(result)
 
 
 if __name__ == "__main__":

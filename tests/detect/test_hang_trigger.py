@@ -55,6 +55,22 @@ def test_evaluation_checkpoint_warmup_and_finished_ranks_are_not_hangs() -> None
     assert trigger.stall(done, {0, 1, 2}, now) is None
 
 
+def test_checkpoint_save_that_stopped_writing_is_a_hang() -> None:
+    trigger = HangTrigger(hang_timeout_s=3.0)
+    now = T0 + 60
+    waiting = OpRecord(record_id=7, group="0", group_ranks=[0, 1, 2], kind="collective", seq=9, op="barrier",
+                       state="started", t_start=now - 20, timeout_s=3.0)
+    peers = {r: snap(r, last_step=now - 20, last_compute=now - 19, ops=[waiting]) for r in (1, 2)}
+    writing = {"kind": "checkpoint", "since": now - 19, "progress_at": now - 1.0, "written": 1 << 20}
+    assert trigger.stall({0: snap(0, last_step=now - 20, activity=writing), **peers}, {0, 1, 2}, now) is None
+    stuck = {**writing, "progress_at": now - 3.5}
+    reason = trigger.stall({0: snap(0, last_step=now - 20, activity=stuck), **peers}, {0, 1, 2}, now)
+    assert reason is not None and "barrier #9" in reason
+    # A record without write progress (an older probe) keeps the whole allowance.
+    legacy = {"kind": "checkpoint", "since": now - 19}
+    assert trigger.stall({0: snap(0, last_step=now - 20, activity=legacy), **peers}, {0, 1, 2}, now) is None
+
+
 def test_op_past_its_timeout_while_the_job_is_still_names_the_op() -> None:
     trigger = HangTrigger(hang_timeout_s=3.0)
     now = T0 + 60

@@ -85,6 +85,18 @@ def test_chance_majority_on_a_short_window_is_not_a_straggler() -> None:
     assert finding is not None and finding.rank == 1
 
 
+def test_lag_that_counts_scales_with_the_step_time() -> None:
+    # 30 ms of lag in every collective: noise next to 2 s steps, a quarter of 0.13 s ones.
+    ops: dict[int, list] = {r: [] for r in range(3)}
+    for seq in range(1, 21):
+        for rank in range(3):
+            ops[rank].append(coll(seq, t_start=100.0 + seq, duration=0.004 if rank == 2 else 0.034))
+    assert find_straggler(ops) is None
+    assert find_straggler(ops, step_s=2.0) is None
+    finding = find_straggler(ops, step_s=0.13)
+    assert finding is not None and finding.rank == 2
+
+
 def test_small_lag_is_not_a_straggler() -> None:
     ops: dict[int, list] = {r: [] for r in range(3)}
     for seq in range(1, 21):

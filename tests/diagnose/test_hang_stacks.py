@@ -48,6 +48,21 @@ def test_shorter_stack_is_a_fork_too() -> None:
     assert "stack ends" in fork.frame
 
 
+def test_deeper_stack_of_one_rank_is_the_fork_not_the_ranks_that_stop_short() -> None:
+    # Most ranks wait inside a native call (autograd's engine running DDP's reducer); one rank went on into
+    # Python the others never reached (a custom autograd Function's backward that blocks).
+    engine = [*COMMON, "backward (autograd/__init__.py:395)", "_engine_run_backward (autograd/graph.py:979)"]
+    stacks = {r: {"MainThread": engine} for r in range(4)}
+    stacks[2] = {"MainThread": [*engine, "apply (autograd/function.py:325)", "backward (job.py:110)",
+                                "wait (threading.py:629)"]}
+    fork = merge_stacks(stacks).fork_points()[0]
+    assert fork.ranks == [2]
+    assert fork.majority_ranks == [0, 1, 3]
+    assert fork.frame == "apply (autograd/function.py:325)"
+    assert fork.parent == "_engine_run_backward (autograd/graph.py:979)"
+    assert "stack ends" in fork.majority_frame
+
+
 def test_render_lists_rank_ranges() -> None:
     text = merge_stacks(synthetic(6, {3})).render()
     assert "ranks [0-2,4-5]" in text

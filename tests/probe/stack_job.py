@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 import ctypes
 import io
+import os
+import tempfile
 import time
 
 import torch
@@ -52,17 +54,34 @@ def native_call_holding_gil() -> None:
 
 
 class SlowStorage(io.RawIOBase):
-    """A checkpoint file on slow storage: the whole save takes about ``duration_s``."""
+    """A checkpoint file on slow storage: bytes reach the file at a rate that makes a save of ``size``
+    bytes take about ``duration_s`` (a bandwidth-limited mount, not one that stopped accepting data)."""
 
-    def __init__(self, duration_s: float) -> None:
-        self.deadline = time.time() + duration_s
+    def __init__(self, path: str, size: int, duration_s: float) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        self.seconds_per_byte = duration_s / max(size, 1)
 
     def writable(self) -> bool:
         return True
 
     def write(self, data: bytes) -> int:  # type: ignore[override]
-        time.sleep(max(0.0, self.deadline - time.time()))
+        view = memoryview(data)
+        for start in range(0, len(view), 1024):
+            chunk = view[start:start + 1024]
+            os.write(self.fd, chunk)
+            time.sleep(len(chunk) * self.seconds_per_byte)
         return len(data)
+
+    def close(self) -> None:
+        if not self.closed:
+            os.close(self.fd)
+        super().close()
+
+
+def saved_size(state: object) -> int:
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.tell()
 
 
 def wrap(model: nn.Module, stack: str) -> nn.Module:
@@ -151,8 +170,11 @@ def main() -> None:
         if args.fault == "checkpoint" and step == args.at_step:
             # Every rank saves; the faulty one takes long (slow storage), the others wait in the
             # barrier after it: not a hang.
-            with SlowStorage(args.sleep if faulty else 0.0) as storage:
-                torch.save(model.state_dict(), storage)
+            state = model.state_dict()
+            with tempfile.TemporaryDirectory() as directory, SlowStorage(
+                os.path.join(directory, "checkpoint.pt"), saved_size(state), args.sleep if faulty else 0.0
+            ) as storage:
+                torch.save(state, storage)
             dist.barrier()
         if args.fault == "eval" and step == args.at_step:
             # An evaluation pass: no optimizer step for a while, forward passes continue.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import io
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -70,6 +71,41 @@ def test_compute_step_and_checkpoint_marks(probe: Probe) -> None:
     torch.save({"w": torch.ones(3)}, Recorder())
     assert set(seen) == {"checkpoint"}
     assert probe.activity["kind"] != "checkpoint"
+
+
+def test_checkpoint_progress_follows_the_bytes_a_save_writes(probe: Probe, tmp_path: Path) -> None:
+    """The watchdog moves ``progress_at`` on while a save writes (to a file object, or a path through the
+    saving thread's kernel counters) and leaves it where it was while the save writes nothing."""
+    marks: list[tuple[float, int]] = []
+
+    class Storage(io.RawIOBase):
+        def __init__(self, stall_after: int) -> None:
+            self.calls = 0
+            self.stall_after = stall_after
+
+        def writable(self) -> bool:
+            return True
+
+        def write(self, data: bytes) -> int:  # type: ignore[override]
+            self.calls += 1
+            if self.calls <= self.stall_after:
+                probe.note_checkpoint_progress(time.time())
+                marks.append((float(probe.activity["progress_at"]), int(probe.activity["written"])))
+            return len(data)
+
+    torch.save({"w": torch.ones(300)}, Storage(stall_after=10))
+    assert len(marks) >= 3
+    assert marks[-1][1] > marks[1][1] > 0, "bytes handed to the file object count as progress"
+    assert marks[-1][0] > marks[0][0]
+    probe.set_activity("checkpoint", "save")
+    begun = probe.activity["progress_at"]
+    probe.note_checkpoint_progress(time.time())
+    (tmp_path / "ckpt").write_bytes(b"x" * 4096)  # this thread writes through the kernel
+    probe.note_checkpoint_progress(time.time())
+    assert probe.activity["progress_at"] > begun and probe.activity["written"] >= 4096
+    quiet = probe.activity["progress_at"]
+    probe.note_checkpoint_progress(time.time() + 5)
+    assert probe.activity["progress_at"] == quiet, "nothing written: no progress"
 
 
 def test_snapshot_and_current_op_files(probe: Probe, tmp_path: Path) -> None:

@@ -7,10 +7,11 @@ Three ways a job shows it has stopped, each enough on its own:
 - no rank finished a step for longer than the job's own step times allow, while some rank neither
   computes nor communicates: it waits for a peer. This one needs no op record at all, so a collective
   the probe never saw (issued from C++, a compiled graph) still ends in a verdict.
-What is not a hang: a rank saving a checkpoint or running forward passes without gradients (an
-evaluation loop), up to ``checkpoint_timeout_s``; ranks that compute without stepping; anything
-before the job's first step (data-loader warm-up, the first compile), which gets ``startup_grace_s``;
-a job that never stepped is judged by its ops and heartbeats only.
+What is not a hang: a rank saving a checkpoint that keeps writing (bytes reached its file or the kernel
+within the last ``hang_timeout_s``: a save that wrote nothing that long is stuck, as on a hung mount) or
+running forward passes without gradients (an evaluation loop), up to ``checkpoint_timeout_s``; ranks
+that compute without stepping; anything before the job's first step (data-loader warm-up, the first
+compile), which gets ``startup_grace_s``; a job that never stepped is judged by its ops and heartbeats only.
 """
 
 from __future__ import annotations
@@ -98,9 +99,7 @@ class HangTrigger:
 
     def _saving_checkpoint(self, alive: Mapping[int, RankSnapshot], now: float) -> bool:
         return any(
-            snap.activity.get("kind") == "checkpoint"
-            and now - float(snap.activity.get("since", now)) < self.checkpoint_timeout_s
-            for snap in alive.values()
+            saving_checkpoint(snap, now, self.hang_timeout_s, self.checkpoint_timeout_s) for snap in alive.values()
         )
 
     def mismatch(self, snapshots: Mapping[int, RankSnapshot], world_size: int, now: float) -> bool:
@@ -109,6 +108,26 @@ class HangTrigger:
             return False
         ops = {r: s.ops for r, s in snapshots.items()}
         return any(f.oldest_wait_s >= MISMATCH_CONFIRM_S for f in signature_mismatches(ops, now))
+
+
+def saving_checkpoint(snap: RankSnapshot, now: float, quiet_s: float, limit_s: float) -> bool:
+    """Inside a checkpoint save that is still writing: begun less than ``limit_s`` ago, and its last byte
+    written less than ``quiet_s`` ago. A record without write progress (an older probe) counts the begin only."""
+    activity = snap.activity
+    if activity.get("kind") != "checkpoint":
+        return False
+    since = float(activity.get("since", now))
+    if now - since >= limit_s:
+        return False
+    return "progress_at" not in activity or now - float(activity["progress_at"]) < quiet_s
+
+
+def stuck_checkpoint_s(snap: RankSnapshot, now: float) -> float | None:
+    """Seconds since a rank inside a checkpoint save last wrote a byte, or None when it is not saving."""
+    activity = snap.activity
+    if activity.get("kind") != "checkpoint" or "progress_at" not in activity:
+        return None
+    return now - float(activity["progress_at"])
 
 
 def _last_activity(snap: RankSnapshot) -> float:

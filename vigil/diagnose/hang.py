@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from vigil.detect.collectives import CollectiveFinding, match_collectives
+from vigil.detect.hang import stuck_checkpoint_s
 from vigil.diagnose.crash import RankFailure, describe_exit, error_from_log, root_failure
 from vigil.diagnose.p2p import P2PAnalysis, analyse, states_from_probe
 from vigil.diagnose.stacks import ForkPoint, RankStacks, StackTree, collective_split, load_stacks, merge_stacks
-from vigil.diagnose.straggler import find_straggler
+from vigil.diagnose.straggler import find_straggler, median_step_s
 from vigil.model import (
     HANG_EXIT_CODES,
     Evidence,
@@ -87,10 +88,13 @@ def diagnose(run: RunEvidence) -> HangDiagnosis:
     failures = _failures(run)
     tree = merge_stacks(run.stacks) if run.stacks else None
     forks = tree.fork_points() if tree is not None else []
-    if failures:
+    left = _left_early(run, failures, findings)
+    if left is not None:
+        diag = _left_job(run, failures, left)
+    elif failures:
         diag = _crash(run, failures, mismatch)
     elif run.trigger in ("hang", "mismatch") or mismatch is not None:
-        diag = _hang(run, findings, mismatch, forks)
+        diag = _hang(run, findings, mismatch, forks, tree)
     else:
         diag = _finished(run, ops)
     diag.job = run.job
@@ -100,7 +104,7 @@ def diagnose(run: RunEvidence) -> HangDiagnosis:
     if diag.verdict not in ("ok", "slow") and last is not None:
         diag.detected_after_s = round(max(0.0, run.detected_at - last), 3)
     if diag.fork_point is None and diag.verdict != "ok":
-        fork = _pick_fork(forks, diag.culprit_ranks)
+        fork = _pick_fork(tree, forks, diag.culprit_ranks)
         diag.fork_point = StackFork.model_validate(fork.to_dict()) if fork is not None else None
     diag.ranks = _rank_table(run, findings, tree)
     diag.stacks = {r: t["MainThread"] for r, t in sorted(run.stacks.items()) if t.get("MainThread")}
@@ -142,6 +146,42 @@ def _failures(run: RunEvidence) -> list[RankFailure]:
     return failures
 
 
+def _left_early(
+    run: RunEvidence, failures: list[RankFailure], findings: list[CollectiveFinding]
+) -> CollectiveFinding | None:
+    """A rank whose script ended cleanly (an early return, a wrong loop bound) while its peers waited in a
+    collective it never entered: the peers' errors (a closed connection) are its consequence, not a crash.
+    Needs every failure to be a cascade symptom, the ranks that left to have finished before the first of
+    them, and the op records to show those ranks missing from the collective the others entered."""
+    if not failures or any(not f.is_cascade for f in failures):
+        return None
+    first = min(f.ts for f in failures)
+    ended = {
+        r for r, snap in run.snapshots.items()
+        if snap.finished and snap.error is None and run.exit_codes.get(r) in (0, None) and snap.heartbeat <= first
+    }
+    for finding in findings:
+        missing = set(finding.missing)
+        if missing and missing <= ended and finding.waiting:
+            return finding
+    return None
+
+
+def _left_job(run: RunEvidence, failures: list[RankFailure], finding: CollectiveFinding) -> HangDiagnosis:
+    culprits = sorted(finding.missing)
+    how = (f"rank(s) {culprits} ended their script (exit status 0) without entering {finding.op} #{finding.seq} "
+           f"of group {finding.group!r}, where rank(s) {finding.waiting} waited")
+    first = min(failures, key=lambda f: f.ts)
+    return HangDiagnosis(
+        verdict="hang",
+        culprit_ranks=culprits,
+        hang_kind="not_enqueued",
+        summary=f"hang: {how}; their errors followed ({first.describe()[:200]})",
+        evidence=[_evidence(run, culprits[0], how, group=finding.group, seq=finding.seq, left_early=True),
+                  *[_evidence(run, f.rank, f.describe(), failure=f.to_dict()) for f in failures]],
+    )
+
+
 def _crash(run: RunEvidence, failures: list[RankFailure], mismatch: CollectiveFinding | None) -> HangDiagnosis:
     root = root_failure(failures)
     assert root is not None
@@ -176,6 +216,7 @@ def _hang(
     findings: list[CollectiveFinding],
     mismatch: CollectiveFinding | None,
     forks: list[ForkPoint],
+    tree: StackTree | None,
 ) -> HangDiagnosis:
     evidence = [_evidence(run, _first_rank(f), f.describe(), group=f.group, seq=f.seq) for f in findings]
     if mismatch is not None and not mismatch.missing:
@@ -218,7 +259,7 @@ def _hang(
             summary += f"; rank(s) {split[0]} wait in a collective, rank(s) {elsewhere} never entered it"
         if computing and not stale:
             summary += f"; rank(s) {computing} still compute while the others wait"
-    fork = _pick_fork(forks, culprits)
+    fork = _pick_fork(tree, forks, culprits)
     if fork is not None:
         summary += f"; culprit stack leaves the others at {fork.frame}"
     return HangDiagnosis(
@@ -250,7 +291,7 @@ def _p2p_explains(p2p: P2PAnalysis, primary: CollectiveFinding | None) -> bool:
 
 
 def _finished(run: RunEvidence, ops: dict[int, list[OpRecord]]) -> HangDiagnosis:
-    straggler = find_straggler(ops)
+    straggler = find_straggler(ops, step_s=median_step_s([s.step_times for s in run.snapshots.values()]))
     if straggler is None:
         return HangDiagnosis(verdict="ok", summary="ok: every rank finished")
     return HangDiagnosis(
@@ -270,11 +311,15 @@ def _fork_ranks(forks: list[ForkPoint], among: list[int]) -> list[int]:
     return []
 
 
-def _pick_fork(forks: list[ForkPoint], culprits: list[int]) -> ForkPoint | None:
-    """The fork the culprit takes; none when the culprit's stacks look like everyone else's (a rank
-    that skipped a p2p op waits in the same collective as its healthy peers)."""
+def _pick_fork(tree: StackTree | None, forks: list[ForkPoint], culprits: list[int]) -> ForkPoint | None:
+    """The fork the culprit takes: where its main-thread stack leaves every other rank's; else the first fork
+    the culprit is on; none when the culprit's stacks look like everyone else's (a rank that skipped a p2p
+    op waits in the same collective as its healthy peers)."""
     if not culprits:
         return forks[0] if forks else None
+    own = tree.fork_of(set(culprits)) if tree is not None else None
+    if own is not None:
+        return own
     for fork in forks:
         if set(fork.ranks) & set(culprits):
             return fork
@@ -352,6 +397,12 @@ def _add_rank_evidence(run: RunEvidence, diag: HangDiagnosis) -> None:
                 run, rank, f"rank {rank} main thread ({run.stack_source}): "
                 + " <- ".join(reversed(threads["MainThread"][-6:])), frames=threads["MainThread"]))
         snap = run.snapshots.get(rank)
+        quiet = stuck_checkpoint_s(snap, run.detected_at) if snap is not None else None
+        if snap is not None and quiet is not None:
+            diag.evidence.append(_evidence(
+                run, rank, f"rank {rank} is inside a checkpoint save ({snap.activity.get('name', 'save')}) that has "
+                f"written nothing for {quiet:.1f} s ({int(snap.activity.get('written', 0))} bytes since it began): "
+                "the storage stopped accepting data", checkpoint=snap.activity))
         if snap is not None and snap.last_compute and run.detected_at - snap.last_compute < RECENT_COMPUTE_S:
             diag.evidence.append(_evidence(
                 run, rank, f"rank {rank} is still computing ({snap.compute_calls} matmul calls) but not "

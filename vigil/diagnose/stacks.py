@@ -123,6 +123,38 @@ class StackTree:
         forks.sort(key=lambda f: (f.thread != MAIN_THREAD, len(f.ranks)))
         return forks
 
+    def fork_of(self, culprits: set[int], thread: str = MAIN_THREAD) -> ForkPoint | None:
+        """Where the culprits' stack leaves every other rank's: follow the culprits down the tree to the first
+        node no other rank passes through. None when the culprits' stack ends where others' does too (they
+        look like a rank that waits), or there is no such thread."""
+        node = self.roots.get(thread)
+        if node is None or not (node.ranks & culprits) or node.ranks <= culprits:
+            return None
+        parent: Frame | None = None
+        while True:
+            inside = [child for child in node.children.values() if child.ranks & culprits]
+            others = [child for child in node.children.values() if not child.ranks & culprits]
+            majority = max(others, key=lambda c: len(c.ranks), default=None)
+            if not inside:
+                # The culprits stop here while the others go deeper.
+                odd = node.ranks & culprits
+                here = node.label_for(odd)
+                return ForkPoint(thread=thread, parent=here, frame=f"(stack ends in {here})",
+                                 majority_frame=majority.label_for(majority.ranks) if majority else None,
+                                 ranks=sorted(odd), majority_ranks=sorted(majority.ranks) if majority else [])
+            child = max(inside, key=lambda c: len(c.ranks & culprits))
+            if child.ranks <= culprits:
+                ended = node.ranks - set().union(*(c.ranks for c in node.children.values()))
+                majority_frame = majority.label_for(majority.ranks) if majority else None
+                majority_ranks = majority.ranks if majority else set()
+                if len(ended) > len(majority_ranks):
+                    majority_frame, majority_ranks = f"(stack ends in {node.label_for(ended)})", ended
+                return ForkPoint(thread=thread, parent=node.label_for(child.ranks) if parent is not None else None,
+                                 frame=child.label_for(child.ranks), majority_frame=majority_frame,
+                                 ranks=sorted(child.ranks), majority_ranks=sorted(majority_ranks))
+            parent = child.label
+            node = child
+
     def render(self, max_depth: int = 40) -> str:
         lines: list[str] = []
         for thread, root in self.roots.items():
@@ -147,6 +179,18 @@ def _fork_in(thread: str, root: StackNode) -> ForkPoint | None:
         groups = sorted(node.children.values(), key=lambda c: -len(c.ranks))
         majority = groups[0]
         ended = node.ranks - set().union(*(c.ranks for c in groups))
+        if len(ended) > len(majority.ranks):
+            # Most ranks stop here (they wait inside this frame's native call); the odd ones went deeper,
+            # into Python the others never reached (a custom autograd Function's backward, say).
+            deeper = set(node.ranks) - ended
+            return ForkPoint(
+                thread=thread,
+                parent=node.label_for(deeper) if node is not root else parent,
+                frame=majority.label_for(majority.ranks),
+                majority_frame=f"(stack ends in {node.label_for(ended) if node is not root else parent})",
+                ranks=sorted(deeper),
+                majority_ranks=sorted(ended),
+            )
         odd = set(node.ranks) - majority.ranks
         if not odd:
             return None

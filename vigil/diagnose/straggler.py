@@ -10,6 +10,10 @@ A share alone is not evidence on a short window: with three ranks and random per
 rank is last in six of eight collectives about one run in seventeen. The finding therefore also
 needs the share to be unlikely under "every rank is equally likely to be last" (a one-sided binomial
 test, Bonferroni-corrected over the ranks), at a false-alarm rate of one run in a thousand.
+
+What lag matters depends on the step: 50 ms is noise next to a 2 s step and a quarter of a 0.13 s one.
+With the job's median step time known, a lag counts from ``STEP_SHARE`` of it (never under
+``MIN_LAG_FLOOR_S``, never over the 50 ms used without step times).
 """
 
 from __future__ import annotations
@@ -22,6 +26,13 @@ from scipy.stats import binom
 
 from vigil.detect.collectives import collective_ops
 from vigil.sources.probe.records import OpRecord
+
+# A lag counts from this share of the job's median step time (a rank that makes its peers wait a tenth of
+# every step costs the job a tenth of its time), bounded below by MIN_LAG_FLOOR_S (timer and scheduling
+# noise on a loaded machine) and above by the 50 ms default. Chosen on the DDP / FSDP2 straggler rows of
+# bench/hang.py after a new FSDP2 scenario (30 ms lag, 0.13 s steps) went unseen under the fixed 50 ms.
+STEP_SHARE = 0.1
+MIN_LAG_FLOOR_S = 0.01
 
 
 @dataclass
@@ -47,8 +58,12 @@ def find_straggler(
     min_share: float = 0.7,
     min_lag_s: float = 0.05,
     false_alarm: float = 1e-3,
+    step_s: float | None = None,
 ) -> StragglerFinding | None:
-    """The consistently-last rank over the last ``window`` completed collectives that made ranks wait."""
+    """The consistently-last rank over the last ``window`` completed collectives that made ranks wait;
+    ``step_s``: the job's median step time, which scales the lag that counts."""
+    if step_s is not None and step_s > 0:
+        min_lag_s = min(min_lag_s, max(MIN_LAG_FLOOR_S, STEP_SHARE * step_s))
     last_counts: Counter[int] = Counter()
     world = 0
     lags: dict[int, list[float]] = {}
@@ -98,3 +113,9 @@ def _chance_of(count: int, counted: int, world: int) -> float:
     """How likely some rank is last at least ``count`` times in ``counted`` collectives by chance alone."""
     tail = float(binom.sf(count - 1, counted, 1.0 / world))
     return min(1.0, world * tail)
+
+
+def median_step_s(step_times: list[list[float]]) -> float | None:
+    """The job's median step time over every rank's recent steps, or None before any step."""
+    times = [t for per_rank in step_times for t in per_rank]
+    return statistics.median(times) if times else None

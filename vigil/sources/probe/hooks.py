@@ -438,13 +438,35 @@ def _wrap_compute(probe: Probe, original: Callable[..., Any]) -> Callable[..., A
     return wrapper
 
 
+class _CountedWrites:
+    """A file object handed to torch.save, its writes counted into the probe: a save that keeps writing
+    is slow, one that stopped writing is stuck."""
+
+    def __init__(self, inner: Any, probe: Probe) -> None:
+        self._inner = inner
+        self._probe = probe
+
+    def write(self, data: Any) -> Any:
+        written = self._inner.write(data)
+        self._probe.checkpoint_bytes += written if isinstance(written, int) else len(data)
+        return written
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
 def _wrap_checkpoint(probe: Probe, original: Callable[..., Any]) -> Callable[..., Any]:
-    """While a rank saves a checkpoint its peers may wait for minutes: that is not a hang."""
+    """While a rank saves a checkpoint its peers may wait for minutes: that is not a hang, as long as the
+    save keeps writing (the watchdog follows its bytes)."""
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         previous = dict(probe.activity)
         probe.set_activity("checkpoint", original.__name__)
+        if len(args) >= 2 and callable(getattr(args[1], "write", None)):
+            args = (args[0], _CountedWrites(args[1], probe), *args[2:])
+        elif callable(getattr(kwargs.get("f"), "write", None)):
+            kwargs["f"] = _CountedWrites(kwargs["f"], probe)
         try:
             return original(*args, **kwargs)
         finally:

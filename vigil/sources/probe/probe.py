@@ -76,6 +76,10 @@ class Probe:
         self._worst: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
         self.activity: dict[str, Any] = {"kind": "idle", "since": self.started}
+        # Bytes a checkpoint save handed to a file object (torch.save of a buffer or stream); with the saving
+        # thread's own kernel write counters they tell a slow save from one that stopped.
+        self.checkpoint_bytes = 0
+        self._checkpoint_written = -1
         self.compute_calls = 0
         # Set by the optimizer step hooks: matmuls without gradients there are the optimizer's, not an evaluation.
         self.in_optimizer_step = False
@@ -267,8 +271,27 @@ class Probe:
             self.step_batch = (batch_size, device)
 
     def set_activity(self, kind: str, name: str = "") -> None:
-        self.activity = {"kind": kind, "name": name, "since": time.time()}
+        now = time.time()
+        self.activity = {"kind": kind, "name": name, "since": now}
+        if kind == "checkpoint":
+            # progress_at: when the save last wrote a byte (the watchdog moves it on while bytes flow).
+            self.activity.update(tid=threading.get_native_id(), progress_at=now, written=0)
+            self._checkpoint_written = -1
         self._urgent = True
+
+    def note_checkpoint_progress(self, now: float) -> None:
+        """While a checkpoint is saved: move ``progress_at`` on whenever the save wrote something, counted as
+        the bytes handed to its file object plus the saving thread's kernel write counters (``wchar``, and
+        ``write_bytes`` that grows while one large write() dirties pages)."""
+        activity = self.activity
+        if activity.get("kind") != "checkpoint":
+            return
+        written = self.checkpoint_bytes + thread_write_bytes(activity.get("tid"))
+        if written != self._checkpoint_written:
+            if self._checkpoint_written >= 0:
+                activity["progress_at"] = now
+                activity["written"] = int(activity.get("written", 0)) + written - self._checkpoint_written
+            self._checkpoint_written = written
 
     def record_error(
         self, exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None
@@ -379,6 +402,7 @@ class Probe:
             self.check_stall()
             self.answer_dump_request()
             now = time.time()
+            self.note_checkpoint_progress(now)
             try:
                 self.write_live(now)
                 if self._urgent or now - self._last_full >= SNAPSHOT_INTERVAL_S:
@@ -413,6 +437,19 @@ class Probe:
         self.stacks = python_stacks()
         self.write_snapshot()
         dump_flight_recorder(self.out_dir / FR_DIR, self.rank)
+
+
+def thread_write_bytes(tid: Any) -> int:
+    """What one thread of this process has written so far (``wchar`` + ``write_bytes`` of
+    /proc/self/task/TID/io), 0 where the kernel does not say (not Linux, no such thread)."""
+    if not isinstance(tid, int):
+        return 0
+    try:
+        with open(f"/proc/self/task/{tid}/io", "rb") as io:
+            fields = dict(line.split(b":", 1) for line in io.read().splitlines() if b":" in line)
+        return int(fields.get(b"wchar", 0)) + int(fields.get(b"write_bytes", 0))
+    except (OSError, ValueError):
+        return 0
 
 
 def work_succeeded(work: Any) -> bool:
