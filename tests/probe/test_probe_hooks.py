@@ -71,6 +71,10 @@ def test_compute_step_and_checkpoint_marks(probe: Probe) -> None:
     torch.save({"w": torch.ones(3)}, Recorder())
     assert set(seen) == {"checkpoint"}
     assert probe.activity["kind"] != "checkpoint"
+    # A convolution without gradients marks evaluation, as a matmul does (a CNN evaluated on the bare model).
+    with torch.no_grad():
+        torch.nn.Conv2d(1, 2, 3)(torch.ones(1, 1, 5, 5))
+    assert probe.last_eval is not None and time.time() - probe.last_eval < 5
 
 
 def test_checkpoint_progress_follows_the_bytes_a_save_writes(probe: Probe, tmp_path: Path) -> None:

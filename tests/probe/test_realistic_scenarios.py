@@ -96,3 +96,13 @@ def test_ddp_unused_parameters_crash_names_the_rank_that_skipped_the_head(tmp_pa
     diagnosis = run(tmp_path, "unused_crash", 1)
     assert (diagnosis.verdict, diagnosis.culprit_ranks) == ("crash", [1]), diagnosis.summary
     assert diagnosis.root_error is not None and "finished reduction in the prior iteration" in diagnosis.root_error
+
+
+def test_rank_that_exits_0_early_is_the_culprit_not_its_peers_errors(tmp_path: Path) -> None:
+    # Rank 1's loop bound is wrong: it leaves and exits 0; gloo then fails its peers' all_reduce
+    # ("Connection closed by peer"), a cascade, not a crash of theirs.
+    diagnosis = run(tmp_path, "exit0", 1)
+    assert (diagnosis.verdict, diagnosis.culprit_ranks) == ("hang", [1]), diagnosis.summary
+    assert diagnosis.hang_kind == "not_enqueued"
+    assert "ended their script (exit status 0)" in diagnosis.summary
+    assert diagnosis.detected_after_s is not None and diagnosis.detected_after_s <= LATENCY_BUDGET

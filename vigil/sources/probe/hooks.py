@@ -631,7 +631,10 @@ def install_hooks(probe: Probe) -> None:
     for name in COMPUTE_FUNCS:
         _patch(torch, name, lambda orig: _wrap_compute(probe, orig))
     _patch(torch.Tensor, "__matmul__", lambda orig: _wrap_compute(probe, orig))
-    _patch(torch.nn.functional, "linear", lambda orig: _wrap_compute(probe, orig))
+    # Convolutions and attention too: an evaluation of a CNN or of an attention block on the unwrapped model
+    # (which no module hook sees after the first step) still marks evaluation.
+    for name in ("linear", "conv1d", "conv2d", "conv3d", "scaled_dot_product_attention"):
+        _patch(torch.nn.functional, name, lambda orig: _wrap_compute(probe, orig))
     _patch(torch, "save", lambda orig: _wrap_checkpoint(probe, orig))
     ddp = torch.nn.parallel.DistributedDataParallel
     _patch(ddp, "forward", _wrap_ddp_forward)
