@@ -1,7 +1,8 @@
 """New fault scenarios written after the detector, the way ML engineers' jobs look (tests/probe/realistic_job.py):
 DDP, FSDP2 and a 2 x 2 DeviceMesh on gloo through `vigil launch`, one fault in one rank; verdict, culprit and
 time to verdict. The expected verdict of each was fixed before Vigil first ran on it (docs/hang-detection.md,
-"New scenarios"). The subset here is the most informative of the 16 (bench/hang.py runs them all)."""
+"New scenarios"). The subset here is the most informative of the 16 (bench/hang.py runs them all): the ones the
+first run got wrong, their no-false-alarm twin, and one of each other kind of fault."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def assert_in_budget(diagnosis: HangDiagnosis) -> None:
         # A DataLoader worker process blocks reading a sample; the rank waits in the loader.
         ("loader_worker", 1, 3, "__next__"),
         # FSDP2 over dp, the loss all-reduced over tp of a 2 x 2 mesh; one rank waits for a batch forever.
-        ("mesh_hang", 3, 4, "get"),
+        ("mesh_hang", 3, 4, "genexpr"),
     ],
 )
 def test_rank_stuck_outside_communication(tmp_path: Path, scenario: str, culprit: int, world: int,
@@ -90,12 +91,6 @@ def test_rank_whose_collective_sequence_differs_is_the_culprit(tmp_path: Path, s
     diagnosis = run(tmp_path, scenario, culprit)
     assert (diagnosis.verdict, diagnosis.culprit_ranks) == ("mismatch", [culprit]), diagnosis.summary
     assert f"rank {culprit} differs: {waiting_in}" in diagnosis.summary
-
-
-def test_ddp_unused_parameters_crash_names_the_rank_that_skipped_the_head(tmp_path: Path) -> None:
-    diagnosis = run(tmp_path, "unused_crash", 1)
-    assert (diagnosis.verdict, diagnosis.culprit_ranks) == ("crash", [1]), diagnosis.summary
-    assert diagnosis.root_error is not None and "finished reduction in the prior iteration" in diagnosis.root_error
 
 
 def test_rank_that_exits_0_early_is_the_culprit_not_its_peers_errors(tmp_path: Path) -> None:
