@@ -63,6 +63,22 @@ def test_deeper_stack_of_one_rank_is_the_fork_not_the_ranks_that_stop_short() ->
     assert "stack ends" in fork.majority_frame
 
 
+def test_fork_of_the_culprit_names_its_own_frame_when_ranks_are_in_three_places() -> None:
+    # Two ranks wait in an all_reduce, one in a collective inside forward, the culprit in a queue get: the
+    # first minority fork may be the other odd rank's; the culprit's own fork is its frame.
+    stacks = {0: {"MainThread": WAITING}, 2: {"MainThread": WAITING},
+              1: {"MainThread": [*COMMON, "forward (model.py:10)", "all_gather (distributed/c10d.py:9)"]},
+              3: {"MainThread": [*COMMON, "next_batch (train.py:60)", "get (queue.py:171)"]}}
+    tree = merge_stacks(stacks)
+    fork = tree.fork_of({3})
+    assert fork is not None
+    assert fork.ranks == [3]
+    assert fork.frame == "next_batch (train.py:60)"
+    assert fork.parent == "train_step (train.py:90)"
+    assert fork.majority_ranks == [0, 2]
+    assert tree.fork_of({0}) is None, "a culprit whose stack is a waiting peer's has no fork of its own"
+
+
 def test_render_lists_rank_ranges() -> None:
     text = merge_stacks(synthetic(6, {3})).render()
     assert "ranks [0-2,4-5]" in text

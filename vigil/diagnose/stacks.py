@@ -136,6 +136,8 @@ class StackTree:
             others = [child for child in node.children.values() if not child.ranks & culprits]
             majority = max(others, key=lambda c: len(c.ranks), default=None)
             if not inside:
+                if (node.ranks - culprits) - set().union(*(c.ranks for c in others)):
+                    return None  # another rank's stack ends here too: the culprits look like it
                 # The culprits stop here while the others go deeper.
                 odd = node.ranks & culprits
                 here = node.label_for(odd)
