@@ -5,8 +5,13 @@
    together, each beside the first-error-line and last-error-line baselines in the same run.
 2. Throughput: lines per second through `vigil.logs.triage`, with the signature screen on RE2 (the shipped path)
    against the same screen on Python's `re` (the previous path), and RE2 with one worker process per core.
+3. A learned ranker over the candidate root lines (vigil_eval.triage_ranker), tried against the rules: every
+   configuration's leave-rounds-out cross-validation on the development cases, the rules' development score, the
+   decision (the held-out cases are read once, only if the ranker wins in development CV), the chosen linear model as
+   JSON (bench/results/triage_ranker_model.json), and the ranker's cost beside triage's on the throughput job.
 
-Run: .venv/bin/python bench/triage.py [--ranks 4] [--lines 100000] [--only-real-logs]   -> bench/results/triage.json
+Run: .venv/bin/python bench/triage.py [--ranks 4] [--lines 100000] [--only-real-logs | --only-ranker]
+   -> bench/results/triage.json
 
 Each rank's log is real-shaped training output: timestamped step lines, NCCL INFO lines with the `[rankN]:`
 prefix, plain stdout, lines drawn from the real loghub corpora (../shared/data/loghub2k_corrected), and one
@@ -24,8 +29,9 @@ import re
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rich.console import Console
 from rich.table import Table
@@ -34,12 +40,15 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from vigil.knowledge import signatures  # noqa: E402
-from vigil.logs.triage import triage  # noqa: E402
+from vigil.logs.triage import decide, scan_directory, triage  # noqa: E402
+from vigil_eval import triage_ranker  # noqa: E402
 from vigil_eval.realcorpus import TABLE_COLUMNS, score_corpus, table_rows  # noqa: E402
 
 LOGHUB = REPO.parent / "shared" / "data" / "loghub2k_corrected"
 RESULTS = REPO / "bench" / "results" / "triage.json"
+RANKER_MODEL = REPO / "bench" / "results" / "triage_ranker_model.json"
 console = Console()
+T = TypeVar("T")
 
 
 def write_job(root: Path, ranks: int, lines: int, seed: int = 0) -> int:
@@ -95,19 +104,85 @@ def real_logs() -> dict[str, Any]:
     return scored
 
 
+def _cpu(work: Callable[[], T]) -> tuple[float, T]:
+    started = time.process_time()
+    out = work()
+    return time.process_time() - started, out
+
+
+def ranker(job: Path, total: int) -> dict[str, Any]:
+    """Part 3: the learned ranker against the rules, chosen by leave-rounds-out CV on development cases only."""
+    cv = triage_ranker.development_cv()
+    rules = cv["rules_development"]
+    folds = list(cv["runs"][0]["folds"])
+    table = Table(title=f"Learned ranker, leave-rounds-out CV on the {cv['cases']} development cases "
+                        f"(rules, in-sample: {rules}/{cv['cases']})")
+    for col in ("configuration", "right", *[f"round {f}" for f in folds]):
+        table.add_column(col, justify="left" if col == "configuration" else "right")
+    for i, run in enumerate(cv["runs"]):
+        mark = " (chosen)" if i == cv["chosen_index"] else ""
+        table.add_row(run["config"] + mark, f"{run['right']}/{run['cases']}",
+                      *[f"{run['folds'][f]['right']}/{run['folds'][f]['cases']}" for f in folds])
+    table.add_row("rules (in-sample)", f"{rules}/{cv['cases']}",
+                  *[f"{cv['runs'][0]['folds'][f]['rules_right']}/{cv['runs'][0]['folds'][f]['cases']}" for f in folds])
+    Console(width=160).print(table)
+    chosen = triage_ranker.CONFIGS[cv["chosen_index"]]
+    best = cv["runs"][cv["chosen_index"]]["right"]
+    decision: dict[str, Any] = {"wins_development_cv": best > rules}
+    model = triage_ranker.train_final(chosen, RANKER_MODEL)  # on every development case
+    if best > rules:  # the one look at the held-out cases
+        held = triage_ranker.held_out_once(model)
+        decision.update(held_out=held, adopted=held["ranker"] >= held["rules"])
+        console.print(f"held out, once: ranker {held['ranker']}/{held['cases']}, rules {held['rules']}/{held['cases']}")
+    else:
+        decision.update(held_out=None, adopted=False)
+        console.print(f"the ranker does not win in development CV ({best} vs the rules' {rules}): the rules stay, "
+                      "the held-out cases are not read")
+    # The ranker reads the scan triage already made: its cost is the candidates' features and scores on top of the
+    # scan and the rules' decision. CPU time of this process (the machine may be shared), best of three.
+    job_name = "job/bench"
+    scans = scan_directory(job, job_name, workers=1)
+    scan_s = min(_cpu(lambda: scan_directory(job, job_name, workers=1))[0] for _ in range(3))
+    decide_s, result = min((_cpu(lambda: decide(scans, job_name, job)) for _ in range(3)), key=lambda t: t[0])
+    rank_s, picked = min((_cpu(lambda: model.pick_full(triage_ranker.candidates(scans, result))) for _ in range(3)),
+                         key=lambda t: t[0])
+    rules_s = scan_s + decide_s
+    speed = {"scan_cpu_s": scan_s, "decide_cpu_s": decide_s, "ranker_cpu_s": rank_s,
+             "candidates": len(triage_ranker.candidates(scans, result)),
+             "rules_lines_per_s": total / rules_s, "ranker_lines_per_s": total / (rules_s + rank_s),
+             "rules_root": result.root.signature if result.root else None,
+             "ranker_root": picked.event.signature if picked else None}
+    console.print(f"cost on {total:,} lines, one process (CPU time): scan {scan_s:.2f} s + rules {decide_s:.3f} s = "
+                  f"{speed['rules_lines_per_s']:,.0f} lines/s; the ranker adds {rank_s:.3f} s over "
+                  f"{speed['candidates']} candidates ({speed['ranker_lines_per_s']:,.0f} lines/s, "
+                  f"{100 * rank_s / rules_s:+.1f} %); roots: rules {speed['rules_root']}, "
+                  f"ranker {speed['ranker_root']}")
+    return {**cv, "decision": decision, "speed": speed, "model": str(RANKER_MODEL.relative_to(REPO))}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--lines", type=int, default=100_000, help="lines per rank")
     parser.add_argument("--only-real-logs", action="store_true",
                         help="run only part 1 (real failure logs) and update its entry in the results file")
+    parser.add_argument("--only-ranker", action="store_true",
+                        help="run only part 3 (the learned ranker) and update its entry in the results file")
     args = parser.parse_args()
     if args.ranks < 1 or args.lines < 1:
         print("bench/triage.py: --ranks and --lines must be positive", file=sys.stderr)
         raise SystemExit(2)
     previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    real = real_logs()
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    if args.only_ranker:
+        with tempfile.TemporaryDirectory(prefix="vigil-bench-triage-") as tmp:
+            root = Path(tmp) / "job"
+            learned = ranker(root, write_job(root, args.ranks, args.lines))
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(json.dumps({**previous, "ranker": learned, "ranker_generated_at": stamp}, indent=1))
+        console.print(f"updated ranker in {RESULTS.relative_to(REPO)}")
+        return
+    real = real_logs()
     if args.only_real_logs:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         RESULTS.write_text(json.dumps({**previous, "real_logs": real, "real_logs_generated_at": stamp}, indent=1))
@@ -120,6 +195,7 @@ def main() -> None:
         cores = len(os.sched_getaffinity(0))
         runs = {"re2": timed(root, "re2"), "re": timed(root, "re"),
                 f"re2, {cores} worker processes": timed(root, "re2", workers=cores)}
+        learned = ranker(root, total)
     if len({r["root"] for r in runs.values()}) != 1 or runs["re2"]["root"] is None:
         raise SystemExit(f"engines disagree on the root error: {runs}")
     rows = {engine: {**r, "lines_per_s": total / r["seconds"]} for engine, r in runs.items()}
@@ -136,7 +212,8 @@ def main() -> None:
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({"machine": platform.processor() or platform.machine(), "ranks": args.ranks,
                                    "lines_per_rank": args.lines, "total_lines": total, "runs": rows,
-                                   "ratio": ratio, "real_logs": real, "real_logs_generated_at": stamp}, indent=1))
+                                   "ratio": ratio, "real_logs": real, "real_logs_generated_at": stamp,
+                                   "ranker": learned, "ranker_generated_at": stamp}, indent=1))
     console.print(f"wrote {RESULTS.relative_to(REPO)}")
 
 

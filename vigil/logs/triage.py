@@ -174,8 +174,14 @@ def triage(
     Files are scanned independently, so large jobs are read by ``workers`` processes (default: one per
     available core once the logs reach ``PARALLEL_BYTES``; 1 = in this process). The result does not depend
     on the number of workers: scans are put back in file order before the root is decided."""
-    sources = discover(directory)
     job_name = entity_name(job or directory.resolve().name, "job")
+    return decide(scan_directory(directory, job_name, progress, workers), job_name, directory, tie_s)
+
+
+def scan_directory(directory: Path, job_name: str, progress: Callable[[str], None] | None = None,
+                   workers: int | None = None) -> list[_Scan]:
+    """Every log file under ``directory`` scanned, in file order (what :func:`decide` reads)."""
+    sources = discover(directory)
     count = auto_workers(sources) if workers is None else max(1, workers)
     scans: list[_Scan] = []
     if count > 1 and len(sources) > 1:
@@ -193,7 +199,7 @@ def triage(
             scans.append(_scan(source, job_name, matcher))
             if progress is not None:
                 progress(source.name)
-    return decide(scans, job_name, directory, tie_s)
+    return scans
 
 
 PARALLEL_BYTES = 64 << 20
