@@ -150,11 +150,16 @@ NEW_SCENARIOS: list[Scenario] = [
     _new("ddp: torch.save into storage that stopped accepting data", "ckpt_stuck", 1, "hang", [1]),
     _new("ddp: rank 0 alone saves a checkpoint for 15 s", "ckpt_slow_ok", 0, "ok", [], "--sleep", "15"),
     _new("ddp: rank 0 alone evaluates for 25 s, the others at a barrier", "eval_ok", 0, "ok", [], "--sleep", "25"),
+    _new("ddp: rank 0 alone evaluates for 25 s, its validation batches 3 s apart", "eval_slow_ok", 0, "ok", [],
+         "--sleep", "25"),
     _new("ddp: DataLoader workers take 25 s to open their shards", "warmup_ok", 2, "ok", [], "--sleep", "25"),
     _new("mesh 2 x 2 (fsdp over dp, loss over tp): rank waits forever for a batch", "mesh_hang", 3, "hang", [3],
          world=4),
     _new("ddp: SIGSEGV in a native extension", "segv", 2, "crash", [2]),
     _new("ddp: one rank leaves the loop early and exits 0", "exit0", 1, "hang", [1]),
+    # Written after the fix for the row above, to check its no-op-record path: not a first run.
+    _new("ddp, built-in C++ hook (no op recorded): one rank exits 0 early", "exit0", 1, "hang", [1],
+         "--builtin-hook"),
 ]
 
 

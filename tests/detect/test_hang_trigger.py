@@ -45,6 +45,11 @@ def test_evaluation_checkpoint_warmup_and_finished_ranks_are_not_hangs() -> None
                   1: snap(1, last_step=now - 20, last_compute=now - 19, ops=[waiting]),
                   2: snap(2, last_step=now - 20, last_compute=now - 19, ops=[waiting])}
     assert trigger.stall(evaluating, {0, 1, 2}, now) is None
+    # Forwards seconds apart (a validation loader taking 2.5 s a batch): still evaluating, within the timeout.
+    slow_batches = {**evaluating, 0: snap(0, last_step=now - 20, last_eval=now - 2.5, last_compute=now - 2.5)}
+    assert trigger.stall(slow_batches, {0, 1, 2}, now) is None
+    done_evaluating = {**evaluating, 0: snap(0, last_step=now - 20, last_eval=now - 3.5, last_compute=now - 3.5)}
+    assert trigger.stall(done_evaluating, {0, 1, 2}, now) is not None
     saving = dict(evaluating)
     saving[0] = snap(0, last_step=now - 20, activity={"kind": "checkpoint", "since": now - 19})
     assert trigger.stall(saving, {0, 1, 2}, now) is None

@@ -77,3 +77,34 @@ def test_exception_in_a_rank_that_never_exits_is_a_crash() -> None:
     assert diagnosis.verdict == "crash"
     assert diagnosis.culprit_ranks == [1]
     assert diagnosis.root_error == "rank 1: RuntimeError: CUDA error: device-side assert"
+
+
+def _left_early_run(with_ops: bool) -> RunEvidence:
+    """Rank 1 ended its script cleanly at 110; gloo then failed ranks 0 and 2 with a closed connection."""
+    three = (0, 1, 2)
+    snaps = {}
+    for rank in three:
+        ops = [coll(1, ranks=three)] if with_ops else []
+        if with_ops and rank != 1:
+            ops.append(coll(2, state="failed", t_start=105.0, ranks=three))
+        snaps[rank] = RankSnapshot(rank=rank, world_size=3, pid=1, host="h", started=90.0, ops=ops,
+                                   heartbeat=110.0 if rank == 1 else 112.0, finished=rank == 1)
+        if rank != 1:
+            snaps[rank].error = {"ts": 111.0, "type": "RuntimeError", "traceback": "",
+                                 "message": "[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]"}
+    return RunEvidence(world_size=3, snapshots=snaps, exit_codes={0: 1, 1: 0, 2: 1}, detected_at=113.0)
+
+
+def test_rank_that_exited_0_while_its_peers_waited_is_the_culprit_of_their_errors() -> None:
+    for with_ops in (True, False):  # op records, or none (DDP's built-in C++ hook)
+        diagnosis = diagnose(_left_early_run(with_ops))
+        assert (diagnosis.verdict, diagnosis.culprit_ranks, diagnosis.hang_kind) == ("hang", [1], "not_enqueued")
+        assert "ended their script (exit status 0)" in diagnosis.summary
+        assert ("without entering all_reduce #2" in diagnosis.summary) == with_ops
+
+
+def test_cascade_errors_with_no_rank_missing_from_a_collective_stay_a_crash() -> None:
+    # The same errors, but the op records show rank 1 in every collective the others ran: no one left early.
+    run = _left_early_run(True)
+    run.snapshots[1].ops.append(coll(2, ranks=(0, 1, 2)))
+    assert diagnose(run).verdict == "crash"

@@ -28,6 +28,8 @@ The scenarios (``--rank`` is the faulty rank; ``--sleep`` the length of the long
   while the others wait at a barrier (no fault).
 - ``eval_ok``: DDP; rank 0 alone runs a validation loop (``inference_mode``, the unwrapped model, a
   DataLoader) for ``--sleep`` seconds while the others wait at a barrier (no fault).
+- ``eval_slow_ok``: like ``eval_ok``, but every validation batch takes 3 s to load (a worker decoding
+  large samples), so the forward passes come 3 s apart (no fault).
 - ``warmup_ok``: DDP; one rank's DataLoader workers take ``--sleep`` seconds to open their shards before
   the first batch (no fault).
 - ``mesh_hang``: 4 ranks on a 2 x 2 DeviceMesh (dp x tp): FSDP2 over dp, the loss all-reduced over tp;
@@ -56,7 +58,8 @@ from torch.utils.data import DataLoader, Dataset
 
 SCENARIOS = (
     "none", "backward", "optimizer", "loader_worker", "lock_hook", "fsdp_skip_rs", "accum", "unused_ok",
-    "unused_crash", "fsdp_straggler", "ckpt_stuck", "ckpt_slow_ok", "eval_ok", "warmup_ok", "mesh_hang",
+    "unused_crash", "fsdp_straggler", "ckpt_stuck", "ckpt_slow_ok", "eval_ok", "eval_slow_ok", "warmup_ok",
+    "mesh_hang",
     "segv", "exit0",
 )
 FSDP = ("fsdp_skip_rs", "fsdp_straggler", "mesh_hang")
@@ -69,8 +72,8 @@ LOADER = ("loader_worker", "warmup_ok")
 class Shards(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     """Samples read from "shards"; ``stuck_at`` is an index whose read never returns (a hung mount)."""
 
-    def __init__(self, length: int, seed: int, stuck_at: int | None = None) -> None:
-        self.length, self.seed, self.stuck_at = length, seed, stuck_at
+    def __init__(self, length: int, seed: int, stuck_at: int | None = None, read_s: float = 0.0) -> None:
+        self.length, self.seed, self.stuck_at, self.read_s = length, seed, stuck_at, read_s
 
     def __len__(self) -> int:
         return self.length
@@ -80,6 +83,7 @@ class Shards(Dataset[tuple[torch.Tensor, torch.Tensor]]):
             # read() on a file of a mount whose server went away: blocks until the server is back
             read_end, _write_end = os.pipe()
             os.read(read_end, 1)
+        time.sleep(self.read_s)  # decoding a large sample
         generator = torch.Generator().manual_seed(self.seed * 100_003 + index)
         return torch.randn(32, generator=generator), torch.randn(4, generator=generator)
 
@@ -187,6 +191,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--sleep", type=float, default=25.0, help="length of a long pause that is no fault")
     parser.add_argument("--step-time", type=float, default=0.05)
+    parser.add_argument("--builtin-hook", action="store_true",
+                        help="DDP with its built-in C++ all_reduce hook: no gradient collective passes through Python")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -233,6 +239,8 @@ def main() -> None:
         from torch.nn.parallel import DistributedDataParallel
 
         model = DistributedDataParallel(net, find_unused_parameters=scenario == "unused_ok")
+        if args.builtin_hook:
+            model._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
     optimizer: torch.optim.Optimizer
     if scenario == "optimizer":
         optimizer = LoggedSGD(model.parameters(), lr=0.01, metrics_lock=metrics_lock)
@@ -340,9 +348,9 @@ def main() -> None:
                     torch.save(state, storage)  # type: ignore[arg-type]
                     storage.close()
             dist.barrier()
-        if step == args.at_step and scenario == "eval_ok":
+        if step == args.at_step and scenario in ("eval_ok", "eval_slow_ok"):
             if rank == 0:
-                evaluate(net, args.sleep)
+                evaluate(net, args.sleep, batch_load_s=3.0 if scenario == "eval_slow_ok" else 0.0)
             dist.barrier()
         step += 1
     dist.barrier()
@@ -357,18 +365,24 @@ class _null:
         return None
 
 
-def evaluate(net: Net, duration_s: float) -> float:
-    """Validation over a held-out set: the unwrapped model, inference mode, batches from a DataLoader."""
+def evaluate(net: Net, duration_s: float, batch_load_s: float = 0.0) -> float:
+    """Validation over a held-out set: the unwrapped model, inference mode, batches from a DataLoader (its
+    worker taking ``batch_load_s`` to load each batch of 4)."""
     net.eval()
     total, batches = 0.0, 0
     deadline = time.time() + duration_s
-    loader = DataLoader(Shards(64, 999), batch_size=16)
+    if batch_load_s:
+        loader = DataLoader(Shards(64, 999, read_s=batch_load_s / 4), batch_size=4, num_workers=1)
+    else:
+        loader = DataLoader(Shards(64, 999), batch_size=16)
     with torch.inference_mode():
         while time.time() < deadline:
             for x, y in loader:
                 total += float(nn.functional.mse_loss(net(x), y))
                 batches += 1
                 time.sleep(0.02)
+                if time.time() >= deadline:
+                    break
     net.train()
     return total / max(batches, 1)
 

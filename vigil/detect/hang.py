@@ -46,7 +46,8 @@ class HangTrigger:
         if self._saving_checkpoint(alive, now):
             return None
         # A rank evaluating (its peers may wait for it in a collective) has the checkpoint allowance.
-        if any(_evaluating(s, now) for s in alive.values()) and now - last_progress < self.checkpoint_timeout_s:
+        evaluating = any(_evaluating(s, now, self.hang_timeout_s) for s in alive.values())
+        if evaluating and now - last_progress < self.checkpoint_timeout_s:
             return None
         started = any(s.steps > 0 for s in snapshots.values())
         floor = self.hang_timeout_s if started else max(self.hang_timeout_s, self.startup_grace_s)
@@ -134,6 +135,7 @@ def _last_activity(snap: RankSnapshot) -> float:
     return max(snap.last_progress(), snap.last_compute or 0.0)
 
 
-def _evaluating(snap: RankSnapshot, now: float) -> bool:
-    """Forward passes without gradients, just now: an evaluation loop, not a stuck training step."""
-    return snap.last_eval is not None and now - snap.last_eval < RECENT_S
+def _evaluating(snap: RankSnapshot, now: float, within_s: float) -> bool:
+    """Forward passes without gradients within the last hang timeout: an evaluation loop, not a stuck training
+    step. Not "within 2 s": a validation loader that takes seconds a batch spaces the forwards that far apart."""
+    return snap.last_eval is not None and now - snap.last_eval < max(RECENT_S, within_s)

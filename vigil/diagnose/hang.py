@@ -148,11 +148,13 @@ def _failures(run: RunEvidence) -> list[RankFailure]:
 
 def _left_early(
     run: RunEvidence, failures: list[RankFailure], findings: list[CollectiveFinding]
-) -> CollectiveFinding | None:
+) -> tuple[list[int], CollectiveFinding | None] | None:
     """A rank whose script ended cleanly (an early return, a wrong loop bound) while its peers waited in a
     collective it never entered: the peers' errors (a closed connection) are its consequence, not a crash.
-    Needs every failure to be a cascade symptom, the ranks that left to have finished before the first of
-    them, and the op records to show those ranks missing from the collective the others entered."""
+    Needs every failure to be a cascade symptom and the ranks that left to have finished before the first of
+    them; with op records, those ranks must be the ones missing from the collective the others entered (a
+    job whose ranks all reached the end and then failed in teardown is not this), without any (a C++ comm
+    hook), finishing first is the evidence."""
     if not failures or any(not f.is_cascade for f in failures):
         return None
     first = min(f.ts for f in failures)
@@ -160,24 +162,36 @@ def _left_early(
         r for r, snap in run.snapshots.items()
         if snap.finished and snap.error is None and run.exit_codes.get(r) in (0, None) and snap.heartbeat <= first
     }
-    for finding in findings:
-        missing = set(finding.missing)
-        if missing and missing <= ended and finding.waiting:
-            return finding
-    return None
+    if not ended or ended & {f.rank for f in failures}:
+        return None
+    if any(snap.ops for snap in run.snapshots.values()):
+        for finding in findings:
+            missing = set(finding.missing)
+            if missing and missing <= ended and finding.waiting:
+                return sorted(missing), finding
+        return None
+    return sorted(ended), None
 
 
-def _left_job(run: RunEvidence, failures: list[RankFailure], finding: CollectiveFinding) -> HangDiagnosis:
-    culprits = sorted(finding.missing)
-    how = (f"rank(s) {culprits} ended their script (exit status 0) without entering {finding.op} #{finding.seq} "
-           f"of group {finding.group!r}, where rank(s) {finding.waiting} waited")
+def _left_job(
+    run: RunEvidence, failures: list[RankFailure], left: tuple[list[int], CollectiveFinding | None]
+) -> HangDiagnosis:
+    culprits, finding = left
+    how = f"rank(s) {culprits} ended their script (exit status 0)"
+    if finding is not None:
+        how += (f" without entering {finding.op} #{finding.seq} of group {finding.group!r}, where rank(s) "
+                f"{finding.waiting} waited")
+        attrs: dict[str, Any] = {"group": finding.group, "seq": finding.seq}
+    else:
+        how += f" before rank(s) {sorted({f.rank for f in failures})} failed, every error a consequence"
+        attrs = {}
     first = min(failures, key=lambda f: f.ts)
     return HangDiagnosis(
         verdict="hang",
         culprit_ranks=culprits,
         hang_kind="not_enqueued",
         summary=f"hang: {how}; their errors followed ({first.describe()[:200]})",
-        evidence=[_evidence(run, culprits[0], how, group=finding.group, seq=finding.seq, left_early=True),
+        evidence=[_evidence(run, culprits[0], how, left_early=True, **attrs),
                   *[_evidence(run, f.rank, f.describe(), failure=f.to_dict()) for f in failures]],
     )
 
