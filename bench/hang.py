@@ -160,6 +160,12 @@ NEW_SCENARIOS: list[Scenario] = [
     # Written after the fix for the row above, to check its no-op-record path: not a first run.
     _new("ddp, built-in C++ hook (no op recorded): one rank exits 0 early", "exit0", 1, "hang", [1],
          "--builtin-hook"),
+    # A second batch, written after the first fixes landed, each verdict fixed before it first ran.
+    _new("ddp: one rank's loss is NaN once and it skips that batch", "nan_skip", 1, "mismatch", [1]),
+    _new("ddp model.join(): one rank has 3 batches fewer (supported)", "join_ok", 2, "ok", []),
+    _new("ddp: a DataLoader worker raises on a corrupt sample", "loader_crash", 1, "crash", [1]),
+    _new("ddp: rank 0 waits forever before an all_gather_object of metrics", "gather_hang", 0, "hang", [0]),
+    _new("ddp: a power iteration under no_grad that never converges", "ema_stuck", 2, "hang", [2]),
 ]
 
 

@@ -36,6 +36,16 @@ The scenarios (``--rank`` is the faulty rank; ``--sleep`` the length of the long
   one rank waits forever for a batch from a prefetch thread that died.
 - ``segv``: DDP; one rank's native extension dereferences a null pointer (SIGSEGV).
 - ``exit0``: DDP; one rank leaves the loop early and exits 0 (its loop bound is wrong).
+
+A second batch, written after the first fixes landed:
+
+- ``nan_skip``: DDP; one rank's loss is NaN once and it skips that step (``continue`` before backward).
+- ``join_ok``: DDP with ``model.join()``; one rank has 3 batches fewer (supported uneven inputs: no fault).
+- ``loader_crash``: DDP; a DataLoader worker raises on a corrupt sample in one rank.
+- ``gather_hang``: DDP; at a step's end the ranks gather metrics with ``all_gather_object``; one rank first
+  waits forever for its async metrics writer.
+- ``ema_stuck``: DDP; one rank's spectral-norm estimate (power iteration under ``no_grad`` after the
+  optimizer step) never meets its tolerance.
 """
 
 from __future__ import annotations
@@ -60,10 +70,10 @@ SCENARIOS = (
     "none", "backward", "optimizer", "loader_worker", "lock_hook", "fsdp_skip_rs", "accum", "unused_ok",
     "unused_crash", "fsdp_straggler", "ckpt_stuck", "ckpt_slow_ok", "eval_ok", "eval_slow_ok", "warmup_ok",
     "mesh_hang",
-    "segv", "exit0",
+    "segv", "exit0", "nan_skip", "join_ok", "loader_crash", "gather_hang", "ema_stuck",
 )
 FSDP = ("fsdp_skip_rs", "fsdp_straggler", "mesh_hang")
-LOADER = ("loader_worker", "warmup_ok")
+LOADER = ("loader_worker", "warmup_ok", "loader_crash")
 
 
 # --- data -------------------------------------------------------------------------------------------------
@@ -72,8 +82,10 @@ LOADER = ("loader_worker", "warmup_ok")
 class Shards(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     """Samples read from "shards"; ``stuck_at`` is an index whose read never returns (a hung mount)."""
 
-    def __init__(self, length: int, seed: int, stuck_at: int | None = None, read_s: float = 0.0) -> None:
+    def __init__(self, length: int, seed: int, stuck_at: int | None = None, read_s: float = 0.0,
+                 corrupt_at: int | None = None) -> None:
         self.length, self.seed, self.stuck_at, self.read_s = length, seed, stuck_at, read_s
+        self.corrupt_at = corrupt_at
 
     def __len__(self) -> int:
         return self.length
@@ -83,6 +95,8 @@ class Shards(Dataset[tuple[torch.Tensor, torch.Tensor]]):
             # read() on a file of a mount whose server went away: blocks until the server is back
             read_end, _write_end = os.pipe()
             os.read(read_end, 1)
+        if index == self.corrupt_at:
+            raise ValueError(f"corrupt sample {index}: bad JPEG header in shard 3")
         time.sleep(self.read_s)  # decoding a large sample
         generator = torch.Generator().manual_seed(self.seed * 100_003 + index)
         return torch.randn(32, generator=generator), torch.randn(4, generator=generator)
@@ -251,7 +265,9 @@ def main() -> None:
     if scenario in LOADER:
         stuck_at = 16 * args.at_step if scenario == "loader_worker" and faulty else None
         delay = args.sleep if scenario == "warmup_ok" and faulty else 0.0
-        loader = DataLoader(Shards(16 * args.steps, rank, stuck_at), batch_size=16, num_workers=1,
+        corrupt_at = 16 * args.at_step + 3 if scenario == "loader_crash" and faulty else None
+        loader = DataLoader(Shards(16 * args.steps, rank, stuck_at, corrupt_at=corrupt_at), batch_size=16,
+                            num_workers=1,
                             worker_init_fn=open_shards(delay), persistent_workers=False)
         batches = iter(loader)
     else:
@@ -271,6 +287,10 @@ def main() -> None:
     micro_batches = args.steps * 2 if scenario == "accum" else args.steps
     loss_fn = nn.MSELoss()
     step = 0
+    if scenario == "join_ok" and faulty:
+        micro_batches -= 3  # this rank's shard is smaller
+    joined = model.join() if scenario == "join_ok" else _null()  # type: ignore[operator]
+    joined.__enter__()
     for micro in range(micro_batches):
         if scenario == "exit0" and faulty and step == args.at_step:
             # for step in range(len(loader) - 1): an off-by-some bound on this rank's shard count
@@ -327,6 +347,13 @@ def main() -> None:
                 continue
         else:
             loss = loss_fn(model(x, use_aux, use_alt) if scenario not in FSDP else model(x), y)
+            if at_fault and scenario == "nan_skip":
+                loss = loss * float("nan")  # an fp16 overflow, say
+            if not torch.isfinite(loss):
+                print(f"rank {rank}: non-finite loss at step {step}, skipping the batch", flush=True)
+                optimizer.zero_grad()
+                step += 1
+                continue
             loss.backward()
         if tp_group is not None:
             dist.all_reduce(loss.detach(), group=tp_group)
@@ -334,6 +361,13 @@ def main() -> None:
         optimizer.zero_grad()
         if at_fault and scenario == "fsdp_skip_rs":
             model.set_requires_gradient_sync(True)  # type: ignore[operator]
+        if at_fault and scenario == "ema_stuck":
+            spectral_norm(net.trunk[2].weight)
+        if step == args.at_step and scenario == "gather_hang":
+            if faulty:
+                threading.Event().wait()  # waits for the async metrics writer, which never signals
+            metrics: list[Any] = [None] * world
+            dist.all_gather_object(metrics, {"rank": rank, "loss": float(loss)})
         if at_fault and scenario == "segv":
             ctypes.string_at(0)  # a native extension reading through a null pointer
         if step == args.at_step and scenario in ("ckpt_stuck", "ckpt_slow_ok"):
@@ -353,6 +387,7 @@ def main() -> None:
                 evaluate(net, args.sleep, batch_load_s=3.0 if scenario == "eval_slow_ok" else 0.0)
             dist.barrier()
         step += 1
+    joined.__exit__(None, None, None)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -363,6 +398,20 @@ class _null:
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+
+def spectral_norm(weight: torch.Tensor, tolerance: float = 0.0) -> float:
+    """Power iteration until the estimate moves less than ``tolerance`` (0: never, a config typo)."""
+    with torch.no_grad():
+        v = torch.randn(weight.shape[1])
+        estimate = 0.0
+        while True:
+            u = torch.nn.functional.normalize(weight @ v, dim=0)
+            v = torch.nn.functional.normalize(weight.t() @ u, dim=0)
+            new = float(u @ weight @ v)
+            if abs(new - estimate) < tolerance:
+                return new
+            estimate = new
 
 
 def evaluate(net: Net, duration_s: float, batch_load_s: float = 0.0) -> float:

@@ -75,6 +75,11 @@ def test_compute_step_and_checkpoint_marks(probe: Probe) -> None:
     with torch.no_grad():
         torch.nn.Conv2d(1, 2, 3)(torch.ones(1, 1, 5, 5))
     assert probe.last_eval is not None and time.time() - probe.last_eval < 5
+    # A bare matmul without gradients is compute, not evaluation (a power iteration that never converges).
+    evaluated, calls = probe.last_eval, probe.compute_calls
+    with torch.no_grad():
+        torch.ones(3, 3) @ torch.ones(3, 3)
+    assert probe.last_eval == evaluated and probe.compute_calls == calls + 1
 
 
 def test_checkpoint_progress_follows_the_bytes_a_save_writes(probe: Probe, tmp_path: Path) -> None:

@@ -422,14 +422,16 @@ def _install_functional(probe: Probe) -> None:
     _patch(funcol, "wait_tensor", lambda orig: _wrap_wait_tensor(probe, orig))
 
 
-def _wrap_compute(probe: Probe, original: Callable[..., Any]) -> Callable[..., Any]:
-    """A matmul marks compute; without gradients and outside an optimizer step (where Shampoo- or Muon-style
-    optimizers multiply matrices), evaluation - so an evaluation model no module hook sees still counts."""
+def _wrap_compute(probe: Probe, original: Callable[..., Any], layer: bool = False) -> Callable[..., Any]:
+    """A matmul marks compute. A layer (``layer``: linear, convolution, attention) without gradients and
+    outside an optimizer step (where Shampoo- or Muon-style optimizers multiply matrices) marks evaluation -
+    so an evaluation model no module hook sees still counts. A bare matmul without gradients is not taken
+    for an evaluation: a power iteration that never converges multiplies matrices that way too."""
     grad_enabled = torch.is_grad_enabled
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if grad_enabled() or probe.in_optimizer_step:
+        if not layer or grad_enabled() or probe.in_optimizer_step:
             probe.compute_begin()
         else:
             probe.eval_begin()
@@ -634,7 +636,7 @@ def install_hooks(probe: Probe) -> None:
     # Convolutions and attention too: an evaluation of a CNN or of an attention block on the unwrapped model
     # (which no module hook sees after the first step) still marks evaluation.
     for name in ("linear", "conv1d", "conv2d", "conv3d", "scaled_dot_product_attention"):
-        _patch(torch.nn.functional, name, lambda orig: _wrap_compute(probe, orig))
+        _patch(torch.nn.functional, name, lambda orig: _wrap_compute(probe, orig, layer=True))
     _patch(torch, "save", lambda orig: _wrap_checkpoint(probe, orig))
     ddp = torch.nn.parallel.DistributedDataParallel
     _patch(ddp, "forward", _wrap_ddp_forward)
