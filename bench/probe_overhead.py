@@ -3,25 +3,30 @@
 Run: .venv/bin/python bench/probe_overhead.py [--runs 3] [--blocks 8] [--block-steps 6]
      -> bench/results/probe_overhead.json
 
-bench/jobs/train_ddp.py as a 2-rank gloo job under `vigil launch` (probe, watchdog and supervisor as a
-user gets them): a 4-layer transformer language model under DistributedDataParallel, held four times in
-every rank - one stepped with torch alone (built-in C++ all_reduce, no Vigil code), one with everything
-the probe adds (its Python comm hook, op records, compute marks, current-op writes), and two with a Python
-comm hook alone (torch's allreduce_hook; the probe's allreduce_mean_hook) - in alternating blocks of steps.
-The watchdog thread runs through every arm, so its share of the process CPU is reported on its own.
+bench/jobs/train_ddp.py as a 2-rank gloo job under `vigil launch` (probe, watchdog, supervisor and Flight
+Recorder as a user gets them): a 4-layer transformer language model under DistributedDataParallel, held
+five times in every rank - one stepped with torch alone (built-in C++ all_reduce, no Vigil code), one with
+the probe's default (no comm hook: DDP's all_reduces read from torch's FR ring by the watchdog; wrappers and
+compute marks in the step), one with the comm-hook path (the probe's Python comm hook, op records, compute
+marks, current-op writes), and two with a Python comm hook alone (torch's allreduce_hook; the probe's
+allreduce_mean_hook) - in alternating blocks of steps. The watchdog thread (and its ring reads) runs through
+every arm, so its share of the process CPU is reported on its own and adds to each probe arm's overhead.
 Per run: median step time of each arm, wall clock and process CPU time (all threads, the watchdog's
 included), and the ratio of medians of adjacent blocks (paired). Across runs: median,
 min and max. Goal: <= 1% of step time.
 
 Also the probe's cost per op in isolation (a one-rank gloo all_reduce of 1,000 floats, sync and
 async + wait, hooked vs not) and per module call (a forward of 150 small modules), each in alternating
-blocks in one process.
+blocks in one process; and what reading the FR ring costs: the cursor (per-group counters) and a full read
+of 2,000 entries.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import pickle
 import statistics
 import sys
 import tempfile
@@ -56,7 +61,7 @@ def paired_ratios(on: list[float], off: list[float], block: int) -> list[float]:
 def run_job(work: Path, index: int, blocks: int, block_steps: int) -> dict[str, Any]:
     result = work / f"run{index}.json"
     diagnosis = launch(JOB, ["--result", str(result), "--blocks", str(blocks), "--block-steps", str(block_steps)],
-                       nproc=2, hang_timeout=60.0, out_dir=work / f"run{index}", flight_recorder=False)
+                       nproc=2, hang_timeout=60.0, out_dir=work / f"run{index}", flight_recorder=True)
     if diagnosis.verdict not in ("ok", "slow"):  # "slow": this loaded machine makes one rank lag
         raise RuntimeError(f"overhead job ended {diagnosis.verdict}: {diagnosis.summary}")
     data = json.loads(result.read_text())
@@ -66,7 +71,7 @@ def run_job(work: Path, index: int, blocks: int, block_steps: int) -> dict[str, 
         times = data[f"{measure}_s"]
         off = times["plain"]
         row[f"{measure}_off_ms"] = round(statistics.median(off) * 1000, 2)
-        for arm, name in (("probed", "on"), ("torch_hook", "torch_hook"), ("mean_hook", "mean_hook")):
+        for arm, name in (("probed", "on"), ("fr", "fr"), ("torch_hook", "torch_hook"), ("mean_hook", "mean_hook")):
             on = times[arm]
             row[f"{measure}_{name}_ms"] = round(statistics.median(on) * 1000, 2)
             row[f"{measure}_{name}_overhead_pct"] = pct(statistics.median(on), statistics.median(off))
@@ -74,7 +79,19 @@ def run_job(work: Path, index: int, blocks: int, block_steps: int) -> dict[str, 
             row[f"{measure}_{name}_paired_pct"] = round((paired - 1) * 100, 2)
     row["watchdog_cpu_pct_of_process"] = round(
         100 * data["watchdog_cpu_s"] / max(1e-9, sum(sum(v) for v in data["cpu_s"].values())), 3)
-    row["ops_per_step"] = round(data["ops_recorded"] / max(1, len(data["wall_s"]["probed"])), 1)
+    row["ops_per_step"] = round(data["ops_recorded"] / max(1, sum(len(v) for v in data["wall_s"].values())), 1)
+    if not data.get("reads_ring"):
+        raise RuntimeError("the probe did not read the Flight Recorder ring in the overhead job")
+    reader = data["ring_reader"]
+    row["ring_reads"] = reader["reads"]
+    row["ring_read_ms_mean"] = round(1000 * reader["read_s"] / max(1, reader["reads"]), 3)
+    row["ring_cursor_us_mean"] = round(1e6 * reader["cursor_s"] / max(1, reader["cursor_reads"]), 2)
+    row["ring_reader_cpu_pct_of_process"] = round(
+        100 * (reader["read_s"] + reader["cursor_s"]) / max(1e-9, sum(sum(v) for v in data["cpu_s"].values())), 3)
+    for measure in ("cpu", "wall"):
+        # The default's whole cost: its arm against torch alone, plus the watchdog that runs beside every arm.
+        row[f"{measure}_fr_total_paired_pct"] = round(row[f"{measure}_fr_paired_pct"]
+                                                       + row["watchdog_cpu_pct_of_process"], 2)
     return row
 
 
@@ -88,6 +105,8 @@ def measure_unit_costs(calls: int = 3000) -> dict[str, float]:
     from vigil.sources.probe.probe import Probe
 
     torch.set_num_threads(1)
+    # The ring torch keeps when Vigil launches a job, so the reader's costs below are those of a real one.
+    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
     with tempfile.TemporaryDirectory(prefix="vigil-bench-op-") as tmp:
         dist.init_process_group("gloo", store=dist.FileStore(f"{tmp}/store", 1), rank=0, world_size=1)
         probe = Probe(rank=0, world_size=1, out_dir=Path(tmp))
@@ -123,10 +142,43 @@ def measure_unit_costs(calls: int = 3000) -> dict[str, float]:
                     times[hooked].append((time.perf_counter() - start) / count / per)
                 costs[f"{name}_unhooked_us"] = round(min(times[False]) * 1e6, 2)
                 costs[f"{name}_probe_cost_us"] = round((min(times[True]) - min(times[False])) * 1e6, 2)
+            costs.update(ring_read_costs(probe, tensor))
         finally:
             uninstall_hooks()
             dist.destroy_process_group()
     return costs
+
+
+def ring_read_costs(probe: Any, tensor: Any, repeats: int = 20) -> dict[str, float]:
+    """The FR ring reader's cursor read and full read once the ring is full (2,000 entries), best of
+    ``repeats``; the full read's cost per entry."""
+    import torch.distributed as dist
+
+    from vigil.sources.probe.flight import FlightReader, flight_recorder_dump
+
+    dump = flight_recorder_dump()
+    if dump is None:
+        return {}
+    for _ in range(2100):
+        dist.all_reduce(tensor)
+    entries = len(pickle.loads(dump(True, False, False))["entries"])
+    cursor, full, again = [], [], []
+    for _ in range(repeats):
+        reader = FlightReader(probe, dump)  # a fresh reader: every entry is new to it, the worst case
+        start = time.perf_counter()
+        reader.observe(time.time())
+        cursor.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        reader.read()
+        full.append(time.perf_counter() - start)
+        # Read again: every entry known already (the steady state, where a read adds a few records).
+        start = time.perf_counter()
+        reader.read()
+        again.append(time.perf_counter() - start)
+    return {"ring_entries": entries, "ring_cursor_read_us": round(min(cursor) * 1e6, 2),
+            "ring_full_read_ms": round(min(full) * 1e3, 3),
+            "ring_full_read_us_per_entry": round(min(full) * 1e6 / max(1, entries), 2),
+            "ring_reread_ms": round(min(again) * 1e3, 3)}
 
 
 def spread(rows: list[dict[str, Any]], key: str) -> dict[str, float]:
@@ -141,15 +193,20 @@ def main() -> None:
     parser.add_argument("--block-steps", type=int, default=6)
     args = parser.parse_args()
     rows = []
+    load_at_start = list(os.getloadavg())
+    console.log(f"load average at start: {load_at_start}")
     with tempfile.TemporaryDirectory(prefix="vigil-bench-overhead-") as tmp:
         for index in range(args.runs):
             rows.append(run_job(Path(tmp), index, args.blocks, args.block_steps))
             console.log(f"run {index}: {rows[-1]}")
     units = measure_unit_costs()
     summary = {key: spread(rows, key) for key in
-               ("cpu_off_ms", "cpu_on_ms", "cpu_on_overhead_pct", "cpu_on_paired_pct", "cpu_torch_hook_paired_pct",
-                "cpu_mean_hook_paired_pct", "wall_off_ms", "wall_on_ms", "wall_on_overhead_pct", "wall_on_paired_pct",
-                "wall_torch_hook_paired_pct", "wall_mean_hook_paired_pct", "watchdog_cpu_pct_of_process")}
+               ("cpu_off_ms", "cpu_fr_ms", "cpu_fr_overhead_pct", "cpu_fr_paired_pct", "cpu_fr_total_paired_pct",
+                "cpu_on_ms", "cpu_on_overhead_pct", "cpu_on_paired_pct", "cpu_torch_hook_paired_pct",
+                "cpu_mean_hook_paired_pct", "wall_off_ms", "wall_fr_ms", "wall_fr_overhead_pct", "wall_fr_paired_pct",
+                "wall_fr_total_paired_pct", "wall_on_ms", "wall_on_overhead_pct", "wall_on_paired_pct",
+                "wall_torch_hook_paired_pct", "wall_mean_hook_paired_pct", "watchdog_cpu_pct_of_process",
+                "ring_reader_cpu_pct_of_process", "ring_reads", "ring_read_ms_mean", "ring_cursor_us_mean")}
     table = Table(title="Probe overhead on a DDP transformer step (2 gloo ranks, same processes)")
     for column in ("measure", "median", "min", "max"):
         table.add_column(column, justify="left" if column == "measure" else "right")
@@ -157,8 +214,10 @@ def main() -> None:
         table.add_row(key, *(f"{values[k]:g}" for k in ("median", "min", "max")))
     console.print(table)
     console.print(units)
+    console.log(f"load average at end: {list(os.getloadavg())}")
     RESULTS.mkdir(parents=True, exist_ok=True)
-    out = {"job": "bench/jobs/train_ddp.py, 2 ranks, gloo, torch.set_num_threads(1)", "runs": rows,
+    out = {"job": "bench/jobs/train_ddp.py, 2 ranks, gloo, torch.set_num_threads(1), TORCH_FR_BUFFER_SIZE=2000",
+           "load_average_at_start": load_at_start, "load_average_at_end": list(os.getloadavg()), "runs": rows,
            "summary": summary, "unit_costs": units, "block_steps": args.block_steps, "blocks_per_arm": args.blocks}
     (RESULTS / "probe_overhead.json").write_text(json.dumps(out, indent=1))
 

@@ -4,21 +4,25 @@
 
 Run under `vigil launch` (the probe installed by its bootstrap). The model - a 4-layer transformer
 encoder language model (d_model 256, 4 heads, feed-forward 1024, vocabulary 2048, batch 4 x 64
-tokens), 41 module calls per forward - exists four times in every rank, identically initialised:
+tokens), 41 module calls per forward - exists five times in every rank, identically initialised:
 
-- ``plain``: wrapped in DDP and first run with the probe's hooks taken out, so its reducer keeps
+- ``plain``: wrapped in DDP and stepped with the probe's hooks taken out, so its reducer keeps
   torch's built-in C++ all_reduce and no Vigil code runs in its step;
-- ``probed``: wrapped in DDP and first run with the hooks in, so it gets the probe's Python comm hook;
-  its step runs every wrapper, module mark, op record and current-op write the probe adds;
+- ``fr``: the probe's default on gloo with the Flight Recorder on: hooks in, no comm hook - the reducer's
+  all_reduces are read from torch's FR ring by the probe's watchdog; its step runs every wrapper and
+  module mark the probe adds;
+- ``probed``: the comm-hook path (the fallback where the ring is not read): hooks in and the probe's Python
+  comm hook, so its step runs every wrapper, module mark, op record and current-op write the probe adds;
 - ``torch_hook``: torch's own Python all_reduce comm hook (``allreduce_hook``), hooks out: what a Python
   comm hook costs by itself, without any Vigil code;
 - ``mean_hook``: the hook the probe installs (``allreduce_mean_hook``), hooks out: the part of the probe's
   cost that is the comm hook alone.
 
 Blocks of ``--block-steps`` steps rotate between the arms (hooks taken out / put back in step on
-every rank), so the arms share the same processes and the same moments of machine load. Rank 0
+every rank), so the arms share the same processes and the same moments of machine load. The watchdog
+(and its reads of the FR ring, which hold every arm's collectives) runs through all of them. Rank 0
 writes per-step wall and process-CPU times of each arm, plus the CPU time the probe's watchdog thread
-used, to FILE (JSON).
+used and the ring reader's own counters, to FILE (JSON).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
-ARMS = ("plain", "probed", "torch_hook", "mean_hook")
+ARMS = ("plain", "fr", "probed", "torch_hook", "mean_hook")
 VOCAB, D_MODEL, HEADS, FF, LAYERS, BATCH, SEQ = 2048, 256, 4, 1024, 4, 4, 64
 
 
@@ -82,7 +86,8 @@ def main() -> None:
         models[arm] = DistributedDataParallel(model)
         if arm == "torch_hook":
             models[arm].register_comm_hook(None, allreduce_hook)
-        elif arm == "mean_hook":
+        elif arm in ("mean_hook", "probed"):
+            # "probed" with the hooks in: the hook's all_reduce passes through the probe's wrappers.
             models[arm].register_comm_hook(None, hooks.allreduce_mean_hook)
         optimizers[arm] = torch.optim.AdamW(models[arm].parameters(), lr=1e-4)
     generator = torch.Generator().manual_seed(dist.get_rank())
@@ -97,7 +102,7 @@ def main() -> None:
         optimizers[arm].step()
 
     def use(arm: str) -> None:
-        if arm == "probed":
+        if arm in ("probed", "fr"):
             hooks.install_hooks(probe)
         else:
             hooks.uninstall_hooks()
@@ -128,6 +133,8 @@ def main() -> None:
         result = {"block_steps": args.block_steps, "wall_s": wall, "cpu_s": cpu,
                   "watchdog_cpu_s": watchdog, "elapsed_s": elapsed,
                   "ops_recorded": probe.ring.total, "arms": list(ARMS),
+                  "reads_ring": probe.flight is not None,
+                  "ring_reader": probe.flight.stats() if probe.flight is not None else None,
                   "module_calls_per_step": count_module_calls(models["plain"])}
         with open(args.result, "w") as out:
             json.dump(result, out)

@@ -19,6 +19,7 @@ from vigil.remedy.jobspec import TrainingJob
 from vigil.run.failover import FailoverSupervisor, LocalJob
 from vigil.run.launcher import free_port, launch
 from vigil.run.rank_procs import LAUNCHED_PATTERN, launched, surviving_ranks
+from vigil.sources.probe.flight import ENV_DDP_RECORDING
 from vigil.sources.probe.records import read_rank
 
 JOB = Path(__file__).with_name("stack_job.py")
@@ -30,17 +31,19 @@ pytestmark = pytest.mark.slow
 
 
 def run(tmp_path: Path, stack: str, fault: str, *extra: str, culprit: int = 1, world: int = WORLD,
-        startup_grace: float = 60.0) -> HangDiagnosis:
+        startup_grace: float = 60.0, env: dict[str, str] | None = None) -> HangDiagnosis:
     args = ["--stack", stack, "--fault", fault, "--rank", str(culprit), *extra]
     out = tmp_path / f"{stack}-{fault}"
-    diagnosis = launch(JOB, args, nproc=world, hang_timeout=HANG_TIMEOUT, out_dir=out, startup_grace=startup_grace)
+    diagnosis = launch(JOB, args, nproc=world, hang_timeout=HANG_TIMEOUT, out_dir=out, startup_grace=startup_grace,
+                       env=env)
     assert sorted(launched(out)) == list(range(world))
     assert surviving_ranks(out) == {}, "every rank the launcher started is stopped when it returns"
     return diagnosis
 
 
 def start_nodes(out: Path, hang_timeout: float, *job_args: str, launch_args: tuple[str, ...] = (),
-                node_names: tuple[str, str] | None = None) -> list[subprocess.Popen[str]]:
+                node_names: tuple[str, str] | None = None, env: dict[str, str] | None = None
+                ) -> list[subprocess.Popen[str]]:
     """Two `vigil launch` processes as two nodes of one job, 2 ranks each, sharing ``out``; ``node_names``
     name the two machines (VIGIL_NODE_NAME) where both run on this one."""
     port = str(free_port())
@@ -50,7 +53,7 @@ def start_nodes(out: Path, hang_timeout: float, *job_args: str, launch_args: tup
              "--node-rank", str(node), "--master-port", port, "--hang-timeout", str(hang_timeout),
              "--out", str(out), "--json", *launch_args, "--", *job_args],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-            env=dict(os.environ, VIGIL_NODE_NAME=node_names[node]) if node_names else None,
+            env={**os.environ, **(env or {}), **({"VIGIL_NODE_NAME": node_names[node]} if node_names else {})},
         )
         for node in (0, 1)
     ]
@@ -84,29 +87,46 @@ def wait_until_gone(out: Path, timeout_s: float = 30.0) -> dict[int, int]:
     return alive
 
 
-@pytest.mark.parametrize("stack", ["ddp", "fsdp", "ddp_builtin", "manual"])
-def test_rank_stuck_in_forward_is_the_culprit(tmp_path: Path, stack: str) -> None:
-    diagnosis = run(tmp_path, stack, "forward")
+@pytest.mark.parametrize(("stack", "recording"), [("ddp", "ring"), ("ddp", "hook"), ("fsdp", "ring"),
+                                                  ("ddp_builtin", "ring"), ("ddp_builtin", "hook"), ("manual", "ring")])
+def test_rank_stuck_in_forward_is_the_culprit(tmp_path: Path, stack: str, recording: str) -> None:
+    """DDP's gradient all_reduces are read from the Flight Recorder ring by default (a built-in C++ comm hook's
+    too), or pass through the probe's Python comm hook (``VIGIL_DDP_RECORDING=hook``)."""
+    diagnosis = run(tmp_path, stack, "forward", env={ENV_DDP_RECORDING: recording})
     assert diagnosis.verdict == "hang"
     assert diagnosis.culprit_ranks == [1]
     assert diagnosis.detected_after_s is not None
     assert HANG_TIMEOUT * 0.9 <= diagnosis.detected_after_s <= LATENCY_BUDGET
     assert diagnosis.fork_point is not None and diagnosis.fork_point.ranks == [1]
-    if stack == "ddp_builtin":
-        # The gradient all_reduce never passed through Python: progress alone found the hang.
+    if (stack, recording) == ("ddp_builtin", "hook"):
+        # Without the ring the built-in hook's all_reduce never passes through Python: progress alone found it.
         assert "still compute while the others wait" in diagnosis.summary
     else:
         assert diagnosis.hang_kind == "not_enqueued"
 
 
 STARTUP_GRACE = 10.0
+# The probe's fallback: DDP through its Python comm hook, collectives issued from C++ unseen.
+UNREAD_RING = {ENV_DDP_RECORDING: "hook"}
+
+
+def test_compiled_collectives_are_read_from_the_ring(tmp_path: Path) -> None:
+    """The c10d_functional operators a compiled graph calls pass through no Python collective API; the
+    probe reads them from the Flight Recorder ring, so the rank stuck before its first one is named from the
+    records."""
+    diagnosis = run(tmp_path, "compiled_ops", "forward", "--at-step", "0", startup_grace=STARTUP_GRACE)
+    assert (diagnosis.verdict, diagnosis.culprit_ranks, diagnosis.hang_kind) == ("hang", [1], "not_enqueued")
+    assert "rank(s) [1] never entered all_reduce #1" in diagnosis.summary
+    assert diagnosis.fork_point is not None and diagnosis.fork_point.ranks == [1]
 
 
 def test_hang_before_the_first_step_in_a_collective_the_probe_never_saw(tmp_path: Path) -> None:
     """Gradients reduced through the c10d_functional operators a compiled graph calls (no Python collective
-    API): rank 1 is stuck in its very first forward, so no rank ever steps and the probe records no op.
-    Past the startup allowance every rank's py-spy stack splits the job: the rank outside the collective."""
-    diagnosis = run(tmp_path, "compiled_ops", "forward", "--at-step", "0", startup_grace=STARTUP_GRACE)
+    API), with the Flight Recorder ring left unread: rank 1 is stuck in its very first forward, so no rank
+    ever steps and the probe records no op. Past the startup allowance every rank's py-spy stack splits the
+    job: the rank outside the collective."""
+    diagnosis = run(tmp_path, "compiled_ops", "forward", "--at-step", "0", startup_grace=STARTUP_GRACE,
+                    env=UNREAD_RING)
     assert (diagnosis.verdict, diagnosis.culprit_ranks, diagnosis.hang_kind) == ("hang", [1], "not_enqueued")
     assert "rank(s) [1] never entered it" in diagnosis.summary
     assert diagnosis.stack_source == "py-spy"
@@ -221,12 +241,13 @@ def test_two_nodes_name_the_culprit_across_nodes(tmp_path: Path) -> None:
 
 def test_two_nodes_find_a_hang_before_the_first_step(tmp_path: Path) -> None:
     """The pre-step case across two nodes: no rank ever steps and the probe records no op (c10d_functional
-    operators), rank 1 on node 0 is stuck in its first forward. Each node leaves its own ranks' py-spy stacks
-    in the shared directory, so the split of the whole job - ranks 0, 2, 3 in the collective - is made."""
+    operators, the Flight Recorder ring unread), rank 1 on node 0 is stuck in its first forward. Each node
+    leaves its own ranks' py-spy stacks in the shared directory, so the split of the whole job - ranks 0, 2, 3
+    in the collective - is made."""
     out = tmp_path / "shared"
     verdicts = node_verdicts(start_nodes(out, HANG_TIMEOUT, "--stack", "compiled_ops", "--fault", "forward",
                                          "--rank", "1", "--at-step", "0",
-                                         launch_args=("--startup-grace", str(STARTUP_GRACE))))
+                                         launch_args=("--startup-grace", str(STARTUP_GRACE)), env=UNREAD_RING))
     for diagnosis in verdicts:
         assert (diagnosis.verdict, diagnosis.culprit_ranks, diagnosis.world_size) == ("hang", [1], 4)
         assert "rank(s) [1] never entered it" in diagnosis.summary

@@ -18,6 +18,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +30,7 @@ from torch._C._distributed_c10d import Work
 from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+from vigil.sources.probe.flight import reader_for
 from vigil.sources.probe.probe import Probe, work_succeeded
 from vigil.sources.probe.records import COLLECTIVE, P2P, OpRecord
 
@@ -128,10 +131,16 @@ _GROUPS: dict[int, tuple[Any, str, list[int]]] = {}
 
 def _group_info(group: Any) -> tuple[str, list[int]]:
     """Name and global ranks of a process group, cached: membership never changes."""
+    _, name, ranks = _group(group)
+    return name, ranks
+
+
+def _group(group: Any) -> tuple[Any, str, list[int]]:
+    """The process group itself (the default one for None), its name and its global ranks."""
     pg = group if group is not None else dist.group.WORLD
     cached = _GROUPS.get(id(pg))
     if cached is not None:
-        return cached[1], cached[2]
+        return cached
     name = str(getattr(pg, "group_name", "") or "0")
     try:
         ranks = list(dist.get_process_group_ranks(pg))
@@ -139,7 +148,7 @@ def _group_info(group: Any) -> tuple[str, list[int]]:
         ranks = []
     # Holding the group keeps its id from being reused by a later group.
     _GROUPS[id(pg)] = (pg, name, ranks)
-    return name, ranks
+    return _GROUPS[id(pg)]
 
 
 class _Params:
@@ -182,7 +191,7 @@ def _wrap_collective(probe: Probe, name: str, original: Callable[..., Any]) -> C
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        group_name, group_ranks = _group_info(params.get("group", args, kwargs))
+        pg, group_name, group_ranks = _group(params.get("group", args, kwargs))
         tensor = params.get(tensor_param, args, kwargs)
         sizes, dtypes = _shape_of(tensor)
         root = params.get(root_param, args, kwargs)
@@ -196,8 +205,14 @@ def _wrap_collective(probe: Probe, name: str, original: Callable[..., Any]) -> C
             dtypes,
             root=root if isinstance(root, int) else None,
             is_async=is_async,
+            pg=pg,
         )
         on_cuda = _on_cuda(tensor)
+        if name == "monitored_barrier" and probe.flight is not None:
+            # gloo's monitored barrier takes two collective numbers on every rank, and sends and receives
+            # besides (rank 0 to and from every other rank): those count as p2p for the numbering.
+            with _BackendOps(probe, pg, group_name, MONITORED_BARRIER_SEQS):
+                return _run(probe, record, original, args, kwargs, is_async, on_cuda)
         if not is_async and takes_async and on_cuda:
             return _run_sync_on_stream(probe, record, original, args, kwargs)
         return _run(probe, record, original, args, kwargs, is_async, on_cuda)
@@ -212,7 +227,7 @@ def _wrap_p2p(probe: Probe, name: str, original: Callable[..., Any]) -> Callable
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        group_name, group_ranks = _group_info(params.get("group", args, kwargs))
+        pg, group_name, group_ranks = _group(params.get("group", args, kwargs))
         tensor = params.get("tensor", args, kwargs)
         sizes, dtypes = _shape_of(tensor)
         peer = params.get(peer_param, args, kwargs)
@@ -226,9 +241,45 @@ def _wrap_p2p(probe: Probe, name: str, original: Callable[..., Any]) -> Callable
             peer=peer if isinstance(peer, int) else None,
             is_async=is_async,
         )
+        if probe.flight is not None and not getattr(_NESTED, "p2p", False):
+            # send / recv call isend / irecv: the outermost call counts the backend's p2p ops once.
+            _NESTED.p2p = True
+            try:
+                with _BackendOps(probe, pg, group_name, 0):
+                    return _run(probe, record, original, args, kwargs, is_async, _on_cuda(tensor))
+            finally:
+                _NESTED.p2p = False
         return _run(probe, record, original, args, kwargs, is_async, _on_cuda(tensor))
 
     return wrapper
+
+
+# gloo (torch 2.13): collective numbers a monitored barrier takes on every rank.
+MONITORED_BARRIER_SEQS = 2
+_NESTED = threading.local()
+
+
+class _BackendOps:
+    """Counts the backend ops a wrapped call issued on its group beyond ``collectives``: with the Flight Recorder
+    reader, those are taken off the group's sequence number to number the next collective as FR does."""
+
+    def __init__(self, probe: Probe, pg: Any, group: str, collectives: int) -> None:
+        self.probe, self.pg, self.group, self.collectives = probe, pg, group, collectives
+        self.before: int | None = None
+
+    def _issued(self) -> int | None:
+        try:
+            return int(self.pg._get_sequence_number_for_group())
+        except (AttributeError, RuntimeError):
+            return None
+
+    def __enter__(self) -> None:
+        self.before = self._issued()
+
+    def __exit__(self, *_: object) -> None:
+        after = self._issued()
+        if self.before is not None and after is not None:
+            self.probe.count_p2p(self.group, after - self.before - self.collectives)
 
 
 def _run(
@@ -312,20 +363,20 @@ def _watch_future(probe: Probe, record: OpRecord, work: Work) -> bool:
 
 # Functional collectives in flight, by id of the result tensor that wait_tensor will be given.
 _FUNCTIONAL_PENDING: dict[int, tuple[weakref.ref[torch.Tensor], OpRecord]] = {}
-_FUNCTIONAL_GROUPS: dict[str, tuple[str, list[int]]] = {}
+_FUNCTIONAL_GROUPS: dict[str, tuple[Any, str, list[int]]] = {}
 
 
-def _functional_group(module: Any, group: Any, tag: str) -> tuple[str, list[int]]:
+def _functional_group(module: Any, group: Any, tag: str) -> tuple[Any, str, list[int]]:
     """A functional collective's group (ranks, a ProcessGroup, a DeviceMesh or one of its dimensions, a
-    group name) as the probe names process groups."""
+    group name) as the probe names process groups, with the process group itself (None if unresolved)."""
     resolved = module._resolve_group_name(group, tag)
     name = str(resolved)
     cached = _FUNCTIONAL_GROUPS.get(name)
     if cached is None:
         try:
-            cached = _group_info(dist.distributed_c10d._resolve_process_group(resolved))
+            cached = _group(dist.distributed_c10d._resolve_process_group(resolved))
         except (RuntimeError, ValueError, KeyError):
-            cached = (name, [])
+            cached = (None, name, [])
         _FUNCTIONAL_GROUPS[name] = cached
     return cached
 
@@ -341,12 +392,12 @@ def _wrap_functional(probe: Probe, module: Any, name: str, original: Callable[..
         if torch.compiler.is_compiling() or module._are_we_tracing():
             # A graph being traced waits inside the call; the compiled graph runs the operators from C++.
             return original(*args, **kwargs)
-        group_name, group_ranks = _functional_group(module, params.get("group", args, kwargs),
-                                                    params.get("tag", args, kwargs) or "")
+        pg, group_name, group_ranks = _functional_group(module, params.get("group", args, kwargs),
+                                                        params.get("tag", args, kwargs) or "")
         sizes, dtypes = _shape_of(params.get(tensor_param, args, kwargs))
         root = params.get("src", args, kwargs)
         record = probe.begin_op(group_name, group_ranks, COLLECTIVE, name, sizes, dtypes,
-                                root=root if isinstance(root, int) else None, is_async=True)
+                                root=root if isinstance(root, int) else None, is_async=True, pg=pg)
         try:
             result = original(*args, **kwargs)
         except BaseException:
@@ -551,6 +602,10 @@ class ForwardMarks:
 def _step_hooks(probe: Probe, marks: ForwardMarks) -> list[Any]:
     def before(*_: Any) -> None:
         probe.in_optimizer_step = True
+        if probe.flight is not None:
+            # The step's collectives in the FR ring have ended by now (DDP waits for its buckets at the end
+            # of backward): the cursor, read here, gives this moment as their end at the latest.
+            probe.flight.observe(time.time())
 
     def after(*_: Any) -> None:
         probe.in_optimizer_step = False
@@ -580,16 +635,19 @@ allreduce_mean_hook.__annotations__ = {
 }
 
 
-def _wrap_ddp_forward(original: Callable[..., Any]) -> Callable[..., Any]:
+def _wrap_ddp_forward(probe: Probe, original: Callable[..., Any]) -> Callable[..., Any]:
     """Before a DDP model's first forward (when DDP allows a comm hook and the user has had the
-    chance to register one), give it the all_reduce hook, written in Python."""
+    chance to register one), give it the all_reduce hook, written in Python - unless the probe reads this
+    process's collectives from the Flight Recorder ring (vigil.sources.probe.flight), which sees the
+    reducer's all_reduces with no hook and no Python in the step."""
 
     @functools.wraps(original)
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not getattr(self, "_vigil_hooked", False):
             self._vigil_hooked = True
             user_hook = getattr(self, "_vigil_user_hook", False) or bool(getattr(self, "_comm_hooks", None))
-            if getattr(self, "reducer", None) is not None and not user_hook:
+            from_ring = probe.flight_reader() is not None
+            if getattr(self, "reducer", None) is not None and not user_hook and not from_ring:
                 # A hook registered before the probe was installed (a built-in one leaves no trace in
                 # Python) makes DDP refuse a second: the user's hook stays, the job never breaks.
                 with contextlib.suppress(RuntimeError):
@@ -597,6 +655,17 @@ def _wrap_ddp_forward(original: Callable[..., Any]) -> Callable[..., Any]:
         return original(self, *args, **kwargs)
 
     return forward
+
+
+def _wrap_destroy(probe: Probe, original: Callable[..., Any]) -> Callable[..., Any]:
+    """The Flight Recorder ring's last collectives into the records before the process group goes."""
+
+    @functools.wraps(original)
+    def destroy(*args: Any, **kwargs: Any) -> Any:
+        probe.read_flight_recorder()
+        return original(*args, **kwargs)
+
+    return destroy
 
 
 def _wrap_register_hook(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -612,6 +681,8 @@ def _wrap_register_hook(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def install_hooks(probe: Probe) -> None:
     """Patch torch in place; idempotent."""
+    if probe.flight_factory is None:
+        probe.flight_factory = reader_for
     c10d = dist.distributed_c10d
     for name in COLLECTIVES:
         original = getattr(c10d, name, None)
@@ -639,7 +710,9 @@ def install_hooks(probe: Probe) -> None:
         _patch(torch.nn.functional, name, lambda orig: _wrap_compute(probe, orig, layer=True))
     _patch(torch, "save", lambda orig: _wrap_checkpoint(probe, orig))
     ddp = torch.nn.parallel.DistributedDataParallel
-    _patch(ddp, "forward", _wrap_ddp_forward)
+    _patch(ddp, "forward", lambda orig: _wrap_ddp_forward(probe, orig))
+    _patch(c10d, "destroy_process_group", lambda orig: _wrap_destroy(probe, orig))
+    _patch(dist, "destroy_process_group", lambda orig: _wrap_destroy(probe, orig))
     _patch(ddp, "register_comm_hook", _wrap_register_hook)
     _patch(ddp, "_register_builtin_comm_hook", _wrap_register_hook)
     if not _HANDLES:

@@ -16,6 +16,7 @@ import threading
 import time
 import traceback
 from collections import defaultdict, deque
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -111,6 +112,14 @@ class Probe:
         self._works: dict[int, tuple[OpRecord, Any]] = {}
         # Ops begun and not ended, oldest first, by record id: the stall check reads these, not the whole ring.
         self._in_flight: dict[int, OpRecord] = {}
+        # Backend ops per group that are not collectives (p2p ops, the sends inside a monitored barrier): gloo's
+        # group sequence number counts them with the collectives, FR's collective_seq_id does not.
+        self._p2p_ops: dict[str, int] = defaultdict(int)
+        # The Flight Recorder reader (vigil.sources.probe.flight), once the default process group says whether
+        # this process's collectives are read from the FR ring; None until then and where they are not.
+        self.flight: Any = None
+        self.flight_factory: Callable[[Probe], tuple[bool, Any]] | None = None
+        self._flight_decided = False
         if out_dir is not None:
             # Mapped shared: a write is a memory store, and what was written stays in the page cache
             # (visible to the supervisor) even if the process aborts the next instant.
@@ -135,16 +144,21 @@ class Probe:
         peer: int | None = None,
         root: int | None = None,
         is_async: bool = False,
+        pg: Any = None,
     ) -> OpRecord:
+        """An op issued through the Python API. With a Flight Recorder reader, a collective on ``pg`` is
+        numbered as torch numbers it (so the reader knows it was recorded here)."""
         if kind == "p2p":
             key = (group, -1 if peer is None else peer, op)
             with self._lock:
                 self._p2p_seq[key] += 1
                 seq = self._p2p_seq[key]
         else:
+            flight = self.flight if self._flight_decided else self.flight_reader()
+            numbered = None if flight is None or pg is None else flight.next_seq(pg, group, self._p2p_ops[group])
             with self._lock:
                 self._seq[group] += 1
-                seq = self._seq[group]
+                seq = self._seq[group] if numbered is None else numbered
         record = OpRecord(
             record_id=self.ring.new_record_id(),
             group=group,
@@ -169,6 +183,71 @@ class Probe:
             self._in_flight.pop(next(iter(self._in_flight)), None)
         self._write_current(record)
         return record
+
+    def add_op(
+        self,
+        group: str,
+        group_ranks: list[int],
+        kind: str,
+        seq: int,
+        op: str,
+        sizes: list[list[int]],
+        dtypes: list[str],
+        t_start: float,
+        thread: str,
+    ) -> OpRecord:
+        """An op issued outside Python (DDP's reducer, a compiled graph), as the Flight Recorder ring showed
+        it: in flight (``started``) from its enqueue time until the reader sees it completed."""
+        record = OpRecord(
+            record_id=self.ring.new_record_id(),
+            group=group,
+            group_ranks=group_ranks,
+            kind=kind,
+            seq=seq,
+            op=op,
+            sizes=sizes,
+            dtypes=dtypes,
+            is_async=True,
+            state="started",
+            t_start=t_start,
+            timeout_s=self.timeout_for(group, op),
+            thread=thread,
+        )
+        self.ring.append(record)
+        self._in_flight[record.record_id] = record
+        if len(self._in_flight) > self.ring.capacity:
+            self._in_flight.pop(next(iter(self._in_flight)), None)
+        self._urgent = True
+        return record
+
+    def count_p2p(self, group: str, ops: int) -> None:
+        """``ops`` backend ops of ``group`` that FR does not number as collectives (see flight.next_seq)."""
+        if ops:
+            with self._lock:
+                self._p2p_ops[group] += ops
+
+    def flight_reader(self) -> Any:
+        """The Flight Recorder reader, decided once the default process group exists (None before, and
+        where collectives are not read from the ring). ``flight_factory`` (set by the hooks) makes it."""
+        if self._flight_decided:
+            return self.flight
+        if self.flight_factory is None or sys.modules.get("torch.distributed") is None:
+            return None
+        try:
+            decided, reader = self.flight_factory(self)
+        except (AttributeError, ImportError):
+            # torch.distributed still being imported by another thread: ask again next time.
+            return None
+        if decided:
+            self.flight, self._flight_decided = reader, True
+        return self.flight
+
+    def read_flight_recorder(self) -> None:
+        """Bring the records of collectives issued from C++ up to date now (evidence, error, exit)."""
+        flight = self.flight
+        if flight is not None:
+            with contextlib.suppress(RuntimeError, OSError):
+                flight.read()
 
     def _write_current(self, record: OpRecord) -> None:
         """The op's record into the mapped current-op file at its start (and its end slot at its end, see
@@ -199,10 +278,10 @@ class Probe:
             f'"thread":{thread}}}'
         )
 
-    def end_op(self, record: OpRecord, ok: bool = True) -> None:
+    def end_op(self, record: OpRecord, ok: bool = True, t_end: float | None = None) -> None:
         if not record.in_flight:
             return
-        record.t_end = time.time()
+        record.t_end = time.time() if t_end is None else t_end
         record.state = "completed" if ok else "failed"
         self._in_flight.pop(record.record_id, None)
         if ok:
@@ -302,6 +381,7 @@ class Probe:
             "message": str(exc)[:2000],
             "traceback": "".join(traceback.format_exception(exc_type, exc, tb))[-6000:],
         }
+        self.read_flight_recorder()
         if self.step_tracer is not None:
             batch, device = self.step_batch or (None, None)
             self.step_tracer.record(self.steps + 1, self.last_step or self.started, time.time(), batch, device, exc)
@@ -391,6 +471,7 @@ class Probe:
         self._thread.start()
 
     def stop(self) -> None:
+        self.read_flight_recorder()
         self.finished = True
         self._stop.set()
         with contextlib.suppress(OSError):
@@ -398,6 +479,10 @@ class Probe:
 
     def _watch(self) -> None:
         while not self._stop.wait(self.tick_s):
+            flight = self.flight if self._flight_decided else self.flight_reader()
+            if flight is not None:
+                with contextlib.suppress(RuntimeError):
+                    flight.tick(time.time())
             self.poll_works()
             self.check_stall()
             self.answer_dump_request()
@@ -434,6 +519,7 @@ class Probe:
         if self.out_dir is None or self._fr_dumped or not (self.out_dir / DUMP_REQUEST_FILE).exists():
             return
         self._fr_dumped = True
+        self.read_flight_recorder()
         self.stacks = python_stacks()
         self.write_snapshot()
         dump_flight_recorder(self.out_dir / FR_DIR, self.rank)
