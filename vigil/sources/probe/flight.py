@@ -12,8 +12,8 @@ torch (2.13) keeps a ring of every collective a process group enqueues when ``TO
   the counter), not when some Python call returned.
 - the *entries*: the whole ring, about 7.5 us per entry (15 ms for 2,000). Read only when something new was
   enqueued since the last read (the cursor says so) and either the job went quiet (no step and no new
-  collective for a while: a hang being born) or the periodic interval passed, which is at least 2 s and at
-  least 500 times the last read's cost (reads use at most 0.2% of a core); and once more when the supervisor
+  collective for a while: a hang being born) or the periodic interval passed, which is at least 5 s and at
+  least 1,000 times the last read's CPU time (reads use at most 0.1% of a core); and once more when the supervisor
   asks for evidence, when a rank raises, and before the process group is destroyed.
 
 Entries the probe's Python wrappers recorded already (``dist.*`` calls, FSDP2, functional collectives) are
@@ -44,9 +44,9 @@ if TYPE_CHECKING:
 # and leave the ring unread.
 ENV_DDP_RECORDING = "VIGIL_DDP_RECORDING"
 FR_BACKENDS = ("gloo",)
-MIN_READ_INTERVAL_S = 2.0
-# A full read may use at most this share of a core: the interval is at least its cost divided by it.
-READ_COST_SHARE = 0.002
+MIN_READ_INTERVAL_S = 5.0
+# A full read may use at most this share of a core: the interval is at least its CPU cost divided by it.
+READ_COST_SHARE = 0.001
 # Quiet: no step and no new collective for this long (at least; see FlightReader.quiet_after) starts a read.
 QUIET_MIN_S = 1.0
 QUIET_STEP_FACTOR = 1.5
@@ -145,7 +145,7 @@ class FlightReader:
 
     def observe(self, now: float) -> None:
         """Read the per-group counters (microseconds) and end the records whose op the counter passed."""
-        start = time.perf_counter()
+        start = time.thread_time()
         try:
             status = pickle.loads(self._dump(False, False, False)).get("pg_status") or {}
         except (RuntimeError, pickle.UnpicklingError, EOFError):
@@ -173,7 +173,7 @@ class FlightReader:
         for (pg_id, op_id), record in done:
             self.probe.end_op(record, ok=True, t_end=self._completed_at(pg_id, op_id, record.t_start) or now)
         self.cursor_reads += 1
-        self.cursor_s += time.perf_counter() - start
+        self.cursor_s += time.thread_time() - start
 
     def _completed_at(self, pg_id: str, op_id: int, t_start: float) -> float | None:
         """The first time the completed counter of ``pg_id`` was seen at or past ``op_id``."""
@@ -214,7 +214,7 @@ class FlightReader:
     def read(self, now: float | None = None) -> int:
         """Read the whole ring; add a record for every collective not seen yet. Returns how many."""
         now = time.time() if now is None else now
-        start = time.perf_counter()
+        start = time.thread_time()
         try:
             data = pickle.loads(self._dump(True, False, False))
         except (RuntimeError, pickle.UnpicklingError, EOFError):
@@ -230,7 +230,8 @@ class FlightReader:
             record = self._record(entry)
             if record is not None:
                 added += 1
-        cost = time.perf_counter() - start
+        # CPU time of the reading thread: waiting for the GIL under load is not the read's cost.
+        cost = time.thread_time() - start
         self.last_read, self.last_cost_s = now, cost
         self.reads += 1
         self.read_s += cost
