@@ -143,8 +143,9 @@ class FlightReader:
 
     # ----------------------------------------------------------------- cursor
 
-    def observe(self, now: float) -> None:
-        """Read the per-group counters (microseconds) and end the records whose op the counter passed."""
+    def observe(self, now: float, failing: bool = False) -> None:
+        """Read the per-group counters (microseconds) and end the records whose op the counter passed -
+        as failed when ``failing`` (the rank raised: what ended since the last look ended with the error)."""
         start = time.thread_time()
         try:
             status = pickle.loads(self._dump(False, False, False)).get("pg_status") or {}
@@ -171,7 +172,7 @@ class FlightReader:
             for pending, _ in done:
                 del self._pending[pending]
         for (pg_id, op_id), record in done:
-            self.probe.end_op(record, ok=True, t_end=self._completed_at(pg_id, op_id, record.t_start) or now)
+            self.probe.end_op(record, ok=not failing, t_end=self._completed_at(pg_id, op_id, record.t_start) or now)
         self.cursor_reads += 1
         self.cursor_s += time.thread_time() - start
 
@@ -211,15 +212,17 @@ class FlightReader:
         self.observe(now)
         return self.read(now) > 0 if self.due(now) else False
 
-    def read(self, now: float | None = None) -> int:
-        """Read the whole ring; add a record for every collective not seen yet. Returns how many."""
+    def read(self, now: float | None = None, failing: bool = False) -> int:
+        """Read the whole ring; add a record for every collective not seen yet. Returns how many. ``failing``:
+        the rank raised just now - a collective whose end is first seen by this read ended with the error (gloo
+        moves its counters for a failed work too: a peer that left fails the all_reduce DDP waits in)."""
         now = time.time() if now is None else now
         start = time.thread_time()
         try:
             data = pickle.loads(self._dump(True, False, False))
         except (RuntimeError, pickle.UnpicklingError, EOFError):
             return 0
-        self.observe(now)
+        self.observe(now, failing=failing)
         status = data.get("pg_status") or {}
         added = 0
         with self._lock:
@@ -227,7 +230,7 @@ class FlightReader:
         for entry in data.get("entries") or []:
             if entry.get("is_p2p"):
                 continue
-            record = self._record(entry)
+            record = self._record(entry, now if failing else None)
             if record is not None:
                 added += 1
         # CPU time of the reading thread: waiting for the GIL under load is not the read's cost.
@@ -237,7 +240,7 @@ class FlightReader:
         self.read_s += cost
         return added
 
-    def _record(self, entry: dict[str, Any]) -> OpRecord | None:
+    def _record(self, entry: dict[str, Any], failed_since: float | None = None) -> OpRecord | None:
         try:
             group = str((entry.get("process_group") or ["0"])[0])
             seq = int(entry["collective_seq_id"])
@@ -265,7 +268,8 @@ class FlightReader:
             thread=self._thread_name(str(entry.get("thread_id", "")), str(entry.get("thread_name", ""))),
         )
         if completed:
-            probe.end_op(record, ok=True, t_end=self._completed_at(pg_id, op_id, t_start) or time.time())
+            t_end = self._completed_at(pg_id, op_id, t_start) or time.time()
+            probe.end_op(record, ok=failed_since is None or t_end < failed_since, t_end=t_end)
         else:
             with self._lock:
                 self._pending[(pg_id, op_id)] = record

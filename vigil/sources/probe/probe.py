@@ -242,12 +242,12 @@ class Probe:
             self.flight, self._flight_decided = reader, True
         return self.flight
 
-    def read_flight_recorder(self) -> None:
+    def read_flight_recorder(self, failing: bool = False) -> None:
         """Bring the records of collectives issued from C++ up to date now (evidence, error, exit)."""
         flight = self.flight
         if flight is not None:
             with contextlib.suppress(RuntimeError, OSError):
-                flight.read()
+                flight.read(failing=failing)
 
     def _write_current(self, record: OpRecord) -> None:
         """The op's record into the mapped current-op file at its start (and its end slot at its end, see
@@ -381,7 +381,7 @@ class Probe:
             "message": str(exc)[:2000],
             "traceback": "".join(traceback.format_exception(exc_type, exc, tb))[-6000:],
         }
-        self.read_flight_recorder()
+        self.read_flight_recorder(failing=True)
         if self.step_tracer is not None:
             batch, device = self.step_batch or (None, None)
             self.step_tracer.record(self.steps + 1, self.last_step or self.started, time.time(), batch, device, exc)
