@@ -58,8 +58,8 @@ BASELINE_PARAMS: dict[str, dict[str, Any]] = {
     "lstm": {"epochs": 3},
 }
 # ``tce_augment``: whether TCE's inner folds are offered the synthetic-anomaly candidates (TCE_AUGMENT). On SMD
-# they are not: it doubles TCE's training on the shared 2-core machine, and on ASD's inner folds they lost
-# to the same model without them in every outer fold (docs/benchmarks.md).
+# they are not: it doubles TCE's training on the shared 2-core machine, and on ASD's inner folds the best
+# candidate with them was below the best without them in every outer fold (docs/benchmarks.md).
 REAL_SETS: dict[str, dict[str, Any]] = {
     "asd": {"root": DATA / "asd", "outer": 4, "inner": 2, "inner_stride": 2, "normal_stride": 4,
             "max_windows": 60000, "tce_augment": True},
