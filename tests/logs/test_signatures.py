@@ -40,6 +40,12 @@ CASES = [
     ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:5000",
      "nccl_net_error", "cascade"),
     ("Out of memory: Killed process 4242 (python) total-vm:1kB, anon-rss:1kB", "host_oom", "root"),
+    # kernels before 4.19 name the victim first, then report the kill
+    ("Out of memory: Kill process 4242 (python) score 1031 or sacrifice child", "host_oom", "root"),
+    ("h1:238:1219 [0] transport/net_ib.cc:180 NCCL WARN NET/IB : mlx5_ib0:1 async fatal event on QP (0x7f0): local "
+     "access violation work queue error", "nic_link_down", "root"),
+    ("n1:1:2 [0] transport/net_ib.cc:93 NCCL WARN NET/IB : Got async event : port error", "nic_link_down", "root"),
+    ("*** An error occurred in MPI_Init_thread", "mpi.errors_are_fatal", "root"),
     ("pt_main_thread[2536443]: segfault at 7f797fe00000 ip 00007f7c7ac69996 sp 00007f7c12fd7c30 error 4 in "
      "libnccl.so.2[7f7c7ac00000+d3d3000]", "process_crash", "root"),
     ("OSError: [Errno 28] No space left on device: '/ckpt/step_8000/model.pt'", "fs.errno", "root"),

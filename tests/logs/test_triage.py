@@ -221,6 +221,17 @@ def test_a_signal_death_no_signature_knows_is_still_named(tmp_path: Path) -> Non
     assert result.root is not None and result.root.lineno == 2 and result.root_basis == "error_wording"
 
 
+def test_a_problem_its_producer_ignored_is_not_the_root(tmp_path: Path) -> None:
+    # PMIx skips a component it cannot open and says so; the fatal MPI error after it is the failure
+    (tmp_path / "rank_0.log").write_text(
+        "[n1:42] pmix_mca_base_component_repository_open: unable to open mca_gds_x: libx.so: undefined symbol: y "
+        "(ignored)\n"
+        "*** An error occurred in MPI_Init_thread\n"
+        "*** on a NULL communicator\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.lineno == 2
+
+
 def test_a_glog_error_tag_with_an_unpadded_month_reads_as_an_error(tmp_path: Path) -> None:
     # c10's glog prefix: severity E or F, then the month without zero padding and the day (April 29)
     (tmp_path / "rank_6.log").write_text(

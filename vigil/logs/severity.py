@@ -11,7 +11,8 @@ nothing. ``strength`` grades a line from its wording alone, with nothing specifi
   echo of a failure elsewhere (a timeout, a watchdog, a closing signal), which is what every healthy peer
   prints once one rank is gone, or as a process's follow-through on a failure it already reported ("preparing to
   dump debug info" before the heartbeat monitor terminates it).
-* 0: not an error line (NCCL ``INFO`` unwinding such as ``net.cc:1302 -> 6``, traceback frames).
+* 0: not an error line (NCCL ``INFO`` unwinding such as ``net.cc:1302 -> 6``, traceback frames, a problem its
+  producer says it ignored: PMIx's "unable to open mca_<component>: ... (ignored)").
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ GENERIC = 1
 
 _NOT_AN_ERROR = re.compile(
     r"NCCL INFO|^\s*File \"|^\s*frame #\d+|Traceback \(most recent call last\)"
+    r"|\(ignored\)\s*$"  # a problem its producer says it skipped (PMIx / Open MPI: a component it could not open)
 )
 _SPECIFIC = re.compile(
     r"NCCL WARN"
