@@ -372,3 +372,26 @@ def test_nccl_last_error_far_below_an_nccl_warn_does_not_replace_it(tmp_path: Pa
         "ncclUnhandledCudaError: Call to CUDA function failed.\nLast error:\nCuda failure 999 'unknown error'\n")
     result = triage(job, workers=1)
     assert result.root is not None and result.root.lineno == 1, result.summary
+
+
+def test_lines_are_graded_only_while_a_worded_line_can_be_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The severity grade is the scan's dearest call: once a file has kept its worded lines, the rest of a chatty
+    log is not graded (a regression once made triage 3.5x slower on large jobs), and the root is still found."""
+    import vigil.logs.triage as triage_module
+
+    calls = 0
+    graded = triage_module.strength
+
+    def counting(line: str) -> int:
+        nonlocal calls
+        calls += 1
+        return graded(line)
+
+    monkeypatch.setattr(triage_module, "strength", counting)
+    chatty = [f"2026-11-30 10:00:{i % 60:02d},000 WARNING retrying request {i}: error talking to the cache"
+              for i in range(5 * triage_module.MAX_WORDED_PER_FILE)]
+    chatty.append("2026-11-30 11:00:00,000 ERROR RuntimeError: CUDA error: an illegal memory access was encountered")
+    (tmp_path / "rank_0.log").write_text("\n".join(chatty) + "\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.signature == "cuda.illegal_address"
+    assert calls <= triage_module.MAX_WORDED_PER_FILE + 1

@@ -289,8 +289,8 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
                 scan.pids[(origin["host"], int(origin["pid"]))] = rank
             hit = matcher.match(line)
             if hit is None:
-                grade = strength(line) or (SPECIFIC if detail else 0)
-                if len(scan.worded) < MAX_WORDED_PER_FILE and grade:
+                # strength() only while the file may keep another worded line: it is the scan's dearest call
+                if len(scan.worded) < MAX_WORDED_PER_FILE and (grade := strength(line) or (SPECIFIC if detail else 0)):
                     scan.worded.append(LogEvent(
                         source=source.name, lineno=lineno, ts=ts, entity=_entity(source, job, rank), rank=rank,
                         node=source.node, signature=WORDED_SIGNATURE, fault_type=None,
