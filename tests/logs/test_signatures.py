@@ -60,6 +60,10 @@ CASES = [
     ("INFO:torch.distributed.elastic.agent.server.api:[default] Worker group FAILED. 3/3 attempts left; will "
      "restart worker group", "launcher.child_failed", "cascade"),
     ("  exitcode  : -9 (pid: 14750)", "launcher.root_cause", "cascade"),
+    # libstdc++: a call through a destroyed object, then std::terminate's wordings of the abort
+    ("pure virtual method called", "process_crash", "root"),
+    ("terminate called without an active exception", "python.aborted", "cascade"),
+    ("terminate called recursively", "python.aborted", "cascade"),
 ]
 
 

@@ -232,6 +232,35 @@ def test_a_problem_its_producer_ignored_is_not_the_root(tmp_path: Path) -> None:
     assert result.root is not None and result.root.lineno == 2
 
 
+def test_a_verbs_call_nccl_reports_at_info_is_not_the_root(tmp_path: Path) -> None:
+    # NCCL logs an optional verb the NIC does not support at INFO and goes on; the WARN after it is the failure
+    (tmp_path / "rank_0.log").write_text(
+        "h1:10:20 [0] NCCL INFO Call to ibv_set_ece failed with error Operation not supported errno 95\n"
+        "\n"
+        "h1:10:20 [0] misc/ibvwrap.cc:206 NCCL WARN Call to ibv_modify_qp failed with error No such device "
+        "errno 19\n"
+        "h1:10:20 [0] NCCL INFO transport/net_ib.cc:937 -> 2\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.lineno == 3 and result.root_basis == "signature"
+    # alone, a call NCCL tolerated names no root
+    (tmp_path / "rank_0.log").write_text(
+        "h1:10:20 [0] NCCL INFO Call to ibv_set_ece failed with error Operation not supported errno 95\n")
+    assert triage(tmp_path).root is None
+
+
+def test_a_pure_virtual_call_is_the_root_not_the_launchers_report(tmp_path: Path) -> None:
+    # the process dies at exit; torchelastic then reports the SIGABRT (-6) of the worker
+    (tmp_path / "rank_0.log").write_text(
+        "[rank0]:[W1019 08:16:22.397556647 ProcessGroupNCCL.cpp:1477] Warning: WARNING: destroy_process_group() "
+        "was not called before program exit, which can leak resources.\n"
+        "pure virtual method called\n"
+        "terminate called without an active exception\n"
+        "E1019 08:21:39.599000 3036 torch/distributed/elastic/multiprocessing/api.py:874] failed (exitcode: -6) "
+        "local_rank: 0 (pid: 3042) of binary: /usr/bin/python\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.lineno == 2 and result.root.fault_type == "process_crash"
+
+
 def test_a_glog_error_tag_with_an_unpadded_month_reads_as_an_error(tmp_path: Path) -> None:
     # c10's glog prefix: severity E or F, then the month without zero padding and the day (April 29)
     (tmp_path / "rank_6.log").write_text(

@@ -74,6 +74,10 @@ MACHINE_WINDOW_AFTER_S = 120.0
 CHILD_DEATH_REPORTS = frozenset({"torch.dataloader_killed"})
 PRINTED_BEFORE_TRACEBACK = "printed_before_traceback"
 _CONTEXT_ATTRS = frozenset({"frames", "user_frame", PRINTED_BEFORE_TRACEBACK})
+# NCCL reports what it fails on as WARN; at INFO it notes what it tolerates and goes on (an optional verbs call the NIC
+# does not support: "NCCL INFO Call to ibv_set_ece failed with error Operation not supported errno 95"), or unwinds a
+# WARN ("net.cc:1302 -> 6"). A root signature on an INFO line is not a root.
+_NCCL_INFO = re.compile(r"\bNCCL INFO\b")
 _NCCL_ORIGIN = re.compile(r"^(?:\[[^\]]*\] )?(?P<host>[\w.\-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\]")
 _FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
 _LIBRARY_PATH = re.compile(r"(site-packages|dist-packages|/lib/python\d|<frozen |/torch/|\\lib\\)")
@@ -288,6 +292,8 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
                 scan.hosts[rank] = origin["host"]
                 scan.pids[(origin["host"], int(origin["pid"]))] = rank
             hit = matcher.match(line)
+            if hit is not None and hit.signature.role == "root" and _NCCL_INFO.search(line):
+                hit = None
             if hit is None:
                 # strength() only while the file may keep another worded line: it is the scan's dearest call
                 if len(scan.worded) < MAX_WORDED_PER_FILE and (grade := strength(line) or (SPECIFIC if detail else 0)):
