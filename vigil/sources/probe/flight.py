@@ -21,8 +21,45 @@ recognised by their process group and ``collective_seq_id``: with a reader activ
 collective as torch does - the group's sequence number (``_get_sequence_number_for_group``, which on gloo
 counts p2p ops as well, so the group's p2p ops the probe saw are taken off) plus one. The rest become op
 records like any other: group, ranks, seq, op, sizes, dtypes, ``started`` while in flight, ``completed``
-once the cursor passed them. Only gloo is read this way for now: the numbering is checked on it; NCCL jobs
-keep the comm hook until it is checked on a GPU (``bench/device``).
+once the cursor passed them.
+
+Backends. torch keeps one ring per event type, and each has its own dump function (torch 2.13;
+``torch/csrc/distributed/c10d/FlightRecorder.cpp``, ``ProcessGroupNCCL.cpp``):
+
+- gloo records into ``FlightRecorder<c10::Event>``, dumped by ``_dump_fr_trace(includeCollectives,
+  includeStackTraces, onlyActive)`` (pickle; ``_dump_fr_trace_json(includeCollectives, onlyActive)``). Its
+  entries carry no events: ``state`` stays ``scheduled`` (``retired`` turns True) and completion is known from
+  the counters alone, which count every op (``op_id``).
+- NCCL records into ``FlightRecorder<at::cuda::CUDAEvent>`` (``FlightRecorderCUDA``), dumped by
+  ``_dump_nccl_trace`` with the same three arguments (``_dump_nccl_trace_json`` with two), present only in
+  CUDA builds; ``_dump_fr_trace`` shows nothing of an NCCL group. The dump's fields are the same (one template,
+  ``FlightRecorderDetail.hpp``). What differs:
+
+  - numbering: ``collective_seq_id`` is the group's ``seqCollective_``, bumped once per collective (once per
+    coalesced group, whose ops share it; ``op_id`` counts each op and the p2p ops); p2p ops bump ``seqP2P_``
+    only. ``_get_sequence_number_for_group()`` returns ``seqCollective_``: the wrappers' numbering (plus one,
+    less the p2p ops the group's sequence number counted, which on NCCL are none) fits as it is;
+  - counters: ``pg_status`` (``last_enqueued_collective`` / ``last_started_collective`` /
+    ``last_completed_collective``) holds the ``seq_`` of a Work: ``seqCollective_`` for a collective,
+    ``seqP2P_`` for a p2p op, so on a group that also runs p2p ops the counters mix two numberings and are
+    not read there. ``last_completed_collective`` is moved by NCCL's watchdog thread (a pass every 100 ms)
+    when the Work's end CUDA event has completed: the GPU finished the kernel. ``last_started_collective``
+    moves only with ``TORCH_NCCL_ENABLE_TIMING=1`` (without it there is no start event; -1 on gloo);
+  - entry state: every dump queries the CUDA events of the entries not yet retired, so ``state`` is
+    ``scheduled`` / ``started`` (start event done; timing only) / ``completed`` (end event done) as of the
+    read, and ``time_discovered_completed_ns`` is when torch first saw the end event done (wall-clock ns,
+    as ``time_created_ns``: at most a watchdog pass, or the read itself, after the GPU finished);
+    ``duration_ms`` (GPU time between the events) is there with ``TORCH_NCCL_ENABLE_TIMING=1``. The ops of a
+    coalesced group are recorded without events and never complete by themselves; the group's
+    ``nccl:coalesced`` entry (same ``collective_seq_id``) does.
+
+  So on NCCL an op ends at its entry's ``time_discovered_completed_ns``, or when the cursor (on groups
+  without p2p ops) first passed its ``collective_seq_id``, whichever the reader sees first.
+
+Which backends are read: ``VIGIL_FR_BACKENDS`` (comma-separated; default ``gloo``). gloo's numbering and
+completion are checked by the tests on real jobs; NCCL's are written from torch's source and tested on dumps
+built to it, and ``gloo,nccl`` opts NCCL jobs in. Until ``bench/device/cuda_hang.py`` has checked the ring
+against the comm hook on a GPU, NCCL jobs keep the comm hook by default.
 """
 
 from __future__ import annotations
@@ -36,14 +73,27 @@ from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
 from vigil.sources.probe.records import COLLECTIVE, OpRecord
+from vigil.sources.probe.ringdump import (
+    ENV_FR_BACKENDS,
+    FR_BACKENDS,
+    RING_FORMATS,
+    RingFormat,
+    default_backend,
+    flight_recorder_dump,
+    fr_backends,
+)
 
 if TYPE_CHECKING:
     from vigil.sources.probe.probe import Probe
 
+__all__ = [
+    "ENV_DDP_RECORDING", "ENV_FR_BACKENDS", "FR_BACKENDS", "RING_FORMATS", "FlightReader", "RingFormat",
+    "default_backend", "flight_recorder_dump", "fr_backends", "reader_for", "reader_wanted",
+]
+
 # "ring" (the default where it works) or "hook": record DDP's all_reduces through the probe's Python comm hook
 # and leave the ring unread.
 ENV_DDP_RECORDING = "VIGIL_DDP_RECORDING"
-FR_BACKENDS = ("gloo",)
 MIN_READ_INTERVAL_S = 5.0
 # A full read may use at most this share of a core: the interval is at least its CPU cost divided by it.
 READ_COST_SHARE = 0.001
@@ -61,32 +111,18 @@ _DTYPES = {
 }
 
 
-def flight_recorder_dump() -> Any:
-    """torch's in-process dump function, or None when this torch has none or records nothing."""
-    if os.environ.get("TORCH_FR_BUFFER_SIZE", "0") in ("", "0"):
-        return None
-    try:
-        from torch._C._distributed_c10d import _dump_fr_trace  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return _dump_fr_trace
-
-
 def reader_wanted() -> bool | None:
     """Whether this process's collectives should be read from the FR ring: None while that cannot be told
-    yet (no default process group), else True on a backend whose numbering is checked, with FR on, unless
-    ``VIGIL_DDP_RECORDING=hook``."""
-    import torch.distributed as dist
+    yet (no default process group), else True on a backend listed in ``VIGIL_FR_BACKENDS`` (default gloo)
+    whose dump this torch has, with FR on, unless ``VIGIL_DDP_RECORDING=hook``."""
+    backend = default_backend()
+    if backend is None:
+        import torch.distributed as dist
 
-    if not dist.is_available() or not dist.is_initialized():
-        return None
-    if os.environ.get(ENV_DDP_RECORDING, "ring").strip().lower() == "hook" or flight_recorder_dump() is None:
+        return None if not dist.is_available() or not dist.is_initialized() else False
+    if os.environ.get(ENV_DDP_RECORDING, "ring").strip().lower() == "hook":
         return False
-    try:
-        backend = str(dist.get_backend())
-    except (RuntimeError, ValueError):
-        return False
-    return backend in FR_BACKENDS
+    return backend in fr_backends() and flight_recorder_dump(backend) is not None
 
 
 def reader_for(probe: Probe) -> tuple[bool, FlightReader | None]:
@@ -94,15 +130,24 @@ def reader_for(probe: Probe) -> tuple[bool, FlightReader | None]:
     wanted = reader_wanted()
     if wanted is None:
         return False, None
-    return True, FlightReader(probe, flight_recorder_dump()) if wanted else None
+    if not wanted:
+        return True, None
+    backend = default_backend() or "gloo"
+    return True, FlightReader(probe, flight_recorder_dump(backend), RING_FORMATS[backend])
 
 
 class FlightReader:
     """Turns the Flight Recorder ring into the probe's op records; one per probe, driven by its watchdog."""
 
-    def __init__(self, probe: Probe, dump: Any) -> None:
+    def __init__(self, probe: Probe, dump: Any, fmt: RingFormat = RING_FORMATS["gloo"]) -> None:
         self.probe = probe
         self._dump = dump
+        self.format = fmt
+        # Groups with p2p ops (pg_ids the ring showed them on, names the wrappers saw them on): on NCCL their
+        # counters mix two numberings and are not read. pg_id -> group name, as the entries pair them.
+        self._p2p_groups: set[str] = set()
+        self._p2p_names: set[str] = set()
+        self._pg_names: dict[str, str] = {}
         self._lock = threading.Lock()
         # pg_id -> (enqueued, completed), as of the last cursor read.
         self.cursor: dict[str, tuple[int, int]] = {}
@@ -111,7 +156,7 @@ class FlightReader:
         # pg_id -> completed counter values (rising) and the times they were first seen.
         self._seen_values: dict[str, list[int]] = defaultdict(list)
         self._seen_times: dict[str, list[float]] = defaultdict(list)
-        # Records of entries still in flight, by (pg_id, op_id).
+        # Records of entries still in flight, by (pg_id, the entry's number in the counters' numbering).
         self._pending: dict[tuple[str, int], OpRecord] = {}
         # group name -> the highest collective seq already handled; and the seqs the wrappers recorded.
         self._handled: dict[str, int] = {}
@@ -168,20 +213,33 @@ class FlightReader:
                             del values[: len(values) - OBSERVATIONS_KEPT]
                             times = self._seen_times[key]
                             del times[: len(times) - OBSERVATIONS_KEPT]
-            done = [(k, r) for k, r in self._pending.items() if k[1] <= self.cursor.get(k[0], (-1, -1))[1]]
+            done = [(k, r) for k, r in self._pending.items() if k[1] <= self._completed_counter(k[0])]
             for pending, _ in done:
                 del self._pending[pending]
-        for (pg_id, op_id), record in done:
-            self.probe.end_op(record, ok=not failing, t_end=self._completed_at(pg_id, op_id, record.t_start) or now)
+        for (pg_id, number), record in done:
+            self.probe.end_op(record, ok=not failing, t_end=self._completed_at(pg_id, number, record.t_start) or now)
         self.cursor_reads += 1
         self.cursor_s += time.thread_time() - start
 
-    def _completed_at(self, pg_id: str, op_id: int, t_start: float) -> float | None:
-        """The first time the completed counter of ``pg_id`` was seen at or past ``op_id``."""
+    def note_p2p(self, group: str) -> None:
+        """A p2p op issued through the Python API on ``group`` (NCCL: its counters are not read from now on)."""
+        if self.format.gpu_events and group not in self._p2p_names:
+            self._p2p_names.add(group)
+
+    def _completed_counter(self, pg_id: str) -> int:
+        """The highest op number of ``pg_id`` the completed counter has passed, -1 where it cannot be read
+        (NCCL: a group with p2p ops, whose counter then holds p2p numbers too)."""
+        if self.format.gpu_events and (pg_id in self._p2p_groups or self._pg_names.get(pg_id) in self._p2p_names):
+            return -1
+        values = self._seen_values.get(pg_id)
+        return values[-1] if values else self.cursor.get(pg_id, (-1, -1))[1]
+
+    def _completed_at(self, pg_id: str, number: int, t_start: float) -> float | None:
+        """The first time the completed counter of ``pg_id`` was seen at or past ``number``."""
         values = self._seen_values.get(pg_id)
         if not values:
             return None
-        index = bisect.bisect_left(values, op_id)
+        index = bisect.bisect_left(values, number)
         if index >= len(values):
             return None
         return max(self._seen_times[pg_id][index], t_start)
@@ -227,12 +285,16 @@ class FlightReader:
         added = 0
         with self._lock:
             self._enqueued_at_read = {str(k): int(v.get("last_enqueued_collective", -1)) for k, v in status.items()}
-        for entry in data.get("entries") or []:
+        entries = data.get("entries") or []
+        finished = self._gpu_finished(entries) if self.format.gpu_events else {}
+        for entry in entries:
             if entry.get("is_p2p"):
                 continue
-            record = self._record(entry, now if failing else None)
+            record = self._record(entry, now if failing else None, finished)
             if record is not None:
                 added += 1
+        if finished:
+            self._end_finished(finished, now if failing else None)
         # CPU time of the reading thread: waiting for the GIL under load is not the read's cost.
         cost = time.thread_time() - start
         self.last_read, self.last_cost_s = now, cost
@@ -240,14 +302,47 @@ class FlightReader:
         self.read_s += cost
         return added
 
-    def _record(self, entry: dict[str, Any], failed_since: float | None = None) -> OpRecord | None:
+    def _gpu_finished(self, entries: list[dict[str, Any]]) -> dict[tuple[str, int], float]:
+        """NCCL: (pg_id, collective_seq_id) -> when torch saw the GPU finish it, from the entries whose end
+        CUDA event has completed (the dump queries them). Notes the groups with p2p ops on the way."""
+        finished: dict[tuple[str, int], float] = {}
+        for entry in entries:
+            try:
+                pg_id = str(entry.get("pg_id", (entry.get("process_group") or ["0"])[0]))
+                if entry.get("is_p2p"):
+                    self._p2p_groups.add(pg_id)
+                    continue
+                if entry.get("state") != "completed":
+                    continue
+                seq = int(entry["collective_seq_id"])
+                seen_ns = int(entry.get("time_discovered_completed_ns") or 0)
+            except (KeyError, TypeError, ValueError, IndexError):
+                continue
+            finished[(pg_id, seq)] = seen_ns / 1e9 if seen_ns > 0 else time.time()
+        return finished
+
+    def _end_finished(self, finished: dict[tuple[str, int], float], failed_since: float | None) -> None:
+        """End the records still in flight whose collective the GPU has finished since an earlier read."""
+        with self._lock:
+            done = [(key, record) for key, record in self._pending.items() if key in finished]
+            for key, _ in done:
+                del self._pending[key]
+        for key, record in done:
+            t_end = max(finished[key], record.t_start)
+            self.probe.end_op(record, ok=failed_since is None or t_end < failed_since, t_end=t_end)
+
+    def _record(
+        self, entry: dict[str, Any], failed_since: float | None = None,
+        finished: dict[tuple[str, int], float] | None = None,
+    ) -> OpRecord | None:
         try:
             group = str((entry.get("process_group") or ["0"])[0])
             seq = int(entry["collective_seq_id"])
             pg_id = str(entry.get("pg_id", group))
-            op_id = int(entry.get("op_id", seq))
+            number = int(entry.get(self.format.counter_key, seq))
         except (KeyError, TypeError, ValueError, IndexError):
             return None
+        self._pg_names.setdefault(pg_id, group)
         if seq <= self._handled.get(group, 0):
             return None
         self._handled[group] = seq
@@ -255,7 +350,8 @@ class FlightReader:
             return None
         probe = self.probe
         t_start = int(entry.get("time_created_ns") or 0) / 1e9 or time.time()
-        completed = self.cursor.get(pg_id, (-1, -1))[1] >= op_id
+        gpu_end = (finished or {}).get((pg_id, seq))
+        completed = gpu_end is not None or self._completed_counter(pg_id) >= number
         record = probe.add_op(
             group=group,
             group_ranks=self._group_ranks(group),
@@ -268,11 +364,14 @@ class FlightReader:
             thread=self._thread_name(str(entry.get("thread_id", "")), str(entry.get("thread_name", ""))),
         )
         if completed:
-            t_end = self._completed_at(pg_id, op_id, t_start) or time.time()
+            if gpu_end is not None:
+                t_end = max(gpu_end, t_start)
+            else:
+                t_end = self._completed_at(pg_id, number, t_start) or time.time()
             probe.end_op(record, ok=failed_since is None or t_end < failed_since, t_end=t_end)
         else:
             with self._lock:
-                self._pending[(pg_id, op_id)] = record
+                self._pending[(pg_id, number)] = record
         return record
 
     def _group_ranks(self, group: str) -> list[int]:

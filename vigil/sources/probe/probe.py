@@ -153,6 +153,8 @@ class Probe:
             with self._lock:
                 self._p2p_seq[key] += 1
                 seq = self._p2p_seq[key]
+            if self.flight is not None:
+                self.flight.note_p2p(group)
         else:
             flight = self.flight if self._flight_decided else self.flight_reader()
             numbered = None if flight is None or pg is None else flight.next_seq(pg, group, self._p2p_ops[group])
@@ -572,16 +574,16 @@ def python_stacks() -> list[dict[str, Any]]:
 
 
 def dump_flight_recorder(fr_dir: Path, rank: int) -> Path | None:
-    """Write this rank's PyTorch Flight Recorder buffer (pickle), if torch records one."""
-    if os.environ.get("TORCH_FR_BUFFER_SIZE", "0") in ("", "0"):
-        return None
-    try:
-        from torch._C._distributed_c10d import _dump_fr_trace  # type: ignore[attr-defined]
-    except ImportError:
+    """Write this rank's PyTorch Flight Recorder buffer (pickle), if torch records one: the ring of the default
+    process group's backend (NCCL keeps its own, which ``_dump_fr_trace`` does not show; see flight.py)."""
+    from vigil.sources.probe.ringdump import default_backend, flight_recorder_dump
+
+    dump = flight_recorder_dump(default_backend() or "gloo") or flight_recorder_dump("gloo")
+    if dump is None:
         return None
     fr_dir.mkdir(parents=True, exist_ok=True)
     path = fr_dir / f"rank_{rank}"
-    payload = _dump_fr_trace(True, True, False)
+    payload = dump(True, True, False)
     tmp = path.with_suffix(".tmp")
     tmp.write_bytes(payload)
     os.replace(tmp, path)
