@@ -64,6 +64,10 @@ CASES = [
     ("pure virtual method called", "process_crash", "root"),
     ("terminate called without an active exception", "python.aborted", "cascade"),
     ("terminate called recursively", "python.aborted", "cascade"),
+    # OpenSSH's client, as DeepSpeed's and MPI's ssh / pdsh launchers run it, cannot reach a host
+    ("ssh: Could not resolve hostname node-0: Name or service not known", "ssh.connect_failed", "root"),
+    ("gpu-7: ssh: connect to host gpu-7 port 22: Connection refused", "ssh.connect_failed", "root"),
+    ("ssh: connect to host 10.0.0.2 port 2222: No route to host", "ssh.connect_failed", "root"),
 ]
 
 

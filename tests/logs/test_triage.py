@@ -261,6 +261,38 @@ def test_a_pure_virtual_call_is_the_root_not_the_launchers_report(tmp_path: Path
     assert result.root is not None and result.root.lineno == 2 and result.root.fault_type == "process_crash"
 
 
+def test_the_ssh_failure_is_the_root_not_the_launchers_failed_command(tmp_path: Path) -> None:
+    # the DeepSpeed launcher runs "ssh HOST hostname -I"; ssh says why it failed, then Python reports exit status 255
+    (tmp_path / "launcher.log").write_text(
+        "ssh: Could not resolve hostname node-0: Name or service not known\n"
+        "Traceback (most recent call last):\n"
+        '  File "/usr/local/lib/python3.6/dist-packages/deepspeed/launcher/runner.py", line 281, in main\n'
+        "    result = subprocess.check_output(hostname_cmd, shell=True)\n"
+        "subprocess.CalledProcessError: Command '['ssh node-0 hostname -I']' returned non-zero exit status 255.\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.lineno == 1 and result.root_basis == "signature"
+    assert result.root.signature == "ssh.connect_failed" and result.root.attrs["host"] == "node-0"
+
+
+def test_a_cpp_backtrace_frame_is_not_a_report(tmp_path: Path) -> None:
+    # the tail of one rank's watchdog report (its c10 backtrace) names checkTimeout; the next rank's report is the line
+    (tmp_path / "job.log").write_text(
+        "frame #1: c10d::ProcessGroupNCCL::WorkNCCL::checkTimeout(std::optional<std::chrono::duration<long, "
+        "std::ratio<1l, 1000l> > >) + 0x1d2 (0x2b9d2f40c8e2 in /opt/torch/lib/libtorch_cuda.so)\n"
+        "frame #2: c10d::ProcessGroupNCCL::watchdogHandler() + 0x1a0 (0x2b9d2f411700 in "
+        "/opt/torch/lib/libtorch_cuda.so)\n"
+        "\n"
+        "[rank2]:[E ProcessGroupNCCL.cpp:563] [Rank 2] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=7487, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=1800000) ran for 1800096 "
+        "milliseconds before timing out.\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.lineno == 4 and result.root_basis == "symptom"
+    # frames alone report nothing
+    (tmp_path / "job.log").write_text(
+        "frame #1: c10d::ProcessGroupNCCL::WorkNCCL::checkTimeout() + 0x1d2 (0x2b9d in libtorch_cuda.so)\n")
+    assert triage(tmp_path).root is None
+
+
 def test_a_glog_error_tag_with_an_unpadded_month_reads_as_an_error(tmp_path: Path) -> None:
     # c10's glog prefix: severity E or F, then the month without zero padding and the day (April 29)
     (tmp_path / "rank_6.log").write_text(

@@ -80,6 +80,10 @@ _CONTEXT_ATTRS = frozenset({"frames", "user_frame", PRINTED_BEFORE_TRACEBACK})
 _NCCL_INFO = re.compile(r"\bNCCL INFO\b")
 _NCCL_ORIGIN = re.compile(r"^(?:\[[^\]]*\] )?(?P<host>[\w.\-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\]")
 _FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
+# A frame of a C++ backtrace as c10 prints it under an exception ("frame #1: c10d::ProcessGroupNCCL::WorkNCCL::
+# checkTimeout(...) + 0x1d2 (0x2b9d2f40c8e2 in .../libtorch_cuda.so)"): it names code, not an event, so a signature
+# matching a function name in it (checkTimeout, ncclCommWatchdog) reports nothing.
+_CPP_FRAME = re.compile(r"^\s*frame #\d+: ")
 _LIBRARY_PATH = re.compile(r"(site-packages|dist-packages|/lib/python\d|<frozen |/torch/|\\lib\\)")
 
 
@@ -287,6 +291,8 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
                 in_root_cause = stripped == ROOT_CAUSE_HEADER
                 continue
             detail, after_last_error = after_last_error and bool(stripped), after_last_error and not stripped
+            if stripped[:7] == "frame #" and _CPP_FRAME.match(line):
+                continue
             origin = _NCCL_ORIGIN.match(line)
             if origin and rank is not None:
                 scan.hosts[rank] = origin["host"]
