@@ -131,8 +131,9 @@ LONG_PAUSES = ("checkpoint", "eval", "warmup")
 
 
 def _new(name: str, scenario: str, rank: int, verdict: str, culprits: list[int], *extra: str,
-         world: int = WORLD) -> Scenario:
-    return Scenario(name, ["--scenario", scenario, "--rank", str(rank), *extra], verdict, culprits, world=world)
+         world: int = WORLD, links: list[list[int]] | None = None) -> Scenario:
+    return Scenario(name, ["--scenario", scenario, "--rank", str(rank), *extra], verdict, culprits, links or [],
+                    world=world)
 
 
 # New scenarios (tests/probe/realistic_job.py), their verdicts fixed before Vigil first ran on them. The long
@@ -166,14 +167,32 @@ NEW_SCENARIOS: list[Scenario] = [
     _new("ddp: a DataLoader worker raises on a corrupt sample", "loader_crash", 1, "crash", [1]),
     _new("ddp: rank 0 waits forever before an all_gather_object of metrics", "gather_hang", 0, "hang", [0]),
     _new("ddp: a power iteration under no_grad that never converges", "ema_stuck", 2, "hang", [2]),
+    # A third batch, written after the second batch's fixes landed, each verdict fixed before it first ran.
+    _new("ddp + torch.compile (slow first compile): a rank rejection-samples a crop forever", "compile_hang", 1,
+         "hang", [1]),
+    _new("pipeline, batch_isend_irecv (4 stages): the last stage posts one recv too few", "pipe_short", 3,
+         "hang", [3], world=4, links=[[2, 3]]),
+    _new("moe all_to_all_single (4 ranks): rank 0's Sinkhorn routing never converges (NaN)", "moe_hang", 0,
+         "hang", [0], world=4),
+    _new("fsdp + activation checkpointing: recomputed forward blocks on a lock", "fsdp_ac_hang", 1, "hang", [1]),
+    _new("ddp: a collate_fn with a 0.4 s round trip per batch", "collate_straggler", 2, "slow", [2],
+         "--steps", "16"),
+    _new("ddp: the OOM killer SIGKILLs a DataLoader worker", "oom_worker", 1, "crash", [1]),
+    _new("ddp: a gradient guard hook raises in backward", "grad_hook_raise", 0, "crash", [0]),
+    _new("fsdp clip_grad_norm_: one rank's loss-spike guard skips clip and step", "clip_skip", 2, "mismatch", [2]),
+    _new("ddp: torch.distributed.checkpoint save, one rank writes for 15 s", "dcp_slow_ok", 0, "ok", [],
+         "--sleep", "15"),
+    _new("ddp: every rank evaluates the DDP model under no_grad, rank 0 for 25 s (4 ranks)", "eval_ddp_ok", 0,
+         "ok", [], "--sleep", "25", world=4),
 ]
 
 
 def run_scenarios(hang_timeout: float, work: Path, quick: bool, stacks: bool = False,
-                  new: bool = False) -> list[dict[str, Any]]:
+                  new: bool = False, only: set[str] | None = None) -> list[dict[str, Any]]:
     rows = []
     if new:
-        scenarios, script = NEW_SCENARIOS, NEW_JOB
+        scenarios = [s for s in NEW_SCENARIOS if only is None or s.args[1] in only]
+        script = NEW_JOB
     elif stacks:
         scenarios, script = STACK_SCENARIOS, STACK_JOB
     else:
@@ -207,6 +226,7 @@ def run_scenarios(hang_timeout: float, work: Path, quick: bool, stacks: bool = F
             "within_budget": latency is None or latency <= max(hang_timeout, startup_grace or 0.0) + 5.0,
             "wall_s": round(wall, 1),
             "fr_dir": str(out / "fr") if (out / "fr").is_dir() else None,
+            "summary": diagnosis.summary,
         })
     return rows
 
@@ -517,9 +537,17 @@ def main() -> None:
                         help="only the DDP / FSDP2 scenarios and the DDP hook cost; merged into hang.json")
     parser.add_argument("--new-only", action="store_true",
                         help="only the new scenarios (tests/probe/realistic_job.py); merged into hang.json")
+    parser.add_argument("--first-run", metavar="KEY",
+                        help="with --only: the first run of new scenarios, kept under KEY in hang_new_first_run.json")
+    parser.add_argument("--only", help="comma-separated realistic_job.py --scenario names (with --first-run)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="vigil-bench-hang-") as tmp:
         work = Path(tmp)
+        if args.first_run:
+            if not args.only:
+                parser.error("--first-run needs --only")
+            record_first_run(args.first_run, set(args.only.split(",")), args.hang_timeout, work)
+            return
         if args.new_only:
             run_new(args.hang_timeout, work)
             return
@@ -590,6 +618,31 @@ def run_stacks(hang_timeout: float, work: Path) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1))
     show_stacks(result)
+
+
+def record_first_run(key: str, only: set[str], hang_timeout: float, work: Path) -> None:
+    """New scenarios' first run (their verdicts were fixed in NEW_SCENARIOS before it), kept under ``key`` in
+    hang_new_first_run.json beside the earlier batches."""
+    (work / "new").mkdir()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                            check=False).stdout.strip()
+    rows = run_scenarios(hang_timeout, work / "new", False, new=True, only=only)
+    kept = []
+    for row in rows:
+        row.pop("fr_dir", None)
+        spec = next(s for s in NEW_SCENARIOS if s.name == row["scenario"])
+        kept.append({"scenario": spec.args[1], "description": row["scenario"], "world_size": row["world_size"],
+                     "faulty_rank": int(spec.args[3]), **{k: v for k, v in row.items()
+                                                        if k not in ("scenario", "world_size")}})
+    path = RESULTS / "hang_new_first_run.json"
+    result = json.loads(path.read_text()) if path.exists() else {}
+    result[key] = {
+        "what": f"{len(rows)} scenarios, verdicts fixed before they first ran (Vigil {commit})",
+        "vigil_commit": commit, "hang_timeout_s": hang_timeout,
+        "correct": sum(r["correct"] and r["within_budget"] for r in rows), "total": len(rows), "scenarios": kept,
+    }
+    path.write_text(json.dumps(result, indent=1))
+    show_new({"new_scenarios": new_summary(rows, hang_timeout)})
 
 
 def new_summary(rows: list[dict[str, Any]], hang_timeout: float) -> dict[str, Any]:
