@@ -103,6 +103,16 @@ def test_rank_that_exited_0_while_its_peers_waited_is_the_culprit_of_their_error
         assert ("without entering all_reduce #2" in diagnosis.summary) == with_ops
 
 
+def test_rank_that_exited_0_is_found_when_its_last_record_still_shows_a_collective_in_flight() -> None:
+    # Rank 1's last all_reduce ended (its peers completed it) but its record was written before the end was
+    # seen: it left, so nothing of it is in flight, and #2 is still the collective it never entered.
+    run = _left_early_run(True)
+    run.snapshots[1].ops[0].state, run.snapshots[1].ops[0].t_end = "started", None
+    diagnosis = diagnose(run)
+    assert (diagnosis.verdict, diagnosis.culprit_ranks) == ("hang", [1]), diagnosis.summary
+    assert "without entering all_reduce #2" in diagnosis.summary
+
+
 def test_cascade_errors_with_no_rank_missing_from_a_collective_stay_a_crash() -> None:
     # The same errors, but the op records show rank 1 in every collective the others ran: no one left early.
     run = _left_early_run(True)

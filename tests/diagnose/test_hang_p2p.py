@@ -121,3 +121,34 @@ def test_vigil_diagnose_reads_a_proxy_state_file(tmp_path: Path) -> None:
     path.write_text("[{")
     with pytest.raises(VigilInputError, match="not valid JSON"):
         diagnose_path(path)
+
+
+def _pending(rank: int, peer: int, direction: str, seq: int, t_start: float, done: bool = False) -> P2PState:
+    """A gloo op as the probe records it (one step, posted), with when it was posted."""
+    finished = 1 if done else 0
+    return P2PState(rank, peer, direction, seq, posted=1, transmitted=1 if direction == "send" else finished,
+                    received=finished, done=finished, t_start=t_start)
+
+
+def test_pipeline_stage_that_posted_one_recv_too_few_is_the_culprit_not_the_stage_it_blocks() -> None:
+    # Stages 0-3. Stage 3 posted 3 activation recvs where stage 2 sent 4, then sent 3 gradients back. Stage 2
+    # waits in its 4th send and so never posts the gradient recvs (nor sends its own gradients to stage 1):
+    # every one of those is stage 3's consequence; the link is 2 -> 3.
+    states = [
+        *[_pending(2, 3, "send", s, 10.0, done=s < 4) for s in (1, 2, 3, 4)],
+        *[_pending(3, 2, "recv", s, 10.1, done=True) for s in (1, 2, 3)],
+        *[_pending(3, 2, "send", s, 10.5) for s in (1, 2, 3)],
+        *[_pending(1, 2, "recv", s, 9.9) for s in (1, 2, 3, 4)],
+        *[_pending(0, 1, "recv", s, 9.8) for s in (1, 2, 3, 4)],
+    ]
+    analysis = analyse(states)
+    assert analysis.culprit_ranks == [3]
+    assert analysis.culprit_links == [[2, 3]]
+
+
+def test_rank_that_moved_on_is_the_culprit_of_the_waits_behind_it() -> None:
+    # Rank 1 waits to send to 2; rank 2 never posted that recv and waits in nothing p2p (it went on to a
+    # collective); rank 0 waits for rank 1's send. Rank 1's missing send to 0 is explained by its own wait.
+    states = [_pending(1, 2, "send", 1, 5.0), _pending(0, 1, "recv", 1, 4.0)]
+    analysis = analyse(states)
+    assert analysis.culprit_ranks == [2]

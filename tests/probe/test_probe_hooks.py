@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from vigil.sources.probe.hooks import ProbedWork, install_hooks, uninstall_hooks
+from vigil.sources.probe.hooks import ProbedWork, _global_rank, install_hooks, uninstall_hooks
 from vigil.sources.probe.probe import Probe
 from vigil.sources.probe.records import OpRecord, read_rank, read_snapshot, snapshot_path
 from vigil.sources.probe.ring import OpRing
@@ -345,3 +345,11 @@ def test_ddp_gradients_with_the_probe_hook_equal_ddp_without_a_hook(tmp_path: Pa
     finally:
         uninstall_hooks()
         dist.destroy_process_group()
+
+
+def test_a_peer_named_by_its_group_rank_is_recorded_as_a_global_rank() -> None:
+    # batch_isend_irecv passes group_dst / group_src: rank 1 of the group [0, 2, 3] is global rank 2.
+    assert _global_rank([0, 2, 3], 1) == 2
+    assert _global_rank([], 1) == 1
+    assert _global_rank([0, 2, 3], 3) is None
+    assert _global_rank([0, 2, 3], None) is None

@@ -1,8 +1,9 @@
 """New fault scenarios written after the detector, the way ML engineers' jobs look (tests/probe/realistic_job.py):
 DDP, FSDP2 and a 2 x 2 DeviceMesh on gloo through `vigil launch`, one fault in one rank; verdict, culprit and
 time to verdict. The expected verdict of each was fixed before Vigil first ran on it (docs/hang-detection.md,
-"New scenarios"). The subset here is the most informative of the 16 (bench/hang.py runs them all): the ones the
-first run got wrong, their no-false-alarm twin, and one of each other kind of fault."""
+"New scenarios"). The subset here is the most informative of the 33 (bench/hang.py runs them all): the ones the
+first runs got wrong, their no-false-alarm twin, and one of each other kind of fault; of the third batch, the
+two most distinct (a pipeline's p2p, the one its first run missed, and a compiled DDP model)."""
 
 from __future__ import annotations
 
@@ -101,3 +102,22 @@ def test_rank_that_exits_0_early_is_the_culprit_not_its_peers_errors(tmp_path: P
     assert diagnosis.hang_kind == "not_enqueued"
     assert "ended their script (exit status 0)" in diagnosis.summary
     assert diagnosis.detected_after_s is not None and diagnosis.detected_after_s <= LATENCY_BUDGET
+
+
+def test_pipeline_stage_that_posts_one_recv_too_few_is_the_culprit(tmp_path: Path) -> None:
+    # Four stages exchanging micro-batches with batch_isend_irecv; the last stage posts 3 activation recvs where
+    # stage 2 sends 4, then sends its 3 gradients back: stage 2 waits in its 4th send, stage 3 in its gradient
+    # sends, the first stages in their gradient recvs. The waits close a cycle; its oldest op is stage 2's send.
+    diagnosis = run(tmp_path, "pipe_short", 3, world=4)
+    assert (diagnosis.verdict, diagnosis.culprit_ranks) == ("hang", [3]), diagnosis.summary
+    assert (diagnosis.hang_kind, diagnosis.culprit_links) == ("p2p", [[2, 3]])
+    assert_in_budget(diagnosis)
+
+
+def test_compiled_ddp_model_rank_stuck_after_the_first_compile(tmp_path: Path) -> None:
+    # torch.compile(DDP(model)): the first compile (tens of seconds here) is no hang; later one rank loops in its
+    # data pipeline (rejection sampling a crop from a sample with no foreground) while the others wait.
+    diagnosis = run(tmp_path, "compile_hang", 1)
+    assert (diagnosis.verdict, diagnosis.culprit_ranks) == ("hang", [1]), diagnosis.summary
+    assert diagnosis.fork_point is not None and "foreground_crop" in diagnosis.fork_point.frame
+    assert_in_budget(diagnosis)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +88,7 @@ def diagnose(run: RunEvidence) -> HangDiagnosis:
     failures = _failures(run)
     tree = merge_stacks(run.stacks) if run.stacks else None
     forks = tree.fork_points() if tree is not None else []
-    left = _left_early(run, failures, findings)
+    left = _left_early(run, failures)
     if left is not None:
         diag = _left_job(run, failures, left)
     elif failures:
@@ -147,7 +147,7 @@ def _failures(run: RunEvidence) -> list[RankFailure]:
 
 
 def _left_early(
-    run: RunEvidence, failures: list[RankFailure], findings: list[CollectiveFinding]
+    run: RunEvidence, failures: list[RankFailure]
 ) -> tuple[list[int], CollectiveFinding | None] | None:
     """A rank whose script ended cleanly (an early return, a wrong loop bound) while its peers waited in a
     collective it never entered: the peers' errors (a closed connection) are its consequence, not a crash.
@@ -165,7 +165,11 @@ def _left_early(
     if not ended or ended & {f.rank for f in failures}:
         return None
     if any(snap.ops for snap in run.snapshots.values()):
-        for finding in findings:
+        # A rank whose script ended has nothing in flight: an op its last record still shows unfinished (the
+        # end of a collective read from the Flight Recorder ring that the exit overtook) was over for it.
+        ops = {r: [replace(op, state="completed") if r in ended and op.in_flight else op for op in snap.ops]
+               for r, snap in run.snapshots.items()}
+        for finding in match_collectives(ops, run.detected_at):
             missing = set(finding.missing)
             if missing and missing <= ended and finding.waiting:
                 return sorted(missing), finding

@@ -33,6 +33,8 @@ class P2PState:
     transmitted: int = 0
     done: int = 0
     group: str = "0"
+    # When the op was posted (the probe's clock); 0 where unknown (NCCL proxy counters).
+    t_start: float = 0.0
 
     @property
     def status(self) -> str:
@@ -92,7 +94,7 @@ def states_from_probe(ops_by_rank: dict[int, list[OpRecord]]) -> list[P2PState]:
             states.append(
                 P2PState(
                     rank=rank, peer=op.peer, direction=op.op, seq=op.seq, posted=1,
-                    transmitted=transmitted, received=done, done=done, group=op.group,
+                    transmitted=transmitted, received=done, done=done, group=op.group, t_start=op.t_start,
                 )
             )
     return states
@@ -164,7 +166,41 @@ def analyse(states: list[P2PState]) -> P2PAnalysis:
             analysis.waiting[dst] = src
         elif send is not None and recv is not None:
             _classify_pair(send, recv, blocked_upstream, analysis)
+    if len(analysis.culprit_ranks) > 1:
+        first = _first_blocker(states, analysis.culprit_ranks)
+        if first is not None:
+            analysis.links = [link for link in analysis.links if link.culprit is None or link.culprit in first]
     return analysis
+
+
+def _first_blocker(states: list[P2PState], candidates: list[int]) -> set[int] | None:
+    """The culprits among several, by who waits on whom. A rank whose own p2p op is unfinished cannot post its
+    later ones: it waits on that op's peer (a gloo send completes once the peer posted the recv), so the ops it
+    never posted are a consequence. Follow each candidate's oldest unfinished op to the rank it waits on: a
+    rank not waiting in p2p (it moved on) is the culprit; where the waits close a cycle (a pipeline stage
+    waiting to send forward while the next one waits to send its gradients back), the culprit is the rank the
+    cycle's oldest op waits on - the one that went past the op it owed. None without posting times."""
+    oldest: dict[int, P2PState] = {}
+    for state in states:
+        if state.status == "D" or state.t_start <= 0:
+            continue
+        if state.rank not in oldest or state.t_start < oldest[state.rank].t_start:
+            oldest[state.rank] = state
+    if not oldest:
+        return None
+    ends: set[int] = set()
+    for start in candidates:
+        chain: list[int] = []
+        rank = start
+        while rank in oldest and rank not in chain:
+            chain.append(rank)
+            rank = oldest[rank].peer
+        if rank not in oldest:
+            ends.add(rank)
+        else:
+            cycle = chain[chain.index(rank):]
+            ends.add(oldest[min(cycle, key=lambda r: oldest[r].t_start)].peer)
+    return ends if ends and ends <= set(candidates) else None
 
 
 def _classify_pair(send: P2PState, recv: P2PState, blocked: set[int], analysis: P2PAnalysis) -> None:

@@ -61,6 +61,8 @@ P2P_OPS: dict[str, tuple[str, str]] = {
     "isend": ("dst", "send"),
     "irecv": ("src", "recv"),
 }
+# The same peer named by its rank within the group (what batch_isend_irecv passes).
+GROUP_PEER = {"dst": "group_dst", "src": "group_src"}
 COMPUTE_FUNCS = ("matmul", "mm", "bmm", "addmm")
 # torch.distributed._functional_collectives (what DTensor, tensor parallelism and DeviceMesh code call):
 # name -> parameter holding the tensor(s). The deprecated spellings call these, so they are seen too.
@@ -231,6 +233,8 @@ def _wrap_p2p(probe: Probe, name: str, original: Callable[..., Any]) -> Callable
         tensor = params.get("tensor", args, kwargs)
         sizes, dtypes = _shape_of(tensor)
         peer = params.get(peer_param, args, kwargs)
+        if not isinstance(peer, int):
+            peer = _global_rank(group_ranks, params.get(GROUP_PEER[peer_param], args, kwargs))
         record = probe.begin_op(
             group_name,
             group_ranks,
@@ -252,6 +256,15 @@ def _wrap_p2p(probe: Probe, name: str, original: Callable[..., Any]) -> Callable
         return _run(probe, record, original, args, kwargs, is_async, _on_cuda(tensor))
 
     return wrapper
+
+
+def _global_rank(group_ranks: list[int], group_peer: Any) -> int | None:
+    """A peer given by its rank within the group (``group_dst`` / ``group_src``) as a global rank."""
+    if not isinstance(group_peer, int):
+        return None
+    if not group_ranks:
+        return group_peer
+    return group_ranks[group_peer] if 0 <= group_peer < len(group_ranks) else None
 
 
 # gloo (torch 2.13): collective numbers a monitored barrier takes on every rank.
