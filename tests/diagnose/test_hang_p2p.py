@@ -123,27 +123,32 @@ def test_vigil_diagnose_reads_a_proxy_state_file(tmp_path: Path) -> None:
         diagnose_path(path)
 
 
-def _pending(rank: int, peer: int, direction: str, seq: int, t_start: float, done: bool = False) -> P2PState:
-    """A gloo op as the probe records it (one step, posted), with when it was posted."""
+def _pending(rank: int, peer: int, direction: str, seq: int, t_start: float, done: float = 0.0) -> P2PState:
+    """A gloo op as the probe records it (one step, posted), with when it was posted and when seen done."""
     finished = 1 if done else 0
     return P2PState(rank, peer, direction, seq, posted=1, transmitted=1 if direction == "send" else finished,
-                    received=finished, done=finished, t_start=t_start)
+                    received=finished, done=finished, t_start=t_start, t_end=done)
 
 
 def test_pipeline_stage_that_posted_one_recv_too_few_is_the_culprit_not_the_stage_it_blocks() -> None:
     # Stages 0-3. Stage 3 posted 3 activation recvs where stage 2 sent 4, then sent 3 gradients back. Stage 2
     # waits in its 4th send and so never posts the gradient recvs (nor sends its own gradients to stage 1):
     # every one of those is stage 3's consequence; the link is 2 -> 3.
-    states = [
-        *[_pending(2, 3, "send", s, 10.0, done=s < 4) for s in (1, 2, 3, 4)],
-        *[_pending(3, 2, "recv", s, 10.1, done=True) for s in (1, 2, 3)],
-        *[_pending(3, 2, "send", s, 10.5) for s in (1, 2, 3)],
-        *[_pending(1, 2, "recv", s, 9.9) for s in (1, 2, 3, 4)],
-        *[_pending(0, 1, "recv", s, 9.8) for s in (1, 2, 3, 4)],
-    ]
-    analysis = analyse(states)
-    assert analysis.culprit_ranks == [3]
-    assert analysis.culprit_links == [[2, 3]]
+    # Stage 2 posted its four sends together and waited on them in turn (the first three seen done after the
+    # fourth was posted); the two pending sends' posting times are a tie at the clock's resolution, or the
+    # wrong way round (stage 2 posted its 4th send 0.15 ms after stage 3 began sending its gradients).
+    for last_send_posted in (10.50, 10.5015):
+        states = [
+            *[_pending(2, 3, "send", s, 10.49, done=10.51) for s in (1, 2, 3)],
+            _pending(2, 3, "send", 4, last_send_posted),
+            *[_pending(3, 2, "recv", s, 10.4, done=10.495) for s in (1, 2, 3)],
+            *[_pending(3, 2, "send", s, 10.5) for s in (1, 2, 3)],
+            *[_pending(1, 2, "recv", s, 10.48) for s in (1, 2, 3, 4)],
+            *[_pending(0, 1, "recv", s, 10.47) for s in (1, 2, 3, 4)],
+        ]
+        analysis = analyse(states)
+        assert analysis.culprit_ranks == [3]
+        assert analysis.culprit_links == [[2, 3]]
 
 
 def test_rank_that_moved_on_is_the_culprit_of_the_waits_behind_it() -> None:

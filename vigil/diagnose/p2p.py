@@ -33,8 +33,9 @@ class P2PState:
     transmitted: int = 0
     done: int = 0
     group: str = "0"
-    # When the op was posted (the probe's clock); 0 where unknown (NCCL proxy counters).
+    # When the op was posted and when it was seen done (the probe's clock); 0 where unknown (NCCL proxy counters).
     t_start: float = 0.0
+    t_end: float = 0.0
 
     @property
     def status(self) -> str:
@@ -95,6 +96,7 @@ def states_from_probe(ops_by_rank: dict[int, list[OpRecord]]) -> list[P2PState]:
                 P2PState(
                     rank=rank, peer=op.peer, direction=op.op, seq=op.seq, posted=1,
                     transmitted=transmitted, received=done, done=done, group=op.group, t_start=op.t_start,
+                    t_end=op.t_end or 0.0,
                 )
             )
     return states
@@ -177,9 +179,11 @@ def _first_blocker(states: list[P2PState], candidates: list[int]) -> set[int] | 
     """The culprits among several, by who waits on whom. A rank whose own p2p op is unfinished cannot post its
     later ones: it waits on that op's peer (a gloo send completes once the peer posted the recv), so the ops it
     never posted are a consequence. Follow each candidate's oldest unfinished op to the rank it waits on: a
-    rank not waiting in p2p (it moved on) is the culprit; where the waits close a cycle (a pipeline stage
-    waiting to send forward while the next one waits to send its gradients back), the culprit is the rank the
-    cycle's oldest op waits on - the one that went past the op it owed. None without posting times."""
+    rank not waiting in p2p (it moved on) is the culprit. Where the waits close a cycle (a pipeline stage
+    waiting to send forward while the next one waits to send its gradients back), the culprit is the receiver
+    that took part of the sends its peer posted together (an earlier send of the peer's ended after the
+    unmatched one was posted: the receiver matched some and went on without the rest); failing that, the rank
+    the cycle's oldest op waits on. None without posting times."""
     oldest: dict[int, P2PState] = {}
     for state in states:
         if state.status == "D" or state.t_start <= 0:
@@ -199,8 +203,21 @@ def _first_blocker(states: list[P2PState], candidates: list[int]) -> set[int] | 
             ends.add(rank)
         else:
             cycle = chain[chain.index(rank):]
-            ends.add(oldest[min(cycle, key=lambda r: oldest[r].t_start)].peer)
+            partial = {oldest[r].peer for r in cycle if _matched_part_of(states, oldest[r])}
+            ends |= partial or {oldest[min(cycle, key=lambda r: oldest[r].t_start)].peer}
     return ends if ends and ends <= set(candidates) else None
+
+
+def _matched_part_of(states: list[P2PState], pending: P2PState) -> bool:
+    """A pending send whose receiver matched earlier sends posted together with it: one of the sender's earlier
+    sends to that peer ended (was waited on) after this one was posted."""
+    if pending.direction != SEND or pending.t_start <= 0:
+        return False
+    return any(
+        s.rank == pending.rank and s.peer == pending.peer and s.direction == SEND and s.seq < pending.seq
+        and s.status == "D" and s.t_end >= pending.t_start
+        for s in states
+    )
 
 
 def _classify_pair(send: P2PState, recv: P2PState, blocked: set[int], analysis: P2PAnalysis) -> None:
