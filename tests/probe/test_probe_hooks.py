@@ -353,3 +353,16 @@ def test_a_peer_named_by_its_group_rank_is_recorded_as_a_global_rank() -> None:
     assert _global_rank([], 1) == 1
     assert _global_rank([0, 2, 3], 3) is None
     assert _global_rank([0, 2, 3], None) is None
+
+
+def test_a_compiled_model_traces_without_graph_breaks_and_its_call_still_marks_compute(probe: Probe) -> None:
+    # The layer wrappers and forward marks read the clock; traced into a graph, that would break it at every layer.
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = torch.compile(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)))
+    before = probe.last_compute or 0.0
+    model(torch.ones(4, 8)).sum().backward()
+    assert dict(counters["graph_break"]) == {}
+    assert probe.last_compute is not None and probe.last_compute > before

@@ -492,9 +492,13 @@ def _wrap_compute(probe: Probe, original: Callable[..., Any], layer: bool = Fals
     so an evaluation model no module hook sees still counts. A bare matmul without gradients is not taken
     for an evaluation: a power iteration that never converges multiplies matrices that way too."""
     grad_enabled = torch.is_grad_enabled
+    compiling = torch.compiler.is_compiling
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if compiling():
+            # Traced into a compiled graph: a mark there (a clock read) would break the graph at every layer.
+            return original(*args, **kwargs)
         if not layer or grad_enabled() or probe.in_optimizer_step:
             probe.compute_begin()
         else:
@@ -582,6 +586,9 @@ class ForwardMarks:
         self.called = {}
 
     def mark(self, module: torch.nn.Module, inputs: Any) -> None:
+        if torch.compiler.is_compiling():
+            # A module inside a compiled region: the compiled module's own call (eager) carries the mark.
+            return
         probe = self.probe
         if module.training and torch.is_grad_enabled():
             probe.compute_begin()
