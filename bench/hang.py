@@ -31,7 +31,10 @@ Run: .venv/bin/python bench/hang.py [--hang-timeout 10] [--quick] [--stacks-only
    one rank's count off, DDP branches with and without find_unused_parameters, a compute straggler under
    FSDP2, a torch.save into storage that stopped accepting data vs rank 0 alone saving for 15 s, rank 0 alone
    evaluating for 25 s, DataLoader workers slow to open their shards, a 2 x 2 DeviceMesh (FSDP2 over dp,
-   loss over tp) with one rank waiting forever, SIGSEGV, a rank that exits 0 early.
+   loss over tp) with one rank waiting forever, SIGSEGV, a rank that exits 0 early; later batches add a NaN-skipped
+   batch, model.join(), loader worker errors, torch.compile, a batch_isend_irecv pipeline, an MoE all_to_all_single,
+   activation checkpointing, clip_grad_norm_ under FSDP2, a DCP save and DDP evaluation under no_grad.
+   `--first-run KEY --only NAMES` keeps a new batch's first run in bench/results/hang_new_first_run.json.
 4. FR side by side: the FR dumps each scenario left (gloo, TORCH_FR_BUFFER_SIZE) analysed by
    `vigil diagnose` and by torch.distributed.flight_recorder.fr_trace, raw and with gloo's pg_config
    key repaired; which names the right culprit.
