@@ -18,7 +18,7 @@ from vigil.detect.hang import stuck_checkpoint_s
 from vigil.diagnose.crash import RankFailure, describe_exit, error_from_log, root_failure
 from vigil.diagnose.p2p import P2PAnalysis, analyse, states_from_probe
 from vigil.diagnose.stacks import ForkPoint, RankStacks, StackTree, collective_split, load_stacks, merge_stacks
-from vigil.diagnose.straggler import find_straggler, median_step_s
+from vigil.diagnose.straggler import find_straggler, first_step_end, median_step_s
 from vigil.model import (
     HANG_EXIT_CODES,
     Evidence,
@@ -309,7 +309,8 @@ def _p2p_explains(p2p: P2PAnalysis, primary: CollectiveFinding | None) -> bool:
 
 
 def _finished(run: RunEvidence, ops: dict[int, list[OpRecord]]) -> HangDiagnosis:
-    straggler = find_straggler(ops, step_s=median_step_s([s.step_times for s in run.snapshots.values()]))
+    straggler = find_straggler(ops, step_s=median_step_s([s.step_times for s in run.snapshots.values()]),
+                               since=first_step_end(run.snapshots.values()))
     if straggler is None:
         return HangDiagnosis(verdict="ok", summary="ok: every rank finished")
     return HangDiagnosis(

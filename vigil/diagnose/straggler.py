@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from scipy.stats import binom
 
 from vigil.detect.collectives import collective_ops
-from vigil.sources.probe.records import OpRecord
+from vigil.sources.probe.records import OpRecord, RankSnapshot
 
 # A lag counts from this share of the job's median step time (a rank that makes its peers wait a tenth of
 # every step costs the job a tenth of its time), bounded below by MIN_LAG_FLOOR_S (timer and scheduling
@@ -59,9 +60,11 @@ def find_straggler(
     min_lag_s: float = 0.05,
     false_alarm: float = 1e-3,
     step_s: float | None = None,
+    since: float | None = None,
 ) -> StragglerFinding | None:
     """The consistently-last rank over the last ``window`` completed collectives that made ranks wait;
-    ``step_s``: the job's median step time, which scales the lag that counts."""
+    ``step_s``: the job's median step time, which scales the lag that counts; ``since``: collectives a rank
+    began before this time (the end of every rank's first step, :func:`first_step_end`) are left out."""
     if step_s is not None and step_s > 0:
         min_lag_s = min(min_lag_s, max(MIN_LAG_FLOOR_S, STEP_SHARE * step_s))
     last_counts: Counter[int] = Counter()
@@ -76,7 +79,8 @@ def find_straggler(
             continue
         world = max(world, len(ranks))
         common = sorted(set.intersection(*(set(table[r]) for r in ranks)))
-        done = [s for s in common if all(table[r][s].state == "completed" for r in ranks)]
+        done = [s for s in common if all(table[r][s].state == "completed" for r in ranks)
+                and (since is None or all(table[r][s].t_start >= since for r in ranks))]
         lagging = []
         for seq in done:
             waits = {r: table[r][seq].duration_s or 0.0 for r in ranks}
@@ -113,6 +117,20 @@ def _chance_of(count: int, counted: int, world: int) -> float:
     """How likely some rank is last at least ``count`` times in ``counted`` collectives by chance alone."""
     tail = float(binom.sf(count - 1, counted, 1.0 / world))
     return min(1.0, world * tail)
+
+
+def first_step_end(snapshots: Iterable[RankSnapshot]) -> float | None:
+    """When every rank had finished its first optimizer step, or None before that. The collectives before it
+    (DDP's parameter broadcast, the first step's buckets) show how far apart the ranks started - imports,
+    rendezvous, the first batch - not which one is slow: on a 12-step job they made a 0.4 s straggler look
+    like chance. A rank whose early step times were dropped (a long job) stepped long before the window."""
+    ends = []
+    for snap in snapshots:
+        if snap.last_step is None:
+            return None
+        known = snap.steps == len(snap.step_times) + 1
+        ends.append(snap.last_step - sum(snap.step_times) if known else float("-inf"))
+    return max(ends) if ends else None
 
 
 def median_step_s(step_times: list[list[float]]) -> float | None:

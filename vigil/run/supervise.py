@@ -19,7 +19,7 @@ from vigil.detect.hang import HangTrigger
 from vigil.diagnose.hang import STALE_HEARTBEAT_S, HangDiagnosis, RunEvidence, diagnose, write_diagnosis
 from vigil.diagnose.stack_clusters import append_sweep, periodic_file, sweep_of
 from vigil.diagnose.stacks import MAIN_THREAD, RankStacks, collective_split, from_pyspy, from_python_stacks
-from vigil.diagnose.straggler import find_straggler, median_step_s
+from vigil.diagnose.straggler import find_straggler, first_step_end, median_step_s
 from vigil.diagnose.timeline import write_timeline
 from vigil.model import VigilInputError
 from vigil.run.nodes import PRE_STEP_STACKS_PATTERN, NodeGroup
@@ -227,7 +227,8 @@ class Supervisor:
             return
         self._next_straggler_check = now + 2.0
         finding = find_straggler({r: s.ops for r, s in self.snapshots.items()},
-                                 step_s=median_step_s([s.step_times for s in self.snapshots.values()]))
+                                 step_s=median_step_s([s.step_times for s in self.snapshots.values()]),
+                                 since=first_step_end(self.snapshots.values()))
         if finding is not None:
             self._straggler_reported = True
             self.on_event(f"straggler: {finding.describe()}")
