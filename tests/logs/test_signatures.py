@@ -68,6 +68,13 @@ CASES = [
     ("ssh: Could not resolve hostname node-0: Name or service not known", "ssh.connect_failed", "root"),
     ("gpu-7: ssh: connect to host gpu-7 port 22: Connection refused", "ssh.connect_failed", "root"),
     ("ssh: connect to host 10.0.0.2 port 2222: No route to host", "ssh.connect_failed", "root"),
+    # the kernel's hung-task detector; Slurm cancelling a job for a reason of its own
+    ("INFO: task python3:4242 blocked for more than 120 seconds.", "kernel.hung_task", "root"),
+    ("task:pt_main_thread  state:D stack:0     pid:4242  ppid:4200   flags:0x00004002", "kernel.hung_task", "root"),
+    ("slurmstepd: error: *** JOB 494583 ON gpu-3 CANCELLED AT 2024-04-20T09:09:37 DUE TO TIME LIMIT ***",
+     "slurm.cancelled", "root"),
+    ("slurmstepd: error: *** STEP 81.0 ON gpu-3 CANCELLED AT 2024-04-20T09:09:37 DUE TO NODE FAILURE ***",
+     "slurm.cancelled", "root"),
 ]
 
 

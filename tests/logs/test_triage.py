@@ -293,6 +293,43 @@ def test_a_cpp_backtrace_frame_is_not_a_report(tmp_path: Path) -> None:
     assert triage(tmp_path).root is None
 
 
+def test_slurms_cancellation_for_a_reason_is_the_root_not_the_requeued_jobs_exception(tmp_path: Path) -> None:
+    # a preempted job: the step is cancelled, then the job DUE TO PREEMPTION; the requeued run's exception comes later
+    (tmp_path / "job.log").write_text(
+        "slurmstepd: error: *** STEP 37361369.0 ON node-5 CANCELLED AT 2021-03-15T17:50:23 ***\n"
+        "slurmstepd: error: *** JOB 37361369 ON node-5 CANCELLED AT 2021-03-15T18:00:46 DUE TO PREEMPTION ***\n"
+        "srun: Job step aborted: Waiting up to 32 seconds for job step to finish.\n"
+        "submitit ERROR (2021-03-15 18:45:40,210) - Submitted job triggered an exception\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.lineno == 2 and result.root_basis == "signature"
+    assert result.root.signature == "slurm.cancelled" and result.root.attrs["reason"] == "PREEMPTION"
+    # without a reason the report is srun tearing a step down after a task failed: the task's failure is the root
+    (tmp_path / "job.log").write_text(
+        "srun: error: node-1: task 4: Out Of Memory\n"
+        "slurmstepd: error: *** STEP 3495064.0 ON node-1 CANCELLED AT 2021-10-27T19:35:36 ***\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.lineno == 1
+
+
+def test_a_hung_task_report_is_a_root_in_a_kernel_log(tmp_path: Path) -> None:
+    # Linux 5.10 and later print the task line above the call trace; older kernels the "blocked for more than" line
+    (tmp_path / "dmesg.log").write_text(
+        "[  +0.000049] task:python3.11      state:D stack:    0 pid:15277 ppid: 15257 flags:0x00000002\n"
+        "[  +0.000006] Call Trace:\n"
+        "[  +0.000005]  uvm_page_tree_get_ptes_async+0x93/0x970 [nvidia_uvm]\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.lineno == 1 and result.root.signature == "kernel.hung_task"
+    assert result.root.attrs["task"] == "python3.11"
+    (tmp_path / "dmesg.log").write_text(
+        "[ 721.028170] INFO: task nvc:[driver]:5403 blocked for more than 120 seconds.\n"
+        "[ 721.028273] \"echo 0 > /proc/sys/kernel/hung_task_timeout_secs\" disables this message.\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.lineno == 1 and result.root.attrs["pid"] == "5403"
+    # a task in interruptible sleep (a dump of every task) is no report
+    (tmp_path / "dmesg.log").write_text("[  +0.000049] task:python3.11      state:S stack:    0 pid:15277\n")
+    assert triage(tmp_path).root is None
+
+
 def test_a_glog_error_tag_with_an_unpadded_month_reads_as_an_error(tmp_path: Path) -> None:
     # c10's glog prefix: severity E or F, then the month without zero padding and the day (April 29)
     (tmp_path / "rank_6.log").write_text(
