@@ -223,7 +223,7 @@ class FlightReader:
 
     def note_p2p(self, group: str) -> None:
         """A p2p op issued through the Python API on ``group`` (NCCL: its counters are not read from now on)."""
-        if self.format.gpu_events and group not in self._p2p_names:
+        if self.format.gpu_events:
             self._p2p_names.add(group)
 
     def _completed_counter(self, pg_id: str) -> int:
