@@ -193,6 +193,27 @@ def test_the_root_cause_of_a_childfailederror_report_is_its_first_observed_failu
     assert result.root is not None and result.root.lineno == 1
 
 
+def test_an_error_relayed_after_the_childfailederror_report_is_not_the_root(tmp_path: Path) -> None:
+    # the platform that ran torchrun reports the failure after torchrun's report: the root cause is still rank 3's exit
+    (tmp_path / "job.log").write_text(
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+        "============================================================\n"
+        "Root Cause (first observed failure):\n"
+        "[0]:\n"
+        "  rank      : 3 (local_rank: 3)\n"
+        "  exitcode  : 1 (pid: 77)\n"
+        "============================================================\n"
+        "2024-10-01 12:00:26,710 sagemaker-training-toolkit ERROR    Reporting training FAILURE\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.lineno == 6 and result.root.signature == "launcher.root_cause"
+    # an error the worker printed before the report is still its own account of the failure
+    (tmp_path / "job.log").write_text(
+        "ValueError: Unable to create tensor, you should probably activate truncation\n"
+        + (tmp_path / "job.log").read_text())
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.lineno == 1
+
+
 def test_the_agent_s_worker_group_failed_is_an_echo(tmp_path: Path) -> None:
     (tmp_path / "agent.log").write_text(
         "RuntimeError: Timed out initializing process group in store based barrier on rank: 2, for key: "
@@ -293,6 +314,26 @@ def test_a_cpp_backtrace_frame_is_not_a_report(tmp_path: Path) -> None:
     assert triage(tmp_path).root is None
 
 
+def test_a_cpp_backtrace_frame_under_a_launchers_host_prefix_is_not_a_report(tmp_path: Path) -> None:
+    # an MPI launcher relays the rank's output with its host before each line: the watchdog's what() names the
+    # timed-out collective, and the frames after it (checkTimeout) are where it was raised, not a second report
+    (tmp_path / "job.log").write_text(
+        "mpi-launcher: terminate called after throwing an instance of 'c10::DistBackendError'\n"
+        "mpi-launcher:   what():  [PG 1 Rank 5] Process group watchdog thread terminated with exception: [Rank 5] "
+        "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=635, OpType=ALLREDUCE, NumelIn=576156928, "
+        "NumelOut=576156928, Timeout(ms)=600000) ran for 600097 milliseconds before timing out.\n"
+        "mpi-launcher: Exception raised from checkTimeout at ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:565 "
+        "(most recent call first):\n"
+        "mpi-launcher: frame #1: c10d::ProcessGroupNCCL::WorkNCCL::checkTimeout(std::optional<std::chrono::duration"
+        "<long, std::ratio<1l, 1000l> > >) + 0x1d2 (0x7f07d4979c62 in /opt/torch/lib/libtorch_cuda.so)\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.lineno == 2 and result.root.signature == "nccl.watchdog_timeout"
+    # a line that only mentions a frame further in is not one
+    (tmp_path / "job.log").write_text(
+        "RuntimeError: checkTimeout failed, see frame #1: below\n")
+    assert triage(tmp_path).root is not None
+
+
 def test_slurms_cancellation_for_a_reason_is_the_root_not_the_requeued_jobs_exception(tmp_path: Path) -> None:
     # a preempted job: the step is cancelled, then the job DUE TO PREEMPTION; the requeued run's exception comes later
     (tmp_path / "job.log").write_text(
@@ -338,6 +379,21 @@ def test_a_glog_error_tag_with_an_unpadded_month_reads_as_an_error(tmp_path: Pat
         "s watchdog got stuck for 480 seconds without making progress in monitoring enqueued collectives.\n")
     result = triage(tmp_path)
     assert result.root is not None and result.root.lineno == 1 and result.root_basis == "error_wording"
+
+
+def test_a_ranks_glog_error_glued_to_a_progress_bar_reads_as_an_error(tmp_path: Path) -> None:
+    # tqdm redraws its bar without a newline: the rank's c10 error line lands on the end of the bar's last line
+    (tmp_path / "train.log").write_text(
+        "  1%|          | 23/1752 [01:05<1:23:14,  2.89s/it]\n"
+        "  1%|          | 24/1752 [01:08<1:22:56,  2.88s/it][rank5]:[E602 11:17:52.185053341 "
+        "ProcessGroupNCCL.cpp:632] [Rank 5] Something went wrong in PG 1\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.lineno == 2 and result.root_basis == "error_wording"
+    # a warning tag glued there is not an error
+    (tmp_path / "train.log").write_text(
+        "  1%|          | 24/1752 [01:08<1:22:56,  2.88s/it][rank5]:[W602 11:17:52.185053341 "
+        "ProcessGroupNCCL.cpp:632] [Rank 5] Something went wrong in PG 1\n")
+    assert triage(tmp_path).root is None
 
 
 def test_nccl_s_warn_below_a_bare_wrapper_names_the_failure(tmp_path: Path) -> None:

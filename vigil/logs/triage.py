@@ -82,8 +82,10 @@ _NCCL_ORIGIN = re.compile(r"^(?:\[[^\]]*\] )?(?P<host>[\w.\-]+):(?P<pid>\d+):(?P
 _FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
 # A frame of a C++ backtrace as c10 prints it under an exception ("frame #1: c10d::ProcessGroupNCCL::WorkNCCL::
 # checkTimeout(...) + 0x1d2 (0x2b9d2f40c8e2 in .../libtorch_cuda.so)"): it names code, not an event, so a signature
-# matching a function name in it (checkTimeout, ncclCommWatchdog) reports nothing.
-_CPP_FRAME = re.compile(r"^\s*frame #\d+: ")
+# matching a function name in it (checkTimeout, ncclCommWatchdog) reports nothing - also under the "HOST: " prefix a
+# multi-node launcher (pdsh, DeepSpeed's runner, an MPI launcher's tagged output) puts before each line it relays.
+_CPP_FRAME = re.compile(r"^(?:[\w.\-]+: )?\s*frame #\d+: ")
+_CPP_FRAME_SCREEN = 120  # how far into a line a frame's "frame #" may start (the launcher's host prefix before it)
 _LIBRARY_PATH = re.compile(r"(site-packages|dist-packages|/lib/python\d|<frozen |/torch/|\\lib\\)")
 
 
@@ -291,7 +293,7 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
                 in_root_cause = stripped == ROOT_CAUSE_HEADER
                 continue
             detail, after_last_error = after_last_error and bool(stripped), after_last_error and not stripped
-            if stripped[:7] == "frame #" and _CPP_FRAME.match(line):
+            if stripped.find("frame #", 0, _CPP_FRAME_SCREEN) >= 0 and _CPP_FRAME.match(line):
                 continue
             origin = _NCCL_ORIGIN.match(line)
             if origin and rank is not None:
@@ -554,7 +556,17 @@ def _fallback_root(worded: list[LogEvent], symptoms: list[LogEvent],
                    tie_s: float = 1.0) -> tuple[LogEvent | None, RootBasis | None]:
     """No signature names a root: the earliest specific error wording, else the earliest symptom that is not a
     timeout or watchdog report (the exit code a ChildFailedError report gives as its root cause counts as one), else
-    the earliest echo of a failure elsewhere, else an abort, else the earliest generic error wording."""
+    the earliest echo of a failure elsewhere, else an abort, else the earliest generic error wording.
+
+    Wording printed below a ChildFailedError report's root cause in the same file does not count: the launcher's
+    report closes the job's own output, and an ERROR after it is its caller relaying the exit (SageMaker's "Reporting
+    training FAILURE", a compile driver's "There was an error in the training script")."""
+    report_at: dict[str, int] = {}
+    for event in symptoms:
+        if event.attrs.get(FIRST_OBSERVED):
+            report_at[event.source] = min(report_at.get(event.source, event.lineno), event.lineno)
+    if report_at:
+        worded = [e for e in worded if e.lineno < report_at.get(e.source, e.lineno + 1)]
     specific = [e for e in worded if e.attrs.get("strength") == SPECIFIC]
     if specific:
         return _earliest(specific, tie_s), "error_wording"
