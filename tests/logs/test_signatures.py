@@ -75,6 +75,14 @@ CASES = [
      "slurm.cancelled", "root"),
     ("slurmstepd: error: *** STEP 81.0 ON gpu-3 CANCELLED AT 2024-04-20T09:09:37 DUE TO NODE FAILURE ***",
      "slurm.cancelled", "root"),
+    # the driver refusing a GPU that needs a reset; Slurm's drain reason for an unkillable step; the kubelet's evictions
+    ("[373871.354096] NVRM: nvAssertOkFailedNoLog: Assertion failed: Reset required [NV_ERR_RESET_REQUIRED] "
+     "(0x00000062) returned from status @ kernel_channel.c:2827", "gpu_xid", "root"),
+    ("Kill task failed root 2024-01-25T15:12:23 gpu-23", "slurm.kill_task_failed", "cascade"),
+    ("Message:      The node was low on resource: ephemeral-storage. Threshold quantity: 2146223340, available: "
+     "1883424Ki.", "k8s.node_pressure_eviction", "root"),
+    ("trainer-0   Evicted   gpu-9   Pod The node had condition: [DiskPressure]. ", "k8s.node_pressure_eviction",
+     "root"),
 ]
 
 

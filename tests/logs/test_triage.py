@@ -352,6 +352,46 @@ def test_slurms_cancellation_for_a_reason_is_the_root_not_the_requeued_jobs_exce
     assert result.root is not None and result.root.lineno == 1
 
 
+def test_a_gpu_that_needs_a_reset_is_the_root_behind_cudas_device_busy(tmp_path: Path) -> None:
+    # neither file has a wall-clock time: the driver's refusal outranks the CUDA error it causes
+    (tmp_path / "job.log").write_text(
+        "Traceback (most recent call last):\n"
+        '  File "<stdin>", line 1, in <module>\n'
+        "torch.AcceleratorError: CUDA error: CUDA-capable device(s) is/are busy or unavailable\n")
+    (tmp_path / "dmesg.log").write_text(
+        "[373871.354096] NVRM: nvAssertOkFailedNoLog: Assertion failed: Reset required [NV_ERR_RESET_REQUIRED] "
+        "(0x00000062) returned from status @ kernel_channel.c:2827\n")
+    result = triage(tmp_path)
+    assert result.root is not None and (result.root.source, result.root.lineno) == ("dmesg.log", 1)
+    assert result.root.signature == "nvrm.reset_required" and result.probable_cause == "gpu_xid"
+
+
+def test_slurms_kill_task_failed_drain_gives_way_to_the_nodes_own_error(tmp_path: Path) -> None:
+    # the drain reason says the kill failed; slurmd's log on the node says why (an epilog that could not run)
+    (tmp_path / "job.log").write_text(
+        "Kill task failed root 2024-01-25T15:12:23 gpu-23\n"
+        "Feb 22 17:46:38 gpu-23 slurmd[13562]: spank-epilog: error: pyxis: mkdir: cannot create directory "
+        "'/opt/enroot/data': Permission denied\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.lineno == 2
+    # alone, the drain reason is still named rather than nothing
+    (tmp_path / "job.log").write_text("Kill task failed root 2024-01-25T15:12:23 gpu-23\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.lineno == 1
+
+
+def test_a_kubelet_eviction_is_the_root_of_an_evicted_pod(tmp_path: Path) -> None:
+    (tmp_path / "job.log").write_text(
+        "Status:       Failed\n"
+        "Reason:       Evicted\n"
+        "Message:      The node was low on resource: ephemeral-storage. Threshold quantity: 2146223340, available: "
+        "1883424Ki. Container trainer was using 52676Ki, request is 10Mi, has larger consumption of "
+        "ephemeral-storage.\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.lineno == 3 and result.root_basis == "signature"
+    assert result.root.attrs["resource"] == "ephemeral-storage"
+
+
 def test_a_hung_task_report_is_a_root_in_a_kernel_log(tmp_path: Path) -> None:
     # Linux 5.10 and later print the task line above the call trace; older kernels the "blocked for more than" line
     (tmp_path / "dmesg.log").write_text(
