@@ -165,6 +165,28 @@ def test_the_heartbeat_timeout_not_its_debug_dump_is_the_root(tmp_path: Path) ->
     assert result.root is not None and result.root.lineno == 1
 
 
+def test_the_watchdog_timeout_not_the_stack_trace_header_under_it_is_the_root(tmp_path: Path) -> None:
+    # PyTorch's WorkNCCL::printTraceback: after the timeout, the flight recorder's stack of the timed-out collective
+    # under "Stack trace of the failed collective:" (or that it was "not found"); the header reports nothing new
+    (tmp_path / "rank_0.log").write_text(
+        "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=2, OpType=ALLREDUCE, NumelIn=4, "
+        "NumelOut=4, Timeout(ms)=8000) ran for 8097 milliseconds before timing out.\n"
+        " - [0] Timeout at collective: ALLREDUCE, #3\n"
+        "Stack trace of the failed collective:\n"
+        "#2 buggy from collective_mismatch.py:8\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.lineno == 1
+    (tmp_path / "rank_0.log").write_text(
+        "[rank1]:[E1218 20:27:21.484 ProcessGroupNCCL.cpp:631] [Rank 1] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=1, OpType=BROADCAST, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600090 milliseconds "
+        "before timing out.\n"
+        "[rank1]:[E1218 20:27:21.484 ProcessGroupNCCL.cpp:667] Stack trace of the failed collective not found, "
+        "potentially because FlightRecorder is disabled. You can enable it by setting TORCH_NCCL_TRACE_BUFFER_SIZE "
+        "to a non-zero value.\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.lineno == 1
+
+
 def test_the_root_cause_of_a_childfailederror_report_is_its_first_observed_failure(tmp_path: Path) -> None:
     (tmp_path / "launcher.log").write_text(
         "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"

@@ -12,7 +12,8 @@ nothing. ``strength`` grades a line from its wording alone, with nothing specifi
 * 1, generic: only an error word ("error", "failure", "exception") - or a specific line that reads as the
   echo of a failure elsewhere (a timeout, a watchdog, a closing signal), which is what every healthy peer
   prints once one rank is gone, or as a process's follow-through on a failure it already reported ("preparing to
-  dump debug info" before the heartbeat monitor terminates it).
+  dump debug info" before the heartbeat monitor terminates it; "Stack trace of the failed collective:", the header
+  under which PyTorch's watchdog prints the flight recorder's stack of the collective it just timed out).
 * 0: not an error line (NCCL ``INFO`` unwinding such as ``net.cc:1302 -> 6``, traceback frames, a problem its
   producer says it ignored: PMIx's "unable to open mca_<component>: ... (ignored)").
 """
@@ -42,7 +43,7 @@ _GENERIC = re.compile(r"(?i)\b(?:error|errors|failure|exception)\b")
 # What a healthy peer prints once the failing rank is gone, or what a process does after reporting its failure
 # (dumping debug info before it is terminated): never more than generic.
 _ECHO = re.compile(r"(?i)time(?:d)? ?out|watchdog|closing signal|SIGTERM|ChildFailedError|heartbeat"
-                   r"|dump(?:ing)? debug info")
+                   r"|dump(?:ing)? debug info|Stack trace of the failed collective")
 
 
 def strength(line: str) -> int:
