@@ -492,8 +492,9 @@ def candidates_for(name: str, params: dict[str, Any] | None = None) -> list[Cand
 
 
 # TCE's score mixes (weights of the supervised, novelty, memory and embedding parts, each read against the
-# machine's own history): every mix keeps the learned model (its classifier or its embedding); the inner folds
-# choose one.
+# machine's own history and averaged as ranks): with the learned model (its classifier or its embedding), and
+# without the classifier (``nov``, ``mem``, ``nov+mem``, ...), for machines where what it learnt on other
+# machines does not carry over. The inner folds choose one.
 MIX_GRID: dict[str, tuple[float, float, float, float]] = {
     "sup": (1.0, 0.0, 0.0, 0.0), "sup+nov": (1.0, 1.0, 0.0, 0.0), "sup+mem": (1.0, 0.0, 1.0, 0.0),
     "sup+nov+mem": (1.0, 1.0, 1.0, 0.0), "2sup+nov+mem": (2.0, 1.0, 1.0, 0.0),
@@ -502,6 +503,20 @@ MIX_GRID: dict[str, tuple[float, float, float, float]] = {
     "emb": (0.0, 0.0, 0.0, 1.0), "sup+emb": (1.0, 0.0, 0.0, 1.0), "emb+mem": (0.0, 0.0, 1.0, 1.0),
     "sup+emb+mem": (1.0, 0.0, 1.0, 1.0), "sup+nov+mem+emb": (1.0, 1.0, 1.0, 1.0),
     "sup+nov+2mem+2emb": (1.0, 1.0, 2.0, 2.0), "sup+2mem+2emb": (1.0, 0.0, 2.0, 2.0),
+    "nov": (0.0, 1.0, 0.0, 0.0), "mem": (0.0, 0.0, 1.0, 0.0), "nov+mem": (0.0, 1.0, 1.0, 0.0),
+    "nov+2mem": (0.0, 1.0, 2.0, 0.0), "nov+mem+emb": (0.0, 1.0, 1.0, 1.0),
+}
+# The label-free combinations beside the rank mean (vigil.detect.learned.tce.combine_parts), over sets of
+# parts: ``max`` (the largest part in units of its history's tail) over every set of two or more parts;
+# ``agree`` (each part weighed by its agreement with the others on the machine's history) over every set of
+# three or more (with two parts agreement weighs both alike: the rank mean).
+PART_SETS: dict[str, tuple[float, ...]] = {
+    "+".join(short for short, w in zip(("sup", "nov", "mem", "emb"), mix, strict=True) if w): mix
+    for mix in [tuple(float(b >> k & 1) for k in range(4)) for b in range(1, 16)]
+}
+COMBINED_GRID: dict[str, tuple[str, tuple[float, ...]]] = {
+    f"{rule}:{label}": (rule, mix) for rule, least in (("max", 2), ("agree", 3))
+    for label, mix in PART_SETS.items() if sum(mix) >= least
 }
 # Trailing means of every detector's score over this many rows (1 = none); the inner folds choose one.
 SMOOTHING_ROWS = (1, 3, 6, 12, 24, 48)
@@ -512,47 +527,51 @@ THRESHOLD_RULES = ("pooled", "per-machine")
 
 
 def variant_grid(detector: Any) -> dict[str, dict[str, Any]]:
-    """The cheap variants of a fitted detector (no retraining): label -> ``{"mix", "smooth"}``. TCE: every mix
-    of ``MIX_GRID`` whose parts the model has, times every smoothing; the others: every smoothing of their
-    own score (``mix`` None)."""
+    """The cheap variants of a fitted detector (no retraining): label -> ``{"mix", "smooth", "combine"}``.
+    TCE: every rank mix of ``MIX_GRID`` and every combination of ``COMBINED_GRID`` whose parts the model has,
+    times every smoothing; the others: every smoothing of their own score (``mix`` and ``combine`` None)."""
     is_tce = getattr(detector, "name", "") == "tce"
-    mixes: dict[str, Any] = {"": None}
+    mixes: dict[str, Any] = {"": (None, None)}
     if is_tce:
         from vigil.detect.learned.tce import COMPONENTS
 
         have = set(detector.score_components_available())
-        mixes = {label: mix for label, mix in MIX_GRID.items()
+        offered = {**{label: ("rank", mix) for label, mix in MIX_GRID.items()}, **COMBINED_GRID}
+        mixes = {label: (rule, mix) for label, (rule, mix) in offered.items()
                  if all(name in have for name, w in zip(COMPONENTS, mix, strict=True) if w)}
-    return {" ".join(p for p in (label, "" if rows == 1 else f"smooth={rows}") if p): {"mix": mix, "smooth": rows}
-            for label, mix in mixes.items() for rows in SMOOTHING_ROWS}
+    return {" ".join(p for p in (label, "" if rows == 1 else f"smooth={rows}") if p):
+            {"mix": mix, "smooth": rows, "combine": rule}
+            for label, (rule, mix) in mixes.items() for rows in SMOOTHING_ROWS}
 
 
 def variant_scores(detector: Any, windows: Any, reference: Any, *, stride: int = 1,
                    parts_out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """Every variant of ``variant_grid`` scored on ``windows`` of one machine (every ``stride``-th row)
-    relative to ``reference`` (windows of the same machine's unlabelled history). TCE: each part through
-    ``history_rank``, mixed; the rest: the detector's own score through ``relative_scores``. Then the
-    trailing mean over the variant's rows (in windows: rows / ``stride``, at least 1). ``parts_out`` receives
-    TCE's raw parts on ``windows``."""
-    from vigil.detect.learned.tce import COMPONENTS, history_rank, trailing_mean
+    relative to ``reference`` (windows of the same machine's unlabelled history). TCE: its parts read against
+    the history and combined (``combine_parts``, as ``relative_score`` does); the rest: the detector's own score
+    through ``relative_scores``. Then the trailing mean over the variant's rows (in windows: rows / ``stride``,
+    at least 1). ``parts_out`` receives TCE's raw parts on ``windows``."""
+    from vigil.detect.learned.tce import PartReadings, combine_parts, trailing_mean
 
     grid = variant_grid(detector)
     if getattr(detector, "name", "") == "tce":
-        parts, ref = detector.score_components(windows), detector.score_components(reference)
-        ranks = {name: history_rank(parts[name], ref[name]) for name in parts}
+        parts = detector.score_components(windows)
+        readings = PartReadings.read(parts, detector.score_components(reference))
         if parts_out is not None:
             parts_out.update(parts)
     else:
         scores = np.asarray(detector.decision_function(windows), dtype=np.float64)
         plain = relative_scores(scores, np.asarray(detector.decision_function(reference), dtype=np.float64))
+    combined: dict[tuple[str, tuple[float, ...]], np.ndarray] = {}
     out = {}
     for label, variant in grid.items():
         if variant["mix"] is None:
             mixed = plain
         else:
-            used = {name: w for name, w in zip(COMPONENTS, variant["mix"], strict=True) if w}
-            total = sum(used.values())
-            mixed = np.sum([w / total * ranks[name] for name, w in used.items()], axis=0)
+            key = (variant["combine"], tuple(variant["mix"]))
+            if key not in combined:
+                combined[key] = combine_parts(readings, variant["mix"], variant["combine"])
+            mixed = combined[key]
         out[label] = trailing_mean(mixed, max(1, round(variant["smooth"] / stride)))
     return out
 
@@ -645,8 +664,8 @@ def choose_on_inner_folds(data: dict[str, Any], candidates: list[Candidate], dev
 def fit_chosen(data: dict[str, Any], candidates: list[Candidate], choice: InnerChoice, development: list[str], *,
                history: int, seed: int, normal_stride: int = 4, max_windows: int | None = None) -> Any:
     """The inner folds' winner refitted on every development machine (TCE for the chosen epoch count), its
-    chosen variant and threshold set: TCE's ``mix``, ``smooth`` and ``threshold_`` (on ``relative_score``),
-    and ``choice_`` recording the input scaling and the inner-fold evidence."""
+    chosen variant and threshold set: TCE's ``mix``, ``smooth``, ``combine`` and ``threshold_`` (on
+    ``relative_score``), and ``choice_`` recording the input scaling and the inner-fold evidence."""
     winner = candidates[choice.candidate]
     detector = fit_candidate(winner, data[winner.normalise], development, history=history, seed=seed,
                              epochs=choice.epochs, normal_stride=normal_stride, max_windows=max_windows)
@@ -654,6 +673,7 @@ def fit_chosen(data: dict[str, Any], candidates: list[Candidate], choice: InnerC
     if variant["mix"] is not None:
         detector.mix = tuple(variant["mix"])
         detector.smooth = int(variant["smooth"])
+        detector.combine = variant["combine"]
     detector.threshold_ = choice.threshold
     detector.choice_ = {"scaling": winner.normalise, "variant": choice.variant, "epochs": choice.epochs,
                         "threshold": choice.threshold, "threshold_rule": choice.threshold_rule,

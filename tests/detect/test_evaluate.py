@@ -230,8 +230,9 @@ def test_nested_protocol_scores_each_machine_once_and_never_reads_test_labels() 
 
 
 def test_tce_variants_mix_its_parts_read_against_the_machines_history() -> None:
-    from vigil.detect.learned.tce import history_rank, trailing_mean
+    from vigil.detect.learned.tce import agreement_weights, history_rank, tail_standardise, trailing_mean
     from vigil_eval.detection import (
+        COMBINED_GRID,
         MIX_GRID,
         SMOOTHING_ROWS,
         Candidate,
@@ -250,7 +251,7 @@ def test_tce_variants_mix_its_parts_read_against_the_machines_history() -> None:
     windows = labelled_windows(dataset.entities["m2"], history=12)
     reference = history_windows(dataset.entities["m2"], history=12, count=200)
     variants = variant_scores(detector, windows, reference)
-    assert list(variants) == [f"{mix} smooth={rows}" if rows > 1 else mix for mix in MIX_GRID
+    assert list(variants) == [f"{mix} smooth={rows}" if rows > 1 else mix for mix in [*MIX_GRID, *COMBINED_GRID]
                               for rows in SMOOTHING_ROWS]
     parts, ref = detector.score_components(windows), detector.score_components(reference)
     assert set(parts) == {"supervised", "novelty", "memory", "embedding"}
@@ -261,6 +262,20 @@ def test_tce_variants_mix_its_parts_read_against_the_machines_history() -> None:
     assert np.allclose(detector.relative_score(windows, reference, mix=(1.0, 0.0, 1.0)), variants["sup+mem"])
     assert np.allclose(detector.relative_score(windows, reference, mix=(1.0, 0.0, 1.0), smooth=6),
                        variants["sup+mem smooth=6"])
+    # Mixes without the classifier, for machines where it does not carry over.
+    assert np.allclose(variants["nov+mem"], (ranks["novelty"] + ranks["memory"]) / 2)
+    # The OR of parts: the largest of each part's score in units of its own history's upper tail.
+    tails = {k: tail_standardise(parts[k], ref[k]) for k in parts}
+    assert np.allclose(variants["max:sup+mem"], np.maximum(tails["supervised"], tails["memory"]))
+    assert np.allclose(detector.relative_score(windows, reference, mix=(1.0, 0.0, 1.0), combine="max", smooth=3),
+                       variants["max:sup+mem smooth=3"])
+    # Agreement: the rank mean with weights read from the history alone; the labelled windows do not move them.
+    weights = agreement_weights({k: history_rank(ref[k], ref[k]) for k in ref},
+                                {"supervised": 1.0, "novelty": 1.0, "memory": 1.0})
+    total = sum(weights.values())
+    assert np.allclose(variants["agree:sup+nov+mem"], sum(w / total * ranks[k] for k, w in weights.items()))
+    assert np.allclose(detector.relative_score(windows, reference, mix=(1.0, 1.0, 1.0), combine="agree"),
+                       variants["agree:sup+nov+mem"])
     # Scored every 2nd window, 6 rows of smoothing are 3 windows.
     assert np.allclose(variant_scores(detector, windows, reference, stride=2)["sup smooth=6"],
                        trailing_mean(ranks["supervised"], 3))

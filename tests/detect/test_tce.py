@@ -10,7 +10,16 @@ import pytest
 import torch
 from sklearn.metrics import average_precision_score
 
-from vigil.detect.learned.tce import TCEDetector, TemporalContextEncoder, load_detector, save_detector
+from vigil.detect.learned.tce import (
+    PartReadings,
+    TCEDetector,
+    TemporalContextEncoder,
+    agreement_weights,
+    combine_parts,
+    load_detector,
+    save_detector,
+    tail_standardise,
+)
 from vigil.detect.learned.windows import WindowSet
 from vigil.model import VigilInputError
 
@@ -152,12 +161,13 @@ def test_trailing_mean_is_causal_and_smooths() -> None:
 def test_memory_and_mix_survive_save_and_load_and_rank_a_new_fault(tmp_path: Path) -> None:
     X, y = toy_windows(400, seed=0)
     det = small_tce(epochs=1, prototypes=8, memory=6, memory_rows=4, embedding=5, mix=(1.0, 1.0, 1.0, 1.0),
-                    smooth=3).fit(X, y)
+                    smooth=3, combine="agree").fit(X, y)
     det.choice_ = {"scaling": "fleet", "variant": "sup+nov+mem+emb smooth=3"}
     normal_history = np.random.default_rng(5).normal(size=(200, 48, 4)).astype(np.float32)
     save_detector(det, tmp_path / "m")
     back = load_detector(tmp_path / "m")
     assert back.mix == (1.0, 1.0, 1.0, 1.0) and back.smooth == 3 and back.memory_.shape == det.memory_.shape
+    assert back.combine == "agree"
     assert back.embedding_memory_.shape == det.embedding_memory_.shape == (5, det.hidden)
     np.testing.assert_allclose(back.embedding_distance(X[:40]), det.embedding_distance(X[:40]), rtol=1e-5, atol=1e-6)
     assert back.choice_ == det.choice_
@@ -204,3 +214,60 @@ def test_score_components_in_one_pass_equal_the_parts_one_by_one() -> None:
     np.testing.assert_allclose(parts["novelty"], det.novelty(X[:50]), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(parts["memory"], det.memory_distance(X[:50]), rtol=1e-6, atol=1e-8)
     np.testing.assert_allclose(parts["embedding"], det.embedding_distance(X[:50]), rtol=1e-4, atol=1e-5)
+
+
+def test_tail_units_read_any_scale_against_the_history() -> None:
+    reference = np.arange(1001, dtype=np.float64)
+    units = tail_standardise(np.array([500.0, 990.0, 1480.0]), reference)
+    np.testing.assert_allclose(units, [0.0, 1.0, 2.0])
+    # A probability and a distance read alike: the units do not depend on the part's scale or offset.
+    np.testing.assert_allclose(tail_standardise(np.array([3.0, 7.0]) * 1e-3 + 5, reference * 1e-3 + 5),
+                               tail_standardise(np.array([3.0, 7.0]), reference))
+    with pytest.raises(VigilInputError, match="no history"):
+        tail_standardise(np.ones(2), np.zeros(0))
+
+
+def noisy_part_and_clear_part(seed: int = 0) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray]:
+    """A machine's history and labelled windows: the memory part shows 20 anomalies clearly beyond its
+    history's tail, the supervised part is noise on this machine (no better than its own history)."""
+    rng = np.random.default_rng(seed)
+    labels = np.zeros(1000, dtype=bool)
+    labels[rng.choice(1000, 20, replace=False)] = True
+    memory = rng.normal(size=1000)
+    memory[labels] = 3.2 + 0.3 * rng.normal(size=20)
+    parts = {"supervised": rng.random(1000), "memory": memory}
+    reference = {"supervised": rng.random(720), "memory": rng.normal(size=720)}
+    return parts, reference, labels
+
+
+def test_max_rule_keeps_an_anomaly_that_a_noise_part_dilutes_in_the_rank_mean() -> None:
+    parts, reference, labels = noisy_part_and_clear_part()
+    readings = PartReadings.read(parts, reference)
+    either = combine_parts(readings, (1.0, 0.0, 1.0), "max")
+    mean = combine_parts(readings, (1.0, 0.0, 1.0), "rank")
+    np.testing.assert_allclose(either, np.maximum(readings.tails["supervised"], readings.tails["memory"]))
+    assert average_precision_score(labels, either) > 0.8
+    assert average_precision_score(labels, either) > average_precision_score(labels, mean) + 0.2
+
+
+def test_agreement_weighs_down_a_part_that_ranks_the_history_unlike_the_others() -> None:
+    rng = np.random.default_rng(1)
+    shared = rng.normal(size=720)
+    reference = {"novelty": shared + 0.3 * rng.normal(size=720), "memory": shared + 0.3 * rng.normal(size=720),
+                 "supervised": rng.normal(size=720)}
+    ranks = {k: np.argsort(np.argsort(v)) / 720.0 for k, v in reference.items()}
+    weights = agreement_weights(ranks, {"supervised": 1.0, "novelty": 1.0, "memory": 2.0})
+    assert weights["novelty"] > 0.5 and weights["memory"] > 1.0
+    assert weights["supervised"] < 0.1 * weights["novelty"]
+    # A part ranked against the others gets no weight; when no part agrees the given weights stay.
+    against = agreement_weights({"novelty": ranks["novelty"], "memory": 1 - ranks["novelty"],
+                                 "supervised": ranks["novelty"]}, {"supervised": 2.0, "novelty": 1.0, "memory": 1.0})
+    assert against["memory"] == 0.0 and against["novelty"] > 0.9
+    lone = {"supervised": 1.0, "memory": 2.0}
+    assert agreement_weights({"supervised": ranks["novelty"], "memory": 1 - ranks["novelty"]}, lone) == lone
+
+
+def test_unknown_combination_rule_is_refused() -> None:
+    parts, reference, _ = noisy_part_and_clear_part()
+    with pytest.raises(VigilInputError, match="unknown combination rule 'vote'"):
+        combine_parts(PartReadings.read(parts, reference), (1.0, 0.0, 1.0), "vote")

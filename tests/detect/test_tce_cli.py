@@ -92,6 +92,7 @@ def test_train_chooses_on_inner_folds_as_the_benchmark_does(tmp_path: Path) -> N
     model = load_detector(out)
     variant = variant_grid(model)[choice["variant"]]
     assert list(model.mix) == report["mix"] == list(variant["mix"]) and model.smooth == variant["smooth"]
+    assert model.combine == report["combine"] == variant["combine"]
     assert model.threshold_ == pytest.approx(choice["threshold"])
     # The saved model scores a machine against its own history, and the bursts rank above normal rows.
     series = scaled_inputs(dataset)[choice["scaling"]].entities["c"]

@@ -27,11 +27,15 @@ training windows as fed (not rescaled), the distance to the nearest one (TSB-AD'
 layer over normal training windows, the distance to the nearest one. The classifier learnt that space to
 tell faults from normal windows, so a distance there weighs what told faults apart on other machines while
 asking for no label of the new one. ``relative_score`` reads each part against the machine's own unlabelled
-history (``history_rank``), mixes them with the weights ``mix`` (supervised, novelty, memory, embedding)
-and averages the mixed score over the last
-``smooth`` windows (a trailing mean, so it stays causal); the weights and the smoothing are chosen on
-development machines (vigil_eval.detection, inner folds of leave-machines-out; ``vigil detect train``
-makes the same choice).
+history and combines them by the rule ``combine``: ``rank``, each part through ``history_rank`` and their
+mean weighted by ``mix`` (supervised, novelty, memory, embedding); ``max``, the largest of the parts weighed by
+``mix`` in units of the upper tail of their own history (``tail_standardise``), an OR of detectors that a part
+which is only noise on this machine cannot drown; ``agree``, the rank mean with each part's weight scaled by
+how well it agrees with the other parts on the machine's history (``agreement_weights``). Then the trailing
+mean over the last ``smooth`` windows (so it stays causal). Every rule reads the machine's history only,
+never a label or a later window of it; the rule, the weights and the smoothing are chosen on development
+machines (vigil_eval.detection, inner folds of leave-machines-out; ``vigil detect train`` makes the same
+choice).
 
 ``use_history=False`` / ``use_context=False`` / ``prototypes=0`` remove a part (ablation); the rest is
 unchanged.
@@ -41,7 +45,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
@@ -70,6 +74,10 @@ COMPONENTS = ("supervised", "novelty", "memory", "embedding")
 MEMORY_FIT_WINDOWS = 20000
 # Normal training windows embedded to fit the learned-space memory (a forward pass each).
 EMBEDDING_FIT_WINDOWS = 5000
+# How the parts of the score are combined (``combine_parts``).
+COMBINE_RULES = ("rank", "max", "agree")
+# The history quantile whose distance from the median is one unit of ``tail_standardise``.
+TAIL_QUANTILE = 0.99
 
 
 def full_mix(mix: Sequence[float]) -> tuple[float, ...]:
@@ -106,6 +114,73 @@ def history_rank(scores: np.ndarray, reference: np.ndarray) -> np.ndarray:
     q25, q75 = np.percentile(ref, [25, 75])
     spread = max(float(q75 - q25), 1e-9)
     return share + np.maximum(sc - ref[-1], 0.0) / spread
+
+
+def tail_standardise(scores: np.ndarray, reference: np.ndarray, quantile: float = TAIL_QUANTILE) -> np.ndarray:
+    """Scores in units of the upper tail of a machine's own history scores ``reference``:
+    ``(s - median) / (q - median)`` with ``q`` the history's ``quantile``, so 1 is as high as the history goes
+    but for its top 1 %, whatever the part's scale (a probability, a distance)."""
+    ref = np.asarray(reference, dtype=np.float64)
+    if not len(ref):
+        raise VigilInputError("tail_standardise: no history scores to read against")
+    median, upper = np.percentile(ref, [50, 100 * quantile])
+    return (np.asarray(scores, dtype=np.float64) - median) / max(float(upper - median), 1e-9)
+
+
+def agreement_weights(reference_ranks: dict[str, np.ndarray], weights: dict[str, float]) -> dict[str, float]:
+    """Each part's weight scaled by its agreement with the others on the machine's own history: the
+    correlation of its history ranks with the weighted mean of the other parts' ranks, negative read as 0
+    (a pseudo ground truth, as unsupervised outlier ensembles weigh their members). A part that does not
+    carry over to this machine ranks its history unlike the rest and loses its weight. All correlations at
+    0 (or one part) leave the weights as given."""
+    if len(weights) < 2:
+        return dict(weights)
+    scaled = {}
+    for name, w in weights.items():
+        others = sum(v * reference_ranks[o] for o, v in weights.items() if o != name)
+        own = reference_ranks[name]
+        if np.std(own) < 1e-12 or np.std(others) < 1e-12:
+            scaled[name] = 0.0
+        else:
+            scaled[name] = w * max(float(np.corrcoef(own, others)[0, 1]), 0.0)
+    return scaled if sum(scaled.values()) > 0 else dict(weights)
+
+
+@dataclass
+class PartReadings:
+    """The parts of one machine's score read against its own history, ready for every rule of
+    ``COMBINE_RULES``: ranks (``history_rank``), tail units (``tail_standardise``) and the history's own
+    ranks (for ``agreement_weights``)."""
+
+    ranks: dict[str, np.ndarray]
+    tails: dict[str, np.ndarray]
+    reference_ranks: dict[str, np.ndarray]
+
+    @classmethod
+    def read(cls, parts: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> PartReadings:
+        return cls(ranks={name: history_rank(parts[name], reference[name]) for name in parts},
+                   tails={name: tail_standardise(parts[name], reference[name]) for name in parts},
+                   reference_ranks={name: history_rank(reference[name], reference[name]) for name in parts})
+
+
+def combine_parts(readings: PartReadings, mix: Sequence[float], rule: str = "rank") -> np.ndarray:
+    """The parts weighed by ``mix`` (weights of ``COMPONENTS``) combined by ``rule``: ``rank``, the weighted
+    mean of their ranks; ``max``, the largest of their tail units (``mix`` names the parts, an OR of
+    detectors); ``agree``, the rank mean weighted by ``mix`` times each part's agreement with the others on
+    the history."""
+    used = {name: w for name, w in zip(COMPONENTS, full_mix(mix), strict=True) if w}
+    missing = [name for name in used if name not in readings.ranks]
+    if missing or not used:
+        raise VigilInputError(f"tce: mix {tuple(mix)} weighs parts this model lacks: "
+                              f"{', '.join(missing) or 'none weighed'}")
+    if rule == "max":
+        return np.max([readings.tails[name] for name in used], axis=0)
+    if rule == "agree":
+        used = agreement_weights(readings.reference_ranks, used)
+    elif rule != "rank":
+        raise VigilInputError(f"tce: unknown combination rule {rule!r}: expected one of {', '.join(COMBINE_RULES)}")
+    total = sum(used.values())
+    return np.sum([w / total * readings.ranks[name] for name, w in used.items() if w], axis=0)
 
 
 class TemporalContextEncoder(nn.Module):
@@ -286,7 +361,7 @@ class TCEDetector(BaseDetector):
                  batch_size: int = 256, lr: float = 2e-3, patience: int = 3, steps_per_epoch: int | None = None,
                  seed: int = 0, members: int = 1, window_context: bool = False, memory: int = 0,
                  memory_rows: int = 10, embedding: int = 0, augment: float = 0.0,
-                 mix: Sequence[float] = (1.0, 0.0, 0.0, 0.0), smooth: int = 1) -> None:
+                 mix: Sequence[float] = (1.0, 0.0, 0.0, 0.0), smooth: int = 1, combine: str = "rank") -> None:
         self.recent = recent
         self.history = history
         self.scales = scales
@@ -311,6 +386,7 @@ class TCEDetector(BaseDetector):
         self.augment = augment
         self.mix = full_mix(mix)
         self.smooth = smooth
+        self.combine = combine
 
     def member_seeds(self) -> list[int]:
         """Disjoint seeds per detector seed: seed 0 trains members 0..k-1, seed 1 members k..2k-1."""
@@ -529,21 +605,14 @@ class TCEDetector(BaseDetector):
         return parts
 
     def relative_score(self, X: Any, reference: Any, mix: Sequence[float] | None = None,
-                       smooth: int | None = None) -> np.ndarray:
+                       smooth: int | None = None, combine: str | None = None) -> np.ndarray:
         """The anomaly score of windows ``X`` of one machine (consecutive windows, oldest first) read against
-        ``reference``, windows of the same machine's unlabelled history: each part through ``history_rank``,
-        their average weighted by ``mix`` (supervised, novelty, memory, embedding), then the trailing mean over
-        ``smooth`` windows (defaults: the detector's ``mix`` and ``smooth``). Needs no label of the machine,
-        so a new machine is scored as soon as it has a history."""
-        weights = dict(zip(COMPONENTS, full_mix(self.mix if mix is None else mix), strict=True))
-        parts, ref = self.score_components(X), self.score_components(reference)
-        used = {name: w for name, w in weights.items() if w}
-        missing = [name for name in used if name not in parts]
-        if missing or not used:
-            raise VigilInputError(f"tce: mix {tuple(weights.values())} weighs parts this model lacks: "
-                                  f"{', '.join(missing) or 'none weighed'}")
-        total = sum(used.values())
-        mixed = np.sum([w / total * history_rank(parts[name], ref[name]) for name, w in used.items()], axis=0)
+        ``reference``, windows of the same machine's unlabelled history: the parts weighed by ``mix``
+        (supervised, novelty, memory, embedding) combined by the rule ``combine`` (``combine_parts``), then the
+        trailing mean over ``smooth`` windows (defaults: the detector's ``mix``, ``smooth`` and ``combine``).
+        Needs no label of the machine, so a new machine is scored as soon as it has a history."""
+        readings = PartReadings.read(self.score_components(X), self.score_components(reference))
+        mixed = combine_parts(readings, self.mix if mix is None else mix, self.combine if combine is None else combine)
         return trailing_mean(mixed, self.smooth if smooth is None else smooth)
 
     def novelty(self, X: Any, context: np.ndarray | None = None) -> np.ndarray:

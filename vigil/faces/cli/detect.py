@@ -112,6 +112,7 @@ def train_command(
     report = {"model": str(out), "entities": names, "classes": detector.classes_,
               "epochs_run": detector.report_.epochs_run, "best_epoch": detector.report_.best_epoch,
               "choice": getattr(detector, "choice_", None), "mix": list(detector.mix), "smooth": detector.smooth,
+              "combine": detector.combine,
               "seconds": round(detector.report_.seconds, 1)}
     if as_json:
         print(json.dumps(report))
