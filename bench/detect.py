@@ -5,10 +5,11 @@ seeds; training time and scoring speed. Writes bench/results/detect.json.
     .venv/bin/python bench/detect.py [--only asd|smd|sim] [--detectors tce,gbm,...] [--quick]
 
 Real data (``--only asd`` / ``--only smd``, tens of minutes each on 2 cores): the machines are dealt into
-outer folds; every choice (input scaling, every detector's smoothing and threshold, TCE's score mix and
-epoch count) is made on inner folds of the development machines only, and each outer test machine is scored
-once (vigil_eval.detection.nested_leave_machines_out). Runs of different detectors add up in the results
-file (docs/benchmarks.md says which rows come from which run); the spread is over outer folds.
+outer folds; every choice (input scaling, every detector's smoothing and threshold, TCE's score mix,
+combination rule and epoch count) is made on inner folds of the development machines only, and each outer
+test machine is scored once (vigil_eval.detection.nested_leave_machines_out). Runs of different detectors add
+up in the results file (docs/benchmarks.md says which rows come from which run); the spread is over outer
+folds.
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ console = Console()
 
 # Fixed before any fold was scored, never tuned: the window (8 hours of ASD's 5-minute samples, 96 minutes
 # of SMD's 1-minute samples) and TCE's configuration (SERVER_TCE, the one `vigil detect train` uses).
-# Chosen on inner folds: input scaling (fleet / per machine / robust per machine), TCE's score mix
-# (MIX_GRID), every detector's smoothing (SMOOTHING_ROWS), epochs, thresholds.
+# Chosen on inner folds: input scaling (fleet / per machine / robust per machine), TCE's score mix and
+# combination rule (MIX_GRID, COMBINED_GRID), every detector's smoothing (SMOOTHING_ROWS), epochs, thresholds.
 HISTORY = 96
 TCE_REAL = {"history": HISTORY, **SERVER_TCE}
 BASELINE_PARAMS: dict[str, dict[str, Any]] = {

@@ -168,6 +168,11 @@ def test_memory_and_mix_survive_save_and_load_and_rank_a_new_fault(tmp_path: Pat
     back = load_detector(tmp_path / "m")
     assert back.mix == (1.0, 1.0, 1.0, 1.0) and back.smooth == 3 and back.memory_.shape == det.memory_.shape
     assert back.combine == "agree"
+    # A model saved before the combination rules reads as the rank mean.
+    meta = json.loads((tmp_path / "m" / "meta.json").read_text())
+    del meta["params"]["combine"]
+    (tmp_path / "m" / "meta.json").write_text(json.dumps(meta))
+    assert load_detector(tmp_path / "m").combine == "rank"
     assert back.embedding_memory_.shape == det.embedding_memory_.shape == (5, det.hidden)
     np.testing.assert_allclose(back.embedding_distance(X[:40]), det.embedding_distance(X[:40]), rtol=1e-5, atol=1e-6)
     assert back.choice_ == det.choice_
