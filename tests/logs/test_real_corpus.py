@@ -4,6 +4,7 @@ root line of every development case (the held-out cases are measured in bench/lo
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from vigil.logs.triage import triage
 from vigil_eval.realcorpus import CORPUS, load_cases, split_of
@@ -20,6 +21,17 @@ def test_index_is_consistent() -> None:
         lines = (case.directory / case.root_file).read_text(encoding="utf-8").splitlines()
         assert 1 <= case.root_line <= len(lines) and lines[case.root_line - 1].strip(), case.id
         assert case.source.startswith("https://github.com/") and case.why
+
+
+def test_each_root_line_number_points_at_the_text_labelled_as_the_root() -> None:
+    """The label quotes its root line; an off-by-one line number would score triage against the wrong line."""
+    entries = yaml.safe_load((CORPUS / "index.yaml").read_text(encoding="utf-8"))
+    assert len(entries) == len(CASES)
+    for entry in entries:
+        root = entry["root"]
+        lines = (CORPUS / entry["id"] / root["file"]).read_text(encoding="utf-8").splitlines()
+        quoted, actual = " ".join(root["text"].split()), " ".join(lines[root["line"] - 1].split())
+        assert quoted and (quoted in actual or actual in quoted), entry["id"]
 
 
 def test_split_is_a_function_of_the_id_and_the_collection_round_alone() -> None:

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vigil.knowledge.faults import fault_catalogue
+from vigil.logs.severity import SPECIFIC, strength
 from vigil.logs.sources import discover
 from vigil.logs.triage import triage
 from vigil.model import FaultLevel, VigilInputError
@@ -611,3 +612,55 @@ def test_lines_are_graded_only_while_a_worded_line_can_be_kept(tmp_path: Path, m
     result = triage(tmp_path)
     assert result.root is not None and result.root.signature == "cuda.illegal_address"
     assert calls <= triage_module.MAX_WORDED_PER_FILE + 1
+
+
+def test_ray_s_memory_monitor_kill_is_a_root(tmp_path: Path) -> None:
+    # Ray's own OOM killer (ray-oom-prevention): the task's report and the raylet's periodic summary
+    (tmp_path / "driver.log").write_text(
+        "Memory on the node (IP: 10.0.0.7, ID: 9f1c) where the task (task ID: 4a2b, name=train, pid=4242, memory "
+        "used=3.10GB) was running was 60.20GB / 62.00GB (0.970968), which exceeds the memory usage threshold of "
+        "0.95. Ray killed this worker (ID: 77aa) because it was the most recently scheduled task; to see more "
+        "information about memory usage on this node, use `ray logs raylet.out -ip 10.0.0.7`.\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.lineno == 1 and result.root_basis == "signature"
+    (tmp_path / "driver.log").write_text(
+        "(RayTrainWorker pid=812) step 120 loss 2.31\n"
+        "(raylet) [2024-03-01 10:00:02,241 E 51 51] (raylet) node_manager.cc:3064: 3 Workers (tasks / actors) "
+        "killed due to memory pressure (OOM), 0 Workers crashed due to other reasons at node (ID: 5e, IP: "
+        "10.0.0.7) over the last time period.\n"
+        "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.lineno == 2 and result.root_basis == "signature"
+
+
+def test_open_mpi_s_lost_daemon_report_is_named_at_its_first_line(tmp_path: Path) -> None:
+    # ORTE's (PRRTE's since Open MPI 5) report of a lost remote daemon; its last sentence says "failure" and
+    # "cannot recover", which read as error wording, but the report starts at its first line
+    (tmp_path / "launcher.log").write_text(
+        "ORTE has lost communication with a remote daemon.\n"
+        "\n"
+        "  HNP daemon   : [[4301,0],0] on node job-launcher\n"
+        "  Remote daemon: [[4301,0],3] on node job-worker-2\n"
+        "\n"
+        "This is usually due to either a failure of the TCP network\n"
+        "connection to the node, or possibly an internal failure of\n"
+        "the daemon itself. We cannot recover from this failure, and\n"
+        "therefore will terminate the job.\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.lineno == 1 and result.root_basis == "signature"
+
+
+def test_the_e_tag_of_tensorflow_s_log_prefix_reads_as_an_error(tmp_path: Path) -> None:
+    # TSL's prefix (time.micros: severity file:line]) as JAX and XLA print it: the coordination service's own
+    # error comes before the glog-tagged line of the agent that polled it
+    (tmp_path / "task_0.log").write_text(
+        "2024-05-02 08:00:01.000001: I external/xla/xla/pjrt/distributed/client.cc:131] Connected to the service.\n"
+        "2024-05-02 08:01:10.837611: E external/xla/xla/tsl/distributed_runtime/coordination/"
+        "coordination_service.cc:962] /job:jax_worker/replica:0/task:3 unexpectedly tried to connect with a "
+        "different incarnation. It has likely restarted.\n"
+        "E0502 08:01:10.837983     387 coordination_service_agent.cc:455] Polled an error from coordination "
+        "service (this can be an error from this or another task).\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.lineno == 2
+    assert strength("2024-05-02 08:01:10.837611: E external/xla/service.cc:962] task restarted") == SPECIFIC
+    assert strength("2024-05-02 08:00:01.000001: I external/xla/client.cc:131] Connected to the service.") == 0
