@@ -22,7 +22,9 @@ from vigil.knowledge.xid import parse_xid_line, xid_info
 from vigil.model import FaultLevel, VigilInputError
 
 Role = Literal["root", "cascade"]
-XID_SIGNATURE = "nvrm.xid"
+# Xid lines take fault and level from THE Xid table; the codes the catalogue documents as the consequence of another
+# error (45, 154) have a signature of their own, with role cascade, ahead of the general one.
+XID_SIGNATURES = frozenset({"nvrm.xid", "nvrm.xid_consequence"})
 
 # A line longer than this is matched on its head and tail only: error text is never megabytes long,
 # and regexes over a 1 MB line would turn one hostile line into seconds of work.
@@ -154,7 +156,7 @@ class SignatureMatcher:
             if found is None:
                 continue
             attrs = {k: v for k, v in found.groupdict().items() if v is not None}
-            if signature.id == XID_SIGNATURE:
+            if signature.id in XID_SIGNATURES:
                 return _xid_hit(signature, line, attrs)
             return SignatureHit(signature, signature.fault, signature.level, attrs)
         return None

@@ -1,0 +1,354 @@
+"""Node-level coverage of the signature library, from the producers' own catalogues and documentation.
+
+Each row is a failure message as its producer documents or prints it (NVIDIA's Xid catalogue and driver, the Linux
+kernel, Slurm, Kubernetes, the NVIDIA container toolkit), with where it comes from and what triage must make of it:
+
+* ``root`` at a layer: alone in its file it is named by a root signature, and beside a typical consequence of a lower
+  layer in another file with no wall-clock time (hardware > driver > kernel / OS > runtime / orchestrator >
+  application relay) it is still the root;
+* ``secondary``: a documented consequence - printed before its cause in the same file, the cause is still named.
+
+The rows are the survey of what the library covers; a row that fails is a message triage misses or misranks.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import pytest
+
+from vigil.knowledge.files import data_dir
+from vigil.logs.triage import triage
+
+Layer = Literal["hardware", "driver", "kernel", "runtime"]
+# A typical consequence one layer up, printed by the training process (an application relay) or its orchestrator.
+CUDA_RELAY = "RuntimeError: CUDA error: unspecified launch failure"
+OOM_RELAY = "RuntimeError: DataLoader worker (pid 4243) is killed by signal: Killed."
+IO_RELAY = "OSError: [Errno 5] Input/output error: '/ckpt/step_800/model.pt'"
+RO_RELAY = "OSError: [Errno 30] Read-only file system: '/ckpt/step_800/model.pt'"
+NET_RELAY = ("n1:4242:4300 [0] transport/net_ib.cc:1696 NCCL WARN NET/IB : Got completion from peer 10.0.0.2<4789> "
+             "with status=IBV_WC_RETRY_EXC_ERR(12) opcode=0 len=0 vendor_err=129 hca mlx5_0")
+SMI_RELAY = "RuntimeError: No CUDA GPUs are available"
+POD_RELAY = "Warning  BackOff  3m  kubelet  Back-off restarting failed container trainer in pod trainer-0_default(1f2e)"
+SRUN_RELAY = "srun: error: node01: task 0: Exited with exit code 1"
+
+
+@dataclass(frozen=True)
+class Root:
+    message: str
+    source: str  # where the wording comes from
+    layer: Layer
+    signature: str  # the signature that must name it
+    relay: str  # a consequence one layer up, printed in another file
+
+
+@dataclass(frozen=True)
+class Secondary:
+    message: str
+    source: str
+    cause: str  # the line that must be named when both are present
+
+
+ROOTS = [
+    # --- hardware, as the kernel reports it ---
+    Root("pcieport 0000:00:03.1: AER: Uncorrected (Fatal) error received: 0000:3b:00.0",
+         "Linux drivers/pci/pcie/aer.c aer_isr_one_error", "hardware", "kernel.aer_uncorrected", CUDA_RELAY),
+    Root("pcieport 0000:00:03.1: AER: Multiple Uncorrected (Non-Fatal) error received: 0000:3b:00.0",
+         "Linux drivers/pci/pcie/aer.c aer_isr_one_error", "hardware", "kernel.aer_uncorrected", CUDA_RELAY),
+    Root("pcieport 0000:00:03.1: PCIe Bus Error: severity=Uncorrected (Fatal), type=Transaction Layer, "
+         "(Requester ID)", "Linux drivers/pci/pcie/aer.c aer_print_error", "hardware", "kernel.aer_uncorrected",
+         CUDA_RELAY),
+    Root("pcieport 0000:00:01.0: DPC: containment event, status:0x1f01 source:0x0000",
+         "Linux drivers/pci/pcie/dpc.c dpc_process_error", "hardware", "kernel.pcie_dpc", CUDA_RELAY),
+    Root("mce: [Hardware Error]: CPU 0: Machine Check Exception: 5 Bank 4: b200000000070f0f",
+         "Linux arch/x86/kernel/cpu/mce/core.c print_mce", "hardware", "kernel.mce", CUDA_RELAY),
+    Root("mce: Uncorrected hardware memory error in user-access at 3bd2b7d880",
+         "Linux arch/x86/kernel/cpu/mce/core.c kill_me_maybe", "hardware", "kernel.mce", OOM_RELAY),
+    Root("Kernel panic - not syncing: Fatal machine check", "Linux arch/x86/kernel/cpu/mce/severity.c / core.c",
+         "hardware", "kernel.mce", CUDA_RELAY),
+    Root("EDAC MC3: 1 UE memory read error on CPU_SrcID#1_MC#1_Chan#2_DIMM#0 (channel:2 slot:0 page:0xb757589 "
+         "offset:0xdc0 grain:32 syndrome:0x0)", "Linux drivers/edac/edac_mc.c edac_raw_mc_handle_error (UE)",
+         "hardware", "kernel.edac_ue", CUDA_RELAY),
+    Root("nvme nvme0: controller is down; will reset: CSTS=0xffffffff, PCI_STATUS=0xffff",
+         "Linux drivers/nvme/host/pci.c nvme_timeout", "hardware", "kernel.nvme_controller", IO_RELAY),
+    Root("mlx5_core 0000:3b:00.0: mlx5_port_module_event:1150:(pid 0): Port module event[error]: module 0, "
+         "Cable error, Bad cable", "Linux drivers/net/ethernet/mellanox/mlx5/core/port.c / events.c",
+         "hardware", "kernel.nic_link_down", NET_RELAY),
+    Root("mlx5_core 0000:3b:00.0: poll_health:800:(pid 0): Fatal error 1 detected",
+         "Linux drivers/net/ethernet/mellanox/mlx5/core/health.c poll_health", "hardware", "kernel.mlx5_fatal",
+         NET_RELAY),
+    Root("mlx5_core 0000:3b:00.0 ens1f0: Link down", "Linux mlx5 en_main.c mlx5e_update_carrier", "hardware",
+         "kernel.nic_link_down", NET_RELAY),
+    Root("ib0: lost carrier", "Linux net/core (netif_carrier_off via IPoIB)", "hardware", "kernel.netdev_lost_carrier",
+         NET_RELAY),
+    Root("nvidia-nvswitch2: SXid (PCI:0000:86:00.0): 20034, Fatal, Link 11 LTSSM Fault Up",
+         "NVIDIA NVSwitch SXid (Fabric Manager user guide, NVSwitch errors)", "hardware", "nvswitch.sxid", CUDA_RELAY),
+    # --- NVIDIA driver ---
+    Root("NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.", "NVIDIA Xid 79 / driver nv.c", "driver",
+         "nvrm.fallen_off_bus", CUDA_RELAY),
+    Root("NVRM: GPU at PCI:0000:3b:00: GPU-26fba6b2-9e52-006e-68db-4ce18382a5ea GPU has fallen off the bus.",
+         "NVIDIA driver", "driver", "nvrm.fallen_off_bus", CUDA_RELAY),
+    Root("NVRM: GPU 0000:81:00.0: RmInitAdapter failed! (0x25:0x40:1470)",
+         "NVIDIA driver (RM init failure; nvidia-smi 'No devices were found' follows)", "driver", "nvrm.init_failed",
+         SMI_RELAY),
+    Root("NVRM: RmInitAdapter: Cannot initialize GSP firmware RM", "NVIDIA driver (GSP firmware boot)", "driver",
+         "nvrm.init_failed", SMI_RELAY),
+    Root("NVRM: kgspWaitForGfwBootOk_TU102: failed to wait for GFW boot complete: 0x65 VBIOS version 94.02.59.00.05",
+         "NVIDIA driver (GFW boot)", "driver", "nvrm.init_failed", SMI_RELAY),
+    Root("NVRM: The NVIDIA probe routine was not called for 8 device(s).",
+         "NVIDIA driver nv.c (another driver such as nouveau owns the GPUs)", "driver", "nvrm.init_failed",
+         SMI_RELAY),
+    Root("NVRM: API mismatch: the client has the version 535.104.05, but this kernel module has the version "
+         "535.86.10.  Please make sure that this kernel module and all NVIDIA driver components have the same "
+         "version.", "NVIDIA driver nv.c", "driver", "nvrm.version_mismatch", SMI_RELAY),
+    Root("NVRM: _kgspRpcRecvPoll: Timeout after 45s of waiting for RPC response from GPU1 GSP! Expected function 76 "
+         "(GSP_RM_CONTROL) (0x2080014b 0x5).", "NVIDIA Xid 119 (GSP RPC timeout)", "driver", "nvrm.gsp_timeout",
+         CUDA_RELAY),
+    Root("NVRM: _kgspIsHeartbeatTimedOut: Heartbeat timed out, curTime:1716277232 lastHeartbeatTime:1716277226",
+         "NVIDIA Xid 120 / GSP heartbeat", "driver", "nvrm.gsp_timeout", CUDA_RELAY),
+    Root("NVRM: nvAssertOkFailedNoLog: Assertion failed: GPU lost from the bus [NV_ERR_GPU_IS_LOST] (0x0000000F) "
+         "returned from pRmApi->Control(pRmApi, ...) @ kernel_gsp.c:1912", "NVIDIA RM status NV_ERR_GPU_IS_LOST",
+         "driver", "nvrm.gpu_is_lost", CUDA_RELAY),
+    Root("NVRM: nvAssertOkFailedNoLog: Assertion failed: Reset required [NV_ERR_RESET_REQUIRED] (0x00000062) "
+         "returned from status @ kernel_channel.c:2827", "NVIDIA RM status NV_ERR_RESET_REQUIRED", "driver",
+         "nvrm.reset_required", CUDA_RELAY),
+    Root("NVRM: nvAssertOkFailedNoLog: Assertion failed: Generic Error: Invalid state [NV_ERR_INVALID_STATE] "
+         "(0x00000040) returned from kgspBootstrap(pGpu, pKernelGsp) @ kernel_gsp.c:4012",
+         "NVIDIA RM status codes NV_ERR_* (nvstatuscodes.h)", "driver", "nvrm.rm_status", CUDA_RELAY),
+    # --- Linux kernel / OS ---
+    Root("Out of memory: Killed process 4242 (python) total-vm:1kB, anon-rss:1kB, file-rss:0kB, shmem-rss:0kB",
+         "Linux mm/oom_kill.c __oom_kill_process (4.19+)", "kernel", "kernel.oom_kill", OOM_RELAY),
+    Root("Memory cgroup out of memory: Killed process 4242 (python) total-vm:1kB, anon-rss:1kB",
+         "Linux mm/oom_kill.c (memory cgroup)", "kernel", "kernel.oom_kill", OOM_RELAY),
+    Root("Memory cgroup out of memory: Kill process 4242 (python) score 1000 or sacrifice child",
+         "Linux mm/oom_kill.c oom_kill_process (before 4.19)", "kernel", "kernel.oom_kill", OOM_RELAY),
+    Root("oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=step_0,mems_allowed=0-1,oom_memcg=/slurm/"
+         "uid_1000/job_7,task_memcg=/slurm/uid_1000/job_7/step_0/task_0,task=python,pid=4242,uid=1000",
+         "Linux mm/oom_kill.c dump_oom_summary (4.19+)", "kernel", "kernel.oom_kill_summary", OOM_RELAY),
+    Root("Out of memory and no killable processes...", "Linux mm/oom_kill.c out_of_memory", "kernel",
+         "kernel.oom_no_victim", OOM_RELAY),
+    Root("python: page allocation failure: order:5, mode:0x40cc0(GFP_KERNEL|__GFP_COMP), nodemask=(null),"
+         "cpuset=/,mems_allowed=0-1", "Linux mm/page_alloc.c warn_alloc", "kernel", "kernel.page_alloc_failure",
+         OOM_RELAY),
+    Root("watchdog: BUG: soft lockup - CPU#3 stuck for 22s! [python:4242]", "Linux kernel/watchdog.c", "kernel",
+         "kernel.lockup", CUDA_RELAY),
+    Root("NMI watchdog: Watchdog detected hard LOCKUP on cpu 5", "Linux kernel/watchdog_perf.c", "kernel",
+         "kernel.lockup", CUDA_RELAY),
+    Root("rcu: INFO: rcu_sched self-detected stall on CPU", "Linux Documentation/RCU/stallwarn.rst", "kernel",
+         "kernel.lockup", CUDA_RELAY),
+    Root("INFO: task python:4242 blocked for more than 120 seconds.", "Linux kernel/hung_task.c", "kernel",
+         "kernel.hung_task", CUDA_RELAY),
+    Root("Kernel panic - not syncing: Fatal exception", "Linux kernel/panic.c", "kernel", "kernel.panic",
+         CUDA_RELAY),
+    Root("BUG: kernel NULL pointer dereference, address: 0000000000000010", "Linux arch/x86/mm/fault.c",
+         "kernel", "kernel.oops", CUDA_RELAY),
+    Root("general protection fault, probably for non-canonical address 0xdead000000000100: 0000 [#1] SMP NOPTI",
+         "Linux arch/x86/kernel/traps.c", "kernel", "kernel.oops", CUDA_RELAY),
+    Root("python[4242]: segfault at 7f797fe00000 ip 00007f7c7ac69996 sp 00007f7c12fd7c30 error 4 in "
+         "libnccl.so.2[7f7c7ac00000+d3d3000]", "Linux arch/x86/mm/fault.c show_signal_msg", "kernel",
+         "kernel.segfault", SRUN_RELAY),
+    Root("traps: python[4242] general protection fault ip:7f3b2c1d2e3f sp:7ffd1c2b3a40 error:0 in "
+         "libc.so.6[7f3b2c000000+195000]", "Linux arch/x86/kernel/traps.c (user space)", "kernel",
+         "kernel.segfault", SRUN_RELAY),
+    Root("blk_update_request: I/O error, dev sda, sector 1234 op 0x1:(WRITE) flags 0x800 phys_seg 1 prio class 0",
+         "Linux block/blk-core.c (before 5.18)", "kernel", "kernel.fs_error", IO_RELAY),
+    Root("I/O error, dev nvme0n1, sector 2048 op 0x1:(WRITE) flags 0x0 phys_seg 1 prio class 2",
+         "Linux block/blk-mq.c blk_print_req_error (5.18+)", "kernel", "kernel.fs_error", IO_RELAY),
+    Root("EXT4-fs error (device sda1): ext4_find_entry:1455: inode #2: comm python: reading directory lblock 0",
+         "Linux fs/ext4/super.c", "kernel", "kernel.fs_error", RO_RELAY),
+    Root('XFS (dm-0): metadata I/O error in "xfs_trans_read_buf_map" at daddr 0x2 len 1 error 5',
+         "Linux fs/xfs/xfs_buf_item.c", "kernel", "kernel.fs_error", IO_RELAY),
+    Root("XFS (sdb1): Log I/O Error Detected. Shutting down filesystem", "Linux fs/xfs/xfs_log.c", "kernel",
+         "kernel.fs_error", IO_RELAY),
+    Root("nfs: server fs01 not responding, still trying", "Linux fs/nfs/client.c / nfs_timeout", "kernel",
+         "kernel.fs_error", IO_RELAY),
+    Root("LustreError: 11-0: scratch-OST0001-osc-ffff8803: operation ost_write to node 10.1.1.1@o2ib failed: "
+         "rc = -107", "Lustre manual, Lustre error messages", "kernel", "kernel.fs_error", IO_RELAY),
+    Root("LustreError: 167-0: scratch-MDT0000-mdc-ffff8803: This client was evicted by scratch-MDT0000; in "
+         "progress operations using this service will fail.", "Lustre manual", "kernel", "kernel.fs_error",
+         IO_RELAY),
+    # --- container runtime, NVML tools, orchestrators ---
+    Root("nvidia-container-cli: initialization error: nvml error: driver not loaded: unknown",
+         "NVIDIA libnvidia-container (nvc_init)", "runtime", "nvidia.container_cli", POD_RELAY),
+    Root("nvidia-container-cli: requirement error: unsatisfied condition: cuda>=12.4, please update your driver "
+         "to a newer version, or use an earlier cuda container: unknown", "NVIDIA libnvidia-container", "runtime",
+         "nvidia.container_cli", POD_RELAY),
+    Root("Failed to initialize NVML: Driver/library version mismatch", "NVIDIA NVML (NVML_ERROR_LIB_RM_VERSION_"
+         "MISMATCH)", "runtime", "nvml.init_failed", SMI_RELAY),
+    Root("Failed to initialize NVML: Unknown Error", "NVIDIA NVML in a container that lost its device cgroup",
+         "runtime", "nvml.init_failed", SMI_RELAY),
+    Root("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the latest "
+         "NVIDIA driver is installed and running.", "nvidia-smi", "runtime", "nvml.init_failed", SMI_RELAY),
+    Root("Unable to determine the device handle for GPU 0000:C1:00.0: GPU is lost.  Reboot the system to recover "
+         "this GPU", "nvidia-smi (NVML_ERROR_GPU_IS_LOST)", "runtime", "nvml.gpu_lost", SMI_RELAY),
+    Root("Unable to determine the device handle for GPU0000:3B:00.0: Unknown Error", "nvidia-smi", "runtime",
+         "nvml.gpu_lost", SMI_RELAY),
+    Root("slurmstepd: error: Detected 1 oom_kill event in StepId=1234.0. Some of the step tasks have been OOM "
+         "Killed.", "Slurm task/cgroup (23.02+)", "runtime", "slurm.oom_kill", SRUN_RELAY),
+    Root("slurmstepd: error: Detected 1 oom-kill event(s) in StepId=37205392.0. Some of your processes may have "
+         "been killed by the cgroup out-of-memory handler.", "Slurm task/cgroup (before 23.02)", "runtime",
+         "slurm.oom_kill", SRUN_RELAY),
+    Root("slurmstepd: error: Exceeded step memory limit at some point.", "Slurm jobacct_gather", "runtime",
+         "slurm.oom_kill", SRUN_RELAY),
+    Root("slurmstepd: error: *** JOB 494583 ON node01 CANCELLED AT 2024-04-20T09:09:37 DUE TO TIME LIMIT ***",
+         "Slurm slurmstepd", "runtime", "slurm.cancelled", SRUN_RELAY),
+    Root("slurmstepd: error: *** JOB 494583 ON node01 CANCELLED AT 2024-04-20T09:09:37 DUE TO NODE FAILURE ***",
+         "Slurm slurmstepd", "runtime", "slurm.cancelled", SRUN_RELAY),
+    Root("srun: error: Node failure on node01", "Slurm srun", "runtime", "slurm.node_failure", SRUN_RELAY),
+    Root("slurmctld: error: Nodes node[01-02] not responding, setting DOWN", "Slurm slurmctld (reason 'Not "
+         "responding')", "runtime", "slurm.node_failure", SRUN_RELAY),
+    Root("slurmd[4242]: error: prolog failed: rc:230 output:Error running slurm prolog: 230",
+         "Slurm slurmd (drain reason 'Prolog error')", "runtime", "slurm.prolog_failed", SRUN_RELAY),
+    Root("slurmd[4242]: error: [job 1234] epilog failed status=1:0", "Slurm slurmd (drain reason 'Epilog error')",
+         "runtime", "slurm.prolog_failed", SRUN_RELAY),
+    Root("NHC: check_hw_ib: No IB port mlx5_0:1 is ACTIVE (LinkUp 100 Gb/sec).", "LBNL NHC (node drained by the "
+         "health check)", "runtime", "slurm.nhc", SRUN_RELAY),
+    Root("gres/gpu count reported lower than configured (7 < 8)", "Slurm slurmctld node registration (drain "
+         "reason)", "runtime", "slurm.gres_mismatch", SRUN_RELAY),
+    Root("Reason:       OOMKilled", "Kubernetes container status reason (kubelet / CRI)", "runtime",
+         "k8s.oom_killed", POD_RELAY),
+    Root("Message:      The node was low on resource: memory. Threshold quantity: 100Mi, available: 88Mi.",
+         "Kubernetes pkg/kubelet/eviction/helpers.go", "runtime", "k8s.node_pressure_eviction", POD_RELAY),
+    Root("Warning  UnexpectedAdmissionError  12s  kubelet  Allocate failed due to requested number of devices "
+         "unavailable for nvidia.com/gpu. Requested: 1, Available: 0, which is unexpected",
+         "Kubernetes pkg/kubelet/cm/devicemanager/manager.go", "runtime", "k8s.device_allocate_failed", POD_RELAY),
+    Root("Warning  UnexpectedAdmissionError  12s  kubelet  Allocate failed due to no healthy devices present; "
+         "cannot allocate unhealthy devices nvidia.com/gpu, which is unexpected",
+         "Kubernetes pkg/kubelet/cm/devicemanager/manager.go", "runtime", "k8s.device_allocate_failed", POD_RELAY),
+    Root('Warning  FailedMount  2m  kubelet  MountVolume.SetUp failed for volume "data" : mount failed: exit '
+         "status 32", "Kubernetes pkg/volume/util/operationexecutor", "runtime", "k8s.failed_mount", POD_RELAY),
+    Root("Message:      failed to create containerd task: failed to create shim task: OCI runtime create failed: "
+         "runc create failed: unable to start container process: exec: \"python\": executable file not found in "
+         "$PATH: unknown", "Kubernetes ContainerCannotRun / CreateContainerError message (containerd, runc)",
+         "runtime", "container.oci_failed", POD_RELAY),
+    Root("Warning  FailedCreatePodSandBox  1m  kubelet  Failed to create pod sandbox: rpc error: code = Unknown "
+         "desc = failed to setup network for sandbox", "Kubernetes kubelet (CRI RunPodSandbox)", "runtime",
+         "container.oci_failed", POD_RELAY),
+    Root("Ready            False   KubeletNotReady              PLEG is not healthy: pleg was last seen active "
+         "3m0s ago; threshold is 3m0s", "Kubernetes pkg/kubelet (node condition KubeletNotReady)", "runtime",
+         "k8s.kubelet_not_ready", POD_RELAY),
+]
+
+SECONDARIES = [
+    Secondary("pcieport 0000:00:03.1: AER: Corrected error received: 0000:3b:00.0",
+              "Linux aer.c: corrected means recovered", "pcieport 0000:00:03.1: AER: Uncorrected (Fatal) error "
+              "received: 0000:3b:00.0"),
+    Secondary("pcieport 0000:00:03.1: PCIe Bus Error: severity=Corrected, type=Physical Layer, (Receiver ID)",
+              "Linux aer.c", "pcieport 0000:00:03.1: PCIe Bus Error: severity=Uncorrected (Fatal), "
+              "type=Transaction Layer, (Requester ID)"),
+    Secondary("mce: [Hardware Error]: Machine check events logged", "Linux mce/core.c mce_notify_irq (corrected "
+              "errors too)", "EDAC MC3: 1 UE memory read error on CPU_SrcID#1_MC#1_Chan#2_DIMM#0 (channel:2)"),
+    Secondary("EDAC MC1: 262 CE memory read error on CPU_SrcID#0_Ha#0_Chan#1_DIMM#0 (channel:1 slot:0)",
+              "Linux edac_mc.c (CE: corrected)", "EDAC MC3: 1 UE memory read error on CPU_SrcID#1_MC#1_Chan#2_DIMM#0"),
+    Secondary("Memory failure: 0x3bd2b7d: recovery action for dirty LRU page: Recovered",
+              "Linux mm/memory-failure.c, after the machine check",
+              "mce: Uncorrected hardware memory error in user-access at 3bd2b7d880"),
+    Secondary("NVRM: GPU 0000:81:00.0: rm_init_adapter failed, device minor number 0",
+              "NVIDIA driver: printed after RmInitAdapter failed", "NVRM: GPU 0000:81:00.0: RmInitAdapter failed! "
+              "(0x25:0x40:1470)"),
+    Secondary("NVRM: Xid (PCI:0000:3b:00): 45, pid=4242, name=python, Ch 00000010", "NVIDIA Xid catalogue: 45 "
+              "'Preemptive cleanup, due to previous errors'", "NVRM: Xid (PCI:0000:3b:00): 79, pid=0, GPU has "
+              "fallen off the bus."),
+    Secondary("NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot "
+              "Required)", "NVIDIA Xid catalogue: 154 reports the recovery action another error needs",
+              "NVRM: Xid (PCI:0000:3b:00): 95, pid=4242, name=python, Uncontained: FBHUB. RST: Yes, D-RST: No"),
+    Secondary("No devices were found", "nvidia-smi, when the driver could not bring up a GPU",
+              "NVRM: GPU 0000:81:00.0: RmInitAdapter failed! (0x25:0x40:1470)"),
+    Secondary("oom_reaper: reaped process 4242 (python), now anon-rss:0kB, file-rss:0kB, shmem-rss:0kB",
+              "Linux mm/oom_kill.c oom_reap_task", "Out of memory: Killed process 4242 (python) total-vm:1kB"),
+    Secondary("EXT4-fs (sda1): Remounting filesystem read-only", "Linux fs/ext4/super.c ext4_handle_error",
+              "EXT4-fs error (device sda1): ext4_find_entry:1455: inode #2: comm python: reading directory"),
+    Secondary("Aborting journal on device sda1-8.", "Linux fs/jbd2/journal.c",
+              "EXT4-fs error (device sda1): ext4_find_entry:1455: inode #2: comm python: reading directory"),
+    Secondary("srun: error: node107: task 0: Out Of Memory", "Slurm srun: relays slurmstepd's oom_kill count",
+              "slurmstepd: error: Detected 1 oom_kill event in StepId=1234.0. Some of the step tasks have been OOM "
+              "Killed."),
+    Secondary("srun: error: node01: task 1: Killed", "Slurm srun: a task's end", "Out of memory: Killed process "
+              "4242 (python) total-vm:1kB"),
+    Secondary("srun: error: cn125: task 0: Segmentation fault (core dumped)", "Slurm srun: a task's end",
+              "python[4242]: segfault at 0 ip 00007f7c7ac69996 sp 00007f7c12fd7c30 error 4 in libc.so.6[7f+1b]"),
+    Secondary("srun: Job step aborted: Waiting up to 32 seconds for job step to finish.", "Slurm srun",
+              "srun: error: Node failure on node01"),
+    Secondary("Kill task failed root 2024-01-25T15:12:23 gpu-23", "Slurm drain reason (UnkillableStepTimeout)",
+              "INFO: task python:4242 blocked for more than 120 seconds."),
+    Secondary("slurmstepd: error: *** JOB 1234 STEPD TERMINATED ON node01 AT 2024-01-25T15:12:23 DUE TO JOB NOT "
+              "ENDING WITH SIGNALS ***", "Slurm slurmstepd (UnkillableStepTimeout)",
+              "INFO: task python:4242 blocked for more than 120 seconds."),
+    Secondary("Prolog error root 2024-01-25T15:12:23 gpu-23", "Slurm drain reason", "slurmd[4242]: error: "
+              "prolog failed: rc:230 output:Error running slurm prolog: 230"),
+    Secondary("Reason:       Evicted", "Kubernetes pod status reason", "Message:      The node was low on "
+              "resource: memory. Threshold quantity: 100Mi, available: 88Mi."),
+    Secondary("Reason:       OOMKilled", "Kubernetes container status reason: the kernel's kill relayed",
+              "Memory cgroup out of memory: Killed process 4242 (python) total-vm:1kB, anon-rss:1kB"),
+    Secondary("Reason:       ContainerCannotRun", "Kubernetes container status reason", "Message:      OCI runtime "
+              "create failed: runc create failed: unable to start container process: error during container init: "
+              "error running hook #0: error running hook: exit status 1, stdout: , stderr: nvidia-container-cli: "
+              "initialization error: nvml error: driver not loaded: unknown"),
+    Secondary("Reason:       CreateContainerError", "Kubernetes container status reason", "Message:      failed to "
+              "create containerd task: failed to create shim task: OCI runtime create failed: unknown"),
+    Secondary("Warning  BackOff  3m  kubelet  Back-off restarting failed container trainer in pod trainer-0",
+              "Kubernetes kubelet (CrashLoopBackOff)", "Reason:       OOMKilled"),
+    Secondary("Warning  FailedMount  1m  kubelet  Unable to attach or mount volumes: unmounted volumes=[data], "
+              "unattached volumes=[data]: timed out waiting for the condition", "Kubernetes kubelet",
+              'Warning  FailedMount  2m  kubelet  MountVolume.SetUp failed for volume "data" : mount failed: exit '
+              "status 32"),
+    Secondary("Warning  NodeNotReady  5m  node-controller  Node node01 status is now: NodeNotReady",
+              "Kubernetes node lifecycle controller", "Ready            False   KubeletNotReady              PLEG is "
+              "not healthy: pleg was last seen active 3m0s ago; threshold is 3m0s"),
+    Secondary("XidCriticalError: Xid=79 on Device=GPU-26fba6b2-9e52-006e-68db-4ce18382a5ea; marking device as "
+              "unhealthy.", "NVIDIA k8s-device-plugin health check", "NVRM: Xid (PCI:0000:3b:00): 79, pid=0, GPU "
+              "has fallen off the bus."),
+]
+
+
+def _xid_rows() -> list[tuple[int, str, str]]:
+    with (data_dir() / "xid_levels.csv").open(encoding="utf-8") as handle:
+        return [(int(row["xid"]), row["description"], row["level"]) for row in csv.DictReader(handle)]
+
+
+XID_CONSEQUENCES = {45, 154}
+XID_ROWS = [row for row in _xid_rows() if row[0] not in XID_CONSEQUENCES]
+
+
+def _node_file(layer: str) -> str:
+    return "dmesg.log" if layer in ("hardware", "driver", "kernel") else "job.log"
+
+
+@pytest.mark.parametrize("entry", ROOTS, ids=lambda e: e.signature + ":" + e.message[:40])
+def test_a_documented_failure_message_is_a_root_at_its_layer(tmp_path: Path, entry: Root) -> None:
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    (alone / _node_file(entry.layer)).write_text(entry.message + "\n")
+    result = triage(alone)
+    assert result.root is not None and result.root_basis == "signature", (entry.source, result.summary)
+    assert result.root.signature == entry.signature, (entry.source, result.root.signature)
+    # beside a consequence one layer up, in a file with no wall-clock time either, the message is still the root
+    both = tmp_path / "both"
+    both.mkdir()
+    (both / _node_file(entry.layer)).write_text(entry.message + "\n")
+    (both / "rank_0.log").write_text(entry.relay + "\n")
+    result = triage(both)
+    assert result.root is not None and result.root.source == _node_file(entry.layer), (entry.source, result.summary)
+
+
+@pytest.mark.parametrize(("xid", "description", "level"), XID_ROWS, ids=lambda v: str(v)[:20])
+def test_every_catalogued_xid_is_a_root_with_the_catalogues_level(tmp_path: Path, xid: int, description: str,
+                                                                   level: str) -> None:
+    (tmp_path / "dmesg.log").write_text(f"NVRM: Xid (PCI:0000:3b:00): {xid}, pid=4242, name=python, {description}\n")
+    (tmp_path / "rank_0.log").write_text(CUDA_RELAY + "\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.source == "dmesg.log", result.summary
+    assert result.root.signature == "nvrm.xid" and result.root.attrs["xid"] == xid
+    assert result.root.level.label == level
+
+
+@pytest.mark.parametrize("entry", SECONDARIES, ids=lambda e: e.message[:48])
+def test_a_documented_consequence_never_outranks_its_cause(tmp_path: Path, entry: Secondary) -> None:
+    # printed first, in the same file as its cause: the cause is named
+    (tmp_path / "node.log").write_text(entry.message + "\n" + entry.cause + "\n")
+    result = triage(tmp_path)
+    assert result.root is not None and (result.root.source, result.root.lineno) == ("node.log", 2), \
+        (entry.source, result.summary)
