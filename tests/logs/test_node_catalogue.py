@@ -34,6 +34,7 @@ NET_RELAY = ("n1:4242:4300 [0] transport/net_ib.cc:1696 NCCL WARN NET/IB : Got c
 SMI_RELAY = "RuntimeError: No CUDA GPUs are available"
 POD_RELAY = "Warning  BackOff  3m  kubelet  Back-off restarting failed container trainer in pod trainer-0_default(1f2e)"
 SRUN_RELAY = "srun: error: node01: task 0: Exited with exit code 1"
+HIP_RELAY = "RuntimeError: HIP error: the launch timed out and was terminated"
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,17 @@ ROOTS = [
          "hardware", "kernel.edac_ue", CUDA_RELAY),
     Root("nvme nvme0: controller is down; will reset: CSTS=0xffffffff, PCI_STATUS=0xffff",
          "Linux drivers/nvme/host/pci.c nvme_timeout", "hardware", "kernel.nvme_controller", IO_RELAY),
+    Root("nvme0n1: Read(0x2) @ LBA 2048, 8 blocks, Unrecovered Read Error (sct 0x2 / sc 0x81) DNR",
+         "Linux drivers/nvme/host/core.c nvme_log_error", "hardware", "kernel.nvme_command_error", IO_RELAY),
+    Root("nvme0n1: I/O Cmd(0x2) @ LBA 131209936, 200 blocks, I/O Error (sct 0x3 / sc 0x71)",
+         "Linux drivers/nvme/host/core.c nvme_log_error (opcode and status names unknown to the kernel)", "hardware",
+         "kernel.nvme_command_error", IO_RELAY),
+    Root("nvme0: Admin Cmd(0x6), I/O Error (sct 0x0 / sc 0x2)", "Linux drivers/nvme/host/core.c nvme_log_err_passthru",
+         "hardware", "kernel.nvme_command_error", IO_RELAY),
+    Root("sd 6:0:0:1: rejecting I/O to offline device", "Linux drivers/scsi/scsi_lib.c scsi_device_state_check",
+         "hardware", "kernel.scsi_device_offline", IO_RELAY),
+    Root("sd 2:0:0:0: rejecting I/O to dead device", "Linux drivers/scsi/scsi_lib.c scsi_device_state_check",
+         "hardware", "kernel.scsi_device_offline", IO_RELAY),
     Root("mlx5_core 0000:3b:00.0: mlx5_port_module_event:1150:(pid 0): Port module event[error]: module 0, "
          "Cable error, Bad cable", "Linux drivers/net/ethernet/mellanox/mlx5/core/port.c / events.c",
          "hardware", "kernel.nic_link_down", NET_RELAY),
@@ -109,6 +121,12 @@ ROOTS = [
          CUDA_RELAY),
     Root("NVRM: _kgspIsHeartbeatTimedOut: Heartbeat timed out, curTime:1716277232 lastHeartbeatTime:1716277226",
          "NVIDIA Xid 120 / GSP heartbeat", "driver", "nvrm.gsp_timeout", CUDA_RELAY),
+    Root("[drm:amdgpu_job_timedout [amdgpu]] *ERROR* ring gfx_0.0.0 timeout, signaled seq=502589, emitted "
+         "seq=502591", "Linux drivers/gpu/drm/amd/amdgpu/amdgpu_job.c amdgpu_job_timedout (DRM_ERROR)", "driver",
+         "amdgpu.ring_timeout", HIP_RELAY),
+    Root("amdgpu 0000:c5:00.0: amdgpu: ring comp_1.1.0 timeout, signaled seq=7, emitted seq=9",
+         "Linux drivers/gpu/drm/amd/amdgpu/amdgpu_job.c amdgpu_job_timedout (dev_err, 6.x)", "driver",
+         "amdgpu.ring_timeout", HIP_RELAY),
     Root("NVRM: nvAssertOkFailedNoLog: Assertion failed: GPU lost from the bus [NV_ERR_GPU_IS_LOST] (0x0000000F) "
          "returned from pRmApi->Control(pRmApi, ...) @ kernel_gsp.c:1912", "NVIDIA RM status NV_ERR_GPU_IS_LOST",
          "driver", "nvrm.gpu_is_lost", CUDA_RELAY),
@@ -159,6 +177,11 @@ ROOTS = [
          "Linux block/blk-mq.c blk_print_req_error (5.18+)", "kernel", "kernel.fs_error", IO_RELAY),
     Root("EXT4-fs error (device sda1): ext4_find_entry:1455: inode #2: comm python: reading directory lblock 0",
          "Linux fs/ext4/super.c", "kernel", "kernel.fs_error", RO_RELAY),
+    Root("EXT4-fs warning (device nvme0n1): htree_dirblock_to_tree:997: inode #1048579: lblock 0: comm python: error "
+         "-5 reading directory block", "Linux fs/ext4/namei.c __ext4_read_dirblock", "kernel", "kernel.fs_error",
+         IO_RELAY),
+    Root("EXT4-fs warning (device sde): ext4_end_bio:309: I/O error 10 writing to inode 393228 starting block 1611784)",
+         "Linux fs/ext4/page-io.c ext4_end_bio", "kernel", "kernel.fs_error", IO_RELAY),
     Root('XFS (dm-0): metadata I/O error in "xfs_trans_read_buf_map" at daddr 0x2 len 1 error 5',
          "Linux fs/xfs/xfs_buf_item.c", "kernel", "kernel.fs_error", IO_RELAY),
     Root("XFS (sdb1): Log I/O Error Detected. Shutting down filesystem", "Linux fs/xfs/xfs_log.c", "kernel",
@@ -298,6 +321,9 @@ SECONDARIES = [
     Secondary("Warning  NodeNotReady  5m  node-controller  Node node01 status is now: NodeNotReady",
               "Kubernetes node lifecycle controller", "Ready            False   KubeletNotReady              PLEG is "
               "not healthy: pleg was last seen active 3m0s ago; threshold is 3m0s"),
+    Secondary("amdgpu 0000:c5:00.0: amdgpu: [drm] AMDGPU device coredump file has been created",
+              "Linux drivers/gpu/drm/amd/amdgpu/amdgpu_dev_coredump.c (printed by the job-timeout handler first)",
+              "amdgpu 0000:c5:00.0: amdgpu: ring gfx_0.0.0 timeout, signaled seq=2662395, emitted seq=2662397"),
     Secondary("XidCriticalError: Xid=79 on Device=GPU-26fba6b2-9e52-006e-68db-4ce18382a5ea; marking device as "
               "unhealthy.", "NVIDIA k8s-device-plugin health check", "NVRM: Xid (PCI:0000:3b:00): 79, pid=0, GPU "
               "has fallen off the bus."),
@@ -352,3 +378,22 @@ def test_a_documented_consequence_never_outranks_its_cause(tmp_path: Path, entry
     result = triage(tmp_path)
     assert result.root is not None and (result.root.source, result.root.lineno) == ("node.log", 2), \
         (entry.source, result.summary)
+
+
+@pytest.mark.parametrize("earlier", [
+    "NVRM: Xid (PCI:0000:61:00): 45, pid=1496200, name=python, Ch 0000000a",
+    "NVRM: GPU 0000:a1:00.0: rm_init_adapter failed, device minor number 7",
+])
+def test_a_task_blocked_after_a_gpu_driver_report_is_not_named_over_it(tmp_path: Path, earlier: str) -> None:
+    # The hung-task detector reports a task waiting behind something; a driver report earlier in the same file is the
+    # failure it waits behind, even one NVIDIA's catalogue calls a consequence (Xid 45, rm_init_adapter's second line)
+    blocked = ("INFO: task python:4242 blocked for more than 120 seconds.\n"
+               "task:python          state:D stack:    0 pid:4242 ppid: 4200 flags:0x00000002\n")
+    (tmp_path / "dmesg.log").write_text(earlier + "\n" + blocked)
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.lineno == 1, result.summary
+    # alone, or after what is not a driver report, the blocked task is still named
+    (tmp_path / "dmesg.log").write_text("EDAC MC1: 2 CE memory read error on CPU_SrcID#0_MC#0_Chan#1_DIMM#0\n"
+                                        "INFO: task python:4242 blocked for more than 120 seconds.\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.signature == "kernel.hung_task", result.summary

@@ -72,6 +72,11 @@ MACHINE_WINDOW_AFTER_S = 120.0
 # A DataLoader worker shares its parent's stderr: what it printed as it died is the line right before the traceback in
 # which the parent reports the death ("DataLoader worker (pid N) is killed by signal: Aborted").
 CHILD_DEATH_REPORTS = frozenset({"torch.dataloader_killed"})
+# A task the kernel reports blocked ("INFO: task python:4242 blocked for more than 120 seconds") waits behind something:
+# when the GPU driver reported an error earlier in the same file - even one NVIDIA's catalogue calls a consequence, like
+# Xid 45 with its own cause out of view - that report is the earlier account of the failure the task is stuck behind.
+BLOCKED_TASK_REPORTS = frozenset({"kernel.hung_task"})
+GPU_DRIVER_PREFIX = "nvrm."
 PRINTED_BEFORE_TRACEBACK = "printed_before_traceback"
 _CONTEXT_ATTRS = frozenset({"frames", "user_frame", PRINTED_BEFORE_TRACEBACK})
 # NCCL reports what it fails on as WARN; at INFO it notes what it tolerates and goes on (an optional verbs call the NIC
@@ -480,6 +485,14 @@ def _pick_root(events: list[LogEvent], priority: dict[str, int],
                                   or (event.signature == first.signature
                                       and _detail(first) == 0 < _detail(event)))):
             first_per_source[event.source] = event
+    for source, first in list(first_per_source.items()):
+        if first.signature in BLOCKED_TASK_REPORTS:
+            driver = [e for e in events if e.source == source and e.lineno < first.lineno
+                      and e.signature.startswith(GPU_DRIVER_PREFIX)]
+            if driver:
+                earlier = min(driver, key=lambda e: e.lineno)
+                earlier.role = "root"
+                first_per_source[source] = earlier
     roots = list(first_per_source.values())
     if not roots:
         return None, None
