@@ -73,6 +73,18 @@ ROOTS = [
     Root("EDAC MC3: 1 UE memory read error on CPU_SrcID#1_MC#1_Chan#2_DIMM#0 (channel:2 slot:0 page:0xb757589 "
          "offset:0xdc0 grain:32 syndrome:0x0)", "Linux drivers/edac/edac_mc.c edac_raw_mc_handle_error (UE)",
          "hardware", "kernel.edac_ue", CUDA_RELAY),
+    Root("md/raid1:md0: Disk failure on sda1, disabling device.", "Linux drivers/md/raid1.c raid1_error (pr_crit)",
+         "kernel", "kernel.md_member_failed", IO_RELAY),
+    Root("md/raid10:md1: Disk failure on nvme1n1p2, disabling device.", "Linux drivers/md/raid10.c raid10_error",
+         "kernel", "kernel.md_member_failed", IO_RELAY),
+    Root("md/raid:md2: Disk failure on sdc1, disabling device.", "Linux drivers/md/raid5.c raid5_error", "kernel",
+         "kernel.md_member_failed", IO_RELAY),
+    Root("mdadm[1721]: DegradedArray event detected on md device /dev/md1", "mdadm Monitor.c (syslog)", "kernel",
+         "kernel.md_member_failed", IO_RELAY),
+    Root("mdadm[1721]: Fail event detected on md device /dev/md0, component device /dev/sdb1",
+         "mdadm Monitor.c (syslog, with the component)", "kernel", "kernel.md_member_failed", IO_RELAY),
+    Root("A Fail event had been detected on md device /dev/md0.", "mdadm Monitor.c (the monitor's mail)", "kernel",
+         "kernel.md_member_failed", IO_RELAY),
     Root("nvme nvme0: controller is down; will reset: CSTS=0xffffffff, PCI_STATUS=0xffff",
          "Linux drivers/nvme/host/pci.c nvme_timeout", "hardware", "kernel.nvme_controller", IO_RELAY),
     Root("nvme0n1: Read(0x2) @ LBA 2048, 8 blocks, Unrecovered Read Error (sct 0x2 / sc 0x81) DNR",
@@ -127,6 +139,20 @@ ROOTS = [
     Root("amdgpu 0000:c5:00.0: amdgpu: ring comp_1.1.0 timeout, signaled seq=7, emitted seq=9",
          "Linux drivers/gpu/drm/amd/amdgpu/amdgpu_job.c amdgpu_job_timedout (dev_err, 6.x)", "driver",
          "amdgpu.ring_timeout", HIP_RELAY),
+    Root("amdgpu: qcm fence wait loop timeout expired", "Linux drivers/gpu/drm/amd/amdkfd/"
+         "kfd_device_queue_manager.c amdkfd_fence_wait_timeout (pr_err)", "driver", "amdgpu.queue_scheduler_timeout",
+         HIP_RELAY),
+    Root("amdgpu 0000:03:00.0: amdgpu: qcm fence wait loop timeout expired", "Linux drivers/gpu/drm/amd/amdkfd/"
+         "kfd_device_queue_manager.c amdkfd_fence_wait_timeout (dev_err, 6.x)", "driver",
+         "amdgpu.queue_scheduler_timeout", HIP_RELAY),
+    Root("[drm:mes_v11_0_submit_pkt_and_poll_completion.constprop.0 [amdgpu]] *ERROR* MES failed to response msg=3",
+         "Linux drivers/gpu/drm/amd/amdgpu/mes_v11_0.c mes_v11_0_submit_pkt_and_poll_completion (DRM_ERROR, before "
+         "6.8)", "driver", "amdgpu.queue_scheduler_timeout", HIP_RELAY),
+    Root("amdgpu 0000:c5:00.0: amdgpu: MES failed to respond to msg=REMOVE_QUEUE", "Linux drivers/gpu/drm/amd/amdgpu/"
+         "mes_v11_0.c, mes_v12_0.c (dev_err, since 6.8)", "driver", "amdgpu.queue_scheduler_timeout", HIP_RELAY),
+    Root("amdgpu 0000:03:00.0: amdgpu: MES failed to respond to msg=MISC (WAIT_REG_MEM)", "Linux drivers/gpu/drm/amd/"
+         "amdgpu/mes_v11_0.c (dev_err with the misc operation, since 6.8)", "driver", "amdgpu.queue_scheduler_timeout",
+         HIP_RELAY),
     Root("NVRM: nvAssertOkFailedNoLog: Assertion failed: GPU lost from the bus [NV_ERR_GPU_IS_LOST] (0x0000000F) "
          "returned from pRmApi->Control(pRmApi, ...) @ kernel_gsp.c:1912", "NVIDIA RM status NV_ERR_GPU_IS_LOST",
          "driver", "nvrm.gpu_is_lost", CUDA_RELAY),
@@ -321,6 +347,20 @@ SECONDARIES = [
     Secondary("Warning  NodeNotReady  5m  node-controller  Node node01 status is now: NodeNotReady",
               "Kubernetes node lifecycle controller", "Ready            False   KubeletNotReady              PLEG is "
               "not healthy: pleg was last seen active 3m0s ago; threshold is 3m0s"),
+    Secondary("amdgpu: The cp might be in an unrecoverable state due to an unsuccessful queues preemption",
+              "Linux drivers/gpu/drm/amd/amdkfd/kfd_device_queue_manager.c unmap_queues_cpsch",
+              "amdgpu: qcm fence wait loop timeout expired"),
+    Secondary("amdgpu: Failed to evict process queues", "Linux drivers/gpu/drm/amd/amdkfd/kfd_process.c "
+              "kfd_process_evict_queues", "amdgpu: qcm fence wait loop timeout expired"),
+    Secondary("amdgpu 0000:c5:00.0: amdgpu: failed to remove hardware queue from MES, doorbell=0x1802",
+              "Linux drivers/gpu/drm/amd/amdkfd/kfd_device_queue_manager.c remove_queue_mes",
+              "amdgpu 0000:c5:00.0: amdgpu: MES failed to respond to msg=REMOVE_QUEUE"),
+    Secondary("amdgpu 0000:c5:00.0: amdgpu: MES might be in unrecoverable state, issue a GPU reset",
+              "Linux drivers/gpu/drm/amd/amdkfd/kfd_device_queue_manager.c remove_queue_mes",
+              "[drm:mes_v11_0_submit_pkt_and_poll_completion.constprop.0 [amdgpu]] *ERROR* MES failed to response "
+              "msg=3"),
+    Secondary("md/raid1:md0: Operation continuing on 1 devices.", "Linux drivers/md/raid1.c raid1_error (its second "
+              "line)", "md/raid1:md0: Disk failure on sda1, disabling device."),
     Secondary("amdgpu 0000:c5:00.0: amdgpu: [drm] AMDGPU device coredump file has been created",
               "Linux drivers/gpu/drm/amd/amdgpu/amdgpu_dev_coredump.c (printed by the job-timeout handler first)",
               "amdgpu 0000:c5:00.0: amdgpu: ring gfx_0.0.0 timeout, signaled seq=2662395, emitted seq=2662397"),
@@ -397,3 +437,13 @@ def test_a_task_blocked_after_a_gpu_driver_report_is_not_named_over_it(tmp_path:
                                         "INFO: task python:4242 blocked for more than 120 seconds.\n")
     result = triage(tmp_path)
     assert result.root is not None and result.root.signature == "kernel.hung_task", result.summary
+
+
+def test_a_ring_timeout_stays_the_root_before_the_schedulers_timeout_in_its_recovery(tmp_path: Path) -> None:
+    # amdgpu_job_timedout resets the GPU after a ring hang, and the reset's queue removals can time out in MES too; the
+    # hang printed first is the root, while an MES or fence timeout with no ring timeout before it is one itself
+    (tmp_path / "dmesg.log").write_text(
+        "amdgpu 0000:c5:00.0: amdgpu: ring gfx_0.0.0 timeout, signaled seq=7, emitted seq=9\n"
+        "amdgpu 0000:c5:00.0: amdgpu: MES failed to respond to msg=REMOVE_QUEUE\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.signature == "amdgpu.ring_timeout", result.summary
