@@ -54,56 +54,74 @@ ROOTS = [
     # --- the network and the host, as NCCL's transports report them ---
     Root(IB_ROOT, "nccl src/transport/net_ib.cc ncclIbTest (wc status)", "nccl.ib_completion_error", GENERIC),
     Root(f"{HOST} transport/net_ib.cc:1696 NCCL WARN NET/IB : Got completion from peer 10.0.0.2<4789> with error 12, "
-         "opcode 0, len 0, vendor err 129 (Recv)", "nccl src/transport/net_ib.cc ncclIbTest (2.18 wording)",
+         "opcode 0, len 0, vendor err 129 (Recv)", "nccl v2.19.3-1 src/transport/net_ib.cc:1333 ncclIbTest",
          "nccl.ib_completion_error", GENERIC),
     Root(f"{HOST} transport/net_ib.cc:88 NCCL WARN NET/IB : Got async event : port error",
-         "nccl src/transport/net_ib.cc ncclIbAsyncThreadMain", "nccl.ib_async_event", GENERIC),
+         "nccl v2.19.3-1 src/transport/net_ib.cc:95 ncclIbAsyncThreadMain", "nccl.ib_async_event", GENERIC),
     Root(f"{HOST} transport/net_ib.cc:120 NCCL WARN NET/IB : mlx5_0:1 async fatal event on QP (0x5f3a00): "
-         "local work queue catastrophic error", "nccl src/transport/net_ib.cc ncclIbAsyncThreadMain (2.19+)",
+         "local work queue catastrophic error", "nccl v2.23.4-1 src/transport/net_ib.cc:152",
          "nccl.ib_async_event", GENERIC),
     Root(f"{HOST} misc/ibvwrap.cc:190 NCCL WARN Call to ibv_modify_qp failed with error Connection timed out",
-         "nccl src/misc/ibvwrap.cc wrap_ibv_modify_qp (IBV_INT_CHECK_RET_ERRNO)", "nccl.ib_call_failed", GENERIC),
+         "nccl v2.23.4-1 src/misc/ibvwrap.cc:34 IBV_INT_CHECK_RET_ERRNO", "nccl.ib_call_failed", GENERIC),
     Root(f"{HOST} misc/ibvwrap.cc:128 NCCL WARN Call to ibv_reg_mr_iova2 failed with error Bad address",
          "nccl src/misc/ibvwrap.cc wrap_ibv_reg_mr_iova2", "nccl.ib_call_failed", GENERIC),
     Root(f"{HOST} misc/ibvwrap.cc:66 NCCL WARN Call to ibv_create_cq failed with error Cannot allocate memory",
          "nccl src/misc/ibvwrap.cc wrap_ibv_create_cq", "nccl.ib_call_failed", GENERIC),
     Root(f"{HOST} misc/ibvwrap.cc:250 NCCL WARN Call to ibv_open_device failed",
-         "nccl src/misc/ibvwrap.cc wrap_ibv_open_device (IBV_PTR_CHECK)", "nccl.ib_call_failed", GENERIC),
+         "nccl v2.23.4-1 src/misc/ibvwrap.cc:43 IBV_PTR_CHECK", "nccl.ib_call_failed", GENERIC),
     Root(f"{HOST} misc/shmutils.cc:113 NCCL WARN Error while creating shared memory segment /dev/shm/nccl-UbzKZ9 "
-         "(size 9637888)", "nccl src/misc/shmutils.cc ncclShmOpen", "nccl.shm_error", GENERIC),
+         "(size 9637888)", "nccl v2.19.3-1 src/misc/shmutils.cc:113 ncclShmOpen", "nccl.shm_error", GENERIC),
     Root(f"{HOST} misc/shmutils.cc:72 NCCL WARN Error: failed to extend /dev/shm/nccl-UbzKZ9 to 9637892 bytes",
-         "nccl src/misc/shmutils.cc ncclShmOpen (posix_fallocate)", "nccl.shm_error", GENERIC),
+         "nccl v2.19.3-1 src/misc/shmutils.cc:72 ncclShmOpen", "nccl.shm_error", GENERIC),
     Root(f"{HOST} misc/shmutils.cc:60 NCCL WARN Call to posix_fallocate failed : No space left on device",
-         "nccl src/include/checks.h SYSCHECKVAL", "nccl.shm_error", GENERIC),
+         "nccl v2.19.3-1 src/include/checks.h:49 SYSCHECKVAL", "nccl.shm_error", GENERIC),
     Root("Error while creating shared memory segment /dev/shm/nccl-cjY8K5 (size 10617216), error: No space left on "
          "device (28)", "nccl src/misc/shmutils.cc ncclShmOpen, as 'Last error' under PyTorch's report",
          "nccl.shm_error", GENERIC),
     Root(f"{HOST} bootstrap.cc:45 NCCL WARN Bootstrap : no socket interface found",
-         "nccl src/bootstrap.cc bootstrapNetInit", "nccl.no_interface", GENERIC),
+         "nccl 5067397 src/bootstrap.cc:126 bootstrapNetInit", "nccl.no_interface", GENERIC),
     Root(f"{HOST} transport/net_socket.cc:46 NCCL WARN NET/Socket : no interface found",
-         "nccl src/transport/net_socket.cc ncclNetSocketInit", "nccl.no_interface", GENERIC),
+         "nccl 5067397 src/transport/net_socket.cc:61 ncclNetSocketInit", "nccl.no_interface", GENERIC),
     Root(f"{HOST} init.cc:680 NCCL WARN Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1a000",
-         "nccl src/init.cc initTransportsRank", "nccl.duplicate_gpu", GENERIC),
+         "nccl v2.19.3-1 src/init.cc:824 initTransportsRank", "nccl.duplicate_gpu", GENERIC),
     Root(f"{HOST} misc/socket.cc:50 NCCL WARN Message truncated : received 1048 bytes instead of 1024",
-         "nccl src/bootstrap.cc bootstrapNetRecv (mixed NCCL versions)", "nccl.message_truncated", GENERIC),
+         "nccl 5067397 src/bootstrap.cc:224 (mixed NCCL versions)", "nccl.message_truncated", GENERIC),
     Root(f"{HOST} transport/net_socket.cc:540 NCCL WARN NET/Socket : peer 10.0.0.2<4242> message truncated : "
          "receiving 1048576 bytes instead of 65536. If you believe your socket network is in healthy state, there "
          "may be a mismatch in collective sizes or environment settings (e.g. NCCL_PROTO, NCCL_ALGO) between ranks",
-         "nccl src/transport/net_socket.cc ncclNetSocketTest", "nccl.message_truncated", GENERIC),
+         "nccl v2.19.3-1 src/transport/net_socket.cc:485 ncclNetSocketTest", "nccl.message_truncated", GENERIC),
     Root(f"{HOST} include/socket.h:403 NCCL WARN Connect to 10.148.3.247<56821> failed : No route to host",
          "nccl src/misc/socket.cc socketStartConnect / include/socket.h", "nccl.socket_connect_failed", GENERIC),
     Root(f"{HOST} misc/socket.cc:484 NCCL WARN socketStartConnect: Connect to 10.0.0.2<35133> failed : Network is "
-         "unreachable", "nccl src/misc/socket.cc socketStartConnect (2.18+)", "nccl.socket_connect_failed", GENERIC),
-    Root(f"{HOST} misc/socket.cc:566 NCCL WARN socketPollConnect: connect returned Connection timed out, exceeded "
-         "timeout (20000) ms", "nccl src/misc/socket.cc socketPollConnect", "nccl.socket_connect_failed", GENERIC),
-    Root(f"{HOST} misc/socket.cc:453 NCCL WARN socketStartConnect: exceeded retries (34)",
-         "nccl src/misc/socket.cc socketStartConnect", "nccl.socket_connect_failed", GENERIC),
+         "unreachable", "nccl v2.19.3-1 src/misc/socket.cc:484 socketStartConnect", "nccl.socket_connect_failed",
+         GENERIC),
+    Root(f"{HOST} misc/socket.cc:527 NCCL WARN socketPollConnect: exceeded timeouts (20)",
+         "nccl v2.23.4-1 src/misc/socket.cc:527 (and socketStartConnect, :477)", "nccl.socket_connect_failed", GENERIC),
+    Root(f"{HOST} misc/socket.cc:535 NCCL WARN socketPollConnect: Connect to 10.0.0.2<35133> returned 113(No route to "
+         "host) errno 115(Operation now in progress)", "nccl v2.23.4-1 src/misc/socket.cc:535",
+         "nccl.socket_connect_failed", GENERIC),
+    Root(f"{HOST} misc/socket.cc:238 NCCL WARN Net : No interface found in the same subnet as remote address "
+         "10.0.0.2<29500>", "nccl v2.19.3-1 src/misc/socket.cc:238 ncclFindInterfaceMatchSubnet", "nccl.no_interface",
+         GENERIC),
+    Root(f"{HOST} transport/net_ib.cc:140 NCCL WARN NET/IB : mlx5_0:1 async fatal event: port error",
+         "nccl v2.23.4-1 src/transport/net_ib.cc:140 ncclIbAsyncThreadMain", "nccl.ib_async_event", GENERIC),
+    Root(f"{HOST} transport/net_ib.cc:2121 NCCL WARN NET/IB: Got completion from peer 10.0.0.2<4789> with status=12 "
+         "opcode=0 len=0 vendor err 129 (Recv) localGid ::ffff:10.0.0.1 remoteGids ::ffff:10.0.0.2 hca mlx5_0",
+         "nccl v2.23.4-1 src/transport/net_ib.cc:2121 ncclIbTest", "nccl.ib_completion_error", GENERIC),
+    Root(f"{HOST} transport/net_ib/gin.cc:749 NCCL WARN NET/IB/GIN: Got completion from peer 10.0.0.2<4789> with "
+         "status=12 opcode=0 len=0 vendor err 129 (Recv) hca mlx5_0", "nccl 5067397 src/transport/net_ib/gin.cc:749",
+         "nccl.ib_completion_error", GENERIC),
+    Root(f"{HOST} misc/shmutils.cc:128 NCCL WARN Error while creating shared memory segment /dev/shm/nccl-UbzKZ9 "
+         "(size 9637888), error: No space left on device (28)", "nccl v2.23.4-1 src/misc/shmutils.cc:128 ncclShmOpen",
+         "nccl.shm_error", GENERIC),
+    Root(f"{HOST} misc/shmutils.cc:60 NCCL WARN Call to posix_fallocate failed: No space left on device",
+         "nccl v2.23.4-1 src/include/checks.h:63 SYSCHECKGOTO", "nccl.shm_error", GENERIC),
     # --- CUDA underneath NCCL ---
-    Root(CUDA_ROOT, "nccl src/include/checks.h CUDACHECK", "cuda.illegal_address", GENERIC),
+    Root(CUDA_ROOT, "nccl 5067397 src/include/checks.h:18 CUDACHECK", "cuda.illegal_address", GENERIC),
     Root(f"{HOST} init.cc:1522 NCCL WARN Cuda failure 2 'out of memory'", "nccl src/include/checks.h CUDACHECK "
          "(2.19+ with the error number)", "cuda.other", GENERIC),
     Root(f"{HOST} include/alloc.h:125 NCCL WARN Failed to CUDA calloc 1048576 bytes",
-         "nccl src/include/alloc.h ncclCudaCallocAsync", "nccl.cuda_alloc_failed", GENERIC),
+         "nccl v2.19.3-1 src/include/alloc.h:185 ncclCudaCalloc", "nccl.cuda_alloc_failed", GENERIC),
     Root(f"{HOST} include/alloc.h:159 NCCL WARN Cuda failure 'out of memory'", "nccl src/include/alloc.h",
          "cuda.other", GENERIC),
     # --- NCCL's generic summaries (ncclGetErrorString) and PyTorch's wrapping of them ---
@@ -124,7 +142,7 @@ ROOTS = [
          "torch/csrc/distributed/c10d/NCCLUtils.cpp getNcclErrorDetailStr", "nccl.internal_error", WATCHDOG),
     Root("torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1691, "
          "invalid argument (run with NCCL_DEBUG=WARN for details), NCCL version 2.19.3",
-         "nccl ncclGetErrorString (ncclInvalidArgument)", "nccl.internal_error", WATCHDOG),
+         "nccl 5067397 src/init.cc:3426 ncclGetErrorString (ncclInvalidArgument)", "nccl.internal_error", WATCHDOG),
     Root("ncclInvalidArgument: Invalid value for an argument.", "torch/csrc/distributed/c10d/NCCLUtils.cpp "
          "getNcclErrorDetailStr", "nccl.internal_error", WATCHDOG),
     Root("torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:275, "
@@ -179,15 +197,15 @@ SECONDARIES = [
               CUDA_ROOT),
     # --- NCCL's own consequences: a peer or the proxy after the failure ---
     Secondary(f"{HOST} misc/socket.cc:49 NCCL WARN socketProgress: Connection closed by remote peer n2<35133>",
-              "nccl src/misc/socket.cc socketProgress", IB_ROOT),
+              "nccl v2.19.3-1 src/misc/socket.cc:50 socketProgress", IB_ROOT),
     Secondary(f"{HOST} include/socket.h:423 NCCL WARN Net : Connection closed by remote peer 10.0.0.2<35133>",
               "nccl include/socket.h socketProgress (2.12-2.17)", CUDA_ROOT),
     Secondary(f"{HOST} misc/socket.cc:47 NCCL WARN socketProgressOpt: Call to recv from 10.0.0.2<43210> failed : "
-              "Connection reset by peer", "nccl src/misc/socket.cc socketProgressOpt", IB_ROOT),
+              "Connection reset by peer", "nccl v2.19.3-1 src/misc/socket.cc:30 socketProgressOpt", IB_ROOT),
     Secondary(f"{HOST} proxy.cc:1494 NCCL WARN [Service thread] Error encountered progressing operation=Connect, "
-              "res=3, closing connection", "nccl src/proxy.cc ncclProxyService", IB_ROOT),
+              "res=3, closing connection", "nccl v2.19.3-1 src/proxy.cc:1523 ncclProxyService", IB_ROOT),
     Secondary(f"{HOST} proxy.cc:1115 NCCL WARN [Proxy Service 4] Failed to execute operation Connect from rank 5, "
-              "retcode 6", "nccl src/proxy.cc proxyServiceInitOp", IB_ROOT),
+              "retcode 6", "nccl v2.19.3-1 src/proxy.cc:1557 proxyServiceInitOp", IB_ROOT),
     Secondary(f"{HOST} NCCL INFO transport/net.cc:1014 -> 6", "nccl include/checks.h NCCLCHECK trace", IB_ROOT),
     # --- gloo, the store and the launcher once a peer is gone ---
     Secondary("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
