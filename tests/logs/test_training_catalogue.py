@@ -158,6 +158,13 @@ ROOTS = [
     Root("[W1206 04:10:00.000000000 socket.cpp:697] [c10d] The server socket has failed to bind to [::]:29500 "
          "(errno: 98 - Address already in use).", "torch/csrc/distributed/c10d/socket.cpp SocketListenOp::tryListen",
          "c10d.store_bind_failed", LAUNCHER),
+    Root("RuntimeError: The server socket has failed to listen on any local network address. The server socket has "
+         "failed to listen on [::]:29500 (errno: 98 - Address already in use). The server socket has failed to bind to "
+         "?UNKNOWN? (errno: 98 - Address already in use).", "torch/csrc/distributed/c10d/socket.cpp SocketListenOp "
+         "(torch 2.0-2.1 wording, as printed in public issue threads)", "c10d.store_bind_failed", LAUNCHER),
+    Root("[E socket.cpp:462] [c10d] The server socket has failed to listen on [::]:29500 (errno: 98 - Address already "
+         "in use).", "torch/csrc/distributed/c10d/socket.cpp SocketListenOp::tryListen (recordError)",
+         "c10d.store_bind_failed", LAUNCHER),
     Root("torch.distributed.DistStoreError: Timed out after 901 seconds waiting for clients. 1/2 clients joined.",
          "torch/distributed/distributed_c10d.py / c10d TCPStore server wait", "python.exception", LAUNCHER),
     Root("[E1206 04:10:00.000000000 socket.cpp:1011] [c10d] The client socket has timed out after 900s while trying "
