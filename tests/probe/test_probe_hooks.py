@@ -366,3 +366,23 @@ def test_a_compiled_model_traces_without_graph_breaks_and_its_call_still_marks_c
     model(torch.ones(4, 8)).sum().backward()
     assert dict(counters["graph_break"]) == {}
     assert probe.last_compute is not None and probe.last_compute > before
+
+
+def test_stop_waits_for_the_watchdog_to_leave_its_tick(tmp_path: Path) -> None:
+    """stop() runs at exit: the watchdog thread must be gone before the interpreter finalizes, or a return from
+    one of torch's GIL-releasing calls during finalization aborts a job that had finished."""
+    import threading
+
+    probe = Probe(rank=0, world_size=1, out_dir=tmp_path, hang_timeout_s=5.0)
+    inside = threading.Event()
+
+    def slow_call() -> None:  # a tick busy in a long call (a ring read), as at the moment a job exits
+        inside.set()
+        time.sleep(0.5)
+
+    probe.answer_dump_request = slow_call  # type: ignore[method-assign]
+    probe.start_watchdog()
+    thread = probe._thread
+    assert thread is not None and inside.wait(timeout=30)
+    probe.stop()
+    assert not thread.is_alive()

@@ -43,6 +43,7 @@ ADAPTIVE_FACTOR = 4.0
 # the supervisor must see changes (a stall, an error, stacks, a checkpoint mark, the end); the heartbeat,
 # step and compute marks and the current op go to the mapped current-op file on every tick / op.
 SNAPSHOT_INTERVAL_S = 1.0
+STOP_JOIN_S = 5.0  # the longest a job's exit waits for the watchdog to leave its current tick
 ENV_NODE_NAME = "VIGIL_NODE_NAME"
 _LIVE_START = CURRENT_OP_BYTES + CURRENT_END_BYTES
 _LIVE_BYTES = CURRENT_FILE_BYTES - _LIVE_START
@@ -476,6 +477,14 @@ class Probe:
         self.read_flight_recorder()
         self.finished = True
         self._stop.set()
+        # Called at exit (atexit runs before the interpreter finalizes): the watchdog must be out of torch's
+        # C++ calls by then. A daemon thread that returns from a call that released the GIL while the
+        # interpreter finalizes is ended by a forced unwind that aborts the process ("terminate called
+        # without an active exception", SIGABRT) after the job itself finished. Bounded: a watchdog stuck in a
+        # hung read must not hold the job's exit.
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=STOP_JOIN_S)
         with contextlib.suppress(OSError):
             self.write_snapshot()
 
