@@ -20,6 +20,7 @@ from typing import Literal
 
 import pytest
 
+from tests.logs.catalogue import Secondary, assert_cause_named_after_its_consequence, assert_root_alone_and_beside
 from vigil.knowledge.files import data_dir
 from vigil.logs.triage import triage
 
@@ -44,13 +45,6 @@ class Root:
     layer: Layer
     signature: str  # the signature that must name it
     relay: str  # a consequence one layer up, printed in another file
-
-
-@dataclass(frozen=True)
-class Secondary:
-    message: str
-    source: str
-    cause: str  # the line that must be named when both are present
 
 
 ROOTS = [
@@ -385,19 +379,9 @@ def _node_file(layer: str) -> str:
 
 @pytest.mark.parametrize("entry", ROOTS, ids=lambda e: e.signature + ":" + e.message[:40])
 def test_a_documented_failure_message_is_a_root_at_its_layer(tmp_path: Path, entry: Root) -> None:
-    alone = tmp_path / "alone"
-    alone.mkdir()
-    (alone / _node_file(entry.layer)).write_text(entry.message + "\n")
-    result = triage(alone)
-    assert result.root is not None and result.root_basis == "signature", (entry.source, result.summary)
-    assert result.root.signature == entry.signature, (entry.source, result.root.signature)
     # beside a consequence one layer up, in a file with no wall-clock time either, the message is still the root
-    both = tmp_path / "both"
-    both.mkdir()
-    (both / _node_file(entry.layer)).write_text(entry.message + "\n")
-    (both / "rank_0.log").write_text(entry.relay + "\n")
-    result = triage(both)
-    assert result.root is not None and result.root.source == _node_file(entry.layer), (entry.source, result.summary)
+    assert_root_alone_and_beside(tmp_path, entry.message, entry.source, entry.signature, _node_file(entry.layer),
+                                 entry.relay, "rank_0.log")
 
 
 @pytest.mark.parametrize(("xid", "description", "level"), XID_ROWS, ids=lambda v: str(v)[:20])
@@ -413,11 +397,7 @@ def test_every_catalogued_xid_is_a_root_with_the_catalogues_level(tmp_path: Path
 
 @pytest.mark.parametrize("entry", SECONDARIES, ids=lambda e: e.message[:48])
 def test_a_documented_consequence_never_outranks_its_cause(tmp_path: Path, entry: Secondary) -> None:
-    # printed first, in the same file as its cause: the cause is named
-    (tmp_path / "node.log").write_text(entry.message + "\n" + entry.cause + "\n")
-    result = triage(tmp_path)
-    assert result.root is not None and (result.root.source, result.root.lineno) == ("node.log", 2), \
-        (entry.source, result.summary)
+    assert_cause_named_after_its_consequence(tmp_path, entry, "node.log")
 
 
 @pytest.mark.parametrize("earlier", [

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.logs.catalogue import Secondary, assert_cause_named_after_its_consequence, assert_root_alone_and_beside
 from vigil.logs.triage import triage
 
 HOST = "n1:4242:4300 [0]"
@@ -41,13 +42,6 @@ class Root:
     source: str  # where the wording comes from
     signature: str  # the signature that must name it
     against: str  # a line one layer down the ranking, printed by another rank
-
-
-@dataclass(frozen=True)
-class Secondary:
-    message: str
-    source: str
-    cause: str  # the line that must be named when both are present
 
 
 ROOTS = [
@@ -238,27 +232,14 @@ SECONDARIES = [
 
 @pytest.mark.parametrize("entry", ROOTS, ids=lambda e: e.signature + ":" + e.message[-40:])
 def test_a_training_process_failure_message_is_a_root_above_its_consequences(tmp_path: Path, entry: Root) -> None:
-    alone = tmp_path / "alone"
-    alone.mkdir()
-    (alone / "rank_0.log").write_text(entry.message + "\n")
-    result = triage(alone)
-    assert result.root is not None and result.root_basis == "signature", (entry.source, result.summary)
-    assert result.root.signature == entry.signature, (entry.source, result.root.signature)
     # beside what another rank prints one layer down the ranking, the message is still the root
-    both = tmp_path / "both"
-    both.mkdir()
-    (both / "rank_0.log").write_text(entry.message + "\n")
-    (both / "rank_1.log").write_text(entry.against + "\n")
-    result = triage(both)
-    assert result.root is not None and result.root.source == "rank_0.log", (entry.source, result.summary)
+    assert_root_alone_and_beside(tmp_path, entry.message, entry.source, entry.signature, "rank_0.log", entry.against,
+                                 "rank_1.log")
 
 
 @pytest.mark.parametrize("entry", SECONDARIES, ids=lambda e: e.message[-48:])
 def test_a_documented_training_process_consequence_never_outranks_its_cause(tmp_path: Path, entry: Secondary) -> None:
-    (tmp_path / "rank_0.log").write_text(entry.message + "\n" + entry.cause + "\n")
-    result = triage(tmp_path)
-    assert result.root is not None and (result.root.source, result.root.lineno) == ("rank_0.log", 2), \
-        (entry.source, result.summary)
+    assert_cause_named_after_its_consequence(tmp_path, entry, "rank_0.log")
     # printed by another rank, the consequence does not outrank the cause either
     (tmp_path / "rank_0.log").write_text(entry.cause + "\n")
     (tmp_path / "rank_1.log").write_text(entry.message + "\n")
