@@ -2,7 +2,9 @@
 
 Each row is a message as its producer prints it (NCCL's WARN format strings and ncclGetErrorString, PyTorch's
 ProcessGroupNCCL, ProcessGroupGloo / gloo, TCPStore and torchelastic), with a realistic prefix, where it comes from
-(repository path and function, NVIDIA/nccl v2.19-v2.23 and pytorch/pytorch v2.1-v2.5) and what triage must make of it:
+(repository path and function, NVIDIA/nccl v2.19-v2.28 and pytorch/pytorch v2.1-v2.5 with torch 2.13's own
+strings; gloo, aws-ofi-nccl, UCX, DeepSpeed, Megatron-LM, JAX / XLA's coordination service, Ray and Open MPI's
+launchers) and what triage must make of it:
 
 * ``Root``: alone in a rank log it is named by a root signature, and beside a line of the layer below it in the
   ranking - hardware / network > NCCL transport error > NCCL's generic error summary > c10d watchdog > launcher
@@ -34,6 +36,12 @@ LAUNCHER = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: "
 IB_ROOT = (f"{HOST} transport/net_ib.cc:1696 NCCL WARN NET/IB : Got completion from peer 10.0.0.2<4789> with "
            "status=IBV_WC_RETRY_EXC_ERR(12) opcode=0 len=0 vendor_err=129 localGid ::ffff:10.0.0.1 hca mlx5_0")
 CUDA_ROOT = f"{HOST} enqueue.cc:1556 NCCL WARN Cuda failure 'an illegal memory access was encountered'"
+# What every other JAX process prints once one task is gone (JAX's fault-tolerance docs).
+JAX_PEER_DIED = ("F0926 17:26:32.075587  157988 client.h:77] Terminating process because the JAX distributed service "
+                 "detected fatal errors. This most likely indicates that another task died; see the other task logs "
+                 "for more details. Disable Python buffering, i.e. `python -u`, to be sure to see all the previous "
+                 "output. absl::Status: UNAVAILABLE: The following tasks are unhealthy (stopped sending heartbeats):")
+
 
 
 @dataclass(frozen=True)
@@ -164,6 +172,105 @@ ROOTS = [
     Root("[E1206 04:10:00.000000000 socket.cpp:1011] [c10d] The client socket has timed out after 900s while trying "
          "to connect to (master, 29500).", "torch/csrc/distributed/c10d/socket.cpp SocketConnectOp",
          "c10d.store_connect_timeout", LAUNCHER),
+    # --- NCCL 2.24-2.28: the IB transport's async events and completions, sockets, versions, NVLS, P2P ---
+    Root(f"{HOST} transport/net_ib.cc:253 NCCL WARN NET/IB : mlx5_0:1 Got non-fatal async event: port error(10)",
+         "nccl v2.28.9-1 src/transport/net_ib.cc:253 ncclIbAsyncThreadMain (IBV_EVENT_PORT_ERR)", "nccl.ib_async_event",
+         GENERIC),
+    Root(f"{HOST} transport/net_ib.cc:173 NCCL WARN NET/IB : mlx5_0:1 Got async error event: port error",
+         "nccl v2.24.3-1 src/transport/net_ib.cc:173 ncclIbAsyncThreadMain (IBV_EVENT_PORT_ERR)", "nccl.ib_async_event",
+         GENERIC),
+    Root(f"{HOST} transport/net_ib.cc:219 NCCL WARN NET/IB : mlx5_0:1 async fatal event: local catastrophic error",
+         "nccl v2.28.9-1 src/transport/net_ib.cc:219 ncclIbAsyncThreadMain (IBV_EVENT_DEVICE_FATAL)",
+         "nccl.ib_async_event", GENERIC),
+    Root(f"{HOST} transport/net_ib.cc:224 NCCL WARN NET/IB : mlx5_0:1 async fatal event on CQ (0x55d0c0a3b2f0): CQ "
+         "error",
+         "nccl v2.28.9-1 src/transport/net_ib.cc:224 ncclIbAsyncThreadMain (IBV_EVENT_CQ_ERR)", "nccl.ib_async_event",
+         GENERIC),
+    Root(f"{HOST} transport/net_ib.cc:2543 NCCL WARN NET/IB: Got completion from peer 10.0.0.2<4789> with "
+         "status=IBV_WC_RETRY_EXC_ERR(12) opcode=IBV_WC_RDMA_WRITE(1) reqSize=1048576 vendor_err=129 req_type=Send "
+         "localGid ::ffff:10.0.0.1 remoteGids ::ffff:10.0.0.2 hca mlx5_0",
+         "nccl v2.28.9-1 src/transport/net_ib.cc:2543 ncclIbTest", "nccl.ib_completion_error", GENERIC),
+    Root(f"{HOST} misc/socket.cc:596 NCCL WARN socketStartConnect: connect to 10.0.0.2<35133> failed : No route to "
+         "host",
+         "nccl v2.28.9-1 src/misc/socket.cc:596 socketConnectCheck", "nccl.socket_connect_failed", GENERIC),
+    Root(f"{HOST} misc/socket.cc:582 NCCL WARN socketStartConnect: connect to 10.0.0.2<35133> returned No route to "
+         "host, exceeded error retry count after 35 attempts",
+         "nccl v2.28.9-1 src/misc/socket.cc:582 socketConnectCheck", "nccl.socket_connect_failed", GENERIC),
+    Root(f"{HOST} misc/socket.cc:543 NCCL WARN socketStartConnect: connect returned Connection timed out, exceeded "
+         "error retry count (35)", "nccl v2.24.3-1 src/misc/socket.cc:543 socketConnectCheck",
+         "nccl.socket_connect_failed", GENERIC),
+    Root(f"{HOST} init.cc:896 NCCL WARN Mismatched NCCL version detected : rank 1 version 22809 rank 0 version 22305",
+         "nccl v2.28.9-1 src/init.cc:896 initTransportsRank", "nccl.version_mismatch", GENERIC),
+    Root(f"{HOST} ras/ras.cc:428 NCCL WARN NCCL version mismatch with remote peer 10.0.0.2<28028> (local: 22809, "
+         "remote 22305)", "nccl v2.28.9-1 src/ras/ras.cc:428 (RAS)", "nccl.version_mismatch", GENERIC),
+    Root(f"{HOST} transport/nvls.cc:285 NCCL WARN Failed to bind NVLink SHARP (NVLS) Multicast memory of size "
+         "1073741824 : CUDA error 801 'operation not supported'.",
+         "nccl v2.28.9-1 src/transport/nvls.cc:285 nvlsGroupBindMem", "nccl.nvls_bind_failed", GENERIC),
+    Root(f"{HOST} transport/p2p.cc:333 NCCL WARN failed to peer with device 1(=1b000): 217 peer access is not "
+         "supported between these two devices", "nccl v2.28.9-1 src/transport/p2p.cc:333 p2pMap", "nccl.p2p_failed",
+         GENERIC),
+    Root(f"{HOST} transport/p2p.cc:236 NCCL WARN cudaIpcGetMemHandle failed : invalid argument",
+         "nccl v2.28.9-1 src/transport/p2p.cc:236 ncclP2pAllocateShareableBuffer", "nccl.p2p_failed", GENERIC),
+    Root(f"{HOST} enqueue.cc:1859 NCCL WARN Error : no algorithm/protocol available for function AllReduce with "
+         "datatype ncclBfloat16. NCCL_ALGO was set to NVLS.", "nccl v2.28.9-1 src/enqueue.cc:1859 topoGetAlgoInfo",
+         "nccl.no_algorithm", GENERIC),
+    Root(f"{HOST} rdma_req_handle_error_entry:1580 NCCL WARN NET/OFI Request 0x7f2a4c0123a0 completed with error. RC: "
+         "103. Error: 4126 (Unknown error). Completed length: 0, Request: {dev: 0, size: 1048576, state: CREATED, "
+         "type: SEND}",
+         "aws-ofi-nccl src/nccl_ofi_rdma.cpp rdma_req_handle_error_entry (NCCL_OFI_WARN prefixes NET/OFI and the "
+         "function)", "nccl.ofi_completion_error", GENERIC),
+    Root("[1733467800.123456] [n1:4242:0]    ib_mlx5_log.c:179  UCX  ERROR Transport retry count exceeded on "
+         "mlx5_0:1/IB (synd 0x15 vend 0x81 hw_synd 0/0)",
+         "UCX src/uct/ib/mlx5/ib_mlx5_log.c uct_ib_mlx5_completion_with_err", "ucx.ib_completion_error", GENERIC),
+    # --- gloo's own failures that start a job's failure ---
+    Root("RuntimeError: [enforce fail at ../third_party/gloo/gloo/transport/tcp/device.cc:84] ifa != nullptr. Unable "
+         "to find address for: eth9", "gloo 70dc360 gloo/transport/tcp/device.cc:84 lookupAddrForIface (GLOO_ENFORCE, "
+         "gloo/common/logging.cc:51)", "python.exception", LAUNCHER),
+    Root("RuntimeError: [enforce fail at ../third_party/gloo/gloo/transport/tcp/device.cc:128] bind_rv == 0. Unable to "
+         "find address for n1; bind(2) for 10.0.0.1 failed with: Cannot assign requested address",
+         "gloo 70dc360 gloo/transport/tcp/device.cc:128 lookupAddrForHostname", "python.exception", LAUNCHER),
+    # --- PyTorch 2.x: CUDA, the caching allocator, DTensor ---
+    Root("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.15 GiB. GPU 0 has a total capacity of 39.56 "
+         "GiB of which 6.80 GiB is free. Including non-PyTorch memory, this process has 36.61 GiB memory in use. Of "
+         "the allocated memory 31.66 GiB is allocated by PyTorch, and 4.11 GiB is reserved by PyTorch but "
+         "unallocated. If reserved but unallocated memory is large try setting "
+         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.",
+         "c10/cuda/CUDACachingAllocator.cpp (2.4+ wording, as docs/source/notes/cuda.rst quotes it)",
+         "cuda.oom", WATCHDOG),
+    Root("torch.AcceleratorError: CUDA error: an illegal memory access was encountered",
+         "c10/cuda/CUDAException.cpp c10_cuda_check_implementation (AcceleratorError since 2.8)",
+         "cuda.illegal_address", WATCHDOG),
+    Root("RuntimeError: CUDA error: device-side assert triggered", "c10/cuda/CUDAException.cpp", "cuda.device_assert",
+         WATCHDOG),
+    Root("RuntimeError: aten.add.Tensor: got mixed torch.Tensor and DTensor, need to convert all torch.Tensor to "
+         "DTensor before calling distributed operators! Please see "
+         "https://docs.pytorch.org/docs/main/distributed.tensor.html#mixed-tensor-and-dtensor-operations for more "
+         "details.",
+         "torch 2.13.0 torch/distributed/tensor/_dispatch.py:818", "python.exception", LAUNCHER),
+    Root("RuntimeError: Detected mismatch between collectives on ranks. Rank 1 is running collective: "
+         "CollectiveFingerPrint(SequenceNumber=12, OpType=ALLREDUCE, TensorShape=[1024], TensorDtypes=Float, "
+         "TensorDeviceTypes=TensorOptions(dtype=float, device=cuda)), but Rank 0 is running collective: "
+         "CollectiveFingerPrint(SequenceNumber=12, OpType=BROADCAST). Collectives differ in the following aspects: "
+         "\tOp type: ALLREDUCEvs BROADCAST", "torch/csrc/distributed/c10d/ProcessGroupWrapper.cpp (libtorch_cpu 2.13 "
+         "string)", "torch.collective_mismatch", WATCHDOG),
+    # --- DeepSpeed and Megatron-LM ---
+    Root("Exception: Current loss scale already at minimum - cannot decrease scale anymore. Exiting run.",
+         "DeepSpeed edaa722 deepspeed/runtime/fp16/loss_scaler.py:269 DynamicLossScaler.update_scale",
+         "train.loss_scale_at_minimum", LAUNCHER),
+    Root("RuntimeError: Rank 3, node n1, device 3, iteration 1201: Unexpected result nan (message='found NaN in local "
+         "grad norm for bucket #0 in backward pass before data-parallel communication collective')",
+         "Megatron-LM d98e8a6 megatron/core/rerun_state_machine.py:528 validate_result, message from "
+         "megatron/core/distributed/param_and_grad_buffer.py:358", "train.nan_grad_norm", LAUNCHER),
+    Root("Unexpected result nan on rank 3 at iteration #1201 invocation #1 (message='found NaN in local grad norm for "
+         "bucket #0 in backward pass before data-parallel communication collective')",
+         "Megatron-LM d98e8a6 megatron/core/rerun_state_machine.py:605 (logger.error, rerun enabled)",
+         "train.nan_grad_norm", LAUNCHER),
+    # --- JAX / XLA ---
+    Root("jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 17179869184 "
+         "bytes.", "xla/pjrt (XlaRuntimeError with an absl status)", "python.exception", JAX_PEER_DIED),
+    Root("jaxlib.xla_extension.XlaRuntimeError: INTERNAL: external/xla/xla/service/gpu/nccl_utils.cc:297: NCCL "
+         "operation ncclCommInitRank(&comm, nranks, id, rank) failed: unhandled cuda error",
+         "xla/service/gpu (XlaRuntimeError INTERNAL carrying NCCL's result)", "cuda.other", JAX_PEER_DIED),
 ]
 
 SECONDARIES = [
@@ -227,6 +334,121 @@ SECONDARIES = [
     Secondary("[2026-12-06 04:10:00,000] torch.distributed.elastic.multiprocessing.api: [ERROR] failed (exitcode: 1) "
               "local_rank: 0 (pid: 4242) of binary: /usr/bin/python",
               "torch/distributed/elastic/multiprocessing/api.py", CUDA_ROOT),
+    # --- NCCL 2.24-2.28: what follows a fault elsewhere (RAS, revoked and aborted communicators, refused sockets) ---
+    Secondary(f"{HOST} transport/net_ib.cc:147 NCCL WARN communicator encountered a fatal error (detected in "
+              "ncclIbTest)",
+              "nccl v2.28.9-1 src/transport/net_ib.cc:147 ncclIbStatsCheckFatalCount",
+              f"{HOST} transport/net_ib.cc:231 NCCL WARN NET/IB : mlx5_0:1 async fatal event on QP (0x5f3a00): local "
+              "work queue catastrophic error"),
+    Secondary(f"{HOST} misc/socket.cc:582 NCCL WARN socketStartConnect: connect to 10.0.0.2<35133> returned Connection "
+              "refused, exceeded error retry count after 35 attempts",
+              "nccl v2.28.9-1 src/misc/socket.cc:582 socketConnectCheck (ECONNREFUSED: nobody listens)", CUDA_ROOT),
+    Secondary(f"{HOST} enqueue.cc:2625 NCCL WARN AllReduce: communicator was revoked",
+              "nccl v2.28.9-1 src/enqueue.cc:2625 ncclEnqueueCheck (ncclCommRevoke)", IB_ROOT),
+    Secondary(f"{HOST} proxy.cc:1286 NCCL WARN Comm 0x55d0c0a3b2f0 is in abort state",
+              "nccl v2.28.9-1 src/proxy.cc:1286 ncclPollProxyResponse", IB_ROOT),
+    Secondary(f"{HOST} proxy.cc:1300 NCCL WARN Socket recv failed while polling for opId=0x7f2a4c0123a0",
+              "nccl v2.28.9-1 src/proxy.cc:1300 ncclPollProxyResponse", CUDA_ROOT),
+    Secondary(f"{HOST} proxy.cc:1709 NCCL WARN [Service thread] Could not receive type from localRank 2, res=3, "
+              "closed=1",
+              "nccl v2.28.9-1 src/proxy.cc:1709 ncclProxyService", CUDA_ROOT),
+    Secondary(f"{HOST} init.cc:2348 NCCL WARN commReclaim: cleanup comm 0x55d0c0a3b2f0 rank 3 failed in destroy/abort, "
+              "error 6", "nccl v2.28.9-1 src/init.cc:2348 commReclaim", IB_ROOT),
+    Secondary(f"{HOST} transport/net_socket.cc:266 NCCL WARN NET/Socket : socket progress error",
+              "nccl v2.28.9-1 src/transport/net_socket.cc:266 persistentSocketThread", CUDA_ROOT),
+    Secondary(f"{HOST} NCCL INFO RAS declaring peer 10.0.0.2<28028> as DEAD; rasDeadPeersHash 0x5f3a2b1c",
+              "nccl v2.28.9-1 src/ras/peers.cc:737 rasPeerDeclareDead", CUDA_ROOT),
+    Secondary(f"{HOST} NCCL INFO RAS keep-alive timeout error (20s) on socket connection with 10.0.0.2<28028>",
+              "nccl v2.28.9-1 src/ras/rasnet.cc:754 rasConnHandleTimeouts", IB_ROOT),
+    Secondary("  1 job process is considered dead (unreachable via the RAS network)",
+              "nccl v2.28.9-1 src/ras/client_support.cc:1296 (ncclras report, DEAD)", CUDA_ROOT),
+    Secondary("torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/"
+              "ProcessGroupNCCL.cpp:3356, remote process exited or there was a network error, NCCL version 2.28.9",
+              "nccl v2.28.9-1 src/init.cc:2691 ncclGetErrorString (ncclRemoteError)", IB_ROOT),
+    # --- gloo once its peer is gone (gloo 70dc360) ---
+    Secondary("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:554] Connection closed by peer "
+              "[10.0.0.2]:23456. This is typically caused by a remote worker crashing. Check the logs of the remote "
+              "worker before reporting an error. GLHF!", "gloo 70dc360 gloo/transport/tcp/pair.cc:554 Pair::read",
+              CUDA_ROOT),
+    Secondary("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:538] Read error [10.0.0.2]:23456: "
+              "Connection reset by peer. This is typically caused by a remote worker hanging or bugs in the "
+              "application. Check the logs of the remote worker before reporting an error. GLHF!",
+              "gloo 70dc360 gloo/transport/tcp/pair.cc:538 Pair::read", IB_ROOT),
+    Secondary("RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:130] Timed out waiting "
+              "1800000ms for send operation to complete",
+              "gloo 70dc360 gloo/transport/tcp/unbound_buffer.cc:130 waitSend",
+              CUDA_ROOT),
+    Secondary("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:812] Socket closed [10.0.0.2]:23456",
+              "gloo 70dc360 gloo/transport/tcp/pair.cc:812 Pair::sendSyncMode", CUDA_ROOT),
+    Secondary("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:201] Socket unexpectedly closed "
+              "[10.0.0.2]:23456", "gloo 70dc360 gloo/transport/tcp/pair.cc:201 Pair::setSync", IB_ROOT),
+    Secondary("RuntimeError: Application timeout caused pair closure",
+              "gloo 70dc360 gloo/transport/tcp/unbound_buffer.cc:77 waitRecv (signalled to every other pair)",
+              CUDA_ROOT),
+    Secondary("torch.distributed.DistStoreError: Failed to recv, got 0 bytes. Connection was likely closed. Did the "
+              "remote server shutdown or crash?",
+              "torch/csrc/distributed/c10d/Utils.hpp tcputil::recvBytes (libtorch_cpu 2.13 string)", CUDA_ROOT),
+    Secondary("RuntimeError: Rank 1 failed to pass monitoredBarrier in 1800000 ms",
+              "torch/csrc/distributed/c10d/ProcessGroupGloo.cpp monitoredBarrier (libtorch_cpu 2.13 string)", IB_ROOT),
+    # --- torchelastic's agent and CUDA's notes after an error ---
+    Secondary("[2026-12-06 04:10:00,000] torch.distributed.elastic.agent.server.api: [WARNING] Received "
+              "Signals.SIGTERM death signal, shutting down workers",
+              "torch 2.13.0 torch/distributed/elastic/agent/server/api.py:753",
+              CUDA_ROOT),
+    Secondary("[2026-12-06 04:10:00,000] torch.distributed.elastic.agent.server.api: [INFO] [default] Worker group "
+              "FAILED. 3/3 attempts left; will restart worker group",
+              "torch 2.13.0 torch/distributed/elastic/agent/server/api.py:943", IB_ROOT),
+    Secondary("CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below "
+              "might be incorrect.", "c10/cuda/CUDAException.cpp c10_cuda_check_implementation", CUDA_ROOT),
+    Secondary("Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.",
+              "c10/cuda/CUDAException.cpp c10_cuda_check_implementation", CUDA_ROOT),
+    # --- DeepSpeed's launcher ---
+    Secondary("[2026-12-06 04:10:00,000] [ERROR] [launch.py:341:sigkill_handler] ['/usr/bin/python', '-u', 'train.py', "
+              "'--local_rank=0'] exits with return code = 1",
+              "DeepSpeed edaa722 deepspeed/launcher/launch.py:341 sigkill_handler", CUDA_ROOT),
+    # --- JAX multi-host: the coordination service once a task is gone ---
+    Secondary(JAX_PEER_DIED, "jax docs/fault_tolerance.rst (client.h:77, xla/tsl coordination_service.cc heartbeat "
+              "timeout)", CUDA_ROOT),
+    Secondary("E0926 17:26:32.075402  157988 coordination_service_agent.cc:332] Polled an error from coordination "
+              "service (this can be an error from this or another task).",
+              "jax docs/fault_tolerance.rst (xla/tsl coordination_service_agent.cc)", CUDA_ROOT),
+    Secondary("F0929 17:42:48.594200 1044529 client.h:77] Terminating process because the JAX distributed service "
+              "detected fatal errors. This most likely indicates that another task died; see the other task logs for "
+              "more details. Disable Python buffering, i.e. `python -u`, to be sure to see all the previous output. "
+              "absl::Status: UNAVAILABLE: Failed to send RPC to coordination service. Either the leader task was "
+              "preempted/died/restarted unexpectedly or this task is experiencing network issues.",
+              "jax docs/fault_tolerance.rst (the leader task gone)", IB_ROOT),
+    Secondary("jaxlib.xla_extension.XlaRuntimeError: DEADLINE_EXCEEDED: Barrier timed out. Id: "
+              "0_async_write_complete.0.1. This usually happens because a task triggered the barrier too early or too "
+              "slowly. Please look at the task logs (both timed out and first task) to debug further.",
+              "xla/tsl/distributed_runtime/coordination/coordination_service.cc (barrier timeout)", CUDA_ROOT),
+    Secondary("jaxlib._jax.XlaRuntimeError: FAILED_PRECONDITION: Task with incarnation id 3446767950926952685 is not "
+              "connected", "jax docs/fault_tolerance.rst (a collective cancelled after a peer died)", CUDA_ROOT),
+    # --- Ray Train: the driver once a worker is gone ---
+    Secondary("ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.",
+              "ray python/ray/exceptions.py ActorDiedError", CUDA_ROOT),
+    Secondary("ray.exceptions.RayActorError: The actor died unexpectedly before finishing this task.",
+              "ray python/ray/exceptions.py RayActorError", IB_ROOT),
+    Secondary("The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR Worker exit "
+              "detail: Worker unexpectedly exits with a connection error code 2. End of file.",
+              "ray src/ray/gcs (actor death cause), printed under ActorDiedError", CUDA_ROOT),
+    Secondary("ray.exceptions.WorkerCrashedError: The worker died unexpectedly while executing this task. Check "
+              "python-core-worker-*.log files for more information.", "ray python/ray/exceptions.py WorkerCrashedError",
+              CUDA_ROOT),
+    Secondary("ray.train.base_trainer.TrainingFailedError: The Ray Train run failed. Please inspect the previous error "
+              "messages for a cause. After fixing the issue (assuming that the error is not caused by your own "
+              "application logic, but rather an error such as OOM), you can restart the run from scratch or continue "
+              "this run.", "ray python/ray/train/base_trainer.py TrainingFailedError._RESTORE_MSG", CUDA_ROOT),
+    Secondary("ray.tune.error.TuneError: The Ray Tune run failed. Please inspect the previous error messages for a "
+              "cause.",
+              "ray python/ray/tune/tuner.py (TuneError)", IB_ROOT),
+    # --- MPI launchers after a rank died ---
+    Secondary("prterun noticed that process rank 3 with PID 4242 on node n2 exited on signal 9 (Killed).",
+              "PRRTE (Open MPI 5) errmgr help text", CUDA_ROOT),
+    Secondary("mpirun noticed that process rank 0 with PID 4242 on node n1 exited on signal 11 (Segmentation fault).",
+              "ORTE (Open MPI 4) errmgr help text", CUDA_ROOT),
+    Secondary("Primary job  terminated normally, but 1 process returned", "ORTE / PRRTE help text (non-zero exit)",
+              IB_ROOT),
 ]
 
 
