@@ -271,6 +271,34 @@ ROOTS = [
     Root("jaxlib.xla_extension.XlaRuntimeError: INTERNAL: external/xla/xla/service/gpu/nccl_utils.cc:297: NCCL "
          "operation ncclCommInitRank(&comm, nranks, id, rank) failed: unhandled cuda error",
          "xla/service/gpu (XlaRuntimeError INTERNAL carrying NCCL's result)", "cuda.other", JAX_PEER_DIED),
+    # --- NCCL's failed system and verbs calls (v2.28.9-1 src/include/checks.h SYSCHECK, src/include/ibvwrap.h) ---
+    Root(f"{HOST} misc/socket.cc:428 NCCL WARN Call to bind failed: Address already in use",
+         "nccl v2.28.9-1 src/include/checks.h:45 SYSCHECK (ncclSocketListen bind)", "nccl.syscall_failed", GENERIC),
+    Root(f"{HOST} misc/socket.cc:802 NCCL WARN Call to socket failed: Too many open files",
+         "nccl v2.28.9-1 src/include/checks.h:45 SYSCHECK (ncclSocketInit socket)", "nccl.syscall_failed", GENERIC),
+    Root(f"{HOST} include/ibvwrap.h:62 NCCL WARN Call to ibv_poll_cq() returned -2",
+         "nccl v2.28.9-1 src/include/ibvwrap.h:62 wrap_ibv_poll_cq", "nccl.ib_call_failed", GENERIC),
+    Root(f"{HOST} misc/ibvwrap.cc:307 NCCL WARN Call to ibv_modify_qp failed with 110 Connection timed out, On "
+         "ibv_modify_qp to RTS", "nccl v2.28.9-1 src/misc/ibvwrap.cc:307 wrap_ibv_modify_qp", "nccl.ib_call_failed",
+         GENERIC),
+    # --- the TCPStore client giving up (torch 2.4+ TCPStore.cpp, libtorch_cpu 2.13 string) ---
+    Root("[E1206 04:10:00.000000000 TCPStore.cpp:300] TCP client failed to connect/validate to host master:29500 - "
+         "timed out (try=3, timeout=600000ms): The client socket has timed out after 600000ms while trying to "
+         "connect to (master, 29500).",
+         "torch/csrc/distributed/c10d/TCPStore.cpp TCPClient::connect (libtorch_cpu 2.13 string)",
+         "c10d.store_connect_timeout", LAUNCHER),
+    # --- NVSHMEM and Open MPI underneath ---
+    Root("/build/nvshmem/src/host/transport/transport.cpp:nvshmemi_transport_init:282: init failed for transport: "
+         "IBGDA",
+         "NVSHMEM 2d7d25f src/host/transport/transport.cpp:282 (NVSHMEMI_ERROR_PRINT, nvshmemx_error.h:57)",
+         "nvshmem.transport_init_failed", LAUNCHER),
+    Root("*** An error occurred in MPI_Allreduce",
+         "Open MPI ompi/errhandler/errhandler_predefined.c (ERRORS_ARE_FATAL)",
+         "mpi.errors_are_fatal", LAUNCHER),
+    Root("ORTE has lost communication with a remote daemon.", "Open MPI 4 orte/mca/errmgr help-errmgr-base.txt",
+         "mpi.daemon_lost", LAUNCHER),
+    Root("[n1:4242:0:4300] Caught signal 11 (Segmentation fault: address not mapped to object at address 0x8)",
+         "UCX src/ucs/debug/debug.c ucs_debug_handle_error_signal", "process.caught_signal", LAUNCHER),
 ]
 
 SECONDARIES = [
@@ -449,6 +477,48 @@ SECONDARIES = [
               "ORTE (Open MPI 4) errmgr help text", CUDA_ROOT),
     Secondary("Primary job  terminated normally, but 1 process returned", "ORTE / PRRTE help text (non-zero exit)",
               IB_ROOT),
+    # --- PyTorch 2.6+ ProcessGroupNCCL's heartbeat monitor and flight recorder (HeartbeatMonitor::runLoop,
+    # dumpDebuggingInfo, getNCCLWatchdogTimeoutExitMsg): what every rank prints once one rank's collective timed out ---
+    Secondary(f"{PG} Observed flight recorder dump signal from another rank via TCPStore.",
+              "ProcessGroupNCCL.cpp HeartbeatMonitor::runLoop", CUDA_ROOT),
+    Secondary(f"{PG} ProcessGroupNCCL preparing to dump debug info. Include stack trace: 1, only active collectives: 0",
+              "ProcessGroupNCCL.cpp dumpDebuggingInfo", IB_ROOT),
+    Secondary(f"{PG.replace('[E1206', '[F1206')} {PG[PG.index('[PG'):]} Terminating the process after attempting to "
+              "dump debug info, due to collective timeout or exception.",
+              "ProcessGroupNCCL.cpp terminateProcess(getNCCLWatchdogTimeoutExitMsg), LOG(FATAL)", CUDA_ROOT),
+    Secondary(f"{PG} Terminating the process after attempting to dump debug info, due to ProcessGroupNCCL watchdog "
+              "hang.", "ProcessGroupNCCL.cpp getNCCLWatchdogTimeoutExitMsg (heartbeat timeout)", IB_ROOT),
+    Secondary(f"{PG} Failed to check the \"should dump\" flag on TCPStore, (maybe TCPStore server has shut down too "
+              "early), with error: Connection reset by peer", "ProcessGroupNCCL.cpp HeartbeatMonitor::runLoop",
+              CUDA_ROOT),
+    Secondary(f"{PG} Could not acquire GIL within 300 ms on exit, possible GIL induced hang",
+              "ProcessGroupNCCL.cpp HeartbeatMonitor::runLoop (GIL check)", IB_ROOT),
+    Secondary(f"{PG} Process group watchdog thread terminated with exception: unknown",
+              "ProcessGroupNCCL.cpp Watchdog::run", CUDA_ROOT),
+    Secondary("RuntimeError: [Rank 0]: Ranks 1, 2 failed to pass monitoredBarrier in 30000 ms",
+              "torch/csrc/distributed/c10d/ProcessGroupGloo.cpp monitoredBarrier (wait_all_ranks; libtorch_cpu 2.13 "
+              "string ' failed to pass monitoredBarrier in ')", CUDA_ROOT),
+    Secondary("RuntimeError: Rank 1 timed out in monitoredBarrier after 30000 ms.",
+              "torch/csrc/distributed/c10d/ProcessGroupGloo.cpp monitoredBarrier (libtorch_cpu 2.13 string ' timed "
+              "out in monitoredBarrier after ')", IB_ROOT),
+    # --- NVSHMEM and Open MPI after the failure ---
+    Secondary("/build/nvshmem/src/host/init/init.cu:nvshmemi_check_state_and_init:1200: nvshmem initialization failed, "
+              "exiting", "NVSHMEM 2d7d25f src/host/init/init.cu:1200 (NVSHMEMI_ERROR_EXIT)",
+              "/build/nvshmem/src/host/transport/transport.cpp:nvshmemi_transport_init:282: init failed for transport: "
+              "IBGDA"),
+    Secondary("/build/nvshmem/src/host/init/init.cu:1111: non-zero status: 7 nvshmem transport init failed",
+              "NVSHMEM 2d7d25f src/host/init/init.cu:1111 (NVSHMEMI_NZ_ERROR_JMP)",
+              "/build/nvshmem/src/host/transport/transport.cpp:nvshmemi_transport_init:282: init failed for transport: "
+              "IBGDA"),
+    Secondary("*** MPI_ERRORS_ARE_FATAL (processes in this communicator will now abort,",
+              "Open MPI ompi/errhandler/errhandler_predefined.c", "*** An error occurred in MPI_Allreduce"),
+    Secondary("MPI_ABORT was invoked on rank 0 in communicator MPI_COMM_WORLD with errorcode 1.",
+              "Open MPI ompi/mpi/help-mpi-api.txt (mpi-abort)", CUDA_ROOT),
+    # --- DeepSpeed's launcher relaying a worker's end ---
+    Secondary("[2026-12-06 04:10:00,000] [ERROR] [launch.py:341:sigkill_handler] ['/usr/bin/python', '-u', 'train.py', "
+              "'--local_rank=0'] exits with return code = -9",
+              "DeepSpeed edaa722 deepspeed/launcher/launch.py:341 sigkill_handler (killed by signal 9)",
+              "[Mon Dec  7 04:09:58 2026] Out of memory: Killed process 4242 (python) total-vm:90000000kB"),
 ]
 
 
