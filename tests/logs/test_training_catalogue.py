@@ -253,6 +253,9 @@ ROOTS = [
          "CollectiveFingerPrint(SequenceNumber=12, OpType=BROADCAST). Collectives differ in the following aspects: "
          "\tOp type: ALLREDUCEvs BROADCAST", "torch/csrc/distributed/c10d/ProcessGroupWrapper.cpp (libtorch_cpu 2.13 "
          "string)", "torch.collective_mismatch", WATCHDOG),
+    Root("AssertionError: Expects the parameter to already be moved to device cuda:0 but got cpu",
+         "torch 2.13.0 torch/distributed/fsdp/_fully_shard/_fsdp_param.py:248 FSDPParam._init_sharded_param (FSDP2)",
+         "python.exception", LAUNCHER),
     # --- DeepSpeed and Megatron-LM ---
     Root("Exception: Current loss scale already at minimum - cannot decrease scale anymore. Exiting run.",
          "DeepSpeed edaa722 deepspeed/runtime/fp16/loss_scaler.py:269 DynamicLossScaler.update_scale",
@@ -501,6 +504,14 @@ SECONDARIES = [
     Secondary("RuntimeError: Rank 1 timed out in monitoredBarrier after 30000 ms.",
               "torch/csrc/distributed/c10d/ProcessGroupGloo.cpp monitoredBarrier (libtorch_cpu 2.13 string ' timed "
               "out in monitoredBarrier after ')", IB_ROOT),
+    # --- the desync report ProcessGroupNCCL appends to a watchdog timeout with TORCH_NCCL_DESYNC_DEBUG=1
+    # (torch/csrc/distributed/c10d/TraceUtils.h analyzeMissingRanks / analyzeLaggingRanks) ---
+    Secondary("\t - To our best knowledge, ranks [47] are the lagging ranks that caused this timeout. They never "
+              "joined any collectives", "TraceUtils.h analyzeMissingRanks", CUDA_ROOT),
+    Secondary("\t - To our best knowledge, the lagging/dead/mismatched ranks that caused the desync are:",
+              "TraceUtils.h analyzeLaggingRanks", IB_ROOT),
+    Secondary("\t   - [47] joined but didn't finish collective #41207 (count from 1)",
+              "TraceUtils.h analyzeLaggingRanks", CUDA_ROOT),
     # --- NVSHMEM and Open MPI after the failure ---
     Secondary("/build/nvshmem/src/host/init/init.cu:nvshmemi_check_state_and_init:1200: nvshmem initialization failed, "
               "exiting", "NVSHMEM 2d7d25f src/host/init/init.cu:1200 (NVSHMEMI_ERROR_EXIT)",
