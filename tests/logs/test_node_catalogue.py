@@ -36,6 +36,12 @@ SMI_RELAY = "RuntimeError: No CUDA GPUs are available"
 POD_RELAY = "Warning  BackOff  3m  kubelet  Back-off restarting failed container trainer in pod trainer-0_default(1f2e)"
 SRUN_RELAY = "srun: error: node01: task 0: Exited with exit code 1"
 HIP_RELAY = "RuntimeError: HIP error: the launch timed out and was terminated"
+# CUDA's cudaErrorSystemNotReady (802) as PyTorch raises it: what a job sees when the NVSwitch fabric is not up.
+FABRIC_RELAY = "RuntimeError: CUDA error: system not yet initialized"
+# PyTorch's summary of an NCCL failure whose detail is in the network plugin's WARN.
+NCCL_SUMMARY_RELAY = ("torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
+                      "ProcessGroupNCCL.cpp:1970, unhandled system error (run with NCCL_DEBUG=INFO for details), "
+                      "NCCL version 2.21.5")
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,7 @@ class Root:
     layer: Layer
     signature: str  # the signature that must name it
     relay: str  # a consequence one layer up, printed in another file
+    filename: str | None = None  # the producer's own log (by default the node's kernel log or the job's log)
 
 
 ROOTS = [
@@ -273,6 +280,172 @@ ROOTS = [
     Root("Ready            False   KubeletNotReady              PLEG is not healthy: pleg was last seen active "
          "3m0s ago; threshold is 3m0s", "Kubernetes pkg/kubelet (node condition KubeletNotReady)", "runtime",
          "k8s.kubelet_not_ready", POD_RELAY),
+    # --- producers the first survey did not reach ---
+    # NVIDIA Fabric Manager (/var/log/fabricmanager.log), the NVSwitch fabric under NVLink traffic; wording as the
+    # FM user guide's log and leptonai/gpud components/accelerator/nvidia/fabric-manager quote it
+    Root("[Jul 23 2024 07:53:55] [ERROR] [tid 841] detected NVSwitch fatal error 20034 on fid 0 on NVSwitch pci bus "
+         "id 00000000:86:00.0 physical id 3 port 33", "NVIDIA Fabric Manager log (FM user guide, NVSwitch errors; "
+         "gpud fabric-manager/log.go)", "hardware", "fabricmanager.nvswitch_error", CUDA_RELAY, "fabricmanager.log"),
+    Root("[Jul 09 2024 18:14:07] [ERROR] [tid 12727] detected NVSwitch non-fatal error 12028 on fid 0 on NVSwitch pci "
+         "bus id 00000000:86:00.0 physical id 3 port 61", "NVIDIA Fabric Manager log (non-fatal SXid)", "hardware",
+         "fabricmanager.nvswitch_error", CUDA_RELAY, "fabricmanager.log"),
+    Root("[Sep 17 2024 06:01:46] [ERROR] [tid 1230079] failed to find the GPU handle 5410063385821516767 in the "
+         "multicast team request setup 6130285411925746235.", "NVIDIA Fabric Manager log (a GPU missing from the "
+         "NVLink fabric; gpud fabric-manager/log.go)", "hardware", "fabricmanager.fabric_failed", CUDA_RELAY,
+         "fabricmanager.log"),
+    Root("[Sep 08 2025 23:21:50] [ERROR] detected number of NVSwitches don't match with any supported system "
+         "topology, aborting fabric manager", "NVIDIA Fabric Manager log (FM fails to start; the GPUs stay out of "
+         "the fabric, CUDA returns cudaErrorSystemNotReady)", "hardware", "fabricmanager.fabric_failed", FABRIC_RELAY,
+         "fabricmanager.log"),
+    # mlx5_core health, syndromes and the command interface (Linux drivers/net/ethernet/mellanox/mlx5/core)
+    Root("mlx5_core 0000:41:00.0: poll_health:852:(pid 0): device's health compromised - reached miss count",
+         "Linux mlx5 core/health.c poll_health (4.19+)", "hardware", "kernel.mlx5_fatal", NET_RELAY),
+    Root("mlx5_core 0000:41:00.0: print_health_info:458:(pid 0): synd 0x8: unrecoverable hardware error",
+         "Linux mlx5 core/health.c print_health_info / hsynd_str (before 6.2)", "hardware", "kernel.mlx5_fatal",
+         NET_RELAY),
+    Root("mlx5_core 0000:41:00.0: print_health_info:431:(pid 0): Health issue observed, firmware internal error, "
+         "severity(3) ERROR:", "Linux mlx5 core/health.c print_health_info (6.2+, mlx5_log at the firmware's "
+         "severity)", "hardware", "kernel.mlx5_fatal", NET_RELAY),
+    Root("mlx5_core 0000:41:00.0: print_health_info:424:(pid 0): PCI slot is unavailable",
+         "Linux mlx5 core/health.c print_health_info (health buffer reads all ones)", "hardware", "kernel.mlx5_fatal",
+         NET_RELAY),
+    Root("mlx5_core 0000:41:00.0: mlx5_health_try_recover:330:(pid 920): health recovery flow aborted, PCI reads "
+         "still not working", "Linux mlx5 core/health.c mlx5_health_try_recover", "hardware", "kernel.mlx5_fatal",
+         NET_RELAY),
+    Root("mlx5_core 0000:41:00.0: mlx5_health_try_recover:344:(pid 920): health recovery failed",
+         "Linux mlx5 core/health.c mlx5_health_try_recover", "hardware", "kernel.mlx5_fatal", NET_RELAY),
+    Root("mlx5_core 0000:03:00.0: wait_func:964:(pid 112): ENABLE_HCA(0x104) timeout. Will cause a leak of a command "
+         "resource", "Linux mlx5 core/cmd.c wait_func", "hardware", "kernel.mlx5_cmd_timeout", NET_RELAY),
+    Root("mlx5_core 0000:56:00.0: wait_func_handle_exec_timeout:1159:(pid 72061): cmd[0]: ACCESS_REG(0x805) No done "
+         "completion", "Linux mlx5 core/cmd.c wait_func_handle_exec_timeout (5.10+)", "hardware",
+         "kernel.mlx5_cmd_timeout", NET_RELAY),
+    Root("mlx5_core 0000:08:00.0: cb_timeout_handler:887:(pid 5): cmd[13]: CREATE_QP(0x500) Async, timeout. Will "
+         "cause a leak of a command resource", "Linux mlx5 core/cmd.c cb_timeout_handler (5.8+)", "hardware",
+         "kernel.mlx5_cmd_timeout", NET_RELAY),
+    # InfiniBand port state (infiniband-diags ibstat, rdma-core ibv_devinfo) and the subnet manager's traps (OpenSM
+    # osm_trap_rcv.c log_trap_info, OSM_LOG_ERROR)
+    Root("\t\tState: Down", "infiniband-diags ibstat (port state)", "hardware", "ib.port_down", NET_RELAY,
+         "ibstat.txt"),
+    Root("\t\tPhysical state: Polling", "infiniband-diags ibstat (no link partner: cable or far port)", "hardware",
+         "ib.port_down", NET_RELAY, "ibstat.txt"),
+    Root("\t\t\tstate:\t\t\tPORT_DOWN (1)", "rdma-core libibverbs/examples/devinfo.c (ibv_port_state_str)",
+         "hardware", "ib.port_down", NET_RELAY, "ibv_devinfo.txt"),
+    Root("\t\t\tphys_state:\t\tPOLLING (2)", "rdma-core libibverbs/examples/devinfo.c (port_phy_state_str)",
+         "hardware", "ib.port_down", NET_RELAY, "ibv_devinfo.txt"),
+    Root("Jun 17 17:21:28 922890 [4E8006C0] 0x01 -> log_trap_info: Received Generic Notice type:1 num:128 (Link state "
+         "change) Producer:2 (Switch) from LID:1 TID:0x0000000000000000", "OpenSM opensm/osm_trap_rcv.c "
+         "log_trap_info (trap 128)", "hardware", "ib.sm_trap", NET_RELAY, "opensm.log"),
+    Root("Jun 17 17:21:28 922890 [4E8006C0] 0x01 -> log_trap_info: Received Generic Notice type:1 num:129 (Local Link "
+         "integrity threshold reached) Producer:2 (Switch) from LID:18 Port 5 TID:0x00000000000000a1",
+         "OpenSM opensm/osm_trap_rcv.c log_trap_info (traps 129-131 name the port)", "hardware", "ib.sm_trap",
+         NET_RELAY, "opensm.log"),
+    # AWS EFA: the kernel driver (Linux drivers/infiniband/hw/efa/efa_com.c, ibdev_err: driver, PCI address, device)
+    # and the libfabric efa provider's completion errors as the NCCL OFI plugin reports them
+    Root("efa 0000:10:1c.0 rdmap16s28: The device didn't send any completion for admin cmd CREATE_QP(1) status 1 "
+         "(ctx 0x00000000a5c3e1f2, sq producer: 18, sq consumer: 17, cq consumer: 17)",
+         "Linux efa_com.c efa_com_wait_and_process_admin_cq_interrupts", "driver", "efa.device_error",
+         NCCL_SUMMARY_RELAY),
+    Root("efa 0000:10:1c.0 rdmap16s28: Failed to process command CREATE_QP (opcode 1) comp_status 1 err -12",
+         "Linux efa_com.c efa_com_cmd_exec", "driver", "efa.device_error", NCCL_SUMMARY_RELAY),
+    Root("efa 0000:10:1c.0 rdmap16s28: Reading register timed out. expected: req id[5] offset[0x18] actual: req id[4] "
+         "offset[0x18]", "Linux efa_com.c efa_com_reg_read32", "driver", "efa.device_error", NCCL_SUMMARY_RELAY),
+    Root("efa 0000:10:1c.0 rdmap16s28: Device isn't ready, abort com init 0x0", "Linux efa_com.c efa_com_admin_init",
+         "driver", "efa.device_error", NCCL_SUMMARY_RELAY),
+    Root("ip-10-0-0-1:4242:4300 [0] nccl_net_ofi_rdma_handle_error_entry:1012 NCCL WARN NET/OFI Request "
+         "0x7f3c2c0b8e40 completed with error. RC: 103. Error: 4124 (Unresponsive receiver (connection previously "
+         "established)). Completed length: 0, Request: { dev: 0, size: 0, state: CREATED, type: SEND }",
+         "aws-ofi-nccl rdma transport (fi_cq_strerror of libfabric prov/efa/src/efa_errno.h 4124)", "runtime",
+         "nccl.ofi_completion_error", NCCL_SUMMARY_RELAY, "rank_1.log"),
+    Root("ip-10-0-0-1:4242:4300 [0] nccl_net_ofi_rdma_handle_error_entry:1012 NCCL WARN NET/OFI Request "
+         "0x7f3c2c0b8e40 completed with error. RC: 113. Error: 15 (Unreachable remote (never received a response)). "
+         "Completed length: 0, Request: { dev: 0, size: 0, state: CREATED, type: SEND }",
+         "aws-ofi-nccl (libfabric efa_errno.h EFA_IO_COMP_STATUS_LOCAL_ERROR_UNREACH_REMOTE)", "runtime",
+         "nccl.ofi_completion_error", NCCL_SUMMARY_RELAY, "rank_1.log"),
+    Root("ip-10-0-0-1:4242:4300 [0] ofi_process_cq:196 NCCL WARN NET/OFI Request 0x7f3c2c0b8e40 completed with error. "
+         "RC: 5. Error: Input/output error. Completed length: 0, Request: { dev: 0, size: 0, state: CREATED, type: "
+         "RECV }", "aws-ofi-nccl sendrecv transport (older wording, no provider code)", "runtime",
+         "nccl.ofi_completion_error", NCCL_SUMMARY_RELAY, "rank_1.log"),
+    # Slurm: the controller's and slurmd's accounts of a node it drains (src/slurmctld/node_mgr.c,
+    # src/slurmctld/proc_req.c, src/slurmd/slurmd/slurmd.c)
+    Root("[2024-02-20T16:06:16.263] error: slurmd error running JobId=50 on node(s)=runner01: Plugin initialization "
+         "failed", "Slurm slurmctld _slurm_rpc_complete_batch_script (drain reason 'batch job complete failure')",
+         "runtime", "slurm.batch_launch_failed", SRUN_RELAY),
+    Root("slurmctld: error: Node node01 has low real_memory size (515000 < 1031000)", "Slurm node_mgr.c "
+         "validate_node_specs (drain reason 'Low RealMemory')", "runtime", "slurm.node_spec_mismatch", SRUN_RELAY),
+    Root("slurmctld: error: Node node01 has low socket*core*thread count (64 < 128)", "Slurm node_mgr.c "
+         "validate_node_specs (drain reason 'Low socket*core*thread count')", "runtime", "slurm.node_spec_mismatch",
+         SRUN_RELAY),
+    Root("slurmctld: error: Node node01 has low cpu count (64 < 128)", "Slurm node_mgr.c validate_node_specs (drain "
+         "reason 'Low CPUs')", "runtime", "slurm.node_spec_mismatch", SRUN_RELAY),
+    Root("slurmctld: error: Node node01 has low tmp_disk size (1000 < 20000)", "Slurm node_mgr.c validate_node_specs "
+         "(drain reason 'Low TmpDisk')", "runtime", "slurm.node_spec_mismatch", SRUN_RELAY),
+    Root("slurmd-worker1: error: Node configuration differs from hardware: CPUs=2:2(hw) Boards=1:1(hw) "
+         "SocketsPerBoard=2:1(hw) CoresPerSocket=1:2(hw) ThreadsPerCore=1:1(hw)", "Slurm slurmd.c _read_config",
+         "runtime", "slurm.node_spec_mismatch", SRUN_RELAY),
+    Root("slurmctld: error: Node node01 unexpectedly rebooted boot_time=1706195543 last response=1706195400",
+         "Slurm node_mgr.c validate_node_specs (drain reason 'Node unexpectedly rebooted')", "runtime",
+         "slurm.node_failure", SRUN_RELAY),
+    Root("NHC: check_fs_mount:  /scratch not mounted", "LBNL NHC scripts/common.nhc check_fs_mount (drain reason)",
+         "runtime", "slurm.nhc", SRUN_RELAY),
+    Root("NHC: check_hw_physmem:  Actual RAM size (515000000 kB) less than minimum allowed (1031000000 kB).",
+         "LBNL NHC scripts/lbnl_hw.nhc check_hw_physmem (drain reason)", "runtime", "slurm.nhc", SRUN_RELAY),
+    # Kubernetes: the scheduler's verdict on a pod whose GPUs no node has (pkg/scheduler, FailedScheduling)
+    Root("Warning  FailedScheduling  2m  default-scheduler  0/4 nodes are available: 4 Insufficient nvidia.com/gpu. "
+         "preemption: 0/4 nodes are available: 4 No preemption victims found for incoming pod.",
+         "Kubernetes pkg/scheduler (FailedScheduling, fit error 'Insufficient nvidia.com/gpu')", "runtime",
+         "k8s.failed_scheduling", POD_RELAY),
+    # DCGM health and diagnostics (NVIDIA/DCGM dcgmlib/dcgm_errors.h, DCGM_FR_*_MSG)
+    Root("Detected 2 volatile double-bit ECC error(s) in GPU 3.", "DCGM dcgm_errors.h DCGM_FR_VOLATILE_DBE_DETECTED",
+         "runtime", "dcgm.gpu_fault", CUDA_RELAY, "dcgm.log"),
+    Root("GPU 3 had uncorrectable memory errors and row remapping failed.", "DCGM dcgm_errors.h "
+         "DCGM_FR_ROW_REMAP_FAILURE", "runtime", "dcgm.gpu_fault", CUDA_RELAY, "dcgm.log"),
+    Root("GPU 1's NvLink link 4 is currently down", "DCGM dcgm_errors.h DCGM_FR_NVLINK_DOWN", "runtime",
+         "dcgm.gpu_fault", CUDA_RELAY, "dcgm.log"),
+    Root("Detected XID 79 for GPU 3", "DCGM dcgm_errors.h DCGM_FR_XID_ERROR", "runtime", "dcgm.gpu_fault", CUDA_RELAY,
+         "dcgm.log"),
+    Root("GPU had an uncontained error (XID 95)", "DCGM dcgm_errors.h DCGM_FR_UNCONTAINED_ERROR", "runtime",
+         "dcgm.gpu_fault", CUDA_RELAY, "dcgm.log"),
+    Root("Detected fatal errors on NvSwitch 2 link 11", "DCGM dcgm_errors.h DCGM_FR_NVSWITCH_FATAL_ERROR", "runtime",
+         "dcgm.gpu_fault", CUDA_RELAY, "dcgm.log"),
+    Root("Detected fatal NvSwitch SXID 20034", "DCGM dcgm_errors.h DCGM_FR_SXID_ERROR", "runtime", "dcgm.gpu_fault",
+         CUDA_RELAY, "dcgm.log"),
+    # IPMI system event log as ipmitool prints it (sel list / sel elist; event strings from ipmitool's
+    # include/ipmitool/ipmi_sel.h sensor-specific and threshold tables)
+    Root("   1 | 01/15/2024 | 10:23:45 | Memory #0x53 | Uncorrectable ECC | Asserted", "ipmitool sel list (memory, "
+         "offset 01)", "hardware", "ipmi.sel_fault", CUDA_RELAY, "sel.log"),
+    Root("   1 | 01/15/2024 | 10:23:45 | Memory CPU1_DIMM_A1 | Uncorrectable ECC | Asserted", "ipmitool sel elist "
+         "(sensor named)", "hardware", "ipmi.sel_fault", CUDA_RELAY, "sel.log"),
+    Root("   2 | 03/02/2024 | 08:00:01 | Processor #0x60 | IERR | Asserted", "ipmitool sel list (processor, offset 00)",
+         "hardware", "ipmi.sel_fault", CUDA_RELAY, "sel.log"),
+    Root("   3 | 03/02/2024 | 08:00:01 | Processor CPU2 Status | Uncorrectable machine check exception | Asserted",
+         "ipmitool sel elist (processor, offset 0b)", "hardware", "ipmi.sel_fault", CUDA_RELAY, "sel.log"),
+    Root("   4 | 03/02/2024 | 08:00:01 | Processor #0x60 | Thermal Trip | Asserted", "ipmitool sel list (processor, "
+         "offset 01)", "hardware", "ipmi.sel_fault", CUDA_RELAY, "sel.log"),
+    Root("   5 | 03/02/2024 | 08:00:01 | Critical Interrupt #0x70 | PCI SERR | Asserted", "ipmitool sel list "
+         "(critical interrupt, offset 05)", "hardware", "ipmi.sel_fault", CUDA_RELAY, "sel.log"),
+    Root("   6 | 03/02/2024 | 08:00:01 | Critical Interrupt PCIE_ERR | PCI PERR | Asserted", "ipmitool sel elist "
+         "(critical interrupt, offset 04)", "hardware", "ipmi.sel_fault", CUDA_RELAY, "sel.log"),
+    Root("   7 | 03/02/2024 | 08:00:01 | Critical Interrupt #0x71 | Bus Uncorrectable error | Asserted",
+         "ipmitool sel list (critical interrupt, offset 08)", "hardware", "ipmi.sel_fault", CUDA_RELAY, "sel.log"),
+    Root("   8 | 03/02/2024 | 08:00:01 | Power Supply #0x51 | Failure detected | Asserted", "ipmitool sel list (power "
+         "supply, offset 01)", "hardware", "ipmi.sel_power_supply", CUDA_RELAY, "sel.log"),
+    Root("   9 | 03/02/2024 | 08:00:01 | Power Supply PSU2 Status | Power Supply AC lost | Asserted", "ipmitool sel "
+         "elist (power supply, offset 03)", "hardware", "ipmi.sel_power_supply", CUDA_RELAY, "sel.log"),
+    Root("  10 | 03/02/2024 | 08:00:01 | Temperature CPU1 Temp | Upper Critical going high | Asserted | Reading 96 > "
+         "Threshold 95 degrees C", "ipmitool sel elist (threshold event)", "hardware", "ipmi.sel_fault", CUDA_RELAY,
+         "sel.log"),
+    Root("  11 | 03/02/2024 | 08:00:01 | Fan #0x30 | Lower Critical going low | Asserted", "ipmitool sel list "
+         "(threshold event)", "hardware", "ipmi.sel_fan", CUDA_RELAY, "sel.log"),
+    # parallel file systems: IBM Storage Scale (GPFS) mmfs.log, as IBM's support flash ibm10713707 quotes it, and the
+    # BeeGFS client module (client_module/source/net/message/NetMessage... common/toolkit/MessagingTk.c)
+    Root("gssio1: [E] Lost membership in cluster testcluster.ibm.com. Unmounting file systems.",
+         "IBM Storage Scale mmfs.log (support flash ibm10713707)", "kernel", "gpfs.node_lost", IO_RELAY, "mmfs.log"),
+    Root("gssio1: [N] Disk lease period expired 0.010 seconds ago in cluster testcluster.ibm.com. Attempting to "
+         "reacquire the lease.", "IBM Storage Scale mmfs.log (support flash ibm10713707)", "kernel",
+         "gpfs.node_lost", IO_RELAY, "mmfs.log"),
+    Root("beegfs: Messaging (RPC): Communication error: Node: storage01 [ID: 101] (comm result: -104; message type: "
+         "2009)", "BeeGFS client module common/toolkit/MessagingTk.c __MessagingTk_requestResponseWithRRArgsComm "
+         "(Logger_logErrFormatted)", "kernel", "beegfs.communication_error", IO_RELAY),
 ]
 
 SECONDARIES = [
@@ -361,6 +534,93 @@ SECONDARIES = [
     Secondary("XidCriticalError: Xid=79 on Device=GPU-26fba6b2-9e52-006e-68db-4ce18382a5ea; marking device as "
               "unhealthy.", "NVIDIA k8s-device-plugin health check", "NVRM: Xid (PCI:0000:3b:00): 79, pid=0, GPU "
               "has fallen off the bus."),
+    # --- producers the first survey did not reach ---
+    Secondary(FABRIC_RELAY, "cudaErrorSystemNotReady (802): the CUDA runtime's account of a fabric Fabric Manager has "
+              "not brought up", "[Sep 08 2025 23:21:50] [ERROR] detected number of NVSwitches don't match with any "
+              "supported system topology, aborting fabric manager"),
+    Secondary("/usr/lib/python3/dist-packages/torch/cuda/__init__.py:128: UserWarning: CUDA initialization: "
+              "Unexpected error from cudaGetDeviceCount(). Did you run some cuda functions before calling "
+              "NumCudaDevices() that might have already set an error? Error 802: system not yet initialized "
+              "(Triggered internally at ../c10/cuda/CUDAFunctions.cpp:108.)", "PyTorch c10/cuda/CUDAFunctions.cpp "
+              "(cudaErrorSystemNotReady at device count)", "[Jul 23 2024 07:53:55] [ERROR] [tid 841] detected NVSwitch "
+              "fatal error 20034 on fid 0 on NVSwitch pci bus id 00000000:86:00.0 physical id 3 port 33"),
+    Secondary("mlx5_core 0000:41:00.0: print_health_info:435:(pid 0): assert_var[0] 0x00000001",
+              "Linux mlx5 health.c print_health_info: the health buffer dumped under the report",
+              "mlx5_core 0000:41:00.0: poll_health:800:(pid 0): Fatal error 1 detected"),
+    Secondary("mlx5_core 0000:41:00.0: print_health_info:441:(pid 0): ext_synd 0x8f3a",
+              "Linux mlx5 health.c print_health_info", "mlx5_core 0000:41:00.0: poll_health:852:(pid 0): device's "
+              "health compromised - reached miss count"),
+    Secondary("mlx5_core 0000:41:00.0: mlx5_health_try_recover:318:(pid 920): handling bad device here",
+              "Linux mlx5 health.c mlx5_health_try_recover: recovery after the fatal error",
+              "mlx5_core 0000:41:00.0: poll_health:800:(pid 0): Fatal error 1 detected"),
+    Secondary("mlx5_core 0000:41:00.0: mlx5_handle_bad_state:300:(pid 920): Expected to see disabled NIC but it is "
+              "has invalid value 7", "Linux mlx5 health.c mlx5_handle_bad_state",
+              "mlx5_core 0000:41:00.0: poll_health:800:(pid 0): Fatal error 1 detected"),
+    Secondary("mlx5_core 0000:3b:00.0: mlx5_pci_err_detected Device state = 1 pci_status: 1. Exit, result = 3, need "
+              "reset", "Linux mlx5 main.c mlx5_pci_err_detected (5.16+): the driver's PCI error handler, after AER",
+              "pcieport 0000:00:03.1: AER: Uncorrected (Fatal) error received: 0000:3b:00.0"),
+    Secondary("mlx5_core 0000:3b:00.0: mlx5_pci_err_detected was called", "Linux mlx5 main.c (before 5.16)",
+              "pcieport 0000:00:03.1: AER: Uncorrected (Fatal) error received: 0000:3b:00.0"),
+    Secondary("mlx5_core 0000:56:00.0: mlx5_cmd_comp_handler:1709:(pid 0): Command completion arrived after timeout "
+              "(entry idx = 0).", "Linux mlx5 cmd.c mlx5_cmd_comp_handler", "mlx5_core 0000:56:00.0: "
+              "wait_func_handle_exec_timeout:1159:(pid 72061): cmd[0]: ACCESS_REG(0x805) No done completion"),
+    Secondary("Jun 17 17:21:28 923315 [4E8006C0] 0x02 -> log_notice: Reporting Generic Notice type:1 num:128 (Link "
+              "state change) from LID:1 GID:fe80::20:0", "OpenSM osm_inform.c log_notice: the trap forwarded",
+              "Jun 17 17:21:28 922890 [4E8006C0] 0x01 -> log_trap_info: Received Generic Notice type:1 num:128 (Link "
+              "state change) Producer:2 (Switch) from LID:1 TID:0x0000000000000000"),
+    Secondary("efa 0000:10:1c.0 rdmap16s28: Failed to submit command DESTROY_QP (opcode 4) err -19",
+              "Linux efa_com.c efa_com_cmd_exec: the admin queue closed after the device stopped answering",
+              "efa 0000:10:1c.0 rdmap16s28: The device didn't send any completion for admin cmd CREATE_QP(1) status "
+              "1 (ctx 0x00000000a5c3e1f2, sq producer: 18, sq consumer: 17, cq consumer: 17)"),
+    Secondary("efa 0000:10:1c.0 rdmap16s28: Admin queue is closed", "Linux efa_com.c efa_com_submit_admin_cmd",
+              "efa 0000:10:1c.0 rdmap16s28: Reading register timed out. expected: req id[5] offset[0x18] actual: req "
+              "id[4] offset[0x18]"),
+    Secondary("ip-10-0-0-2:4242:4300 [0] nccl_net_ofi_rdma_handle_error_entry:1012 NCCL WARN NET/OFI Request "
+              "0x7f3c2c0b8e40 completed with error. RC: 107. Error: 9 (Bad queue pair (QP) number (QP does not exist "
+              "or is in error state)). Completed length: 0, Request: { dev: 0, size: 0, state: CREATED, type: SEND }",
+              "libfabric efa_errno.c efa_show_help: 'typically encountered when the peer process is no longer "
+              "present'", "RuntimeError: CUDA error: an illegal memory access was encountered"),
+    Secondary("ip-10-0-0-2:4242:4300 [0] nccl_net_ofi_rdma_handle_error_entry:1012 NCCL WARN NET/OFI Request "
+              "0x7f3c2c0b8e40 completed with error. RC: 125. Error: 1 (Flushed during queue pair destroy). Completed "
+              "length: 0, Request: { dev: 0, size: 0, state: CREATED, type: RECV }", "libfabric efa_errno.h "
+              "EFA_IO_COMP_STATUS_FLUSHED", "RuntimeError: CUDA error: an illegal memory access was encountered"),
+    Secondary("Reason=batch job complete failure [slurm@2024-02-20T16:06:16]", "Slurm scontrol show node (drain "
+              "reason)", "[2024-02-20T16:06:16.263] error: slurmd error running JobId=50 on node(s)=runner01: Plugin "
+              "initialization failed"),
+    Secondary("Reason=Low RealMemory [slurm@2024-01-25T15:12:23]", "Slurm scontrol show node (drain reason)",
+              "slurmctld: error: Node node01 has low real_memory size (515000 < 1031000)"),
+    Secondary("Reason=Low socket*core*thread count, Low CPUs [slurm@2024-01-25T15:12:23]", "Slurm scontrol show node "
+              "(drain reason)", "slurmd-worker1: error: Node configuration differs from hardware: CPUs=2:2(hw) "
+              "Boards=1:1(hw) SocketsPerBoard=2:1(hw) CoresPerSocket=1:2(hw) ThreadsPerCore=1:1(hw)"),
+    Secondary("Reason=Not responding [slurm@2024-01-25T15:12:23]", "Slurm scontrol show node (node state reason)",
+              "Kernel panic - not syncing: Fatal exception"),
+    Secondary("Reason=Node unexpectedly rebooted boot_time=1706195543 last response=1706195400 "
+              "[slurm@2024-01-25T15:12:23]", "Slurm scontrol show node (drain reason)",
+              "Kernel panic - not syncing: Fatal exception"),
+    Secondary("Reason=Kill task failed [root@2024-01-25T15:12:23]", "Slurm scontrol show node (drain reason)",
+              "INFO: task python:4242 blocked for more than 120 seconds."),
+    Secondary("Epilog error root 2024-01-25T15:12:23 gpu-23", "Slurm sinfo -R (drain reason)",
+              "slurmd[4242]: error: [job 1234] epilog failed status=1:0"),
+    Secondary('Warning  Unhealthy  10s (x3 over 30s)  kubelet  Liveness probe failed: Get "http://10.0.0.5:8080/'
+              'healthz": context deadline exceeded (Client.Timeout exceeded while awaiting headers)',
+              "Kubernetes pkg/kubelet/prober/prober.go (ContainerUnhealthy)", "NVRM: Xid (PCI:0000:3b:00): 79, pid=0, "
+              "GPU has fallen off the bus."),
+    Secondary("Warning  Unhealthy  5s  kubelet  Readiness probe failed: HTTP probe failed with statuscode: 503",
+              "Kubernetes pkg/kubelet/prober/prober.go", "Memory cgroup out of memory: Killed process 4242 (python) "
+              "total-vm:1kB, anon-rss:1kB"),
+    Secondary("Normal   Killing  30s  kubelet  Container trainer failed liveness probe, will be restarted",
+              "Kubernetes pkg/kubelet/kuberuntime (the kill after the probe)", "NVRM: Xid (PCI:0000:3b:00): 79, "
+              "pid=0, GPU has fallen off the bus."),
+    Secondary("'nvidia.com/gpu' device marked unhealthy: GPU-26fba6b2-9e52-006e-68db-4ce18382a5ea",
+              "NVIDIA k8s-device-plugin (health check)", "NVRM: Xid (PCI:0000:3b:00): 79, pid=0, GPU has fallen off "
+              "the bus."),
+    Secondary("  12 | 01/15/2024 | 10:23:40 | Memory #0x53 | Correctable ECC | Asserted", "ipmitool sel list: a "
+              "corrected error", "   1 | 01/15/2024 | 10:23:45 | Memory #0x53 | Uncorrectable ECC | Asserted"),
+    Secondary("  13 | 03/02/2024 | 08:10:01 | Power Supply #0x51 | Failure detected | Deasserted", "ipmitool sel list: "
+              "the event's end", "   8 | 03/02/2024 | 08:00:01 | Power Supply #0x51 | Failure detected | Asserted"),
+    Secondary("beegfs: Messaging (RPC): Retrying communication with node: storage01 [ID: 101]", "BeeGFS MessagingTk.c "
+              "(Log_NOTICE, the retry after the error)", "beegfs: Messaging (RPC): Communication error: Node: "
+              "storage01 [ID: 101] (comm result: -104; message type: 2009)"),
 ]
 
 
@@ -380,8 +640,8 @@ def _node_file(layer: str) -> str:
 @pytest.mark.parametrize("entry", ROOTS, ids=lambda e: e.signature + ":" + e.message[:40])
 def test_a_documented_failure_message_is_a_root_at_its_layer(tmp_path: Path, entry: Root) -> None:
     # beside a consequence one layer up, in a file with no wall-clock time either, the message is still the root
-    assert_root_alone_and_beside(tmp_path, entry.message, entry.source, entry.signature, _node_file(entry.layer),
-                                 entry.relay, "rank_0.log")
+    assert_root_alone_and_beside(tmp_path, entry.message, entry.source, entry.signature,
+                                 entry.filename or _node_file(entry.layer), entry.relay, "rank_0.log")
 
 
 @pytest.mark.parametrize(("xid", "description", "level"), XID_ROWS, ids=lambda v: str(v)[:20])

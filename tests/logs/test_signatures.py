@@ -167,3 +167,17 @@ def test_the_fast_screen_agrees_with_python_re(shared_data: Path) -> None:
     slow = [reference.search(line) is not None for line in lines]
     assert fast == slow
     assert sum(fast) >= len(CASES)
+
+
+def test_the_screen_runs_on_re2s_dfa_within_its_memory_budget(shared_data: Path,
+                                                              capfd: pytest.CaptureFixture[str]) -> None:
+    """Past its memory budget RE2's DFA gives up on a line ("DFA out of memory" on stderr) and the search falls back to
+    the NFA, several times slower: the whole library's screen must stay within the budget it is given."""
+    matcher = SignatureMatcher()
+    lines = [line for path in sorted((shared_data / "loghub2k_corrected").rglob("*_2k.log"))
+             for line in path.read_text(errors="replace").splitlines()]
+    assert len(lines) >= 20000
+    capfd.readouterr()
+    for line in lines:
+        matcher._screen.search(line)
+    assert "DFA out of memory" not in capfd.readouterr().err

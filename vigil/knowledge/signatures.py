@@ -29,6 +29,10 @@ XID_SIGNATURES = frozenset({"nvrm.xid", "nvrm.xid_consequence"})
 # A line longer than this is matched on its head and tail only: error text is never megabytes long,
 # and regexes over a 1 MB line would turn one hostile line into seconds of work.
 MAX_MATCH_CHARS = 4096
+# RE2's memory budget for the combined screen. Its lazily built DFA needs more states as the library grows; past the
+# default (8 MiB) RE2 logs "DFA out of memory" and falls back to its NFA for the line, several times slower. With 153
+# signatures 16 MiB suffices on the loghub corpora (tests/logs/test_signatures.py); this leaves room to grow.
+SCREEN_MAX_MEM = 32 << 20
 
 
 class Signature(BaseModel):
@@ -120,13 +124,15 @@ def _screen(pattern: str) -> Any:
     one linear pass, where Python's backtracking engine tries them one by one at every position (12x slower
     per line on 32 signatures). A pattern RE2 cannot compile (look-arounds, back-references) keeps ``re``;
     the screen only decides which lines the signatures are tried on, both engines agree on that
-    (tests/logs/test_signatures.py)."""
+    (tests/logs/test_signatures.py). RE2 gets ``SCREEN_MAX_MEM`` for its DFA."""
     try:
         import re2
     except ImportError:
         return re.compile(pattern)
+    options = re2.Options()
+    options.max_mem = SCREEN_MAX_MEM
     try:
-        return re2.compile(pattern)
+        return re2.compile(pattern, options)
     except re2.error:
         return re.compile(pattern)
 
