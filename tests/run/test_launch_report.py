@@ -68,6 +68,14 @@ class Launch:
             if loss is not None:
                 loss *= 0.999
 
+    def stopped(self, ticks: int, step_time: float = 0.5, job: str = "llm") -> None:
+        """Ticks of a job that steps no more: every report repeats its last step, as the reporter's do."""
+        for _ in range(ticks):
+            self.clock.now += 10.0
+            self.report(job, steps=[StepTelemetry(ts=self.clock.now, steps=self.step, step_time_s=step_time,
+                                                  loss=2.0, grad_norm=1.0)])
+            self.engine.tick()
+
     def end(self, verdict: LaunchVerdict, ranks: list[RankState] | None = None, job: str = "llm") -> None:
         self.clock.now += 1.0
         self.report(job, ranks=ranks or [], verdict=verdict)
@@ -137,6 +145,19 @@ def test_hang_verdict_names_the_culprit_rank(launch: Launch) -> None:
     diagnosis = launch.client.get(f"/api/v1/incidents/{incident['id']}/diagnosis").json()
     assert diagnosis["root_cause"]["entity"] == "job/llm/rank/1"
     assert diagnosis["root_cause"]["fault_type"] == "job_hang"
+
+
+def test_the_last_step_before_a_hang_repeated_is_no_throughput_drop(launch: Launch) -> None:
+    # The step before the hang happened to be slow; the reports during the hang repeat it. One slow step is
+    # no throughput drop, however many ticks see it again: the incident is the hang, on its rank alone.
+    launch.train(6)
+    launch.train(1, step_time=0.8)
+    launch.stopped(6, step_time=0.8)
+    assert launch.open_incidents() == []
+    launch.end(LaunchVerdict(verdict="hang", culprit_ranks=[1], hang_kind="not_enqueued",
+                             summary="rank 1 never entered all_reduce #12"))
+    [incident] = launch.open_incidents()
+    assert incident["scope"] == "job/llm/rank/1" and incident["fault_types"] == ["job_hang"]
 
 
 def test_nan_loss_opens_an_incident_that_closes_when_the_job_ends_normally(launch: Launch) -> None:

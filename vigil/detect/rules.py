@@ -50,6 +50,7 @@ class Thresholds(BaseModel):
     grad_norm_window_s: float = 300.0
     stall_s: float = 90.0
     throughput_ratio: float = 0.9
+    # Consecutive reports of new steps below the ratio (a report that repeats the last step is not judged).
     throughput_ticks: int = 3
     hold_s: float = 60.0
     crash_memory_s: float = 300.0
@@ -344,8 +345,11 @@ class RuleDetector(StreamDetector):
             tokens = float(cols["vigil_job_tokens_per_second"][i])
             checkpointing = cols["vigil_job_checkpoint_in_progress"][i] > 0
             progressing = np.isfinite(step_time)
+            # A frame holds the job's latest report: between two of its steps, and while it is stopped, every
+            # tick sees the same step's values again. NaN steps: a source that does not count them.
+            stepped = bool(np.isnan(steps) or np.isnan(st.last_steps) or steps != st.last_steps)
             # stall: the step counter stopped, outside a checkpoint save and not after a reported crash
-            if np.isnan(st.last_steps) or steps != st.last_steps or checkpointing:
+            if stepped or checkpointing:
                 st.last_progress_ts = frame.ts
             st.last_steps = steps
             stalled_for = frame.ts - st.last_progress_ts
@@ -383,6 +387,10 @@ class RuleDetector(StreamDetector):
                     self._fire(frame.ts, job, "vanishing_gradient", fault_level("vanishing_gradient"),
                                f"gradient-norm average over {span:.0f} s is {avg:.4f} < {t.grad_norm_floor}",
                                metric="vigil_job_grad_norm", value=avg, opened=opened)
+            if not stepped:
+                # The pace of a step already judged: a hung job's last step, repeated every tick, would
+                # otherwise count as several slow ticks (and move the baseline) before the hang is reported.
+                continue
             # Throughput against the job's own history: tokens/s where the job reports it, else its step rate.
             pace, metric = (tokens, "vigil_job_tokens_per_second") if np.isfinite(tokens) else (
                 1.0 / max(step_time, 1e-9), "vigil_job_step_time_seconds")
