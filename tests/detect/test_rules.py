@@ -6,7 +6,7 @@ import pytest
 from vigil.detect.incidents import IncidentGrouper
 from vigil.detect.rules import RuleDetector
 from vigil.knowledge.faults import fault_level
-from vigil.model import Event, FaultLevel
+from vigil.model import Anomaly, Event, FaultLevel
 from vigil.run.pipeline import run_pipeline
 from vigil.sources.sim import FaultPlan, SimConfig, simulate
 from vigil.sources.sim import metrics as M
@@ -115,6 +115,28 @@ def test_observations_do_not_open_incidents() -> None:
     det = RuleDetector(TOPO)
     grouper.add(det.update([], [Event(ts=5, entity=GPUS[0], kind="xid", attrs={"xid": 13})]))
     assert grouper.incidents(now=10) == [] and len(grouper.observations) == 1
+
+
+def _job_anomaly(entity: str, fault: str, start: float) -> Anomaly:
+    return Anomaly(entity=entity, start=start, end=start, detector="rules", fault_type=fault,
+                   level=fault_level(fault))
+
+
+def test_a_job_incident_narrows_to_the_one_rank_named_unless_the_job_is_worse_off() -> None:
+    grouper = IncidentGrouper(TOPO)
+    grouper.add([_job_anomaly("job/j00", "throughput_drop", 10)])
+    assert [i.scope for i in grouper.incidents(now=20)] == ["job/j00"]
+    grouper.add([_job_anomaly("job/j00/rank/3", "straggler", 30)])
+    [incident] = grouper.incidents(now=40)
+    assert incident.scope == "job/j00/rank/3" and incident.title == "straggler on job/j00/rank/3"
+    # A stall of the whole job is worse than one slow rank: the rank does not explain it.
+    grouper.add([_job_anomaly("job/j00", "job_hang", 50)])
+    assert [i.scope for i in grouper.incidents(now=60)] == ["job/j00"]
+    # Two ranks named: the job is what they have in common.
+    other = IncidentGrouper(TOPO)
+    other.add([_job_anomaly("job/j00", "throughput_drop", 10), _job_anomaly("job/j00/rank/3", "straggler", 30),
+               _job_anomaly("job/j00/rank/5", "straggler", 31)])
+    assert [i.scope for i in other.incidents(now=40)] == ["job/j00"]
 
 
 def test_agent_events_take_the_fault_catalogue_level() -> None:

@@ -160,6 +160,44 @@ def test_the_last_step_before_a_hang_repeated_is_no_throughput_drop(launch: Laun
     assert incident["scope"] == "job/llm/rank/1" and incident["fault_types"] == ["job_hang"]
 
 
+def test_a_hang_incident_opened_on_the_job_narrows_to_the_rank_its_verdict_names(launch: Launch) -> None:
+    # The job's telemetry shows the stop first (no step for 90 s: a stall on the job); the supervisor's
+    # verdict, naming rank 1, comes after. The incident stays one and ends scoped to the rank.
+    launch.train(4)
+    launch.stopped(10)
+    [opened] = launch.open_incidents()
+    assert opened["scope"] == "job/llm" and opened["fault_types"] == ["job_hang"]
+    launch.end(LaunchVerdict(verdict="hang", culprit_ranks=[1], hang_kind="not_enqueued",
+                             summary="rank 1 never entered all_reduce #12"))
+    [incident] = launch.open_incidents()
+    assert incident["id"] == opened["id"]
+    assert incident["scope"] == "job/llm/rank/1" and incident["fault_types"] == ["job_hang"]
+    assert incident["title"] == "job hang on job/llm/rank/1"
+    diagnosis = launch.client.get(f"/api/v1/incidents/{incident['id']}/diagnosis").json()
+    assert diagnosis["root_cause"]["entity"] == "job/llm/rank/1"
+
+
+def test_a_throughput_drop_then_a_hang_verdict_is_one_incident_on_the_rank(launch: Launch) -> None:
+    launch.train(6)
+    launch.train(4, step_time=0.8)
+    [opened] = launch.open_incidents()
+    assert opened["scope"] == "job/llm" and opened["fault_types"] == ["throughput_drop"]
+    launch.end(LaunchVerdict(verdict="hang", culprit_ranks=[1], hang_kind="not_enqueued",
+                             summary="rank 1 never entered all_reduce #52"))
+    [incident] = launch.open_incidents()
+    assert incident["id"] == opened["id"] and incident["scope"] == "job/llm/rank/1"
+    assert incident["fault_types"] == ["job_hang", "throughput_drop"]
+
+
+def test_a_hang_verdict_naming_two_ranks_keeps_the_job_scope(launch: Launch) -> None:
+    launch.train(4)
+    launch.stopped(10)
+    launch.end(LaunchVerdict(verdict="hang", culprit_ranks=[1, 3], hang_kind="stuck_in_collective",
+                             summary="ranks 1 and 3 stuck in all_reduce #12"))
+    [incident] = launch.open_incidents()
+    assert incident["scope"] == "job/llm" and incident["fault_types"] == ["job_hang"]
+
+
 def test_nan_loss_opens_an_incident_that_closes_when_the_job_ends_normally(launch: Launch) -> None:
     launch.train(5)
     launch.train(1, loss=math.nan)

@@ -6,6 +6,8 @@
   on one of the job's nodes are effects of that incident, not a second one.
 - Network faults on several nodes under one leaf switch within ``switch_window_s`` become one incident
   scoped to the switch.
+- A job's incident is scoped to one of its ranks once its evidence names that rank alone (a launch verdict's
+  culprit, a straggler) and the job-wide symptoms are no worse, even when those symptoms opened it.
 - Only anomalies at DEGRADED or worse open an incident; OBSERVE-level ones (an application Xid) join an
   incident already open on their node or stay as loose observations.
 """
@@ -232,11 +234,13 @@ class IncidentGrouper:
             hardware_entities = {a.entity for a in causes}
             if not group.anchor.startswith("switch/") and len(hardware_entities) == 1:
                 scope = next(iter(hardware_entities))
+            elif group.anchor.startswith("job/"):
+                scope = _named_rank(group.anchor, causes) or scope
             fault_types: list[str] = []
             for a in anomalies:
                 if a.fault_type not in fault_types:
                     fault_types.append(a.fault_type)
-            head = causes[0] if causes else anomalies[0]
+            head = next((a for a in causes if a.entity == scope), causes[0] if causes else anomalies[0])
             effects = sum(1 for a in group.anomalies if self.anchor(a.entity).startswith("job/"))
             if group.anchor.startswith("job/"):
                 effects = 0
@@ -249,3 +253,17 @@ class IncidentGrouper:
                                 end=group.end, level=group.level, fault_types=fault_types, status=status,
                                 anomalies=[a.id for a in group.anomalies], evidence=evidence))
         return out
+
+
+def _named_rank(job: str, causes: list[Anomaly]) -> str | None:
+    """The one rank a job's incident comes down to: its rank-level evidence names that rank alone and the
+    job-wide symptoms (a stall, a throughput drop, seen on the job's aggregate telemetry) are no worse than
+    it. Those symptoms are often seen first - a job stops stepping before its supervisor has localized the
+    hang - so the incident opened on the job narrows to the rank once the rank's evidence arrives."""
+    ranks = {a.entity for a in causes if a.entity != job}
+    if len(ranks) != 1:
+        return None
+    rank = next(iter(ranks))
+    worst_rank = max(a.level for a in causes if a.entity == rank)
+    worst_job = max((a.level for a in causes if a.entity == job), default=worst_rank)
+    return rank if worst_rank >= worst_job else None
