@@ -543,6 +543,35 @@ def test_pids_are_matched_per_host(tmp_path: Path) -> None:
     assert (result.root.node, result.root.rank) == ("n001", 1)
 
 
+def test_the_watchdog_report_beats_the_launchers_report_of_the_sigabrt_it_ends_in(tmp_path: Path) -> None:
+    # PyTorch's watchdog times a collective out and terminates the process (std::terminate: SIGABRT); torchelastic
+    # then stops the other workers and reports the aborted one as "failed (exitcode: -6)" - the abort seen from outside
+    (tmp_path / "job.log").write_text(
+        "terminate called after throwing an instance of 'std::runtime_error'\n"
+        "  what():  [Rank 7] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=806, OpType=BROADCAST, "
+        "Timeout(ms)=1800000) ran for 1801027 milliseconds before timing out.\n"
+        "WARNING:torch.distributed.elastic.multiprocessing.api:Sending process 561635 closing signal SIGTERM\n"
+        "WARNING:torch.distributed.elastic.multiprocessing.api:Sending process 561636 closing signal SIGTERM\n"
+        "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -6) local_rank: 7 (pid: 561642) of "
+        "binary: /usr/bin/python\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 2, result.summary
+    # alone, the launcher's report of the abort is still what the job shows
+    (tmp_path / "job.log").write_text(
+        "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -6) local_rank: 7 (pid: 561642) of "
+        "binary: /usr/bin/python\n")
+    alone = triage(tmp_path, workers=1)
+    assert alone.root is not None and alone.root.lineno == 1 and alone.root.signature == "launcher.worker_aborted"
+    # a worker killed by another signal could log nothing: the launcher's report stays a root signature
+    (tmp_path / "job.log").write_text(
+        "  what():  [Rank 7] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=806, OpType=BROADCAST, "
+        "Timeout(ms)=1800000) ran for 1801027 milliseconds before timing out.\n"
+        "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -9) local_rank: 3 (pid: 561638) of "
+        "binary: /usr/bin/python\n")
+    killed = triage(tmp_path, workers=1)
+    assert killed.root is not None and killed.root.lineno == 2 and killed.root_basis == "signature"
+
+
 def test_own_error_beats_the_launcher_report_of_the_abort_after_it(tmp_path: Path) -> None:
     # The rank raises, aborts while tearing down (SIGABRT), and torchrun reports a signal death.
     rank_dir = tmp_path / "torchrun" / "none_x" / "attempt_0" / "0"

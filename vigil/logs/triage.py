@@ -59,8 +59,9 @@ SAME_REPORT_LINES = 12
 ECHO_SIGNATURES = frozenset({"nccl.watchdog_timeout", "gloo.collective_timeout", "nccl.watchdog_stuck",
                              "launcher.child_failed", "launcher.root_cause"})
 # An abort is what a process does after reporting its error ("terminate called after throwing an instance of X" is
-# followed by X's message on the "what():" line): never a root while any other report exists.
-ABORT_SIGNATURES = frozenset({"python.aborted"})
+# followed by X's message on the "what():" line), and the launcher's report of a worker ended by SIGABRT ("failed
+# (exitcode: -6)") is that abort seen from outside: never a root while any other report exists.
+ABORT_SIGNATURES = frozenset({"python.aborted", "launcher.worker_aborted"})
 # torchelastic's ChildFailedError report: the exit code under this header is the failure the launcher saw first.
 ROOT_CAUSE_HEADER = "Root Cause (first observed failure):"
 ROOT_CAUSE_SIGNATURE = "launcher.root_cause"
