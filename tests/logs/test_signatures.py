@@ -56,8 +56,8 @@ CASES = [
     ("failed (exitcode: -9) local_rank: 1 (pid: 123) of binary: /usr/bin/python", "launcher.worker_killed", "root"),
     ("failed (exitcode: 1) local_rank: 0 (pid: 123) of binary: /usr/bin/python", "launcher.child_failed", "cascade"),
     # a worker ended by SIGABRT aborted itself after reporting its error: the launcher's account is the abort's echo
-    ("ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -6) local_rank: 7 (pid: 561642) of binary: ",
-     "launcher.worker_aborted", "cascade"),
+    ("ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -6) local_rank: 7 (pid: 561642) of "
+     "binary: /usr/bin/python", "launcher.worker_aborted", "cascade"),
     ("[worker-3:9101:0:9140] Caught signal 11 (Segmentation fault: address not mapped to object at address 0x10)",
      "process_crash", "root"),
     ("INFO:torch.distributed.elastic.agent.server.api:[default] Worker group FAILED. 3/3 attempts left; will "
