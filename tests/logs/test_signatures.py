@@ -86,6 +86,15 @@ CASES = [
      "1883424Ki.", "k8s.node_pressure_eviction", "root"),
     ("trainer-0   Evicted   gpu-9   Pod The node had condition: [DiskPressure]. ", "k8s.node_pressure_eviction",
      "root"),
+    # a Slurm daemon's fatal() (journald and foreground forms); the EFA provider's own completion-queue warning,
+    # a root unless its status says the peer is gone
+    ("Feb 20 18:59:13 node2 slurmd[57977]: fatal: gres.conf duplicate records for gpu", "slurm.daemon_fatal", "root"),
+    ("slurmd: fatal: Unable to determine this slurmd's NodeName", "slurm.daemon_fatal", "root"),
+    ("libfabric:451707:1708520807::efa:cq:efa_rdm_txe_handle_error():737<warn> err: 5, message: Invalid address My "
+     "EFA addr: fi_addr_efa://[fe80::13:c2ff:fe6f:f03d]:0:1072483550 Peer host id: i-0ce6d3d57139f053c (7)",
+     "nccl_ib_error", "root"),
+    ("libfabric:9:1708520807::efa:cq:efa_rdm_rxe_handle_error():812<warn> err: 5, message: Bad queue pair (QP) "
+     "number (QP does not exist or is in error state) (9)", "nccl_net_error", "cascade"),
 ]
 
 

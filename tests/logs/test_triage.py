@@ -679,6 +679,42 @@ def test_open_mpi_s_lost_daemon_report_is_named_at_its_first_line(tmp_path: Path
     assert result.root is not None and result.root.lineno == 1 and result.root_basis == "signature"
 
 
+def test_a_slurm_daemon_s_fatal_in_the_journal_is_the_root(tmp_path: Path) -> None:
+    # slurmd exits on a configuration it cannot use (log.c fatal()): the one line journald kept is the failure
+    (tmp_path / "journal.log").write_text(
+        "Feb 20 18:59:13 node2.example slurmd[57977]: fatal: gres.conf duplicate records for gpu\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 1 and result.root.signature == "slurm.daemon_fatal"
+
+
+def test_the_efa_provider_s_completion_error_is_the_root_unless_the_peer_is_gone(tmp_path: Path) -> None:
+    # libfabric's EFA provider reports a failed send under FI_LOG_LEVEL=warn before NCCL's channel lines go on
+    efa = ("libfabric:451707:1708520807::efa:cq:efa_rdm_txe_handle_error():737<warn> err: 5, message: Invalid address "
+           "My EFA addr: fi_addr_efa://[fe80::13:c2ff:fe6f:f03d]:0:1072483550 Peer host id: i-0ce6d3d57139f053c (7)\n")
+    (tmp_path / "job.log").write_text(
+        efa + "ip-172-31-69-127:451707:453373 [4] NCCL INFO Channel 00/0 : 0[4] -> 8[4] [send] via NET/AWS "
+        "Libfabric/4/GDRDMA\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 1 and result.root.signature == "efa.cq_error"
+    # status 9 (bad queue pair) is the peer gone: the peer's own error, in its log, is the root
+    (tmp_path / "job.log").write_text(efa.replace("Invalid address", "Bad queue pair").replace("(7)", "(9)"))
+    (tmp_path / "peer.log").write_text("RuntimeError: CUDA error: an illegal memory access was encountered\n")
+    peer = triage(tmp_path, workers=1)
+    assert peer.root is not None and peer.root.source == "peer.log", peer.summary
+
+
+def test_a_capitalised_could_not_reads_as_a_specific_error(tmp_path: Path) -> None:
+    # aws-ofi-nccl's test finds no libfabric provider; its main's "OFI NCCL failure: 2" after it only relays that
+    (tmp_path / "job.log").write_text(
+        "10.3.35.83: INFO: Function: ofi_init Line: 1102: NET/OFI Setting RDMAV_FORK_SAFE environment variable to 1.\n"
+        "10.3.35.83: WARN: Function: find_ofi_provider Line: 543: NET/OFI Couldn't find any optimal provider\n"
+        "10.3.35.83: WARN: Function: main Line: 66: NET/OFI OFI NCCL failure: 2\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 2, result.summary
+    assert strength("NET/OFI Couldn't find any optimal provider") == SPECIFIC
+    assert strength("Could not open device mlx5_0") == SPECIFIC
+
+
 def test_the_e_tag_of_tensorflow_s_log_prefix_reads_as_an_error(tmp_path: Path) -> None:
     # TSL's prefix (time.micros: severity file:line]) as JAX and XLA print it: the coordination service's own
     # error comes before the glog-tagged line of the agent that polled it

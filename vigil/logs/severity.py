@@ -8,9 +8,9 @@ nothing. ``strength`` grades a line from its wording alone, with nothing specifi
   the month not zero-padded in PyTorch's c10 logs; also after a ``[rankN]:`` prefix inside the line, where the
   rank's stderr landed on the end of a progress bar that had not printed its newline; also the E/F tag of the
   TensorFlow / XLA (TSL) log prefix, ``2025-04-05 18:39:10.837611: E external/xla/...cc:962]``, which JAX, XLA and
-  Horovod print through), "... failed:", "Fatal",
-  a process reported ``Killed``, a fatal signal by name ("Segmentation fault", "Bus error", "core dumped",
-  "Caught signal 11").
+  Horovod print through), "... failed:", "cannot", "could not", "couldn't", "unable to" (also capitalised, as they
+  open a message: "Couldn't find any optimal provider"), "Fatal", a process reported ``Killed``, a fatal signal by
+  name ("Segmentation fault", "Bus error", "core dumped", "Caught signal 11").
 * 1, generic: only an error word ("error", "failure", "exception") - or a specific line that reads as the
   echo of a failure elsewhere (a timeout, a watchdog, a closing signal), which is what every healthy peer
   prints once one rank is gone, or as a process's follow-through on a failure it already reported ("preparing to
@@ -40,7 +40,7 @@ _SPECIFIC = re.compile(
     r"|\b[Ss]egmentation fault\b|\b[Bb]us error\b|\bcore dumped\b|\bCaught signal \d+"
     r"|^\[?[EF]\d{3,4} |\[rank\d+\]:\[[EF]\d{3,4} |\[[EF] [\w.]+:\d+\]|\[ERROR\]|\bERROR\b"
     r"|:\d\d\.[ \d]{6}: [EF](?: +\d+)? \S+:\d+\] "  # TSL's prefix: time.micros: severity [tid] file:line]
-    r"|\b(?:failed|cannot|could not|unable to)\b"
+    r"|\b(?:[Ff]ailed|[Cc]annot|[Cc]ould not|[Cc]ouldn't|[Uu]nable to)\b"
 )
 _GENERIC = re.compile(r"(?i)\b(?:error|errors|failure|exception)\b")
 # What a healthy peer prints once the failing rank is gone, or what a process does after reporting its failure
