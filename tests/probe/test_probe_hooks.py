@@ -5,17 +5,19 @@ from __future__ import annotations
 import copy
 import io
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from vigil.sources.probe.hooks import ProbedWork, _global_rank, install_hooks, uninstall_hooks
-from vigil.sources.probe.probe import Probe
-from vigil.sources.probe.records import OpRecord, read_rank, read_snapshot, snapshot_path
+from vigil.sources.probe.hooks import ProbedWork, _global_rank, _watch_future, install_hooks, uninstall_hooks
+from vigil.sources.probe.probe import Probe, torch_callbacks
+from vigil.sources.probe.records import COLLECTIVE, OpRecord, read_rank, read_snapshot, snapshot_path
 from vigil.sources.probe.ring import OpRing
 
 
@@ -386,3 +388,63 @@ def test_stop_waits_for_the_watchdog_to_leave_its_tick(tmp_path: Path) -> None:
     assert thread is not None and inside.wait(timeout=30)
     probe.stop()
     assert not thread.is_alive()
+
+
+class _WorkerFuture:
+    """A future whose completing thread runs its callbacks and only later lets go of them, as gloo's worker thread
+    does (dropping a Python callback takes the GIL again, after the future's waiters were woken)."""
+
+    def __init__(self) -> None:
+        self.callbacks: list[Any] = []
+        self.completed = False
+
+    def done(self) -> bool:
+        return self.completed
+
+    def value(self) -> list[torch.Tensor]:
+        return [torch.ones(4)]
+
+    def add_done_callback(self, callback: Any) -> None:
+        self.callbacks.append(callback)
+
+    def complete(self) -> None:
+        self.completed = True
+        for callback in self.callbacks:
+            callback(self)
+
+
+def test_stop_waits_for_torch_to_drop_the_callbacks_it_ran(tmp_path: Path) -> None:
+    """stop() runs at exit: a callback the probe gave torch, run by a worker thread that has not let go of it yet,
+    would make that thread take the GIL while the interpreter finalizes, which aborts the finished job."""
+    probe = Probe(rank=0, world_size=1, out_dir=tmp_path, hang_timeout_s=5.0)
+    record = probe.begin_op("0", [0], COLLECTIVE, "all_reduce", [[4]], ["float32"], is_async=True)
+    future = _WorkerFuture()
+
+    class Work:
+        def get_future(self) -> _WorkerFuture:
+            return future
+
+    assert _watch_future(probe, record, Work())
+    ran = threading.Event()
+
+    def worker() -> None:
+        future.complete()
+        ran.set()
+        probe._stop.wait(timeout=30)  # the job reached its end and stop() has begun
+        future.callbacks.clear()  # only now does the worker let go
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    assert ran.wait(timeout=30) and not record.in_flight
+    assert torch_callbacks.pending() == 1
+    probe.stop()
+    assert future.callbacks == [] and torch_callbacks.pending() == 0
+    thread.join(timeout=30)
+
+
+def test_callbacks_of_a_real_async_collective_are_dropped_by_the_time_stop_returns(probe: Probe) -> None:
+    work = dist.all_reduce(torch.ones(64), async_op=True)
+    work.get_future().wait()  # woken before gloo's worker ran (and dropped) the probe's callback
+    probe.stop()
+    assert torch_callbacks.pending() == 0
+    assert [op.state for op in probe.ring.tail(1)] == ["completed"]

@@ -31,7 +31,7 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from vigil.sources.probe.flight import reader_for
-from vigil.sources.probe.probe import Probe, work_succeeded
+from vigil.sources.probe.probe import Probe, torch_callbacks, work_succeeded
 from vigil.sources.probe.records import COLLECTIVE, P2P, OpRecord
 
 # name -> (parameter holding the tensor whose shape must agree, parameter holding the root rank)
@@ -370,7 +370,9 @@ def _watch_future(probe: Probe, record: OpRecord, work: Work) -> bool:
             return
         probe.end_op(record, ok=True)
 
-    future.then(on_done)
+    # A done callback, not then(): then() would leave a second future, holding on_done's result, for the
+    # worker thread to drop (with the GIL) after on_done was gone.
+    future.add_done_callback(torch_callbacks.track(on_done, future))
     return True
 
 
@@ -646,7 +648,12 @@ def allreduce_mean_hook(process_group: Any, bucket: Any) -> Any:
     group: Any = process_group if process_group is not None else dist.group.WORLD
     tensor = bucket.buffer()
     tensor.mul_(1.0 / group.size())
-    return dist.all_reduce(tensor, group=group, async_op=True).get_future().then(lambda fut: fut.value()[0])
+    future = dist.all_reduce(tensor, group=group, async_op=True).get_future()
+
+    def reduced(fut: Any) -> Any:  # a new function each call: the tracker follows each one until torch drops it
+        return fut.value()[0]
+
+    return future.then(torch_callbacks.track(reduced, future))
 
 
 # DDP checks a hook's annotations against the classes themselves; postponed (string) ones would be refused.

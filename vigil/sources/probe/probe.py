@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 from collections import defaultdict, deque
 from collections.abc import Callable
 from pathlib import Path
@@ -48,6 +49,51 @@ ENV_NODE_NAME = "VIGIL_NODE_NAME"
 _LIVE_START = CURRENT_OP_BYTES + CURRENT_END_BYTES
 _LIVE_BYTES = CURRENT_FILE_BYTES - _LIVE_START
 _BLANK_END = b" " * CURRENT_END_BYTES
+
+
+class TorchCallbacks:
+    """The Python callbacks the probe hands to torch futures, until torch lets go of them.
+
+    The thread that completes a future (gloo's worker thread, for a CPU collective) runs its callbacks and then
+    drops them, and dropping a Python callback takes the GIL again (torch's ``PythonFunctionGuard``). Whoever
+    waits on the future - DDP on its comm hook's result, a ``future.wait()`` - is woken before that, so the
+    job can reach its end while the worker still has to take the GIL. A thread that takes it while the
+    interpreter finalizes is ended by a forced unwind, which aborts the process from that destructor
+    ("terminate called without an active exception", SIGABRT) after the job itself finished. ``settle``, called
+    at exit, waits until every callback whose future has completed has been dropped; callbacks of futures
+    still pending (a collective that never ended) are not waited for."""
+
+    def __init__(self) -> None:
+        # Reentrant: a callback freed by the garbage collector while this thread holds the lock calls back in.
+        self._cond = threading.Condition(threading.RLock())
+        self._held: dict[weakref.ref[Callable[..., Any]], Any] = {}
+
+    def track(self, callback: Callable[..., Any], future: Any) -> Callable[..., Any]:
+        """``callback``, about to be given to ``future``; it must be a fresh object, referenced by torch alone."""
+        with self._cond:
+            self._held[weakref.ref(callback, self._dropped)] = future
+        return callback
+
+    def _dropped(self, ref: weakref.ref[Callable[..., Any]]) -> None:
+        with self._cond:
+            self._held.pop(ref, None)
+            self._cond.notify_all()
+
+    def pending(self) -> int:
+        """Callbacks of completed futures that torch has not dropped yet."""
+        with self._cond:
+            futures = list(self._held.values())
+        return sum(1 for future in futures if future.done())
+
+    def settle(self, timeout_s: float) -> bool:
+        """Wait (releasing the GIL) until torch has dropped the callbacks of every completed future; False when
+        ``timeout_s`` passed first."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self.pending() == 0, timeout_s)
+
+
+# One per process, like torch's threads.
+torch_callbacks = TorchCallbacks()
 
 
 class Probe:
@@ -485,6 +531,8 @@ class Probe:
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=STOP_JOIN_S)
+        # The same for torch's threads that ran the probe's callbacks (see TorchCallbacks).
+        torch_callbacks.settle(STOP_JOIN_S)
         with contextlib.suppress(OSError):
             self.write_snapshot()
 
