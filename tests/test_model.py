@@ -9,7 +9,9 @@ from vigil.model import (
     Incident,
     Topology,
     VigilInputError,
+    covers,
     gpu_id,
+    node_of,
     parse_entity,
     rank_id,
 )
@@ -59,3 +61,12 @@ def test_fault_level_parse() -> None:
 def test_topology_helpers() -> None:
     topo = Topology.from_dict({"nodes": [{"name": "a", "switch": "s1"}, {"name": "b", "switch": "s2"}]})
     assert [n.name for n in topo.nodes_under("s1")] == ["a"]
+
+
+def test_covers_is_the_entity_its_hardware_or_its_ranks() -> None:
+    assert covers("node/n1", "node/n1") and covers("node/n1", "gpu/n1/3") and covers("node/n1", "nic/n1/mlx5_0")
+    assert not covers("node/n1", "gpu/n10/3") and not covers("node/n1", "node/n10")
+    assert covers("job/j7", "job/j7/rank/5") and not covers("job/j7", "job/j70/rank/5")
+    assert not covers("job/j7/rank/5", "job/j7") and not covers("gpu/n1/3", "node/n1")
+    assert [node_of(e) for e in ("gpu/n1/3", "nic/n1/ib0", "node/n1", "job/j7", "job/j7/rank/0")] == [
+        "node/n1", "node/n1", "node/n1", None, None]

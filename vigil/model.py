@@ -122,6 +122,18 @@ def entity_kind(entity: str) -> str:
     return parse_entity(entity)[0]
 
 
+def covers(entity: str, other: str) -> bool:
+    """Whether ``other`` lies on ``entity``: the entity itself, a node's GPUs and NICs, a job's ranks."""
+    if other == entity:
+        return True
+    kind, parts = parse_entity(entity)
+    if kind == "node":
+        return other.startswith((f"gpu/{parts[0]}/", f"nic/{parts[0]}/"))
+    if kind == "job":
+        return other.startswith(f"{entity}/rank/")
+    return False
+
+
 def _check_entity(entity: str) -> str:
     parse_entity(entity)
     return entity

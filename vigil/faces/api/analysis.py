@@ -17,7 +17,7 @@ from vigil.diagnose.memory import MemoryIndex, recall, remember_resolved
 from vigil.faces.api.context import STEP_TIME, ServeContext
 from vigil.faces.api.responses import IncidentList, IncidentSummary
 from vigil.knowledge.actions import action_whitelist
-from vigil.model import FaultLevel, Incident, Job, SimilarIncident, VigilInputError, parse_entity
+from vigil.model import FaultLevel, Incident, Job, SimilarIncident, VigilInputError, covers, parse_entity
 
 MAX_ROWS = 50
 THROUGHPUT = "vigil_job_tokens_per_second"
@@ -278,14 +278,11 @@ class Analysis:
                          events=items[-MAX_ROWS:], last_event=items[-1] if items else None)
 
     def incidents_touching(self, entity: str) -> IncidentList:
-        """Incidents (any status, newest first) whose entities lie on ``entity`` (a node covers its GPUs, NICs)."""
-        kind, _ = parse_entity(entity)
-        found = []
-        for incident in self.ctx.store.incidents(limit=10_000):
-            touched = {incident.scope, *incident.entities}
-            if entity in touched or (kind == "node" and any(
-                    e.startswith(f"{k}/{entity.removeprefix('node/')}/") for e in touched for k in ("gpu", "nic"))):
-                found.append(incident_summary(incident))
+        """Incidents (any status, newest first) whose entities lie on ``entity`` (a node covers its GPUs and
+        NICs, a job its ranks)."""
+        parse_entity(entity)
+        found = [incident_summary(incident) for incident in self.ctx.store.incidents(limit=10_000)
+                 if any(covers(entity, e) for e in (incident.scope, *incident.entities))]
         return IncidentList(count=len(found), incidents=found[:MAX_ROWS])
 
     def changes_before(self, incident_id: str, window_s: float = 900.0) -> ChangesBefore:

@@ -47,6 +47,8 @@ from vigil.model import (
     FaultLevel,
     IncidentStatus,
     VigilInputError,
+    covers,
+    node_of,
     parse_entity,
 )
 
@@ -160,23 +162,17 @@ def build_mcp_server(ctx: ServeContext, *, allow_writes: bool = False) -> MCPSer
         health = ctx.store.node_health()
         bad_ranks = []
         job_nodes = set()
-        for rank, gpu in enumerate(job.placement):
-            _, (node_name, _) = parse_entity(gpu)
-            job_nodes.add(f"node/{node_name}")
-            level = max(int(health.get(gpu, 0)), int(health.get(f"node/{node_name}", 0)))
+        for rank, placed in enumerate(job.placement):  # a GPU, or the node of a rank that uses none
+            node = node_of(placed) or placed
+            job_nodes.add(node)
+            level = max(int(health.get(placed, 0)), int(health.get(node, 0)))
             if level > 0:
-                bad_ranks.append(RankOnBadHardware(rank=rank, gpu=gpu, level=FaultLevel(level)))
+                bad_ranks.append(RankOnBadHardware(rank=rank, gpu=placed, level=FaultLevel(level)))
         incidents = [
             incident_summary(i)
             for status in (IncidentStatus.OPEN, IncidentStatus.ACKNOWLEDGED)
             for i in ctx.store.incidents(status=status, limit=1000)
-            if i.scope == job.entity
-            or job_nodes
-            & {
-                e if e.startswith("node/") else f"node/{parse_entity(e)[1][0]}"
-                for e in i.entities
-                if parse_entity(e)[0] in ("node", "gpu", "nic")
-            }
+            if any(covers(job.entity, e) or node_of(e) in job_nodes for e in (i.scope, *i.entities))
         ]
         steps = ctx.job_step_times(job.id)
         rank_medians = {
