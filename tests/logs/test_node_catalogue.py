@@ -493,6 +493,11 @@ SECONDARIES = [
     Secondary("slurmstepd: error: *** JOB 1234 STEPD TERMINATED ON node01 AT 2024-01-25T15:12:23 DUE TO JOB NOT "
               "ENDING WITH SIGNALS ***", "Slurm slurmstepd (UnkillableStepTimeout)",
               "INFO: task python:4242 blocked for more than 120 seconds."),
+    Secondary("node01      1     gpu*       down*   64   2:16:2  512000        0      1   (null) Not responding",
+              "Slurm sinfo -lNe (state suffix '*': not responding; reason 'Not responding')",
+              "slurmctld: error: Nodes node01 not responding, setting DOWN"),
+    Secondary("[2022-05-27T11:37:57.377] _job_complete: JobId=127441 WTERMSIG 9", "Slurm slurmctld job_mgr.c "
+              "job_complete (a job ended by a signal)", "Out of memory: Killed process 4242 (python) total-vm:1kB"),
     Secondary("Prolog error root 2024-01-25T15:12:23 gpu-23", "Slurm drain reason", "slurmd[4242]: error: "
               "prolog failed: rc:230 output:Error running slurm prolog: 230"),
     Secondary("Reason:       Evicted", "Kubernetes pod status reason", "Message:      The node was low on "

@@ -82,6 +82,9 @@ CASES = [
     ("[373871.354096] NVRM: nvAssertOkFailedNoLog: Assertion failed: Reset required [NV_ERR_RESET_REQUIRED] "
      "(0x00000062) returned from status @ kernel_channel.c:2827", "gpu_xid", "root"),
     ("Kill task failed root 2024-01-25T15:12:23 gpu-23", "slurm.kill_task_failed", "cascade"),
+    ("compute001      1     main*       down*   12   12:1:1  64267        0      1   (null) Not responding",
+     "slurm.node_not_responding", "cascade"),
+    ("[2022-05-27T11:37:57.377] _job_complete: JobId=127441 WTERMSIG 9", "slurm.job_end", "cascade"),
     ("Message:      The node was low on resource: ephemeral-storage. Threshold quantity: 2146223340, available: "
      "1883424Ki.", "k8s.node_pressure_eviction", "root"),
     ("trainer-0   Evicted   gpu-9   Pod The node had condition: [DiskPressure]. ", "k8s.node_pressure_eviction",

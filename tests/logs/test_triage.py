@@ -403,6 +403,45 @@ def test_slurms_kill_task_failed_drain_gives_way_to_the_nodes_own_error(tmp_path
     assert result.root is not None and result.root.lineno == 1
 
 
+def test_sinfos_rows_of_a_node_not_responding_are_named_and_give_way_to_the_controllers_error(tmp_path: Path) -> None:
+    # sinfo -lNe: the "*" after a state is sinfo's "presently not responding" (man sinfo, NODE STATE CODES), the
+    # REASON slurmctld's "Not responding"; healthy rows and the header are not errors
+    table = ("NODELIST    NODES PARTITION       STATE CPUS    S:C:T MEMORY TMP_DISK WEIGHT FEATURES REASON\n"
+             "compute000      1     main*        idle   12   12:1:1  64267        0      1   (null) none\n"
+             "compute001      1     main*       down*   12   12:1:1  64267        0      1   (null) Not responding\n"
+             "compute002      1     main*       idle*   12   12:1:1  64267        0      1   (null) none\n")
+    (tmp_path / "sinfo.log").write_text(table)
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.lineno == 3 and result.root.signature == "slurm.node_not_responding"
+    # a down node whose reason is "Not responding", without the suffix, is the same record
+    (tmp_path / "sinfo.log").write_text("node07  1  gpu  down  64  2:16:2  512000  0  1  (null) Not responding\n")
+    assert triage(tmp_path).root is not None
+    # the controller's own error, when the log has it, is the root
+    (tmp_path / "sinfo.log").write_text(table + "[2016-06-09T22:21:02.017] error: Nodes compute001 not responding\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.signature == "slurm.node_failure", result.summary
+
+
+def test_slurmctlds_record_of_a_job_ended_by_a_signal_is_named_and_gives_way_to_its_cause(tmp_path: Path) -> None:
+    # job_mgr.c job_complete(): "WTERMSIG N" when a signal ended the batch script, "WEXITSTATUS N" otherwise
+    log = ("[2022-05-27T10:42:30.155] _slurm_rpc_submit_batch_job: JobId=127441 InitPrio=5772 usec=1032\n"
+           "[2022-05-27T10:42:30.509] sched: Allocate JobId=127441 NodeList=c014 #CPUs=2 Partition=gpu\n"
+           "[2022-05-27T11:37:57.377] _job_complete: JobId=127441 WTERMSIG 9\n"
+           "[2022-05-27T11:37:57.377] _job_complete: JobId=127441 done\n")
+    (tmp_path / "slurmctld.log").write_text(log)
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.lineno == 3 and result.root.signature == "slurm.job_end"
+    # a clean exit is not a failure
+    (tmp_path / "slurmctld.log").write_text(log.replace("WTERMSIG 9", "WEXITSTATUS 0"))
+    assert triage(tmp_path).root is None
+    # the kernel's OOM kill on the node is why the job ended
+    (tmp_path / "slurmctld.log").write_text(log)
+    (tmp_path / "dmesg.log").write_text("[3321.100] Out of memory: Killed process 4242 (python) total-vm:1kB, "
+                                        "anon-rss:1kB, file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:1kB\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.source == "dmesg.log", result.summary
+
+
 def test_a_kubelet_eviction_is_the_root_of_an_evicted_pod(tmp_path: Path) -> None:
     (tmp_path / "job.log").write_text(
         "Status:       Failed\n"
