@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from screen_vocabulary import CANDIDATES  # noqa: E402
 
+from vigil.knowledge.signatures import any_of  # noqa: E402
 from vigil.logs import severity, triage  # noqa: E402
 from vigil_eval import realcorpus  # noqa: E402
 
@@ -42,9 +43,7 @@ def main() -> None:
     args = parser.parse_args()
     cases = [c for c in realcorpus.load_cases(args.corpus) if c.split == "development"
              and (args.round is None or c.batch == args.round)]
-    configs: dict[str, str | None] = {"none": None, **CANDIDATES,
-                                      "all": "|".join(f"(?:{p})" if not p.startswith("(?i)") else f"(?i:{p[4:]})"
-                                                      for p in CANDIDATES.values())}
+    configs: dict[str, str | None] = {"none": None, **CANDIDATES, "all": any_of(CANDIDATES.values())}
     out: dict[str, object] = {}
     for name, pattern in configs.items():
         fn = screen(None if pattern is None else re.compile(pattern))
@@ -56,8 +55,7 @@ def main() -> None:
             if case.accepts(result):
                 right.append(case.id)
             naive = realcorpus.naive_root(case)
-            if naive is not None and naive[0] == case.root_file and (
-                    naive[1] == case.root_line or naive[1] in case.also_lines):
+            if naive is not None and case.is_root(*naive):
                 baseline.append(case.id)
         out[name] = {"right": sorted(right), "first_error_line": sorted(baseline)}
     print(json.dumps({"cases": sorted(c.id for c in cases), "configs": out}))

@@ -56,10 +56,13 @@ class RealCase:
     batch: int = 1  # the collection round that added the case (the held-out parts of each are reported apart)
     moved_to_development: str | None = None  # why a held-out case was moved (a generic gap it showed was fixed)
 
+    def is_root(self, source: str, lineno: int) -> bool:
+        """Whether line ``lineno`` of ``source`` is the labelled root (or one of the lines also accepted)."""
+        return source == self.root_file and (lineno == self.root_line or lineno in self.also_lines)
+
     def accepts(self, result: TriageResult) -> bool:
         root = result.root
-        return (root is not None and root.source == self.root_file
-                and (root.lineno == self.root_line or root.lineno in self.also_lines))
+        return root is not None and self.is_root(root.source, root.lineno)
 
 
 def load_cases(corpus: Path = CORPUS) -> list[RealCase]:
@@ -134,8 +137,7 @@ def score_corpus(cases: list[RealCase] | None = None) -> dict[str, object]:
         right = {"vigil": outcome.right, "vigil_signatures_only": outcome.right and outcome.basis == "signature"}
         for name, last in (("first_error_line", False), ("last_error_line", True)):
             found = naive_root(case, last)
-            right[name] = (found is not None and found[0] == case.root_file
-                           and (found[1] == case.root_line or found[1] in case.also_lines))
+            right[name] = found is not None and case.is_root(*found)
         for name in SCORERS:
             rows[case.split][name].append(int(right[name]))
             parts[part_of(case)][name].append(int(right[name]))

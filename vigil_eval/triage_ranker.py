@@ -249,8 +249,7 @@ def case_data(case: RealCase) -> CaseData:
     scans = scan_directory(case.directory, job, workers=1)
     result = decide(scans, job, case.directory)
     found = candidates(scans, result)
-    labels = [int(c.event.source == case.root_file
-                  and (c.event.lineno == case.root_line or c.event.lineno in case.also_lines)) for c in found]
+    labels = [int(case.is_root(c.event.source, c.event.lineno)) for c in found]
     return CaseData(case, found, labels, case.accepts(result))
 
 

@@ -9,6 +9,7 @@ action from THE Xid table (:mod:`vigil.knowledge.xid`).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -137,6 +138,12 @@ def _screen(pattern: str) -> Any:
         return re.compile(pattern)
 
 
+def any_of(patterns: Iterable[str]) -> str:
+    """One pattern that matches where any of ``patterns`` does. A pattern's leading ``(?i)`` becomes a scoped
+    ``(?i:...)`` group, which both Python's ``re`` and RE2 accept inside an alternation."""
+    return "|".join(f"(?i:{p[4:]})" if p.startswith("(?i)") else f"(?:{p})" for p in patterns)
+
+
 class SignatureMatcher:
     """Finds the first signature a line matches.
 
@@ -147,10 +154,7 @@ class SignatureMatcher:
     def __init__(self, signatures: list[Signature] | None = None) -> None:
         self.signatures = signature_library() if signatures is None else signatures
         screens = [re.sub(r"\(\?P<\w+>", "(?:", s.pattern) for s in self.signatures]
-        flags = [s for s in screens if s.startswith("(?i)")]
-        plain = [s for s in screens if not s.startswith("(?i)")]
-        alternatives = [f"(?:{s})" for s in plain] + [f"(?i:{s[4:]})" for s in flags]
-        self._screen = _screen("|".join(alternatives))
+        self._screen = _screen(any_of(sorted(screens, key=lambda s: s.startswith("(?i)"))))
 
     def match(self, line: str) -> SignatureHit | None:
         if len(line) > MAX_MATCH_CHARS:
