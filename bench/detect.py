@@ -2,12 +2,15 @@
 every baseline, supervised and unsupervised; simulated GPU faults protocol (c) with the ablation over training
 seeds; training time and scoring speed. Writes bench/results/detect.json.
 
-    .venv/bin/python bench/detect.py [--only asd|smd|sim] [--detectors tce,gbm,...] [--quick]
+    .venv/bin/python bench/detect.py [--only asd|smd|sim] [--detectors tce,gbm,...] [--selection one-se|best]
+                                     [--quick]
 
 Real data (``--only asd`` / ``--only smd``, tens of minutes each on 2 cores): the machines are dealt into
 outer folds; every choice (input scaling, every detector's smoothing and threshold, TCE's score mix,
-combination rule and epoch count) is made on inner folds of the development machines only, and each outer
-test machine is scored once (vigil_eval.detection.nested_leave_machines_out). Runs of different detectors add
+combination rule and epoch count) is made on inner folds of the development machines only, by the selection
+rule (default ``one-se``: the simplest pair within one standard error of the best inner mean, pre-registered
+in docs/detection.md), and each outer test machine is scored once
+(vigil_eval.detection.nested_leave_machines_out). Runs of different detectors add
 up in the results file (docs/benchmarks.md says which rows come from which run); the spread is over outer
 folds.
 """
@@ -33,6 +36,7 @@ from vigil.sources.sim.generator import SimConfig, simulate
 from vigil_eval.datasets import load_asd
 from vigil_eval.detection import (
     DETECTORS,
+    SELECTION_RULES,
     SERVER_TCE,
     SUPERVISED_BASELINES,
     candidates_for,
@@ -88,7 +92,7 @@ ABLATION: dict[str, dict[str, Any]] = {
 
 
 def real_nested(part: str, detectors: list[str], quick: bool, checkpoint: Any = None,
-                folds: list[int] | None = None) -> dict[str, Any]:
+                folds: list[int] | None = None, selection: str = "one-se") -> dict[str, Any]:
     """Nested leave-machines-out on one real data set, one detector after the other (``checkpoint`` after
     every outer fold, so a run cut short keeps the folds done)."""
     spec = REAL_SETS[part]
@@ -113,16 +117,16 @@ def real_nested(part: str, detectors: list[str], quick: bool, checkpoint: Any = 
             choices[name] = result.choices
             seconds[name] = time.perf_counter() - started
             out.update({"machines": sorted(dataset.entities), "outer_folds": spec["outer"],
-                        "inner_folds": spec["inner"], "history": HISTORY, "tce_params": TCE_REAL,
-                        "baseline_params": BASELINE_PARAMS, "results": list(rows), "choices": dict(choices),
-                        "summary": fold_spread(rows), "seconds": dict(seconds)})
+                        "inner_folds": spec["inner"], "selection": selection, "history": HISTORY,
+                        "tce_params": TCE_REAL, "baseline_params": BASELINE_PARAMS, "results": list(rows),
+                        "choices": dict(choices), "summary": fold_spread(rows), "seconds": dict(seconds)})
             if checkpoint is not None:
                 checkpoint(dict(out))
 
         nested_leave_machines_out(
             dataset, candidates_for(name, params), outer=spec["outer"], inner=spec["inner"], history=HISTORY,
             seed=0, inner_stride=spec["inner_stride"] * (8 if quick else 1), normal_stride=spec["normal_stride"],
-            max_windows=spec["max_windows"], on_fold=record, folds=folds,
+            max_windows=spec["max_windows"], on_fold=record, folds=folds, selection=selection,
             log=lambda msg, p=part, n=name: console.log(escape(f"{p} {n}: {msg}")))
     return out
 
@@ -227,7 +231,8 @@ def scoring_speed(detector: TCEDetector, n_gpus: int = 10_000) -> dict[str, floa
 
 def print_real(name: str, part: dict[str, Any]) -> None:
     table = Table(title=f"{name.upper()}: nested leave-machines-out, {len(part['machines'])} machines, "
-                        f"{part['outer_folds']} outer folds x {part['inner_folds']} inner; mean ± sd over outer folds")
+                        f"{part['outer_folds']} outer folds x {part['inner_folds']} inner, selection "
+                        f"{part.get('selection', 'best')}; mean ± sd over outer folds")
     for col in ("detector", "F1 (point-wise)", "AUC-PR", "VUS-PR", "event recall", "F1 (PA, inflated)",
                 "choices"):
         table.add_column(col, justify="left" if col in ("detector", "choices") else "right")
@@ -264,6 +269,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 1-epoch models, sparse inner folds (numbers not comparable)")
     parser.add_argument("--out", type=Path, default=OUT, help="results file (default: bench/results/detect.json)")
+    parser.add_argument("--selection", choices=SELECTION_RULES, default="one-se",
+                        help="real data: how the inner folds pick a detector's configuration and variant "
+                        "(default one-se, pre-registered in docs/detection.md; best = the previous rule)")
     parser.add_argument("--sim-seeds", default="0,1,2,3,4", help="training seeds for every simulated-GPU row")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -309,10 +317,18 @@ def main() -> None:
         result.update(current)
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    for part in ("asd", "smd"):
-        if args.only in (None, part):
-            folds = [int(k) for k in args.folds.split(",") if k] or None
-            save(part, real_nested(part, detectors, args.quick, lambda value, p=part: save(p, value), folds=folds))
+    parts = [part for part in ("asd", "smd") if args.only in (None, part)]
+    stored = json.loads(out.read_text()) if out.exists() else {}
+    for part in parts:
+        # Rows chosen by different selection rules never add up in one table: move the stored part aside first
+        # (the previous rule's tables sit under "previous_rule").
+        if part in stored and stored[part].get("selection", "best") != args.selection:
+            parser.error(f"{out} holds {part} rows chosen by the {stored[part].get('selection', 'best')!r} rule; "
+                         f"move them aside before a {args.selection!r} run")
+    for part in parts:
+        folds = [int(k) for k in args.folds.split(",") if k] or None
+        save(part, real_nested(part, detectors, args.quick, lambda value, p=part: save(p, value), folds=folds,
+                               selection=args.selection))
     if args.only in (None, "sim"):
         sim_seeds = [int(k) for k in args.sim_seeds.split(",") if k]
         save("sim_protocol_c", sim_protocol_c(sim_seeds, args.quick, lambda v: save("sim_protocol_c", v)))

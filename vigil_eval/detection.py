@@ -524,6 +524,69 @@ SMOOTHING_ROWS = (1, 3, 6, 12, 24, 48)
 # pooled scores, or the threshold with the best mean of their per-machine F1 (the reported figure is a mean
 # over machines, and a pooled F1 lets the machines with most anomalies set it). The inner folds choose.
 THRESHOLD_RULES = ("pooled", "per-machine")
+# How the inner folds pick the (candidate, variant) pair (docs/detection.md, "Pre-registered selection rule
+# (2026-12-06)"): ``one-se`` = the simplest pair (``selection_complexity``) whose mean inner AUC-PR is within
+# one standard error (over the inner held-out machines) of the best mean; ``best`` = the best mean (the rule of
+# the runs before 2026-12-06).
+SELECTION_RULES = ("one-se", "best")
+COMBINATION_ORDER = {"rank-equal": 1, "rank-weighted": 2, "max": 3, "agree": 4}
+
+
+def selection_complexity(candidate: Candidate, variant: dict[str, Any]) -> tuple[int, int, int, int, int]:
+    """The pre-registered complexity of a (candidate, variant) pair, compared lexicographically (smaller is
+    simpler): the number of score parts (TCE's parts with a non-zero weight; a baseline's own score is one),
+    the combination (one part: none, 0; rank mean with equal weights 1, with unequal weights 2; ``max`` 3;
+    ``agree`` 4), synthetic anomalies (none 0, some 1), the smoothing rows, the input scaling (fleet 0, per
+    machine 1, robust 2)."""
+    mix = variant.get("mix")
+    weights = [float(w) for w in mix if w] if mix is not None else [1.0]
+    combination = 0
+    if len(weights) > 1:
+        rule = variant.get("combine") or "rank"
+        if rule == "rank":
+            rule = "rank-equal" if len(set(weights)) == 1 else "rank-weighted"
+        if rule not in COMBINATION_ORDER:
+            raise VigilInputError(f"unknown combination rule {rule!r}")
+        combination = COMBINATION_ORDER[rule]
+    augment = 1 if float(candidate.params.get("augment", 0.0) or 0.0) > 0 else 0
+    return (len(weights), combination, augment, int(variant.get("smooth", 1)),
+            NORMALISATIONS.index(candidate.normalise))
+
+
+@dataclass
+class Selection:
+    """The pair a selection rule picked and its evidence: the best mean's pair, its mean and standard error
+    over the held-out machines, and how many pairs were eligible (within one standard error)."""
+
+    key: tuple[int, str]
+    best: tuple[int, str]
+    best_mean: float
+    se: float
+    eligible: int
+
+
+def select_pair(per_machine: dict[tuple[int, str], list[float]],
+                complexity: dict[tuple[int, str], tuple[int, ...]], rule: str = "one-se") -> Selection:
+    """Pick a (candidate, variant) pair from its per-machine inner AUC-PRs (``SELECTION_RULES``).
+
+    ``best``: the highest mean (ties: the pair listed first). ``one-se``: among the pairs whose mean is at least
+    the best mean minus the standard error of the best pair's mean (``sd(ddof=1) / sqrt(n)`` over its held-out
+    machines; 0 with fewer than 2), the smallest ``complexity``; ties: the higher mean, then the pair listed
+    first."""
+    if rule not in SELECTION_RULES:
+        raise VigilInputError(f"unknown selection rule {rule!r}: expected one of {', '.join(SELECTION_RULES)}")
+    if not per_machine:
+        raise VigilInputError("no inner scores to select from")
+    order = {key: i for i, key in enumerate(per_machine)}
+    means = {key: float(np.mean(values)) for key, values in per_machine.items()}
+    best = max(per_machine, key=lambda key: (means[key], -order[key]))
+    values = np.asarray(per_machine[best], dtype=np.float64)
+    se = float(values.std(ddof=1) / np.sqrt(len(values))) if len(values) > 1 else 0.0
+    eligible = [key for key in per_machine if means[key] >= means[best] - se]
+    if rule == "best":
+        return Selection(key=best, best=best, best_mean=means[best], se=se, eligible=len(eligible))
+    key = min(eligible, key=lambda k: (complexity[k], -means[k], order[k]))
+    return Selection(key=key, best=best, best_mean=means[best], se=se, eligible=len(eligible))
 
 
 def variant_grid(detector: Any) -> dict[str, dict[str, Any]]:
@@ -608,20 +671,31 @@ class InnerChoice:
     inner_grid: dict[str, float]
     threshold_rule: str = "pooled"
     rule_f1: dict[str, float] = field(default_factory=dict)
+    selection: str = "one-se"
+    inner_se: float = 0.0
+    best_pair: str = ""
+    best_inner_auc_pr: float = float("nan")
+    eligible: int = 1
 
 
 def choose_on_inner_folds(data: dict[str, Any], candidates: list[Candidate], development: list[str], *,
                           inner: int, history: int, seed: int, inner_stride: int = 1, normal_stride: int = 4,
-                          max_windows: int | None = None, log: Any = None) -> InnerChoice:
+                          max_windows: int | None = None, log: Any = None,
+                          selection: str = "one-se") -> InnerChoice:
     """Every choice for one detector made on ``development`` machines alone. They are dealt into ``inner``
     groups; each candidate is fitted on all but one group and scored on that group (every ``inner_stride``-th
-    window), its scores read relative to each held-out machine's own history. The candidate and variant with
-    the best mean AUC-PR over the held-out machines wins; the threshold rule (``THRESHOLD_RULES``) is chosen by
-    cross-fitting between the inner groups (``choose_threshold_rule``) and sets the threshold on all held-out
-    machines' relative scores; TCE's epoch count is the median of its early-stopping epochs. ``data``: the data set
-    under each input scaling (``scaled_inputs``)."""
+    window), its scores read relative to each held-out machine's own history. The candidate and variant are
+    picked from their AUC-PR on each held-out machine by ``selection`` (``select_pair``: ``one-se``, the
+    simplest pair within one standard error of the best mean, or ``best``, the best mean); the threshold rule
+    (``THRESHOLD_RULES``) is chosen by cross-fitting between the inner groups (``choose_threshold_rule``) and
+    sets the threshold on all held-out machines' relative scores; TCE's epoch count is the median of its
+    early-stopping epochs. ``data``: the data set under each input scaling (``scaled_inputs``)."""
+    if selection not in SELECTION_RULES:
+        raise VigilInputError(f"unknown selection rule {selection!r}: "
+                              f"expected one of {', '.join(SELECTION_RULES)}")
     inner_groups = machine_groups(development, inner, seed)
     inner_ap: dict[tuple[int, str], list[float]] = {}
+    complexity: dict[tuple[int, str], tuple[int, ...]] = {}
     pooled: dict[tuple[int, str], list[tuple[int, np.ndarray, np.ndarray]]] = {}
     epochs_seen: dict[int, list[int]] = {}
     for g, held in enumerate(inner_groups):
@@ -640,6 +714,8 @@ def choose_on_inner_folds(data: dict[str, Any], candidates: list[Candidate], dev
                                      validation=validation, normal_stride=normal_stride, max_windows=max_windows)
             if candidate.detector == "tce":
                 epochs_seen.setdefault(c, []).append(max(1, int(detector.report_.best_epoch)))
+            for variant, spec in variant_grid(detector).items():
+                complexity.setdefault((c, variant), selection_complexity(candidate, spec))
             for s in held_series:
                 labelled = labelled_windows(s, history=history, stride=inner_stride)
                 reference = history_windows(s, history=history)
@@ -650,7 +726,8 @@ def choose_on_inner_folds(data: dict[str, Any], candidates: list[Candidate], dev
                     pooled.setdefault((c, variant), []).append((g, labelled.labels, relative))
     if not inner_ap:
         raise VigilInputError("no held-out development machine holds a labelled anomaly: nothing to choose on")
-    best_c, best_variant = max(inner_ap, key=lambda key: (np.mean(inner_ap[key]), -key[0]))
+    picked = select_pair(inner_ap, complexity, selection)
+    best_c, best_variant = picked.key
     held_out = pooled[(best_c, best_variant)]
     rule, threshold, rule_f1 = choose_threshold_rule(
         [[(lab, sc) for h, lab, sc in held_out if h == g] for g in range(len(inner_groups))], THRESHOLD_RULES)
@@ -658,6 +735,8 @@ def choose_on_inner_folds(data: dict[str, Any], candidates: list[Candidate], dev
         candidate=best_c, variant=best_variant, threshold=threshold, threshold_rule=rule, rule_f1=rule_f1,
         epochs=int(np.median(epochs_seen[best_c])) if best_c in epochs_seen else None,
         inner_auc_pr=float(np.mean(inner_ap[(best_c, best_variant)])), inner_folds=inner_groups,
+        selection=selection, inner_se=picked.se, eligible=picked.eligible, best_inner_auc_pr=picked.best_mean,
+        best_pair=f"{candidates[picked.best[0]].label} {picked.best[1]}".strip(),
         inner_grid={f"{candidates[c].label} {v}".strip(): float(np.mean(ap)) for (c, v), ap in inner_ap.items()})
 
 
@@ -677,7 +756,8 @@ def fit_chosen(data: dict[str, Any], candidates: list[Candidate], choice: InnerC
     detector.threshold_ = choice.threshold
     detector.choice_ = {"scaling": winner.normalise, "variant": choice.variant, "epochs": choice.epochs,
                         "threshold": choice.threshold, "threshold_rule": choice.threshold_rule,
-                        "inner_auc_pr": choice.inner_auc_pr,
+                        "inner_auc_pr": choice.inner_auc_pr, "selection": choice.selection,
+                        "inner_se": choice.inner_se, "best_pair": choice.best_pair,
                         "inner_folds": choice.inner_folds, "development": list(development)}
     return detector
 
@@ -692,16 +772,17 @@ def nested_leave_machines_out(dataset: Any, candidates: list[Candidate], *, oute
                               history: int, seed: int = 0, inner_stride: int = 1, normal_stride: int = 4,
                               max_windows: int | None = None, sliding_window: int = 30,
                               log: Any = None, on_fold: Any = None,
-                              folds: Sequence[int] | None = None) -> NestedResult:
+                              folds: Sequence[int] | None = None, selection: str = "one-se") -> NestedResult:
     """Nested leave-machines-out for one detector's ``candidates``.
 
     Outer loop: the machines are dealt into ``outer`` groups; each group in turn is the test fold, never seen
     before it is scored once. Inner loop, on the other (development) machines only: ``choose_on_inner_folds``
-    picks the input scaling, the variant (TCE's score mix, every detector's smoothing), the threshold and
-    TCE's epoch count. The winner is refitted on every development machine (``fit_chosen``), and the test
-    machines are scored once with that threshold. Seeds: ``seed + outer fold``. ``on_fold(result)`` after each
-    outer fold sees the folds done so far; ``folds`` runs only those outer folds (the deal of machines into
-    folds is the same, so separate runs of different folds add up to one run).
+    (by the ``selection`` rule, ``SELECTION_RULES``) picks the input scaling, the variant (TCE's score mix,
+    every detector's smoothing), the threshold and TCE's epoch count. The winner is refitted on every
+    development machine (``fit_chosen``), and the test machines are scored once with that threshold. Seeds:
+    ``seed + outer fold``. ``on_fold(result)`` after each outer fold sees the folds done so far; ``folds`` runs
+    only those outer folds (the deal of machines into folds is the same, so separate runs of different folds
+    add up to one run).
     """
     data = scaled_inputs(dataset)
     names = sorted(dataset.entities)
@@ -714,17 +795,20 @@ def nested_leave_machines_out(dataset: Any, candidates: list[Candidate], *, oute
         development = [n for n in names if n not in test_group]
         choice = choose_on_inner_folds(
             data, candidates, development, inner=inner, history=history, seed=fold_seed, inner_stride=inner_stride,
-            normal_stride=normal_stride, max_windows=max_windows,
+            normal_stride=normal_stride, max_windows=max_windows, selection=selection,
             log=None if log is None else (lambda msg, o=o: log(f"outer {o} {msg}")))
         winner = candidates[choice.candidate]
         choices.append({"outer_fold": o, "test": test_group, "inner_folds": choice.inner_folds,
                         "candidate": winner.label, "variant": choice.variant, "inner_auc_pr": choice.inner_auc_pr,
                         "threshold": choice.threshold, "threshold_rule": choice.threshold_rule,
                         "rule_f1": choice.rule_f1, "epochs": choice.epochs, "seed": fold_seed,
-                        "inner_grid": choice.inner_grid})
+                        "selection": choice.selection, "inner_se": choice.inner_se,
+                        "best_pair": choice.best_pair, "best_inner_auc_pr": choice.best_inner_auc_pr,
+                        "eligible": choice.eligible, "inner_grid": choice.inner_grid})
         if log is not None:
-            log(f"outer {o}: chose {winner.label} {choice.variant} (inner AUC-PR {choice.inner_auc_pr:.3f}); "
-                f"refit on {len(development)} machines")
+            log(f"outer {o}: chose {winner.label} {choice.variant} (inner AUC-PR {choice.inner_auc_pr:.3f}; "
+                f"{choice.selection}: best {choice.best_pair} {choice.best_inner_auc_pr:.3f} ± {choice.inner_se:.3f}, "
+                f"{choice.eligible} eligible); refit on {len(development)} machines")
         detector = fit_chosen(data, candidates, choice, development, history=history, seed=fold_seed,
                               normal_stride=normal_stride, max_windows=max_windows)
         for s in data[winner.normalise].select(test_group):

@@ -206,12 +206,19 @@ def test_robust_standardisation_reads_median_and_interquartile_range() -> None:
     assert plain.test[:, 1].std() < 0.01 and 0.5 < robust.test[:, 1].std() < 2
 
 
-def test_nested_protocol_scores_each_machine_once_and_never_reads_test_labels() -> None:
+@pytest.mark.parametrize("selection", ["one-se", "best"])
+def test_nested_protocol_scores_each_machine_once_and_never_reads_test_labels(selection: str) -> None:
     from vigil_eval.detection import candidates_for, fold_spread, nested_leave_machines_out
 
     dataset = fleet_of_servers()
-    run = dict(outer=3, inner=2, history=12, seed=0)
+    run: dict[str, Any] = dict(outer=3, inner=2, history=12, seed=0, selection=selection)
     result = nested_leave_machines_out(dataset, candidates_for("pca"), **run)
+    for choice in result.choices:
+        assert choice["selection"] == selection
+        # The pair taken is within one standard error of the best inner mean (and is the best under "best").
+        assert choice["inner_auc_pr"] >= choice["best_inner_auc_pr"] - choice["inner_se"] - 1e-12
+        if selection == "best":
+            assert choice["inner_auc_pr"] == choice["best_inner_auc_pr"]
     assert sorted(r["entity"] for r in result.rows) == sorted(dataset.entities)
     for choice in result.choices:
         development = {n for group in choice["inner_folds"] for n in group}
@@ -225,6 +232,8 @@ def test_nested_protocol_scores_each_machine_once_and_never_reads_test_labels() 
     again = nested_leave_machines_out(dataset, candidates_for("pca"), **run)
     assert again.choices[0]["threshold"] == first["threshold"]
     assert again.choices[0]["candidate"] == first["candidate"]
+    assert again.choices[0]["variant"] == first["variant"] and again.choices[0]["inner_se"] == first["inner_se"]
+    assert again.choices[0]["inner_grid"] == first["inner_grid"]
     summary = fold_spread(result.rows)["pca"]
     assert summary["folds"] == 3 and summary["auc_pr_sd"] >= 0 and 0 < summary["auc_pr"] <= 1
 
@@ -324,3 +333,54 @@ def test_threshold_rule_is_chosen_by_cross_fitting_between_groups_of_machines() 
     assert per_machine_threshold(quiet) > max(sc.max() for _, sc in quiet)
     with pytest.raises(VigilInputError, match="threshold rule"):
         rule_threshold("oracle", groups[0])
+
+
+def test_one_se_rule_takes_the_simplest_pair_within_one_standard_error_of_the_best() -> None:
+    from vigil_eval.detection import select_pair
+
+    complex_pair, middle_pair = (0, "agree:sup+nov+mem"), (0, "sup+nov")
+    simple_pair, simplest_pair = (0, "sup"), (1, "mem")
+    per_machine = {
+        complex_pair: [0.60, 0.40, 0.50, 0.70],  # best mean 0.55, sd 0.129, se 0.0645: eligible from 0.4855
+        middle_pair: [0.55, 0.45, 0.50, 0.60],   # 0.525: eligible, simpler than the best
+        simple_pair: [0.50, 0.40, 0.50, 0.60],   # 0.50: eligible, one part
+        simplest_pair: [0.50, 0.40, 0.45, 0.50],  # 0.4625: one part too, but outside one standard error
+    }
+    complexity = {complex_pair: (3, 4, 0, 1, 0), middle_pair: (2, 1, 0, 1, 0), simple_pair: (1, 0, 0, 1, 0),
+                  simplest_pair: (1, 0, 0, 1, 0)}
+    picked = select_pair(per_machine, complexity, "one-se")
+    assert picked.best == complex_pair and picked.best_mean == pytest.approx(0.55)
+    assert picked.se == pytest.approx(np.std([0.6, 0.4, 0.5, 0.7], ddof=1) / 2) and picked.eligible == 3
+    assert picked.key == simple_pair
+    assert select_pair(per_machine, complexity, "best").key == complex_pair
+    # Equally simple eligible pairs: the higher mean; equal means too: the pair listed first.
+    per_machine[simplest_pair] = [0.55, 0.45, 0.50, 0.60]
+    assert select_pair(per_machine, complexity, "one-se").key == simplest_pair
+    tied = {(0, "a"): [0.5, 0.5], (1, "b"): [0.5, 0.5]}
+    assert select_pair(tied, {k: (1, 0, 0, 1, 0) for k in tied}).key == (0, "a")
+    # One held-out machine: no standard error, the rule is the best mean.
+    single = {(0, "x"): [0.6], (0, "y"): [0.59]}
+    assert select_pair(single, {(0, "x"): (2, 1, 0, 1, 0), (0, "y"): (1, 0, 0, 1, 0)}).key == (0, "x")
+    with pytest.raises(VigilInputError, match="selection rule"):
+        select_pair(per_machine, complexity, "oracle")
+
+
+def test_selection_complexity_follows_the_pre_registered_order() -> None:
+    from vigil_eval.detection import COMBINED_GRID, MIX_GRID, Candidate, selection_complexity
+
+    fleet, machine, robust = (Candidate(f"tce[{n}]", "tce", {}, n) for n in ("fleet", "machine", "robust"))
+    augmented = Candidate("tce+aug0.05[fleet]", "tce", {"augment": 0.05}, "fleet")
+
+    def tce(label: str, smooth: int = 1, candidate: Candidate = fleet) -> tuple[int, ...]:
+        rule, mix = COMBINED_GRID[label] if label in COMBINED_GRID else ("rank", MIX_GRID[label])
+        return selection_complexity(candidate, {"mix": mix, "combine": rule, "smooth": smooth})
+
+    # Parts first, then the combination, augmentation, smoothing, scaling.
+    assert tce("mem", 48, robust) < tce("sup+nov") < tce("2sup+nov+mem") < tce("sup+nov+mem+emb")
+    assert tce("sup+nov") < tce("max:sup+nov") < tce("sup+nov+mem")
+    assert tce("sup+nov+mem") < tce("sup+nov+2mem") < tce("max:sup+nov+mem") < tce("agree:sup+nov+mem")
+    assert tce("sup", 48) < tce("sup", 1, augmented)
+    assert tce("sup", 1, robust) < tce("sup", 3) and tce("sup") < tce("sup", 1, machine) < tce("sup", 1, robust)
+    assert tce("sup") == tce("emb") == tce("nov") == (1, 0, 0, 1, 0)
+    baseline = Candidate("pca[machine]", "pca", {}, "machine")
+    assert selection_complexity(baseline, {"mix": None, "combine": None, "smooth": 12}) == (1, 0, 0, 12, 1)
