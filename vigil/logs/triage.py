@@ -56,8 +56,10 @@ NCCL_REPORT_LINES = 3
 # A more specific report of the same fault this many lines below the first one replaces it.
 SAME_REPORT_LINES = 12
 # Symptoms that every healthy rank prints once another one is gone: the last choice for a root.
+# srun's "Job step aborted: Waiting up to N seconds for job step to finish." is the same for a step whose task failed,
+# that was cancelled or that hit its time limit: the teardown, printed before slurmstepd's own account of the end.
 ECHO_SIGNATURES = frozenset({"nccl.watchdog_timeout", "gloo.collective_timeout", "nccl.watchdog_stuck",
-                             "launcher.child_failed", "launcher.root_cause"})
+                             "launcher.child_failed", "launcher.root_cause", "slurm.step_aborted"})
 # An abort is what a process does after reporting its error ("terminate called after throwing an instance of X" is
 # followed by X's message on the "what():" line), and the launcher's report of a worker ended by SIGABRT ("failed
 # (exitcode: -6)") is that abort seen from outside: never a root while any other report exists.
@@ -80,6 +82,10 @@ BLOCKED_TASK_REPORTS = frozenset({"kernel.hung_task"})
 GPU_DRIVER_PREFIX = "nvrm."
 PRINTED_BEFORE_TRACEBACK = "printed_before_traceback"
 _CONTEXT_ATTRS = frozenset({"frames", "user_frame", PRINTED_BEFORE_TRACEBACK})
+# A daemon's fatal() is how it exits: when the lines just above it in its own log name a failure in specific words
+# (slurmctld's "error: Couldn't find the specified plugin name for crypto/munge" before "fatal:
+# slurm_cred_creator_ctx_create((null)): Operation not permitted"), the first of them is what it could not get past.
+DAEMON_FATAL_SIGNATURES = frozenset({"slurm.daemon_fatal"})
 # NCCL reports what it fails on as WARN; at INFO it notes what it tolerates and goes on (an optional verbs call the NIC
 # does not support: "NCCL INFO Call to ibv_set_ece failed with error Operation not supported errno 95"), or unwinds a
 # WARN ("net.cc:1302 -> 6"). A root signature on an INFO line is not a root.
@@ -391,6 +397,7 @@ def decide(scans: list[_Scan], job: str, directory: Path, tie_s: float = 1.0) ->
     root = _nccl_detail(root, events + worded)
     root = _nccl_warn_detail(root, basis, worded)
     root = _child_last_words(root, worded)
+    root = _errors_before_fatal(root, basis, worded)
     if root is not None and root.rank is None and root.entity.startswith("node/"):
         _attribute_to_rank(root, events)
     rank_events = [e for e in events if not e.entity.startswith("node/")]
@@ -553,6 +560,22 @@ def _child_last_words(root: LogEvent | None, worded: list[LogEvent]) -> LogEvent
     words[0].role = "root"
     words[0].fault_type, words[0].level = root.fault_type, max(root.level, words[0].level)
     return words[0]
+
+
+def _errors_before_fatal(root: LogEvent | None, basis: RootBasis | None, worded: list[LogEvent]) -> LogEvent | None:
+    """A daemon's fatal exit gives way to the first specific error line in the ``SAME_REPORT_LINES`` above it in the
+    same file: the failure the daemon reported before it gave up, which the fatal line's own message often only
+    relays."""
+    if root is None or basis != "signature" or root.signature not in DAEMON_FATAL_SIGNATURES:
+        return root
+    before = [e for e in worded if e.source == root.source and e.attrs.get("strength") == SPECIFIC
+              and 0 < root.lineno - e.lineno <= SAME_REPORT_LINES]
+    if not before:
+        return root
+    first = min(before, key=lambda e: e.lineno)
+    first.role = "root"
+    first.fault_type, first.level = root.fault_type, max(root.level, first.level)
+    return first
 
 
 def _detail(event: LogEvent) -> int:
