@@ -334,6 +334,10 @@ BENIGN = [
     ("DCGM_FI_DEV_ROW_REMAP_FAILURE{" + GPU3 + ',Hostname="gpu-07"} 0', EXPORTER + "etc/default-counters.csv:74"),
     ("More than 10 single-bit ECC error(s) detected in GPU 3 Volatile SBEs: 12",
      "DCGM v4.6.0 dcgmlib/dcgm_errors.h:242 DCGM_FR_VOLATILE_SBE_DETECTED_MSG (corrected errors)"),
+    # possible misfires the node-level survey named: a link coming up raises the same trap 128 as one going down
+    ("Jun 17 17:21:28 922890 [4E8006C0] 0x01 -> log_trap_info: Received Generic Notice type:1 num:128 (Link state "
+     "change) Producer:2 (Switch) from LID:1 TID:0x0000000000000000",
+     "OpenSM opensm/osm_trap_rcv.c log_trap_info (trap 128 is sent for a port that goes up too)"),
     ('I0601 10:00:00.123456    1234 eviction_manager.go:380] "Eviction manager: able to reduce resource pressure '
      'without evicting pods." resourceName="ephemeral-storage"', KUBELET + "eviction/eviction_manager.go synchronize"),
 ]
@@ -369,3 +373,31 @@ def test_a_benign_line_of_the_same_producers_is_never_a_root(tmp_path: Path, mes
     (tmp_path / "node.log").write_text(message + "\n" + AFTER_BENIGN + "\n")
     result = triage(tmp_path)
     assert result.root is not None and result.root.lineno == 2, (source, result.summary)
+
+
+def test_a_port_switched_off_in_a_status_dump_is_no_root_but_a_port_without_a_partner_is(tmp_path: Path) -> None:
+    # infiniband-diags ibstat: an unused port the administrator disabled prints "State: Down" too
+    port = "CA 'mlx5_1'\n\tCA type: MT4123\n\tPort 1:\n\t\tState: Down\n\t\tPhysical state: {}\n\t\tRate: 10\n"
+    (tmp_path / "ibstat.txt").write_text(port.format("Disabled"))
+    (tmp_path / "job.log").write_text(TASK_ERROR + "\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.source == "job.log", result.summary
+    (tmp_path / "ibstat.txt").write_text(port.format("Polling"))
+    result = triage(tmp_path)
+    assert result.root is not None and (result.root.source, result.root.lineno) == ("ibstat.txt", 4), result.summary
+
+
+def test_a_daemons_fatal_exit_gives_way_to_the_error_it_could_not_get_past(tmp_path: Path) -> None:
+    # Slurm log.c: the daemon reports what failed with error(), then exits with fatal(), which often only relays it
+    lines = ["[2025-06-01T10:00:00.120] error: Configured MailProg is invalid",
+             "[2025-06-01T10:00:00.121] error: Couldn't find the specified plugin name for crypto/munge looking at all "
+             "files",
+             "[2025-06-01T10:00:00.121] error: cannot find crypto plugin for crypto/munge",
+             "[2025-06-01T10:00:00.122] fatal: slurm_cred_creator_ctx_create((null)): Operation not permitted"]
+    (tmp_path / "slurmctld.log").write_text("\n".join(lines) + "\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.lineno == 2, result.summary
+    # with only a generic complaint above it, the fatal line is the root
+    (tmp_path / "slurmctld.log").write_text("\n".join([lines[0], lines[3]]) + "\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.lineno == 2 and result.root.signature == "slurm.daemon_fatal"

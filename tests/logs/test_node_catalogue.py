@@ -323,7 +323,7 @@ ROOTS = [
          "cause a leak of a command resource", "Linux mlx5 core/cmd.c cb_timeout_handler (5.8+)", "hardware",
          "kernel.mlx5_cmd_timeout", NET_RELAY),
     # InfiniBand port state (infiniband-diags ibstat, rdma-core ibv_devinfo) and the subnet manager's traps (OpenSM
-    # osm_trap_rcv.c log_trap_info, OSM_LOG_ERROR)
+    # osm_trap_rcv.c log_trap_info, OSM_LOG_ERROR); trap 128 (a link changed state, up as well as down) is a consequence
     Root("\t\tState: Down", "infiniband-diags ibstat (port state)", "hardware", "ib.port_down", NET_RELAY,
          "ibstat.txt"),
     Root("\t\tPhysical state: Polling", "infiniband-diags ibstat (no link partner: cable or far port)", "hardware",
@@ -332,9 +332,6 @@ ROOTS = [
          "hardware", "ib.port_down", NET_RELAY, "ibv_devinfo.txt"),
     Root("\t\t\tphys_state:\t\tPOLLING (2)", "rdma-core libibverbs/examples/devinfo.c (port_phy_state_str)",
          "hardware", "ib.port_down", NET_RELAY, "ibv_devinfo.txt"),
-    Root("Jun 17 17:21:28 922890 [4E8006C0] 0x01 -> log_trap_info: Received Generic Notice type:1 num:128 (Link state "
-         "change) Producer:2 (Switch) from LID:1 TID:0x0000000000000000", "OpenSM opensm/osm_trap_rcv.c "
-         "log_trap_info (trap 128)", "hardware", "ib.sm_trap", NET_RELAY, "opensm.log"),
     Root("Jun 17 17:21:28 922890 [4E8006C0] 0x01 -> log_trap_info: Received Generic Notice type:1 num:129 (Local Link "
          "integrity threshold reached) Producer:2 (Switch) from LID:18 Port 5 TID:0x00000000000000a1",
          "OpenSM opensm/osm_trap_rcv.c log_trap_info (traps 129-131 name the port)", "hardware", "ib.sm_trap",
@@ -573,6 +570,10 @@ SECONDARIES = [
               "state change) from LID:1 GID:fe80::20:0", "OpenSM osm_inform.c log_notice: the trap forwarded",
               "Jun 17 17:21:28 922890 [4E8006C0] 0x01 -> log_trap_info: Received Generic Notice type:1 num:128 (Link "
               "state change) Producer:2 (Switch) from LID:1 TID:0x0000000000000000"),
+    Secondary("Jun 17 17:21:28 922890 [4E8006C0] 0x01 -> log_trap_info: Received Generic Notice type:1 num:128 (Link "
+              "state change) Producer:2 (Switch) from LID:1 TID:0x0000000000000000", "OpenSM opensm/osm_trap_rcv.c "
+              "log_trap_info (trap 128: a link went down - or came up, in the same words)",
+              "mlx5_core 0000:3b:00.0 ens1f0: Link down"),
     Secondary("efa 0000:10:1c.0 rdmap16s28: Failed to submit command DESTROY_QP (opcode 4) err -19",
               "Linux efa_com.c efa_com_cmd_exec: the admin queue closed after the device stopped answering",
               "efa 0000:10:1c.0 rdmap16s28: The device didn't send any completion for admin cmd CREATE_QP(1) status "

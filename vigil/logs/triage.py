@@ -82,6 +82,10 @@ BLOCKED_TASK_REPORTS = frozenset({"kernel.hung_task"})
 GPU_DRIVER_PREFIX = "nvrm."
 PRINTED_BEFORE_TRACEBACK = "printed_before_traceback"
 _CONTEXT_ATTRS = frozenset({"frames", "user_frame", PRINTED_BEFORE_TRACEBACK})
+# ibstat prints a port's state, then its physical state: "State: Down" over "Physical state: Disabled" is a port the
+# administrator switched off (an unused one in a status dump), not a port that failed.
+PORT_DOWN = "ib.port_down"
+PORT_DISABLED = "ib.port_disabled"
 # A daemon's fatal() is how it exits: when the lines just above it in its own log name a failure in specific words
 # (slurmctld's "error: Couldn't find the specified plugin name for crypto/munge" before "fatal:
 # slurm_cred_creator_ctx_create((null)): Operation not permitted"), the first of them is what it could not get past.
@@ -390,6 +394,7 @@ def decide(scans: list[_Scan], job: str, directory: Path, tie_s: float = 1.0) ->
         _link_launcher_event(event, job, single_node)
         if event.rank is not None and event.node is None and event.rank in hosts:
             event.node = entity_name(hosts[event.rank], "") or None
+    _switched_off_ports(events)
     root, basis = _pick_root(events, priority, tie_s)
     worded = [e for scan in scans for e in scan.worded]
     if root is None:
@@ -471,6 +476,16 @@ def _attribute_to_rank(root: LogEvent, events: list[LogEvent]) -> None:
     if echoes:
         root.rank = min(echoes, key=_time_order).rank
         root.attrs["rank_from"] = "same fault reported by the rank"
+
+
+def _switched_off_ports(events: list[LogEvent]) -> None:
+    """A port state line right above its physical state "Disabled" is no root."""
+    disabled = {(e.source, e.lineno - 1) for e in events if e.signature == PORT_DISABLED}
+    if not disabled:
+        return
+    for event in events:
+        if event.signature == PORT_DOWN and (event.source, event.lineno) in disabled:
+            event.role = "cascade"
 
 
 def _pick_root(events: list[LogEvent], priority: dict[str, int],
