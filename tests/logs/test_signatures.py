@@ -98,6 +98,23 @@ CASES = [
      "nccl_ib_error", "root"),
     ("libfabric:9:1708520807::efa:cq:efa_rdm_rxe_handle_error():812<warn> err: 5, message: Bad queue pair (QP) "
      "number (QP does not exist or is in error state) (9)", "nccl_net_error", "cascade"),
+    # the twenty-third round's development half, each in its producer's wording
+    ("srun: error: fwd_tree_thread: can't find address for host ip-172-31-94-221, check slurm.conf",
+     "slurm.address_unresolved", "root"),
+    ("[2023-12-05T23:59:28.620] node ua1-dy-i6i4-1 not resumed by ResumeTimeout(1800) - marking down and power_save",
+     "slurm.resume_timeout", "root"),
+    ("node q-dy-c-3 not resumed by ResumeTimeout(600), setting DOWN and POWERED_DOWN", "slurm.resume_timeout", "root"),
+    ("Dec 03 20:30:06 b-dok1 kernel: megaraid_sas 0000:5a:00.0: [30]waiting for 65 commands to complete for scsi0",
+     "kernel.megaraid_reset", "root"),
+    ("sd 2:2:3:0: [sdd] megasas: RESET cmd=28 retries=0", "kernel.megaraid_reset", "root"),
+    ("slurmstepd: Job 1171978 exceeded memory limit (18202456 > 16384000), being killed", "host_oom", "root"),
+    ("slurmstepd: error: pyxis: container start failed with error code: 1", "pyxis.relay", "cascade"),
+    ("slurmstepd: error: pyxis: couldn't start container", "pyxis.relay", "cascade"),
+    ("slurmstepd: error: spank: required plugin spank_pyxis.so: task_init() failed with rc=-1", "slurm.spank_relay",
+     "cascade"),
+    ("2025-04-05 13:53:24,127 - [slurm_plugin.slurm_resources:is_backing_instance_valid] - WARNING - Node state check: "
+     "no corresponding instance in EC2 for node q-dy-c-4(10.6.11.250), node state: ALLOCATED+CLOUD+NOT_RESPONDING",
+     "parallelcluster.instance_missing", "root"),
 ]
 
 

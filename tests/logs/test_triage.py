@@ -726,6 +726,86 @@ def test_a_slurm_daemon_s_fatal_in_the_journal_is_the_root(tmp_path: Path) -> No
     assert result.root is not None and result.root.lineno == 1 and result.root.signature == "slurm.daemon_fatal"
 
 
+def test_the_enroot_line_pyxis_relays_is_the_root_not_pyxis_s_report_around_it(tmp_path: Path) -> None:
+    # pyxis_slurmstepd.c: an enroot command failed; pyxis reports it, prints enroot's log ("pyxis:     <line>"), then
+    # gives up on the container, and Slurm's SPANK layer and srun relay the plugin's failure
+    (tmp_path / "job.log").write_text(
+        "pyxis: importing docker image ...\n"
+        "slurmstepd: error: pyxis: container start failed with error code: 1\n"
+        "slurmstepd: error: pyxis: printing contents of log file ...\n"
+        "slurmstepd: error: pyxis:     enroot-switchroot: failed to execute: /bin/bash: No such file or directory\n"
+        "slurmstepd: error: pyxis: couldn't start container\n"
+        "slurmstepd: error: spank: required plugin spank_pyxis.so: task_init() failed with rc=-1\n"
+        "slurmstepd: error: Failed to invoke spank plugin stack\n"
+        "srun: error: node-2: task 1: Exited with exit code 1\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 4, result.summary
+
+
+def test_slurmstepd_s_oom_kill_count_at_the_step_s_end_is_the_root_of_the_exception_before_it(tmp_path: Path) -> None:
+    # the count is printed when the step ends, after the parent's report of its killed worker
+    (tmp_path / "job.log").write_text(
+        '  File "/usr/lib/python3/site-packages/ray/tune/tune.py", line 272, in run\n'
+        "ray.tune.error.TuneError: ('Trials did not complete', [seed:5591])\n"
+        "slurmstepd: error: Detected 8 oom-kill event(s) in step 59137890.batch cgroup. Some of your processes may "
+        "have been killed by the cgroup out-of-memory handler.\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 3 and result.root.signature == "slurm.oom_kill"
+    # an exception that names a fault itself keeps its place
+    (tmp_path / "job.log").write_text(
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n"
+        "slurmstepd: error: Detected 1 oom_kill event in StepId=7.0. Some of the step tasks have been OOM Killed.\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 1, result.summary
+
+
+def test_slurms_kill_over_the_memory_limit_is_the_root_not_its_summary_at_the_step_s_end(tmp_path: Path) -> None:
+    (tmp_path / "job.log").write_text(
+        "[cuda-24-0.local:08642] 2 more processes have sent help message help-mpi-btl-openib.txt / no active ports\n"
+        "slurmstepd: Job 1171978 exceeded memory limit (18202456 > 16384000), being killed\n"
+        "slurmstepd: *** JOB 1171978 ON cuda-24-0 CANCELLED AT 2018-10-16T13:24:27 ***\n"
+        "slurmstepd: Exceeded step memory limit at some point.\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 2, result.summary
+
+
+def test_an_unresolvable_node_address_is_the_root_of_srun_s_launch_failure(tmp_path: Path) -> None:
+    (tmp_path / "job.log").write_text(
+        "srun: job 6 has been allocated resources\n"
+        "srun: error: fwd_tree_thread: can't find address for host ip-172-31-94-221, check slurm.conf\n"
+        "srun: error: Task launch for 6.0 failed on node ip-172-31-94-221: Can't find an address, check slurm.conf\n"
+        "srun: error: Application launch failed: Can't find an address, check slurm.conf\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 2 and result.root.signature == "slurm.address_unresolved"
+
+
+def test_a_cloud_node_with_no_instance_is_the_root_of_srun_s_node_failure(tmp_path: Path) -> None:
+    (tmp_path / "job.log").write_text(
+        "srun: error: Node failure on q-dy-c-4\n"
+        "srun: error: Nodes q-dy-c-4 are still not ready\n"
+        "srun: error: Something is wrong with the boot of the nodes.\n")
+    (tmp_path / "clustermgtd.log").write_text(
+        "2025-04-05 13:53:24,125 - [slurm_plugin.clustermgtd:_maintain_nodes] - INFO - Performing node maintenance\n"
+        "2025-04-05 13:53:24,127 - [slurm_plugin.slurm_resources:is_backing_instance_valid] - WARNING - Node state "
+        "check: no corresponding instance in EC2 for node q-dy-c-4(10.6.11.250), node state: ALLOCATED+CLOUD\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and (result.root.source, result.root.lineno) == ("clustermgtd.log", 2)
+
+
+def test_a_raid_controller_reset_and_a_node_not_resumed_are_roots(tmp_path: Path) -> None:
+    (tmp_path / "journal.log").write_text(
+        "Dec 03 20:30:06 n13 kernel: megaraid_sas 0000:5a:00.0: [30]waiting for 65 commands to complete for scsi0\n"
+        "Dec 03 20:30:12 n13 kubelet[206517]: I1203 20:30:12.198232  206517 container_manager_linux.go:428] "
+        "[ContainerManager]: Discovered runtime cgroups name: /system.slice/docker.service\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 1 and result.root.signature == "kernel.megaraid_reset"
+    (tmp_path / "journal.log").unlink()
+    (tmp_path / "slurmctld.log").write_text(
+        "[2023-12-05T23:59:28.620] node q-dy-1 not resumed by ResumeTimeout(1800) - marking down and power_save\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.signature == "slurm.resume_timeout"
+
+
 def test_the_efa_provider_s_completion_error_is_the_root_unless_the_peer_is_gone(tmp_path: Path) -> None:
     # libfabric's EFA provider reports a failed send under FI_LOG_LEVEL=warn before NCCL's channel lines go on
     efa = ("libfabric:451707:1708520807::efa:cq:efa_rdm_txe_handle_error():737<warn> err: 5, message: Invalid address "

@@ -80,6 +80,11 @@ CHILD_DEATH_REPORTS = frozenset({"torch.dataloader_killed"})
 # Xid 45 with its own cause out of view - that report is the earlier account of the failure the task is stuck behind.
 BLOCKED_TASK_REPORTS = frozenset({"kernel.hung_task"})
 GPU_DRIVER_PREFIX = "nvrm."
+# slurmstepd counts a step's cgroup OOM kills when the step ends ("Detected 8 oom-kill event(s) in step N.batch cgroup")
+# and prints the count after whatever the killed processes' parent printed on the way down (Ray Tune's "TuneError:
+# Trials did not complete" once its actor was killed): in the same file it stands before a report that names no fault
+# itself.
+STEP_END_REPORTS = frozenset({"slurm.oom_kill"})
 PRINTED_BEFORE_TRACEBACK = "printed_before_traceback"
 _CONTEXT_ATTRS = frozenset({"frames", "user_frame", PRINTED_BEFORE_TRACEBACK})
 # ibstat prints a port's state, then its physical state: "State: Down" over "Physical state: Disabled" is a port the
@@ -516,6 +521,12 @@ def _pick_root(events: list[LogEvent], priority: dict[str, int],
                 earlier = min(driver, key=lambda e: e.lineno)
                 earlier.role = "root"
                 first_per_source[source] = earlier
+    for source, first in list(first_per_source.items()):
+        if first.fault_type is None and first.signature not in STEP_END_REPORTS:
+            ended = [e for e in events if e.source == source and e.lineno > first.lineno
+                     and e.role == "root" and e.signature in STEP_END_REPORTS]
+            if ended:
+                first_per_source[source] = min(ended, key=lambda e: e.lineno)
     roots = list(first_per_source.values())
     if not roots:
         return None, None
