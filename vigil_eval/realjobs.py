@@ -86,6 +86,26 @@ def root_label(job: RealJob) -> RootLabel:
     raise RuntimeError(f"real job {job.directory}: the culprit's error line was not captured")
 
 
+_FAILURE_ROW = re.compile(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
+_ERROR_LINE = re.compile(r"^(?:\[rank\d+\]: ?)?\w*(?:Error|Exception)\b.*:")
+
+
+def terminated_by_launcher(job: RealJob) -> set[int]:
+    """Ranks torchrun's failure table reports as stopped by its SIGTERM (exitcode -15): once one rank fails, the
+    launcher's next look (every 0.1 s by default) terminates the others, and a rank it reaches before the peer's
+    failure did leaves no error of its own - in a real job as here."""
+    table = (job.directory / "launcher.log").read_text(errors="replace")
+    return {int(rank) for rank, code in _FAILURE_ROW.findall(table) if int(code) == -15}
+
+
+def logged_an_error(job: RealJob, rank: int) -> bool:
+    """Whether the rank's captured stderr holds an exception line of its own (a healthy rank's gloo error)."""
+    for path in job.directory.rglob(f"attempt_*/{rank}/stderr.log"):
+        if any(_ERROR_LINE.search(line) for line in path.read_text(errors="replace").splitlines()):
+            return True
+    return False
+
+
 def _worker(mode: str, culprit: int, steps: int) -> None:
     import datetime
     import logging
