@@ -1,4 +1,5 @@
-"""Rules: thresholds on DCGM / host / NIC / job metrics, Xid and kernel events, training-health checks.
+"""Rules: thresholds on DCGM / host / NIC / job metrics, Xid and kernel events, training-health checks, and the
+one rank a job-wide collective timeout leaves out (``vigil.detect.silent_rank``).
 
 Every rule is one row of a table (fault type, metric, condition) evaluated on a whole scrape with numpy, so
 10,000 GPUs cost a few milliseconds per tick. A rule that keeps firing extends its open anomaly instead of
@@ -21,6 +22,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from vigil.detect.base import StreamDetector
+from vigil.detect.silent_rank import CollectiveTimeouts
 from vigil.knowledge.faults import fault_level
 from vigil.knowledge.metrics import family_metrics, is_counter
 from vigil.knowledge.xid import xid_info
@@ -183,6 +185,7 @@ class RuleDetector(StreamDetector):
         self._prev: dict[str, tuple[float, np.ndarray, list[str]]] = {}
         self._jobs: dict[str, _JobState] = {}
         self._grad_hist: dict[str, list[tuple[float, float]]] = {}
+        self.timeouts = CollectiveTimeouts(topology)
         self.set_topology(topology)
 
     def set_topology(self, topology: Topology) -> None:
@@ -190,6 +193,7 @@ class RuleDetector(StreamDetector):
         started). The running state - open anomalies, the last frame for counter deltas, jobs' baselines -
         stays, so a topology change neither re-opens nor forgets anything."""
         self.topology = topology
+        self.timeouts.set_topology(topology)
         self._rank_of_gpu = {gpu: (job.id, r) for job in topology.jobs for r, gpu in enumerate(job.placement)}
         self._job_gpus = {job.entity: list(job.placement) for job in topology.jobs}
         self._node_of: dict[str, str] = {}
@@ -260,6 +264,7 @@ class RuleDetector(StreamDetector):
         for event in events:
             self._event(event, opened)
         self._judge_link_downs(ts, opened)
+        self._silent_ranks(ts, events, down_nodes, opened)
         for frame in frames:
             self._metric_rules(frame, down_nodes, opened)
         if "gpu" in by_family:
@@ -408,6 +413,15 @@ class RuleDetector(StreamDetector):
                 st.tokens_base = pace if np.isnan(st.tokens_base) else 0.9 * st.tokens_base + 0.1 * pace
 
     # ---------------------------------------------------------------- events
+
+    def _silent_ranks(self, ts: float, events: Sequence[Event], down_nodes: set[str], opened: list[Anomaly]) -> None:
+        """The one rank its job's collective timeout leaves out is the one the job hangs on
+        (vigil/detect/silent_rank.py)."""
+        down = down_nodes | {entity for entity, fault in self.active if fault == "node_down"}
+        self.timeouts.add(events, down, ts)
+        for verdict in self.timeouts.judge(ts):
+            self._fire(verdict.ts, verdict.rank, "job_hang", fault_level("job_hang"), verdict.summary, kind="peer",
+                       opened=opened, context=verdict.attrs)
 
     def _event(self, event: Event, opened: list[Anomaly]) -> None:
         kind, attrs = event.kind, event.attrs

@@ -29,6 +29,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from vigil.detect.silent_rank import silent_ranks
 from vigil.diagnose.hang import HangDiagnosis
 from vigil.diagnose.kb import KnowledgeBase
 from vigil.diagnose.kg import PEER_IMPACT, KnowledgeGraph
@@ -130,6 +131,12 @@ def observations_from(
 ) -> tuple[list[Observation], list[Evidence]]:
     """Turn every kind of evidence into symptoms on entities; also return the Evidence records cited."""
     kb = kg.kb
+    # A rank's log line arrives as the event its decoder made (vigil.sources.collect.ranklog, live), as the
+    # stored line, or as both: it is read once, as a line.
+    stored = {(r.entity, r.ts, r.line) for r in logs if r.source == "rank"}
+    logs = [*logs, *(LogRecord(ts=e.ts, entity=e.entity, source="rank", line=e.message) for e in events
+                     if e.kind == "rank_log" and (e.entity, e.ts, e.message) not in stored)]
+    events = [e for e in events if e.kind != "rank_log"]
     observations: list[Observation] = []
     evidence: list[Evidence] = []
 
@@ -233,9 +240,9 @@ def observations_from(
 
 # A job-wide error every rank but one reports points at the one that does not: it is stuck elsewhere
 # (watchdog timeout) or it died first (the others then see "remote process exited").
+# The share and world size a job-wide error needs are those of the live detector (vigil/detect/silent_rank.py).
 ODD_RANK_SYMPTOMS = {"log:nccl_timeout": "peer:silent_rank", "log:watchdog_timeout": "peer:silent_rank",
                      "log:nccl_net_error": "peer:crash_origin"}
-ODD_RANK_SHARE = 0.75
 ODD_RANK_MAX = 2
 
 
@@ -253,8 +260,8 @@ def _odd_ranks(kg: KnowledgeGraph, observations: Sequence[Observation], evidence
     found = []
     for (job, symptom), ranks in seen.items():
         world = kg.job_ranks.get(job, [])
-        missing = [r for r in world if r not in ranks]
-        if len(world) < 4 or not missing or len(missing) > ODD_RANK_MAX or len(ranks) < ODD_RANK_SHARE * len(world):
+        missing = silent_ranks(world, ranks, max_silent=ODD_RANK_MAX)
+        if not missing:
             continue
         peer_symptom = ODD_RANK_SYMPTOMS[symptom]
         for rank in missing:

@@ -15,7 +15,7 @@ from vigil.detect.incidents import IncidentGrouper
 from vigil.detect.rules import RuleDetector
 from vigil.model import Anomaly, Event, Incident
 from vigil.sources.collect.dcgm import XID_GAUGE, XidGaugeChanges
-from vigil.sources.replay import KernelLineDecoder, decode_kube_events
+from vigil.sources.replay import KernelLineDecoder, decode_kube_events, decode_rank_lines
 from vigil.sources.sim.generator import SimRun
 from vigil.store.metrics import MetricStore
 from vigil.store.sql import Store
@@ -54,8 +54,8 @@ def run_pipeline(
     samples = 0
     seen: list[Event] = []
     started = time.perf_counter()
-    # the fake cluster hands over raw kernel lines and Kubernetes Event objects; the production decoders turn
-    # them into events
+    # the fake cluster hands over raw kernel lines, Kubernetes Event objects and the ranks' log lines; the
+    # production decoders turn them into events
     kernel = KernelLineDecoder(run.topology)
     xid_gauge = XidGaugeChanges() if xid_from_gpu_gauge else None
     for k, tick in enumerate(run.ticks()):
@@ -69,7 +69,7 @@ def run_pipeline(
                 gauge_events += xid_gauge.changes(readings, frame.ts)
         samples += tick.sample_count
         events = sorted([*tick.events, *kernel.decode(tick.kernel_lines), *decode_kube_events(tick.kube_events),
-                         *gauge_events], key=lambda e: e.ts)
+                         *decode_rank_lines(tick.rank_lines), *gauge_events], key=lambda e: e.ts)
         seen.extend(events)
         if store is not None and events:
             store.add_events(events)

@@ -4,7 +4,8 @@ The node agent decodes its own kernel log (``vigil.sources.collect.kmsg``); a so
 lines instead - a replayed dmesg capture, the fake cluster of ``vigil demo`` - goes through the same decoder
 here, one per node, with PCI addresses resolved through the topology's inventory exactly as the agent
 resolves them through NVML and sysfs. Kubernetes Event objects handed over as the API's JSON go through the
-Kubernetes source's own decoder (``vigil.sources.collect.kube.decode_event``).
+Kubernetes source's own decoder (``vigil.sources.collect.kube.decode_event``). Training ranks' log lines go
+through the rank-log decoder (``vigil.sources.collect.ranklog``) a log forwarder uses.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from vigil.model import Event, LogRecord, Topology, parse_entity
 from vigil.sources.collect.kmsg import KernelLogSource
 from vigil.sources.collect.kube import decode_event
 from vigil.sources.collect.nvml import normalise_pci_bus
+from vigil.sources.collect.ranklog import decode_rank_line
 
 log = logging.getLogger("vigil.replay")
 
@@ -65,6 +67,18 @@ def decode_kube_events(records: Iterable[LogRecord]) -> list[Event]:
                         record.entity, record.lineno or "?")
             continue
         event = decode_event(raw, record.ts or 0.0)
+        if event is not None:
+            events.append(event)
+    return events
+
+
+def decode_rank_lines(records: Iterable[LogRecord]) -> list[Event]:
+    """Events of the rank log lines among ``records`` (source "rank", on a rank entity, with a time)."""
+    events = []
+    for record in records:
+        if record.source != "rank" or record.ts is None or parse_entity(record.entity)[0] != "rank":
+            continue
+        event = decode_rank_line(record.entity, record.line, record.ts)
         if event is not None:
             events.append(event)
     return events

@@ -78,14 +78,16 @@ class SimConfig:
 
 @dataclass
 class Tick:
-    """One scrape interval: metric frames, the non-kernel records (IPMI, launcher), the raw kernel lines and the
-    Kubernetes Event objects (the API's JSON, one per record) written since the previous tick."""
+    """One scrape interval: metric frames, the non-kernel records (IPMI, launcher), the raw kernel lines, the
+    Kubernetes Event objects (the API's JSON, one per record) and the ranks' log lines written since the
+    previous tick."""
 
     ts: float
     frames: list[MetricFrame]
     events: list[Event]
     kernel_lines: list[LogRecord] = field(default_factory=list)
     kube_events: list[LogRecord] = field(default_factory=list)
+    rank_lines: list[LogRecord] = field(default_factory=list)
 
     @property
     def sample_count(self) -> int:
@@ -466,6 +468,7 @@ class SimRun:
         events = self.events
         kernel_lines = [r for r in self.logs if r.source == "kernel"]
         kube_events, kube_i = self.kube_events, 0
+        rank_lines, rank_i = [r for r in self.logs if r.source == "rank"], 0
         xid_marks = sorted(self._xid_marks)
         for k in range(self.n_ticks):
             ts = self.start_ts + k * cfg.interval_s
@@ -481,6 +484,10 @@ class SimRun:
             while kube_i < len(kube_events) and (kube_events[kube_i].ts or 0.0) <= ts:
                 tick_kube.append(kube_events[kube_i])
                 kube_i += 1
+            tick_ranks = []
+            while rank_i < len(rank_lines) and (rank_lines[rank_i].ts or 0.0) <= ts:
+                tick_ranks.append(rank_lines[rank_i])
+                rank_i += 1
             while xid_i < len(xid_marks) and xid_marks[xid_i][0] <= ts:
                 xid_gauge[xid_marks[xid_i][1]] = xid_marks[xid_i][2]
                 xid_i += 1
@@ -634,7 +641,7 @@ class SimRun:
                 MetricFrame(ts, "nic", self.nic_ids, M.NIC_METRICS, nic),
                 MetricFrame(ts, "job", self.job_ids, M.JOB_METRICS, job),
             ]
-            yield Tick(ts, frames, tick_events, tick_lines, tick_kube)
+            yield Tick(ts, frames, tick_events, tick_lines, tick_kube, tick_ranks)
 
 
 def simulate(config: SimConfig | None = None) -> SimRun:

@@ -1,0 +1,147 @@
+"""A hang localized from the ranks' own logs, through the real routes and the live engine: every rank but one
+prints the watchdog's timeout of the same collective (the production rank-log decoder turns the lines into
+events, pushed as a log forwarder pushes them), so the job's incident narrows to the one that did not - unless
+its silence has another reason (several silent ranks, its node down, its logs missing)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.run.test_engine import Clock
+from vigil.config import Settings
+from vigil.faces.api.app import create_app
+from vigil.model import LaunchReport, RankPlacement, Sample, StepTelemetry
+from vigil.run.engine import Engine
+from vigil.sources.collect.ranklog import decode_rank_line
+from vigil.store.sql import Store
+
+TOKEN = "ranklog-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+# Four ranks on each of two nodes.
+TWO_NODES = [RankPlacement(rank=r, node=f"n0{1 + r // 4}", gpu=r % 4) for r in range(8)]
+# Rank 7 alone on a third node.
+THIRD_NODE = [*TWO_NODES[:7], RankPlacement(rank=7, node="n03", gpu=0)]
+
+
+def watchdog_line(rank: int, seq: int = 18231) -> str:
+    return (f"[rank{rank}]:[E1206 09:12:44.183920 4821{rank} ProcessGroupNCCL.cpp:616] [PG ID 0 PG GUID 0(default_pg) "
+            f"Rank {rank}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum={seq}, OpType=ALLREDUCE, "
+            "NumelIn=262144000, NumelOut=262144000, Timeout(ms)=600000) ran for 600043 milliseconds before timing out.")
+
+
+class Job:
+    """A store, the server's real app in front of it, an engine on a controlled clock, and one 8-rank job that
+    `vigil launch` reports."""
+
+    def __init__(self, tmp_path: Path, placement: Sequence[RankPlacement]) -> None:
+        self.settings = Settings(home=tmp_path, api_token=TOKEN, resolve_after_s=600.0)
+        self.store = Store(self.settings.database_url())
+        self.clock = Clock()
+        self.engine = Engine(self.store, self.settings, notifiers=[], clock=self.clock)
+        self.client = TestClient(create_app(self.store, settings=self.settings), headers=AUTH)
+        self.placement = list(placement)
+        self.step = 0
+
+    def report(self, stepped: bool) -> None:
+        self.step += 20 if stepped else 0
+        body = LaunchReport(job="llm", ts=self.clock.now, world_size=len(self.placement), placement=self.placement,
+                            steps=[StepTelemetry(ts=self.clock.now, steps=self.step, step_time_s=0.5, loss=2.0,
+                                                 grad_norm=1.0)])
+        response = self.client.post("/api/v1/launches", content=body.model_dump_json(),
+                                    headers={**AUTH, "Content-Type": "application/json"})
+        assert response.status_code == 201, response.text
+
+    def ticks(self, n: int, stepped: bool) -> None:
+        for _ in range(n):
+            self.clock.now += 10.0
+            self.report(stepped)
+            self.engine.tick()
+
+    def rank_lines(self, lines: dict[int, str]) -> None:
+        """Each rank's line through the production decoder, pushed to the events route."""
+        events = [decode_rank_line(f"job/llm/rank/{rank}", line, self.clock.now + 0.01 * rank)
+                  for rank, line in lines.items()]
+        assert all(e is not None for e in events)
+        body = [e.model_dump(mode="json") for e in events if e is not None]
+        assert self.client.post("/api/v1/events", json=body).status_code == 201
+
+    def node_down(self, node: str) -> None:
+        """The node's agent reports it down (the engine reads vigil_node_up from the pushed samples)."""
+        sample = Sample(ts=self.clock.now, entity=f"node/{node}", metric="vigil_node_up", value=0.0)
+        response = self.client.post("/api/v1/samples", json={"node": node, "samples": [sample.model_dump()]})
+        assert response.status_code == 201, response.text
+
+    def hang(self, silent: set[int]) -> None:
+        """The job stops stepping, then every rank not in ``silent`` times the same collective out."""
+        self.ticks(4, stepped=True)
+        self.ticks(10, stepped=False)
+        self.rank_lines({r: watchdog_line(r) for r in range(len(self.placement)) if r not in silent})
+        self.ticks(5, stepped=False)
+
+    def incidents(self) -> list[dict[str, object]]:
+        found: list[dict[str, object]] = self.client.get("/api/v1/incidents").json()
+        return found
+
+
+@pytest.fixture
+def job(tmp_path: Path) -> Iterator[Job]:
+    state = Job(tmp_path, TWO_NODES)
+    with state.client:
+        yield state
+
+
+def test_a_hang_opened_on_the_job_narrows_to_the_rank_its_peers_timeouts_leave_out(job: Job) -> None:
+    job.ticks(4, stepped=True)
+    job.ticks(10, stepped=False)
+    [opened] = job.incidents()
+    assert opened["scope"] == "job/llm"
+    job.rank_lines({r: watchdog_line(r) for r in range(8) if r != 5})
+    job.ticks(1, stepped=False)
+    assert [i["scope"] for i in job.incidents()] == ["job/llm"]  # the peers' lines settle before any verdict
+    job.ticks(4, stepped=False)
+    [incident] = job.incidents()
+    assert incident["id"] == opened["id"]
+    assert incident["scope"] == "job/llm/rank/5" and incident["title"] == "job hang on job/llm/rank/5"
+    [named] = [e for e in incident["evidence"] if e["entity"] == "job/llm/rank/5"]  # type: ignore[attr-defined]
+    assert named["kind"] == "peer" and named["attrs"]["seq"] == 18231 and named["attrs"]["node"] == "node/n02"
+    assert "7 of 8 ranks of job/llm timed out in collective SeqNum 18231 (ALLREDUCE)" in named["summary"]
+    diagnosis = job.client.get(f"/api/v1/incidents/{incident['id']}/diagnosis").json()
+    assert diagnosis["root_cause"]["entity"] == "job/llm/rank/5"
+
+
+def test_two_silent_ranks_keep_the_job_scope(job: Job) -> None:
+    job.hang(silent={5, 6})
+    [incident] = job.incidents()
+    assert incident["scope"] == "job/llm"
+    assert not [a for a in job.store.anomalies(limit=1000) if "/rank/" in a.entity]
+
+
+def test_a_crashed_node_keeps_the_job_scope(job: Job) -> None:
+    # Node n02 crashed: its four ranks say nothing, the other four time out.
+    job.ticks(4, stepped=True)
+    job.node_down("n02")
+    job.hang(silent={4, 5, 6, 7})
+    assert "job/llm/rank" not in " ".join(str(i["scope"]) for i in job.incidents())
+    assert not [a for a in job.store.anomalies(limit=1000) if "/rank/" in a.entity]
+
+
+@pytest.mark.parametrize(("earlier_line", "down", "scope"), [
+    (True, False, "job/llm/rank/7"),  # its node's logs arrive and it is up: the silence is its own
+    (True, True, "job/llm"),  # its node went down: not a hang of the rank
+    (False, False, "job/llm"),  # nothing from its node ever arrived: its logs may be missing
+])
+def test_a_rank_alone_on_its_node_is_named_only_when_its_node_is_up_and_its_logs_arrive(
+        tmp_path: Path, earlier_line: bool, down: bool, scope: str) -> None:
+    job = Job(tmp_path, THIRD_NODE)
+    with job.client:
+        job.ticks(2, stepped=True)
+        if earlier_line:
+            job.rank_lines({7: "[rank7]: NCCL WARN NET/IB : Got async event : port error"})
+        if down:
+            job.node_down("n03")
+        job.hang(silent={7})
+        assert [i["scope"] for i in job.incidents() if str(i["scope"]).startswith("job/")] == [scope]
