@@ -93,6 +93,19 @@ def test_checkpoint_stall_is_not_a_hang_but_a_silent_stall_is() -> None:
     assert found.matches[0].delay_s is not None and found.matches[0].delay_s <= 120
 
 
+def test_the_demo_localizes_every_fault_it_detects() -> None:
+    """`vigil demo`'s run (16 nodes, seed 0): the hung rank and three single-NIC faults under one leaf switch
+    (a slow link, a flapping then dead link, a GID table error) are each found on their own entity."""
+    run = simulate(SimConfig(nodes=16, gpus=8, minutes=60, seed=0))
+    result = run_pipeline(run)
+    found = score(result.incidents, run.ground_truth, run.topology)
+    assert (found.precision, found.recall, found.localization) == (1.0, 1.0, 1.0)
+    scopes = {m.entity: m.incident_scope for m in found.matches if m.incident_id}
+    assert scopes["job/j00/rank/40"] == "job/j00/rank/40"
+    assert [scopes[m.entity] for m in found.matches if m.entity.startswith("nic/")] == [
+        m.entity for m in found.matches if m.entity.startswith("nic/")]
+
+
 @pytest.mark.parametrize("spec", [s for s in CATALOGUE if s.visible_to_rules], ids=lambda s: s.name)
 def test_every_rule_visible_fault_is_detected_and_localized(spec) -> None:  # type: ignore[no-untyped-def]
     run = simulate(SimConfig(nodes=8, minutes=45, seed=11, fault_types=(spec.name,), faults_per_node_hour=0.3))
@@ -112,6 +125,24 @@ def test_switch_failure_becomes_one_switch_incident() -> None:
     assert len(switch_incidents) == 1
     assert {e.split("/")[1] for e in switch_incidents[0].entities if e.startswith("nic/")} == {
         n.name for n in run.topology.nodes_under("leaf01")}
+
+
+def test_only_links_going_down_together_under_a_switch_make_a_switch_incident() -> None:
+    # A NIC that negotiated a low speed, a link flapping on the next node 90 s later and a GID table error on
+    # a third: three NICs' own faults under one switch.
+    own = IncidentGrouper(TOPO)
+    own.add([_job_anomaly("nic/n001/mlx5_1", "nic_speed_low", 0), _job_anomaly("nic/n000/mlx5_2", "link_flap", 90),
+             _job_anomaly("nic/n003/mlx5_7", "rnic_gid_error", 120)])
+    assert sorted(i.scope for i in own.incidents(now=200)) == ["nic/n000/mlx5_2", "nic/n001/mlx5_1",
+                                                                "nic/n003/mlx5_7"]
+    # Two links down on two nodes a minute apart: 2 of the switch's 32 links, two cables.
+    cables = IncidentGrouper(TOPO)
+    cables.add([_job_anomaly("nic/n001/mlx5_1", "link_down", 0), _job_anomaly("nic/n000/mlx5_2", "link_down", 60)])
+    assert sorted(i.scope for i in cables.incidents(now=200)) == ["nic/n000/mlx5_2", "nic/n001/mlx5_1"]
+    # Every link of two of its four nodes down together: the switch they share.
+    switch = IncidentGrouper(TOPO)
+    switch.add([_job_anomaly(nic.id, "link_down", 0) for node in TOPO.nodes[:2] for nic in node.nics])
+    assert [i.scope for i in switch.incidents(now=200)] == [f"switch/{TOPO.nodes[0].switch}"]
 
 
 def test_observations_do_not_open_incidents() -> None:

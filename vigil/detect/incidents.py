@@ -4,8 +4,11 @@
   ``gap_s`` form one incident.
 - A job's symptoms (stall, crash, throughput drop, straggler) that start while a hardware incident is open
   on one of the job's nodes are effects of that incident, not a second one.
-- Network faults on several nodes under one leaf switch within ``switch_window_s`` become one incident
-  scoped to the switch.
+- Link faults of the kinds a leaf switch failure shows (the fault catalogue's symptoms of a fault that hits
+  every child of a switch: links down, flapping, NICs lost) on several nodes under one leaf switch within
+  ``switch_window_s``, on at least ``switch_min_share`` of the links below it, become one incident scoped to
+  the switch. A switch that fails takes its links down together; two cables of 32 failing a minute apart
+  are two links' faults, and so are a NIC's own (a speed that negotiated low, a GID table error).
 - A job's incident is scoped to one of its ranks once its evidence names that rank alone (a launch verdict's
   culprit, a straggler) and the job-wide symptoms are no worse, even when those symptoms opened it.
 - Only anomalies at DEGRADED or worse open an incident; OBSERVE-level ones (an application Xid) join an
@@ -15,9 +18,11 @@
 from __future__ import annotations
 
 import hashlib
+from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from vigil.knowledge.faults import fault_catalogue
 from vigil.model import (
     Anomaly,
     FaultLevel,
@@ -29,8 +34,17 @@ from vigil.model import (
     switch_id,
 )
 
-NETWORK_FAULTS = {"link_down", "link_flap", "nic_lost", "nic_speed_low", "rnic_gid_error"}
+NIC_FAULTS = frozenset({"link_down", "link_flap", "nic_lost", "nic_speed_low", "rnic_gid_error", "nic_symbol_errors"})
 MAX_EVIDENCE = 50
+
+
+def switch_link_faults() -> frozenset[str]:
+    """The NIC faults a leaf switch's failure shows on its links: the anomaly symptoms the fault catalogue gives
+    the faults that hit every child of a switch."""
+    shown = {symptom.removeprefix("anomaly:") for fault in fault_catalogue().faults.values()
+             if fault.spread == "children" and "switch" in fault.entity
+             for symptom in fault.symptoms if symptom.startswith("anomaly:")}
+    return NIC_FAULTS & shown
 
 
 def incident_id_for(anchor: str, first: Anomaly) -> str:
@@ -66,13 +80,16 @@ class _Group:
 class IncidentGrouper:
     def __init__(self, topology: Topology, gap_s: float = 600.0, switch_window_s: float = 120.0,
                  effect_window_s: float = 300.0, resolve_after_s: float = 900.0,
-                 min_level: FaultLevel = FaultLevel.DEGRADED) -> None:
+                 min_level: FaultLevel = FaultLevel.DEGRADED, switch_min_share: float = 0.5) -> None:
         self.topology = topology
         self.gap_s = gap_s
         self.switch_window_s = switch_window_s
+        # A switch failure hits every link below it; half leaves room for nodes whose reports are late.
+        self.switch_min_share = switch_min_share
         self.effect_window_s = effect_window_s
         self.resolve_after_s = resolve_after_s
         self.min_level = min_level
+        self.switch_faults = switch_link_faults()
         self.groups: list[_Group] = []
         self.observations: list[Anomaly] = []
         self._open: dict[str, _Group] = {}
@@ -83,6 +100,10 @@ class IncidentGrouper:
         incidents being grouped stay."""
         self.topology = topology
         self._switch_of = {n.id: n.switch for n in topology.nodes}
+        # the links below each switch: its nodes' NICs, or the nodes themselves where no NIC is inventoried
+        self._switch_links: dict[str, int] = defaultdict(int)
+        for n in topology.nodes:
+            self._switch_links[n.switch] += len(n.nics) or 1
         self._job_nodes: dict[str, set[str]] = {}
         self._node_of_gpu: dict[str, str] = {}
         for node in topology.nodes:
@@ -130,7 +151,7 @@ class IncidentGrouper:
             if not anchor.startswith("job/"):
                 self._absorb_job_effects(group, anomaly)
         group.anomalies.append(anomaly)
-        if anomaly.fault_type in NETWORK_FAULTS:
+        if anomaly.fault_type in self.switch_faults:
             self._switch_merge(group)
 
     def _hardware_cause(self, job: str, anomaly: Anomaly) -> _Group | None:
@@ -172,17 +193,20 @@ class IncidentGrouper:
         if not switch:
             return
         key = switch_id(switch)
-        start = min(a.start for a in group.anomalies if a.fault_type in NETWORK_FAULTS)
+        start = min(a.start for a in group.anomalies if a.fault_type in self.switch_faults)
         peers = [g for anchor, g in self._open.items()
                  if anchor.startswith("node/") and self._switch_of.get(anchor) == switch and g.merged_into is None
-                 and any(a.fault_type in NETWORK_FAULTS and abs(a.start - start) <= self.switch_window_s
+                 and any(a.fault_type in self.switch_faults and abs(a.start - start) <= self.switch_window_s
                          for a in g.anomalies)]
         existing = self._open.get(key)
+        links = {a.entity if a.entity.startswith("nic/") else self.anchor(a.entity) for p in peers
+                 for a in p.anomalies
+                 if a.fault_type in self.switch_faults and abs(a.start - start) <= self.switch_window_s}
         if existing is not None and existing.end >= start - self.gap_s:
             target = existing
-        elif len(peers) >= 2:
+        elif len(peers) >= 2 and len(links) >= self.switch_min_share * self._switch_links[switch]:
             target = _Group(anchor=key, id=incident_id_for(key, min(
-                (a for p in peers for a in p.anomalies if a.fault_type in NETWORK_FAULTS), key=lambda a: a.start)))
+                (a for p in peers for a in p.anomalies if a.fault_type in self.switch_faults), key=lambda a: a.start)))
             self.groups.append(target)
             self._open[key] = target
         else:
