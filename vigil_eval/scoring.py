@@ -3,7 +3,9 @@
 An incident matches a fault when it covers the fault's entity (the entity itself, its node, its job for a
 rank, the nodes below a switch, or a job running there) and overlaps the fault in time, from its precursor
 (plus a minute of slack) to five minutes after its end. It localizes the fault when its scope is the
-fault's entity, or the node / job that holds it.
+fault's entity, or the node / job that holds it (a GPU's fault scoped to its node, a rank's to its job);
+``exact_localization`` counts only the incidents scoped to the fault's own entity, so a hang left on its
+job shows there.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class FaultMatch(BaseModel):
     incident_scope: str | None = None
     delay_s: float | None = None
     localized: bool = False
+    exact: bool = False
 
 
 class Score(BaseModel):
@@ -40,6 +43,7 @@ class Score(BaseModel):
     recall: float
     recall_all: float
     localization: float
+    exact_localization: float
     mean_delay_s: float | None
     by_fault: dict[str, dict[str, float]]
     matches: list[FaultMatch]
@@ -112,6 +116,7 @@ def score(incidents: list[Incident], truth: list[GroundTruthFault], topology: To
             match.delay_s = round(best.start - fault.start, 1)
             match.localized = best.scope in cover.keys(fault.entity) and (
                 best.scope == fault.entity or parse_entity(fault.entity)[0] in ("gpu", "nic", "rank"))
+            match.exact = best.scope == fault.entity
         matches.append(match)
     visible = [m for m in matches if m.visible_to_rules]
     detected = [m for m in visible if m.incident_id]
@@ -129,6 +134,7 @@ def score(incidents: list[Incident], truth: list[GroundTruthFault], topology: To
         recall=len(detected) / len(visible) if visible else 1.0,
         recall_all=sum(1 for m in matches if m.incident_id) / len(matches) if matches else 1.0,
         localization=sum(m.localized for m in detected) / len(detected) if detected else 1.0,
+        exact_localization=sum(m.exact for m in detected) / len(detected) if detected else 1.0,
         mean_delay_s=round(sum(delays) / len(delays), 1) if delays else None,
         by_fault=by_fault, matches=matches,
     )

@@ -110,7 +110,8 @@ def demo(
             "faults_injected": score.faults_injected, "faults_visible_to_rules": score.faults_visible,
             "faults_detected": score.faults_detected, "precision": round(score.precision, 4),
             "recall": round(score.recall, 4), "recall_all_faults": round(score.recall_all, 4),
-            "localization": round(score.localization, 4), "mean_detection_delay_s": score.mean_delay_s,
+            "localization": round(score.localization, 4), "exact_localization": round(score.exact_localization, 4),
+            "mean_detection_delay_s": score.mean_delay_s,
             "samples": result.samples, "seconds": round(result.seconds, 3),
             "speedup_vs_real_time": round(sim_seconds / max(result.seconds, 1e-9), 1),
             "store": str(db),
@@ -153,7 +154,8 @@ def demo(
     console.print(inc_table)
     console.print(f"precision [bold]{score.precision:.2f}[/]  recall [bold]{score.recall:.2f}[/] "
                   f"({score.faults_detected}/{score.faults_visible} rule-visible faults)  localization "
-                  f"{score.localization:.2f}  mean delay {score.mean_delay_s} s  "
+                  f"{score.localization:.2f} (entity, its node or job; the entity itself "
+                  f"{score.exact_localization:.2f})  mean delay {score.mean_delay_s} s  "
                   f"loose observations (not paged): {len(result.observations)}")
     hidden = sorted({m.fault_type for m in score.matches if not m.visible_to_rules})
     if hidden:
