@@ -719,7 +719,9 @@ class LaunchVerdict(BaseModel):
 
 class LaunchReport(BaseModel):
     """What one `vigil launch` tells the server: its ranks' placement and state, step telemetry since its last
-    report, and the verdict once the job ended. Every part is optional, so a report is sent when any changed."""
+    report, the events its ranks' log lines made since then (``rank_log`` events on the job's ranks, decoded by
+    ``vigil.sources.collect.ranklog``) and the verdict once the job ended. Every part is optional, so a report is
+    sent when any changed."""
 
     model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
 
@@ -729,4 +731,5 @@ class LaunchReport(BaseModel):
     placement: list[RankPlacement] = Field(default_factory=list, max_length=100_000)
     ranks: list[RankState] = Field(default_factory=list, max_length=100_000)
     steps: list[StepTelemetry] = Field(default_factory=list, max_length=10_000)
+    logs: list[Event] = Field(default_factory=list, max_length=10_000)
     verdict: LaunchVerdict | None = None

@@ -32,3 +32,10 @@ def test_other_lines() -> None:
     assert decode_rank_line(RANK, "step 1200 loss 2.31 lr 3e-4", 1.0) is None
     oom = decode_rank_line(RANK, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.", 1.0)
     assert oom is not None and "seq" not in oom.attrs and oom.attrs["signature"] == "cuda.oom"
+
+
+def test_a_line_torch_prefixed_with_its_rank_is_matched_without_the_prefix() -> None:
+    line = "[rank3]: ValueError: bad batch at step 5: labels out of range"
+    event = decode_rank_line(RANK, line, 1.0)
+    assert event is not None and event.attrs == {"signature": "python.exception"} and event.message == line
+    assert decode_rank_line(RANK, "[rank3]: step 1200 loss 2.31", 1.0) is None

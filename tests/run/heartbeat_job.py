@@ -1,9 +1,10 @@
 """A small gloo training job that writes Vigil heartbeat lines (loss, gradient norm, tokens/s) every step.
 
-    python heartbeat_job.py [--steps N] [--step-time S] [--hang-rank R --at-step K]
+    python heartbeat_job.py [--steps N] [--step-time S] [--hang-rank R | --raise-rank R] [--at-step K]
 
 With --hang-rank, rank R stops at step K in its own code (a data loader that never returns) while its peers
-wait for it in the next all_reduce.
+wait for it in the next all_reduce. With --raise-rank, rank R raises at step K (a bad batch), and its peers'
+next all_reduce fails with gloo's own error about the peer that went away.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--step-time", type=float, default=0.05)
     parser.add_argument("--hang-rank", type=int, default=-1)
+    parser.add_argument("--raise-rank", type=int, default=-1)
     parser.add_argument("--at-step", type=int, default=10)
     args = parser.parse_args()
 
@@ -36,6 +38,8 @@ def main() -> None:
         began = time.time()
         if rank == args.hang_rank and step == args.at_step:
             time.sleep(3600)
+        if rank == args.raise_rank and step == args.at_step:
+            raise ValueError(f"bad batch at step {step}: labels out of range")
         time.sleep(args.step_time)
         x = torch.randn(32, 16)
         loss = (model(x) - x[:, :4]).pow(2).mean()

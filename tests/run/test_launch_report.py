@@ -17,6 +17,7 @@ from tests.run.test_engine import Clock
 from vigil.config import Settings
 from vigil.faces.api.app import create_app
 from vigil.model import (
+    Event,
     HangDiagnosis,
     IncidentStatus,
     LaunchReport,
@@ -286,6 +287,66 @@ def test_reporter_sends_placement_telemetry_and_verdict(launch: Launch, tmp_path
     assert sent[-1].verdict is not None and sent[-1].verdict.exit_codes == {0: -15, 1: -9}
     topology = launch.store.topology()
     assert topology is not None and topology.jobs[0].placement == ["gpu/n01/0", "gpu/n01/1"]
+
+
+GLOO_PEER_CLOSED = ("[rank0]: RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection "
+                    "closed by peer [127.0.0.1]:40325. This is typically caused by a remote worker crashing.")
+
+
+def test_reporter_forwards_the_lines_the_signature_library_names(launch: Launch, tmp_path: Path) -> None:
+    sent: list[LaunchReport] = []
+
+    def post(request: httpx.Request) -> httpx.Response:
+        sent.append(LaunchReport.model_validate_json(request.content))
+        response = launch.client.post("/api/v1/launches", content=request.content, headers=dict(request.headers))
+        return httpx.Response(response.status_code, content=response.content)
+
+    reporter = LaunchReporter("http://vigil.test", "llm", 2, 2, tmp_path, node="n01", gpus=[0, 1],
+                              interval_s=0.0, token=TOKEN, transport=httpx.MockTransport(post))
+    (tmp_path / "rank0.log").write_text("step 1 loss 2.3\n")
+    (tmp_path / "rank1.log").write_text("step 1 loss 2.4\n[rank1]: ValueError: bad batch")  # not ended yet
+    reporter.watch({0: _snapshot(0, 1), 1: _snapshot(1, 1)}, {0: None, 1: None}, {0: 100, 1: 101})
+    with (tmp_path / "rank1.log").open("a") as log:
+        log.write(" at step 5\n")
+    with (tmp_path / "rank0.log").open("a") as log:
+        log.write("step 2 loss 2.2\n" + GLOO_PEER_CLOSED + "\n")
+    reporter.finish(HangDiagnosis(verdict="crash", culprit_ranks=[1], root_error="rank 1: ValueError",
+                                  ranks=[RankStatus(rank=0, state="dead", exit_code=1),
+                                         RankStatus(rank=1, state="dead", exit_code=1)]), wait_s=10.0)
+    assert reporter.failures == 0 and reporter.sent == len(sent)
+    logs = [e for report in sent for e in report.logs]
+    assert sorted((e.entity, e.attrs["signature"]) for e in logs) == [
+        ("job/llm/rank/0", "gloo.peer_closed"), ("job/llm/rank/1", "python.exception")]
+    assert sent[-1].logs and sent[-1].verdict is not None  # the last lines travel with the verdict
+    stored = {(e.entity, e.attrs["signature"], e.message) for e in launch.store.events(kind="rank_log")}
+    assert stored == {("job/llm/rank/0", "gloo.peer_closed", GLOO_PEER_CLOSED),
+                      ("job/llm/rank/1", "python.exception", "[rank1]: ValueError: bad batch at step 5")}
+
+
+def test_a_flooding_rank_costs_a_bounded_report(tmp_path: Path) -> None:
+    reports: list[LaunchReport] = []
+
+    def post(request: httpx.Request) -> httpx.Response:
+        reports.append(LaunchReport.model_validate_json(request.content))
+        return httpx.Response(201, json={})
+
+    reporter = LaunchReporter("http://vigil.test", "llm", 1, 1, tmp_path, node="n01", gpus=[0], interval_s=0.0,
+                              transport=httpx.MockTransport(post))
+    (tmp_path / "rank0.log").write_text("RuntimeError: CUDA error: an illegal memory access was encountered\n" * 5000)
+    assert reporter.read_logs(1.0) == 256  # one look reads a bounded number of lines
+    reporter.read_logs(2.0, looks=100)
+    reporter.finish(HangDiagnosis(verdict="ok"), wait_s=10.0)
+    assert [len(r.logs) for r in reports] == [1000]
+    assert reporter.logs_dropped == 4000
+
+
+def test_a_report_speaks_only_for_its_own_ranks(launch: Launch) -> None:
+    for kind, entity in (("rank_log", "job/other/rank/0"), ("rank_log", "job/llm/rank/4"), ("xid", "job/llm/rank/0")):
+        body = LaunchReport(job="llm", ts=1.0, world_size=4, logs=[
+            Event(ts=1.0, entity=entity, kind=kind, source="rank", message="Xid 79")]).model_dump_json()
+        refused = launch.client.post("/api/v1/launches", content=body, headers={"Content-Type": "application/json"})
+        assert refused.status_code == 400 and "rank_log" in refused.text, refused.text
+    assert launch.store.events() == []
 
 
 def test_gpu_indices_follow_cuda_visible_devices() -> None:

@@ -1,6 +1,7 @@
 """A real job under `vigil launch --server` reporting to a real `vigil serve` (engine inside): a rank killed
 with SIGKILL becomes a crash incident on that rank, its node and its job; a rank stuck in its own code becomes
-a hang incident naming it; a server that is not there costs the job one warning line and nothing else."""
+a hang incident naming it; a rank that raises and its peer's gloo error arrive as the ranks' rank_log events;
+a server that is not there costs the job one warning line and nothing else."""
 
 from __future__ import annotations
 
@@ -140,6 +141,31 @@ def test_hung_rank_becomes_a_hang_incident_naming_it(server: Server, tmp_path: P
     assert incident["evidence"][0]["attrs"]["node"] == default_node_name()
     diagnosis = server.diagnosis(incident["id"])
     assert diagnosis["root_cause"]["entity"] == f"job/{job}/rank/1"
+
+
+def test_a_raising_rank_and_its_peers_gloo_error_reach_the_engine_as_rank_log_events(server: Server,
+                                                                                      tmp_path: Path) -> None:
+    job = "e2e-raise"
+    launch = _launch(tmp_path, server.url, job, "--steps", "100000", "--raise-rank", "1", "--at-step", "15")
+    try:
+        assert _finish(launch) == 3, (tmp_path / "launch.log").read_text()[-3000:]
+    finally:
+        if launch.poll() is None:
+            launch.terminate()
+            launch.wait(timeout=30)
+    wait_for(lambda: len(server.incidents(job)) == 1, 30, "the crash incident")
+    # the reports are in (the incident came from the last one): the ranks' decoded lines are stored
+    lines = [e for e in server.get("/api/v1/events?kind=rank_log") if e["entity"].startswith(f"job/{job}/")]
+    assert {(e["entity"], e["attrs"]["signature"]) for e in lines} == {
+        (f"job/{job}/rank/0", "gloo.peer_closed"), (f"job/{job}/rank/1", "python.exception")}, lines
+    [raised] = [e for e in lines if e["entity"] == f"job/{job}/rank/1"]
+    assert "ValueError: bad batch at step 15" in raised["message"] and raised["source"] == "rank"
+    [peer] = [e for e in lines if e["entity"] == f"job/{job}/rank/0"]
+    assert "Connection closed by peer" in peer["message"]  # gloo's own words, read from rank 0's log
+    [incident] = server.incidents(job)
+    assert incident["scope"] == f"job/{job}/rank/1" and incident["fault_types"] == ["job_crash"], incident
+    diagnosis = server.diagnosis(incident["id"])
+    assert diagnosis["root_cause"]["entity"] == f"job/{job}/rank/1", diagnosis["root_cause"]
 
 
 def test_launch_without_its_server_trains_and_warns_once(tmp_path: Path) -> None:

@@ -2,7 +2,14 @@
 
 The job and its rank -> node / GPU placement once every rank is placed, each rank's exit as it happens, step
 telemetry every ``interval_s`` (steps and step time from the probes, loss, gradient norm and tokens/s from the
-ranks' heartbeat lines) and the verdict when the job ends; the server's engine turns them into incidents.
+ranks' heartbeat lines), the lines of the ranks' logs that the signature library names (as ``rank_log`` events,
+``vigil.sources.collect.ranklog``) and the verdict when the job ends; the server's engine turns them into
+incidents.
+
+The ranks' logs (``OUT/rank<R>.log``, stdout and stderr) are followed as they grow, a bounded number of lines
+per rank per look (``vigil.run.logtail``); only the decoded events travel, with the exits and the verdict, in
+the same reports, and at most ``MAX_LOG_EVENTS`` of them a report (the earliest: a cascade's first lines name
+its cause).
 
 Reporting never stands in the way of training: reports go out from a background thread, a server that is
 down or refuses them costs one warning line, and what could not be sent is kept (bounded) and retried.
@@ -23,15 +30,24 @@ from pathlib import Path
 import httpx
 
 from vigil.diagnose.hang import HangDiagnosis
-from vigil.model import LaunchReport, LaunchVerdict, RankPlacement, RankState, StepTelemetry
+from vigil.model import Event, LaunchReport, LaunchVerdict, RankPlacement, RankState, StepTelemetry, rank_id
 from vigil.remedy.heartbeat import ProgressTracker
+from vigil.run.logtail import LogTail
 from vigil.sources.collect.base import default_node_name
+from vigil.sources.collect.ranklog import decode_rank_line
 from vigil.sources.probe.records import RankSnapshot
 
 ROUTE = "/api/v1/launches"
 # Reports kept while the server is away; the oldest telemetry goes first (placement, exits and the verdict
 # are sent again with every later report, so only step history is lost).
 MAX_BUFFERED = 2000
+# Decoded log events one report carries at most (the server takes up to 10 000); beyond it they are counted
+# (``logs_dropped``) and dropped.
+MAX_LOG_EVENTS = 1000
+# Decoded log events kept in all the reports waiting for the server; a new report's go when they are more.
+MAX_BUFFERED_LOG_EVENTS = 20_000
+# Looks at each rank's log when the job ends, for the lines its last moments wrote (each look is bounded).
+FINAL_LOG_LOOKS = 8
 
 
 def gpu_indices(nproc: int, env: Mapping[str, str] | None = None) -> list[int | None]:
@@ -93,6 +109,10 @@ class LaunchReporter:
         self.gpus = gpus if gpus is not None else gpu_indices(nproc)
         self.clock = clock
         self.progress = ProgressTracker(out_dir, world_size)
+        self.out_dir = out_dir
+        self._tails: dict[int, LogTail] = {}
+        self._logs: list[Event] = []
+        self.logs_dropped = 0
         self._warn = warn or (lambda message: print(message, file=sys.stderr))
         self._client = httpx.Client(timeout=timeout_s, transport=transport,
                                     headers={"Authorization": f"Bearer {token}"} if token else {})
@@ -115,23 +135,55 @@ class LaunchReporter:
     def watch(self, snapshots: Mapping[int, RankSnapshot], exit_codes: Mapping[int, int | None],
               pids: Mapping[int, int]) -> None:
         """One look, after each supervisor step: placement once all ranks are placed, exits as they happen,
-        step telemetry every ``interval_s``. Only node 0 of a multi-node job reports (it sees every rank)."""
+        step telemetry every ``interval_s``, the ranks' new log lines (read at every look, sent with the next
+        report, at the latest ``interval_s`` later). Only node 0 of a multi-node job reports (it sees every
+        rank)."""
         if self.node_rank != 0:
             return
         now = self.clock()
         placed_now = not self._placement and self._place(snapshots, pids)
         changed = self._changed_exits(exit_codes)
-        measured = False
+        self.read_logs(now)
+        due = False
         if now >= self._next_telemetry:
             self._next_telemetry = now + self.interval_s
-            measured = self._telemetry(snapshots, now)
-        if placed_now or changed or measured:
+            due = self._telemetry(snapshots, now) or bool(self._logs)
+        if placed_now or changed or due:
             self._queue(now, ranks=changed)
+
+    def read_logs(self, now: float, looks: int = 1) -> int:
+        """Read what the ranks' logs gained (up to ``looks`` bounded looks at each), keep the events of the
+        lines the signature library names; returns how many lines were read. Ranks of other nodes (their logs
+        in the shared run directory) are read once every rank is placed: their node has cleared its old logs
+        by then."""
+        ranks = range(self.world_size) if self._placement else range(self.nproc * self.node_rank,
+                                                                     self.nproc * (self.node_rank + 1))
+        read = 0
+        for rank in ranks:
+            tail = self._tails.get(rank)
+            if tail is None:
+                tail = self._tails[rank] = LogTail(self.out_dir / f"rank{rank}.log")
+            entity = rank_id(self.job, rank)
+            for _ in range(looks):
+                lines = tail.read()
+                if not lines:
+                    break
+                read += len(lines)
+                for line in lines:
+                    event = decode_rank_line(entity, line, now)
+                    if event is None:
+                        continue
+                    if len(self._logs) < MAX_LOG_EVENTS:
+                        self._logs.append(event)
+                    else:
+                        self.logs_dropped += 1
+        return read
 
     def finish(self, diagnosis: HangDiagnosis, wait_s: float = 10.0) -> None:
         """The verdict, with the exits not reported yet; waits up to ``wait_s`` for the reports to go out (one
         try each: a server that is away does not hold up the end of the launch)."""
         if self.node_rank == 0:
+            self.read_logs(self.clock(), looks=FINAL_LOG_LOOKS)
             changed = self._changed_exits({s.rank: s.exit_code for s in diagnosis.ranks})
             exit_codes = {r: c for r, c in self._exits.items() if c is not None}
             verdict = LaunchVerdict(verdict=diagnosis.verdict, culprit_ranks=diagnosis.culprit_ranks,
@@ -200,14 +252,18 @@ class LaunchReporter:
 
     def _queue(self, now: float, ranks: Mapping[int, int | None] | None = None,
                verdict: LaunchVerdict | None = None) -> None:
-        if not self._placement and verdict is None and not self._steps:
+        if not self._placement and verdict is None and not self._steps and not self._logs:
             return
         report = LaunchReport(
             job=self.job, ts=now, world_size=self.world_size, placement=list(self._placement),
             ranks=[RankState(rank=r, exit_code=c) for r, c in sorted((ranks or {}).items())],
-            steps=self._steps, verdict=verdict)
+            steps=self._steps, logs=self._logs, verdict=verdict)
         self._steps = []
+        self._logs = []
         with self._lock:
+            if report.logs and sum(len(r.logs) for r in self._pending) + len(report.logs) > MAX_BUFFERED_LOG_EVENTS:
+                self.logs_dropped += len(report.logs)
+                report.logs = []
             self._pending.append(report)
             while len(self._pending) > MAX_BUFFERED:
                 self._pending.popleft()

@@ -1,5 +1,6 @@
 """What `vigil launch` reports (``LaunchReport``) as the store's records: the job and its placement for the
-topology, step telemetry as ``vigil_job_*`` samples, rank exits and the supervisor's verdict as events.
+topology, step telemetry as ``vigil_job_*`` samples, rank exits and the supervisor's verdict as events, and
+the ``rank_log`` events the launch decoded from its ranks' log lines as they are.
 
 The records say what the launch saw; judging them (a crash, a hang, a loss spike) is the rules' work in
 ``vigil.detect.rules``, so a verdict reported here and one read from Slurm become incidents the same way.
@@ -17,6 +18,7 @@ from vigil.model import (
     LaunchReport,
     Sample,
     StepTelemetry,
+    VigilInputError,
     gpu_id,
     job_id,
     node_id,
@@ -64,6 +66,17 @@ def _metrics(step: StepTelemetry) -> list[tuple[str, float]]:
         ("vigil_job_checkpoint_in_progress", 1.0 if step.checkpointing else 0.0),
     ]
     return [(metric, value) for metric, value in values if value is not None]
+
+
+def report_logs(report: LaunchReport) -> list[Event]:
+    """The ``rank_log`` events the launch decoded from its ranks' log lines; a launch speaks only for its own
+    job's ranks, so an event of another kind or entity refuses the report."""
+    ranks = {rank_id(report.job, r) for r in range(report.world_size)} if report.logs else set()
+    for event in report.logs:
+        if event.kind != "rank_log" or event.entity not in ranks:
+            raise VigilInputError(f"launch report of job {report.job!r}: logs hold only rank_log events on its "
+                                  f"{report.world_size} ranks, got {event.kind!r} on {event.entity!r}")
+    return list(report.logs)
 
 
 def report_events(report: LaunchReport) -> list[Event]:

@@ -1,5 +1,6 @@
 """What node agents send between scrapes (their inventory, from which the topology is built, and metric
-samples) and what `vigil launch` reports (a job's placement, rank exits, step telemetry, the verdict).
+samples) and what `vigil launch` reports (a job's placement, rank exits, step telemetry, its ranks' decoded log
+lines, the verdict).
 
 The live engine (vigil/run/engine.py) reads them from the store; these routes only validate and store.
 """
@@ -14,7 +15,7 @@ from pydantic import BaseModel, Field
 from vigil.faces.api.auth import Identity, check_operator, check_read
 from vigil.faces.api.context import ServeContext
 from vigil.model import LaunchReport, Node, Sample, Topology, VigilInputError, node_of
-from vigil.sources.launch import report_events, report_job, report_samples
+from vigil.sources.launch import report_events, report_job, report_logs, report_samples
 
 router = APIRouter(prefix="/api/v1", tags=["agents"], dependencies=[Depends(check_read)])
 Writer = Annotated[Identity, Depends(check_operator)]
@@ -93,7 +94,9 @@ def register_inventory(node: Annotated[Node, Body()], ctx: Ctx, user: Writer) ->
 @router.post("/launches", status_code=201)
 def report_launch(body: LaunchReport, ctx: Ctx, user: Writer) -> LaunchStored:
     """A `vigil launch` report: the job's rank -> node / GPU placement into the topology (before the rest, so
-    the engine places what follows), step telemetry as the job's samples, rank exits and the verdict as events."""
+    the engine places what follows), step telemetry as the job's samples; the ranks' decoded log lines, then rank
+    exits and the verdict, as events (a rank's last lines are read before its exit)."""
+    logs = report_logs(body)
     known = next((j for j in (ctx.store.topology() or Topology()).jobs if j.id == body.job), None)
     job = report_job(body, known)
     if job is not None:
@@ -102,6 +105,6 @@ def report_launch(body: LaunchReport, ctx: Ctx, user: Writer) -> LaunchStored:
     samples = report_samples(body)
     if samples:
         ctx.store.add_samples(f"launch:{body.job}", samples)
-    events = report_events(body)
+    events = logs + report_events(body)
     ctx.store.add_events(events)
     return LaunchStored(job=body.job, placed=job is not None, samples=len(samples), events=len(events))

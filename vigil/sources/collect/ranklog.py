@@ -1,11 +1,14 @@
 """Training ranks' log lines -> events: the lines THE log-signature library names, one event each.
 
-Whatever ships a rank's output (a log forwarder on the node, ``vigil launch`` reading its ranks' pipes, a
-replayed capture) hands each line here with the rank it came from and pushes the events (``POST
-/api/v1/events``); the engine's detectors read them like any other event. A line is an event of kind
-``rank_log`` on the rank, with the signature's id and symptom, and - for a collective the watchdog timed
-out - the collective's sequence number, operation and process group, so peers' reports of the same
-collective can be compared. Nothing is judged here.
+Whatever ships a rank's output (a log forwarder on the node pushing to ``POST /api/v1/events``, ``vigil launch
+--server`` following its ranks' log files and sending the events in its reports, ``vigil.run.report``, a
+replayed capture) hands each line here with the rank it came from and pushes the events; the engine's
+detectors read them like any other event. A line is an event of kind ``rank_log`` on the rank, with the
+signature's id and symptom, and - for a collective the watchdog timed out - the collective's sequence number,
+operation and process group, so peers' reports of the same collective can be compared. Nothing is judged
+here. A line torch prefixed with its rank (``[rank3]: ValueError: ...``, the form uncaught errors of
+distributed ranks take) is matched without that prefix when it does not match with it, as ``vigil logs``
+reads it.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ SOURCE = "rank"
 _PROCESS_GROUP = re.compile(r"\[PG (?:ID )?(?P<pg>\d+)\b")
 # The sequence number a watchdog line names, under the signature library's group names.
 _SEQ_GROUPS = ("seq", "timeout_work", "work")
+# torch's prefix on a distributed rank's output (vigil.logs.sources.LINE_RANK_PREFIX).
+_RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s?")
 
 
 @lru_cache(maxsize=1)
@@ -32,6 +37,9 @@ def _matcher() -> SignatureMatcher:
 def decode_rank_line(rank: str, line: str, ts: float) -> Event | None:
     """The event one line of ``rank``'s log (a rank entity id) reports, or None for a line no signature names."""
     hit = _matcher().match(line)
+    if hit is None:
+        prefixed = _RANK_PREFIX.match(line)
+        hit = _matcher().match(line[prefixed.end():]) if prefixed else None
     if hit is None:
         return None
     attrs: dict[str, object] = {"signature": hit.signature.id}

@@ -1,0 +1,74 @@
+"""Follow a rank's log file as it grows: the complete lines written since the last look, a bounded number a look.
+
+``vigil launch --server`` reads its ranks' output this way and forwards the lines the signature library names
+(``vigil.sources.collect.ranklog``). A look reads at most ``max_lines`` lines and ``max_bytes`` bytes, so a rank
+that floods its log costs the launcher bounded memory and time per look (the rest is read at later looks); a
+line still being written (no newline yet) is left for the next look; a line longer than ``line_limit`` is cut
+there and the rest of it skipped. A file that shrank or was replaced (truncated, rotated, a new run writing
+the same path) is read again from its start.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# The decoder keeps a line's first 8192 characters as the event's message (Event.message's limit).
+LINE_LIMIT = 8192
+MAX_LINES = 256
+MAX_BYTES = 256 * 1024
+
+
+class LogTail:
+    """The lines appended to ``path`` since the last :meth:`read` (a file not there yet has none)."""
+
+    def __init__(self, path: Path, *, max_lines: int = MAX_LINES, max_bytes: int = MAX_BYTES,
+                 line_limit: int = LINE_LIMIT) -> None:
+        if max_bytes < 1 or max_lines < 1 or line_limit < 1:
+            raise ValueError("max_lines, max_bytes and line_limit must be positive")
+        self.path = path
+        self.max_lines = max_lines
+        self.max_bytes = max_bytes
+        self.line_limit = line_limit
+        self.offset = 0
+        self._inode: int | None = None
+        self._skipping = False  # inside a line already cut: drop up to its end
+
+    def read(self) -> list[str]:
+        """The complete lines written since the last look, at most ``max_lines`` of them, each without its
+        line ending and cut at ``line_limit`` characters."""
+        try:
+            with open(self.path, "rb") as f:
+                stat = os.fstat(f.fileno())
+                if stat.st_ino != self._inode or stat.st_size < self.offset:
+                    # first look, or the file was replaced or truncated: its content is new
+                    self._inode, self.offset, self._skipping = stat.st_ino, 0, False
+                if stat.st_size <= self.offset:
+                    return []
+                f.seek(self.offset)
+                chunk = f.read(min(self.max_bytes, stat.st_size - self.offset))
+        except OSError:
+            return []
+        lines: list[str] = []
+        start = 0
+        while len(lines) < self.max_lines:
+            end = chunk.find(b"\n", start)
+            if end < 0:
+                break
+            if self._skipping:
+                self._skipping = False
+            else:
+                lines.append(self._text(chunk[start:end]))
+            start = end + 1
+        if len(lines) < self.max_lines and start == 0 and len(chunk) >= self.max_bytes and not self._skipping:
+            # no line end in a whole look's bytes: a line longer than the look; keep its head, skip the rest
+            lines.append(self._text(chunk))
+            self._skipping = True
+            start = len(chunk)
+        elif self._skipping and start == 0:
+            start = len(chunk)  # still inside the cut line
+        self.offset += start
+        return lines
+
+    def _text(self, raw: bytes) -> str:
+        return raw[: self.line_limit * 4].decode("utf-8", errors="replace").rstrip("\r")[: self.line_limit]
