@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -42,3 +43,22 @@ def test_bad_frames_are_rejected() -> None:
     with pytest.raises(VigilInputError, match="no metrics stored"):
         store.series("gpu/n9/0", "A")
     assert store.frame_count("gpu") == 1
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    (lambda p: (p / "gpu.000000.npz").write_bytes(b"\x00not a numpy archive" * 8), "gpu.000000.npz is corrupt"),
+    (lambda p: (p / "gpu.open.npz").write_bytes(b"PK\x03\x04 truncated zip"), "gpu.open.npz is corrupt"),
+    (lambda p: (p / "gpu.000000.npz").unlink(), "gpu.000000.npz is missing"),
+    (lambda p: (p / "index.json").write_text('{"gpu": 3}'), "index.json is corrupt"),
+])
+def test_a_damaged_store_directory_is_one_clear_error_and_stays_as_it_was(
+        tmp_path: Path, damage: Callable[[Path], object], message: str) -> None:
+    store = MetricStore(tmp_path)
+    for k in range(CHUNK_FRAMES + 3):
+        store.append(frame(float(k)))
+    store.flush()
+    damage(tmp_path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(VigilInputError, match=message):
+        MetricStore(tmp_path)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before

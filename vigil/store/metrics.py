@@ -13,9 +13,11 @@ VictoriaMetrics instead (see vigil/faces/api).
 from __future__ import annotations
 
 import json
+import zipfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -80,6 +82,19 @@ class _Family:
             yield self.ts_buf[: self.fill], self.value_buf[: self.fill]
 
 
+def _read_chunk(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """One stored chunk's timestamps and values; a missing, truncated or foreign file is one clear error (the
+    file is left as it is, so nothing stored is lost)."""
+    try:
+        with np.load(path) as data:
+            return np.asarray(data["ts"]), np.asarray(data["values"])
+    except FileNotFoundError:
+        raise VigilInputError(f"metric chunk {path} is missing; the metrics index lists it") from None
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        raise VigilInputError(f"metric chunk {path} is corrupt: expected a numpy archive with ts and values "
+                              "arrays") from None
+
+
 class MetricStore:
     """Append frames, read series and windows back; optionally persisted under ``path``."""
 
@@ -135,31 +150,43 @@ class MetricStore:
 
     def _load(self) -> None:
         assert self.path is not None
+        index_file = self.path / "index.json"
         try:
-            index = json.loads((self.path / "index.json").read_text())
+            index = json.loads(index_file.read_text())
         except json.JSONDecodeError as err:
-            raise VigilInputError(f"metrics index {self.path / 'index.json'} is corrupt: {err.msg}") from None
-        for name, meta in index.items():
-            fam = _Family(
-                entities=meta["entities"],
-                metrics=meta["metrics"],
-                entity_index={e: i for i, e in enumerate(meta["entities"])},
-                metric_index={m: j for j, m in enumerate(meta["metrics"])},
-            )
-            for k in range(meta["chunks"]):
-                with np.load(self.path / f"{name}.{k:06d}.npz") as data:
-                    fam.ts_chunks.append(data["ts"])
-                    fam.value_chunks.append(data["values"])
-            fam.flushed_chunks = meta["chunks"]
-            fam.new_buffer()
-            open_file = self.path / f"{name}.open.npz"
-            if open_file.exists():
-                with np.load(open_file) as data:
-                    n = len(data["ts"])
-                    fam.ts_buf[:n] = data["ts"]
-                    fam.value_buf[:n] = data["values"]
-                    fam.fill = n
-            self._families[name] = fam
+            raise VigilInputError(f"metrics index {index_file} is corrupt: {err.msg}") from None
+        try:
+            for name, meta in index.items():
+                self._families[name] = self._load_family(name, meta)
+        except VigilInputError:
+            raise
+        except (AttributeError, KeyError, TypeError, ValueError) as err:
+            raise VigilInputError(f"metrics index {index_file} is corrupt: unexpected layout ({err})") from None
+
+    def _load_family(self, name: str, meta: dict[str, Any]) -> _Family:
+        assert self.path is not None
+        entities, metrics = list(meta["entities"]), list(meta["metrics"])
+        fam = _Family(
+            entities=entities,
+            metrics=metrics,
+            entity_index={e: i for i, e in enumerate(entities)},
+            metric_index={m: j for j, m in enumerate(metrics)},
+        )
+        chunks = int(meta["chunks"])
+        for k in range(chunks):
+            ts, values = _read_chunk(self.path / f"{name}.{k:06d}.npz")
+            fam.ts_chunks.append(ts)
+            fam.value_chunks.append(values)
+        fam.flushed_chunks = chunks
+        fam.new_buffer()
+        open_file = self.path / f"{name}.open.npz"
+        if open_file.exists():
+            ts, values = _read_chunk(open_file)
+            n = len(ts)
+            fam.ts_buf[:n] = ts
+            fam.value_buf[:n] = values
+            fam.fill = n
+        return fam
 
     # ---------------------------------------------------------------- reading
 
