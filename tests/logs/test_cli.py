@@ -60,3 +60,16 @@ def test_bad_input_is_one_line_exit_2(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert done.stderr.strip().startswith("error:") and "does not exist" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_triage_reads_a_slurm_output_file_on_its_own(tmp_path: Path) -> None:
+    out = tmp_path / "slurm-4242.out"
+    out.write_text("epoch 3 step 120 loss 2.31\n"
+                   "slurmstepd: error: Detected 1 oom-kill event(s) in StepId=4242.batch cgroup. Some of your "
+                   "processes may have been killed by the cgroup out-of-memory handler.\n")
+    result = runner.invoke(app, ["logs", "triage", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    verdict = json.loads(result.stdout)
+    assert verdict["job"] == "slurm-4242"
+    assert (verdict["root"]["source"], verdict["root"]["lineno"]) == ("slurm-4242.out", 2)
+    assert verdict["root"]["fault_type"] == "host_oom"

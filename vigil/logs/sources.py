@@ -44,9 +44,14 @@ def entity_name(text: str, fallback: str) -> str:
 
 
 def discover(directory: Path) -> list[LogSource]:
-    """Every log file under ``directory``, classified; raises a one-line error if there is none."""
+    """Every log file under ``directory``, classified; raises a one-line error if there is none. A single
+    file (a Slurm job's ``slurm-<id>.out``, one launcher's combined log) is a job of that one file."""
+    if directory.is_file():
+        return [classify(directory, directory.parent)]
+    if not directory.exists():
+        raise VigilInputError(f"log directory {directory} does not exist")
     if not directory.is_dir():
-        raise VigilInputError(f"log directory {directory} does not exist or is not a directory")
+        raise VigilInputError(f"log path {directory} is neither a directory nor a regular file")
     sources = []
     for path in sorted(p for p in directory.rglob("*") if p.is_file()):
         suffixes = "".join(path.suffixes[-1:]).lower()

@@ -200,12 +200,14 @@ def triage(
     progress: Callable[[str], None] | None = None,
     workers: int | None = None,
 ) -> TriageResult:
-    """Find the root error of a failed job from the logs under ``directory``.
+    """Find the root error of a failed job from the logs under ``directory`` (or in that one log file).
 
     Files are scanned independently, so large jobs are read by ``workers`` processes (default: one per
     available core once the logs reach ``PARALLEL_BYTES``; 1 = in this process). The result does not depend
     on the number of workers: scans are put back in file order before the root is decided."""
-    job_name = entity_name(job or directory.resolve().name, "job")
+    # a single log file names the job by its stem: slurm-4242.out is job slurm-4242
+    default = directory.resolve().stem if directory.is_file() else directory.resolve().name
+    job_name = entity_name(job or default, "job")
     return decide(scan_directory(directory, job_name, progress, workers), job_name, directory, tie_s)
 
 

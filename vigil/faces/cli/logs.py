@@ -67,9 +67,11 @@ def parse(
 
 @app.command("triage")
 def triage_command(
-    directory: Annotated[Path, typer.Argument(help="the failed job's log directory (all ranks, node logs)")],
+    directory: Annotated[Path, typer.Argument(help="the failed job's log directory (all ranks, node logs), or "
+                                              "one log file such as a Slurm job's slurm-JOBID.out")],
     as_json: JsonFlag = False,
-    job: Annotated[str | None, typer.Option(help="job id for entity ids (default: the directory name)")] = None,
+    job: Annotated[str | None, typer.Option(help="job id for entity ids (default: the directory name, or the "
+                                            "file name without its extension)")] = None,
     workers: Annotated[int | None, typer.Option(help="processes reading the files (default: one per core for "
                                                 "logs of 64 MB or more)")] = None,
 ) -> None:
