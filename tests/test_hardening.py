@@ -330,6 +330,31 @@ def test_diagnose_incident_formats_are_exclusive(tmp_path: Path, vigil: Callable
     one_line_error(vigil("diagnose", "incident", "inc-1", "--json", "--html", home=tmp_path), "--json and --html")
 
 
+def strict_json(text: str) -> object:
+    """Parse as JSON parsers other than Python's do: the bare tokens NaN / Infinity are not JSON."""
+    def refuse(token: str) -> object:
+        raise ValueError(f"{token} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_json_output_is_strict_json_when_a_loss_is_nan(tmp_path: Path, vigil: Callable[..., Ran]) -> None:
+    from torch.utils.tensorboard import SummaryWriter
+
+    for run, last in (("a", 0.5), ("b", float("nan"))):
+        writer = SummaryWriter(str(tmp_path / "tb" / run))
+        for step in range(5):
+            writer.add_scalar("loss", 2.0 / (1 + step) if step < 4 else last, step)
+        writer.close()
+    findings = vigil("logs", "scalars", str(tmp_path / "tb" / "b"), "--json", home=tmp_path)
+    assert findings.returncode == 0, findings.stderr
+    assert [(f["fault_type"], f["value"]) for f in strict_json(findings.stdout)] == [("nan_loss", "NaN")]
+    assert vigil("runs", "index", str(tmp_path / "tb"), "--json", home=tmp_path).returncode == 0
+    compared = vigil("runs", "compare", "a", "b", "--tag", "loss", "--json", home=tmp_path)
+    assert compared.returncode == 0, compared.stderr
+    assert [series["values"][-1] for series in strict_json(compared.stdout)] == [0.5, "NaN"]
+
+
 # ----------------------------------------------------------------------------- access by role
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 from typing import Annotated, Any
@@ -11,7 +10,7 @@ import typer
 from rich.markup import escape
 
 from vigil.faces.cli.listen import ensure_port_free
-from vigil.faces.cli.output import DataTable, SafeConsole, SafeFormatter, styled
+from vigil.faces.cli.output import DataTable, SafeConsole, SafeFormatter, json_text, styled
 from vigil.model import VigilInputError
 
 console = SafeConsole()
@@ -61,7 +60,7 @@ def agent(
         report = agent_.report()
         agent_.close()
         if as_json:
-            typer.echo(json.dumps(report, indent=2))
+            typer.echo(json_text(report, indent=2))
         else:
             _print_report(report)
         return

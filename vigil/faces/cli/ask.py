@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
 import typer
 from rich.markup import escape
 
-from vigil.faces.cli.output import SafeConsole
+from vigil.faces.cli.output import SafeConsole, json_text
 
 console = SafeConsole()
 
@@ -58,7 +57,7 @@ def ask(
     finally:
         store.close()
     if as_json:
-        typer.echo(json.dumps(answer.model_dump(mode="json"), indent=2))
+        typer.echo(json_text(answer.model_dump(mode="json"), indent=2))
         return
     console.print(f"\n[bold]Answer[/] ({escape(answer.flow or answer.answered_by)}):")
     for line in answer.answer:

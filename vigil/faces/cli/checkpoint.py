@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import signal
 from datetime import datetime
 from pathlib import Path
@@ -12,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.markup import escape
 
-from vigil.faces.cli.output import DataTable, SafeConsole, styled
+from vigil.faces.cli.output import DataTable, SafeConsole, json_text, styled
 from vigil.model import VigilInputError
 
 if TYPE_CHECKING:
@@ -34,7 +33,7 @@ def ls_command(
         raise VigilInputError(f"checkpoint directory {directory} does not exist")
     entries = describe_checkpoints(directory)
     if as_json:
-        typer.echo(json.dumps(entries, indent=2))
+        typer.echo(json_text(entries, indent=2))
         return
     table = DataTable(title=f"Checkpoints in {directory}")
     for column in ("step", "complete", "size MB", "files", "modified"):
@@ -154,7 +153,7 @@ def evals_command(
     finally:
         ledger.close()
     if as_json:
-        typer.echo(json.dumps([dataclasses.asdict(r) for r in records], indent=2))
+        typer.echo(json_text([dataclasses.asdict(r) for r in records], indent=2))
         return
     table = DataTable(title=f"Checkpoint evaluations in {directory}")
     for column in ("step", "state", "attempts", "scalars", "message"):
@@ -194,7 +193,7 @@ def clean_command(
                             requested_by="vigil-cli")
     actions = [remediator.execute(p.action(name, keep_last, partial_age)) for p in proposals]
     if as_json:
-        typer.echo(json.dumps([a.model_dump(mode="json") for a in actions], indent=2))
+        typer.echo(json_text([a.model_dump(mode="json") for a in actions], indent=2))
         return
     table = DataTable(title=f"Clean-up of {directory} ({'executed' if execute else 'dry-run'})")
     for column in ("step", "why", "size MB", "status", "result"):

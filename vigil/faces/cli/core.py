@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import shutil
 from pathlib import Path
@@ -14,7 +13,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from vigil.config import settings
-from vigil.faces.cli.output import DataTable, SafeConsole, styled
+from vigil.faces.cli.output import DataTable, SafeConsole, json_text, styled
 from vigil.model import FaultLevel, IncidentStatus, VigilInputError
 
 if TYPE_CHECKING:
@@ -120,7 +119,7 @@ def demo(
             "ground_truth": [m.model_dump(mode="json") for m in score.matches],
             "by_fault": score.by_fault,
         }
-        print(json.dumps(out))
+        print(json_text(out))
         return
     console.print(f"[bold]Vigil demo[/] - {nodes} nodes x {gpus} GPUs, {len(run.topology.jobs)} training jobs, "
                   f"{minutes:g} simulated minutes, seed {seed}: {result.samples:,} samples in {result.seconds:.1f} s "
@@ -188,7 +187,7 @@ def sim(
         task = progress.add_task(f"writing {escape(str(out))}", total=run.n_ticks)
         summary = write_sim(run, out, progress=lambda done, total: progress.update(task, completed=done))
     if as_json:
-        print(json.dumps({"out": str(out), **summary}))
+        print(json_text({"out": str(out), **summary}))
     else:
         console.print(f"wrote {summary['samples']:,} samples, {summary['events']} events, {summary['log_lines']} log "
                       f"lines and {summary['faults']} ground-truth faults to {escape(str(out))}")
@@ -212,7 +211,7 @@ def incidents(
     store = _stored()
     items = store.incidents(status=status, limit=limit) if store is not None else []
     if as_json:
-        print(json.dumps([i.model_dump(mode="json") for i in items]))
+        print(json_text([i.model_dump(mode="json") for i in items]))
         return
     table = DataTable(title=f"{len(items)} incidents")
     # Ids are what the next command needs: never cut or wrapped; the title wraps instead.
@@ -245,7 +244,7 @@ def nodes(
     if unhealthy:
         rows = sick
     if as_json:
-        print(json.dumps(rows))
+        print(json_text(rows))
         return
     table = DataTable(title=f"{len(rows)} nodes")
     table.add_column("node", no_wrap=True, min_width=max((len(r["node"]) for r in rows), default=4))

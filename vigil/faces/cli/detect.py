@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Annotated, Any
@@ -10,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from vigil.faces.cli.output import DataTable, SafeConsole, styled
+from vigil.faces.cli.output import DataTable, SafeConsole, json_text, styled
 from vigil.model import VigilInputError
 
 app = typer.Typer(help="Learned anomaly detection: train TCE, evaluate detectors honestly.", no_args_is_help=True)
@@ -115,7 +114,7 @@ def train_command(
               "combine": detector.combine,
               "seconds": round(detector.report_.seconds, 1)}
     if as_json:
-        print(json.dumps(report))
+        print(json_text(report))
     else:
         choice = report["choice"]
         said = (f"chosen on inner folds: {choice['scaling']} scaling, {choice['variant']}, {choice['epochs']} "
@@ -187,7 +186,7 @@ def eval_command(
                 progress.advance(task)
     summary = summarise(rows) if rows else {}
     if as_json:
-        print(json.dumps({"protocol": protocol, "results": rows, "summary": summary, "notes": notes},
+        print(json_text({"protocol": protocol, "results": rows, "summary": summary, "notes": notes},
                          default=lambda v: None))
         return
     table = DataTable(title=f"vigil detect eval - {dataset.name}, protocol {protocol}")

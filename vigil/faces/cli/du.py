@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from datetime import datetime
 from pathlib import Path
@@ -13,7 +12,7 @@ from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from vigil.config import settings
-from vigil.faces.cli.output import DataTable, SafeConsole
+from vigil.faces.cli.output import DataTable, SafeConsole, json_text
 from vigil.sources.fscount import ScanCache, ScanResult, Usage, scan
 
 console = SafeConsole()
@@ -82,7 +81,7 @@ def du(
     total = result.totals[result.root]
     if as_json:
         typer.echo(
-            json.dumps(
+            json_text(
                 {
                     "root": result.root,
                     "bytes": total.bytes,

@@ -12,7 +12,7 @@ import typer
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from vigil.faces.cli.output import DataTable, SafeConsole
+from vigil.faces.cli.output import DataTable, SafeConsole, json_text
 
 app = typer.Typer(name="logs", help="Log intelligence: templates, root error across ranks, scalar checks.",
                   no_args_is_help=True)
@@ -55,7 +55,7 @@ def parse(
         rows = [(tid, n, miner.templates[tid].text if tid in miner.templates else "") for tid, n in
                 counts.most_common()]
         if as_json:
-            out.write(json.dumps([{"template_id": t, "lines": n, "template": text} for t, n, text in rows]) + "\n")
+            out.write(json_text([{"template_id": t, "lines": n, "template": text} for t, n, text in rows]) + "\n")
             return
         table = DataTable("template", "lines", "text", title=f"{file}: {lineno} lines, {len(rows)} templates")
         for tid, n, text in rows:
@@ -118,7 +118,7 @@ def scalars(
 
     findings = check_event_dir(run)
     if as_json:
-        sys.stdout.write(json.dumps([f.model_dump(mode="json") for f in findings]) + "\n")
+        sys.stdout.write(json_text([f.model_dump(mode="json") for f in findings]) + "\n")
         return
     if not findings:
         console.print(f"{run}: no problems found in the training scalars", markup=False)
@@ -136,7 +136,7 @@ def signatures(as_json: JsonFlag = False) -> None:
 
     library = signature_library()
     if as_json:
-        sys.stdout.write(json.dumps([s.model_dump(mode="json") for s in library]) + "\n")
+        sys.stdout.write(json_text([s.model_dump(mode="json") for s in library]) + "\n")
         return
     table = DataTable("id", "fault", "symptom", "level", "role", "description", title=f"{len(library)} signatures")
     for s in library:

@@ -8,9 +8,11 @@ a styled cell is a ``Text`` with a style); a ``console.print`` f-string passes d
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from rich.console import Console
 from rich.segment import Segment
@@ -55,6 +57,23 @@ def echo(text: str, *, err: bool = False) -> None:
     import typer
 
     typer.echo(terminal_safe(text), err=err)
+
+
+def json_text(data: object, *, indent: int | None = None, default: Callable[[object], object] | None = None) -> str:
+    """``data`` as strict JSON (RFC 8259) for ``--json``: a NaN or infinite number, which ``json.dumps`` writes
+    as the bare tokens ``NaN`` / ``Infinity`` that JSON parsers other than Python's refuse, travels as the
+    string "NaN", "Infinity" or "-Infinity", as step telemetry does (a NaN loss is news, not a bad record)."""
+    return json.dumps(_finite(data), indent=indent, default=default, allow_nan=False)
+
+
+def _finite(data: object) -> object:
+    if isinstance(data, float) and not math.isfinite(data):
+        return "NaN" if math.isnan(data) else ("Infinity" if data > 0 else "-Infinity")
+    if isinstance(data, dict):
+        return {key: _finite(value) for key, value in data.items()}
+    if isinstance(data, list | tuple):
+        return [_finite(value) for value in data]
+    return data
 
 
 def styled(text: object, style: StyleType = "") -> Text:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -11,7 +10,7 @@ import typer
 from rich.markup import escape
 from rich.text import Text
 
-from vigil.faces.cli.output import DataTable, SafeConsole, styled
+from vigil.faces.cli.output import DataTable, SafeConsole, json_text, styled
 from vigil.model import VigilInputError
 
 if TYPE_CHECKING:
@@ -88,7 +87,7 @@ def precheck_command(
     _check_tolerance(tolerance)
     machines = _round(nproc, _baseline_path(baseline), tolerance, record_baseline, quick)
     if as_json:
-        typer.echo(json.dumps(_as_json(machines), indent=2))
+        typer.echo(json_text(_as_json(machines), indent=2))
     else:
         _print(machines)
     raise typer.Exit(0 if all(m.verdict == "good" for m in machines) else 1)
@@ -116,7 +115,7 @@ def inspect_command(
     next_round = time.monotonic()
     while True:
         machines = _round(nproc, _baseline_path(baseline), tolerance, False, quick)
-        line = json.dumps({"round": done, "ts": time.time(), "machines": _as_json(machines)})
+        line = json_text({"round": done, "ts": time.time(), "machines": _as_json(machines)})
         if out is not None:
             out.parent.mkdir(parents=True, exist_ok=True)
             with out.open("a") as stream:

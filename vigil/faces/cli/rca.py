@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -11,7 +10,7 @@ from rich.markdown import Markdown
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from vigil.faces.cli.output import DataTable, SafeConsole, echo, styled
+from vigil.faces.cli.output import DataTable, SafeConsole, echo, json_text, styled
 from vigil.model import VigilInputError
 
 kb_app = typer.Typer(help="The fault knowledge base: symptom -> fault -> cause -> remedy.", no_args_is_help=False)
@@ -36,7 +35,7 @@ def kb_list(
                            "remedies": [{"action": r.action.value, "target": r.on, "risk": r.risk, "why": r.why}
                                         for r in f.remedies], "log_prior": round(kb.log_prior(f.name), 4)}
                   for f in kb.faults.values()}
-        typer.echo(json.dumps({"summary": kb.summary(), "faults": faults, "problems": kb.problems,
+        typer.echo(json_text({"summary": kb.summary(), "faults": faults, "problems": kb.problems,
                                "warnings": kb.warnings}, indent=2))
         return
     console = SafeConsole()
@@ -63,7 +62,7 @@ def kb_validate(
 
     kb = load_kb(directory)
     if as_json:
-        typer.echo(json.dumps({"valid": not kb.problems, "problems": kb.problems, "warnings": kb.warnings,
+        typer.echo(json_text({"valid": not kb.problems, "problems": kb.problems, "warnings": kb.warnings,
                                "summary": kb.summary()}, indent=2))
     else:
         console = SafeConsole()
@@ -95,7 +94,7 @@ def rca_eval_command(
         report = evaluate(cases, seed, progress=lambda done, total: bar.update(task, completed=done))
     summary = report.summary()
     if as_json:
-        typer.echo(json.dumps(summary, indent=2))
+        typer.echo(json_text(summary, indent=2))
         return
     console = SafeConsole()
     table = DataTable(title=f"RCA on {summary['cases']} simulated incidents (seed {seed})")
@@ -140,7 +139,7 @@ def diagnose_incident(incident_id: str, as_json: bool = False, html: bool = Fals
     diagnosis.similar = recall(store, incident, diagnosis)
     store.save_diagnosis(diagnosis)
     if as_json:
-        text = json.dumps(report_data(incident, diagnosis, result), indent=2)
+        text = json_text(report_data(incident, diagnosis, result), indent=2)
     elif html:
         text = render_html(incident, diagnosis, result)
     else:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -11,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.text import Text
 
-from vigil.faces.cli.output import DataTable, SafeConsole
+from vigil.faces.cli.output import DataTable, SafeConsole, json_text
 from vigil.model import Action, ActionKind, ActionStatus, Anomaly, Topology, VigilInputError
 
 if TYPE_CHECKING:
@@ -127,7 +126,7 @@ def apply_command(
     for anomaly in _read_anomalies(anomalies):
         actions.extend(remediator.handle(anomaly, engine))
     if as_json:
-        typer.echo(json.dumps([a.model_dump(mode="json") for a in actions], indent=2))
+        typer.echo(json_text([a.model_dump(mode="json") for a in actions], indent=2))
         return
     _print_actions(actions, f"Actions ({'dry-run' if dry_run else 'executed'})")
 
@@ -266,7 +265,7 @@ def audit_command(
 
     actions = AuditLog().actions(target=target)[-limit:] if store_exists(settings().database_url()) else []
     if as_json:
-        typer.echo(json.dumps([a.model_dump(mode="json") for a in actions], indent=2))
+        typer.echo(json_text([a.model_dump(mode="json") for a in actions], indent=2))
         return
     _print_actions(actions, "Audit log")
 
@@ -283,7 +282,7 @@ def lifecycle_command(
     nodes = LifecycleStore().all() if store_exists(settings().database_url()) else []
     if as_json:
         typer.echo(
-            json.dumps(
+            json_text(
                 [
                     {
                         "node": n.node,
@@ -397,6 +396,6 @@ def idle_workers_command(
     actions = [remediator.execute(action) for action in wanted]
     _record_idle_incidents(actions)
     if as_json:
-        typer.echo(json.dumps([a.model_dump(mode="json") for a in actions], indent=2))
+        typer.echo(json_text([a.model_dump(mode="json") for a in actions], indent=2))
         return
     _print_actions(actions, f"Idle workers ({'executed' if execute else 'dry-run'}), grace {grace:g} s")

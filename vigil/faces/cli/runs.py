@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
@@ -11,7 +10,7 @@ from rich.markup import escape
 from rich.progress import Progress
 
 from vigil.config import settings
-from vigil.faces.cli.output import DataTable, SafeConsole
+from vigil.faces.cli.output import DataTable, SafeConsole, json_text
 
 if TYPE_CHECKING:
     from vigil.sources.tensorboard import RunIndex
@@ -36,7 +35,7 @@ def index_command(
     try:
         if as_json:
             added = index.update(logdir)
-            typer.echo(json.dumps(added, indent=2))
+            typer.echo(json_text(added, indent=2))
             return
         with Progress(console=console, transient=True) as bar:
             task = bar.add_task(f"indexing {escape(str(logdir))}", total=None)
@@ -57,7 +56,7 @@ def ls_command(as_json: Annotated[bool, typer.Option("--json", help="print the r
     finally:
         index.close()
     if as_json:
-        typer.echo(json.dumps([asdict(i) for i in infos], indent=2))
+        typer.echo(json_text([asdict(i) for i in infos], indent=2))
         return
     table = DataTable(title="Runs")
     for column in ("run", "points", "tags", "merged from"):
@@ -93,7 +92,7 @@ def compare_command(
         index.close()
     if as_json:
         typer.echo(
-            json.dumps(
+            json_text(
                 [
                     {
                         "run": s.run,

@@ -3,13 +3,12 @@ outliers in every job they ran."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from vigil.faces.cli.output import DataTable, SafeConsole
+from vigil.faces.cli.output import DataTable, SafeConsole, json_text
 
 
 def stacks_command(
@@ -23,7 +22,7 @@ def stacks_command(
     jobs = [job_stacks(run_dir) for run_dir in run_dirs]
     machines = machine_findings(jobs)
     if as_json:
-        typer.echo(json.dumps({"jobs": [j.to_dict() for j in jobs], "machines": [m.to_dict() for m in machines]},
+        typer.echo(json_text({"jobs": [j.to_dict() for j in jobs], "machines": [m.to_dict() for m in machines]},
                               indent=2))
         return
     console = SafeConsole()

@@ -3,13 +3,12 @@ from an inference request trace and the tier policy."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from vigil.faces.cli.output import DataTable, SafeConsole
+from vigil.faces.cli.output import DataTable, SafeConsole, json_text
 from vigil.model import VigilInputError
 
 if TYPE_CHECKING:
@@ -116,7 +115,7 @@ def plan_command(
     history = _history(trace, promql, query, at, lookback, tiers.interval_s)
     result = _plan(history, gpus, unhealthy_gpus, from_store, tiers, horizon)
     if as_json:
-        typer.echo(json.dumps(result.as_dict(), indent=2))
+        typer.echo(json_text(result.as_dict(), indent=2))
         return
     table = DataTable(title=f"Tidal plan: {result.healthy_gpus} healthy GPUs, {tiers.interval_s:g} s intervals")
     for column in ("starts in", "forecast req/s", "1 inference", "2 training", "3 spot", "4 offline"):
@@ -148,7 +147,7 @@ def slurm_qos_command(
 
     commands = qos_commands(load_tier_policy(policy), tres)
     if as_json:
-        typer.echo(json.dumps({"slurm_conf": list(SLURM_CONF_LINES), "sacctmgr": commands}, indent=2))
+        typer.echo(json_text({"slurm_conf": list(SLURM_CONF_LINES), "sacctmgr": commands}, indent=2))
         return
     typer.echo("# slurm.conf")
     for line in SLURM_CONF_LINES:
@@ -233,7 +232,7 @@ def apply_command(
                             dry_run=not (execute or settings().execute_actions), requested_by="vigil-tide")
     done = remediator.execute_all(actions)
     if as_json:
-        typer.echo(json.dumps([a.model_dump(mode="json") for a in done], indent=2))
+        typer.echo(json_text([a.model_dump(mode="json") for a in done], indent=2))
         return
     table = DataTable(title=f"Tidal actions ({'dry-run' if remediator.dry_run else 'executed'})")
     for column in ("action", "target", "status", "result"):
@@ -260,7 +259,7 @@ def kube_setup_command(
     tiers = load_tier_policy(policy)
     objects = priority_classes(tiers) + kueue_objects(tiers, namespace)
     if not execute:
-        typer.echo(json.dumps(objects, indent=2) if as_json else yaml.safe_dump_all(objects, sort_keys=False))
+        typer.echo(json_text(objects, indent=2) if as_json else yaml.safe_dump_all(objects, sort_keys=False))
         return
     from vigil.remedy.actuators.base import ActuatorError
     from vigil.remedy.actuators.kueue import KueueActuator
@@ -269,7 +268,7 @@ def kube_setup_command(
         results = KueueActuator().ensure(objects)
     except ActuatorError as err:
         raise VigilInputError(str(err)) from None
-    typer.echo(json.dumps(results, indent=2) if as_json else "\n".join(results))
+    typer.echo(json_text(results, indent=2) if as_json else "\n".join(results))
 
 
 @app.command("rl")
@@ -301,7 +300,7 @@ def rl_command(
     result = plan_rl(read_generation_lengths(trace), cluster)
     actions = _rl_quota_actions(result.quotas(), backend, execute)
     if as_json:
-        typer.echo(json.dumps(result.as_dict() | {"actions": [a.model_dump(mode="json") for a in actions]}, indent=2))
+        typer.echo(json_text(result.as_dict() | {"actions": [a.model_dump(mode="json") for a in actions]}, indent=2))
         return
     table = DataTable(title=f"RL step on {gpus} GPUs, {batch} sequences a step (chosen: {result.chosen.mode})")
     for column in ("deployment", "step s", "rollout s", "train s", "switch/sync s", "GPU idle", "tail s",

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from vigil.faces.cli.output import SafeConsole
+from vigil.faces.cli.output import SafeConsole, json_text
 
 
 def timeline_command(
@@ -23,9 +22,9 @@ def timeline_command(
     run = load_run(run_dir)
     trace = chrome_trace(run, diagnose(run))
     if as_json:
-        typer.echo(json.dumps(trace))
+        typer.echo(json_text(trace))
         return
     path = out or run_dir / TIMELINE_FILE
-    path.write_text(json.dumps(trace))
+    path.write_text(json_text(trace))
     spans = sum(1 for e in trace["traceEvents"] if e["ph"] == "X")
     SafeConsole(stderr=True).print(f"{spans} spans of {len(run.snapshots)} rank(s) written to {path}", markup=False)

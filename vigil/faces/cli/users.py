@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from vigil.faces.cli.output import DataTable, SafeConsole
+from vigil.faces.cli.output import DataTable, SafeConsole, json_text
 from vigil.model import VigilInputError
 
 app = typer.Typer(help="Users of the API: roles (viewer, operator, approver, admin) and tokens.", no_args_is_help=True)
@@ -65,7 +64,7 @@ def list_command(
 
     users = load_users(_path(file))
     if as_json:
-        typer.echo(json.dumps([{"name": u.name, "role": u.role, "has_token": bool(u.token_sha256)} for u in users]))
+        typer.echo(json_text([{"name": u.name, "role": u.role, "has_token": bool(u.token_sha256)} for u in users]))
         return
     table = DataTable("user", "role", "token", title=f"{len(users)} users")
     for u in users:

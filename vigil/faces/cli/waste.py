@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from vigil.config import settings
-from vigil.faces.cli.output import DataTable, SafeConsole
+from vigil.faces.cli.output import DataTable, SafeConsole, json_text
 from vigil.model import VigilInputError
 
 if TYPE_CHECKING:
@@ -67,7 +66,7 @@ def waste(
     rows = report.summary(by)
     if as_json:
         payload = {"start": start, "end": end, "by": by, "rows": [dataclasses.asdict(r) for r in rows]}
-        typer.echo(json.dumps(payload, indent=2))
+        typer.echo(json_text(payload, indent=2))
         return
     table = DataTable(title=f"GPU waste by {by}, last {end - start:.0f} s of metrics")
     table.add_column(by, no_wrap=True)
