@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import free_port
 from vigil.faces.cli.output import SafeConsole, SafeFormatter, terminal_safe
 from vigil.model import VigilInputError
 
@@ -353,6 +354,27 @@ def test_json_output_is_strict_json_when_a_loss_is_nan(tmp_path: Path, vigil: Ca
     compared = vigil("runs", "compare", "a", "b", "--tag", "loss", "--json", home=tmp_path)
     assert compared.returncode == 0, compared.stderr
     assert [series["values"][-1] for series in strict_json(compared.stdout)] == [0.5, "NaN"]
+
+
+def test_serve_leaves_the_engine_off_on_a_demo_store_unless_asked(
+        tmp_path: Path, vigil: Callable[..., Ran], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The live engine judges a demo's simulated incidents by the wall clock and re-reads its events: on the
+    demo store it would resolve every incident and open each one a second time."""
+    import uvicorn
+
+    from vigil.run import engine as live_engine
+
+    started: list[bool] = []
+    monkeypatch.setattr(uvicorn, "run", lambda *args, **kwargs: None)
+    monkeypatch.setattr(live_engine, "Engine", lambda *args, **kwargs: object())
+    monkeypatch.setattr(live_engine, "start_in_thread", lambda engine: started.append(True))
+    demo, plain = tmp_path / "demo", tmp_path / "plain"
+    demo.mkdir()
+    (demo / "DEMO").write_text("demo store\n")
+    ran = vigil("serve", "--port", str(free_port()), home=demo)
+    assert ran.returncode == 0 and started == [] and "`vigil demo` run" in ran.stderr, ran.stderr
+    assert vigil("serve", "--port", str(free_port()), "--engine", home=demo).returncode == 0 and started == [True]
+    assert vigil("serve", "--port", str(free_port()), home=plain).returncode == 0 and started == [True, True]
 
 
 # ----------------------------------------------------------------------------- access by role
