@@ -377,6 +377,19 @@ def test_serve_leaves_the_engine_off_on_a_demo_store_unless_asked(
     assert vigil("serve", "--port", str(free_port()), home=plain).returncode == 0 and started == [True, True]
 
 
+def test_progress_bars_leave_no_blank_line_in_piped_output(tmp_path: Path, vigil: Callable[..., Ran]) -> None:
+    logs = tmp_path / "job"
+    logs.mkdir()
+    (logs / "rank_0.log").write_text("RuntimeError: CUDA error: an illegal memory access was encountered\n")
+    triaged = vigil("logs", "triage", str(logs), "--json", home=tmp_path / "home")
+    assert triaged.returncode == 0 and json.loads(triaged.stdout)["root"]["rank"] == 0
+    assert triaged.stderr == ""
+    missing = vigil("logs", "parse", str(tmp_path / "none.log"), home=tmp_path / "home")
+    assert missing.returncode == 2 and missing.stderr.startswith("error: cannot read log file")
+    usage = vigil("du", str(logs), home=tmp_path / "home")
+    assert usage.returncode == 0 and usage.stdout.splitlines()[0].strip() != "", usage.stdout
+
+
 # ----------------------------------------------------------------------------- access by role
 
 

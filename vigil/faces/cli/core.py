@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from vigil.config import settings
-from vigil.faces.cli.output import DataTable, SafeConsole, json_text, styled
+from vigil.faces.cli.output import DataTable, ProgressBar, SafeConsole, json_text, styled
 from vigil.model import FaultLevel, IncidentStatus, VigilInputError
 
 if TYPE_CHECKING:
@@ -26,8 +26,8 @@ DEMO_MARKER = "DEMO"
 MAX_SIM_MINUTES = 7 * 24 * 60  # a week of simulated time; longer runs are a typo, not a plan
 
 
-def _progress(enabled: bool) -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+def _progress(enabled: bool) -> ProgressBar:
+    return ProgressBar(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                     TimeElapsedColumn(), console=SafeConsole(stderr=True), disable=not enabled, transient=True)
 
 

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from vigil.faces.cli.output import DataTable, SafeConsole, json_text, styled
+from vigil.faces.cli.output import DataTable, ProgressBar, SafeConsole, json_text, styled
 from vigil.model import VigilInputError
 
 app = typer.Typer(help="Learned anomaly detection: train TCE, evaluate detectors honestly.", no_args_is_help=True)
@@ -23,9 +23,9 @@ def _names(text: str | None) -> list[str]:
 
 
 def _progress() -> Any:
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 
-    return Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+    return ProgressBar(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                     TimeElapsedColumn(), console=SafeConsole(stderr=True), transient=True)
 
 

@@ -9,10 +9,10 @@ from typing import Annotated
 
 import typer
 from rich.markup import escape
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from vigil.config import settings
-from vigil.faces.cli.output import DataTable, SafeConsole, json_text
+from vigil.faces.cli.output import DataTable, ProgressBar, SafeConsole, json_text
 from vigil.sources.fscount import ScanCache, ScanResult, Usage, scan
 
 console = SafeConsole()
@@ -64,7 +64,7 @@ def du(
     if as_json:
         result = scan(path, cache, full=full, workers=workers)
     else:
-        with Progress(
+        with ProgressBar(
             SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=True
         ) as bar:
             shown = escape(str(path))

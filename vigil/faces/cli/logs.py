@@ -12,7 +12,7 @@ import typer
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from vigil.faces.cli.output import DataTable, SafeConsole, json_text
+from vigil.faces.cli.output import DataTable, ProgressBar, SafeConsole, json_text
 
 app = typer.Typer(name="logs", help="Log intelligence: templates, root error across ranks, scalar checks.",
                   no_args_is_help=True)
@@ -148,8 +148,8 @@ class _progress:
     """A transient Rich progress bar on stderr (silent when stderr is not a terminal)."""
 
     def __init__(self, target: SafeConsole, total: int, label: str) -> None:
-        self.bar = Progress(TextColumn(label), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                            TimeElapsedColumn(), console=target, transient=True)
+        self.bar = ProgressBar(TextColumn(label), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                               TimeElapsedColumn(), console=target, transient=True)
         self.total = total
 
     def __enter__(self) -> tuple[Progress, TaskID]:

@@ -13,8 +13,10 @@ import logging
 import math
 import re
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from rich.console import Console
+from rich.progress import Progress, ProgressColumn
 from rich.segment import Segment
 from rich.style import StyleType
 from rich.table import Table
@@ -43,6 +45,15 @@ class SafeConsole(Console):
             segment if segment.control else Segment(terminal_safe(segment.text), segment.style, None)
             for segment in buffer
         )
+
+
+class ProgressBar(Progress):
+    """A Rich progress bar shown only on a terminal: on a pipe or a file Rich still writes a newline when the
+    bar stops, a stray blank line in the stderr (or stdout) a script reads."""
+
+    def __init__(self, *columns: str | ProgressColumn, console: Console, disable: bool = False,
+                 **options: Any) -> None:
+        super().__init__(*columns, console=console, disable=disable or not console.is_terminal, **options)
 
 
 class SafeFormatter(logging.Formatter):

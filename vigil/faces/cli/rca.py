@@ -8,9 +8,9 @@ from typing import Annotated
 import typer
 from rich.markdown import Markdown
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
-from vigil.faces.cli.output import DataTable, SafeConsole, echo, json_text, styled
+from vigil.faces.cli.output import DataTable, ProgressBar, SafeConsole, echo, json_text, styled
 from vigil.model import VigilInputError
 
 kb_app = typer.Typer(help="The fault knowledge base: symptom -> fault -> cause -> remedy.", no_args_is_help=False)
@@ -88,7 +88,7 @@ def rca_eval_command(
     from vigil_eval.rca import evaluate
 
     err = SafeConsole(stderr=True)
-    with Progress(TextColumn("rca eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err,
+    with ProgressBar(TextColumn("rca eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err,
                   disable=as_json) as bar:
         task = bar.add_task("cases", total=cases)
         report = evaluate(cases, seed, progress=lambda done, total: bar.update(task, completed=done))

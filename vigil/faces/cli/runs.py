@@ -7,10 +7,9 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 from rich.markup import escape
-from rich.progress import Progress
 
 from vigil.config import settings
-from vigil.faces.cli.output import DataTable, SafeConsole, json_text
+from vigil.faces.cli.output import DataTable, ProgressBar, SafeConsole, json_text
 
 if TYPE_CHECKING:
     from vigil.sources.tensorboard import RunIndex
@@ -37,7 +36,7 @@ def index_command(
             added = index.update(logdir)
             typer.echo(json_text(added, indent=2))
             return
-        with Progress(console=console, transient=True) as bar:
+        with ProgressBar(console=console, transient=True) as bar:
             task = bar.add_task(f"indexing {escape(str(logdir))}", total=None)
             added = index.update(logdir, progress=lambda done, total: bar.update(task, completed=done, total=total))
     finally:
