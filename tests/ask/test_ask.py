@@ -230,7 +230,7 @@ def test_a_named_incident_skips_the_default_lookup(demo: Demo) -> None:
 def test_unknown_question_and_unknown_job_are_input_errors(demo: Demo) -> None:
     with pytest.raises(VigilInputError, match="no flow answers"):
         match("what is the meaning of life")
-    with pytest.raises(VigilInputError, match="no job 'j99'"):
+    with pytest.raises(VigilInputError, match="^job_events: no job 'j99'"):
         plan_answer(demo.toolbox, "why did job j99 crash")
 
 

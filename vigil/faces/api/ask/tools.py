@@ -114,12 +114,15 @@ class Toolbox:
     def call(self, call_id: str, tool: str, args: dict[str, Any]) -> ToolResult:
         if tool not in MCP_TOOLS:
             raise VigilInputError(f"no tool {tool!r}; tools: {', '.join(self.names)}")
+        # the MCP server words its errors for a remote client ("Error executing tool job_events: no job ..."); the
+        # tool is named once here
+        said = f"Error executing tool {tool}: "
         try:
             raw = asyncio.run(self._mcp.call_tool(tool, args))
         except ToolError as err:
-            raise VigilInputError(f"{tool}: {err}") from None
+            raise VigilInputError(f"{tool}: {str(err).removeprefix(said)}") from None
         if not isinstance(raw, CallToolResult) or raw.is_error or raw.structured_content is None:
             text = " ".join(getattr(c, "text", "") for c in getattr(raw, "content", []))
-            raise VigilInputError(f"{tool}: {text or 'failed'}")
+            raise VigilInputError(f"{tool}: {text.removeprefix(said) or 'failed'}")
         result = MCP_TOOLS[tool].model_validate(raw.structured_content)
         return ToolResult(id=call_id, tool=tool, args=args, result=result)
