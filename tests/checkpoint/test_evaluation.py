@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -148,3 +149,17 @@ def test_bad_configuration_is_refused(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, "-m", "vigil", "checkpoint", "watch", str(tmp_path / "c"), "--eval",
                           "'unclosed"], capture_output=True, text=True)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_a_watcher_says_it_started(tmp_path: Path) -> None:
+    (tmp_path / "c").mkdir()
+    env = dict(os.environ, VIGIL_HOME=str(tmp_path / "home"))
+    watcher = watch(tmp_path / "c", env)
+    try:
+        assert watcher.stderr is not None
+        ready, _, _ = select.select([watcher.stderr], [], [], 60)  # the start-up line, not a wait for a checkpoint
+        first = watcher.stderr.readline() if ready else ""
+    finally:
+        watcher.terminate()
+        watcher.communicate(timeout=60)
+    assert first.startswith(f"watching {tmp_path / 'c'} every 0.1 s for complete checkpoints"), first

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.markup import escape
 
-from vigil.faces.cli.output import DataTable, SafeConsole, json_text, styled
+from vigil.faces.cli.output import DataTable, SafeConsole, echo, json_text, styled
 from vigil.model import VigilInputError
 
 if TYPE_CHECKING:
@@ -127,6 +127,8 @@ def watch_command(
             markup=False,
         ),
     )
+    if not once:  # a watcher is silent until a checkpoint completes; say it started
+        echo(f"watching {directory} every {interval:g} s for complete checkpoints (Ctrl-C stops)", err=True)
     stopping: list[int] = []
     signal.signal(signal.SIGTERM, lambda signum, _frame: stopping.append(signum))
     try:
