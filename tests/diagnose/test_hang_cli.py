@@ -8,8 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from vigil.diagnose.hang import RunEvidence, diagnose, load_run
+from vigil.diagnose.hang_render import print_diagnosis
 from vigil.diagnose.hang_source import diagnose_path
 from vigil.model import VigilInputError
 from vigil.sources.probe.records import RankSnapshot
@@ -77,6 +79,9 @@ def test_exception_in_a_rank_that_never_exits_is_a_crash() -> None:
     assert diagnosis.verdict == "crash"
     assert diagnosis.culprit_ranks == [1]
     assert diagnosis.root_error == "rank 1: RuntimeError: CUDA error: device-side assert"
+    shown = Console(record=True, width=120)
+    print_diagnosis(diagnosis, shown)
+    assert "culprit rank(s): [1]\n" in shown.export_text()  # a crash has no hang kind to show, not "kind: None"
 
 
 def _left_early_run(with_ops: bool) -> RunEvidence:

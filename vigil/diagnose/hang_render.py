@@ -19,7 +19,8 @@ def print_diagnosis(diagnosis: HangDiagnosis, console: Console) -> None:
     console.print(f"[bold {style}]{escape(diagnosis.verdict.upper())}[/] {escape(diagnosis.summary)}",
                   highlight=False)
     if diagnosis.culprit_ranks:
-        console.print(f"culprit rank(s): {diagnosis.culprit_ranks}  kind: {diagnosis.hang_kind}", markup=False)
+        kind = f"  kind: {diagnosis.hang_kind}" if diagnosis.hang_kind else ""
+        console.print(f"culprit rank(s): {diagnosis.culprit_ranks}{kind}", markup=False)
     if diagnosis.culprit_links:
         console.print(f"culprit link(s): {diagnosis.culprit_links}", markup=False)
     if diagnosis.root_error:

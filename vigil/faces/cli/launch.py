@@ -26,7 +26,7 @@ app = typer.Typer(
     help="Run a training job under the probe: a script on N local ranks, or a TrainingJob spec.",
     no_args_is_help=True,
 )
-console = SafeConsole(stderr=True)
+console = SafeConsole(stderr=True, log_path=False)  # progress lines name the job's events, not this file
 RUNS_ROOT = Path("vigil-runs")
 LATEST = "latest"
 
