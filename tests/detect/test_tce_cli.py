@@ -101,6 +101,23 @@ def test_train_chooses_on_inner_folds_as_the_benchmark_does(tmp_path: Path) -> N
     assert scores[windows.labels > 0].mean() > scores[windows.labels == 0].mean()
 
 
+def test_train_saves_under_the_vigil_home_by_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from vigil.config import settings
+
+    write_entities(tmp_path, ["a", "b"])
+    monkeypatch.setenv("VIGIL_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    settings.cache_clear()
+    try:
+        result = CliRunner().invoke(app, ["detect", "train", "--data", str(tmp_path), "--format", "csv",
+                                          "--history", "40", "--epochs", "1", "--json"])
+    finally:
+        settings.cache_clear()
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["model"] == str(tmp_path / "home" / "models" / "tce")
+    assert (tmp_path / "home" / "models" / "tce" / "meta.json").is_file() and not (tmp_path / ".vigil").exists()
+
+
 def test_train_refuses_too_few_entities_for_the_inner_folds(tmp_path: Path) -> None:
     write_entities(tmp_path, ["a"])
     result = CliRunner().invoke(app, ["detect", "train", "--data", str(tmp_path), "--format", "csv",

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
+from vigil.config import settings
 from vigil.faces.cli.output import DataTable, ProgressBar, SafeConsole, json_text, styled
 from vigil.model import VigilInputError
 
@@ -42,7 +43,8 @@ def _split_entities(dataset: Any, train: list[str], test: list[str]) -> tuple[li
 def train_command(
     data: Annotated[Path, typer.Option("--data", help="data directory")],
     fmt: Annotated[str, typer.Option("--format", help=FORMAT_HELP)],
-    out: Annotated[Path, typer.Option("--out", help="directory to save the model to")] = Path(".vigil/models/tce"),
+    out: Annotated[Path | None, typer.Option("--out", help="directory to save the model to (default: "
+                                             "<home>/models/tce, home from VIGIL_HOME or ./.vigil)")] = None,
     train_entities: Annotated[str, typer.Option("--train-entities", help="comma-separated; default: all")] = "",
     epochs: Annotated[int | None, typer.Option(help="maximum epochs (early stopping on held-out data); default "
                                                "5 on server data, as the benchmark, 10 on simulated runs")] = None,
@@ -77,6 +79,7 @@ def train_command(
     from vigil_eval.formats import load
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
+    out = out or settings().home / "models" / "tce"
     dataset = load(fmt, data)
     names = _names(train_entities) or list(dataset.entities)
     series = dataset.select(names)
