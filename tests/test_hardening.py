@@ -501,6 +501,22 @@ def test_nodes_unhealthy_and_the_summary_line(tmp_path: Path, vigil: Callable[..
 HOSTILE = ["[bold]loud[/bold]", "[/]", "[red on white]x", "[link=file:///etc/passwd]click[/link]", "[rank0]: x\x1b[2J"]
 
 
+def test_triage_tables_fold_long_entity_ids_at_80_columns(tmp_path: Path, vigil: Callable[..., Ran]) -> None:
+    logs = tmp_path / "pretrain-llama-70b-node-failure-during-allgather-restart-3"
+    logs.mkdir()
+    (logs / "job.log").write_text(
+        "[rank1]:[E ProcessGroupNCCL.cpp:537] Some NCCL operations have failed or timed out.\n"
+        "[rank1]:[E ProcessGroupNCCL.cpp:543] To avoid data inconsistency, we are taking the entire process down.\n")
+    shown = vigil("logs", "triage", str(logs), home=tmp_path / "home", env={"COLUMNS": "80"})
+    assert shown.returncode == 0, shown.stderr
+    assert "\u2026" not in shown.stdout
+    lines = shown.stdout.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("│ entity"))
+    last = next(i for i, line in enumerate(lines) if line.startswith("│ fault"))
+    entity = "".join(line.split("│")[2].strip() for line in lines[first:last])
+    assert entity == f"job/{logs.name}/rank/1", shown.stdout
+
+
 def test_data_table_shows_markup_in_data_as_written() -> None:
     from io import StringIO
 

@@ -89,7 +89,10 @@ def triage_command(
     console.print(Text(result.summary, style="bold"))
     if result.root is not None:
         root = result.root
+        # ids and paths fold rather than end in an ellipsis: a cut job/<name>/rank/1 reads as the job itself
         table = DataTable(show_header=False, title="root error")
+        table.add_column("what", no_wrap=True)
+        table.add_column("value", overflow="fold")
         for key, value in [("where", f"{root.source}:{root.lineno}"), ("entity", root.entity),
                            ("fault", f"{root.fault_type or '-'} ({root.level.label})"),
                            ("named by", result.root_basis or "-"), ("signature", root.signature),
@@ -99,7 +102,9 @@ def triage_command(
     for title, events in (("machine faults", result.machine_faults), ("cascade", result.cascade[:30])):
         if not events:
             continue
-        table = DataTable("entity", "kind", "lines", "first at", "line", title=title)
+        table = DataTable(title=title)
+        for column in ("entity", "kind", "lines", "first at", "line"):
+            table.add_column(column, overflow="fold")
         for event in events:
             table.add_row(event.entity, event.kind, str(event.count), Text(f"{event.source}:{event.lineno}"),
                           Text(event.line[:120]))
