@@ -202,7 +202,7 @@ def _stored() -> Any:
 
 def incidents(
     status: Annotated[str | None, typer.Option(help="open, acknowledged or resolved")] = None,
-    limit: int = 100,
+    limit: Annotated[int, typer.Option(min=1, help="the newest this many")] = 100,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
 ) -> None:
     """List incidents, newest first."""
