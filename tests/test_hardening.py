@@ -166,7 +166,7 @@ def test_demo_with_bad_minutes_leaves_the_demo_store_alone(tmp_path: Path, vigil
 def test_read_commands_create_nothing(tmp_path: Path, vigil: Callable[..., Ran]) -> None:
     home = tmp_path / "never"
     for args in (["incidents", "--json"], ["nodes", "--json"], ["remedy", "audit", "--json"],
-                 ["remedy", "lifecycle", "--json"]):
+                 ["remedy", "lifecycle", "--json"], ["runs", "ls", "--json"]):
         proc = vigil(*args, home=home)
         assert proc.returncode == 0 and json.loads(proc.stdout) == [], proc.stderr
     assert not home.exists()

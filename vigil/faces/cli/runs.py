@@ -49,15 +49,17 @@ def ls_command(as_json: Annotated[bool, typer.Option("--json", help="print the r
     """Every indexed run and merged run, with its tags and number of points."""
     from dataclasses import asdict
 
-    index = _index()
-    try:
-        infos = index.runs()
-    finally:
-        index.close()
+    infos = []
+    if (settings().home / "runs.sqlite").exists():  # a read makes no index (nor the home) where none is
+        index = _index()
+        try:
+            infos = index.runs()
+        finally:
+            index.close()
     if as_json:
         typer.echo(json_text([asdict(i) for i in infos], indent=2))
         return
-    table = DataTable(title="Runs")
+    table = DataTable(title="Runs", caption=None if infos else "no runs indexed: `vigil runs index LOGDIR`")
     for column in ("run", "points", "tags", "merged from"):
         table.add_column(column, overflow="fold")
     for info in infos:
