@@ -502,6 +502,34 @@ def test_nodes_unhealthy_and_the_summary_line(tmp_path: Path, vigil: Callable[..
 HOSTILE = ["[bold]loud[/bold]", "[/]", "[red on white]x", "[link=file:///etc/passwd]click[/link]", "[rank0]: x\x1b[2J"]
 
 
+def test_long_work_shows_progress_on_a_terminal_beside_json(tmp_path: Path) -> None:
+    """stdout is the JSON a script reads; the bar goes to stderr, which here is a terminal."""
+    import pty
+
+    controller, terminal = pty.openpty()
+    env = {**os.environ, "VIGIL_HOME": str(tmp_path / "home"), "COLUMNS": "100"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
+    shown = b""
+    with subprocess.Popen([*VIGIL, "sim", "--out", str(tmp_path / "run"), "--nodes", "2", "--minutes", "30",
+                           "--json"], stdout=subprocess.PIPE, stderr=terminal, env=env) as done:
+        os.close(terminal)
+        try:
+            while True:  # drain the terminal as the bar is drawn, so the child never blocks on a full one
+                try:
+                    chunk = os.read(controller, 65536)
+                except OSError:  # the child closed its end: everything is read
+                    break
+                if not chunk:
+                    break
+                shown += chunk
+        finally:
+            os.close(controller)
+        stdout = done.stdout.read() if done.stdout is not None else b""
+    assert done.returncode == 0
+    assert json.loads(stdout)["out"] == str(tmp_path / "run")
+    assert b"writing" in shown, shown[-500:]
+
+
 def test_triage_tables_fold_long_entity_ids_at_80_columns(tmp_path: Path, vigil: Callable[..., Ran]) -> None:
     logs = tmp_path / "pretrain-llama-70b-node-failure-during-allgather-restart-3"
     logs.mkdir()

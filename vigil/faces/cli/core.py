@@ -26,9 +26,10 @@ DEMO_MARKER = "DEMO"
 MAX_SIM_MINUTES = 7 * 24 * 60  # a week of simulated time; longer runs are a typo, not a plan
 
 
-def _progress(enabled: bool) -> ProgressBar:
+def _progress() -> ProgressBar:
+    """On stderr and only on a terminal, so it shows beside --json too (`vigil demo --json > out.json`)."""
     return ProgressBar(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                    TimeElapsedColumn(), console=SafeConsole(stderr=True), disable=not enabled, transient=True)
+                       TimeElapsedColumn(), console=SafeConsole(stderr=True), transient=True)
 
 
 def _sim_config(nodes: int, gpus: int, minutes: float, seed: int) -> SimConfig:
@@ -96,7 +97,7 @@ def demo(
     store = Store(f"sqlite:///{db}")
     # the learned GPU detector runs beside the rules once one is trained into <home>/models/tce-gpu
     detectors: list[StreamDetector] = [RuleDetector(run.topology), *learned_detectors(run.topology, home)]
-    with _progress(not as_json) as progress:
+    with _progress() as progress:
         task = progress.add_task(f"simulating {nodes} x {gpus} GPUs for {minutes:g} min", total=run.n_ticks)
         result = run_pipeline(run, store=store, metrics=MetricStore(home / "metrics"), detectors=detectors,
                               progress=lambda done, total: progress.update(task, completed=done))
@@ -183,7 +184,7 @@ def sim(
     config = _sim_config(nodes, gpus, minutes, seed)
     _directory_option(out, "--out")
     run = simulate(config)
-    with _progress(not as_json) as progress:
+    with _progress() as progress:
         task = progress.add_task(f"writing {escape(str(out))}", total=run.n_ticks)
         summary = write_sim(run, out, progress=lambda done, total: progress.update(task, completed=done))
     if as_json:

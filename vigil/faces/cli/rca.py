@@ -88,8 +88,8 @@ def rca_eval_command(
     from vigil_eval.rca import evaluate
 
     err = SafeConsole(stderr=True)
-    with ProgressBar(TextColumn("rca eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err,
-                  disable=as_json) as bar:
+    with ProgressBar(TextColumn("rca eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                     console=err) as bar:
         task = bar.add_task("cases", total=cases)
         report = evaluate(cases, seed, progress=lambda done, total: bar.update(task, completed=done))
     summary = report.summary()
