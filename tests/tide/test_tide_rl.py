@@ -89,6 +89,10 @@ def test_cli_plans_from_a_trace_and_refuses_bad_input(tmp_path: Path) -> None:
     assert set(payload["plans"]) == {"separated", "colocated", "partial"}
     assert payload["plans"]["partial"]["idle_fraction"] < payload["plans"]["separated"]["idle_fraction"]
     assert payload["actions"] == []
+    table = subprocess.run([sys.executable, "-m", "vigil", "tide", "rl", "--trace", str(trace), "--gpus", "16",
+                            "--batch", "512"], capture_output=True, text=True, env={**env, "COLUMNS": "80"},
+                           timeout=300)
+    assert table.returncode == 0 and "\u2026" not in table.stdout, table.stdout  # folded at 80 columns, not cut
     for args in (["--backend", "yarn"], ["--gpus", "20"]):
         bad = subprocess.run([sys.executable, "-m", "vigil", "tide", "rl", "--trace", str(trace), *args],
                              capture_output=True, text=True, env=env, timeout=300)

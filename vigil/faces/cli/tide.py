@@ -303,9 +303,10 @@ def rl_command(
         typer.echo(json_text(result.as_dict() | {"actions": [a.model_dump(mode="json") for a in actions]}, indent=2))
         return
     table = DataTable(title=f"RL step on {gpus} GPUs, {batch} sequences a step (chosen: {result.chosen.mode})")
+    # at 80 columns a name or a number folds onto the next line instead of ending in an ellipsis
     for column in ("deployment", "step s", "rollout s", "train s", "switch/sync s", "GPU idle", "tail s",
                    "staleness", "samples/h"):
-        table.add_column(column, justify="right")
+        table.add_column(column, justify="left" if column == "deployment" else "right", overflow="fold")
     for stats in (result.separated, result.colocated, result.partial):
         name = stats.mode + (f" ({stats.rollout_gpus} generate)" if stats.mode == "separated" else "") + (
             f" (+{stats.over_provision:.0%})" if stats.mode == "partial" else "")
