@@ -123,3 +123,14 @@ def test_cascade_errors_with_no_rank_missing_from_a_collective_stay_a_crash() ->
     run = _left_early_run(True)
     run.snapshots[1].ops.append(coll(2, ranks=(0, 1, 2)))
     assert diagnose(run).verdict == "crash"
+
+
+def test_timeline_out_that_cannot_be_written_is_one_line(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    for rank in range(4):
+        (run_dir / f"rank{rank}.json").write_text(json.dumps(_snapshot(rank, [coll(1), coll(2)]).to_dict()))
+    for out in (tmp_path, tmp_path / "missing" / "timeline.json"):  # a directory; a parent that is not there
+        result = vigil("timeline", str(run_dir), "--out", str(out))
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        assert result.stderr.startswith(f"error: --out {out}: cannot write there"), result.stderr

@@ -13,6 +13,7 @@ import logging
 import math
 import re
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -21,6 +22,8 @@ from rich.segment import Segment
 from rich.style import StyleType
 from rich.table import Table
 from rich.text import Text
+
+from vigil.model import VigilInputError
 
 # C0 controls except tab and newline, DEL, C1 controls, and the Unicode bidirectional overrides.
 _UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
@@ -75,6 +78,15 @@ def json_text(data: object, *, indent: int | None = None, default: Callable[[obj
     as the bare tokens ``NaN`` / ``Infinity`` that JSON parsers other than Python's refuse, travels as the
     string "NaN", "Infinity" or "-Infinity", as step telemetry does (a NaN loss is news, not a bad record)."""
     return json.dumps(_finite(data), indent=indent, default=default, allow_nan=False)
+
+
+def write_out(path: Path, text: str, option: str = "--out") -> None:
+    """Write a report the user asked for; a path that cannot be written (a directory, a missing parent, no
+    permission) is one line naming the option, not a traceback."""
+    try:
+        path.write_text(text)
+    except OSError as err:
+        raise VigilInputError(f"{option} {path}: cannot write there ({err.strerror or err})") from None
 
 
 def _finite(data: object) -> object:

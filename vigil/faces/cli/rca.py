@@ -10,7 +10,7 @@ from rich.markdown import Markdown
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
-from vigil.faces.cli.output import DataTable, ProgressBar, SafeConsole, echo, json_text, styled
+from vigil.faces.cli.output import DataTable, ProgressBar, SafeConsole, echo, json_text, styled, write_out
 from vigil.model import VigilInputError
 
 kb_app = typer.Typer(help="The fault knowledge base: symptom -> fault -> cause -> remedy.", no_args_is_help=False)
@@ -145,7 +145,7 @@ def diagnose_incident(incident_id: str, as_json: bool = False, html: bool = Fals
     else:
         text = render_markdown(incident, diagnosis, result)
     if out is not None:
-        out.write_text(text)
+        write_out(out, text)
         SafeConsole(stderr=True).print(f"wrote {out}", markup=False)
     elif as_json:
         typer.echo(text)

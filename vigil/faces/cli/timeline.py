@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from vigil.faces.cli.output import SafeConsole, json_text
+from vigil.faces.cli.output import SafeConsole, json_text, write_out
 
 
 def timeline_command(
@@ -25,6 +25,6 @@ def timeline_command(
         typer.echo(json_text(trace))
         return
     path = out or run_dir / TIMELINE_FILE
-    path.write_text(json_text(trace))
+    write_out(path, json_text(trace))
     spans = sum(1 for e in trace["traceEvents"] if e["ph"] == "X")
     SafeConsole(stderr=True).print(f"{spans} spans of {len(run.snapshots)} rank(s) written to {path}", markup=False)
