@@ -222,6 +222,8 @@ def test_bad_environment_and_paths_are_one_line(tmp_path: Path, vigil: Callable[
     one_line_error(vigil("sim", "--out", str(a_file), "--minutes", "1", "--nodes", "1", home=tmp_path), "--out")
     one_line_error(vigil("agent", "--port", "99999", home=tmp_path), "--port")
     one_line_error(vigil("incidents", "--limit", "-1", home=tmp_path), "--limit")  # not "no limit"
+    one_line_error(vigil("inspect", "--count", "1", "--out", str(tmp_path), home=tmp_path), "--out")
+    one_line_error(vigil("inspect", "--count", "1", "--anomalies", str(tmp_path), home=tmp_path), "--anomalies")
 
 
 def test_corrupt_store_and_binary_inputs_are_one_line(tmp_path: Path, vigil: Callable[..., Ran]) -> None:

@@ -110,6 +110,9 @@ def inspect_command(
     """Periodic inspection: run PreCheck every --interval seconds and report machines that turned bad."""
     if interval <= 0:
         raise VigilInputError(f"--interval must be positive, got {interval}")
+    for path, option in ((out, "--out"), (anomalies, "--anomalies")):
+        if path is not None and path.is_dir():  # refused before a round is spent, not after it
+            raise VigilInputError(f"{option} {path} is a directory; expected a file to append JSON lines to")
     _check_tolerance(tolerance)
     done = 0
     next_round = time.monotonic()
@@ -117,14 +120,10 @@ def inspect_command(
         machines = _round(nproc, _baseline_path(baseline), tolerance, False, quick)
         line = json_text({"round": done, "ts": time.time(), "machines": _as_json(machines)})
         if out is not None:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            with out.open("a") as stream:
-                stream.write(line + "\n")
+            _append(out, [line], "--out")
         if anomalies is not None:
             found = [a for a in (m.to_anomaly(time.time()) for m in machines) if a is not None]
-            anomalies.parent.mkdir(parents=True, exist_ok=True)
-            with anomalies.open("a") as stream:
-                stream.writelines(a.to_json() + "\n" for a in found)
+            _append(anomalies, [a.to_json() for a in found], "--anomalies")
         bad = [f"{m.host} ({', '.join(m.failing)})" for m in machines if m.verdict == "bad"]
         if as_json:
             typer.echo(line)
@@ -137,3 +136,12 @@ def inspect_command(
             break
         next_round += interval
         time.sleep(max(0.0, next_round - time.monotonic()))
+
+
+def _append(path: Path, lines: list[str], option: str) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as stream:
+            stream.writelines(line + "\n" for line in lines)
+    except OSError as err:
+        raise VigilInputError(f"{option} {path}: cannot append there ({err.strerror or err})") from None
