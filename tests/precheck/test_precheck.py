@@ -123,6 +123,10 @@ def test_bad_input(tmp_path: Path) -> None:
         Baselines.load(bad)
     with pytest.raises(VigilInputError, match="--nproc"):
         run_local(0)
+    with pytest.raises(VigilInputError, match="cannot be read"):
+        Baselines.load(tmp_path)  # a directory given as --baseline
+    with pytest.raises(VigilInputError, match="cannot be written"):
+        Baselines(tmp_path / "b.json" / "below-a-file.json").save()
     runner = CliRunner()
     assert runner.invoke(_app(), ["inspect", "--interval", "0"]).exit_code != 0
 

@@ -53,6 +53,8 @@ class Baselines:
             data = json.loads(path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise VigilInputError(f"baseline file {path} is not valid JSON: {err}") from None
+        except OSError as err:
+            raise VigilInputError(f"baseline file {path} cannot be read: {err.strerror or err}") from None
         if not isinstance(data, dict) or not all(
             isinstance(v, dict) and all(isinstance(x, int | float) for x in v.values()) for v in data.values()
         ):
@@ -60,10 +62,13 @@ class Baselines:
         return cls(path, {k: {n: float(x) for n, x in v.items()} for k, v in data.items()})
 
     def save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.entries, indent=2, sort_keys=True))
-        tmp.replace(self.path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.entries, indent=2, sort_keys=True))
+            tmp.replace(self.path)
+        except OSError as err:
+            raise VigilInputError(f"baseline file {self.path} cannot be written: {err.strerror or err}") from None
 
     def record(self, key: str, results: list[CheckResult]) -> None:
         """Store the median of every rank's result per check as the baseline for ``key``."""

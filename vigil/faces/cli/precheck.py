@@ -31,9 +31,9 @@ def _round(nproc: int, baseline_file: Path, tolerance: float, record: bool, quic
     from vigil.precheck.runner import CheckOptions, run_local
 
     options = CheckOptions(allreduce_mb=2.0, memcpy_mb=16.0, matmul_n=256, repeats=3) if quick else CheckOptions()
+    baselines = Baselines.load(baseline_file)  # a bad baseline file is refused before the checks run
     with err_console.status(f"PreCheck: all-reduce, memory copy, matmul, NVML on {nproc} ranks"):
         per_rank = run_local(nproc, options)
-    baselines = Baselines.load(baseline_file)
     key = hardware_key(nproc)
     if record:
         baselines.record(key, [r for _, results in per_rank for r in results])
