@@ -223,6 +223,9 @@ def test_bad_environment_and_paths_are_one_line(tmp_path: Path, vigil: Callable[
     one_line_error(vigil("agent", "--port", "99999", home=tmp_path), "--port")
     one_line_error(vigil("incidents", "--limit", "-1", home=tmp_path), "--limit")  # not "no limit"
     one_line_error(vigil("inspect", "--count", "1", "--out", str(tmp_path), home=tmp_path), "--out")
+    for args in (["checkpoint", "ls", str(a_file)], ["checkpoint", "clean", str(a_file)],
+                 ["runs", "index", str(a_file)]):  # it exists: the message must not say it does not
+        one_line_error(vigil(*args, home=tmp_path), f"{a_file} is not a directory")
     one_line_error(vigil("inspect", "--count", "1", "--anomalies", str(tmp_path), home=tmp_path), "--anomalies")
 
 

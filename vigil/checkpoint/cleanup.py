@@ -91,7 +91,8 @@ def propose_cleanup(directory: Path, keep_last: int, partial_age_s: float = 3600
     if not partial_age_s >= 0:
         raise VigilInputError(f"the partial-save age must be 0 or more seconds, not {partial_age_s}")
     if not directory.is_dir():
-        raise VigilInputError(f"checkpoint directory {directory} does not exist")
+        raise VigilInputError(f"checkpoint directory {directory} "
+                              f"{'is not a directory' if directory.exists() else 'does not exist'}")
     now = time.time()
     proposals = []
     for step, path, _ in step_dirs(directory):

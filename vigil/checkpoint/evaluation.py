@@ -228,7 +228,8 @@ class CheckpointEvaluator:
         on_done: Callable[[EvalRecord], None] | None = None,
     ) -> None:
         if not directory.is_dir():
-            raise VigilInputError(f"checkpoint directory {directory} does not exist")
+            raise VigilInputError(f"checkpoint directory {directory} "
+                                  f"{'is not a directory' if directory.exists() else 'does not exist'}")
         self.directory = directory
         self.config = config
         self.ledger = Ledger(directory)

@@ -155,7 +155,8 @@ class RunIndex:
     def update(self, logdir: Path, progress: Callable[[int, int], None] | None = None) -> dict[str, int]:
         """Read what is new in every event file under ``logdir``; returns new points per run."""
         if not logdir.is_dir():
-            raise VigilInputError(f"log directory {logdir} does not exist")
+            raise VigilInputError(f"log directory {logdir} "
+                                  f"{'is not a directory' if logdir.exists() else 'does not exist'}")
         root = logdir.resolve()
         files = sorted(root.rglob(EVENT_GLOB))
         known = {row[0]: (row[1], row[2]) for row in self.db.execute("SELECT path, offset, error FROM files")}

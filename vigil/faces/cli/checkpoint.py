@@ -30,7 +30,8 @@ def ls_command(
     from vigil.checkpoint.manager import describe_checkpoints
 
     if not directory.is_dir():
-        raise VigilInputError(f"checkpoint directory {directory} does not exist")
+        raise VigilInputError(f"checkpoint directory {directory} "
+                              f"{'is not a directory' if directory.exists() else 'does not exist'}")
     entries = describe_checkpoints(directory)
     if as_json:
         typer.echo(json_text(entries, indent=2))
