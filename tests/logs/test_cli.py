@@ -73,3 +73,11 @@ def test_triage_reads_a_slurm_output_file_on_its_own(tmp_path: Path) -> None:
     assert verdict["job"] == "slurm-4242"
     assert (verdict["root"]["source"], verdict["root"]["lineno"]) == ("slurm-4242.out", 2)
     assert verdict["root"]["fault_type"] == "host_oom"
+
+
+def test_scalars_on_a_run_with_nothing_recorded_says_so(tmp_path: Path) -> None:
+    (tmp_path / "events.out.tfevents.1780000000.node1.1.0").write_bytes(b"")  # the writer opened, nothing flushed
+    result = runner.invoke(app, ["logs", "scalars", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.stdout.split())
+    assert "no scalars recorded yet" in said and "no problems found" not in said

@@ -56,6 +56,11 @@ class ScalarMonitor:
     vanishing_below: float = 0.01
     _series: dict[str, _Series] = field(default_factory=dict, repr=False)
 
+    @property
+    def tags(self) -> list[str]:
+        """The scalar tags seen so far."""
+        return sorted(self._series)
+
     def update(self, tag: str, step: int, wall_time: float, value: float) -> list[ScalarFinding]:
         """Take one point; return what is wrong with it (usually nothing)."""
         series = self._series.setdefault(tag, _Series(deque(maxlen=self.window), deque(maxlen=self.window)))

@@ -119,14 +119,18 @@ def scalars(
     as_json: JsonFlag = False,
 ) -> None:
     """Check training scalars for NaN / Inf, loss spikes, stalls and vanishing gradients."""
-    from vigil.logs.scalars import check_event_dir
+    from vigil.logs.scalars import ScalarMonitor, check_event_dir
 
-    findings = check_event_dir(run)
+    monitor = ScalarMonitor()
+    findings = check_event_dir(run, monitor)
     if as_json:
         sys.stdout.write(json_text([f.model_dump(mode="json") for f in findings]) + "\n")
         return
+    if not monitor.tags:  # "no problems" would claim a check that had nothing to look at
+        console.print(f"{run}: no scalars recorded yet, nothing to check", markup=False)
+        return
     if not findings:
-        console.print(f"{run}: no problems found in the training scalars", markup=False)
+        console.print(f"{run}: no problems found in {len(monitor.tags)} training scalars", markup=False)
         return
     table = DataTable("step", "tag", "fault", "detail", title=f"{run}: {len(findings)} findings")
     for f in findings:
