@@ -535,6 +535,14 @@ def test_long_work_shows_progress_on_a_terminal_beside_json(tmp_path: Path) -> N
     assert b"writing" in shown, shown[-500:]
 
 
+def test_stacks_of_a_run_without_sweeps_says_why_the_table_is_empty(tmp_path: Path,
+                                                                  vigil: Callable[..., Ran]) -> None:
+    (tmp_path / "run").mkdir()
+    shown = vigil("stacks", str(tmp_path / "run"), home=tmp_path / "home")
+    assert shown.returncode == 0, shown.stderr
+    assert "no stack sweeps recorded" in " ".join(shown.stdout.split()), shown.stdout
+
+
 def test_triage_tables_fold_long_entity_ids_at_80_columns(tmp_path: Path, vigil: Callable[..., Ran]) -> None:
     logs = tmp_path / "pretrain-llama-70b-node-failure-during-allgather-restart-3"
     logs.mkdir()

@@ -28,7 +28,9 @@ def stacks_command(
     console = SafeConsole()
     for job in jobs:
         table = DataTable("ranks", "innermost frame", "outlier in sweeps",
-                          title=f"{job.run_dir}: {job.sweeps} sweep(s), latest clusters")
+                          title=f"{job.run_dir}: {job.sweeps} sweep(s), latest clusters",
+                          caption=None if job.sweeps else "no stack sweeps recorded: sweeps start once the job "
+                          "has stepped, every --stack-period seconds of `vigil launch`, and need py-spy")
         for cluster in job.latest:
             counts = ", ".join(f"{r}: {job.outlier_counts.get(r, 0)}" for r in cluster.ranks)
             table.add_row(str(cluster.ranks), cluster.top, counts)
