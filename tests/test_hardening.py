@@ -355,11 +355,11 @@ def test_json_output_is_strict_json_when_a_loss_is_nan(tmp_path: Path, vigil: Ca
         writer.close()
     findings = vigil("logs", "scalars", str(tmp_path / "tb" / "b"), "--json", home=tmp_path)
     assert findings.returncode == 0, findings.stderr
-    assert [(f["fault_type"], f["value"]) for f in strict_json(findings.stdout)] == [("nan_loss", "NaN")]
+    assert [(f["fault_type"], f["value"]) for f in strict_json(findings.stdout)] == [("nan_loss", None)]
     assert vigil("runs", "index", str(tmp_path / "tb"), "--json", home=tmp_path).returncode == 0
     compared = vigil("runs", "compare", "a", "b", "--tag", "loss", "--json", home=tmp_path)
     assert compared.returncode == 0, compared.stderr
-    assert [series["values"][-1] for series in strict_json(compared.stdout)] == [0.5, "NaN"]
+    assert [series["values"][-1] for series in strict_json(compared.stdout)] == [0.5, None]
 
 
 def test_serve_leaves_the_engine_off_on_a_demo_store_unless_asked(

@@ -75,8 +75,8 @@ def echo(text: str, *, err: bool = False) -> None:
 
 def json_text(data: object, *, indent: int | None = None, default: Callable[[object], object] | None = None) -> str:
     """``data`` as strict JSON (RFC 8259) for ``--json``: a NaN or infinite number, which ``json.dumps`` writes
-    as the bare tokens ``NaN`` / ``Infinity`` that JSON parsers other than Python's refuse, travels as the
-    string "NaN", "Infinity" or "-Infinity", as step telemetry does (a NaN loss is news, not a bad record)."""
+    as the bare tokens ``NaN`` / ``Infinity`` that JSON parsers other than Python's refuse, is null, as the
+    REST API and every pydantic record the CLI prints write it."""
     return json.dumps(_finite(data), indent=indent, default=default, allow_nan=False)
 
 
@@ -91,7 +91,7 @@ def write_out(path: Path, text: str, option: str = "--out") -> None:
 
 def _finite(data: object) -> object:
     if isinstance(data, float) and not math.isfinite(data):
-        return "NaN" if math.isnan(data) else ("Infinity" if data > 0 else "-Infinity")
+        return None
     if isinstance(data, dict):
         return {key: _finite(value) for key, value in data.items()}
     if isinstance(data, list | tuple):
