@@ -383,6 +383,20 @@ def test_serve_leaves_the_engine_off_on_a_demo_store_unless_asked(
     assert vigil("serve", "--port", str(free_port()), home=plain).returncode == 0 and started == [True, True]
 
 
+def test_engine_refuses_a_demo_store_unless_asked(tmp_path: Path, vigil: Callable[..., Ran]) -> None:
+    """`vigil engine` on the demo's store would open its incidents again and resolve them by the wall clock."""
+    demo, plain = tmp_path / "demo", tmp_path / "plain"
+    demo.mkdir()
+    (demo / "DEMO").write_text("demo store\n")
+    refused = vigil("engine", "--once", home=demo)
+    assert refused.returncode == 2 and refused.stdout == "", refused.stdout
+    assert len(refused.stderr.strip().splitlines()) == 1 and "`vigil demo` run" in refused.stderr, refused.stderr
+    assert not (demo / "vigil.db").exists()
+    asked = vigil("engine", "--once", "--on-demo-store", home=demo)
+    assert asked.returncode == 0 and asked.stdout.startswith("events 0"), asked.stderr
+    assert vigil("engine", "--once", home=plain).returncode == 0
+
+
 def test_progress_bars_leave_no_blank_line_in_piped_output(tmp_path: Path, vigil: Callable[..., Ran]) -> None:
     logs = tmp_path / "job"
     logs.mkdir()

@@ -53,6 +53,13 @@ def _directory_option(path: Path, option: str) -> Path:
     return path
 
 
+def is_demo_store(settings: Any) -> bool:
+    """The store under a home `vigil demo` wrote (it leaves its marker there). The live engine must not run on
+    it: it would judge the demo's simulated incidents by the wall clock and open each one again."""
+    home = settings.home
+    return bool((home / DEMO_MARKER).exists() and settings.database_url() == f"sqlite:///{home / 'vigil.db'}")
+
+
 def _fresh_demo_store(home: Path) -> Path:
     """The demo owns its store: it may replace a store it made before, never someone else's."""
     _directory_option(home, "--home")

@@ -10,6 +10,9 @@ from typing import Annotated
 
 import typer
 
+from vigil.faces.cli.core import is_demo_store
+from vigil.model import VigilInputError
+
 
 def engine(
     config: Annotated[Path | None, typer.Option("--config", help="settings YAML file (else VIGIL_* env)")] = None,
@@ -19,6 +22,10 @@ def engine(
         typer.Option(help="none, kubernetes or slurm: the back end whose half-done actions a killed engine or "
                      "server left are finished at start (with execute_actions on)"),
     ] = "none",
+    on_demo_store: Annotated[
+        bool, typer.Option("--on-demo-store", help="run even on a store `vigil demo` wrote (its incidents would be "
+                           "opened again and resolved by the wall clock)")
+    ] = False,
 ) -> None:
     """Read agents' pushes and Prometheus, detect, open / resolve incidents, diagnose, propose actions, alert."""
     from vigil.config import load_settings
@@ -30,6 +37,9 @@ def engine(
     from vigil.store.sql import open_store
 
     settings = load_settings(config)
+    if is_demo_store(settings) and not on_demo_store:
+        raise VigilInputError(f"{settings.database_url()} is a `vigil demo` run: the engine would open its incidents "
+                              "again and resolve them by the wall clock (--on-demo-store runs it anyway)")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     prom = PromQLSource(settings.metrics_url) if settings.metrics_url else None
     store = open_store(settings)

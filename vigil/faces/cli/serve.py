@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from vigil.faces.cli.core import DEMO_MARKER
+from vigil.faces.cli.core import is_demo_store
 from vigil.faces.cli.listen import ensure_port_free, warn_if_open
 from vigil.model import Action, VigilInputError
 
@@ -102,7 +102,7 @@ def serve(
     warn_shared_token(ctx.settings.api_token)
     app = app_for_context(ctx)
     if engine is None:
-        engine = not _is_demo_store(ctx.settings)
+        engine = not is_demo_store(ctx.settings)
         if not engine:
             typer.echo("the store is a `vigil demo` run, so the live engine is off: its incidents are judged on "
                        "simulated time, and re-reading its events would open them again (--engine runs it anyway)",
@@ -114,12 +114,6 @@ def serve(
     _freeze_heap()
     typer.echo(f"vigil serving on http://{host}:{port} (store {ctx.settings.database_url()})", err=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")
-
-
-def _is_demo_store(settings: Any) -> bool:
-    """The store under a home `vigil demo` wrote (it leaves its marker there)."""
-    home = settings.home
-    return bool((home / DEMO_MARKER).exists() and settings.database_url() == f"sqlite:///{home / 'vigil.db'}")
 
 
 def _freeze_heap() -> None:
