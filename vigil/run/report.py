@@ -7,7 +7,7 @@ ranks' heartbeat lines), the lines of the ranks' logs that the signature library
 incidents.
 
 The ranks' logs (``OUT/rank<R>.log``, stdout and stderr) are followed as they grow, a bounded number of lines
-per rank per look (``vigil.run.logtail``); only the decoded events travel, with the exits and the verdict, in
+per rank per look (``vigil.sources.collect.tail``); only the decoded events travel, with the exits and the verdict, in
 the same reports, and at most ``MAX_LOG_EVENTS`` of them a report (the earliest: a cascade's first lines name
 its cause).
 
@@ -32,9 +32,9 @@ import httpx
 from vigil.diagnose.hang import HangDiagnosis
 from vigil.model import Event, LaunchReport, LaunchVerdict, RankPlacement, RankState, StepTelemetry, rank_id
 from vigil.remedy.heartbeat import ProgressTracker
-from vigil.run.logtail import LogTail
 from vigil.sources.collect.base import default_node_name
 from vigil.sources.collect.ranklog import decode_rank_line
+from vigil.sources.collect.tail import LogTail
 from vigil.sources.probe.records import RankSnapshot
 
 ROUTE = "/api/v1/launches"

@@ -36,9 +36,13 @@ from vigil.knowledge.xid import parse_xid_line, xid_info
 from vigil.model import Event, FaultLevel, gpu_id, nic_id, node_id
 from vigil.sources.collect.base import Collection, ProblemLog, Source, default_node_name
 from vigil.sources.collect.nvml import normalise_pci_bus
+from vigil.sources.collect.tail import LogTail
 
 KMSG = Path("/dev/kmsg")
 MAX_RECORDS_PER_READ = 20_000
+# A kernel log file is read the same bounded way: a huge file (its first read) is caught up over later reads.
+KERNEL_FILE_LINES = MAX_RECORDS_PER_READ
+KERNEL_FILE_BYTES = 8 * 1024 * 1024
 
 _KMSG_RECORD = re.compile(r"^(?P<prio>\d+),(?P<seq>\d+),(?P<usec>\d+),[^;]*;(?P<msg>.*)$")
 _DMESG_CTIME = re.compile(r"^\[(?P<when>[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4})\] ?(?P<msg>.*)$")
@@ -171,7 +175,7 @@ class KernelLogSource(Source):
 
     @classmethod
     def from_file(cls, path: Path, **kwargs: object) -> KernelLogSource:
-        tail = FileTail(path)
+        tail = LogTail(path, max_lines=KERNEL_FILE_LINES, max_bytes=KERNEL_FILE_BYTES)
         source = cls(tail.read, origin=str(path), **kwargs)  # type: ignore[arg-type]
         tail.problems = source.problems
         source.reader_up = lambda: tail.present
@@ -322,38 +326,6 @@ class KmsgReader:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-
-
-class FileTail:
-    """Lines appended to a file since the last read (the whole file on the first read); survives rotation."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.problems: ProblemLog | None = None
-        self._offset = 0
-        self._inode: int | None = None
-        self._partial = ""
-        self.present = True
-
-    def read(self) -> list[str]:
-        try:
-            stat = self.path.stat()
-        except FileNotFoundError:
-            self.present = False
-            if self.problems is not None:
-                self.problems.report("missing file", f"kernel log file {self.path} does not exist")
-            return []
-        self.present = True
-        if stat.st_ino != self._inode or stat.st_size < self._offset:
-            self._inode, self._offset, self._partial = stat.st_ino, 0, ""
-        with self.path.open("rb") as fh:
-            fh.seek(self._offset)
-            data = fh.read()
-        self._offset += len(data)
-        text = self._partial + data.decode("utf-8", "replace")
-        lines = text.split("\n")
-        self._partial = lines.pop()
-        return lines
 
 
 class JournalReader:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from vigil.run.logtail import LogTail
+from vigil.sources.collect.tail import LogTail
 
 
 def _append(path: Path, data: bytes) -> None:
@@ -73,3 +73,15 @@ def test_a_truncated_or_replaced_file_is_read_from_its_start(tmp_path: Path) -> 
     assert tail.read() == ["fresh 1", "fresh 2", "fresh 3"]
     path.unlink()
     assert tail.read() == []
+
+
+def test_a_missing_file_is_not_present_and_is_reported(tmp_path: Path) -> None:
+    from vigil.sources.collect.base import ProblemLog
+
+    path = tmp_path / "kern.log"
+    tail = LogTail(path)
+    tail.problems = ProblemLog("kernel")
+    assert tail.read() == [] and not tail.present
+    assert tail.read() == [] and tail.problems.snapshot() == {"missing file": 2}
+    _append(path, b"NVRM: Xid (PCI:0000:9b:00): 79, GPU has fallen off the bus.\n")
+    assert tail.read() == ["NVRM: Xid (PCI:0000:9b:00): 79, GPU has fallen off the bus."] and tail.present

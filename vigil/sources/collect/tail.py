@@ -1,17 +1,20 @@
-"""Follow a rank's log file as it grows: the complete lines written since the last look, a bounded number a look.
+"""Follow a log file as it grows: the complete lines written since the last look, a bounded number a look.
 
-``vigil launch --server`` reads its ranks' output this way and forwards the lines the signature library names
-(``vigil.sources.collect.ranklog``). A look reads at most ``max_lines`` lines and ``max_bytes`` bytes, so a rank
-that floods its log costs the launcher bounded memory and time per look (the rest is read at later looks); a
-line still being written (no newline yet) is left for the next look; a line longer than ``line_limit`` is cut
-there and the rest of it skipped. A file that shrank or was replaced (truncated, rotated, a new run writing
-the same path) is read again from its start.
+The agent reads a kernel log file this way (``KernelLogSource.from_file``), and ``vigil launch --server`` its
+ranks' output, forwarding the lines the signature library names (``vigil.sources.collect.ranklog``). A look
+reads at most ``max_lines`` lines and ``max_bytes`` bytes, so a file that floods costs bounded memory and time
+per look (the rest is read at later looks); a line still being written (no newline yet) is left for the next
+look; a line longer than ``line_limit`` is cut there and the rest of it skipped; a file not there (yet) has no
+lines and ``present`` says so. A file that shrank or was replaced (truncated, rotated, a new run writing the
+same path) is read again from its start.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+from vigil.sources.collect.base import ProblemLog
 
 # The decoder keeps a line's first 8192 characters as the event's message (Event.message's limit).
 LINE_LIMIT = 8192
@@ -31,6 +34,9 @@ class LogTail:
         self.max_bytes = max_bytes
         self.line_limit = line_limit
         self.offset = 0
+        self.present = True
+        # where a missing file is reported (the agent's problem log); None: only ``present`` says it
+        self.problems: ProblemLog | None = None
         self._inode: int | None = None
         self._skipping = False  # inside a line already cut: drop up to its end
 
@@ -39,6 +45,7 @@ class LogTail:
         line ending and cut at ``line_limit`` characters."""
         try:
             with open(self.path, "rb") as f:
+                self.present = True
                 stat = os.fstat(f.fileno())
                 if stat.st_ino != self._inode or stat.st_size < self.offset:
                     # first look, or the file was replaced or truncated: its content is new
@@ -47,6 +54,11 @@ class LogTail:
                     return []
                 f.seek(self.offset)
                 chunk = f.read(min(self.max_bytes, stat.st_size - self.offset))
+        except FileNotFoundError:
+            self.present = False
+            if self.problems is not None:
+                self.problems.report("missing file", f"log file {self.path} does not exist")
+            return []
         except OSError:
             return []
         lines: list[str] = []
