@@ -569,10 +569,7 @@ def _nccl_warn_detail(root: LogEvent | None, basis: RootBasis | None, worded: li
              and 0 < e.lineno - root.lineno <= SAME_REPORT_LINES]
     if not warns:
         return root
-    detail = min(warns, key=lambda e: e.lineno)
-    detail.role = "root"
-    detail.fault_type, detail.level = root.fault_type, max(root.level, detail.level)
-    return detail
+    return _hand_root(root, min(warns, key=lambda e: e.lineno))
 
 
 def _child_last_words(root: LogEvent | None, worded: list[LogEvent]) -> LogEvent | None:
@@ -585,9 +582,7 @@ def _child_last_words(root: LogEvent | None, worded: list[LogEvent]) -> LogEvent
              if e.source == root.source and e.lineno == before and e.attrs.get("strength") == SPECIFIC]
     if not words:
         return root
-    words[0].role = "root"
-    words[0].fault_type, words[0].level = root.fault_type, max(root.level, words[0].level)
-    return words[0]
+    return _hand_root(root, words[0])
 
 
 def _errors_before_fatal(root: LogEvent | None, basis: RootBasis | None, worded: list[LogEvent]) -> LogEvent | None:
@@ -600,10 +595,14 @@ def _errors_before_fatal(root: LogEvent | None, basis: RootBasis | None, worded:
               and 0 < root.lineno - e.lineno <= SAME_REPORT_LINES]
     if not before:
         return root
-    first = min(before, key=lambda e: e.lineno)
-    first.role = "root"
-    first.fault_type, first.level = root.fault_type, max(root.level, first.level)
-    return first
+    return _hand_root(root, min(before, key=lambda e: e.lineno))
+
+
+def _hand_root(root: LogEvent, line: LogEvent) -> LogEvent:
+    """``line`` becomes the root in ``root``'s place: it names what failed, ``root`` only which fault it was."""
+    line.role = "root"
+    line.fault_type, line.level = root.fault_type, max(root.level, line.level)
+    return line
 
 
 def _detail(event: LogEvent) -> int:
