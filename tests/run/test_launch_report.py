@@ -257,18 +257,23 @@ def test_reporter_with_no_server_warns_once_and_never_blocks(tmp_path: Path) -> 
     assert "unreachable" in warnings[0] and "training goes on" in warnings[0]
 
 
-def test_reporter_sends_placement_telemetry_and_verdict(launch: Launch, tmp_path: Path) -> None:
-    beats = [Heartbeat(tmp_path, rank=r) for r in range(2)]
+def _reporting_to(launch: Launch, out_dir: Path) -> tuple[LaunchReporter, list[LaunchReport]]:
+    """A 2-rank job's reporter whose HTTP client posts to the server's real app, and the reports it sent."""
     sent: list[LaunchReport] = []
 
     def post(request: httpx.Request) -> httpx.Response:
-        """The server's real app behind the reporter's HTTP client."""
         sent.append(LaunchReport.model_validate_json(request.content))
         response = launch.client.post("/api/v1/launches", content=request.content, headers=dict(request.headers))
         return httpx.Response(response.status_code, content=response.content)
 
-    reporter = LaunchReporter("http://vigil.test", "llm", 2, 2, tmp_path, node="n01", gpus=[0, 1],
+    reporter = LaunchReporter("http://vigil.test", "llm", 2, 2, out_dir, node="n01", gpus=[0, 1],
                               interval_s=0.0, token=TOKEN, transport=httpx.MockTransport(post))
+    return reporter, sent
+
+
+def test_reporter_sends_placement_telemetry_and_verdict(launch: Launch, tmp_path: Path) -> None:
+    beats = [Heartbeat(tmp_path, rank=r) for r in range(2)]
+    reporter, sent = _reporting_to(launch, tmp_path)
     for step in range(1, 5):
         for r, beat in enumerate(beats):
             beat.step(step, loss=2.0 - 0.1 * step + r, grad_norm=0.5 * (r + 1), tokens_per_s=1000.0)
@@ -294,15 +299,7 @@ GLOO_PEER_CLOSED = ("[rank0]: RuntimeError: [/pytorch/third_party/gloo/gloo/tran
 
 
 def test_reporter_forwards_the_lines_the_signature_library_names(launch: Launch, tmp_path: Path) -> None:
-    sent: list[LaunchReport] = []
-
-    def post(request: httpx.Request) -> httpx.Response:
-        sent.append(LaunchReport.model_validate_json(request.content))
-        response = launch.client.post("/api/v1/launches", content=request.content, headers=dict(request.headers))
-        return httpx.Response(response.status_code, content=response.content)
-
-    reporter = LaunchReporter("http://vigil.test", "llm", 2, 2, tmp_path, node="n01", gpus=[0, 1],
-                              interval_s=0.0, token=TOKEN, transport=httpx.MockTransport(post))
+    reporter, sent = _reporting_to(launch, tmp_path)
     (tmp_path / "rank0.log").write_text("step 1 loss 2.3\n")
     (tmp_path / "rank1.log").write_text("step 1 loss 2.4\n[rank1]: ValueError: bad batch")  # not ended yet
     reporter.watch({0: _snapshot(0, 1), 1: _snapshot(1, 1)}, {0: None, 1: None}, {0: 100, 1: 101})

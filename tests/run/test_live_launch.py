@@ -126,15 +126,18 @@ def test_killed_rank_becomes_a_crash_incident_on_its_rank_node_and_job(server: S
         (f"job/{job}/rank/1", "SIGKILL")}
 
 
+def _run(tmp_path: Path, url: str, job: str, *fault: str) -> int:
+    """Launch the job with a fault on one rank and wait for the launcher's exit status."""
+    return _finish(_launch(tmp_path, url, job, "--steps", "100000", *fault))
+
+
+def _launch_log(tmp_path: Path) -> str:
+    return (tmp_path / "launch.log").read_text()[-3000:]
+
+
 def test_hung_rank_becomes_a_hang_incident_naming_it(server: Server, tmp_path: Path) -> None:
     job = "e2e-hang"
-    launch = _launch(tmp_path, server.url, job, "--steps", "100000", "--hang-rank", "1", "--at-step", "15")
-    try:
-        assert _finish(launch) == 4, (tmp_path / "launch.log").read_text()[-3000:]
-    finally:
-        if launch.poll() is None:
-            launch.terminate()
-            launch.wait(timeout=30)
+    assert _run(tmp_path, server.url, job, "--hang-rank", "1", "--at-step", "15") == 4, _launch_log(tmp_path)
     wait_for(lambda: len(server.incidents(job)) == 1, 30, "the hang incident")
     [incident] = server.incidents(job)
     assert incident["scope"] == f"job/{job}/rank/1" and incident["fault_types"] == ["job_hang"]
@@ -146,13 +149,7 @@ def test_hung_rank_becomes_a_hang_incident_naming_it(server: Server, tmp_path: P
 def test_a_raising_rank_and_its_peers_gloo_error_reach_the_engine_as_rank_log_events(server: Server,
                                                                                       tmp_path: Path) -> None:
     job = "e2e-raise"
-    launch = _launch(tmp_path, server.url, job, "--steps", "100000", "--raise-rank", "1", "--at-step", "15")
-    try:
-        assert _finish(launch) == 3, (tmp_path / "launch.log").read_text()[-3000:]
-    finally:
-        if launch.poll() is None:
-            launch.terminate()
-            launch.wait(timeout=30)
+    assert _run(tmp_path, server.url, job, "--raise-rank", "1", "--at-step", "15") == 3, _launch_log(tmp_path)
     wait_for(lambda: len(server.incidents(job)) == 1, 30, "the crash incident")
     # the reports are in (the incident came from the last one): the ranks' decoded lines are stored
     lines = [e for e in server.get("/api/v1/events?kind=rank_log") if e["entity"].startswith(f"job/{job}/")]
