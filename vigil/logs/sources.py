@@ -25,8 +25,6 @@ _TORCHRUN_STREAM = re.compile(r"(?i)^(?:stdout|stderr|error)\.(?:log|txt|json)$"
 _NAME_CHARS = re.compile(r"[^A-Za-z0-9_.:\-]+")
 _LOG_SUFFIXES = {".log", ".txt", ".err", ".out", ".stderr", ".stdout", ""}
 
-LINE_RANK_PREFIX = re.compile(r"^\[(?:rank|default)(?P<rank>\d+)\]:\s?")
-
 
 @dataclass(frozen=True)
 class LogSource:

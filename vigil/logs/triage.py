@@ -35,10 +35,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from vigil.knowledge.signatures import SignatureMatcher, signature_library
+from vigil.knowledge.signatures import LINE_RANK_PREFIX, SignatureMatcher, signature_library
 from vigil.logs.miner import read_lines
 from vigil.logs.severity import SPECIFIC, strength
-from vigil.logs.sources import LINE_RANK_PREFIX, LogSource, discover, entity_name
+from vigil.logs.sources import LogSource, discover, entity_name
 from vigil.logs.timestamps import line_time
 from vigil.model import Evidence, FaultLevel, node_id, rank_id
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-from vigil.knowledge.signatures import SignatureMatcher
+from vigil.knowledge.signatures import LINE_RANK_PREFIX, SignatureMatcher
 from vigil.model import Event
 
 SOURCE = "rank"
@@ -25,8 +25,6 @@ SOURCE = "rank"
 _PROCESS_GROUP = re.compile(r"\[PG (?:ID )?(?P<pg>\d+)\b")
 # The sequence number a watchdog line names, under the signature library's group names.
 _SEQ_GROUPS = ("seq", "timeout_work", "work")
-# torch's prefix on a distributed rank's output (vigil.logs.sources.LINE_RANK_PREFIX).
-_RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s?")
 
 
 @lru_cache(maxsize=1)
@@ -38,7 +36,7 @@ def decode_rank_line(rank: str, line: str, ts: float) -> Event | None:
     """The event one line of ``rank``'s log (a rank entity id) reports, or None for a line no signature names."""
     hit = _matcher().match(line)
     if hit is None:
-        prefixed = _RANK_PREFIX.match(line)
+        prefixed = LINE_RANK_PREFIX.match(line)
         hit = _matcher().match(line[prefixed.end():]) if prefixed else None
     if hit is None:
         return None
