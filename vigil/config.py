@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, field_validator
@@ -38,6 +38,9 @@ class Settings(BaseSettings):
                                "a .gguf with transformers installed) to count `vigil ask`'s working context; "
                                "empty = four characters a token")
     execute_actions: bool = Field(default=False, description="False = every actuator runs in dry-run")
+    remedy_backend: Literal["none", "kubernetes", "slurm"] = Field(
+        default="none", description="the scheduler that `vigil remedy act / apply / idle-workers` act through when "
+        "--backend is not given, so a diagnosis plan's command runs as printed; none = outbox and local GPU only")
     max_cordon_share: float = Field(default=0.1, ge=0.0, le=1.0)
     max_cordon_share_per_switch: float = Field(default=0.5, ge=0.0, le=1.0)
     engine_interval_s: float = Field(default=5.0, gt=0, description="how often the live engine ticks")

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,7 +10,8 @@ from typer.testing import CliRunner
 
 from vigil.config import settings
 from vigil.faces.cli.remedy import app
-from vigil.model import Anomaly, FaultLevel, Node, Topology
+from vigil.knowledge.actions import action_whitelist
+from vigil.model import ActionKind, Anomaly, FaultLevel, Node, Topology
 
 
 @pytest.fixture
@@ -101,6 +103,43 @@ def test_act_runs_one_plan_step_through_guard_and_audit(home: Path, fake_slurm: 
     audit = json.loads(runner.invoke(app, ["audit", "--json"]).stdout)
     assert [(a["kind"], a["target"], a["status"]) for a in audit] == [
         ("cordon", "node/n3", "proposed"), ("cordon", "node/n3", "executed")]
+
+
+def test_a_plan_command_runs_as_printed_with_the_configured_backend(
+    home: Path, fake_slurm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The command a diagnosis plan prints carries no --backend: `act` takes the configured one, dry-run."""
+    command = action_whitelist()[ActionKind.CORDON].command.format(target="node/n3")
+    argv = shlex.split(command)
+    assert argv[:3] == ["vigil", "remedy", "act"] and "--backend" not in argv
+    runner = CliRunner()
+    unset = runner.invoke(app, argv[2:])
+    assert unset.exit_code != 0
+    assert "VIGIL_REMEDY_BACKEND=kubernetes|slurm" in str(unset.exception)
+    monkeypatch.setenv("VIGIL_REMEDY_BACKEND", "slurm")
+    settings.cache_clear()
+    printed = runner.invoke(app, [*argv[2:], "--json"])
+    assert printed.exit_code == 0, printed.output
+    done = json.loads(printed.stdout)
+    assert done["status"] == "proposed" and done["dry_run"] and "scontrol update nodename=n3" in done["result"]
+    assert not (fake_slurm / "calls.log").exists()
+    # --backend still wins over the setting
+    overridden = runner.invoke(app, [*argv[2:], "--backend", "none"])
+    assert overridden.exit_code != 0 and "with --backend none" in str(overridden.exception)
+
+
+def test_act_names_what_carries_out_an_action_nothing_here_can(home: Path) -> None:
+    result = CliRunner().invoke(app, ["act", "reset_gpu", "gpu/n3/0", "--backend", "slurm"])
+    assert result.exit_code != 0 and "--local-node NODE" in str(result.exception)
+    result = CliRunner().invoke(app, ["act", "migrate_job", "job/j7", "--backend", "slurm"])
+    assert result.exit_code != 0 and "no scheduler backend" in str(result.exception)
+
+
+def test_a_bad_configured_backend_is_one_line(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VIGIL_REMEDY_BACKEND", "pbs")
+    settings.cache_clear()
+    result = CliRunner().invoke(app, ["act", "cordon", "node/n3"])
+    assert result.exit_code != 0 and "remedy_backend" in str(result.exception)
 
 
 def test_act_refuses_what_is_not_whitelisted(home: Path) -> None:

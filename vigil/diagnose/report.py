@@ -95,7 +95,9 @@ def render_markdown(incident: Incident, diagnosis: Diagnosis, result: RcaResult)
     for i, step in enumerate(diagnosis.plan, start=1):
         lines.append(f"| {i} | {step.action.value} | `{step.target}` | {step.risk} | `{_code(step.command)}` | "
                      f"{_md(step.reason)} |")
-    lines += ["", "Every action is on Vigil's whitelist and runs through the remedy engine (dry-run by default).",
+    lines += ["", ("Every action is on Vigil's whitelist and runs through the remedy engine: a command is a "
+               "dry-run until `--execute` is added and acts through the scheduler named by VIGIL_REMEDY_BACKEND "
+               "(kubernetes or slurm)."),
               "", "## Similar past incidents", "", "| incident | similarity | root cause | what was done | outcome |",
               "|---|---|---|---|---|"]
     for past in diagnosis.similar:
@@ -138,7 +140,9 @@ confidence {{ "%.0f"|format(diagnosis.confidence * 100) }}%</p>
 {% for step in diagnosis.plan %}<tr><td>{{ loop.index }}</td><td>{{ step.action.value }}</td>
 <td><code>{{ step.target }}</code></td><td>{{ step.risk }}</td><td><code>{{ step.command }}</code></td>
 <td>{{ step.reason }}</td></tr>{% endfor %}</table>
-<p class="muted">Every action is on Vigil's whitelist and runs through the remedy engine (dry-run by default).</p>
+<p class="muted">Every action is on Vigil's whitelist and runs through the remedy engine: a command is a
+dry-run until <code>--execute</code> is added and acts through the scheduler named by VIGIL_REMEDY_BACKEND
+(kubernetes or slurm).</p>
 <h2>Similar past incidents</h2>
 <table><tr><th>incident</th><th>similarity</th><th>root cause</th><th>what was done</th><th>outcome</th></tr>
 {% for past in diagnosis.similar %}<tr><td>{{ past.incident_id }}</td><td>{{ "%.2f"|format(past.score) }}</td>

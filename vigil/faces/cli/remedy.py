@@ -11,7 +11,7 @@ import typer
 from rich.text import Text
 
 from vigil.faces.cli.output import DataTable, SafeConsole, json_text
-from vigil.model import Action, ActionKind, ActionStatus, Anomaly, Topology, VigilInputError
+from vigil.model import Action, ActionKind, ActionStatus, Anomaly, Topology, VigilInputError, parse_entity
 
 if TYPE_CHECKING:
     from vigil.remedy.remediator import Remediator
@@ -97,7 +97,11 @@ def _read_anomalies(path: Path) -> list[Anomaly]:
 
 
 # options shared by the verbs that act
-BackendOption = Annotated[str, typer.Option("--backend", help="none, kubernetes or slurm")]
+BACKENDS = ("none", "kubernetes", "slurm")
+BackendOption = Annotated[
+    str | None, typer.Option("--backend", help="none, kubernetes or slurm (default: settings remedy_backend, "
+                             "VIGIL_REMEDY_BACKEND, else none)")
+]
 ExecuteOption = Annotated[bool, typer.Option("--execute", help="act for real (default: dry-run)")]
 LocalNodeOption = Annotated[
     str | None, typer.Option("--local-node", help="this machine's node name: reset its GPUs with nvidia-smi")
@@ -111,7 +115,7 @@ def apply_command(
     topology: Annotated[
         Path | None, typer.Option("--topology", help="Topology JSON (for the blast-radius guard)")
     ] = None,
-    backend: BackendOption = "none",
+    backend: BackendOption = None,
     execute: ExecuteOption = False,
     local_node: LocalNodeOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the resulting actions as JSON")] = False,
@@ -119,7 +123,7 @@ def apply_command(
     """Plan actions for anomalies with the policies and carry them out (dry-run unless --execute)."""
     from vigil.remedy.policy import PolicyEngine, load_policies
 
-    remediator = _remediator(topology, backend, execute, local_node)
+    remediator = _remediator(topology, _backend(backend), execute, local_node)
     dry_run = remediator.dry_run
     engine = PolicyEngine(load_policies(policies))
     actions = []
@@ -129,6 +133,26 @@ def apply_command(
         typer.echo(json_text([a.model_dump(mode="json") for a in actions], indent=2))
         return
     _print_actions(actions, f"Actions ({'dry-run' if dry_run else 'executed'})")
+
+
+def _backend(given: str | None) -> str:
+    """The scheduler to act through: --backend, else the configured ``remedy_backend`` (VIGIL_REMEDY_BACKEND)."""
+    from vigil.config import settings
+
+    backend = given if given is not None else settings().remedy_backend
+    if backend not in BACKENDS:
+        raise VigilInputError(f"--backend must be none, kubernetes or slurm, got {backend!r}")
+    return backend
+
+
+def _backends_for(action: Action) -> list[str]:
+    """The schedulers whose actuator carries out ``action`` (read from the actuators' declared kinds)."""
+    from vigil.remedy.actuators.kubernetes import KubernetesActuator
+    from vigil.remedy.actuators.slurm import SlurmActuator
+
+    target_kind = parse_entity(action.target)[0]
+    return [name for name, actuator in (("kubernetes", KubernetesActuator), ("slurm", SlurmActuator))
+            if action.kind in actuator.kinds and target_kind in actuator.target_kinds]
 
 
 def _remediator(topology: Path | None, backend: str, execute: bool, local_node: str | None) -> Remediator:
@@ -152,8 +176,6 @@ def _remediator(topology: Path | None, backend: str, execute: bool, local_node: 
         from vigil.remedy.actuators.slurm import SlurmActuator
 
         actuators.append(SlurmActuator())
-    elif backend != "none":
-        raise VigilInputError(f"--backend must be none, kubernetes or slurm, got {backend!r}")
     if local_node:
         from vigil.remedy.actuators.nvidia import GpuResetActuator
 
@@ -183,15 +205,19 @@ def act_command(
     topology: Annotated[
         Path | None, typer.Option("--topology", help="Topology JSON (default: the store's topology)")
     ] = None,
-    backend: BackendOption = "none",
+    backend: BackendOption = None,
     execute: ExecuteOption = False,
     local_node: LocalNodeOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the resulting action as JSON")] = False,
 ) -> None:
-    """Carry out one action of a diagnosis plan through the blast-radius guard and the audit log."""
+    """Carry out one action of a diagnosis plan through the blast-radius guard and the audit log.
+
+    The plans `vigil diagnose incident` prints carry this command without --backend: it acts through the
+    configured scheduler (settings remedy_backend, VIGIL_REMEDY_BACKEND), and is a dry-run unless --execute.
+    """
     import time
 
-    from vigil.model import node_of, parse_entity
+    from vigil.model import node_of
 
     try:
         kind = ActionKind(action)
@@ -200,15 +226,15 @@ def act_command(
             f"action {action!r} is not on the whitelist ({', '.join(k.value for k in ActionKind)})"
         ) from None
     parse_entity(target)
+    chosen = _backend(backend)
     topology_file = topology or _store_topology_file()
-    remediator = _remediator(topology_file, backend, execute, local_node)
+    remediator = _remediator(topology_file, chosen, execute, local_node)
     proposed = Action(ts=time.time(), kind=kind, target=target, incident_id=incident, reason=reason,
                       requested_by="vigil-cli", dry_run=remediator.dry_run)
     # Checked before anything is audited: an action nobody can carry out, or on a machine the cluster does
-    # not have, is a mistake in the command line, not a refusal to record.
+    # not have, is a mistake in the command line (or the settings), not a refusal to record.
     if remediator.actuator_for(proposed) is None:
-        raise VigilInputError(f"no actuator handles {kind.value} on {target} with --backend {backend}; "
-                              "choose --backend kubernetes or slurm (or --local-node for reset_gpu)")
+        raise VigilInputError(_no_actuator(proposed, chosen, given=backend is not None))
     node = node_of(target)
     if topology_file is not None and node is not None:
         known = {n.id for n in _read_topology(topology_file).nodes}
@@ -221,6 +247,20 @@ def act_command(
         _print_actions([done], f"Action ({'dry-run' if remediator.dry_run else 'executed'})")
     if done.status in (ActionStatus.REFUSED, ActionStatus.FAILED):
         raise typer.Exit(1)
+
+
+def _no_actuator(action: Action, backend: str, given: bool) -> str:
+    """One line: why nothing here carries out ``action``, and what would."""
+    where = f"--backend {backend}" if given else f"backend {backend!r} (settings remedy_backend)"
+    what = f"no actuator handles {action.kind.value} on {action.target} with {where}"
+    if action.kind is ActionKind.RESET_GPU:
+        return f"{what}; run it on the GPU's node with --local-node NODE"
+    able = _backends_for(action)
+    if not able:
+        return f"{what}; no scheduler backend of `vigil remedy act` carries out {action.kind.value}"
+    choices = " or ".join(able)
+    return (f"{what}; set VIGIL_REMEDY_BACKEND={'|'.join(able)} (remedy_backend in the config file) "
+            f"or pass --backend {choices}")
 
 
 def _store_topology_file() -> Path | None:
@@ -352,7 +392,8 @@ def idle_workers_command(
     idle_activity: Annotated[
         float, typer.Option("--idle-activity", min=0.0, max=1.0, help="a GPU below this all window is idle")
     ] = 0.05,
-    backend: Annotated[str, typer.Option(help="none, kubernetes or slurm: what carries out a release")] = "none",
+    backend: Annotated[str | None, typer.Option(help="none, kubernetes or slurm: what carries out a release "
+                                                "(default: settings remedy_backend, else none)")] = None,
     execute: Annotated[bool, typer.Option("--execute", help="notify and release for real (default: dry-run)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the actions as JSON")] = False,
 ) -> None:
@@ -373,6 +414,7 @@ def idle_workers_command(
     from vigil.remedy.remediator import Remediator
 
     home = settings().home
+    backend = _backend(backend)
     topology, metrics, span = stored_allocation()
     start, end = max(span[0], span[1] - 2 * grace), span[1]
     report = gpu_waste(metrics, topology, start, max(end, start + 1.0), idle_activity=idle_activity)
@@ -385,8 +427,6 @@ def idle_workers_command(
         from vigil.remedy.actuators.kueue import KueueActuator
 
         actuators.append(KueueActuator())
-    elif backend != "none":
-        raise VigilInputError(f"--backend must be none, kubernetes or slurm, got {backend!r}")
     audit = AuditLog()
     remediator = Remediator(actuators, audit, dry_run=not execute, requested_by="idle-policy")
     # The metrics' clock, not the wall clock: the grace period is measured on the scrapes.
