@@ -18,6 +18,7 @@ Times are Unix seconds (float). Entities are named by stable string ids:
 from __future__ import annotations
 
 import enum
+import hashlib
 import re
 import uuid
 from typing import Annotated, Any, Literal
@@ -180,6 +181,12 @@ def node_of(entity: str) -> str | None:
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+def stable_id(prefix: str, *parts: object) -> str:
+    """An id named by what a record is about: the same record made again (a tick replayed after a crash, a
+    demo run again with the same seed) gets the same id, where ``new_id`` gives a new one each time."""
+    return f"{prefix}-" + hashlib.sha1("|".join(str(p) for p in parts).encode()).hexdigest()[:16]
 
 
 # Record ids travel in URLs, file names and SQL keys: letters, digits and ``_ . : -``, no path separators.
@@ -351,6 +358,12 @@ class Anomaly(Record):
     level: FaultLevel
     score: float = 1.0
     evidence: list[Evidence] = Field(default_factory=list)
+
+
+def anomaly_id_for(anomaly: Anomaly) -> str:
+    """An anomaly's id from its detector, entity, fault and start (to the millisecond): a detector opens one
+    anomaly per entity and fault at a time, so two anomalies with the same id are one finding seen twice."""
+    return stable_id("an", anomaly.detector, anomaly.entity, anomaly.fault_type, f"{anomaly.start:.3f}")
 
 
 class IncidentStatus(enum.StrEnum):

@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from vigil.model import (
     Topology,
     node_id,
     parse_entity,
+    stable_id,
     switch_id,
 )
 
@@ -50,7 +50,7 @@ def switch_link_faults() -> frozenset[str]:
 def incident_id_for(anchor: str, first: Anomaly) -> str:
     """An incident's id from its anchor and first anomaly: the same anomaly seen again after a restart
     lands in the same incident instead of a second one."""
-    return "inc-" + hashlib.sha1(f"{anchor}|{first.id}".encode()).hexdigest()[:16]
+    return stable_id("inc", anchor, first.id)
 
 
 @dataclass

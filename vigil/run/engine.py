@@ -13,7 +13,6 @@ again instead of new ones; open incidents are taken up again at start.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 import time
@@ -43,7 +42,9 @@ from vigil.model import (
     Job,
     Topology,
     VigilInputError,
+    anomaly_id_for,
     parse_entity,
+    stable_id,
 )
 from vigil.remedy.notify import AlertmanagerNotifier, Notifier, WebhookNotifier
 from vigil.remedy.policy import PolicyEngine, load_policies
@@ -62,10 +63,6 @@ CURSOR = "engine"
 DIAGNOSIS_SLACK_S = 900.0
 # An open incident whose signals keep firing is rewritten this often (its end time), not every tick.
 REWRITE_EVERY_S = 60.0
-
-
-def stable_id(prefix: str, *parts: object) -> str:
-    return f"{prefix}-" + hashlib.sha1("|".join(str(p) for p in parts).encode()).hexdigest()[:16]
 
 
 class LiveFrames:
@@ -346,7 +343,7 @@ class Engine:
                 self.learned.remove(learned)
         for anomaly in opened:
             # Named by what it is about, so a tick replayed after a crash finds the same anomaly.
-            anomaly.id = stable_id("an", anomaly.detector, anomaly.entity, anomaly.fault_type, f"{anomaly.start:.3f}")
+            anomaly.id = anomaly_id_for(anomaly)
             self._anomalies[anomaly.id] = anomaly
         report.anomalies += len(opened)
         self.grouper.add(opened)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from vigil.detect.base import StreamDetector
 from vigil.detect.incidents import IncidentGrouper
 from vigil.detect.rules import RuleDetector
-from vigil.model import Anomaly, Event, Incident
+from vigil.model import Anomaly, Event, Incident, anomaly_id_for
 from vigil.sources.collect.dcgm import XID_GAUGE, XidGaugeChanges
 from vigil.sources.replay import KernelLineDecoder, decode_kube_events, decode_rank_lines
 from vigil.sources.sim.generator import SimRun
@@ -74,7 +74,11 @@ def run_pipeline(
         if store is not None and events:
             store.add_events(events)
         for det in dets:
-            grouper.add(det.update(tick.frames, events))
+            opened = det.update(tick.frames, events)
+            for anomaly in opened:
+                # named by what it is about, as the live engine names them: the same seed, the same ids
+                anomaly.id = anomaly_id_for(anomaly)
+            grouper.add(opened)
         if progress is not None:
             progress(k + 1, run.n_ticks)
     anomalies: list[Anomaly] = []
