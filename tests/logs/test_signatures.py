@@ -115,6 +115,14 @@ CASES = [
     ("2025-04-05 13:53:24,127 - [slurm_plugin.slurm_resources:is_backing_instance_valid] - WARNING - Node state check: "
      "no corresponding instance in EC2 for node q-dy-c-4(10.6.11.250), node state: ALLOCATED+CLOUD+NOT_RESPONDING",
      "parallelcluster.instance_missing", "root"),
+    # round 24: Slurm's memory refusal, configless lookup and CycleCloud's drain; CUDA 802 under a tool's own prefix;
+    # ProcessGroupNCCL's take-down, which names no collective
+    ("sbatch: error: Memory specification can not be satisfied", "slurm.allocation_failed", "root"),
+    ("squeue: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host", "slurm.config_source_lookup", "root"),
+    ("cyclecloud_node_fail slurm     2022-11-22T13:25:08 viz3d-1", "cyclecloud.node_failure", "root"),
+    ("  what():  Error (gpu_burn-drv.cpp:298): system not yet initialized", "cuda.system_not_ready", "cascade"),
+    ("[rank3]:[E901 05:20:03.614723891 ProcessGroupNCCL.cpp:698] [Rank 3] To avoid data inconsistency, we are taking "
+     "the entire process down.", "nccl_timeout", "cascade"),
 ]
 
 

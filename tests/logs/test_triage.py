@@ -853,3 +853,35 @@ def test_the_e_tag_of_tensorflow_s_log_prefix_reads_as_an_error(tmp_path: Path) 
     assert result.root is not None and result.root.lineno == 2
     assert strength("2024-05-02 08:01:10.837611: E external/xla/service.cc:962] task restarted") == SPECIFIC
     assert strength("2024-05-02 08:00:01.000001: I external/xla/client.cc:131] Connected to the service.") == 0
+
+
+def test_processgroupnccl_s_take_down_printed_first_gives_way_to_the_watchdog_s_report(tmp_path: Path) -> None:
+    # WorkNCCL::handleException's two lines name no collective and are flushed before the watchdog's own report
+    (tmp_path / "train.log").write_text(
+        "[rank3]:[E901 05:20:03.614679108 ProcessGroupNCCL.cpp:684] [Rank 3] Some NCCL operations have failed or timed "
+        "out. Due to the asynchronous nature of CUDA kernels, subsequent GPU operations might run on "
+        "corrupted/incomplete data.\n"
+        "[rank3]:[E901 05:20:03.614723891 ProcessGroupNCCL.cpp:698] [Rank 3] To avoid data inconsistency, we are "
+        "taking the entire process down.\n"
+        "[rank3]:[E901 05:20:03.616086576 ProcessGroupNCCL.cpp:1899] [PG ID 0 PG GUID 0(default_pg) Rank 3] Process "
+        "group watchdog thread terminated with exception: [Rank 3] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=460631, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600004 "
+        "milliseconds before timing out.\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 3 and result.root.signature == "nccl.watchdog_timeout"
+    # alone, the take-down is still named rather than nothing
+    (tmp_path / "train.log").write_text(
+        "[rank1]:[E ProcessGroupNCCL.cpp:543] To avoid data inconsistency, we are taking the entire process down.\n")
+    alone = triage(tmp_path, workers=1)
+    assert alone.root is not None and alone.root.signature == "nccl.watchdog_take_down"
+
+
+def test_wording_right_below_cuda_802_relays_it(tmp_path: Path) -> None:
+    # gpu_burn: the first worker's CUDA 802, then the next workers' own CUDA errors
+    (tmp_path / "gpu_burn.log").write_text(
+        "terminate called after throwing an instance of 'std::runtime_error'\n"
+        "  what():  Error (gpu_burn-drv.cpp:298): system not yet initialized\n"
+        "terminate called after throwing an instance of 'std::runtime_error'\n"
+        "  what():  Error (gpu_burn-drv.cpp:298): OS call failed or operation not supported on this OS\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 2 and result.root.signature == "cuda.system_not_ready"

@@ -59,7 +59,15 @@ SAME_REPORT_LINES = 12
 # srun's "Job step aborted: Waiting up to N seconds for job step to finish." is the same for a step whose task failed,
 # that was cancelled or that hit its time limit: the teardown, printed before slurmstepd's own account of the end.
 ECHO_SIGNATURES = frozenset({"nccl.watchdog_timeout", "gloo.collective_timeout", "nccl.watchdog_stuck",
-                             "launcher.child_failed", "launcher.root_cause", "slurm.step_aborted"})
+                             "launcher.child_failed", "launcher.root_cause", "slurm.step_aborted",
+                             "nccl.watchdog_take_down"})
+# ProcessGroupNCCL taking the process down names no collective and is often flushed before the watchdog's own report of
+# the timeout it follows: the last of the echoes.
+FOLLOW_THROUGH_SIGNATURES = frozenset({"nccl.watchdog_take_down"})
+# A process's report that the node is not ready for it (CUDA 802 before the Fabric Manager has brought the GPUs into
+# the fabric): the node's own log outranks it, but wording the process or its tool prints right below it relays it
+# (a probe's "cuda probe failed", the next worker's CUDA error).
+CONDITION_REPORTS = frozenset({"cuda.system_not_ready"})
 # An abort is what a process does after reporting its error ("terminate called after throwing an instance of X" is
 # followed by X's message on the "what():" line), and the launcher's report of a worker ended by SIGABRT ("failed
 # (exitcode: -6)") is that abort seen from outside: never a root while any other report exists.
@@ -620,25 +628,31 @@ def _fallback_root(worded: list[LogEvent], symptoms: list[LogEvent],
                    tie_s: float = 1.0) -> tuple[LogEvent | None, RootBasis | None]:
     """No signature names a root: the earliest specific error wording, else the earliest symptom that is not a
     timeout or watchdog report (the exit code a ChildFailedError report gives as its root cause counts as one), else
-    the earliest echo of a failure elsewhere, else an abort, else the earliest generic error wording.
+    the earliest echo of a failure elsewhere, else a process's take-down after one, else an abort, else the earliest
+    generic error wording.
 
     Wording printed below a ChildFailedError report's root cause in the same file does not count: the launcher's
     report closes the job's own output, and an ERROR after it is its caller relaying the exit (SageMaker's "Reporting
-    training FAILURE", a compile driver's "There was an error in the training script")."""
+    training FAILURE", a compile driver's "There was an error in the training script"). Nor does wording printed
+    within ``SAME_REPORT_LINES`` below a process's report that the node is not ready (``CONDITION_REPORTS``)."""
     report_at: dict[str, int] = {}
     for event in symptoms:
         if event.attrs.get(FIRST_OBSERVED):
             report_at[event.source] = min(report_at.get(event.source, event.lineno), event.lineno)
     if report_at:
         worded = [e for e in worded if e.lineno < report_at.get(e.source, e.lineno + 1)]
+    conditions = [e for e in symptoms if e.signature in CONDITION_REPORTS]
+    worded = [e for e in worded if not any(c.source == e.source and 0 < e.lineno - c.lineno <= SAME_REPORT_LINES
+                                           for c in conditions)]
     specific = [e for e in worded if e.attrs.get("strength") == SPECIFIC]
     if specific:
         return _earliest(specific, tie_s), "error_wording"
     direct = [e for e in symptoms if e.attrs.get(FIRST_OBSERVED)
               or e.signature not in ECHO_SIGNATURES | ABORT_SIGNATURES]
-    echoes = [e for e in symptoms if e.signature not in ABORT_SIGNATURES]
+    echoes = [e for e in symptoms if e.signature not in ABORT_SIGNATURES | FOLLOW_THROUGH_SIGNATURES]
+    follow_through = [e for e in symptoms if e.signature in FOLLOW_THROUGH_SIGNATURES]
     if symptoms:
-        return _earliest(direct or echoes or symptoms, tie_s), "symptom"
+        return _earliest(direct or echoes or follow_through or symptoms, tie_s), "symptom"
     if worded:
         return _earliest(worded, tie_s), "error_wording"
     return None, None
