@@ -113,6 +113,32 @@ def test_cli_precheck_json_and_inspect_rounds(tmp_path: Path) -> None:
     assert lines[0]["machines"][0]["checks"][0]["baseline"] is not None
 
 
+def _measured(sick: bool = False) -> list[tuple[str, list[CheckResult]]]:
+    nvml = CheckResult("nvml_health/gpu0", 1.0 if sick else 0.0, "problems", False, "ECC" if sick else "")
+    return [("node-a", [result("matmul_gflops", 50.0), result("allreduce_latency", 100.0, False), nvml])]
+
+
+def test_precheck_without_a_baseline_says_so_and_exits_3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No baseline: nothing to compare with, so neither good (0) nor bad (1), and the way to record one."""
+    measured = _measured()
+    monkeypatch.setattr("vigil.precheck.runner.run_local", lambda nproc, options: measured)
+    runner = CliRunner()
+    baseline = tmp_path / "b.json"
+    unjudged = runner.invoke(_app(), ["precheck", "--baseline", str(baseline), "--json"])
+    assert unjudged.exit_code == 3, unjudged.output
+    assert [m["verdict"] for m in json.loads(unjudged.stdout)] == ["no baseline"]
+    assert "vigil precheck --record-baseline" in " ".join(unjudged.stderr.split())
+    human = runner.invoke(_app(), ["precheck", "--baseline", str(baseline)])
+    assert human.exit_code == 3 and "no baseline" in human.stdout
+    recorded = runner.invoke(_app(), ["precheck", "--baseline", str(baseline), "--record-baseline", "--json"])
+    assert recorded.exit_code == 0 and json.loads(recorded.stdout)[0]["verdict"] == "good"
+    assert runner.invoke(_app(), ["precheck", "--baseline", str(baseline)]).exit_code == 0
+    # NVML health needs no baseline: a sick GPU is bad (1) with or without one
+    measured[:] = _measured(sick=True)
+    sick = runner.invoke(_app(), ["precheck", "--baseline", str(tmp_path / "none.json"), "--json"])
+    assert sick.exit_code == 1 and json.loads(sick.stdout)[0]["failing"] == ["nvml_health/gpu0"]
+
+
 def test_bad_input(tmp_path: Path) -> None:
     bad = tmp_path / "b.json"
     bad.write_text("{not json")

@@ -79,10 +79,13 @@ class Baselines:
         self.entries[key] = {name: sorted(values)[len(values) // 2] for name, values in by_name.items()}
 
 
+GOOD, BAD, NO_BASELINE = "good", "bad", "no baseline"
+
+
 @dataclass
 class MachineVerdict:
     host: str
-    verdict: str  # "good" or "bad"
+    verdict: str  # GOOD, BAD, or NO_BASELINE: nothing failed, but no performance check had a baseline to meet
     failing: list[str]
     checks: list[CheckResult]
 
@@ -99,7 +102,7 @@ class MachineVerdict:
 
         NVML health problems are DRAIN (reset or reboot needed); a performance shortfall is DEGRADED.
         """
-        if self.verdict == "good":
+        if self.verdict != BAD:
             return None
         failed = [c for c in self.checks if c.ok is False]
         level = FaultLevel.DRAIN if any(c.name.startswith("nvml_health") for c in failed) else FaultLevel.DEGRADED
@@ -150,12 +153,17 @@ def judge(result: CheckResult, baseline: dict[str, float], tolerance: float) -> 
 def verdicts(
     per_rank: list[tuple[str, list[CheckResult]]], baseline: dict[str, float], tolerance: float = 0.5
 ) -> list[MachineVerdict]:
-    """Group rank results by host and judge each machine; a machine is bad if any check on it failed."""
+    """Group rank results by host and judge each machine: bad if any check on it failed; without a failure,
+    "no baseline" when none of its performance checks had a baseline (measured, not judged), else good."""
     hosts: dict[str, list[CheckResult]] = {}
     for host, results in per_rank:
         hosts.setdefault(host, []).extend(judge(r, baseline, tolerance) for r in results)
     out = []
     for host, results in sorted(hosts.items()):
         failing = sorted({r.name for r in results if r.ok is False})
-        out.append(MachineVerdict(host, "bad" if failing else "good", failing, results))
+        measured = [r for r in results
+                    if not r.skipped and r.value is not None and not r.name.startswith("nvml_health")]
+        unjudged = bool(measured) and all(r.baseline is None for r in measured)
+        verdict = BAD if failing else NO_BASELINE if unjudged else GOOD
+        out.append(MachineVerdict(host, verdict, failing, results))
     return out

@@ -16,6 +16,7 @@ from vigil.model import VigilInputError
 if TYPE_CHECKING:
     from vigil.precheck.baseline import MachineVerdict
 
+EXIT_NO_BASELINE = 3  # "unknown" to node-problem-detector's custom plugins and to Nagios-style checks
 console = SafeConsole()
 err_console = SafeConsole(stderr=True)
 
@@ -40,8 +41,9 @@ def _round(nproc: int, baseline_file: Path, tolerance: float, record: bool, quic
         baselines.save()
         err_console.print(f"baseline for [bold]{escape(key)}[/] written to {escape(str(baseline_file))}")
     elif key not in baselines.entries:
-        err_console.print(f"[yellow]no baseline for {escape(key)} in {escape(str(baseline_file))}; run with "
-                          "--record-baseline[/]")
+        err_console.print(f"[yellow]no baseline for {escape(key)} in {escape(str(baseline_file))}: the performance "
+                          "checks were measured but not judged; record one on known-good hardware with "
+                          "`vigil precheck --record-baseline`[/]")
     return verdicts(per_rank, baselines.entries.get(key, {}), tolerance)
 
 
@@ -50,6 +52,8 @@ def _as_json(machines: list[MachineVerdict]) -> list[dict[str, Any]]:
 
 
 def _print(machines: list[MachineVerdict]) -> None:
+    from vigil.precheck.baseline import GOOD, NO_BASELINE
+
     table = DataTable(title="PreCheck")
     for column in ("machine", "check", "value", "baseline", "result"):
         table.add_column(column)
@@ -59,7 +63,7 @@ def _print(machines: list[MachineVerdict]) -> None:
             baseline = "-" if check.baseline is None else f"{check.baseline:.3g}"
             result = "skipped" if check.skipped else ("ok" if check.ok else styled("FAIL", "red"))
             table.add_row(machine.host, check.name, value, baseline, Text.assemble(result, f" {check.detail}"))
-        style = "green" if machine.verdict == "good" else "bold red"
+        style = {GOOD: "green", NO_BASELINE: "yellow"}.get(machine.verdict, "bold red")
         table.add_row(styled(f"{machine.host}: {machine.verdict}", style), ", ".join(machine.failing), "", "", "")
     console.print(table)
 
@@ -82,7 +86,9 @@ def precheck_command(
     """Measure all-reduce bandwidth / latency, copy bandwidth, matmul throughput and NVML health.
 
     Each machine gets a good / bad verdict against the stored baseline for its hardware type, naming
-    the failing checks. Exit status: 0 all good, 1 some machine bad, 2 bad input.
+    the failing checks, or "no baseline" when there was none to compare with. Exit status: 0 all good,
+    1 some machine bad, 2 bad input, 3 no baseline for this hardware (nothing failed, nothing judged:
+    NVML health still decides; record one with --record-baseline).
     """
     _check_tolerance(tolerance)
     machines = _round(nproc, _baseline_path(baseline), tolerance, record_baseline, quick)
@@ -90,7 +96,18 @@ def precheck_command(
         typer.echo(json_text(_as_json(machines), indent=2))
     else:
         _print(machines)
-    raise typer.Exit(0 if all(m.verdict == "good" for m in machines) else 1)
+    raise typer.Exit(exit_status(machines))
+
+
+def exit_status(machines: list[MachineVerdict]) -> int:
+    """0 all good, 1 a machine is bad, 3 not judged for want of a baseline: neither pass nor fail."""
+    from vigil.precheck.baseline import BAD, NO_BASELINE
+
+    if any(m.verdict == BAD for m in machines):
+        return 1
+    if any(m.verdict == NO_BASELINE for m in machines):
+        return EXIT_NO_BASELINE
+    return 0
 
 
 def inspect_command(
@@ -114,6 +131,8 @@ def inspect_command(
         if path is not None and path.is_dir():  # refused before a round is spent, not after it
             raise VigilInputError(f"{option} {path} is a directory; expected a file to append JSON lines to")
     _check_tolerance(tolerance)
+    from vigil.precheck.baseline import BAD, NO_BASELINE
+
     done = 0
     next_round = time.monotonic()
     while True:
@@ -124,13 +143,16 @@ def inspect_command(
         if anomalies is not None:
             found = [a for a in (m.to_anomaly(time.time()) for m in machines) if a is not None]
             _append(anomalies, [a.to_json() for a in found], "--anomalies")
-        bad = [f"{m.host} ({', '.join(m.failing)})" for m in machines if m.verdict == "bad"]
+        bad = [f"{m.host} ({', '.join(m.failing)})" for m in machines if m.verdict == BAD]
+        unjudged = [m.host for m in machines if m.verdict == NO_BASELINE]
         if as_json:
             typer.echo(line)
+        elif bad:
+            err_console.print(f"round {done}: [bold red]bad: {escape('; '.join(bad))}[/]")
+        elif unjudged:
+            err_console.print(f"round {done}: [yellow]no baseline: {escape(', '.join(unjudged))}[/]")
         else:
-            err_console.print(
-                f"round {done}: " + (f"[bold red]bad: {escape('; '.join(bad))}[/]" if bad else "[green]all good[/]")
-            )
+            err_console.print(f"round {done}: [green]all good[/]")
         done += 1
         if count and done >= count:
             break
