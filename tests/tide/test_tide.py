@@ -201,6 +201,29 @@ def test_cli_plans_from_a_trace_and_refuses_bad_input(tmp_path: Path) -> None:
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
+def test_apply_dry_run_works_without_slurm_tools_and_says_what_it_left_out(tmp_path: Path) -> None:
+    """No squeue on PATH: the dry run still proposes the tier quotas (they come from the plan alone) and says in
+    one line that the notices need squeue; --execute refuses with that one line instead of acting half-blind."""
+    lines = [f"2023-11-16 18:{m:02d}:{s:02d}.5000000" for m in range(30) for s in range(0, 60, 3)]
+    trace = tmp_path / "trace.csv"
+    trace.write_text("TIMESTAMP\n" + "\n".join(lines) + "\n")
+    no_slurm = tmp_path / "bin"
+    no_slurm.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PATH=str(no_slurm), VIGIL_HOME=str(tmp_path / "home"),
+               VIGIL_DB_URL=f"sqlite:///{tmp_path}/vigil.db")
+    apply = [sys.executable, "-m", "vigil", "tide", "apply", "--trace", str(trace), "--gpus", "400", "--json"]
+    done = subprocess.run(apply, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    actions = json.loads(done.stdout)
+    assert [a["kind"] for a in actions] == ["set_quota", "set_quota"]
+    assert all(a["status"] == "proposed" and a["result"].startswith("dry-run: would run sacctmgr") for a in actions)
+    said = " ".join(done.stderr.split())
+    assert "squeue not found on PATH" in said and "preemption notices and preemptions need squeue" in said
+    executed = subprocess.run([*apply, "--execute"], capture_output=True, text=True, env=env, timeout=120)
+    assert executed.returncode == 2
+    assert len(executed.stderr.strip().splitlines()) == 1 and "squeue not found" in executed.stderr
+
+
 def test_spot_moves_in_blocks_and_keeps_what_it_was_promised() -> None:
     policy = load_tier_policy()
     block = policy.tier(3).block_gpus

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.markup import escape
 
 from vigil.faces.cli.output import DataTable, SafeConsole, json_text
 from vigil.model import VigilInputError
@@ -22,6 +23,7 @@ app = typer.Typer(
     help="Tidal planning: lend serving capacity to spot training and offline inference.", no_args_is_help=True
 )
 console = SafeConsole()
+err_console = SafeConsole(stderr=True)
 
 
 TraceOption = Annotated[Path | None, typer.Option("--trace", help="request trace CSV with a TIMESTAMP column")]
@@ -189,14 +191,26 @@ def apply_command(
     from vigil.remedy.tide.tiers import load_tier_policy
 
     tiers = load_tier_policy(policy)
+    dry_run = not (execute or settings().execute_actions)
     actuator: Actuator
     waiting: list[TierJob] = []
     if backend == "slurm":
         from vigil.remedy.actuators.slurm import SlurmActuator
-        from vigil.remedy.tide.slurm import qos_names, running_tier_jobs
+        from vigil.remedy.tide.slurm import SlurmJobsUnreadable, qos_names, running_tier_jobs
 
         resource = resource or "gres/gpu"
-        actuator, queues, jobs = SlurmActuator(), qos_names(tiers), running_tier_jobs(tiers, resource)
+        try:
+            jobs = running_tier_jobs(tiers, resource)
+        except SlurmJobsUnreadable as err:
+            if not dry_run:
+                raise
+            # Quotas come from the plan alone; only the notices need to know which jobs run. A dry run on a
+            # machine without the Slurm client still shows them, and says what it left out.
+            jobs = []
+            err_console.print(f"[yellow]{escape(str(err))}: dry-run without the running jobs - the tier quotas are "
+                              "complete, preemption notices and preemptions need squeue (run on a Slurm login "
+                              "node for them)[/]")
+        actuator, queues = SlurmActuator(), qos_names(tiers)
     elif backend == "kubernetes":
         from vigil.remedy.actuators.kueue import KueueActuator
         from vigil.remedy.tide.kube import GPU_RESOURCE, admitted_tier_jobs, cluster_queues
@@ -229,7 +243,7 @@ def apply_command(
     actions = tide_actions(result, tiers, jobs, notices, now, cluster=cluster, queues=queues, resource=resource,
                            waiting=waiting)
     remediator = Remediator([OutboxActuator(settings().home / "outbox.jsonl"), actuator], audit,
-                            dry_run=not (execute or settings().execute_actions), requested_by="vigil-tide")
+                            dry_run=dry_run, requested_by="vigil-tide")
     done = remediator.execute_all(actions)
     if as_json:
         typer.echo(json_text([a.model_dump(mode="json") for a in done], indent=2))

@@ -52,13 +52,17 @@ def _units(tres: str, nodes: str, cpus: str, per_node: str) -> int:
     return int(match.group(1)) * int(nodes) if match else 0
 
 
+class SlurmJobsUnreadable(VigilInputError):
+    """``squeue`` is missing or failed: which jobs run is unknown (not a malformed answer, which is an error)."""
+
+
 def running_tier_jobs(policy: TierPolicy, tres: str = "gres/gpu", squeue: str = "squeue",
                       timeout_s: float = 30.0) -> list[TierJob]:
     """The running jobs of tiers 3 and 4, from ``squeue``: GPUs per node x nodes (or CPUs when ``tres`` is cpu)."""
     try:
         out = run_command([squeue, "-h", "-t", "RUNNING", "-o", SQUEUE_FORMAT], timeout_s, "squeue").stdout
     except ActuatorError as err:
-        raise VigilInputError(f"cannot list Slurm jobs: {err}") from None
+        raise SlurmJobsUnreadable(f"cannot list Slurm jobs: {err}") from None
     by_qos = {name: tier for tier, name in qos_names(policy).items()}
     jobs = []
     for line in out.splitlines():
