@@ -3,6 +3,8 @@ and the long pauses that are not hangs (checkpoint, evaluation, warm-up, a finis
 
 from __future__ import annotations
 
+import inspect
+
 from vigil.detect.hang import HangTrigger
 from vigil.sources.probe.records import OpRecord, RankSnapshot
 
@@ -85,3 +87,31 @@ def test_op_past_its_timeout_while_the_job_is_still_names_the_op() -> None:
              1: snap(1, last_step=now - 5, last_compute=now - 0.1)}
     reason = trigger.stall(snaps, {0, 1}, now)
     assert reason is not None and "rank 0 has waited 4.0 s in all_reduce #9" in reason
+
+
+def test_the_default_timeout_outlasts_a_real_jobs_pause_and_still_catches_a_hang() -> None:
+    """Rank 0 spends 90 s on something the probe does not mark (copying a checkpoint off the node, writing
+    evaluation results) while its peers wait in a barrier: with the default timeout that is a pause, not a
+    hang; the same silence past the default (5 min) is one. The launcher, the CLI and the probe share it."""
+    from vigil.faces.cli.launch import script_command
+    from vigil.run.launcher import launch
+    from vigil.sources.probe.probe import Probe
+    from vigil.sources.probe.records import DEFAULT_HANG_TIMEOUT_S
+
+    trigger = HangTrigger()
+    assert trigger.hang_timeout_s == DEFAULT_HANG_TIMEOUT_S == 300.0
+    for function, name in ((script_command, "hang_timeout"), (launch, "hang_timeout"), (Probe, "hang_timeout_s")):
+        assert inspect.signature(function).parameters[name].default == DEFAULT_HANG_TIMEOUT_S, function
+
+    def paused(now: float, silent_s: float) -> dict[int, RankSnapshot]:
+        waiting = OpRecord(record_id=7, group="0", group_ranks=[0, 1, 2], kind="collective", seq=9, op="barrier",
+                           state="started", t_start=now - silent_s + 1)
+        return {r: RankSnapshot(rank=r, world_size=3, pid=100 + r, host="h", heartbeat=now, started=T0, steps=50,
+                                last_step=now - silent_s, step_times=[0.5] * 4, last_compute=now - silent_s + 1,
+                                ops=[waiting] if r else [])
+                for r in range(3)}
+
+    now = T0 + 1000
+    assert trigger.stall(paused(now, 90.0), {0, 1, 2}, now) is None
+    reason = trigger.stall(paused(now, 360.0), {0, 1, 2}, now)
+    assert reason is not None and "barrier #9" in reason

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from vigil.detect.collectives import signature_mismatches
-from vigil.sources.probe.records import RankSnapshot
+from vigil.sources.probe.records import DEFAULT_HANG_TIMEOUT_S, RankSnapshot
 
 # A step may take this many times the job's slowest recent step before silence counts as a hang.
 STEP_FACTOR = 4.0
@@ -32,7 +32,7 @@ RECENT_S = 2.0
 
 @dataclass
 class HangTrigger:
-    hang_timeout_s: float = 10.0
+    hang_timeout_s: float = DEFAULT_HANG_TIMEOUT_S
     checkpoint_timeout_s: float = 600.0
     startup_grace_s: float = 60.0
 

@@ -32,6 +32,7 @@ from vigil.model import (
     rank_id,
 )
 from vigil.sources.probe.records import (
+    DEFAULT_HANG_TIMEOUT_S,
     DIAGNOSIS_FILE,
     RUN_FILE,
     STACKS_FILE,
@@ -64,7 +65,7 @@ class RunEvidence:
     trigger: str | None = None
     detected_at: float = field(default_factory=time.time)
     heartbeat_ages: dict[int, float] = field(default_factory=dict)
-    hang_timeout_s: float = 10.0
+    hang_timeout_s: float = DEFAULT_HANG_TIMEOUT_S
     job: str = "local"
     # rank -> innermost C / C++ frames (py-spy --native) of a rank frozen inside native code
     native: dict[int, list[str]] = field(default_factory=dict)
@@ -483,7 +484,7 @@ def load_run(directory: Path) -> RunEvidence:
         trigger=trigger,
         detected_at=detected_at,
         heartbeat_ages={int(k): float(v) for k, v in meta.get("heartbeat_ages", {}).items()} or heartbeat_ages,
-        hang_timeout_s=float(meta.get("hang_timeout_s", 10.0)),
+        hang_timeout_s=float(meta.get("hang_timeout_s", DEFAULT_HANG_TIMEOUT_S)),
         job=str(meta.get("job", "local")),
         native={int(k): [str(f) for f in v] for k, v in meta.get("native_frames", {}).items()},
     )

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from vigil.config import read_yaml
 from vigil.model import ActionKind, VigilInputError, describe_validation_error
+from vigil.sources.probe.records import DEFAULT_HANG_TIMEOUT_S
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -103,7 +104,7 @@ class MetricCondition(_Spec):
 
 
 class HealthCheck(_Spec):
-    hang_timeout_s: float = Field(default=60.0, alias="hangTimeout")
+    hang_timeout_s: float = Field(default=DEFAULT_HANG_TIMEOUT_S, alias="hangTimeout")
     metrics: list[MetricCondition] = Field(default_factory=list)
 
     _hang = field_validator("hang_timeout_s", mode="before")(lambda v: parse_duration(v))

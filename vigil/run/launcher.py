@@ -30,7 +30,14 @@ from vigil.run.rank_procs import LAUNCHED_PATTERN, launcher_env, record_launched
 from vigil.run.report import LaunchReporter
 from vigil.run.supervise import EventSink, Supervisor, SupervisorConfig
 from vigil.sources.probe.activate import ENV_DIR, ENV_HANG_TIMEOUT
-from vigil.sources.probe.records import DIAGNOSIS_FILE, DUMP_REQUEST_FILE, FR_DIR, RUN_FILE, STACKS_FILE
+from vigil.sources.probe.records import (
+    DEFAULT_HANG_TIMEOUT_S,
+    DIAGNOSIS_FILE,
+    DUMP_REQUEST_FILE,
+    FR_DIR,
+    RUN_FILE,
+    STACKS_FILE,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FR_BUFFER_SIZE = "2000"
@@ -128,7 +135,7 @@ def launch(
     script: str | Path,
     args: Sequence[str] = (),
     nproc: int = 2,
-    hang_timeout: float = 10.0,
+    hang_timeout: float = DEFAULT_HANG_TIMEOUT_S,
     out_dir: str | Path = "vigil-run",
     env: Mapping[str, str] | None = None,
     job: str = "local",

@@ -26,6 +26,7 @@ from vigil.run.nodes import PRE_STEP_STACKS_PATTERN, NodeGroup
 from vigil.run.rank_procs import stop_groups
 from vigil.sources.probe.pyspy import dump_all, native_frames
 from vigil.sources.probe.records import (
+    DEFAULT_HANG_TIMEOUT_S,
     DIAGNOSIS_FILE,
     DUMP_REQUEST_FILE,
     FR_DIR,
@@ -46,7 +47,7 @@ PRE_STEP_LOOK_S = 2.0
 
 @dataclass
 class SupervisorConfig:
-    hang_timeout_s: float = 10.0
+    hang_timeout_s: float = DEFAULT_HANG_TIMEOUT_S
     checkpoint_timeout_s: float = 600.0
     startup_grace_s: float = 60.0
     tick_s: float = 0.25

@@ -21,6 +21,7 @@ from rich.markup import escape
 
 from vigil.faces.cli.output import SafeConsole
 from vigil.model import VigilInputError
+from vigil.sources.probe.records import DEFAULT_HANG_TIMEOUT_S
 
 app = typer.Typer(
     help="Run a training job under the probe: a script on N local ranks, or a TrainingJob spec.",
@@ -81,8 +82,9 @@ def script_command(
     ] = None,
     nproc_per_node: Annotated[int, typer.Option("--nproc-per-node", min=1, help="number of ranks to start")] = 2,
     hang_timeout: Annotated[
-        float, typer.Option("--hang-timeout", help="seconds without progress that make a hang")
-    ] = 10.0,
+        float, typer.Option("--hang-timeout", help="seconds without progress that make a hang, at least (a job "
+                            "with slower steps or collectives gets 4x its slowest recent one)")
+    ] = DEFAULT_HANG_TIMEOUT_S,
     out: OutOption = None,
     as_json: JsonOption = False,
     nnodes: Annotated[int, typer.Option("--nnodes", min=1, help="nodes in the job (run this on each)")] = 1,

@@ -11,7 +11,8 @@ from types import TracebackType
 
 from vigil.model import VigilInputError
 from vigil.sources.probe.otel import tracer_from_env
-from vigil.sources.probe.probe import DEFAULT_HANG_TIMEOUT_S, Probe
+from vigil.sources.probe.probe import Probe
+from vigil.sources.probe.records import DEFAULT_HANG_TIMEOUT_S
 
 ENV_DIR = "VIGIL_PROBE_DIR"
 ENV_HANG_TIMEOUT = "VIGIL_HANG_TIMEOUT"

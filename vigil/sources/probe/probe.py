@@ -26,6 +26,7 @@ from vigil.sources.probe.records import (
     CURRENT_END_BYTES,
     CURRENT_FILE_BYTES,
     CURRENT_OP_BYTES,
+    DEFAULT_HANG_TIMEOUT_S,
     DUMP_REQUEST_FILE,
     FR_DIR,
     OpRecord,
@@ -37,7 +38,6 @@ from vigil.sources.probe.records import (
 from vigil.sources.probe.ring import OpRing
 
 SNAPSHOT_OPS = 128
-DEFAULT_HANG_TIMEOUT_S = 10.0
 # An op may take this many times its recent worst duration before it counts as stalled.
 ADAPTIVE_FACTOR = 4.0
 # The full snapshot (ops, step times, stacks) is rewritten at most this often, or at once when something

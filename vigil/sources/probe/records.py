@@ -28,6 +28,11 @@ RUN_FILE = "run.json"
 DIAGNOSIS_FILE = "diagnosis.json"
 FR_DIR = "fr"
 DUMP_REQUEST_FILE = ".dump_request"
+# The least silence that makes a hang (`--hang-timeout`, VIGIL_HANG_TIMEOUT): 5 minutes, half of NCCL's default
+# 10-minute collective timeout and below ProcessGroupNCCL's 8-minute heartbeat monitor, so the verdict comes
+# while the ranks still live to be looked at, and past the pauses of a real job's evaluation or checkpoint. It
+# is a floor: a job whose steps or collectives are slower gets 4x its slowest recent one.
+DEFAULT_HANG_TIMEOUT_S = 300.0
 
 OP_STATES = ("scheduled", "started", "completed", "failed")
 COLLECTIVE = "collective"
