@@ -24,6 +24,7 @@ class PageServer:
         self.status = 200
         self.received: list[bytes] = []
         self.headers: list[dict[str, str]] = []
+        self.paths: list[str] = []
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -37,6 +38,7 @@ class PageServer:
             def do_POST(self) -> None:  # noqa: N802
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 server.received.append(body)
+                server.paths.append(self.path)
                 server.headers.append(dict(self.headers))
                 self.send_response(server.status)
                 self.send_header("Content-Length", "2")

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from tests.collect.conftest import fast_settings
 from vigil.model import Event, FaultLevel
-from vigil.sources.collect.agent import Agent, LabelGuard
+from vigil.sources.collect.agent import Agent, AgentExposition, LabelGuard
 from vigil.sources.collect.base import Collection, Source
 
 
@@ -210,6 +210,54 @@ def test_events_are_pushed_to_the_server_with_the_token_and_retried(page_server)
     body = json.loads(page_server.received[-1])
     assert body[0]["kind"] == "xid" and body[0]["attrs"] == {"xid": 119}
     assert page_server.headers[-1]["Authorization"] == "Bearer s3cret"
+
+
+class RankLines(Source):
+    name, kind = "rank_log", "rank_log"
+
+    def __init__(self, events: int = 1, xid: bool = True) -> None:
+        super().__init__()
+        self.events, self.xid = events, xid
+
+    def collect(self, now: float) -> Collection:
+        lines = [Event(ts=now, entity="job/llm/rank/1", kind="rank_log", source="rank", level=FaultLevel.DEGRADED,
+                       message="ValueError: bad batch", attrs={"signature": "python.exception"})] * self.events
+        xids = [Event(ts=now, entity="gpu/n01/0", kind="xid", level=FaultLevel.DRAIN, attrs={"xid": 119})]
+        return Collection(events=lines + xids * self.xid)
+
+
+def test_rank_log_lines_go_to_their_route_with_the_node_and_a_refused_batch_is_counted(page_server) -> None:
+    lines = RankLines()
+    agent = Agent([lines], fast_settings(server_url=page_server.url, push_interval_s=0.05, push_samples=False),
+                  cpu_ratio=lambda: 0.1)
+    page_server.status = 201
+    agent.collect_once()
+    wait_for(lambda: (agent.step(), agent._pusher is not None and agent._pusher.sent >= 2)[1])
+    bodies = list(zip(page_server.paths, map(json.loads, page_server.received), strict=True))
+    assert {e["kind"] for path, body in bodies if path == "/api/v1/events" for e in body} == {"xid"}
+    pushed = [body for path, body in bodies if path == "/api/v1/rank-logs"]
+    assert pushed and all(body["node"] == "n01" for body in pushed)
+    assert {e["entity"] for body in pushed for e in body["events"]} == {"job/llm/rank/1"}
+    lines.xid = False
+    wait_for(lambda: (agent.step(), agent._pusher is not None and not agent._pusher.busy and not agent.pending_events
+                      and not agent.runners[0].busy)[1])
+    page_server.status = 400  # the server refuses the lines: sending them again cannot help
+    agent.collect_once()
+    wait_for(lambda: (agent.step(), agent.events_refused >= 1)[1])
+    assert agent.report()["events_refused"] >= 1
+    assert not [e for e in agent.pending_events if e.kind == "rank_log"]  # dropped, not queued again
+
+
+def test_events_beyond_the_queue_for_an_absent_server_are_dropped_and_counted() -> None:
+    from vigil.sources.collect.agent import MAX_PENDING_EVENTS
+
+    agent = Agent([RankLines(events=MAX_PENDING_EVENTS + 4)], fast_settings(server_url="http://127.0.0.1:9"),
+                  cpu_ratio=lambda: 0.1)
+    agent.collect_once()
+    assert len(agent.pending_events) == MAX_PENDING_EVENTS and agent.report()["events_dropped"] == 5
+    metrics = {(s.name, tuple(sorted(s.labels.items()))): s.value for family in AgentExposition(agent).collect()
+               for s in family.samples}
+    assert metrics[("vigil_agent_events_dropped_total", (("reason", "queue_full"),))] == 5
 
 
 def test_cli_once_json_on_this_machine_says_no_gpu_and_collects_the_rest(tmp_path) -> None:

@@ -1,7 +1,8 @@
 """A hang localized from the ranks' own logs, through the real routes and the live engine: every rank but one
 prints the watchdog's timeout of the same collective (the production rank-log decoder turns the lines into
-events, pushed as a log forwarder pushes them), so the job's incident narrows to the one that did not - unless
-its silence has another reason (several silent ranks, its node down, its logs missing)."""
+events, pushed by each rank's node as the agent's rank-log forwarder pushes them), so the job's incident
+narrows to the one that did not - unless its silence has another reason (several silent ranks, its node down,
+its logs missing)."""
 
 from __future__ import annotations
 
@@ -62,12 +63,15 @@ class Job:
             self.engine.tick()
 
     def rank_lines(self, lines: dict[int, str]) -> None:
-        """Each rank's line through the production decoder, pushed to the events route."""
-        events = [decode_rank_line(f"job/llm/rank/{rank}", line, self.clock.now + 0.01 * rank)
-                  for rank, line in lines.items()]
-        assert all(e is not None for e in events)
-        body = [e.model_dump(mode="json") for e in events if e is not None]
-        assert self.client.post("/api/v1/events", json=body).status_code == 201
+        """Each rank's line through the production decoder, pushed by the rank's node to the rank-log route."""
+        by_node: dict[str, list[dict[str, object]]] = {}
+        for rank, line in lines.items():
+            event = decode_rank_line(f"job/llm/rank/{rank}", line, self.clock.now + 0.01 * rank)
+            assert event is not None
+            by_node.setdefault(self.placement[rank].node, []).append(event.model_dump(mode="json"))
+        for node, events in by_node.items():
+            response = self.client.post("/api/v1/rank-logs", json={"node": node, "events": events})
+            assert response.status_code == 201, response.text
 
     def node_down(self, node: str) -> None:
         """The node's agent reports it down (the engine reads vigil_node_up from the pushed samples)."""
@@ -145,3 +149,28 @@ def test_a_rank_alone_on_its_node_is_named_only_when_its_node_is_up_and_its_logs
             job.node_down("n03")
         job.hang(silent={7})
         assert [i["scope"] for i in job.incidents() if str(i["scope"]).startswith("job/")] == [scope]
+
+
+def _push(job: Job, node: str, entity: str, kind: str = "rank_log") -> tuple[int, str]:
+    event = decode_rank_line(entity, "ValueError: bad batch at step 15", job.clock.now)
+    assert event is not None
+    response = job.client.post("/api/v1/rank-logs", json={"node": node, "events": [
+        event.model_copy(update={"kind": kind}).model_dump(mode="json")]})
+    return response.status_code, response.text
+
+
+def test_a_node_pushes_log_lines_only_of_the_ranks_placed_on_it(job: Job) -> None:
+    job.ticks(1, stepped=True)
+    assert _push(job, "n02", "job/llm/rank/5")[0] == 201
+    status, text = _push(job, "n01", "job/llm/rank/5")
+    assert status == 400 and "job/llm/rank/5 is placed on node/n02" in text
+    status, text = _push(job, "n01", "job/llm/rank/8")
+    assert status == 400 and "not one of the job's 8 ranks" in text
+    status, text = _push(job, "n01", "job/llm/rank/0", kind="xid")
+    assert status == 400 and "expected rank_log events" in text
+    status, text = _push(job, "n01", "node/n01")
+    assert status == 400 and "expected rank_log events" in text
+    # a job the topology does not hold (yet): its scheduler may list it later, the lines are kept
+    assert _push(job, "n01", "job/unlisted/rank/3")[0] == 201
+    stored = {(e.entity, e.kind) for e in job.store.events(kind="rank_log", limit=100)}
+    assert stored == {("job/llm/rank/5", "rank_log"), ("job/unlisted/rank/3", "rank_log")}

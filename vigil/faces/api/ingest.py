@@ -1,6 +1,6 @@
-"""What node agents send between scrapes (their inventory, from which the topology is built, and metric
-samples) and what `vigil launch` reports (a job's placement, rank exits, step telemetry, its ranks' decoded log
-lines, the verdict).
+"""What node agents send between scrapes (their inventory, from which the topology is built, metric samples
+and the decoded log lines of the training ranks on their node) and what `vigil launch` reports (a job's
+placement, rank exits, step telemetry, its ranks' decoded log lines, the verdict).
 
 The live engine (vigil/run/engine.py) reads them from the store; these routes only validate and store.
 """
@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 
 from vigil.faces.api.auth import Identity, check_operator, check_read
 from vigil.faces.api.context import ServeContext
-from vigil.model import LaunchReport, Node, Sample, Topology, VigilInputError, node_of
+from vigil.model import Event, LaunchReport, Node, Sample, Topology, VigilInputError, node_id, node_of, parse_entity
 from vigil.sources.launch import report_events, report_job, report_logs, report_samples
 
 router = APIRouter(prefix="/api/v1", tags=["agents"], dependencies=[Depends(check_read)])
@@ -35,6 +35,15 @@ class SamplePush(BaseModel):
 
     node: str = Field(min_length=1, max_length=200)
     samples: list[Sample] = Field(max_length=200_000)
+
+
+class RankLogPush(BaseModel):
+    """One agent's decoded rank log lines (``rank_log`` events on ranks, ``vigil.sources.collect.rank_files``)."""
+
+    model_config = {"extra": "forbid"}
+
+    node: str = Field(min_length=1, max_length=200)
+    events: list[Event] = Field(max_length=10_000)
 
 
 class Stored(BaseModel):
@@ -77,6 +86,31 @@ def push_samples(body: SamplePush, ctx: Ctx, user: Writer) -> Stored:
     if foreign is not None:
         raise VigilInputError(f"sample for {foreign!r} pushed by node {body.node!r}: a node pushes its own entities")
     return Stored(stored=ctx.store.add_samples(body.node, body.samples))
+
+
+@router.post("/rank-logs", status_code=201)
+def push_rank_logs(body: RankLogPush, ctx: Ctx, user: Writer) -> Stored:
+    """Store an agent's decoded rank log lines. As a launch report speaks only for its own job's ranks, a node
+    speaks only for ranks placed on it: every event must be a ``rank_log`` on a rank, and where the topology
+    places the rank's job (a launch, Slurm, Kubernetes), the rank must be one of its ranks and placed on the
+    pushing node. Ranks of a job the topology does not hold yet are taken (its scheduler may list it later)."""
+    jobs = {job.id: job for job in (ctx.store.topology() or Topology()).jobs}
+    for event in body.events:
+        kind, parts = parse_entity(event.entity)
+        if event.kind != "rank_log" or kind != "rank":
+            raise VigilInputError(f"rank-log push of node {body.node!r}: expected rank_log events on "
+                                  f"job/<id>/rank/<r>, got {event.kind!r} on {event.entity!r}")
+        job = jobs.get(parts[0])
+        if job is None or not job.placement:
+            continue
+        rank = int(parts[1])
+        placed_on = node_of(job.placement[rank]) if rank < len(job.placement) else None
+        if placed_on != node_id(body.node):
+            where = f"placed on {placed_on}" if placed_on else f"not one of the job's {len(job.placement)} ranks"
+            raise VigilInputError(f"rank-log push of node {body.node!r}: {event.entity} is {where}; a node "
+                                  "pushes the lines of its own ranks")
+    ctx.store.add_events(body.events)
+    return Stored(stored=len(body.events))
 
 
 @router.post("/inventory", status_code=201)

@@ -11,7 +11,7 @@ from rich.markup import escape
 
 from vigil.faces.cli.listen import ensure_port_free
 from vigil.faces.cli.output import DataTable, SafeConsole, SafeFormatter, json_text, styled
-from vigil.model import VigilInputError
+from vigil.model import VigilInputError, describe_validation_error
 
 console = SafeConsole()
 
@@ -28,8 +28,22 @@ def agent(
     kmsg_file: Annotated[str | None, typer.Option("--kmsg-file", help="kernel log file instead of /dev/kmsg")] = None,
     store: Annotated[str | None, typer.Option("--store", help="keep a local history (tiered retention) here")] = None,
     duration: Annotated[float | None, typer.Option("--duration", help="stop after this many seconds")] = None,
+    rank_logs: Annotated[str | None, typer.Option(
+        "--rank-logs", help="forward training ranks' log files matching this glob (quote it), e.g. "
+        "'/var/log/train/*/rank-*.log'; several layouts: VIGIL_AGENT_RANK_LOGS (JSON list)")] = None,
+    rank_log_pattern: Annotated[str | None, typer.Option(
+        "--rank-log-pattern", help="regular expression naming the rank (and job) in a --rank-logs file's path: "
+        "groups (?P<rank>...) and (?P<job>...)")] = None,
+    rank_log_job: Annotated[str | None, typer.Option(
+        "--rank-log-job", help="the job id of every --rank-logs file, when the path does not name it")] = None,
+    rank_offset: Annotated[int, typer.Option(
+        "--rank-offset", min=0, help="added to the rank a --rank-logs path names (torchrun's local ranks)")] = 0,
 ) -> None:
-    """Collect GPU (NVML, dcgm-exporter), kernel Xid, host, InfiniBand and Kubernetes facts on this node."""
+    """Collect GPU (NVML, dcgm-exporter), kernel Xid, host, InfiniBand and Kubernetes facts on this node, and
+    forward its training ranks' log lines (--rank-logs) to the server."""
+    from pydantic import ValidationError
+    from pydantic_settings import SettingsError
+
     from vigil.sources.collect.agent import Agent, AgentSettings, build_sources
 
     overrides: dict[str, Any] = {
@@ -43,7 +57,19 @@ def agent(
         }.items()
         if v is not None
     }
-    settings = AgentSettings(**overrides)
+    if rank_logs is not None:
+        layout = {"glob": rank_logs, "pattern": rank_log_pattern or "", "job": rank_log_job or "",
+                  "rank_offset": rank_offset}
+        overrides["rank_logs"] = [layout]  # in place of VIGIL_AGENT_RANK_LOGS, as every flag overrides its variable
+    elif rank_log_pattern is not None or rank_log_job is not None or rank_offset:
+        raise VigilInputError("--rank-log-pattern, --rank-log-job and --rank-offset describe the files of "
+                              "--rank-logs GLOB; give --rank-logs too")
+    try:
+        settings = AgentSettings(**overrides)
+    except ValidationError as err:
+        raise VigilInputError(f"agent settings: {describe_validation_error(err)}") from None
+    except SettingsError as err:
+        raise VigilInputError(f"agent settings: {err} (VIGIL_AGENT_* values of lists and mappings are JSON)") from None
     if interval is not None:
         if interval <= 0:
             raise VigilInputError(f"--interval must be a positive number of seconds, not {interval}")
@@ -101,3 +127,4 @@ def _print_report(report: dict[str, Any]) -> None:
         )
     events = ", ".join(f"{k}: {v}" for k, v in report["events"].items()) or "none"
     console.print(f"events: {events}", markup=False)
+

@@ -2,7 +2,7 @@
 
 Collection practice (the production clusters' rules this loop follows):
 
-- **Per-kind sampling intervals**: each source has a metric kind (gpu, network, host, kernel, kube) whose
+- **Per-kind sampling intervals**: each source has a metric kind (gpu, network, host, kernel, kube, rank_log) whose
   interval is configurable (``VIGIL_AGENT_INTERVALS='{"gpu": 10, "network": 30}'`` or ``--interval``).
 - **Per-source timeouts**: a read runs in its own daemon thread; past its timeout the source is marked down
   (``vigil_agent_source_up{source=...} 0``, its stale points withdrawn) and not started again until the stuck
@@ -14,7 +14,10 @@ Collection practice (the production clusters' rules this loop follows):
   names to their workload and runaway label values to ``other``, warning once per metric and label.
 
 What it collects is exposed for Prometheus (``/metrics`` on ``port``) and events are pushed to the Vigil
-server (``POST <server>/api/v1/events``) when one is configured.
+server (``POST <server>/api/v1/events``) when one is configured; the training ranks' decoded log lines
+(``rank_logs``, ``vigil.sources.collect.rank_files``) go to ``POST <server>/api/v1/rank-logs``, which takes them
+only for ranks placed on this node. Events wait for the server in a bounded queue; what it cannot hold is
+counted (``vigil_agent_events_dropped_total``).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from vigil.sources.collect.kmsg import KernelLogSource
 from vigil.sources.collect.kube import KubernetesSource, in_cluster
 from vigil.sources.collect.local_store import AgentStore
 from vigil.sources.collect.nvml import NvmlCollector
+from vigil.sources.collect.rank_files import RankLogFiles, RankLogSource
 from vigil.store.retention import RetentionPolicy
 
 log = logging.getLogger("vigil.agent")
@@ -57,7 +61,10 @@ DEFAULT_INTERVALS: dict[str, float] = {
     "host": 15.0,
     "kernel": 5.0,
     "kube": 30.0,
+    "rank_log": 5.0,
 }
+# Events kept for the server while it is away; older ones are dropped (and counted) beyond it.
+MAX_PENDING_EVENTS = 10_000
 # Kinds read at full rate even while degraded: event streams, not periodic samples.
 FULL_RATE_KINDS = frozenset({"kernel"})
 
@@ -84,6 +91,8 @@ class AgentSettings(BaseSettings):
     push_samples: bool = Field(default=True, description="push metric samples too (off where Prometheus scrapes "
                                "the agent and the engine reads PromQL)")
     kmsg_file: str = Field(default="", description="read this kernel log file instead of /dev/kmsg")
+    rank_logs: list[RankLogFiles] = Field(default_factory=list, description="training ranks' log files to forward "
+                                          "(glob, pattern naming job and rank); empty = none")
     max_label_values: int = Field(default=64, ge=1)
     store: str = Field(default="", description="directory of the agent's embedded history; empty = none")
     record_interval_s: float = Field(default=10.0, gt=0, description="how often latest values become a frame")
@@ -254,6 +263,7 @@ class Agent:
         self._next_load_check = 0.0
         self.pending_events: list[Event] = []
         self.events_total: dict[tuple[str, str], int] = defaultdict(int)
+        self.events_dropped = 0
         self._lock = threading.Lock()
         self.stop_event = threading.Event()
         self._pusher: EventPusher | None = None
@@ -355,12 +365,19 @@ class Agent:
         with self._lock:
             for event in events:
                 self.events_total[(event.kind, event.level.label)] += 1
-                if event.level >= FaultLevel.DEGRADED:
+                # a rank's own error lines are in its log already: counted, not repeated in the agent's log
+                if event.level >= FaultLevel.DEGRADED and event.kind != "rank_log":
                     log.warning("%s %s on %s: %s", event.level.label, event.kind, event.entity, event.message[:200])
             if self._pusher is not None:
                 self.pending_events.extend(events)
-                # Bounded: a server down for hours must not grow the agent past its memory budget.
-                del self.pending_events[: max(0, len(self.pending_events) - 10_000)]
+                self._bound_pending()
+
+    def _bound_pending(self) -> None:
+        """Drop the oldest pending events beyond the bound: a server down for hours must not grow the agent
+        past its memory budget. Called with the lock held."""
+        excess = max(0, len(self.pending_events) - MAX_PENDING_EVENTS)
+        self.events_dropped += excess
+        del self.pending_events[:excess]
 
     def push(self, mono: float) -> None:
         if self._pusher is None or mono < self._next_push or self._pusher.busy:
@@ -394,7 +411,7 @@ class Agent:
     def _requeue(self, events: list[Event]) -> None:
         with self._lock:
             self.pending_events[:0] = events
-            del self.pending_events[: max(0, len(self.pending_events) - 10_000)]
+            self._bound_pending()
 
     def record(self, mono: float) -> None:
         """Append the latest values to the embedded history once every source has answered or timed out."""
@@ -448,6 +465,11 @@ class Agent:
         with self._lock:
             return dict(self.events_total)
 
+    @property
+    def events_refused(self) -> int:
+        """Events the server refused as invalid (and the agent dropped)."""
+        return self._pusher.refused if self._pusher is not None else 0
+
     def report(self) -> dict[str, Any]:
         """What `vigil agent --once --json` prints."""
         return {
@@ -475,6 +497,8 @@ class Agent:
                 for p in self.points()
             ],
             "events": {f"{kind}/{level}": n for (kind, level), n in sorted(self.events_snapshot().items())},
+            "events_dropped": self.events_dropped,
+            "events_refused": self.events_refused,
             "labels": {"refused": self.guard.refused_count, "folded": self.guard.folded_count},
         }
 
@@ -523,6 +547,8 @@ def build_sources(settings: AgentSettings) -> list[Source]:
         sources.append(kernel)
     if in_cluster():
         sources.append(KubernetesSource(node=node))
+    if settings.rank_logs:
+        sources.append(RankLogSource(settings.rank_logs, node=node))
     return sources
 
 
@@ -581,7 +607,11 @@ class AgentExposition(Collector):
         events = CounterMetricFamily("vigil_agent_events", "events seen by kind and level", labels=["kind", "level"])
         for (kind, level), count in sorted(agent.events_snapshot().items()):
             events.add_metric([kind, level], count)
-        yield from (up, timeouts, problems, duration, events)
+        dropped = CounterMetricFamily("vigil_agent_events_dropped", "events dropped: the queue for the server was "
+                                      "full, or the server refused them as invalid", labels=["reason"])
+        dropped.add_metric(["queue_full"], agent.events_dropped)
+        dropped.add_metric(["refused"], agent.events_refused)
+        yield from (up, timeouts, problems, duration, events, dropped)
         yield GaugeMetricFamily(
             "vigil_agent_degraded", "1 while the agent samples under node CPU load", value=int(agent.degraded)
         )
@@ -595,7 +625,11 @@ class AgentExposition(Collector):
 
 class EventPusher:
     """POSTs to the Vigil server in a background thread: the node's inventory when it changed, event batches
-    (re-queued when they fail) and the latest samples (dropped when they fail: the next push has newer)."""
+    (re-queued when they fail) and the latest samples (dropped when they fail: the next push has newer).
+
+    Rank-log events go to the rank-log route with the node's name, which the server checks them against; a
+    batch it refuses as invalid (a layout naming ranks placed on another node) is dropped and counted, since
+    sending it again cannot help."""
 
     def __init__(self, server_url: str, token: str = "", timeout_s: float = 5.0) -> None:
         self.base = server_url.rstrip("/") + "/api/v1"
@@ -606,7 +640,9 @@ class EventPusher:
         self._thread: threading.Thread | None = None
         self.sent = 0
         self.failures = 0
+        self.refused = 0
         self._warned = False
+        self._warned_refused = False
 
     @property
     def busy(self) -> bool:
@@ -633,10 +669,15 @@ class EventPusher:
             if inventory is not None:
                 self._client.post(self.base + "/inventory", json=inventory.model_dump(mode="json")).raise_for_status()
                 self.registered = inventory
-            if events:
-                body = [e.model_dump(mode="json") for e in events]
+            rank_logs = [e for e in events if e.kind == "rank_log"]
+            others = [e for e in events if e.kind != "rank_log"]
+            if others:
+                body = [e.model_dump(mode="json") for e in others]
                 self._client.post(self.url, json=body).raise_for_status()
-                self.sent += len(events)
+                self.sent += len(others)
+                events = rank_logs
+            if rank_logs:
+                self._post_rank_logs(node, rank_logs)
                 events = []
             if samples:
                 push = {"node": node, "samples": [s.model_dump(mode="json") for s in samples]}
@@ -648,3 +689,17 @@ class EventPusher:
                 log.warning("push to %s failed (%s); events are kept and retried", self.base, err)
             if events:
                 requeue(events)
+
+    def _post_rank_logs(self, node: str, events: list[Event]) -> None:
+        push = {"node": node, "events": [e.model_dump(mode="json") for e in events]}
+        response = self._client.post(self.base + "/rank-logs", json=push)
+        if response.status_code in (400, 422):
+            self.refused += len(events)
+            if not self._warned_refused:
+                self._warned_refused = True
+                log.warning("server %s refused rank-log events of node %s (HTTP %d: %s); check the rank_logs "
+                            "layouts (further refusals are counted, not logged)", self.base, node,
+                            response.status_code, response.text[:300])
+            return
+        response.raise_for_status()
+        self.sent += len(events)

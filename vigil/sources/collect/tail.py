@@ -6,7 +6,8 @@ reads at most ``max_lines`` lines and ``max_bytes`` bytes, so a file that floods
 per look (the rest is read at later looks); a line still being written (no newline yet) is left for the next
 look; a line longer than ``line_limit`` is cut there and the rest of it skipped; a file not there (yet) has no
 lines and ``present`` says so. A file that shrank or was replaced (truncated, rotated, a new run writing the
-same path) is read again from its start.
+same path) is read again from its start. ``skip_written`` starts a follower at the file's current end, for a file
+that held history before the follower came (a node agent restarting must not send yesterday's lines again).
 """
 
 from __future__ import annotations
@@ -39,6 +40,18 @@ class LogTail:
         self.problems: ProblemLog | None = None
         self._inode: int | None = None
         self._skipping = False  # inside a line already cut: drop up to its end
+
+    def skip_written(self) -> None:
+        """Start after what the file holds now: only lines written from here on are read."""
+        try:
+            with open(self.path, "rb") as f:
+                stat = os.fstat(f.fileno())
+                f.seek(max(0, stat.st_size - 1))
+                last = f.read(1)
+        except OSError:
+            return
+        # a line still being written is the old history's: its rest is skipped too
+        self._inode, self.offset, self._skipping = stat.st_ino, stat.st_size, last not in (b"", b"\n")
 
     def read(self) -> list[str]:
         """The complete lines written since the last look, at most ``max_lines`` of them, each without its

@@ -1,0 +1,177 @@
+"""The rank-log forwarder's files: which job and rank a path names, files that appear later, files that were
+there before, rotation, the bounds of a look, and layouts that cannot work refused with one line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from tests.serve.conftest import REPO
+from vigil.sources.collect.rank_files import RankLogFiles, RankLogSource
+
+TRACEBACK_END = "ValueError: bad batch at step 15"
+
+
+def _layout(tmp_path: Path, **fields: object) -> RankLogFiles:
+    values: dict[str, object] = {"glob": str(tmp_path / "*" / "rank-*.log"),
+                                 "pattern": r"/(?P<job>[^/]+)/rank-(?P<rank>\d+)\.log$"}
+    values.update(fields)
+    return RankLogFiles(**values)  # type: ignore[arg-type]
+
+
+def _write(path: Path, *lines: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as fh:
+        fh.writelines(line + "\n" for line in lines)
+
+
+def _decoded(source: RankLogSource, now: float = 100.0) -> list[tuple[str, str]]:
+    return [(e.entity, str(e.attrs["signature"])) for e in source.collect(now).events]
+
+
+# --------------------------------------------------------------------------- path -> job and rank
+
+
+@pytest.mark.parametrize(("fields", "path", "rank"), [
+    ({}, "/logs/job-7/rank-3.log", "job/job-7/rank/3"),
+    # Slurm: srun --output=/scratch/%j/task-%t.out
+    ({"pattern": r"/scratch/(?P<job>\d+)/task-(?P<rank>\d+)\.out$"}, "/scratch/4242/task-12.out",
+     "job/4242/rank/12"),
+    # torchrun --log-dir D --redirects 3: D/<run id>/attempt_0/<local rank>/stderr.log, on the second 8-GPU node
+    ({"pattern": r"/attempt_\d+/(?P<rank>\d+)/stderr\.log$", "job": "llm-pretrain", "rank_offset": 8},
+     "/var/log/train/llm_x1/attempt_0/3/stderr.log", "job/llm-pretrain/rank/11"),
+    ({}, "/logs/job-7/rank-.log", None),
+    ({}, "/logs/job 7/rank-3.log", None),  # not a job id: the file is not followed
+    ({}, "/logs/job-7/other.log", None),
+])
+def test_a_path_names_its_job_and_rank(tmp_path: Path, fields: dict[str, object], path: str,
+                                       rank: str | None) -> None:
+    assert _layout(tmp_path, **fields).rank_of(path) == rank
+
+
+@pytest.mark.parametrize(("fields", "complaint"), [
+    ({"pattern": r"rank-(\d+)"}, "needs a named group 'rank'"),
+    ({"pattern": r"rank-(?P<rank>\d+"}, "not a regular expression"),
+    ({"pattern": r"rank-(?P<rank>\d+)"}, "either by a named group 'job'"),
+    ({"job": "llm"}, "not both"),
+    ({"pattern": r"rank-(?P<rank>\d+)", "job": "my job"}, "is not a job id"),
+    ({"rank_offset": -1}, "greater than or equal to 0"),
+    ({"glob": ""}, "at least 1 character"),
+    ({"where": "x"}, "Extra inputs"),
+])
+def test_a_layout_that_cannot_work_is_refused(tmp_path: Path, fields: dict[str, object], complaint: str) -> None:
+    with pytest.raises(ValidationError, match=complaint):
+        _layout(tmp_path, **fields)
+
+
+# --------------------------------------------------------------------------- following the files
+
+
+def test_files_that_appear_later_are_read_from_their_first_line(tmp_path: Path) -> None:
+    source = RankLogSource([_layout(tmp_path)], node="n01")
+    assert _decoded(source) == []
+    _write(tmp_path / "llm" / "rank-0.log", "step 1 loss 2.0", "Traceback (most recent call last):")
+    _write(tmp_path / "llm" / "rank-1.log", TRACEBACK_END)
+    found = source.collect(100.0)
+    assert sorted((e.entity, e.attrs["signature"], e.message) for e in found.events) == [
+        ("job/llm/rank/1", "python.exception", TRACEBACK_END)]
+    assert all(e.kind == "rank_log" and e.ts == 100.0 for e in found.events)
+    points = {p.metric: p.value for p in found.points}
+    assert points["vigil_agent_rank_log_files"] == 2 and points["vigil_agent_rank_log_lines_total"] == 3
+    # a third rank starting late is picked up by the next look; the others give only their new lines
+    _write(tmp_path / "llm" / "rank-2.log", TRACEBACK_END)
+    assert _decoded(source) == [("job/llm/rank/2", "python.exception")]
+    assert _decoded(source) == []
+
+
+def test_files_already_there_when_the_agent_starts_are_read_from_their_end(tmp_path: Path) -> None:
+    old = tmp_path / "llm" / "rank-0.log"
+    _write(old, TRACEBACK_END)
+    old.write_text(old.read_text() + "ValueError: half a li")  # a line still being written when the agent came
+    source = RankLogSource([_layout(tmp_path)], node="n01")
+    assert _decoded(source) == []
+    _write(old, "ne", TRACEBACK_END)
+    assert _decoded(source) == [("job/llm/rank/0", "python.exception")]
+
+
+def test_a_rotated_or_truncated_file_is_read_again_from_its_start(tmp_path: Path) -> None:
+    source = RankLogSource([_layout(tmp_path)], node="n01")
+    source.collect(1.0)
+    log = tmp_path / "llm" / "rank-0.log"
+    _write(log, "step 1", TRACEBACK_END)
+    assert len(_decoded(source)) == 1
+    log.rename(tmp_path / "llm" / "rank-0.log.1")  # logrotate's move: the new file starts empty
+    assert _decoded(source) == []
+    _write(log, TRACEBACK_END)
+    assert _decoded(source) == [("job/llm/rank/0", "python.exception")]
+    log.write_text("RuntimeError: boom\n")  # truncated and written again, shorter than before
+    assert _decoded(source) == [("job/llm/rank/0", "python.exception")]
+
+
+def test_a_look_is_bounded_and_the_files_take_turns(tmp_path: Path) -> None:
+    source = RankLogSource([_layout(tmp_path)], node="n01", max_lines_per_read=100)
+    source.collect(1.0)
+    for rank in range(2):
+        _write(tmp_path / "llm" / f"rank-{rank}.log", *[TRACEBACK_END] * 1000)
+    per_look = [source.collect(float(t)).events for t in range(2, 8)]
+    # the budget is spent within the first file's bounded look (LogTail's 256 lines); the files take turns
+    assert [len(events) for events in per_look] == [256] * 6
+    ranks = [{e.entity for e in events} for events in per_look]
+    assert ranks[:2] in ([{"job/llm/rank/0"}, {"job/llm/rank/1"}], [{"job/llm/rank/1"}, {"job/llm/rank/0"}])
+    assert ranks == ranks[:2] * 3
+    # nothing is lost: the rest is read at later looks
+    assert sum(len(source.collect(float(t)).events) for t in range(10, 20)) == 2000 - 6 * 256
+
+
+def test_files_beyond_the_cap_are_refused_and_counted_and_unmatched_ones_reported_once(tmp_path: Path) -> None:
+    source = RankLogSource([_layout(tmp_path)], node="n01", max_files=2)
+    source.collect(1.0)
+    for rank in range(3):
+        _write(tmp_path / "llm" / f"rank-{rank}.log", TRACEBACK_END)
+    _write(tmp_path / "llm" / "rank-x.log", TRACEBACK_END)
+    found = source.collect(2.0)
+    assert sorted(e.entity for e in found.events) == ["job/llm/rank/0", "job/llm/rank/1"]
+    points = {p.metric: p.value for p in found.points}
+    assert points["vigil_agent_rank_log_files"] == 2 and points["vigil_agent_rank_log_files_refused_total"] == 1
+    source.collect(3.0)
+    assert source.problems.snapshot() == {"too many files": 2, "unmatched file": 1}
+
+
+def test_an_idle_file_is_set_aside_and_read_on_from_where_it_was(tmp_path: Path) -> None:
+    source = RankLogSource([_layout(tmp_path)], node="n01", idle_s=3600.0)
+    source.collect(1.0)
+    log = tmp_path / "llm" / "rank-0.log"
+    _write(log, TRACEBACK_END)
+    assert len(_decoded(source)) == 1
+    os.utime(log, (1.0, 1.0))  # not written for hours: a finished run's file
+    assert _decoded(source) == []
+    assert {p.metric: p.value for p in source.collect(5.0).points}["vigil_agent_rank_log_files"] == 0
+    _write(log, "RuntimeError: resumed run failed")
+    assert _decoded(source) == [("job/llm/rank/0", "python.exception")]
+
+
+# --------------------------------------------------------------------------- the command line
+
+
+@pytest.mark.parametrize(("args", "env", "complaint"), [
+    (["--rank-logs", "/tmp/x/*.log", "--rank-log-pattern", r"rank-(\d+)", "--rank-log-job", "j"], {},
+     "needs a named group 'rank'"),
+    (["--rank-log-job", "j"], {}, "give --rank-logs too"),
+    (["--rank-logs", "/tmp/x/*.log", "--rank-log-pattern", r"rank-(?P<rank>\d+)", "--rank-log-job", "a b"], {},
+     "is not a job id"),
+    ([], {"VIGIL_AGENT_RANK_LOGS": '[{"glob": "/x/*.log"'}, "values of lists and mappings are JSON"),
+    ([], {"VIGIL_AGENT_RANK_LOGS": '[{"glob": "/x/*.log", "pattern": "(?P<rank>\\\\d+)"}]'}, "either by a named"),
+])
+def test_cli_refuses_a_bad_rank_log_layout_with_one_line(args: list[str], env: dict[str, str],
+                                                          complaint: str) -> None:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("VIGIL_")}
+    environ.update(env, PYTHONPATH=str(REPO))
+    result = subprocess.run([sys.executable, "-m", "vigil", "agent", "--once", "--dcgm-url", "", *args],
+                            capture_output=True, text=True, env=environ, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and complaint in result.stderr, result.stderr
