@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import configparser
+import json
 from pathlib import Path
 
 import yaml
@@ -23,6 +24,12 @@ def test_daemonset_env_names_are_agent_settings_and_mounts_match_sources() -> No
     assert any(e["name"] == "NODE_NAME" for e in container["env"])
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
     assert {"/dev/kmsg", "/sys/class/infiniband"} <= mounts
+    # the shipped rank-log layout is valid, reads the mounted pod logs and names a PyTorchJob pod's job
+    [layouts] = [e["value"] for e in container["env"] if e["name"] == "VIGIL_AGENT_RANK_LOGS"]
+    [layout] = AgentSettings.model_validate({"rank_logs": json.loads(layouts)}).rank_logs
+    assert layout.glob.startswith("/var/log/pods/") and "/var/log/pods" in mounts
+    assert layout.owner_of("/var/log/pods/team-a_llm-pretrain-worker-3_0f3c9a1e-77/pytorch/0.log") == (
+        "llm-pretrain", None)
     role = next(d for d in docs if d["kind"] == "ClusterRole")
     verbs = {(r["resources"][0], v) for r in role["rules"] for v in r["verbs"]}
     assert verbs == {("nodes", "get"), ("events", "list")}  # read-only: what KubernetesSource calls

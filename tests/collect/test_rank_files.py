@@ -55,11 +55,13 @@ def test_a_path_names_its_job_and_rank(tmp_path: Path, fields: dict[str, object]
 
 
 @pytest.mark.parametrize(("fields", "complaint"), [
-    ({"pattern": r"rank-(\d+)"}, "needs a named group 'rank'"),
+    ({"pattern": r"rank-(\d+)"}, "names nothing"),
     ({"pattern": r"rank-(?P<rank>\d+"}, "not a regular expression"),
     ({"pattern": r"rank-(?P<rank>\d+)"}, "either by a named group 'job'"),
     ({"job": "llm"}, "not both"),
     ({"pattern": r"rank-(?P<rank>\d+)", "job": "my job"}, "is not a job id"),
+    ({"pattern": r"/(?P<job>[^/]+)/", "rank_offset": 8}, "the pattern has no group 'rank'"),
+    ({"format": "json"}, "'plain' or 'cri'"),
     ({"rank_offset": -1}, "greater than or equal to 0"),
     ({"glob": ""}, "at least 1 character"),
     ({"where": "x"}, "Extra inputs"),
@@ -70,6 +72,38 @@ def test_a_layout_that_cannot_work_is_refused(tmp_path: Path, fields: dict[str, 
 
 
 # --------------------------------------------------------------------------- following the files
+
+
+def test_a_file_of_several_ranks_names_each_line_s_rank_by_torch_s_prefix(tmp_path: Path) -> None:
+    # a Slurm task per node running torchrun: /logs/<job id>/node-<n>.out holds that node's ranks
+    layout = RankLogFiles(glob=str(tmp_path / "*" / "node-*.out"), pattern=r"/(?P<job>\d+)/node-\d+\.out$")
+    source = RankLogSource([layout], node="n01")
+    source.collect(1.0)
+    _write(tmp_path / "4242" / "node-1.out", f"[rank9]: {TRACEBACK_END}", "[rank10]:[E1206 09:12:44 "
+           "ProcessGroupNCCL.cpp:616] [PG ID 0 PG GUID 0(default_pg) Rank 10] Watchdog caught collective operation "
+           "timeout: WorkNCCL(SeqNum=7, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for "
+           "600043 milliseconds before timing out.", TRACEBACK_END, f"[default1]: {TRACEBACK_END}")
+    found = source.collect(2.0)
+    assert [(e.entity, e.attrs["signature"]) for e in found.events] == [
+        ("job/4242/rank/9", "python.exception"), ("job/4242/rank/10", "nccl.watchdog_timeout")]
+    # a line with no rank, or torchrun's local-rank prefix, cannot be placed: counted, not sent
+    assert {p.metric: p.value for p in found.points}["vigil_agent_rank_log_lines_without_rank_total"] == 2
+
+
+def test_kubernetes_container_logs_are_read_out_of_their_cri_records(tmp_path: Path) -> None:
+    pods = tmp_path / "pods"
+    layout = RankLogFiles(glob=str(pods / "*" / "pytorch" / "*.log"),
+                          pattern=r"/[^/_]+_(?P<job>[^/_]+)-(?:master|worker)-\d+_[^/]+/pytorch/", format="cri")
+    source = RankLogSource([layout], node="n01")
+    source.collect(1.0)
+    _write(pods / "team-a_llm-pretrain-worker-0_0f3c9a1e" / "pytorch" / "0.log",
+           "2026-12-06T09:12:44.183920123Z stdout F step 15 loss 2.1",
+           "2026-12-06T09:12:44.183920123Z stderr P [rank1]: ValueError: bad ",
+           "2026-12-06T09:12:44.183920456Z stderr F batch at step 15")
+    [event] = source.collect(2.0).events
+    assert (event.entity, event.attrs["signature"]) == ("job/llm-pretrain/rank/1", "python.exception")
+    assert event.message == "[rank1]: ValueError: bad batch at step 15"
+
 
 
 def test_files_that_appear_later_are_read_from_their_first_line(tmp_path: Path) -> None:
@@ -160,7 +194,7 @@ def test_an_idle_file_is_set_aside_and_read_on_from_where_it_was(tmp_path: Path)
 
 @pytest.mark.parametrize(("args", "env", "complaint"), [
     (["--rank-logs", "/tmp/x/*.log", "--rank-log-pattern", r"rank-(\d+)", "--rank-log-job", "j"], {},
-     "needs a named group 'rank'"),
+     "names nothing"),
     (["--rank-log-job", "j"], {}, "give --rank-logs too"),
     (["--rank-logs", "/tmp/x/*.log", "--rank-log-pattern", r"rank-(?P<rank>\d+)", "--rank-log-job", "a b"], {},
      "is not a job id"),

@@ -1,15 +1,23 @@
 """Training ranks' log files on this node -> ``rank_log`` events: the forwarder for jobs Vigil did not launch.
 
 A job started by torchrun under Slurm, or a Kubernetes PyTorchJob, writes its ranks' output to files; which
-job and which rank a file belongs to is in its path. A ``RankLogFiles`` entry says where the files are (a
-glob) and how to read the path (a regular expression with a named group ``rank``, and a group ``job`` or a
-fixed ``job``):
+job a file belongs to, and often which rank, is in its path. A ``RankLogFiles`` entry says where the files are
+(a glob) and how to read the path (a regular expression with a named group ``job`` or a fixed ``job``, and a
+named group ``rank``). A file that holds several ranks' output (a pod running torchrun, a Slurm task per node)
+has no rank in its path: without a ``rank`` group, each line's rank is the one torch prefixed it with
+(``[rank3]: ...``, the form distributed ranks' errors and ProcessGroupNCCL's lines take), and a line without
+the prefix is counted and not sent. Kubernetes writes container logs in the CRI format (``<time> stderr F
+<line>``): ``format: cri`` reads the line out of it and joins partial lines.
 
 - ``srun --output=/scratch/logs/%j/rank-%t.log``: glob ``/scratch/logs/*/rank-*.log``, pattern
   ``/logs/(?P<job>\\d+)/rank-(?P<rank>\\d+)\\.log$``;
-- torchrun ``--log-dir /var/log/train --redirects 3``: glob ``/var/log/train/*/attempt_*/*/stderr.log``,
-  pattern ``/attempt_\\d+/(?P<rank>\\d+)/stderr\\.log$`` and the job's id in ``job`` (torchrun names the
-  directory by local rank: on node k of n-GPU nodes, ``rank_offset`` k*n makes it the global rank).
+- torchrun ``--rdzv-id <job> --log-dir /var/log/train --redirects 3``: glob
+  ``/var/log/train/*/attempt_*/*/stderr.log``, pattern ``/(?P<job>[^/_]+)_[^/]+/attempt_\\d+/\\d+/stderr\\.log$``
+  and the ranks from the lines' prefixes (torchrun names the directory by local rank; on one node, a ``rank``
+  group on it and a fixed ``job`` do, and ``rank_offset`` shifts a node's local ranks to global ones);
+- a PyTorchJob's pods (``<namespace>_<pod>_<uid>/<container>/<n>.log``): glob
+  ``/var/log/pods/*/pytorch/*.log``, pattern ``/[^/_]+_(?P<job>[^/_]+)-(?:master|worker)-\\d+_[^/]+/pytorch/``,
+  ``format: cri`` and the ranks from the lines' prefixes.
 
 The glob is read again at every look, so files of ranks that start later are followed from their first line;
 files already there when the agent starts are followed from their end (a restarted agent does not send old
@@ -25,15 +33,16 @@ import glob
 import os
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from vigil.model import VigilInputError, node_id, parse_entity, rank_id
+from vigil.model import node_id, rank_id
 from vigil.sources.collect.base import Collection, Source, default_node_name
 from vigil.sources.collect.ranklog import decode_rank_line
-from vigil.sources.collect.tail import LogTail
+from vigil.sources.collect.tail import LINE_LIMIT, LogTail
 
 # Files followed at once; a node runs a few jobs of at most a few dozen ranks each.
 MAX_FILES = 1024
@@ -41,6 +50,10 @@ MAX_FILES = 1024
 MAX_LINES_PER_READ = 20_000
 # A matched file not written for this long is a finished run's: not followed (and forgotten once followed).
 IDLE_S = 6 * 3600.0
+# torch's global-rank prefix ("[rank3]: "); torchrun's "[default3]:" names a local rank and is not read as one
+_RANK_PREFIX = re.compile(r"^\[rank(?P<rank>\d+)\]:")
+# a CRI container log line: time, stream, F (full) or P (partial: the line goes on in the next record)
+_CRI_LINE = re.compile(r"^\S+ (?:stdout|stderr) (?P<tag>[FP])(?:\S*) ?(?P<line>.*)$")
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]*$")  # an entity id's name part (vigil.model)
 
 
@@ -51,10 +64,12 @@ class RankLogFiles(BaseModel):
 
     glob: str = Field(min_length=1, description="the files, e.g. /var/log/train/job-*/rank-*.log")
     pattern: str = Field(min_length=1, description="regular expression searched in a file's path, with a named "
-                         "group 'rank' and, unless 'job' is set, a named group 'job'")
+                         "group 'job' (unless 'job' is set) and 'rank' (else each line's [rankN]: prefix names it)")
     job: str = Field(default="", description="the job id of every file, when the path does not name it")
     rank_offset: int = Field(default=0, ge=0, description="added to the rank the path names (torchrun's local "
                              "rank on node k of n-GPU nodes: k*n)")
+    format: Literal["plain", "cri"] = Field(default="plain", description="plain lines, or the CRI container log "
+                                            "format Kubernetes writes under /var/log/pods")
 
     @field_validator("pattern")
     @classmethod
@@ -63,8 +78,9 @@ class RankLogFiles(BaseModel):
             compiled = re.compile(pattern)
         except re.error as err:
             raise ValueError(f"not a regular expression ({err})") from None
-        if "rank" not in compiled.groupindex:
-            raise ValueError("needs a named group 'rank', e.g. rank-(?P<rank>\\d+)\\.log$")
+        if not {"rank", "job"} & set(compiled.groupindex):
+            raise ValueError("names nothing: needs a named group 'rank' (rank-(?P<rank>\\d+)\\.log$) or 'job', "
+                             "or both")
         return pattern
 
     @model_validator(mode="after")
@@ -73,29 +89,57 @@ class RankLogFiles(BaseModel):
         if has_group == bool(self.job):
             raise ValueError("name the job either by a named group 'job' in the pattern or by 'job', not both "
                              "and not neither")
+        if self.rank_offset and "rank" not in re.compile(self.pattern).groupindex:
+            raise ValueError("rank_offset applies to the rank the path names: the pattern has no group 'rank'")
         if self.job and not _JOB_ID.match(self.job):
             raise ValueError(f"job {self.job!r} is not a job id: letters, digits and _ . : - (no spaces or "
                              "slashes), starting with a letter or digit")
         return self
 
-    def rank_of(self, path: str) -> str | None:
-        """The rank entity a file's path names, or None when the pattern does not match it."""
+    def owner_of(self, path: str) -> tuple[str, int | None] | None:
+        """The job a file's path names and its rank (None: each line names its own), or None when the pattern
+        does not match it or names no job id."""
         found = re.search(self.pattern, path)
-        if found is None or not found.group("rank") or not found.group("rank").isdigit():
+        if found is None:
             return None
-        job = self.job or found.group("job")
-        entity = rank_id(job, int(found.group("rank")) + self.rank_offset)
-        try:
-            parse_entity(entity)
-        except VigilInputError:
+        job = self.job or found.group("job") or ""
+        if not _JOB_ID.match(job):
             return None
-        return entity
+        if "rank" not in found.re.groupindex:
+            return job, None
+        rank = found.group("rank") or ""
+        return (job, int(rank) + self.rank_offset) if rank.isdigit() else None
+
+    def rank_of(self, path: str) -> str | None:
+        """The rank entity a file's path names, or None when it names none."""
+        owner = self.owner_of(path)
+        return None if owner is None or owner[1] is None else rank_id(owner[0], owner[1])
 
 
 @dataclass
 class _Followed:
-    rank: str
+    job: str
+    rank: int | None  # None: each line's [rankN]: prefix names it
     tail: LogTail
+    cri: bool
+    partial: list[str] = field(default_factory=list)  # a CRI line's parts so far
+
+    def lines(self) -> list[str]:
+        """The file's new lines, out of their CRI records where it has them."""
+        raw = self.tail.read()
+        if not self.cri:
+            return raw
+        lines = []
+        for record in raw:
+            found = _CRI_LINE.match(record)
+            if found is None:
+                lines.append(record)
+                continue
+            self.partial.append(found.group("line"))
+            if found.group("tag") == "F" or sum(map(len, self.partial)) >= LINE_LIMIT:
+                lines.append("".join(self.partial)[:LINE_LIMIT])
+                self.partial = []
+        return lines
 
 
 class RankLogSource(Source):
@@ -119,6 +163,7 @@ class RankLogSource(Source):
         self._first_scan = True
         self._turn = 0
         self.lines_read = 0
+        self.lines_without_rank = 0
         self.files_refused = 0
 
     def collect(self, now: float) -> Collection:
@@ -132,20 +177,28 @@ class RankLogSource(Source):
             if budget <= 0:
                 break
             followed = self._files[path]
-            lines = followed.tail.read()
+            lines = followed.lines()
             if not followed.tail.present:
                 del self._files[path]  # deleted or rotated away: found again by the glob if it comes back
                 continue
             budget -= len(lines)
             self.lines_read += len(lines)
             for line in lines:
-                event = decode_rank_line(followed.rank, line, now)
+                rank = followed.rank
+                if rank is None:
+                    prefixed = _RANK_PREFIX.match(line)
+                    if prefixed is None:
+                        self.lines_without_rank += 1
+                        continue
+                    rank = int(prefixed.group("rank"))
+                event = decode_rank_line(rank_id(followed.job, rank), line, now)
                 if event is not None:
                     events.append(event)
         out = Collection(events=events, status=f"following {len(self._files)} rank log file(s)")
         node = node_id(self.node)
         out.add("vigil_agent_rank_log_files", node, len(self._files))
         out.add("vigil_agent_rank_log_lines_total", node, self.lines_read)
+        out.add("vigil_agent_rank_log_lines_without_rank_total", node, self.lines_without_rank)
         out.add("vigil_agent_rank_log_files_refused_total", node, self.files_refused)
         return out
 
@@ -162,13 +215,13 @@ class RankLogSource(Source):
                         continue
                 except OSError:
                     continue
-                rank = layout.rank_of(path)
-                if rank is None:
+                owner = layout.owner_of(path)
+                if owner is None:
                     # remembered, so a file the pattern does not read is reported once and not looked at again
                     if len(self._unmatched) < self.max_files:
                         self._unmatched.add(path)
-                    self.problems.report("unmatched file", f"{path} matches the glob {layout.glob} but the "
-                                         f"pattern {layout.pattern} names no job and rank in it")
+                    self.problems.report("unmatched file", f"the pattern {layout.pattern} names no job id or rank "
+                                         f"in {path}")
                     continue
                 if len(self._files) >= self.max_files:
                     self.files_refused += 1
@@ -176,13 +229,13 @@ class RankLogSource(Source):
                                          f"{path} is not followed")
                     continue
                 known = self._idle.pop(path, None)
-                if known is not None and known.rank == rank:
+                if known is not None and (known.job, known.rank) == owner:
                     self._files[path] = known
                     continue
                 tail = LogTail(Path(path))
                 if first:
                     tail.skip_written()
-                self._files[path] = _Followed(rank, tail)
+                self._files[path] = _Followed(*owner, tail, cri=layout.format == "cri")
         for path in list(self._files):
             try:
                 idle = os.stat(path).st_mtime < cutoff
