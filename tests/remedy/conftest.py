@@ -20,11 +20,34 @@ with open(os.path.join(state_dir, "calls.log"), "a") as log:
 args = sys.argv[1:]
 def state_file(node):
     return os.path.join(state_dir, node + ".state")
-if args[:2] == ["show", "node"]:
+if args[:2] == ["show", "job"]:
+    recorded = os.path.join(state_dir, "job-" + args[2] + ".txt")
+    if not os.path.exists(recorded):
+        print("slurm_load_jobs error: Invalid job id specified", file=sys.stderr)
+        sys.exit(1)
+    print(open(recorded).read().strip())
+elif args[:2] == ["show", "hostnames"]:
+    for part in args[2].split(","):
+        prefix, _, span = part.partition("[")
+        if not span:
+            print(part)
+            continue
+        first, _, last = span.rstrip("]").partition("-")
+        for number in range(int(first), int(last or first) + 1):
+            print(prefix + str(number).zfill(len(first)))
+elif args[0] in ("requeue", "requeuehold", "release"):
+    pass
+elif args[0] == "update" and args[1].startswith("jobid="):
+    pass
+elif args[:2] == ["show", "node"]:
     node = args[2]
     if node == "ghost":
         print(f"Node {node} not found", file=sys.stderr)
         sys.exit(1)
+    recorded = os.path.join(state_dir, "node-" + node + ".txt")
+    if os.path.exists(recorded):
+        print(open(recorded).read().strip())
+        sys.exit(0)
     state = open(state_file(node)).read() if os.path.exists(state_file(node)) else "IDLE"
     print(f"NodeName={node} Arch=x86_64 CoresTotal=64 State={state} Partitions=gpu")
 elif args[0] == "update":

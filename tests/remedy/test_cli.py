@@ -131,8 +131,22 @@ def test_a_plan_command_runs_as_printed_with_the_configured_backend(
 def test_act_names_what_carries_out_an_action_nothing_here_can(home: Path) -> None:
     result = CliRunner().invoke(app, ["act", "reset_gpu", "gpu/n3/0", "--backend", "slurm"])
     assert result.exit_code != 0 and "--local-node NODE" in str(result.exception)
-    result = CliRunner().invoke(app, ["act", "migrate_job", "job/j7", "--backend", "slurm"])
+    result = CliRunner().invoke(app, ["act", "delete_checkpoint", "job/j7", "--backend", "slurm"])
     assert result.exit_code != 0 and "no scheduler backend" in str(result.exception)
+    result = CliRunner().invoke(app, ["act", "migrate_job", "job/j7", "--backend", "none"])
+    assert result.exit_code != 0 and "set VIGIL_REMEDY_BACKEND=slurm" in str(result.exception)
+
+
+def test_node_is_only_for_migrate_job_and_only_a_node(home: Path, fake_slurm: Path) -> None:
+    result = CliRunner().invoke(app, ["act", "restart_job", "job/j7", "--node", "node/n3", "--backend", "slurm"])
+    assert result.exit_code != 0 and "restart_job does not take it" in str(result.exception)
+    result = CliRunner().invoke(app, ["act", "migrate_job", "job/j7", "--node", "gpu/n3/0", "--backend", "slurm"])
+    assert result.exit_code != 0 and "expected a node id" in str(result.exception)
+    _, topology = write_inputs(home)
+    result = CliRunner().invoke(app, ["act", "migrate_job", "job/j7", "--node", "node/x9", "--backend", "slurm",
+                                      "--topology", str(topology)])
+    assert result.exit_code != 0 and "node/x9 is not in the topology" in str(result.exception)
+    assert not (fake_slurm / "calls.log").exists()
 
 
 def test_a_bad_configured_backend_is_one_line(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:

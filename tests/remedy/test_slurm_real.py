@@ -1,17 +1,22 @@
 """Against a real one-node Slurm (slurm-wlm + munge started by the fixture): the actuator drains and resumes
-the node, job discovery reads squeue, and a failed batch job is requeued per its failover policy."""
+the node, job discovery reads squeue, a failed batch job is requeued per its failover policy, and a running job
+is migrated off its bad node by `vigil remedy act migrate_job`."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from tests.conftest import wait_for
 from tests.slurm_cluster import SlurmCluster
+from vigil.config import settings
+from vigil.faces.cli.remedy import app
 from vigil.model import Action, ActionKind, ActionStatus, Gpu, Node, Topology, node_id
-from vigil.remedy.actuators.slurm import SlurmActuator
+from vigil.remedy.actuators.slurm import SlurmActuator, job_fields
 from vigil.remedy.audit import AuditLog
 from vigil.remedy.failover import failover_action, policy_from_comment
 from vigil.remedy.remediator import Remediator
@@ -93,3 +98,61 @@ def test_engine_reads_slurm_jobs_and_a_failure_becomes_an_incident(on_path: Slur
     wait_for(crashed, 60, "a crash incident on the job")
     (incident,) = [i for i in store.incidents() if i.scope == f"job/{job}"]
     assert incident.fault_types == ["job_crash"]
+
+
+def test_migrate_job_requeues_a_running_job_off_its_bad_node(
+    on_path: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`vigil remedy act migrate_job` as a plan prints it, plus --node: dry-run first, a job Slurm will not requeue
+    refused before anything changes, then the real migration - node drained, job requeued held, the node
+    excluded, released - observed in scontrol."""
+    monkeypatch.setenv("VIGIL_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("VIGIL_DB_URL", f"sqlite:///{tmp_path}/vigil.db")
+    monkeypatch.setenv("VIGIL_MAX_CORDON_SHARE", "1.0")  # a one-node cluster: the node may go out
+    settings.cache_clear()
+    topology = tmp_path / "topology.json"
+    topology.write_text(Topology(nodes=[Node(name=on_path.node)]).to_json())
+    script = tmp_path / "train.sh"
+    script.write_text("#!/bin/sh\nsleep 600\n")
+    job = on_path.run("sbatch", "--parsable", "--requeue", "-o", "/dev/null", "-J", "pretrain", str(script)).strip()
+    pinned = on_path.run("sbatch", "--parsable", "--no-requeue", "-o", "/dev/null", "-J", "eval", str(script)).strip()
+
+    def fields(job_id: str) -> dict[str, str]:
+        return job_fields(on_path.run("scontrol", "show", "job", job_id, "-o"))
+
+    runner = CliRunner()
+    node, migrate = node_id(on_path.node), ["act", "migrate_job", f"job/{job}", "--backend", "slurm", "--json"]
+    try:
+        wait_for(lambda: fields(job)["JobState"] == fields(pinned)["JobState"] == "RUNNING", 60, "both jobs to run")
+        dry = runner.invoke(app, [*migrate, "--node", node])
+        assert dry.exit_code == 0, dry.output
+        assert json.loads(dry.stdout)["status"] == "proposed"
+        assert f"scontrol requeuehold {job}" in json.loads(dry.stdout)["result"]
+        assert fields(job)["JobState"] == "RUNNING" and fields(job)["Restarts"] == "0"
+
+        refused = runner.invoke(app, ["act", "migrate_job", f"job/{pinned}", "--node", node, "--backend", "slurm",
+                                      "--execute", "--topology", str(topology), "--json"])
+        assert refused.exit_code == 1
+        assert f"job {pinned} cannot be migrated: Slurm will not requeue it (Requeue=0" in json.loads(
+            refused.stdout)["result"]
+        assert "drain" not in on_path.node_state() and fields(pinned)["JobState"] == "RUNNING"
+
+        live = runner.invoke(app, [*migrate, "--node", node, "--execute", "--topology", str(topology)])
+        assert live.exit_code == 0, live.output
+        assert json.loads(live.stdout)["status"] == "executed"
+        moved = fields(job)
+        # requeued (Slurm counted the restart), kept off the bad node, and not running on it
+        assert (moved["Restarts"], moved["ExcNodeList"], moved["JobState"]) == ("1", on_path.node, "PENDING")
+        assert moved["Reason"] != "job_requeued_in_held_state"  # released again
+        assert on_path.node_state() in ("draining", "drained", "mixed+drain", "drng")
+        assert "vigil: " in on_path.run("sinfo", "-h", "-R", "-o", "%E")
+        states = json.loads(runner.invoke(app, ["lifecycle", "--json"]).stdout)
+        assert [(s["node"], s["state"]) for s in states] == [(node, "cordoned")]
+        audit = json.loads(runner.invoke(app, ["audit", "--json"]).stdout)
+        assert [(a["target"], a["status"]) for a in audit] == [
+            (f"job/{job}", "proposed"), (f"job/{pinned}", "failed"), (f"job/{job}", "executed")]
+    finally:
+        on_path.run("scancel", job, pinned)
+        on_path.run("scontrol", "update", f"nodename={on_path.node}", "state=resume")
+        settings.cache_clear()
+    wait_for(lambda: on_path.node_state() == "idle", 60, "the node to be idle again")

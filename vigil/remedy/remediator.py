@@ -34,6 +34,17 @@ ALREADY_DONE: dict[ActionKind, frozenset[NodeState]] = {
 }
 
 
+def capacity_nodes(action: Action) -> list[str]:
+    """The nodes an action takes out of service, which the blast-radius guard must admit: a cordon, drain or
+    reboot's node; the bad nodes a migrate_job names (``params.nodes``), which it cordons or drains first."""
+    if action.kind in CAPACITY_ACTIONS and parse_entity(action.target)[0] == "node":
+        return [action.target]
+    if action.kind is ActionKind.MIGRATE_JOB:
+        nodes = action.params.get("nodes", [])
+        return [str(node) for node in nodes] if isinstance(nodes, list) else []
+    return []
+
+
 def actions_from_plan(diagnosis: Diagnosis, ts: float, requested_by: str = "vigil-diagnosis") -> list[Action]:
     """A diagnosis' remediation plan (LLM or deterministic) as proposed actions for ``Remediator.execute``.
 
@@ -110,12 +121,12 @@ class Remediator:
             )
             return
         # The guard goes before asking the back end, so a flood of faults costs no API calls.
-        guarded = self.guard is not None and action.kind in CAPACITY_ACTIONS
+        guarded = capacity_nodes(action) if self.guard is not None else []
         if guarded:
             assert self.guard is not None
-            verdict = self.guard.admit(action.target)
-            if not verdict.admitted:
-                action.status, action.result = ActionStatus.REFUSED, verdict.reason
+            refusal = self._admit(self.guard, guarded)
+            if refusal is not None:
+                action.status, action.result = ActionStatus.REFUSED, refusal
                 return
         if self.dry_run:
             action.status, action.result = (
@@ -144,15 +155,28 @@ class Remediator:
         except (ActuatorError, OSError) as err:
             self.audit.finish(key, "failed")
             action.status, action.result = ActionStatus.FAILED, f"{actuator.name}: {err}"
-            if guarded:
+            for node in guarded:
                 assert self.guard is not None
-                self.guard.release(action.target)
+                self.guard.release(node)
             return
         self.audit.finish(key, "done")
         if previous == "started":
             action.result = f"resumed after an interrupted run: {action.result}"
         action.status = ActionStatus.EXECUTED
         self._advance_lifecycle(action)
+
+    @staticmethod
+    def _admit(guard: BlastRadiusGuard, nodes: list[str]) -> str | None:
+        """Reserve every node, or none: the first refusal's reason, with the reservations made undone."""
+        admitted: list[str] = []
+        for node in nodes:
+            verdict = guard.admit(node)
+            if not verdict.admitted:
+                for done in admitted:
+                    guard.release(done)
+                return verdict.reason
+            admitted.append(node)
+        return None
 
     def recover(self) -> list[Action]:
         """After a crash: run again every action whose execution started and never finished. Each resumes
@@ -217,10 +241,17 @@ class Remediator:
             self.lifecycle.apply(node, Trigger.SUSPECT, f"{anomaly.fault_type} ({anomaly.level.label})")
 
     def _advance_lifecycle(self, action: Action) -> None:
-        if self.lifecycle is None or parse_entity(action.target)[0] != "node":
+        if self.lifecycle is None:
             return
-        for trigger in LIFECYCLE_STEPS.get(action.kind, ()):
-            if self.lifecycle.can(action.target, trigger):
-                self.lifecycle.apply(action.target, trigger, f"{action.kind.value}: {action.reason}"[:500])
-        if self.guard is not None and self.lifecycle.status(action.target).state.in_service:
-            self.guard.release(action.target)
+        if action.kind is ActionKind.MIGRATE_JOB:
+            steps, nodes = LIFECYCLE_STEPS[ActionKind.CORDON], capacity_nodes(action)
+        elif parse_entity(action.target)[0] == "node":
+            steps, nodes = LIFECYCLE_STEPS.get(action.kind, ()), [action.target]
+        else:
+            return
+        for node in nodes:
+            for trigger in steps:
+                if self.lifecycle.can(node, trigger):
+                    self.lifecycle.apply(node, trigger, f"{action.kind.value}: {action.reason}"[:500])
+            if self.guard is not None and self.lifecycle.status(node).state.in_service:
+                self.guard.release(node)

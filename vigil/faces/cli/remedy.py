@@ -208,6 +208,9 @@ def act_command(
     backend: BackendOption = None,
     execute: ExecuteOption = False,
     local_node: LocalNodeOption = None,
+    bad_nodes: Annotated[list[str] | None, typer.Option(
+        "--node", help="migrate_job only: a bad node (node/NAME) to take out and keep the job off; repeatable. "
+        "Without it the job's nodes already drained / cordoned are the bad ones")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the resulting action as JSON")] = False,
 ) -> None:
     """Carry out one action of a diagnosis plan through the blast-radius guard and the audit log.
@@ -226,20 +229,22 @@ def act_command(
             f"action {action!r} is not on the whitelist ({', '.join(k.value for k in ActionKind)})"
         ) from None
     parse_entity(target)
+    params = {"nodes": _bad_nodes(kind, bad_nodes)} if bad_nodes else {}
     chosen = _backend(backend)
     topology_file = topology or _store_topology_file()
     remediator = _remediator(topology_file, chosen, execute, local_node)
     proposed = Action(ts=time.time(), kind=kind, target=target, incident_id=incident, reason=reason,
-                      requested_by="vigil-cli", dry_run=remediator.dry_run)
+                      requested_by="vigil-cli", dry_run=remediator.dry_run, params=params)
     # Checked before anything is audited: an action nobody can carry out, or on a machine the cluster does
     # not have, is a mistake in the command line (or the settings), not a refusal to record.
     if remediator.actuator_for(proposed) is None:
         raise VigilInputError(_no_actuator(proposed, chosen, given=backend is not None))
-    node = node_of(target)
-    if topology_file is not None and node is not None:
+    nodes = [n for n in [node_of(target), *params.get("nodes", [])] if n is not None]
+    if topology_file is not None and nodes:
         known = {n.id for n in _read_topology(topology_file).nodes}
-        if node not in known:
-            raise VigilInputError(f"{node} is not in the topology ({topology_file}); check the node name")
+        for node in nodes:
+            if node not in known:
+                raise VigilInputError(f"{node} is not in the topology ({topology_file}); check the node name")
     done = remediator.execute(proposed)
     if as_json:
         typer.echo(done.model_dump_json(indent=2))
@@ -247,6 +252,16 @@ def act_command(
         _print_actions([done], f"Action ({'dry-run' if remediator.dry_run else 'executed'})")
     if done.status in (ActionStatus.REFUSED, ActionStatus.FAILED):
         raise typer.Exit(1)
+
+
+def _bad_nodes(kind: ActionKind, given: list[str]) -> list[str]:
+    """The --node values, checked: node ids, and only for migrate_job (no other action reads them)."""
+    if kind is not ActionKind.MIGRATE_JOB:
+        raise VigilInputError(f"--node names the bad nodes of a migrate_job; {kind.value} does not take it")
+    for node in given:
+        if parse_entity(node)[0] != "node":
+            raise VigilInputError(f"--node {node!r}: expected a node id, node/<name>")
+    return list(dict.fromkeys(given))
 
 
 def _no_actuator(action: Action, backend: str, given: bool) -> str:

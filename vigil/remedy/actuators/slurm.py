@@ -6,6 +6,11 @@
 - reboot: ``scontrol reboot ASAP nextstate=resume reason="..." N`` (reboots once the node is idle).
 - restart_job: ``scontrol requeue J`` (a failed or running batch job goes back to the queue; Slurm counts
   it in the job's Restarts).
+- migrate_job: off its bad nodes - ``params.nodes`` (``node/N`` ids) plus the job's nodes Slurm already holds
+  drained or down: each named node not yet drained is drained, then ``scontrol requeuehold J``, ``scontrol
+  update jobid=J excnodelist=...`` (the job's own exclusions kept) and ``scontrol release J``, so the job
+  restarts from its last checkpoint on other nodes. A pending job is only updated. A job Slurm will not
+  requeue (``Requeue=0`` in ``scontrol show job``, or not a batch job) is refused before anything runs.
 - preempt_notice: ``scancel --signal=USR1 --full J`` - a tidal preemption notice: the job (batch script and
   steps) gets the signal and writes its checkpoint before its capacity is taken back.
 - preempt: ``scontrol requeue J`` - a preemptible job gives its capacity back and waits in the queue.
@@ -13,7 +18,8 @@
   most N GPUs (``params``: queue, resource, units).
 
 Idempotence reads ``scontrol show node N -o``: a node whose State already carries DRAIN is not
-drained again. The tests put a fake ``scontrol`` on PATH that records its calls.
+drained again. Tests run the commands against a real one-node Slurm (tests/remedy/test_slurm_real.py) and
+against a fake ``scontrol`` on PATH that records its calls and answers with recorded output.
 """
 
 from __future__ import annotations
@@ -31,14 +37,27 @@ NOTICE_SIGNALS = frozenset({"USR1", "USR2", "TERM", "INT", "URG"})
 # a COMPLETING job is already giving its capacity back
 _RUNNING_STATES = frozenset({"RUNNING", "CONFIGURING"})
 _SAFE_REASON = re.compile(r"[^A-Za-z0-9 _.,:/=()\-]")
+_JOB_FIELD = re.compile(r"(?:^|\s)(JobState|Reason|Requeue|BatchFlag|Restarts|NodeList|ExcNodeList)=(\S*)")
+# node states whose jobs must move: the node no longer takes work, or is gone
+_OUT_STATES = ("DRAIN", "DOWN", "FAIL")
+# requeuehold's mark on the job it holds; a migration cut short there is resumed, not requeued twice
+_REQUEUE_HELD = "job_requeued_in_held_state"
+
+
+def job_fields(text: str) -> dict[str, str]:
+    """The fields of ``scontrol show job J -o`` a migration reads (JobState, Reason, Requeue, BatchFlag,
+    Restarts, NodeList, ExcNodeList); ``(null)`` is read as empty."""
+    return {key: "" if value == "(null)" else value for key, value in _JOB_FIELD.findall(text)}
 
 
 class SlurmActuator(Actuator):
     name = "slurm"
     kinds = frozenset({ActionKind.CORDON, ActionKind.DRAIN, ActionKind.UNCORDON, ActionKind.REBOOT,
-                       ActionKind.RESTART_JOB, ActionKind.PREEMPT_NOTICE, ActionKind.PREEMPT, ActionKind.SET_QUOTA})
+                       ActionKind.RESTART_JOB, ActionKind.MIGRATE_JOB, ActionKind.PREEMPT_NOTICE, ActionKind.PREEMPT,
+                       ActionKind.SET_QUOTA})
     target_kinds = frozenset({"node", "job", "cluster"})
-    job_kinds = frozenset({ActionKind.RESTART_JOB, ActionKind.PREEMPT_NOTICE, ActionKind.PREEMPT})
+    job_kinds = frozenset({ActionKind.RESTART_JOB, ActionKind.MIGRATE_JOB, ActionKind.PREEMPT_NOTICE,
+                           ActionKind.PREEMPT})
 
     def accepts(self, action: Action) -> bool:
         kind = parse_entity(action.target)[0]
@@ -125,6 +144,8 @@ class SlurmActuator(Actuator):
         return self._run([self.sacctmgr, "-n", "-P", "show", "qos", f"name={qos}", "format=GrpTRES"]).strip()
 
     def describe(self, action: Action) -> str:
+        if action.kind is ActionKind.MIGRATE_JOB:
+            return self.describe_migration(action)
         return "run " + " ".join(self.command(action))
 
     def _run(self, argv: list[str]) -> str:
@@ -135,7 +156,8 @@ class SlurmActuator(Actuator):
         return match.group(1) if match else ""
 
     def is_satisfied(self, action: Action) -> bool:
-        if action.kind in (ActionKind.REBOOT, ActionKind.RESTART_JOB, ActionKind.PREEMPT_NOTICE):
+        if action.kind in (ActionKind.REBOOT, ActionKind.RESTART_JOB, ActionKind.MIGRATE_JOB,
+                           ActionKind.PREEMPT_NOTICE):
             return False
         if action.kind is ActionKind.PREEMPT:
             # a job that no longer runs (requeued, preempted by Slurm itself, done) holds nothing to give back
@@ -148,6 +170,69 @@ class SlurmActuator(Actuator):
         return not draining if action.kind is ActionKind.UNCORDON else draining
 
     def execute(self, action: Action) -> str:
+        if action.kind is ActionKind.MIGRATE_JOB:
+            return self.migrate(action)
         argv = self.command(action)
         self._run(argv)
         return " ".join(argv[1:4])
+
+    # ------------------------------------------------------------------ migrate_job
+
+    @staticmethod
+    def named_nodes(action: Action) -> list[str]:
+        """The bad nodes the action names (``params.nodes``: node ids), as Slurm node names."""
+        nodes = action.params.get("nodes", [])
+        if not isinstance(nodes, list):
+            raise ActuatorError(f"migrate_job params.nodes must be a list of node ids, got {nodes!r}")
+        names = []
+        for node in nodes:
+            kind, parts = parse_entity(str(node))
+            if kind != "node":
+                raise ActuatorError(f"migrate_job params.nodes holds {node!r}, not a node/<name> id")
+            names.append(parts[0])
+        return names
+
+    def _drain_command(self, node: str, action: Action) -> list[str]:
+        return [self.scontrol, "update", f"nodename={node}", "state=drain", f"reason={self.reason(action)}"]
+
+    def describe_migration(self, action: Action) -> str:
+        job, named = parse_entity(action.target)[1][0], self.named_nodes(action)
+        # the job's own exclusions and its drained or down nodes are read from Slurm only when it runs
+        excluded = ",".join([*named, "<its ExcNodeList and drained or down nodes>"])
+        steps = [" ".join(self._drain_command(node, action)) for node in named]
+        steps += [f"{self.scontrol} requeuehold {job}", f"{self.scontrol} update jobid={job} excnodelist={excluded}",
+                  f"{self.scontrol} release {job}"]
+        return (f"run, if {self.scontrol} show job {job} says Requeue=1 (a pending job is only updated): "
+                + "; ".join(steps))
+
+    def _hostnames(self, nodelist: str) -> list[str]:
+        return self._run([self.scontrol, "show", "hostnames", nodelist]).split() if nodelist else []
+
+    def migrate(self, action: Action) -> str:
+        job = parse_entity(action.target)[1][0]
+        fields = job_fields(self._run([self.scontrol, "show", "job", job, "-o"]))
+        if fields.get("Requeue") != "1" or fields.get("BatchFlag") == "0":
+            why = "not a batch job" if fields.get("BatchFlag") == "0" else f"Requeue={fields.get('Requeue', '?')}"
+            raise ActuatorError(f"job {job} cannot be migrated: Slurm will not requeue it ({why} in scontrol show "
+                                f"job {job}; submit it with sbatch --requeue)")
+        named = self.named_nodes(action)
+        states = {node: self.node_state(node).upper() for node in dict.fromkeys(named + self._hostnames(
+            fields.get("NodeList", "")))}
+        bad = named + [n for n, state in states.items() if n not in named and any(s in state for s in _OUT_STATES)]
+        if not bad:
+            raise ActuatorError(f"job {job} runs on {fields.get('NodeList') or 'no node'} and none is drained or "
+                                "down: name the bad node (--node node/NAME), or restart_job to requeue it in place")
+        drained = [node for node in named if not any(s in states[node] for s in _OUT_STATES)]
+        for node in drained:
+            self._run(self._drain_command(node, action))
+        state, held = fields.get("JobState", ""), fields.get("Reason") == _REQUEUE_HELD
+        requeued = state != "PENDING"
+        if requeued:
+            self._run([self.scontrol, "requeuehold", job])
+        excluded = ",".join(dict.fromkeys(self._hostnames(fields.get("ExcNodeList", "")) + bad))
+        self._run([self.scontrol, "update", f"jobid={job}", f"excnodelist={excluded}"])
+        if requeued or held:
+            self._run([self.scontrol, "release", job])
+        done = "requeued" if requeued else "pending, updated"
+        return (f"job {job} {done} with excnodelist={excluded}"
+                + (f", drained {','.join(drained)}" if drained else "") + ": it restarts on other nodes")
