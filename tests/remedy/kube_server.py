@@ -3,7 +3,8 @@
 No API server runs in CI; this one keeps nodes, pods, PodDisruptionBudget-protected pods and
 RebootNode custom resources in memory, applies strategic-merge patches the way the API server does
 for the fields touched (labels merge, ``spec.taints`` replace, ``status.conditions`` merge by type),
-and logs every request so tests can assert on the calls.
+lists a namespace's pods by label (``labelSelector`` k=v), deletes pods, and logs every request so
+tests can assert on the calls.
 """
 
 from __future__ import annotations
@@ -51,6 +52,10 @@ class FakeKube:
             }
         )
 
+    def add_pod_object(self, pod: dict[str, Any]) -> None:
+        """A pod as the API server returns it (e.g. from tests/fixtures/remedy/kube)."""
+        self.pods.append(pod)
+
     # ------------------------------------------------------------------ request handling
 
     def handle(self, method: str, path: str, body: Any) -> tuple[int, Any]:
@@ -71,6 +76,19 @@ class FakeKube:
                 wanted = selector.removeprefix("spec.nodeName=")
                 items = [p for p in self.pods if p["spec"]["nodeName"] == wanted]
                 return 200, {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items}
+            if (match := re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods", route)) and method == "GET":
+                selector = parse_qs(url.query).get("labelSelector", [""])[0]
+                wanted = dict(term.split("=", 1) for term in selector.split(",") if "=" in term)
+                items = [p for p in self.pods if p["metadata"]["namespace"] == match.group(1)
+                         and all(p["metadata"].get("labels", {}).get(k) == v for k, v in wanted.items())]
+                return 200, {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items}
+            if (match := re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)", route)) and method == "DELETE":
+                key = (match.group(1), match.group(2))
+                found = [p for p in self.pods if (p["metadata"]["namespace"], p["metadata"]["name"]) == key]
+                if not found:
+                    return 404, _status(404, "NotFound")
+                self.pods.remove(found[0])
+                return 200, found[0]
             if match := re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)/eviction", route):
                 key = (match.group(1), match.group(2))
                 if key in self.pdb_protected:
@@ -134,6 +152,9 @@ def serve(kube: FakeKube) -> Iterator[str]:
 
         def do_PATCH(self) -> None:  # noqa: N802
             self._reply("PATCH")
+
+        def do_DELETE(self) -> None:  # noqa: N802
+            self._reply("DELETE")
 
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - silence request logs
             return

@@ -8,10 +8,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from tests.remedy.kube_server import FakeKube, serve
 from vigil.config import settings
-from vigil.faces.cli.remedy import app
+from vigil.faces.cli.remedy import _backends_for, app
 from vigil.knowledge.actions import action_whitelist
-from vigil.model import ActionKind, Anomaly, FaultLevel, Node, Topology
+from vigil.model import Action, ActionKind, Anomaly, FaultLevel, Node, Topology
+from vigil.remedy.actuators.base import OutboxActuator
 
 
 @pytest.fixture
@@ -134,7 +136,7 @@ def test_act_names_what_carries_out_an_action_nothing_here_can(home: Path) -> No
     result = CliRunner().invoke(app, ["act", "delete_checkpoint", "job/j7", "--backend", "slurm"])
     assert result.exit_code != 0 and "no scheduler backend" in str(result.exception)
     result = CliRunner().invoke(app, ["act", "migrate_job", "job/j7", "--backend", "none"])
-    assert result.exit_code != 0 and "set VIGIL_REMEDY_BACKEND=slurm" in str(result.exception)
+    assert result.exit_code != 0 and "set VIGIL_REMEDY_BACKEND=kubernetes|slurm" in str(result.exception)
 
 
 def test_node_is_only_for_migrate_job_and_only_a_node(home: Path, fake_slurm: Path) -> None:
@@ -161,3 +163,54 @@ def test_act_refuses_what_is_not_whitelisted(home: Path) -> None:
     assert result.exit_code != 0 and "not on the whitelist" in str(result.exception)
     result = CliRunner().invoke(app, ["act", "cordon", "node/n3; reboot"])
     assert result.exit_code != 0 and "bad entity id" in str(result.exception)
+
+
+def test_job_actions_on_kubernetes_from_the_command_line(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`act migrate_job` with --backend kubernetes, through a kubeconfig, against the local fake API server."""
+    fake = FakeKube()
+    for name in ("n1", "n2"):
+        fake.add_node(name)
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures" / "remedy" / "kube" / "pytorchjob-pods.json"
+    for pod in json.loads(fixtures.read_text()):
+        fake.add_pod_object(pod)
+    _, topology = write_inputs(home)
+    runner = CliRunner()
+    with serve(fake) as url:
+        kubeconfig = home / "kubeconfig"
+        kubeconfig.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "test",
+            "clusters": [{"name": "test", "cluster": {"server": url}}],
+            "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
+            "users": [{"name": "test", "user": {}}]}))
+        # the client reads $KUBECONFIG once, when it is imported
+        monkeypatch.setattr("kubernetes.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+        typo = runner.invoke(app, ["act", "restart_job", "job/4242", "--backend", "kubernetes"])
+        assert typo.exit_code != 0 and "job/<namespace>:<name>" in str(typo.exception)
+        argv = ["act", "migrate_job", "job/ml-training:llama-ft", "--node", "node/n1", "--backend", "kubernetes",
+                "--json"]
+        dry = runner.invoke(app, argv)
+        assert dry.exit_code == 0, dry.output
+        assert json.loads(dry.stdout)["status"] == "proposed" and not any(m == "DELETE" for m, _, _ in fake.requests)
+        live = runner.invoke(app, [*argv, "--execute", "--topology", str(topology)])
+        assert live.exit_code == 0, live.output
+        assert json.loads(live.stdout)["status"] == "executed"
+    assert fake.nodes["n1"]["spec"]["unschedulable"] is True and fake.pods == []
+    states = json.loads(runner.invoke(app, ["lifecycle", "--json"]).stdout)
+    assert [(s["node"], s["state"]) for s in states] == [("node/n1", "cordoned")]
+
+
+def test_the_backend_table_in_the_docs_matches_the_actuators() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "remediation.md").read_text()
+    table = doc.split("| action | target | none | kubernetes | slurm |\n|---|---|---|---|---|\n", 1)[1].split("\n\n")[0]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table.splitlines()]
+    assert {row[0] for row in rows} == {kind.value for kind in ActionKind}
+    example = {"any": "node/n3", "node": "node/n3", "job": "job/ml:llama", "gpu": "gpu/n3/0", "cluster": "cluster/c"}
+    for action_name, target, *cells in rows:
+        kind = ActionKind(action_name)
+        able = _backends_for(Action(ts=0.0, kind=kind, target=example[target]))
+        everywhere = kind in OutboxActuator.kinds or kind is ActionKind.RESET_GPU
+        for backend, cell in zip(("none", "kubernetes", "slurm"), cells, strict=True):
+            assert (cell != "-") == (everywhere or backend in able), (action_name, backend, cell)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +12,7 @@ from kubernetes import client
 
 from tests.remedy.kube_server import FakeKube, serve
 from vigil.model import Action, ActionKind, ActionStatus, Node, Topology
+from vigil.remedy.actuators.base import ActuatorError
 from vigil.remedy.actuators.kubernetes import KubernetesActuator, condition_and_taint
 from vigil.remedy.audit import AuditLog
 from vigil.remedy.guard import BlastRadiusGuard
@@ -150,3 +153,114 @@ def test_drain_held_by_a_budget_is_retried(kube: tuple[FakeKube, KubernetesActua
         "kube-proxy-x",
         "dcgm-exporter-x",
     }
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+AFTER_START = dt.datetime(2026, 12, 1, 7, 0, tzinfo=dt.UTC).timestamp()  # the recorded pods started at 06:00
+
+
+@pytest.fixture
+def training(kube: tuple[FakeKube, KubernetesActuator]) -> tuple[FakeKube, KubernetesActuator]:
+    """The fake cluster with a two-node PyTorchJob (master on n1, worker on n2) and a batch/v1 Job's pods."""
+    fake, actuator = kube
+    for pod in json.loads((FIXTURES / "remedy" / "kube" / "pytorchjob-pods.json").read_text()):
+        fake.add_pod_object(pod)
+    for pod in json.loads((FIXTURES / "tide" / "kube" / "pods.json").read_text()):
+        fake.add_pod_object(pod)
+    fake.add_node("gpu-node-000")
+    fake.add_node("gpu-node-001")
+    return fake, actuator
+
+
+def job_action(kind: ActionKind, target: str = "job/ml-training:llama-ft", nodes: list[str] | None = None,
+               ts: float = AFTER_START) -> Action:
+    return Action(ts=ts, kind=kind, target=target, reason="GPU fell off the bus",
+                  params={"fault_type": "xid_79", **({"nodes": nodes} if nodes is not None else {})})
+
+
+def pod_names(fake: FakeKube, namespace: str) -> set[str]:
+    return {p["metadata"]["name"] for p in fake.pods if p["metadata"]["namespace"] == namespace}
+
+
+def deletes(fake: FakeKube) -> list[str]:
+    return [path.rsplit("/", 1)[-1] for method, path, _ in fake.requests if method == "DELETE"]
+
+
+def test_restart_job_deletes_the_jobs_pods_for_its_controller_to_recreate(
+    training: tuple[FakeKube, KubernetesActuator],
+) -> None:
+    fake, actuator = training
+    result = actuator.execute(job_action(ActionKind.RESTART_JOB))
+    assert sorted(deletes(fake)) == ["llama-ft-master-0", "llama-ft-worker-0"]
+    assert "deleted 2 pods of job ml-training/llama-ft (on n1, n2)" in result
+    assert pod_names(fake, "ml-training") == {"trainer-0", "trainer-1", "trainer-2"}  # other pods stay
+    # a batch/v1 Job's pods are found by their own label; its neighbours' are left
+    actuator.execute(job_action(ActionKind.RESTART_JOB, target="job/ml:train-spot-a"))
+    assert pod_names(fake, "ml") == {"train-spot-b-0-q9m4d", "train-spot-b-1-q9m4d", "batch-embed-0-q9m4d",
+                                     "batch-embed-1-q9m4d"}
+
+
+def test_a_restart_run_again_leaves_the_recreated_pods_alone(training: tuple[FakeKube, KubernetesActuator]) -> None:
+    fake, actuator = training
+    before_start = dt.datetime(2026, 12, 1, 5, 0, tzinfo=dt.UTC).timestamp()
+    with pytest.raises(ActuatorError, match="has no pods created before the action"):
+        actuator.execute(job_action(ActionKind.RESTART_JOB, ts=before_start))
+    with pytest.raises(ActuatorError, match="has no pods created before the action"):
+        actuator.execute(job_action(ActionKind.RESTART_JOB, target="job/ml-training:nosuchjob"))
+    assert deletes(fake) == []
+
+
+def test_migrate_job_cordons_the_bad_node_then_restarts_the_job_through_the_guard(
+    training: tuple[FakeKube, KubernetesActuator], tmp_path: Path
+) -> None:
+    fake, actuator = training
+    url = f"sqlite:///{tmp_path}/r.db"
+    lifecycle, audit = LifecycleStore(url), AuditLog(url)
+    topology = Topology(nodes=[Node(name=f"n{i}", switch="s1") for i in range(1, 5)])
+    guard = BlastRadiusGuard(topology, lifecycle, max_share=0.25, max_share_per_switch=1.0)  # one node of 4
+    proposed = Remediator([actuator], audit, lifecycle=lifecycle, guard=guard).execute(
+        job_action(ActionKind.MIGRATE_JOB, nodes=["node/n1"]))
+    assert proposed.status is ActionStatus.PROPOSED
+    assert "cordon node n1, then delete the pods of job ml-training/llama-ft" in proposed.result
+    assert deletes(fake) == [] and "unschedulable" not in fake.nodes["n1"]["spec"]
+
+    live = Remediator([actuator], audit, lifecycle=lifecycle, dry_run=False,
+                      guard=BlastRadiusGuard(topology, lifecycle, max_share=0.25, max_share_per_switch=1.0))
+    done = live.execute(job_action(ActionKind.MIGRATE_JOB, nodes=["node/n1"]))
+    assert done.status is ActionStatus.EXECUTED, done.result
+    assert done.result.startswith("cordoned n1; deleted 2 pods of job ml-training/llama-ft")
+    assert fake.nodes["n1"]["spec"]["unschedulable"] is True
+    assert {"key": "nvidia.com/gpu-xid-error", "value": "true", "effect": "NoSchedule"} in fake.nodes["n1"]["spec"][
+        "taints"]
+    # the cordon went before the deletes, so the recreated pods cannot land on n1 again
+    order = [(method, path) for method, path, _ in fake.requests if method in ("PATCH", "DELETE")]
+    assert order[0] == ("PATCH", "/api/v1/nodes/n1") and order[-1][0] == "DELETE"
+    assert lifecycle.status("node/n1").state is NodeState.CORDONED
+    # a second bad node would exceed the blast radius: refused, nothing cordoned or deleted
+    fake.add_pod_object(json.loads((FIXTURES / "remedy" / "kube" / "pytorchjob-pods.json").read_text())[1])
+    refused = live.execute(job_action(ActionKind.MIGRATE_JOB, nodes=["node/n2"]))
+    assert refused.status is ActionStatus.REFUSED and "blast radius" in refused.result
+    assert "unschedulable" not in fake.nodes["n2"]["spec"] and len(deletes(fake)) == 2
+    assert [a.status for a in audit.actions()] == [ActionStatus.PROPOSED, ActionStatus.EXECUTED,
+                                                   ActionStatus.REFUSED]
+
+
+def test_migrate_job_without_a_named_node_needs_one_of_its_nodes_cordoned(
+    training: tuple[FakeKube, KubernetesActuator],
+) -> None:
+    fake, actuator = training
+    with pytest.raises(ActuatorError, match="runs on n1, n2 and none is cordoned: name the bad node"):
+        actuator.execute(job_action(ActionKind.MIGRATE_JOB))
+    assert deletes(fake) == []
+    actuator.execute(action(ActionKind.CORDON, node="n2"))  # the plan's cordon step, done first
+    result = actuator.execute(job_action(ActionKind.MIGRATE_JOB))
+    assert result.startswith("deleted 2 pods") and sorted(deletes(fake)) == ["llama-ft-master-0", "llama-ft-worker-0"]
+
+
+def test_job_actions_take_only_namespaced_job_targets(kube: tuple[FakeKube, KubernetesActuator]) -> None:
+    _, actuator = kube
+    assert actuator.accepts(job_action(ActionKind.RESTART_JOB))
+    assert not actuator.accepts(job_action(ActionKind.RESTART_JOB, target="job/llama-ft/rank/3"))
+    assert not actuator.accepts(job_action(ActionKind.CORDON))
+    with pytest.raises(ActuatorError, match=r"job/<namespace>:<name>"):
+        actuator.execute(job_action(ActionKind.RESTART_JOB, target="job/4242"))

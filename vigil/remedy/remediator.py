@@ -129,10 +129,13 @@ class Remediator:
                 action.status, action.result = ActionStatus.REFUSED, refusal
                 return
         if self.dry_run:
-            action.status, action.result = (
-                ActionStatus.PROPOSED,
-                f"dry-run: would {actuator.describe(action)}",
-            )
+            try:
+                action.status, action.result = ActionStatus.PROPOSED, f"dry-run: would {actuator.describe(action)}"
+            except ActuatorError as err:  # a target or parameter this back end cannot take
+                action.status, action.result = ActionStatus.FAILED, f"{actuator.name}: {err}"
+                for node in guarded:
+                    assert self.guard is not None
+                    self.guard.release(node)
             return
         # The idempotency key is the action's id unless the caller names one: the same approved action executed
         # twice (a retry, a restart after kill -9) reaches the back end to completion once.

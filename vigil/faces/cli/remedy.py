@@ -221,6 +221,7 @@ def act_command(
     import time
 
     from vigil.model import node_of
+    from vigil.remedy.actuators.base import ActuatorError
 
     try:
         kind = ActionKind(action)
@@ -237,8 +238,13 @@ def act_command(
                       requested_by="vigil-cli", dry_run=remediator.dry_run, params=params)
     # Checked before anything is audited: an action nobody can carry out, or on a machine the cluster does
     # not have, is a mistake in the command line (or the settings), not a refusal to record.
-    if remediator.actuator_for(proposed) is None:
+    actuator = remediator.actuator_for(proposed)
+    if actuator is None:
         raise VigilInputError(_no_actuator(proposed, chosen, given=backend is not None))
+    try:
+        actuator.describe(proposed)  # reads only the action: a target this back end cannot name is a typo
+    except ActuatorError as err:
+        raise VigilInputError(f"{kind.value} {target}: {err}") from None
     nodes = [n for n in [node_of(target), *params.get("nodes", [])] if n is not None]
     if topology_file is not None and nodes:
         known = {n.id for n in _read_topology(topology_file).nodes}

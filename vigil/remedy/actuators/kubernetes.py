@@ -11,6 +11,13 @@
 - reboot: a ``janitor.dgxc.nvidia.com/v1alpha1`` ``RebootNode`` custom resource (NVSentinel's
   janitor), created once per node (an existing one makes the action idempotent).
 - uncordon: clears the flag, Vigil's taints and the condition.
+- restart_job on ``job/<namespace>:<name>``: deletes the job's pods (found by the labels a batch/v1 Job, a
+  Kubeflow PyTorchJob or a JobSet puts on them), so its controller creates them again and the ranks resume
+  from the last checkpoint together, as collectives require. Only pods created before the action are
+  deleted: an interrupted restart that runs again leaves the new pods alone.
+- migrate_job on the same target: the bad nodes (``params.nodes``, plus the job's nodes already
+  unschedulable) are cordoned first, then the pods are deleted as for a restart; the scheduler places the
+  new pods on other nodes.
 
 No API server runs in Vigil's CI: the tests run this code against a small local HTTP server that
 implements the endpoints used here.
@@ -18,10 +25,12 @@ implements the endpoints used here.
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from vigil.model import Action, ActionKind, parse_entity
 from vigil.remedy.actuators.base import Actuator, ActuatorError
+from vigil.remedy.actuators.kueue import job_ref
 from vigil.sources.collect.kube_client import kube_api_client
 
 STATE_LABEL = "vigil.dev/state"
@@ -29,6 +38,8 @@ VIGIL_TAINT_KEYS = frozenset({"nvidia.com/gpu-error", "nvidia.com/gpu-xid-error"
 SYSTEM_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease"})
 JANITOR_GROUP, JANITOR_VERSION, REBOOT_PLURAL = "janitor.dgxc.nvidia.com", "v1alpha1", "rebootnodes"
 STRATEGIC_MERGE = "application/strategic-merge-patch+json"
+# the label each job controller puts on its pods, naming the job: batch/v1 Job, Kubeflow PyTorchJob, JobSet
+JOB_POD_LABELS = ("batch.kubernetes.io/job-name", "training.kubeflow.org/job-name", "jobset.sigs.k8s.io/jobset-name")
 
 # fault-type prefix -> (NVSentinel condition type, taint key)
 _CONDITION_BY_FAULT: list[tuple[str, str, str]] = [
@@ -63,8 +74,16 @@ def condition_and_taint(fault_type: str) -> tuple[str, str]:
 
 class KubernetesActuator(Actuator):
     name = "kubernetes"
-    kinds = frozenset({ActionKind.CORDON, ActionKind.UNCORDON, ActionKind.DRAIN, ActionKind.REBOOT})
-    target_kinds = frozenset({"node"})
+    kinds = frozenset({ActionKind.CORDON, ActionKind.UNCORDON, ActionKind.DRAIN, ActionKind.REBOOT,
+                       ActionKind.RESTART_JOB, ActionKind.MIGRATE_JOB})
+    target_kinds = frozenset({"node", "job"})
+    job_kinds = frozenset({ActionKind.RESTART_JOB, ActionKind.MIGRATE_JOB})
+
+    def accepts(self, action: Action) -> bool:
+        kind, parts = parse_entity(action.target)
+        if action.kind in self.job_kinds:
+            return kind == "job" and len(parts) == 1
+        return action.kind in self.kinds and kind == "node"
 
     def __init__(self, api_client: Any | None = None, *, eviction_grace_s: int | None = None) -> None:
         """``api_client``: a ``kubernetes.client.ApiClient``; None loads kubeconfig or in-cluster config."""
@@ -96,6 +115,8 @@ class KubernetesActuator(Actuator):
     # ------------------------------------------------------------------ interface
 
     def describe(self, action: Action) -> str:
+        if action.kind in self.job_kinds:
+            return self.describe_job(action)
         name = self.node_name(action)
         fault = str(action.params.get("fault_type", ""))
         condition, taint = condition_and_taint(fault)
@@ -108,6 +129,8 @@ class KubernetesActuator(Actuator):
         return f"create {JANITOR_GROUP}/{JANITOR_VERSION} RebootNode for node {name}"
 
     def is_satisfied(self, action: Action) -> bool:
+        if action.kind in self.job_kinds:
+            return False
         name = self.node_name(action)
         if action.kind is ActionKind.REBOOT:
             try:
@@ -123,6 +146,8 @@ class KubernetesActuator(Actuator):
         return unschedulable if action.kind is ActionKind.CORDON else not unschedulable
 
     def execute(self, action: Action) -> str:
+        if action.kind in self.job_kinds:
+            return self._restart(action)
         name = self.node_name(action)
         if action.kind is ActionKind.CORDON:
             return self._cordon(name, action)
@@ -261,6 +286,74 @@ class KubernetesActuator(Actuator):
             _content_type=STRATEGIC_MERGE,
         )
         return f"RebootNode {_cr_name(name)} created for node {name}"
+
+
+    # ------------------------------------------------------------------ job actions
+
+    @staticmethod
+    def named_nodes(action: Action) -> list[str]:
+        """The bad nodes a migrate_job names (``params.nodes``: node ids), as Kubernetes node names."""
+        nodes = action.params.get("nodes", []) if action.kind is ActionKind.MIGRATE_JOB else []
+        if not isinstance(nodes, list):
+            raise ActuatorError(f"migrate_job params.nodes must be a list of node ids, got {nodes!r}")
+        names = []
+        for node in nodes:
+            kind, parts = parse_entity(str(node))
+            if kind != "node":
+                raise ActuatorError(f"migrate_job params.nodes holds {node!r}, not a node/<name> id")
+            names.append(parts[0])
+        return names
+
+    def describe_job(self, action: Action) -> str:
+        namespace, name = job_ref(action.target)
+        delete = (f"delete the pods of job {namespace}/{name} created before now (label "
+                  f"{' or '.join(label + '=' + name for label in JOB_POD_LABELS)}); its controller recreates them")
+        if action.kind is ActionKind.RESTART_JOB:
+            return delete
+        named = self.named_nodes(action)
+        if named:
+            return f"cordon node {', '.join(named)}, then {delete} on other nodes"
+        return f"{delete} off its cordoned nodes (refused when none of its nodes is cordoned)"
+
+    def _job_pods(self, namespace: str, name: str) -> list[Any]:
+        for label in JOB_POD_LABELS:
+            pods = self._call(f"list pods of job {namespace}/{name}", self.core.list_namespaced_pod, namespace,
+                              label_selector=f"{label}={name}").items
+            if pods:
+                return list(pods)
+        return []
+
+    def _restart(self, action: Action) -> str:
+        namespace, name = job_ref(action.target)
+        started = dt.datetime.fromtimestamp(action.ts, dt.UTC)
+        pods = [pod for pod in self._job_pods(namespace, name)
+                if pod.metadata.creation_timestamp is None or pod.metadata.creation_timestamp < started]
+        if not pods:
+            raise ActuatorError(f"job {namespace}/{name} has no pods created before the action (labels "
+                                f"{', '.join(JOB_POD_LABELS)}); Vigil restarts a job its controller still runs")
+        cordoned: list[str] = []
+        if action.kind is ActionKind.MIGRATE_JOB:
+            named = self.named_nodes(action)
+            hosts = sorted({pod.spec.node_name for pod in pods if pod.spec.node_name} - set(named))
+            already = [host for host in hosts if self._node(host).spec.unschedulable]
+            if not named and not already:
+                raise ActuatorError(f"job {namespace}/{name} runs on {', '.join(hosts) or 'no node'} and none is "
+                                    "cordoned: name the bad node (--node node/NAME), or restart_job to restart it")
+            for node in named:
+                if not self._node(node).spec.unschedulable:
+                    self._cordon(node, action)
+                    cordoned.append(node)
+        for pod in pods:
+            try:
+                self.core.delete_namespaced_pod(pod.metadata.name, namespace)
+            except self.client.exceptions.ApiException as err:
+                if err.status != 404:  # gone already: its controller is recreating it
+                    raise ActuatorError(f"delete pod {namespace}/{pod.metadata.name}: HTTP {err.status}") from None
+        where = sorted({pod.spec.node_name for pod in pods if pod.spec.node_name})
+        result = f"deleted {len(pods)} pods of job {namespace}/{name} (on {', '.join(where) or 'no node'})"
+        if cordoned:
+            result = f"cordoned {', '.join(cordoned)}; " + result
+        return result + ": its controller recreates them"
 
 
 def _cr_name(node: str) -> str:
