@@ -112,14 +112,18 @@ def test_migrate_job_requeues_a_running_job_off_its_bad_node(
     settings.cache_clear()
     topology = tmp_path / "topology.json"
     topology.write_text(Topology(nodes=[Node(name=on_path.node)]).to_json())
-    script = tmp_path / "train.sh"
+    script, crash = tmp_path / "train.sh", tmp_path / "crash.sh"
     script.write_text("#!/bin/sh\nsleep 600\n")
-    job = on_path.run("sbatch", "--parsable", "--requeue", "-o", "/dev/null", "-J", "pretrain", str(script)).strip()
-    pinned = on_path.run("sbatch", "--parsable", "--no-requeue", "-o", "/dev/null", "-J", "eval", str(script)).strip()
+    crash.write_text("#!/bin/sh\nexit 3\n")
 
     def fields(job_id: str) -> dict[str, str]:
         return job_fields(on_path.run("scontrol", "show", "job", job_id, "-o"))
 
+    # a job whose ranks died with the node (its plan's case): failed, on the node, requeueable
+    crashed = on_path.run("sbatch", "--parsable", "--requeue", "-o", "/dev/null", "-J", "sft", str(crash)).strip()
+    wait_for(lambda: fields(crashed)["JobState"] == "FAILED", 60, "the job to fail")
+    job = on_path.run("sbatch", "--parsable", "--requeue", "-o", "/dev/null", "-J", "pretrain", str(script)).strip()
+    pinned = on_path.run("sbatch", "--parsable", "--no-requeue", "-o", "/dev/null", "-J", "eval", str(script)).strip()
     runner = CliRunner()
     node, migrate = node_id(on_path.node), ["act", "migrate_job", f"job/{job}", "--backend", "slurm", "--json"]
     try:
@@ -140,19 +144,29 @@ def test_migrate_job_requeues_a_running_job_off_its_bad_node(
         live = runner.invoke(app, [*migrate, "--node", node, "--execute", "--topology", str(topology)])
         assert live.exit_code == 0, live.output
         assert json.loads(live.stdout)["status"] == "executed"
+        # requeued (Slurm counted the restart) and kept off the bad node; pending once its step is cleaned up
+        # (COMPLETING), and not started again on the excluded node
+        wait_for(lambda: fields(job)["JobState"] == "PENDING", 60, "the requeued job to be pending")
         moved = fields(job)
-        # requeued (Slurm counted the restart), kept off the bad node, and not running on it
-        assert (moved["Restarts"], moved["ExcNodeList"], moved["JobState"]) == ("1", on_path.node, "PENDING")
+        assert (moved["Restarts"], moved["ExcNodeList"]) == ("1", on_path.node)
         assert moved["Reason"] != "job_requeued_in_held_state"  # released again
         assert on_path.node_state() in ("draining", "drained", "mixed+drain", "drng")
         assert "vigil: " in on_path.run("sinfo", "-h", "-R", "-o", "%E")
         states = json.loads(runner.invoke(app, ["lifecycle", "--json"]).stdout)
         assert [(s["node"], s["state"]) for s in states] == [(node, "cordoned")]
+        # the plan's command as printed, no --node: the node is drained now, so it is the bad one
+        printed = runner.invoke(app, ["act", "migrate_job", f"job/{crashed}", "--backend", "slurm", "--execute",
+                                      "--topology", str(topology), "--json"])
+        assert printed.exit_code == 0, printed.output
+        wait_for(lambda: fields(crashed)["JobState"] == "PENDING", 60, "the failed job to be pending")
+        requeued = fields(crashed)
+        assert (requeued["Restarts"], requeued["ExcNodeList"]) == ("1", on_path.node)
         audit = json.loads(runner.invoke(app, ["audit", "--json"]).stdout)
         assert [(a["target"], a["status"]) for a in audit] == [
-            (f"job/{job}", "proposed"), (f"job/{pinned}", "failed"), (f"job/{job}", "executed")]
+            (f"job/{job}", "proposed"), (f"job/{pinned}", "failed"), (f"job/{job}", "executed"),
+            (f"job/{crashed}", "executed")]
     finally:
-        on_path.run("scancel", job, pinned)
+        on_path.run("scancel", job, pinned, crashed)
         on_path.run("scontrol", "update", f"nodename={on_path.node}", "state=resume")
         settings.cache_clear()
     wait_for(lambda: on_path.node_state() == "idle", 60, "the node to be idle again")
