@@ -123,6 +123,9 @@ CASES = [
     ("  what():  Error (gpu_burn-drv.cpp:298): system not yet initialized", "cuda.system_not_ready", "cascade"),
     ("[rank3]:[E901 05:20:03.614723891 ProcessGroupNCCL.cpp:698] [Rank 3] To avoid data inconsistency, we are taking "
      "the entire process down.", "nccl_timeout", "cascade"),
+    # round 25: NCCL's RAS report of ranks that stand apart, a record of where the job is rather than why
+    ("  Communicator ranks have different AllGather operation counts", "nccl.ras_inconsistent_communicator", "cascade"),
+    ("  Missing communicator data from 2 ranks", "nccl.ras_inconsistent_communicator", "cascade"),
 ]
 
 

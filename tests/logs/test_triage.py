@@ -652,6 +652,45 @@ def test_nccl_last_error_under_the_wrapper_is_the_root(tmp_path: Path) -> None:
     assert result.root is not None and result.root.lineno == 4  # the header's next non-empty line
 
 
+def test_another_ranks_line_after_an_empty_last_error_is_not_its_detail(tmp_path: Path) -> None:
+    """ncclGetLastError had nothing, so the report ends with its header; the next rank's watchdog timeout printed
+    after it in the job-wide log is that rank's own report, not the detail of rank 3's internal error."""
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "job.log").write_text(
+        "[rank3]: ncclInternalError: Internal check failed.\n"
+        "[rank3]: Last error:\n"
+        "\n"
+        "[rank2]:[E1101 15:32:04.276254351 ProcessGroupNCCL.cpp:616] [Rank 2] Watchdog caught collective operation "
+        "timeout: WorkNCCL(SeqNum=1, OpType=COALESCED, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600073 "
+        "milliseconds before timing out.\n")
+    result = triage(job, workers=1)
+    assert result.root is not None and (result.root.lineno, result.root.rank) == (1, 3), result.summary
+    (job / "job.log").write_text(job.joinpath("job.log").read_text().replace("[rank2]:[E1101", "[rank3]:[E1101"))
+    result = triage(job, workers=1)
+    assert result.root is not None and result.root.lineno == 4  # the same rank's next line is still the detail
+
+
+def test_an_nccl_ras_report_names_its_finding_not_its_headings(tmp_path: Path) -> None:
+    """ncclras prints its table's "Status  Errors" columns and its "Errors" / "Warnings" headings even when nothing is
+    under them; with no error of a process in view, the mismatch it found is named."""
+    (tmp_path / "ras.log").write_text(
+        "Group     Comms     Nodes     Ranks     Ranks     Ranks    Status  Errors\n"
+        "    #  in group  per comm  per node  per comm  in group\n"
+        "    0         1         4         8        32        32   RUNNING  MISMATCH\n\n"
+        "Errors\n======\n\nWarnings\n========\n\n"
+        "#0-0 (fa93daea854b060b) MISMATCH\n"
+        "  Communicator ranks have different AllGather operation counts\n"
+        "  30 ranks have launched up to operation 640\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 12, result.summary
+    assert result.root.kind == "nccl.ras_inconsistent_communicator" and result.root.attrs["collective"] == "AllGather"
+    (tmp_path / "train.log").write_text(
+        "[rank12]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.source == "train.log"  # a process's own error outranks it
+
+
 def test_nccl_last_error_far_below_an_nccl_warn_does_not_replace_it(tmp_path: Path) -> None:
     job = tmp_path / "job"
     job.mkdir()

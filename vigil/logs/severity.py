@@ -17,7 +17,8 @@ nothing. ``strength`` grades a line from its wording alone, with nothing specifi
   dump debug info" before the heartbeat monitor terminates it; "Stack trace of the failed collective:", the header
   under which PyTorch's watchdog prints the flight recorder's stack of the collective it just timed out).
 * 0: not an error line (NCCL ``INFO`` unwinding such as ``net.cc:1302 -> 6``, traceback frames, a problem its
-  producer says it ignored: PMIx's "unable to open mca_<component>: ... (ignored)").
+  producer says it ignored: PMIx's "unable to open mca_<component>: ... (ignored)", the headings of NCCL's RAS
+  report: its table's "Status  Errors" columns and its "Errors" / "Warnings" sections, printed even when empty).
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ GENERIC = 1
 _NOT_AN_ERROR = re.compile(
     r"NCCL INFO|^\s*File \"|^\s*frame #\d+|Traceback \(most recent call last\)"
     r"|\(ignored\)\s*$"  # a problem its producer says it skipped (PMIx / Open MPI: a component it could not open)
+    # NCCL's RAS report (src/ras/client_support.cc): its communicator table's column header ("... Status  Errors") and
+    # its section headings "Errors" / "Warnings" are printed whether or not anything is found under them
+    r"|^Group +Comms +Nodes +Ranks\b.*\bErrors\s*$|^(?:Errors|Warnings)\s*$"
 )
 _SPECIFIC = re.compile(
     r"NCCL WARN"

@@ -47,7 +47,9 @@ MAX_LINE_CHARS = 2000
 MAX_WORDED_PER_FILE = 200
 WORDED_SIGNATURE = "generic.error_wording"
 # PyTorch prints NCCL's own account of a failure under its wrapper: "DistBackendError: NCCL error in: ... /
-# ncclRemoteError: ... / Last error: / <NCCL's last WARN>". The line after the header names what failed.
+# ncclRemoteError: ... / Last error: / <NCCL's last WARN>". The line after the header names what failed - a line of
+# the same process: in a job-wide log another rank's line after an empty "Last error:" (ncclGetLastError had nothing,
+# so the report ends with the header) is that rank's own report, not this one's detail.
 NCCL_LAST_ERROR_HEADER = "Last error:"
 NCCL_LAST_ERROR = "nccl_last_error"
 # The detail belongs to the report whose head is the root: wrapper, NCCL's error class, header, detail. Further down
@@ -279,6 +281,7 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
     untimed: list[LogEvent] = []
     in_traceback = False
     after_last_error = False
+    last_error_rank: int | None = None  # the rank whose report the "Last error:" header ends
     in_root_cause = False
     last_text = 0  # the last non-blank line, and the one before the current traceback's header
     traceback_after = 0
@@ -318,12 +321,13 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
                     continue
                 in_traceback = False
             if stripped == NCCL_LAST_ERROR_HEADER:
-                after_last_error = True
+                after_last_error, last_error_rank = True, rank
                 continue
             if stripped == ROOT_CAUSE_HEADER or stripped[:3] in ("===", "---"):
                 in_root_cause = stripped == ROOT_CAUSE_HEADER
                 continue
-            detail, after_last_error = after_last_error and bool(stripped), after_last_error and not stripped
+            detail = after_last_error and bool(stripped) and rank == last_error_rank
+            after_last_error = after_last_error and not stripped
             if stripped.find("frame #", 0, _CPP_FRAME_SCREEN) >= 0 and _CPP_FRAME.match(line):
                 continue
             origin = _NCCL_ORIGIN.match(line)
