@@ -691,6 +691,24 @@ def test_an_nccl_ras_report_names_its_finding_not_its_headings(tmp_path: Path) -
     assert result.root is not None and result.root.source == "train.log"  # a process's own error outranks it
 
 
+def test_the_driver_containers_nvswitch_probe_is_not_the_root(tmp_path: Path) -> None:
+    """The GPU driver container's script lists /proc/driver/nvidia-nvswitch/devices/* to learn whether the node has
+    NVSwitches (_assert_nvswitch_system); on a node without them ls prints its complaint and the script goes on, so
+    the failure after it - containerd's socket refused - is the one named."""
+    prefix = "nvidia-driver-daemonset-c78b4 nvidia-driver-ctr "
+    (tmp_path / "driver.log").write_text(
+        f"{prefix}Starting NVIDIA persistence daemon...\n"
+        f"{prefix}ls: cannot access '/proc/driver/nvidia-nvswitch/devices/*': No such file or directory\n"
+        f"{prefix}Mounting NVIDIA driver rootfs...\n"
+        f"{prefix}Done, now waiting for signal\n"
+        f"{prefix}rpc error: code = Unavailable desc = connection error: desc = \"transport: Error while dialing dial "
+        "unix /var/run/containerd/containerd.sock: connect: connection refused\"\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 5, result.summary
+    assert strength(f"{prefix}ls: cannot access '/proc/driver/nvidia-nvswitch/devices/*': No such file") == 0
+    assert strength("ls: cannot access '/data/run/*': No such file or directory") > 0  # another path still does
+
+
 def test_nccl_last_error_far_below_an_nccl_warn_does_not_replace_it(tmp_path: Path) -> None:
     job = tmp_path / "job"
     job.mkdir()

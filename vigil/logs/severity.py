@@ -18,7 +18,9 @@ nothing. ``strength`` grades a line from its wording alone, with nothing specifi
   under which PyTorch's watchdog prints the flight recorder's stack of the collective it just timed out).
 * 0: not an error line (NCCL ``INFO`` unwinding such as ``net.cc:1302 -> 6``, traceback frames, a problem its
   producer says it ignored: PMIx's "unable to open mca_<component>: ... (ignored)", the headings of NCCL's RAS
-  report: its table's "Status  Errors" columns and its "Errors" / "Warnings" sections, printed even when empty).
+  report: its table's "Status  Errors" columns and its "Errors" / "Warnings" sections, printed even when empty; the
+  GPU driver container's NVSwitch probe: "ls: cannot access '/proc/driver/nvidia-nvswitch/devices/*'" on a node
+  without NVSwitches).
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ _NOT_AN_ERROR = re.compile(
     # NCCL's RAS report (src/ras/client_support.cc): its communicator table's column header ("... Status  Errors") and
     # its section headings "Errors" / "Warnings" are printed whether or not anything is found under them
     r"|^Group +Comms +Nodes +Ranks\b.*\bErrors\s*$|^(?:Errors|Warnings)\s*$"
+    # the GPU operator's driver container (nvidia-driver, _assert_nvswitch_system) lists the NVSwitch devices to
+    # decide whether the node has any; on a node without them ls says so and the script carries on
+    r"|ls: cannot access '/proc/driver/nvidia-nvswitch/devices/\*'"
 )
 _SPECIFIC = re.compile(
     r"NCCL WARN"
