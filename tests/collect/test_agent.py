@@ -220,8 +220,9 @@ class RankLines(Source):
         self.events, self.xid = events, xid
 
     def collect(self, now: float) -> Collection:
-        lines = [Event(ts=now, entity="job/llm/rank/1", kind="rank_log", source="rank", level=FaultLevel.DEGRADED,
-                       message="ValueError: bad batch", attrs={"signature": "python.exception"})] * self.events
+        lines = [Event(ts=now, entity=f"job/{job}/rank/1", kind="rank_log", source="rank",
+                       level=FaultLevel.DEGRADED, message="ValueError: bad batch",
+                       attrs={"signature": "python.exception"}) for job in ("llm", "eval")] * self.events
         xids = [Event(ts=now, entity="gpu/n01/0", kind="xid", level=FaultLevel.DRAIN, attrs={"xid": 119})]
         return Collection(events=lines + xids * self.xid)
 
@@ -237,21 +238,23 @@ def test_rank_log_lines_go_to_their_route_with_the_node_and_a_refused_batch_is_c
     assert {e["kind"] for path, body in bodies if path == "/api/v1/events" for e in body} == {"xid"}
     pushed = [body for path, body in bodies if path == "/api/v1/rank-logs"]
     assert pushed and all(body["node"] == "n01" for body in pushed)
-    assert {e["entity"] for body in pushed for e in body["events"]} == {"job/llm/rank/1"}
+    # one push per job, so a refused layout costs only its own job's lines
+    assert sorted({e["entity"] for e in body["events"]} for body in pushed[:2]) == [{"job/eval/rank/1"},
+                                                                                   {"job/llm/rank/1"}]
     lines.xid = False
     wait_for(lambda: (agent.step(), agent._pusher is not None and not agent._pusher.busy and not agent.pending_events
                       and not agent.runners[0].busy)[1])
     page_server.status = 400  # the server refuses the lines: sending them again cannot help
     agent.collect_once()
-    wait_for(lambda: (agent.step(), agent.events_refused >= 1)[1])
-    assert agent.report()["events_refused"] >= 1
+    wait_for(lambda: (agent.step(), agent.events_refused >= 2)[1])
+    assert agent.report()["events_refused"] >= 2
     assert not [e for e in agent.pending_events if e.kind == "rank_log"]  # dropped, not queued again
 
 
 def test_events_beyond_the_queue_for_an_absent_server_are_dropped_and_counted() -> None:
     from vigil.sources.collect.agent import MAX_PENDING_EVENTS
 
-    agent = Agent([RankLines(events=MAX_PENDING_EVENTS + 4)], fast_settings(server_url="http://127.0.0.1:9"),
+    agent = Agent([RankLines(events=MAX_PENDING_EVENTS // 2 + 2)], fast_settings(server_url="http://127.0.0.1:9"),
                   cpu_ratio=lambda: 0.1)
     agent.collect_once()
     assert len(agent.pending_events) == MAX_PENDING_EVENTS and agent.report()["events_dropped"] == 5

@@ -22,6 +22,7 @@ counted (``vigil_agent_events_dropped_total``).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import re
@@ -627,9 +628,9 @@ class EventPusher:
     """POSTs to the Vigil server in a background thread: the node's inventory when it changed, event batches
     (re-queued when they fail) and the latest samples (dropped when they fail: the next push has newer).
 
-    Rank-log events go to the rank-log route with the node's name, which the server checks them against; a
-    batch it refuses as invalid (a layout naming ranks placed on another node) is dropped and counted, since
-    sending it again cannot help."""
+    Rank-log events go to the rank-log route with the node's name, which the server checks them against, one
+    push per job; a push it refuses as invalid (a layout naming ranks placed on another node) is dropped and
+    counted, since sending it again cannot help."""
 
     def __init__(self, server_url: str, token: str = "", timeout_s: float = 5.0) -> None:
         self.base = server_url.rstrip("/") + "/api/v1"
@@ -669,16 +670,18 @@ class EventPusher:
             if inventory is not None:
                 self._client.post(self.base + "/inventory", json=inventory.model_dump(mode="json")).raise_for_status()
                 self.registered = inventory
-            rank_logs = [e for e in events if e.kind == "rank_log"]
+            # one push per job: a layout the server refuses costs only its own job's lines
+            rank_logs = sorted((e for e in events if e.kind == "rank_log"), key=lambda e: e.entity.split("/")[1])
             others = [e for e in events if e.kind != "rank_log"]
             if others:
                 body = [e.model_dump(mode="json") for e in others]
                 self._client.post(self.url, json=body).raise_for_status()
                 self.sent += len(others)
-                events = rank_logs
-            if rank_logs:
-                self._post_rank_logs(node, rank_logs)
-                events = []
+            events = rank_logs  # what is left to send
+            for _job, lines in itertools.groupby(rank_logs, key=lambda e: e.entity.split("/")[1]):
+                batch = list(lines)
+                self._post_rank_logs(node, batch)
+                events = events[len(batch):]
             if samples:
                 push = {"node": node, "samples": [s.model_dump(mode="json") for s in samples]}
                 self._client.post(self.base + "/samples", json=push).raise_for_status()
