@@ -6,6 +6,7 @@ import json
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 import pytest
@@ -233,11 +234,17 @@ def test_rank_log_lines_go_to_their_route_with_the_node_and_a_refused_batch_is_c
                   cpu_ratio=lambda: 0.1)
     page_server.status = 201
     agent.collect_once()
-    wait_for(lambda: (agent.step(), agent._pusher is not None and agent._pusher.sent >= 2)[1])
-    bodies = list(zip(page_server.paths, map(json.loads, page_server.received), strict=True))
+
+    def received() -> list[tuple[str, Any]]:
+        # the server records a body before its path, one request at a time: the pairs line up
+        paths = list(page_server.paths)
+        return list(zip(paths, map(json.loads, page_server.received[:len(paths)]), strict=True))
+
+    wait_for(lambda: (agent.step(), sum(path == "/api/v1/rank-logs" for path, _ in received()) >= 2)[1])
+    bodies = received()
     assert {e["kind"] for path, body in bodies if path == "/api/v1/events" for e in body} == {"xid"}
     pushed = [body for path, body in bodies if path == "/api/v1/rank-logs"]
-    assert pushed and all(body["node"] == "n01" for body in pushed)
+    assert all(body["node"] == "n01" for body in pushed)
     # one push per job, so a refused layout costs only its own job's lines
     assert sorted({e["entity"] for e in body["events"]} for body in pushed[:2]) == [{"job/eval/rank/1"},
                                                                                    {"job/llm/rank/1"}]
