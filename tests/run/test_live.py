@@ -64,6 +64,7 @@ class LiveCluster:
     kmsg: dict[str, Path]
     prometheus: bool
     logs: list[Path] = field(default_factory=list)
+    agents: dict[str, str] = field(default_factory=dict)  # node -> the agent's /metrics URL
 
     def get(self, path: str) -> Any:
         response = httpx.get(self.url + path, timeout=10, headers={"Authorization": f"Bearer {TOKEN}"})
@@ -114,6 +115,10 @@ class LiveCluster:
                 print("--- incidents", [(i["scope"], i["fault_types"], i["status"]) for i in self.incidents()])
                 print("--- engine", self.get("/api/v1/engine"))
                 print("--- events", [(e["kind"], e["entity"]) for e in self.get("/api/v1/events?limit=20")])
+                for node, metrics in self.agents.items():
+                    health = [line for line in httpx.get(metrics, timeout=10).text.splitlines()
+                              if line.startswith(("vigil_agent_source", "vigil_agent_events", "vigil_agent_kernel"))]
+                    print(f"--- agent {node}", health)
             raise
 
 
@@ -156,7 +161,8 @@ def _start_cluster(tmp: Path, stack: ExitStack, prometheus: bool) -> LiveCluster
         server_env["VIGIL_METRICS_URL"] = f"http://127.0.0.1:{prom_port}"
     _start(stack, [sys.executable, "-m", "vigil", "serve", "--port", str(port)], logs[1], _env(**server_env))
     url = f"http://127.0.0.1:{port}"
-    cluster = LiveCluster(url, f"http://127.0.0.1:{am_port}", tmp, pages, kmsg, prometheus, logs)
+    cluster = LiveCluster(url, f"http://127.0.0.1:{am_port}", tmp, pages, kmsg, prometheus, logs,
+                          {node: f"http://127.0.0.1:{p}/metrics" for node, p in agent_ports.items()})
     cluster.wait(lambda: _answers(url + "/api/v1/health"), 60, "vigil serve to answer")
     for node in NODES:
         logs.append(tmp / f"agent-{node}.log")
