@@ -270,6 +270,35 @@ def test_events_beyond_the_queue_for_an_absent_server_are_dropped_and_counted() 
     assert metrics[("vigil_agent_events_dropped_total", (("reason", "queue_full"),))] == 5
 
 
+def test_a_finished_read_is_harvested_before_the_next_read_starts() -> None:
+    class Lines(Source):
+        name, kind = "lines", "kernel"
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.reads = 0
+
+        def collect(self, now: float) -> Collection:
+            self.reads += 1
+            return Collection(events=[Event(ts=now, entity="node/n01", kind="kernel", level=FaultLevel.DRAIN,
+                                            message=f"read {self.reads}")])
+
+    agent = Agent([Lines()], fast_settings(server_url="http://127.0.0.1:9"), cpu_ratio=lambda: 0.1)
+    [runner] = agent.runners
+    runner.start(0.0)
+    assert runner.thread is not None
+    runner.thread.join()  # the read finished after the loop's last harvest
+    agent.schedule(time.monotonic() + 60)  # and the source is due again before the next harvest
+    if runner.thread is not None:
+        runner.thread.join()
+    agent.harvest()
+    agent.schedule(time.monotonic() + 120)
+    runner.thread.join()
+    agent.harvest()
+    # the second read did not overwrite the first one's lines
+    assert [e.message for e in agent.pending_events] == ["read 1", "read 2"]
+
+
 def test_cli_once_json_on_this_machine_says_no_gpu_and_collects_the_rest(tmp_path) -> None:
     from vigil.faces.cli.main import app
 

@@ -210,6 +210,12 @@ class SourceRunner:
     def busy(self) -> bool:
         return self.thread is not None and self.thread.is_alive()
 
+    @property
+    def unharvested(self) -> bool:
+        """A read finished and not taken yet: a new read would overwrite it (and lose its events)."""
+        with self._lock:
+            return self.result is not None or self.error is not None
+
     def start(self, now: float) -> None:
         self.started = time.monotonic()
         self.timed_out = False
@@ -327,7 +333,8 @@ class Agent:
         """Start every source that is due and not still busy with its previous read."""
         now = self.clock()
         for runner in self.runners:
-            if mono >= runner.next_due and not runner.busy:
+            # a read that finished since the last harvest is taken first; the next starts at the next turn
+            if mono >= runner.next_due and not runner.busy and not runner.unharvested:
                 runner.start(now)
                 runner.next_due = mono + self.effective_interval(runner)
 
