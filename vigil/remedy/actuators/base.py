@@ -37,6 +37,21 @@ def run_command(argv: list[str], timeout_s: float, what: str) -> subprocess.Comp
     return done
 
 
+def migration_nodes(action: Action) -> list[str]:
+    """The bad nodes a migrate_job names (``params.nodes``: node ids), as the scheduler's node names; none for
+    any other action."""
+    nodes = action.params.get("nodes", []) if action.kind is ActionKind.MIGRATE_JOB else []
+    if not isinstance(nodes, list):
+        raise ActuatorError(f"migrate_job params.nodes must be a list of node ids, got {nodes!r}")
+    names = []
+    for node in nodes:
+        kind, parts = parse_entity(str(node))
+        if kind != "node":
+            raise ActuatorError(f"migrate_job params.nodes holds {node!r}, not a node/<name> id")
+        names.append(parts[0])
+    return names
+
+
 class Actuator(abc.ABC):
     name: str = "actuator"
     kinds: frozenset[ActionKind] = frozenset()

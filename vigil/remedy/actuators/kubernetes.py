@@ -29,7 +29,7 @@ import datetime as dt
 from typing import Any
 
 from vigil.model import Action, ActionKind, parse_entity
-from vigil.remedy.actuators.base import Actuator, ActuatorError
+from vigil.remedy.actuators.base import Actuator, ActuatorError, migration_nodes
 from vigil.remedy.actuators.kueue import job_ref
 from vigil.sources.collect.kube_client import kube_api_client
 
@@ -290,27 +290,13 @@ class KubernetesActuator(Actuator):
 
     # ------------------------------------------------------------------ job actions
 
-    @staticmethod
-    def named_nodes(action: Action) -> list[str]:
-        """The bad nodes a migrate_job names (``params.nodes``: node ids), as Kubernetes node names."""
-        nodes = action.params.get("nodes", []) if action.kind is ActionKind.MIGRATE_JOB else []
-        if not isinstance(nodes, list):
-            raise ActuatorError(f"migrate_job params.nodes must be a list of node ids, got {nodes!r}")
-        names = []
-        for node in nodes:
-            kind, parts = parse_entity(str(node))
-            if kind != "node":
-                raise ActuatorError(f"migrate_job params.nodes holds {node!r}, not a node/<name> id")
-            names.append(parts[0])
-        return names
-
     def describe_job(self, action: Action) -> str:
         namespace, name = job_ref(action.target)
         delete = (f"delete the pods of job {namespace}/{name} created before now (label "
                   f"{' or '.join(label + '=' + name for label in JOB_POD_LABELS)}); its controller recreates them")
         if action.kind is ActionKind.RESTART_JOB:
             return delete
-        named = self.named_nodes(action)
+        named = migration_nodes(action)
         if named:
             return f"cordon node {', '.join(named)}, then {delete} on other nodes"
         return f"{delete} off its cordoned nodes (refused when none of its nodes is cordoned)"
@@ -333,7 +319,7 @@ class KubernetesActuator(Actuator):
                                 f"{', '.join(JOB_POD_LABELS)}); Vigil restarts a job its controller still runs")
         cordoned: list[str] = []
         if action.kind is ActionKind.MIGRATE_JOB:
-            named = self.named_nodes(action)
+            named = migration_nodes(action)
             hosts = sorted({pod.spec.node_name for pod in pods if pod.spec.node_name} - set(named))
             already = [host for host in hosts if self._node(host).spec.unschedulable]
             if not named and not already:

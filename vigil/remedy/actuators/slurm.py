@@ -27,7 +27,7 @@ from __future__ import annotations
 import re
 
 from vigil.model import Action, ActionKind, parse_entity
-from vigil.remedy.actuators.base import Actuator, ActuatorError, run_command
+from vigil.remedy.actuators.base import Actuator, ActuatorError, migration_nodes, run_command
 
 _STATE = re.compile(r"\bState=(\S+)")
 _QOS_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -178,25 +178,11 @@ class SlurmActuator(Actuator):
 
     # ------------------------------------------------------------------ migrate_job
 
-    @staticmethod
-    def named_nodes(action: Action) -> list[str]:
-        """The bad nodes the action names (``params.nodes``: node ids), as Slurm node names."""
-        nodes = action.params.get("nodes", [])
-        if not isinstance(nodes, list):
-            raise ActuatorError(f"migrate_job params.nodes must be a list of node ids, got {nodes!r}")
-        names = []
-        for node in nodes:
-            kind, parts = parse_entity(str(node))
-            if kind != "node":
-                raise ActuatorError(f"migrate_job params.nodes holds {node!r}, not a node/<name> id")
-            names.append(parts[0])
-        return names
-
     def _drain_command(self, node: str, action: Action) -> list[str]:
         return [self.scontrol, "update", f"nodename={node}", "state=drain", f"reason={self.reason(action)}"]
 
     def describe_migration(self, action: Action) -> str:
-        job, named = parse_entity(action.target)[1][0], self.named_nodes(action)
+        job, named = parse_entity(action.target)[1][0], migration_nodes(action)
         # the job's own exclusions and its drained or down nodes are read from Slurm only when it runs
         excluded = ",".join([*named, "<its ExcNodeList and drained or down nodes>"])
         steps = [" ".join(self._drain_command(node, action)) for node in named]
@@ -215,7 +201,7 @@ class SlurmActuator(Actuator):
             why = "not a batch job" if fields.get("BatchFlag") == "0" else f"Requeue={fields.get('Requeue', '?')}"
             raise ActuatorError(f"job {job} cannot be migrated: Slurm will not requeue it ({why} in scontrol show "
                                 f"job {job}; submit it with sbatch --requeue)")
-        named = self.named_nodes(action)
+        named = migration_nodes(action)
         states = {node: self.node_state(node).upper() for node in dict.fromkeys(named + self._hostnames(
             fields.get("NodeList", "")))}
         bad = named + [n for n, state in states.items() if n not in named and any(s in state for s in _OUT_STATES)]
