@@ -10,10 +10,11 @@ import pytest
 from tests.remedy.conftest import calls
 from vigil.model import Action, ActionKind, ActionStatus, Node, Topology
 from vigil.remedy.actuators.base import ActuatorError
-from vigil.remedy.actuators.slurm import SlurmActuator, job_fields
+from vigil.remedy.actuators.slurm import SlurmActuator
 from vigil.remedy.audit import AuditLog
 from vigil.remedy.guard import BlastRadiusGuard
 from vigil.remedy.remediator import Remediator
+from vigil.sources.collect.slurm import job_fields
 
 
 def act(kind: ActionKind, node: str = "gpu-017", reason: str = "Xid 79 'fallen off the bus'; rm -rf /") -> Action:
@@ -79,9 +80,16 @@ def migrate(job: str = "4242", nodes: list[str] | None = None) -> Action:
 
 
 def test_job_fields_read_the_recorded_lines() -> None:
-    running = job_fields((RECORDED / "show-job-running.txt").read_text())
-    assert running == {"JobState": "RUNNING", "Reason": "None", "Requeue": "1", "Restarts": "0", "BatchFlag": "1",
-                       "ExcNodeList": "", "NodeList": "vm"}
+    text = (RECORDED / "show-job-running.txt").read_text()
+    running = job_fields(text)
+    migration = {"JobState": "RUNNING", "Reason": "None", "Requeue": "1", "Restarts": "0", "BatchFlag": "1",
+                 "ExcNodeList": "", "NodeList": "vm"}
+    assert {key: running.get(key) for key in migration} == migration
+    assert (running["ExitCode"], running["TRES"], running["AllocNode:Sid"], running["Power"]) == (
+        "0:0", "cpu=1,node=1,billing=1", "localhost:13640", "")
+    # a job's own words cannot stand for Slurm's: Command (after Requeue in the line) keeps its own field
+    tricked = job_fields(text.replace("Command=/tmp/jobacts_job.sh", "Command=/tmp/run.sh Requeue=0 JobState=FAILED"))
+    assert (tricked["Requeue"], tricked["JobState"]) == ("1", "RUNNING")
     held = job_fields((RECORDED / "show-job-requeue-held.txt").read_text())
     assert (held["JobState"], held["Reason"], held["Restarts"], held["NodeList"]) == (
         "PENDING", "job_requeued_in_held_state", "1", "")

@@ -16,11 +16,11 @@ from tests.slurm_cluster import SlurmCluster
 from vigil.config import settings
 from vigil.faces.cli.remedy import app
 from vigil.model import Action, ActionKind, ActionStatus, Gpu, Node, Topology, node_id
-from vigil.remedy.actuators.slurm import SlurmActuator, job_fields
+from vigil.remedy.actuators.slurm import SlurmActuator
 from vigil.remedy.audit import AuditLog
 from vigil.remedy.failover import failover_action, policy_from_comment
 from vigil.remedy.remediator import Remediator
-from vigil.sources.collect.slurm import SlurmJobs, placement
+from vigil.sources.collect.slurm import SlurmJobs, job_fields, placement
 
 pytestmark = pytest.mark.slow
 

@@ -28,6 +28,7 @@ import re
 
 from vigil.model import Action, ActionKind, parse_entity
 from vigil.remedy.actuators.base import Actuator, ActuatorError, migration_nodes, run_command
+from vigil.sources.collect.slurm import job_fields
 
 _STATE = re.compile(r"\bState=(\S+)")
 _QOS_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -37,17 +38,10 @@ NOTICE_SIGNALS = frozenset({"USR1", "USR2", "TERM", "INT", "URG"})
 # a COMPLETING job is already giving its capacity back
 _RUNNING_STATES = frozenset({"RUNNING", "CONFIGURING"})
 _SAFE_REASON = re.compile(r"[^A-Za-z0-9 _.,:/=()\-]")
-_JOB_FIELD = re.compile(r"(?:^|\s)(JobState|Reason|Requeue|BatchFlag|Restarts|NodeList|ExcNodeList)=(\S*)")
 # node states whose jobs must move: the node no longer takes work, or is gone
 _OUT_STATES = ("DRAIN", "DOWN", "FAIL")
 # requeuehold's mark on the job it holds; a migration cut short there is resumed, not requeued twice
 _REQUEUE_HELD = "job_requeued_in_held_state"
-
-
-def job_fields(text: str) -> dict[str, str]:
-    """The fields of ``scontrol show job J -o`` a migration reads (JobState, Reason, Requeue, BatchFlag,
-    Restarts, NodeList, ExcNodeList); ``(null)`` is read as empty."""
-    return {key: "" if value == "(null)" else value for key, value in _JOB_FIELD.findall(text)}
 
 
 class SlurmActuator(Actuator):

@@ -18,8 +18,20 @@ from vigil.sources.collect.base import Collection, Source
 
 FAILED_STATES = frozenset({"FAILED", "NODE_FAIL", "TIMEOUT", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"})
 SQUEUE_FORMAT = "%i|%j|%T|%N|%r"
-_FIELD = re.compile(r"\b(ExitCode|Restarts|Requeue)=(\S+)")
+# one Key=Value field of ``scontrol show job -o``'s single line; a value with spaces in it (a Comment, a Command's
+# arguments) is cut at the first one, so Comment is read by _COMMENT
+_JOB_FIELD = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=(\S*)")
 _COMMENT = re.compile(r"\bComment=(.*?)(?= [A-Z][A-Za-z]+=|$)")
+
+
+def job_fields(text: str) -> dict[str, str]:
+    """The fields of ``scontrol show job J -o`` (JobState, Requeue, Restarts, ExitCode, NodeList, ...); ``(null)``
+    is read as empty, and a field named twice keeps its first value (a Comment or Command that reads
+    ``Requeue=0`` does not override Slurm's own)."""
+    fields: dict[str, str] = {}
+    for key, value in _JOB_FIELD.findall(text):
+        fields.setdefault(key, "" if value == "(null)" else value)
+    return fields
 
 
 @dataclass(frozen=True)
@@ -78,7 +90,8 @@ class SlurmJobs(Source):
     def details(self, job: str) -> dict[str, str]:
         """ExitCode, Restarts, Requeue and Comment of one job from ``scontrol show job -o``."""
         text = self._run([self.scontrol, "show", "job", job, "-o"])
-        found = dict(_FIELD.findall(text))
+        fields = job_fields(text)
+        found: dict[str, str] = {key: fields[key] for key in ("ExitCode", "Restarts", "Requeue") if key in fields}
         comment = _COMMENT.search(text)
         if comment and comment.group(1) != "(null)":
             found["Comment"] = comment.group(1)
