@@ -37,8 +37,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.logs.catalogue import Secondary, assert_cause_named_after_its_consequence, assert_root_alone_and_beside
-from vigil.logs.triage import triage
+from tests.logs.catalogue import (
+    Secondary,
+    assert_benign_never_root,
+    assert_consequence_after_its_cause_and_named_alone,
+    assert_root_alone_and_beside,
+)
 
 NVC = "NVIDIA libnvidia-container src/cli/configure.c configure_command (09df17a) "
 TOOLKIT = "NVIDIA nvidia-container-toolkit v1.17.8 "
@@ -310,21 +314,9 @@ def test_a_runtime_or_pod_lifecycle_failure_report_is_a_root(tmp_path: Path, ent
 @pytest.mark.parametrize("entry", CONSEQUENCES, ids=lambda e: e.message[:48])
 def test_a_pod_lifecycle_consequence_gives_way_to_its_cause_and_alone_is_named(tmp_path: Path,
                                                                                 entry: Secondary) -> None:
-    both = tmp_path / "both"
-    both.mkdir()
-    assert_cause_named_after_its_consequence(both, entry, "events.log")
-    alone = tmp_path / "alone"
-    alone.mkdir()
-    (alone / "events.log").write_text(entry.message + "\n")
-    result = triage(alone)
-    assert result.root is not None and result.root.lineno == 1, (entry.source, result.summary)
+    assert_consequence_after_its_cause_and_named_alone(tmp_path, entry, "events.log")
 
 
 @pytest.mark.parametrize(("message", "source"), BENIGN, ids=lambda v: str(v)[:48])
 def test_a_benign_line_of_the_same_producers_is_never_a_root(tmp_path: Path, message: str, source: str) -> None:
-    (tmp_path / "events.log").write_text(message + "\n")
-    result = triage(tmp_path)
-    assert result.root is None or result.root_basis != "signature", (source, result.summary)
-    (tmp_path / "events.log").write_text(message + "\n" + AFTER_BENIGN + "\n")
-    result = triage(tmp_path)
-    assert result.root is not None and result.root.lineno == 2, (source, result.summary)
+    assert_benign_never_root(tmp_path, message, source, "events.log", AFTER_BENIGN)
