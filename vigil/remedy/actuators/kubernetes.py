@@ -30,8 +30,9 @@ from typing import Any
 
 from vigil.model import Action, ActionKind, parse_entity
 from vigil.remedy.actuators.base import Actuator, ActuatorError, migration_nodes
-from vigil.remedy.actuators.kueue import job_ref
+from vigil.remedy.actuators.kueue import JOB_NAME_LABEL, job_ref
 from vigil.sources.collect.kube_client import kube_api_client
+from vigil.sources.collect.kube_jobs import JOBSET_LABEL, KUBEFLOW_JOB_LABEL
 
 STATE_LABEL = "vigil.dev/state"
 VIGIL_TAINT_KEYS = frozenset({"nvidia.com/gpu-error", "nvidia.com/gpu-xid-error", "nvidia.com/gpu-nvlink-error"})
@@ -39,7 +40,7 @@ SYSTEM_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease"})
 JANITOR_GROUP, JANITOR_VERSION, REBOOT_PLURAL = "janitor.dgxc.nvidia.com", "v1alpha1", "rebootnodes"
 STRATEGIC_MERGE = "application/strategic-merge-patch+json"
 # the label each job controller puts on its pods, naming the job: batch/v1 Job, Kubeflow PyTorchJob, JobSet
-JOB_POD_LABELS = ("batch.kubernetes.io/job-name", "training.kubeflow.org/job-name", "jobset.sigs.k8s.io/jobset-name")
+JOB_POD_LABELS = (JOB_NAME_LABEL, KUBEFLOW_JOB_LABEL, JOBSET_LABEL)
 
 # fault-type prefix -> (NVSentinel condition type, taint key)
 _CONDITION_BY_FAULT: list[tuple[str, str, str]] = [

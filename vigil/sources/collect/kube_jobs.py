@@ -17,9 +17,12 @@ from typing import Any
 from vigil.model import Job, Topology
 from vigil.sources.collect.kube_client import kube_api_client
 
+# the label naming the job that the Kubeflow training operator and the JobSet controller put on their pods
+KUBEFLOW_JOB_LABEL = "training.kubeflow.org/job-name"
+JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
 JOB_LABELS = (
-    ("training.kubeflow.org/job-name", "training.kubeflow.org/replica-index"),
-    ("jobset.sigs.k8s.io/jobset-name", "batch.kubernetes.io/job-completion-index"),
+    (KUBEFLOW_JOB_LABEL, "training.kubeflow.org/replica-index"),
+    (JOBSET_LABEL, "batch.kubernetes.io/job-completion-index"),
     ("vigil.io/job", "vigil.io/rank"),
 )
 REPLICA_TYPE = "training.kubeflow.org/replica-type"
