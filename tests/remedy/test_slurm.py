@@ -126,6 +126,19 @@ def test_migrate_refuses_with_one_line_what_it_cannot_move(fake_slurm: Path) -> 
     assert [c for c in calls(fake_slurm) if c[0] != "show"] == []  # nothing changed before the refusal
 
 
+def test_a_malformed_bad_node_from_a_plan_fails_the_action_in_one_line(fake_slurm: Path, tmp_path: Path) -> None:
+    # params.nodes comes from a diagnosis plan as well as from --node: a malformed id is the action's failure, not
+    # an exception out of the Remediator
+    recorded_job(fake_slurm, "4242", "show-job-running.txt")
+    for dry_run in (True, False):
+        remediator = Remediator([SlurmActuator()], AuditLog(f"sqlite:///{tmp_path}/audit-{dry_run}.db"),
+                                dry_run=dry_run)
+        failed = remediator.execute(migrate(nodes=["gpu-017"]))
+        assert failed.status is ActionStatus.FAILED, failed
+        assert failed.result.startswith("slurm: migrate_job params.nodes holds 'gpu-017', not a node/<name> id")
+    assert [c for c in calls(fake_slurm) if c[0] != "show"] == []
+
+
 def test_a_migration_cut_short_while_held_is_resumed_not_requeued_twice(fake_slurm: Path) -> None:
     recorded_job(fake_slurm, "4242", "show-job-requeue-held.txt")
     SlurmActuator().execute(migrate(nodes=["node/vm"]))

@@ -15,7 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from vigil.model import Action, ActionKind, parse_entity
+from vigil.model import Action, ActionKind, VigilInputError, parse_entity
 
 
 class ActuatorError(RuntimeError):
@@ -45,7 +45,10 @@ def migration_nodes(action: Action) -> list[str]:
         raise ActuatorError(f"migrate_job params.nodes must be a list of node ids, got {nodes!r}")
     names = []
     for node in nodes:
-        kind, parts = parse_entity(str(node))
+        try:
+            kind, parts = parse_entity(str(node))
+        except VigilInputError:  # a plan's params, not a command line: the action fails, the caller goes on
+            kind, parts = "", ()
         if kind != "node":
             raise ActuatorError(f"migrate_job params.nodes holds {node!r}, not a node/<name> id")
         names.append(parts[0])
