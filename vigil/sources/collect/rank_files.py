@@ -39,6 +39,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+from vigil.knowledge.signatures import LINE_RANK_PREFIX
 from vigil.model import node_id, rank_id
 from vigil.sources.collect.base import Collection, Source, default_node_name
 from vigil.sources.collect.ranklog import decode_rank_line
@@ -50,8 +51,6 @@ MAX_FILES = 1024
 MAX_LINES_PER_READ = 20_000
 # A matched file not written for this long is a finished run's: not followed (and forgotten once followed).
 IDLE_S = 6 * 3600.0
-# torch's global-rank prefix ("[rank3]: "); torchrun's "[default3]:" names a local rank and is not read as one
-_RANK_PREFIX = re.compile(r"^\[rank(?P<rank>\d+)\]:")
 # a CRI container log line: time, stream, F (full) or P (partial: the line goes on in the next record)
 _CRI_LINE = re.compile(r"^\S+ (?:stdout|stderr) (?P<tag>[FP])(?:\S*) ?(?P<line>.*)$")
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]*$")  # an entity id's name part (vigil.model)
@@ -186,8 +185,9 @@ class RankLogSource(Source):
             for line in lines:
                 rank = followed.rank
                 if rank is None:
-                    prefixed = _RANK_PREFIX.match(line)
-                    if prefixed is None:
+                    prefixed = LINE_RANK_PREFIX.match(line)
+                    # torchrun's "[default3]:" numbers a local rank: it does not say which rank of the job wrote
+                    if prefixed is None or prefixed.group("scope") != "rank":
                         self.lines_without_rank += 1
                         continue
                     rank = int(prefixed.group("rank"))
