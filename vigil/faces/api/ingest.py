@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 from vigil.faces.api.auth import Identity, check_operator, check_read
 from vigil.faces.api.context import ServeContext
 from vigil.model import Event, LaunchReport, Node, Sample, Topology, VigilInputError, node_id, node_of, parse_entity
+from vigil.sources.collect.agent import MAX_PENDING_EVENTS
 from vigil.sources.launch import report_events, report_job, report_logs, report_samples
 
 router = APIRouter(prefix="/api/v1", tags=["agents"], dependencies=[Depends(check_read)])
@@ -43,7 +44,8 @@ class RankLogPush(BaseModel):
     model_config = {"extra": "forbid"}
 
     node: str = Field(min_length=1, max_length=200)
-    events: list[Event] = Field(max_length=10_000)
+    # an agent pushes at most the events it keeps while the server is away
+    events: list[Event] = Field(max_length=MAX_PENDING_EVENTS)
 
 
 class Stored(BaseModel):
