@@ -13,6 +13,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from vigil.model import VigilInputError, describe_validation_error
 
+# the schedulers remedy actions can go through; none = the outbox and the local GPU only
+RemedyBackend = Literal["none", "kubernetes", "slurm"]
+
 
 class Settings(BaseSettings):
     """Defaults work on a laptop: everything lives under ./.vigil."""
@@ -38,7 +41,7 @@ class Settings(BaseSettings):
                                "a .gguf with transformers installed) to count `vigil ask`'s working context; "
                                "empty = four characters a token")
     execute_actions: bool = Field(default=False, description="False = every actuator runs in dry-run")
-    remedy_backend: Literal["none", "kubernetes", "slurm"] = Field(
+    remedy_backend: RemedyBackend = Field(
         default="none", description="the scheduler that `vigil remedy act / apply / idle-workers` act through when "
         "--backend is not given, so a diagnosis plan's command runs as printed; none = outbox and local GPU only")
     max_cordon_share: float = Field(default=0.1, ge=0.0, le=1.0)

@@ -158,6 +158,12 @@ def test_a_bad_configured_backend_is_one_line(home: Path, monkeypatch: pytest.Mo
     assert result.exit_code != 0 and "remedy_backend" in str(result.exception)
 
 
+def test_a_bad_backend_flag_names_the_backends_there_are(home: Path) -> None:
+    result = CliRunner().invoke(app, ["act", "cordon", "node/n3", "--backend", "pbs"])
+    assert result.exit_code != 0
+    assert str(result.exception) == "--backend must be none, kubernetes or slurm, got 'pbs'"
+
+
 def test_act_refuses_what_is_not_whitelisted(home: Path) -> None:
     result = CliRunner().invoke(app, ["act", "rm_rf", "node/n3"])
     assert result.exit_code != 0 and "not on the whitelist" in str(result.exception)

@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, get_args
 
 import typer
 from rich.text import Text
 
+from vigil.config import RemedyBackend
 from vigil.faces.cli.output import DataTable, SafeConsole, json_text
 from vigil.model import Action, ActionKind, ActionStatus, Anomaly, Topology, VigilInputError, parse_entity
 
@@ -97,7 +98,7 @@ def _read_anomalies(path: Path) -> list[Anomaly]:
 
 
 # options shared by the verbs that act
-BACKENDS = ("none", "kubernetes", "slurm")
+BACKENDS: tuple[str, ...] = get_args(RemedyBackend)
 BackendOption = Annotated[
     str | None, typer.Option("--backend", help="none, kubernetes or slurm (default: settings remedy_backend, "
                              "VIGIL_REMEDY_BACKEND, else none)")
@@ -141,7 +142,7 @@ def _backend(given: str | None) -> str:
 
     backend = given if given is not None else settings().remedy_backend
     if backend not in BACKENDS:
-        raise VigilInputError(f"--backend must be none, kubernetes or slurm, got {backend!r}")
+        raise VigilInputError(f"--backend must be {', '.join(BACKENDS[:-1])} or {BACKENDS[-1]}, got {backend!r}")
     return backend
 
 
