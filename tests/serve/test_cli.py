@@ -17,7 +17,7 @@ from tests.serve.conftest import REPO
     [
         (["serve", "--launch-dir", "{tmp}/missing"], "--launch-dir"),
         (["serve", "--metrics-dir", "{tmp}/missing"], "--metrics-dir"),
-        (["serve", "--actuator", "ansible"], "--actuator 'ansible'"),
+        (["serve", "--actuator", "ansible"], "--actuator 'ansible': expected none, kubernetes or slurm"),
         (["mcp", "--transport", "sse"], "--transport 'sse'"),
     ],
 )

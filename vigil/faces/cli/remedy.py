@@ -159,6 +159,7 @@ def _backends_for(action: Action) -> list[str]:
 def _remediator(topology: Path | None, backend: str, execute: bool, local_node: str | None) -> Remediator:
     """The remedy engine the CLI verbs share: actuators for the backend, guard, lifecycle, audit, dry-run."""
     from vigil.config import settings
+    from vigil.remedy.acting import scheduler_actuator
     from vigil.remedy.actuators.base import Actuator, OutboxActuator
     from vigil.remedy.audit import AuditLog
     from vigil.remedy.guard import BlastRadiusGuard
@@ -169,14 +170,9 @@ def _remediator(topology: Path | None, backend: str, execute: bool, local_node: 
     if not dry_run and topology is None:
         raise VigilInputError("--execute needs --topology: the blast-radius guard must know the cluster")
     actuators: list[Actuator] = [OutboxActuator(settings().home / "outbox.jsonl")]
-    if backend == "kubernetes":
-        from vigil.remedy.actuators.kubernetes import KubernetesActuator
-
-        actuators.append(KubernetesActuator())
-    elif backend == "slurm":
-        from vigil.remedy.actuators.slurm import SlurmActuator
-
-        actuators.append(SlurmActuator())
+    scheduler = scheduler_actuator(backend)
+    if scheduler is not None:
+        actuators.append(scheduler)
     if local_node:
         from vigil.remedy.actuators.nvidia import GpuResetActuator
 

@@ -93,9 +93,9 @@ def serve(
     import uvicorn
 
     from vigil.faces.api.app import app_for_context
+    from vigil.remedy.acting import check_actuator
 
-    if actuator not in ("none", "kubernetes", "slurm"):
-        raise VigilInputError(f"--actuator {actuator!r}: expected none, kubernetes or slurm")
+    check_actuator(actuator)
     ensure_port_free(host, port, "--port")
     ctx = _context(config, metrics_dir, launch_dir, actuator)
     warn_if_open(host, ctx.auth_configured, "vigil serve")
