@@ -8,6 +8,7 @@ Checks that decide on their own (NVML health) fail on any problem regardless of 
 
 from __future__ import annotations
 
+import enum
 import json
 import platform
 from dataclasses import dataclass, field
@@ -79,20 +80,23 @@ class Baselines:
         self.entries[key] = {name: sorted(values)[len(values) // 2] for name, values in by_name.items()}
 
 
-GOOD, BAD, NO_BASELINE = "good", "bad", "no baseline"
+class Verdict(enum.StrEnum):
+    GOOD = "good"
+    BAD = "bad"
+    NO_BASELINE = "no baseline"  # nothing failed, but no performance check had a baseline to meet
 
 
 @dataclass
 class MachineVerdict:
     host: str
-    verdict: str  # GOOD, BAD, or NO_BASELINE: nothing failed, but no performance check had a baseline to meet
+    verdict: Verdict
     failing: list[str]
     checks: list[CheckResult]
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "host": self.host,
-            "verdict": self.verdict,
+            "verdict": self.verdict.value,
             "failing": self.failing,
             "checks": [c.to_dict() for c in self.checks],
         }
@@ -102,7 +106,7 @@ class MachineVerdict:
 
         NVML health problems are DRAIN (reset or reboot needed); a performance shortfall is DEGRADED.
         """
-        if self.verdict != BAD:
+        if self.verdict is not Verdict.BAD:
             return None
         failed = [c for c in self.checks if c.ok is False]
         level = FaultLevel.DRAIN if any(c.name.startswith("nvml_health") for c in failed) else FaultLevel.DEGRADED
@@ -164,6 +168,6 @@ def verdicts(
         measured = [r for r in results
                     if not r.skipped and r.value is not None and not r.name.startswith("nvml_health")]
         unjudged = bool(measured) and all(r.baseline is None for r in measured)
-        verdict = BAD if failing else NO_BASELINE if unjudged else GOOD
+        verdict = Verdict.BAD if failing else Verdict.NO_BASELINE if unjudged else Verdict.GOOD
         out.append(MachineVerdict(host, verdict, failing, results))
     return out

@@ -30,7 +30,7 @@ from vigil.checkpoint.evaluation import CheckpointEvaluator, EvalConfig, EvalRec
 from vigil.config import settings
 from vigil.diagnose.hang import HangDiagnosis
 from vigil.model import Action, ActionKind, ActionStatus, Anomaly, Evidence, FaultLevel, job_id, rank_id
-from vigil.precheck.baseline import BAD, NO_BASELINE, Baselines, hardware_key, verdicts
+from vigil.precheck.baseline import Baselines, Verdict, hardware_key, verdicts
 from vigil.precheck.runner import CheckOptions, run_local
 from vigil.remedy.actuators.base import Actuator, OutboxActuator
 from vigil.remedy.actuators.local import LocalActuator
@@ -219,9 +219,9 @@ class FailoverSupervisor:
         per_rank = run_local(ranks, CheckOptions(allreduce_mb=2.0, memcpy_mb=16.0, matmul_n=256, repeats=3))
         baselines = Baselines.load(spec.baseline or settings().home / "precheck-baselines.json")
         machines = verdicts(per_rank, baselines.entries.get(hardware_key(ranks), {}), spec.tolerance)
-        bad = [m for m in machines if m.verdict == BAD]
+        bad = [m for m in machines if m.verdict is Verdict.BAD]
         if not bad:
-            unjudged = [m.host for m in machines if m.verdict == NO_BASELINE]
+            unjudged = [m.host for m in machines if m.verdict is Verdict.NO_BASELINE]
             # A missing baseline does not keep a job off its machines (NVML health was still judged); it is said.
             self.on_event(f"PreCheck: no baseline for {', '.join(unjudged)}, performance not judged (record one with "
                           "`vigil precheck --record-baseline`); NVML health good" if unjudged

@@ -52,7 +52,7 @@ def _as_json(machines: list[MachineVerdict]) -> list[dict[str, Any]]:
 
 
 def _print(machines: list[MachineVerdict]) -> None:
-    from vigil.precheck.baseline import GOOD, NO_BASELINE
+    from vigil.precheck.baseline import Verdict
 
     table = DataTable(title="PreCheck")
     for column in ("machine", "check", "value", "baseline", "result"):
@@ -63,7 +63,7 @@ def _print(machines: list[MachineVerdict]) -> None:
             baseline = "-" if check.baseline is None else f"{check.baseline:.3g}"
             result = "skipped" if check.skipped else ("ok" if check.ok else styled("FAIL", "red"))
             table.add_row(machine.host, check.name, value, baseline, Text.assemble(result, f" {check.detail}"))
-        style = {GOOD: "green", NO_BASELINE: "yellow"}.get(machine.verdict, "bold red")
+        style = {Verdict.GOOD: "green", Verdict.NO_BASELINE: "yellow"}.get(machine.verdict, "bold red")
         table.add_row(styled(f"{machine.host}: {machine.verdict}", style), ", ".join(machine.failing), "", "", "")
     console.print(table)
 
@@ -101,11 +101,11 @@ def precheck_command(
 
 def exit_status(machines: list[MachineVerdict]) -> int:
     """0 all good, 1 a machine is bad, 3 not judged for want of a baseline: neither pass nor fail."""
-    from vigil.precheck.baseline import BAD, NO_BASELINE
+    from vigil.precheck.baseline import Verdict
 
-    if any(m.verdict == BAD for m in machines):
+    if any(m.verdict is Verdict.BAD for m in machines):
         return 1
-    if any(m.verdict == NO_BASELINE for m in machines):
+    if any(m.verdict is Verdict.NO_BASELINE for m in machines):
         return EXIT_NO_BASELINE
     return 0
 
@@ -131,7 +131,7 @@ def inspect_command(
         if path is not None and path.is_dir():  # refused before a round is spent, not after it
             raise VigilInputError(f"{option} {path} is a directory; expected a file to append JSON lines to")
     _check_tolerance(tolerance)
-    from vigil.precheck.baseline import BAD, NO_BASELINE
+    from vigil.precheck.baseline import Verdict
 
     done = 0
     next_round = time.monotonic()
@@ -143,8 +143,8 @@ def inspect_command(
         if anomalies is not None:
             found = [a for a in (m.to_anomaly(time.time()) for m in machines) if a is not None]
             _append(anomalies, [a.to_json() for a in found], "--anomalies")
-        bad = [f"{m.host} ({', '.join(m.failing)})" for m in machines if m.verdict == BAD]
-        unjudged = [m.host for m in machines if m.verdict == NO_BASELINE]
+        bad = [f"{m.host} ({', '.join(m.failing)})" for m in machines if m.verdict is Verdict.BAD]
+        unjudged = [m.host for m in machines if m.verdict is Verdict.NO_BASELINE]
         if as_json:
             typer.echo(line)
         elif bad:
