@@ -106,8 +106,9 @@ def demo(
     detectors: list[StreamDetector] = [RuleDetector(run.topology), *learned_detectors(run.topology, home)]
     with _progress() as progress:
         task = progress.add_task(f"simulating {nodes} x {gpus} GPUs for {minutes:g} min", total=run.n_ticks)
+        # the events go to the store; the result's copy of them is not read here
         result = run_pipeline(run, store=store, metrics=MetricStore(home / "metrics"), detectors=detectors,
-                              progress=lambda done, total: progress.update(task, completed=done))
+                              progress=lambda done, total: progress.update(task, completed=done), keep_events=False)
     score = score_incidents(result.incidents, run.ground_truth, run.topology)
     sim_seconds = run.n_ticks * config.interval_s
     if as_json:
