@@ -136,6 +136,12 @@ def test_a_malformed_bad_node_from_a_plan_fails_the_action_in_one_line(fake_slur
         failed = remediator.execute(migrate(nodes=["gpu-017"]))
         assert failed.status is ActionStatus.FAILED, failed
         assert failed.result.startswith("slurm: migrate_job params.nodes holds 'gpu-017', not a node/<name> id")
+    # behind the blast-radius guard too: the id is the mistake, not the guard's "not in the topology"
+    guard = BlastRadiusGuard(Topology(nodes=[Node(name="gpu-017"), Node(name="gpu-018")]), max_share=0.5)
+    guarded = Remediator([SlurmActuator()], AuditLog(f"sqlite:///{tmp_path}/audit-guard.db"), guard=guard)
+    failed = guarded.execute(migrate(nodes=["gpu-017"]))
+    assert failed.status is ActionStatus.FAILED and "not a node/<name> id" in failed.result, failed
+    assert guard.admit("node/gpu-018").admitted  # nothing was left reserved
     assert [c for c in calls(fake_slurm) if c[0] != "show"] == []
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-from vigil.model import Action, ActionKind, ActionStatus, Anomaly, Diagnosis, node_of, parse_entity
-from vigil.remedy.actuators.base import Actuator, ActuatorError
+from vigil.model import Action, ActionKind, ActionStatus, Anomaly, Diagnosis, node_id, node_of, parse_entity
+from vigil.remedy.actuators.base import Actuator, ActuatorError, migration_nodes
 from vigil.remedy.audit import AuditLog
 from vigil.remedy.guard import CAPACITY_ACTIONS, BlastRadiusGuard
 from vigil.remedy.lifecycle import LifecycleStore, NodeState, Trigger, trigger_for_level
@@ -40,8 +40,10 @@ def capacity_nodes(action: Action) -> list[str]:
     if action.kind in CAPACITY_ACTIONS and parse_entity(action.target)[0] == "node":
         return [action.target]
     if action.kind is ActionKind.MIGRATE_JOB:
-        nodes = action.params.get("nodes", [])
-        return [str(node) for node in nodes] if isinstance(nodes, list) else []
+        try:
+            return [node_id(name) for name in migration_nodes(action)]
+        except ActuatorError:  # malformed: the actuator fails the action with this reason, nothing is reserved
+            return []
     return []
 
 
