@@ -39,8 +39,11 @@ from vigil.sources.probe.records import (
 )
 
 EventSink = Callable[[str], None]
-# After the first rank fails, wait this long for the peers' own errors so the cascade is visible.
-CRASH_GRACE_S = 2.0
+# After the first rank fails, wait up to this long for the peers' own errors so the cascade is visible; the
+# verdict comes as soon as every rank has exited, so a crash whose peers fail fast is not delayed. A rank that
+# raised may take seconds to exit (torch's teardown, under load), and its peers see it gone only then: at 2 s,
+# a loaded machine stopped them before they printed their "Connection closed by peer".
+CRASH_GRACE_S = 10.0
 # Before the first step a silent job is looked at with py-spy at most this often.
 PRE_STEP_LOOK_S = 2.0
 
