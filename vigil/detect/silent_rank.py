@@ -108,6 +108,10 @@ class CollectiveTimeouts:
 
     def judge(self, now: float) -> list[SilentRank]:
         """Verdicts on the collectives whose peers have had ``settle_s`` to report; each is judged once."""
+        # Crashes older than two look-backs can no longer decide a verdict (a timeout arriving up to a look-back
+        # late still sees its own look-back): forgotten, so a long-running engine keeps one entry per recent crash.
+        horizon = now - 2 * self.lookback_s
+        self._crashed = {rank: ts for rank, ts in self._crashed.items() if ts >= horizon}
         found = []
         for key, collective in list(self._open.items()):
             if now - collective.first_ts < self.settle_s:
