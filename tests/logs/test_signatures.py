@@ -224,3 +224,31 @@ def test_the_screen_runs_on_re2s_dfa_within_its_memory_budget(shared_data: Path,
     for line in lines:
         matcher._screen.search(line)
     assert "DFA out of memory" not in capfd.readouterr().err
+
+
+def test_the_signature_set_names_the_signature_trying_each_in_turn_would(shared_data: Path,
+                                                                       capfd: pytest.CaptureFixture[str]) -> None:
+    """A line the screen lets through is tried only against the signatures RE2's set says it matches: on every
+    line of the real failure-log corpus, the real log corpora and the cases above, the hit (signature and the
+    attributes read from the line) is the one trying every signature in priority order gives, and the set's
+    DFA stays within its memory budget."""
+    matcher = SignatureMatcher()
+    one_by_one = SignatureMatcher()
+    one_by_one._set = None
+    assert matcher._set is not None, "google-re2 is a pinned dependency"
+    lines = [case[0] for case in CASES]
+    real = Path(__file__).resolve().parents[1] / "fixtures" / "logs" / "real"
+    for path in sorted(p for p in real.rglob("*") if p.is_file() and p.suffix != ".yaml"):
+        lines += path.read_text(errors="replace").splitlines()
+    for path in sorted((shared_data / "xid" / "log_samples").glob("*.log")):
+        lines += path.read_text(errors="replace").splitlines()
+    for path in sorted((shared_data / "loghub2k_corrected").rglob("*_2k.log")):
+        lines += path.read_text(errors="replace").splitlines()
+    capfd.readouterr()
+    hits = 0
+    for line in lines:
+        fast, slow = matcher.match(line), one_by_one.match(line)
+        assert (fast and (fast.signature.id, fast.attrs)) == (slow and (slow.signature.id, slow.attrs)), line
+        hits += fast is not None
+    assert "DFA out of memory" not in capfd.readouterr().err
+    assert hits >= 1000
