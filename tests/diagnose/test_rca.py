@@ -170,3 +170,34 @@ def test_a_crashed_rank_is_out_of_memory_only_with_evidence_of_it(kg: KnowledgeG
     found = RuleDetector(build_topology(nodes=8, gpus=8, nodes_per_switch=4, job_nodes=8)).update([], [crash])
     result = analyze_incident(kg, incident_of(found), found, events=[crash])
     assert result.top(1) == [("job/j00/rank/21", fault)]
+
+
+PEER_CLOSED = ("[rank{r}]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by "
+               "peer [127.0.0.1]:29500")
+
+
+@pytest.mark.parametrize(("last_line", "fault"), [
+    ("[rank21]: ValueError: bad batch at step 15: labels out of range", "application_error"),
+    ("[rank21]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.", "gpu_oom"),
+    ("[rank21]: RuntimeError: CUDA error: an illegal memory access was encountered", "gpu_xid"),
+    ("[rank21]: torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
+     "ProcessGroupNCCL.cpp:1970, unhandled system error (run with NCCL_DEBUG=INFO for details)",
+     "log:nccl_unhandled_system_error"),
+])
+def test_a_rank_that_raised_is_blamed_on_its_own_code_only_when_no_specific_error_explains_it(
+        kg: KnowledgeGraph, last_line: str, fault: str) -> None:
+    """The job's own exception on one rank, its peers' "connection closed", the scheduler's FAILED: a plain
+    Python error is the application's; a CUDA OOM, CUDA or NCCL error that surfaces as an exception stays with
+    its own fault (``log:...``: the fault the knowledge base likes best for that symptom)."""
+    ranks = kg.job_ranks["job/j00"]
+    logs = [LogRecord(ts=T0, entity=ranks[21], source="rank", line=last_line),
+            *(LogRecord(ts=T0 + 1, entity=rank, source="rank", line=PEER_CLOSED.format(r=r))
+              for r, rank in enumerate(ranks) if r != 21)]
+    failed = Event(ts=T0 + 5, entity="job/j00", kind="job", source="slurm", message="Slurm job j00 FAILED",
+                   level=FaultLevel.DRAIN, attrs={"reason": "crashed", "state": "FAILED"})
+    found = RuleDetector(build_topology(nodes=8, gpus=8, nodes_per_switch=4, job_nodes=8)).update([], [failed])
+    result = analyze_incident(kg, incident_of(found), found, events=[failed], logs=logs)
+    if fault.startswith("log:"):
+        fault = max(kg.kb.faults_for_symptom(fault).items(), key=lambda item: item[1])[0]
+    [(entity, top)] = result.top(1)
+    assert top == fault and entity in (ranks[21], "gpu/n002/5"), result.top(3)

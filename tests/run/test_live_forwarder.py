@@ -137,7 +137,9 @@ def test_a_torchrun_jobs_raising_rank_reaches_the_engine_through_the_agent(clust
     cluster.wait(lambda: httpx.get(cluster.url + path, timeout=10, headers=HEADERS).status_code == 200, 60,
                  "the incident's diagnosis")
     diagnosis = cluster.get(path)
-    assert diagnosis["root_cause"]["entity"] == f"job/{JOB}/rank/1", diagnosis["root_cause"]
+    # a ValueError in the job's own code is the application's error, not the GPU's memory (gpu_oom)
+    assert (diagnosis["root_cause"]["entity"], diagnosis["root_cause"]["fault_type"]) == (
+        f"job/{JOB}/rank/1", "application_error"), diagnosis["root_cause"]
 
     # the agent's own account: the files it follows, the lines it read, nothing dropped or refused
     metrics = {(s.name, tuple(sorted(s.labels.items()))): s.value for family in text_string_to_metric_families(

@@ -29,7 +29,7 @@ from vigil.knowledge.actions import load_action_whitelist
 from vigil.knowledge.faults import ENTITY_KINDS, FaultEntry, load_fault_catalogue
 from vigil.knowledge.files import kb_dir
 from vigil.knowledge.metrics import metric_catalogue
-from vigil.knowledge.signatures import load_signature_file
+from vigil.knowledge.signatures import LINE_RANK_PREFIX, load_signature_file
 from vigil.knowledge.xid import known_xids, xid_info
 from vigil.model import ActionKind, FaultLevel, VigilInputError
 
@@ -65,6 +65,7 @@ class Signature:
     meaning: str
     fault_type: str | None = None
     symptom_name: str | None = None  # the RCA symptom the library names for it (default: its own name)
+    fallback: bool = False  # counts only for a line no other signature matches (signatures.yaml)
 
     @property
     def symptom(self) -> str:
@@ -154,6 +155,13 @@ class KnowledgeBase:
         return [f.name for f in self.faults.values() if kind in f.entity_kinds]
 
     def match_log(self, line: str) -> list[Signature]:
+        """The signatures a line matches; a fallback one (any Python exception's last line) only when no other
+        does, so "torch.OutOfMemoryError: CUDA out of memory" is the CUDA OOM and not also an application error."""
+        found = self._match_any(LINE_RANK_PREFIX.sub("", line, count=1))
+        specific = [s for s in found if not s.fallback]
+        return specific or found
+
+    def _match_any(self, line: str) -> list[Signature]:
         # One combined search rejects the many lines that match nothing before the per-signature searches.
         if self._any_signature is None:
             try:
@@ -231,7 +239,7 @@ def load_kb(directory: Path | None = None) -> KnowledgeBase:
     # messages and log lines alike, so case is ignored here.
     library = load_signature_file(base)
     signatures = {s.id: Signature(s.id, re.compile(s.pattern.removeprefix("(?i)"), re.IGNORECASE), s.description,
-                                  s.fault, s.symptom)
+                                  s.fault, s.symptom, s.fallback)
                   for s in library.signatures if s.symptom is not None}
 
     xids = {code: XidEntry(code, info.mnemonic, info.level, info.fault)

@@ -53,6 +53,7 @@ class Signature(BaseModel):
     description: str
     fault: str | None = None
     symptom: str | None = None
+    fallback: bool = False
 
     @field_validator("level", mode="before")
     @classmethod

@@ -464,6 +464,11 @@ def process_killed(s: Scene) -> None:
     s.killed_by(signal.SIGKILL)
 
 
+@effect("application_error", jobs="crash")
+def application_error(s: Scene) -> None:
+    s.root_log(*TRACEBACK[:2], "    batch = next(loader)", "ValueError: bad batch at step 15: labels out of range")
+
+
 @effect("gpu_oom", jobs="crash")
 def gpu_oom(s: Scene) -> None:
     s.root_log(*TRACEBACK, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a "

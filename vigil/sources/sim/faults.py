@@ -69,6 +69,7 @@ RENDERINGS: dict[str, Rendering] = {
     "vanishing_gradient": Rendering(duration_min=(20, 30), signals=(
         "5-minute average of vigil_job_grad_norm < 0.01",)),
     "process_killed": Rendering(signals=("rank exit code -9 (SIGKILL) from its launcher", "job crash")),
+    "application_error": Rendering(signals=("a Python exception of the job's own code in the rank log", "job crash")),
     "gpu_oom": Rendering(precursor_min=3, signals=(
         "DCGM_FI_DEV_FB_USED at capacity", "torch.OutOfMemoryError in the rank log", "job crash")),
 }
