@@ -136,3 +136,15 @@ def test_load_rejects_a_corrupt_directory(tmp_path: Path) -> None:
     (tmp_path / "events.jsonl").write_text('{"ts": "soon"}\n')
     with pytest.raises(VigilInputError, match="events.jsonl:1"):
         load_sim(tmp_path)
+
+
+def test_an_application_error_is_injected_only_when_named() -> None:
+    """The job's own exception is not in the default mix (seeded runs stay as they were); named, its rank writes
+    the traceback and the job crashes."""
+    run = simulate(SimConfig(nodes=4, minutes=30, seed=4, fault_types=("application_error",),
+                             faults_per_node_hour=1.0))
+    assert {g.fault_type for g in run.ground_truth} == {"application_error"}
+    raised = [r for r in run.logs if r.line.startswith("ValueError: ")]
+    assert raised and {r.entity for r in raised} <= {g.entity for g in run.ground_truth}
+    default = simulate(SimConfig(nodes=16, minutes=240, seed=4, faults_per_node_hour=2.0))
+    assert "application_error" not in {g.fault_type for g in default.ground_truth}

@@ -27,6 +27,8 @@ class Rendering:
     precursor_min: float = 0.0
     visible_to_rules: bool = True
     signals: tuple[str, ...] = field(default_factory=tuple)
+    # False: injected only when named (fault_types, plans), so adding it leaves every seeded default run as it was
+    in_default_mix: bool = True
 
 
 RENDERINGS: dict[str, Rendering] = {
@@ -69,7 +71,8 @@ RENDERINGS: dict[str, Rendering] = {
     "vanishing_gradient": Rendering(duration_min=(20, 30), signals=(
         "5-minute average of vigil_job_grad_norm < 0.01",)),
     "process_killed": Rendering(signals=("rank exit code -9 (SIGKILL) from its launcher", "job crash")),
-    "application_error": Rendering(signals=("a Python exception of the job's own code in the rank log", "job crash")),
+    "application_error": Rendering(in_default_mix=False, signals=(
+        "a Python exception of the job's own code in the rank log", "job crash")),
     "gpu_oom": Rendering(precursor_min=3, signals=(
         "DCGM_FI_DEV_FB_USED at capacity", "torch.OutOfMemoryError in the rank log", "job crash")),
 }

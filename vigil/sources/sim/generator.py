@@ -166,7 +166,8 @@ class SimRun:
                 fault = self._make_fault(spec, plan.entity, self.start_ts + plan.start_s, plan.duration_s, rng)
                 faults.append(fault)
             return faults
-        specs = [BY_NAME[n] for n in cfg.fault_types] if cfg.fault_types else list(CATALOGUE)
+        specs = ([BY_NAME[n] for n in cfg.fault_types] if cfg.fault_types
+                 else [s for s in CATALOGUE if s.rendering.in_default_mix])
         weights = np.array([s.weight for s in specs], dtype=float)
         weights /= weights.sum()
         hours = cfg.minutes / 60.0
