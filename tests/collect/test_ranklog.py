@@ -37,5 +37,7 @@ def test_other_lines() -> None:
 def test_a_line_torch_prefixed_with_its_rank_is_matched_without_the_prefix() -> None:
     line = "[rank3]: ValueError: bad batch at step 5: labels out of range"
     event = decode_rank_line(RANK, line, 1.0)
-    assert event is not None and event.attrs == {"signature": "python.exception"} and event.message == line
+    # a plain exception is the application_error symptom RCA reads (no more specific signature matched the line)
+    assert event is not None and event.message == line
+    assert event.attrs == {"signature": "python.exception", "symptom": "python.exception"}
     assert decode_rank_line(RANK, "[rank3]: step 1200 loss 2.31", 1.0) is None
