@@ -251,11 +251,72 @@ def test_rank_log_lines_go_to_their_route_with_the_node_and_a_refused_batch_is_c
     lines.xid = False
     wait_for(lambda: (agent.step(), agent._pusher is not None and not agent._pusher.busy and not agent.pending_events
                       and not agent.runners[0].busy)[1])
-    page_server.status = 400  # the server refuses the lines: sending them again cannot help
+    page_server.status = 400  # the server refuses the whole push (an older server): sending it again cannot help
     agent.collect_once()
     wait_for(lambda: (agent.step(), agent.events_refused >= 2)[1])
     assert agent.report()["events_refused"] >= 2
+    assert agent.report()["events_refused_by_reason"] == {"push_refused": agent.events_refused}
     assert not [e for e in agent.pending_events if e.kind == "rank_log"]  # dropped, not queued again
+
+
+def test_the_agent_keeps_what_the_server_accepts_of_a_push_and_counts_the_refused_lines(tmp_path) -> None:
+    """The agent pushing to the server's real rank-log route: one job's lines from ranks on this node and on
+    others. The server stores the node's own ranks' lines and refuses the rest per line; the agent counts the
+    refused ones by the server's reason, in its report and its metrics, and neither sends them again nor sends
+    the stored ones twice."""
+    from fastapi.testclient import TestClient
+
+    from vigil.config import Settings
+    from vigil.faces.api.app import create_app
+    from vigil.model import LaunchReport, RankPlacement
+    from vigil.store.sql import Store
+
+    settings = Settings(home=tmp_path, api_token="tok")
+    store = Store(settings.database_url())
+    server = TestClient(create_app(store, settings=settings), base_url="http://vigil.test",
+                        headers={"Authorization": "Bearer tok"})
+    placement = [RankPlacement(rank=r, node=f"n0{1 + r // 4}", gpu=r % 4) for r in range(8)]  # n01: ranks 0-3
+    launch = LaunchReport(job="llm", ts=time.time(), world_size=8, placement=placement)
+    assert server.post("/api/v1/launches", content=launch.model_dump_json(),
+                       headers={"Content-Type": "application/json"}).status_code == 201
+
+    class Lines(Source):
+        name, kind = "rank_log", "rank_log"
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.ranks = [1, 5, 2, 9, 6, 3]  # 5 and 6 are on n02; the job has no rank 9
+
+        def collect(self, now: float) -> Collection:
+            ranks, self.ranks = self.ranks, []
+            return Collection(events=[Event(ts=now, entity=f"job/llm/rank/{r}", kind="rank_log", source="rank",
+                                            level=FaultLevel.DEGRADED, message=f"ValueError: bad batch {r}",
+                                            attrs={"signature": "python.exception"}) for r in ranks])
+
+    agent = Agent([Lines()], fast_settings(server_url="http://vigil.test", push_interval_s=0.05,
+                                           push_samples=False), cpu_ratio=lambda: 0.1)
+    assert agent._pusher is not None
+    agent._pusher._client = server  # the route itself, in this process
+    agent.collect_once()
+    wait_for(lambda: (agent.step(), agent._pusher is not None and agent._pusher.sent + agent.events_refused >= 6
+                      and not agent._pusher.busy)[1])
+    stored = sorted(e.entity for e in store.events(kind="rank_log", limit=100))
+    assert stored == ["job/llm/rank/1", "job/llm/rank/2", "job/llm/rank/3"]
+    assert agent._pusher.sent == 3 and agent.events_refused == 3
+    assert agent.report()["events_refused_by_reason"] == {"rank_on_another_node": 2, "rank_outside_job": 1}
+    metrics = {(s.name, tuple(sorted(s.labels.items()))): s.value for family in AgentExposition(agent).collect()
+               for s in family.samples}
+    assert metrics[("vigil_agent_rank_log_events_refused_total", (("reason", "rank_on_another_node"),))] == 2
+    assert metrics[("vigil_agent_rank_log_events_refused_total", (("reason", "rank_outside_job"),))] == 1
+    assert metrics[("vigil_agent_events_dropped_total", (("reason", "refused"),))] == 3
+    # nothing is queued again: further rounds push nothing more, and the store keeps exactly the three lines
+    assert not agent.pending_events
+    for _ in range(5):
+        agent.collect_once()
+        agent.step()
+    wait_for(lambda: agent._pusher is not None and not agent._pusher.busy)
+    assert agent._pusher.sent == 3 and agent.events_refused == 3 and agent._pusher.failures == 0
+    assert len(store.events(kind="rank_log", limit=100)) == 3
 
 
 def test_events_beyond_the_queue_for_an_absent_server_are_dropped_and_counted() -> None:

@@ -149,3 +149,4 @@ def test_a_torchrun_jobs_raising_rank_reaches_the_engine_through_the_agent(clust
     assert metrics[("vigil_agent_source_up", (("source", "rank_log"),))] == 1
     assert metrics[("vigil_agent_events_dropped_total", (("reason", "queue_full"),))] == 0
     assert metrics[("vigil_agent_events_dropped_total", (("reason", "refused"),))] == 0
+    assert not [key for key in metrics if key[0] == "vigil_agent_rank_log_events_refused_total"]

@@ -151,26 +151,59 @@ def test_a_rank_alone_on_its_node_is_named_only_when_its_node_is_up_and_its_logs
         assert [i["scope"] for i in job.incidents() if str(i["scope"]).startswith("job/")] == [scope]
 
 
-def _push(job: Job, node: str, entity: str, kind: str = "rank_log") -> tuple[int, str]:
-    event = decode_rank_line(entity, "ValueError: bad batch at step 15", job.clock.now)
+def _event(job: Job, entity: str, kind: str = "rank_log", line: str = "ValueError: bad batch at step 15") -> dict:
+    event = decode_rank_line(entity, line, job.clock.now)
     assert event is not None
-    response = job.client.post("/api/v1/rank-logs", json={"node": node, "events": [
-        event.model_copy(update={"kind": kind}).model_dump(mode="json")]})
-    return response.status_code, response.text
+    return event.model_copy(update={"kind": kind}).model_dump(mode="json")
+
+
+def _push(job: Job, node: str, entity: str, kind: str = "rank_log") -> tuple[int, dict]:
+    response = job.client.post("/api/v1/rank-logs", json={"node": node, "events": [_event(job, entity, kind)]})
+    return response.status_code, response.json()
 
 
 def test_a_node_pushes_log_lines_only_of_the_ranks_placed_on_it(job: Job) -> None:
     job.ticks(1, stepped=True)
-    assert _push(job, "n02", "job/llm/rank/5")[0] == 201
-    status, text = _push(job, "n01", "job/llm/rank/5")
-    assert status == 400 and "job/llm/rank/5 is placed on node/n02" in text
-    status, text = _push(job, "n01", "job/llm/rank/8")
-    assert status == 400 and "not one of the job's 8 ranks" in text
-    status, text = _push(job, "n01", "job/llm/rank/0", kind="xid")
-    assert status == 400 and "expected rank_log events" in text
-    status, text = _push(job, "n01", "node/n01")
-    assert status == 400 and "expected rank_log events" in text
+    status, answer = _push(job, "n02", "job/llm/rank/5")
+    assert status == 201 and answer["accepted"] == answer["stored"] == 1 and answer["rejected"] == 0
+    for node, entity, kind, reason, detail in (
+            ("n01", "job/llm/rank/5", "rank_log", "rank_on_another_node", "job/llm/rank/5 is placed on node/n02"),
+            ("n01", "job/llm/rank/8", "rank_log", "rank_outside_job", "not one of the job's 8 ranks"),
+            ("n01", "job/llm/rank/0", "xid", "not_rank_log", "expected rank_log events"),
+            ("n01", "node/n01", "rank_log", "not_rank_log", "expected rank_log events")):
+        status, answer = _push(job, node, entity, kind)
+        # a well-formed push whose events are refused is answered, not failed: what was refused, and why
+        assert status == 200, answer
+        assert (answer["accepted"], answer["rejected"], answer["rejected_by_reason"]) == (0, 1, {reason: 1})
+        assert answer["rejections"][0]["index"] == 0 and answer["rejections"][0]["entity"] == entity
+        assert detail in answer["rejections"][0]["detail"]
     # a job the topology does not hold (yet): its scheduler may list it later, the lines are kept
     assert _push(job, "n01", "job/unlisted/rank/3")[0] == 201
     stored = {(e.entity, e.kind) for e in job.store.events(kind="rank_log", limit=100)}
     assert stored == {("job/llm/rank/5", "rank_log"), ("job/unlisted/rank/3", "rank_log")}
+
+
+def test_one_refused_line_does_not_cost_the_rest_of_the_push(job: Job) -> None:
+    """A push mixing the node's own ranks' lines with lines the server refuses: every valid line is stored, in
+    the push's order, and the answer counts the refused ones by reason and names each with its position."""
+    job.ticks(1, stepped=True)
+    before = job.store.events(kind="rank_log", limit=100)
+    own = [_event(job, f"job/llm/rank/{r}", line=f"ValueError: bad batch at step {15 + r}") for r in range(4)]
+    push = [own[0], _event(job, "job/llm/rank/5"), own[1], _event(job, "job/llm/rank/9"), own[2],
+            _event(job, "job/llm/rank/6"), _event(job, "job/other/rank/2"), own[3]]
+    response = job.client.post("/api/v1/rank-logs", json={"node": "n01", "events": push})
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert (answer["accepted"], answer["stored"], answer["rejected"]) == (5, 5, 3)
+    assert answer["rejected_by_reason"] == {"rank_on_another_node": 2, "rank_outside_job": 1}
+    assert [(r["index"], r["entity"], r["reason"]) for r in answer["rejections"]] == [
+        (1, "job/llm/rank/5", "rank_on_another_node"), (3, "job/llm/rank/9", "rank_outside_job"),
+        (5, "job/llm/rank/6", "rank_on_another_node")]
+    stored = [(e.entity, e.message) for e in job.store.events(kind="rank_log", limit=100)]
+    assert not before
+    assert sorted(stored) == sorted([(e["entity"], e["message"]) for e in own]
+                                    + [("job/other/rank/2", "ValueError: bad batch at step 15")])
+    # a body that is not a push at all is still refused whole, and stores nothing
+    response = job.client.post("/api/v1/rank-logs", json={"node": "n01", "events": [{"entity": "job/llm/rank/0"}]})
+    assert response.status_code == 422
+    assert len(job.store.events(kind="rank_log", limit=100)) == 5

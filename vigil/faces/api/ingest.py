@@ -9,13 +9,29 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Depends, Request
+from fastapi import APIRouter, Body, Depends, Request, Response
 from pydantic import BaseModel, Field
 
 from vigil.faces.api.auth import Identity, check_operator, check_read
 from vigil.faces.api.context import ServeContext
-from vigil.model import Event, LaunchReport, Node, Sample, Topology, VigilInputError, node_id, node_of, parse_entity
-from vigil.sources.collect.agent import MAX_PENDING_EVENTS
+from vigil.model import (
+    Event,
+    Job,
+    LaunchReport,
+    Node,
+    Sample,
+    Topology,
+    VigilInputError,
+    node_id,
+    node_of,
+    parse_entity,
+)
+from vigil.sources.collect.agent import (
+    MAX_PENDING_EVENTS,
+    NOT_RANK_LOG,
+    RANK_ON_ANOTHER_NODE,
+    RANK_OUTSIDE_JOB,
+)
 from vigil.sources.launch import report_events, report_job, report_logs, report_samples
 
 router = APIRouter(prefix="/api/v1", tags=["agents"], dependencies=[Depends(check_read)])
@@ -90,29 +106,78 @@ def push_samples(body: SamplePush, ctx: Ctx, user: Writer) -> Stored:
     return Stored(stored=ctx.store.add_samples(body.node, body.samples))
 
 
-@router.post("/rank-logs", status_code=201)
-def push_rank_logs(body: RankLogPush, ctx: Ctx, user: Writer) -> Stored:
+# Refused events listed one by one in an answer (all are counted by reason).
+MAX_LISTED_REFUSALS = 100
+
+
+class RankLogRefusal(BaseModel):
+    index: int  # the event's position in the push
+    entity: str
+    reason: str  # one of RANK_LOG_REFUSALS
+    detail: str
+
+
+class RankLogStored(BaseModel):
+    """What a rank-log push stored: the accepted events, and the refused ones counted by reason (the first
+    ``MAX_LISTED_REFUSALS`` listed with their position in the push)."""
+
+    stored: int  # = accepted (the answer's field before refusals were per event)
+    accepted: int
+    rejected: int
+    rejected_by_reason: dict[str, int]
+    rejections: list[RankLogRefusal]
+
+
+def _refusal(event: Event, node: str, jobs: dict[str, Job]) -> tuple[str, str] | None:
+    """Why the push of ``node`` may not store ``event`` (reason, detail), or None when it may."""
+    kind, parts = parse_entity(event.entity)
+    if event.kind != "rank_log" or kind != "rank":
+        return NOT_RANK_LOG, f"expected rank_log events on job/<id>/rank/<r>, got {event.kind!r} on {event.entity!r}"
+    job = jobs.get(parts[0])
+    if job is None or not job.placement:
+        return None  # a job the topology does not hold (yet): its scheduler may list it later
+    rank = int(parts[1])
+    if rank >= len(job.placement):
+        return RANK_OUTSIDE_JOB, f"{event.entity} is not one of the job's {len(job.placement)} ranks"
+    placed_on = node_of(job.placement[rank])
+    if placed_on != node_id(node):
+        return RANK_ON_ANOTHER_NODE, (f"{event.entity} is placed on {placed_on}; a node pushes the lines of its "
+                                      "own ranks")
+    return None
+
+
+@router.post("/rank-logs", status_code=201, responses={200: {"model": RankLogStored, "description": "stored in "
+             "part: the events listed in rejections were refused, every other one was stored"}})
+def push_rank_logs(body: RankLogPush, ctx: Ctx, user: Writer, response: Response) -> RankLogStored:
     """Store an agent's decoded rank log lines. As a launch report speaks only for its own job's ranks, a node
-    speaks only for ranks placed on it: every event must be a ``rank_log`` on a rank, and where the topology
-    places the rank's job (a launch, Slurm, Kubernetes), the rank must be one of its ranks and placed on the
-    pushing node. Ranks of a job the topology does not hold yet are taken (its scheduler may list it later)."""
+    speaks only for ranks placed on it: an event is stored only if it is a ``rank_log`` on a rank and, where the
+    topology places the rank's job (a launch, Slurm, Kubernetes), the rank is one of its ranks and placed on the
+    pushing node. Ranks of a job the topology does not hold yet are taken (its scheduler may list it later).
+
+    Each event is judged alone: the valid ones are stored and the others refused with their reason. 201 when
+    every event was stored; 200 when some (or all) were refused, the answer counting them by reason and listing
+    the first ones. A body that is not a push at all (no node, an event that is not an event) is 422."""
     jobs = {job.id: job for job in (ctx.store.topology() or Topology()).jobs}
-    for event in body.events:
-        kind, parts = parse_entity(event.entity)
-        if event.kind != "rank_log" or kind != "rank":
-            raise VigilInputError(f"rank-log push of node {body.node!r}: expected rank_log events on "
-                                  f"job/<id>/rank/<r>, got {event.kind!r} on {event.entity!r}")
-        job = jobs.get(parts[0])
-        if job is None or not job.placement:
+    accepted: list[Event] = []
+    refused: list[RankLogRefusal] = []
+    by_reason: dict[str, int] = {}
+    for index, event in enumerate(body.events):
+        found = _refusal(event, body.node, jobs)
+        if found is None:
+            accepted.append(event)
             continue
-        rank = int(parts[1])
-        placed_on = node_of(job.placement[rank]) if rank < len(job.placement) else None
-        if placed_on != node_id(body.node):
-            where = f"placed on {placed_on}" if placed_on else f"not one of the job's {len(job.placement)} ranks"
-            raise VigilInputError(f"rank-log push of node {body.node!r}: {event.entity} is {where}; a node "
-                                  "pushes the lines of its own ranks")
-    ctx.store.add_events(body.events)
-    return Stored(stored=len(body.events))
+        reason, detail = found
+        by_reason[reason] = by_reason.get(reason, 0) + 1
+        if len(refused) < MAX_LISTED_REFUSALS:
+            refused.append(RankLogRefusal(index=index, entity=event.entity, reason=reason,
+                                          detail=f"rank-log push of node {body.node!r}: {detail}"))
+    if accepted:
+        ctx.store.add_events(accepted)
+    if by_reason:
+        response.status_code = 200
+    rejected = sum(by_reason.values())
+    return RankLogStored(stored=len(accepted), accepted=len(accepted), rejected=rejected,
+                         rejected_by_reason=by_reason, rejections=refused)
 
 
 @router.post("/inventory", status_code=201)

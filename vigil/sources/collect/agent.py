@@ -66,6 +66,14 @@ DEFAULT_INTERVALS: dict[str, float] = {
 }
 # Events kept for the server while it is away; older ones are dropped (and counted) beyond it.
 MAX_PENDING_EVENTS = 10_000
+# Why the server refuses one event of a rank-log push (``POST /api/v1/rank-logs`` answers them per event); the
+# agent counts its refused events by these, a whole push refused (HTTP 400 / 422) as PUSH_REFUSED and a reason
+# it does not know as "other".
+NOT_RANK_LOG = "not_rank_log"
+RANK_ON_ANOTHER_NODE = "rank_on_another_node"
+RANK_OUTSIDE_JOB = "rank_outside_job"
+PUSH_REFUSED = "push_refused"
+RANK_LOG_REFUSALS = (NOT_RANK_LOG, RANK_ON_ANOTHER_NODE, RANK_OUTSIDE_JOB, PUSH_REFUSED, "other")
 # Kinds read at full rate even while degraded: event streams, not periodic samples.
 FULL_RATE_KINDS = frozenset({"kernel"})
 
@@ -478,6 +486,11 @@ class Agent:
         """Events the server refused as invalid (and the agent dropped)."""
         return self._pusher.refused if self._pusher is not None else 0
 
+    @property
+    def events_refused_by_reason(self) -> dict[str, int]:
+        """The refused rank-log events by the server's reason (RANK_LOG_REFUSALS); a copy."""
+        return dict(self._pusher.refused_by_reason) if self._pusher is not None else {}
+
     def report(self) -> dict[str, Any]:
         """What `vigil agent --once --json` prints."""
         return {
@@ -507,6 +520,7 @@ class Agent:
             "events": {f"{kind}/{level}": n for (kind, level), n in sorted(self.events_snapshot().items())},
             "events_dropped": self.events_dropped,
             "events_refused": self.events_refused,
+            "events_refused_by_reason": self.events_refused_by_reason,
             "labels": {"refused": self.guard.refused_count, "folded": self.guard.folded_count},
         }
 
@@ -619,7 +633,11 @@ class AgentExposition(Collector):
                                       "full, or the server refused them as invalid", labels=["reason"])
         dropped.add_metric(["queue_full"], agent.events_dropped)
         dropped.add_metric(["refused"], agent.events_refused)
-        yield from (up, timeouts, problems, duration, events, dropped)
+        refused = CounterMetricFamily("vigil_agent_rank_log_events_refused", "rank-log events the server refused "
+                                      "(and the agent dropped), by the server's reason", labels=["reason"])
+        for reason, count in sorted(agent.events_refused_by_reason.items()):
+            refused.add_metric([reason], count)
+        yield from (up, timeouts, problems, duration, events, dropped, refused)
         yield GaugeMetricFamily(
             "vigil_agent_degraded", "1 while the agent samples under node CPU load", value=int(agent.degraded)
         )
@@ -636,8 +654,9 @@ class EventPusher:
     (re-queued when they fail) and the latest samples (dropped when they fail: the next push has newer).
 
     Rank-log events go to the rank-log route with the node's name, which the server checks them against, one
-    push per job; a push it refuses as invalid (a layout naming ranks placed on another node) is dropped and
-    counted, since sending it again cannot help."""
+    push per job. The server stores the valid events of a push and answers which it refused and why (a layout
+    naming ranks placed on another node); the refused ones are dropped and counted by reason, since sending them
+    again cannot help, as are all of a push it refuses whole (HTTP 400 / 422)."""
 
     def __init__(self, server_url: str, token: str = "", timeout_s: float = 5.0) -> None:
         self.base = server_url.rstrip("/") + "/api/v1"
@@ -649,8 +668,9 @@ class EventPusher:
         self.sent = 0
         self.failures = 0
         self.refused = 0
+        self.refused_by_reason: dict[str, int] = defaultdict(int)
         self._warned = False
-        self._warned_refused = False
+        self._warned_refused: set[str] = set()
 
     @property
     def busy(self) -> bool:
@@ -677,7 +697,7 @@ class EventPusher:
             if inventory is not None:
                 self._client.post(self.base + "/inventory", json=inventory.model_dump(mode="json")).raise_for_status()
                 self.registered = inventory
-            # one push per job: a layout the server refuses costs only its own job's lines
+            # one push per job: a push the server refuses whole costs only its own job's lines
             rank_logs = sorted((e for e in events if e.kind == "rank_log"), key=lambda e: e.entity.split("/")[1])
             others = [e for e in events if e.kind != "rank_log"]
             if others:
@@ -704,12 +724,43 @@ class EventPusher:
         push = {"node": node, "events": [e.model_dump(mode="json") for e in events]}
         response = self._client.post(self.base + "/rank-logs", json=push)
         if response.status_code in (400, 422):
-            self.refused += len(events)
-            if not self._warned_refused:
-                self._warned_refused = True
-                log.warning("server %s refused rank-log events of node %s (HTTP %d: %s); check the rank_logs "
-                            "layouts (further refusals are counted, not logged)", self.base, node,
-                            response.status_code, response.text[:300])
+            self._refuse(node, {PUSH_REFUSED: len(events)}, f"HTTP {response.status_code}: {response.text[:300]}")
             return
         response.raise_for_status()
-        self.sent += len(events)
+        counts, detail = _refusals(response, len(events))
+        self.sent += len(events) - sum(counts.values())
+        if counts:
+            self._refuse(node, counts, detail)
+
+    def _refuse(self, node: str, counts: dict[str, int], detail: str) -> None:
+        """Count refused rank-log events by reason; warn once a reason."""
+        for reason, count in counts.items():
+            self.refused += count
+            self.refused_by_reason[reason] += count
+            if reason not in self._warned_refused:
+                self._warned_refused.add(reason)
+                log.warning("server %s refused %d rank-log event(s) of node %s (%s: %s); check the rank_logs "
+                            "layouts (further refusals are counted, not logged)", self.base, count, node, reason,
+                            detail)
+
+
+def _refusals(response: httpx.Response, pushed: int) -> tuple[dict[str, int], str]:
+    """The refused events a rank-log route's answer counts by reason (at most ``pushed`` in all; a reason this
+    agent does not know is "other"), and the first refusal's detail. An answer without them (a server that
+    answers only ``stored``) refused nothing."""
+    try:
+        answer = response.json()
+    except ValueError:
+        return {}, ""
+    by_reason = answer.get("rejected_by_reason") if isinstance(answer, dict) else None
+    if not isinstance(by_reason, dict):
+        return {}, ""
+    counts: dict[str, int] = defaultdict(int)
+    left = pushed
+    for reason, count in by_reason.items():
+        if isinstance(count, int) and count > 0 and left > 0:
+            counts[reason if reason in RANK_LOG_REFUSALS else "other"] += min(count, left)
+            left -= min(count, left)
+    listed = answer.get("rejections")
+    first = listed[0] if isinstance(listed, list) and listed and isinstance(listed[0], dict) else {}
+    return dict(counts), str(first.get("detail", ""))[:300]
