@@ -12,7 +12,8 @@ from urllib.parse import parse_qs, unquote, urlparse
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tide" / "kube"
 PLURALS = {"ClusterQueue": "clusterqueues", "LocalQueue": "localqueues", "ResourceFlavor": "resourceflavors",
-           "Workload": "workloads", "Job": "jobs", "Pod": "pods", "PriorityClass": "priorityclasses"}
+           "Workload": "workloads", "Job": "jobs", "Pod": "pods", "PriorityClass": "priorityclasses",
+           "PyTorchJob": "pytorchjobs", "JobSet": "jobsets"}
 
 
 def object_path(obj: dict[str, Any]) -> str:
@@ -47,6 +48,11 @@ class RecordedApi:
             for obj in json.loads((FIXTURES / name).read_text()):
                 self.objects[object_path(obj)] = obj
         self.requests: list[tuple[str, str, Any]] = []
+
+    def add(self, objects: list[dict[str, Any]]) -> None:
+        """More objects, e.g. from another fixture directory."""
+        for obj in objects:
+            self.objects[object_path(obj)] = obj
 
     def handle(self, method: str, path: str, body: Any) -> tuple[int, Any]:
         self.requests.append((method, path, body))

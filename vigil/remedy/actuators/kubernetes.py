@@ -18,6 +18,10 @@
 - migrate_job on the same target: the bad nodes (``params.nodes``, plus the job's nodes already
   unschedulable) are cordoned first, then the pods are deleted as for a restart; the scheduler places the
   new pods on other nodes.
+- preempt_notice, preempt and set_quota (``vigil.remedy.actuators.kube_jobs``): the notice annotates the job
+  object and its pods; preempt deactivates the job's Kueue Workload, or, for a job Kueue does not manage,
+  suspends the Job / JobSet (``spec.suspend``) or PyTorchJob (``spec.runPolicy.suspend``); restart_job of a
+  job held that way resumes it; set_quota sets a Kueue ClusterQueue's ``nominalQuota``.
 
 No API server runs in Vigil's CI: the tests run this code against a small local HTTP server that
 implements the endpoints used here.
@@ -30,17 +34,15 @@ from typing import Any
 
 from vigil.model import Action, ActionKind, parse_entity
 from vigil.remedy.actuators.base import Actuator, ActuatorError, migration_nodes
-from vigil.remedy.actuators.kueue import JOB_NAME_LABEL, job_ref
+from vigil.remedy.actuators.kube_jobs import JOB_POD_LABELS, KubeJobs, job_ref
 from vigil.sources.collect.kube_client import kube_api_client
-from vigil.sources.collect.kube_jobs import JOBSET_LABEL, KUBEFLOW_JOB_LABEL
 
 STATE_LABEL = "vigil.dev/state"
 VIGIL_TAINT_KEYS = frozenset({"nvidia.com/gpu-error", "nvidia.com/gpu-xid-error", "nvidia.com/gpu-nvlink-error"})
 SYSTEM_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease"})
 JANITOR_GROUP, JANITOR_VERSION, REBOOT_PLURAL = "janitor.dgxc.nvidia.com", "v1alpha1", "rebootnodes"
 STRATEGIC_MERGE = "application/strategic-merge-patch+json"
-# the label each job controller puts on its pods, naming the job: batch/v1 Job, Kubeflow PyTorchJob, JobSet
-JOB_POD_LABELS = (JOB_NAME_LABEL, KUBEFLOW_JOB_LABEL, JOBSET_LABEL)
+__all__ = ["JOB_POD_LABELS", "KubernetesActuator", "condition_and_taint"]
 
 # fault-type prefix -> (NVSentinel condition type, taint key)
 _CONDITION_BY_FAULT: list[tuple[str, str, str]] = [
@@ -73,17 +75,21 @@ def condition_and_taint(fault_type: str) -> tuple[str, str]:
     return "DCGMError", "nvidia.com/gpu-error"
 
 
-class KubernetesActuator(Actuator):
+class KubernetesActuator(KubeJobs, Actuator):
     name = "kubernetes"
     kinds = frozenset({ActionKind.CORDON, ActionKind.UNCORDON, ActionKind.DRAIN, ActionKind.REBOOT,
-                       ActionKind.RESTART_JOB, ActionKind.MIGRATE_JOB})
-    target_kinds = frozenset({"node", "job"})
-    job_kinds = frozenset({ActionKind.RESTART_JOB, ActionKind.MIGRATE_JOB})
+                       ActionKind.RESTART_JOB, ActionKind.MIGRATE_JOB, ActionKind.PREEMPT_NOTICE, ActionKind.PREEMPT,
+                       ActionKind.SET_QUOTA})
+    target_kinds = frozenset({"node", "job", "cluster"})
+    job_kinds = frozenset({ActionKind.RESTART_JOB, ActionKind.MIGRATE_JOB, ActionKind.PREEMPT_NOTICE,
+                           ActionKind.PREEMPT})
 
     def accepts(self, action: Action) -> bool:
         kind, parts = parse_entity(action.target)
         if action.kind in self.job_kinds:
             return kind == "job" and len(parts) == 1
+        if action.kind is ActionKind.SET_QUOTA:
+            return kind == "cluster"
         return action.kind in self.kinds and kind == "node"
 
     def __init__(self, api_client: Any | None = None, *, eviction_grace_s: int | None = None) -> None:
@@ -102,20 +108,14 @@ class KubernetesActuator(Actuator):
     def node_name(action: Action) -> str:
         return parse_entity(action.target)[1][0]
 
-    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except self.client.exceptions.ApiException as err:
-            raise ActuatorError(f"{what}: HTTP {err.status} {err.reason}") from None
-        except OSError as err:
-            raise ActuatorError(f"{what}: {err}") from None
-
     def _node(self, name: str) -> Any:
         return self._call(f"read node {name}", self.core.read_node, name)
 
     # ------------------------------------------------------------------ interface
 
     def describe(self, action: Action) -> str:
+        if action.kind is ActionKind.SET_QUOTA:
+            return self.describe_quota(action)
         if action.kind in self.job_kinds:
             return self.describe_job(action)
         name = self.node_name(action)
@@ -130,6 +130,10 @@ class KubernetesActuator(Actuator):
         return f"create {JANITOR_GROUP}/{JANITOR_VERSION} RebootNode for node {name}"
 
     def is_satisfied(self, action: Action) -> bool:
+        if action.kind is ActionKind.SET_QUOTA:
+            return self.quota_is_set(action)
+        if action.kind is ActionKind.PREEMPT:
+            return self.is_preempted(*job_ref(action.target)) is True
         if action.kind in self.job_kinds:
             return False
         name = self.node_name(action)
@@ -147,6 +151,12 @@ class KubernetesActuator(Actuator):
         return unschedulable if action.kind is ActionKind.CORDON else not unschedulable
 
     def execute(self, action: Action) -> str:
+        if action.kind is ActionKind.SET_QUOTA:
+            return self.set_quota(action)
+        if action.kind is ActionKind.PREEMPT_NOTICE:
+            return self.send_notice(action)
+        if action.kind is ActionKind.PREEMPT:
+            return self.set_held(*job_ref(action.target), held=True)
         if action.kind in self.job_kinds:
             return self._restart(action)
         name = self.node_name(action)
@@ -293,28 +303,27 @@ class KubernetesActuator(Actuator):
 
     def describe_job(self, action: Action) -> str:
         namespace, name = job_ref(action.target)
+        if action.kind is ActionKind.PREEMPT_NOTICE:
+            return self.describe_notice(action)
+        if action.kind is ActionKind.PREEMPT:
+            return (f"deactivate the Kueue Workload of job {namespace}/{name} (spec.active=false); without one, "
+                    "suspend its Job or JobSet (spec.suspend=true) or PyTorchJob (spec.runPolicy.suspend=true)")
         delete = (f"delete the pods of job {namespace}/{name} created before now (label "
                   f"{' or '.join(label + '=' + name for label in JOB_POD_LABELS)}); its controller recreates them")
         if action.kind is ActionKind.RESTART_JOB:
-            return delete
+            return delete + "; a job preempted by Vigil (Workload inactive or suspended) is resumed instead"
         named = migration_nodes(action)
         if named:
             return f"cordon node {', '.join(named)}, then {delete} on other nodes"
         return f"{delete} off its cordoned nodes (refused when none of its nodes is cordoned)"
-
-    def _job_pods(self, namespace: str, name: str) -> list[Any]:
-        for label in JOB_POD_LABELS:
-            pods = self._call(f"list pods of job {namespace}/{name}", self.core.list_namespaced_pod, namespace,
-                              label_selector=f"{label}={name}").items
-            if pods:
-                return list(pods)
-        return []
 
     def _restart(self, action: Action) -> str:
         namespace, name = job_ref(action.target)
         started = dt.datetime.fromtimestamp(action.ts, dt.UTC)
         pods = [pod for pod in self._job_pods(namespace, name)
                 if pod.metadata.creation_timestamp is None or pod.metadata.creation_timestamp < started]
+        if not pods and action.kind is ActionKind.RESTART_JOB and self.is_preempted(namespace, name):
+            return self.set_held(namespace, name, held=False)
         if not pods:
             raise ActuatorError(f"job {namespace}/{name} has no pods created before the action (labels "
                                 f"{', '.join(JOB_POD_LABELS)}); Vigil restarts a job its controller still runs")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from vigil.remedy.actuators.kube_jobs import JOB_KINDS
 from vigil.remedy.actuators.kueue import GPU_RESOURCE, KUEUE_GROUP, KUEUE_VERSION
 from vigil.remedy.tide.act import TierJob
 from vigil.remedy.tide.tiers import TierPolicy
@@ -100,10 +101,15 @@ def _gpus(pod_set: dict[str, Any], resource: str) -> int:
     return per_pod * int(pod_set.get("count", 1))
 
 
+# the owners of a Workload that the actuators can notify and preempt: batch/v1 Job, PyTorchJob, JobSet
+JOB_KIND_NAMES = frozenset(kind.kind for kind in JOB_KINDS)
+
+
 def admitted_tier_jobs(workloads: list[dict[str, Any]], policy: TierPolicy, resource: str = GPU_RESOURCE,
                        *, inactive: bool = False) -> list[TierJob]:
     """Jobs of tiers 3 and 4 that Kueue admitted, from Workload objects: the tier from the ClusterQueue that
-    admitted it, the job from its owner (``job/<namespace>:<name>``), units from its pod sets' requests.
+    admitted it, the job from its owner (a Job, PyTorchJob or JobSet: ``job/<namespace>:<name>``), units from its
+    pod sets' requests.
     With ``inactive``: the deactivated ones instead, their tier from the LocalQueue they were submitted to."""
     by_queue = {name: tier for tier, name in cluster_queues(policy).items()}
     by_local_queue = {t.name: t.tier for t in policy.tiers}
@@ -116,7 +122,7 @@ def admitted_tier_jobs(workloads: list[dict[str, Any]], policy: TierPolicy, reso
             tier = None if active else by_local_queue.get(spec.get("queueName", ""))
         else:
             tier = by_queue.get(admission.get("clusterQueue", "")) if active else None
-        owners = [o for o in metadata.get("ownerReferences", []) if o.get("kind") == "Job"]
+        owners = [o for o in metadata.get("ownerReferences", []) if o.get("kind") in JOB_KIND_NAMES]
         if tier not in (3, 4) or not owners:
             continue
         units = sum(_gpus(pod_set, resource) for pod_set in spec.get("podSets", []))

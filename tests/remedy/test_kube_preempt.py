@@ -1,0 +1,191 @@
+"""Preemption notices, preemption and quotas on Kubernetes for batch/v1 Jobs, PyTorchJobs and JobSets, through the
+official client against a local server answering with objects in the API's shapes (tests/fixtures/tide/kube,
+tests/fixtures/remedy/kube; no API server runs here)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+from typer.testing import CliRunner
+
+from tests.remedy.kube_server import serve
+from tests.tide.kube_api import RecordedApi
+from vigil.config import settings
+from vigil.faces.cli.remedy import app
+from vigil.model import Action, ActionKind, ActionStatus, Node, Topology, new_id
+from vigil.remedy.actuators.base import ActuatorError
+from vigil.remedy.actuators.kubernetes import KubernetesActuator
+from vigil.remedy.actuators.kueue import NOTICE_AT, NOTICE_SIGNAL, KueueActuator
+from vigil.remedy.audit import AuditLog
+from vigil.remedy.remediator import Remediator
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "remedy" / "kube"
+PYTORCHJOB = "/apis/kubeflow.org/v1/namespaces/ml-training/pytorchjobs/llama-ft"
+JOBSET = "/apis/jobset.x-k8s.io/v1alpha2/namespaces/ml/jobsets/rl-rollout"
+JOBSET_WORKLOAD = "/apis/kueue.x-k8s.io/v1beta1/namespaces/ml/workloads/jobset-rl-rollout-3e9a1"
+BATCH_JOB = "/apis/batch/v1/namespaces/ml/jobs/train-spot-a"
+BATCH_WORKLOAD = "/apis/kueue.x-k8s.io/v1beta1/namespaces/ml/workloads/job-train-spot-a-5c1d2"
+QUEUE = "/apis/kueue.x-k8s.io/v1beta1/clusterqueues/vigil-spot-training"
+
+
+def recorded() -> RecordedApi:
+    api = RecordedApi("clusterqueues.json", "jobs.json", "workloads.json", "pods.json")
+    api.add(json.loads((FIXTURES / "pytorchjob-pods.json").read_text()))
+    api.add(json.loads((FIXTURES / "training-jobs.json").read_text()))
+    return api
+
+
+@pytest.fixture
+def api_url() -> Iterator[tuple[RecordedApi, str]]:
+    api = recorded()
+    with serve(api) as url:  # type: ignore[arg-type]
+        yield api, url
+
+
+def job_action(kind: ActionKind, target: str, **params: object) -> Action:
+    return Action(ts=1_764_576_000.0, kind=kind, target=target, reason="tier 3 loses its GPUs",
+                  params={"effective_ts": 1_764_576_900.0, **params})
+
+
+def annotated_pods(api: RecordedApi, prefix: str) -> list[str]:
+    return sorted(key.rsplit("/", 1)[-1] for key, obj in api.objects.items()
+                  if f"/pods/{prefix}" in key and NOTICE_AT in obj["metadata"].get("annotations", {}))
+
+
+@pytest.mark.parametrize("actuator_class", [KueueActuator, KubernetesActuator])
+def test_a_notice_reaches_the_pods_of_a_job_a_pytorchjob_and_a_jobset(
+    api_url: tuple[RecordedApi, str], actuator_class: type[KueueActuator] | type[KubernetesActuator]
+) -> None:
+    api, url = api_url
+    actuator = actuator_class(client.ApiClient(client.Configuration(host=url)))
+    result = actuator.execute(job_action(ActionKind.PREEMPT_NOTICE, "job/ml-training:llama-ft"))
+    assert result == "notice to PyTorchJob ml-training/llama-ft and 2 pods: checkpoint before 2025-12-01T08:15:00Z"
+    assert annotated_pods(api, "llama-ft-") == ["llama-ft-master-0", "llama-ft-worker-0"]
+    assert api.objects[PYTORCHJOB]["metadata"]["annotations"] == {NOTICE_AT: "2025-12-01T08:15:00Z",
+                                                                   NOTICE_SIGNAL: "USR1"}
+    result = actuator.execute(job_action(ActionKind.PREEMPT_NOTICE, "job/ml:rl-rollout", signal="TERM"))
+    assert result.startswith("notice to JobSet ml/rl-rollout and 2 pods")
+    assert annotated_pods(api, "rl-rollout-") == ["rl-rollout-workers-0-0-h2k8d", "rl-rollout-workers-0-1-h2k8d"]
+    assert api.objects[JOBSET]["metadata"]["annotations"][NOTICE_SIGNAL] == "TERM"
+    # a batch/v1 Job as before; its neighbours hear nothing
+    assert actuator.execute(job_action(ActionKind.PREEMPT_NOTICE, "job/ml:train-spot-a")).startswith(
+        "notice to Job ml/train-spot-a and 2 pods")
+    assert annotated_pods(api, "train-spot-") == ["train-spot-a-0-x7k2p", "train-spot-a-1-x7k2p"]
+    with pytest.raises(ActuatorError, match="has no job object .* and no pods"):
+        actuator.execute(job_action(ActionKind.PREEMPT_NOTICE, "job/ml:nosuchjob"))
+
+
+def test_preempt_deactivates_the_kueue_workload_or_suspends_the_job(api_url: tuple[RecordedApi, str],
+                                                                    tmp_path: Path) -> None:
+    api, url = api_url
+    kube = KubernetesActuator(client.ApiClient(client.Configuration(host=url)))
+    audit = AuditLog(f"sqlite:///{tmp_path}/audit.db")
+    targets = ["job/ml:rl-rollout", "job/ml-training:llama-ft", "job/ml:train-spot-a"]
+    before = len(api.requests)
+    proposed = Remediator([kube], audit).execute_all([job_action(ActionKind.PREEMPT, t) for t in targets])
+    assert [a.status for a in proposed] == [ActionStatus.PROPOSED] * 3
+    assert "deactivate the Kueue Workload of job ml/rl-rollout" in proposed[0].result
+    assert not [r for r in api.requests[before:] if r[0] != "GET"], "a dry-run changes nothing"
+
+    done = Remediator([kube], audit, dry_run=False).execute_all([job_action(ActionKind.PREEMPT, t) for t in targets])
+    assert [a.status for a in done] == [ActionStatus.EXECUTED] * 3, [a.result for a in done]
+    # Kueue manages the JobSet and the batch Job: their Workloads go inactive, the objects are left to Kueue
+    assert api.objects[JOBSET_WORKLOAD]["spec"]["active"] is False
+    assert api.objects[JOBSET]["spec"]["suspend"] is False
+    assert api.objects[BATCH_WORKLOAD]["spec"]["active"] is False
+    # the PyTorchJob has no Workload: its own suspend flag
+    assert api.objects[PYTORCHJOB]["spec"]["runPolicy"]["suspend"] is True
+    assert done[1].result.startswith("PyTorchJob ml-training/llama-ft suspended (spec.runPolicy.suspend=true)")
+    patches = [(path, body) for method, path, body in api.requests if method == "PATCH"]
+    assert (PYTORCHJOB, {"spec": {"runPolicy": {"suspend": True}}}) in patches
+
+    again = Remediator([kube], audit, dry_run=False).execute_all(
+        [job_action(ActionKind.PREEMPT, t).model_copy(update={"id": new_id("act")}) for t in targets])
+    assert [a.status for a in again] == [ActionStatus.SKIPPED] * 3, [a.result for a in again]
+
+    # its controller deleted the pods; restart_job resumes what preempt held
+    for key in [k for k in api.objects if "/pods/llama-ft-" in k or "/pods/rl-rollout-" in k]:
+        del api.objects[key]
+    resumed = Remediator([kube], audit, dry_run=False).execute_all(
+        [job_action(ActionKind.RESTART_JOB, t) for t in targets[:2]])
+    assert [a.status for a in resumed] == [ActionStatus.EXECUTED] * 2, [a.result for a in resumed]
+    assert api.objects[JOBSET_WORKLOAD]["spec"]["active"] is True
+    assert api.objects[PYTORCHJOB]["spec"]["runPolicy"]["suspend"] is False
+
+
+def test_a_batch_job_without_kueue_is_suspended(api_url: tuple[RecordedApi, str]) -> None:
+    api, url = api_url
+    del api.objects[BATCH_WORKLOAD]
+    kube = KubernetesActuator(client.ApiClient(client.Configuration(host=url)))
+    assert kube.execute(job_action(ActionKind.PREEMPT, "job/ml:train-spot-a")).startswith(
+        "Job ml/train-spot-a suspended (spec.suspend=true)")
+    assert api.objects[BATCH_JOB]["spec"]["suspend"] is True
+    # the Kueue actuator (vigil tide) preempts only through Kueue
+    kueue = KueueActuator(client.ApiClient(client.Configuration(host=url)))
+    with pytest.raises(ActuatorError, match="has no Kueue Workload"):
+        kueue.execute(job_action(ActionKind.PREEMPT, "job/ml-training:llama-ft"))
+    with pytest.raises(ActuatorError, match="is not a Job, PyTorchJob or JobSet"):
+        kube.execute(job_action(ActionKind.PREEMPT, "job/ml:nosuchjob"))
+
+
+def test_set_quota_patches_the_cluster_queue(api_url: tuple[RecordedApi, str]) -> None:
+    api, url = api_url
+    kube = KubernetesActuator(client.ApiClient(client.Configuration(host=url)))
+    quota = Action(ts=0.0, kind=ActionKind.SET_QUOTA, target="cluster/prod",
+                   params={"queue": "vigil-spot-training", "resource": "nvidia.com/gpu", "units": 24})
+    assert kube.accepts(quota) and kube.describe(quota) == (
+        "set ClusterQueue vigil-spot-training nominalQuota nvidia.com/gpu=24")
+    assert not kube.is_satisfied(quota)
+    assert kube.execute(quota) == "ClusterQueue vigil-spot-training nominalQuota nvidia.com/gpu=24"
+    resources = api.objects[QUEUE]["spec"]["resourceGroups"][0]["flavors"][0]["resources"]
+    assert [r["nominalQuota"] for r in resources if r["name"] == "nvidia.com/gpu"] == [24]
+    assert kube.is_satisfied(quota)
+
+
+def test_act_preempts_on_kubernetes_from_the_command_line(
+    api_url: tuple[RecordedApi, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    api, url = api_url
+    monkeypatch.setenv("VIGIL_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("VIGIL_DB_URL", f"sqlite:///{tmp_path}/vigil.db")
+    monkeypatch.setenv("VIGIL_REMEDY_BACKEND", "kubernetes")
+    settings.cache_clear()
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "test",
+        "clusters": [{"name": "test", "cluster": {"server": url}}],
+        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
+        "users": [{"name": "test", "user": {}}]}))
+    monkeypatch.setattr("kubernetes.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    runner = CliRunner()
+    try:
+        notice = runner.invoke(app, ["act", "preempt_notice", "job/ml:rl-rollout", "--json"])
+        assert notice.exit_code == 0, notice.output
+        assert json.loads(notice.stdout)["status"] == "proposed"
+        topology = tmp_path / "topology.json"
+        topology.write_text(Topology(nodes=[Node(name=f"gpu-node-00{i}") for i in range(4)]).to_json())
+        live = runner.invoke(app, ["act", "preempt", "job/ml:rl-rollout", "--execute", "--topology", str(topology),
+                                   "--json"])
+        assert live.exit_code == 0, live.output
+        assert json.loads(live.stdout)["status"] == "executed"
+        assert api.objects[JOBSET_WORKLOAD]["spec"]["active"] is False
+        # a quota needs its queue and units, which a command line cannot give: one line, nothing audited
+        quota = runner.invoke(app, ["act", "set_quota", "cluster/prod"])
+        assert quota.exit_code != 0 and "set_quota needs params.queue" in str(quota.exception)
+    finally:
+        settings.cache_clear()
+
+
+def test_tide_sees_a_jobset_kueue_admitted(api_url: tuple[RecordedApi, str]) -> None:
+    from vigil.remedy.tide.kube import admitted_tier_jobs
+    from vigil.remedy.tide.tiers import load_tier_policy
+
+    _, url = api_url
+    kueue = KueueActuator(client.ApiClient(client.Configuration(host=url)))
+    jobs = {j.id: (j.tier, j.units) for j in admitted_tier_jobs(kueue.workloads(), load_tier_policy())}
+    assert jobs["ml:rl-rollout"] == (3, 16)

@@ -1,0 +1,265 @@
+"""Training jobs on Kubernetes as the actuators find them, shared by the Kubernetes and the Kueue actuator.
+
+A job target is ``job/<namespace>:<name>``. Its object is a batch/v1 Job, a Kubeflow PyTorchJob or a JobSet
+(``JOB_KINDS``, looked up in that order); its pods carry the label that object's controller puts on them
+(``JOB_POD_LABELS``), and a job Kueue manages has a Workload labelled with the object's uid
+(``kueue.x-k8s.io/job-uid``, for every job kind Kueue integrates).
+
+- a preemption notice annotates the job object and its pods ``vigil.dev/preempt-at`` (the deadline, RFC 3339)
+  and ``vigil.dev/preempt-signal``; a pod reads its annotations through a Downward API volume, which the kubelet
+  refreshes, and checkpoints;
+- a preemption deactivates the job's Kueue Workload (``spec.active: false``: Kueue evicts it and keeps it
+  queued); without a Workload the job object itself is suspended (``spec.suspend: true`` on a Job or a JobSet,
+  ``spec.runPolicy.suspend: true`` on a PyTorchJob): its controller deletes the pods and keeps the job;
+- resuming undoes either;
+- a quota is a Kueue ClusterQueue's ``nominalQuota``: ``params.queue`` gets ``params.units`` of
+  ``params.resource`` (``nvidia.com/gpu``) in every flavor (read, then a JSON merge patch of
+  ``spec.resourceGroups``, which Kueue accepts on a live queue).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from vigil.model import Action, parse_entity
+from vigil.remedy.actuators.base import ActuatorError
+from vigil.sources.collect.kube_jobs import JOBSET_LABEL, KUBEFLOW_JOB_LABEL
+
+KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta1"
+GPU_RESOURCE = "nvidia.com/gpu"
+JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+NOTICE_AT = "vigil.dev/preempt-at"
+NOTICE_SIGNAL = "vigil.dev/preempt-signal"
+MERGE_PATCH = "application/merge-patch+json"
+_K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class JobKind:
+    """A kind of job object: where the API serves it, the label on its pods, where its suspend flag is."""
+
+    kind: str
+    group: str
+    version: str
+    plural: str
+    pod_label: str
+    suspend: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return self.kind
+
+
+JOB_KINDS = (
+    JobKind("Job", "batch", "v1", "jobs", JOB_NAME_LABEL, ("spec", "suspend")),
+    JobKind("PyTorchJob", "kubeflow.org", "v1", "pytorchjobs", KUBEFLOW_JOB_LABEL, ("spec", "runPolicy", "suspend")),
+    JobKind("JobSet", "jobset.x-k8s.io", "v1alpha2", "jobsets", JOBSET_LABEL, ("spec", "suspend")),
+)
+# the label each job controller puts on its pods, naming the job: batch/v1 Job, Kubeflow PyTorchJob, JobSet
+JOB_POD_LABELS = tuple(kind.pod_label for kind in JOB_KINDS)
+
+
+def job_ref(target: str) -> tuple[str, str]:
+    """``job/<namespace>:<name>`` as (namespace, name)."""
+    namespace, _, name = parse_entity(target)[1][0].partition(":")
+    if not _K8S_NAME.match(namespace) or not _K8S_NAME.match(name):
+        raise ActuatorError(f"{target}: a Kubernetes job is named job/<namespace>:<name>")
+    return namespace, name
+
+
+def notice_deadline(action: Action) -> str:
+    """When the preemption takes effect (``params.effective_ts``, else the action's time), RFC 3339 UTC."""
+    effective = float(action.params.get("effective_ts", action.ts))
+    return dt.datetime.fromtimestamp(effective, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _nested(obj: dict[str, Any], path: tuple[str, ...]) -> Any:
+    for key in path:
+        obj = obj.get(key) if isinstance(obj, dict) else None  # type: ignore[assignment]
+    return obj
+
+
+def _patch_at(path: tuple[str, ...], value: Any) -> dict[str, Any]:
+    patch: Any = value
+    for key in reversed(path):
+        patch = {key: patch}
+    return dict(patch)
+
+
+class KubeJobs:
+    """Job lookups and changes on the official client's ``core`` (CoreV1Api) and ``custom`` (CustomObjectsApi)."""
+
+    client: Any
+    core: Any
+    custom: Any
+
+    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except self.client.exceptions.ApiException as err:
+            raise ActuatorError(f"{what}: HTTP {err.status} {err.reason}") from None
+        except OSError as err:
+            raise ActuatorError(f"{what}: {err}") from None
+
+    def _job_pods(self, namespace: str, name: str) -> list[Any]:
+        """The job's pods, by the first of ``JOB_POD_LABELS`` that finds any."""
+        for label in JOB_POD_LABELS:
+            pods = self._call(f"list pods of job {namespace}/{name}", self.core.list_namespaced_pod, namespace,
+                              label_selector=f"{label}={name}").items
+            if pods:
+                return list(pods)
+        return []
+
+    def _job_object(self, namespace: str, name: str) -> tuple[JobKind, dict[str, Any]] | None:
+        """The job object (the first of ``JOB_KINDS`` the API has under that name), or None."""
+        for kind in JOB_KINDS:
+            try:
+                found = self.custom.get_namespaced_custom_object(kind.group, kind.version, namespace, kind.plural,
+                                                                 name)
+            except self.client.exceptions.ApiException as err:
+                if err.status == 404:  # not this kind (or its CRD is not installed)
+                    continue
+                raise ActuatorError(f"read {kind} {namespace}/{name}: HTTP {err.status} {err.reason}") from None
+            except OSError as err:
+                raise ActuatorError(f"read {kind} {namespace}/{name}: {err}") from None
+            return kind, dict(found)
+        return None
+
+    def _require_job(self, namespace: str, name: str) -> tuple[JobKind, dict[str, Any]]:
+        found = self._job_object(namespace, name)
+        if found is None:
+            raise ActuatorError(f"job {namespace}/{name} is not a {', '.join(map(str, JOB_KINDS[:-1]))} or "
+                                f"{JOB_KINDS[-1]} in the API")
+        return found
+
+    def _workload_of(self, namespace: str, job: dict[str, Any]) -> dict[str, Any] | None:
+        """The Kueue Workload of a job object (label ``kueue.x-k8s.io/job-uid``), or None."""
+        uid = job.get("metadata", {}).get("uid")
+        if not uid:
+            return None
+        try:
+            found = self.custom.list_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads",
+                                                              label_selector=f"{JOB_UID_LABEL}={uid}")
+        except self.client.exceptions.ApiException as err:
+            if err.status == 404:  # Kueue is not installed
+                return None
+            raise ActuatorError(f"list workloads in {namespace}: HTTP {err.status} {err.reason}") from None
+        except OSError as err:
+            raise ActuatorError(f"list workloads in {namespace}: {err}") from None
+        items = found.get("items", [])
+        return dict(items[0]) if items else None
+
+    def _patch_job(self, kind: JobKind, namespace: str, name: str, patch: dict[str, Any], what: str) -> None:
+        self._call(f"{what} {kind} {namespace}/{name}", self.custom.patch_namespaced_custom_object, kind.group,
+                   kind.version, namespace, kind.plural, name, patch, _content_type=MERGE_PATCH)
+
+    # ------------------------------------------------------------------ notice
+
+    def describe_notice(self, action: Action) -> str:
+        namespace, name = job_ref(action.target)
+        return (f"annotate job {namespace}/{name} and its pods (label {' or '.join(JOB_POD_LABELS)}) "
+                f"{NOTICE_AT}={notice_deadline(action)}")
+
+    def send_notice(self, action: Action) -> str:
+        """Annotate the job object and every pod of the job with the deadline and the signal."""
+        namespace, name = job_ref(action.target)
+        deadline = notice_deadline(action)
+        signal = str(action.params.get("signal", "USR1"))
+        patch = {"metadata": {"annotations": {NOTICE_AT: deadline, NOTICE_SIGNAL: signal}}}
+        found = self._job_object(namespace, name)
+        pods = self._job_pods(namespace, name)
+        if found is None and not pods:
+            raise ActuatorError(f"job {namespace}/{name} has no job object ({', '.join(map(str, JOB_KINDS))}) and no "
+                                f"pods (labels {', '.join(JOB_POD_LABELS)})")
+        if found is not None:
+            self._patch_job(found[0], namespace, name, patch, "annotate")
+        for pod in pods:
+            self._call(f"annotate pod {namespace}/{pod.metadata.name}", self.core.patch_namespaced_pod,
+                       pod.metadata.name, namespace, patch, _content_type=MERGE_PATCH)
+        what = f"{found[0]} {namespace}/{name}" if found is not None else f"job {namespace}/{name}"
+        return f"notice to {what} and {len(pods)} pods: checkpoint before {deadline}"
+
+    # ------------------------------------------------------------------ preempt / resume
+
+    def is_preempted(self, namespace: str, name: str) -> bool | None:
+        """True when the job is held (its Workload inactive, or, without one, the object suspended); None when
+        there is no such job."""
+        found = self._job_object(namespace, name)
+        if found is None:
+            return None
+        kind, job = found
+        workload = self._workload_of(namespace, job)
+        if workload is not None:
+            return workload.get("spec", {}).get("active", True) is False
+        return _nested(job, kind.suspend) is True
+
+    def set_held(self, namespace: str, name: str, held: bool, *, kueue_only: bool = False) -> str:
+        """Preempt (``held``) or resume the job: its Kueue Workload's ``spec.active``, or without a Workload the
+        object's suspend flag (refused with ``kueue_only``)."""
+        kind, job = self._require_job(namespace, name)
+        workload = self._workload_of(namespace, job)
+        if workload is not None:
+            workload_name = workload["metadata"]["name"]
+            self._call(f"{'deactivate' if held else 'activate'} Workload {namespace}/{workload_name}",
+                       self.custom.patch_namespaced_custom_object, KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads",
+                       workload_name, {"spec": {"active": not held}}, _content_type=MERGE_PATCH)
+            if held:
+                return f"Workload {namespace}/{workload_name} deactivated: Kueue evicts {kind} {namespace}/{name}"
+            return f"Workload {namespace}/{workload_name} active again: Kueue admits {kind} {namespace}/{name} by quota"
+        if kueue_only:
+            raise ActuatorError(f"job {namespace}/{name} has no Kueue Workload")
+        self._patch_job(kind, namespace, name, _patch_at(kind.suspend, held), "suspend" if held else "resume")
+        flag = ".".join(kind.suspend)
+        if held:
+            return f"{kind} {namespace}/{name} suspended ({flag}=true): its controller stops the pods, the job stays"
+        return f"{kind} {namespace}/{name} resumed ({flag}=false): its controller starts the pods again"
+
+    # ------------------------------------------------------------------ quota
+
+    @staticmethod
+    def quota(action: Action) -> tuple[str, str, int]:
+        """(ClusterQueue, resource, units) of a set_quota, checked."""
+        queue, resource = action.params.get("queue"), action.params.get("resource", GPU_RESOURCE)
+        units = action.params.get("units")
+        if not isinstance(queue, str) or not _K8S_NAME.match(queue):
+            raise ActuatorError(f"set_quota needs params.queue, a ClusterQueue name, got {queue!r}")
+        if not isinstance(resource, str) or not resource:
+            raise ActuatorError(f"set_quota needs params.resource, a resource name, got {resource!r}")
+        if not isinstance(units, int) or isinstance(units, bool) or units < 0:
+            raise ActuatorError(f"set_quota needs params.units, a count of at least 0, got {units!r}")
+        return queue, resource, units
+
+    def describe_quota(self, action: Action) -> str:
+        queue, resource, units = self.quota(action)
+        return f"set ClusterQueue {queue} nominalQuota {resource}={units}"
+
+    def _cluster_queue(self, name: str) -> dict[str, Any]:
+        return dict(self._call(f"read ClusterQueue {name}", self.custom.get_cluster_custom_object,
+                               KUEUE_GROUP, KUEUE_VERSION, "clusterqueues", name))
+
+    @staticmethod
+    def _quotas(queue: dict[str, Any], resource: str) -> list[dict[str, Any]]:
+        return [r for group in queue.get("spec", {}).get("resourceGroups", [])
+                for flavor in group.get("flavors", []) for r in flavor.get("resources", [])
+                if r.get("name") == resource]
+
+    def quota_is_set(self, action: Action) -> bool:
+        queue, resource, units = self.quota(action)
+        quotas = self._quotas(self._cluster_queue(queue), resource)
+        return bool(quotas) and all(str(r.get("nominalQuota")) == str(units) for r in quotas)
+
+    def set_quota(self, action: Action) -> str:
+        queue, resource, units = self.quota(action)
+        spec = self._cluster_queue(queue).get("spec", {})
+        groups = spec.get("resourceGroups", [])
+        if not self._quotas({"spec": spec}, resource):
+            raise ActuatorError(f"ClusterQueue {queue} has no quota for {resource}")
+        for quota in self._quotas({"spec": spec}, resource):
+            quota["nominalQuota"] = units
+        self._call(f"patch ClusterQueue {queue}", self.custom.patch_cluster_custom_object, KUEUE_GROUP,
+                   KUEUE_VERSION, "clusterqueues", queue, {"spec": {"resourceGroups": groups}},
+                   _content_type=MERGE_PATCH)
+        return f"ClusterQueue {queue} nominalQuota {resource}={units}"
