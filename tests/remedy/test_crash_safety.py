@@ -88,6 +88,7 @@ def test_serve_resumes_interrupted_actions_when_it_starts(tmp_path: Path, monkey
     from vigil.config import Settings
     from vigil.faces.cli.serve import _executor
     from vigil.model import Node, Topology
+    from vigil.remedy.acting import remediator_for
     from vigil.remedy.lifecycle import LifecycleStore
     from vigil.store.sql import Store
 
@@ -99,5 +100,9 @@ def test_serve_resumes_interrupted_actions_when_it_starts(tmp_path: Path, monkey
     audit.begin("act-cordon-n2", Action(id="act-cordon-n2", ts=0.0, kind=ActionKind.CORDON, target="node/n2"))
     store = Store(settings.database_url())
     store.save_topology(Topology(nodes=[Node(name=f"n{i}", switch="s0") for i in range(20)]))
-    _executor("slurm", settings, store, LifecycleStore(settings.database_url()))
+    lifecycle = LifecycleStore(settings.database_url())
+    assert _executor(remediator_for("slurm", settings.model_copy(update={"execute_actions": False}),
+                                    store.topology() or Topology(), lifecycle, "vigil-api")) is None
+    assert len(audit.unfinished()) == 1 and scontrol_updates(tmp_path) == 0  # dry-run: nothing resumed
+    _executor(remediator_for("slurm", settings, store.topology() or Topology(), lifecycle, "vigil-api"))
     assert audit.unfinished() == [] and scontrol_updates(tmp_path) == 1

@@ -54,6 +54,40 @@ def test_engine_finishes_an_action_its_killed_predecessor_left_half_done(tmp_pat
     assert again.returncode == 0 and "resumed" not in again.stderr and scontrol_updates(tmp_path) == 2
 
 
+def test_engine_acts_through_the_configured_backend_and_only_with_execute_actions(tmp_path: Path) -> None:
+    """`vigil engine` without --actuator takes remedy_backend (VIGIL_REMEDY_BACKEND); execute_actions off, it
+    resumes nothing; an explicit --actuator none wins over the setting."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    url = f"sqlite:///{tmp_path / 'home' / 'vigil.db'}"
+    store = Store(url)
+    for name in ["n1", *(f"n{i}" for i in range(2, 11))]:
+        store.register_node(Node(name=name))
+    store.close()
+    kill_mid_drain(tmp_path, bin_dir / "scontrol", url)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VIGIL_")}
+    env.update(PYTHONPATH=str(REPO), VIGIL_HOME=str(tmp_path / "home"), VIGIL_REMEDY_BACKEND="slurm",
+               PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+    def engine_once(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "vigil", "engine", "--once", *args], env={**env, **extra},
+                              capture_output=True, text=True, timeout=120)
+
+    dry = engine_once()
+    assert dry.returncode == 0, dry.stderr
+    assert "remedy backend slurm: dry-run" in dry.stderr and "resumed" not in dry.stderr
+    assert len(AuditLog(url).unfinished()) == 1 and scontrol_updates(tmp_path) == 1  # only the killed call
+    explicit = engine_once("--actuator", "none", VIGIL_EXECUTE_ACTIONS="true")
+    assert explicit.returncode == 0 and "resumed" not in explicit.stderr and scontrol_updates(tmp_path) == 1
+    live = engine_once(VIGIL_EXECUTE_ACTIONS="true")
+    assert live.returncode == 0, live.stderr
+    assert "resumed 1 interrupted action" in live.stderr and scontrol_updates(tmp_path) == 2
+    assert AuditLog(url).unfinished() == []
+    bad = engine_once("--actuator", "pbs")
+    lines = [line for line in bad.stderr.splitlines() if line.strip()]
+    assert bad.returncode == 2 and len(lines) == 1 and "--actuator 'pbs'" in lines[0]
+
+
 def _tiny_model(path: Path) -> None:
     """A TCE that learned one thing: a GPU running warm (75-82 C, below the rules' 87 C) for a while is
     gpu_thermal; 55-65 C is normal."""

@@ -6,9 +6,11 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests.conftest import free_port
 from tests.serve.conftest import REPO
 
 
@@ -39,3 +41,68 @@ def test_bad_options_are_one_line_errors(tmp_path: Path, args: list[str], messag
     assert done.returncode == 2, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in done.stderr
+
+
+def test_a_bad_configured_remedy_backend_is_one_line(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "VIGIL_HOME": str(tmp_path),
+        "VIGIL_DB_URL": f"sqlite:///{tmp_path / 'vigil.db'}",
+        "VIGIL_REMEDY_BACKEND": "ansible",
+        "PYTHONPATH": str(REPO),
+    }
+    done = subprocess.run([sys.executable, "-m", "vigil", "serve", "--port", str(free_port())], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "remedy_backend" in lines[0] and "Traceback" not in done.stderr
+
+
+def _serve_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: dict[str, str],
+                  args: list[str]) -> tuple[Any, Any, str]:
+    """Start `vigil serve` with the server and the engine thread caught before they run: (engine, app, stderr)."""
+    import uvicorn
+    from typer.testing import CliRunner
+
+    from vigil.config import settings
+    from vigil.faces.cli.main import app
+
+    for key in [k for k in os.environ if k.startswith("VIGIL_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("VIGIL_HOME", str(tmp_path))
+    monkeypatch.setenv("VIGIL_DB_URL", f"sqlite:///{tmp_path / 'vigil.db'}")
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    settings.cache_clear()
+    caught: dict[str, Any] = {}
+    monkeypatch.setattr("vigil.run.engine.start_in_thread", lambda engine: caught.setdefault("engine", engine))
+    monkeypatch.setattr(uvicorn, "run", lambda served, **_: caught.setdefault("app", served))
+    monkeypatch.setattr("vigil.faces.cli.serve._freeze_heap", lambda: None)
+    done = CliRunner().invoke(app, ["serve", "--port", str(free_port()), "--engine", *args])
+    settings.cache_clear()
+    assert done.exit_code == 0, (done.output, done.exception)
+    return caught["engine"], caught["app"], done.stderr
+
+
+def test_serve_acts_through_the_configured_backend_dry_run_unless_execute_actions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vigil.remedy.actuators.slurm import SlurmActuator
+
+    engine, served, stderr = _serve_engine(tmp_path, monkeypatch, {"VIGIL_REMEDY_BACKEND": "slurm"}, [])
+    assert engine.remediator is not None and engine.remediator.dry_run
+    assert any(isinstance(a, SlurmActuator) for a in engine.remediator.actuators)
+    assert engine.remediator.guard is not None  # the blast-radius guard stands in front of it
+    assert served.state.ctx.executor is None  # nothing is executed: approvals run as dry-runs only
+    assert "remedy backend slurm: dry-run" in stderr
+
+    engine, served, stderr = _serve_engine(tmp_path, monkeypatch, {"VIGIL_REMEDY_BACKEND": "slurm",
+                                                                   "VIGIL_EXECUTE_ACTIONS": "true"}, [])
+    assert engine.remediator is not None and not engine.remediator.dry_run
+    assert any(isinstance(a, SlurmActuator) for a in engine.remediator.actuators)
+    assert served.state.ctx.executor is not None and "execute_actions on" in stderr
+
+    # an explicit --actuator wins over the setting
+    engine, served, _ = _serve_engine(tmp_path, monkeypatch, {"VIGIL_REMEDY_BACKEND": "slurm",
+                                                              "VIGIL_EXECUTE_ACTIONS": "true"}, ["--actuator", "none"])
+    assert engine.remediator is None and served.state.ctx.executor is None

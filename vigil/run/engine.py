@@ -215,8 +215,9 @@ class Engine:
     def start(self) -> None:
         """Take up where the last engine stopped: actions it left half done, cursor, open incidents, the latest
         metric values."""
-        if self.remediator is not None:
-            # An action whose execution a killed predecessor began is finished (or refused) before anything new.
+        if self.remediator is not None and not self.remediator.dry_run:
+            # An action whose execution a killed predecessor began is finished (or refused) before anything new;
+            # a dry-run remediator (execute_actions off) resumes nothing.
             self.resumed_actions = len(self.remediator.recover())
         _, state = self.store.cursor(CURSOR)
         self.event_cursor = int(state.get("events", 0))

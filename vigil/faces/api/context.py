@@ -25,6 +25,7 @@ from vigil.store import schema as tables
 from vigil.store.metrics import MetricStore
 
 if TYPE_CHECKING:
+    from vigil.remedy.remediator import Remediator
     from vigil.store.sql import Store
 
 STEP_TIME = "vigil_job_step_time_seconds"
@@ -93,6 +94,9 @@ class ServeContext:
     launch_dirs: list[Path] = field(default_factory=list)
     executor: Callable[[Action], Action] | None = None
     lifecycle: LifecycleStore | None = None
+    # the remediator of the configured back end (dry-run while execute_actions is off), None for backend none
+    remediator: Remediator | None = None
+    backend: str = "none"
     collector: VigilCollector = field(init=False)
     auth: Authenticator = field(init=False)
     # Actions are read-modify-write (approve, execute); one lock keeps two approvals from racing.

@@ -18,10 +18,12 @@ def engine(
     config: Annotated[Path | None, typer.Option("--config", help="settings YAML file (else VIGIL_* env)")] = None,
     once: Annotated[bool, typer.Option("--once", help="one tick, print what it did, exit")] = False,
     actuator: Annotated[
-        str,
+        str | None,
         typer.Option(help="none, kubernetes or slurm: the back end whose half-done actions a killed engine or "
-                     "server left are finished at start (with execute_actions on)"),
-    ] = "none",
+                     "server left are finished at start (with execute_actions on; off, nothing is executed). "
+                     "Default: the setting remedy_backend (VIGIL_REMEDY_BACKEND, or remedy_backend: in the "
+                     "--config file), else none"),
+    ] = None,
     on_demo_store: Annotated[
         bool, typer.Option("--on-demo-store", help="run even on a store `vigil demo` wrote (its incidents would be "
                            "opened again and resolved by the wall clock)")
@@ -30,13 +32,14 @@ def engine(
     """Read agents' pushes and Prometheus, detect, open / resolve incidents, diagnose, propose actions, alert."""
     from vigil.config import load_settings
     from vigil.model import Topology
-    from vigil.remedy.acting import remediator_for
+    from vigil.remedy.acting import acting_line, chosen_actuator, remediator_for
     from vigil.remedy.lifecycle import LifecycleStore
     from vigil.run.engine import Engine
     from vigil.sources.promql import PromQLSource
     from vigil.store.sql import open_store
 
     settings = load_settings(config)
+    actuator = chosen_actuator(actuator, settings)
     if is_demo_store(settings) and not on_demo_store:
         raise VigilInputError(f"{settings.database_url()} is a `vigil demo` run: the engine would open its incidents "
                               "again and resolve them by the wall clock (--on-demo-store runs it anyway)")
@@ -46,6 +49,8 @@ def engine(
     remediator = remediator_for(actuator, settings, store.topology() or Topology(),
                                 LifecycleStore(settings.database_url()), "vigil-engine")
     live = Engine(store, settings, prom=prom, remediator=remediator)
+    if remediator is not None:
+        typer.echo(acting_line(actuator, settings.execute_actions), err=True)
     live.start()
     if live.resumed_actions:
         typer.echo(f"resumed {live.resumed_actions} interrupted action(s)", err=True)

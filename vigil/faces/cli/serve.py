@@ -15,6 +15,8 @@ from vigil.model import Action, VigilInputError
 if TYPE_CHECKING:
     from vigil.faces.api.auth import Authenticator
     from vigil.faces.api.context import ServeContext
+    from vigil.remedy.remediator import Remediator
+    from vigil.run.engine import Engine
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="settings YAML file (else VIGIL_* env)")]
 MetricsOpt = Annotated[
@@ -28,16 +30,20 @@ LaunchOpt = Annotated[
 
 
 def _context(
-    config: Path | None, metrics_dir: Path | None, launch_dirs: list[Path] | None, actuator: str = "none"
+    config: Path | None, metrics_dir: Path | None, launch_dirs: list[Path] | None, actuator: str | None = "none"
 ) -> ServeContext:
+    """The server's context; ``actuator`` None takes the setting ``remedy_backend``."""
     from vigil.config import load_settings
     from vigil.faces.api.context import ServeContext
+    from vigil.model import Topology
+    from vigil.remedy.acting import chosen_actuator, remediator_for
     from vigil.remedy.lifecycle import LifecycleStore
     from vigil.sources.promql import PromQLSource
     from vigil.store.metrics import MetricStore
     from vigil.store.sql import open_store
 
     settings = load_settings(config)
+    backend = chosen_actuator(actuator, settings)
     store = open_store(settings)
     metrics_path = metrics_dir if metrics_dir is not None else settings.home / "metrics"
     if metrics_dir is not None and not metrics_path.is_dir():
@@ -48,6 +54,7 @@ def _context(
         if not launch.is_dir():
             raise VigilInputError(f"--launch-dir {launch}: not a directory")
     lifecycle = LifecycleStore(settings.database_url())
+    remediator = remediator_for(backend, settings, store.topology() or Topology(), lifecycle, "vigil-api")
     return ServeContext(
         store=store,
         settings=settings,
@@ -55,22 +62,28 @@ def _context(
         prom=prom,
         launch_dirs=list(launch_dirs or []),
         lifecycle=lifecycle,
-        executor=_executor(actuator, settings, store, lifecycle),
+        executor=_executor(remediator),
+        remediator=remediator,
+        backend=backend,
     )
 
 
-def _executor(actuator: str, settings: Any, store: Any, lifecycle: Any) -> Callable[[Action], Action] | None:
+def _executor(remediator: Remediator | None) -> Callable[[Action], Action] | None:
     """The remediator behind POST /actions/{id}/execute?dry_run=false (vigil.remedy.acting); None when
-    actions are not executed."""
-    from vigil.model import Topology
-    from vigil.remedy.acting import remediator_for
-
-    remediator = remediator_for(actuator, settings, store.topology() or Topology(), lifecycle, "vigil-api")
-    if remediator is None:
+    actions are not executed (no back end, or execute_actions off)."""
+    if remediator is None or remediator.dry_run:
         return None
     # Actions a previous server was executing when it died are resumed before new ones are accepted.
     remediator.recover()
     return remediator.execute
+
+
+def live_engine(ctx: ServeContext) -> Engine:
+    """The engine `vigil serve` runs in its process, with the server's remediator (the configured back end;
+    dry-run while execute_actions is off)."""
+    from vigil.run.engine import Engine
+
+    return Engine(ctx.store, ctx.settings, prom=ctx.prom, remediator=ctx.remediator)
 
 
 def serve(
@@ -80,9 +93,11 @@ def serve(
     metrics_dir: MetricsOpt = None,
     launch_dir: LaunchOpt = None,
     actuator: Annotated[
-        str,
-        typer.Option(help="none, kubernetes or slurm: what runs approved actions when execute_actions is on"),
-    ] = "none",
+        str | None,
+        typer.Option(help="none, kubernetes or slurm: what runs approved actions when execute_actions is on "
+                     "(off, every action stays a dry-run). Default: the setting remedy_backend "
+                     "(VIGIL_REMEDY_BACKEND, or remedy_backend: in the --config file), else none"),
+    ] = None,
     engine: Annotated[
         bool | None,
         typer.Option("--engine/--no-engine", help="run the live engine in this process (off: `vigil engine`); "
@@ -93,9 +108,10 @@ def serve(
     import uvicorn
 
     from vigil.faces.api.app import app_for_context
-    from vigil.remedy.acting import check_actuator
+    from vigil.remedy.acting import acting_line, check_actuator
 
-    check_actuator(actuator)
+    if actuator is not None:
+        check_actuator(actuator)
     ensure_port_free(host, port, "--port")
     ctx = _context(config, metrics_dir, launch_dir, actuator)
     warn_if_open(host, ctx.auth_configured, "vigil serve")
@@ -107,10 +123,12 @@ def serve(
             typer.echo("the store is a `vigil demo` run, so the live engine is off: its incidents are judged on "
                        "simulated time, and re-reading its events would open them again (--engine runs it anyway)",
                        err=True)
+    if ctx.remediator is not None:
+        typer.echo(acting_line(ctx.backend, not ctx.remediator.dry_run), err=True)
     if engine:
-        from vigil.run.engine import Engine, start_in_thread
+        from vigil.run.engine import start_in_thread
 
-        start_in_thread(Engine(ctx.store, ctx.settings, prom=ctx.prom))
+        start_in_thread(live_engine(ctx))
     _freeze_heap()
     typer.echo(f"vigil serving on http://{host}:{port} (store {ctx.settings.database_url()})", err=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")
