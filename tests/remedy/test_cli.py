@@ -220,3 +220,43 @@ def test_the_backend_table_in_the_docs_matches_the_actuators() -> None:
         everywhere = kind in OutboxActuator.kinds or kind is ActionKind.RESET_GPU
         for backend, cell in zip(("none", "kubernetes", "slurm"), cells, strict=True):
             assert (cell != "-") == (everywhere or backend in able), (action_name, backend, cell)
+
+
+def _store_incident(incident_id: str, entities: list[str], root_cause: str | None) -> None:
+    from vigil.model import Cause, Diagnosis, Incident
+    from vigil.store.sql import open_store
+
+    store = open_store()
+    store.upsert_incident(Incident(id=incident_id, title="GPU fell off the bus", scope=entities[0], entities=entities,
+                                   start=0.0, end=1.0, level=FaultLevel.ISOLATE, fault_types=["gpu_lost"]))
+    if root_cause is not None:
+        store.save_diagnosis(Diagnosis(incident_id=incident_id, summary="GPU lost", confidence=0.9,
+                                       root_cause=Cause(entity=root_cause, fault_type="gpu_lost", score=0.9)))
+
+
+def test_migrate_job_takes_the_bad_node_from_the_incident(home: Path, fake_slurm: Path) -> None:
+    """--incident: the node of the incident's diagnosed root cause is the bad node; --node still wins."""
+    _store_incident("inc-gpu", ["job/j7", "gpu/n3/0", "gpu/n4/1"], root_cause="gpu/n3/0")
+    runner = CliRunner()
+    done = runner.invoke(app, ["act", "migrate_job", "job/j7", "--incident", "inc-gpu", "--backend", "slurm",
+                               "--json"])
+    assert done.exit_code == 0, done.output
+    action = json.loads(done.stdout)
+    assert action["status"] == "proposed" and action["params"]["nodes"] == ["node/n3"]
+    assert action["params"]["nodes_from"] == "incident inc-gpu"
+    assert "nodename=n3 state=drain" in action["result"] and "n4" not in action["result"]
+    named = runner.invoke(app, ["act", "migrate_job", "job/j7", "--incident", "inc-gpu", "--node", "node/n5",
+                                "--backend", "slurm", "--json"])
+    assert named.exit_code == 0 and json.loads(named.stdout)["params"]["nodes"] == ["node/n5"]
+    # no diagnosis: the one node the incident's GPUs live on
+    _store_incident("inc-one", ["job/j8", "gpu/n6/0", "gpu/n6/1"], root_cause=None)
+    one = runner.invoke(app, ["act", "migrate_job", "job/j8", "--incident", "inc-one", "--backend", "slurm", "--json"])
+    assert one.exit_code == 0 and json.loads(one.stdout)["params"]["nodes"] == ["node/n6"]
+    # several nodes and nothing diagnosed: no guess; the job's drained nodes decide, as without --incident
+    _store_incident("inc-two", ["job/j9", "gpu/n1/0", "gpu/n2/0"], root_cause=None)
+    two = runner.invoke(app, ["act", "migrate_job", "job/j9", "--incident", "inc-two", "--backend", "slurm", "--json"])
+    assert two.exit_code == 0 and "nodes" not in json.loads(two.stdout)["params"]
+    assert "inc-two is not localized to one node (entities on node/n1, node/n2)" in two.stderr
+    unknown = runner.invoke(app, ["act", "migrate_job", "job/j7", "--incident", "inc-nope", "--backend", "slurm"])
+    assert unknown.exit_code != 0 and "--incident inc-nope: no such incident" in str(unknown.exception)
+    assert not (fake_slurm / "calls.log").exists()

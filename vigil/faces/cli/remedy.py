@@ -207,7 +207,8 @@ def act_command(
     local_node: LocalNodeOption = None,
     bad_nodes: Annotated[list[str] | None, typer.Option(
         "--node", help="migrate_job only: a bad node (node/NAME) to take out and keep the job off; repeatable. "
-        "Without it the job's nodes already drained / cordoned are the bad ones")] = None,
+        "Without it the node --incident is localized to (its diagnosis' root cause) is the bad one, else the "
+        "job's nodes already drained / cordoned")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the resulting action as JSON")] = False,
 ) -> None:
     """Carry out one action of a diagnosis plan through the blast-radius guard and the audit log.
@@ -227,7 +228,11 @@ def act_command(
             f"action {action!r} is not on the whitelist ({', '.join(k.value for k in ActionKind)})"
         ) from None
     parse_entity(target)
-    params = {"nodes": _bad_nodes(kind, bad_nodes)} if bad_nodes else {}
+    params: dict[str, object] = {"nodes": _bad_nodes(kind, bad_nodes)} if bad_nodes else {}
+    if kind is ActionKind.MIGRATE_JOB and not bad_nodes and incident is not None:
+        localized = _incident_nodes(incident)
+        if localized:
+            params = {"nodes": localized, "nodes_from": f"incident {incident}"}
     chosen = _backend(backend)
     topology_file = topology or _store_topology_file()
     remediator = _remediator(topology_file, chosen, execute, local_node)
@@ -242,7 +247,7 @@ def act_command(
         actuator.describe(proposed)  # reads only the action: a target this back end cannot name is a typo
     except ActuatorError as err:
         raise VigilInputError(f"{kind.value} {target}: {err}") from None
-    nodes = [n for n in [node_of(target), *params.get("nodes", [])] if n is not None]
+    nodes = [n for n in [node_of(target), *_as_list(params.get("nodes"))] if n is not None]
     if topology_file is not None and nodes:
         known = {n.id for n in _read_topology(topology_file).nodes}
         for node in nodes:
@@ -265,6 +270,34 @@ def _bad_nodes(kind: ActionKind, given: list[str]) -> list[str]:
         if parse_entity(node)[0] != "node":
             raise VigilInputError(f"--node {node!r}: expected a node id, node/<name>")
     return list(dict.fromkeys(given))
+
+
+def _as_list(value: object) -> list[str]:
+    return [str(v) for v in value] if isinstance(value, list) else []
+
+
+def _incident_nodes(incident_id: str) -> list[str]:
+    """The node an incident is localized to, as migrate_job's bad node: the node of its diagnosis' root cause;
+    without a diagnosis naming a GPU, NIC or node, the one node all its GPU / NIC / node entities live on.
+    None found (a switch's fault, entities on several nodes): an empty list and a note on stderr."""
+    from vigil.model import node_of
+    from vigil.store.sql import open_store
+
+    store = open_store()
+    found = store.incident(incident_id)
+    if found is None:
+        raise VigilInputError(f"--incident {incident_id}: no such incident in the store")
+    diagnosis = store.diagnosis(incident_id)
+    cause = diagnosis.root_cause.entity if diagnosis is not None and diagnosis.root_cause is not None else None
+    if cause is not None and (node := node_of(cause)) is not None:
+        return [node]
+    on = sorted({n for entity in [found.scope, *found.entities] if (n := node_of(entity)) is not None})
+    if len(on) == 1:
+        return on
+    where = f"root cause {cause}" if cause is not None else f"entities on {', '.join(on)}" if on else "no node"
+    typer.echo(f"incident {incident_id} is not localized to one node ({where}): the job's drained or cordoned "
+               "nodes are the bad ones (name one with --node node/NAME)", err=True)
+    return []
 
 
 def _no_actuator(action: Action, backend: str, given: bool) -> str:
