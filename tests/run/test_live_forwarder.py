@@ -61,6 +61,10 @@ class Cluster:
                 print(f"--- {log.name}\n{log.read_text()[-3000:]}")
             raise
 
+    def agent_metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value for family in text_string_to_metric_families(
+            httpx.get(self.agent_url + "/metrics", timeout=10).text) for s in family.samples}
+
     def rank_lines(self) -> list[dict[str, Any]]:
         return [e for e in self.get("/api/v1/events?kind=rank_log") if e["entity"].startswith(f"job/{JOB}/")]
 
@@ -88,6 +92,9 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
                              VIGIL_AGENT_PUSH_INTERVAL_S="0.5"))
         cluster.wait(lambda: [n["name"] for n in cluster.get("/api/v1/nodes")] == [default_node_name()], 60,
                      "the agent to register its node")
+        # the rank-log source's first look follows the files already there from their end: the job starts after it
+        files = ("vigil_agent_rank_log_files", (("node", default_node_name()),))
+        cluster.wait(lambda: files in cluster.agent_metrics(), 60, "the agent's first look at the rank log files")
         yield cluster
 
 
@@ -142,8 +149,7 @@ def test_a_torchrun_jobs_raising_rank_reaches_the_engine_through_the_agent(clust
         f"job/{JOB}/rank/1", "application_error"), diagnosis["root_cause"]
 
     # the agent's own account: the files it follows, the lines it read, nothing dropped or refused
-    metrics = {(s.name, tuple(sorted(s.labels.items()))): s.value for family in text_string_to_metric_families(
-        httpx.get(cluster.agent_url + "/metrics", timeout=10).text) for s in family.samples}
+    metrics = cluster.agent_metrics()
     assert metrics[("vigil_agent_rank_log_files", (("node", node),))] == WORLD
     assert metrics[("vigil_agent_rank_log_lines_total", (("node", node),))] >= WORLD
     assert metrics[("vigil_agent_source_up", (("source", "rank_log"),))] == 1
