@@ -46,3 +46,63 @@ def mask(text: str) -> str:
 def tokenize(masked_line: str) -> list[str]:
     """Whitespace tokens of a masked line; runs of wildcards are already collapsed by :func:`mask`."""
     return masked_line.split()
+
+
+# ---------------------------------------------------------------------------------------------- template text
+# How a template reads follows the conventions of the corrected Loghub ground truth (Khan et al., ICSE'22,
+# "Guidelines for assessing the accuracy of log message template identification techniques"): a number that is
+# a piece of its own between delimiters is a value even where it never varied; a path is a value; true, false,
+# null and the default user names root and admin are values; a word glued to a value (no delimiter between) is
+# part of it; values separated only by a dot or by nothing are one value. Words that merely contain a digit
+# (``jk2_init``, ``ee0``, ``L3``) are text unless they vary.
+
+_SEPARATORS = re.compile(r"[ \t,:;]*")
+# a number standing alone between delimiters, with its sign ("-2", "blk_-17": the sign belongs to the number)
+_NUMBER = re.compile(r"(?:(?<![A-Za-z0-9])-)?(?<![A-Za-z0-9_])(?:0[xX][0-9A-Fa-f]+|\d+)(?![A-Za-z0-9_])")
+_PATH_PIECES = re.compile(r"""([\s,!;:=|"'\[\](){}]+)""")
+_PATH = re.compile(r"(?:/[^/]+)+")
+_PIECES = re.compile(r"""([\s,!;:=|"'\[\](){}.\-+@#$%&]+)""")
+_NAMED_VALUES = frozenset({"true", "false", "null", "root", "admin"})
+_NAMED = re.compile("|".join(_NAMED_VALUES), re.IGNORECASE)
+_GLUED = re.compile(r"[^/]*<\*>[^/]*")
+_DOTTED = re.compile(r"<\*>(?:\.<\*>)+")
+DATE = re.compile(_ALTERNATIVES[1])
+_ADJACENT = re.compile(r"(?:<\*>){2,}")
+
+
+def values_of(line: str) -> list[str] | None:
+    """The raw text behind each ``<*>`` of ``mask(line)``, in order; None when the line holds a ``<*>`` of its own."""
+    if WILDCARD in line:
+        return None
+    spans: list[list[int]] = []
+    for found in _TOKEN_MASK.finditer(line):
+        start, end = found.span()
+        if spans and _SEPARATORS.fullmatch(line, spans[-1][1], start):
+            spans[-1][1] = end  # runs of values are one value (_REPEATED_WILDCARD)
+        else:
+            spans.append([start, end])
+    return [line[start:end] for start, end in spans]
+
+
+def normalize_value(text: str) -> str:
+    """``text`` with its paths, numbers, booleans, null and default user names made ``<*>`` (the pieces the
+    conventions make values whether or not they vary)."""
+    if "/" in text:
+        text = "".join(WILDCARD if _PATH.fullmatch(piece) else piece for piece in _PATH_PIECES.split(text))
+    text = _NUMBER.sub(WILDCARD, text)
+    if _NAMED.search(text):
+        text = "".join(WILDCARD if piece.lower() in _NAMED_VALUES else piece for piece in _PIECES.split(text))
+    return text
+
+
+def tidy(template: str) -> str:
+    """A template's text in the conventions' form: :func:`normalize_value`, then a word glued to a value is part of
+    it and values separated by a dot or by nothing are one."""
+    template = normalize_value(template)
+    if WILDCARD not in template:
+        return template
+    pieces = _PIECES.split(template)
+    template = "".join(WILDCARD if WILDCARD in piece and piece != WILDCARD and _GLUED.fullmatch(piece) else piece
+                       for piece in pieces)
+    template = _DOTTED.sub(WILDCARD, template)
+    return _ADJACENT.sub(WILDCARD, template)

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from vigil.logs.masking import WILDCARD, mask, tokenize
+from vigil.logs.masking import DATE, WILDCARD, mask, normalize_value, tidy, tokenize, values_of
 from vigil.model import VigilInputError
 
 STATE_VERSION = 2
@@ -133,6 +133,99 @@ def _aligned_values(mine: list[str], my_open: set[int], theirs: list[str], their
     return aligned if aligned * 2 >= max(n, m) else 0
 
 
+# a word holding both a digit and a letter (jk2_init, ee0): text while it never varies, so checked on every line
+_MIXED = re.compile(r"[A-Za-z0-9_]*(?:[A-Za-z_][0-9]|[0-9][A-Za-z_])[A-Za-z0-9_]*")
+_LETTER = re.compile(r"[A-Za-z]")
+
+
+_QUIET = 8
+# one word and its number (core.<*>, node-<*>, CPU#<*>), punctuation around them aside
+_WORD_NUMBER = re.compile(r"[^\w\s]*(?:[A-Za-z_]\w*[^\w\s<*>]*)?<\*>[^\w\s]*")
+_LONG_NUMBER = re.compile(r"\d{4}")
+_FRAME = re.compile(r"[^\w\s<*>]*")  # punctuation only (no word, space or value)
+
+
+class Seen:
+    """What the lines of a template held as one word of one value: the first word, and once they differed the text
+    all of them held before and after the difference (never overlapping in the shortest word)."""
+
+    __slots__ = ("first", "prefix", "suffix", "varied", "shortest")
+
+    def __init__(self, first: str, prefix: str | None = None, suffix: str | None = None, varied: bool = False,
+                 shortest: int | None = None) -> None:
+        self.first = first
+        self.prefix = first if prefix is None else prefix
+        self.suffix = first if suffix is None else suffix
+        self.varied = varied
+        self.shortest = len(first) if shortest is None else shortest
+
+    def see(self, word: str) -> bool:
+        """Take one more word in; whether anything changed."""
+        if not self.varied:
+            if word == self.first:
+                return False
+        elif word.startswith(self.prefix) and word.endswith(self.suffix) and len(word) >= len(self.prefix) + len(
+                self.suffix):
+            return False
+        self.prefix = os.path.commonprefix([self.prefix, word])
+        self.suffix = os.path.commonprefix([self.suffix[::-1], word[::-1]])[::-1]
+        self.shortest = min(self.shortest, len(word))
+        if len(self.prefix) + len(self.suffix) > self.shortest:
+            self.suffix = self.suffix[len(self.prefix) + len(self.suffix) - self.shortest:]
+        self.varied = True
+        return True
+
+    def state(self) -> list[str | bool | int]:
+        return [self.first, self.prefix, self.suffix, self.varied, self.shortest]
+
+
+def _show(word: Seen) -> str:
+    """One word of a value. Where the lines held different words: ``<*>``, with the punctuation all of them had
+    before and after it (``(<*>)``). Where they all held the same: that word when it holds no number, or a number
+    inside a word (``jk2_init``, ``ee0``); one value when it is a quantity (it starts with a number: ``599k``), an
+    id (a run of four digits or more), more than one number (``msra-sa-41:8030``, ``10.0.0.1:8030``) or more than
+    one word beside its number (``gw.example.org:8080``); else the word with its number as a value (``core.<*>``,
+    ``node-<*>``)."""
+    if word.varied:
+        prefix, suffix = word.prefix, word.suffix
+        return (prefix if _FRAME.fullmatch(prefix) else "") + WILDCARD + (suffix if _FRAME.fullmatch(suffix) else "")
+    shown = word.first
+    digits = any(c.isdigit() for c in shown)
+    if WILDCARD not in shown and not digits:
+        return shown
+    if shown.count(WILDCARD) > 1 or (WILDCARD in shown and not _WORD_NUMBER.fullmatch(shown)):
+        return WILDCARD
+    if digits and (WILDCARD in shown or _LONG_NUMBER.search(shown) or shown[0].isdigit()):
+        return WILDCARD
+    return shown
+
+
+def _render_value(words: list[Seen] | None) -> str:
+    """What one ``<*>`` reads as: word by word (see :func:`_show`) where each word of the value varied or is a value
+    by itself, punctuation aside (``<*> <*>``: two numbers, a path and an id); else, as for a date, one ``<*>``."""
+    if not words:
+        return WILDCARD
+    if len(words) > 1 and not all(word.varied or _FRAME.fullmatch(word.first.replace(WILDCARD, "")) for word in words):
+        return WILDCARD
+    return " ".join(_show(word) for word in words)
+
+
+Values = dict[tuple[int, int], list[Seen] | None]
+
+
+def render_token(token: str, position: int, values: Values) -> str:
+    if WILDCARD not in token:
+        return token
+    parts = token.split(WILDCARD)
+    return parts[0] + "".join(_render_value(values.get((position, k))) + part for k, part in enumerate(parts[1:]))
+
+
+def render(tokens: list[str], values: Values) -> str:
+    """A template's text: its words, each ``<*>`` as its lines showed it (see :func:`_render_value`), in the
+    conventions' form (:func:`vigil.logs.masking.tidy`)."""
+    return tidy(" ".join(render_token(token, p, values) for p, token in enumerate(tokens)))
+
+
 @dataclass
 class Template:
     """One mined template: ``tokens`` with ``<*>`` at the variable positions. ``open`` are the positions where
@@ -146,11 +239,87 @@ class Template:
     open: set[int] = field(default_factory=set)
     same_as: str | None = None  # the template of another length this one is a variant of (a value of more words)
     long_words: frozenset[str] | None = field(default=None, repr=False, compare=False)  # see TemplateMiner._long
-
+    # what the lines held behind each <*>: (position, n-th <*> of the token) -> what they held as each word of the
+    # value, or None when the values had different word counts (see render)
+    values: Values = field(default_factory=dict, repr=False, compare=False)
+    pins: tuple[str, ...] = field(default=(), repr=False, compare=False)  # words with a digit not yet seen to vary
+    _text: str | None = field(default=None, repr=False, compare=False)
+    _settled: bool = field(default=False, repr=False, compare=False)
+    _quiet: int = field(default=0, repr=False, compare=False)  # lines observed since the text last changed
 
     @property
     def text(self) -> str:
-        return " ".join(self.tokens)
+        if self._text is None:
+            self._text = render(self.tokens, self.values)
+        return self._text
+
+    def observe(self, form: list[str], values: list[str]) -> None:
+        """Learn what one line of this template held behind each ``<*>`` (``form``: its masked tokens, ``values``: the
+        raw text of each of their ``<*>``, :func:`vigil.logs.masking.values_of`)."""
+        if len(form) != len(self.tokens):
+            return
+        changed = False
+        k = 0
+        for p, (mine, theirs) in enumerate(zip(self.tokens, form, strict=True)):
+            n = theirs.count(WILDCARD)
+            if WILDCARD in mine:
+                if mine == WILDCARD:  # the whole token, as the line wrote it
+                    raw = theirs
+                    for value in values[k:k + n]:
+                        raw = raw.replace(WILDCARD, value, 1)
+                    changed |= self._see((p, 0), raw)
+                elif mine == theirs:
+                    for j in range(n):
+                        changed |= self._see((p, j), values[k + j])
+            k += n
+        if changed:
+            self._text = None
+            self._quiet = 0
+            self.repin()
+        else:
+            self._quiet += 1
+
+    def repin(self) -> None:
+        self.pins = tuple(sorted({pin for words in self.values.values() if words for word in words
+                                  if not word.varied for pin in _MIXED.findall(word.first)}))
+
+    @property
+    def settled(self) -> bool:
+        """Whether lines need no longer be observed: each value varied with nothing kept around it, or the last
+        ``_QUIET`` lines observed changed nothing."""
+        if self._settled or self._quiet >= _QUIET:
+            return True
+        self._settled = (
+            sum(token.count(WILDCARD) for token in self.tokens) == len(self.values)
+            and all(words is None or all(word.varied and not word.prefix and not word.suffix for word in words)
+                    for words in self.values.values()))
+        return self._settled
+
+    def _see(self, key: tuple[int, int], value: str) -> bool:
+        words = normalize_value(value).split()
+        if len(words) > 1 and DATE.fullmatch(value):
+            words = [" ".join(words)]  # a date is one value
+        if key not in self.values:
+            self.values[key] = [Seen(w) for w in words]
+            return True
+        known = self.values[key]
+        if known is None:
+            return False
+        if len(known) != len(words):
+            self.values[key] = None
+            return True
+        changed = False
+        for word, seen in zip(words, known, strict=True):
+            changed |= seen.see(word)
+        return changed
+
+    def forget(self, position: int) -> None:
+        """``position`` became open: it starts over from what its token read until now."""
+        before = render_token(self.tokens[position], position, self.values)
+        for key in [k for k in self.values if k[0] == position]:
+            del self.values[key]
+        self.values[(position, 0)] = [Seen(w) for w in before.split()] or None
+        self._text = None
 
 
 @dataclass(frozen=True)
@@ -209,9 +378,26 @@ class TemplateMiner:
             self._resolve(flat, digitless, found, missing)
         for template in found:  # line counts: the statistics the grouping of later forms weighs
             template.size += 1  # type: ignore[union-attr]
+        # one line of each template per block (the last) checks its pins
+        for template, line in dict(zip(map(id, found), zip(found, flat, strict=True), strict=True)).values():
+            if template.pins:  # type: ignore[union-attr]
+                self._check_pins(template, line)  # type: ignore[arg-type]
         if self._variants:
             return [self._canonical(t) for t in found]  # type: ignore[arg-type]
         return found  # type: ignore[return-value]
+
+    @staticmethod
+    def _check_pins(template: Template, line: str) -> None:
+        """A word with a digit the template's lines held so far (``jk2_init``) is text until a line holds another:
+        lines that differ only in their digits share a cache entry, so each is checked here (a substring test)."""
+        for pin in template.pins:
+            if pin not in line:
+                values = values_of(line)
+                if values is not None:
+                    template.observe(tokenize(mask(line)), values)
+                if pin in template.pins:  # the line did not show where: stop checking that word
+                    template.pins = tuple(p for p in template.pins if p != pin)
+                return
 
     def _canonical(self, template: Template) -> Template:
         """The template a variant of another length stands for (itself when that one was evicted)."""
@@ -234,7 +420,8 @@ class TemplateMiner:
                 self._remember_values(_FIELD_VALUE.findall(text))
             masked = mask(text).split("\n")
             lines_of = Counter(widthless)
-            fresh = self._learn_forms(masked, [lines_of[width_key] for width_key, _ in unseen])
+            fresh = self._learn_forms(masked, [lines_of[width_key] for width_key, _ in unseen],
+                                      [flat[missing[j]] for _, j in unseen])
             learned: dict[str, Template] = {}
             for (width_key, _), key, template in zip(unseen, masked, fresh, strict=True):
                 if not _HAS_DIGIT.search(key):  # else a digit survived: the number-free form is not a safe key
@@ -243,7 +430,7 @@ class TemplateMiner:
             resolved = [t if t is not None else learned.get(k) for t, k in zip(resolved, widthless, strict=True)]
             for j, known in enumerate(resolved):
                 if known is None:  # rare: lines whose masked form keeps a digit
-                    resolved[j] = self._learn_forms([mask(flat[missing[j]])], [1])[0]
+                    resolved[j] = self._learn_forms([mask(flat[missing[j]])], [1], [flat[missing[j]]])[0]
         safe = {k: t for k, t, w in zip(missing_digitless, resolved, widthless, strict=True) if w in self._width_cache}
         self._remember_all(self._digit_cache, safe)  # type: ignore[arg-type]
         for i, known in zip(missing, resolved, strict=True):
@@ -274,8 +461,9 @@ class TemplateMiner:
         template = self._canonical(template)
         return Match(template.id, template.text)
 
-    def _learn_forms(self, keys: list[str], lines: list[int]) -> list[Template]:
-        """The template of each masked form (``lines``: how many lines of this block have it)."""
+    def _learn_forms(self, keys: list[str], lines: list[int], raws: list[str]) -> list[Template]:
+        """The template of each masked form (``lines``: how many lines of this block have it; ``raws``: one line
+        of each, whose values the template learns how to show)."""
         found: list[Template | None] = []
         new: list[int] = []
         for i, key in enumerate(keys):
@@ -287,9 +475,13 @@ class TemplateMiner:
             grouped = self._group([tokenize(keys[i]) or [""] for i in new], [lines[i] for i in new])
             for i, (tokens, open_positions) in zip(new, grouped, strict=True):
                 found[i] = self._absorb(tokens, open_positions)
-        for key, template in zip(keys, found, strict=True):
+        for key, raw, template in zip(keys, raws, found, strict=True):
             template.last_seen = self._clock  # type: ignore[union-attr]
             self._remember(self._cache, key, template)  # type: ignore[arg-type]
+            if template.same_as is None and not template.settled:  # type: ignore[union-attr]
+                values = values_of(raw)
+                if values is not None and len(values) == key.count(WILDCARD):
+                    template.observe(tokenize(key), values)  # type: ignore[union-attr]
         return found  # type: ignore[return-value]
 
     def _fitting(self, tokens: list[str]) -> Template | None:
@@ -390,6 +582,9 @@ class TemplateMiner:
             return template
         self._generalize(best, tokens)
         best.open |= open_positions
+        best._text = None
+        best._settled = False
+        best._quiet = 0
         best.long_words = None
         return best
 
@@ -437,8 +632,13 @@ class TemplateMiner:
 
     def _generalize(self, template: Template, tokens: list[str]) -> None:
         template.long_words = None
+        template._text = None
+        template._settled = False
+        template._quiet = 0
         for i, token in enumerate(tokens):
             if template.tokens[i] != token or i in template.open:
+                if template.tokens[i] != WILDCARD:
+                    template.forget(i)
                 template.tokens[i] = WILDCARD
                 template.open.add(i)
 
@@ -465,7 +665,9 @@ class TemplateMiner:
             "clock": self._clock,
             "templates": [
                 {"id": t.id, "tokens": t.tokens, "size": t.size, "last_seen": t.last_seen, "open": sorted(t.open),
-                 **({"same_as": t.same_as} if t.same_as is not None else {})}
+                 **({"same_as": t.same_as} if t.same_as is not None else {}),
+                 **({"values": [[p, k, None if words is None else [w.state() for w in words]]
+                                for (p, k), words in t.values.items()]} if t.values else {})}
                 for t in self.templates.values()
             ],
         }
@@ -503,6 +705,11 @@ class TemplateMiner:
                 template = Template(str(item["id"]), tokens, int(item["size"]), int(item["last_seen"]),
                                     {int(p) for p in open_positions},
                                     str(item["same_as"]) if item.get("same_as") is not None else None)
+                for p, k, words in item.get("values", ()):
+                    template.values[(int(p), int(k))] = (
+                        None if words is None else [Seen(str(w[0]), str(w[1]), str(w[2]), bool(w[3]), int(w[4]))
+                                                    for w in words])
+                template.repin()
                 miner._variants += template.same_as is not None
                 miner.templates[template.id] = template
                 miner._by_length.setdefault(len(tokens), []).append(template)
