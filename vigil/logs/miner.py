@@ -27,6 +27,10 @@ How a block of lines finds its templates:
    masked values or short unit words: ``1190 bytes (1.16 KB)`` beside ``0 bytes``), the new template is a
    variant of the known one and its lines take that one's id. ``max_split_values`` and ``max_unit_letters``
    are chosen by leave-systems-out rotation on the Loghub samples (bench/logs.py).
+6. The template's text shows, behind each ``<*>``, what its lines held there, in the conventions of the corrected
+   Loghub ground truth (Khan et al., ICSE'22; :func:`render`): numbers are values even where they never varied, a
+   word that only holds a digit and never varied is text (``jk2_init()``), so is the word before a number
+   (``core.<*>``). Each new form's values are read once; grouping never looks at them.
 
 Masking never looks at which digit a number has nor how many, which is what makes steps 1 and 2 exact.
 Memory is bounded: each cache is cleared when it reaches ``max_cache`` keys (it is rebuilt from the
