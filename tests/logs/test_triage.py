@@ -709,6 +709,69 @@ def test_the_driver_containers_nvswitch_probe_is_not_the_root(tmp_path: Path) ->
     assert strength("ls: cannot access '/data/run/*': No such file or directory") > 0  # another path still does
 
 
+def test_rays_worker_died_report_outranks_the_driver_and_tune_relaying_it(tmp_path: Path) -> None:
+    """The raylet's worker_died report (node_manager.cc "A worker died or was killed while executing a task by an
+    unexpected system error ...") comes before what the driver and Tune print about it: Ray's "Unhandled error (suppress
+    with RAY_IGNORE_UNHANDLED_ERRORS=1): ray::..." (worker.py _unhandled_error_handler) and Tune's "Trial NAME: Error
+    processing event." (trial_runner.py) relay an exception raised elsewhere, so the ERROR tag on them does not make
+    them the root."""
+    (tmp_path / "driver.log").write_text(
+        "2023-01-17 17:21:35,472\tWARNING worker.py:1829 -- A worker died or was killed while executing a task by an "
+        "unexpected system error. To troubleshoot the problem, check the logs for the dead worker. RayTask ID: "
+        "ffffffffffffffff686c Worker ID: 0c62b78d Node ID: 38300cef Worker IP address: 10.0.0.7 Worker port: 10016 "
+        "Worker PID: 1942 Worker exit type: SYSTEM_ERROR Worker exit detail: Worker unexpectedly exits with a "
+        "connection error code 2. End of file.\n"
+        "2023-01-17 17:21:35,509\tERROR trial_runner.py:980 -- Trial TorchTrainer_b13e7_00000: Error processing "
+        "event.\n"
+        "2023-01-17 17:21:35,511\tERROR worker.py:85 -- Unhandled error (suppress with "
+        "'RAY_IGNORE_UNHANDLED_ERRORS=1'): ray::Trainer.train() (pid=8543, ip=10.0.0.7)\n"
+        "ray.exceptions.RayActorError: The actor died unexpectedly before finishing this task.\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 1, result.summary
+    assert result.root.signature == "ray.worker_died"
+    # the relay gives way to the exception its traceback ends in
+    (tmp_path / "driver.log").write_text(
+        "2024-05-14 10:03:11,482\tERROR tune_controller.py:1331 -- Trial task failed for trial "
+        "TorchTrainer_551a2_00000\n"
+        "Traceback (most recent call last):\n"
+        '  File "/home/user/train.py", line 12, in train_func\n'
+        "torch.AcceleratorError: CUDA error: an illegal memory access was encountered\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 4, result.summary
+    # and gives way to the dead actor it reports, printed under it by the driver (verl's TaskRunner)
+    (tmp_path / "driver.log").write_text(
+        "(TaskRunner pid=892962) Unhandled error (suppress with 'RAY_IGNORE_UNHANDLED_ERRORS=1'): "
+        "ray::AsyncSglangServer.wake_up() (pid=913710, ip=100.96.31.18)\n"
+        "(TaskRunner pid=892962)     ray.get(futures)\n"
+        "(TaskRunner pid=892962) ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this "
+        "task.\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 3, result.summary
+
+
+def test_the_training_operators_replica_tally_is_not_an_error(tmp_path: Path) -> None:
+    """The Kubeflow training operator logs a replica tally at every reconcile (pytorchjob_controller.go UpdateJobStatus
+    "PyTorchJob=NAME, ReplicaType=Master expected=1, running=0, succeeded=0, failed=1, Replicas=1"), failed=0 or not:
+    the pod's exit, its container's Error event (common/pod.go "Error pod POD container NAME exitCode: 1 terminated
+    message:") and the job's condition are what report the failure."""
+    tally = 'time="2024-02-21T09:30:56Z" level=info msg="PyTorchJob=pytorch-simple, ReplicaType=Master expected=1, ' \
+            'running=1, succeeded=0, failed=0, Replicas=1"'
+    assert strength(tally) == 0
+    assert strength("INFO[0289] PyTorchJob=kfto-01, ReplicaType=Master expected=1, running=0, succeeded=0, failed=1, "
+                    "Replicas=1") == 0
+    (tmp_path / "operator.log").write_text(
+        tally + "\n"
+        "1.708507856644096e+09\tDEBUG\tevents\tError pod pytorch-simple-worker-0 container pytorch exitCode: 1 "
+        'terminated message: \t{"type": "Warning", "reason": "Error"}\n'
+        "1.7085078566441019e+09\tDEBUG\tevents\tPod: kubeflow.pytorch-simple-worker-0 exited with code 1\t"
+        '{"type": "Normal", "reason": "ExitedWithCode"}\n' + tally + "\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 2, result.summary
+    assert result.root.signature == "controller.replica_failed"
+    # still an error when a replica's own failure is worded so: a tally is not a shield for the line after it
+    assert strength("PyTorchJob=x, ReplicaType=Worker is not ready: failed to create pod") > 0
+
+
 def test_nccl_last_error_far_below_an_nccl_warn_does_not_replace_it(tmp_path: Path) -> None:
     job = tmp_path / "job"
     job.mkdir()

@@ -20,7 +20,8 @@ nothing. ``strength`` grades a line from its wording alone, with nothing specifi
   producer says it ignored: PMIx's "unable to open mca_<component>: ... (ignored)", the headings of NCCL's RAS
   report: its table's "Status  Errors" columns and its "Errors" / "Warnings" sections, printed even when empty; the
   GPU driver container's NVSwitch probe: "ls: cannot access '/proc/driver/nvidia-nvswitch/devices/*'" on a node
-  without NVSwitches).
+  without NVSwitches; the Kubeflow training operator's replica tally "PyTorchJob=NAME, ReplicaType=Worker expected=1,
+  running=0, succeeded=0, failed=1, Replicas=1").
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ _NOT_AN_ERROR = re.compile(
     # the GPU operator's driver container (nvidia-driver, _assert_nvswitch_system) lists the NVSwitch devices to
     # decide whether the node has any; on a node without them ls says so and the script carries on
     r"|ls: cannot access '/proc/driver/nvidia-nvswitch/devices/\*'"
+    # the Kubeflow training operator's replica count at each reconcile (pytorchjob_controller.go UpdateJobStatus:
+    # "PyTorchJob=NAME, ReplicaType=Master expected=1, running=0, succeeded=0, failed=1, Replicas=1"; TFJob, XGBoostJob,
+    # ElasticJob alike): a tally, printed with failed=0 too; the pod's exit and the job's condition are the report
+    r"|\b\w*Job=\S+, ReplicaType=\w+ expected=-?\d+, running=\d+,"
 )
 _SPECIFIC = re.compile(
     r"NCCL WARN"

@@ -60,9 +60,12 @@ SAME_REPORT_LINES = 12
 # Symptoms that every healthy rank prints once another one is gone: the last choice for a root.
 # srun's "Job step aborted: Waiting up to N seconds for job step to finish." is the same for a step whose task failed,
 # that was cancelled or that hit its time limit: the teardown, printed before slurmstepd's own account of the end.
+# Ray's driver and Tune relaying an exception raised in another process ("Unhandled error (suppress with
+# RAY_IGNORE_UNHANDLED_ERRORS=1): ray::...", "Trial NAME: Error processing event.") head the report of it: not the
+# cause.
 ECHO_SIGNATURES = frozenset({"nccl.watchdog_timeout", "gloo.collective_timeout", "nccl.watchdog_stuck",
                              "launcher.child_failed", "launcher.root_cause", "slurm.step_aborted",
-                             "nccl.watchdog_take_down"})
+                             "nccl.watchdog_take_down", "ray.task_error_relay"})
 # ProcessGroupNCCL taking the process down names no collective and is often flushed before the watchdog's own report of
 # the timeout it follows: the last of the echoes.
 FOLLOW_THROUGH_SIGNATURES = frozenset({"nccl.watchdog_take_down"})
