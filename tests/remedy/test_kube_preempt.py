@@ -132,6 +132,20 @@ def test_a_batch_job_without_kueue_is_suspended(api_url: tuple[RecordedApi, str]
         kube.execute(job_action(ActionKind.PREEMPT, "job/ml:nosuchjob"))
 
 
+def test_kueue_preempt_of_a_job_it_cannot_hold_fails_rather_than_skips(api_url: tuple[RecordedApi, str],
+                                                                       tmp_path: Path) -> None:
+    """A job that is not there, or that Kueue does not manage, is not already preempted: the action fails with
+    the reason instead of being recorded as done."""
+    _, url = api_url
+    kueue = KueueActuator(client.ApiClient(client.Configuration(host=url)))
+    audit = AuditLog(f"sqlite:///{tmp_path}/audit.db")
+    done = Remediator([kueue], audit, dry_run=False).execute_all(
+        [job_action(ActionKind.PREEMPT, t) for t in ("job/ml:nosuchjob", "job/ml-training:llama-ft")])
+    assert [a.status for a in done] == [ActionStatus.FAILED] * 2, [a.result for a in done]
+    assert "is not a Job, PyTorchJob or JobSet" in done[0].result
+    assert "has no Kueue Workload" in done[1].result
+
+
 def test_set_quota_patches_the_cluster_queue(api_url: tuple[RecordedApi, str]) -> None:
     api, url = api_url
     kube = KubernetesActuator(client.ApiClient(client.Configuration(host=url)))

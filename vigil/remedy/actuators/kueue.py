@@ -110,7 +110,9 @@ class KueueActuator(KubeJobs, Actuator):
             namespace, name = job_ref(action.target)
             found = self._job_object(namespace, name)
             workload = self._workload_of(namespace, found[1]) if found is not None else None
-            active = workload is not None and workload.get("spec", {}).get("active", True) is not False
+            if workload is None:  # no such job, or Kueue does not manage it: execute says which
+                return False
+            active = workload.get("spec", {}).get("active", True) is not False
             return not active if action.kind is ActionKind.PREEMPT else active
         return False
 
