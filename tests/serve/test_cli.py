@@ -106,3 +106,23 @@ def test_serve_acts_through_the_configured_backend_dry_run_unless_execute_action
     engine, served, _ = _serve_engine(tmp_path, monkeypatch, {"VIGIL_REMEDY_BACKEND": "slurm",
                                                               "VIGIL_EXECUTE_ACTIONS": "true"}, ["--actuator", "none"])
     assert engine.remediator is None and served.state.ctx.executor is None
+
+
+def test_the_engine_of_serve_does_not_run_again_an_action_the_server_is_executing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server resumes interrupted actions before it serves; its engine thread, starting at its first tick while
+    the API may already be executing an approved action, must not take that action for one a crash left."""
+    from vigil.model import Action, ActionKind, ActionStatus
+    from vigil.remedy.audit import AuditLog
+
+    engine, served, _ = _serve_engine(tmp_path, monkeypatch, {"VIGIL_REMEDY_BACKEND": "slurm",
+                                                              "VIGIL_EXECUTE_ACTIONS": "true"}, [])
+    assert served.state.ctx.executor is not None
+    in_flight = Action(ts=1_764_576_000.0, kind=ActionKind.DRAIN, target="node/n1", reason="xid 79",
+                       status=ActionStatus.APPROVED)
+    audit = AuditLog(f"sqlite:///{tmp_path / 'vigil.db'}")
+    assert audit.begin(in_flight.id, in_flight) is None  # the API began executing it
+    engine.start()
+    assert engine.resumed_actions == 0
+    assert [a.id for a in audit.unfinished()] == [in_flight.id]  # still the API's to finish

@@ -86,6 +86,7 @@ class Remediator:
         self.dry_run = dry_run
         self.requested_by = requested_by
         self.clock = clock
+        self._recovered = False
 
     def actuator_for(self, action: Action) -> Actuator | None:
         return next((a for a in self.actuators if a.accepts(action)), None)
@@ -185,7 +186,13 @@ class Remediator:
 
     def recover(self) -> list[Action]:
         """After a crash: run again every action whose execution started and never finished. Each resumes
-        under its idempotency key (a half-done drain evicts what is left), so none completes twice."""
+        under its idempotency key (a half-done drain evicts what is left), so none completes twice.
+
+        Once per remediator: after that, an action journalled as started is one this process is running (the API
+        and the engine of `vigil serve` share one remediator), not one a crash left, and is not run again."""
+        if self._recovered:
+            return []
+        self._recovered = True
         return [self.execute(action) for action in self.audit.unfinished()]
 
     def finish_repair(self, node: str, self_check_passed: bool, detail: str = "") -> NodeState:
