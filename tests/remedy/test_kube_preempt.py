@@ -5,6 +5,7 @@ tests/fixtures/remedy/kube; no API server runs here)."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -203,3 +204,41 @@ def test_tide_sees_a_jobset_kueue_admitted(api_url: tuple[RecordedApi, str]) -> 
     kueue = KueueActuator(client.ApiClient(client.Configuration(host=url)))
     jobs = {j.id: (j.tier, j.units) for j in admitted_tier_jobs(kueue.workloads(), load_tier_policy())}
     assert jobs["ml:rl-rollout"] == (3, 16)
+
+
+def _permission(method: str, path: str) -> tuple[str, str, str]:
+    """The (API group, resource, verb) RBAC checks for one request the actuator made."""
+    parts = path.split("?")[0].strip("/").split("/")
+    group, rest = ("", parts[2:]) if parts[0] == "api" else (parts[1], parts[3:])
+    if rest and rest[0] == "namespaces" and len(rest) > 2:
+        rest = rest[2:]
+    resource = rest[0] + (f"/{rest[2]}" if len(rest) > 2 else "")
+    verb = {"GET": "get" if len(rest) > 1 else "list", "PATCH": "patch", "DELETE": "delete", "POST": "create",
+            "PUT": "update"}[method]
+    return group, resource, verb
+
+
+def test_the_server_cluster_role_grants_what_the_job_actions_call(api_url: tuple[RecordedApi, str]) -> None:
+    """deploy/kubernetes/server.yaml's ClusterRole lets `vigil serve --actuator kubernetes` make every call that
+    notice, preempt, resume, restart and set_quota make (else each is a 403 on a real cluster)."""
+    import yaml
+
+    api, url = api_url
+    kube = KubernetesActuator(client.ApiClient(client.Configuration(host=url)))
+    for target in ("job/ml-training:llama-ft", "job/ml:rl-rollout", "job/ml:train-spot-a"):
+        kube.execute(job_action(ActionKind.PREEMPT_NOTICE, target))
+        kube.execute(job_action(ActionKind.RESTART_JOB, target).model_copy(update={"ts": time.time()}))
+        kube.is_satisfied(job_action(ActionKind.PREEMPT, target))
+        kube.execute(job_action(ActionKind.PREEMPT, target))
+        kube.execute(job_action(ActionKind.RESTART_JOB, target))
+    quota = Action(ts=0.0, kind=ActionKind.SET_QUOTA, target="cluster/prod",
+                   params={"queue": "vigil-spot-training", "units": 24})
+    kube.is_satisfied(quota)
+    kube.execute(quota)
+    manifest = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes" / "server.yaml"
+    (role,) = [d for d in yaml.safe_load_all(manifest.read_text()) if d and d["kind"] == "ClusterRole"]
+    granted = {(group, resource, verb) for rule in role["rules"] for group in rule["apiGroups"]
+               for resource in rule["resources"] for verb in rule["verbs"]}
+    needed = {_permission(method, path) for method, path, _ in api.requests}
+    assert ("", "pods", "delete") in needed and ("kubeflow.org", "pytorchjobs", "patch") in needed
+    assert needed <= granted, sorted(needed - granted)
