@@ -61,6 +61,7 @@ from tests.logs.catalogue import (
     assert_consequence_after_its_cause_and_named_alone,
     assert_root_alone_and_beside,
 )
+from vigil.logs.triage import triage
 
 RAY = "ray (stored version) "
 KUBERAY = "kuberay v1.7.0 "
@@ -329,6 +330,15 @@ BENIGN = [
 ]
 # A real error after a benign line in the same file: it, not the benign line, is the root.
 AFTER_BENIGN = RAY_OOM
+# Lines a healthy job prints that nothing may name, not even as a consequence with no cause beside it.
+QUIET = [
+    ("Normal   ExitedWithCode  2m  pytorchjob-controller  Pod: default.llama-ft-worker-0 exited with code 0",
+     TO + "pkg/controller.v1/common/pod.go (recorded for every terminated container, a finished worker's too)"),
+    ('time="2024-02-21T09:30:56Z" level=info msg="Pod: kubeflow.llama-ft-worker-0 exited with code 0"',
+     TO + "pkg/controller.v1/common/pod.go (the same, logged)"),
+    ('time="2024-02-21T09:30:56Z" level=info msg="PyTorchJob=llama-ft, ReplicaType=Worker expected=1, running=1, '
+     'succeeded=0, failed=0, Replicas=1"', TO + "pkg/controller.v1/common/job.go UpdateJobStatus (every reconcile)"),
+]
 
 
 def _file_of(message: str) -> str:
@@ -356,6 +366,13 @@ def test_a_controller_or_framework_relay_gives_way_to_its_cause_and_alone_is_nam
 @pytest.mark.parametrize(("message", "source"), BENIGN, ids=lambda v: str(v)[:64])
 def test_a_benign_line_of_the_same_producers_is_never_a_root(tmp_path: Path, message: str, source: str) -> None:
     assert_benign_never_root(tmp_path, message, source, _file_of(message), AFTER_BENIGN)
+
+
+@pytest.mark.parametrize(("message", "source"), QUIET, ids=lambda v: str(v)[:48])
+def test_a_healthy_line_is_named_by_nothing(tmp_path: Path, message: str, source: str) -> None:
+    (tmp_path / _file_of(message)).write_text(message + "\n")
+    result = triage(tmp_path)
+    assert result.root is None, (source, result.summary)
 
 
 def test_the_survey_counts() -> None:

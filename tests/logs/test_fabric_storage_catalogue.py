@@ -229,6 +229,13 @@ ROOTS = [
          "rank_0.log", LAUNCHER_RELAY),
     Root("OSError: [Errno 107] Transport endpoint is not connected: '/mnt/gcs/ckpt/step_800'",
          "CPython OSError (ENOTCONN: a FUSE mount whose daemon died)", "fs.errno", "rank_0.log", LAUNCHER_RELAY),
+    # The same errnos from a socket carry no path: the exception itself, not a storage error.
+    Root("OSError: [Errno 107] Transport endpoint is not connected", "CPython OSError with no path (socket.shutdown "
+         "or getpeername on a connection its peer closed, in a DataLoader worker, multiprocessing or Ray)",
+         "python.exception", "rank_0.log", LAUNCHER_RELAY),
+    Root("BrokenPipeError: [Errno 108] Cannot send after transport endpoint shutdown", "CPython BrokenPipeError "
+         "(Objects/exceptions.c maps ESHUTDOWN to it) from a send on a socket already shut down", "python.exception",
+         "rank_0.log", LAUNCHER_RELAY),
     Root(STREAM_WRITER, TORCH + "caffe2/serialize/inline_container.cc PytorchStreamWriter::writeRecord "
          "('PytorchStreamWriter failed writing file ', name, ': ', 'file write failed'; torch.save on a full disk)",
          "torch.checkpoint_write_failed", "rank_0.log", LAUNCHER_RELAY),
@@ -265,6 +272,9 @@ CONSEQUENCES = [
     Secondary(K + "sd 6:0:0:1: [sdb] tag#17 Add. Sense: Unrecovered read error - auto reallocate failed",
               LINUX + "drivers/scsi/scsi_logging.c scsi_print_sense_hdr",
               K + "sd 6:0:0:1: [sdb] tag#17 FAILED Result: hostbyte=DID_OK driverbyte=DRIVER_OK cmd_age=0s"),
+    Secondary(K + "sd 6:0:0:1: [sdb] tag#9 FAILED Result: hostbyte=DID_NO_CONNECT driverbyte=DRIVER_OK cmd_age=0s",
+              LINUX + "drivers/scsi/scsi_lib.c scsi_dispatch_cmd ('DID_NO_CONNECT ... signals that the device is no "
+              "longer present': what took it away is the cause)", K + "sd 6:0:0:1: rejecting I/O to offline device"),
     Secondary(K + "EXT4-fs (dm-0): This should not happen!! Data will be lost", LINUX + "fs/ext4/inode.c "
               "mpage_map_and_submit_extent (the second line)", K + "EXT4-fs (dm-0): Delayed block allocation failed "
               "for inode 393228 at logical offset 0 with max blocks 2048 with error 28"),
@@ -308,6 +318,16 @@ BENIGN = [
     (K + "Lustre: " + OSC + ": Connection restored to 10.1.1.1@o2ib (at 10.1.1.1@o2ib)",
      LUSTRE + "lustre/ptlrpc/import.c:1641"),
     (K + "nfs: server fs01 OK", LINUX + "fs/nfs (the server answers again)"),
+    # A USB stick pulled or a disk hot-removed: the commands still queued to it end with DID_NO_CONNECT.
+    (K + "usb 1-1: USB disconnect, device number 5", LINUX + "drivers/usb/core/hub.c usb_disconnect"),
+    (K + "sd 6:0:0:0: [sdc] tag#0 FAILED Result: hostbyte=DID_NO_CONNECT driverbyte=DRIVER_OK cmd_age=0s",
+     LINUX + "drivers/scsi/scsi_lib.c scsi_dispatch_cmd (SDEV_DEL: a device being removed)"),
+    # IPoIB joining a group the subnet manager has none for (an IPv6 one here): the port and its broadcast group work.
+    (K + "ib0: multicast join failed for ff12:601b:ffff:0000:0000:0000:0000:0001, status -22",
+     LINUX + "ipoib/ipoib_multicast.c ipoib_mcast_join_complete (not the broadcast group, ipoib_main.c "
+     "ipv4_bcast_addr)"),
+    (K + "ib0: sendonly multicast join failed for ff12:601b:ffff:0000:0000:0001:ff00:0002, status -22",
+     LINUX + "ipoib/ipoib_multicast.c ipoib_mcast_join_complete"),
     (K + "EXT4-fs (nvme0n1p1): mounted filesystem with ordered data mode. Quota mode: none.",
      LINUX + "fs/ext4/super.c ext4_fill_super"),
     (K + "XFS (dm-0): Ending clean mount", LINUX + "fs/xfs/xfs_log.c"),
