@@ -121,7 +121,12 @@ def test_a_torchrun_jobs_raising_rank_reaches_the_engine_through_the_agent(clust
         tmp_path / "torchrun.log").read_text()[-3000:]
     assert "ValueError: bad batch at step 15" in stderr[1].read_text()
 
-    expected = {(f"job/{JOB}/rank/{r}", "python.exception" if r == 1 else "gloo.peer_closed") for r in range(WORLD)}
+    # rank 1's ring neighbours hear of its exit at once; a rank further away hears of it only when a neighbour dies,
+    # and on a loaded machine torchrun may stop that rank first: what is expected is what each rank's file holds
+    peers = [r for r in range(WORLD) if r != 1 and "Connection closed by peer" in stderr[r].read_text()]
+    assert peers, (tmp_path / "torchrun.log").read_text()[-3000:]
+    expected = {(f"job/{JOB}/rank/1", "python.exception")} | {(f"job/{JOB}/rank/{r}", "gloo.peer_closed")
+                                                              for r in peers}
     cluster.wait(lambda: {(e["entity"], e["attrs"]["signature"]) for e in cluster.rank_lines()} >= expected, 60,
                  "every rank's error line through the agent")
     lines = cluster.rank_lines()
