@@ -15,8 +15,11 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
+
+import pytest
 
 
 class FakeKube:
@@ -167,3 +170,15 @@ def serve(kube: FakeKube) -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def use_kubeconfig(path: Path, url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Point the kubernetes client at the API server at ``url`` through a kubeconfig written at ``path`` (the
+    client reads $KUBECONFIG once, when it is imported, so its default location is patched instead)."""
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "test",
+        "clusters": [{"name": "test", "cluster": {"server": url}}],
+        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
+        "users": [{"name": "test", "user": {}}]}))
+    monkeypatch.setattr("kubernetes.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION", str(path))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tests.remedy.kube_server import FakeKube, serve
+from tests.remedy.kube_server import FakeKube, serve, use_kubeconfig
 from vigil.config import settings
 from vigil.faces.cli.remedy import _backends_for, app
 from vigil.knowledge.actions import action_whitelist
@@ -184,15 +184,7 @@ def test_job_actions_on_kubernetes_from_the_command_line(
     _, topology = write_inputs(home)
     runner = CliRunner()
     with serve(fake) as url:
-        kubeconfig = home / "kubeconfig"
-        kubeconfig.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "test",
-            "clusters": [{"name": "test", "cluster": {"server": url}}],
-            "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
-            "users": [{"name": "test", "user": {}}]}))
-        # the client reads $KUBECONFIG once, when it is imported
-        monkeypatch.setattr("kubernetes.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
-        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+        use_kubeconfig(home / "kubeconfig", url, monkeypatch)
         typo = runner.invoke(app, ["act", "restart_job", "job/4242", "--backend", "kubernetes"])
         assert typo.exit_code != 0 and "job/<namespace>:<name>" in str(typo.exception)
         argv = ["act", "migrate_job", "job/ml-training:llama-ft", "--node", "node/n1", "--backend", "kubernetes",

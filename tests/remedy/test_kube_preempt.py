@@ -13,7 +13,7 @@ import pytest
 from kubernetes import client
 from typer.testing import CliRunner
 
-from tests.remedy.kube_server import serve
+from tests.remedy.kube_server import serve, use_kubeconfig
 from tests.tide.kube_api import RecordedApi
 from vigil.config import settings
 from vigil.faces.cli.remedy import app
@@ -169,14 +169,7 @@ def test_act_preempts_on_kubernetes_from_the_command_line(
     monkeypatch.setenv("VIGIL_DB_URL", f"sqlite:///{tmp_path}/vigil.db")
     monkeypatch.setenv("VIGIL_REMEDY_BACKEND", "kubernetes")
     settings.cache_clear()
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "test",
-        "clusters": [{"name": "test", "cluster": {"server": url}}],
-        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
-        "users": [{"name": "test", "user": {}}]}))
-    monkeypatch.setattr("kubernetes.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    use_kubeconfig(tmp_path / "kubeconfig", url, monkeypatch)
     runner = CliRunner()
     try:
         notice = runner.invoke(app, ["act", "preempt_notice", "job/ml:rl-rollout", "--json"])
