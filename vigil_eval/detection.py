@@ -529,6 +529,12 @@ THRESHOLD_RULES = ("pooled", "per-machine")
 # one standard error (over the inner held-out machines) of the best mean; ``best`` = the best mean (the rule of
 # the runs before 2026-12-06).
 SELECTION_RULES = ("one-se", "best")
+# How the development machines of an outer fold are held out in the inner folds: ``groups`` = dealt into
+# ``inner`` groups, each held out in turn (the reported protocol); ``lomo`` = every development machine held out
+# once, alone, every candidate fitted on the others (docs/detection.md, "Pre-registered next change:
+# leave-one-machine-out inner folds"). Either way the threshold rule is cross-fitted over the held-out folds,
+# so under ``lomo`` each machine is scored with the threshold chosen on the others' scores.
+INNER_SCHEMES = ("groups", "lomo")
 COMBINATION_ORDER = {"rank-equal": 1, "rank-weighted": 2, "max": 3, "agree": 4}
 
 
@@ -639,6 +645,19 @@ def variant_scores(detector: Any, windows: Any, reference: Any, *, stride: int =
     return out
 
 
+def inner_folds(development: list[str], inner: int, seed: int, scheme: str = "groups") -> list[list[str]]:
+    """The inner folds' held-out machines of one outer fold's ``development`` machines (``INNER_SCHEMES``):
+    ``groups``, dealt into ``inner`` groups by ``seed`` (``machine_groups``); ``lomo``, one fold per machine,
+    in the order given (``inner`` and ``seed`` unused)."""
+    if scheme == "groups":
+        return machine_groups(development, inner, seed)
+    if scheme == "lomo":
+        if len(development) < 2:
+            raise VigilInputError(f"cannot leave one machine out of {len(development)} machine(s)")
+        return [[name] for name in development]
+    raise VigilInputError(f"unknown inner scheme {scheme!r}: expected one of {', '.join(INNER_SCHEMES)}")
+
+
 def fit_candidate(candidate: Any, dataset: Any, fit_on: list[str], *, history: int, seed: int,
                   validation: Any | None = None, epochs: int | None = None,
                   normal_stride: int = 4, max_windows: int | None = None) -> Any:
@@ -681,19 +700,21 @@ class InnerChoice:
 def choose_on_inner_folds(data: dict[str, Any], candidates: list[Candidate], development: list[str], *,
                           inner: int, history: int, seed: int, inner_stride: int = 1, normal_stride: int = 4,
                           max_windows: int | None = None, log: Any = None,
-                          selection: str = "one-se") -> InnerChoice:
+                          selection: str = "one-se", inner_scheme: str = "groups") -> InnerChoice:
     """Every choice for one detector made on ``development`` machines alone. They are dealt into ``inner``
-    groups; each candidate is fitted on all but one group and scored on that group (every ``inner_stride``-th
-    window), its scores read relative to each held-out machine's own history. The candidate and variant are
-    picked from their AUC-PR on each held-out machine by ``selection`` (``select_pair``: ``one-se``, the
-    simplest pair within one standard error of the best mean, or ``best``, the best mean); the threshold rule
-    (``THRESHOLD_RULES``) is chosen by cross-fitting between the inner groups (``choose_threshold_rule``) and
-    sets the threshold on all held-out machines' relative scores; TCE's epoch count is the median of its
-    early-stopping epochs. ``data``: the data set under each input scaling (``scaled_inputs``)."""
+    groups (``inner_scheme="groups"``) or each held out alone (``"lomo"``, ``inner_folds``); each candidate is
+    fitted on all but one inner fold and scored on that fold (every ``inner_stride``-th window), its scores read
+    relative to each held-out machine's own history. The candidate and variant are picked from their AUC-PR on
+    each held-out machine by ``selection`` (``select_pair``: ``one-se``, the simplest pair within one standard
+    error of the best mean, or ``best``, the best mean); the threshold rule (``THRESHOLD_RULES``) is chosen by
+    cross-fitting between the inner folds (``choose_threshold_rule``; under ``lomo`` each machine scored with
+    the threshold chosen on the others) and sets the threshold on all held-out machines' relative scores; TCE's
+    epoch count is the median of its early-stopping epochs. ``data``: the data set under each input scaling
+    (``scaled_inputs``)."""
     if selection not in SELECTION_RULES:
         raise VigilInputError(f"unknown selection rule {selection!r}: "
                               f"expected one of {', '.join(SELECTION_RULES)}")
-    inner_groups = machine_groups(development, inner, seed)
+    inner_groups = inner_folds(development, inner, seed, inner_scheme)
     inner_ap: dict[tuple[int, str], list[float]] = {}
     complexity: dict[tuple[int, str], tuple[int, ...]] = {}
     pooled: dict[tuple[int, str], list[tuple[int, np.ndarray, np.ndarray]]] = {}
@@ -772,11 +793,13 @@ def nested_leave_machines_out(dataset: Any, candidates: list[Candidate], *, oute
                               history: int, seed: int = 0, inner_stride: int = 1, normal_stride: int = 4,
                               max_windows: int | None = None, sliding_window: int = 30,
                               log: Any = None, on_fold: Any = None,
-                              folds: Sequence[int] | None = None, selection: str = "one-se") -> NestedResult:
+                              folds: Sequence[int] | None = None, selection: str = "one-se",
+                              inner_scheme: str = "groups") -> NestedResult:
     """Nested leave-machines-out for one detector's ``candidates``.
 
     Outer loop: the machines are dealt into ``outer`` groups; each group in turn is the test fold, never seen
-    before it is scored once. Inner loop, on the other (development) machines only: ``choose_on_inner_folds``
+    before it is scored once. Inner loop, on the other (development) machines only (``inner`` groups, or each
+    machine held out alone with ``inner_scheme="lomo"``): ``choose_on_inner_folds``
     (by the ``selection`` rule, ``SELECTION_RULES``) picks the input scaling, the variant (TCE's score mix,
     every detector's smoothing), the threshold and TCE's epoch count. The winner is refitted on every
     development machine (``fit_chosen``), and the test machines are scored once with that threshold. Seeds:
@@ -795,14 +818,14 @@ def nested_leave_machines_out(dataset: Any, candidates: list[Candidate], *, oute
         development = [n for n in names if n not in test_group]
         choice = choose_on_inner_folds(
             data, candidates, development, inner=inner, history=history, seed=fold_seed, inner_stride=inner_stride,
-            normal_stride=normal_stride, max_windows=max_windows, selection=selection,
+            normal_stride=normal_stride, max_windows=max_windows, selection=selection, inner_scheme=inner_scheme,
             log=None if log is None else (lambda msg, o=o: log(f"outer {o} {msg}")))
         winner = candidates[choice.candidate]
         choices.append({"outer_fold": o, "test": test_group, "inner_folds": choice.inner_folds,
                         "candidate": winner.label, "variant": choice.variant, "inner_auc_pr": choice.inner_auc_pr,
                         "threshold": choice.threshold, "threshold_rule": choice.threshold_rule,
                         "rule_f1": choice.rule_f1, "epochs": choice.epochs, "seed": fold_seed,
-                        "selection": choice.selection, "inner_se": choice.inner_se,
+                        "selection": choice.selection, "inner_scheme": inner_scheme, "inner_se": choice.inner_se,
                         "best_pair": choice.best_pair, "best_inner_auc_pr": choice.best_inner_auc_pr,
                         "eligible": choice.eligible, "inner_grid": choice.inner_grid})
         if log is not None:

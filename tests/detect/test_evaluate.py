@@ -384,3 +384,85 @@ def test_selection_complexity_follows_the_pre_registered_order() -> None:
     assert tce("sup") == tce("emb") == tce("nov") == (1, 0, 0, 1, 0)
     baseline = Candidate("pca[machine]", "pca", {}, "machine")
     assert selection_complexity(baseline, {"mix": None, "combine": None, "smooth": 12}) == (1, 0, 0, 12, 1)
+
+
+def test_lomo_inner_folds_hold_each_development_machine_out_once_and_never_fit_on_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import vigil_eval.detection as detection
+
+    dataset = fleet_of_servers()
+    seen: list[list[str]] = []  # the machines each fit's training windows were read from, in call order
+    training_windows = detection.training_windows
+
+    def recording(data: Any, entities: list[str], **kwargs: Any) -> Any:
+        seen.append(list(entities))
+        return training_windows(data, entities, **kwargs)
+
+    monkeypatch.setattr(detection, "training_windows", recording)
+    candidates = detection.candidates_for("pca")
+    result = detection.nested_leave_machines_out(dataset, candidates, outer=3, inner=2, history=12, seed=0,
+                                                 inner_scheme="lomo")
+    assert len(result.choices) == 3 and sorted(r["entity"] for r in result.rows) == sorted(dataset.entities)
+    calls = iter(seen)
+    for choice in result.choices:
+        development = sorted(set(dataset.entities) - set(choice["test"]))
+        # One inner fold per development machine, each held out alone, every one exactly once.
+        assert choice["inner_scheme"] == "lomo" and choice["inner_folds"] == [[n] for n in development]
+        fold = []
+        for (held,) in choice["inner_folds"]:
+            for _ in candidates:  # every candidate fitted on all the others, never on the held-out machine
+                fold.append(next(calls))
+                assert fold[-1] == [n for n in development if n != held]
+        fold.append(next(calls))
+        assert fold[-1] == development  # the winner's refit on every development machine
+        assert not set(choice["test"]) & {n for fit in fold for n in fit}  # no fit of the fold reads its test
+    assert next(calls, None) is None
+    # The default stays the protocol of the reported tables: 2 inner groups.
+    assert detection.inner_folds(["a", "b", "c", "d"], 2, 0) == detection.machine_groups(["a", "b", "c", "d"], 2, 0)
+    with pytest.raises(VigilInputError, match="inner scheme"):
+        detection.inner_folds(["a", "b"], 2, 0, "random")
+    with pytest.raises(VigilInputError, match="leave one machine out"):
+        detection.inner_folds(["a"], 2, 0, "lomo")
+
+
+def test_lomo_threshold_rule_scores_each_machine_with_the_rule_chosen_on_the_others(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import vigil_eval.detection as detection
+
+    def machine(anomaly: float) -> tuple[np.ndarray, np.ndarray]:
+        labels = np.r_[np.zeros(50, dtype=np.int64), np.ones(5, dtype=np.int64)]
+        return labels, np.r_[np.zeros(50), np.full(5, anomaly)]
+
+    # Normals at 0 everywhere; the anomalies of a and b score 4, those of c only 2. Left out, c is scored with
+    # the thresholds the rules set on a and b: pooled takes the lowest anomaly score there (4) and misses every
+    # anomaly of c (F1 0); per-machine takes the first quantile cut above 0 and finds them (F1 1). a and b are
+    # found by both rules set on the others. Cross-fitted: pooled (1 + 1 + 0) / 3, per-machine 1.
+    a, b, c = machine(4.0), machine(4.0), machine(2.0)
+    assert detection.rule_threshold("pooled", [a, b]) == 4.0 and detection.per_machine_threshold([a, b]) < 2.0
+    rule, threshold, evidence = detection.choose_threshold_rule([[a], [b], [c]])
+    assert evidence == pytest.approx({"pooled": 2 / 3, "per-machine": 1.0})
+    assert rule == "per-machine" and threshold == detection.per_machine_threshold([a, b, c])
+    # Choosing in-sample (each rule's threshold set on all three, c included) would tie at F1 1 and keep pooled;
+    # two groups ({a, b} and {c}) would give pooled (1 + 0) / 2.
+    assert detection.mean_machine_f1([a, b, c], detection.rule_threshold("pooled", [a, b, c])) == 1.0
+    assert detection.choose_threshold_rule([[a, b], [c]])[2]["pooled"] == pytest.approx(0.5)
+
+    # The inner folds hand the rule one held-out machine per group, with that machine's scores.
+    handed: list[list[list[tuple[np.ndarray, np.ndarray]]]] = []
+    choose = detection.choose_threshold_rule
+
+    def recording(groups: Any, rules: Any = detection.THRESHOLD_RULES) -> Any:
+        handed.append([list(g) for g in groups])
+        return choose(groups, rules)
+
+    monkeypatch.setattr(detection, "choose_threshold_rule", recording)
+    dataset = fleet_of_servers(n=5)
+    development = sorted(dataset.entities)[:4]
+    choice = detection.choose_on_inner_folds(detection.scaled_inputs(dataset), detection.candidates_for("pca"),
+                                             development, inner=2, history=12, seed=0, inner_scheme="lomo")
+    (groups,) = handed
+    assert [len(g) for g in groups] == [1, 1, 1, 1]
+    for group, name in zip(groups, development, strict=True):
+        labels = detection.labelled_windows(dataset.entities[name], history=12).labels
+        assert np.array_equal(group[0][0], labels)
+    assert choice.rule_f1 == choose(groups)[2] and choice.threshold_rule == choose(groups)[0]
