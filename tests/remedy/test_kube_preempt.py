@@ -1,6 +1,7 @@
-"""Preemption notices, preemption and quotas on Kubernetes for batch/v1 Jobs, PyTorchJobs and JobSets, through the
-official client against a local server answering with objects in the API's shapes (tests/fixtures/tide/kube,
-tests/fixtures/remedy/kube; no API server runs here)."""
+"""Preemption notices, preemption, restarts and quotas on Kubernetes for batch/v1 Jobs, PyTorchJobs, JobSets, TFJobs
+and MPIJobs (the MPI Operator's v2beta1 and the training operator's v1), through the official client against a
+local server answering with objects in the API's shapes (tests/fixtures/tide/kube, tests/fixtures/remedy/kube; no
+API server runs here)."""
 
 from __future__ import annotations
 
@@ -31,12 +32,18 @@ JOBSET_WORKLOAD = "/apis/kueue.x-k8s.io/v1beta1/namespaces/ml/workloads/jobset-r
 BATCH_JOB = "/apis/batch/v1/namespaces/ml/jobs/train-spot-a"
 BATCH_WORKLOAD = "/apis/kueue.x-k8s.io/v1beta1/namespaces/ml/workloads/job-train-spot-a-5c1d2"
 QUEUE = "/apis/kueue.x-k8s.io/v1beta1/clusterqueues/vigil-spot-training"
+TFJOB = "/apis/kubeflow.org/v1/namespaces/ml-training/tfjobs/tf-resnet"
+MPIJOB = "/apis/kubeflow.org/v2beta1/namespaces/ml/mpijobs/mpi-allreduce"
+MPIJOB_WORKLOAD = "/apis/kueue.x-k8s.io/v1beta1/namespaces/ml/workloads/mpijob-mpi-allreduce-8c2d4"
+MPIJOB_V1 = "/apis/kubeflow.org/v1/namespaces/legacy/mpijobs/hvd-bert"
+KUBEFLOW_TARGETS = ("job/ml-training:tf-resnet", "job/ml:mpi-allreduce", "job/legacy:hvd-bert")
 
 
 def recorded() -> RecordedApi:
     api = RecordedApi("clusterqueues.json", "jobs.json", "workloads.json", "pods.json")
     api.add(json.loads((FIXTURES / "pytorchjob-pods.json").read_text()))
     api.add(json.loads((FIXTURES / "training-jobs.json").read_text()))
+    api.add(json.loads((FIXTURES / "kubeflow-jobs.json").read_text()))
     return api
 
 
@@ -129,7 +136,7 @@ def test_a_batch_job_without_kueue_is_suspended(api_url: tuple[RecordedApi, str]
     kueue = KueueActuator(client.ApiClient(client.Configuration(host=url)))
     with pytest.raises(ActuatorError, match="has no Kueue Workload"):
         kueue.execute(job_action(ActionKind.PREEMPT, "job/ml-training:llama-ft"))
-    with pytest.raises(ActuatorError, match="is not a Job, PyTorchJob or JobSet"):
+    with pytest.raises(ActuatorError, match="is not a Job, PyTorchJob, JobSet, TFJob or MPIJob"):
         kube.execute(job_action(ActionKind.PREEMPT, "job/ml:nosuchjob"))
 
 
@@ -143,7 +150,7 @@ def test_kueue_preempt_of_a_job_it_cannot_hold_fails_rather_than_skips(api_url: 
     done = Remediator([kueue], audit, dry_run=False).execute_all(
         [job_action(ActionKind.PREEMPT, t) for t in ("job/ml:nosuchjob", "job/ml-training:llama-ft")])
     assert [a.status for a in done] == [ActionStatus.FAILED] * 2, [a.result for a in done]
-    assert "is not a Job, PyTorchJob or JobSet" in done[0].result
+    assert "is not a Job, PyTorchJob, JobSet, TFJob or MPIJob" in done[0].result
     assert "has no Kueue Workload" in done[1].result
 
 
@@ -218,7 +225,7 @@ def test_the_server_cluster_role_grants_what_the_job_actions_call(api_url: tuple
 
     api, url = api_url
     kube = KubernetesActuator(client.ApiClient(client.Configuration(host=url)))
-    for target in ("job/ml-training:llama-ft", "job/ml:rl-rollout", "job/ml:train-spot-a"):
+    for target in ("job/ml-training:llama-ft", "job/ml:rl-rollout", "job/ml:train-spot-a", *KUBEFLOW_TARGETS):
         kube.execute(job_action(ActionKind.PREEMPT_NOTICE, target))
         kube.execute(job_action(ActionKind.RESTART_JOB, target).model_copy(update={"ts": time.time()}))
         kube.is_satisfied(job_action(ActionKind.PREEMPT, target))
@@ -234,4 +241,82 @@ def test_the_server_cluster_role_grants_what_the_job_actions_call(api_url: tuple
                for resource in rule["resources"] for verb in rule["verbs"]}
     needed = {_permission(method, path) for method, path, _ in api.requests}
     assert ("", "pods", "delete") in needed and ("kubeflow.org", "pytorchjobs", "patch") in needed
+    assert {("kubeflow.org", "tfjobs", "patch"), ("kubeflow.org", "mpijobs", "patch")} <= needed
     assert needed <= granted, sorted(needed - granted)
+    # and nothing more for the Kubeflow kinds than the job actions call
+    kubeflow = {(group, resource, verb) for group, resource, verb in granted if group == "kubeflow.org"}
+    assert kubeflow == {("kubeflow.org", plural, verb) for plural in ("pytorchjobs", "tfjobs", "mpijobs")
+                        for verb in ("get", "patch")}
+
+
+def test_kubeflow_tfjobs_and_mpijobs_are_notified_preempted_resumed_and_restarted(
+    api_url: tuple[RecordedApi, str], tmp_path: Path
+) -> None:
+    """A TFJob (training-operator v1.9, kubeflow.org/v1), an MPIJob of the MPI Operator (kubeflow.org/v2beta1,
+    Kueue-managed) and an MPIJob of the training operator (kubeflow.org/v1): their pods by
+    training.kubeflow.org/job-name, their suspend flag at spec.runPolicy.suspend."""
+    api, url = api_url
+    kube = KubernetesActuator(client.ApiClient(client.Configuration(host=url)))
+    results = [kube.execute(job_action(ActionKind.PREEMPT_NOTICE, t)) for t in KUBEFLOW_TARGETS]
+    assert results[0] == "notice to TFJob ml-training/tf-resnet and 2 pods: checkpoint before 2025-12-01T08:15:00Z"
+    assert results[1].startswith("notice to MPIJob ml/mpi-allreduce and 3 pods")
+    assert results[2].startswith("notice to MPIJob legacy/hvd-bert and 2 pods")
+    assert annotated_pods(api, "tf-resnet-") == ["tf-resnet-chief-0", "tf-resnet-worker-0"]
+    # the launcher (a pod of the MPI Operator's launcher Job) hears it with the workers
+    assert annotated_pods(api, "mpi-allreduce-") == ["mpi-allreduce-launcher-q8w5z", "mpi-allreduce-worker-0",
+                                                      "mpi-allreduce-worker-1"]
+    assert annotated_pods(api, "hvd-bert-") == ["hvd-bert-launcher", "hvd-bert-worker-0"]
+    for path in (TFJOB, MPIJOB, MPIJOB_V1):
+        assert api.objects[path]["metadata"]["annotations"][NOTICE_AT] == "2025-12-01T08:15:00Z"
+    assert api.objects[MPIJOB_WORKLOAD]["metadata"].get("annotations") is None
+
+    audit = AuditLog(f"sqlite:///{tmp_path}/audit.db")
+    done = Remediator([kube], audit, dry_run=False).execute_all(
+        [job_action(ActionKind.PREEMPT, t) for t in KUBEFLOW_TARGETS])
+    assert [a.status for a in done] == [ActionStatus.EXECUTED] * 3, [a.result for a in done]
+    assert done[0].result.startswith("TFJob ml-training/tf-resnet suspended (spec.runPolicy.suspend=true)")
+    assert api.objects[TFJOB]["spec"]["runPolicy"]["suspend"] is True
+    # Kueue manages the MPI Operator's job: its Workload goes inactive, the MPIJob is left to Kueue
+    assert api.objects[MPIJOB_WORKLOAD]["spec"]["active"] is False
+    assert api.objects[MPIJOB]["spec"]["runPolicy"]["suspend"] is False
+    assert done[1].result.startswith("Workload ml/mpijob-mpi-allreduce-8c2d4 deactivated: Kueue evicts MPIJob")
+    # the training operator's MPIJob: found under kubeflow.org/v1 after v2beta1 answered 404
+    assert api.objects[MPIJOB_V1]["spec"]["runPolicy"]["suspend"] is True
+    assert done[2].result.startswith("MPIJob legacy/hvd-bert suspended (spec.runPolicy.suspend=true)")
+    patches = [(path, body) for method, path, body in api.requests if method == "PATCH"]
+    assert (TFJOB, {"spec": {"runPolicy": {"suspend": True}}}) in patches
+    assert (MPIJOB_V1, {"spec": {"runPolicy": {"suspend": True}}}) in patches
+    assert [a.status for a in Remediator([kube], audit, dry_run=False).execute_all(
+        [job_action(ActionKind.PREEMPT, t).model_copy(update={"id": new_id("act")}) for t in KUBEFLOW_TARGETS])
+    ] == [ActionStatus.SKIPPED] * 3
+
+    # a restart of a running job deletes its pods (made before the action), all of them, launcher included
+    later = time.time()
+    restarted = kube.execute(job_action(ActionKind.RESTART_JOB, "job/ml:mpi-allreduce").model_copy(
+        update={"ts": later}))
+    assert restarted.startswith("deleted 3 pods of job ml/mpi-allreduce (on gpu-node-000, gpu-node-001)")
+    assert not [k for k in api.objects if "/pods/mpi-allreduce-" in k]
+    # its controllers stopped the held jobs' pods; restart_job then resumes what preempt held
+    for key in [k for k in api.objects if "/pods/tf-resnet-" in k or "/pods/hvd-bert-" in k]:
+        del api.objects[key]
+    resumed = Remediator([kube], audit, dry_run=False).execute_all(
+        [job_action(ActionKind.RESTART_JOB, t) for t in KUBEFLOW_TARGETS])
+    assert [a.status for a in resumed] == [ActionStatus.EXECUTED] * 3, [a.result for a in resumed]
+    assert api.objects[TFJOB]["spec"]["runPolicy"]["suspend"] is False
+    assert api.objects[MPIJOB_WORKLOAD]["spec"]["active"] is True
+    assert api.objects[MPIJOB_V1]["spec"]["runPolicy"]["suspend"] is False
+
+
+def test_the_kueue_actuator_and_the_tide_take_an_mpijob_kueue_admitted(api_url: tuple[RecordedApi, str]) -> None:
+    from vigil.remedy.tide.kube import admitted_tier_jobs
+    from vigil.remedy.tide.tiers import load_tier_policy
+
+    api, url = api_url
+    kueue = KueueActuator(client.ApiClient(client.Configuration(host=url)))
+    jobs = {j.id: (j.tier, j.units) for j in admitted_tier_jobs(kueue.workloads(), load_tier_policy())}
+    assert jobs["ml:mpi-allreduce"] == (3, 16)
+    assert kueue.execute(job_action(ActionKind.PREEMPT, "job/ml:mpi-allreduce")).startswith(
+        "Workload ml/mpijob-mpi-allreduce-8c2d4 deactivated")
+    # a TFJob Kueue does not manage is not Kueue's to hold
+    with pytest.raises(ActuatorError, match="has no Kueue Workload"):
+        kueue.execute(job_action(ActionKind.PREEMPT, "job/ml-training:tf-resnet"))

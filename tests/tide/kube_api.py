@@ -1,6 +1,7 @@
 """A local API server that answers from stored objects (tests/fixtures/tide/kube, in the real API's shapes):
 GET of an object or a collection (with ``labelSelector`` k=v), POST creates (409 AlreadyExists when it
-exists), PATCH applies a JSON merge patch (RFC 7386). Every request is logged for the tests to assert on."""
+exists), PATCH applies a JSON merge patch (RFC 7386), DELETE removes an object. Every request is logged for the
+tests to assert on."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from urllib.parse import parse_qs, unquote, urlparse
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tide" / "kube"
 PLURALS = {"ClusterQueue": "clusterqueues", "LocalQueue": "localqueues", "ResourceFlavor": "resourceflavors",
            "Workload": "workloads", "Job": "jobs", "Pod": "pods", "PriorityClass": "priorityclasses",
-           "PyTorchJob": "pytorchjobs", "JobSet": "jobsets"}
+           "PyTorchJob": "pytorchjobs", "JobSet": "jobsets", "TFJob": "tfjobs", "MPIJob": "mpijobs"}
 
 
 def object_path(obj: dict[str, Any]) -> str:
@@ -76,6 +77,8 @@ class RecordedApi:
             return 201, created
         if method == "GET":
             return self._list(route, parse_qs(url.query).get("labelSelector", [""])[0])
+        if method == "DELETE" and route in self.objects:
+            return 200, self.objects.pop(route)
         return 404, _status(404, "NotFound")
 
     def _list(self, route: str, selector: str) -> tuple[int, Any]:

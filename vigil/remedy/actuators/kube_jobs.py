@@ -1,8 +1,10 @@
 """Training jobs on Kubernetes as the actuators find them, shared by the Kubernetes and the Kueue actuator.
 
-A job target is ``job/<namespace>:<name>``. Its object is a batch/v1 Job, a Kubeflow PyTorchJob or a JobSet
-(``JOB_KINDS``, looked up in that order); its pods carry the label that object's controller puts on them
-(``JOB_POD_LABELS``), and a job Kueue manages has a Workload labelled with the object's uid
+A job target is ``job/<namespace>:<name>``. Its object is a batch/v1 Job, a Kubeflow PyTorchJob, a JobSet, a
+Kubeflow TFJob or an MPIJob (``JOB_KINDS``, looked up in that order; an MPIJob as the MPI Operator's
+``kubeflow.org/v2beta1``, then as the training operator's ``kubeflow.org/v1``); its pods carry the label that
+object's controller puts on them (``JOB_POD_LABELS``: the training operator and the MPI Operator both put
+``training.kubeflow.org/job-name``), and a job Kueue manages has a Workload labelled with the object's uid
 (``kueue.x-k8s.io/job-uid``, for every job kind Kueue integrates).
 
 - a preemption notice annotates the job object and its pods ``vigil.dev/preempt-at`` (the deadline, RFC 3339)
@@ -10,7 +12,8 @@ A job target is ``job/<namespace>:<name>``. Its object is a batch/v1 Job, a Kube
   refreshes, and checkpoints;
 - a preemption deactivates the job's Kueue Workload (``spec.active: false``: Kueue evicts it and keeps it
   queued); without a Workload the job object itself is suspended (``spec.suspend: true`` on a Job or a JobSet,
-  ``spec.runPolicy.suspend: true`` on a PyTorchJob): its controller deletes the pods and keeps the job;
+  ``spec.runPolicy.suspend: true`` on a PyTorchJob, TFJob or MPIJob): its controller deletes the pods and keeps
+  the job;
 - resuming undoes either;
 - a quota is a Kueue ClusterQueue's ``nominalQuota``: ``params.queue`` gets ``params.units`` of
   ``params.resource`` (``nvidia.com/gpu``) in every flavor (read, then a JSON merge patch of
@@ -53,13 +56,24 @@ class JobKind:
         return self.kind
 
 
+RUN_POLICY_SUSPEND = ("spec", "runPolicy", "suspend")
 JOB_KINDS = (
     JobKind("Job", "batch", "v1", "jobs", JOB_NAME_LABEL, ("spec", "suspend")),
-    JobKind("PyTorchJob", "kubeflow.org", "v1", "pytorchjobs", KUBEFLOW_JOB_LABEL, ("spec", "runPolicy", "suspend")),
+    JobKind("PyTorchJob", "kubeflow.org", "v1", "pytorchjobs", KUBEFLOW_JOB_LABEL, RUN_POLICY_SUSPEND),
     JobKind("JobSet", "jobset.x-k8s.io", "v1alpha2", "jobsets", JOBSET_LABEL, ("spec", "suspend")),
+    # training-operator v1.9: TFJobSpec.runPolicy (RunPolicy.suspend), replicas under spec.tfReplicaSpecs
+    JobKind("TFJob", "kubeflow.org", "v1", "tfjobs", KUBEFLOW_JOB_LABEL, RUN_POLICY_SUSPEND),
+    # the MPI Operator (v0.4 and later): MPIJobSpec.runPolicy.suspend, replicas under spec.mpiReplicaSpecs; its
+    # workers and its launcher Job's pod template carry training.kubeflow.org/job-name
+    JobKind("MPIJob", "kubeflow.org", "v2beta1", "mpijobs", KUBEFLOW_JOB_LABEL, RUN_POLICY_SUSPEND),
+    # the training operator's own MPIJob (v1.9; one CRD mpijobs.kubeflow.org, so a cluster serves one of the two)
+    JobKind("MPIJob", "kubeflow.org", "v1", "mpijobs", KUBEFLOW_JOB_LABEL, RUN_POLICY_SUSPEND),
 )
-# the label each job controller puts on its pods, naming the job: batch/v1 Job, Kubeflow PyTorchJob, JobSet
-JOB_POD_LABELS = tuple(kind.pod_label for kind in JOB_KINDS)
+# the kinds by name, each once (MPIJob is served under two versions)
+JOB_KIND_NAMES = tuple(dict.fromkeys(kind.kind for kind in JOB_KINDS))
+# the label each job controller puts on its pods, naming the job: batch/v1 Job; Kubeflow's PyTorchJob, TFJob and
+# MPIJob; JobSet
+JOB_POD_LABELS = tuple(dict.fromkeys(kind.pod_label for kind in JOB_KINDS))
 
 
 def job_ref(target: str) -> tuple[str, str]:
@@ -131,8 +145,8 @@ class KubeJobs:
     def _require_job(self, namespace: str, name: str) -> tuple[JobKind, dict[str, Any]]:
         found = self._job_object(namespace, name)
         if found is None:
-            raise ActuatorError(f"job {namespace}/{name} is not a {', '.join(map(str, JOB_KINDS[:-1]))} or "
-                                f"{JOB_KINDS[-1]} in the API")
+            raise ActuatorError(f"job {namespace}/{name} is not a {', '.join(JOB_KIND_NAMES[:-1])} or "
+                                f"{JOB_KIND_NAMES[-1]} in the API")
         return found
 
     def _workload_of(self, namespace: str, job: dict[str, Any]) -> dict[str, Any] | None:
@@ -172,7 +186,7 @@ class KubeJobs:
         found = self._job_object(namespace, name)
         pods = self._job_pods(namespace, name)
         if found is None and not pods:
-            raise ActuatorError(f"job {namespace}/{name} has no job object ({', '.join(map(str, JOB_KINDS))}) and no "
+            raise ActuatorError(f"job {namespace}/{name} has no job object ({', '.join(JOB_KIND_NAMES)}) and no "
                                 f"pods (labels {', '.join(JOB_POD_LABELS)})")
         if found is not None:
             self._patch_job(found[0], namespace, name, patch, "annotate")

@@ -12,16 +12,16 @@
   janitor), created once per node (an existing one makes the action idempotent).
 - uncordon: clears the flag, Vigil's taints and the condition.
 - restart_job on ``job/<namespace>:<name>``: deletes the job's pods (found by the labels a batch/v1 Job, a
-  Kubeflow PyTorchJob or a JobSet puts on them), so its controller creates them again and the ranks resume
-  from the last checkpoint together, as collectives require. Only pods created before the action are
+  Kubeflow PyTorchJob, TFJob or MPIJob, or a JobSet puts on them), so its controller creates them again and
+  the ranks resume from the last checkpoint together, as collectives require. Only pods created before the action are
   deleted: an interrupted restart that runs again leaves the new pods alone.
 - migrate_job on the same target: the bad nodes (``params.nodes``, plus the job's nodes already
   unschedulable) are cordoned first, then the pods are deleted as for a restart; the scheduler places the
   new pods on other nodes.
 - preempt_notice, preempt and set_quota (``vigil.remedy.actuators.kube_jobs``): the notice annotates the job
   object and its pods; preempt deactivates the job's Kueue Workload, or, for a job Kueue does not manage,
-  suspends the Job / JobSet (``spec.suspend``) or PyTorchJob (``spec.runPolicy.suspend``); restart_job of a
-  job held that way resumes it; set_quota sets a Kueue ClusterQueue's ``nominalQuota``.
+  suspends the Job / JobSet (``spec.suspend``) or PyTorchJob / TFJob / MPIJob (``spec.runPolicy.suspend``);
+  restart_job of a job held that way resumes it; set_quota sets a Kueue ClusterQueue's ``nominalQuota``.
 
 No API server runs in Vigil's CI: the tests run this code against a small local HTTP server that
 implements the endpoints used here.
@@ -307,7 +307,8 @@ class KubernetesActuator(KubeJobs, Actuator):
             return self.describe_notice(action)
         if action.kind is ActionKind.PREEMPT:
             return (f"deactivate the Kueue Workload of job {namespace}/{name} (spec.active=false); without one, "
-                    "suspend its Job or JobSet (spec.suspend=true) or PyTorchJob (spec.runPolicy.suspend=true)")
+                    "suspend its Job or JobSet (spec.suspend=true) or PyTorchJob, TFJob or MPIJob "
+                    "(spec.runPolicy.suspend=true)")
         delete = (f"delete the pods of job {namespace}/{name} created before now (label "
                   f"{' or '.join(label + '=' + name for label in JOB_POD_LABELS)}); its controller recreates them")
         if action.kind is ActionKind.RESTART_JOB:

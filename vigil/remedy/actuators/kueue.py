@@ -3,10 +3,11 @@
 - set_quota on ``cluster/<name>``: the ClusterQueue ``params.queue`` gets ``nominalQuota = params.units`` for
   ``params.resource`` (``nvidia.com/gpu``) in every flavor (read, then a JSON merge patch of
   ``spec.resourceGroups``, which Kueue accepts on a live queue);
-- preempt_notice on ``job/<namespace>:<name>``: the job object (a batch/v1 Job, a Kubeflow PyTorchJob or a
-  JobSet) and its pods, found by the label each controller puts on them, are annotated ``vigil.dev/preempt-at``
-  (the deadline, RFC 3339) and ``vigil.dev/preempt-signal``; a pod reads its annotations through a Downward API
-  volume, which the kubelet refreshes, and checkpoints (``vigil.remedy.actuators.kube_jobs``);
+- preempt_notice on ``job/<namespace>:<name>``: the job object (a batch/v1 Job, a Kubeflow PyTorchJob, TFJob or
+  MPIJob, or a JobSet) and its pods, found by the label each controller puts on them, are annotated
+  ``vigil.dev/preempt-at`` (the deadline, RFC 3339) and ``vigil.dev/preempt-signal``; a pod reads its
+  annotations through a Downward API volume, which the kubelet refreshes, and checkpoints
+  (``vigil.remedy.actuators.kube_jobs``);
 - preempt on the same target: the job's Kueue Workload (label ``kueue.x-k8s.io/job-uid``) is deactivated
   (``spec.active: false``): Kueue evicts it (pods get SIGTERM and their terminationGracePeriodSeconds) and it
   stays queued, inactive, until it is set active again;

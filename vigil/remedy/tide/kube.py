@@ -101,15 +101,16 @@ def _gpus(pod_set: dict[str, Any], resource: str) -> int:
     return per_pod * int(pod_set.get("count", 1))
 
 
-# the owners of a Workload that the actuators can notify and preempt: batch/v1 Job, PyTorchJob, JobSet
+# the owners of a Workload that the actuators can notify and preempt: batch/v1 Job, PyTorchJob, JobSet, TFJob,
+# MPIJob
 JOB_KIND_NAMES = frozenset(kind.kind for kind in JOB_KINDS)
 
 
 def admitted_tier_jobs(workloads: list[dict[str, Any]], policy: TierPolicy, resource: str = GPU_RESOURCE,
                        *, inactive: bool = False) -> list[TierJob]:
     """Jobs of tiers 3 and 4 that Kueue admitted, from Workload objects: the tier from the ClusterQueue that
-    admitted it, the job from its owner (a Job, PyTorchJob or JobSet: ``job/<namespace>:<name>``), units from its
-    pod sets' requests.
+    admitted it, the job from its owner (a Job, PyTorchJob, JobSet, TFJob or MPIJob: ``job/<namespace>:<name>``),
+    units from its pod sets' requests.
     With ``inactive``: the deactivated ones instead, their tier from the LocalQueue they were submitted to."""
     by_queue = {name: tier for tier, name in cluster_queues(policy).items()}
     by_local_queue = {t.name: t.tier for t in policy.tiers}
