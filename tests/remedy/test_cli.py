@@ -252,3 +252,25 @@ def test_migrate_job_takes_the_bad_node_from_the_incident(home: Path, fake_slurm
     unknown = runner.invoke(app, ["act", "migrate_job", "job/j7", "--incident", "inc-nope", "--backend", "slurm"])
     assert unknown.exit_code != 0 and "--incident inc-nope: no such incident" in str(unknown.exception)
     assert not (fake_slurm / "calls.log").exists()
+
+
+def test_act_set_quota_on_slurm_sets_a_qos(home: Path, fake_slurm: Path) -> None:
+    """The same options on Slurm: the QOS's GrpTRES (dry-run: the sacctmgr command it would run); a QOS has no
+    flavor, and a Kubernetes resource name is not a TRES - each one line, nothing audited."""
+    from vigil.remedy.audit import AuditLog
+
+    runner = CliRunner()
+    done = runner.invoke(app, ["act", "set_quota", "cluster/hpc", "--queue", "spot-training", "--resource", "gres/gpu",
+                               "--quantity", "64", "--backend", "slurm", "--json"])
+    assert done.exit_code == 0, done.output
+    action = json.loads(done.stdout)
+    assert action["status"] == "proposed" and action["params"]["units"] == 64
+    assert action["result"] == ("dry-run: would run sacctmgr -i modify qos where name=spot-training set "
+                                "GrpTRES=gres/gpu=64")
+    flavored = runner.invoke(app, ["act", "set_quota", "cluster/hpc", "--queue", "spot-training", "--quantity", "64",
+                                   "--flavor", "h100", "--backend", "slurm"])
+    assert flavored.exit_code != 0 and "has no flavors" in str(flavored.exception)
+    kube_name = runner.invoke(app, ["act", "set_quota", "cluster/hpc", "--queue", "spot-training", "--quantity",
+                                    "64", "--resource", "nvidia.com/gpu", "--backend", "slurm"])
+    assert kube_name.exit_code != 0 and "must be cpu, node or gres/<name>" in str(kube_name.exception)
+    assert AuditLog().count() == 1

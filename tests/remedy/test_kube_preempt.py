@@ -189,9 +189,9 @@ def test_act_preempts_on_kubernetes_from_the_command_line(
         assert live.exit_code == 0, live.output
         assert json.loads(live.stdout)["status"] == "executed"
         assert api.objects[JOBSET_WORKLOAD]["spec"]["active"] is False
-        # a quota needs its queue and units, which a command line cannot give: one line, nothing audited
+        # a quota needs its queue and quantity: one line, nothing audited
         quota = runner.invoke(app, ["act", "set_quota", "cluster/prod"])
-        assert quota.exit_code != 0 and "set_quota needs params.queue" in str(quota.exception)
+        assert quota.exit_code != 0 and "set_quota needs --queue" in str(quota.exception)
     finally:
         settings.cache_clear()
 
@@ -320,3 +320,120 @@ def test_the_kueue_actuator_and_the_tide_take_an_mpijob_kueue_admitted(api_url: 
     # a TFJob Kueue does not manage is not Kueue's to hold
     with pytest.raises(ActuatorError, match="has no Kueue Workload"):
         kueue.execute(job_action(ActionKind.PREEMPT, "job/ml-training:tf-resnet"))
+
+
+TWO_FLAVOR_QUEUE = "/apis/kueue.x-k8s.io/v1beta1/clusterqueues/vigil-mixed"
+
+
+def _two_flavor_queue(api: RecordedApi) -> None:
+    """A ClusterQueue with nvidia.com/gpu in two flavors (H100 and A100 nodes), in Kueue v1beta1's shape."""
+    api.add([{"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ClusterQueue",
+              "metadata": {"name": "vigil-mixed", "uid": "cq-0001", "resourceVersion": "900"},
+              "spec": {"cohort": "vigil-tide", "namespaceSelector": {},
+                       "resourceGroups": [{"coveredResources": ["cpu", "nvidia.com/gpu"], "flavors": [
+                           {"name": "h100", "resources": [{"name": "cpu", "nominalQuota": "512"},
+                                                          {"name": "nvidia.com/gpu", "nominalQuota": "32"}]},
+                           {"name": "a100", "resources": [{"name": "cpu", "nominalQuota": "256"},
+                                                          {"name": "nvidia.com/gpu", "nominalQuota": "16"}]}]}]}}])
+
+
+def _gpu_quotas(api: RecordedApi, path: str) -> dict[str, object]:
+    return {f["name"]: r["nominalQuota"] for group in api.objects[path]["spec"]["resourceGroups"]
+            for f in group["flavors"] for r in f["resources"] if r["name"] == "nvidia.com/gpu"}
+
+
+@pytest.fixture
+def cli_on_kube(api_url: tuple[RecordedApi, str], tmp_path: Path,
+                monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[RecordedApi, AuditLog, str]]:
+    """The remedy CLI on the Kubernetes back end against the recorded API; the topology --execute needs."""
+    api, url = api_url
+    _two_flavor_queue(api)
+    topology = tmp_path / "topology.json"
+    topology.write_text(Topology(nodes=[Node(name=f"gpu-node-00{i}") for i in range(4)]).to_json())
+    monkeypatch.setenv("VIGIL_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("VIGIL_DB_URL", f"sqlite:///{tmp_path}/vigil.db")
+    monkeypatch.setenv("VIGIL_REMEDY_BACKEND", "kubernetes")
+    settings.cache_clear()
+    use_kubeconfig(tmp_path / "kubeconfig", url, monkeypatch)
+    try:
+        yield api, AuditLog(f"sqlite:///{tmp_path}/vigil.db"), str(topology)
+    finally:
+        settings.cache_clear()
+
+
+def test_act_set_quota_takes_the_queue_resource_quantity_and_flavor(
+    cli_on_kube: tuple[RecordedApi, AuditLog, str]
+) -> None:
+    api, audit, topology = cli_on_kube
+    runner = CliRunner()
+    argv = ["act", "set_quota", "cluster/prod", "--queue", "vigil-spot-training", "--resource", "nvidia.com/gpu",
+            "--quantity", "64", "--reason", "more spot capacity tonight", "--json"]
+    dry = runner.invoke(app, argv)
+    assert dry.exit_code == 0, dry.output
+    proposed = json.loads(dry.stdout)
+    assert proposed["status"] == "proposed"
+    assert proposed["params"] == {"queue": "vigil-spot-training", "resource": "nvidia.com/gpu", "units": 64,
+                                  "actuator": "kubernetes"}
+    assert proposed["result"] == "dry-run: would set ClusterQueue vigil-spot-training nominalQuota nvidia.com/gpu=64"
+    assert not [r for r in api.requests if r[0] != "GET"]
+    live = runner.invoke(app, [*argv, "--execute", "--topology", topology])
+    assert live.exit_code == 0, live.output
+    assert json.loads(live.stdout)["status"] == "executed"
+    assert _gpu_quotas(api, QUEUE) == {"vigil-gpu": 64}
+    # the same quota again is already there
+    again = runner.invoke(app, [*argv, "--execute", "--topology", topology])
+    assert json.loads(again.stdout)["status"] == "skipped"
+
+    # a queue with the GPUs in two flavors: the flavor is named, and only its quota changes
+    mixed = ["act", "set_quota", "cluster/prod", "--queue", "vigil-mixed", "--quantity", "24", "--execute",
+             "--topology", topology, "--json"]
+    done = runner.invoke(app, [*mixed, "--flavor", "a100"])
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.stdout)["result"] == "ClusterQueue vigil-mixed nominalQuota nvidia.com/gpu=24 in flavor a100"
+    assert _gpu_quotas(api, TWO_FLAVOR_QUEUE) == {"h100": "32", "a100": 24}
+    assert sorted(a.status.value for a in audit.actions()) == ["executed", "executed", "proposed", "skipped"]
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ([], "set_quota needs --queue (the ClusterQueue or QOS) and --quantity"),
+    (["--queue", "vigil-spot-training"], "set_quota needs --queue"),
+    (["--queue", "vigil-spot-training", "--quantity", "-8"], "--quantity '-8': a whole count of at least 0"),
+    (["--queue", "vigil-spot-training", "--quantity", "6.5"], "--quantity '6.5': a whole count"),
+    (["--queue", "vigil-spot-training", "--quantity", "64Gi"], "--quantity '64Gi': a whole count"),
+    (["--queue", "Spot Training", "--quantity", "64"], "set_quota needs params.queue, a ClusterQueue name"),
+    (["--queue", "vigil-spot-training", "--quantity", "64", "--resource", "nvidia.com/gpu; rm"],
+     "set_quota needs params.resource, a resource name"),
+    (["--queue", "vigil-spot-training", "--quantity", "64", "--flavor", "H100_SXM"],
+     "set_quota params.flavor must be a ResourceFlavor name"),
+    (["--queue", "no-such-queue", "--quantity", "64"], "no ClusterQueue no-such-queue in the API"),
+    (["--queue", "vigil-spot-training", "--quantity", "64", "--resource", "example.com/fpga"],
+     "ClusterQueue vigil-spot-training has no quota for example.com/fpga"),
+    (["--queue", "vigil-mixed", "--quantity", "64"],
+     "ClusterQueue vigil-mixed has nvidia.com/gpu in flavors h100, a100: name one (params.flavor, --flavor)"),
+    (["--queue", "vigil-mixed", "--quantity", "64", "--flavor", "l40s"],
+     "ClusterQueue vigil-mixed has no quota for nvidia.com/gpu in flavor l40s (it has one in h100, a100)"),
+])
+def test_act_set_quota_bad_input_is_one_line_exit_2_and_nothing_stored(
+    cli_on_kube: tuple[RecordedApi, AuditLog, str], capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch, extra: list[str], message: str
+) -> None:
+    from vigil.faces.cli.main import main
+
+    api, audit, topology = cli_on_kube
+    monkeypatch.setattr("sys.argv", ["vigil", "remedy", "act", "set_quota", "cluster/prod", *extra, "--execute",
+                                     "--topology", topology])
+    with pytest.raises(SystemExit) as stopped:
+        main()
+    out, err = capsys.readouterr()
+    assert stopped.value.code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error: ") and message in err, err
+    assert audit.count() == 0
+    assert not [r for r in api.requests if r[0] != "GET"]
+
+
+def test_quota_options_belong_to_set_quota(cli_on_kube: tuple[RecordedApi, AuditLog, str]) -> None:
+    _, audit, _ = cli_on_kube
+    result = CliRunner().invoke(app, ["act", "preempt", "job/ml:rl-rollout", "--quantity", "4", "--flavor", "a100"])
+    assert result.exit_code != 0
+    assert str(result.exception) == "--quantity, --flavor: options of set_quota; preempt does not take them"
+    assert audit.count() == 0

@@ -209,12 +209,23 @@ def act_command(
         "--node", help="migrate_job only: a bad node (node/NAME) to take out and keep the job off; repeatable. "
         "Without it the node --incident is localized to (its diagnosis' root cause) is the bad one, else the "
         "job's nodes already drained / cordoned")] = None,
+    queue: Annotated[str | None, typer.Option(
+        "--queue", help="set_quota only: the queue whose quota is set (a Kueue ClusterQueue, a Slurm QOS)")] = None,
+    resource: Annotated[str | None, typer.Option(
+        "--resource", help="set_quota only: what the quota counts (default nvidia.com/gpu on Kubernetes, "
+        "gres/gpu on Slurm)")] = None,
+    quantity: Annotated[str | None, typer.Option(
+        "--quantity", help="set_quota only: the quota, a whole count of at least 0 (e.g. 64)")] = None,
+    flavor: Annotated[str | None, typer.Option(
+        "--flavor", help="set_quota on Kubernetes only: the ResourceFlavor, needed when the ClusterQueue has the "
+        "resource in several")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the resulting action as JSON")] = False,
 ) -> None:
     """Carry out one action of a diagnosis plan through the blast-radius guard and the audit log.
 
     The plans `vigil diagnose incident` prints carry this command without --backend: it acts through the
     configured scheduler (settings remedy_backend, VIGIL_REMEDY_BACKEND), and is a dry-run unless --execute.
+    set_quota takes its queue and quantity from --queue and --quantity (and --resource, --flavor).
     """
     import time
 
@@ -229,6 +240,7 @@ def act_command(
         ) from None
     parse_entity(target)
     params: dict[str, object] = {"nodes": _bad_nodes(kind, bad_nodes)} if bad_nodes else {}
+    params.update(_quota_params(kind, queue, resource, quantity, flavor))
     if kind is ActionKind.MIGRATE_JOB and not bad_nodes and incident is not None:
         localized = _incident_nodes(incident)
         if localized:
@@ -247,6 +259,9 @@ def act_command(
         actuator.describe(proposed)  # reads only the action: a target this back end cannot name is a typo
     except ActuatorError as err:
         raise VigilInputError(f"{kind.value} {target}: {err}") from None
+    problem = getattr(actuator, "quota_problem", None)
+    if kind is ActionKind.SET_QUOTA and problem is not None and (found := problem(proposed)) is not None:
+        raise VigilInputError(f"{kind.value} {target}: {found}")  # no such queue / resource / flavor
     nodes = [n for n in [node_of(target), *_as_list(params.get("nodes"))] if n is not None]
     if topology_file is not None and nodes:
         known = {n.id for n in _read_topology(topology_file).nodes}
@@ -270,6 +285,29 @@ def _bad_nodes(kind: ActionKind, given: list[str]) -> list[str]:
         if parse_entity(node)[0] != "node":
             raise VigilInputError(f"--node {node!r}: expected a node id, node/<name>")
     return list(dict.fromkeys(given))
+
+
+def _quota_params(kind: ActionKind, queue: str | None, resource: str | None, quantity: str | None,
+                  flavor: str | None) -> dict[str, object]:
+    """set_quota's --queue, --resource, --quantity and --flavor as the action's params, checked here for what
+    every back end shares (the back end checks the names); no other action takes them."""
+    given = [name for name, value in (("--queue", queue), ("--resource", resource), ("--quantity", quantity),
+                                      ("--flavor", flavor)) if value is not None]
+    if kind is not ActionKind.SET_QUOTA:
+        if given:
+            raise VigilInputError(f"{', '.join(given)}: options of set_quota; {kind.value} does not take them")
+        return {}
+    if queue is None or quantity is None:
+        raise VigilInputError("set_quota needs --queue (the ClusterQueue or QOS) and --quantity (a whole count), "
+                              "e.g. --queue vigil-spot-training --resource nvidia.com/gpu --quantity 64")
+    if not quantity.strip().isdigit() or not quantity.strip().isascii():
+        raise VigilInputError(f"--quantity {quantity!r}: a whole count of at least 0, e.g. 64")
+    params: dict[str, object] = {"queue": queue, "units": int(quantity.strip())}
+    if resource is not None:
+        params["resource"] = resource
+    if flavor is not None:
+        params["flavor"] = flavor
+    return params
 
 
 def _as_list(value: object) -> list[str]:

@@ -16,8 +16,9 @@ object's controller puts on them (``JOB_POD_LABELS``: the training operator and 
   the job;
 - resuming undoes either;
 - a quota is a Kueue ClusterQueue's ``nominalQuota``: ``params.queue`` gets ``params.units`` of
-  ``params.resource`` (``nvidia.com/gpu``) in every flavor (read, then a JSON merge patch of
-  ``spec.resourceGroups``, which Kueue accepts on a live queue).
+  ``params.resource`` (``nvidia.com/gpu``) in the flavor that holds it, or in ``params.flavor`` when the queue
+  has the resource in several flavors (then it must be named: the same number in each would multiply the
+  quota); read, then a JSON merge patch of ``spec.resourceGroups``, which Kueue accepts on a live queue.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ NOTICE_AT = "vigil.dev/preempt-at"
 NOTICE_SIGNAL = "vigil.dev/preempt-signal"
 MERGE_PATCH = "application/merge-patch+json"
 _K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+# a resource name (k8s.io/apimachinery's qualified name): an optional DNS-subdomain prefix and a name
+_RESOURCE_NAME = re.compile(r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 
 
 @dataclass(frozen=True)
@@ -235,45 +238,79 @@ class KubeJobs:
 
     @staticmethod
     def quota(action: Action) -> tuple[str, str, int]:
-        """(ClusterQueue, resource, units) of a set_quota, checked."""
+        """(ClusterQueue, resource, units) of a set_quota, checked (``params.flavor`` too, when given)."""
         queue, resource = action.params.get("queue"), action.params.get("resource", GPU_RESOURCE)
-        units = action.params.get("units")
+        units, flavor = action.params.get("units"), action.params.get("flavor")
         if not isinstance(queue, str) or not _K8S_NAME.match(queue):
             raise ActuatorError(f"set_quota needs params.queue, a ClusterQueue name, got {queue!r}")
-        if not isinstance(resource, str) or not resource:
-            raise ActuatorError(f"set_quota needs params.resource, a resource name, got {resource!r}")
+        if not isinstance(resource, str) or not _RESOURCE_NAME.match(resource):
+            raise ActuatorError(f"set_quota needs params.resource, a resource name (nvidia.com/gpu, cpu), "
+                                f"got {resource!r}")
         if not isinstance(units, int) or isinstance(units, bool) or units < 0:
             raise ActuatorError(f"set_quota needs params.units, a count of at least 0, got {units!r}")
+        if flavor is not None and (not isinstance(flavor, str) or not _K8S_NAME.match(flavor)):
+            raise ActuatorError(f"set_quota params.flavor must be a ResourceFlavor name, got {flavor!r}")
         return queue, resource, units
 
     def describe_quota(self, action: Action) -> str:
         queue, resource, units = self.quota(action)
-        return f"set ClusterQueue {queue} nominalQuota {resource}={units}"
+        flavor = action.params.get("flavor")
+        return f"set ClusterQueue {queue} nominalQuota {resource}={units}" + (f" in flavor {flavor}" if flavor else "")
 
     def _cluster_queue(self, name: str) -> dict[str, Any]:
         return dict(self._call(f"read ClusterQueue {name}", self.custom.get_cluster_custom_object,
                                KUEUE_GROUP, KUEUE_VERSION, "clusterqueues", name))
 
     @staticmethod
-    def _quotas(queue: dict[str, Any], resource: str) -> list[dict[str, Any]]:
-        return [r for group in queue.get("spec", {}).get("resourceGroups", [])
-                for flavor in group.get("flavors", []) for r in flavor.get("resources", [])
-                if r.get("name") == resource]
+    def _quotas(queue_name: str, spec: dict[str, Any], resource: str, flavor: str | None) -> list[dict[str, Any]]:
+        """The quota entries of ``resource`` a set_quota sets: the one flavor's that has it, or ``flavor``'s."""
+        held = [(f.get("name", ""), r) for group in spec.get("resourceGroups", []) for f in group.get("flavors", [])
+                for r in f.get("resources", []) if r.get("name") == resource]
+        names = ", ".join(name for name, _ in held)
+        if flavor is not None:
+            chosen = [r for name, r in held if name == flavor]
+            if not chosen:
+                raise ActuatorError(f"ClusterQueue {queue_name} has no quota for {resource} in flavor {flavor}"
+                                    + (f" (it has one in {names})" if held else ""))
+            return chosen
+        if not held:
+            raise ActuatorError(f"ClusterQueue {queue_name} has no quota for {resource}")
+        if len(held) > 1:
+            raise ActuatorError(f"ClusterQueue {queue_name} has {resource} in flavors {names}: name one "
+                                "(params.flavor, --flavor)")
+        return [held[0][1]]
+
+    def quota_problem(self, action: Action) -> str | None:
+        """Why the ClusterQueue cannot take this set_quota as given (no such queue, resource or flavor, or a
+        flavor to name), read from the API; None when it can, or when the API cannot tell (the action then
+        fails or succeeds on its own)."""
+        queue, resource, _ = self.quota(action)
+        try:
+            found = self.custom.get_cluster_custom_object(KUEUE_GROUP, KUEUE_VERSION, "clusterqueues", queue)
+        except self.client.exceptions.ApiException as err:
+            return f"no ClusterQueue {queue} in the API" if err.status == 404 else None
+        except OSError:
+            return None
+        try:
+            self._quotas(queue, dict(found).get("spec", {}), resource, action.params.get("flavor"))
+        except ActuatorError as err:
+            return str(err)
+        return None
 
     def quota_is_set(self, action: Action) -> bool:
         queue, resource, units = self.quota(action)
-        quotas = self._quotas(self._cluster_queue(queue), resource)
-        return bool(quotas) and all(str(r.get("nominalQuota")) == str(units) for r in quotas)
+        quotas = self._quotas(queue, self._cluster_queue(queue).get("spec", {}), resource,
+                              action.params.get("flavor"))
+        return all(str(r.get("nominalQuota")) == str(units) for r in quotas)
 
     def set_quota(self, action: Action) -> str:
         queue, resource, units = self.quota(action)
         spec = self._cluster_queue(queue).get("spec", {})
         groups = spec.get("resourceGroups", [])
-        if not self._quotas({"spec": spec}, resource):
-            raise ActuatorError(f"ClusterQueue {queue} has no quota for {resource}")
-        for quota in self._quotas({"spec": spec}, resource):
+        flavor = action.params.get("flavor")
+        for quota in self._quotas(queue, spec, resource, flavor):
             quota["nominalQuota"] = units
         self._call(f"patch ClusterQueue {queue}", self.custom.patch_cluster_custom_object, KUEUE_GROUP,
                    KUEUE_VERSION, "clusterqueues", queue, {"spec": {"resourceGroups": groups}},
                    _content_type=MERGE_PATCH)
-        return f"ClusterQueue {queue} nominalQuota {resource}={units}"
+        return f"ClusterQueue {queue} nominalQuota {resource}={units}" + (f" in flavor {flavor}" if flavor else "")

@@ -1,8 +1,8 @@
 """Kueue actuator for tidal plans, on the official ``kubernetes`` client.
 
 - set_quota on ``cluster/<name>``: the ClusterQueue ``params.queue`` gets ``nominalQuota = params.units`` for
-  ``params.resource`` (``nvidia.com/gpu``) in every flavor (read, then a JSON merge patch of
-  ``spec.resourceGroups``, which Kueue accepts on a live queue);
+  ``params.resource`` (``nvidia.com/gpu``) in the flavor that has it, or in ``params.flavor`` when several do
+  (read, then a JSON merge patch of ``spec.resourceGroups``, which Kueue accepts on a live queue);
 - preempt_notice on ``job/<namespace>:<name>``: the job object (a batch/v1 Job, a Kubeflow PyTorchJob, TFJob or
   MPIJob, or a JobSet) and its pods, found by the label each controller puts on them, are annotated
   ``vigil.dev/preempt-at`` (the deadline, RFC 3339) and ``vigil.dev/preempt-signal``; a pod reads its

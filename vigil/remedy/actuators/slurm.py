@@ -129,6 +129,9 @@ class SlurmActuator(Actuator):
             raise ActuatorError(f"set_quota params.resource must be cpu, node or gres/<name>, got {tres!r}")
         if not isinstance(units, int) or isinstance(units, bool) or units < 0:
             raise ActuatorError(f"set_quota needs params.units, a count of at least 0, got {units!r}")
+        if action.params.get("flavor") is not None:
+            raise ActuatorError("a Slurm QOS's GrpTRES has no flavors; params.flavor (--flavor) is for a Kueue "
+                                "ClusterQueue")
         return qos, tres, units
 
     def job_state(self, job: str) -> str:
