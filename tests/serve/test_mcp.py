@@ -149,7 +149,7 @@ def test_mcp_over_streamable_http_with_write_tools(cluster: SimCluster, tmp_path
                 Client(streamable_http_client(url, http_client=http2)) as approver,
             ):
                 names = {tool.name for tool in (await client.list_tools()).tools}
-                assert names == TOOLS | {"propose_action", "approve_action"}
+                assert names == TOOLS | {"propose_action", "approve_action", "execute_action"}
                 xid = await call(client, "explain_xid", code=119)
                 assert xid["level"] == "drain"
                 proposed = await call(

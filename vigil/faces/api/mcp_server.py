@@ -259,7 +259,7 @@ def build_mcp_server(ctx: ServeContext, *, allow_writes: bool = False) -> MCPSer
 
         @tool
         def approve_action(action_id: str) -> Action:
-            """Approve a proposed action (it still runs only through the REST execute endpoint)."""
+            """Approve a proposed action (execute_action then runs it)."""
             with ctx.action_lock:
                 action = ctx.store.action(action_id)
                 if action is None:
@@ -276,6 +276,33 @@ def build_mcp_server(ctx: ServeContext, *, allow_writes: bool = False) -> MCPSer
                     )
                 action.status = ActionStatus.APPROVED
                 action.params = {**action.params, "approved_by": caller.name}
+                ctx.store.update_action(action)
+                return action
+
+        @tool
+        def execute_action(action_id: str) -> Action:
+            """Run an approved action through this server's remedy back end (`vigil mcp --actuator`, else the
+            setting remedy_backend), behind the blast-radius guard and the audit log. With execute_actions off
+            it is a dry run: the back end is not called and the action comes back proposed, saying what it
+            would run (approve it again once execution is on)."""
+            with ctx.action_lock:
+                action = ctx.store.action(action_id)
+                if action is None:
+                    raise VigilInputError(f"no action {action_id!r}")
+                if action.status is not ActionStatus.APPROVED:
+                    raise VigilInputError(f"action {action_id} is {action.status.value}; approve it before executing")
+                caller = mcp_identity()
+                if caller.role < Role.OPERATOR:
+                    raise VigilInputError(f"user {caller.name!r} is {caller.role.label}; executing needs operator")
+                if ctx.remediator is None:
+                    raise VigilInputError("no remedy back end on this server (--actuator none, or the setting "
+                                          "remedy_backend none): nothing can run the action")
+                # ctx.executor is the remediator when execute_actions is on; off, the dry-run remediator only
+                # says what it would run. Its verdict is what the action records.
+                decided = (ctx.executor or ctx.remediator.execute)(action)
+                action.status, action.result, action.dry_run = decided.status, decided.result, decided.dry_run
+                action.params = {**action.params, **decided.params, "executed_by": caller.name,
+                                 "executed_at": time.time()}
                 ctx.store.update_action(action)
                 return action
 

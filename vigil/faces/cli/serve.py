@@ -154,13 +154,25 @@ def mcp(
     ] = False,
     config: ConfigOpt = None,
     metrics_dir: MetricsOpt = None,
+    actuator: Annotated[
+        str | None,
+        typer.Option(help="none, kubernetes or slurm: what runs the approved actions of execute_action (with "
+                     "--allow-writes) when execute_actions is on (off, every action stays a dry-run). Default: "
+                     "the setting remedy_backend (VIGIL_REMEDY_BACKEND, or remedy_backend: in the --config file), "
+                     "else none"),
+    ] = None,
 ) -> None:
     """Serve Vigil's tools to agents over MCP (read-only unless --allow-writes)."""
     if transport not in ("stdio", "http"):
         raise VigilInputError(f"--transport {transport!r}: expected stdio or http")
     from vigil.faces.api.mcp_server import build_mcp_server
+    from vigil.remedy.acting import acting_line, check_actuator
 
-    ctx = _context(config, metrics_dir, None)
+    if actuator is not None:
+        check_actuator(actuator)
+    ctx = _context(config, metrics_dir, None, actuator)
+    if ctx.remediator is not None:
+        typer.echo(acting_line(ctx.backend, not ctx.remediator.dry_run), err=True)
     server = build_mcp_server(ctx, allow_writes=allow_writes)
     if transport == "stdio":
         server.run("stdio")
