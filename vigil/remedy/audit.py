@@ -28,7 +28,9 @@ from sqlalchemy import (
     event,
     func,
     insert,
+    inspect,
     select,
+    text,
     update,
 )
 from sqlalchemy.exc import SQLAlchemyError
@@ -79,7 +81,10 @@ node_transitions_table = Table(
 
 # The execution journal: one row per idempotency key, written before the back end is called and closed after.
 # A row still "started" after a crash is an action that may be half done; running it again resumes it (every
-# actuator call is idempotent: a drain evicts what is left, a cordon sets what is already set).
+# actuator call is idempotent: a drain evicts what is left, a cordon sets what is already set). ``owner`` names
+# the remediator running it; resuming is a claim on the row (``AuditLog.claim``), so of several processes on one
+# database that find the same row started (vigil serve --no-engine and vigil engine, both starting after a
+# crash), one resumes it.
 intents_table = Table(
     "remedy_intents",
     metadata,
@@ -89,7 +94,10 @@ intents_table = Table(
     Column("started", Float, nullable=False),
     Column("finished", Float),
     Column("action", JSON, nullable=False),
+    Column("owner", String(120)),
 )
+# columns added to a table after its first release: (table, column, SQL type), added to a database that lacks them
+_ADDED_COLUMNS = (("remedy_intents", "owner", "VARCHAR(120)"),)
 
 _engines: dict[str, Engine] = {}
 _engines_lock = threading.Lock()
@@ -112,10 +120,21 @@ def engine_for(url: str | None = None) -> Engine:
                 if engine.dialect.name == "sqlite":
                     event.listen(engine, "connect", _sqlite_pragmas)
                 metadata.create_all(engine)
+                _add_missing_columns(engine)
             except (SQLAlchemyError, OSError, ValueError) as err:
                 raise VigilInputError(f"cannot open the store at {url!r}: {str(err).splitlines()[0]}") from None
             _engines[url] = engine
         return engine
+
+
+def _add_missing_columns(engine: Engine) -> None:
+    """A database made by an earlier Vigil lacks the columns added since; add them (nullable, so old rows stay
+    valid). ``create_all`` makes missing tables only."""
+    tables = inspect(engine)
+    for table, column, sql_type in _ADDED_COLUMNS:
+        if column not in {c["name"] for c in tables.get_columns(table)}:
+            with engine.begin() as conn:
+                conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {column} {sql_type}"))
 
 
 def _sqlite_pragmas(dbapi_connection: object, _record: object) -> None:
@@ -164,19 +183,31 @@ class AuditLog:
         with self.engine.connect() as conn:
             return [_action(row._mapping) for row in conn.execute(query)]
 
-    def begin(self, key: str, action: Action) -> str | None:
-        """Journal that ``action`` is about to run; returns the state a previous run under ``key`` left
-        ("done", "started" after a crash, "failed"), or None when this is the first."""
+    def begin(self, key: str, action: Action, owner: str | None = None) -> str | None:
+        """Journal that ``action`` is about to run (by ``owner``); returns the state a previous run under ``key``
+        left ("done", "started" after a crash, "failed"), or None when this is the first."""
         row = {"key": key, "action_id": action.id, "state": "started", "started": time.time(),
-               "action": action.model_dump(mode="json")}
+               "action": action.model_dump(mode="json"), "owner": owner}
         with self.engine.begin() as conn:
             found = conn.execute(select(intents_table.c.state).where(intents_table.c.key == key)).first()
             if found is None:
                 conn.execute(insert(intents_table).values(**row))
                 return None
             if found.state != "done":
-                conn.execute(update(intents_table).where(intents_table.c.key == key).values(state="started"))
+                conn.execute(update(intents_table).where(intents_table.c.key == key)
+                             .values(state="started", owner=owner))
             return str(found.state)
+
+    def claim(self, key: str, owner: str, seen_owner: str | None) -> bool:
+        """Take over the unfinished run under ``key`` for ``owner``: a compare-and-set of the row's owner from
+        ``seen_owner`` (what ``unfinished_runs`` read) while it is still "started". True for one caller only;
+        False when another process claimed or finished it first."""
+        was = (intents_table.c.owner.is_(None) if seen_owner is None else intents_table.c.owner == seen_owner)
+        with self.engine.begin() as conn:
+            changed = conn.execute(update(intents_table)
+                                   .where(intents_table.c.key == key, intents_table.c.state == "started", was)
+                                   .values(owner=owner))
+            return changed.rowcount == 1
 
     def finish(self, key: str, state: str) -> None:
         with self.engine.begin() as conn:
@@ -185,10 +216,14 @@ class AuditLog:
 
     def unfinished(self) -> list[Action]:
         """Actions whose execution started and never ended: the process died in the middle."""
+        return [action for _, _, action in self.unfinished_runs()]
+
+    def unfinished_runs(self) -> list[tuple[str, str | None, Action]]:
+        """(idempotency key, owner, action) of every run that started and never ended, oldest first."""
         with self.engine.connect() as conn:
-            rows = conn.execute(select(intents_table.c.action).where(intents_table.c.state == "started")
-                                .order_by(intents_table.c.started))
-            return [Action.model_validate(row.action) for row in rows]
+            rows = conn.execute(select(intents_table.c.key, intents_table.c.owner, intents_table.c.action)
+                                .where(intents_table.c.state == "started").order_by(intents_table.c.started))
+            return [(row.key, row.owner, Action.model_validate(row.action)) for row in rows]
 
     def count(self) -> int:
         with self.engine.connect() as conn:

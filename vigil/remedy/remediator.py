@@ -8,6 +8,7 @@ PROPOSED (dry-run: what would have run), EXECUTED, SKIPPED (already done / coold
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 
 from vigil.model import Action, ActionKind, ActionStatus, Anomaly, Diagnosis, node_id, node_of, parse_entity
@@ -87,6 +88,8 @@ class Remediator:
         self.requested_by = requested_by
         self.clock = clock
         self._recovered = False
+        # who runs an action, in the execution journal: this remediator, distinct from any other process's
+        self.owner = f"{requested_by}-{uuid.uuid4().hex[:16]}"
 
     def actuator_for(self, action: Action) -> Actuator | None:
         return next((a for a in self.actuators if a.accepts(action)), None)
@@ -143,7 +146,7 @@ class Remediator:
         # The idempotency key is the action's id unless the caller names one: the same approved action executed
         # twice (a retry, a restart after kill -9) reaches the back end to completion once.
         key = str(action.params.setdefault("idempotency_key", action.id))
-        previous = self.audit.begin(key, action)
+        previous = self.audit.begin(key, action, owner=self.owner)
         if previous == "done":
             action.status, action.result = ActionStatus.SKIPPED, f"already executed (idempotency key {key})"
             return
@@ -189,11 +192,19 @@ class Remediator:
         under its idempotency key (a half-done drain evicts what is left), so none completes twice.
 
         Once per remediator: after that, an action journalled as started is one this process is running (the API
-        and the engine of `vigil serve` share one remediator), not one a crash left, and is not run again."""
+        and the engine of `vigil serve` share one remediator), not one a crash left, and is not run again.
+        Across processes each resumption is a claim on the journal row (a compare-and-set of its owner): of two
+        processes on one database recovering at once (`vigil serve --no-engine` beside `vigil engine`), one
+        resumes an action and the other leaves it."""
         if self._recovered:
             return []
         self._recovered = True
-        return [self.execute(action) for action in self.audit.unfinished()]
+        resumed = []
+        for key, owner, action in self.audit.unfinished_runs():
+            if owner == self.owner or not self.audit.claim(key, self.owner, owner):
+                continue  # this remediator's own run, or another process took it first
+            resumed.append(self.execute(action))
+        return resumed
 
     def finish_repair(self, node: str, self_check_passed: bool, detail: str = "") -> NodeState:
         """Close a repair (reset / reboot done): record the self-check, and return the node if it passed.
