@@ -122,6 +122,23 @@ def test_unknown_error_wording_beats_an_earlier_symptom(tmp_path: Path) -> None:
     assert result.root_basis == "error_wording" and result.root.fault_type is None
 
 
+def test_a_plain_error_line_right_above_a_wrapper_summary_is_the_root(tmp_path: Path) -> None:
+    # no signature knows either line: the specific summary a wrapper prints right under the plain report gives way
+    plain = "2026-01-01 00:00:05,000 WARNING coordinator.py:81 -- a member quit with an unexpected internal error\n"
+    summary = "2026-01-01 00:00:05,100 ERROR supervisor.py:12 -- Unhandled error in the member group\n"
+    (tmp_path / "job.log").write_text("2026-01-01 00:00:00,000 INFO step 4\n" + plain + summary)
+    result = triage(tmp_path)
+    assert result.root is not None and (result.root.source, result.root.lineno) == ("job.log", 2)
+    assert result.root_basis == "error_wording"
+    # not when a line lies between them, nor when the plain line reads as the echo of a failure elsewhere
+    (tmp_path / "job.log").write_text(plain + "2026-01-01 00:00:05,050 INFO shutting down\n" + summary)
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.lineno == 3
+    (tmp_path / "job.log").write_text("2026-01-01 00:00:05,000 WARNING a member timed out with an error\n" + summary)
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.lineno == 2
+
+
 def test_a_timeout_is_the_last_choice_among_symptoms(tmp_path: Path) -> None:
     (tmp_path / "rank_0.log").write_text(
         "2026-01-01 00:00:01,000 Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE\n")

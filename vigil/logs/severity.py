@@ -70,3 +70,9 @@ def strength(line: str) -> int:
     if _SPECIFIC.search(line):
         return GENERIC if _ECHO.search(line) else SPECIFIC
     return GENERIC if _GENERIC.search(line) else 0
+
+
+def echoes(line: str) -> bool:
+    """Whether the line's wording reads as the echo of a failure elsewhere or a process's follow-through on one
+    (a timeout, a watchdog, a closing signal, dumping debug info): generic at most, whatever else it says."""
+    return _ECHO.search(line) is not None

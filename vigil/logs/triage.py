@@ -10,8 +10,10 @@ each line against the signature library, and decides:
   happened between the stamps above and below it; it takes the one below (the last one above when
   nothing follows), so an unstamped error never looks earlier than it can have been. When no signature
   names a root, the earliest line that reads as a specific error (:mod:`vigil.logs.severity`: an exception
-  class, an NCCL WARN, a failed call) is the root; failing that, the earliest symptom, preferring one that
-  is not a timeout or watchdog report (``root_basis`` says which of the three named it).
+  class, an NCCL WARN, a failed call) is the root - or the line right above it in the same file when that one
+  reads as an error in generic words only (the plain first report, a wrapper's summary under it); failing that,
+  the earliest symptom, preferring one that is not a timeout or watchdog report (``root_basis`` says which of
+  the three named it).
 * cascade: every other error line - symptoms on healthy ranks (NCCL watchdog timeouts, closed
   connections, launcher reports) and later errors - one per rank and fault type, with a count.
 * machine faults: kernel-log errors (Xid, link down, OOM killer, AER) near the root's time, tied to
@@ -37,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from vigil.knowledge.signatures import LINE_RANK_PREFIX, SignatureMatcher, signature_library
 from vigil.logs.miner import read_lines
-from vigil.logs.severity import SPECIFIC, strength
+from vigil.logs.severity import GENERIC, SPECIFIC, echoes, strength
 from vigil.logs.sources import LogSource, discover, entity_name
 from vigil.logs.timestamps import line_time
 from vigil.model import Evidence, FaultLevel, node_id, rank_id
@@ -425,6 +427,7 @@ def decide(scans: list[_Scan], job: str, directory: Path, tie_s: float = 1.0) ->
     root = _nccl_warn_detail(root, basis, worded)
     root = _child_last_words(root, worded)
     root = _errors_before_fatal(root, basis, worded)
+    root = _plain_line_above(root, basis, worded)
     if root is not None and root.rank is None and root.entity.startswith("node/"):
         _attribute_to_rank(root, events)
     rank_events = [e for e in events if not e.entity.startswith("node/")]
@@ -611,6 +614,22 @@ def _errors_before_fatal(root: LogEvent | None, basis: RootBasis | None, worded:
     if not before:
         return root
     return _hand_root(root, min(before, key=lambda e: e.lineno))
+
+
+def _plain_line_above(root: LogEvent | None, basis: RootBasis | None, worded: list[LogEvent]) -> LogEvent | None:
+    """A root named only by its specific wording gives way to the line right above it in the same file when that line
+    reads as an error in generic words (no signature, no exception class, tag or failed call) and not as the echo of
+    a failure elsewhere: the plain first report of the failure, and the specific line under it a wrapper's or a
+    relay's summary of it (Ray's "WARNING ... A worker died or was killed while executing a task by an unexpected
+    system error" over the driver's "ERROR ... Unhandled error ...", squeue's "resolve_ctls_from_dns_srv: res_nsearch
+    error: Unknown host" over "fetch_config: DNS SRV lookup failed")."""
+    if root is None or basis != "error_wording" or root.attrs.get("strength") != SPECIFIC:
+        return root
+    above = [e for e in worded if e.source == root.source and e.lineno == root.lineno - 1
+             and e.attrs.get("strength") == GENERIC and not echoes(e.line)]
+    if not above:
+        return root
+    return _hand_root(root, above[0])
 
 
 def _hand_root(root: LogEvent, line: LogEvent) -> LogEvent:
