@@ -49,6 +49,7 @@ from tests.logs.catalogue import (
     assert_consequence_after_its_cause_and_named_alone,
     assert_root_alone_and_beside,
 )
+from vigil.logs.triage import triage
 
 K = "[873214.553120] "  # the kernel ring buffer's seconds since boot: no wall-clock time
 LINUX = "Linux (stored version) "
@@ -336,6 +337,50 @@ BENIGN = [
 # A real error after a benign line in the same file: it, not the benign line, is the root.
 AFTER_BENIGN = HEALTH_FATAL
 
+# A disk removed on purpose - hot-removed, deleted through sysfs, a USB stick pulled - is put in SDEV_DEL, and the
+# I/O still queued to it is rejected as to a "dead device" (scsi_lib.c scsi_device_state_check). With the same
+# device's removal in the same kernel log, the rejections are its consequence: no root. The device is named by its
+# host:channel:target:lun ("scsi" once sd has let go of it), by its disk through a line naming both, or by the USB
+# port its usb-storage host hangs off.
+DEAD = "rejecting I/O to dead device"
+HOT_REMOVALS = [
+    ([K + "sd 13:0:0:1: [sdd] Synchronizing SCSI cache", K + "scsi 13:0:0:1: " + DEAD, K + "scsi 13:0:0:1: " + DEAD],
+     LINUX + "drivers/scsi/sd.c sd_remove -> sd_shutdown ('Synchronizing SCSI cache'), then scsi_lib.c's SDEV_DEL "
+     "rejection (the wording of a removal test's log in a stable-kernel patch)"),
+    ([K + "sd 6:0:0:0: [sdc] Synchronizing SCSI cache",
+      K + "sd 6:0:0:0: [sdc] Synchronize Cache(10) failed: Result: hostbyte=DID_NO_CONNECT driverbyte=DRIVER_OK",
+      K + "sd 6:0:0:0: " + DEAD],
+     LINUX + "drivers/scsi/sd.c sd_sync_cache (sd_print_result 'Synchronize Cache(10) failed' on a disk already gone)"),
+    ([K + "sd 6:0:0:0: [sdc] Synchronizing SCSI cache", K + "sd 6:0:0:0: [sdc] Stopping disk",
+      K + "scsi 6:0:0:0: " + DEAD],
+     LINUX + "drivers/scsi/sd.c sd_shutdown (manage_start_stop: 'Stopping disk')"),
+    ([K + "sd 6:0:0:0: [sdc] tag#0 FAILED Result: hostbyte=DID_NO_CONNECT driverbyte=DRIVER_OK cmd_age=0s",
+      K + "sd 6:0:0:0: " + DEAD],
+     LINUX + "drivers/scsi/scsi_lib.c (a command of the device in SDEV_DEL ended with DID_NO_CONNECT)"),
+    ([K + "sd 6:0:0:0: [sdc] Attached SCSI removable disk", K + "sdc: detected capacity change from 62521344 to 0",
+      K + "scsi 6:0:0:0: " + DEAD],
+     LINUX + "block/genhd.c set_capacity_and_notify ('%s: detected capacity change from %lld to %lld'; the disk "
+     "named by sd's attach line)"),
+    ([K + "usb-storage 1-1:1.0: USB Mass Storage device detected", K + "scsi host6: usb-storage 1-1:1.0",
+      K + "usb 1-1: USB disconnect, device number 5", K + "scsi 6:0:0:0: " + DEAD],
+     LINUX + "drivers/usb/core/hub.c usb_disconnect; drivers/scsi/hosts.c scsi_add_host ('scsi host%d: %s', "
+     "usb-storage's host info names its interface)"),
+    ([K + "scsi host7: usb-storage 3-1.1:1.0", K + "usb 3-1: USB disconnect, device number 2",
+      K + "usb 3-1.1: USB disconnect, device number 3", K + "sd 7:0:0:0: " + DEAD],
+     LINUX + "drivers/usb/core/hub.c usb_disconnect (a hub unplugged: its children go with it)"),
+]
+# A dead device with no removal of its own in view, or a device offlined by error recovery: still the root.
+DEAD_DEVICE_ROOTS = [
+    ([K + "sd 6:0:0:1: [sdb] Synchronizing SCSI cache", K + "sd 7:0:0:0: " + DEAD],
+     "another device's removal"),
+    ([K + "scsi host6: usb-storage 1-1:1.0", K + "usb 1-10: USB disconnect, device number 4",
+      K + "sd 6:0:0:0: " + DEAD], "another USB port unplugged (1-10, not 1-1)"),
+    ([K + "sd 6:0:0:0: [sdc] Attached SCSI removable disk", K + "sdd: detected capacity change from 62521344 to 0",
+      K + "sd 6:0:0:0: " + DEAD], "another disk's capacity gone"),
+    ([K + "sd 6:0:0:1: [sdb] Synchronizing SCSI cache", K + "sd 6:0:0:1: rejecting I/O to offline device"],
+     "offline (error recovery gave up on the device), not dead: not a removal's"),
+]
+
 
 @pytest.mark.parametrize("entry", ROOTS, ids=lambda e: e.signature + ":" + e.message[16:56])
 def test_a_fabric_or_storage_failure_report_is_a_root(tmp_path: Path, entry: Root) -> None:
@@ -354,3 +399,26 @@ def test_a_fabric_or_storage_consequence_gives_way_to_its_cause_and_alone_is_nam
 def test_a_benign_line_of_the_same_producers_is_never_a_root(tmp_path: Path, message: str, source: str) -> None:
     filename = "rank_0.log" if "UCX" in message or not message.startswith(K) else "dmesg.log"
     assert_benign_never_root(tmp_path, message, source, filename, AFTER_BENIGN)
+
+
+@pytest.mark.parametrize(("lines", "source"), HOT_REMOVALS, ids=lambda v: str(v)[18:70])
+def test_io_rejected_by_a_disk_whose_removal_the_kernel_log_records_is_no_root(tmp_path: Path, lines: list[str],
+                                                                              source: str) -> None:
+    log = tmp_path / "dmesg.log"
+    log.write_text("\n".join(lines) + "\n")
+    result = triage(tmp_path)
+    assert result.root is None or result.root_basis != "signature", (source, result.summary)
+    log.write_text("\n".join([*lines, AFTER_BENIGN]) + "\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.lineno == len(lines) + 1, (source, result.summary)
+
+
+@pytest.mark.parametrize(("lines", "why"), DEAD_DEVICE_ROOTS, ids=lambda v: str(v)[18:70])
+def test_io_rejected_by_a_dead_or_offline_disk_with_no_removal_of_its_own_stays_the_root(tmp_path: Path,
+                                                                                          lines: list[str],
+                                                                                          why: str) -> None:
+    (tmp_path / "dmesg.log").write_text("\n".join(lines) + "\n")
+    result = triage(tmp_path)
+    assert result.root is not None and result.root_basis == "signature", (why, result.summary)
+    assert (result.root.signature, result.root.lineno) == ("kernel.scsi_device_offline", len(lines)), (
+        why, result.summary)

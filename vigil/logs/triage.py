@@ -114,6 +114,23 @@ DAEMON_FATAL_SIGNATURES = frozenset({"slurm.daemon_fatal"})
 # does not support: "NCCL INFO Call to ibv_set_ece failed with error Operation not supported errno 95"), or unwinds a
 # WARN ("net.cc:1302 -> 6"). A root signature on an INFO line is not a root.
 _NCCL_INFO = re.compile(r"\bNCCL INFO\b")
+# The SCSI midlayer rejects I/O to a device in SDEV_DEL with "rejecting I/O to dead device" (drivers/scsi/scsi_lib.c
+# scsi_device_state_check): the device is being removed. Where the same kernel log records that device's removal - sd's
+# removal path (drivers/scsi/sd.c sd_remove -> sd_shutdown: "sd 6:0:0:1: [sdb] Synchronizing SCSI cache", "...
+# Stopping disk", the flush failing with "Synchronize Cache(10) failed: Result: hostbyte=DID_NO_CONNECT"), a command
+# ended with DID_NO_CONNECT (scsi_lib.c: the device "is no longer present"), its disk's capacity dropping to zero
+# (block/genhd.c: "sdb: detected capacity change from 62521344 to 0") or the USB device under its usb-storage host
+# unplugged (drivers/usb/core/hub.c usb_disconnect: "usb 1-1: USB disconnect, device number 5", the host named at
+# probe as "scsi host6: usb-storage 1-1:1.0") - the rejections are that removal's consequence, not a failure of
+# their own. A device taken offline by error recovery ("rejecting I/O to offline device") stays a root.
+DEAD_DEVICE = "kernel.scsi_device_offline"
+_DEAD_DEVICE = re.compile(r"\b(?P<addr>\d+:\d+:\d+:\d+): rejecting I/O to dead device")
+_SCSI_DISK = re.compile(r"\b\w+ (?P<addr>\d+:\d+:\d+:\d+): \[(?P<disk>\w+)\] (?P<what>Synchronizing SCSI cache|"
+                        r"Stopping disk|Synchronize Cache\(10\) failed: Result: hostbyte=DID_NO_CONNECT\b|"
+                        r"(?:tag#\d+ )?FAILED Result: hostbyte=DID_NO_CONNECT\b)?")
+_CAPACITY_GONE = re.compile(r"\b(?P<disk>\w+): detected capacity change from \d+ to 0\b")
+_USB_HOST = re.compile(r"\bscsi host(?P<host>\d+): usb-storage (?P<port>\d+-[\d.]+):")
+_USB_GONE = re.compile(r"\busb (?P<port>\d+-[\d.]+): USB disconnect\b")
 _NCCL_ORIGIN = re.compile(r"^(?:\[[^\]]*\] )?(?P<host>[\w.\-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\]")
 _FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
 # A frame of a C++ backtrace as c10 prints it under an exception ("frame #1: c10d::ProcessGroupNCCL::WorkNCCL::
@@ -206,6 +223,44 @@ class _Scan:
     hosts: dict[int, str] = field(default_factory=dict)
     pids: dict[tuple[str, int], int] = field(default_factory=dict)  # (host, pid) -> rank
     ranks: set[int] = field(default_factory=set)
+    removals: _Removals | None = None  # SCSI devices a kernel log records being removed (made on the first line)
+
+
+@dataclass
+class _Removals:
+    """The SCSI devices one kernel log records being removed, and what ties a disk or a USB port to a device."""
+
+    devices: dict[str, int] = field(default_factory=dict)  # H:C:T:L -> line of its first removal line
+    disks: dict[str, str] = field(default_factory=dict)  # sdb -> its H:C:T:L
+    gone_disks: dict[str, int] = field(default_factory=dict)  # sdb -> line of its capacity change to 0
+    usb_hosts: dict[str, str] = field(default_factory=dict)  # SCSI host number -> its USB port (1-1.3)
+    gone_ports: dict[str, int] = field(default_factory=dict)  # USB port -> line of its disconnect
+
+    def read(self, line: str, lineno: int) -> None:
+        if found := _SCSI_DISK.search(line):
+            self.disks[found["disk"]] = found["addr"]
+            if found["what"]:
+                self.devices.setdefault(found["addr"], lineno)
+        elif found := _CAPACITY_GONE.search(line):
+            self.gone_disks.setdefault(found["disk"], lineno)
+        elif found := _USB_GONE.search(line):
+            self.gone_ports.setdefault(found["port"], lineno)
+        elif found := _USB_HOST.search(line):
+            self.usb_hosts[found["host"]] = found["port"]
+
+    def removal_of(self, addr: str) -> int | None:
+        """The line that records the removal of the device at ``addr`` (host:channel:target:lun), or None."""
+        lines = [self.devices.get(addr)]
+        lines += [n for disk, n in self.gone_disks.items() if self.disks.get(disk) == addr]
+        port = self.usb_hosts.get(addr.split(":", 1)[0])
+        if port is not None:
+            lines += [n for gone, n in self.gone_ports.items() if port == gone or port.startswith(gone + ".")]
+        return min((n for n in lines if n is not None), default=None)
+
+
+def _removal_line(line: str) -> bool:
+    """Whether a line may record a SCSI device's removal or name what it hangs off (cheap: most lines are not)."""
+    return ": [" in line or "capacity change" in line or "USB disconnect" in line or "usb-storage" in line
 
 
 def triage(
@@ -288,6 +343,7 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
     after_last_error = False
     last_error_rank: int | None = None  # the rank whose report the "Last error:" header ends
     in_root_cause = False
+    kernel_log = source.kind == "node"  # where a SCSI device's removal is recorded
     last_text = 0  # the last non-blank line, and the one before the current traceback's header
     traceback_after = 0
     lineno = 0
@@ -335,6 +391,10 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
             after_last_error = after_last_error and not stripped
             if stripped.find("frame #", 0, _CPP_FRAME_SCREEN) >= 0 and _CPP_FRAME.match(line):
                 continue
+            if kernel_log and _removal_line(line):
+                if scan.removals is None:
+                    scan.removals = _Removals()
+                scan.removals.read(line, lineno)
             origin = _NCCL_ORIGIN.match(line)
             if origin and rank is not None:
                 scan.hosts[rank] = origin["host"]
@@ -419,6 +479,7 @@ def decide(scans: list[_Scan], job: str, directory: Path, tie_s: float = 1.0) ->
         if event.rank is not None and event.node is None and event.rank in hosts:
             event.node = entity_name(hosts[event.rank], "") or None
     _switched_off_ports(events)
+    _removed_devices(scans)
     root, basis = _pick_root(events, priority, tie_s)
     worded = [e for scan in scans for e in scan.worded]
     if root is None:
@@ -511,6 +572,23 @@ def _switched_off_ports(events: list[LogEvent]) -> None:
     for event in events:
         if event.signature == PORT_DOWN and (event.source, event.lineno) in disabled:
             event.role = "cascade"
+
+
+def _removed_devices(scans: list[_Scan]) -> None:
+    """I/O rejected by a dead SCSI device whose removal the same kernel log records is no root: the removal's
+    consequence (a disk pulled, deleted or unplugged on purpose is routine; a removal that a failing transport
+    caused is named by that failure's own line, where a signature knows it)."""
+    for scan in scans:
+        if scan.removals is None:
+            continue
+        for event in scan.events:
+            if event.signature != DEAD_DEVICE or event.role != "root":
+                continue
+            dead = _DEAD_DEVICE.search(event.line)
+            removed = scan.removals.removal_of(dead["addr"]) if dead is not None else None
+            if removed is not None:
+                event.role, event.level = "cascade", FaultLevel.OBSERVE
+                event.attrs["removal_line"] = removed
 
 
 def _pick_root(events: list[LogEvent], priority: dict[str, int],
