@@ -319,6 +319,110 @@ def test_the_agent_keeps_what_the_server_accepts_of_a_push_and_counts_the_refuse
     assert len(store.events(kind="rank_log", limit=100)) == 3
 
 
+def _real_rank_log_route(tmp_path: Any) -> tuple[Any, Any]:
+    """The server's rank-log route over a real store, in this process; job llm's ranks 0-3 on node n01."""
+    from fastapi.testclient import TestClient
+
+    from vigil.config import Settings
+    from vigil.faces.api.app import create_app
+    from vigil.model import LaunchReport, RankPlacement
+    from vigil.store.sql import Store
+
+    settings = Settings(home=tmp_path, api_token="tok")
+    store = Store(settings.database_url())
+    server = TestClient(create_app(store, settings=settings), base_url="http://vigil.test",
+                        headers={"Authorization": "Bearer tok"})
+    launch = LaunchReport(job="llm", ts=time.time(), world_size=4,
+                          placement=[RankPlacement(rank=r, node="n01", gpu=r) for r in range(4)])
+    assert server.post("/api/v1/launches", content=launch.model_dump_json(),
+                       headers={"Content-Type": "application/json"}).status_code == 201
+    return server, store
+
+
+def test_a_rank_log_push_sent_again_after_its_answer_was_lost_is_stored_once(tmp_path) -> None:
+    """The agent following a rank's real log file and pushing to the server's real route; the answer to the
+    first push is lost after the server stored it (a timeout on the way back), so the agent sends the same push
+    again. Every line is stored once - the two equal lines the rank printed included, each once."""
+    from vigil.sources.collect.rank_files import RankLogFiles, RankLogSource
+
+    server, store = _real_rank_log_route(tmp_path)
+    answers: list[dict[str, Any]] = []
+
+    class LosesTheFirstAnswer:
+        """The route itself; the first rank-log answer never reaches the agent."""
+
+        lost = False
+
+        def post(self, url: str, **kwargs: Any) -> httpx.Response:
+            response = server.post(url, **kwargs)
+            if url.endswith("/rank-logs"):
+                answers.append(response.json())
+                if not self.lost:
+                    self.lost = True
+                    raise httpx.ReadTimeout("the answer was lost", request=response.request)
+            return response
+
+    layout = RankLogFiles(glob=str(tmp_path / "logs" / "*" / "rank-*.log"),
+                          pattern=r"/(?P<job>[^/]+)/rank-(?P<rank>\d+)\.log$")
+    agent = Agent([RankLogSource([layout], node="n01")],
+                  fast_settings(server_url="http://vigil.test", push_interval_s=0.05, push_samples=False),
+                  cpu_ratio=lambda: 0.1)
+    assert agent._pusher is not None
+    agent._pusher._client = LosesTheFirstAnswer()  # type: ignore[assignment]
+    agent.collect_once()  # the layout's first look: no file yet
+    log = tmp_path / "logs" / "llm" / "rank-1.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("step 14 loss 2.1\nValueError: bad batch at step 15\nValueError: bad batch at step 15\n"
+                   "RuntimeError: CUDA error: an illegal memory access was encountered\n")
+    agent.collect_once()
+    wait_for(lambda: (agent.step(), agent._pusher is not None and agent._pusher.sent >= 3
+                      and not agent._pusher.busy)[1])
+    assert agent._pusher.failures == 1 and len(answers) == 2
+    assert (answers[0]["accepted"], answers[0]["duplicates"]) == (3, 0)
+    assert (answers[1]["accepted"], answers[1]["duplicates"]) == (3, 3)  # the retry: nothing new
+    stored = store.events(kind="rank_log", limit=100)
+    assert [(e.entity, e.message) for e in stored] == [
+        ("job/llm/rank/1", "ValueError: bad batch at step 15"), ("job/llm/rank/1", "ValueError: bad batch at step 15"),
+        ("job/llm/rank/1", "RuntimeError: CUDA error: an illegal memory access was encountered")]
+    assert len({e.attrs["log_offset"] for e in stored}) == 3
+
+
+def test_the_rank_log_route_stores_a_line_once_per_node_rank_position_and_read(tmp_path) -> None:
+    """What makes two pushed lines one: the node, the rank, the file and offset the line was read at, the time it
+    was read and its text - all repeated by a push sent again, never all shared by two lines. A line without a
+    position (an older agent's) is stored as it comes."""
+    server, store = _real_rank_log_route(tmp_path)
+    line = "ValueError: bad batch at step 15"
+
+    def event(rank: int = 1, offset: int | None = 17, ts: float = 100.0, where: str = "/logs/llm/rank-1.log",
+              message: str = line) -> dict[str, Any]:
+        attrs: dict[str, Any] = {"signature": "python.exception"}
+        if offset is not None:
+            attrs.update(log_file=where, log_offset=offset)
+        return Event(ts=ts, entity=f"job/llm/rank/{rank}", kind="rank_log", source="rank",
+                     level=FaultLevel.DEGRADED, message=message, attrs=attrs).model_dump(mode="json")
+
+    def push(*events: dict[str, Any], node: str = "n01") -> dict[str, Any]:
+        response = server.post("/api/v1/rank-logs", json={"node": node, "events": list(events)})
+        assert response.status_code == 201, response.text
+        answer: dict[str, Any] = response.json()
+        return answer
+
+    first = [event(), event(offset=50), event(rank=2, where="/logs/llm/rank-2.log")]
+    assert push(*first)["duplicates"] == 0
+    answer = push(*first)  # the same push again
+    assert (answer["accepted"], answer["stored"], answer["duplicates"], answer["rejected"]) == (3, 3, 3, 0)
+    assert len(store.events(kind="rank_log", limit=100)) == 3
+    # each differs from a stored line in one thing: a later read (a truncated file's new line at the same
+    # offset), another file, other text at that position; and within one push, a line twice is one line
+    fresh = [event(ts=160.0), event(where="/logs/llm/rank-1.err"), event(message="ValueError: bad batch at step 16")]
+    assert push(*fresh, fresh[0])["duplicates"] == 1
+    assert len(store.events(kind="rank_log", limit=100)) == 6
+    # without a position nothing tells two equal lines of one read from a push sent again: both are kept
+    assert push(event(offset=None), event(offset=None))["duplicates"] == 0
+    assert len(store.events(kind="rank_log", limit=100)) == 8
+
+
 def test_events_beyond_the_queue_for_an_absent_server_are_dropped_and_counted() -> None:
     from vigil.sources.collect.agent import MAX_PENDING_EVENTS
 

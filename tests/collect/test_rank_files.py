@@ -209,3 +209,36 @@ def test_cli_refuses_a_bad_rank_log_layout_with_one_line(args: list[str], env: d
                             capture_output=True, text=True, env=environ, timeout=120)
     assert result.returncode == 2, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and complaint in result.stderr, result.stderr
+
+
+def test_each_line_says_where_it_was_read_so_a_push_sent_again_repeats_it(tmp_path: Path) -> None:
+    source = RankLogSource([_layout(tmp_path)], node="n01")
+    source.collect(1.0)
+    log = tmp_path / "llm" / "rank-0.log"
+    _write(log, "step 1", TRACEBACK_END, TRACEBACK_END)  # the same line twice: two lines, at two offsets
+    first, second = source.collect(2.0).events
+    where = str(log)
+    assert (first.attrs["log_file"], first.attrs["log_offset"]) == (where, len("step 1\n"))
+    assert (second.attrs["log_file"], second.attrs["log_offset"]) == (where, len("step 1\n") + len(TRACEBACK_END) + 1)
+    assert first.message == second.message and first.ts == second.ts
+    # truncated and written again: the same offset once more, at a later look
+    log.write_text("step 1\n" + TRACEBACK_END + "\n")
+    [again] = source.collect(3.0).events
+    assert (again.attrs["log_offset"], again.ts) == (len("step 1\n"), 3.0)
+
+
+def test_a_cri_line_joined_from_its_records_is_where_its_first_record_is(tmp_path: Path) -> None:
+    pods = tmp_path / "pods"
+    layout = RankLogFiles(glob=str(pods / "*" / "pytorch" / "*.log"),
+                          pattern=r"/[^/_]+_(?P<job>[^/_]+)-(?:master|worker)-\d+_[^/]+/pytorch/", format="cri")
+    source = RankLogSource([layout], node="n01")
+    source.collect(1.0)
+    first = "2026-12-06T09:12:44.183920123Z stdout F step 15 loss 2.1"
+    _write(pods / "team-a_llm-worker-0_0f3c9a1e" / "pytorch" / "0.log", first,
+           "2026-12-06T09:12:44.183920123Z stderr P [rank1]: ValueError: bad ")
+    assert source.collect(2.0).events == []  # the line goes on in a record not written yet
+    _write(pods / "team-a_llm-worker-0_0f3c9a1e" / "pytorch" / "0.log",
+           "2026-12-06T09:12:44.183920456Z stderr F batch at step 15")
+    [event] = source.collect(3.0).events
+    assert event.message == "[rank1]: ValueError: bad batch at step 15"
+    assert event.attrs["log_offset"] == len(first) + 1

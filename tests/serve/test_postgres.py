@@ -40,3 +40,21 @@ def test_api_on_postgresql(postgres_url: str, tmp_path: Path) -> None:
     stored = cluster.store.action(action["id"])
     assert stored is not None and stored.status.value == "executed"
     assert cluster.store.events(kind="alert_firing")[-1].entity == "gpu/n003/5"
+
+
+def test_a_rank_log_push_sent_again_is_stored_once_on_postgresql(postgres_url: str, tmp_path: Path) -> None:
+    """The rank-log route's exactly-once storage on PostgreSQL (its own ON CONFLICT): the same push twice."""
+    from vigil.config import Settings
+    from vigil.store.sql import Store
+
+    store = Store(fresh_database(postgres_url, "rank_logs"))
+    settings = Settings(home=tmp_path, db_url=store.url, api_token=TOKEN)
+    push = {"node": "n01", "events": [
+        {"ts": 100.0, "entity": "job/llm/rank/1", "kind": "rank_log", "source": "rank", "level": 2,
+         "message": "ValueError: bad batch at step 15",
+         "attrs": {"signature": "python.exception", "log_file": "/logs/llm/rank-1.log", "log_offset": offset}}
+        for offset in (17, 50)]}
+    with TestClient(create_app(store, settings=settings)) as client:
+        answers = [client.post("/api/v1/rank-logs", headers=AUTH, json=push).json() for _ in range(2)]
+    assert [(a["accepted"], a["duplicates"]) for a in answers] == [(2, 0), (2, 2)]
+    assert len(store.events(kind="rank_log")) == 2

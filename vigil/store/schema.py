@@ -16,8 +16,12 @@ events = Table(
     Column("level", Integer, nullable=False),
     Column("message", Text, nullable=False),
     Column("attrs", JSON, nullable=False),
+    # What a pushed event is (a digest of who pushed it and where its line was read), for the events a push may
+    # send again; NULL for the others. Unique: a retried push stores its events once.
+    Column("push_key", String(64), nullable=True),
     Index("ix_events_ts", "ts"),
     Index("ix_events_entity_ts", "entity", "ts"),
+    Index("ux_events_push_key", "push_key", unique=True),
 )
 
 logs = Table(

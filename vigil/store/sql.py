@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -19,6 +19,7 @@ from typing import Any
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, create_engine, delete, event, func, insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from vigil.config import Settings
@@ -93,13 +94,38 @@ class Store:
 
     # ---------------------------------------------------------------- events and logs
 
-    def add_events(self, events: Iterable[Event]) -> int:
+    def add_events(self, events: Iterable[Event], keys: Sequence[str | None] | None = None) -> int:
+        """Store events; returns how many were written. ``keys`` (one per event, or None for an event without one)
+        name events a push may send again: an event whose key is stored already, or came earlier in the batch, is
+        not written again."""
+        items = _validated(Event, events)
+        if keys is not None and len(keys) != len(items):
+            raise VigilInputError(f"{len(keys)} push keys for {len(items)} events")
         rows = [{"ts": e.ts, "entity": e.entity, "kind": e.kind, "source": e.source, "level": int(e.level),
-                 "message": e.message, "attrs": e.attrs} for e in _validated(Event, events)]
-        if rows:
-            with self.engine.begin() as conn:
+                 "message": e.message, "attrs": e.attrs, "push_key": None if keys is None else keys[i]}
+                for i, e in enumerate(items)]
+        if not rows:
+            return 0
+        with self.engine.begin() as conn:
+            keyed = {str(r["push_key"]) for r in rows if r["push_key"] is not None}
+            if not keyed:
                 conn.execute(insert(t.events), rows)
-        return len(rows)
+                return len(rows)
+            seen: set[str] = set()
+            for chunk in _chunks(sorted(keyed), 500):
+                seen |= set(conn.scalars(select(t.events.c.push_key).where(t.events.c.push_key.in_(chunk))))
+            fresh = []
+            for row in rows:
+                key = row["push_key"]
+                if key is not None:
+                    if key in seen:
+                        continue
+                    seen.add(str(key))
+                fresh.append(row)
+            if fresh:
+                # a push of the same events racing this one: the unique key keeps the first
+                conn.execute(_insert_ignoring_duplicates(self.engine.dialect.name), fresh)
+            return len(fresh)
 
     def events(self, entity: str | None = None, kind: str | None = None, since: float | None = None,
                until: float | None = None, limit: int = 1000) -> list[Event]:
@@ -500,6 +526,19 @@ def _with_nodes(whole: dict[str, Any] | None, nodes: Sequence[dict[str, Any]]) -
         node = Node.model_validate(body)
         by_name[node.name] = node
     return topology.model_copy(update={"nodes": sorted(by_name.values(), key=lambda n: n.name)})
+
+
+def _chunks(items: Sequence[str], size: int) -> Iterator[Sequence[str]]:
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+def _insert_ignoring_duplicates(dialect: str) -> Any:
+    """An insert into events that skips a row whose push key is stored already (SQLite and PostgreSQL both say
+    ON CONFLICT DO NOTHING)."""
+    if dialect == "postgresql":
+        return postgresql.insert(t.events).on_conflict_do_nothing(index_elements=[t.events.c.push_key])
+    return sqlite.insert(t.events).on_conflict_do_nothing(index_elements=[t.events.c.push_key])
 
 
 def _validated(model: Any, items: Iterable[Any]) -> Sequence[Any]:

@@ -7,6 +7,8 @@ The live engine (vigil/run/engine.py) reads them from the store; these routes on
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, Request, Response
@@ -32,6 +34,7 @@ from vigil.sources.collect.agent import (
     RANK_ON_ANOTHER_NODE,
     RANK_OUTSIDE_JOB,
 )
+from vigil.sources.collect.rank_files import LOG_FILE_ATTR, LOG_OFFSET_ATTR
 from vigil.sources.launch import report_events, report_job, report_logs, report_samples
 
 router = APIRouter(prefix="/api/v1", tags=["agents"], dependencies=[Depends(check_read)])
@@ -123,6 +126,9 @@ class RankLogStored(BaseModel):
 
     stored: int  # = accepted (the answer's field before refusals were per event)
     accepted: int
+    # accepted events stored by an earlier push already (a push sent again after its answer was lost), not
+    # stored twice
+    duplicates: int = 0
     rejected: int
     rejected_by_reason: dict[str, int]
     rejections: list[RankLogRefusal]
@@ -156,7 +162,11 @@ def push_rank_logs(body: RankLogPush, ctx: Ctx, user: Writer, response: Response
 
     Each event is judged alone: the valid ones are stored and the others refused with their reason. 201 when
     every event was stored; 200 when some (or all) were refused, the answer counting them by reason and listing
-    the first ones. A body that is not a push at all (no node, an event that is not an event) is 422."""
+    the first ones. A body that is not a push at all (no node, an event that is not an event) is 422.
+
+    A push sent again - the agent retries one whose answer it did not get - stores its lines once: an event that
+    says where its line was read (``push_key``) and is stored already is accepted and counted in ``duplicates``,
+    not stored a second time."""
     jobs = {job.id: job for job in (ctx.store.topology() or Topology()).jobs}
     accepted: list[Event] = []
     refused: list[RankLogRefusal] = []
@@ -171,13 +181,25 @@ def push_rank_logs(body: RankLogPush, ctx: Ctx, user: Writer, response: Response
         if len(refused) < MAX_LISTED_REFUSALS:
             refused.append(RankLogRefusal(index=index, entity=event.entity, reason=reason,
                                           detail=f"rank-log push of node {body.node!r}: {detail}"))
-    if accepted:
-        ctx.store.add_events(accepted)
+    written = ctx.store.add_events(accepted, [push_key(body.node, e) for e in accepted]) if accepted else 0
     if by_reason:
         response.status_code = 200
     rejected = sum(by_reason.values())
-    return RankLogStored(stored=len(accepted), accepted=len(accepted), rejected=rejected,
-                         rejected_by_reason=by_reason, rejections=refused)
+    return RankLogStored(stored=len(accepted), accepted=len(accepted), duplicates=len(accepted) - written,
+                         rejected=rejected, rejected_by_reason=by_reason, rejections=refused)
+
+
+def push_key(node: str, event: Event) -> str | None:
+    """What one rank-log line of a node's push is, for storing it once: the pushing node, the rank, the file and
+    byte offset the agent read the line at, the look's time and the line (``vigil.sources.collect.rank_files``).
+    A push sent again repeats all of them; two lines never share them (two equal lines of one look stand at two
+    offsets, and a file truncated and written again is read at a later look). None for an event that does not
+    say where its line was read (an older agent's): such events are stored as they come."""
+    where, offset = event.attrs.get(LOG_FILE_ATTR), event.attrs.get(LOG_OFFSET_ATTR)
+    if not isinstance(where, str) or not isinstance(offset, int) or isinstance(offset, bool):
+        return None
+    identity = json.dumps([node, event.entity, where, offset, event.ts, event.message], ensure_ascii=False)
+    return hashlib.sha256(identity.encode()).hexdigest()
 
 
 @router.post("/inventory", status_code=201)

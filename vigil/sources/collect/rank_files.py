@@ -54,6 +54,9 @@ IDLE_S = 6 * 3600.0
 # a CRI container log line: time, stream, F (full) or P (partial: the line goes on in the next record)
 _CRI_LINE = re.compile(r"^\S+ (?:stdout|stderr) (?P<tag>[FP])(?:\S*) ?(?P<line>.*)$")
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]*$")  # an entity id's name part (vigil.model)
+# The attributes of a rank_log event that say where its line was read: the file and the byte offset it starts at.
+LOG_FILE_ATTR = "log_file"
+LOG_OFFSET_ATTR = "log_offset"
 
 
 class RankLogFiles(BaseModel):
@@ -123,20 +126,25 @@ class _Followed:
     cri: bool
     partial: list[str] = field(default_factory=list)  # a CRI line's parts so far
 
-    def lines(self) -> list[str]:
-        """The file's new lines, out of their CRI records where it has them."""
+    partial_at: int = 0  # where the first of those parts starts in the file
+
+    def lines(self) -> list[tuple[int, str]]:
+        """The file's new lines, out of their CRI records where it has them, each with the byte offset in the file
+        where it starts (a CRI line joined from partial records: where its first record starts)."""
         raw = self.tail.read()
         if not self.cri:
-            return raw
+            return list(zip(self.tail.line_offsets, raw, strict=True))
         lines = []
-        for record in raw:
+        for offset, record in zip(self.tail.line_offsets, raw, strict=True):
             found = _CRI_LINE.match(record)
             if found is None:
-                lines.append(record)
+                lines.append((offset, record))
                 continue
+            if not self.partial:
+                self.partial_at = offset
             self.partial.append(found.group("line"))
             if found.group("tag") == "F" or sum(map(len, self.partial)) >= LINE_LIMIT:
-                lines.append("".join(self.partial)[:LINE_LIMIT])
+                lines.append((self.partial_at, "".join(self.partial)[:LINE_LIMIT]))
                 self.partial = []
         return lines
 
@@ -182,7 +190,7 @@ class RankLogSource(Source):
                 continue
             budget -= len(lines)
             self.lines_read += len(lines)
-            for line in lines:
+            for offset, line in lines:
                 rank = followed.rank
                 if rank is None:
                     prefixed = LINE_RANK_PREFIX.match(line)
@@ -193,6 +201,10 @@ class RankLogSource(Source):
                     rank = int(prefixed.group("rank"))
                 event = decode_rank_line(rank_id(followed.job, rank), line, now)
                 if event is not None:
+                    # where the line is: with the look's time, what a push sent again repeats and no two lines
+                    # share (two equal lines of one look stand at two offsets; a truncated file read again from
+                    # its start is read at a later look), so the server stores a retried push once
+                    event.attrs[LOG_FILE_ATTR], event.attrs[LOG_OFFSET_ATTR] = path, offset
                     events.append(event)
         out = Collection(events=events, status=f"following {len(self._files)} rank log file(s)")
         node = node_id(self.node)

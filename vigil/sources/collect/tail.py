@@ -35,6 +35,8 @@ class LogTail:
         self.max_bytes = max_bytes
         self.line_limit = line_limit
         self.offset = 0
+        # where each line the last read returned starts in the file (byte offsets, in the order of the lines)
+        self.line_offsets: list[int] = []
         self.present = True
         # where a missing file is reported (the agent's problem log); None: only ``present`` says it
         self.problems: ProblemLog | None = None
@@ -55,7 +57,8 @@ class LogTail:
 
     def read(self) -> list[str]:
         """The complete lines written since the last look, at most ``max_lines`` of them, each without its
-        line ending and cut at ``line_limit`` characters."""
+        line ending and cut at ``line_limit`` characters (``line_offsets``: where each starts in the file)."""
+        self.line_offsets = []
         try:
             with open(self.path, "rb") as f:
                 self.present = True
@@ -84,10 +87,12 @@ class LogTail:
                 self._skipping = False
             else:
                 lines.append(self._text(chunk[start:end]))
+                self.line_offsets.append(self.offset + start)
             start = end + 1
         if len(lines) < self.max_lines and start == 0 and len(chunk) >= self.max_bytes and not self._skipping:
             # no line end in a whole look's bytes: a line longer than the look; keep its head, skip the rest
             lines.append(self._text(chunk))
+            self.line_offsets.append(self.offset)
             self._skipping = True
             start = len(chunk)
         elif self._skipping and start == 0:
