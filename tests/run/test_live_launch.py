@@ -135,15 +135,37 @@ def _launch_log(tmp_path: Path) -> str:
     return (tmp_path / "launch.log").read_text()[-3000:]
 
 
+def _seen(server: Server, job: str, tmp_path: Path) -> str:
+    """What the launcher and the server saw of a job, for a failure's message: the launcher's verdict, the job's
+    events and incidents on the server, how far its engine has read, the end of the launch's output."""
+    verdict_file = tmp_path / "run" / "diagnosis.json"
+    verdict = json.loads(verdict_file.read_text()) if verdict_file.exists() else {}
+    events = [(e["entity"], e["kind"], e["message"][:120]) for e in server.get("/api/v1/events?limit=1000")
+              if e["entity"].startswith(f"job/{job}")]
+    return (f"launcher: {verdict.get('verdict')} culprits {verdict.get('culprit_ranks')}: "
+            f"{str(verdict.get('summary'))[:300]}\nserver events: {events}\nincidents: {server.incidents(job)}\n"
+            f"engine: {server.get('/api/v1/engine')}\nlaunch output:\n{_launch_log(tmp_path)}")
+
+
 def test_hung_rank_becomes_a_hang_incident_naming_it(server: Server, tmp_path: Path) -> None:
     job = "e2e-hang"
     assert _run(tmp_path, server.url, job, "--hang-rank", "1", "--at-step", "15") == 4, _launch_log(tmp_path)
-    wait_for(lambda: len(server.incidents(job)) == 1, 30, "the hang incident")
-    [incident] = server.incidents(job)
-    assert incident["scope"] == f"job/{job}/rank/1" and incident["fault_types"] == ["job_hang"]
-    assert incident["evidence"][0]["attrs"]["node"] == default_node_name()
+    # the launcher's own verdict first: a failure below says which side went wrong, and what each saw
+    verdict = json.loads((tmp_path / "run" / "diagnosis.json").read_text())
+    assert (verdict["verdict"], verdict["culprit_ranks"]) == ("hang", [1]), _seen(server, job, tmp_path)
+    try:
+        wait_for(lambda: len(server.incidents(job)) == 1, 30, "the hang incident")
+    except AssertionError as err:
+        raise AssertionError(f"{err}\n{_seen(server, job, tmp_path)}") from None
+    incidents = server.incidents(job)
+    assert len(incidents) == 1, _seen(server, job, tmp_path)
+    [incident] = incidents
+    assert incident["scope"] == f"job/{job}/rank/1" and incident["fault_types"] == ["job_hang"], (
+        _seen(server, job, tmp_path))
+    assert incident["evidence"][0]["attrs"]["node"] == default_node_name(), incident
     diagnosis = server.diagnosis(incident["id"])
-    assert diagnosis["root_cause"]["entity"] == f"job/{job}/rank/1"
+    assert diagnosis["root_cause"]["entity"] == f"job/{job}/rank/1", (diagnosis["root_cause"],
+                                                                      _seen(server, job, tmp_path))
 
 
 def test_a_raising_rank_and_its_peers_gloo_error_reach_the_engine_as_rank_log_events(server: Server,
