@@ -58,3 +58,9 @@ def test_a_rank_log_push_sent_again_is_stored_once_on_postgresql(postgres_url: s
         answers = [client.post("/api/v1/rank-logs", headers=AUTH, json=push).json() for _ in range(2)]
     assert [(a["accepted"], a["duplicates"]) for a in answers] == [(2, 0), (2, 2)]
     assert len(store.events(kind="rank_log")) == 2
+
+
+def test_a_racing_push_of_the_same_lines_is_counted_once_on_postgresql(postgres_url: str) -> None:
+    from tests.store.test_sql import assert_a_racing_write_of_the_same_keys_is_counted_once
+
+    assert_a_racing_write_of_the_same_keys_is_counted_once(fresh_database(postgres_url, "rank_logs_race"))

@@ -110,3 +110,34 @@ def test_registering_agents_stores_each_node_once_and_keeps_every_version(tmp_pa
     before = store.topology_at(versions[-1])
     assert before is not None and before.node("m007").gpus[0].uuid == "GPU-7-0-a"
     assert Store(f"sqlite:///{tmp_path / 'v.db'}").topology() == current  # a fresh store reads the same
+
+
+def assert_a_racing_write_of_the_same_keys_is_counted_once(url: str) -> None:
+    """Two pushes of the same keyed events racing: the one whose insert comes second after both looked for the
+    keys writes nothing, and says so (the route's ``duplicates``), rather than counting rows it did not write."""
+    import sqlalchemy
+
+    store, other = Store(url), Store(url)
+    events = [Event(ts=100.0, entity="job/llm/rank/1", kind="rank_log", message=f"line {i}") for i in range(3)]
+    keys = ["k0", "k1", "k2"]
+    raced = []
+
+    def the_other_push_first(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
+        # between this push's look for its keys and its insert, the racing push stores two of them
+        if statement.lstrip().upper().startswith("INSERT") and not raced:
+            raced.append(other.add_events(events[:2], keys[:2]))
+
+    sqlalchemy.event.listen(store.engine, "before_cursor_execute", the_other_push_first)
+    try:
+        written = store.add_events(events, keys)
+    finally:
+        sqlalchemy.event.remove(store.engine, "before_cursor_execute", the_other_push_first)
+    assert raced == [2]
+    assert written == 1
+    assert sorted(e.message for e in store.events(kind="rank_log")) == ["line 0", "line 1", "line 2"]
+    store.close()
+    other.close()
+
+
+def test_a_racing_write_of_the_same_keys_is_counted_once_on_sqlite(tmp_path: Path) -> None:
+    assert_a_racing_write_of_the_same_keys_is_counted_once(f"sqlite:///{tmp_path / 'v.db'}")

@@ -122,10 +122,16 @@ class Store:
                         continue
                     seen.add(str(key))
                 fresh.append(row)
-            if fresh:
-                # a push of the same events racing this one: the unique key keeps the first
-                conn.execute(_insert_ignoring_duplicates(self.engine.dialect.name), fresh)
-            return len(fresh)
+            if not fresh:
+                return 0
+            # a push of the same events racing this one (it stored some of them after the look above): the unique
+            # key keeps the first, and the rows this insert skipped are not counted as written
+            if self.engine.dialect.name == "postgresql":
+                # a batched insert's rowcount through psycopg did not count the skipped rows: count the rows it returns
+                inserted = conn.execute(_insert_ignoring_duplicates("postgresql").returning(t.events.c.id), fresh)
+                return len(inserted.all())
+            written = conn.execute(_insert_ignoring_duplicates(self.engine.dialect.name), fresh).rowcount
+            return written if 0 <= written <= len(fresh) else len(fresh)
 
     def events(self, entity: str | None = None, kind: str | None = None, since: float | None = None,
                until: float | None = None, limit: int = 1000) -> list[Event]:
