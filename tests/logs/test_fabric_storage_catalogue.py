@@ -368,6 +368,10 @@ HOT_REMOVALS = [
     ([K + "scsi host7: usb-storage 3-1.1:1.0", K + "usb 3-1: USB disconnect, device number 2",
       K + "usb 3-1.1: USB disconnect, device number 3", K + "sd 7:0:0:0: " + DEAD],
      LINUX + "drivers/usb/core/hub.c usb_disconnect (a hub unplugged: its children go with it)"),
+    ([K + "sd 6:0:0:0: [sdc] Attached SCSI removable disk", K + "sd 6:0:0:0: [sdc] Synchronizing SCSI cache",
+      K + "sd 6:0:0:0: " + DEAD, K + "sd 6:0:0:0: [sdc] Attached SCSI removable disk"],
+     LINUX + "drivers/scsi/sd.c sd_probe_async (the stick plugged in again after the rejections: the kernel gives "
+     "the address out again)"),
 ]
 # A dead device with no removal of its own in view, or a device offlined by error recovery: still the root.
 DEAD_DEVICE_ROOTS = [
@@ -379,6 +383,19 @@ DEAD_DEVICE_ROOTS = [
       K + "sd 6:0:0:0: " + DEAD], "another disk's capacity gone"),
     ([K + "sd 6:0:0:1: [sdb] Synchronizing SCSI cache", K + "sd 6:0:0:1: rejecting I/O to offline device"],
      "offline (error recovery gave up on the device), not dead: not a removal's"),
+    # the kernel gives disk names, addresses and host numbers out again: a removal is of the device that held them
+    ([K + "sd 6:0:0:0: [sdc] Attached SCSI removable disk", K + "sdc: detected capacity change from 62521344 to 0",
+      K + "sd 7:0:0:0: [sdc] Attached SCSI removable disk", K + "sd 7:0:0:0: " + DEAD],
+     "the disk name sdc given to another device after the first one's capacity went to 0"),
+    ([K + "scsi host6: usb-storage 1-1:1.0", K + "usb 1-1: USB disconnect, device number 5",
+      K + "scsi host7: usb-storage 1-1:1.0", K + "sd 7:0:0:0: " + DEAD],
+     "another device plugged into port 1-1 after the first one was unplugged from it"),
+    ([K + "scsi host6: usb-storage 1-1:1.0", K + "usb 1-1: USB disconnect, device number 5",
+      K + "scsi host6: usb-storage 2-3:1.0", K + "sd 6:0:0:0: " + DEAD],
+     "host number 6 given to another USB device after the first one was unplugged"),
+    ([K + "sd 6:0:0:0: [sdc] Synchronizing SCSI cache", K + "sd 6:0:0:0: [sdd] Attached SCSI removable disk",
+      K + "sd 6:0:0:0: " + DEAD],
+     "another device attached at 6:0:0:0 after the first one's removal"),
 ]
 
 

@@ -24,6 +24,8 @@ each line against the signature library, and decides:
 
 from __future__ import annotations
 
+import bisect
+import math
 import multiprocessing
 import os
 import re
@@ -125,9 +127,11 @@ _NCCL_INFO = re.compile(r"\bNCCL INFO\b")
 # their own. A device taken offline by error recovery ("rejecting I/O to offline device") stays a root.
 DEAD_DEVICE = "kernel.scsi_device_offline"
 _DEAD_DEVICE = re.compile(r"\b(?P<addr>\d+:\d+:\d+:\d+): rejecting I/O to dead device")
-_SCSI_DISK = re.compile(r"\b\w+ (?P<addr>\d+:\d+:\d+:\d+): \[(?P<disk>\w+)\] (?P<what>Synchronizing SCSI cache|"
+# sd's probe ends with "sd 6:0:0:1: [sdb] Attached SCSI removable disk" (sd.c sd_probe_async): a device, maybe a new one
+# at an address, a disk name or behind a host number another device had before (the kernel gives them out again).
+_SCSI_DISK = re.compile(r"\b\w+ (?P<addr>\d+:\d+:\d+:\d+): \[(?P<disk>\w+)\] (?:(?P<what>Synchronizing SCSI cache|"
                         r"Stopping disk|Synchronize Cache\(10\) failed: Result: hostbyte=DID_NO_CONNECT\b|"
-                        r"(?:tag#\d+ )?FAILED Result: hostbyte=DID_NO_CONNECT\b)?")
+                        r"(?:tag#\d+ )?FAILED Result: hostbyte=DID_NO_CONNECT\b)|(?P<attached>Attached SCSI\b))?")
 _CAPACITY_GONE = re.compile(r"\b(?P<disk>\w+): detected capacity change from \d+ to 0\b")
 _USB_HOST = re.compile(r"\bscsi host(?P<host>\d+): usb-storage (?P<port>\d+-[\d.]+):")
 _USB_GONE = re.compile(r"\busb (?P<port>\d+-[\d.]+): USB disconnect\b")
@@ -228,34 +232,74 @@ class _Scan:
 
 @dataclass
 class _Removals:
-    """The SCSI devices one kernel log records being removed, and what ties a disk or a USB port to a device."""
+    """The SCSI devices one kernel log records being removed, and what ties a disk or a USB port to a device.
 
-    devices: dict[str, int] = field(default_factory=dict)  # H:C:T:L -> line of its first removal line
-    disks: dict[str, str] = field(default_factory=dict)  # sdb -> its H:C:T:L
-    gone_disks: dict[str, int] = field(default_factory=dict)  # sdb -> line of its capacity change to 0
-    usb_hosts: dict[str, str] = field(default_factory=dict)  # SCSI host number -> its USB port (1-1.3)
-    gone_ports: dict[str, int] = field(default_factory=dict)  # USB port -> line of its disconnect
+    The kernel gives addresses, disk names and host numbers out again, so a disk name or a USB port is tied to the
+    device that held it when its removal was written, and a removal counts for the device at an address (or behind
+    a host number) only between that device's attach and the next one there."""
+
+    removed: dict[str, list[int]] = field(default_factory=dict)  # H:C:T:L -> lines recording a removal there
+    attached: dict[str, list[int]] = field(default_factory=dict)  # H:C:T:L -> lines sd attached a disk there
+    disks: dict[str, str] = field(default_factory=dict)  # sdb -> the H:C:T:L that holds the name so far
+    unnamed: dict[str, int] = field(default_factory=dict)  # sdb -> its capacity gone, no device named with it yet
+    usb_hosts: dict[str, str] = field(default_factory=dict)  # SCSI host number -> its USB port (1-1.3) so far
+    hosts_gone: dict[str, list[int]] = field(default_factory=dict)  # host number -> its USB device's disconnects
+    hosts_added: dict[str, list[int]] = field(default_factory=dict)  # host number -> lines a usb-storage host took it
 
     def read(self, line: str, lineno: int) -> None:
         if found := _SCSI_DISK.search(line):
-            self.disks[found["disk"]] = found["addr"]
+            addr, disk = found["addr"], found["disk"]
+            if found["attached"]:
+                self.attached.setdefault(addr, []).append(lineno)
+                self.unnamed.pop(disk, None)  # a capacity gone before this disk was attached: another's of the name
+            elif disk in self.unnamed:
+                self._removal(addr, self.unnamed.pop(disk))
+            self.disks[disk] = addr
             if found["what"]:
-                self.devices.setdefault(found["addr"], lineno)
+                self._removal(addr, lineno)
         elif found := _CAPACITY_GONE.search(line):
-            self.gone_disks.setdefault(found["disk"], lineno)
+            holder = self.disks.get(found["disk"])
+            if holder is None:
+                self.unnamed.setdefault(found["disk"], lineno)
+            else:
+                self._removal(holder, lineno)
         elif found := _USB_GONE.search(line):
-            self.gone_ports.setdefault(found["port"], lineno)
+            gone = found["port"]
+            for host, port in self.usb_hosts.items():
+                if port == gone or port.startswith(gone + "."):
+                    _record(self.hosts_gone.setdefault(host, []), self.hosts_added.get(host, []), lineno)
         elif found := _USB_HOST.search(line):
             self.usb_hosts[found["host"]] = found["port"]
+            self.hosts_added.setdefault(found["host"], []).append(lineno)
 
-    def removal_of(self, addr: str) -> int | None:
-        """The line that records the removal of the device at ``addr`` (host:channel:target:lun), or None."""
-        lines = [self.devices.get(addr)]
-        lines += [n for disk, n in self.gone_disks.items() if self.disks.get(disk) == addr]
-        port = self.usb_hosts.get(addr.split(":", 1)[0])
-        if port is not None:
-            lines += [n for gone, n in self.gone_ports.items() if port == gone or port.startswith(gone + ".")]
+    def removal_of(self, addr: str, at: int) -> int | None:
+        """The first line that records the removal of the device at ``addr`` (host:channel:target:lun) as it was
+        at line ``at``, or None."""
+        host = addr.split(":", 1)[0]
+        lines = [_first_of_device(self.removed.get(addr, []), self.attached.get(addr, []), at),
+                 _first_of_device(self.hosts_gone.get(host, []), self.hosts_added.get(host, []), at)]
         return min((n for n in lines if n is not None), default=None)
+
+    def _removal(self, addr: str, lineno: int) -> None:
+        _record(self.removed.setdefault(addr, []), self.attached.get(addr, []), lineno)
+
+
+def _record(lines: list[int], attaches: list[int], lineno: int) -> None:
+    """Add a removal line to a device's sorted ``lines``, keeping the first since the latest attach: a flood of a
+    removed disk's failed commands costs no memory and no time."""
+    if lines and (attaches[-1] if attaches else 0) <= lines[-1] <= lineno:
+        return  # the device there now has an earlier removal line already
+    bisect.insort(lines, lineno)
+
+
+def _first_of_device(lines: list[int], attaches: list[int], at: int) -> int | None:
+    """The first of the sorted ``lines`` about the device that was there at line ``at`` (none before its attach or
+    from the next attach there), or None."""
+    after = bisect.bisect_right(attaches, at)
+    start = attaches[after - 1] if after else 0
+    end = attaches[after] if after < len(attaches) else math.inf
+    first = bisect.bisect_left(lines, start)
+    return lines[first] if first < len(lines) and lines[first] < end else None
 
 
 def _removal_line(line: str) -> bool:
@@ -585,7 +629,7 @@ def _removed_devices(scans: list[_Scan]) -> None:
             if event.signature != DEAD_DEVICE or event.role != "root":
                 continue
             dead = _DEAD_DEVICE.search(event.line)
-            removed = scan.removals.removal_of(dead["addr"]) if dead is not None else None
+            removed = scan.removals.removal_of(dead["addr"], event.lineno) if dead is not None else None
             if removed is not None:
                 event.role, event.level = "cascade", FaultLevel.OBSERVE
                 event.attrs["removal_line"] = removed
