@@ -130,3 +130,51 @@ def test_mcp_without_a_backend_executes_nothing(tmp_path: Path, monkeypatch: pyt
 
     anyio.run(session)
     assert calls(fake_slurm) == []
+
+
+def test_an_mcp_dry_run_can_be_tried_again_and_then_executed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_slurm: Path
+) -> None:
+    """A dry run comes back proposed, to be approved again: a second dry run and, once execution is on, the real
+    run each get their own audit record (the audit log holds one record per id; before, the second record of the
+    action's id failed - after the back end had run it)."""
+    from vigil.remedy.audit import AuditLog
+
+    async def approve_and_execute(server: MCPServer, action_id: str) -> dict[str, Any]:
+        token = mcp_caller.set(Identity("alice", Role.APPROVER))
+        try:
+            async with Client(server) as approver:
+                await _call(approver, "approve_action", action_id=action_id)
+        finally:
+            mcp_caller.reset(token)
+        async with Client(server) as agent:
+            return await _call(agent, "execute_action", action_id=action_id)
+
+    dry, _ = _mcp_server(tmp_path, monkeypatch, {"VIGIL_REMEDY_BACKEND": "slurm"}, [])
+    out: dict[str, Any] = {}
+
+    async def dry_runs() -> None:
+        async with Client(dry) as agent:
+            proposed = await _call(agent, "propose_action", kind="cordon", target="node/n3", reason="xid 79 on n3")
+        out["id"] = proposed["id"]
+        out["first"] = await approve_and_execute(dry, proposed["id"])
+        out["second"] = await approve_and_execute(dry, proposed["id"])
+
+    anyio.run(dry_runs)
+    assert out["first"]["status"] == out["second"]["status"] == "proposed"
+    assert out["second"]["id"] == out["id"] and calls(fake_slurm) == []
+
+    wet, _ = _mcp_server(tmp_path, monkeypatch, {"VIGIL_REMEDY_BACKEND": "slurm", "VIGIL_EXECUTE_ACTIONS": "true"},
+                         [])
+
+    async def real_run() -> None:
+        out["real"] = await approve_and_execute(wet, out["id"])
+
+    anyio.run(real_run)
+    assert out["real"]["status"] == "executed" and out["real"]["dry_run"] is False, out["real"]
+    assert [c[:3] for c in calls(fake_slurm) if c[0] == "update"] == [["update", "nodename=n3", "state=drain"]]
+    audit = AuditLog(f"sqlite:///{tmp_path / 'vigil.db'}")
+    records = [(a.status.value, a.dry_run) for a in audit.actions(target="node/n3")]
+    assert records == [("proposed", True), ("proposed", True), ("executed", False)]
+    assert [a.id for a in audit.actions(target="node/n3")][-1] == out["id"]
+    assert all(a.params.get("dry_run_of") == out["id"] for a in audit.actions(target="node/n3")[:2])

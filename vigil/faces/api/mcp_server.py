@@ -48,6 +48,7 @@ from vigil.model import (
     IncidentStatus,
     VigilInputError,
     covers,
+    new_id,
     node_of,
     parse_entity,
 )
@@ -299,7 +300,16 @@ def build_mcp_server(ctx: ServeContext, *, allow_writes: bool = False) -> MCPSer
                                           "remedy_backend none): nothing can run the action")
                 # ctx.executor is the remediator when execute_actions is on; off, the dry-run remediator only
                 # says what it would run. Its verdict is what the action records.
-                decided = (ctx.executor or ctx.remediator.execute)(action)
+                if ctx.executor is not None:
+                    decided = ctx.executor(action)
+                else:
+                    # The audit log holds one record per action id, and a dry run leaves the action proposed,
+                    # to be approved and executed again (dry, or for real once execution is on): the dry run's
+                    # record gets an id of its own, naming the action it tried.
+                    trial = action.model_copy(deep=True, update={"id": new_id("act")})
+                    trial.params["dry_run_of"] = action.id
+                    decided = ctx.remediator.execute(trial)
+                    decided.params.pop("dry_run_of", None)
                 action.status, action.result, action.dry_run = decided.status, decided.result, decided.dry_run
                 action.params = {**action.params, **decided.params, "executed_by": caller.name,
                                  "executed_at": time.time()}
