@@ -139,6 +139,22 @@ def test_a_plain_error_line_right_above_a_wrapper_summary_is_the_root(tmp_path: 
     assert result.root is not None and result.root.lineno == 2
 
 
+def test_a_healthy_job_s_routine_line_above_the_error_is_not_the_root(tmp_path: Path) -> None:
+    # a step's metrics and a line its logger tagged INFO carry an error word every step, failed run or not
+    error = "2026-01-01 00:00:01,000 ERROR train.py:88 -- checkpoint write failed: disk quota exceeded\n"
+    for routine in ("2026-01-01 00:00:00,000 INFO step 4 | loss 2.31 | val error 0.12\n",
+                    "step 4/1000 loss=2.31 error=0.118 lr=3e-4\n",
+                    "epoch 3 done, errors: 0, skipped batches: 0\n",
+                    "2026-01-01 00:00:00,000 INFO worker.py:12 -- retrying on error in the data loader\n"):
+        (tmp_path / "job.log").write_text(routine + error)
+        result = triage(tmp_path)
+        assert result.root is not None and result.root.lineno == 2, routine
+    # an error code is a report, not a metric
+    (tmp_path / "job.log").write_text("2026-01-01 00:00:00,900 got error 404 from the checkpoint store\n" + error)
+    result = triage(tmp_path)
+    assert result.root is not None and result.root.lineno == 1
+
+
 def test_a_timeout_is_the_last_choice_among_symptoms(tmp_path: Path) -> None:
     (tmp_path / "rank_0.log").write_text(
         "2026-01-01 00:00:01,000 Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE\n")

@@ -72,6 +72,23 @@ def strength(line: str) -> int:
     return GENERIC if _GENERIC.search(line) else 0
 
 
+# A line its own logger tagged as information (``INFO``, ``DEBUG``, ``TRACE``, glog's ``I``), or whose error word is a
+# measured value ("val error 0.12", "errors=0", "failure rate: 0.0"): what a healthy job prints every step.
+_NOT_A_REPORT = re.compile(
+    r"\b(?:INFO|DEBUG|TRACE)\b|^\[?I\d{4} "
+    # key=value, a fraction ("error 0.12", "error: 3.5%"), or a count or rate ("errors: 0", "failure rate 1"); not
+    # an error code ("CUDA error 700", "error: 404")
+    r"|(?i:\b(?:error|failure|exception)s?(?:[ _-]?(?:rate|count|ratio))?\s*(?:=\s*[-+]?\.?\d|:?\s*[-+]?\d*\.\d)"
+    r"|\b(?:errors|failures|exceptions|(?:error|failure|exception)[ _-]?(?:rate|count|ratio))\s*:?\s*\d)"
+)
+
+
+def reports(line: str) -> bool:
+    """Whether a line of generic error wording reads as a report of a failure, not as routine output a healthy job
+    prints too: not tagged information by its own logger, and its error word not a measured value."""
+    return _NOT_A_REPORT.search(line) is None
+
+
 def echoes(line: str) -> bool:
     """Whether the line's wording reads as the echo of a failure elsewhere or a process's follow-through on one
     (a timeout, a watchdog, a closing signal, dumping debug info): generic at most, whatever else it says."""

@@ -41,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from vigil.knowledge.signatures import LINE_RANK_PREFIX, SignatureMatcher, signature_library
 from vigil.logs.miner import read_lines
-from vigil.logs.severity import GENERIC, SPECIFIC, echoes, strength
+from vigil.logs.severity import GENERIC, SPECIFIC, echoes, reports, strength
 from vigil.logs.sources import LogSource, discover, entity_name
 from vigil.logs.timestamps import line_time
 from vigil.model import Evidence, FaultLevel, node_id, rank_id
@@ -741,14 +741,15 @@ def _errors_before_fatal(root: LogEvent | None, basis: RootBasis | None, worded:
 def _plain_line_above(root: LogEvent | None, basis: RootBasis | None, worded: list[LogEvent]) -> LogEvent | None:
     """A root named only by its specific wording gives way to the line right above it in the same file when that line
     reads as an error in generic words (no signature, no exception class, tag or failed call) and not as the echo of
-    a failure elsewhere: the plain first report of the failure, and the specific line under it a wrapper's or a
-    relay's summary of it (Ray's "WARNING ... A worker died or was killed while executing a task by an unexpected
-    system error" over the driver's "ERROR ... Unhandled error ...", squeue's "resolve_ctls_from_dns_srv: res_nsearch
-    error: Unknown host" over "fetch_config: DNS SRV lookup failed")."""
+    a failure elsewhere, nor as routine output a healthy job prints too (``severity.reports``: a line its logger tagged
+    INFO, a metric such as "val error 0.12"): the plain first report of the failure, and the specific line under it a
+    wrapper's or a relay's summary of it (Ray's "WARNING ... A worker died or was killed while executing a task by an
+    unexpected system error" over the driver's "ERROR ... Unhandled error ...", squeue's "resolve_ctls_from_dns_srv:
+    res_nsearch error: Unknown host" over "fetch_config: DNS SRV lookup failed")."""
     if root is None or basis != "error_wording" or root.attrs.get("strength") != SPECIFIC:
         return root
     above = [e for e in worded if e.source == root.source and e.lineno == root.lineno - 1
-             and e.attrs.get("strength") == GENERIC and not echoes(e.line)]
+             and e.attrs.get("strength") == GENERIC and not echoes(e.line) and reports(e.line)]
     if not above:
         return root
     return _hand_root(root, above[0])
