@@ -129,3 +129,33 @@ def test_an_older_database_gets_the_owner_column(tmp_path: Path) -> None:
     runs: list[str] = []
     (resumed,) = Remediator([CountingActuator(runs)], audit, dry_run=False).recover()
     assert resumed.status is ActionStatus.EXECUTED and runs == ["counting:act-old"]
+
+
+def test_two_processes_adding_the_owner_column_at_once_both_open_the_store(
+    database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`vigil serve --no-engine` and `vigil engine` started together on a database made before the owner column:
+    both see it missing, one adds it first; the other's ALTER TABLE then fails, and it opens the store anyway."""
+    import vigil.remedy.audit as audit_module
+
+    AuditLog(database)  # the other process: it has added the column
+    monkeypatch.setattr(audit_module, "_engines", {})  # this process opens the database afresh
+    real_inspect = audit_module.inspect
+    looks: list[str] = []
+
+    class BeforeTheOther:
+        """This process's first look, taken before the other process added the column."""
+
+        def __init__(self, engine: object) -> None:
+            self.real = real_inspect(engine)
+
+        def get_columns(self, table: str) -> list[dict[str, object]]:
+            looks.append(table)
+            columns = self.real.get_columns(table)
+            return columns if len(looks) > 1 else [c for c in columns if c["name"] != "owner"]
+
+    monkeypatch.setattr(audit_module, "inspect", BeforeTheOther)
+    audit = AuditLog(database)
+    assert looks and audit.unfinished_runs() == []
+    crashed_drain(audit)
+    assert [(k, o) for k, o, _ in audit.unfinished_runs()] == [("act-drain-n1", "vigil-api-killed")]

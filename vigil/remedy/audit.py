@@ -133,8 +133,14 @@ def _add_missing_columns(engine: Engine) -> None:
     tables = inspect(engine)
     for table, column, sql_type in _ADDED_COLUMNS:
         if column not in {c["name"] for c in tables.get_columns(table)}:
-            with engine.begin() as conn:
-                conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {column} {sql_type}"))
+            try:
+                with engine.begin() as conn:
+                    conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {column} {sql_type}"))
+            except SQLAlchemyError:
+                # Another process starting on the same database (vigil serve --no-engine beside vigil engine)
+                # added it between this look and this ALTER: a fresh look says so; anything else is an error.
+                if column not in {c["name"] for c in inspect(engine).get_columns(table)}:
+                    raise
 
 
 def _sqlite_pragmas(dbapi_connection: object, _record: object) -> None:
