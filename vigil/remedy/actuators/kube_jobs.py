@@ -106,6 +106,14 @@ def _patch_at(path: tuple[str, ...], value: Any) -> dict[str, Any]:
     return dict(patch)
 
 
+def unreachable() -> tuple[type[Exception], ...]:
+    """What the official client raises when the API server cannot be reached: urllib3's errors once its retries
+    are spent (``MaxRetryError`` over a refused connection or a timeout, no ``OSError``), and ``OSError``."""
+    from urllib3.exceptions import HTTPError
+
+    return (OSError, HTTPError)
+
+
 class KubeJobs:
     """Job lookups and changes on the official client's ``core`` (CoreV1Api) and ``custom`` (CustomObjectsApi)."""
 
@@ -118,7 +126,7 @@ class KubeJobs:
             return fn(*args, **kwargs)
         except self.client.exceptions.ApiException as err:
             raise ActuatorError(f"{what}: HTTP {err.status} {err.reason}") from None
-        except OSError as err:
+        except unreachable() as err:
             raise ActuatorError(f"{what}: {err}") from None
 
     def _job_pods(self, namespace: str, name: str) -> list[Any]:
@@ -140,7 +148,7 @@ class KubeJobs:
                 if err.status == 404:  # not this kind (or its CRD is not installed)
                     continue
                 raise ActuatorError(f"read {kind} {namespace}/{name}: HTTP {err.status} {err.reason}") from None
-            except OSError as err:
+            except unreachable() as err:
                 raise ActuatorError(f"read {kind} {namespace}/{name}: {err}") from None
             return kind, dict(found)
         return None
@@ -164,7 +172,7 @@ class KubeJobs:
             if err.status == 404:  # Kueue is not installed
                 return None
             raise ActuatorError(f"list workloads in {namespace}: HTTP {err.status} {err.reason}") from None
-        except OSError as err:
+        except unreachable() as err:
             raise ActuatorError(f"list workloads in {namespace}: {err}") from None
         items = found.get("items", [])
         return dict(items[0]) if items else None
@@ -289,7 +297,7 @@ class KubeJobs:
             found = self.custom.get_cluster_custom_object(KUEUE_GROUP, KUEUE_VERSION, "clusterqueues", queue)
         except self.client.exceptions.ApiException as err:
             return f"no ClusterQueue {queue} in the API" if err.status == 404 else None
-        except OSError:
+        except unreachable():
             return None
         try:
             self._quotas(queue, dict(found).get("spec", {}), resource, action.params.get("flavor"))

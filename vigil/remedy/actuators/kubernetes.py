@@ -34,7 +34,7 @@ from typing import Any
 
 from vigil.model import Action, ActionKind, parse_entity
 from vigil.remedy.actuators.base import Actuator, ActuatorError, migration_nodes
-from vigil.remedy.actuators.kube_jobs import JOB_POD_LABELS, KubeJobs, job_ref
+from vigil.remedy.actuators.kube_jobs import JOB_POD_LABELS, KubeJobs, job_ref, unreachable
 from vigil.sources.collect.kube_client import kube_api_client
 
 STATE_LABEL = "vigil.dev/state"
@@ -145,6 +145,8 @@ class KubernetesActuator(KubeJobs, Actuator):
                 if err.status == 404:
                     return False
                 raise ActuatorError(f"read RebootNode for {name}: HTTP {err.status}") from None
+            except unreachable() as err:
+                raise ActuatorError(f"read RebootNode for {name}: {err}") from None
         if action.kind is ActionKind.DRAIN:
             return False
         unschedulable = bool(self._node(name).spec.unschedulable)
@@ -262,6 +264,8 @@ class KubernetesActuator(KubeJobs, Actuator):
                     blocked.append(f"{meta.namespace}/{meta.name}")
                 elif err.status != 404:
                     raise ActuatorError(f"evict {meta.namespace}/{meta.name}: HTTP {err.status}") from None
+            except unreachable() as err:
+                raise ActuatorError(f"evict {meta.namespace}/{meta.name}: {err}") from None
         self._call(
             f"label node {name}",
             self.core.patch_node,
@@ -346,6 +350,8 @@ class KubernetesActuator(KubeJobs, Actuator):
             except self.client.exceptions.ApiException as err:
                 if err.status != 404:  # gone already: its controller is recreating it
                     raise ActuatorError(f"delete pod {namespace}/{pod.metadata.name}: HTTP {err.status}") from None
+            except unreachable() as err:
+                raise ActuatorError(f"delete pod {namespace}/{pod.metadata.name}: {err}") from None
         where = sorted({pod.spec.node_name for pod in pods if pod.spec.node_name})
         result = f"deleted {len(pods)} pods of job {namespace}/{name} (on {', '.join(where) or 'no node'})"
         if cordoned:

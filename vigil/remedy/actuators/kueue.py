@@ -34,6 +34,7 @@ from vigil.remedy.actuators.kube_jobs import (
     NOTICE_SIGNAL,
     KubeJobs,
     job_ref,
+    unreachable,
 )
 from vigil.sources.collect.kube_client import kube_api_client
 
@@ -77,7 +78,7 @@ class KueueActuator(KubeJobs, Actuator):
                     raise ActuatorError(f"create {what}: HTTP {err.status} {err.reason}") from None
                 results.append(f"{what} exists")
                 continue
-            except OSError as err:
+            except unreachable() as err:
                 raise ActuatorError(f"create {what}: {err}") from None
             results.append(f"{what} created")
         return results
