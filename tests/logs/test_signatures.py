@@ -60,6 +60,14 @@ CASES = [
      "binary: /usr/bin/python", "launcher.worker_aborted", "cascade"),
     ("[worker-3:9101:0:9140] Caught signal 11 (Segmentation fault: address not mapped to object at address 0x10)",
      "process_crash", "root"),
+    # round 29: glog's / Abseil's failure signal handler, CPython not finding its script, InternLM's relay
+    ("*** SIGSEGV (@0x0) received by PID 3371 (TID 0x7f450a559740) from PID 0; stack trace: ***", "process_crash",
+     "root"),
+    ("*** SIGSEGV received at time=1670000000 on cpu 3 ***", "process_crash", "root"),
+    ("/usr/bin/python3: can't open file 'train_mpu.py': [Errno 2] No such file or directory",
+     "python.script_not_opened", "root"),
+    ("2023-09-07 09:14:40,098 ERROR train.py:308 in <module> -- Raise exception from f363ff97a009 with rank id: 3",
+     "internlm.exception_relay", "cascade"),
     ("INFO:torch.distributed.elastic.agent.server.api:[default] Worker group FAILED. 3/3 attempts left; will "
      "restart worker group", "launcher.child_failed", "cascade"),
     ("  exitcode  : -9 (pid: 14750)", "launcher.root_cause", "cascade"),

@@ -782,6 +782,77 @@ def test_rays_worker_died_report_outranks_the_driver_and_tune_relaying_it(tmp_pa
     assert result.root is not None and result.root.lineno == 3, result.summary
 
 
+def test_a_failure_signal_handlers_report_is_the_root_over_the_warnings_before_it(tmp_path: Path) -> None:
+    """A C++ failure signal handler reports the signal the process died of before its stack: glog's
+    DumpSignalInfo ("*** SIGSEGV (@0x0) received by PID N (TID 0x...) from PID 0; stack trace: ***"), the variant the
+    TPU runtime prints under JAX ("... received by PID N (TID N) on cpu 17; stack trace: ***"), Abseil's ("*** SIGSEGV
+    received at time=... on cpu 3 ***"). A backend-initialisation UserWarning before it is not the failure; a SIGABRT
+    report follows an error the process reported first, so it is not taken as a root."""
+    (tmp_path / "host0.log").write_text(
+        "/home/user/.local/lib/python3.8/site-packages/jax/_src/lib/xla_bridge.py:184: UserWarning: TPU backend "
+        "initialization is taking more than 60.0 seconds. Did you run your code on all TPU hosts?\n"
+        "  warnings.warn(\n"
+        "*** SIGSEGV (@(nil)), see go/stacktraces#s15 received by PID 11743 (TID 12350) on cpu 17; stack trace: ***\n"
+        "PC: @     0x7facba4a8de2  (unknown)  (unknown)\n"
+        "    @     0x7facbd838294        976  (unknown)\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 3, result.summary
+    assert result.root.signature == "process.failure_signal_report"
+    (tmp_path / "host0.log").write_text(
+        "*** Aborted at 1566142545 (unix time) try \"date -d @1566142545\" if you are using GNU date ***\n"
+        "*** SIGSEGV (@0x0) received by PID 3371 (TID 0x7f450a559740) from PID 0; stack trace: ***\n")
+    assert triage(tmp_path, workers=1).root.lineno == 2  # type: ignore[union-attr]
+    (tmp_path / "host0.log").write_text("*** SIGBUS received at time=1670000000 on cpu 3 ***\n")
+    assert triage(tmp_path, workers=1).root.signature == "process.failure_signal_report"  # type: ignore[union-attr]
+    (tmp_path / "host0.log").write_text(
+        "F0507 08:50:25.221193 1769711 tpu_client.cc:88] Check failed: device != nullptr\n"
+        "*** SIGABRT (@0x3e800000861) received by PID 2145 (TID 0x7fa14c0a6740) from PID 2145; stack trace: ***\n")
+    assert triage(tmp_path, workers=1).root.lineno == 1  # type: ignore[union-attr]
+
+
+def test_the_interpreter_not_finding_its_script_is_the_root_under_a_host_prefix(tmp_path: Path) -> None:
+    """CPython's pymain_run_file_obj prints "%S: can't open file %R: [Errno %d] %s" and exits 2 when the script a
+    launcher started is missing on that node; pdsh prefixes each node's output with its host. The launcher's INFO
+    lines before it name no failure, and every local rank repeats it."""
+    (tmp_path / "launch.log").write_text(
+        "10.141.113.189: [2021-01-26 18:10:28,114] [INFO] [launch.py:100:main] dist_world_size=32\n"
+        "10.141.113.189: [2021-01-26 18:10:28,114] [INFO] [launch.py:102:main] Setting CUDA_VISIBLE_DEVICES=0,1,2,3\n"
+        "10.141.250.227: /usr/bin/python3: can't open file 'train_mpu.py': [Errno 2] No such file or directory\n"
+        "10.141.113.189: /usr/bin/python3: can't open file 'train_mpu.py': [Errno 2] No such file or directory\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 3, result.summary
+    assert result.root.signature == "python.script_not_opened"
+    (tmp_path / "launch.log").write_text("python3: 'src' is a directory, cannot continue\n")
+    assert triage(tmp_path, workers=1).root.signature == "python.script_not_opened"  # type: ignore[union-attr]
+    # prose that merely says so is not the interpreter's report
+    (tmp_path / "launch.log").write_text("note: the viewer can't open file previews larger than 10 MB\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is None or result.root.signature != "python.script_not_opened"
+
+
+def test_internlms_exception_relay_gives_way_to_the_timeout_it_reports(tmp_path: Path) -> None:
+    """InternLM's entry point logs what main() raised at ERROR - logger.error(f"Raise exception from {hostname} with
+    rank id: {rank}\\n{traceback}") - after the failure itself was printed: the watchdog's timeout before it is the
+    root, not the relay's ERROR tag."""
+    (tmp_path / "rank0.log").write_text(
+        "[E ProcessGroupNCCL.cpp:821] [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=316, "
+        "OpType=ALLREDUCE, Timeout(ms)=1800000) ran for 1803457 milliseconds before timing out.\n"
+        "terminate called after throwing an instance of 'std::runtime_error'\n"
+        "2023-09-07 09:14:40,098 ERROR train.py:308 in <module> -- Raise exception from f363ff97a009 with rank id: 3\n"
+        "Traceback (most recent call last):\n"
+        '  File "/home/user/InternLM/train.py", line 306, in <module>\n')
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 1, result.summary
+    # the relay still gives way to the exception its traceback ends in
+    (tmp_path / "rank0.log").write_text(
+        "2024-01-02 10:00:00,000 ERROR train.py:308 in <module> -- Raise exception from node7 with rank id: 12\n"
+        "Traceback (most recent call last):\n"
+        '  File "/home/user/InternLM/train.py", line 306, in <module>\n'
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 4, result.summary
+
+
 def test_the_training_operators_replica_tally_is_not_an_error(tmp_path: Path) -> None:
     """The Kubeflow training operator logs a replica tally at every reconcile (pytorchjob_controller.go UpdateJobStatus
     "PyTorchJob=NAME, ReplicaType=Master expected=1, running=0, succeeded=0, failed=1, Replicas=1"), failed=0 or not:

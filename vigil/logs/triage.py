@@ -67,9 +67,11 @@ SAME_REPORT_LINES = 12
 # Ray's driver and Tune relaying an exception raised in another process ("Unhandled error (suppress with
 # RAY_IGNORE_UNHANDLED_ERRORS=1): ray::...", "Trial NAME: Error processing event.") head the report of it: not the
 # cause.
+# InternLM's entry point relays what main() raised the same way ("Raise exception from HOST with rank id: N" at ERROR,
+# the traceback under it).
 ECHO_SIGNATURES = frozenset({"nccl.watchdog_timeout", "gloo.collective_timeout", "nccl.watchdog_stuck",
                              "launcher.child_failed", "launcher.root_cause", "slurm.step_aborted",
-                             "nccl.watchdog_take_down", "ray.task_error_relay"})
+                             "nccl.watchdog_take_down", "ray.task_error_relay", "internlm.exception_relay"})
 # ProcessGroupNCCL taking the process down names no collective and is often flushed before the watchdog's own report of
 # the timeout it follows: the last of the echoes.
 FOLLOW_THROUGH_SIGNATURES = frozenset({"nccl.watchdog_take_down"})
