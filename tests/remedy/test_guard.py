@@ -7,7 +7,9 @@ from collections import Counter
 from pathlib import Path
 
 from tests.remedy.conftest import calls
+from vigil.config import load_settings
 from vigil.model import Action, ActionKind, ActionStatus, Anomaly, FaultLevel, Gpu, Node, Topology
+from vigil.remedy.acting import remediator_for
 from vigil.remedy.actuators.base import OutboxActuator
 from vigil.remedy.actuators.slurm import SlurmActuator
 from vigil.remedy.audit import AuditLog
@@ -97,3 +99,52 @@ def test_dry_run_flood_shows_the_same_refusals(tmp_path: Path) -> None:
     ]
     assert Counter(a.status for a in results) == {ActionStatus.PROPOSED: 3, ActionStatus.REFUSED: 27}
     assert lifecycle.states() == {}  # a dry run changes nothing
+
+
+def test_a_server_s_dry_runs_hold_no_node(tmp_path: Path) -> None:
+    """A long-running server or engine with execute_actions off: however many nodes its dry runs proposed to
+    take out, the next dry run is judged against what is out now, not refused for what was only proposed."""
+    topology = cluster(nodes=30, per_switch=10)
+    settings = load_settings(home=tmp_path, execute_actions=False, max_cordon_share=0.1)
+    lifecycle = LifecycleStore(settings.database_url())
+    remediator = remediator_for("slurm", settings, topology, lifecycle, "vigil-api")
+    assert remediator is not None and remediator.dry_run and remediator.guard is not None
+    assert remediator.guard.cluster_limit == 3
+    results = [
+        remediator.execute(Action(ts=0, kind=kind, target=node.id, reason="one at a time"))
+        for kind in (ActionKind.CORDON, ActionKind.DRAIN)
+        for node in topology.nodes
+    ]
+    assert Counter(a.status for a in results) == {ActionStatus.PROPOSED: 60}
+    assert remediator.guard.out_of_service() == set()
+    # The guard still says no to what would be refused now: a node outside the topology.
+    stray = remediator.execute(Action(ts=0, kind=ActionKind.CORDON, target="node/elsewhere", reason="stray"))
+    assert stray.status is ActionStatus.REFUSED and "blast radius" in stray.result
+
+
+def test_live_reservations_count_for_dry_runs_and_are_released_as_before(fake_slurm: Path, tmp_path: Path) -> None:
+    topology = cluster(nodes=10, per_switch=10)
+    topology.nodes.append(Node(name="ghost", switch="leaf0", gpus=[]))  # scontrol refuses it
+    url = f"sqlite:///{tmp_path}/remedy.db"
+    lifecycle, audit = LifecycleStore(url), AuditLog(url)
+    guard = BlastRadiusGuard(topology, lifecycle, max_share=0.2, max_share_per_switch=1.0)  # 2 of 11 nodes
+    live = Remediator([SlurmActuator()], audit, lifecycle=lifecycle, guard=guard, dry_run=False)
+    dry = Remediator([SlurmActuator()], audit, lifecycle=lifecycle, guard=guard, hold_dry_runs=False)
+
+    def act(remediator: Remediator, kind: ActionKind, node: str) -> Action:
+        return remediator.execute(Action(ts=0, kind=kind, target=f"node/{node}", reason="test"))
+
+    assert act(live, ActionKind.CORDON, "ghost").status is ActionStatus.FAILED
+    assert guard.out_of_service() == set()  # a failed live action gives its reservation back
+    assert act(live, ActionKind.CORDON, "n000").status is ActionStatus.EXECUTED
+    for _ in range(2):
+        assert [act(dry, ActionKind.CORDON, f"n00{i}").status for i in range(1, 10)] == [ActionStatus.PROPOSED] * 9
+    assert guard.out_of_service() == {"node/n000"}
+    assert act(live, ActionKind.CORDON, "n001").status is ActionStatus.EXECUTED
+    refused = act(dry, ActionKind.CORDON, "n002")  # the two live cordons fill the limit
+    assert refused.status is ActionStatus.REFUSED and "2 of 11 nodes already out" in refused.result
+    assert act(live, ActionKind.UNCORDON, "n000").status is ActionStatus.EXECUTED
+    assert guard.out_of_service() == {"node/n001"}  # the node is back: its reservation is released
+    assert act(dry, ActionKind.CORDON, "n002").status is ActionStatus.PROPOSED
+    assert act(live, ActionKind.CORDON, "n002").status is ActionStatus.EXECUTED
+    assert act(dry, ActionKind.CORDON, "n003").status is ActionStatus.REFUSED

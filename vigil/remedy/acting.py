@@ -59,7 +59,8 @@ def remediator_for(actuator: str, settings: Settings, topology: Topology, lifecy
                    requested_by: str) -> Remediator | None:
     """Blast-radius guard, node lifecycle and audit log in front of the chosen back end; alerts, tickets and
     diagnostics go to <home>/outbox.jsonl. None for ``actuator`` none; a dry-run remediator while
-    ``execute_actions`` is off."""
+    ``execute_actions`` is off, whose dry runs hold no node in the guard (the process runs for long, and
+    nothing it only proposes comes back into service)."""
     check_actuator(actuator)
     if actuator == "none":
         return None
@@ -70,4 +71,4 @@ def remediator_for(actuator: str, settings: Settings, topology: Topology, lifecy
     guard = BlastRadiusGuard(topology, lifecycle, max_share=settings.max_cordon_share,
                              max_share_per_switch=settings.max_cordon_share_per_switch)
     return Remediator(backends, AuditLog(settings.database_url()), lifecycle=lifecycle, guard=guard,
-                      dry_run=not settings.execute_actions, requested_by=requested_by)
+                      dry_run=not settings.execute_actions, hold_dry_runs=False, requested_by=requested_by)

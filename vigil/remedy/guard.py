@@ -1,8 +1,10 @@
 """Blast-radius guard: never take more than a set share of the cluster, or of one switch, out of service.
 
 Out of service = any node the lifecycle store holds outside healthy / suspect, plus nodes this guard
-has admitted and not yet seen recorded (dry-run sessions count what they *would* have done, so a
-dry-run flood shows the same refusals a live one would). Shares are rounded down: with 10% of 25
+has admitted and not yet seen recorded. A bounded dry run (`vigil remedy apply`) counts what it *would*
+have done, so a dry-run flood shows the same refusals a live one would; the dry runs of a long-running server
+or engine (execute_actions off) are only judged, never held, since nothing they propose ever comes back into
+service. Shares are rounded down: with 10% of 25
 nodes, two nodes may be out at once, never three. Nodes missing from the topology are refused,
 because their share cannot be judged.
 """
@@ -60,30 +62,50 @@ class BlastRadiusGuard:
 
     def admit(self, node: str) -> Verdict:
         """Reserve ``node`` for a capacity-taking action, or say which limit forbids it."""
+        return self.admit_all([node])
+
+    def admit_all(self, nodes: list[str], *, reserve: bool = True) -> Verdict:
+        """Admit every node, each judged as if the ones before it were out, or none: the first refusal.
+
+        With ``reserve`` the admitted nodes are held until released; without it the verdict is only what
+        the guard would say now (a dry run of a long-running server), and nothing is held."""
         with self._lock:
-            if node not in self._switch_of:
-                return Verdict(False, f"{node} is not in the topology; blast radius cannot be judged")
             out = self.out_of_service()
-            if node in out:
-                return Verdict(True, f"{node} already out of service")
-            if len(out) + 1 > self.cluster_limit:
+            added: list[str] = []
+            verdict = Verdict(True, "within blast radius")
+            for node in nodes:
+                verdict = self._judge(node, out)
+                if not verdict.admitted:
+                    return verdict
+                if node not in out:
+                    out.add(node)
+                    added.append(node)
+            if reserve:
+                self._admitted.update(added)
+            return verdict
+
+    def _judge(self, node: str, out: set[str]) -> Verdict:
+        if node not in self._switch_of:
+            return Verdict(False, f"{node} is not in the topology; blast radius cannot be judged")
+        if node in out:
+            return Verdict(True, f"{node} already out of service")
+        if len(out) + 1 > self.cluster_limit:
+            return Verdict(
+                False,
+                f"blast radius: {len(out)} of {len(self._switch_of)} nodes already out of service; "
+                f"limit {self.cluster_limit} ({self.max_share:.0%} of the cluster)",
+            )
+        switch = self._switch_of[node]
+        if switch:
+            on_switch = sum(1 for n in out if self._switch_of.get(n) == switch)
+            limit = self.switch_limit(switch)
+            if on_switch + 1 > limit:
                 return Verdict(
                     False,
-                    f"blast radius: {len(out)} of {len(self._switch_of)} nodes already out of service; "
-                    f"limit {self.cluster_limit} ({self.max_share:.0%} of the cluster)",
+                    f"blast radius: {on_switch} of {self._switch_sizes[switch]} nodes under switch "
+                    f"{switch} already out of service; limit {limit} ({self.max_share_per_switch:.0%})",
                 )
-            switch = self._switch_of[node]
-            if switch:
-                on_switch = sum(1 for n in out if self._switch_of.get(n) == switch)
-                limit = self.switch_limit(switch)
-                if on_switch + 1 > limit:
-                    return Verdict(
-                        False,
-                        f"blast radius: {on_switch} of {self._switch_sizes[switch]} nodes under switch "
-                        f"{switch} already out of service; limit {limit} ({self.max_share_per_switch:.0%})",
-                    )
-            self._admitted.add(node)
-            return Verdict(True, "within blast radius")
+        return Verdict(True, "within blast radius")
 
     def release(self, node: str) -> None:
         """Forget a reservation (the node is back, or the action failed)."""

@@ -77,6 +77,7 @@ class Remediator:
         lifecycle: LifecycleStore | None = None,
         guard: BlastRadiusGuard | None = None,
         dry_run: bool = True,
+        hold_dry_runs: bool = True,
         requested_by: str = "vigil",
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -85,6 +86,11 @@ class Remediator:
         self.lifecycle = lifecycle
         self.guard = guard
         self.dry_run = dry_run
+        # A dry run holds the nodes it would take out, as a live action would, so a dry-run flood shows the
+        # refusals a live one would - within one bounded run (`vigil remedy apply`). A long-running server or
+        # engine passes False: nothing it only proposes ever comes back into service, so held dry runs would
+        # pile up until every dry run is refused; each dry run is then judged against what is out now.
+        self.hold_dry_runs = hold_dry_runs
         self.requested_by = requested_by
         self.clock = clock
         self._recovered = False
@@ -130,18 +136,19 @@ class Remediator:
         guarded = capacity_nodes(action) if self.guard is not None else []
         if guarded:
             assert self.guard is not None
-            refusal = self._admit(self.guard, guarded)
-            if refusal is not None:
-                action.status, action.result = ActionStatus.REFUSED, refusal
+            verdict = self.guard.admit_all(guarded, reserve=self.hold_dry_runs or not self.dry_run)
+            if not verdict.admitted:
+                action.status, action.result = ActionStatus.REFUSED, verdict.reason
                 return
         if self.dry_run:
             try:
                 action.status, action.result = ActionStatus.PROPOSED, f"dry-run: would {actuator.describe(action)}"
             except ActuatorError as err:  # a target or parameter this back end cannot take
                 action.status, action.result = ActionStatus.FAILED, f"{actuator.name}: {err}"
-                for node in guarded:
-                    assert self.guard is not None
-                    self.guard.release(node)
+                if self.hold_dry_runs:
+                    for node in guarded:
+                        assert self.guard is not None
+                        self.guard.release(node)
             return
         # The idempotency key is the action's id unless the caller names one: the same approved action executed
         # twice (a retry, a restart after kill -9) reaches the back end to completion once.
@@ -173,19 +180,6 @@ class Remediator:
             action.result = f"resumed after an interrupted run: {action.result}"
         action.status = ActionStatus.EXECUTED
         self._advance_lifecycle(action)
-
-    @staticmethod
-    def _admit(guard: BlastRadiusGuard, nodes: list[str]) -> str | None:
-        """Reserve every node, or none: the first refusal's reason, with the reservations made undone."""
-        admitted: list[str] = []
-        for node in nodes:
-            verdict = guard.admit(node)
-            if not verdict.admitted:
-                for done in admitted:
-                    guard.release(done)
-                return verdict.reason
-            admitted.append(node)
-        return None
 
     def recover(self) -> list[Action]:
         """After a crash: run again every action whose execution started and never finished. Each resumes
