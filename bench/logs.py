@@ -2,7 +2,8 @@
 
 Run: .venv/bin/python bench/logs.py [--size-gb 1.0] [--per-kind 20] [--real-jobs 8] [--only-real-logs]
      [--unseen DIR] [--only-mining] -> bench/results/logs.json (--only-real-logs: part 4 alone, --only-mining:
-     parts 1-3 alone, their entries updated in place)
+     parts 1-3 alone, their entries updated in place); --only-loghub2 [--loghub2 DIR] [--loghub2-max-lines N]:
+     part 6 alone -> bench/results/logs_loghub2.json
 
 1. Accuracy: grouping accuracy (GA) and parsing accuracy (PA) on the 10 Loghub-2k systems with the
    corrected ground truth (../shared/data/loghub2k_corrected), plus any systems of the same layout in
@@ -31,12 +32,23 @@ Run: .venv/bin/python bench/logs.py [--size-gb 1.0] [--per-kind 20] [--real-jobs
    (vigil_eval.realjobs: Python exception, NaN loss raised, SIGSEGV, SIGKILL; 2-4 ranks). A job counts as
    right when triage's root is the labelled line (or a line reporting the same fault at the same moment)
    on the labelled rank.
+6. Loghub-2.0 (Jiang et al., ISSTA'24: the 14 systems at full size, 21k-16M lines, with their corrected
+   annotations), run only with --only-loghub2: every system found under --loghub2 DIR (default
+   $VIGIL_LOGHUB2, else ../cache/loghub2; <System>/<System>_full.log_structured.csv, kept outside the
+   repository) is scored once with the shipped miner settings (no tuning: a first-touch measurement) beside
+   drain3 masked and default, each parser alone in a fresh child process on the same lines: GA, PA, FGA, FTA
+   (as in part 1), lines/s of the parse alone and the child's peak resident memory (VmHWM; the lines loaded
+   before parsing included, that base also reported). A system longer than --loghub2-max-lines (default
+   1,000,000) is cut to its first N lines in file order (LineId order), with their labels, for every parser
+   alike, and the cut is recorded. Systems not found are listed as absent; with none found it says so and
+   exits 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import importlib
 import json
 import os
 import random
@@ -77,6 +89,14 @@ SPLIT_VALUES_GRID = [1, 2, 3, 4, 5, 6, 8, 10, 12, 16]
 UNIT_LETTERS_GRID = [-1, 2, 3, 4, 5, 6, 8]  # -1: values of different word counts never join (the rule off)
 FIELD_VALUES_GRID = [False, True]  # whether words the stream writes as key=value values are values
 RESULTS = REPO / "bench" / "results" / "logs.json"
+LOGHUB2_RESULTS = REPO / "bench" / "results" / "logs_loghub2.json"
+LOGHUB2_DEFAULT = REPO.parent / "cache" / "loghub2"
+LOGHUB2_MAX_LINES = 1_000_000
+# Loghub-2.0's 14 systems with their annotated line counts (logpai/loghub-2.0 README).
+LOGHUB2_LINES = {"Apache": 51_977, "BGL": 4_631_261, "HDFS": 11_167_740, "HPC": 429_987, "Hadoop": 179_993,
+                 "HealthApp": 212_394, "Linux": 23_921, "Mac": 100_314, "OpenSSH": 638_946, "OpenStack": 207_632,
+                 "Proxifier": 21_320, "Spark": 16_075_117, "Thunderbird": 16_601_745, "Zookeeper": 74_273}
+LOGHUB2_PARSERS = ("vigil", "drain3_masked", "drain3")
 HELD_OUT_LABEL = "held-out (outside ../shared/data)"
 console = Console()
 
@@ -425,6 +445,109 @@ def mining_targets(rows: list[dict[str, object]], means: dict[str, dict[str, flo
     return targets
 
 
+def loghub2_path(root: Path, system: str) -> Path:
+    return root / system / f"{system}_full.log_structured.csv"
+
+
+def load_loghub2(path: Path, max_lines: int) -> tuple[list[str], list[str], bool]:
+    """The first ``max_lines`` rows of a Loghub-2.0 structured file (file order): contents, true templates, and
+    whether the file had more rows (then it was cut)."""
+    contents: list[str] = []
+    truth: list[str] = []
+    with path.open(newline="", encoding="utf-8") as handle:
+        rows = csv.DictReader(handle)
+        for row in rows:
+            if len(contents) == max_lines:
+                return contents, truth, True
+            contents.append(row["Content"])
+            truth.append(row["EventTemplate"])
+    return contents, truth, False
+
+
+def _rss_mb(field: str) -> float:
+    found = re.search(rf"{field}:\s+(\d+)", Path("/proc/self/status").read_text())
+    return int(found.group(1)) / 1024 if found else float("nan")
+
+
+def loghub2_one(root: Path, system: str, parser: str, max_lines: int) -> dict[str, object]:
+    """One parser on one system, in this (fresh) process: scores, parse time and peak memory."""
+    contents, truth, cut = load_loghub2(loghub2_path(root, system), max_lines)
+    if parser != "vigil":
+        importlib.import_module("drain3.template_miner")  # imported before the base, as the miner is
+    base = _rss_mb("VmRSS")
+    start = time.perf_counter()
+    if parser == "vigil":
+        miner = TemplateMiner()
+        found = [t for i in range(0, len(contents), 4096) for t in miner.add_templates(contents[i:i + 4096])]
+        took = time.perf_counter() - start
+        peak = _rss_mb("VmHWM")
+        predicted, templates = [t.id for t in found], [t.text for t in found]
+    else:
+        drain = Drain3Parser(masked=parser == "drain3_masked")
+        ids = drain.parse(contents)
+        took = time.perf_counter() - start
+        peak = _rss_mb("VmHWM")
+        predicted, templates = [str(i) for i in ids], drain.templates(ids)
+    return {**scores(predicted, templates, truth), "lines": len(contents), "cut": cut,
+            "templates_found": len(set(predicted)), "templates_truth": len(set(truth)), "seconds": took,
+            "lines_per_s": len(contents) / took, "rss_base_mb": base, "peak_rss_mb": peak}
+
+
+_LOGHUB2_CHILD = """
+import json, sys
+from pathlib import Path
+sys.path.insert(0, {bench!r})
+import logs
+print(json.dumps(logs.loghub2_one(Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]))))
+"""
+
+
+def loghub2(root: Path, max_lines: int) -> dict[str, object]:
+    """Part 6: every Loghub-2.0 system under ``root``, each parser in its own child process, once."""
+    present = [s for s in LOGHUB2_LINES if loghub2_path(root, s).is_file()]
+    rows: dict[str, dict[str, object]] = {}
+    for system in present:
+        row: dict[str, object] = {"lines_published": LOGHUB2_LINES[system]}
+        for parser in LOGHUB2_PARSERS:
+            with console.status(f"Loghub-2.0 {system}: {parser}"):
+                done = subprocess.run([sys.executable, "-c", _LOGHUB2_CHILD.format(bench=str(REPO / "bench")),
+                                       str(root), system, parser, str(max_lines)],
+                                      capture_output=True, text=True, check=True)
+            row[parser] = json.loads(done.stdout.splitlines()[-1])
+        first: dict[str, object] = row["vigil"]  # type: ignore[assignment]
+        row.update({"lines_scored": first["lines"], "cut_to_prefix": first["cut"],
+                    "templates_truth": first["templates_truth"]})
+        rows[system] = row
+    metrics = ("ga", "pa", "fga", "fta")
+    means = {parser: {m: statistics.fmean(float(r[parser][m]) for r in rows.values())  # type: ignore[index]
+                      for m in metrics} for parser in LOGHUB2_PARSERS} if rows else {}
+    table = Table("system", "lines", "GA vigil", "GA drain3+mask", "GA drain3", "PA vigil", "PA drain3+mask",
+                  "FGA vigil", "FGA drain3+mask", "FTA vigil", "FTA drain3+mask",
+                  title="Loghub-2.0, first touch: shipped miner settings, drain3 in the same run")
+    cells = (("vigil", "ga"), ("drain3_masked", "ga"), ("drain3", "ga"), ("vigil", "pa"), ("drain3_masked", "pa"),
+             ("vigil", "fga"), ("drain3_masked", "fga"), ("vigil", "fta"), ("drain3_masked", "fta"))
+    speed = Table("system", "lines", *(f"{what} {p.replace('_masked', '+mask')}" for what in ("lines/s", "peak MB")
+                                       for p in LOGHUB2_PARSERS), "base MB vigil (lines loaded)",
+                  title="Loghub-2.0: parse alone, each parser in a fresh process (peak = VmHWM)")
+    for system, r in rows.items():
+        lines = f"{r['lines_scored']:,}" + (" (prefix)" if r["cut_to_prefix"] else "")
+        table.add_row(system, lines, *(f"{float(r[p][m]):.3f}" for p, m in cells))  # type: ignore[index]
+        speed.add_row(system, lines, *(f"{float(r[p]['lines_per_s']):,.0f}" for p in LOGHUB2_PARSERS),  # type: ignore[index]
+                      *(f"{float(r[p]['peak_rss_mb']):.0f}" for p in LOGHUB2_PARSERS),  # type: ignore[index]
+                      f"{float(r['vigil']['rss_base_mb']):.0f}")  # type: ignore[index]
+    if rows:
+        table.add_row(f"mean ({len(rows)})", "", *(f"{means[p][m]:.3f}" for p, m in cells), style="bold")
+    console.print(table)
+    console.print(speed)
+    return {"systems": rows, "means": means, "present": present,
+            "absent": [s for s in LOGHUB2_LINES if s not in rows], "max_lines": max_lines}
+
+
+def git_commit() -> str:
+    done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=False)
+    return done.stdout.strip() or "unknown"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-gb", type=float, default=1.0, help="size of the generated log for memory")
@@ -439,7 +562,35 @@ def main() -> None:
     parser.add_argument("--only-mining", action="store_true",
                         help="run only parts 1-3 (template mining accuracy, throughput, memory) and update their "
                              "entries in the results file")
+    parser.add_argument("--only-loghub2", action="store_true",
+                        help="run only part 6 (Loghub-2.0 at full size, first touch) and write "
+                             "bench/results/logs_loghub2.json")
+    parser.add_argument("--loghub2", type=Path, default=None,
+                        help="directory of Loghub-2.0 systems (<System>/<System>_full.log_structured.csv; default "
+                             "$VIGIL_LOGHUB2, else ../cache/loghub2)")
+    parser.add_argument("--loghub2-max-lines", type=int, default=LOGHUB2_MAX_LINES,
+                        help="score at most the first N lines of each Loghub-2.0 system")
     args = parser.parse_args()
+    if args.only_loghub2:
+        root = args.loghub2 or (Path(os.environ["VIGIL_LOGHUB2"]) if os.environ.get("VIGIL_LOGHUB2")
+                                else LOGHUB2_DEFAULT)
+        if not any(loghub2_path(root, s).is_file() for s in LOGHUB2_LINES):
+            print(f"bench/logs.py: no Loghub-2.0 data at {root} (expected <System>/<System>_full.log_structured.csv "
+                  "for some of " + ", ".join(LOGHUB2_LINES) + "; it is kept outside the repository, see "
+                  "docs/logs.md): part 6 not run", file=sys.stderr)
+            sys.exit(2)
+        result = loghub2(root, args.loghub2_max_lines)
+        console.print(f"absent: {', '.join(result['absent']) or 'none'}")  # type: ignore[arg-type]
+        LOGHUB2_RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        LOGHUB2_RESULTS.write_text(json.dumps({
+            "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "vigil_commit": git_commit(),
+            "data": str(root), "drain3_version": "0.9.11: with its example masking, and default (no masking)",
+            "miner_settings": {"max_split_values": TemplateMiner.max_split_values,
+                               "max_unit_letters": TemplateMiner.max_unit_letters,
+                               "field_values": TemplateMiner.field_values},
+            **result}, indent=2))
+        console.print(f"wrote {LOGHUB2_RESULTS.relative_to(REPO)}")
+        return
     unseen_dir = args.unseen or (Path(os.environ["VIGIL_LOGHUB_UNSEEN"]) if os.environ.get("VIGIL_LOGHUB_UNSEEN")
                                  else None)
     try:
