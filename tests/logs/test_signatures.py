@@ -68,6 +68,13 @@ CASES = [
      "python.script_not_opened", "root"),
     ("2023-09-07 09:14:40,098 ERROR train.py:308 in <module> -- Raise exception from f363ff97a009 with rank id: 3",
      "internlm.exception_relay", "cascade"),
+    # round 30: torch's ExceptionWrapper re-raising a helper's exception, Ray's ActorDiedError for a failed __init__
+    ("ValueError: Caught ValueError in DataLoader worker process 0.", "torch.exception_wrapper_relay", "cascade"),
+    ("torch.OutOfMemoryError: Caught OutOfMemoryError in replica 0 on device 0.", "torch.exception_wrapper_relay",
+     "cascade"),
+    ("ray.exceptions.ActorDiedError: The actor died because of an error raised in its creation task, "
+     "ray::WorkerDict.__init__() (pid=136980, ip=192.168.100.8, actor_id=802ec5a7e3e04c21babf95d701000000)",
+     "ray.task_error_relay", "cascade"),
     ("INFO:torch.distributed.elastic.agent.server.api:[default] Worker group FAILED. 3/3 attempts left; will "
      "restart worker group", "launcher.child_failed", "cascade"),
     ("  exitcode  : -9 (pid: 14750)", "launcher.root_cause", "cascade"),

@@ -853,6 +853,49 @@ def test_internlms_exception_relay_gives_way_to_the_timeout_it_reports(tmp_path:
     assert result.root is not None and result.root.lineno == 4, result.summary
 
 
+def test_torchs_exception_wrapper_relay_gives_way_to_the_original_exception(tmp_path: Path) -> None:
+    """torch re-raises a DataLoader worker's (or a DataParallel replica's) exception in the main process as
+    "Caught {type} {where}." with "Original Traceback (most recent call last):" and the original's traceback under it
+    (torch/_utils.py ExceptionWrapper.reraise): the original exception's line is the failure, the first line its relay;
+    with nothing under it the relay is still the failure seen."""
+    (tmp_path / "job.log").write_text(
+        "Traceback (most recent call last):\n"
+        '  File "/home/user/verl/verl/trainer/fsdp_sft_trainer.py", line 721, in fit\n'
+        "ValueError: Caught ValueError in DataLoader worker process 0.\n"
+        "Original Traceback (most recent call last):\n"
+        '  File "/usr/lib/python3.10/site-packages/torch/utils/data/_utils/worker.py", line 242, in _worker_loop\n'
+        '  File "/usr/lib/python3.10/site-packages/transformers/tokenization_utils_base.py", line 1665, in '
+        "apply_chat_template\n"
+        "ValueError: Tools should either be a JSON schema, or a callable function with type hints and a docstring "
+        "suitable for auto-conversion to a schema.\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 7, result.summary
+    (tmp_path / "job.log").write_text(
+        "fsspec.exceptions.FSTimeoutError: Caught FSTimeoutError in DataLoader worker process 1.\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 1, result.summary
+
+
+def test_rays_actor_died_in_its_creation_task_gives_way_to_the_exception_it_carries(tmp_path: Path) -> None:
+    """An actor whose __init__ raised: the worker logs "Exception raised in creation task: The actor died because of
+    an error raised in its creation task, ray::..." with the traceback under the Ray prefix, and the driver raises
+    ActorDiedError with the same words, ending with the original exception (python/ray/exceptions.py): that exception
+    is the failure, not the relay that heads it."""
+    (tmp_path / "driver.log").write_text(
+        "(WorkerDict pid=136980) Exception raised in creation task: The actor died because of an error raised in its "
+        "creation task, ray::WorkerDict.__init__() (pid=136980, ip=192.168.100.8)\n"
+        "Traceback (most recent call last):\n"
+        '  File "/workspace/verl/verl/trainer/main_ppo.py", line 40, in main\n'
+        "ray.exceptions.ActorDiedError: The actor died because of an error raised in its creation task, "
+        "ray::WorkerDict.__init__() (pid=136980, ip=192.168.100.8, actor_id=802ec5a7e3e04c21babf95d701000000)\n"
+        '  File "/usr/local/lib/python3.10/dist-packages/torch/distributed/device_mesh.py", line 530, in '
+        "_init_process_groups\n"
+        "RuntimeError: cannot reshape tensor of 0 elements into shape [-1, 0] because the unspecified dimension "
+        "size -1 can be any value and is ambiguous\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 6, result.summary
+
+
 def test_the_training_operators_replica_tally_is_not_an_error(tmp_path: Path) -> None:
     """The Kubeflow training operator logs a replica tally at every reconcile (pytorchjob_controller.go UpdateJobStatus
     "PyTorchJob=NAME, ReplicaType=Master expected=1, running=0, succeeded=0, failed=1, Replicas=1"), failed=0 or not:
