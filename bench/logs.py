@@ -3,7 +3,8 @@
 Run: .venv/bin/python bench/logs.py [--size-gb 1.0] [--per-kind 20] [--real-jobs 8] [--only-real-logs]
      [--unseen DIR] [--only-mining] -> bench/results/logs.json (--only-real-logs: part 4 alone, --only-mining:
      parts 1-3 alone, their entries updated in place); --only-loghub2 [--loghub2 DIR] [--loghub2-max-lines N]:
-     part 6 alone -> bench/results/logs_loghub2.json
+     part 6 alone -> bench/results/logs_loghub2.json; --only-stability [--stability-label NAME]: part 7 alone ->
+     bench/results/logs_stability.json
 
 1. Accuracy: grouping accuracy (GA) and parsing accuracy (PA) on the 10 Loghub-2k systems with the
    corrected ground truth (../shared/data/loghub2k_corrected), plus any systems of the same layout in
@@ -41,7 +42,13 @@ Run: .venv/bin/python bench/logs.py [--size-gb 1.0] [--per-kind 20] [--real-jobs
    before parsing included, that base also reported). A system longer than --loghub2-max-lines (default
    1,000,000) is cut to its first N lines in file order (LineId order), with their labels, for every parser
    alike, and the cut is recorded. Systems not found are listed as absent; with none found it says so and
-   exits 2.
+   exits 2. Vigil is scored by the grouping once the stream is read (a template split off on a word and joined
+   later counts as joined, TemplateMiner.canonical); GA of the ids as printed is reported beside it.
+7. Size and block dependence, a development criterion on the Loghub-2k systems alone, run only with
+   --only-stability: GA of the shipped settings with blocks of 4,096, 1,024 and 256 lines, and on 32,768 lines
+   resampled from each sample (seeded, labels carried) shuffled, in bursts, and from at most 6 forms per event;
+   by the ids as printed and by the grouping once read. Recorded under --stability-label, so the miner before a
+   change and after it sit side by side.
 """
 
 from __future__ import annotations
@@ -68,7 +75,7 @@ from rich.table import Table
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from vigil.logs.miner import TemplateMiner  # noqa: E402
+from vigil.logs.miner import Template, TemplateMiner  # noqa: E402
 from vigil.logs.triage import triage  # noqa: E402
 from vigil_eval.logaccuracy import (  # noqa: E402
     f1_grouping_accuracy,
@@ -90,6 +97,7 @@ UNIT_LETTERS_GRID = [-1, 2, 3, 4, 5, 6, 8]  # -1: values of different word count
 FIELD_VALUES_GRID = [False, True]  # whether words the stream writes as key=value values are values
 RESULTS = REPO / "bench" / "results" / "logs.json"
 LOGHUB2_RESULTS = REPO / "bench" / "results" / "logs_loghub2.json"
+STABILITY_RESULTS = REPO / "bench" / "results" / "logs_stability.json"
 LOGHUB2_DEFAULT = REPO.parent / "cache" / "loghub2"
 LOGHUB2_MAX_LINES = 1_000_000
 # Loghub-2.0's 14 systems with their annotated line counts (logpai/loghub-2.0 README).
@@ -157,7 +165,14 @@ def vigil_scores(contents: list[str], truth: list[str], split_values: int,
                  field_values: bool = TemplateMiner.field_values) -> dict[str, float]:
     miner = TemplateMiner(max_split_values=split_values, max_unit_letters=unit_letters, field_values=field_values)
     found = [t for i in range(0, len(contents), 4096) for t in miner.add_templates(contents[i:i + 4096])]
-    return scores([t.id for t in found], [t.text for t in found], truth)
+    return scores(*grouping(miner, found), truth)
+
+
+def grouping(miner: TemplateMiner, found: list[Template]) -> tuple[list[str], list[str]]:
+    """Each line's template id and text once the whole stream is read (a template split off on a word and joined
+    later counts as joined; the ids printed as the stream went are scored apart, in part 7)."""
+    final = [miner.canonical(t) for t in found]
+    return [t.id for t in final], [t.text for t in final]
 
 
 def unseen_systems(root: Path | None) -> dict[str, Path]:
@@ -481,14 +496,16 @@ def loghub2_one(root: Path, system: str, parser: str, max_lines: int) -> dict[st
         found = [t for i in range(0, len(contents), 4096) for t in miner.add_templates(contents[i:i + 4096])]
         took = time.perf_counter() - start
         peak = _rss_mb("VmHWM")
-        predicted, templates = [t.id for t in found], [t.text for t in found]
+        predicted, templates = grouping(miner, found)
+        printed: dict[str, float] = {"ga_as_printed": grouping_accuracy([t.id for t in found], truth)}
     else:
         drain = Drain3Parser(masked=parser == "drain3_masked")
         ids = drain.parse(contents)
         took = time.perf_counter() - start
         peak = _rss_mb("VmHWM")
         predicted, templates = [str(i) for i in ids], drain.templates(ids)
-    return {**scores(predicted, templates, truth), "lines": len(contents), "cut": cut,
+        printed = {}
+    return {**scores(predicted, templates, truth), **printed, "lines": len(contents), "cut": cut,
             "templates_found": len(set(predicted)), "templates_truth": len(set(truth)), "seconds": took,
             "lines_per_s": len(contents) / took, "rss_base_mb": base, "peak_rss_mb": peak}
 
@@ -523,7 +540,7 @@ def loghub2(root: Path, max_lines: int) -> dict[str, object]:
                       for m in metrics} for parser in LOGHUB2_PARSERS} if rows else {}
     table = Table("system", "lines", "GA vigil", "GA drain3+mask", "GA drain3", "PA vigil", "PA drain3+mask",
                   "FGA vigil", "FGA drain3+mask", "FTA vigil", "FTA drain3+mask",
-                  title="Loghub-2.0, first touch: shipped miner settings, drain3 in the same run")
+                  title="Loghub-2.0: shipped miner settings, drain3 in the same run")
     cells = (("vigil", "ga"), ("drain3_masked", "ga"), ("drain3", "ga"), ("vigil", "pa"), ("drain3_masked", "pa"),
              ("vigil", "fga"), ("drain3_masked", "fga"), ("vigil", "fta"), ("drain3_masked", "fta"))
     speed = Table("system", "lines", *(f"{what} {p.replace('_masked', '+mask')}" for what in ("lines/s", "peak MB")
@@ -541,6 +558,82 @@ def loghub2(root: Path, max_lines: int) -> dict[str, object]:
     console.print(speed)
     return {"systems": rows, "means": means, "present": present,
             "absent": [s for s in LOGHUB2_LINES if s not in rows], "max_lines": max_lines}
+
+
+STABILITY_LINES = 32_768
+STABILITY_FORMS = 6  # forms kept per event in the few-values variants: fewer than max_split_values
+STABILITY_BURST = 16  # mean run length of a line in the burst variants
+STABILITY_VARIANTS = ("2k, blocks of 4,096", "2k, blocks of 1,024", "2k, blocks of 256", "32k shuffled",
+                      "32k in bursts", "32k few forms shuffled", "32k few forms in bursts")
+
+
+def stability_variants(contents: list[str], truth: list[str], seed: str) -> Iterator[tuple[str, list[int], int]]:
+    """Seeded variants of one system's lines (indices into them, labels carried along) and the block size to read
+    them in: the sample in blocks of 4,096, 1,024 and 256 lines; 32,768 lines drawn with replacement, in a
+    shuffled order and in bursts (each drawn line repeated a geometric number of times, mean 16, as events come in
+    runs); and the same two from at most 6 forms per event (lines equal once digits are zeroed), so that a
+    variable field holds few distinct words over many lines."""
+    rng = random.Random(seed)
+    every = list(range(len(contents)))
+    yield STABILITY_VARIANTS[0], every, 4096
+    yield STABILITY_VARIANTS[1], every, 1024
+    yield STABILITY_VARIANTS[2], every, 256
+
+    def shuffled(pool: list[int]) -> list[int]:
+        return [pool[rng.randrange(len(pool))] for _ in range(STABILITY_LINES)]
+
+    def bursts(pool: list[int]) -> list[int]:
+        drawn: list[int] = []
+        while len(drawn) < STABILITY_LINES:
+            run = 1 + int(rng.expovariate(1 / STABILITY_BURST))
+            drawn += [pool[rng.randrange(len(pool))]] * min(run, STABILITY_LINES - len(drawn))
+        return drawn
+
+    yield STABILITY_VARIANTS[3], shuffled(every), 4096
+    yield STABILITY_VARIANTS[4], bursts(every), 4096
+    forms: dict[str, set[str]] = defaultdict(set)
+    digitless = [_DIGITS.sub("0", line) for line in contents]
+    for form, event in zip(digitless, truth, strict=True):
+        forms[event].add(form)
+    kept = {event: set(rng.sample(sorted(found), min(STABILITY_FORMS, len(found)))) for event, found in forms.items()}
+    few = [i for i in every if digitless[i] in kept[truth[i]]]
+    yield STABILITY_VARIANTS[5], shuffled(few), 4096
+    yield STABILITY_VARIANTS[6], bursts(few), 4096
+
+
+def stability(unseen: dict[str, Path]) -> dict[str, object]:
+    """Part 7, a development criterion for size and block dependence (Loghub-2k only): GA of the shipped settings on
+    each variant of :func:`stability_variants`, by the ids printed as the stream went and by the grouping once the
+    stream is read. A grouping that is right does not change with the block size or with more lines of the same
+    events."""
+    roots = {system: DATA for system in SYSTEMS} | unseen
+    ga: dict[str, dict[str, dict[str, float]]] = {}
+    for system, root in roots.items():
+        contents, truth = load(system, root)
+        ga[system] = {}
+        for name, drawn, block in stability_variants(contents, truth, f"2026/{system}"):
+            lines, labels = [contents[i] for i in drawn], [truth[i] for i in drawn]
+            miner = TemplateMiner()
+            found = [t for i in range(0, len(lines), block) for t in miner.add_templates(lines[i:i + block])]
+            ga[system][name] = {"printed": grouping_accuracy([t.id for t in found], labels),
+                                "end": grouping_accuracy(grouping(miner, found)[0], labels)}
+    means = {name: {how: statistics.fmean(ga[s][name][how] for s in roots) for how in ("printed", "end")}
+             for name in STABILITY_VARIANTS}
+    # the largest fall of a system's GA from its sample read in blocks of 4,096
+    worst = {how: {s: max(ga[s][STABILITY_VARIANTS[0]]["end"] - ga[s][name][how] for name in STABILITY_VARIANTS)
+                   for s in roots} for how in ("printed", "end")}
+    table = Table("system", *(f"{name} {how}" for name in STABILITY_VARIANTS for how in ("printed", "end")),
+                  title="Size and block dependence on Loghub-2k (GA; printed: ids as the stream went, end: the "
+                        "grouping once read)")
+    for system in roots:
+        table.add_row(system, *(f"{ga[system][n][h]:.3f}" for n in STABILITY_VARIANTS for h in ("printed", "end")))
+    table.add_row(f"mean ({len(roots)})", *(f"{means[n][h]:.3f}" for n in STABILITY_VARIANTS
+                                             for h in ("printed", "end")), style="bold")
+    console.print(table)
+    return {"systems": list(roots), "variants": list(STABILITY_VARIANTS), "lines": STABILITY_LINES,
+            "forms_per_event": STABILITY_FORMS, "mean_burst": STABILITY_BURST, "ga": ga, "ga_mean": means,
+            "largest_fall_by_system": worst,
+            "largest_fall_mean": {how: statistics.fmean(w.values()) for how, w in worst.items()}}
 
 
 def git_commit() -> str:
@@ -570,6 +663,11 @@ def main() -> None:
                              "$VIGIL_LOGHUB2, else ../cache/loghub2)")
     parser.add_argument("--loghub2-max-lines", type=int, default=LOGHUB2_MAX_LINES,
                         help="score at most the first N lines of each Loghub-2.0 system")
+    parser.add_argument("--only-stability", action="store_true",
+                        help="run only part 7 (size and block dependence on Loghub-2k) and record it under "
+                             "--stability-label in bench/results/logs_stability.json")
+    parser.add_argument("--stability-label", default="current",
+                        help="name of the miner version measured by --only-stability")
     args = parser.parse_args()
     if args.only_loghub2:
         root = args.loghub2 or (Path(os.environ["VIGIL_LOGHUB2"]) if os.environ.get("VIGIL_LOGHUB2")
@@ -600,6 +698,16 @@ def main() -> None:
     except (ValueError, OSError, KeyError, csv.Error) as err:
         print(f"bench/logs.py: {err}", file=sys.stderr)
         sys.exit(2)
+
+    if args.only_stability:
+        previous = json.loads(STABILITY_RESULTS.read_text()) if STABILITY_RESULTS.exists() else {"runs": {}}
+        previous["runs"][args.stability_label] = {
+            "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "vigil_commit": git_commit(),
+            **stability(unseen)}
+        STABILITY_RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        STABILITY_RESULTS.write_text(json.dumps(previous, indent=2))
+        console.print(f"recorded {args.stability_label!r} in {STABILITY_RESULTS.relative_to(REPO)}")
+        return
 
     if args.only_mining:
         acc, means, fold_means, speed, mem = mining(args, unseen)

@@ -166,6 +166,30 @@ def test_a_word_the_stream_writes_as_a_field_value_is_a_value() -> None:
     assert len({m.template_id for m in off[len(pam):]}) == 4
 
 
+def test_a_word_split_off_in_an_early_block_joins_once_its_position_holds_values(tmp_path: Path) -> None:
+    # two process names seen alone in one block read as two events; a later block with more names than
+    # max_split_values shows the position holds values: it generalises one of the two, and the other joins it
+    names = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo"]
+    miner = TemplateMiner()
+    early = miner.add_templates([f"Out of memory: killed process {n} ({name})" for name in ("python", "java")
+                                 for n in range(50)])
+    assert [early[0].text, early[-1].text] == ["Out of memory: killed process <*> (python)",
+                                               "Out of memory: killed process <*> (java)"]
+    later = miner.add_templates([f"Out of memory: killed process {n} ({name})" for n, name in enumerate(names)])
+    assert len({t.id for t in later}) == 1 and later[0].text == "Out of memory: killed process <*> (<*>)"
+    assert miner.canonical(early[0]) is miner.canonical(early[-1]) is later[0]
+    assert {miner.add(f"Out of memory: killed process 7 ({name})").template_id
+            for name in ("python", "java")} == {later[0].id}
+    state = tmp_path / "templates.json"
+    miner.save(state)
+    assert TemplateMiner.load(state).add("Out of memory: killed process 8 (java)").template_id == later[0].id
+    # two events in two blocks stay two: nothing showed that their position holds values
+    events = TemplateMiner()
+    opened = events.add_templates(["Connection opened by peer"] * 5)[0]
+    closed = events.add_templates(["Connection closed by peer"] * 5)[0]
+    assert events.canonical(opened) is not events.canonical(closed)
+
+
 def test_a_value_of_more_words_keeps_its_statement_together() -> None:
     found = TemplateMiner().add_block(SIZED * 3)
     assert len({m.template_id for m in found}) == 1

@@ -21,7 +21,9 @@ How a block of lines finds its templates:
    value of a ``key=value`` field (``user=uucp`` elsewhere makes ``for uucp`` a value; ``field_values``, kept
    per stream in a bounded set, not saved with the state). The grouped form joins a known
    template when no word of the two conflicts (the template is generalised where they differ), or starts
-   a new one.
+   a new one. A position found to hold values is found so for the whole template, not for one block: when a
+   template's position opens, the templates split off earlier on a word there join it (:meth:`canonical`), so
+   where blocks fall and how many lines came first no longer decide the grouping of the stream.
 5. A form that still starts a new template is compared with the known templates of other lengths: when the two
    align word by word and what is left over on each side is nothing or one value (a masked value followed by
    masked values or short unit words: ``1190 bytes (1.16 KB)`` beside ``0 bytes``), the new template is a
@@ -387,7 +389,7 @@ class TemplateMiner:
             if template.pins:  # type: ignore[union-attr]
                 self._check_pins(template, line)  # type: ignore[arg-type]
         if self._variants:
-            return [self._canonical(t) for t in found]  # type: ignore[arg-type]
+            return [self.canonical(t) for t in found]  # type: ignore[arg-type]
         return found  # type: ignore[return-value]
 
     @staticmethod
@@ -403,11 +405,20 @@ class TemplateMiner:
                     template.pins = tuple(p for p in template.pins if p != pin)
                 return
 
-    def _canonical(self, template: Template) -> Template:
-        """The template a variant of another length stands for (itself when that one was evicted)."""
+    def canonical(self, template: Template) -> Template:
+        """The template ``template``'s lines belong to now: the one a variant of another length stands for, or the
+        one a template split off on a word was joined into once that word's position was found to hold values
+        (itself when that one was evicted)."""
         if template.same_as is None:
             return template
-        return self.templates.get(template.same_as, template)
+        for _ in range(len(self.templates)):  # a chain is at most as long as the table; evicted links end it
+            if template.same_as is None:
+                return template
+            joined = self.templates.get(template.same_as)
+            if joined is None or joined is template:
+                return template
+            template = joined
+        return template
 
     def _resolve(self, flat: list[str], digitless: list[str], found: list[Template | None],
                  missing: list[int]) -> None:
@@ -462,7 +473,7 @@ class TemplateMiner:
         template = self._cache.get(key) or self._fitting(tokenize(key) or [""])
         if template is None:
             return None
-        template = self._canonical(template)
+        template = self.canonical(template)
         return Match(template.id, template.text)
 
     def _learn_forms(self, keys: list[str], lines: list[int], raws: list[str]) -> list[Template]:
@@ -584,13 +595,30 @@ class TemplateMiner:
                 template.same_as = variant_of.id
                 self._variants += 1
             return template
+        opened = len(best.open)
         self._generalize(best, tokens)
         best.open |= open_positions
         best._text = None
         best._settled = False
         best._quiet = 0
         best.long_words = None
+        if len(best.open) > opened:
+            self._join_split_off(best)
         return best
+
+    def _join_split_off(self, template: Template) -> None:
+        """Join into ``template`` the templates of its length that equal it but at its open positions: they were
+        split off on a word there while that position looked like an enumeration (few words in the lines seen so
+        far, or in a block), and the evidence that it holds values now stands for all of them. Which lines and
+        blocks came first then no longer decides the grouping; lines read before keep the id they were given."""
+        target = self.canonical(template)
+        pattern = tuple(None if p in template.open else token for p, token in enumerate(template.tokens))
+        for sibling in self._by_length.get(len(template.tokens), ()):
+            if (sibling is template or sibling.same_as is not None or not sibling.open <= template.open
+                    or not _fits(tuple(sibling.tokens), pattern) or self.canonical(sibling) is target):
+                continue
+            sibling.same_as = target.id
+            self._variants += 1
 
     def _variant_of(self, tokens: list[str], open_positions: set[int]) -> Template | None:
         """A known template of another length that ``tokens`` equal but for values of a different number of words.
@@ -618,7 +646,7 @@ class TemplateMiner:
                                           self.max_unit_letters)
                 if aligned > best_aligned:
                     best, best_aligned = template, aligned
-        return None if best is None else self._canonical(best)
+        return None if best is None else self.canonical(best)
 
     def _long_words(self, tokens: list[str], open_positions: set[int]) -> frozenset[str]:
         """The words of a form too long to stand beside a value (see :meth:`_variant_of`)."""

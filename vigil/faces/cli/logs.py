@@ -52,8 +52,12 @@ def parse(
     if state:
         miner.save(state)
     if summary:
+        # a template split off on a word and joined later (see TemplateMiner.canonical) counts as joined
+        joined: Counter[str] = Counter()
+        for tid, n in counts.items():
+            joined[miner.canonical(miner.templates[tid]).id if tid in miner.templates else tid] += n
         rows = [(tid, n, miner.templates[tid].text if tid in miner.templates else "") for tid, n in
-                counts.most_common()]
+                joined.most_common()]
         if as_json:
             out.write(json_text([{"template_id": t, "lines": n, "template": text} for t, n, text in rows]) + "\n")
             return
