@@ -34,7 +34,10 @@ from vigil.model import Action, ActionKind
 from vigil.remedy.actuators.slurm import SlurmActuator
 from vigil.remedy.audit import AuditLog
 from vigil.remedy.remediator import Remediator
-remediator = Remediator([SlurmActuator(scontrol=sys.argv[2])], AuditLog(sys.argv[1]), dry_run=False)
+# its clock reads the epoch: the lease on its claim has lapsed by the time it is killed, as a killed process's
+# has once the lease's length has passed (the restart then takes the run over at once)
+remediator = Remediator([SlurmActuator(scontrol=sys.argv[2])], AuditLog(sys.argv[1]), dry_run=False,
+                        clock=lambda: 0.0)
 remediator.execute(Action(id="act-drain-n1", ts=0.0, kind=ActionKind.DRAIN, target="node/n1", reason="Xid 79"))
 """
 

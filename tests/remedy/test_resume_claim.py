@@ -4,8 +4,11 @@ runs it again and the other leaves it. On SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
+import hashlib
 import re
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -48,15 +51,16 @@ def database(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'vigil.db'}"
     # a database per test: the audit log keeps one engine (and its connections) per URL for the process
-    name = "claims_" + re.sub(r"\W+", "_", request.node.name).lower()
-    return fresh_database(request.getfixturevalue("postgres_url"), name[:60])
+    name = re.sub(r"\W+", "_", request.node.name).lower()
+    digest = hashlib.sha1(name.encode()).hexdigest()[:8]  # two long names cut to one prefix stay apart
+    return fresh_database(request.getfixturevalue("postgres_url"), f"claims_{name[:40]}_{digest}")
 
 
-def crashed_drain(audit: AuditLog) -> Action:
-    """A drain a killed process left journalled as started."""
+def crashed_drain(audit: AuditLog, *, at: float = 0.0, lease_s: float = 30.0) -> Action:
+    """A drain a process killed at ``at`` left journalled as started, its claim good until ``at + lease_s``."""
     action = Action(id="act-drain-n1", ts=0.0, kind=ActionKind.DRAIN, target="node/n1", reason="Xid 79",
                     params={"idempotency_key": "act-drain-n1"})
-    assert audit.begin("act-drain-n1", action, owner="vigil-api-killed") is None
+    assert audit.begin("act-drain-n1", action, owner="vigil-api-killed", now=at, lease_expires=at + lease_s) is None
     return action
 
 
@@ -90,14 +94,14 @@ def test_two_processes_recovering_at_once_resume_an_action_once(database: str) -
 def test_a_claim_is_a_compare_and_set_on_the_owner(database: str) -> None:
     audit = AuditLog(database)
     crashed_drain(audit)
-    ((key, owner, action),) = audit.unfinished_runs()
-    assert (key, owner, action.id) == ("act-drain-n1", "vigil-api-killed", "act-drain-n1")
-    assert audit.claim(key, "vigil-engine-a", owner) is True
+    ((key, owner, lease_expires, action),) = audit.unfinished_runs()
+    assert (key, owner, lease_expires, action.id) == ("act-drain-n1", "vigil-api-killed", 30.0, "act-drain-n1")
+    assert audit.claim(key, "vigil-engine-a", owner, now=31.0, lease_expires=61.0) is True
     # the other process read the same owner; by the time it asks, the row is no longer that owner's
-    assert audit.claim(key, "vigil-api-b", owner) is False
-    assert [o for _, o, _ in audit.unfinished_runs()] == ["vigil-engine-a"]
+    assert audit.claim(key, "vigil-api-b", owner, now=31.0, lease_expires=61.0) is False
+    assert [run.owner for run in audit.unfinished_runs()] == ["vigil-engine-a"]
     audit.finish(key, "done")
-    assert audit.claim(key, "vigil-api-b", "vigil-engine-a") is False  # finished: nothing to resume
+    assert audit.claim(key, "vigil-api-b", "vigil-engine-a", now=99.0, lease_expires=129.0) is False  # finished
 
 
 def test_a_process_does_not_resume_its_own_run(database: str) -> None:
@@ -112,7 +116,7 @@ def test_a_process_does_not_resume_its_own_run(database: str) -> None:
     audit.begin("act-drain-n2", second, owner=engine.owner)  # the engine is running this one now
     assert [a.id for a in engine.recover()] == ["act-drain-n1"]
     assert runs == ["counting:act-drain-n1"]
-    assert [(k, o) for k, o, _ in audit.unfinished_runs()] == [("act-drain-n2", engine.owner)]
+    assert [(run.key, run.owner) for run in audit.unfinished_runs()] == [("act-drain-n2", engine.owner)]
 
 
 def test_an_older_database_gets_the_owner_column(tmp_path: Path) -> None:
@@ -125,7 +129,7 @@ def test_an_older_database_gets_the_owner_column(tmp_path: Path) -> None:
         conn.execute("INSERT INTO remedy_intents VALUES ('act-old', 'act-old', 'started', 0.0, NULL, ?)",
                      (Action(id="act-old", ts=0.0, kind=ActionKind.DRAIN, target="node/n1").model_dump_json(),))
     audit = AuditLog(f"sqlite:///{path}")
-    assert [(k, o) for k, o, _ in audit.unfinished_runs()] == [("act-old", None)]
+    assert [(run.key, run.owner, run.lease_expires) for run in audit.unfinished_runs()] == [("act-old", None, None)]
     runs: list[str] = []
     (resumed,) = Remediator([CountingActuator(runs)], audit, dry_run=False).recover()
     assert resumed.status is ActionStatus.EXECUTED and runs == ["counting:act-old"]
@@ -158,4 +162,125 @@ def test_two_processes_adding_the_owner_column_at_once_both_open_the_store(
     audit = AuditLog(database)
     assert looks and audit.unfinished_runs() == []
     crashed_drain(audit)
-    assert [(k, o) for k, o, _ in audit.unfinished_runs()] == [("act-drain-n1", "vigil-api-killed")]
+    assert [(run.key, run.owner) for run in audit.unfinished_runs()] == [("act-drain-n1", "vigil-api-killed")]
+
+
+class FakeClock:
+    """A clock the test moves by hand. ``wait`` is the remediator's wait (the lease renewal's): it returns when the
+    test has moved the clock past its deadline; ``advance`` returns only once every waiter it woke has done its
+    step and waits again, so the test goes on knowing the renewal happened."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+        self._deadlines: dict[int, float] = {}
+        self._changed = threading.Condition()
+
+    def __call__(self) -> float:
+        return self.now
+
+    def wait(self, stop: threading.Event, seconds: float) -> bool:
+        me = threading.get_ident()
+        with self._changed:
+            self._deadlines[me] = self.now + seconds
+            self._changed.notify_all()
+            while not stop.is_set() and self.now < self._deadlines[me]:
+                # the timeout only bounds how late a stopped renewal notices: stop.set() does not notify
+                self._changed.wait(timeout=0.05)
+            if stop.is_set():
+                del self._deadlines[me]
+                self._changed.notify_all()
+            return stop.is_set()
+
+    def advance(self, seconds: float, *, waiters: int = 1) -> None:
+        with self._changed:
+            self._changed.wait_for(lambda: len(self._deadlines) >= waiters, timeout=30)
+            self.now += seconds
+            self._changed.notify_all()
+            assert self._changed.wait_for(lambda: all(d > self.now for d in self._deadlines.values()), timeout=30)
+
+
+def test_a_dead_owner_s_claim_is_taken_over_after_its_lease_and_not_before(database: str) -> None:
+    audit = AuditLog(database)
+    crashed_drain(audit, at=1_000.0, lease_s=30.0)  # its owner was killed at 1000: no one renews the lease
+    clock = FakeClock(1_029.0)
+    runs: list[str] = []
+    engine = Remediator([CountingActuator(runs)], AuditLog(database), dry_run=False, requested_by="vigil-engine",
+                        clock=clock, wait=clock.wait, lease_s=30.0)
+    assert engine.recover() == [] and runs == []  # the lease holds until 1030: its owner may be alive
+    assert [run.owner for run in audit.unfinished_runs()] == ["vigil-api-killed"]
+
+    clock.now = 1_031.0
+    (resumed,) = engine.recover()
+    assert resumed.status is ActionStatus.EXECUTED and runs == ["counting:act-drain-n1"]
+    # the audit log records the takeover: whose claim it took, and when that claim had lapsed
+    (record,) = audit.actions()
+    assert record.params["taken_over_from"] == "vigil-api-killed" and record.params["lease_expired_at"] == 1_030.0
+    assert record.result.startswith("resumed after an interrupted run") and audit.unfinished() == []
+
+
+@pytest.mark.parametrize("now, winners", [(1_029.0, 0), (1_031.0, 1)], ids=["before-expiry", "after-expiry"])
+def test_contenders_racing_for_an_expired_claim_one_wins(database: str, now: float, winners: int) -> None:
+    """Eight processes' claims on the same dead owner's run, released together: one UPDATE each, so exactly one
+    wins once the lease has lapsed, and none before."""
+    crashed_drain(AuditLog(database), at=1_000.0, lease_s=30.0)
+    contenders = 8
+    start = threading.Barrier(contenders)
+
+    def contend(index: int) -> bool:
+        audit = AuditLog(database)
+        start.wait(timeout=30)
+        return audit.claim("act-drain-n1", f"vigil-engine-{index}", "vigil-api-killed", now=now,
+                           lease_expires=now + 30.0)
+
+    with ThreadPoolExecutor(contenders) as pool:
+        won = [index for index, claimed in enumerate(pool.map(contend, range(contenders))) if claimed]
+    assert len(won) == winners
+    owners = [run.owner for run in AuditLog(database).unfinished_runs()]
+    assert owners == ([f"vigil-engine-{won[0]}"] if won else ["vigil-api-killed"])
+
+
+def test_a_renewing_owner_keeps_its_claim(database: str) -> None:
+    """A drain that runs for 45 s of a 30 s lease: its owner renews the claim every 10 s, so an engine looking
+    for dead owners' runs meanwhile leaves it alone - and without the renewals would have taken it at 1030."""
+    clock = FakeClock(1_000.0)
+    runs: list[str] = []
+    contender = Remediator([CountingActuator(runs)], AuditLog(database), dry_run=False, requested_by="vigil-engine",
+                           clock=clock, wait=clock.wait, lease_s=30.0)
+    taken: list[Action] = []
+
+    def long_drain() -> None:
+        clock.advance(25.0)  # the owner's renewal at 1025 holds the claim until 1055
+        taken.extend(contender.recover())
+        clock.advance(20.0)  # 1045: past the first lease, within the renewed one (renewed again: 1075)
+        taken.extend(contender.recover())
+        leases.append(AuditLog(database).unfinished_runs()[0].lease_expires)
+
+    leases: list[float | None] = []
+    owner_actuator = CountingActuator(runs, during=long_drain)
+    owner_actuator.name = "owner"
+    owner = Remediator([owner_actuator], AuditLog(database), dry_run=False, requested_by="vigil-api", clock=clock,
+                       wait=clock.wait, lease_s=30.0)
+    done = owner.execute(Action(id="act-drain-n1", ts=0.0, kind=ActionKind.DRAIN, target="node/n1",
+                                status=ActionStatus.APPROVED))
+    assert done.status is ActionStatus.EXECUTED and taken == [] and runs == ["owner:act-drain-n1"]
+    assert leases == [1_075.0]
+    assert AuditLog(database).unfinished() == []
+
+
+def test_an_action_another_live_owner_is_running_is_not_run_twice(database: str) -> None:
+    """The same approved drain executed on a second server (a retry under the same idempotency key) while the first
+    still holds its lease is skipped; once that lease has lapsed, the second server runs it."""
+    audit = AuditLog(database)
+    crashed_drain(audit, at=1_000.0, lease_s=30.0)
+    clock = FakeClock(1_010.0)
+    runs: list[str] = []
+    second = Remediator([CountingActuator(runs)], AuditLog(database), dry_run=False, clock=clock, wait=clock.wait)
+    retry = Action(id="act-drain-n1-retry", ts=0.0, kind=ActionKind.DRAIN, target="node/n1",
+                   status=ActionStatus.APPROVED, params={"idempotency_key": "act-drain-n1"})
+    skipped = second.execute(retry)
+    assert skipped.status is ActionStatus.SKIPPED
+    assert skipped.result == "running in another process (idempotency key act-drain-n1)"
+    assert runs == [] and [run.owner for run in audit.unfinished_runs()] == ["vigil-api-killed"]
+    clock.now = 1_031.0
+    again = second.execute(retry.model_copy(update={"id": "act-drain-n1-again"}))
+    assert again.status is ActionStatus.EXECUTED and runs == ["counting:act-drain-n1-again"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -122,7 +123,10 @@ def test_the_engine_of_serve_does_not_run_again_an_action_the_server_is_executin
     in_flight = Action(ts=1_764_576_000.0, kind=ActionKind.DRAIN, target="node/n1", reason="xid 79",
                        status=ActionStatus.APPROVED)
     audit = AuditLog(f"sqlite:///{tmp_path / 'vigil.db'}")
-    assert audit.begin(in_flight.id, in_flight) is None  # the API began executing it
+    remediator = served.state.ctx.remediator
+    now = time.time()
+    assert audit.begin(in_flight.id, in_flight, owner=remediator.owner, now=now,
+                       lease_expires=now + remediator.lease_s) is None  # the API began executing it
     engine.start()
     assert engine.resumed_actions == 0
     assert [a.id for a in audit.unfinished()] == [in_flight.id]  # still the API's to finish

@@ -12,11 +12,13 @@ import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import NamedTuple
 
 from sqlalchemy import (
     JSON,
     Boolean,
     Column,
+    ColumnElement,
     Engine,
     Float,
     Integer,
@@ -82,9 +84,10 @@ node_transitions_table = Table(
 # The execution journal: one row per idempotency key, written before the back end is called and closed after.
 # A row still "started" after a crash is an action that may be half done; running it again resumes it (every
 # actuator call is idempotent: a drain evicts what is left, a cordon sets what is already set). ``owner`` names
-# the remediator running it; resuming is a claim on the row (``AuditLog.claim``), so of several processes on one
-# database that find the same row started (vigil serve --no-engine and vigil engine, both starting after a
-# crash), one resumes it.
+# the remediator running it and ``lease_expires`` when its claim lapses unless renewed (the owner renews it while
+# the action runs). Resuming is a claim on the row (``AuditLog.claim``), taken only once the lease has expired, so
+# of several processes on one database that find the same row started (vigil serve --no-engine and vigil engine,
+# after a crash), one resumes it, and none while its owner is alive.
 intents_table = Table(
     "remedy_intents",
     metadata,
@@ -95,9 +98,20 @@ intents_table = Table(
     Column("finished", Float),
     Column("action", JSON, nullable=False),
     Column("owner", String(120)),
+    Column("lease_expires", Float),
 )
 # columns added to a table after its first release: (table, column, SQL type), added to a database that lacks them
-_ADDED_COLUMNS = (("remedy_intents", "owner", "VARCHAR(120)"),)
+_ADDED_COLUMNS = (("remedy_intents", "owner", "VARCHAR(120)"), ("remedy_intents", "lease_expires", "FLOAT"))
+
+
+class UnfinishedRun(NamedTuple):
+    """A journal row still "started": the action, who ran it and until when their claim holds (None: a row from
+    before leases, or journalled without an owner, which any process may claim)."""
+
+    key: str
+    owner: str | None
+    lease_expires: float | None
+    action: Action
 
 _engines: dict[str, Engine] = {}
 _engines_lock = threading.Lock()
@@ -189,30 +203,51 @@ class AuditLog:
         with self.engine.connect() as conn:
             return [_action(row._mapping) for row in conn.execute(query)]
 
-    def begin(self, key: str, action: Action, owner: str | None = None) -> str | None:
-        """Journal that ``action`` is about to run (by ``owner``); returns the state a previous run under ``key``
-        left ("done", "started" after a crash, "failed"), or None when this is the first."""
-        row = {"key": key, "action_id": action.id, "state": "started", "started": time.time(),
-               "action": action.model_dump(mode="json"), "owner": owner}
+    def begin(self, key: str, action: Action, owner: str | None = None, *, now: float | None = None,
+              lease_expires: float | None = None) -> str | None:
+        """Journal that ``action`` is about to run, by ``owner`` under a claim good until ``lease_expires``.
+
+        Returns None when this is the first run under ``key``; else the state the previous run left: "done",
+        "failed", "started" (a run a crash left, taken over now: its owner's lease had expired, or it was this
+        owner's), or "running" - another owner's lease on it still holds, and nothing was changed."""
+        now = time.time() if now is None else now
+        row = {"key": key, "action_id": action.id, "state": "started", "started": now,
+               "action": action.model_dump(mode="json"), "owner": owner, "lease_expires": lease_expires}
         with self.engine.begin() as conn:
             found = conn.execute(select(intents_table.c.state).where(intents_table.c.key == key)).first()
             if found is None:
                 conn.execute(insert(intents_table).values(**row))
                 return None
-            if found.state != "done":
-                conn.execute(update(intents_table).where(intents_table.c.key == key)
-                             .values(state="started", owner=owner))
-            return str(found.state)
+            if found.state == "done":
+                return "done"
+            c = intents_table.c
+            # a failed run is anyone's to retry; a started one is this owner's, or its owner's lease has lapsed
+            free = (c.state == "failed") | (c.owner == owner) | _expired(now)
+            taken = conn.execute(update(intents_table).where(c.key == key, c.state == found.state, free)
+                                 .values(state="started", owner=owner, lease_expires=lease_expires))
+            return str(found.state) if taken.rowcount == 1 else "running"
 
-    def claim(self, key: str, owner: str, seen_owner: str | None) -> bool:
-        """Take over the unfinished run under ``key`` for ``owner``: a compare-and-set of the row's owner from
-        ``seen_owner`` (what ``unfinished_runs`` read) while it is still "started". True for one caller only;
-        False when another process claimed or finished it first."""
+    def claim(self, key: str, owner: str, seen_owner: str | None, *, now: float, lease_expires: float) -> bool:
+        """Take over the unfinished run under ``key`` for ``owner`` until ``lease_expires``: one UPDATE that changes
+        the row only while it is still "started", still ``seen_owner``'s (what ``unfinished_runs`` read) and that
+        owner's lease has expired by ``now``. True for one caller only; False when the lease still holds, or
+        another process claimed or finished the run first."""
         was = (intents_table.c.owner.is_(None) if seen_owner is None else intents_table.c.owner == seen_owner)
         with self.engine.begin() as conn:
             changed = conn.execute(update(intents_table)
-                                   .where(intents_table.c.key == key, intents_table.c.state == "started", was)
-                                   .values(owner=owner))
+                                   .where(intents_table.c.key == key, intents_table.c.state == "started", was,
+                                          _expired(now))
+                                   .values(owner=owner, lease_expires=lease_expires))
+            return changed.rowcount == 1
+
+    def renew(self, key: str, owner: str, lease_expires: float) -> bool:
+        """Extend ``owner``'s claim on the run under ``key``; False when the run is no longer its own (another
+        process took it over after the lease expired) or has finished."""
+        with self.engine.begin() as conn:
+            changed = conn.execute(update(intents_table)
+                                   .where(intents_table.c.key == key, intents_table.c.state == "started",
+                                          intents_table.c.owner == owner)
+                                   .values(lease_expires=lease_expires))
             return changed.rowcount == 1
 
     def finish(self, key: str, state: str) -> None:
@@ -222,18 +257,25 @@ class AuditLog:
 
     def unfinished(self) -> list[Action]:
         """Actions whose execution started and never ended: the process died in the middle."""
-        return [action for _, _, action in self.unfinished_runs()]
+        return [run.action for run in self.unfinished_runs()]
 
-    def unfinished_runs(self) -> list[tuple[str, str | None, Action]]:
-        """(idempotency key, owner, action) of every run that started and never ended, oldest first."""
+    def unfinished_runs(self) -> list[UnfinishedRun]:
+        """Every run that started and never ended, oldest first."""
+        c = intents_table.c
         with self.engine.connect() as conn:
-            rows = conn.execute(select(intents_table.c.key, intents_table.c.owner, intents_table.c.action)
-                                .where(intents_table.c.state == "started").order_by(intents_table.c.started))
-            return [(row.key, row.owner, Action.model_validate(row.action)) for row in rows]
+            rows = conn.execute(select(c.key, c.owner, c.lease_expires, c.action)
+                                .where(c.state == "started").order_by(c.started))
+            return [UnfinishedRun(row.key, row.owner, row.lease_expires, Action.model_validate(row.action))
+                    for row in rows]
 
     def count(self) -> int:
         with self.engine.connect() as conn:
             return int(conn.execute(select(func.count()).select_from(actions_table)).scalar_one())
+
+
+def _expired(now: float) -> ColumnElement[bool]:
+    """The row's lease has lapsed by ``now`` (a row without one, from before leases, is anyone's to claim)."""
+    return intents_table.c.lease_expires.is_(None) | (intents_table.c.lease_expires < now)
 
 
 def _row(action: Action) -> dict[str, object]:

@@ -15,6 +15,7 @@ from vigil.model import Action, ActionKind, ActionStatus, Anomaly, Diagnosis, no
 from vigil.remedy.actuators.base import Actuator, ActuatorError, migration_nodes
 from vigil.remedy.audit import AuditLog
 from vigil.remedy.guard import CAPACITY_ACTIONS, BlastRadiusGuard
+from vigil.remedy.lease import LEASE_S, Renewal, Wait, wall_wait
 from vigil.remedy.lifecycle import LifecycleStore, NodeState, Trigger, trigger_for_level
 from vigil.remedy.policy import PolicyEngine
 
@@ -80,6 +81,8 @@ class Remediator:
         hold_dry_runs: bool = True,
         requested_by: str = "vigil",
         clock: Callable[[], float] = time.time,
+        lease_s: float = LEASE_S,
+        wait: Wait = wall_wait,
     ) -> None:
         self.actuators = list(actuators)
         self.audit = audit
@@ -93,9 +96,11 @@ class Remediator:
         self.hold_dry_runs = hold_dry_runs
         self.requested_by = requested_by
         self.clock = clock
-        self._recovered = False
-        # who runs an action, in the execution journal: this remediator, distinct from any other process's
+        # who runs an action, in the execution journal: this remediator, distinct from any other process's. Its
+        # claim on a run lasts lease_s unless renewed; the renewal waits with ``wait`` (a fake clock's in tests).
         self.owner = f"{requested_by}-{uuid.uuid4().hex[:16]}"
+        self.lease_s = lease_s
+        self.wait = wait
 
     def actuator_for(self, action: Action) -> Actuator | None:
         return next((a for a in self.actuators if a.accepts(action)), None)
@@ -153,9 +158,14 @@ class Remediator:
         # The idempotency key is the action's id unless the caller names one: the same approved action executed
         # twice (a retry, a restart after kill -9) reaches the back end to completion once.
         key = str(action.params.setdefault("idempotency_key", action.id))
-        previous = self.audit.begin(key, action, owner=self.owner)
+        now = self.clock()
+        previous = self.audit.begin(key, action, owner=self.owner, now=now, lease_expires=now + self.lease_s)
         if previous == "done":
             action.status, action.result = ActionStatus.SKIPPED, f"already executed (idempotency key {key})"
+            return
+        if previous == "running":
+            action.status, action.result = (ActionStatus.SKIPPED,
+                                             f"running in another process (idempotency key {key})")
             return
         if self._done_per_actuator(action, actuator):
             self.audit.finish(key, "done")
@@ -167,7 +177,8 @@ class Remediator:
             self._advance_lifecycle(action)
             return
         try:
-            action.result = actuator.execute(action)
+            with Renewal(self.audit, key, self.owner, lease_s=self.lease_s, clock=self.clock, wait=self.wait):
+                action.result = actuator.execute(action)
         except (ActuatorError, OSError) as err:
             self.audit.finish(key, "failed")
             action.status, action.result = ActionStatus.FAILED, f"{actuator.name}: {err}"
@@ -182,21 +193,25 @@ class Remediator:
         self._advance_lifecycle(action)
 
     def recover(self) -> list[Action]:
-        """After a crash: run again every action whose execution started and never finished. Each resumes
-        under its idempotency key (a half-done drain evicts what is left), so none completes twice.
+        """Run again every action whose execution started and never finished, once its owner's lease has lapsed
+        (the owner died: a live one renews it). Each resumes under its idempotency key (a half-done drain evicts
+        what is left), so none completes twice.
 
-        Once per remediator: after that, an action journalled as started is one this process is running (the API
-        and the engine of `vigil serve` share one remediator), not one a crash left, and is not run again.
-        Across processes each resumption is a claim on the journal row (a compare-and-set of its owner): of two
-        processes on one database recovering at once (`vigil serve --no-engine` beside `vigil engine`), one
-        resumes an action and the other leaves it."""
-        if self._recovered:
-            return []
-        self._recovered = True
+        Taking a run over is a claim on its journal row (one UPDATE on the owner the journal named and its lapsed
+        lease): of several processes on one database recovering at once (`vigil serve --no-engine` beside
+        `vigil engine`), one resumes an action and the others leave it. A remediator never takes its own runs
+        (the API and the engine of `vigil serve` share one); the resumed action's record names the owner it was
+        taken from (``params.taken_over_from``) and when that owner's lease lapsed."""
         resumed = []
-        for key, owner, action in self.audit.unfinished_runs():
-            if owner == self.owner or not self.audit.claim(key, self.owner, owner):
-                continue  # this remediator's own run, or another process took it first
+        for run in self.audit.unfinished_runs():
+            now = self.clock()
+            if run.owner == self.owner or not self.audit.claim(run.key, self.owner, run.owner, now=now,
+                                                               lease_expires=now + self.lease_s):
+                continue  # this remediator's own run, a live owner's, or another process took it first
+            action = run.action.model_copy(deep=True)
+            if run.owner is not None:
+                action.params["taken_over_from"] = run.owner
+                action.params["lease_expired_at"] = run.lease_expires
             resumed.append(self.execute(action))
         return resumed
 

@@ -215,10 +215,8 @@ class Engine:
     def start(self) -> None:
         """Take up where the last engine stopped: actions it left half done, cursor, open incidents, the latest
         metric values."""
-        if self.remediator is not None and not self.remediator.dry_run:
-            # An action whose execution a killed predecessor began is finished (or refused) before anything new;
-            # a dry-run remediator (execute_actions off) resumes nothing.
-            self.resumed_actions = len(self.remediator.recover())
+        # An action whose execution a killed predecessor began is finished (or refused) before anything new.
+        self._resume_interrupted()
         _, state = self.store.cursor(CURSOR)
         self.event_cursor = int(state.get("events", 0))
         self.push_cursor = int(state.get("pushes", 0))
@@ -256,11 +254,20 @@ class Engine:
             if anomaly.detector == learned.name:
                 learned.resume(anomaly)
 
+    def _resume_interrupted(self) -> None:
+        """Resume the actions whose owner died mid-run (its lease lapsed): at start, a killed predecessor's; then
+        every tick, those of a server or engine beside this one that died. A dry-run remediator (execute_actions
+        off) resumes nothing."""
+        if self.remediator is not None and not self.remediator.dry_run:
+            self.resumed_actions += len(self.remediator.recover())
+
     # ---------------------------------------------------------------- one round
 
     def tick(self) -> TickReport:
         if not self._started:
             self.start()
+        else:
+            self._resume_interrupted()
         began = time.perf_counter()
         report = TickReport()
         now = self.clock()

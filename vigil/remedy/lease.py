@@ -1,0 +1,49 @@
+"""Leases on the execution journal's claims: an owner keeps its claim on a run alive while the action runs.
+
+A claim (``AuditLog.begin`` / ``AuditLog.claim``) holds until ``lease_expires``; another process may take the run
+over only after that (``Remediator.recover``). While the back end works - a drain evicting pod after pod may take
+minutes - a ``Renewal`` extends the lease every third of its length on a daemon thread, so a live owner never
+looks dead, and a killed one's claim lapses within one lease.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from types import TracebackType
+
+from vigil.remedy.audit import AuditLog
+
+LEASE_S = 30.0
+
+# wait(stop, seconds): block until ``stop`` is set (True) or ``seconds`` of the clock have passed (False)
+Wait = Callable[[threading.Event, float], bool]
+
+
+def wall_wait(stop: threading.Event, seconds: float) -> bool:
+    return stop.wait(seconds)
+
+
+class Renewal:
+    """``with Renewal(...):`` renews ``owner``'s claim on the run under ``key`` until the block ends, or until a
+    renewal finds the run no longer this owner's (it stalled past its lease and another process took it over)."""
+
+    def __init__(self, audit: AuditLog, key: str, owner: str, *, lease_s: float, clock: Callable[[], float],
+                 wait: Wait = wall_wait) -> None:
+        self.audit, self.key, self.owner = audit, key, owner
+        self.lease_s, self.clock, self.wait = lease_s, clock, wait
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._renew, name=f"vigil-lease-{key}"[:60], daemon=True)
+
+    def __enter__(self) -> Renewal:
+        self._thread.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _renew(self) -> None:
+        while not self.wait(self._stop, self.lease_s / 3):
+            if not self.audit.renew(self.key, self.owner, self.clock() + self.lease_s):
+                return
