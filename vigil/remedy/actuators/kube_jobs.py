@@ -106,12 +106,12 @@ def _patch_at(path: tuple[str, ...], value: Any) -> dict[str, Any]:
     return dict(patch)
 
 
-def unreachable() -> tuple[type[Exception], ...]:
-    """What the official client raises when the API server cannot be reached: urllib3's errors once its retries
-    are spent (``MaxRetryError`` over a refused connection or a timeout, no ``OSError``), and ``OSError``."""
-    from urllib3.exceptions import HTTPError
+@dataclass(frozen=True)
+class Declined:
+    """The API server's answer was an HTTP error the caller expects and handles (``KubeJobs._call``'s
+    ``expected``): 404 not there, 409 exists already, 429 a PodDisruptionBudget forbids an eviction now."""
 
-    return (OSError, HTTPError)
+    status: int
 
 
 class KubeJobs:
@@ -121,12 +121,21 @@ class KubeJobs:
     core: Any
     custom: Any
 
-    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    def _call(self, what: str, fn: Any, *args: Any, expected: tuple[int, ...] = (), **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)``, its answer; an HTTP error whose status is ``expected`` comes back as
+        ``Declined``. Any other HTTP error, and an API server that cannot be reached, fail the action in one
+        line naming ``what``."""
+        # unreachable: urllib3's errors once the client's retries are spent (MaxRetryError over a refused
+        # connection or a timeout, which is no OSError), and OSError
+        from urllib3.exceptions import HTTPError
+
         try:
             return fn(*args, **kwargs)
         except self.client.exceptions.ApiException as err:
+            if err.status in expected:
+                return Declined(err.status)
             raise ActuatorError(f"{what}: HTTP {err.status} {err.reason}") from None
-        except unreachable() as err:
+        except (OSError, HTTPError) as err:
             raise ActuatorError(f"{what}: {err}") from None
 
     def _job_pods(self, namespace: str, name: str) -> list[Any]:
@@ -141,16 +150,10 @@ class KubeJobs:
     def _job_object(self, namespace: str, name: str) -> tuple[JobKind, dict[str, Any]] | None:
         """The job object (the first of ``JOB_KINDS`` the API has under that name), or None."""
         for kind in JOB_KINDS:
-            try:
-                found = self.custom.get_namespaced_custom_object(kind.group, kind.version, namespace, kind.plural,
-                                                                 name)
-            except self.client.exceptions.ApiException as err:
-                if err.status == 404:  # not this kind (or its CRD is not installed)
-                    continue
-                raise ActuatorError(f"read {kind} {namespace}/{name}: HTTP {err.status} {err.reason}") from None
-            except unreachable() as err:
-                raise ActuatorError(f"read {kind} {namespace}/{name}: {err}") from None
-            return kind, dict(found)
+            found = self._call(f"read {kind} {namespace}/{name}", self.custom.get_namespaced_custom_object,
+                               kind.group, kind.version, namespace, kind.plural, name, expected=(404,))
+            if not isinstance(found, Declined):  # 404: not this kind (or its CRD is not installed)
+                return kind, dict(found)
         return None
 
     def _require_job(self, namespace: str, name: str) -> tuple[JobKind, dict[str, Any]]:
@@ -165,15 +168,11 @@ class KubeJobs:
         uid = job.get("metadata", {}).get("uid")
         if not uid:
             return None
-        try:
-            found = self.custom.list_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads",
-                                                              label_selector=f"{JOB_UID_LABEL}={uid}")
-        except self.client.exceptions.ApiException as err:
-            if err.status == 404:  # Kueue is not installed
-                return None
-            raise ActuatorError(f"list workloads in {namespace}: HTTP {err.status} {err.reason}") from None
-        except unreachable() as err:
-            raise ActuatorError(f"list workloads in {namespace}: {err}") from None
+        found = self._call(f"list workloads in {namespace}", self.custom.list_namespaced_custom_object, KUEUE_GROUP,
+                           KUEUE_VERSION, namespace, "workloads", label_selector=f"{JOB_UID_LABEL}={uid}",
+                           expected=(404,))
+        if isinstance(found, Declined):  # Kueue is not installed
+            return None
         items = found.get("items", [])
         return dict(items[0]) if items else None
 
@@ -294,11 +293,12 @@ class KubeJobs:
         fails or succeeds on its own)."""
         queue, resource, _ = self.quota(action)
         try:
-            found = self.custom.get_cluster_custom_object(KUEUE_GROUP, KUEUE_VERSION, "clusterqueues", queue)
-        except self.client.exceptions.ApiException as err:
-            return f"no ClusterQueue {queue} in the API" if err.status == 404 else None
-        except unreachable():
+            found = self._call(f"read ClusterQueue {queue}", self.custom.get_cluster_custom_object, KUEUE_GROUP,
+                               KUEUE_VERSION, "clusterqueues", queue, expected=(404,))
+        except ActuatorError:  # the API cannot tell
             return None
+        if isinstance(found, Declined):
+            return f"no ClusterQueue {queue} in the API"
         try:
             self._quotas(queue, dict(found).get("spec", {}), resource, action.params.get("flavor"))
         except ActuatorError as err:

@@ -34,7 +34,7 @@ from typing import Any
 
 from vigil.model import Action, ActionKind, parse_entity
 from vigil.remedy.actuators.base import Actuator, ActuatorError, migration_nodes
-from vigil.remedy.actuators.kube_jobs import JOB_POD_LABELS, KubeJobs, job_ref, unreachable
+from vigil.remedy.actuators.kube_jobs import JOB_POD_LABELS, Declined, KubeJobs, job_ref
 from vigil.sources.collect.kube_client import kube_api_client
 
 STATE_LABEL = "vigil.dev/state"
@@ -138,15 +138,9 @@ class KubernetesActuator(KubeJobs, Actuator):
             return False
         name = self.node_name(action)
         if action.kind is ActionKind.REBOOT:
-            try:
-                self.custom.get_cluster_custom_object(JANITOR_GROUP, JANITOR_VERSION, REBOOT_PLURAL, _cr_name(name))
-                return True
-            except self.client.exceptions.ApiException as err:
-                if err.status == 404:
-                    return False
-                raise ActuatorError(f"read RebootNode for {name}: HTTP {err.status}") from None
-            except unreachable() as err:
-                raise ActuatorError(f"read RebootNode for {name}: {err}") from None
+            found = self._call(f"read RebootNode for {name}", self.custom.get_cluster_custom_object, JANITOR_GROUP,
+                               JANITOR_VERSION, REBOOT_PLURAL, _cr_name(name), expected=(404,))
+            return not isinstance(found, Declined)
         if action.kind is ActionKind.DRAIN:
             return False
         unschedulable = bool(self._node(name).spec.unschedulable)
@@ -256,16 +250,13 @@ class KubernetesActuator(KubeJobs, Actuator):
                 metadata=self.client.V1ObjectMeta(name=meta.name, namespace=meta.namespace),
                 delete_options=delete_options,
             )
-            try:
-                self.core.create_namespaced_pod_eviction(meta.name, meta.namespace, eviction)
-                evicted.append(f"{meta.namespace}/{meta.name}")
-            except self.client.exceptions.ApiException as err:
-                if err.status == 429:  # a PodDisruptionBudget forbids it now; retry on the next pass
-                    blocked.append(f"{meta.namespace}/{meta.name}")
-                elif err.status != 404:
-                    raise ActuatorError(f"evict {meta.namespace}/{meta.name}: HTTP {err.status}") from None
-            except unreachable() as err:
-                raise ActuatorError(f"evict {meta.namespace}/{meta.name}: {err}") from None
+            pod = f"{meta.namespace}/{meta.name}"
+            answer = self._call(f"evict {pod}", self.core.create_namespaced_pod_eviction, meta.name, meta.namespace,
+                                eviction, expected=(404, 429))
+            if answer == Declined(429):  # a PodDisruptionBudget forbids it now; retry on the next pass
+                blocked.append(pod)
+            elif not isinstance(answer, Declined):  # 404: gone already
+                evicted.append(pod)
         self._call(
             f"label node {name}",
             self.core.patch_node,
@@ -344,14 +335,9 @@ class KubernetesActuator(KubeJobs, Actuator):
                 if not self._node(node).spec.unschedulable:
                     self._cordon(node, action)
                     cordoned.append(node)
-        for pod in pods:
-            try:
-                self.core.delete_namespaced_pod(pod.metadata.name, namespace)
-            except self.client.exceptions.ApiException as err:
-                if err.status != 404:  # gone already: its controller is recreating it
-                    raise ActuatorError(f"delete pod {namespace}/{pod.metadata.name}: HTTP {err.status}") from None
-            except unreachable() as err:
-                raise ActuatorError(f"delete pod {namespace}/{pod.metadata.name}: {err}") from None
+        for pod in pods:  # a 404 is a pod gone already: its controller is recreating it
+            self._call(f"delete pod {namespace}/{pod.metadata.name}", self.core.delete_namespaced_pod,
+                       pod.metadata.name, namespace, expected=(404,))
         where = sorted({pod.spec.node_name for pod in pods if pod.spec.node_name})
         result = f"deleted {len(pods)} pods of job {namespace}/{name} (on {', '.join(where) or 'no node'})"
         if cordoned:

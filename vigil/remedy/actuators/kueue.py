@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from vigil.model import Action, ActionKind, parse_entity
-from vigil.remedy.actuators.base import Actuator, ActuatorError
+from vigil.remedy.actuators.base import Actuator
 from vigil.remedy.actuators.kube_jobs import (
     GPU_RESOURCE,
     JOB_NAME_LABEL,
@@ -32,9 +32,9 @@ from vigil.remedy.actuators.kube_jobs import (
     MERGE_PATCH,
     NOTICE_AT,
     NOTICE_SIGNAL,
+    Declined,
     KubeJobs,
     job_ref,
-    unreachable,
 )
 from vigil.sources.collect.kube_client import kube_api_client
 
@@ -64,23 +64,17 @@ class KueueActuator(KubeJobs, Actuator):
         for body in objects:
             kind, metadata = body["kind"], body["metadata"]
             what = f"{kind} {metadata.get('namespace', '') + '/' if 'namespace' in metadata else ''}{metadata['name']}"
-            try:
-                if kind == "PriorityClass":
-                    # the client serializes a dict body as it is; the stub asks for its model class
-                    self.scheduling.create_priority_class(body)  # type: ignore[arg-type]
-                elif "namespace" in metadata:
-                    self.custom.create_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, metadata["namespace"],
-                                                                plural[kind], body)
-                else:
-                    self.custom.create_cluster_custom_object(KUEUE_GROUP, KUEUE_VERSION, plural[kind], body)
-            except self.client.exceptions.ApiException as err:
-                if err.status != 409:
-                    raise ActuatorError(f"create {what}: HTTP {err.status} {err.reason}") from None
-                results.append(f"{what} exists")
-                continue
-            except unreachable() as err:
-                raise ActuatorError(f"create {what}: {err}") from None
-            results.append(f"{what} created")
+            create: Any
+            where: tuple[str, ...]  # the arguments before the body
+            if kind == "PriorityClass":  # the client serializes a dict body as it is
+                create, where = self.scheduling.create_priority_class, ()
+            elif "namespace" in metadata:
+                create = self.custom.create_namespaced_custom_object
+                where = (KUEUE_GROUP, KUEUE_VERSION, metadata["namespace"], plural[kind])
+            else:
+                create, where = self.custom.create_cluster_custom_object, (KUEUE_GROUP, KUEUE_VERSION, plural[kind])
+            answer = self._call(f"create {what}", create, *where, body, expected=(409,))
+            results.append(f"{what} exists" if isinstance(answer, Declined) else f"{what} created")
         return results
 
     def workloads(self) -> list[dict[str, Any]]:
