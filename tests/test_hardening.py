@@ -421,6 +421,9 @@ def team(tmp_path: Path):  # type: ignore[no-untyped-def]
     from vigil.config import Settings
     from vigil.faces.api.app import create_app
     from vigil.faces.api.auth import User, hash_token, save_users
+    from vigil.remedy.actuators.base import OutboxActuator
+    from vigil.remedy.audit import AuditLog
+    from vigil.remedy.remediator import Remediator
     from vigil.store.sql import Store
 
     tokens = {name: f"tok-{name}-{'x' * 20}" for name in ("vera", "otto", "ada", "alan", "root")}
@@ -429,7 +432,9 @@ def team(tmp_path: Path):  # type: ignore[no-untyped-def]
     save_users(users_file, [User(name=n, role=roles[n], token_sha256=hash_token(t)) for n, t in tokens.items()])
     store = Store(f"sqlite:///{tmp_path / 'vigil.db'}")
     settings = Settings(home=tmp_path, users_file=users_file)
-    with TestClient(create_app(store, settings=settings)) as client:
+    # a back end with execution off: executing an approved action is a dry run
+    remediator = Remediator([OutboxActuator(tmp_path / "outbox.jsonl")], AuditLog(store.url), hold_dry_runs=False)
+    with TestClient(create_app(store, settings=settings, remediator=remediator)) as client:
         yield client, tokens, users_file
 
 

@@ -89,7 +89,7 @@ def test_kill_9_mid_drain_then_restart_resumes_once(tmp_path: Path) -> None:
 
 def test_serve_resumes_interrupted_actions_when_it_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from vigil.config import Settings
-    from vigil.faces.cli.serve import _executor
+    from vigil.faces.cli.serve import _resumed
     from vigil.model import Node, Topology
     from vigil.remedy.acting import remediator_for
     from vigil.remedy.lifecycle import LifecycleStore
@@ -104,8 +104,8 @@ def test_serve_resumes_interrupted_actions_when_it_starts(tmp_path: Path, monkey
     store = Store(settings.database_url())
     store.save_topology(Topology(nodes=[Node(name=f"n{i}", switch="s0") for i in range(20)]))
     lifecycle = LifecycleStore(settings.database_url())
-    assert _executor(remediator_for("slurm", settings.model_copy(update={"execute_actions": False}),
-                                    store.topology() or Topology(), lifecycle, "vigil-api")) is None
+    _resumed(remediator_for("slurm", settings.model_copy(update={"execute_actions": False}),
+                            store.topology() or Topology(), lifecycle, "vigil-api"))
     assert len(audit.unfinished()) == 1 and scontrol_updates(tmp_path) == 0  # dry-run: nothing resumed
-    _executor(remediator_for("slurm", settings, store.topology() or Topology(), lifecycle, "vigil-api"))
+    _resumed(remediator_for("slurm", settings, store.topology() or Topology(), lifecycle, "vigil-api"))
     assert audit.unfinished() == [] and scontrol_updates(tmp_path) == 1

@@ -1,5 +1,5 @@
 """`vigil mcp` acts through the same remedy back end as `vigil serve`: --actuator, else the setting remedy_backend;
-execution opt-in (execute_actions), a dry run otherwise; the two-person rule and the blast-radius guard as before.
+a dry run by default, execution opt-in (execute_actions); the two-person rule and the blast-radius guard as before.
 The back end is Slurm against the recording scontrol of tests/remedy/conftest.py."""
 
 from __future__ import annotations
@@ -55,9 +55,9 @@ async def _error(client: Client, tool: str, **arguments: Any) -> str:
     return str(result.content[0].text)  # type: ignore[union-attr]
 
 
-def _propose_approve_execute(server: MCPServer) -> dict[str, Any]:
+def _propose_approve_execute(server: MCPServer, *, dry_run: bool = True) -> dict[str, Any]:
     """An agent (the local MCP user) proposes a cordon; it cannot approve it itself; another approver does; the
-    agent executes it."""
+    agent executes it (``dry_run``), and tries again."""
     out: dict[str, Any] = {}
 
     async def session() -> None:
@@ -72,8 +72,8 @@ def _propose_approve_execute(server: MCPServer) -> dict[str, Any]:
                     assert approved["status"] == "approved" and approved["params"]["approved_by"] == "alice"
             finally:
                 mcp_caller.reset(token)
-            out["executed"] = await _call(agent, "execute_action", action_id=proposed["id"])
-            out["again"] = await _error(agent, "execute_action", action_id=proposed["id"])
+            out["executed"] = await _call(agent, "execute_action", action_id=proposed["id"], dry_run=dry_run)
+            out["again"] = await _error(agent, "execute_action", action_id=proposed["id"], dry_run=dry_run)
 
     anyio.run(session)
     return out
@@ -105,7 +105,7 @@ def test_an_mcp_action_reaches_the_chosen_backend_when_execution_is_on(
     server, stderr = _mcp_server(tmp_path, monkeypatch, {"VIGIL_REMEDY_BACKEND": "none",
                                                          "VIGIL_EXECUTE_ACTIONS": "true"}, ["--actuator", "slurm"])
     assert "remedy backend slurm: execute_actions on" in stderr
-    out = _propose_approve_execute(server)
+    out = _propose_approve_execute(server, dry_run=False)
     assert "two-person rule" in out["own_approval"]
     done = out["executed"]
     assert done["status"] == "executed" and done["dry_run"] is False, done
@@ -140,7 +140,7 @@ def test_an_mcp_dry_run_can_be_tried_again_and_then_executed(
     action's id failed - after the back end had run it)."""
     from vigil.remedy.audit import AuditLog
 
-    async def approve_and_execute(server: MCPServer, action_id: str) -> dict[str, Any]:
+    async def approve_and_execute(server: MCPServer, action_id: str, *, dry_run: bool = True) -> dict[str, Any]:
         token = mcp_caller.set(Identity("alice", Role.APPROVER))
         try:
             async with Client(server) as approver:
@@ -148,7 +148,7 @@ def test_an_mcp_dry_run_can_be_tried_again_and_then_executed(
         finally:
             mcp_caller.reset(token)
         async with Client(server) as agent:
-            return await _call(agent, "execute_action", action_id=action_id)
+            return await _call(agent, "execute_action", action_id=action_id, dry_run=dry_run)
 
     dry, _ = _mcp_server(tmp_path, monkeypatch, {"VIGIL_REMEDY_BACKEND": "slurm"}, [])
     out: dict[str, Any] = {}
@@ -168,7 +168,7 @@ def test_an_mcp_dry_run_can_be_tried_again_and_then_executed(
                          [])
 
     async def real_run() -> None:
-        out["real"] = await approve_and_execute(wet, out["id"])
+        out["real"] = await approve_and_execute(wet, out["id"], dry_run=False)
 
     anyio.run(real_run)
     assert out["real"]["status"] == "executed" and out["real"]["dry_run"] is False, out["real"]

@@ -94,19 +94,19 @@ def test_serve_acts_through_the_configured_backend_dry_run_unless_execute_action
     assert engine.remediator is not None and engine.remediator.dry_run
     assert any(isinstance(a, SlurmActuator) for a in engine.remediator.actuators)
     assert engine.remediator.guard is not None  # the blast-radius guard stands in front of it
-    assert served.state.ctx.executor is None  # nothing is executed: approvals run as dry-runs only
+    assert served.state.ctx.remediator is engine.remediator  # nothing is executed: approvals run as dry-runs only
     assert "remedy backend slurm: dry-run" in stderr
 
     engine, served, stderr = _serve_engine(tmp_path, monkeypatch, {"VIGIL_REMEDY_BACKEND": "slurm",
                                                                    "VIGIL_EXECUTE_ACTIONS": "true"}, [])
     assert engine.remediator is not None and not engine.remediator.dry_run
     assert any(isinstance(a, SlurmActuator) for a in engine.remediator.actuators)
-    assert served.state.ctx.executor is not None and "execute_actions on" in stderr
+    assert served.state.ctx.remediator is engine.remediator and "execute_actions on" in stderr
 
     # an explicit --actuator wins over the setting
     engine, served, _ = _serve_engine(tmp_path, monkeypatch, {"VIGIL_REMEDY_BACKEND": "slurm",
                                                               "VIGIL_EXECUTE_ACTIONS": "true"}, ["--actuator", "none"])
-    assert engine.remediator is None and served.state.ctx.executor is None
+    assert engine.remediator is None and served.state.ctx.remediator is None
 
 
 def test_the_engine_of_serve_does_not_run_again_an_action_the_server_is_executing(
@@ -119,7 +119,7 @@ def test_the_engine_of_serve_does_not_run_again_an_action_the_server_is_executin
 
     engine, served, _ = _serve_engine(tmp_path, monkeypatch, {"VIGIL_REMEDY_BACKEND": "slurm",
                                                               "VIGIL_EXECUTE_ACTIONS": "true"}, [])
-    assert served.state.ctx.executor is not None
+    assert served.state.ctx.remediator is not None and not served.state.ctx.remediator.dry_run
     in_flight = Action(ts=1_764_576_000.0, kind=ActionKind.DRAIN, target="node/n1", reason="xid 79",
                        status=ActionStatus.APPROVED)
     audit = AuditLog(f"sqlite:///{tmp_path / 'vigil.db'}")

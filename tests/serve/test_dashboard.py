@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes.client import ApiClient
 
 from tests.serve.conftest import (
     APPROVER,
@@ -21,7 +22,10 @@ from tests.serve.conftest import (
 )
 from vigil.faces.api.app import create_app
 from vigil.model import ActionStatus, FaultLevel, IncidentStatus
+from vigil.remedy.actuators.kubernetes import KubernetesActuator
+from vigil.remedy.audit import AuditLog
 from vigil.remedy.lifecycle import LifecycleStore, Trigger
+from vigil.remedy.remediator import Remediator
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +40,10 @@ def site(cluster: SimCluster) -> Iterator[str]:
     if lifecycle.status(node).state.value == "healthy":
         for trigger in (Trigger.CORDON, Trigger.DRAIN, Trigger.DRAINED, Trigger.REPAIRED):
             lifecycle.apply(node, trigger, f"test: {trigger.value}")
-    app = create_app(cluster.store, cluster.metrics, cluster.settings(), launch_dirs=[FIXTURES], lifecycle=lifecycle)
+    # a Kubernetes back end with execution off: the dry runs say what it would do, no API server is called
+    remediator = Remediator([KubernetesActuator(ApiClient())], AuditLog(cluster.store.url), hold_dry_runs=False)
+    app = create_app(cluster.store, cluster.metrics, cluster.settings(), launch_dirs=[FIXTURES], lifecycle=lifecycle,
+                     remediator=remediator)
     with serve_in_thread(app) as base_url:
         yield base_url
 
@@ -138,7 +145,8 @@ def test_incident_detail_and_approve_flow(page: Any, site: str, cluster: SimClus
     assert stored.params["approved_by"] == APPROVER
     with page.expect_navigation():
         page.locator(f"#action-{action_id} button.execute").click()
-    assert page.locator(f"#action-{action_id} td.result").inner_text().startswith("dry-run: would cordon")
+    assert page.locator(f"#action-{action_id} td.result").inner_text().startswith("dry-run: would cordon node")
+    assert page.locator(f"#action-{action_id} td.status").inner_text() == "proposed"  # to approve before it runs
     shot(page, "incident")
 
 

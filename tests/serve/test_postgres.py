@@ -10,6 +10,9 @@ from fastapi.testclient import TestClient
 from tests.serve.conftest import APPROVER_AUTH, TOKEN, build_cluster, fresh_database, reader_cookies
 from tests.serve.test_alertmanager import PAYLOAD
 from vigil.faces.api.app import create_app
+from vigil.remedy.actuators.base import OutboxActuator
+from vigil.remedy.audit import AuditLog
+from vigil.remedy.remediator import Remediator
 
 pytestmark = pytest.mark.slow
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -18,7 +21,10 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 def test_api_on_postgresql(postgres_url: str, tmp_path: Path) -> None:
     cluster = build_cluster(fresh_database(postgres_url, "api"), tmp_path)
     assert cluster.store.engine.dialect.name == "postgresql"
-    with TestClient(create_app(cluster.store, cluster.metrics, cluster.settings()), cookies=reader_cookies()) as client:
+    # execution on, through the outbox back end: the action, its journal and its audit record on PostgreSQL
+    remediator = Remediator([OutboxActuator(tmp_path / "outbox.jsonl")], AuditLog(cluster.store.url), dry_run=False)
+    app = create_app(cluster.store, cluster.metrics, cluster.settings(execute_actions=True), remediator=remediator)
+    with TestClient(app, cookies=reader_cookies()) as client:
         listed = client.get("/api/v1/incidents", params={"limit": 1000}).json()
         assert {i["id"] for i in listed} == {i.id for i in cluster.result.incidents}
         nodes = client.get("/api/v1/nodes").json()
@@ -29,11 +35,11 @@ def test_api_on_postgresql(postgres_url: str, tmp_path: Path) -> None:
         action = client.post(
             "/api/v1/actions",
             headers=AUTH,
-            json={"kind": "drain", "target": "node/n003", "incident_id": cluster.incident.id},
+            json={"kind": "vendor_ticket", "target": "node/n003", "incident_id": cluster.incident.id},
         ).json()
         client.post(f"/api/v1/actions/{action['id']}/approve", headers=APPROVER_AUTH)
-        done = client.post(f"/api/v1/actions/{action['id']}/execute", headers=AUTH).json()
-        assert done["status"] == "executed"
+        done = client.post(f"/api/v1/actions/{action['id']}/execute", params={"dry_run": False}, headers=AUTH).json()
+        assert done["status"] == "executed" and done["params"]["actuator"] == "outbox"
         assert client.post("/api/v1/alertmanager", headers=AUTH, json=PAYLOAD).json()["stored"] == 2
         assert "vigil_gpu_fault_level" in client.get("/metrics").text
         assert client.get("/").status_code == 200

@@ -113,9 +113,11 @@ class Remediator:
     def execute_all(self, actions: Iterable[Action]) -> list[Action]:
         return [self.execute(action) for action in actions]
 
-    def execute(self, action: Action) -> Action:
+    def execute(self, action: Action, *, dry_run: bool = False) -> Action:
+        """Decide ``action`` and audit the verdict. ``dry_run`` makes this one call a dry run on a remediator that
+        executes (a server's preview of an approved action); nothing makes a dry-run remediator execute."""
         action = action.model_copy(deep=True)
-        action.dry_run = self.dry_run
+        action.dry_run = self.dry_run or dry_run
         action.requested_by = action.requested_by if action.requested_by != "vigil" else self.requested_by
         if action.status is ActionStatus.PROPOSED or action.status is ActionStatus.APPROVED:
             self._decide(action)
@@ -141,11 +143,11 @@ class Remediator:
         guarded = capacity_nodes(action) if self.guard is not None else []
         if guarded:
             assert self.guard is not None
-            verdict = self.guard.admit_all(guarded, reserve=self.hold_dry_runs or not self.dry_run)
+            verdict = self.guard.admit_all(guarded, reserve=self.hold_dry_runs or not action.dry_run)
             if not verdict.admitted:
                 action.status, action.result = ActionStatus.REFUSED, verdict.reason
                 return
-        if self.dry_run:
+        if action.dry_run:
             try:
                 action.status, action.result = ActionStatus.PROPOSED, f"dry-run: would {actuator.describe(action)}"
             except ActuatorError as err:  # a target or parameter this back end cannot take

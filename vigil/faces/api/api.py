@@ -9,6 +9,7 @@ from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request, sta
 from pydantic import BaseModel, Field
 
 from vigil.diagnose.memory import remember
+from vigil.faces.api.actions import approve, execute
 from vigil.faces.api.alertmanager import alerts_to_events, parse_payload
 from vigil.faces.api.auth import Identity, check_approver, check_operator, check_read
 from vigil.faces.api.context import ServeContext
@@ -30,7 +31,6 @@ from vigil.faces.api.responses import (
 from vigil.model import (
     Action,
     ActionKind,
-    ActionStatus,
     Diagnosis,
     EntityId,
     Event,
@@ -232,69 +232,19 @@ def propose_action(body: ActionRequest, ctx: Ctx, user: Writer) -> Action:
     return action
 
 
-def _action(ctx: ServeContext, action_id: str) -> Action:
-    found = ctx.store.action(action_id)
-    if found is None:
-        raise _not_found("action", action_id)
-    return found
-
-
 @router.post("/actions/{action_id}/approve", tags=["actions"])
 def approve_action(action_id: str, ctx: Ctx, user: Approver) -> Action:
     """proposed -> approved (idempotent for an approved action). Needs the approver role; with the two-person
     rule on (the default) the user who proposed a destructive action cannot approve it."""
-    with ctx.action_lock:
-        action = _action(ctx, action_id)
-        if action.status is ActionStatus.APPROVED:
-            return action
-        if action.status is not ActionStatus.PROPOSED:
-            raise HTTPException(
-                status.HTTP_409_CONFLICT,
-                f"action {action_id} is {action.status.value}; only a proposed action can be approved",
-            )
-        if action.kind.destructive and not ctx.auth.may_approve(user, action.requested_by):
-            raise HTTPException(
-                status.HTTP_403_FORBIDDEN,
-                f"two-person rule: {user.name} proposed this {action.kind.value}; another approver must approve it",
-            )
-        action.status = ActionStatus.APPROVED
-        action.params = {**action.params, "approved_by": user.name, "approved_at": time.time()}
-        ctx.store.update_action(action)
-        return action
+    return approve(ctx, action_id, user)
 
 
 @router.post("/actions/{action_id}/execute", tags=["actions"])
 def execute_action(action_id: str, ctx: Ctx, user: Writer, dry_run: Annotated[bool, Query()] = True) -> Action:
-    """Run an approved action. ``dry_run=true`` (the default) records what would happen and changes nothing;
-    a real run also needs ``execute_actions`` on in the settings and an actuator configured."""
-    with ctx.action_lock:
-        action = _action(ctx, action_id)
-        if action.status is not ActionStatus.APPROVED:
-            raise HTTPException(
-                status.HTTP_409_CONFLICT,
-                f"action {action_id} is {action.status.value}; approve it before executing",
-            )
-        if not dry_run and not ctx.settings.execute_actions:
-            raise HTTPException(
-                status.HTTP_409_CONFLICT,
-                "real execution is off (settings execute_actions=false); use dry_run=true",
-            )
-        if not dry_run and ctx.executor is None:
-            raise HTTPException(status.HTTP_409_CONFLICT, "no actuator is configured on this server")
-        action.dry_run = dry_run
-        if dry_run:
-            action.status = ActionStatus.EXECUTED
-            action.result = f"dry-run: would {action.kind.value} {action.target}"
-        else:
-            assert ctx.executor is not None
-            # The remediator decides (blast-radius guard, lifecycle, idempotence) and runs the actuator; its
-            # verdict - executed, skipped, refused or failed - is what the action records.
-            decided = ctx.executor(action)
-            action.status, action.result = decided.status, decided.result
-            action.params = {**action.params, **decided.params}
-        action.params = {**action.params, "executed_by": user.name, "executed_at": time.time()}
-        ctx.store.update_action(action)
-        return action
+    """Run an approved action through the server's remedy back end; the action records the verdict.
+    ``dry_run=true`` (the default) calls no back end: the action comes back proposed, saying what it would run.
+    A real run also needs ``execute_actions`` on in the settings."""
+    return execute(ctx, action_id, user, dry_run=dry_run)
 
 
 # ------------------------------------------------------------------------------------------ events

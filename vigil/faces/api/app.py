@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,17 +17,19 @@ from vigil import __version__
 from vigil.config import Settings
 from vigil.config import settings as default_settings
 from vigil.faces.api import a2a, api, chat, cluster_map, dashboard, ingest, runs
+from vigil.faces.api.actions import ActionRefused
 from vigil.faces.api.auth import SignInRequired
 from vigil.faces.api.context import ServeContext
 from vigil.faces.api.dcgm import CONTENT_TYPE as DCGM_CONTENT_TYPE
 from vigil.faces.api.dcgm import render_dcgm
 from vigil.faces.api.exporter import render_metrics
-from vigil.model import Action, VigilConflictError, VigilInputError
+from vigil.model import VigilConflictError, VigilInputError
 from vigil.remedy.lifecycle import LifecycleStore
 from vigil.sources.promql import PromQLSource
 from vigil.store.metrics import MetricFrame, MetricStore
 
 if TYPE_CHECKING:
+    from vigil.remedy.remediator import Remediator
     from vigil.store.sql import Store
 
 
@@ -47,7 +48,7 @@ def create_app(
     *,
     prom: PromQLSource | None = None,
     launch_dirs: list[Path] | None = None,
-    executor: Callable[[Action], Action] | None = None,
+    remediator: Remediator | None = None,
     lifecycle: LifecycleStore | None = None,
 ) -> FastAPI:
     """Build the server over a Store (events, incidents, actions, topology) and a metrics source: the
@@ -58,7 +59,7 @@ def create_app(
         metrics=metrics,
         prom=prom,
         launch_dirs=list(launch_dirs or []),
-        executor=executor,
+        remediator=remediator,
         lifecycle=lifecycle,
     )
     return app_for_context(ctx)
@@ -83,6 +84,8 @@ def app_for_context(ctx: ServeContext) -> FastAPI:
 
     @app.exception_handler(VigilInputError)
     async def _bad_input(request: Request, err: VigilInputError) -> JSONResponse:
+        if isinstance(err, ActionRefused):
+            return JSONResponse({"detail": str(err)}, status_code=err.status_code)
         return JSONResponse({"detail": str(err)}, status_code=409 if isinstance(err, VigilConflictError) else 400)
 
     @app.exception_handler(SignInRequired)

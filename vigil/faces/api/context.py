@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -18,7 +17,7 @@ from vigil.detect.waste import WasteReport, gpu_waste, window_of
 from vigil.faces.api.auth import Authenticator
 from vigil.faces.api.exporter import VigilCollector
 from vigil.faces.api.hang import find_reports
-from vigil.model import Action, Diagnosis, Event, FaultLevel, Topology, VigilInputError
+from vigil.model import Diagnosis, Event, FaultLevel, Topology, VigilInputError
 from vigil.remedy.lifecycle import LifecycleStore
 from vigil.sources.promql import PromQLSource
 from vigil.store import schema as tables
@@ -92,9 +91,9 @@ class ServeContext:
     metrics: MetricStore | None = None
     prom: PromQLSource | None = None
     launch_dirs: list[Path] = field(default_factory=list)
-    executor: Callable[[Action], Action] | None = None
     lifecycle: LifecycleStore | None = None
-    # the remediator of the configured back end (dry-run while execute_actions is off), None for backend none
+    # the remediator of the configured back end (dry-run while execute_actions is off), None for backend none:
+    # what approved actions run through (vigil.faces.api.actions), and the engine of `vigil serve` too
     remediator: Remediator | None = None
     backend: str = "none"
     collector: VigilCollector = field(init=False)

@@ -3,8 +3,9 @@ HTTP.
 
 Tools compute, the model explains: every tool returns small, already-computed JSON (summaries, statistics,
 downsampled series), never a raw dump, so an agent's context stays within budget. The server is read-only;
-``allow_writes=True`` (``vigil mcp --allow-writes``) adds ``propose_action`` and ``approve_action``, which
-still never execute anything: execution stays behind the REST API's token and dry-run switch.
+``allow_writes=True`` (``vigil mcp --allow-writes``) adds ``propose_action``, ``approve_action`` and
+``execute_action``, decided as the REST API decides them (``vigil.faces.api.actions``): dry-run by default, real
+execution only with execute_actions on.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel
 
+from vigil.faces.api.actions import approve, execute
 from vigil.faces.api.analysis import Analysis, incident_summary
-from vigil.faces.api.auth import Role, mcp_identity
+from vigil.faces.api.auth import mcp_identity
 from vigil.faces.api.context import ServeContext
 from vigil.faces.api.responses import (
     ActionItem,
@@ -43,12 +45,10 @@ from vigil.knowledge.xid import xid_info
 from vigil.model import (
     Action,
     ActionKind,
-    ActionStatus,
     FaultLevel,
     IncidentStatus,
     VigilInputError,
     covers,
-    new_id,
     node_of,
     parse_entity,
 )
@@ -260,60 +260,15 @@ def build_mcp_server(ctx: ServeContext, *, allow_writes: bool = False) -> MCPSer
 
         @tool
         def approve_action(action_id: str) -> Action:
-            """Approve a proposed action (execute_action then runs it)."""
-            with ctx.action_lock:
-                action = ctx.store.action(action_id)
-                if action is None:
-                    raise VigilInputError(f"no action {action_id!r}")
-                if action.status is not ActionStatus.PROPOSED:
-                    raise VigilInputError(f"action {action_id} is {action.status.value}; only proposed ones")
-                caller = mcp_identity()
-                if caller.role < Role.APPROVER:
-                    raise VigilInputError(f"user {caller.name!r} is {caller.role.label}; approving needs approver")
-                if action.kind.destructive and not ctx.auth.may_approve(caller, action.requested_by):
-                    raise VigilInputError(
-                        f"two-person rule: {caller.name} proposed this {action.kind.value}; another approver "
-                        "must approve it"
-                    )
-                action.status = ActionStatus.APPROVED
-                action.params = {**action.params, "approved_by": caller.name}
-                ctx.store.update_action(action)
-                return action
+            """Approve a proposed action (execute_action then runs it); the two-person rule of the REST API."""
+            return approve(ctx, action_id, mcp_identity())
 
         @tool
-        def execute_action(action_id: str) -> Action:
+        def execute_action(action_id: str, dry_run: bool = True) -> Action:
             """Run an approved action through this server's remedy back end (`vigil mcp --actuator`, else the
-            setting remedy_backend), behind the blast-radius guard and the audit log. With execute_actions off
-            it is a dry run: the back end is not called and the action comes back proposed, saying what it
-            would run (approve it again once execution is on)."""
-            with ctx.action_lock:
-                action = ctx.store.action(action_id)
-                if action is None:
-                    raise VigilInputError(f"no action {action_id!r}")
-                if action.status is not ActionStatus.APPROVED:
-                    raise VigilInputError(f"action {action_id} is {action.status.value}; approve it before executing")
-                caller = mcp_identity()
-                if caller.role < Role.OPERATOR:
-                    raise VigilInputError(f"user {caller.name!r} is {caller.role.label}; executing needs operator")
-                if ctx.remediator is None:
-                    raise VigilInputError("no remedy back end on this server (--actuator none, or the setting "
-                                          "remedy_backend none): nothing can run the action")
-                # ctx.executor is the remediator when execute_actions is on; off, the dry-run remediator only
-                # says what it would run. Its verdict is what the action records.
-                if ctx.executor is not None:
-                    decided = ctx.executor(action)
-                else:
-                    # The audit log holds one record per action id, and a dry run leaves the action proposed,
-                    # to be approved and executed again (dry, or for real once execution is on): the dry run's
-                    # record gets an id of its own, naming the action it tried.
-                    trial = action.model_copy(deep=True, update={"id": new_id("act")})
-                    trial.params["dry_run_of"] = action.id
-                    decided = ctx.remediator.execute(trial)
-                    decided.params.pop("dry_run_of", None)
-                action.status, action.result, action.dry_run = decided.status, decided.result, decided.dry_run
-                action.params = {**action.params, **decided.params, "executed_by": caller.name,
-                                 "executed_at": time.time()}
-                ctx.store.update_action(action)
-                return action
+            setting remedy_backend), behind the blast-radius guard and the audit log, as the REST API's execute
+            does; the action records the verdict. dry_run=true (the default) calls no back end: the action comes
+            back proposed, saying what it would run. dry_run=false needs execute_actions on."""
+            return execute(ctx, action_id, mcp_identity(), dry_run=dry_run)
 
     return server

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -10,7 +9,7 @@ import typer
 
 from vigil.faces.cli.core import is_demo_store
 from vigil.faces.cli.listen import ensure_port_free, warn_if_open
-from vigil.model import Action, VigilInputError
+from vigil.model import VigilInputError
 
 if TYPE_CHECKING:
     from vigil.faces.api.auth import Authenticator
@@ -62,20 +61,18 @@ def _context(
         prom=prom,
         launch_dirs=list(launch_dirs or []),
         lifecycle=lifecycle,
-        executor=_executor(remediator),
-        remediator=remediator,
+        remediator=_resumed(remediator),
         backend=backend,
     )
 
 
-def _executor(remediator: Remediator | None) -> Callable[[Action], Action] | None:
-    """The remediator behind POST /actions/{id}/execute?dry_run=false (vigil.remedy.acting); None when
-    actions are not executed (no back end, or execute_actions off)."""
-    if remediator is None or remediator.dry_run:
-        return None
-    # Actions a previous server was executing when it died are resumed before new ones are accepted.
-    remediator.recover()
-    return remediator.execute
+def _resumed(remediator: Remediator | None) -> Remediator | None:
+    """The remediator approved actions run through, once it has resumed the actions a previous server was
+    executing when it died (their lease lapsed) - before new ones are accepted. One that executes nothing (no back
+    end, or execute_actions off) resumes nothing."""
+    if remediator is not None and not remediator.dry_run:
+        remediator.recover()
+    return remediator
 
 
 def live_engine(ctx: ServeContext) -> Engine:
