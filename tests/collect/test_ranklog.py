@@ -41,3 +41,14 @@ def test_a_line_torch_prefixed_with_its_rank_is_matched_without_the_prefix() -> 
     assert event is not None and event.message == line
     assert event.attrs == {"signature": "python.exception", "symptom": "python.exception"}
     assert decode_rank_line(RANK, "[rank3]: step 1200 loss 2.31", 1.0) is None
+
+
+@pytest.mark.parametrize("line", [
+    "(RayTrainWorker pid=4101, ip=10.0.0.2) ValueError: bad batch at step 5: labels out of range",
+    "[1,3]<stderr>:ValueError: bad batch at step 5: labels out of range",
+    "3: ValueError: bad batch at step 5: labels out of range",
+    "[pod/llama-ft-worker-3/pytorch] ValueError: bad batch at step 5: labels out of range",
+])
+def test_a_line_under_another_launchers_prefix_is_matched_without_it(line: str) -> None:
+    event = decode_rank_line(RANK, line, 1.0)
+    assert event is not None and event.message == line and event.attrs["signature"] == "python.exception"

@@ -28,8 +28,9 @@ from typing import Any
 from vigil.knowledge.actions import load_action_whitelist
 from vigil.knowledge.faults import ENTITY_KINDS, FaultEntry, load_fault_catalogue
 from vigil.knowledge.files import kb_dir
+from vigil.knowledge.line_prefix import split_prefix
 from vigil.knowledge.metrics import metric_catalogue
-from vigil.knowledge.signatures import LINE_RANK_PREFIX, load_signature_file
+from vigil.knowledge.signatures import load_signature_file
 from vigil.knowledge.xid import known_xids, xid_info
 from vigil.model import ActionKind, FaultLevel, VigilInputError
 
@@ -157,7 +158,9 @@ class KnowledgeBase:
     def match_log(self, line: str) -> list[Signature]:
         """The signatures a line matches; a fallback one (any Python exception's last line) only when no other
         does, so "torch.OutOfMemoryError: CUDA out of memory" is the CUDA OOM and not also an application error."""
-        found = self._match_any(LINE_RANK_PREFIX.sub("", line, count=1))
+        prefix = split_prefix(line)
+        # a syslog header names the program, and signatures may read it ("slurmctld[42]: fatal: ...")
+        found = self._match_any(line if prefix is None or prefix.syslog else prefix.payload)
         specific = [s for s in found if not s.fallback]
         return specific or found
 

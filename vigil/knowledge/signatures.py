@@ -27,11 +27,6 @@ Role = Literal["root", "cascade"]
 # error (45, 154) have a signature of their own, with role cascade, ahead of the general one.
 XID_SIGNATURES = frozenset({"nvrm.xid", "nvrm.xid_consequence"})
 
-# torch's prefix on a distributed rank's output ("[rank3]: ValueError: ..."; torchrun's --tee "[default3]:"): the
-# rank wrote the line, the text after it is what it said. ``scope`` tells them apart: "rank" numbers the global
-# rank, "default" torchrun's local rank on its node, which names no rank of the job on its own.
-LINE_RANK_PREFIX = re.compile(r"^\[(?P<scope>rank|default)(?P<rank>\d+)\]:\s?")
-
 # A line longer than this is matched on its head and tail only: error text is never megabytes long,
 # and regexes over a 1 MB line would turn one hostile line into seconds of work.
 MAX_MATCH_CHARS = 4096

@@ -39,7 +39,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from vigil.knowledge.signatures import LINE_RANK_PREFIX, SignatureMatcher, signature_library
+from vigil.knowledge.line_prefix import split_prefix
+from vigil.knowledge.signatures import SignatureMatcher, signature_library
 from vigil.logs.miner import read_lines
 from vigil.logs.severity import GENERIC, SPECIFIC, echoes, reports, strength
 from vigil.logs.sources import LogSource, discover, entity_name
@@ -105,7 +106,13 @@ GPU_DRIVER_PREFIX = "nvrm."
 # itself.
 STEP_END_REPORTS = frozenset({"slurm.oom_kill"})
 PRINTED_BEFORE_TRACEBACK = "printed_before_traceback"
-_CONTEXT_ATTRS = frozenset({"frames", "user_frame", PRINTED_BEFORE_TRACEBACK})
+# What a relay's prefix said of the line's writer (vigil.knowledge.line_prefix): context, not a field the line filled.
+WORKER_ATTR = "worker"
+REPEATED_ATTR = "repeated"
+_CONTEXT_ATTRS = frozenset({"frames", "user_frame", PRINTED_BEFORE_TRACEBACK, WORKER_ATTR, REPEATED_ATTR})
+_NOTHING_RELAYED: dict[str, Any] = {}  # shared by the lines with no prefix: read, never written
+# Who wrote a line, as its relays' prefixes say: a rank's number, (worker, host, rank), or None for no prefix.
+_Writer = int | tuple[str | None, str | None, int | None] | None
 # ibstat prints a port's state, then its physical state: "State: Down" over "Physical state: Disabled" is a port the
 # administrator switched off (an unused one in a status dump), not a port that failed.
 PORT_DOWN = "ib.port_down"
@@ -386,6 +393,9 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
     frames: list[dict[str, Any]] = []
     untimed: list[LogEvent] = []
     in_traceback = False
+    # Lines of several processes interleave under their relays' prefixes: each one's traceback is read apart.
+    writer: _Writer = None
+    tracebacks: dict[_Writer, tuple[list[dict[str, Any]], bool, int]] = {}
     after_last_error = False
     last_error_rank: int | None = None  # the rank whose report the "Last error:" header ends
     in_root_cause = False
@@ -398,14 +408,32 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
             lineno += 1
             rank = source.rank
             line = raw
-            prefixed = LINE_RANK_PREFIX.match(line)
-            if prefixed:
-                line = line[prefixed.end():]
-                if rank is None:
-                    rank = int(prefixed["rank"])
+            node = source.node
+            relayed = _NOTHING_RELAYED
+            named: _Writer = None
+            # a kernel log's lines lead with the kernel's own names ("nvme0n1: ", "sd 6:0:0:1: "), not a relay's
+            prefix = None if kernel_log else split_prefix(raw)
+            if prefix is not None:
+                line = prefix.payload
+                if rank is None and prefix.rank is not None and prefix.rank_scope != "node":
+                    rank = prefix.rank
+                if prefix.worker is None and prefix.host is None and prefix.repeated is None:
+                    named = prefix.rank  # a rank's number alone (torchrun, srun, mpirun): the commonest
+                else:
+                    named = (prefix.worker, prefix.host, prefix.rank)
+                    if node is None and prefix.host is not None:
+                        node = entity_name(prefix.host, "") or None
+                    relayed = {key: value for key, value in ((WORKER_ATTR, prefix.worker),
+                                                             (REPEATED_ATTR, prefix.repeated)) if value is not None}
+            if named != writer:
+                tracebacks[writer] = (frames, in_traceback, traceback_after)
+                frames, in_traceback, traceback_after = tracebacks.pop(named, ([], False, 0))
+                writer = named
             if rank is not None:
                 scan.ranks.add(rank)
             stamp = line_time(line)
+            if stamp is None and prefix is not None and prefix.timed:
+                stamp = line_time(raw)
             ts = last_ts if stamp is None else stamp
             if stamp is not None:
                 last_ts = stamp
@@ -445,7 +473,15 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
             if origin and rank is not None:
                 scan.hosts[rank] = origin["host"]
                 scan.pids[(origin["host"], int(origin["pid"]))] = rank
-            hit = matcher.match(line)
+            if prefix is not None and prefix.syslog:
+                # a syslog header names the program, and signatures may read it ("slurmctld[42]: fatal: ...")
+                hit = matcher.match(raw)
+                if hit is None:
+                    hit = matcher.match(line)
+                else:
+                    line = raw
+            else:
+                hit = matcher.match(line)
             if hit is not None and hit.signature.role == "root" and _NCCL_INFO.search(line):
                 hit = None
             if hit is None:
@@ -453,13 +489,13 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
                 if len(scan.worded) < MAX_WORDED_PER_FILE and (grade := strength(line) or (SPECIFIC if detail else 0)):
                     scan.worded.append(LogEvent(
                         source=source.name, lineno=lineno, ts=ts, entity=_entity(source, job, rank), rank=rank,
-                        node=source.node, signature=WORDED_SIGNATURE, fault_type=None,
+                        node=node, signature=WORDED_SIGNATURE, fault_type=None,
                         level=FaultLevel.OBSERVE, role="root", line=line[:MAX_LINE_CHARS],
-                        attrs={"strength": grade, **({NCCL_LAST_ERROR: True} if detail else {})}))
+                        attrs={"strength": grade, **({NCCL_LAST_ERROR: True} if detail else {}), **relayed}))
                     if stamp is None:
                         untimed.append(scan.worded[-1])
                 continue
-            attrs = dict(hit.attrs)
+            attrs = {**hit.attrs, **relayed}
             if detail:
                 attrs[NCCL_LAST_ERROR] = True
             if in_root_cause and hit.signature.id == ROOT_CAUSE_SIGNATURE:
@@ -469,8 +505,7 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
                 attrs[PRINTED_BEFORE_TRACEBACK] = traceback_after
                 frames = []
             event = LogEvent(
-                source=source.name, lineno=lineno, ts=ts, entity=_entity(source, job, rank), rank=rank,
-                node=source.node,
+                source=source.name, lineno=lineno, ts=ts, entity=_entity(source, job, rank), rank=rank, node=node,
                 signature=hit.signature.id, fault_type=hit.fault, symptom=hit.signature.symptom, level=hit.level,
                 role=hit.signature.role, line=line[:MAX_LINE_CHARS], attrs=attrs,
             )

@@ -39,7 +39,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from vigil.knowledge.signatures import LINE_RANK_PREFIX
+from vigil.knowledge.line_prefix import LINE_RANK_PREFIX
 from vigil.model import node_id, rank_id
 from vigil.sources.collect.base import Collection, Source, default_node_name
 from vigil.sources.collect.ranklog import decode_rank_line

@@ -6,9 +6,10 @@ replayed capture) hands each line here with the rank it came from and pushes the
 detectors read them like any other event. A line is an event of kind ``rank_log`` on the rank, with the
 signature's id and symptom, and - for a collective the watchdog timed out - the collective's sequence number,
 operation and process group, so peers' reports of the same collective can be compared. Nothing is judged
-here. A line torch prefixed with its rank (``[rank3]: ValueError: ...``, the form uncaught errors of
-distributed ranks take) is matched without that prefix when it does not match with it, as ``vigil logs``
-reads it.
+here. A line under a launcher's prefix (torch's ``[rank3]: ValueError: ...``, the form uncaught errors of
+distributed ranks take, Ray's ``(RayTrainWorker pid=N)``, mpirun's ``[1,3]<stderr>:``: see
+:mod:`vigil.knowledge.line_prefix`) is matched without that prefix when it does not match with it, as
+``vigil logs`` reads it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-from vigil.knowledge.signatures import LINE_RANK_PREFIX, SignatureMatcher
+from vigil.knowledge.line_prefix import split_prefix
+from vigil.knowledge.signatures import SignatureMatcher
 from vigil.model import Event
 
 SOURCE = "rank"
@@ -36,8 +38,8 @@ def decode_rank_line(rank: str, line: str, ts: float) -> Event | None:
     """The event one line of ``rank``'s log (a rank entity id) reports, or None for a line no signature names."""
     hit = _matcher().match(line)
     if hit is None:
-        prefixed = LINE_RANK_PREFIX.match(line)
-        hit = _matcher().match(line[prefixed.end():]) if prefixed else None
+        prefix = split_prefix(line)
+        hit = _matcher().match(prefix.payload) if prefix is not None else None
     if hit is None:
         return None
     attrs: dict[str, object] = {"signature": hit.signature.id}
