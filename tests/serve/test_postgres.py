@@ -70,3 +70,9 @@ def test_a_racing_push_of_the_same_lines_is_counted_once_on_postgresql(postgres_
     from tests.store.test_sql import assert_a_racing_write_of_the_same_keys_is_counted_once
 
     assert_a_racing_write_of_the_same_keys_is_counted_once(fresh_database(postgres_url, "rank_logs_race"))
+
+
+def test_a_batch_counts_the_events_it_wrote_on_postgresql(postgres_url: str) -> None:
+    from tests.store.test_sql import assert_a_batch_counts_the_events_it_wrote
+
+    assert_a_batch_counts_the_events_it_wrote(fresh_database(postgres_url, "events_written"))

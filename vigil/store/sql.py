@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -106,32 +106,11 @@ class Store:
                 for i, e in enumerate(items)]
         if not rows:
             return 0
+        # The unique key skips a stored event, one repeated in the batch and one a racing push stored first; the ids
+        # the insert returns count what it wrote (PEP 249 leaves an executemany's rowcount undefined, and psycopg's
+        # did not count the skipped rows).
         with self.engine.begin() as conn:
-            keyed = {str(r["push_key"]) for r in rows if r["push_key"] is not None}
-            if not keyed:
-                conn.execute(insert(t.events), rows)
-                return len(rows)
-            seen: set[str] = set()
-            for chunk in _chunks(sorted(keyed), 500):
-                seen |= set(conn.scalars(select(t.events.c.push_key).where(t.events.c.push_key.in_(chunk))))
-            fresh = []
-            for row in rows:
-                key = row["push_key"]
-                if key is not None:
-                    if key in seen:
-                        continue
-                    seen.add(str(key))
-                fresh.append(row)
-            if not fresh:
-                return 0
-            # a push of the same events racing this one (it stored some of them after the look above): the unique
-            # key keeps the first, and the rows this insert skipped are not counted as written
-            if self.engine.dialect.name == "postgresql":
-                # a batched insert's rowcount through psycopg did not count the skipped rows: count the rows it returns
-                inserted = conn.execute(_insert_ignoring_duplicates("postgresql").returning(t.events.c.id), fresh)
-                return len(inserted.all())
-            written = conn.execute(_insert_ignoring_duplicates(self.engine.dialect.name), fresh).rowcount
-            return written if 0 <= written <= len(fresh) else len(fresh)
+            return len(conn.execute(_insert_ignoring_duplicates(self.engine.dialect.name), rows).all())
 
     def events(self, entity: str | None = None, kind: str | None = None, since: float | None = None,
                until: float | None = None, limit: int = 1000) -> list[Event]:
@@ -534,17 +513,11 @@ def _with_nodes(whole: dict[str, Any] | None, nodes: Sequence[dict[str, Any]]) -
     return topology.model_copy(update={"nodes": sorted(by_name.values(), key=lambda n: n.name)})
 
 
-def _chunks(items: Sequence[str], size: int) -> Iterator[Sequence[str]]:
-    for start in range(0, len(items), size):
-        yield items[start:start + size]
-
-
 def _insert_ignoring_duplicates(dialect: str) -> Any:
-    """An insert into events that skips a row whose push key is stored already (SQLite and PostgreSQL both say
-    ON CONFLICT DO NOTHING)."""
-    if dialect == "postgresql":
-        return postgresql.insert(t.events).on_conflict_do_nothing(index_elements=[t.events.c.push_key])
-    return sqlite.insert(t.events).on_conflict_do_nothing(index_elements=[t.events.c.push_key])
+    """An insert into events that skips a row whose push key is stored already and returns the ids it wrote
+    (SQLite and PostgreSQL both say ON CONFLICT DO NOTHING ... RETURNING)."""
+    statement = postgresql.insert(t.events) if dialect == "postgresql" else sqlite.insert(t.events)
+    return statement.on_conflict_do_nothing(index_elements=[t.events.c.push_key]).returning(t.events.c.id)
 
 
 def _validated(model: Any, items: Iterable[Any]) -> Sequence[Any]:
