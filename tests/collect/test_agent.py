@@ -423,6 +423,76 @@ def test_the_rank_log_route_stores_a_line_once_per_node_rank_position_and_read(t
     assert len(store.events(kind="rank_log", limit=100)) == 8
 
 
+XID_79 = "NVRM: Xid (PCI:0000:18:00): 79, pid=0, name=, GPU has fallen off the bus."
+XID_48 = "NVRM: Xid (PCI:0000:18:00): 48, pid=77, name=python, DBE (0x1)"
+
+
+def test_an_events_push_sent_again_after_its_answer_was_lost_is_stored_once(tmp_path) -> None:
+    """The agent following a real kernel log and pushing its events to the server's real route; the answer to
+    the first push is lost after the server stored it, so the agent sends the same push again. Every event is
+    stored once - the same Xid line logged twice, at two times, included, each once."""
+    from vigil.sources.collect.kmsg import KernelLogSource
+
+    server, store = _real_rank_log_route(tmp_path)
+    answers: list[dict[str, Any]] = []
+
+    class LosesTheFirstAnswer:
+        lost = False
+
+        def post(self, url: str, **kwargs: Any) -> httpx.Response:
+            response = server.post(url, **kwargs)
+            if url.endswith("/events"):
+                answers.append(response.json())
+                if not self.lost:
+                    self.lost = True
+                    raise httpx.ReadTimeout("the answer was lost", request=response.request)
+            return response
+
+    kernel_log = tmp_path / "kern.log"
+    kernel_log.write_text("")
+    agent = Agent([KernelLogSource.from_file(kernel_log, node="n01", boot_time=1_000.0)],
+                  fast_settings(server_url="http://vigil.test", push_interval_s=0.05, push_samples=False),
+                  cpu_ratio=lambda: 0.1)
+    assert agent._pusher is not None
+    agent._pusher._client = LosesTheFirstAnswer()  # type: ignore[assignment]
+    kernel_log.write_text(f"[ 9.0] {XID_79}\n[ 9.5] {XID_48}\n"
+                          f"[ 12.5] {XID_79}\n")
+    agent.collect_once()
+    wait_for(lambda: (agent.step(), agent._pusher is not None and agent._pusher.sent >= 3
+                      and not agent._pusher.busy)[1])
+    assert agent._pusher.failures == 1 and len(answers) == 2
+    assert [(a["stored"], a["duplicates"]) for a in answers] == [(3, 0), (3, 3)]  # the retry: nothing new
+    stored = store.events(limit=100)
+    assert [(e.ts, e.message) for e in stored] == [(1_009.0, XID_79), (1_009.5, XID_48), (1_012.5, XID_79)]
+
+
+def test_the_events_route_stores_an_event_once_per_content_and_time(tmp_path) -> None:
+    """What makes two pushed events one: every field - a push sent again repeats them all; the same line at
+    another time, on another entity or with other attributes is another event. A rank_log line that does not say
+    where it was read is stored as it comes (two equal lines of one look share every field)."""
+    server, store = _real_rank_log_route(tmp_path)
+
+    def event(ts: float = 100.0, entity: str = "gpu/n01/0", **attrs: Any) -> dict[str, Any]:
+        return Event(ts=ts, entity=entity, kind="xid", source="kernel", level=FaultLevel.ISOLATE, message=XID_79,
+                     attrs={"xid": 79, **attrs}).model_dump(mode="json")
+
+    def push(*events: dict[str, Any]) -> dict[str, Any]:
+        response = server.post("/api/v1/events", json=list(events))
+        assert response.status_code == 201, response.text
+        answer: dict[str, Any] = response.json()
+        return answer
+
+    first = [event(), event(ts=160.0), event(entity="gpu/n01/1"), event(pid=4242)]
+    assert push(*first) == {"stored": 4, "duplicates": 0}
+    assert push(*reversed(first)) == {"stored": 4, "duplicates": 4}  # the same push again, in another order
+    assert push(event(ts=220.0), event(ts=220.0)) == {"stored": 2, "duplicates": 1}  # a line twice in one push
+    assert len(store.events(kind="xid", limit=100)) == 5
+    line = Event(ts=100.0, entity="job/llm/rank/1", kind="rank_log", source="rank", level=FaultLevel.DEGRADED,
+                 message="ValueError: bad batch at step 15").model_dump(mode="json")
+    assert push(line, line) == {"stored": 2, "duplicates": 0}
+    assert len(store.events(kind="rank_log", limit=100)) == 2
+
+
 def test_events_beyond_the_queue_for_an_absent_server_are_dropped_and_counted() -> None:
     from vigil.sources.collect.agent import MAX_PENDING_EVENTS
 

@@ -13,6 +13,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
+from tests.conftest import wait_for
 from tests.run.test_engine import Clock
 from vigil.config import Settings
 from vigil.faces.api.app import create_app
@@ -318,6 +319,38 @@ def test_reporter_forwards_the_lines_the_signature_library_names(launch: Launch,
     stored = {(e.entity, e.attrs["signature"], e.message) for e in launch.store.events(kind="rank_log")}
     assert stored == {("job/llm/rank/0", "gloo.peer_closed", GLOO_PEER_CLOSED),
                       ("job/llm/rank/1", "python.exception", "[rank1]: ValueError: bad batch at step 5")}
+
+
+def test_a_report_sent_again_after_its_answer_was_lost_is_stored_once(launch: Launch, tmp_path: Path) -> None:
+    """The answer to the report carrying the ranks' lines is lost after the server stored it, so the reporter
+    sends the same report again: each line is stored once - the two equal lines rank 0 printed included, each
+    once - and so are the rank exits and the verdict."""
+    answers: list[dict[str, object]] = []
+
+    def post(request: httpx.Request) -> httpx.Response:
+        response = launch.client.post("/api/v1/launches", content=request.content, headers=dict(request.headers))
+        answers.append(response.json())
+        if len(answers) == 1:
+            raise httpx.ReadTimeout("the answer was lost", request=request)
+        return httpx.Response(response.status_code, content=response.content)
+
+    reporter = LaunchReporter("http://vigil.test", "llm", 2, 2, tmp_path, node="n01", gpus=[0, 1], interval_s=0.0,
+                              token=TOKEN, transport=httpx.MockTransport(post), warn=lambda _message: None)
+    illegal_access = "RuntimeError: CUDA error: an illegal memory access was encountered"
+    (tmp_path / "rank0.log").write_text(f"step 1 loss 2.3\n{illegal_access}\n{illegal_access}\n")
+    (tmp_path / "rank1.log").write_text(GLOO_PEER_CLOSED + "\n")
+    reporter.watch({0: _snapshot(0, 1), 1: _snapshot(1, 1)}, {0: None, 1: None}, {0: 100, 1: 101})
+    wait_for(lambda: reporter.sent == 1, 10, "the report sent again")
+    reporter.finish(HangDiagnosis(verdict="crash", culprit_ranks=[0], root_error=illegal_access,
+                                  ranks=[RankStatus(rank=0, state="dead", exit_code=1),
+                                         RankStatus(rank=1, state="dead", exit_code=1)]), wait_s=10.0)
+    assert reporter.failures == 1 and len(answers) == 3
+    assert [(a["events"], a["duplicates"]) for a in answers] == [(3, 0), (3, 3), (3, 0)]  # lines, then exits + verdict
+    stored = launch.store.events(limit=100)
+    assert sorted((e.entity, e.kind, e.message) for e in stored if e.kind == "rank_log") == [
+        ("job/llm/rank/0", "rank_log", illegal_access), ("job/llm/rank/0", "rank_log", illegal_access),
+        ("job/llm/rank/1", "rank_log", GLOO_PEER_CLOSED)]
+    assert sorted(e.kind for e in stored if e.kind != "rank_log") == ["job", "rank_exit", "rank_exit"]
 
 
 def test_a_flooding_rank_costs_a_bounded_report(tmp_path: Path) -> None:

@@ -76,3 +76,30 @@ def test_a_batch_counts_the_events_it_wrote_on_postgresql(postgres_url: str) -> 
     from tests.store.test_sql import assert_a_batch_counts_the_events_it_wrote
 
     assert_a_batch_counts_the_events_it_wrote(fresh_database(postgres_url, "events_written"))
+
+
+def test_an_events_push_and_a_launch_report_sent_again_are_stored_once_on_postgresql(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    """The events and launch routes' exactly-once storage on PostgreSQL: each push twice; the same line at
+    another time, and two equal lines of one look at two offsets, are kept."""
+    from vigil.config import Settings
+    from vigil.model import Event, LaunchReport
+    from vigil.store.sql import Store
+
+    store = Store(fresh_database(postgres_url, "event_pushes"))
+    settings = Settings(home=tmp_path, db_url=store.url, api_token=TOKEN)
+    xid = "NVRM: Xid (PCI:0000:18:00): 79, pid=0, name=, GPU has fallen off the bus."
+    push = [{"ts": ts, "entity": "gpu/n01/0", "kind": "xid", "source": "kernel", "level": 4, "message": xid,
+             "attrs": {"xid": 79}} for ts in (100.0, 160.0)]
+    line = "RuntimeError: CUDA error: an illegal memory access was encountered"
+    report = LaunchReport(job="llm", ts=100.0, world_size=2, logs=[
+        Event(ts=100.0, entity="job/llm/rank/0", kind="rank_log", source="rank", message=line,
+              attrs={"log_file": "/runs/llm/rank0.log", "log_offset": offset}) for offset in (16, 83)])
+    with TestClient(create_app(store, settings=settings)) as client:
+        pushed = [client.post("/api/v1/events", headers=AUTH, json=push).json() for _ in range(2)]
+        reported = [client.post("/api/v1/launches", headers={**AUTH, "Content-Type": "application/json"},
+                                content=report.model_dump_json()).json() for _ in range(2)]
+    assert [(a["stored"], a["duplicates"]) for a in pushed] == [(2, 0), (2, 2)]
+    assert [(a["events"], a["duplicates"]) for a in reported] == [(2, 0), (2, 2)]
+    assert len(store.events(kind="xid")) == 2 and len(store.events(kind="rank_log")) == 2

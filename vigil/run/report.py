@@ -33,6 +33,7 @@ from vigil.diagnose.hang import HangDiagnosis
 from vigil.model import Event, LaunchReport, LaunchVerdict, RankPlacement, RankState, StepTelemetry, rank_id
 from vigil.remedy.heartbeat import ProgressTracker
 from vigil.sources.collect.base import default_node_name
+from vigil.sources.collect.rank_files import LOG_FILE_ATTR, LOG_OFFSET_ATTR
 from vigil.sources.collect.ranklog import decode_rank_line
 from vigil.sources.collect.tail import LogTail
 from vigil.sources.probe.records import RankSnapshot
@@ -169,10 +170,13 @@ class LaunchReporter:
                 if not lines:
                     break
                 read += len(lines)
-                for line in lines:
+                for offset, line in zip(tail.line_offsets, lines, strict=True):
                     event = decode_rank_line(entity, line, now)
                     if event is None:
                         continue
+                    # where the line is, so the server stores a report sent again once and keeps two equal lines
+                    # of one look (the agent's rank-log lines say the same, vigil.sources.collect.rank_files)
+                    event.attrs[LOG_FILE_ATTR], event.attrs[LOG_OFFSET_ATTR] = str(tail.path), offset
                     if len(self._logs) < MAX_LOG_EVENTS:
                         self._logs.append(event)
                     else:

@@ -14,8 +14,10 @@ from vigil.faces.api.alertmanager import alerts_to_events, parse_payload
 from vigil.faces.api.auth import Identity, check_approver, check_operator, check_read
 from vigil.faces.api.context import ServeContext
 from vigil.faces.api.hang import StackNode, load_hang_report, stack_tree
+from vigil.faces.api.push_keys import event_key
 from vigil.faces.api.responses import (
     AlertsStored,
+    EventsStored,
     GpuRow,
     HangSummary,
     HangView,
@@ -26,7 +28,6 @@ from vigil.faces.api.responses import (
     NodeRow,
     PromSample,
     StackTreeNode,
-    Stored,
 )
 from vigil.model import (
     Action,
@@ -265,9 +266,13 @@ def events(
 
 
 @router.post("/events", tags=["events"], status_code=status.HTTP_201_CREATED)
-def add_events(body: Annotated[list[Event], Body(max_length=10000)], ctx: Ctx, user: Writer) -> Stored:
-    ctx.store.add_events(body)
-    return Stored(stored=len(body))
+def add_events(body: Annotated[list[Event], Body(max_length=10000)], ctx: Ctx, user: Writer) -> EventsStored:
+    """Store events (an agent's kernel, GPU, network and Kubernetes events; a log forwarder's lines). A push sent
+    again - a sender retries one whose answer it did not get - stores its events once: an event equal in every
+    field to one stored already is accepted and counted in ``duplicates``, not stored a second time
+    (``push_keys.event_key``)."""
+    written = ctx.store.add_events(body, [event_key(e) for e in body])
+    return EventsStored(stored=len(body), duplicates=len(body) - written)
 
 
 @router.post("/alertmanager", tags=["events"])

@@ -7,8 +7,6 @@ The live engine (vigil/run/engine.py) reads them from the store; these routes on
 
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, Request, Response
@@ -16,6 +14,7 @@ from pydantic import BaseModel, Field
 
 from vigil.faces.api.auth import Identity, check_operator, check_read
 from vigil.faces.api.context import ServeContext
+from vigil.faces.api.push_keys import event_key, rank_log_key
 from vigil.model import (
     Event,
     Job,
@@ -34,7 +33,6 @@ from vigil.sources.collect.agent import (
     RANK_ON_ANOTHER_NODE,
     RANK_OUTSIDE_JOB,
 )
-from vigil.sources.collect.rank_files import LOG_FILE_ATTR, LOG_OFFSET_ATTR
 from vigil.sources.launch import report_events, report_job, report_logs, report_samples
 
 router = APIRouter(prefix="/api/v1", tags=["agents"], dependencies=[Depends(check_read)])
@@ -81,6 +79,9 @@ class LaunchStored(BaseModel):
     placed: bool
     samples: int
     events: int
+    # events a report sent earlier stored already (the same report sent again after its answer was lost), not
+    # stored twice
+    duplicates: int = 0
 
 
 class EngineProgress(BaseModel):
@@ -181,25 +182,12 @@ def push_rank_logs(body: RankLogPush, ctx: Ctx, user: Writer, response: Response
         if len(refused) < MAX_LISTED_REFUSALS:
             refused.append(RankLogRefusal(index=index, entity=event.entity, reason=reason,
                                           detail=f"rank-log push of node {body.node!r}: {detail}"))
-    written = ctx.store.add_events(accepted, [push_key(body.node, e) for e in accepted]) if accepted else 0
+    written = ctx.store.add_events(accepted, [rank_log_key(body.node, e) for e in accepted]) if accepted else 0
     if by_reason:
         response.status_code = 200
     rejected = sum(by_reason.values())
     return RankLogStored(stored=len(accepted), accepted=len(accepted), duplicates=len(accepted) - written,
                          rejected=rejected, rejected_by_reason=by_reason, rejections=refused)
-
-
-def push_key(node: str, event: Event) -> str | None:
-    """What one rank-log line of a node's push is, for storing it once: the pushing node, the rank, the file and
-    byte offset the agent read the line at, the look's time and the line (``vigil.sources.collect.rank_files``).
-    A push sent again repeats all of them; two lines never share them (two equal lines of one look stand at two
-    offsets, and a file truncated and written again is read at a later look). None for an event that does not
-    say where its line was read (an older agent's): such events are stored as they come."""
-    where, offset = event.attrs.get(LOG_FILE_ATTR), event.attrs.get(LOG_OFFSET_ATTR)
-    if not isinstance(where, str) or not isinstance(offset, int) or isinstance(offset, bool):
-        return None
-    identity = json.dumps([node, event.entity, where, offset, event.ts, event.message], ensure_ascii=False)
-    return hashlib.sha256(identity.encode()).hexdigest()
 
 
 @router.post("/inventory", status_code=201)
@@ -218,7 +206,8 @@ def register_inventory(node: Annotated[Node, Body()], ctx: Ctx, user: Writer) ->
 def report_launch(body: LaunchReport, ctx: Ctx, user: Writer) -> LaunchStored:
     """A `vigil launch` report: the job's rank -> node / GPU placement into the topology (before the rest, so
     the engine places what follows), step telemetry as the job's samples; the ranks' decoded log lines, then rank
-    exits and the verdict, as events (a rank's last lines are read before its exit)."""
+    exits and the verdict, as events (a rank's last lines are read before its exit). A report sent again stores
+    its events once (``push_keys.event_key``); the answer counts them in ``duplicates``."""
     logs = report_logs(body)
     known = next((j for j in (ctx.store.topology() or Topology()).jobs if j.id == body.job), None)
     job = report_job(body, known)
@@ -229,5 +218,6 @@ def report_launch(body: LaunchReport, ctx: Ctx, user: Writer) -> LaunchStored:
     if samples:
         ctx.store.add_samples(f"launch:{body.job}", samples)
     events = logs + report_events(body)
-    ctx.store.add_events(events)
-    return LaunchStored(job=body.job, placed=job is not None, samples=len(samples), events=len(events))
+    written = ctx.store.add_events(events, [event_key(e) for e in events])
+    return LaunchStored(job=body.job, placed=job is not None, samples=len(samples), events=len(events),
+                        duplicates=len(events) - written)

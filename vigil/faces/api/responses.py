@@ -73,6 +73,13 @@ class Stored(BaseModel):
     stored: int
 
 
+class EventsStored(Stored):
+    """An events push: ``stored`` counts every event accepted; ``duplicates`` the ones an earlier push stored
+    already (the same push sent again after its answer was lost), not stored twice."""
+
+    duplicates: int = 0
+
+
 class AlertsStored(Stored):
     entities: list[str]
 

@@ -1,0 +1,57 @@
+"""What makes a pushed event the same event when its sender sends it again, so the store keeps it once.
+
+Node agents and ``vigil launch`` deliver at least once: a push whose answer was lost (a timeout on the way back)
+is sent again with the same events. Each event a push may repeat gets a key that a retry reproduces and that no
+two real events share; the store writes an event whose key it holds already no second time (the events table's
+unique ``push_key``, ``vigil.store.sql.Store.add_events``) and the route counts it as a duplicate.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from vigil.model import Event
+from vigil.sources.collect.rank_files import LOG_FILE_ATTR, LOG_OFFSET_ATTR
+
+
+def event_key(event: Event) -> str | None:
+    """What an event pushed on its own (``POST /api/v1/events``, a launch report) is: all of it - the entity, kind,
+    source, time, level, text and attributes. A push sent again repeats every field; two events that differ in
+    one are two, so a line logged again at another time is kept. Two events equal in every field are read as one
+    sent twice, and a sender that can see two such events tells them apart in their attributes, as the agent and
+    the launcher do for a log line (the file and byte offset it was read at). None for a ``rank_log`` line that
+    does not say where it was read: two equal lines of one look share everything else, so such lines are stored
+    as they come."""
+    if event.kind == "rank_log" and _read_at(event) is None:
+        return None
+    return _digest(["event", event.entity, event.kind, event.source, event.ts, int(event.level), event.message,
+                    event.attrs])
+
+
+def rank_log_key(node: str, event: Event) -> str | None:
+    """What one rank-log line of a node's push (``POST /api/v1/rank-logs``) is: the pushing node, the rank, the
+    file and byte offset the agent read the line at, the look's time and the line
+    (``vigil.sources.collect.rank_files``). A push sent again repeats all of them; two lines never share them (two
+    equal lines of one look stand at two offsets, and a file truncated and written again is read at a later
+    look). None for an event that does not say where its line was read (an older agent's): such events are stored
+    as they come."""
+    read_at = _read_at(event)
+    if read_at is None:
+        return None
+    return _digest([node, event.entity, *read_at, event.ts, event.message])
+
+
+def _read_at(event: Event) -> tuple[str, int] | None:
+    """The file and byte offset a log line's event says its line was read at, or None."""
+    where, offset = event.attrs.get(LOG_FILE_ATTR), event.attrs.get(LOG_OFFSET_ATTR)
+    if not isinstance(where, str) or not isinstance(offset, int) or isinstance(offset, bool):
+        return None
+    return where, offset
+
+
+def _digest(identity: list[Any]) -> str:
+    # sort_keys: attributes in another order are the same attributes
+    text = json.dumps(identity, ensure_ascii=False, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
