@@ -135,34 +135,156 @@ def test_an_older_database_gets_the_owner_column(tmp_path: Path) -> None:
     assert resumed.status is ActionStatus.EXECUTED and runs == ["counting:act-old"]
 
 
-def test_two_processes_adding_the_owner_column_at_once_both_open_the_store(
-    database: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """`vigil serve --no-engine` and `vigil engine` started together on a database made before the owner column:
-    both see it missing, one adds it first; the other's ALTER TABLE then fails, and it opens the store anyway."""
-    import vigil.remedy.audit as audit_module
+def schema_before_the_revisions_held_the_audit_log(url: str, added: tuple[str, ...]) -> None:
+    """A database as Vigil left it before the remedy tables were the store's: the store's tables at revision 0005,
+    and the audit log's as it made them itself, the journal with the ``added`` columns its own ALTER TABLE had
+    added (none: an audit log older than the owner column) - holding an executed cordon and a drain a crash left
+    started."""
+    from importlib import resources
 
-    AuditLog(database)  # the other process: it has added the column
-    monkeypatch.setattr(audit_module, "_engines", {})  # this process opens the database afresh
-    real_inspect = audit_module.inspect
-    looks: list[str] = []
+    import sqlalchemy as sa
+    from alembic import command
+    from alembic.config import Config
 
-    class BeforeTheOther:
-        """This process's first look, taken before the other process added the column."""
+    from vigil.store import schema
 
-        def __init__(self, engine: object) -> None:
-            self.real = real_inspect(engine)
+    engine = sa.create_engine(url)
+    cfg = Config()
+    cfg.set_main_option("script_location", str(resources.files("vigil.store") / "migrations"))
+    with engine.begin() as conn:
+        if conn.dialect.name == "sqlite":
+            conn.exec_driver_sql("PRAGMA journal_mode=WAL")  # as the store and the audit log left every file
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0005")
+    made_by_the_audit_log = sa.MetaData()
+    for table in (schema.remedy_actions, schema.remedy_node_states, schema.remedy_node_transitions):
+        table.to_metadata(made_by_the_audit_log)
+    made_by_the_audit_log.create_all(engine)
+    types = {"owner": "VARCHAR(120)", "lease_expires": "FLOAT"}
+    columns = "".join(f", {name} {types[name]}" for name in added)
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE remedy_intents (key VARCHAR(120) NOT NULL, action_id VARCHAR(40) NOT NULL, "
+                             "state VARCHAR(20) NOT NULL, started FLOAT NOT NULL, finished FLOAT, action JSON NOT "
+                             f"NULL{columns}, PRIMARY KEY (key))"))
+    drain = Action(id="act-old", ts=0.0, kind=ActionKind.DRAIN, target="node/n1", reason="Xid 79",
+                   status=ActionStatus.APPROVED)
+    with engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO remedy_intents (key, action_id, state, started, action) "
+                             "VALUES ('act-old', 'act-old', 'started', 0.0, :action)"),
+                     {"action": drain.model_dump_json()})
+        conn.execute(sa.text("INSERT INTO remedy_actions (id, ts, kind, target, reason, requested_by, dry_run, "
+                             "status, result, params) VALUES ('act-cordon', 0.0, 'cordon', 'node/n1', 'Xid 79', "
+                             "'vigil-engine', false, 'executed', 'cordoned node/n1', '{}')"))
+    engine.dispose()
 
-        def get_columns(self, table: str) -> list[dict[str, object]]:
-            looks.append(table)
-            columns = self.real.get_columns(table)
-            return columns if len(looks) > 1 else [c for c in columns if c["name"] != "owner"]
 
-    monkeypatch.setattr(audit_module, "inspect", BeforeTheOther)
+def assert_the_schema_is_the_stores(url: str) -> None:
+    """Every table as the store's schema declares it (the revisions made or changed it), at the last revision."""
+    import sqlalchemy as sa
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    from vigil.store.schema import metadata
+
+    engine = sa.create_engine(url)
+    with engine.connect() as conn:
+        context = MigrationContext.configure(conn)
+        assert context.get_current_revision() == "0006"
+        assert compare_metadata(context, metadata) == []
+    engine.dispose()
+
+
+@pytest.mark.parametrize("added", [(), ("owner",), ("owner", "lease_expires")], ids=["none", "owner", "lease"])
+def test_an_old_audit_log_upgrades(database: str, added: tuple[str, ...]) -> None:
+    schema_before_the_revisions_held_the_audit_log(database, added)
     audit = AuditLog(database)
-    assert looks and audit.unfinished_runs() == []
+    assert_the_schema_is_the_stores(database)
+    assert [a.id for a in audit.actions()] == ["act-cordon"]
+    assert [(run.key, run.owner, run.lease_expires) for run in audit.unfinished_runs()] == [("act-old", None, None)]
+    runs: list[str] = []
+    (resumed,) = Remediator([CountingActuator(runs)], audit, dry_run=False).recover()
+    assert resumed.status is ActionStatus.EXECUTED and runs == ["counting:act-old"]
+
+
+def test_a_new_audit_log_is_made_by_the_revisions(database: str) -> None:
+    audit = AuditLog(database)
+    assert_the_schema_is_the_stores(database)
     crashed_drain(audit)
     assert [(run.key, run.owner) for run in audit.unfinished_runs()] == [("act-drain-n1", "vigil-api-killed")]
+
+
+def test_two_processes_upgrading_at_once_both_open_it(database: str) -> None:
+    """`vigil serve --no-engine` and `vigil engine` started together on a database made before the remedy tables
+    were the store's: while the other process is in the middle of its upgrade (its changes made, not committed),
+    this one waits for it and then opens the database at the last revision, rather than reading the revision the
+    other is changing and making the same tables again."""
+    import threading
+    from importlib import resources
+
+    import sqlalchemy as sa
+    from alembic import command
+    from alembic.config import Config
+
+    from tests.conftest import wait_for
+    from vigil.store.sql import MIGRATION_LOCK
+
+    schema_before_the_revisions_held_the_audit_log(database, added=())
+    other = sa.create_engine(database)
+    cfg = Config()
+    cfg.set_main_option("script_location", str(resources.files("vigil.store") / "migrations"))
+    opened: list[object] = []
+    with other.connect() as conn:
+        transaction = conn.begin()
+        if conn.dialect.name == "postgresql":
+            conn.execute(sa.text("SELECT pg_advisory_xact_lock(:lock)"), {"lock": MIGRATION_LOCK})
+        else:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "head")  # the other process's upgrade, not committed yet
+        this_process = threading.Thread(target=lambda: opened.append(_open_or_fail(database)), name="this-process")
+        asked: list[str] = []
+
+        def ask(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
+            if threading.current_thread() is this_process:
+                asked.append(statement)
+
+        sa.event.listen(sa.Engine, "before_cursor_execute", ask)
+        try:
+            this_process.start()
+            wait_for(lambda: _waiting(database, asked) or not this_process.is_alive(), 20,
+                     "this process to wait for the other's upgrade")
+            assert this_process.is_alive(), opened
+            transaction.commit()
+            this_process.join(timeout=30)
+        finally:
+            sa.event.remove(sa.Engine, "before_cursor_execute", ask)
+    other.dispose()
+    assert len(opened) == 1 and isinstance(opened[0], AuditLog), opened
+    assert_the_schema_is_the_stores(database)
+    assert [(run.key, run.owner) for run in opened[0].unfinished_runs()] == [("act-old", None)]
+
+
+def _open_or_fail(url: str) -> AuditLog | Exception:
+    try:
+        return AuditLog(url)
+    except Exception as err:  # the test names what went wrong
+        return err
+
+
+def _waiting(url: str, asked: list[str]) -> bool:
+    """Whether this process is waiting for the other's upgrade: on PostgreSQL, an advisory lock not granted yet;
+    SQLite keeps no record of who waits for its write lock, so there, whether this process has asked the database
+    for anything (``asked``: its statements so far)."""
+    import sqlalchemy as sa
+
+    if not url.startswith("postgresql"):
+        return bool(asked)
+    engine = sa.create_engine(url)
+    with engine.connect() as conn:
+        waiting = conn.execute(sa.text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"))
+        found = int(waiting.scalar_one()) > 0
+    engine.dispose()
+    return found
 
 
 class FakeClock:

@@ -1,8 +1,9 @@
 """The audit log: every action Vigil proposes, refuses, skips or executes, with who / why / what / result.
 
 SQLAlchemy Core on Vigil's database (``settings().database_url()``: ``<home>/vigil.db`` by default, any
-SQLAlchemy URL otherwise). The tables belong to the remedy package alone (``remedy_*``), so they share
-the file with other stages without touching their tables.
+SQLAlchemy URL otherwise). The tables belong to the remedy package alone (``remedy_*``), so they share the
+database with other stages without touching their tables; their schema is the store's (``vigil.store.schema``),
+made and changed by its revisions like every other table.
 """
 
 from __future__ import annotations
@@ -11,97 +12,15 @@ import json
 import threading
 import time
 from collections.abc import Iterable
-from pathlib import Path
 from typing import NamedTuple
 
-from sqlalchemy import (
-    JSON,
-    Boolean,
-    Column,
-    ColumnElement,
-    Engine,
-    Float,
-    Integer,
-    MetaData,
-    String,
-    Table,
-    Text,
-    create_engine,
-    event,
-    func,
-    insert,
-    inspect,
-    select,
-    text,
-    update,
-)
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy import ColumnElement, Engine, func, insert, select, update
 
 from vigil.config import settings
-from vigil.model import Action, ActionKind, ActionStatus, VigilInputError
-
-metadata = MetaData()
-
-actions_table = Table(
-    "remedy_actions",
-    metadata,
-    Column("seq", Integer, primary_key=True, autoincrement=True),
-    Column("id", String(40), nullable=False, unique=True),
-    Column("ts", Float, nullable=False, index=True),
-    Column("kind", String(40), nullable=False),
-    Column("target", String(300), nullable=False, index=True),
-    Column("incident_id", String(60)),
-    Column("reason", Text, nullable=False),
-    Column("requested_by", String(200), nullable=False),
-    Column("dry_run", Boolean, nullable=False),
-    Column("status", String(20), nullable=False),
-    Column("result", Text, nullable=False),
-    Column("params", JSON, nullable=False),
-)
-
-node_states_table = Table(
-    "remedy_node_states",
-    metadata,
-    Column("node", String(300), primary_key=True),
-    Column("state", String(30), nullable=False),
-    Column("since", Float, nullable=False),
-    Column("reason", Text, nullable=False),
-    Column("repair_attempts", Integer, nullable=False, default=0),
-)
-
-node_transitions_table = Table(
-    "remedy_node_transitions",
-    metadata,
-    Column("seq", Integer, primary_key=True, autoincrement=True),
-    Column("node", String(300), nullable=False, index=True),
-    Column("ts", Float, nullable=False),
-    Column("from_state", String(30), nullable=False),
-    Column("to_state", String(30), nullable=False),
-    Column("trigger", String(60), nullable=False),
-    Column("reason", Text, nullable=False),
-)
-
-# The execution journal: one row per idempotency key, written before the back end is called and closed after.
-# A row still "started" after a crash is an action that may be half done; running it again resumes it (every
-# actuator call is idempotent: a drain evicts what is left, a cordon sets what is already set). ``owner`` names
-# the remediator running it and ``lease_expires`` when its claim lapses unless renewed (the owner renews it while
-# the action runs). Resuming is a claim on the row (``AuditLog.claim``), taken only once the lease has expired, so
-# of several processes on one database that find the same row started (vigil serve --no-engine and vigil engine,
-# after a crash), one resumes it, and none while its owner is alive.
-intents_table = Table(
-    "remedy_intents",
-    metadata,
-    Column("key", String(120), primary_key=True),
-    Column("action_id", String(40), nullable=False),
-    Column("state", String(20), nullable=False),
-    Column("started", Float, nullable=False),
-    Column("finished", Float),
-    Column("action", JSON, nullable=False),
-    Column("owner", String(120)),
-    Column("lease_expires", Float),
-)
-# columns added to a table after its first release: (table, column, SQL type), added to a database that lacks them
-_ADDED_COLUMNS = (("remedy_intents", "owner", "VARCHAR(120)"), ("remedy_intents", "lease_expires", "FLOAT"))
+from vigil.model import Action, ActionKind, ActionStatus
+from vigil.store.schema import remedy_actions as actions_table
+from vigil.store.schema import remedy_intents as intents_table
+from vigil.store.sql import open_database
 
 
 class UnfinishedRun(NamedTuple):
@@ -113,6 +32,7 @@ class UnfinishedRun(NamedTuple):
     lease_expires: float | None
     action: Action
 
+
 _engines: dict[str, Engine] = {}
 _engines_lock = threading.Lock()
 
@@ -122,48 +42,13 @@ def default_url() -> str:
 
 
 def engine_for(url: str | None = None) -> Engine:
-    """One engine per URL per process, tables created on first use."""
+    """One engine per URL per process, the schema brought to the latest revision on first use."""
     url = url or default_url()
     with _engines_lock:
         engine = _engines.get(url)
         if engine is None:
-            try:
-                if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
-                    Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-                engine = create_engine(url)
-                if engine.dialect.name == "sqlite":
-                    event.listen(engine, "connect", _sqlite_pragmas)
-                metadata.create_all(engine)
-                _add_missing_columns(engine)
-            except (SQLAlchemyError, OSError, ValueError) as err:
-                raise VigilInputError(f"cannot open the store at {url!r}: {str(err).splitlines()[0]}") from None
-            _engines[url] = engine
+            engine = _engines[url] = open_database(url)
         return engine
-
-
-def _add_missing_columns(engine: Engine) -> None:
-    """A database made by an earlier Vigil lacks the columns added since; add them (nullable, so old rows stay
-    valid). ``create_all`` makes missing tables only."""
-    tables = inspect(engine)
-    for table, column, sql_type in _ADDED_COLUMNS:
-        if column not in {c["name"] for c in tables.get_columns(table)}:
-            try:
-                with engine.begin() as conn:
-                    conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {column} {sql_type}"))
-            except SQLAlchemyError:
-                # Another process starting on the same database (vigil serve --no-engine beside vigil engine)
-                # added it between this look and this ALTER: a fresh look says so; anything else is an error.
-                if column not in {c["name"] for c in inspect(engine).get_columns(table)}:
-                    raise
-
-
-def _sqlite_pragmas(dbapi_connection: object, _record: object) -> None:
-    # WAL lets readers (vigil nodes, the web UI) run while the remediator writes.
-    cursor = dbapi_connection.cursor()  # type: ignore[attr-defined]
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=NORMAL")
-    cursor.execute("PRAGMA busy_timeout=10000")
-    cursor.close()
 
 
 class AuditLog:

@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from sqlalchemy import insert, select, update
 
 from vigil.model import FaultLevel, VigilInputError, parse_entity
-from vigil.remedy.audit import engine_for, node_states_table, node_transitions_table
+from vigil.remedy.audit import engine_for
+from vigil.store.schema import remedy_node_states as node_states_table
+from vigil.store.schema import remedy_node_transitions as node_transitions_table
 
 
 class NodeState(enum.StrEnum):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import JSON, Column, Float, Index, Integer, MetaData, String, Table, Text
+from sqlalchemy import JSON, Boolean, Column, Float, Index, Integer, MetaData, String, Table, Text
 
 metadata = MetaData()
 
@@ -131,4 +131,63 @@ incident_memories = Table(
     Column("incident_id", String(64), primary_key=True),
     Column("end", Float, nullable=False),
     Column("body", JSON, nullable=False),
+)
+
+# The remedy package's tables (``remedy_*``; vigil.remedy.audit and vigil.remedy.lifecycle read and write them).
+
+# The audit log: every action Vigil proposes, refuses, skips or executes, with who / why / what / result.
+remedy_actions = Table(
+    "remedy_actions", metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("id", String(40), nullable=False, unique=True),
+    Column("ts", Float, nullable=False, index=True),
+    Column("kind", String(40), nullable=False),
+    Column("target", String(300), nullable=False, index=True),
+    Column("incident_id", String(60)),
+    Column("reason", Text, nullable=False),
+    Column("requested_by", String(200), nullable=False),
+    Column("dry_run", Boolean, nullable=False),
+    Column("status", String(20), nullable=False),
+    Column("result", Text, nullable=False),
+    Column("params", JSON, nullable=False),
+)
+
+# Each node's lifecycle state (healthy, draining, repairing ...) and every move between states.
+remedy_node_states = Table(
+    "remedy_node_states", metadata,
+    Column("node", String(300), primary_key=True),
+    Column("state", String(30), nullable=False),
+    Column("since", Float, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("repair_attempts", Integer, nullable=False, default=0),
+)
+
+remedy_node_transitions = Table(
+    "remedy_node_transitions", metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("node", String(300), nullable=False, index=True),
+    Column("ts", Float, nullable=False),
+    Column("from_state", String(30), nullable=False),
+    Column("to_state", String(30), nullable=False),
+    Column("trigger", String(60), nullable=False),
+    Column("reason", Text, nullable=False),
+)
+
+# The execution journal: one row per idempotency key, written before the back end is called and closed after.
+# A row still "started" after a crash is an action that may be half done; running it again resumes it (every
+# actuator call is idempotent: a drain evicts what is left, a cordon sets what is already set). ``owner`` names
+# the remediator running it and ``lease_expires`` when its claim lapses unless renewed (the owner renews it while
+# the action runs). Resuming is a claim on the row (``AuditLog.claim``), taken only once the lease has expired, so
+# of several processes on one database that find the same row started (vigil serve --no-engine and vigil engine,
+# after a crash), one resumes it, and none while its owner is alive.
+remedy_intents = Table(
+    "remedy_intents", metadata,
+    Column("key", String(120), primary_key=True),
+    Column("action_id", String(40), nullable=False),
+    Column("state", String(20), nullable=False),
+    Column("started", Float, nullable=False),
+    Column("finished", Float),
+    Column("action", JSON, nullable=False),
+    Column("owner", String(120)),
+    Column("lease_expires", Float),
 )

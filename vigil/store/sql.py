@@ -18,7 +18,7 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, delete, event, func, insert, select, update
+from sqlalchemy import Engine, create_engine, delete, event, func, insert, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
@@ -45,6 +45,8 @@ from vigil.model import (
 from vigil.store import schema as t
 
 _migrate_lock = threading.Lock()
+# The PostgreSQL advisory lock every Vigil process takes to upgrade a database's schema ("vigi" in ASCII).
+MIGRATION_LOCK = 0x76696769
 # Node labels that place a node in the fabric (the Kubernetes well-known topology labels' style).
 RACK_LABEL = "topology.vigil.io/rack"
 SWITCH_LABEL = "topology.vigil.io/leaf"
@@ -61,32 +63,47 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 
 
 def migrate(engine: Engine) -> None:
-    """Bring the schema to the latest alembic revision."""
+    """Bring the schema to the latest alembic revision. Processes opening one database at once (``vigil serve
+    --no-engine`` beside ``vigil engine``) upgrade it one after the other: each holds the database's migration lock
+    from before it reads the revision until it commits, so the second finds the schema at the revision the first
+    left instead of running the same changes again."""
     cfg = Config()
     cfg.set_main_option("script_location", str(resources.files("vigil.store") / "migrations"))
     with _migrate_lock, engine.begin() as conn:
+        if engine.dialect.name == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(:lock)"), {"lock": MIGRATION_LOCK})
+        elif engine.dialect.name == "sqlite":
+            # the write lock now, not at the first change: a reader's snapshot would still show the old revision
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")
+
+
+def open_database(url: str) -> Engine:
+    """An engine on the database at ``url`` (an SQLite file's directory made where missing), its schema brought to
+    the latest revision. Every table of Vigil's database is under the revisions, the remedy package's included."""
+    try:
+        if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+            Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise VigilInputError(f"cannot create the store at {url!r}: {err.strerror or err}") from None
+    try:
+        engine = create_engine(url, future=True, pool_pre_ping=True)
+    except (SQLAlchemyError, ValueError) as err:
+        raise VigilInputError(f"bad database URL {url!r}: {err}") from None
+    if engine.dialect.name == "sqlite":
+        event.listen(engine, "connect", _sqlite_pragmas)
+    try:
+        migrate(engine)
+    except SQLAlchemyError as err:
+        raise VigilInputError(f"cannot open the store at {url!r}: {str(err).splitlines()[0]}") from None
+    return engine
 
 
 class Store:
     def __init__(self, url: str) -> None:
         self.url = url
-        try:
-            if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
-                Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise VigilInputError(f"cannot create the store at {url!r}: {err.strerror or err}") from None
-        try:
-            self.engine = create_engine(url, future=True, pool_pre_ping=True)
-        except (SQLAlchemyError, ValueError) as err:
-            raise VigilInputError(f"bad database URL {url!r}: {err}") from None
-        if self.engine.dialect.name == "sqlite":
-            event.listen(self.engine, "connect", _sqlite_pragmas)
-        try:
-            migrate(self.engine)
-        except SQLAlchemyError as err:
-            raise VigilInputError(f"cannot open the store at {url!r}: {str(err).splitlines()[0]}") from None
+        self.engine = open_database(url)
         self._whole_cache: tuple[int, dict[str, dict[str, Any]]] | None = None
 
     def close(self) -> None:
