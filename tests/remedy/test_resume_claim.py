@@ -151,11 +151,13 @@ def schema_before_the_revisions_held_the_audit_log(url: str, added: tuple[str, .
     engine = sa.create_engine(url)
     cfg = Config()
     cfg.set_main_option("script_location", str(resources.files("vigil.store") / "migrations"))
-    with engine.begin() as conn:
+    with engine.connect() as conn:
         if conn.dialect.name == "sqlite":
             conn.exec_driver_sql("PRAGMA journal_mode=WAL")  # as the store and the audit log left every file
+        conn.commit()
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "0005")
+        conn.commit()
     made_by_the_audit_log = sa.MetaData()
     for table in (schema.remedy_actions, schema.remedy_node_states, schema.remedy_node_transitions):
         table.to_metadata(made_by_the_audit_log)

@@ -65,18 +65,27 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 def migrate(engine: Engine) -> None:
     """Bring the schema to the latest alembic revision. Processes opening one database at once (``vigil serve
     --no-engine`` beside ``vigil engine``) upgrade it one after the other: each holds the database's migration lock
-    from before it reads the revision until it commits, so the second finds the schema at the revision the first
-    left instead of running the same changes again."""
+    from before it reads the revision until its upgrade is committed, so the second finds the schema at the
+    revision the first left instead of running the same changes again."""
     cfg = Config()
     cfg.set_main_option("script_location", str(resources.files("vigil.store") / "migrations"))
-    with _migrate_lock, engine.begin() as conn:
-        if engine.dialect.name == "postgresql":
-            conn.execute(text("SELECT pg_advisory_xact_lock(:lock)"), {"lock": MIGRATION_LOCK})
-        elif engine.dialect.name == "sqlite":
-            # the write lock now, not at the first change: a reader's snapshot would still show the old revision
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+    with _migrate_lock, engine.connect() as conn:
         cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "head")
+        if engine.dialect.name != "postgresql":
+            with conn.begin():
+                # SQLite: the write lock now, not at the first change (a reader's snapshot shows the old revision)
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
+                command.upgrade(cfg, "head")
+            return
+        # A lock of the session, not of a transaction: each revision commits its own (migrations/env.py).
+        conn.execute(text("SELECT pg_advisory_lock(:lock)"), {"lock": MIGRATION_LOCK})
+        conn.commit()
+        try:
+            command.upgrade(cfg, "head")
+        finally:
+            conn.rollback()
+            conn.execute(text("SELECT pg_advisory_unlock(:lock)"), {"lock": MIGRATION_LOCK})
+            conn.commit()
 
 
 def open_database(url: str) -> Engine:

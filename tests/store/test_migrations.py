@@ -1,0 +1,111 @@
+"""The store's revisions on a database that already holds events: the push-key index of revision 0005 is built
+beside the writers on PostgreSQL (CONCURRENTLY) and plainly on SQLite, and a concurrent build cut short is built
+again when the store next opens."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib import resources
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.config import Config
+from alembic.migration import MigrationContext
+
+from tests.serve.conftest import fresh_database
+from tests.serve.conftest import postgres_url as postgres_url
+from vigil.store.schema import metadata
+from vigil.store.sql import Store
+
+
+def events_at_revision_0004(url: str, rows: int = 2000) -> None:
+    """A database as it stood before the push key: the store's schema at revision 0004, holding events."""
+    engine = sa.create_engine(url)
+    cfg = Config()
+    cfg.set_main_option("script_location", str(resources.files("vigil.store") / "migrations"))
+    with engine.connect() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0004")
+        conn.commit()
+        conn.execute(sa.text("INSERT INTO events (ts, entity, kind, source, level, message, attrs) "
+                             "VALUES (:ts, 'gpu/n01/0', 'xid', 'kernel', 4, 'Xid 79', '{}')"),
+                     [{"ts": float(i)} for i in range(rows)])
+        conn.commit()
+    engine.dispose()
+
+
+@contextmanager
+def statements() -> Iterator[list[str]]:
+    """Every statement any engine of this process sends while the block runs."""
+    sent: list[str] = []
+
+    def record(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
+        sent.append(" ".join(statement.split()))
+
+    sa.event.listen(sa.Engine, "before_cursor_execute", record)
+    try:
+        yield sent
+    finally:
+        sa.event.remove(sa.Engine, "before_cursor_execute", record)
+
+
+def assert_at_head_with_the_events_kept(store: Store, rows: int) -> None:
+    with store.engine.connect() as conn:
+        context = MigrationContext.configure(conn)
+        assert context.get_current_revision() == "0006"
+        assert compare_metadata(context, metadata) == []
+        assert conn.execute(sa.text("SELECT count(*) FROM events")).scalar_one() == rows
+
+
+def push_key_index_is_valid(conn: sa.Connection) -> bool:
+    found = conn.execute(sa.text("SELECT indisvalid FROM pg_index WHERE indexrelid = 'ux_events_push_key'::regclass"))
+    return bool(found.scalar_one())
+
+
+def test_the_push_key_index_is_built_concurrently_on_postgresql(postgres_url: str) -> None:
+    url = fresh_database(postgres_url, "push_key_concurrently")
+    events_at_revision_0004(url)
+    with statements() as sent:
+        store = Store(url)
+    assert "CREATE UNIQUE INDEX CONCURRENTLY ux_events_push_key ON events (push_key)" in sent
+    assert_at_head_with_the_events_kept(store, 2000)
+    with store.engine.connect() as conn:
+        assert push_key_index_is_valid(conn)
+    store.close()
+
+
+def test_a_concurrent_build_cut_short_is_built_again_on_postgresql(postgres_url: str) -> None:
+    """Revision 0005 ran up to its index build, which failed (here: two rows sharing a key), so it was never
+    recorded: the column is there, and so is an INVALID index of that name. The next open runs it again."""
+    url = fresh_database(postgres_url, "push_key_cut_short")
+    events_at_revision_0004(url)
+    engine = sa.create_engine(url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(sa.text("ALTER TABLE events ADD COLUMN push_key VARCHAR(64)"))
+        conn.execute(sa.text("UPDATE events SET push_key = 'same' WHERE ts < 2"))
+        with pytest.raises(sa.exc.IntegrityError):
+            conn.execute(sa.text("CREATE UNIQUE INDEX CONCURRENTLY ux_events_push_key ON events (push_key)"))
+        assert not push_key_index_is_valid(conn)
+        conn.execute(sa.text("UPDATE events SET push_key = NULL"))
+    engine.dispose()
+    store = Store(url)
+    assert_at_head_with_the_events_kept(store, 2000)
+    with store.engine.connect() as conn:
+        assert push_key_index_is_valid(conn)
+    assert store.add_events(store.events(limit=1), ["k"]) == 1 and store.add_events(store.events(limit=1), ["k"]) == 0
+    store.close()
+
+
+def test_the_push_key_index_is_built_plainly_on_sqlite(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'v.db'}"
+    events_at_revision_0004(url)
+    with statements() as sent:
+        store = Store(url)
+    assert "CREATE UNIQUE INDEX ux_events_push_key ON events (push_key)" in sent
+    assert not any("CONCURRENTLY" in statement for statement in sent)
+    assert_at_head_with_the_events_kept(store, 2000)
+    store.close()
