@@ -95,6 +95,8 @@ FOLDS = [("Android", "Apache"), ("BGL", "HDFS"), ("HPC", "Hadoop"), ("Linux", "O
 SPLIT_VALUES_GRID = [1, 2, 3, 4, 5, 6, 8, 10, 12, 16]
 UNIT_LETTERS_GRID = [-1, 2, 3, 4, 5, 6, 8]  # -1: values of different word counts never join (the rule off)
 FIELD_VALUES_GRID = [False, True]  # whether words the stream writes as key=value values are values
+# how many words wrapped whole in brackets or quotes open a position (10: no fewer than any other words)
+SLOT_VALUES_GRID = [1, 2, 3, 4, 10]
 RESULTS = REPO / "bench" / "results" / "logs.json"
 LOGHUB2_RESULTS = REPO / "bench" / "results" / "logs_loghub2.json"
 STABILITY_RESULTS = REPO / "bench" / "results" / "logs_stability.json"
@@ -162,8 +164,10 @@ def scores(predicted: list[str], templates: list[str], truth: list[str]) -> dict
 
 def vigil_scores(contents: list[str], truth: list[str], split_values: int,
                  unit_letters: int = TemplateMiner.max_unit_letters,
-                 field_values: bool = TemplateMiner.field_values) -> dict[str, float]:
-    miner = TemplateMiner(max_split_values=split_values, max_unit_letters=unit_letters, field_values=field_values)
+                 field_values: bool = TemplateMiner.field_values,
+                 slot_values: int = TemplateMiner.max_slot_values) -> dict[str, float]:
+    miner = TemplateMiner(max_split_values=split_values, max_unit_letters=unit_letters, field_values=field_values,
+                          max_slot_values=slot_values)
     found = [t for i in range(0, len(contents), 4096) for t in miner.add_templates(contents[i:i + 4096])]
     return scores(*grouping(miner, found), truth)
 
@@ -201,21 +205,24 @@ def accuracy(unseen: dict[str, Path] | None = None) -> dict[str, object]:
     roots = {system: DATA for system in SYSTEMS} | unseen
     systems = list(roots)
     data = {system: load(system, root) for system, root in roots.items()}
-    settings = [(k, u, f) for k in SPLIT_VALUES_GRID for u in UNIT_LETTERS_GRID for f in FIELD_VALUES_GRID]
+    settings = [(k, u, f, v) for k in SPLIT_VALUES_GRID for u in UNIT_LETTERS_GRID for f in FIELD_VALUES_GRID
+                for v in SLOT_VALUES_GRID]
     grid = {(system, *ku): vigil_scores(*data[system], *ku) for system in systems for ku in settings}
     default_units, default_fields = TemplateMiner.max_unit_letters, TemplateMiner.field_values
+    default_slots = TemplateMiner.max_slot_values
     rows = []
     folds = []
     for held_out in folds_for(list(unseen)):
         training = [s for s in systems if s not in held_out]
         # ties go to the shipped max_unit_letters and field_values, then to the smaller max_split_values (fewer
-        # words kept as constants)
-        chosen_k, chosen_u, chosen_f = max(settings, key=lambda ku: (
+        # words kept as constants), then to the smaller max_slot_values (likewise)
+        chosen_k, chosen_u, chosen_f, chosen_v = max(settings, key=lambda ku: (
             round(statistics.fmean(grid[s, *ku]["ga"] for s in training), 6), ku[1] == default_units,
-            ku[2] == default_fields, -ku[0]))
+            ku[2] == default_fields, -ku[0], -ku[3]))
         folds.append({"held_out": list(held_out), "chosen_split_values": chosen_k, "chosen_unit_letters": chosen_u,
-                      "chosen_field_values": chosen_f,
-                      "ga_mean": statistics.fmean(grid[s, chosen_k, chosen_u, chosen_f]["ga"] for s in held_out)})
+                      "chosen_field_values": chosen_f, "chosen_slot_values": chosen_v,
+                      "ga_mean": statistics.fmean(grid[s, chosen_k, chosen_u, chosen_f, chosen_v]["ga"]
+                                                  for s in held_out)})
         for system in held_out:
             contents, truth = data[system]
             drain = Drain3Parser()
@@ -224,27 +231,31 @@ def accuracy(unseen: dict[str, Path] | None = None) -> dict[str, object]:
             masked_ids = masked.parse(contents)
             row: dict[str, object] = {"system": system, "fold_split_values": chosen_k,
                                       "fold_unit_letters": chosen_u, "fold_field_values": chosen_f,
+                                      "fold_slot_values": chosen_v,
                                       "set": HELD_OUT_LABEL if system in unseen else "development",
                                       "templates_truth": len(set(truth))}
-            row.update({f"{k}_vigil": v for k, v in grid[system, chosen_k, chosen_u, chosen_f].items()})
+            row.update({f"{k}_vigil": v for k, v in grid[system, chosen_k, chosen_u, chosen_f, chosen_v].items()})
             row.update({f"{k}_drain3": v for k, v in scores([str(i) for i in drain_ids], drain.templates(drain_ids),
                                                             truth).items()})
             row.update({f"{k}_drain3_masked": v for k, v in scores(
                 [str(i) for i in masked_ids], masked.templates(masked_ids), truth).items()})
             rows.append(row)
     default_k = TemplateMiner.max_split_values
-    by_value = {k: statistics.fmean(grid[s, k, default_units, default_fields]["ga"] for s in systems)
+    by_value = {k: statistics.fmean(grid[s, k, default_units, default_fields, default_slots]["ga"] for s in systems)
                 for k in SPLIT_VALUES_GRID}
-    by_units = {u: statistics.fmean(grid[s, default_k, u, default_fields]["ga"] for s in systems)
+    by_units = {u: statistics.fmean(grid[s, default_k, u, default_fields, default_slots]["ga"] for s in systems)
                 for u in UNIT_LETTERS_GRID}
-    by_fields = {str(f): statistics.fmean(grid[s, default_k, default_units, f]["ga"] for s in systems)
-                 for f in FIELD_VALUES_GRID}
+    by_fields = {str(f): statistics.fmean(grid[s, default_k, default_units, f, default_slots]["ga"]
+                                          for s in systems) for f in FIELD_VALUES_GRID}
+    by_slots = {v: statistics.fmean(grid[s, default_k, default_units, default_fields, v]["ga"] for s in systems)
+                for v in SLOT_VALUES_GRID}
     return {"rows": rows, "folds": folds, "ga_mean_by_split_values_all_systems": by_value,
             "ga_mean_by_unit_letters_all_systems": by_units, "ga_mean_by_field_values_all_systems": by_fields,
+            "ga_mean_by_slot_values_all_systems": by_slots,
             "systems": systems, "held_out_systems": sorted(unseen),
             "default_split_values": default_k, "default_unit_letters": default_units,
-            "default_field_values": default_fields,
-            "ga_by_system_and_setting": {f"{s}/{k}/{u}/{int(f)}": v["ga"] for (s, k, u, f), v in grid.items()}}
+            "default_field_values": default_fields, "default_slot_values": default_slots,
+            "ga_by_system_and_setting": {f"{s}/{k}/{u}/{int(f)}/{v}": g["ga"] for (s, k, u, f, v), g in grid.items()}}
 
 
 _DIGITS = re.compile(r"\d+")
@@ -419,7 +430,8 @@ def mining_table(acc: dict[str, object]) -> tuple[dict[str, dict[str, float]], l
                         "out (knob tuned on all the other systems)")
     for r in rows:
         table.add_row(str(r["system"]), str(r["set"]),
-                      f"{r['fold_split_values']}/{r['fold_unit_letters']}/{'on' if r['fold_field_values'] else 'off'}",
+                      f"{r['fold_split_values']}/{r['fold_unit_letters']}/{'on' if r['fold_field_values'] else 'off'}"
+                      f"/{r['fold_slot_values']}",
                       *(f"{float(r[k]):.3f}" for k in columns))  # type: ignore[arg-type]
     means: dict[str, dict[str, float]] = {}
     for name in ("development", HELD_OUT_LABEL, "all"):
@@ -434,14 +446,16 @@ def mining_table(acc: dict[str, object]) -> tuple[dict[str, dict[str, float]], l
     systems: list[str] = acc["systems"]  # type: ignore[assignment]
     by_units: dict[int, float] = acc["ga_mean_by_unit_letters_all_systems"]  # type: ignore[assignment]
     by_fields: dict[str, float] = acc["ga_mean_by_field_values_all_systems"]  # type: ignore[assignment]
+    by_slots: dict[int, float] = acc["ga_mean_by_slot_values_all_systems"]  # type: ignore[assignment]
     console.print(f"GA across the {len(folds)} folds: min {min(fold_means):.3f}, max {max(fold_means):.3f}; knobs "
-                  "(max_split_values/max_unit_letters/field_values) chosen per fold: "
+                  "(max_split_values/max_unit_letters/field_values/max_slot_values) chosen per fold: "
                   + ", ".join(f"{f['chosen_split_values']}/{f['chosen_unit_letters']}/"
-                              f"{'on' if f['chosen_field_values'] else 'off'}" for f in folds)
+                              f"{'on' if f['chosen_field_values'] else 'off'}/{f['chosen_slot_values']}" for f in folds)
                   + f"; mean GA on all "
                   f"{len(systems)} by max_split_values: " + ", ".join(f"{k}: {v:.3f}" for k, v in by_value.items())
                   + "; by max_unit_letters: " + ", ".join(f"{u}: {v:.3f}" for u, v in by_units.items())
-                  + "; by field_values: " + ", ".join(f"{f}: {v:.3f}" for f, v in by_fields.items()))
+                  + "; by field_values: " + ", ".join(f"{f}: {v:.3f}" for f, v in by_fields.items())
+                  + "; by max_slot_values: " + ", ".join(f"{v}: {g:.3f}" for v, g in by_slots.items()))
     below = [str(r["system"]) for r in rows
              if float(r["ga_vigil"]) < max(float(r["ga_drain3"]), float(r["ga_drain3_masked"]))]  # type: ignore[arg-type]
     console.print(f"GA below drain3 (either configuration) on: {', '.join(below) or 'no system'}")
@@ -685,7 +699,8 @@ def main() -> None:
             "data": str(root), "drain3_version": "0.9.11: with its example masking, and default (no masking)",
             "miner_settings": {"max_split_values": TemplateMiner.max_split_values,
                                "max_unit_letters": TemplateMiner.max_unit_letters,
-                               "field_values": TemplateMiner.field_values},
+                               "field_values": TemplateMiner.field_values,
+                               "max_slot_values": TemplateMiner.max_slot_values},
             **result}, indent=2))
         console.print(f"wrote {LOGHUB2_RESULTS.relative_to(REPO)}")
         return

@@ -190,6 +190,24 @@ def test_a_word_split_off_in_an_early_block_joins_once_its_position_holds_values
     assert events.canonical(opened) is not events.canonical(closed)
 
 
+def test_a_few_words_wrapped_in_brackets_are_values(tmp_path: Path) -> None:
+    names = ["sshd", "httpd", "mysqld", "java", "python", "crond"]
+    killed = [f"Out of Memory: Killed process {100 + n} ({names[n % 6]})." for n in range(60)]
+    # six process names in parentheses are one event with a value, where six bare words would be six events
+    found = TemplateMiner().add_block(killed)
+    assert {m.template for m in found} == {"Out of Memory: Killed process <*> (<*>)."}
+    assert len({m.template_id for m in TemplateMiner(max_slot_values=10).add_block(killed)}) == 6
+    # two states in parentheses stay two events
+    e820 = [f"BIOS-e820: {n:016x} - {n + 5:016x} ({'usable' if n % 2 else 'reserved'})" for n in range(8)]
+    assert {m.template for m in TemplateMiner().add_block(e820)} == {"<*> - <*> (usable)", "<*> - <*> (reserved)"}
+    # so do words in different brackets, and the setting is saved with the state
+    mixed = [f"link {n} {word}" for n, word in enumerate(["(up)", "[down]", "'idle'", "<gone>"] * 3)]
+    assert len({m.template_id for m in TemplateMiner().add_block(mixed)}) == 4
+    state = tmp_path / "templates.json"
+    TemplateMiner(max_slot_values=5).save(state)
+    assert TemplateMiner.load(state).max_slot_values == 5
+
+
 def test_a_value_of_more_words_keeps_its_statement_together() -> None:
     found = TemplateMiner().add_block(SIZED * 3)
     assert len({m.template_id for m in found}) == 1

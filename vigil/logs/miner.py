@@ -15,7 +15,9 @@ How a block of lines finds its templates:
    more frequent than that; the positions below it are where the siblings differ. Such a position is a
    variable when the siblings hold more than ``max_split_values`` different words there, and otherwise
    splits them into separate templates (``opened`` / ``closed`` are two events, fifty user names are one
-   variable). Three more signs of a value need no count: a masked value at the same position of a sibling
+   variable). Words wrapped whole in the same brackets or quotes (``(sshd).``, ``[LNKD]``) are written as values:
+   there more than ``max_slot_values`` different words suffice (``(reserved)`` / ``(usable)`` stay two events).
+   Three more signs of a value need no count: a masked value at the same position of a sibling
    (``()`` beside ``(<*>)``), words that vary in more than one message (a user named in "session
    opened" and "session closed" is an entity, not an enumeration), and words the stream itself writes as the
    value of a ``key=value`` field (``user=uucp`` elsewhere makes ``for uucp`` a value; ``field_values``, kept
@@ -27,8 +29,8 @@ How a block of lines finds its templates:
 5. A form that still starts a new template is compared with the known templates of other lengths: when the two
    align word by word and what is left over on each side is nothing or one value (a masked value followed by
    masked values or short unit words: ``1190 bytes (1.16 KB)`` beside ``0 bytes``), the new template is a
-   variant of the known one and its lines take that one's id. ``max_split_values`` and ``max_unit_letters``
-   are chosen by leave-systems-out rotation on the Loghub samples (bench/logs.py).
+   variant of the known one and its lines take that one's id. ``max_split_values``, ``max_slot_values`` and
+   ``max_unit_letters`` are chosen by leave-systems-out rotation on the Loghub samples (bench/logs.py).
 6. The template's text shows, behind each ``<*>``, what its lines held there, in the conventions of the corrected
    Loghub ground truth (Khan et al., ICSE'22; :func:`render`): numbers are values even where they never varied, a
    word that only holds a digit and never varied is text (``jk2_init()``), so is the word before a number
@@ -58,6 +60,8 @@ from vigil.model import VigilInputError
 STATE_VERSION = 2
 # a word (no digit) written as the value of a key=value or key:value field: user=uucp, interactive=true
 _FIELD_VALUE = re.compile(r"(?<=[\w.\-][=:])[A-Za-z_][A-Za-z_\-]*(?=[\s,;)\]}>]|$)", re.MULTILINE)
+# a word wrapped whole in brackets or quotes, punctuation after it aside: "(sshd).", "[LNKD]", "'Active'"
+_WRAPPED = re.compile(r"([(\[{<\"'])[^\s()\[\]{}<>\"']+([)\]}>\"'])[.,;:]?")
 _DIGITS_TO_ZERO = str.maketrans("123456789", "000000000")
 _HAS_DIGIT = re.compile(r"\d")
 
@@ -75,6 +79,17 @@ def _fits(tokens: tuple[str, ...], pattern: tuple[str | None, ...]) -> bool:
 
 
 _MAX_VALUE_WORDS = 6  # at most this many more tokens in one variant than in the other
+
+
+def _wrapped_alike(words: set[str]) -> bool:
+    """Whether every word of ``words`` is wrapped whole in the same brackets or quotes (the slot of a value)."""
+    frames = set()
+    for word in words:
+        found = _WRAPPED.fullmatch(word)
+        if found is None:
+            return False
+        frames.add(found.group(1) + found.group(2))
+    return len(frames) == 1
 
 
 def _letters(token: str) -> int:
@@ -341,6 +356,7 @@ class TemplateMiner:
     max_split_values: int = 10
     max_unit_letters: int = 4
     field_values: bool = True
+    max_slot_values: int = 2
     max_templates: int = 50_000
     max_cache: int = 200_000
     templates: dict[str, Template] = field(default_factory=dict)
@@ -563,7 +579,12 @@ class TemplateMiner:
                     roaming += sum(value in self._values for value in values) if self._values else 0
                     # a masked value at one position (alone or in a word: "(<*>)") and words at another
                     # line's same position: the position holds values
-                    if (len(values) > self.max_split_values or roaming > 1
+                    # words wrapped whole in brackets or quotes (a process name "(sshd)", a link "[LNKD]") are
+                    # written as values: a few of them there suffice ("(reserved)" / "(usable)" stay two events)
+                    limit = self.max_split_values
+                    if len(values) > self.max_slot_values and _wrapped_alike(values):
+                        limit = min(limit, self.max_slot_values)
+                    if (len(values) > limit or roaming > 1
                             or (len(values) > 1 and any(WILDCARD in value for value in values))):
                         variable.add(p)
                 for i in siblings:
@@ -693,6 +714,7 @@ class TemplateMiner:
             "max_split_values": self.max_split_values,
             "max_unit_letters": self.max_unit_letters,
             "field_values": self.field_values,
+            "max_slot_values": self.max_slot_values,
             "next_id": self._next_id,
             "clock": self._clock,
             "templates": [
@@ -728,6 +750,7 @@ class TemplateMiner:
             params.setdefault("max_split_values", int(state.get("max_split_values", cls.max_split_values)))
             params.setdefault("max_unit_letters", int(state.get("max_unit_letters", cls.max_unit_letters)))
             params.setdefault("field_values", bool(state.get("field_values", cls.field_values)))
+            params.setdefault("max_slot_values", int(state.get("max_slot_values", cls.max_slot_values)))
             miner = cls(**params)  # type: ignore[arg-type]
             for item in state["templates"]:
                 tokens = [str(tok) for tok in item["tokens"]]
