@@ -466,7 +466,7 @@ def test_roles_and_the_two_person_rule(team) -> None:  # type: ignore[no-untyped
     other = client.post(f"/api/v1/actions/{action_id}/approve", headers=_as(tokens, "alan"))
     assert other.status_code == 200 and other.json()["params"]["approved_by"] == "alan"
     done = client.post(f"/api/v1/actions/{action_id}/execute", headers=_as(tokens, "otto"))
-    assert done.status_code == 200 and done.json()["params"]["executed_by"] == "otto"
+    assert done.status_code == 200 and done.json()["params"]["dry_run_by"] == "otto"
     # An alert takes nothing away: its proposer may approve it.
     alert = client.post("/api/v1/actions", json={**cordon, "kind": "alert"}, headers=_as(tokens, "root")).json()
     assert client.post(f"/api/v1/actions/{alert['id']}/approve", headers=_as(tokens, "root")).status_code == 200

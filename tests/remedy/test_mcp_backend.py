@@ -73,7 +73,8 @@ def _propose_approve_execute(server: MCPServer, *, dry_run: bool = True) -> dict
             finally:
                 mcp_caller.reset(token)
             out["executed"] = await _call(agent, "execute_action", action_id=proposed["id"], dry_run=dry_run)
-            out["again"] = await _error(agent, "execute_action", action_id=proposed["id"], dry_run=dry_run)
+            again = _call if dry_run else _error  # a dry run leaves the action approved; a real run spends it
+            out["again"] = await again(agent, "execute_action", action_id=proposed["id"], dry_run=dry_run)
 
     anyio.run(session)
     return out
@@ -89,13 +90,14 @@ def test_an_mcp_proposal_stays_a_proposal_while_execution_is_off(
     out = _propose_approve_execute(server)
     assert "two-person rule: mcp proposed this cordon" in out["own_approval"]
     done = out["executed"]
-    assert done["status"] == "proposed" and done["dry_run"] is True
+    assert done["status"] == "approved" and done["dry_run"] is True  # as the approval left it
     assert done["result"].startswith("dry-run: would run scontrol update nodename=n3 state=drain")
-    assert done["params"]["actuator"] == "slurm" and done["params"]["executed_by"] == "mcp"
-    assert "approve it before executing" in out["again"]  # a proposal again: it needs a new approval
+    assert done["params"]["dry_run_status"] == "proposed" and done["params"]["dry_run_by"] == "mcp"
+    assert out["again"]["status"] == "approved" and out["again"]["result"] == done["result"]
     assert calls(fake_slurm) == []  # the back end was never called
     audit = AuditLog(f"sqlite:///{tmp_path / 'vigil.db'}")
-    assert [(a.kind.value, a.status.value) for a in audit.actions()] == [("cordon", "proposed")]
+    records = [(a.kind.value, a.status.value, a.params["actuator"]) for a in audit.actions()]
+    assert records == [("cordon", "proposed", "slurm")] * 2
 
 
 def test_an_mcp_action_reaches_the_chosen_backend_when_execution_is_on(
@@ -135,8 +137,8 @@ def test_mcp_without_a_backend_executes_nothing(tmp_path: Path, monkeypatch: pyt
 def test_an_mcp_dry_run_can_be_tried_again_and_then_executed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_slurm: Path
 ) -> None:
-    """A dry run comes back proposed, to be approved again: a second dry run and, once execution is on, the real
-    run each get their own audit record (the audit log holds one record per id; before, the second record of the
+    """A dry run leaves the action approved: a second dry run and, once execution is on, the real run each get
+    their own audit record (the audit log holds one record per id; before, the second record of the
     action's id failed - after the back end had run it)."""
     from vigil.remedy.audit import AuditLog
 
@@ -161,7 +163,8 @@ def test_an_mcp_dry_run_can_be_tried_again_and_then_executed(
         out["second"] = await approve_and_execute(dry, proposed["id"])
 
     anyio.run(dry_runs)
-    assert out["first"]["status"] == out["second"]["status"] == "proposed"
+    assert out["first"]["status"] == out["second"]["status"] == "approved"
+    assert out["first"]["params"]["dry_run_status"] == out["second"]["params"]["dry_run_status"] == "proposed"
     assert out["second"]["id"] == out["id"] and calls(fake_slurm) == []
 
     wet, _ = _mcp_server(tmp_path, monkeypatch, {"VIGIL_REMEDY_BACKEND": "slurm", "VIGIL_EXECUTE_ACTIONS": "true"},

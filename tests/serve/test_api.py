@@ -152,7 +152,7 @@ def test_action_flow_propose_approve_execute_dry_run(client: TestClient, cluster
         json={"kind": "reset_gpu", "target": "gpu/n001/3", "incident_id": incident.id, "reason": "Xid 119"},
     ).json()
     action_id = created["id"]
-    early = client.post(f"/api/v1/actions/{action_id}/execute", headers=AUTH)
+    early = client.post(f"/api/v1/actions/{action_id}/execute", params={"dry_run": "false"}, headers=AUTH)
     assert early.status_code == 409 and "approve" in early.json()["detail"]
     # The shared token is one identity under the two-person rule: it cannot approve what it proposed.
     own = client.post(f"/api/v1/actions/{action_id}/approve", headers=AUTH)

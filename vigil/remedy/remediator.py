@@ -145,7 +145,9 @@ class Remediator:
             assert self.guard is not None
             verdict = self.guard.admit_all(guarded, reserve=self.hold_dry_runs or not action.dry_run)
             if not verdict.admitted:
-                action.status, action.result = ActionStatus.REFUSED, verdict.reason
+                action.status = ActionStatus.REFUSED
+                action.result = (f"dry-run: the guard would refuse: {verdict.reason}" if action.dry_run
+                                 else verdict.reason)
                 return
         if action.dry_run:
             try:

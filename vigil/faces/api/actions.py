@@ -5,21 +5,27 @@ Both faces call ``approve`` and ``execute`` with the caller's identity and get t
 
 Executing asks the remediator of the server's back end (blast-radius guard, node lifecycle, idempotence, audit),
 and the action records its verdict. A dry run asks the same remediator what it would do now - the back end's own
-command line, or why the guard or the lifecycle would stop it - without calling the back end. The action records
-that verdict as well: ``proposed`` (a dry run's status everywhere in Vigil) saying what would run, to be approved
-again before it runs for real, or ``refused`` / ``skipped`` / ``failed`` saying why not. The audit log records the
-dry run under an id of its own naming the action (``params.dry_run_of``), since it holds one record per action id.
+command line, or why the guard or the lifecycle would stop it - without calling the back end, and keeps the
+action's status: a proposed action stays proposed, an approved one approved (a refusal the guard would give is an
+answer, not a verdict). The answer, stored as the action's latest result, is the action with ``dry_run`` true,
+``result`` saying what would happen and ``params.dry_run_status`` the status a real run would get now. The audit
+log records the dry run under an id of its own naming the action (``params.dry_run_of``; the answer's
+``params.dry_run_record``), since it holds one record per action id.
 """
 
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from fastapi import status
 
 from vigil.faces.api.auth import Identity, Role
 from vigil.faces.api.context import ServeContext
 from vigil.model import Action, ActionStatus, VigilInputError, new_id
+
+if TYPE_CHECKING:
+    from vigil.remedy.remediator import Remediator
 
 
 class ActionRefused(VigilInputError):
@@ -51,31 +57,40 @@ def approve(ctx: ServeContext, action_id: str, user: Identity) -> Action:
 
 
 def execute(ctx: ServeContext, action_id: str, user: Identity, *, dry_run: bool) -> Action:
-    """Run an approved action, or dry-run it (see the module's docstring), by an operator. A real run needs
-    execute_actions on; either needs a back end."""
+    """Run an approved action, or dry-run a proposed or approved one (see the module's docstring), by an
+    operator. A real run needs execute_actions on; either needs a back end."""
     with ctx.action_lock:
         action = _stored(ctx, action_id)
         _require(user, Role.OPERATOR, "executing")
-        if action.status is not ActionStatus.APPROVED:
-            raise ActionRefused(status.HTTP_409_CONFLICT,
-                                f"action {action_id} is {action.status.value}; approve it before executing")
+        if action.status not in (ActionStatus.APPROVED, *((ActionStatus.PROPOSED,) if dry_run else ())):
+            what = "a dry run needs a proposed or approved action" if dry_run else "approve it before executing"
+            raise ActionRefused(status.HTTP_409_CONFLICT, f"action {action_id} is {action.status.value}; {what}")
         if ctx.remediator is None:
             raise ActionRefused(status.HTTP_409_CONFLICT, "no remedy back end on this server (--actuator none, or "
                                 "the setting remedy_backend none): nothing can run the action")
         if dry_run:
-            trial = action.model_copy(deep=True, update={"id": new_id("act")})
-            trial.params["dry_run_of"] = action.id
-            decided = ctx.remediator.execute(trial, dry_run=True)
-            decided.params.pop("dry_run_of")
-        elif ctx.remediator.dry_run:
+            answer = _dry_run(ctx.remediator, action, user)
+            ctx.store.update_action(answer)  # its status as it was: the page shows the last dry run's answer
+            return answer
+        if ctx.remediator.dry_run:
             raise ActionRefused(status.HTTP_409_CONFLICT,
                                 "real execution is off (settings execute_actions=false); use dry_run=true")
-        else:
-            decided = ctx.remediator.execute(action)
+        decided = ctx.remediator.execute(action)
         action.status, action.result, action.dry_run = decided.status, decided.result, decided.dry_run
         action.params = {**action.params, **decided.params, "executed_by": user.name, "executed_at": time.time()}
         ctx.store.update_action(action)
         return action
+
+
+def _dry_run(remediator: Remediator, action: Action, user: Identity) -> Action:
+    """What a real run of ``action`` would do now, audited as a dry run of it; ``action``'s status is kept."""
+    trial = action.model_copy(deep=True, update={"id": new_id("act")})
+    trial.params["dry_run_of"] = action.id
+    decided = remediator.execute(trial, dry_run=True)
+    answer = action.model_copy(deep=True, update={"dry_run": True, "result": decided.result})
+    answer.params.update(dry_run_status=decided.status.value, dry_run_record=decided.id, dry_run_by=user.name,
+                         dry_run_at=time.time())
+    return answer
 
 
 def _stored(ctx: ServeContext, action_id: str) -> Action:

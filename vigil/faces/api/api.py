@@ -243,8 +243,10 @@ def approve_action(action_id: str, ctx: Ctx, user: Approver) -> Action:
 @router.post("/actions/{action_id}/execute", tags=["actions"])
 def execute_action(action_id: str, ctx: Ctx, user: Writer, dry_run: Annotated[bool, Query()] = True) -> Action:
     """Run an approved action through the server's remedy back end; the action records the verdict.
-    ``dry_run=true`` (the default) calls no back end: the action comes back proposed, saying what it would run.
-    A real run also needs ``execute_actions`` on in the settings."""
+    ``dry_run=true`` (the default) calls no back end and changes nothing: the action, proposed or approved, comes
+    back as it is, its ``result`` saying what a real run would do now (or why the guard would refuse it) and
+    ``params.dry_run_status`` the status it would get; the audit log records the dry run. A real run also needs
+    ``execute_actions`` on in the settings."""
     return execute(ctx, action_id, user, dry_run=dry_run)
 
 

@@ -267,8 +267,10 @@ def build_mcp_server(ctx: ServeContext, *, allow_writes: bool = False) -> MCPSer
         def execute_action(action_id: str, dry_run: bool = True) -> Action:
             """Run an approved action through this server's remedy back end (`vigil mcp --actuator`, else the
             setting remedy_backend), behind the blast-radius guard and the audit log, as the REST API's execute
-            does; the action records the verdict. dry_run=true (the default) calls no back end: the action comes
-            back proposed, saying what it would run. dry_run=false needs execute_actions on."""
+            does; the action records the verdict. dry_run=true (the default) calls no back end and changes
+            nothing: the action (proposed or approved) comes back as it is, its result saying what a real run would
+            do now or why the guard would refuse it, params.dry_run_status the status it would get. dry_run=false
+            needs execute_actions on."""
             return execute(ctx, action_id, mcp_identity(), dry_run=dry_run)
 
     return server
