@@ -16,7 +16,7 @@ import pytest
 from tests.serve.conftest import fresh_database
 from tests.serve.conftest import postgres_url as postgres_url
 from vigil.model import Action, ActionKind, ActionStatus
-from vigil.remedy.actuators.base import Actuator
+from vigil.remedy.actuators.base import Actuator, ActuatorError
 from vigil.remedy.audit import AuditLog
 from vigil.remedy.remediator import Remediator
 
@@ -408,3 +408,61 @@ def test_an_action_another_live_owner_is_running_is_not_run_twice(database: str)
     clock.now = 1_031.0
     again = second.execute(retry.model_copy(update={"id": "act-drain-n1-again"}))
     assert again.status is ActionStatus.EXECUTED and runs == ["counting:act-drain-n1-again"]
+
+
+class FailingDrain(CountingActuator):
+    """A drain whose back end says no, after ``during``."""
+
+    def execute(self, action: Action) -> str:
+        super().execute(action)
+        raise ActuatorError("eviction refused")
+
+
+def frozen(stop: threading.Event, seconds: float) -> bool:
+    """The wait of an owner frozen with its renewal thread (a paused VM): no renewal before the run ends."""
+    return stop.wait()
+
+
+@pytest.mark.parametrize("outcome", [ActionStatus.EXECUTED, ActionStatus.FAILED])
+def test_a_stalled_owner_s_late_answer_is_recorded_beside_the_resumed_run(database: str,
+                                                                          outcome: ActionStatus) -> None:
+    """The owner stalls in the back-end call past its lease (claimed at 1000, until 1030); at 1031 an engine
+    takes the run over and completes it; then the stalled call returns. Its answer is recorded as a late
+    completion under an id of its own - before, the second record of the action's id failed with an error - and
+    the journal and the action's record stay the resumed run's."""
+    clock = FakeClock(1_000.0)
+    runs: list[str] = []
+    engine = Remediator([CountingActuator(runs)], AuditLog(database), dry_run=False, requested_by="vigil-engine",
+                        clock=clock, wait=frozen, lease_s=30.0)
+    resumed: list[Action] = []
+
+    def stall() -> None:
+        clock.now = 1_031.0
+        resumed.extend(engine.recover())
+
+    stalled_drain = (CountingActuator if outcome is ActionStatus.EXECUTED else FailingDrain)(runs, during=stall)
+    stalled_drain.name = "stalled"
+    owner = Remediator([stalled_drain], AuditLog(database), dry_run=False, requested_by="vigil-api", clock=clock,
+                       wait=frozen, lease_s=30.0)
+    drain = Action(id="act-drain-n1", ts=1_000.0, kind=ActionKind.DRAIN, target="node/n1", reason="Xid 79")
+    late = owner.execute(drain)
+
+    assert runs == ["stalled:act-drain-n1", "counting:act-drain-n1"]
+    (taken,) = resumed
+    assert taken.id == "act-drain-n1" and taken.status is ActionStatus.EXECUTED
+    assert taken.params["taken_over_from"] == owner.owner and taken.params["lease_expired_at"] == 1_030.0
+    assert late.id != "act-drain-n1" and late.status is outcome
+    assert late.params["late_completion_of"] == "act-drain-n1" and late.params["claim_lost_to"] == engine.owner
+    assert late.result.startswith(f"late completion, after this run's claim lapsed and {engine.owner} resumed it")
+    audit = AuditLog(database)
+    records = {a.id: a for a in audit.actions()}
+    assert set(records) == {"act-drain-n1", late.id}
+    assert records["act-drain-n1"].result.startswith("resumed after an interrupted run")  # not overwritten
+    assert records[late.id].status is outcome
+    # the journal is the resumed run's: done, so the action is not run a third time (a late failure would have
+    # marked it failed, open to a retry)
+    assert audit.unfinished() == [] and audit.owner_of("act-drain-n1") == engine.owner
+    retry = drain.model_copy(update={"id": "act-drain-n1-retry", "params": {"idempotency_key": "act-drain-n1"}})
+    again = Remediator([CountingActuator(runs)], audit, dry_run=False, clock=clock).execute(retry)
+    assert again.status is ActionStatus.SKIPPED and "already executed" in again.result
+    assert len(runs) == 2

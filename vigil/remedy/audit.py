@@ -135,10 +135,21 @@ class AuditLog:
                                    .values(lease_expires=lease_expires))
             return changed.rowcount == 1
 
-    def finish(self, key: str, state: str) -> None:
+    def finish(self, key: str, state: str, owner: str | None = None) -> bool:
+        """Close the run under ``key`` as ``state``. With ``owner``, only while the run is still started and that
+        owner's: False when its claim lapsed and another process took the run over (and maybe finished it), which
+        is then left as that process has it."""
+        c = intents_table.c
+        mine = [] if owner is None else [c.state == "started", c.owner == owner]
         with self.engine.begin() as conn:
-            conn.execute(update(intents_table).where(intents_table.c.key == key)
-                         .values(state=state, finished=time.time()))
+            changed = conn.execute(update(intents_table).where(c.key == key, *mine)
+                                   .values(state=state, finished=time.time()))
+            return changed.rowcount == 1
+
+    def owner_of(self, key: str) -> str | None:
+        """Who holds (or last held) the run under ``key``; None for no such run or one journalled without owner."""
+        with self.engine.connect() as conn:
+            return conn.execute(select(intents_table.c.owner).where(intents_table.c.key == key)).scalar()
 
     def unfinished(self) -> list[Action]:
         """Actions whose execution started and never ended: the process died in the middle."""

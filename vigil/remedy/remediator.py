@@ -2,7 +2,8 @@
 
 Every action that reaches ``execute`` leaves exactly one audit record, whatever happens to it:
 PROPOSED (dry-run: what would have run), EXECUTED, SKIPPED (already done / cooldown), REFUSED
-(blast radius, no actuator) or FAILED (the back end said no).
+(blast radius, no actuator) or FAILED (the back end said no). An owner whose claim lapsed while the back end
+worked, and whose run another process resumed, records the back end's late answer under an id of its own.
 """
 
 from __future__ import annotations
@@ -11,7 +12,17 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 
-from vigil.model import Action, ActionKind, ActionStatus, Anomaly, Diagnosis, node_id, node_of, parse_entity
+from vigil.model import (
+    Action,
+    ActionKind,
+    ActionStatus,
+    Anomaly,
+    Diagnosis,
+    new_id,
+    node_id,
+    node_of,
+    parse_entity,
+)
 from vigil.remedy.actuators.base import Actuator, ActuatorError, migration_nodes
 from vigil.remedy.audit import AuditLog
 from vigil.remedy.guard import CAPACITY_ACTIONS, BlastRadiusGuard
@@ -172,7 +183,7 @@ class Remediator:
                                              f"running in another process (idempotency key {key})")
             return
         if self._done_per_actuator(action, actuator):
-            self.audit.finish(key, "done")
+            self.audit.finish(key, "done", owner=self.owner)
             action.status, action.result = (
                 ActionStatus.SKIPPED,
                 f"{action.target} already {action.kind.value} per {actuator.name}",
@@ -184,17 +195,33 @@ class Remediator:
             with Renewal(self.audit, key, self.owner, lease_s=self.lease_s, clock=self.clock, wait=self.wait):
                 action.result = actuator.execute(action)
         except (ActuatorError, OSError) as err:
-            self.audit.finish(key, "failed")
+            if not self.audit.finish(key, "failed", owner=self.owner):
+                self._completed_late(action, key, ActionStatus.FAILED, f"{actuator.name}: {err}")
+                return
             action.status, action.result = ActionStatus.FAILED, f"{actuator.name}: {err}"
             for node in guarded:
                 assert self.guard is not None
                 self.guard.release(node)
             return
-        self.audit.finish(key, "done")
+        if not self.audit.finish(key, "done", owner=self.owner):
+            self._completed_late(action, key, ActionStatus.EXECUTED, action.result)
+            return
         if previous == "started":
             action.result = f"resumed after an interrupted run: {action.result}"
         action.status = ActionStatus.EXECUTED
         self._advance_lifecycle(action)
+
+    def _completed_late(self, action: Action, key: str, status: ActionStatus, result: str) -> None:
+        """The back end answered after this remediator's claim on the run had lapsed (the process stalled past its
+        lease: a pause, a frozen VM) and another process took the run over. The run, its journal row and the
+        action's record are the resumed run's; this answer is recorded beside them, under an id of its own naming
+        the action (``params.late_completion_of``) and who holds the run now (``params.claim_lost_to``). The
+        lifecycle and the guard's reservations are left to the resumed run."""
+        holder = self.audit.owner_of(key)
+        action.params.update(late_completion_of=action.id, claim_lost_to=holder)
+        action.id = new_id("act")
+        action.status = status
+        action.result = f"late completion, after this run's claim lapsed and {holder} resumed it: {result}"
 
     def recover(self) -> list[Action]:
         """Run again every action whose execution started and never finished, once its owner's lease has lapsed
