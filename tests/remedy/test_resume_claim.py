@@ -466,3 +466,33 @@ def test_a_stalled_owner_s_late_answer_is_recorded_beside_the_resumed_run(databa
     again = Remediator([CountingActuator(runs)], audit, dry_run=False, clock=clock).execute(retry)
     assert again.status is ActionStatus.SKIPPED and "already executed" in again.result
     assert len(runs) == 2
+
+
+def test_servers_executing_the_same_new_action_at_once_run_it_once(database: str) -> None:
+    """Four servers execute the same new action at once: each looks for its journal row, finds none, and only
+    then inserts (a barrier holds every look until all have looked). One insert wins and the others see the
+    run as another process's - before, on PostgreSQL and SQLite alike, they failed on the primary key."""
+    from sqlalchemy import event
+
+    contenders = 4
+    looked = threading.Barrier(contenders)
+    first_look = threading.local()
+    audit = AuditLog(database)
+
+    def hold_after_the_first_look(conn: object, cursor: object, statement: str, *args: object) -> None:
+        if statement.startswith("SELECT remedy_intents.state") and not getattr(first_look, "done", False):
+            first_look.done = True
+            looked.wait(timeout=30)
+
+    event.listen(audit.engine, "after_cursor_execute", hold_after_the_first_look)
+    drain = Action(id="act-drain-n1", ts=1_000.0, kind=ActionKind.DRAIN, target="node/n1", reason="Xid 79")
+    try:
+        with ThreadPoolExecutor(contenders) as pool:
+            previous = list(pool.map(lambda i: audit.begin("act-drain-n1", drain, owner=f"vigil-api-{i}",
+                                                           now=1_000.0, lease_expires=1_030.0),
+                                     range(contenders)))
+    finally:
+        event.remove(audit.engine, "after_cursor_execute", hold_after_the_first_look)
+    assert sorted(previous, key=str) == [None] + ["running"] * (contenders - 1)
+    (run,) = audit.unfinished_runs()
+    assert run.owner == f"vigil-api-{previous.index(None)}" and run.lease_expires == 1_030.0

@@ -14,7 +14,9 @@ import time
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from sqlalchemy import ColumnElement, Engine, func, insert, select, update
+from sqlalchemy import ColumnElement, Connection, Engine, Executable, func, insert, select, update
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from vigil.config import settings
 from vigil.model import Action, ActionKind, ActionStatus
@@ -101,8 +103,10 @@ class AuditLog:
         with self.engine.begin() as conn:
             found = conn.execute(select(intents_table.c.state).where(intents_table.c.key == key)).first()
             if found is None:
-                conn.execute(insert(intents_table).values(**row))
-                return None
+                if _insert_new(conn, row):
+                    return None
+                # another process inserted the same new key between the look and the insert: judge its row
+                found = conn.execute(select(intents_table.c.state).where(intents_table.c.key == key)).one()
             if found.state == "done":
                 return "done"
             c = intents_table.c
@@ -167,6 +171,24 @@ class AuditLog:
     def count(self) -> int:
         with self.engine.connect() as conn:
             return int(conn.execute(select(func.count()).select_from(actions_table)).scalar_one())
+
+
+def _insert_new(conn: Connection, row: dict[str, object]) -> bool:
+    """Insert a new journal row; False when a row under its key exists already (the row RETURNING gives back
+    says which: through psycopg the row count of an INSERT ... ON CONFLICT reads -1). Two processes executing the same
+    new action both find no row and both insert: ON CONFLICT DO NOTHING lets the second see the first's row
+    (PostgreSQL waits for the first to commit) instead of failing on the primary key."""
+    statement: Executable
+    if conn.dialect.name == "postgresql":
+        statement = (postgresql_insert(intents_table).values(**row).on_conflict_do_nothing(index_elements=["key"])
+                     .returning(intents_table.c.key))
+    elif conn.dialect.name == "sqlite":
+        statement = (sqlite_insert(intents_table).values(**row).on_conflict_do_nothing(index_elements=["key"])
+                     .returning(intents_table.c.key))
+    else:  # a database without ON CONFLICT: the primary key still lets one insert win, the other fails
+        conn.execute(insert(intents_table).values(**row))
+        return True
+    return conn.execute(statement).first() is not None
 
 
 def _expired(now: float) -> ColumnElement[bool]:
