@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from vigil.model import VigilInputError, describe_validation_error
@@ -46,6 +46,11 @@ class Settings(BaseSettings):
         "--backend is not given, so a diagnosis plan's command runs as printed; none = outbox and local GPU only")
     max_cordon_share: float = Field(default=0.1, ge=0.0, le=1.0)
     max_cordon_share_per_switch: float = Field(default=0.5, ge=0.0, le=1.0)
+    remedy_lease_s: float = Field(default=30.0, gt=0, description="how long a server's or engine's claim on "
+                                  "an action it executes holds unless renewed; another process resumes the action "
+                                  "once it lapses (hosts' clocks must agree to well within it: NTP)")
+    remedy_lease_renew_s: float = Field(default=10.0, gt=0, description="how often the owner renews its claim "
+                                        "while the back end works; shorter than remedy_lease_s")
     engine_interval_s: float = Field(default=5.0, gt=0, description="how often the live engine ticks")
     resolve_after_s: float = Field(default=900.0, gt=0, description="quiet time before an incident resolves")
     policies_file: str = Field(default="", description="remediation policies YAML; empty = the built-in ones")
@@ -71,6 +76,15 @@ class Settings(BaseSettings):
         if home.exists() and not home.is_dir():
             raise ValueError(f"home {home} is a file; expected a directory")
         return home
+
+    @field_validator("remedy_lease_renew_s")
+    @classmethod
+    def _renewed_within_the_lease(cls, renew_s: float, info: ValidationInfo) -> float:
+        lease_s = info.data.get("remedy_lease_s")
+        if lease_s is not None and renew_s >= lease_s:
+            raise ValueError(f"{renew_s:g} s: expected less than remedy_lease_s ({lease_s:g} s), or a live owner's "
+                             "claim lapses before it is renewed")
+        return renew_s
 
     def database_url(self) -> str:
         if self.db_url:

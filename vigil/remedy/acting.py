@@ -71,4 +71,5 @@ def remediator_for(actuator: str, settings: Settings, topology: Topology, lifecy
     guard = BlastRadiusGuard(topology, lifecycle, max_share=settings.max_cordon_share,
                              max_share_per_switch=settings.max_cordon_share_per_switch)
     return Remediator(backends, AuditLog(settings.database_url()), lifecycle=lifecycle, guard=guard,
-                      dry_run=not settings.execute_actions, hold_dry_runs=False, requested_by=requested_by)
+                      dry_run=not settings.execute_actions, hold_dry_runs=False, requested_by=requested_by,
+                      lease_s=settings.remedy_lease_s, renew_s=settings.remedy_lease_renew_s)

@@ -2,8 +2,9 @@
 
 A claim (``AuditLog.begin`` / ``AuditLog.claim``) holds until ``lease_expires``; another process may take the run
 over only after that (``Remediator.recover``). While the back end works - a drain evicting pod after pod may take
-minutes - a ``Renewal`` extends the lease every third of its length on a daemon thread, so a live owner never
-looks dead, and a killed one's claim lapses within one lease.
+minutes - a ``Renewal`` extends the lease every ``renew_s`` (10 s of 30 by default; settings remedy_lease_s and
+remedy_lease_renew_s) on a daemon thread, so a live owner never looks dead, and a killed one's claim lapses within
+one lease.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from types import TracebackType
 from vigil.remedy.audit import AuditLog
 
 LEASE_S = 30.0
+RENEW_S = 10.0
 
 # wait(stop, seconds): block until ``stop`` is set (True) or ``seconds`` of the clock have passed (False)
 Wait = Callable[[threading.Event, float], bool]
@@ -28,10 +30,10 @@ class Renewal:
     """``with Renewal(...):`` renews ``owner``'s claim on the run under ``key`` until the block ends, or until a
     renewal finds the run no longer this owner's (it stalled past its lease and another process took it over)."""
 
-    def __init__(self, audit: AuditLog, key: str, owner: str, *, lease_s: float, clock: Callable[[], float],
-                 wait: Wait = wall_wait) -> None:
+    def __init__(self, audit: AuditLog, key: str, owner: str, *, lease_s: float, renew_s: float,
+                 clock: Callable[[], float], wait: Wait = wall_wait) -> None:
         self.audit, self.key, self.owner = audit, key, owner
-        self.lease_s, self.clock, self.wait = lease_s, clock, wait
+        self.lease_s, self.renew_s, self.clock, self.wait = lease_s, renew_s, clock, wait
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._renew, name=f"vigil-lease-{key}"[:60], daemon=True)
 
@@ -44,6 +46,6 @@ class Renewal:
         self._thread.join()
 
     def _renew(self) -> None:
-        while not self.wait(self._stop, self.lease_s / 3):
+        while not self.wait(self._stop, self.renew_s):
             if not self.audit.renew(self.key, self.owner, self.clock() + self.lease_s):
                 return

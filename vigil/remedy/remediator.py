@@ -26,7 +26,7 @@ from vigil.model import (
 from vigil.remedy.actuators.base import Actuator, ActuatorError, migration_nodes
 from vigil.remedy.audit import AuditLog
 from vigil.remedy.guard import CAPACITY_ACTIONS, BlastRadiusGuard
-from vigil.remedy.lease import LEASE_S, Renewal, Wait, wall_wait
+from vigil.remedy.lease import LEASE_S, RENEW_S, Renewal, Wait, wall_wait
 from vigil.remedy.lifecycle import LifecycleStore, NodeState, Trigger, trigger_for_level
 from vigil.remedy.policy import PolicyEngine
 
@@ -93,8 +93,12 @@ class Remediator:
         requested_by: str = "vigil",
         clock: Callable[[], float] = time.time,
         lease_s: float = LEASE_S,
+        renew_s: float = RENEW_S,
         wait: Wait = wall_wait,
     ) -> None:
+        if not 0 < renew_s < lease_s:
+            raise ValueError(f"lease renewal every {renew_s:g} s: expected more than 0 and less than the lease "
+                             f"({lease_s:g} s)")
         self.actuators = list(actuators)
         self.audit = audit
         self.lifecycle = lifecycle
@@ -108,9 +112,10 @@ class Remediator:
         self.requested_by = requested_by
         self.clock = clock
         # who runs an action, in the execution journal: this remediator, distinct from any other process's. Its
-        # claim on a run lasts lease_s unless renewed; the renewal waits with ``wait`` (a fake clock's in tests).
+        # claim on a run lasts lease_s unless renewed every renew_s; the renewal waits with ``wait`` (a fake
+        # clock's in tests). Settings remedy_lease_s / remedy_lease_renew_s.
         self.owner = f"{requested_by}-{uuid.uuid4().hex[:16]}"
-        self.lease_s = lease_s
+        self.lease_s, self.renew_s = lease_s, renew_s
         self.wait = wait
 
     def actuator_for(self, action: Action) -> Actuator | None:
@@ -192,7 +197,8 @@ class Remediator:
             self._advance_lifecycle(action)
             return
         try:
-            with Renewal(self.audit, key, self.owner, lease_s=self.lease_s, clock=self.clock, wait=self.wait):
+            with Renewal(self.audit, key, self.owner, lease_s=self.lease_s, renew_s=self.renew_s, clock=self.clock,
+                         wait=self.wait):
                 action.result = actuator.execute(action)
         except (ActuatorError, OSError) as err:
             if not self.audit.finish(key, "failed", owner=self.owner):

@@ -188,7 +188,8 @@ def _remediator(topology: Path | None, backend: str, execute: bool, local_node: 
             max_share_per_switch=settings().max_cordon_share_per_switch,
         )
     remediator = Remediator(
-        actuators, AuditLog(), lifecycle=lifecycle, guard=guard, dry_run=dry_run, requested_by="vigil-cli"
+        actuators, AuditLog(), lifecycle=lifecycle, guard=guard, dry_run=dry_run, requested_by="vigil-cli",
+        lease_s=settings().remedy_lease_s, renew_s=settings().remedy_lease_renew_s,
     )
     return remediator
 

@@ -243,7 +243,8 @@ def apply_command(
     actions = tide_actions(result, tiers, jobs, notices, now, cluster=cluster, queues=queues, resource=resource,
                            waiting=waiting)
     remediator = Remediator([OutboxActuator(settings().home / "outbox.jsonl"), actuator], audit,
-                            dry_run=dry_run, requested_by="vigil-tide")
+                            dry_run=dry_run, requested_by="vigil-tide", lease_s=settings().remedy_lease_s,
+                            renew_s=settings().remedy_lease_renew_s)
     done = remediator.execute_all(actions)
     if as_json:
         typer.echo(json_text([a.model_dump(mode="json") for a in done], indent=2))
@@ -361,5 +362,6 @@ def _rl_quota_actions(quotas: dict[str, int], backend: str, execute: bool) -> li
                       params={"queue": queue, "resource": resource, "units": units})
                for queue, units in quotas.items()]
     remediator = Remediator([actuator], AuditLog(), dry_run=not (execute or settings().execute_actions),
-                            requested_by="vigil-tide")
+                            requested_by="vigil-tide", lease_s=settings().remedy_lease_s,
+                            renew_s=settings().remedy_lease_renew_s)
     return remediator.execute_all(actions)
