@@ -339,6 +339,25 @@ def _real_rank_log_route(tmp_path: Any) -> tuple[Any, Any]:
     return server, store
 
 
+
+def _loses_the_first_answer(server: Any, route: str, answers: list[dict[str, Any]]) -> Any:
+    """The server's real route, except that the first answer from `route` never reaches the agent (stored on the
+    server, lost on the way back); every answer from `route` is kept in `answers`."""
+
+    class LosesTheFirstAnswer:
+        lost = False
+
+        def post(self, url: str, **kwargs: Any) -> httpx.Response:
+            response = server.post(url, **kwargs)
+            if url.endswith(route):
+                answers.append(response.json())
+                if not self.lost:
+                    self.lost = True
+                    raise httpx.ReadTimeout("the answer was lost", request=response.request)
+            return response
+
+    return LosesTheFirstAnswer()
+
 def test_a_rank_log_push_sent_again_after_its_answer_was_lost_is_stored_once(tmp_path) -> None:
     """The agent following a rank's real log file and pushing to the server's real route; the answer to the
     first push is lost after the server stored it (a timeout on the way back), so the agent sends the same push
@@ -348,19 +367,7 @@ def test_a_rank_log_push_sent_again_after_its_answer_was_lost_is_stored_once(tmp
     server, store = _real_rank_log_route(tmp_path)
     answers: list[dict[str, Any]] = []
 
-    class LosesTheFirstAnswer:
-        """The route itself; the first rank-log answer never reaches the agent."""
-
-        lost = False
-
-        def post(self, url: str, **kwargs: Any) -> httpx.Response:
-            response = server.post(url, **kwargs)
-            if url.endswith("/rank-logs"):
-                answers.append(response.json())
-                if not self.lost:
-                    self.lost = True
-                    raise httpx.ReadTimeout("the answer was lost", request=response.request)
-            return response
+    client = _loses_the_first_answer(server, "/rank-logs", answers)
 
     layout = RankLogFiles(glob=str(tmp_path / "logs" / "*" / "rank-*.log"),
                           pattern=r"/(?P<job>[^/]+)/rank-(?P<rank>\d+)\.log$")
@@ -368,7 +375,7 @@ def test_a_rank_log_push_sent_again_after_its_answer_was_lost_is_stored_once(tmp
                   fast_settings(server_url="http://vigil.test", push_interval_s=0.05, push_samples=False),
                   cpu_ratio=lambda: 0.1)
     assert agent._pusher is not None
-    agent._pusher._client = LosesTheFirstAnswer()  # type: ignore[assignment]
+    agent._pusher._client = client
     agent.collect_once()  # the layout's first look: no file yet
     log = tmp_path / "logs" / "llm" / "rank-1.log"
     log.parent.mkdir(parents=True)
@@ -436,17 +443,7 @@ def test_an_events_push_sent_again_after_its_answer_was_lost_is_stored_once(tmp_
     server, store = _real_rank_log_route(tmp_path)
     answers: list[dict[str, Any]] = []
 
-    class LosesTheFirstAnswer:
-        lost = False
-
-        def post(self, url: str, **kwargs: Any) -> httpx.Response:
-            response = server.post(url, **kwargs)
-            if url.endswith("/events"):
-                answers.append(response.json())
-                if not self.lost:
-                    self.lost = True
-                    raise httpx.ReadTimeout("the answer was lost", request=response.request)
-            return response
+    client = _loses_the_first_answer(server, "/events", answers)
 
     kernel_log = tmp_path / "kern.log"
     kernel_log.write_text("")
@@ -454,7 +451,7 @@ def test_an_events_push_sent_again_after_its_answer_was_lost_is_stored_once(tmp_
                   fast_settings(server_url="http://vigil.test", push_interval_s=0.05, push_samples=False),
                   cpu_ratio=lambda: 0.1)
     assert agent._pusher is not None
-    agent._pusher._client = LosesTheFirstAnswer()  # type: ignore[assignment]
+    agent._pusher._client = client
     kernel_log.write_text(f"[ 9.0] {XID_79}\n[ 9.5] {XID_48}\n"
                           f"[ 12.5] {XID_79}\n")
     agent.collect_once()
