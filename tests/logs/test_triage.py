@@ -685,6 +685,27 @@ def test_nccl_last_error_under_the_wrapper_is_the_root(tmp_path: Path) -> None:
     assert result.root is not None and result.root.lineno == 4  # the header's next non-empty line
 
 
+def test_the_nccl_error_class_under_the_header_of_a_reversed_paste_is_not_its_detail(tmp_path: Path) -> None:
+    """PyTorch prints NCCL's error class above "Last error:" and NCCL's own account under it; a report pasted with its
+    lines in reverse order puts the class right under the header, and NCCL's account, above the header, stays the
+    root. Any other line under the header is still the detail."""
+    job = tmp_path / "job"
+    job.mkdir()
+    report = ("Duplicate GPU detected : rank 9 and rank 1 both on CUDA device 34000\n"
+              " Last error:\n"
+              "ncclInvalidUsage: This usually reflects invalid usage of NCCL library.\n"
+              "torch.distributed.DistBackendError: NCCL error in: NCCLUtils.hpp:268, invalid usage (run with "
+              "NCCL_DEBUG=WARN for details), NCCL version 2.21.5\n")
+    (job / "job.log").write_text(report)
+    result = triage(job, workers=1)
+    assert result.root is not None and (result.root.lineno, result.root.kind) == (1, "nccl.duplicate_gpu"), \
+        result.summary
+    (job / "job.log").write_text(report.replace("ncclInvalidUsage: This usually reflects invalid usage of NCCL "
+                                                "library.", "Cuda failure 2 'out of memory'"))
+    result = triage(job, workers=1)
+    assert result.root is not None and result.root.lineno == 3, result.summary
+
+
 def test_another_ranks_line_after_an_empty_last_error_is_not_its_detail(tmp_path: Path) -> None:
     """ncclGetLastError had nothing, so the report ends with its header; the next rank's watchdog timeout printed
     after it in the job-wide log is that rank's own report, not the detail of rank 3's internal error."""

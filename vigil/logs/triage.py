@@ -56,6 +56,11 @@ WORDED_SIGNATURE = "generic.error_wording"
 # the same process: in a job-wide log another rank's line after an empty "Last error:" (ncclGetLastError had nothing,
 # so the report ends with the header) is that rank's own report, not this one's detail.
 NCCL_LAST_ERROR_HEADER = "Last error:"
+# The error class PyTorch names above the header (torch/csrc/distributed/c10d/NCCLUtils.cpp getNcclErrorDetailStr:
+# "ncclInvalidUsage: This usually reflects invalid usage of NCCL library.", then "\nLast error:\n" and NCCL's last
+# WARN) is never the detail: a report pasted with its lines reversed puts it right under the header.
+_NCCL_ERROR_CLASS = re.compile(r"nccl(?:UnhandledCudaError|SystemError|InternalError|InvalidArgument|InvalidUsage"
+                               r"|RemoteError|InProgress|Timeout): ")
 NCCL_LAST_ERROR = "nccl_last_error"
 # The detail belongs to the report whose head is the root: wrapper, NCCL's error class, header, detail. Further down
 # it repeats an error NCCL already reported on its own (a WARN line above the wrapper stays the root).
@@ -461,7 +466,8 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
             if stripped == ROOT_CAUSE_HEADER or stripped[:3] in ("===", "---"):
                 in_root_cause = stripped == ROOT_CAUSE_HEADER
                 continue
-            detail = after_last_error and bool(stripped) and rank == last_error_rank
+            detail = (after_last_error and bool(stripped) and rank == last_error_rank
+                      and not _NCCL_ERROR_CLASS.match(stripped))
             after_last_error = after_last_error and not stripped
             if stripped.find("frame #", 0, _CPP_FRAME_SCREEN) >= 0 and _CPP_FRAME.match(line):
                 continue
