@@ -185,7 +185,10 @@ def test_a_raising_rank_and_its_peers_gloo_error_reach_the_engine_as_rank_log_ev
     [peer] = [e for e in lines if e["entity"] == f"job/{job}/rank/0"]
     assert "Connection closed by peer" in peer["message"]  # gloo's own words, read from rank 0's log
     [incident] = server.incidents(job)
-    assert incident["scope"] == f"job/{job}/rank/1" and incident["fault_types"] == ["job_crash"], incident
+    # a loaded machine can also slow the ranks' steps before the crash: a throughput drop beside the crash is a
+    # true reading of that machine, not a fault of the path under test
+    assert incident["scope"] == f"job/{job}/rank/1" and "job_crash" in incident["fault_types"], incident
+    assert set(incident["fault_types"]) <= {"job_crash", "throughput_drop"}, incident
     diagnosis = server.diagnosis(incident["id"])
     assert diagnosis["root_cause"]["entity"] == f"job/{job}/rank/1", diagnosis["root_cause"]
 
