@@ -274,19 +274,13 @@ def _open_or_fail(url: str) -> AuditLog | Exception:
 
 
 def _waiting(url: str, asked: list[str]) -> bool:
-    """Whether this process is waiting for the other's upgrade: on PostgreSQL, an advisory lock not granted yet;
-    SQLite keeps no record of who waits for its write lock, so there, whether this process has asked the database
-    for anything (``asked``: its statements so far)."""
-    import sqlalchemy as sa
-
+    """Whether this process is waiting for the other's upgrade (``asked``: its statements so far): on PostgreSQL,
+    it asked for the migration lock again, so the first try was refused (it asks outside any transaction, which
+    leaves no record of a waiter in pg_locks); SQLite keeps no record of who waits for its write lock, so there,
+    whether this process has asked the database for anything."""
     if not url.startswith("postgresql"):
         return bool(asked)
-    engine = sa.create_engine(url)
-    with engine.connect() as conn:
-        waiting = conn.execute(sa.text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"))
-        found = int(waiting.scalar_one()) > 0
-    engine.dispose()
-    return found
+    return sum("pg_try_advisory_lock" in statement for statement in asked) >= 2
 
 
 class FakeClock:

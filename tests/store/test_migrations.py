@@ -1,9 +1,13 @@
 """The store's revisions on a database that already holds events: the push-key index of revision 0005 is built
-beside the writers on PostgreSQL (CONCURRENTLY) and plainly on SQLite, and a concurrent build cut short is built
-again when the store next opens."""
+beside the writers on PostgreSQL (CONCURRENTLY) and plainly on SQLite, a concurrent build cut short is built
+again when the store next opens, and two processes upgrading one database at once both open it."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import resources
@@ -16,10 +20,23 @@ from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.migration import MigrationContext
 
+from tests.conftest import wait_for
 from tests.serve.conftest import fresh_database
 from tests.serve.conftest import postgres_url as postgres_url
 from vigil.store.schema import metadata
+from vigil.store.sql import MIGRATION_LOCK, Store
+
+ROOT = Path(__file__).resolve().parents[2]
+# One process opening the store: it prints how many index builds it sent CONCURRENTLY, or fails.
+UPGRADER = """
+import json, sys
+import sqlalchemy as sa
 from vigil.store.sql import Store
+sent = []
+sa.event.listen(sa.Engine, "before_cursor_execute", lambda _c, _k, statement, *_a: sent.append(statement))
+Store(sys.argv[1]).close()
+print(json.dumps(sum("CONCURRENTLY" in s and s.startswith("CREATE") for s in sent)))
+"""
 
 
 def events_at_revision_0004(url: str, rows: int = 2000) -> None:
@@ -108,4 +125,40 @@ def test_the_push_key_index_is_built_plainly_on_sqlite(tmp_path: Path) -> None:
     assert "CREATE UNIQUE INDEX ux_events_push_key ON events (push_key)" in sent
     assert not any("CONCURRENTLY" in statement for statement in sent)
     assert_at_head_with_the_events_kept(store, 2000)
+    store.close()
+
+
+def test_two_processes_upgrading_from_0004_at_once_both_open_it_on_postgresql(postgres_url: str) -> None:
+    """Two processes (`vigil serve --no-engine` and `vigil engine`) start together on a database at revision 0004.
+    Both queue for the migration lock (held here until both have asked for it); then one builds 0005's index
+    CONCURRENTLY while the other waits. A concurrent build waits for every transaction open when it starts, so a
+    waiter that asked for the lock inside a transaction (pg_advisory_lock) and the builder waited for each other:
+    PostgreSQL cancelled one upgrade with "deadlock detected". Both now open the database, and the index is built
+    once."""
+    url = fresh_database(postgres_url, "push_key_two_upgraders")
+    events_at_revision_0004(url)
+    holder = sa.create_engine(url, isolation_level="AUTOCOMMIT")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    with holder.connect() as conn:
+        conn.execute(sa.text("SELECT pg_advisory_lock(:lock)"), {"lock": MIGRATION_LOCK})
+        upgraders = [subprocess.Popen([sys.executable, "-c", UPGRADER, url], stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+        try:
+            # both asked for the lock: their sessions' last statement (waiting in it, or a try refused)
+            asking = sa.text("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                             "AND pid <> pg_backend_pid() AND query LIKE '%advisory_lock(%'")
+            wait_for(lambda: conn.execute(asking).scalar_one() == 2 or any(p.poll() is not None for p in upgraders),
+                     60, "both processes to ask for the migration lock")
+            conn.execute(sa.text("SELECT pg_advisory_unlock(:lock)"), {"lock": MIGRATION_LOCK})
+            answers = [p.communicate(timeout=60) for p in upgraders]
+        finally:
+            for p in upgraders:
+                p.kill()
+    holder.dispose()
+    assert [p.returncode for p in upgraders] == [0, 0], [err.strip().splitlines()[-1:] for _, err in answers]
+    assert sorted(json.loads(out) for out, _ in answers) == [0, 1]  # one built the index, the other found it built
+    store = Store(url)
+    assert_at_head_with_the_events_kept(store, 2000)
+    with store.engine.connect() as conn:
+        assert push_key_index_is_valid(conn)
     store.close()

@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -47,6 +48,8 @@ from vigil.store import schema as t
 _migrate_lock = threading.Lock()
 # The PostgreSQL advisory lock every Vigil process takes to upgrade a database's schema ("vigi" in ASCII).
 MIGRATION_LOCK = 0x76696769
+# How often a process waiting for another's upgrade asks for the migration lock again, in seconds.
+MIGRATION_LOCK_POLL_S = 0.05
 # Node labels that place a node in the fabric (the Kubernetes well-known topology labels' style).
 RACK_LABEL = "topology.vigil.io/rack"
 SWITCH_LABEL = "topology.vigil.io/leaf"
@@ -77,15 +80,27 @@ def migrate(engine: Engine) -> None:
                 conn.exec_driver_sql("BEGIN IMMEDIATE")
                 command.upgrade(cfg, "head")
             return
-        # A lock of the session, not of a transaction: each revision commits its own (migrations/env.py).
-        conn.execute(text("SELECT pg_advisory_lock(:lock)"), {"lock": MIGRATION_LOCK})
-        conn.commit()
+        with _migration_lock(engine):
+            try:
+                command.upgrade(cfg, "head")
+            finally:
+                conn.rollback()
+
+
+@contextmanager
+def _migration_lock(engine: Engine) -> Iterator[None]:
+    """PostgreSQL's migration lock: a lock of a session, not of a transaction, since each revision commits its own
+    (migrations/env.py). It is asked for again and again outside any transaction, because a revision that builds an
+    index CONCURRENTLY waits for every transaction open when it starts: a process waiting in pg_advisory_lock (a
+    transaction) and the holder building the index would each wait for the other."""
+    with engine.connect() as lock:
+        lock.execution_options(isolation_level="AUTOCOMMIT")
+        while not lock.execute(text("SELECT pg_try_advisory_lock(:lock)"), {"lock": MIGRATION_LOCK}).scalar_one():
+            time.sleep(MIGRATION_LOCK_POLL_S)
         try:
-            command.upgrade(cfg, "head")
+            yield
         finally:
-            conn.rollback()
-            conn.execute(text("SELECT pg_advisory_unlock(:lock)"), {"lock": MIGRATION_LOCK})
-            conn.commit()
+            lock.execute(text("SELECT pg_advisory_unlock(:lock)"), {"lock": MIGRATION_LOCK})
 
 
 def open_database(url: str) -> Engine:
