@@ -5,12 +5,13 @@ Both faces call ``approve`` and ``execute`` with the caller's identity and get t
 
 Executing asks the remediator of the server's back end (blast-radius guard, node lifecycle, idempotence, audit),
 and the action records its verdict. A dry run asks the same remediator what it would do now - the back end's own
-command line, or why the guard or the lifecycle would stop it - without calling the back end, and keeps the
-action's status: a proposed action stays proposed, an approved one approved (a refusal the guard would give is an
-answer, not a verdict). The answer, stored as the action's latest result, is the action with ``dry_run`` true,
-``result`` saying what would happen and ``params.dry_run_status`` the status a real run would get now. The audit
-log records the dry run under an id of its own naming the action (``params.dry_run_of``; the answer's
-``params.dry_run_record``), since it holds one record per action id.
+command line, or why the guard or the lifecycle would stop it - without calling the back end, and writes nothing
+to the action: a proposed action stays proposed, an approved one approved (a refusal the guard would give is an
+answer, not a verdict), and an approval another server writes while the dry run is deciding stays, where writing
+back the action as it was read would undo it. The answer is the action with ``dry_run`` true, ``result`` saying
+what would happen and ``params.dry_run_status`` the status a real run would get now. The audit log records the
+dry run under an id of its own naming the action (``params.dry_run_of``; the answer's ``params.dry_run_record``),
+since it holds one record per action id; the dashboard shows an action's last dry run from there.
 """
 
 from __future__ import annotations
@@ -69,9 +70,7 @@ def execute(ctx: ServeContext, action_id: str, user: Identity, *, dry_run: bool)
             raise ActionRefused(status.HTTP_409_CONFLICT, "no remedy back end on this server (--actuator none, or "
                                 "the setting remedy_backend none): nothing can run the action")
         if dry_run:
-            answer = _dry_run(ctx.remediator, action, user)
-            ctx.store.update_action(answer)  # its status as it was: the page shows the last dry run's answer
-            return answer
+            return _dry_run(ctx.remediator, action, user)
         if ctx.remediator.dry_run:
             raise ActionRefused(status.HTTP_409_CONFLICT,
                                 "real execution is off (settings execute_actions=false); use dry_run=true")

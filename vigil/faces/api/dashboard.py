@@ -17,7 +17,7 @@ from vigil.faces.api import cluster_map, svg
 from vigil.faces.api.auth import SignInRequired, check_page
 from vigil.faces.api.context import ServeContext
 from vigil.faces.api.hang import load_hang_report, stack_tree
-from vigil.model import Diagnosis, Evidence, FaultLevel, Incident, IncidentStatus, VigilInputError, parse_entity
+from vigil.model import Action, Diagnosis, Evidence, FaultLevel, Incident, IncidentStatus, VigilInputError, parse_entity
 from vigil.remedy.guard import CAPACITY_ACTIONS, BlastRadiusGuard
 from vigil.remedy.lifecycle import NodeState
 
@@ -153,6 +153,21 @@ def _guard_verdicts(ctx: ServeContext, diagnosis: Diagnosis | None) -> list[str]
     return verdicts
 
 
+def _last_dry_runs(ctx: ServeContext, actions: list[Action]) -> dict[str, Action]:
+    """Each action's last dry run, by the action's id, from the audit log: a dry run writes nothing to the action
+    (vigil.faces.api.actions), its audit record names the action in ``params.dry_run_of``."""
+    if ctx.remediator is None:
+        return {}
+    ids = {a.id for a in actions}
+    last: dict[str, Action] = {}
+    for target in {a.target for a in actions}:
+        for record in ctx.remediator.audit.actions(target=target):  # oldest first: the last one stays
+            tried = record.params.get("dry_run_of")
+            if tried in ids:
+                last[tried] = record
+    return last
+
+
 @router.get("/incidents/{incident_id}", response_class=HTMLResponse)
 def incident_detail(request: Request, incident_id: str) -> HTMLResponse:
     ctx = _ctx(request)
@@ -195,6 +210,7 @@ def incident_detail(request: Request, incident_id: str) -> HTMLResponse:
         diagnosis_error=diagnosis_error,
         by_ref=by_ref,
         actions=actions,
+        dry_runs=_last_dry_runs(ctx, actions),
         timeline=Markup(timeline),
         plots=_plots(ctx, incident, moved),
         verdicts=_guard_verdicts(ctx, diagnosis),
