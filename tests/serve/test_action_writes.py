@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -53,6 +54,21 @@ class Cordon(Actuator):
         return f"cordoned {action.target}"
 
 
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def frozen(stop: threading.Event, seconds: float) -> bool:
+    """The lease renewal's wait in a process frozen with its renewal thread (a paused VM): none before the run ends."""
+    return stop.wait()
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def database(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
@@ -94,3 +110,41 @@ def test_a_dry_run_keeps_an_approval_another_server_wrote_meanwhile(database: st
     assert (record.status, record.dry_run, record.result) == (ActionStatus.PROPOSED, True, answer.result)
     for ctx in (trying, approving):
         ctx.store.close()
+
+
+def test_a_late_answer_is_recorded_beside_the_action_not_copied_onto_it(database: str, tmp_path: Path) -> None:
+    """Server A executes an approved cordon (claimed at 1000, a 30 s lease) and stalls in the back end; at 1031 the
+    engine takes the run over and completes it; then A's call returns. The remediator records that late answer under
+    an id of its own; before, the API copied its status, result and params (late_completion_of) onto the stored
+    action. The action is left as it was, and the late answer is a separate action, naming it."""
+    clock = Clock(1_000.0)
+    engine = Remediator([Cordon()], AuditLog(database), dry_run=False, requested_by="vigil-engine", clock=clock,
+                        wait=frozen, lease_s=30.0)
+    resumed: list[Action] = []
+
+    def engine_takes_over() -> None:
+        clock.now = 1_031.0
+        resumed.extend(engine.recover())
+
+    owner = Remediator([Cordon(during=engine_takes_over)], AuditLog(database), dry_run=False,
+                       requested_by="vigil-api", clock=clock, wait=frozen, lease_s=30.0)
+    ctx = server(database, tmp_path / "a", owner)
+    ctx.store.add_action(Action(id="act-cordon-n1", ts=1_000.0, kind=ActionKind.CORDON, target="node/n1",
+                                reason="Xid 79", requested_by="ada", status=ActionStatus.APPROVED,
+                                params={"approved_by": "alan"}))
+
+    late = execute(ctx, "act-cordon-n1", OPERATOR, dry_run=False)
+
+    (taken,) = resumed
+    assert taken.id == "act-cordon-n1" and taken.status is ActionStatus.EXECUTED
+    assert late.id != "act-cordon-n1" and late.status is ActionStatus.EXECUTED
+    assert late.params["late_completion_of"] == "act-cordon-n1" and late.params["claim_lost_to"] == engine.owner
+    assert late.result.startswith("late completion") and late.params["executed_by"] == "otto"
+    stored = ctx.store.action("act-cordon-n1")
+    assert stored is not None and (stored.status, stored.result) == (ActionStatus.APPROVED, ""), stored
+    assert stored.params == {"approved_by": "alan"}
+    assert ctx.store.action(late.id) == late  # visible beside it, through the API's reads
+    records = {a.id: a for a in AuditLog(database).actions(target="node/n1")}
+    assert set(records) == {"act-cordon-n1", late.id}
+    assert records["act-cordon-n1"].result.startswith("resumed after an interrupted run")
+    ctx.store.close()

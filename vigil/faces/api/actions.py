@@ -4,14 +4,17 @@ Both faces call ``approve`` and ``execute`` with the caller's identity and get t
 ``ActionRefused`` (the REST API answers with its HTTP status, an MCP tool with its one line).
 
 Executing asks the remediator of the server's back end (blast-radius guard, node lifecycle, idempotence, audit),
-and the action records its verdict. A dry run asks the same remediator what it would do now - the back end's own
-command line, or why the guard or the lifecycle would stop it - without calling the back end, and writes nothing
-to the action: a proposed action stays proposed, an approved one approved (a refusal the guard would give is an
-answer, not a verdict), and an approval another server writes while the dry run is deciding stays, where writing
-back the action as it was read would undo it. The answer is the action with ``dry_run`` true, ``result`` saying
-what would happen and ``params.dry_run_status`` the status a real run would get now. The audit log records the
-dry run under an id of its own naming the action (``params.dry_run_of``; the answer's ``params.dry_run_record``),
-since it holds one record per action id; the dashboard shows an action's last dry run from there.
+and the action records its verdict - unless the verdict is a late answer (this server stalled past its claim on the
+run and another process resumed it), which is stored as an action of its own naming the action
+(``params.late_completion_of``) and leaves the action as it was. A dry run asks the same remediator what it would
+do now - the back end's own command line, or why the guard or the lifecycle would stop it - without calling the
+back end, and writes nothing to the action: a proposed action stays proposed, an approved one approved (a refusal
+the guard would give is an answer, not a verdict), and an approval another server writes while the dry run is
+deciding stays, where writing back the action as it was read would undo it. The answer is the action with
+``dry_run`` true, ``result`` saying what would happen and ``params.dry_run_status`` the status a real run would get
+now. The audit log records the dry run under an id of its own naming the action (``params.dry_run_of``; the
+answer's ``params.dry_run_record``), since it holds one record per action id; the dashboard shows an action's last
+dry run from there.
 """
 
 from __future__ import annotations
@@ -75,6 +78,12 @@ def execute(ctx: ServeContext, action_id: str, user: Identity, *, dry_run: bool)
             raise ActionRefused(status.HTTP_409_CONFLICT,
                                 "real execution is off (settings execute_actions=false); use dry_run=true")
         decided = ctx.remediator.execute(action)
+        if "late_completion_of" in decided.params:
+            # This server's claim on the run lapsed while the back end worked (a stall) and another process resumed
+            # it: the action's state is that run's, and this late answer is recorded beside it, under its own id.
+            decided.params.update(executed_by=user.name, executed_at=time.time())
+            ctx.store.add_action(decided)
+            return decided
         action.status, action.result, action.dry_run = decided.status, decided.result, decided.dry_run
         action.params = {**action.params, **decided.params, "executed_by": user.name, "executed_at": time.time()}
         ctx.store.update_action(action)
