@@ -150,6 +150,11 @@ class AuditLog:
                                    .values(state=state, finished=time.time()))
             return changed.rowcount == 1
 
+    def action_of(self, key: str) -> str | None:
+        """The id of the action whose run the journal holds under ``key``; None for no such run."""
+        with self.engine.connect() as conn:
+            return conn.execute(select(intents_table.c.action_id).where(intents_table.c.key == key)).scalar()
+
     def owner_of(self, key: str) -> str | None:
         """Who holds (or last held) the run under ``key``; None for no such run or one journalled without owner."""
         with self.engine.connect() as conn:

@@ -3,7 +3,8 @@
 Every action that reaches ``execute`` leaves exactly one audit record, whatever happens to it:
 PROPOSED (dry-run: what would have run), EXECUTED, SKIPPED (already done / cooldown), REFUSED
 (blast radius, no actuator) or FAILED (the back end said no). An owner whose claim lapsed while the back end
-worked, and whose run another process resumed, records the back end's late answer under an id of its own.
+worked, and whose run another process resumed, records the back end's late answer under an id of its own; so does
+a repeat of an action whose run another process holds (``params.repeat_of``).
 """
 
 from __future__ import annotations
@@ -181,11 +182,10 @@ class Remediator:
         now = self.clock()
         previous = self.audit.begin(key, action, owner=self.owner, now=now, lease_expires=now + self.lease_s)
         if previous == "done":
-            action.status, action.result = ActionStatus.SKIPPED, f"already executed (idempotency key {key})"
+            self._repeated(action, key, guarded, f"already executed (idempotency key {key})")
             return
         if previous == "running":
-            action.status, action.result = (ActionStatus.SKIPPED,
-                                             f"running in another process (idempotency key {key})")
+            self._repeated(action, key, guarded, f"running in another process (idempotency key {key})")
             return
         if self._done_per_actuator(action, actuator):
             self.audit.finish(key, "done", owner=self.owner)
@@ -216,6 +216,19 @@ class Remediator:
             action.result = f"resumed after an interrupted run: {action.result}"
         action.status = ActionStatus.EXECUTED
         self._advance_lifecycle(action)
+
+    def _repeated(self, action: Action, key: str, guarded: list[str], result: str) -> None:
+        """Another run under ``key`` holds the journal: it is running in another process, or done. The nodes this
+        remediator reserved are that run's to take out. When that run is of this same action (its id executed twice
+        at once: two servers, or a retry), the action's record is that run's to write, and this verdict is recorded
+        under an id of its own naming the action (``params.repeat_of``)."""
+        action.status, action.result = ActionStatus.SKIPPED, result
+        for node in guarded:
+            assert self.guard is not None
+            self.guard.release(node)
+        if self.audit.action_of(key) == action.id:
+            action.params["repeat_of"] = action.id
+            action.id = new_id("act")
 
     def _completed_late(self, action: Action, key: str, status: ActionStatus, result: str) -> None:
         """The back end answered after this remediator's claim on the run had lapsed (the process stalled past its

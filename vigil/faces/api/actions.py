@@ -78,6 +78,8 @@ def execute(ctx: ServeContext, action_id: str, user: Identity, *, dry_run: bool)
             raise ActionRefused(status.HTTP_409_CONFLICT,
                                 "real execution is off (settings execute_actions=false); use dry_run=true")
         decided = ctx.remediator.execute(action)
+        if decided.params.get("repeat_of") == action.id:  # another server's run of it: the action is that run's
+            raise ActionRefused(status.HTTP_409_CONFLICT, f"action {action_id}: {decided.result}")
         if "late_completion_of" in decided.params:
             # This server's claim on the run lapsed while the back end worked (a stall) and another process resumed
             # it: the action's state is that run's, and this late answer is recorded beside it, under its own id.

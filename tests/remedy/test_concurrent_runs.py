@@ -1,0 +1,97 @@
+"""Two processes on one database executing the same action at once: the one whose run holds the execution journal
+writes the action's record; the other's verdict - the run is in another process, or already executed - is recorded
+under an id of its own naming the action (``params.repeat_of``), and a server answers it as a conflict, leaving
+the stored action as the run leaves it. On SQLite and on PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+
+from tests.remedy.test_resume_claim import CountingActuator
+from tests.remedy.test_resume_claim import database as database
+from tests.serve.conftest import TOKEN
+from tests.serve.conftest import postgres_url as postgres_url
+from vigil.config import Settings
+from vigil.faces.api.app import app_for_context
+from vigil.faces.api.context import ServeContext
+from vigil.model import Action, ActionKind, ActionStatus
+from vigil.remedy.audit import AuditLog
+from vigil.remedy.remediator import Remediator
+from vigil.store.sql import Store
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def approved_drain() -> Action:
+    return Action(id="act-drain-n1", ts=1_000.0, kind=ActionKind.DRAIN, target="node/n1", reason="Xid 79",
+                  status=ActionStatus.APPROVED)
+
+
+def test_a_repeat_while_the_action_runs_elsewhere_is_recorded_apart(database: str) -> None:
+    """Server B executes the drain server A is running: B's skip is recorded under an id of its own - before, it
+    took the action's id, and A's record of the drain then failed on it."""
+    runs: list[str] = []
+    other = Remediator([CountingActuator(runs)], AuditLog(database), dry_run=False, requested_by="vigil-api-b")
+    repeats: list[Action] = []
+    owner_actuator = CountingActuator(runs, during=lambda: repeats.append(other.execute(approved_drain())))
+    owner_actuator.name = "owner"
+    owner = Remediator([owner_actuator], AuditLog(database), dry_run=False, requested_by="vigil-api-a")
+    done = owner.execute(approved_drain())
+
+    assert done.id == "act-drain-n1" and done.status is ActionStatus.EXECUTED and runs == ["owner:act-drain-n1"]
+    (repeat,) = repeats
+    assert repeat.status is ActionStatus.SKIPPED and repeat.id != "act-drain-n1"
+    assert repeat.params["repeat_of"] == "act-drain-n1"
+    assert repeat.result == "running in another process (idempotency key act-drain-n1)"
+    records = {a.id: a for a in AuditLog(database).actions()}
+    assert {k: a.status for k, a in records.items()} == {"act-drain-n1": ActionStatus.EXECUTED,
+                                                         repeat.id: ActionStatus.SKIPPED}
+
+
+@contextmanager
+def server(url: str, home: Path, remediator: Remediator) -> Iterator[TestClient]:
+    settings = Settings(home=home, db_url=url, api_token=TOKEN, execute_actions=True)
+    ctx = ServeContext(store=Store(url), settings=settings, remediator=remediator, backend="slurm")
+    with TestClient(app_for_context(ctx)) as client:
+        yield client
+
+
+def test_a_server_executing_an_action_another_server_runs_answers_a_conflict(tmp_path: Path) -> None:
+    """`vigil serve` twice on one database: an operator executes the approved drain on server A, and again on
+    server B while A's back end is draining. B answers 409 and leaves the action approved; A's run then records
+    it executed. Before, B stored the action skipped under its id, and A answered 500 (its record failed)."""
+    url = f"sqlite:///{tmp_path / 'vigil.db'}"
+    store = Store(url)
+    store.add_action(approved_drain())
+    runs: list[str] = []
+    seen_during: list[tuple[int, str, str]] = []
+    b_remediator = Remediator([CountingActuator(runs)], AuditLog(url), dry_run=False, requested_by="vigil-api-b")
+    with server(url, tmp_path / "b", b_remediator) as server_b:
+
+        def execute_on_b() -> None:
+            answer = server_b.post("/api/v1/actions/act-drain-n1/execute", params={"dry_run": "false"}, headers=AUTH)
+            stored = store.action("act-drain-n1")
+            assert stored is not None
+            seen_during.append((answer.status_code, answer.json()["detail"], stored.status.value))
+
+        a_actuator = CountingActuator(runs, during=execute_on_b)
+        a_actuator.name = "server-a"
+        a_remediator = Remediator([a_actuator], AuditLog(url), dry_run=False, requested_by="vigil-api-a")
+        with server(url, tmp_path / "a", a_remediator) as server_a:
+            answer = server_a.post("/api/v1/actions/act-drain-n1/execute", params={"dry_run": "false"},
+                                   headers=AUTH)
+    assert seen_during == [(409, "action act-drain-n1: running in another process (idempotency key act-drain-n1)",
+                            "approved")]
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["status"] == "executed" and runs == ["server-a:act-drain-n1"]
+    stored = store.action("act-drain-n1")
+    assert stored is not None and stored.status is ActionStatus.EXECUTED
+    records = AuditLog(url).actions()
+    assert [(a.id, a.status) for a in records if "repeat_of" not in a.params] == [("act-drain-n1",
+                                                                                   ActionStatus.EXECUTED)]
+    assert [(a.status, a.params["repeat_of"]) for a in records if "repeat_of" in a.params] == [
+        (ActionStatus.SKIPPED, "act-drain-n1")]
