@@ -5,9 +5,10 @@ the stored action as the run leaves it. On SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from fastapi.testclient import TestClient
 
@@ -95,3 +96,45 @@ def test_a_server_executing_an_action_another_server_runs_answers_a_conflict(tmp
                                                                                    ActionStatus.EXECUTED)]
     assert [(a.status, a.params["repeat_of"]) for a in records if "repeat_of" in a.params] == [
         (ActionStatus.SKIPPED, "act-drain-n1")]
+
+
+class AuditThen(AuditLog):
+    """An audit log that runs ``after_close`` once, right after a run's journal row is closed."""
+
+    def __init__(self, url: str, after_close: Callable[[], None]) -> None:
+        super().__init__(url)
+        self.after_close: Callable[[], None] | None = after_close
+
+    def finish(self, *args: Any, **kwargs: Any) -> bool:
+        closed = super().finish(*args, **kwargs)
+        if self.after_close is not None:
+            after_close, self.after_close = self.after_close, None
+            after_close()
+        return closed
+
+
+def test_a_repeat_that_finds_the_run_done_finds_its_record(database: str) -> None:
+    """Server B executes the drain the moment server A's run of it is closed in the journal. B's "already executed"
+    is recorded apart, and the audit log then holds A's record of the drain: the journal's close and the record
+    are one transaction. Before, A closed the journal first and recorded after, so B read "executed" while no
+    record of the execution existed (and none would, had A died between the two)."""
+    runs: list[str] = []
+    other = Remediator([CountingActuator(runs)], AuditLog(database), dry_run=False, requested_by="vigil-api-b")
+    repeats: list[Action] = []
+    seen: list[list[tuple[str, ActionStatus]]] = []
+
+    def repeat_on_b() -> None:
+        repeats.append(other.execute(approved_drain()))
+        seen.append([(a.id, a.status) for a in AuditLog(database).actions() if "repeat_of" not in a.params])
+
+    owner = Remediator([CountingActuator(runs)], AuditThen(database, repeat_on_b), dry_run=False,
+                       requested_by="vigil-api-a")
+    done = owner.execute(approved_drain())
+
+    assert done.id == "act-drain-n1" and done.status is ActionStatus.EXECUTED and runs == ["counting:act-drain-n1"]
+    (repeat,) = repeats
+    assert repeat.status is ActionStatus.SKIPPED and repeat.result == "already executed (idempotency key act-drain-n1)"
+    assert repeat.id != "act-drain-n1" and repeat.params["repeat_of"] == "act-drain-n1"
+    assert seen == [[("act-drain-n1", ActionStatus.EXECUTED)]]
+    assert {a.id: a.status for a in AuditLog(database).actions()} == {"act-drain-n1": ActionStatus.EXECUTED,
+                                                                      repeat.id: ActionStatus.SKIPPED}

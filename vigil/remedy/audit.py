@@ -139,16 +139,21 @@ class AuditLog:
                                    .values(lease_expires=lease_expires))
             return changed.rowcount == 1
 
-    def finish(self, key: str, state: str, owner: str | None = None) -> bool:
-        """Close the run under ``key`` as ``state``. With ``owner``, only while the run is still started and that
-        owner's: False when its claim lapsed and another process took the run over (and maybe finished it), which
-        is then left as that process has it."""
+    def finish(self, key: str, state: str, owner: str | None = None, *, record: Action | None = None) -> bool:
+        """Close the run under ``key`` as ``state``, and with ``record`` audit the action's verdict in the same
+        transaction: a process that finds the run closed finds its record too. With ``owner``, only while the run
+        is still started and that owner's: False (nothing recorded) when its claim lapsed and another process took
+        the run over (and maybe finished it), which is then left as that process has it."""
         c = intents_table.c
         mine = [] if owner is None else [c.state == "started", c.owner == owner]
         with self.engine.begin() as conn:
             changed = conn.execute(update(intents_table).where(c.key == key, *mine)
                                    .values(state=state, finished=time.time()))
-            return changed.rowcount == 1
+            if changed.rowcount != 1:
+                return False
+            if record is not None:
+                conn.execute(insert(actions_table).values(**_row(record)))
+            return True
 
     def action_of(self, key: str) -> str | None:
         """The id of the action whose run the journal holds under ``key``; None for no such run."""

@@ -136,26 +136,30 @@ class Remediator:
         action = action.model_copy(deep=True)
         action.dry_run = self.dry_run or dry_run
         action.requested_by = action.requested_by if action.requested_by != "vigil" else self.requested_by
+        recorded = False
         if action.status is ActionStatus.PROPOSED or action.status is ActionStatus.APPROVED:
-            self._decide(action)
-        self.audit.record(action)
+            recorded = self._decide(action)
+        if not recorded:
+            self.audit.record(action)
         return action
 
-    def _decide(self, action: Action) -> None:
+    def _decide(self, action: Action) -> bool:
+        """Decide ``action`` in place; True when its verdict is recorded already, with the close of its run in the
+        execution journal (one transaction: a process that finds the run closed finds its record)."""
         actuator = self.actuator_for(action)
         if actuator is None:
             action.status, action.result = (
                 ActionStatus.REFUSED,
                 f"no actuator handles {action.kind.value} on {parse_entity(action.target)[0]} targets",
             )
-            return
+            return False
         action.params.setdefault("actuator", actuator.name)
         if self._done_per_lifecycle(action):
             action.status, action.result = (
                 ActionStatus.SKIPPED,
                 f"{action.target} already {action.kind.value}",
             )
-            return
+            return False
         # The guard goes before asking the back end, so a flood of faults costs no API calls.
         guarded = capacity_nodes(action) if self.guard is not None else []
         if guarded:
@@ -165,7 +169,7 @@ class Remediator:
                 action.status = ActionStatus.REFUSED
                 action.result = (f"dry-run: the guard would refuse: {verdict.reason}" if action.dry_run
                                  else verdict.reason)
-                return
+                return False
         if action.dry_run:
             try:
                 action.status, action.result = ActionStatus.PROPOSED, f"dry-run: would {actuator.describe(action)}"
@@ -175,7 +179,7 @@ class Remediator:
                     for node in guarded:
                         assert self.guard is not None
                         self.guard.release(node)
-            return
+            return False
         # The idempotency key is the action's id unless the caller names one: the same approved action executed
         # twice (a retry, a restart after kill -9) reaches the back end to completion once.
         key = str(action.params.setdefault("idempotency_key", action.id))
@@ -183,39 +187,41 @@ class Remediator:
         previous = self.audit.begin(key, action, owner=self.owner, now=now, lease_expires=now + self.lease_s)
         if previous == "done":
             self._repeated(action, key, guarded, f"already executed (idempotency key {key})")
-            return
+            return False
         if previous == "running":
             self._repeated(action, key, guarded, f"running in another process (idempotency key {key})")
-            return
+            return False
         if self._done_per_actuator(action, actuator):
-            self.audit.finish(key, "done", owner=self.owner)
             action.status, action.result = (
                 ActionStatus.SKIPPED,
                 f"{action.target} already {action.kind.value} per {actuator.name}",
             )
+            if not self.audit.finish(key, "done", owner=self.owner, record=action):
+                self._completed_late(action, key, action.status, action.result)
+                return False
             # The back end is already there (Slurm's DRAIN is both cordon and drain): follow it.
             self._advance_lifecycle(action)
-            return
+            return True
         try:
             with Renewal(self.audit, key, self.owner, lease_s=self.lease_s, renew_s=self.renew_s, clock=self.clock,
                          wait=self.wait):
-                action.result = actuator.execute(action)
+                answer = actuator.execute(action)
         except (ActuatorError, OSError) as err:
-            if not self.audit.finish(key, "failed", owner=self.owner):
-                self._completed_late(action, key, ActionStatus.FAILED, f"{actuator.name}: {err}")
-                return
             action.status, action.result = ActionStatus.FAILED, f"{actuator.name}: {err}"
+            if not self.audit.finish(key, "failed", owner=self.owner, record=action):
+                self._completed_late(action, key, ActionStatus.FAILED, action.result)
+                return False
             for node in guarded:
                 assert self.guard is not None
                 self.guard.release(node)
-            return
-        if not self.audit.finish(key, "done", owner=self.owner):
-            self._completed_late(action, key, ActionStatus.EXECUTED, action.result)
-            return
-        if previous == "started":
-            action.result = f"resumed after an interrupted run: {action.result}"
+            return True
         action.status = ActionStatus.EXECUTED
+        action.result = f"resumed after an interrupted run: {answer}" if previous == "started" else answer
+        if not self.audit.finish(key, "done", owner=self.owner, record=action):
+            self._completed_late(action, key, ActionStatus.EXECUTED, answer)
+            return False
         self._advance_lifecycle(action)
+        return True
 
     def _repeated(self, action: Action, key: str, guarded: list[str], result: str) -> None:
         """Another run under ``key`` holds the journal: it is running in another process, or done. The nodes this
