@@ -4,16 +4,22 @@ A claim (``AuditLog.begin`` / ``AuditLog.claim``) holds until ``lease_expires``;
 over only after that (``Remediator.recover``). While the back end works - a drain evicting pod after pod may take
 minutes - a ``Renewal`` extends the lease every ``renew_s`` (10 s of 30 by default; settings remedy_lease_s and
 remedy_lease_renew_s) on a daemon thread, so a live owner never looks dead, and a killed one's claim lapses within
-one lease.
+one lease. A renewal the database refuses (it is briefly away) is logged and tried again at the next interval; a
+renewal that finds the run another process's (it took the run over after the lease lapsed) ends the renewals.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from types import TracebackType
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from vigil.remedy.audit import AuditLog
+
+log = logging.getLogger("vigil.remedy.lease")
 
 LEASE_S = 30.0
 RENEW_S = 10.0
@@ -47,5 +53,14 @@ class Renewal:
 
     def _renew(self) -> None:
         while not self.wait(self._stop, self.renew_s):
-            if not self.audit.renew(self.key, self.owner, self.clock() + self.lease_s):
+            try:
+                held = self.audit.renew(self.key, self.owner, self.clock() + self.lease_s)
+            except SQLAlchemyError as err:
+                log.warning("renewing the lease on run %s failed, trying again in %g s: %s", self.key, self.renew_s,
+                            err)
+                continue
+            if not held:
+                # the run's close (AuditLog.finish on this owner) finds it lost too, and records a late answer
+                log.warning("run %s is no longer %s's: its lease lapsed and another process took the run over",
+                            self.key, self.owner)
                 return
