@@ -462,6 +462,49 @@ def test_a_stalled_owner_s_late_answer_is_recorded_beside_the_resumed_run(databa
     assert len(runs) == 2
 
 
+@pytest.mark.parametrize("outcome", [ActionStatus.EXECUTED, ActionStatus.FAILED])
+def test_a_stalled_owner_s_late_answer_releases_the_nodes_it_held(database: str, outcome: ActionStatus) -> None:
+    """Of 10 nodes one may be out (max_cordon_share 0.1). The owner's guard holds node/n1 for its drain, which
+    stalls past the lease; an engine (another process, its own guard) takes the drain over and completes it; then
+    the stalled call returns. Once node/n1 is repaired and back, the owner's server drains node/n2. Before, the late
+    answer left node/n1 held in the owner's guard for good, and every later capacity action there was refused."""
+    from vigil.model import Node, Topology
+    from vigil.remedy.guard import BlastRadiusGuard
+    from vigil.remedy.lifecycle import LifecycleStore, NodeState, Trigger
+
+    topology = Topology(nodes=[Node(name=f"n{i}", switch=f"s{i % 2}") for i in range(10)])
+
+    def remediator(actuator: Actuator, requested_by: str) -> Remediator:
+        lifecycle = LifecycleStore(database)
+        return Remediator([actuator], AuditLog(database), lifecycle=lifecycle, dry_run=False,
+                          guard=BlastRadiusGuard(topology, lifecycle, max_share=0.1, max_share_per_switch=1.0),
+                          requested_by=requested_by, clock=clock, wait=frozen, lease_s=30.0)
+
+    clock = FakeClock(1_000.0)
+    runs: list[str] = []
+    engine = remediator(CountingActuator(runs), "vigil-engine")
+    resumed: list[Action] = []
+
+    def stall() -> None:
+        clock.now = 1_031.0
+        resumed.extend(engine.recover())
+
+    stalled_drain = (CountingActuator if outcome is ActionStatus.EXECUTED else FailingDrain)(runs, during=stall)
+    owner = remediator(stalled_drain, "vigil-api")
+    late = owner.execute(Action(id="act-drain-n1", ts=1_000.0, kind=ActionKind.DRAIN, target="node/n1"))
+    assert late.params["late_completion_of"] == "act-drain-n1" and late.status is outcome
+    assert [a.status for a in resumed] == [ActionStatus.EXECUTED]
+
+    lifecycle = LifecycleStore(database)
+    assert lifecycle.status("node/n1").state is NodeState.DRAINING  # the resumed drain's, in every process
+    for trigger in (Trigger.DRAINED, Trigger.REPAIRED, Trigger.SELF_CHECK_PASS):
+        lifecycle.apply("node/n1", trigger, "repaired")
+    assert owner.guard is not None and owner.guard.out_of_service() == set()
+    next_drain = owner.execute(Action(id="act-drain-n2", ts=1_100.0, kind=ActionKind.DRAIN, target="node/n2"))
+    assert (next_drain.status, next_drain.result) == (outcome, "counting: eviction refused"
+                                                      if outcome is ActionStatus.FAILED else "drained node/n2")
+
+
 def test_servers_executing_the_same_new_action_at_once_run_it_once(database: str) -> None:
     """Four servers execute the same new action at once: each looks for its journal row, finds none, and only
     then inserts (a barrier holds every look until all have looked). One insert wins and the others see the

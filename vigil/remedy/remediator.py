@@ -197,7 +197,7 @@ class Remediator:
                 f"{action.target} already {action.kind.value} per {actuator.name}",
             )
             if not self.audit.finish(key, "done", owner=self.owner, record=action):
-                self._completed_late(action, key, action.status, action.result)
+                self._completed_late(action, key, guarded, action.status, action.result)
                 return False
             # The back end is already there (Slurm's DRAIN is both cordon and drain): follow it.
             self._advance_lifecycle(action)
@@ -209,7 +209,7 @@ class Remediator:
         except (ActuatorError, OSError) as err:
             action.status, action.result = ActionStatus.FAILED, f"{actuator.name}: {err}"
             if not self.audit.finish(key, "failed", owner=self.owner, record=action):
-                self._completed_late(action, key, ActionStatus.FAILED, action.result)
+                self._completed_late(action, key, guarded, ActionStatus.FAILED, action.result)
                 return False
             for node in guarded:
                 assert self.guard is not None
@@ -218,7 +218,7 @@ class Remediator:
         action.status = ActionStatus.EXECUTED
         action.result = f"resumed after an interrupted run: {answer}" if previous == "started" else answer
         if not self.audit.finish(key, "done", owner=self.owner, record=action):
-            self._completed_late(action, key, ActionStatus.EXECUTED, answer)
+            self._completed_late(action, key, guarded, ActionStatus.EXECUTED, answer)
             return False
         self._advance_lifecycle(action)
         return True
@@ -236,12 +236,18 @@ class Remediator:
             action.params["repeat_of"] = action.id
             action.id = new_id("act")
 
-    def _completed_late(self, action: Action, key: str, status: ActionStatus, result: str) -> None:
+    def _completed_late(self, action: Action, key: str, guarded: list[str], status: ActionStatus,
+                        result: str) -> None:
         """The back end answered after this remediator's claim on the run had lapsed (the process stalled past its
         lease: a pause, a frozen VM) and another process took the run over. The run, its journal row and the
         action's record are the resumed run's; this answer is recorded beside them, under an id of its own naming
         the action (``params.late_completion_of``) and who holds the run now (``params.claim_lost_to``). The
-        lifecycle and the guard's reservations are left to the resumed run."""
+        lifecycle is left to the resumed run; the nodes this remediator reserved for the run are released, since
+        its guard holds them for this process alone (the resumed run's process holds them in its own, and the
+        lifecycle it advances holds them for all)."""
+        for node in guarded:
+            assert self.guard is not None
+            self.guard.release(node)
         holder = self.audit.owner_of(key)
         action.params.update(late_completion_of=action.id, claim_lost_to=holder)
         action.id = new_id("act")
