@@ -91,6 +91,25 @@ def test_two_processes_recovering_at_once_resume_an_action_once(database: str) -
     assert late.recover() == [] and runs == ["server:act-drain-n1"]
 
 
+def test_a_dry_run_remediator_takes_no_run_over(database: str) -> None:
+    """A server with execution off (a dry-run remediator) beside an engine that executes, after a crash: the server's
+    recovery leaves the dead owner's drain alone, and the engine resumes it at once. Before, the server claimed the
+    run, only recorded what it would do, and left the run started under its own claim, which the engine could take
+    only after another lease."""
+    audit = AuditLog(database)
+    crashed_drain(audit, at=1_000.0, lease_s=30.0)
+    runs: list[str] = []
+    server = Remediator([CountingActuator(runs)], AuditLog(database), dry_run=True, requested_by="vigil-api",
+                        clock=lambda: 1_031.0)
+    assert server.recover() == [] and runs == []
+    assert [run.owner for run in audit.unfinished_runs()] == ["vigil-api-killed"] and audit.actions() == []
+    engine = Remediator([CountingActuator(runs)], AuditLog(database), dry_run=False, requested_by="vigil-engine",
+                        clock=lambda: 1_031.0)
+    (resumed,) = engine.recover()
+    assert resumed.status is ActionStatus.EXECUTED and runs == ["counting:act-drain-n1"]
+    assert audit.unfinished() == []
+
+
 def test_a_claim_is_a_compare_and_set_on_the_owner(database: str) -> None:
     audit = AuditLog(database)
     crashed_drain(audit)

@@ -263,7 +263,10 @@ class Remediator:
         lease): of several processes on one database recovering at once (`vigil serve --no-engine` beside
         `vigil engine`), one resumes an action and the others leave it. A remediator never takes its own runs
         (the API and the engine of `vigil serve` share one); the resumed action's record names the owner it was
-        taken from (``params.taken_over_from``) and when that owner's lease lapsed."""
+        taken from (``params.taken_over_from``) and when that owner's lease lapsed. A dry-run remediator takes
+        nothing over: it would only say what it would run, and its claim would keep a live one from the run."""
+        if self.dry_run:
+            return []
         resumed = []
         for run in self.audit.unfinished_runs():
             now = self.clock()

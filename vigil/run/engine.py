@@ -258,7 +258,7 @@ class Engine:
         """Resume the actions whose owner died mid-run (its lease lapsed): at start, a killed predecessor's; then
         every tick, those of a server or engine beside this one that died. A dry-run remediator (execute_actions
         off) resumes nothing."""
-        if self.remediator is not None and not self.remediator.dry_run:
+        if self.remediator is not None:
             self.resumed_actions += len(self.remediator.recover())
 
     # ---------------------------------------------------------------- one round
