@@ -95,8 +95,9 @@ class AuditLog:
         """Journal that ``action`` is about to run, by ``owner`` under a claim good until ``lease_expires``.
 
         Returns None when this is the first run under ``key``; else the state the previous run left: "done",
-        "failed", "started" (a run a crash left, taken over now: its owner's lease had expired, or it was this
-        owner's), or "running" - another owner's lease on it still holds, and nothing was changed."""
+        "failed", "refused" or "skipped" (a resumed run stopped before the back end), "started" (a run a crash left,
+        taken over now: its owner's lease had expired, or it was this owner's), or "running" - another owner's lease
+        on it still holds, and nothing was changed."""
         now = time.time() if now is None else now
         row = {"key": key, "action_id": action.id, "state": "started", "started": now,
                "action": action.model_dump(mode="json"), "owner": owner, "lease_expires": lease_expires}
@@ -110,8 +111,9 @@ class AuditLog:
             if found.state == "done":
                 return "done"
             c = intents_table.c
-            # a failed run is anyone's to retry; a started one is this owner's, or its owner's lease has lapsed
-            free = (c.state == "failed") | (c.owner == owner) | _expired(now)
+            # a run that failed, or was refused or skipped before the back end was asked, is anyone's to retry; a
+            # started one is this owner's, or its owner's lease has lapsed
+            free = (c.state != "started") | (c.owner == owner) | _expired(now)
             taken = conn.execute(update(intents_table).where(c.key == key, c.state == found.state, free)
                                  .values(state="started", owner=owner, lease_expires=lease_expires))
             return str(found.state) if taken.rowcount == 1 else "running"

@@ -9,6 +9,7 @@ a repeat of an action whose run another process holds (``params.repeat_of``).
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -25,11 +26,13 @@ from vigil.model import (
     parse_entity,
 )
 from vigil.remedy.actuators.base import Actuator, ActuatorError, migration_nodes
-from vigil.remedy.audit import AuditLog
+from vigil.remedy.audit import AuditLog, UnfinishedRun
 from vigil.remedy.guard import CAPACITY_ACTIONS, BlastRadiusGuard
 from vigil.remedy.lease import LEASE_S, RENEW_S, Renewal, Wait, wall_wait
 from vigil.remedy.lifecycle import LifecycleStore, NodeState, Trigger, trigger_for_level
 from vigil.remedy.policy import PolicyEngine
+
+log = logging.getLogger("vigil.remedy")
 
 # The lifecycle steps a successful action walks a node through, in order, from wherever it is.
 LIFECYCLE_STEPS: dict[ActionKind, tuple[Trigger, ...]] = {
@@ -133,14 +136,25 @@ class Remediator:
     def execute(self, action: Action, *, dry_run: bool = False) -> Action:
         """Decide ``action`` and audit the verdict. ``dry_run`` makes this one call a dry run on a remediator that
         executes (a server's preview of an approved action); nothing makes a dry-run remediator execute."""
+        return self._execute(action, dry_run=dry_run)
+
+    def _execute(self, action: Action, *, dry_run: bool = False, claimed: str | None = None) -> Action:
+        """``execute``; ``claimed`` is the key of the run ``recover`` took over for ``action``, whose journal row a
+        verdict reached before the back end (refused, skipped) closes, so no later takeover finds it started."""
         action = action.model_copy(deep=True)
         action.dry_run = self.dry_run or dry_run
         action.requested_by = action.requested_by if action.requested_by != "vigil" else self.requested_by
-        recorded = False
-        if action.status is ActionStatus.PROPOSED or action.status is ActionStatus.APPROVED:
-            recorded = self._decide(action)
-        if not recorded:
-            self.audit.record(action)
+        decided_as = action.id
+        deciding = action.status is ActionStatus.PROPOSED or action.status is ActionStatus.APPROVED
+        if deciding and self._decide(action):
+            return action
+        # a verdict recorded beside the run under an id of its own (a repeat, a late answer) leaves the run as it is
+        if claimed is not None and action.id == decided_as:
+            if self.audit.finish(claimed, action.status.value, owner=self.owner, record=action):
+                return action
+            # this remediator's claim lapsed before the verdict and another process took the run over
+            self._completed_late(action, claimed, [], action.status, action.result)
+        self.audit.record(action)
         return action
 
     def _decide(self, action: Action) -> bool:
@@ -273,12 +287,25 @@ class Remediator:
             if run.owner == self.owner or not self.audit.claim(run.key, self.owner, run.owner, now=now,
                                                                lease_expires=now + self.lease_s):
                 continue  # this remediator's own run, a live owner's, or another process took it first
-            action = run.action.model_copy(deep=True)
-            if run.owner is not None:
-                action.params["taken_over_from"] = run.owner
-                action.params["lease_expired_at"] = run.lease_expires
-            resumed.append(self.execute(action))
+            resumed.append(self._resume(run))
         return resumed
+
+    def _resume(self, run: UnfinishedRun) -> Action:
+        """Run again an action this remediator has just claimed. Whatever its end, the run is closed in the journal
+        with it: an error other than the back end's (a bug, the store failing mid-run) fails it, with the error."""
+        action = run.action.model_copy(deep=True)
+        if run.owner is not None:
+            action.params["taken_over_from"] = run.owner
+            action.params["lease_expired_at"] = run.lease_expires
+        try:
+            return self._execute(action, claimed=run.key)
+        except Exception as err:  # left started, the run would trip the next takeover on its record
+            log.exception("resuming the interrupted run %s failed", run.key)
+            action.status, action.result = ActionStatus.FAILED, f"resuming failed: {type(err).__name__}: {err}"
+            if self.audit.finish(run.key, "failed", owner=self.owner, record=action) and self.guard is not None:
+                for node in capacity_nodes(action):
+                    self.guard.release(node)
+            return action
 
     def finish_repair(self, node: str, self_check_passed: bool, detail: str = "") -> NodeState:
         """Close a repair (reset / reboot done): record the self-check, and return the node if it passed.

@@ -192,6 +192,7 @@ class Engine:
         self.learned: list[LearnedStreamDetector] = learned_detectors(self.topology, settings.home, model)
         self.remediator = remediator
         self.resumed_actions = 0
+        self._resuming: threading.Thread | None = None
         self.grouper = IncidentGrouper(self.topology, resolve_after_s=settings.resolve_after_s)
         self._kg: KnowledgeGraph | None = None
         self._anomalies: dict[str, Anomaly] = {}
@@ -255,11 +256,25 @@ class Engine:
                 learned.resume(anomaly)
 
     def _resume_interrupted(self) -> None:
-        """Resume the actions whose owner died mid-run (its lease lapsed): at start, a killed predecessor's; then
-        every tick, those of a server or engine beside this one that died. A dry-run remediator (execute_actions
-        off) resumes nothing."""
+        """Resume the actions whose owner died mid-run (its lease lapsed): at start, a killed predecessor's, before
+        anything new. A dry-run remediator (execute_actions off) resumes nothing."""
         if self.remediator is not None:
             self.resumed_actions += len(self.remediator.recover())
+
+    def _resume_beside(self) -> None:
+        """Every tick, resume the actions of a server or engine beside this one that died, on a thread of its own:
+        a resumed drain may evict for minutes, and detection goes on meanwhile. One round at a time; a round that
+        fails is logged and the next tick tries again."""
+        if self.remediator is None or (self._resuming is not None and self._resuming.is_alive()):
+            return
+        self._resuming = threading.Thread(target=self._resume_logged, name="vigil-engine-resume", daemon=True)
+        self._resuming.start()
+
+    def _resume_logged(self) -> None:
+        try:
+            self._resume_interrupted()
+        except Exception:  # the store briefly down: the runs stay started, for the next round
+            log.exception("resuming interrupted actions failed; retrying at the next tick")
 
     # ---------------------------------------------------------------- one round
 
@@ -267,7 +282,7 @@ class Engine:
         if not self._started:
             self.start()
         else:
-            self._resume_interrupted()
+            self._resume_beside()
         began = time.perf_counter()
         report = TickReport()
         now = self.clock()

@@ -1,0 +1,145 @@
+"""The engine resumes the runs of dead owners: at start before anything new, then every tick beside detection. A
+resumed run closes its journal row whatever its end - refused, skipped, or failed on an error that is not the back
+end's - so the next takeover (a peer's tick, this engine after a restart) finds nothing left to trip on; and a
+resumed drain that takes minutes does not hold up a tick."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import wait_for
+from tests.remedy.test_resume_claim import CountingActuator, crashed_drain
+from tests.remedy.test_resume_claim import database as database
+from tests.serve.conftest import postgres_url as postgres_url
+from vigil.config import Settings
+from vigil.model import Action, ActionKind, ActionStatus, Node, Topology
+from vigil.remedy.audit import AuditLog
+from vigil.remedy.guard import BlastRadiusGuard
+from vigil.remedy.lifecycle import LifecycleStore, Trigger
+from vigil.remedy.remediator import Remediator
+from vigil.run.engine import Engine
+from vigil.store.sql import Store
+
+
+def engine_at(database: str, home: Path, now: float, *, guard: BlastRadiusGuard | None = None,
+              actuator: CountingActuator | None = None) -> Engine:
+    """An engine process on ``database`` whose remediator's clock reads ``now``."""
+    settings = Settings(home=home, db_url=database)
+    remediator = Remediator([actuator or CountingActuator([])], AuditLog(database), dry_run=False,
+                            lifecycle=LifecycleStore(database), guard=guard, requested_by="vigil-engine",
+                            clock=lambda: now, lease_s=30.0)
+    return Engine(Store(database), settings, notifiers=[], remediator=remediator)
+
+
+@pytest.mark.parametrize("verdict", [ActionStatus.REFUSED, ActionStatus.SKIPPED])
+def test_a_resumed_run_refused_or_skipped_is_closed(database: str, tmp_path: Path, verdict: ActionStatus) -> None:
+    """A dead owner's drain of node/n1, resumed at start by an engine whose guard refuses it (node/n1 is not in the
+    topology) or whose lifecycle has it done (node/n1 is already in repair). The verdict closes the run, so the
+    engine started again after its own claim lapsed finds nothing to resume. Before, the run stayed started under
+    the first engine's claim, and the restart's takeover recorded the verdict again under the action's id:
+    Engine.start() raised IntegrityError."""
+    audit = AuditLog(database)
+    crashed_drain(audit, at=1_000.0, lease_s=30.0)
+    if verdict is ActionStatus.SKIPPED:
+        lifecycle = LifecycleStore(database)
+        for trigger in (Trigger.CORDON, Trigger.DRAIN, Trigger.DRAINED):
+            lifecycle.apply("node/n1", trigger, "repair")
+    guard = BlastRadiusGuard(Topology(nodes=[Node(name="n2")]))
+    first = engine_at(database, tmp_path, 1_031.0, guard=guard)
+    first.start()
+    assert first.resumed_actions == 1 and audit.unfinished() == []
+    (record,) = audit.actions()
+    assert record.id == "act-drain-n1" and record.status is verdict
+    assert record.params["taken_over_from"] == "vigil-api-killed"
+
+    restarted = engine_at(database, tmp_path, 1_062.0, guard=BlastRadiusGuard(Topology(nodes=[Node(name="n2")])))
+    restarted.start()
+    restarted.tick()
+    assert restarted.resumed_actions == 0 and [a.id for a in audit.actions()] == ["act-drain-n1"]
+
+
+def test_a_refused_resumed_run_may_be_retried_at_once(database: str, tmp_path: Path) -> None:
+    """The run the guard refused never reached the back end: a retry under its key, within what was the engine's
+    claim, runs it - not "running in another process"."""
+    audit = AuditLog(database)
+    crashed_drain(audit, at=1_000.0, lease_s=30.0)
+    engine_at(database, tmp_path, 1_031.0, guard=BlastRadiusGuard(Topology(nodes=[Node(name="n2")]))).start()
+    runs: list[str] = []
+    server = Remediator([CountingActuator(runs)], AuditLog(database), dry_run=False, requested_by="vigil-api",
+                        clock=lambda: 1_040.0)
+    retry = Action(id="act-drain-n1-retry", ts=1_040.0, kind=ActionKind.DRAIN, target="node/n1",
+                   status=ActionStatus.APPROVED, params={"idempotency_key": "act-drain-n1"})
+    done = server.execute(retry)
+    assert (done.status, done.result) == (ActionStatus.EXECUTED, "drained node/n1")
+    assert runs == ["counting:act-drain-n1-retry"] and audit.unfinished() == []
+
+
+class BrokenDrain(CountingActuator):
+    """A drain whose actuator has a bug: an error that is not the back end's."""
+
+    def execute(self, action: Action) -> str:
+        super().execute(action)
+        raise KeyError("nodeName")
+
+
+def test_a_resumed_run_that_raises_is_closed_as_failed(database: str, tmp_path: Path) -> None:
+    """An error other than the back end's inside the resumed run fails the run, with the error, instead of
+    escaping Engine.start() and leaving the run started for the next takeover to trip on."""
+    audit = AuditLog(database)
+    crashed_drain(audit, at=1_000.0, lease_s=30.0)
+    runs: list[str] = []
+    engine = engine_at(database, tmp_path, 1_031.0, actuator=BrokenDrain(runs))
+    engine.start()
+    assert runs == ["counting:act-drain-n1"] and audit.unfinished() == []
+    (record,) = audit.actions()
+    assert record.id == "act-drain-n1" and record.status is ActionStatus.FAILED
+    assert record.result == "resuming failed: KeyError: 'nodeName'"
+    restarted = engine_at(database, tmp_path, 1_062.0)
+    restarted.start()
+    assert restarted.resumed_actions == 0 and len(audit.actions()) == 1
+
+
+class HeldDrain(CountingActuator):
+    """A drain that evicts until the test lets it finish."""
+
+    def __init__(self, runs: list[str]) -> None:
+        super().__init__(runs)
+        self.evicting, self.finish = threading.Event(), threading.Event()
+
+    def execute(self, action: Action) -> str:
+        self.evicting.set()
+        assert self.finish.wait(timeout=60)
+        return super().execute(action)
+
+
+def test_ticks_go_on_while_a_resumed_drain_runs(tmp_path: Path) -> None:
+    """A server beside the engine dies mid-drain; the engine's next tick takes the drain over. The tick returns
+    while the drain is evicting, and so does the next one, which does not start the drain twice. Before, the tick
+    ran the drain itself, and detection waited for the whole eviction."""
+    database = f"sqlite:///{tmp_path / 'vigil.db'}"
+    runs: list[str] = []
+    drain = HeldDrain(runs)
+    engine = engine_at(database, tmp_path, 1_031.0, actuator=drain)
+    engine.start()
+    crashed_drain(AuditLog(database), at=1_000.0, lease_s=30.0)  # after the start: the peer died since
+    ticked: list[int] = []
+
+    def two_ticks() -> None:
+        for _ in range(2):
+            engine.tick()
+            ticked.append(engine.ticks)
+
+    ticking = threading.Thread(target=two_ticks, name="ticks")
+    try:
+        ticking.start()
+        assert drain.evicting.wait(timeout=30)
+        ticking.join(timeout=30)
+        assert not ticking.is_alive() and ticked == [1, 2]  # both ticks done, the drain still evicting
+        assert runs == [] and engine.resumed_actions == 0
+    finally:
+        drain.finish.set()
+    wait_for(lambda: engine.resumed_actions == 1, 30, "the resumed drain to end")
+    assert runs == ["counting:act-drain-n1"] and AuditLog(database).unfinished() == []
