@@ -75,6 +75,19 @@ CASES = [
     ("ray.exceptions.ActorDiedError: The actor died because of an error raised in its creation task, "
      "ray::WorkerDict.__init__() (pid=136980, ip=192.168.100.8, actor_id=802ec5a7e3e04c21babf95d701000000)",
      "ray.task_error_relay", "cascade"),
+    # round 32: Ray's ActorUnavailableError, a DataLoader worker ended by SIGTERM, Lightning's note of the SIGTERM, the
+    # Prismatic / OpenVLA mixture skipping a dataset whose config raised
+    ("ray.exceptions.ActorUnavailableError: The actor d5a12869ca846683c2e9884001000000 is unavailable: The actor is "
+     "temporarily unavailable: RpcError: RPC error: Socket closed rpc_code: 14. The task may or may not have been "
+     "executed on the actor.", "ray.task_error_relay", "cascade"),
+    ("RuntimeError: DataLoader worker (pid 4020138) is killed by signal: Terminated. ", "torch.dataloader_terminated",
+     "cascade"),
+    ("Epoch 0:  31%|###       | 1225/3999 [1:07:35<2:33:02,  3.31s/it, v_num=29][rank: 2] Received SIGTERM: 15",
+     "lightning.sigterm_received", "cascade"),
+    ("08/21 [01:46:27] WARNING  | >> [*] Skipping `aloha_game` due  materialize.py:135", "prismatic.dataset_skipped",
+     "root"),
+    ("WARNING  | >> [*] Skipping `bridge_orig` due to Error: Cannot load `bridge_orig`; only EEF_POS & EEF_R6 & "
+     "JOINT_POS_BIMANUAL actions supported!", "prismatic.dataset_skipped", "root"),
     ("INFO:torch.distributed.elastic.agent.server.api:[default] Worker group FAILED. 3/3 attempts left; will "
      "restart worker group", "launcher.child_failed", "cascade"),
     ("  exitcode  : -9 (pid: 14750)", "launcher.root_cause", "cascade"),

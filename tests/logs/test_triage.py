@@ -917,6 +917,68 @@ def test_rays_actor_died_in_its_creation_task_gives_way_to_the_exception_it_carr
     assert result.root is not None and result.root.lineno == 6, result.summary
 
 
+def test_a_sigterm_reaching_lightning_is_named_over_the_dataloader_workers_it_ends(tmp_path: Path) -> None:
+    """Lightning notes the SIGTERM its process got ("[rank: 2] Received SIGTERM: 15", glued here to the progress bar);
+    the same signal ends the DataLoader workers ("... is killed by signal: Terminated.", raised twice as the trainer
+    tears down): the note is the first sign of the stop and is named. A DataLoader worker ended by SIGTERM alone is
+    still the failure seen, and the scheduler's cancellation, when in view, outranks both."""
+    bar = "Epoch 0:  31%|###       | 1225/3999 [1:07:35<2:33:02,  3.31s/it, v_num=29, train_total_loss=0.375]"
+    lines = [bar, bar + "[rank: 2] Received SIGTERM: 15", "Traceback (most recent call last):",
+             '  File "/home/user/QcNet/train_qcnet.py", line 48, in <module>',
+             "RuntimeError: DataLoader worker (pid 4020138) is killed by signal: Terminated. ", "",
+             "During handling of the above exception, another exception occurred:", "",
+             "Traceback (most recent call last):",
+             "RuntimeError: DataLoader worker (pid 4020404) is killed by signal: Terminated. "]
+    (tmp_path / "job.log").write_text("\n".join(lines) + "\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 2, result.summary
+    (tmp_path / "job.log").write_text("\n".join(lines[2:]) + "\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 3, result.summary
+    (tmp_path / "job.log").write_text("\n".join(lines) + "\nslurmstepd: error: *** JOB 4242 ON gpu-07 CANCELLED AT "
+                                      "2025-06-01T10:00:00 DUE TO PREEMPTION ***\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 11, result.summary
+
+
+def test_rays_actor_unavailable_gives_way_to_the_raylets_report_of_the_dead_worker(tmp_path: Path) -> None:
+    """The driver finds the actor it calls unreachable (ray.exceptions.ActorUnavailableError "The actor ID is
+    unavailable: ... Socket closed", wrapped in the task's RayTaskError); the raylet's report that a worker died,
+    printed after it, is the account of what happened to the actor."""
+    (tmp_path / "driver.log").write_text(
+        "Error executing job with overrides: ['algorithm.adv_estimator=grpo']\n"
+        "Traceback (most recent call last):\n"
+        '  File "/home/user/verl/verl/trainer/main_ppo.py", line 100, in run_ppo\n'
+        "ray.exceptions.RayTaskError(ActorUnavailableError): ray::TaskRunner.run() (pid=625502, ip=192.168.77.17)\n"
+        '  File "/home/user/verl/verl/single_controller/ray/base.py", line 55, in __call__\n'
+        "ray.exceptions.ActorUnavailableError: The actor d5a12869ca846683c2e9884001000000 is unavailable: The actor "
+        "is temporarily unavailable: RpcError: RPC error: Socket closed rpc_code: 14. The task may or may not have "
+        "been executed on the actor.\n"
+        "\n"
+        "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.\n"
+        "(raylet) A worker died or was killed while executing a task by an unexpected system error. To troubleshoot "
+        "the problem, check the logs for the dead worker. Lease ID: 01000000c0358f8f\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 9, result.summary
+
+
+def test_a_skipped_dataset_is_named_over_the_empty_mixture_failing_after_it(tmp_path: Path) -> None:
+    """The Prismatic / OpenVLA mixture skips a dataset whose config raised (materialize.py "Skipping `NAME` due to
+    Error: ...", wrapped by rich's console after "due"), loads 0 datasets and fails computing the mixture's length:
+    the skip is the failure, not the IndexError."""
+    (tmp_path / "job.log").write_text(
+        "08/21 [01:46:27] WARNING  | >> [*] Skipping `aloha_game` due  materialize.py:135\n"
+        "                          to Error: Cannot load `aloha_game`;\n"
+        "                          only EEF_POS & EEF_R6 &\n"
+        "# Loading the following 0 datasets (incl. sampling weight):                         #\n"
+        "Traceback (most recent call last):\n"
+        '  File "/home/user/openvla-oft/prismatic/vla/datasets/rlds/dataset.py", line 522, in '
+        "make_interleaved_dataset\n"
+        "IndexError: arrays used as indices must be of integer (or boolean) type\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 1, result.summary
+
+
 def test_the_training_operators_replica_tally_is_not_an_error(tmp_path: Path) -> None:
     """The Kubeflow training operator logs a replica tally at every reconcile (pytorchjob_controller.go UpdateJobStatus
     "PyTorchJob=NAME, ReplicaType=Master expected=1, running=0, succeeded=0, failed=1, Replicas=1"), failed=0 or not:
