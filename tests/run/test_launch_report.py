@@ -353,6 +353,32 @@ def test_a_report_sent_again_after_its_answer_was_lost_is_stored_once(launch: La
     assert sorted(e.kind for e in stored if e.kind != "rank_log") == ["job", "rank_exit", "rank_exit"]
 
 
+def test_step_telemetry_sent_again_after_its_answer_was_lost_is_stored_once(launch: Launch, tmp_path: Path) -> None:
+    """The answer to the reporter's first telemetry report is lost after the server stored it, so the reporter
+    sends the same report again: its samples are one push for the engine, and the next look's are another."""
+    answers: list[dict[str, object]] = []
+
+    def post(request: httpx.Request) -> httpx.Response:
+        response = launch.client.post("/api/v1/launches", content=request.content, headers=dict(request.headers))
+        answers.append(response.json())
+        if len(answers) == 1:
+            raise httpx.ReadTimeout("the answer was lost", request=request)
+        return httpx.Response(response.status_code, content=response.content)
+
+    reporter = LaunchReporter("http://vigil.test", "llm", 2, 2, tmp_path, node="n01", gpus=[0, 1], interval_s=0.0,
+                              token=TOKEN, transport=httpx.MockTransport(post), warn=lambda _message: None)
+    reporter.watch({0: _snapshot(0, 5), 1: _snapshot(1, 5)}, {0: None, 1: None}, {0: 100, 1: 101})
+    wait_for(lambda: reporter.sent == 1, 10, "the report sent again")
+    reporter.watch({0: _snapshot(0, 9), 1: _snapshot(1, 9)}, {0: None, 1: None}, {0: 100, 1: 101})
+    reporter.close(wait_s=10.0)
+    assert reporter.failures == 1 and reporter.sent == 2
+    looked = int(str(answers[0]["samples"]))
+    assert looked > 0
+    assert [(a["samples"], a["duplicate_samples"]) for a in answers] == [(looked, 0), (looked, looked), (looked, 0)]
+    pushes = [p for p in launch.store.pushes_after(0) if p.node == "launch:llm"]
+    assert [[v for m, _, v in p.points if m == "vigil_job_steps_total"] for p in pushes] == [[5.0], [9.0]]
+
+
 def test_a_flooding_rank_costs_a_bounded_report(tmp_path: Path) -> None:
     reports: list[LaunchReport] = []
 

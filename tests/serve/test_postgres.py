@@ -82,9 +82,10 @@ def test_an_events_push_and_a_launch_report_sent_again_are_stored_once_on_postgr
     postgres_url: str, tmp_path: Path
 ) -> None:
     """The events and launch routes' exactly-once storage on PostgreSQL: each push twice; the same line at
-    another time, and two equal lines of one look at two offsets, are kept."""
+    another time, and two equal lines of one look at two offsets, are kept; the report's step telemetry is one
+    push."""
     from vigil.config import Settings
-    from vigil.model import Event, LaunchReport
+    from vigil.model import Event, LaunchReport, StepTelemetry
     from vigil.store.sql import Store
 
     store = Store(fresh_database(postgres_url, "event_pushes"))
@@ -95,11 +96,14 @@ def test_an_events_push_and_a_launch_report_sent_again_are_stored_once_on_postgr
     line = "RuntimeError: CUDA error: an illegal memory access was encountered"
     report = LaunchReport(job="llm", ts=100.0, world_size=2, logs=[
         Event(ts=100.0, entity="job/llm/rank/0", kind="rank_log", source="rank", message=line,
-              attrs={"log_file": "/runs/llm/rank0.log", "log_offset": offset}) for offset in (16, 83)])
+              attrs={"log_file": "/runs/llm/rank0.log", "log_offset": offset}) for offset in (16, 83)],
+        steps=[StepTelemetry(ts=ts, steps=steps, step_time_s=0.5) for ts, steps in ((95.0, 40), (100.0, 50))])
     with TestClient(create_app(store, settings=settings)) as client:
         pushed = [client.post("/api/v1/events", headers=AUTH, json=push).json() for _ in range(2)]
         reported = [client.post("/api/v1/launches", headers={**AUTH, "Content-Type": "application/json"},
                                 content=report.model_dump_json()).json() for _ in range(2)]
     assert [(a["stored"], a["duplicates"]) for a in pushed] == [(2, 0), (2, 2)]
-    assert [(a["events"], a["duplicates"]) for a in reported] == [(2, 0), (2, 2)]
+    assert [(a["events"], a["duplicates"], a["samples"], a["duplicate_samples"]) for a in reported] == [
+        (2, 0, 6, 0), (2, 2, 6, 6)]
     assert len(store.events(kind="xid")) == 2 and len(store.events(kind="rank_log")) == 2
+    assert [p.node for p in store.pushes_after(0)] == ["launch:llm"]

@@ -92,6 +92,10 @@ metric_pushes = Table(
     Column("ts", Float, nullable=False),
     Column("node", String(300), nullable=False),
     Column("points", JSON, nullable=False),
+    # What a push a sender may send again is (a launch report's step telemetry: its job and newest look), NULL for
+    # the others. Unique: a retried report stores its samples once.
+    Column("push_key", String(64), nullable=True),
+    Index("ux_metric_pushes_push_key", "push_key", unique=True),
     # ids are a consumer's cursor: never hand out an id again after the newest rows were pruned
     sqlite_autoincrement=True,
 )

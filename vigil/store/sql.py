@@ -19,7 +19,7 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, delete, event, func, insert, select, text, update
+from sqlalchemy import Engine, Table, create_engine, delete, event, func, insert, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
@@ -151,7 +151,7 @@ class Store:
         # the insert returns count what it wrote (PEP 249 leaves an executemany's rowcount undefined, and psycopg's
         # did not count the skipped rows).
         with self.engine.begin() as conn:
-            return len(conn.execute(_insert_ignoring_duplicates(self.engine.dialect.name), rows).all())
+            return len(conn.execute(_insert_ignoring_duplicates(self.engine.dialect.name, t.events), rows).all())
 
     def events(self, entity: str | None = None, kind: str | None = None, since: float | None = None,
                until: float | None = None, limit: int = 1000) -> list[Event]:
@@ -201,16 +201,19 @@ class Store:
 
     # ---------------------------------------------------------------- agents' metric pushes
 
-    def add_samples(self, node: str, samples: Iterable[Sample]) -> int:
-        """One agent push: the node's latest samples, kept as one row (a consumer reads them in order)."""
+    def add_samples(self, node: str, samples: Iterable[Sample], key: str | None = None) -> int:
+        """One agent push: the node's latest samples, kept as one row (a consumer reads them in order); returns how
+        many were written. ``key`` names a push its sender may send again: a push whose key is stored already is
+        not written again (0)."""
         items = _validated(Sample, samples)
         if not items:
             return 0
         # A NaN loss is news, and JSON (PostgreSQL's above all) has no NaN: non-finite values go as text.
         points = [[s.metric, s.entity, s.value if math.isfinite(s.value) else str(s.value)] for s in items]
+        row = {"ts": max(s.ts for s in items), "node": node, "points": points, "push_key": key}
         with self.engine.begin() as conn:
-            conn.execute(insert(t.metric_pushes).values(ts=max(s.ts for s in items), node=node, points=points))
-        return len(items)
+            written = conn.execute(_insert_ignoring_duplicates(self.engine.dialect.name, t.metric_pushes), row)
+            return len(items) if written.all() else 0
 
     def pushes_after(self, after_id: int, limit: int = 10_000) -> list[MetricPush]:
         q = select(t.metric_pushes).where(t.metric_pushes.c.id > after_id).order_by(t.metric_pushes.c.id)
@@ -554,11 +557,12 @@ def _with_nodes(whole: dict[str, Any] | None, nodes: Sequence[dict[str, Any]]) -
     return topology.model_copy(update={"nodes": sorted(by_name.values(), key=lambda n: n.name)})
 
 
-def _insert_ignoring_duplicates(dialect: str) -> Any:
-    """An insert into events that skips a row whose push key is stored already and returns the ids it wrote
-    (SQLite and PostgreSQL both say ON CONFLICT DO NOTHING ... RETURNING)."""
-    statement = postgresql.insert(t.events) if dialect == "postgresql" else sqlite.insert(t.events)
-    return statement.on_conflict_do_nothing(index_elements=[t.events.c.push_key]).returning(t.events.c.id)
+def _insert_ignoring_duplicates(dialect: str, table: Table) -> Any:
+    """An insert into a table with a unique ``push_key`` (events, metric pushes) that skips a row whose key is
+    stored already and returns the ids it wrote (SQLite and PostgreSQL both say ON CONFLICT DO NOTHING ...
+    RETURNING)."""
+    statement = postgresql.insert(table) if dialect == "postgresql" else sqlite.insert(table)
+    return statement.on_conflict_do_nothing(index_elements=[table.c.push_key]).returning(table.c.id)
 
 
 def _validated(model: Any, items: Iterable[Any]) -> Sequence[Any]:

@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 
 from vigil.faces.api.auth import Identity, check_operator, check_read
 from vigil.faces.api.context import ServeContext
-from vigil.faces.api.push_keys import event_key, rank_log_key
+from vigil.faces.api.push_keys import event_key, launch_steps_key, rank_log_key
 from vigil.model import (
     Event,
     Job,
@@ -82,6 +82,8 @@ class LaunchStored(BaseModel):
     # events a report sent earlier stored already (the same report sent again after its answer was lost), not
     # stored twice
     duplicates: int = 0
+    # the same for the step telemetry's samples: all of them or none (they are one push)
+    duplicate_samples: int = 0
 
 
 class EngineProgress(BaseModel):
@@ -207,7 +209,8 @@ def report_launch(body: LaunchReport, ctx: Ctx, user: Writer) -> LaunchStored:
     """A `vigil launch` report: the job's rank -> node / GPU placement into the topology (before the rest, so
     the engine places what follows), step telemetry as the job's samples; the ranks' decoded log lines, then rank
     exits and the verdict, as events (a rank's last lines are read before its exit). A report sent again stores
-    its events once (``push_keys.event_key``); the answer counts them in ``duplicates``."""
+    its events once (``push_keys.event_key``) and its step telemetry once (``push_keys.launch_steps_key``); the
+    answer counts them in ``duplicates`` and ``duplicate_samples``."""
     logs = report_logs(body)
     known = next((j for j in (ctx.store.topology() or Topology()).jobs if j.id == body.job), None)
     job = report_job(body, known)
@@ -215,9 +218,8 @@ def report_launch(body: LaunchReport, ctx: Ctx, user: Writer) -> LaunchStored:
         ctx.store.register_job(job)
         ctx.invalidate()
     samples = report_samples(body)
-    if samples:
-        ctx.store.add_samples(f"launch:{body.job}", samples)
+    samples_written = ctx.store.add_samples(f"launch:{body.job}", samples, launch_steps_key(body.job, body.steps))
     events = logs + report_events(body)
     written = ctx.store.add_events(events, [event_key(e) for e in events])
     return LaunchStored(job=body.job, placed=job is not None, samples=len(samples), events=len(events),
-                        duplicates=len(events) - written)
+                        duplicates=len(events) - written, duplicate_samples=len(samples) - samples_written)

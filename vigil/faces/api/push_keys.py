@@ -3,16 +3,18 @@
 Node agents and ``vigil launch`` deliver at least once: a push whose answer was lost (a timeout on the way back)
 is sent again with the same events. Each event a push may repeat gets a key that a retry reproduces and that no
 two real events share; the store writes an event whose key it holds already no second time (the events table's
-unique ``push_key``, ``vigil.store.sql.Store.add_events``) and the route counts it as a duplicate.
+unique ``push_key``, ``vigil.store.sql.Store.add_events``) and the route counts it as a duplicate. The step
+telemetry of a launch report is keyed the same way in the metric pushes (``Store.add_samples``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from typing import Any
 
-from vigil.model import Event
+from vigil.model import Event, StepTelemetry
 from vigil.sources.collect.rank_files import LOG_FILE_ATTR, LOG_OFFSET_ATTR
 
 
@@ -41,6 +43,19 @@ def rank_log_key(node: str, event: Event) -> str | None:
     if read_at is None:
         return None
     return _digest([node, event.entity, *read_at, event.ts, event.message])
+
+
+def launch_steps_key(job: str, steps: Sequence[StepTelemetry]) -> str | None:
+    """What the step telemetry of a launch report is: the job and the time of its newest look. The launcher looks
+    at its job once at a time and puts each look in one report, which it sends again as it was until the server
+    answers (``vigil.run.report``), so a report sent again repeats that time and two reports of one job never share
+    it. The stored push keeps the time (``metric_pushes.ts``, its newest sample's), which let revision 0007 key the
+    launch pushes stored before it; the two must agree. The key lives as long as its push, which the engine prunes
+    once it is about five minutes older than the newest (``vigil.run.engine``): a report sent again after that is
+    stored again. None for a report without telemetry."""
+    if not steps:
+        return None
+    return _digest(["launch_steps", job, max(look.ts for look in steps)])
 
 
 def _read_at(event: Event) -> tuple[str, int] | None:

@@ -1,0 +1,92 @@
+"""Revision 0007 on a database whose metric pushes hold launch reports stored twice (a report sent again after its
+answer was lost, before the pushes had a key): the repeats go, the first of each stays and is keyed as the launch
+route keys it, so the report sent once more is a duplicate; agents' pushes are left as they are."""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from fastapi.testclient import TestClient
+
+from tests.serve.conftest import TOKEN, fresh_database
+from tests.serve.conftest import postgres_url as postgres_url
+from tests.store.test_migrations import assert_at_head_with_the_events_kept, statements
+from vigil.config import Settings
+from vigil.faces.api.app import create_app
+from vigil.model import LaunchReport, Sample, StepTelemetry
+from vigil.store.sql import Store
+
+# Two looks of job llm, one of job eval, as a launcher of before 0007 reported them.
+LOOKS = [("llm", 1767226195.25, 40), ("llm", 1767226200.5, 50), ("eval", 1767226200.5, 7)]
+pushes = sa.table("metric_pushes", sa.column("ts", sa.Float), sa.column("node", sa.String),
+                  sa.column("points", sa.JSON))
+
+
+def pushes_at_revision_0006(url: str) -> None:
+    """The store at revision 0006: each launch report's push stored twice, the first look's three times, and one
+    agent's push stored twice (agents do not send a push again; two such rows stay)."""
+    engine = sa.create_engine(url)
+    cfg = Config()
+    cfg.set_main_option("script_location", str(resources.files("vigil.store") / "migrations"))
+    with engine.connect() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0006")
+        conn.commit()
+        rows = [{"ts": ts, "node": f"launch:{job}", "points": [["vigil_job_steps_total", f"job/{job}", steps]]}
+                for job, ts, steps in LOOKS for _ in range(2)]
+        rows.append(rows[0])
+        rows += [{"ts": 1767226200.0, "node": "n01", "points": [["DCGM_FI_DEV_GPU_TEMP", "gpu/n01/0", 61.0]]}] * 2
+        conn.execute(sa.insert(pushes), rows)
+        conn.commit()
+    engine.dispose()
+
+
+def assert_each_report_stored_once_and_keyed(store: Store, tmp_path: Path) -> None:
+    assert_at_head_with_the_events_kept(store, 0)
+    stored = [(p.node, p.ts) for p in store.pushes_after(0)]
+    assert sorted(stored) == sorted([(f"launch:{job}", ts) for job, ts, _ in LOOKS] + [("n01", 1767226200.0)] * 2)
+    settings = Settings(home=tmp_path, db_url=store.url, api_token=TOKEN)
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    with TestClient(create_app(store, settings=settings), headers=headers) as client:
+        answers = [client.post("/api/v1/launches", content=LaunchReport(
+            job="llm", ts=ts, world_size=1, steps=[StepTelemetry(ts=ts, steps=steps)]).model_dump_json()).json()
+            for ts, steps in ((1767226200.5, 50), (1767226205.75, 60))]
+    assert [(a["samples"], a["duplicate_samples"]) for a in answers] == [(2, 2), (2, 0)]
+    assert len(store.pushes_after(0)) == len(stored) + 1
+
+
+def test_launch_pushes_stored_twice_are_stored_once_and_keyed_on_sqlite(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'v.db'}"
+    pushes_at_revision_0006(url)
+    with statements() as sent:
+        store = Store(url)
+    assert "CREATE UNIQUE INDEX ux_metric_pushes_push_key ON metric_pushes (push_key)" in sent
+    assert_each_report_stored_once_and_keyed(store, tmp_path)
+    store.close()
+
+
+def test_launch_pushes_stored_twice_are_stored_once_and_keyed_on_postgresql(postgres_url: str,
+                                                                            tmp_path: Path) -> None:
+    url = fresh_database(postgres_url, "metric_push_key")
+    pushes_at_revision_0006(url)
+    with statements() as sent:
+        store = Store(url)
+    assert "CREATE UNIQUE INDEX CONCURRENTLY ux_metric_pushes_push_key ON metric_pushes (push_key)" in sent
+    assert_each_report_stored_once_and_keyed(store, tmp_path)
+    with store.engine.connect() as conn:
+        valid = conn.execute(sa.text("SELECT indisvalid FROM pg_index "
+                                     "WHERE indexrelid = 'ux_metric_pushes_push_key'::regclass")).scalar_one()
+    assert valid
+    store.close()
+
+
+def test_a_keyed_push_is_written_once(tmp_path: Path) -> None:
+    store = Store(f"sqlite:///{tmp_path / 'v.db'}")
+    samples = [Sample(ts=10.0, entity="job/llm", metric="vigil_job_steps_total", value=5.0)]
+    written = [store.add_samples("launch:llm", samples, key) for key in ("k", "k", None, None)]
+    assert written == [1, 0, 1, 1] and len(store.pushes_after(0)) == 3
+    store.close()
