@@ -14,7 +14,7 @@ from vigil.faces.api.alertmanager import alerts_to_events, parse_payload
 from vigil.faces.api.auth import Identity, check_approver, check_operator, check_read
 from vigil.faces.api.context import ServeContext
 from vigil.faces.api.hang import StackNode, load_hang_report, stack_tree
-from vigil.faces.api.push_keys import event_key
+from vigil.faces.api.push_keys import alert_key, event_key
 from vigil.faces.api.responses import (
     AlertsStored,
     EventsStored,
@@ -279,13 +279,18 @@ def add_events(body: Annotated[list[Event], Body(max_length=10000)], ctx: Ctx, u
 
 @router.post("/alertmanager", tags=["events"])
 def alertmanager_webhook(payload: Annotated[dict[str, Any], Body()], ctx: Ctx, user: Writer) -> AlertsStored:
-    """Alertmanager webhook (payload version 4; unknown fields accepted): each alert becomes an Event."""
+    """Alertmanager webhook (payload version 4; unknown fields accepted): each alert becomes an Event. Alertmanager
+    sends a firing alert again every ``repeat_interval`` and a notification again when this answer was lost; an
+    alert with the fingerprint, start and status of one stored already is accepted and counted in ``duplicates``,
+    not stored a second time (``push_keys.alert_key``): its resolution is stored once, and it firing again after it
+    resolved (a new start) is a new event."""
     parsed = parse_payload(payload)
     new_events = alerts_to_events(parsed, cluster=ctx.collector.cluster)
-    ctx.store.add_events(new_events)
+    written = ctx.store.add_events(new_events, [alert_key(alert) for alert in parsed.alerts])
     for alert in parsed.alerts:
         ctx.collector.alerts_received[alert.status] += 1
-    return AlertsStored(stored=len(new_events), entities=sorted({e.entity for e in new_events}))
+    return AlertsStored(stored=len(new_events), duplicates=len(new_events) - written,
+                        entities=sorted({e.entity for e in new_events}))
 
 
 # ------------------------------------------------------------------------------------------ metrics

@@ -4,7 +4,9 @@ Node agents and ``vigil launch`` deliver at least once: a push whose answer was 
 is sent again with the same events. Each event a push may repeat gets a key that a retry reproduces and that no
 two real events share; the store writes an event whose key it holds already no second time (the events table's
 unique ``push_key``, ``vigil.store.sql.Store.add_events``) and the route counts it as a duplicate. The step
-telemetry of a launch report is keyed the same way in the metric pushes (``Store.add_samples``).
+telemetry of a launch report is keyed the same way in the metric pushes (``Store.add_samples``), and Alertmanager,
+which sends a firing alert again every ``repeat_interval`` and a notification again when its webhook failed, has
+its alerts keyed by what it says an alert is.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from vigil.faces.api.alertmanager import Alert
 from vigil.model import Event, StepTelemetry
 from vigil.sources.collect.rank_files import LOG_FILE_ATTR, LOG_OFFSET_ATTR
 
@@ -56,6 +59,18 @@ def launch_steps_key(job: str, steps: Sequence[StepTelemetry]) -> str | None:
     if not steps:
         return None
     return _digest(["launch_steps", job, max(look.ts for look in steps)])
+
+
+def alert_key(alert: Alert) -> str:
+    """What one alert of an Alertmanager notification is: the alert (its ``fingerprint``, the hash of its labels
+    that Alertmanager gives; the labels themselves where a payload lacks it), when it started (``startsAt``) and its
+    status. A notification sent again - every ``repeat_interval`` while the alert fires, or after the webhook did
+    not answer - repeats all three, so it stores nothing new; the alert's resolution is one event; an alert that
+    fires again after it resolved starts again (a new ``startsAt``) and is a new event. The rest may change between
+    two notifications of one alert and is left out: ``endsAt`` of a firing alert, annotations re-evaluated by
+    Prometheus (a value in the summary), the group key and receiver of one alert routed to two receivers."""
+    identity: str | dict[str, str] = alert.fingerprint or alert.labels
+    return _digest(["alert", identity, alert.starts_at.isoformat(), alert.status])
 
 
 def _read_at(event: Event) -> tuple[str, int] | None:

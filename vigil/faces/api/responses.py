@@ -80,7 +80,10 @@ class EventsStored(Stored):
     duplicates: int = 0
 
 
-class AlertsStored(Stored):
+class AlertsStored(EventsStored):
+    """An Alertmanager notification: one event per alert, counted as an events push counts them (``duplicates``:
+    the alerts a notification sent earlier stored already), and the entities the alerts are about."""
+
     entities: list[str]
 
 
