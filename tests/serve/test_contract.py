@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
+import inspect
+import pkgutil
+from collections import Counter
 from pathlib import Path
 
+from pydantic import BaseModel
+
+import vigil.faces.api
 from vigil.config import Settings
 from vigil.faces.api.app import create_app
 from vigil.faces.api.context import ServeContext
@@ -42,3 +49,14 @@ def test_every_mcp_tool_has_an_output_schema(tmp_path: Path) -> None:
     tools = asyncio.run(server.list_tools())
     assert len(tools) >= 9
     assert [t.name for t in tools if not (t.output_schema or {}).get("properties")] == []
+
+
+def test_no_two_models_of_the_faces_share_a_name() -> None:
+    """Two models of one name are one OpenAPI schema or two that only their module tells apart; each answer has its
+    own name, and an answer the same as another is the same model."""
+    defined: list[str] = []
+    for module_info in pkgutil.walk_packages(vigil.faces.api.__path__, "vigil.faces.api."):
+        module = importlib.import_module(module_info.name)
+        defined += [name for name, cls in inspect.getmembers(module, inspect.isclass)
+                    if issubclass(cls, BaseModel) and cls.__module__ == module.__name__]
+    assert [name for name, count in Counter(defined).items() if count > 1] == []

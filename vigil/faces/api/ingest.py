@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 from vigil.faces.api.auth import Identity, check_operator, check_read
 from vigil.faces.api.context import ServeContext
 from vigil.faces.api.push_keys import event_key, launch_steps_key, rank_log_key
+from vigil.faces.api.responses import Stored
 from vigil.model import (
     Event,
     Job,
@@ -63,10 +64,6 @@ class RankLogPush(BaseModel):
     node: str = Field(min_length=1, max_length=200)
     # an agent pushes at most the events it keeps while the server is away
     events: list[Event] = Field(max_length=MAX_PENDING_EVENTS)
-
-
-class Stored(BaseModel):
-    stored: int
 
 
 class Registered(BaseModel):

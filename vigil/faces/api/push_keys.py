@@ -7,6 +7,11 @@ unique ``push_key``, ``vigil.store.sql.Store.add_events``) and the route counts 
 telemetry of a launch report is keyed the same way in the metric pushes (``Store.add_samples``), and Alertmanager,
 which sends a firing alert again every ``repeat_interval`` and a notification again when its webhook failed, has
 its alerts keyed by what it says an alert is.
+
+The trade-off: a key is all a retry repeats, so two real events that share it are stored as one. For an event
+pushed on its own that is every field, the time included - the same line written twice within one tick of its
+sender's clock, by a sender that does not say where each was read, is stored once. A retry cannot be told from
+such a repeat, and counting a retried push twice is the worse error.
 """
 
 from __future__ import annotations

@@ -70,6 +70,8 @@ class JobStepTimes(BaseModel):
 
 
 class Stored(BaseModel):
+    """A push of records (an agent's samples): how many were stored."""
+
     stored: int
 
 
