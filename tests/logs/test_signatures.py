@@ -88,6 +88,10 @@ CASES = [
      "root"),
     ("WARNING  | >> [*] Skipping `bridge_orig` due to Error: Cannot load `bridge_orig`; only EEF_POS & EEF_R6 & "
      "JOINT_POS_BIMANUAL actions supported!", "prismatic.dataset_skipped", "root"),
+    # rich wraps the warning where the terminal's width falls: any cut of the fixed text, the call site at the right
+    ("WARNING  | >> [*] Skipping `bridge` due to  materialize.py:135", "prismatic.dataset_skipped", "root"),
+    ("WARNING  | >> [*] Skipping `fractal20220817_data`  materialize.py:135", "prismatic.dataset_skipped", "root"),
+    ("WARNING  | >> [*] Skipping `bridge` due to Error:  materialize.py:135", "prismatic.dataset_skipped", "root"),
     ("INFO:torch.distributed.elastic.agent.server.api:[default] Worker group FAILED. 3/3 attempts left; will "
      "restart worker group", "launcher.child_failed", "cascade"),
     ("  exitcode  : -9 (pid: 14750)", "launcher.root_cause", "cascade"),
