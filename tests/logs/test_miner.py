@@ -230,6 +230,57 @@ def test_extra_text_or_a_field_is_another_statement() -> None:
         assert first.template_id != second.template_id, (short, long)
 
 
+def test_a_count_that_leads_a_statement_makes_another_statement() -> None:
+    # a value with a short word before the whole statement, on one side only: another event, not a variant
+    # (a unit word after a value, as in the sizes above, still makes one)
+    lines = [f"authentication failure; logname= uid=0 rhost=10.0.0.{n} user=root" for n in range(6)]
+    lines += ["1 more authentication failure; logname= uid=0 rhost=10.0.0.9 user=root"] * 2
+    found = TemplateMiner().add_block(lines)
+    assert found[0].template_id != found[-1].template_id
+    assert found[-1].template.startswith("<*> more authentication failure;")
+    # line by line (the count met after its statement was learned), the same
+    miner = TemplateMiner()
+    ids = [miner.add(line).template_id for line in lines]
+    assert ids[0] == ids[5] != ids[-1]
+    # a bare count before the statement is still a value of the same statement
+    miner = TemplateMiner()
+    bare = [miner.add(line).template_id for line in ("disk sync done", "12 disk sync done", "disk sync done")]
+    assert len(set(bare)) == 1
+
+
+# kernel oops backtrace frames, symbol+offset/size as the kernel's %pS prints them
+FRAMES = ["do_page_fault", "__alloc_pages", "handle_mm_fault", "schedule", "put_user_size", "do_swap_page",
+          "filemap_nopage", "do_no_page", "swapin_readahead", "follow_page", "rw_vm", "vt_console_print",
+          "do_exit", "acct_process"]
+
+
+def test_each_function_of_a_backtrace_is_its_own_frame(tmp_path: Path) -> None:
+    rng = random.Random(7)
+    lines = [f"[<{rng.randrange(1 << 28):08x}>] {name}+0x{rng.randrange(4096):x}/0x{rng.randrange(4096, 8192):x}"
+             for _ in range(3) for name in FRAMES]
+    assert mask("[<02114537>] do_page_fault+0x12f/0x446 [ext3]") == "[<<*>>] do_page_fault+<*> [<*>]"
+    assert values_of("[<02114537>] do_page_fault+0x12f/0x446") == ["02114537", "0x12f/0x446"]
+    assert mask("[<0a8ddb99>] ext3_file_write+0x19/0x88 [ext3]") == "[<<*>>] ext3_file_write+<*> [<*>]"
+    assert mask("at foo-bar+0x1f and 0x1f+0x2 and x+12") == "at <*> and <*> and <*>"  # no symbol: the whole token
+    block = ["[<02114537>] do_page_fault+0x12f/0x446", "x=1 y 7", "up 0x1f+0x2"]
+    assert mask("\n".join(block)).split("\n") == [mask(line) for line in block]
+    miner = TemplateMiner()
+    found = [t for i in range(0, len(lines), 8) for t in miner.add_templates(lines[i:i + 8])]
+    by_name: dict[str, set[str]] = {}
+    for line, template in zip(lines, found, strict=True):
+        by_name.setdefault(line.split()[1].split("+")[0], set()).add(miner.canonical(template).id)
+    assert all(len(ids) == 1 for ids in by_name.values())
+    assert len({next(iter(ids)) for ids in by_name.values()}) == len(FRAMES)
+    assert miner.canonical(found[0]).text == "[<*>] do_page_fault+<*>"  # as the corrected truth writes it
+    # the same holds for key=value fields of different keys at one position
+    fields = [f"audit: op={op} {key}={n}" for n in range(12) for op, key in (("open", "pid"), ("open", "uid"))]
+    assert len({m.template_id for m in TemplateMiner().add_block(fields)}) == 2
+    state = tmp_path / "templates.json"
+    miner.save(state)
+    restored = TemplateMiner.load(state)
+    assert restored.add(lines[1]).template_id == miner.canonical(found[1]).id
+
+
 def test_a_variant_survives_restart(tmp_path: Path) -> None:
     state = tmp_path / "templates.json"
     miner = TemplateMiner()

@@ -3,7 +3,8 @@
 One compiled alternation, anchored at token starts, runs over a whole block of lines in a single C-level
 ``re.sub`` call; that is what makes the miner fast (no Python work per token). Every alternative is
 general (no per-system rule): the shapes of timestamps, addresses, hex ids, paths and any token that
-holds a digit, which in log statements is almost always a value rather than part of the text.
+holds a digit, which in log statements is almost always a value rather than part of the text - except a code
+location as backtraces print it (``do_page_fault+0x12f/0x446``), where only the offset is a value.
 """
 
 from __future__ import annotations
@@ -35,11 +36,24 @@ _ALTERNATIVES = [
 
 _TOKEN_MASK = re.compile(r"(?<![^\s(\[{<\"',;:=])(?:" + "|".join(_ALTERNATIVES) + ")")
 _REPEATED_WILDCARD = re.compile(r"<\*>(?:[ \t,:;]*<\*>)+")
+# A code location as backtraces print it, symbol+offset[/size] in hex (the kernel's %pS / %pB, glibc's
+# backtrace_symbols): in ``do_page_fault+0x12f/0x446`` the function is text and only the offset a value. Text that
+# holds one ("+0x", a substring test) is masked by the same rules with that exception, one pass all the same.
+_END = r"(?=[\s)\]}>\"',;:]|$)"
+_HEX_OFFSET = r"0[xX][0-9A-Fa-f]+(?:/0[xX][0-9A-Fa-f]+)?" + _END
+_CODE_LOCATION = r"[A-Za-z_][\w.$]*\+" + _HEX_OFFSET
+_LOCATION_MASK = re.compile(
+    r"(?<![^\s(\[{<\"',;:=])(?:" + "|".join(_ALTERNATIVES[:-1]) + "|(?!" + _CODE_LOCATION + ")" + _ALTERNATIVES[-1]
+    + r")|(?<=[\w.$]\+)" + _HEX_OFFSET)
+
+
+def _masker(text: str) -> re.Pattern[str]:
+    return _LOCATION_MASK if "+0x" in text or "+0X" in text else _TOKEN_MASK
 
 
 def mask(text: str) -> str:
     """Mask one line or a block of newline-separated lines (newlines are kept)."""
-    masked = _TOKEN_MASK.sub(WILDCARD, text)
+    masked = _masker(text).sub(WILDCARD, text)
     return _REPEATED_WILDCARD.sub(WILDCARD, masked)
 
 
@@ -75,7 +89,7 @@ def values_of(line: str) -> list[str] | None:
     if WILDCARD in line:
         return None
     spans: list[list[int]] = []
-    for found in _TOKEN_MASK.finditer(line):
+    for found in _masker(line).finditer(line):
         start, end = found.span()
         if spans and _SEPARATORS.fullmatch(line, spans[-1][1], start):
             spans[-1][1] = end  # runs of values are one value (_REPEATED_WILDCARD)

@@ -15,7 +15,9 @@ How a block of lines finds its templates:
    more frequent than that; the positions below it are where the siblings differ. Such a position is a
    variable when the siblings hold more than ``max_split_values`` different words there, and otherwise
    splits them into separate templates (``opened`` / ``closed`` are two events, fifty user names are one
-   variable). Words wrapped whole in the same brackets or quotes (``(sshd).``, ``[LNKD]``) are written as values:
+   variable). A word glued to a masked value names it (``do_page_fault+<*>``, ``uid=<*>``): siblings that hold
+   a different such word at one position, each its own, are different events whatever their count. Words wrapped
+   whole in the same brackets or quotes (``(sshd).``, ``[LNKD]``) are written as values:
    there more than ``max_slot_values`` different words suffice (``(reserved)`` / ``(usable)`` stay two events).
    Three more signs of a value need no count: a masked value at the same position of a sibling
    (``()`` beside ``(<*>)``), words that vary in more than one message (a user named in "session
@@ -29,7 +31,9 @@ How a block of lines finds its templates:
 5. A form that still starts a new template is compared with the known templates of other lengths: when the two
    align word by word and what is left over on each side is nothing or one value (a masked value followed by
    masked values or short unit words: ``1190 bytes (1.16 KB)`` beside ``0 bytes``), the new template is a
-   variant of the known one and its lines take that one's id. ``max_split_values``, ``max_slot_values`` and
+   variant of the known one and its lines take that one's id. Before the first aligned word, a value on one side
+   only must be masked values alone: a count that leads a statement (``1 more authentication failure`` beside
+   ``authentication failure``) makes another one. ``max_split_values``, ``max_slot_values`` and
    ``max_unit_letters`` are chosen by leave-systems-out rotation on the Loghub samples (bench/logs.py).
 6. The template's text shows, behind each ``<*>``, what its lines held there, in the conventions of the corrected
    Loghub ground truth (Khan et al., ICSE'22; :func:`render`): numbers are values even where they never varied, a
@@ -138,6 +142,10 @@ def _aligned_values(mine: list[str], my_open: set[int], theirs: list[str], their
                 if not ((not gap_mine or _is_value(gap_mine, max_letters))
                         and (not gap_theirs or _is_value(gap_theirs, max_letters))):
                     return 0
+                # a count before the whole statement on one side only ("1 more failure" beside "failure")
+                # qualifies the statement: there the value is a value with no word beside it
+                if not aligned and not (gap_mine and gap_theirs) and not _is_value(gap_mine or gap_theirs, 0):
+                    return 0
                 gap_mine, gap_theirs = [], []
             aligned += 1
             i += 1
@@ -163,6 +171,8 @@ _QUIET = 8
 # one word and its number (core.<*>, node-<*>, CPU#<*>), punctuation around them aside
 _WORD_NUMBER = re.compile(r"[^\w\s]*(?:[A-Za-z_]\w*[^\w\s<*>]*)?<\*>[^\w\s]*")
 _LONG_NUMBER = re.compile(r"\d{4}")
+# a word, a sign and its masked value (do_page_fault+<*>, uid=<*>): the word names what the value is
+_NAMED_VALUE = re.compile(r"[^\w\s<*>]*([A-Za-z_]\w*)[^\w\s<*>]+<\*>[^\w\s]*")
 _FRAME = re.compile(r"[^\w\s<*>]*")  # punctuation only (no word, space or value)
 
 
@@ -574,6 +584,11 @@ class TemplateMiner:
                 for p in (p for p, word in enumerate(pattern) if word is None):
                     values = {forms[i][p] for i in siblings}
                     values.update(t[p] for t in fitting)
+                    # each a different word glued to its masked value (do_page_fault+<*> / schedule+<*>, uid=<*> /
+                    # pid=<*>): the words name what the values are, text in every line - another word, another event
+                    names = [_NAMED_VALUE.fullmatch(value) for value in values]
+                    if all(names) and len({found.group(1) for found in names if found}) == len(values):
+                        continue
                     roaming = sum(len(patterns_of[value]) > 1 for value in values if WILDCARD not in value)
                     # words the stream writes as the value of a key=value field elsewhere (user=uucp) are values
                     roaming += sum(value in self._values for value in values) if self._values else 0
@@ -670,9 +685,10 @@ class TemplateMiner:
         return None if best is None else self.canonical(best)
 
     def _long_words(self, tokens: list[str], open_positions: set[int]) -> frozenset[str]:
-        """The words of a form too long to stand beside a value (see :meth:`_variant_of`)."""
+        """The words of a form too long to stand beside a value (see :meth:`_variant_of`), a word glued to a masked
+        value among them (``do_page_fault+<*>``: no stretch left over may hold it, see :func:`_is_value`)."""
         return frozenset(t for p, t in enumerate(tokens)
-                         if p not in open_positions and WILDCARD not in t and _letters(t) > self.max_unit_letters)
+                         if p not in open_positions and _letters(t) > self.max_unit_letters)
 
     def _create(self, tokens: list[str]) -> Template:
         if len(self.templates) >= self.max_templates:
