@@ -14,7 +14,7 @@ import pytest
 from tests.serve.conftest import fresh_database
 from tests.serve.conftest import postgres_url as postgres_url
 from vigil.config import Settings
-from vigil.faces.api.actions import approve, execute
+from vigil.faces.api.actions import ActionRefused, approve, execute
 from vigil.faces.api.auth import Identity, Role
 from vigil.faces.api.context import ServeContext
 from vigil.model import Action, ActionKind, ActionStatus
@@ -116,7 +116,7 @@ def test_a_late_answer_is_recorded_beside_the_action_not_copied_onto_it(database
     """Server A executes an approved cordon (claimed at 1000, a 30 s lease) and stalls in the back end; at 1031 the
     engine takes the run over and completes it; then A's call returns. The remediator records that late answer under
     an id of its own; before, the API copied its status, result and params (late_completion_of) onto the stored
-    action. The action is left as it was, and the late answer is a separate action, naming it."""
+    action. The action follows the resumed run, and the late answer is a separate action, naming it."""
     clock = Clock(1_000.0)
     engine = Remediator([Cordon()], AuditLog(database), dry_run=False, requested_by="vigil-engine", clock=clock,
                         wait=frozen, lease_s=30.0)
@@ -140,11 +140,82 @@ def test_a_late_answer_is_recorded_beside_the_action_not_copied_onto_it(database
     assert late.id != "act-cordon-n1" and late.status is ActionStatus.EXECUTED
     assert late.params["late_completion_of"] == "act-cordon-n1" and late.params["claim_lost_to"] == engine.owner
     assert late.result.startswith("late completion") and late.params["executed_by"] == "otto"
+    # the action takes the resumed run's verdict, not the late answer
     stored = ctx.store.action("act-cordon-n1")
-    assert stored is not None and (stored.status, stored.result) == (ActionStatus.APPROVED, ""), stored
-    assert stored.params == {"approved_by": "alan"}
+    assert stored is not None and (stored.status, stored.result) == (
+        ActionStatus.EXECUTED, "resumed after an interrupted run: cordoned node/n1"), stored
+    assert stored.params["approved_by"] == "alan" and stored.params["taken_over_from"] == owner.owner
+    assert "late_completion_of" not in stored.params and "executed_by" not in stored.params
     assert ctx.store.action(late.id) == late  # visible beside it, through the API's reads
     records = {a.id: a for a in AuditLog(database).actions(target="node/n1")}
     assert set(records) == {"act-cordon-n1", late.id}
     assert records["act-cordon-n1"].result.startswith("resumed after an interrupted run")
+    ctx.store.close()
+
+
+def approved_cordon(status: ActionStatus = ActionStatus.APPROVED) -> Action:
+    return Action(id="act-cordon-n1", ts=1_000.0, kind=ActionKind.CORDON, target="node/n1", reason="Xid 79",
+                  requested_by="ada", status=status, params={"approved_by": "alan"})
+
+
+def test_a_run_another_process_resumes_settles_the_stored_action(database: str, tmp_path: Path) -> None:
+    """Server A is killed while its cordon runs (journalled started at 1000, a 30 s lease); at 1031 the engine
+    resumes the run and completes it. The stored action takes the run's verdict with it. Before, only the audit log
+    and the journal said executed: the action stayed approved, and executing it again answered 409 'already
+    executed' and left it approved for good."""
+    ctx = server(database, tmp_path / "a", Remediator([Cordon()], AuditLog(database), dry_run=False))
+    ctx.store.add_action(approved_cordon())
+    killed = approved_cordon().model_copy(update={"dry_run": False})
+    assert AuditLog(database).begin("act-cordon-n1", killed, owner="vigil-api-killed", now=1_000.0,
+                                    lease_expires=1_030.0) is None
+    engine = Remediator([Cordon()], AuditLog(database), dry_run=False, requested_by="vigil-engine",
+                        clock=Clock(1_031.0), lease_s=30.0)
+
+    (resumed,) = engine.recover()
+
+    assert resumed.status is ActionStatus.EXECUTED
+    stored = ctx.store.action("act-cordon-n1")
+    assert stored is not None and (stored.status, stored.result, stored.dry_run) == (
+        ActionStatus.EXECUTED, "resumed after an interrupted run: cordoned node/n1", False), stored
+    assert stored.params["approved_by"] == "alan" and stored.params["taken_over_from"] == "vigil-api-killed"
+    with pytest.raises(ActionRefused) as refused:
+        execute(ctx, "act-cordon-n1", OPERATOR, dry_run=False)
+    assert refused.value.status_code == 409 and "is executed" in str(refused.value)
+    assert ctx.store.action("act-cordon-n1") == stored
+    ctx.store.close()
+
+
+def test_a_resumed_run_leaves_a_verdict_the_stored_action_holds(database: str, tmp_path: Path) -> None:
+    """The stored action holds a verdict already (failed) when a resumed run of it closes: the run is recorded in
+    the audit log, and the stored action keeps its verdict - the close writes only over proposed or approved."""
+    store = Store(database)
+    store.add_action(approved_cordon(ActionStatus.FAILED).model_copy(update={"result": "cordon: HTTP 500"}))
+    AuditLog(database).begin("act-cordon-n1", approved_cordon(), owner="vigil-api-killed", now=1_000.0,
+                             lease_expires=1_030.0)
+    engine = Remediator([Cordon()], AuditLog(database), dry_run=False, clock=Clock(1_031.0), lease_s=30.0)
+    (resumed,) = engine.recover()
+    assert resumed.status is ActionStatus.EXECUTED
+    stored = store.action("act-cordon-n1")
+    assert stored is not None and (stored.status, stored.result) == (ActionStatus.FAILED, "cordon: HTTP 500")
+    store.close()
+
+
+def test_an_execute_that_finds_the_run_closed_settles_the_stored_action(database: str, tmp_path: Path) -> None:
+    """The run of an approved cordon is closed in the journal, executed, while the stored action still says
+    approved (its server died between the two, or an older Vigil closed it). Executing the action again answers
+    409 'already executed' and settles the stored action from the run's record; before, it stayed approved."""
+    owner = Remediator([Cordon()], AuditLog(database), dry_run=False, requested_by="vigil-api-a")
+    assert owner.execute(approved_cordon()).status is ActionStatus.EXECUTED
+    ctx = server(database, tmp_path / "b", Remediator([Cordon()], AuditLog(database), dry_run=False,
+                                                       requested_by="vigil-api-b"))
+    ctx.store.add_action(approved_cordon())
+
+    with pytest.raises(ActionRefused) as refused:
+        execute(ctx, "act-cordon-n1", OPERATOR, dry_run=False)
+
+    assert refused.value.status_code == 409 and "already executed" in str(refused.value)
+    stored = ctx.store.action("act-cordon-n1")
+    assert stored is not None and (stored.status, stored.result, stored.dry_run) == (
+        ActionStatus.EXECUTED, "cordoned node/n1", False), stored
+    assert stored.params["approved_by"] == "alan" and stored.params["actuator"] == "cordon"
     ctx.store.close()

@@ -22,7 +22,7 @@ from vigil.config import settings
 from vigil.model import Action, ActionKind, ActionStatus
 from vigil.store.schema import remedy_actions as actions_table
 from vigil.store.schema import remedy_intents as intents_table
-from vigil.store.sql import open_database
+from vigil.store.sql import OPEN_ACTION_STATUSES, open_database, settle_action
 
 
 class UnfinishedRun(NamedTuple):
@@ -143,9 +143,12 @@ class AuditLog:
 
     def finish(self, key: str, state: str, owner: str | None = None, *, record: Action | None = None) -> bool:
         """Close the run under ``key`` as ``state``, and with ``record`` audit the action's verdict in the same
-        transaction: a process that finds the run closed finds its record too. With ``owner``, only while the run
-        is still started and that owner's: False (nothing recorded) when its claim lapsed and another process took
-        the run over (and maybe finished it), which is then left as that process has it."""
+        transaction: a process that finds the run closed finds its record too, and the stored action (the store's
+        ``actions`` row the API approves and executes, where there is one) takes the verdict's status, result and
+        params in that transaction too, whoever closes the run - the server that began it, or the process that
+        resumed it - unless it holds a verdict already. With ``owner``, only while the run is still started and that
+        owner's: False (nothing recorded) when its claim lapsed and another process took the run over (and maybe
+        finished it), which is then left as that process has it."""
         c = intents_table.c
         mine = [] if owner is None else [c.state == "started", c.owner == owner]
         with self.engine.begin() as conn:
@@ -155,7 +158,22 @@ class AuditLog:
                 return False
             if record is not None:
                 conn.execute(insert(actions_table).values(**_row(record)))
+                _settle_stored(conn, record)
             return True
+
+    def settle_from_run(self, action_id: str, key: str) -> None:
+        """Bring the stored action ``action_id``, found still waiting for a verdict while its run under ``key`` is
+        closed, to that run's record (a run closed before its close settled the stored action: a server that died
+        between the two, or an older Vigil); without a record, to the journal's ``done``."""
+        with self.engine.begin() as conn:
+            row = conn.execute(select(actions_table).where(actions_table.c.id == action_id)).first()
+            if row is not None:
+                _settle_stored(conn, _action(row._mapping))
+                return
+            state = conn.execute(select(intents_table.c.state).where(intents_table.c.key == key)).scalar()
+            if state == "done":
+                settle_action(conn, action_id, OPEN_ACTION_STATUSES, ActionStatus.EXECUTED, dry_run=False,
+                              result=f"executed, per the execution journal (idempotency key {key})")
 
     def action_of(self, key: str) -> str | None:
         """The id of the action whose run the journal holds under ``key``; None for no such run."""
@@ -183,6 +201,12 @@ class AuditLog:
     def count(self) -> int:
         with self.engine.connect() as conn:
             return int(conn.execute(select(func.count()).select_from(actions_table)).scalar_one())
+
+
+def _settle_stored(conn: Connection, record: Action) -> None:
+    """The stored action of ``record``'s id takes its verdict, unless it holds one already (none stored: a CLI run)."""
+    settle_action(conn, record.id, OPEN_ACTION_STATUSES, record.status, result=record.result, params=record.params,
+                  dry_run=record.dry_run)
 
 
 def _insert_new(conn: Connection, row: dict[str, object]) -> bool:

@@ -200,6 +200,9 @@ class Remediator:
         now = self.clock()
         previous = self.audit.begin(key, action, owner=self.owner, now=now, lease_expires=now + self.lease_s)
         if previous == "done":
+            if self.audit.action_of(key) == action.id:
+                # the run's close settles the stored action; one closed before it did is settled from the run now
+                self.audit.settle_from_run(action.id, key)
             self._repeated(action, key, guarded, f"already executed (idempotency key {key})")
             return False
         if previous == "running":

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
@@ -19,7 +19,7 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, Table, create_engine, delete, event, func, insert, select, text, update
+from sqlalchemy import Connection, Engine, Table, create_engine, delete, event, func, insert, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
@@ -27,6 +27,7 @@ from vigil.config import Settings
 from vigil.config import settings as default_settings
 from vigil.model import (
     Action,
+    ActionStatus,
     Anomaly,
     Diagnosis,
     Event,
@@ -50,6 +51,9 @@ _migrate_lock = threading.Lock()
 MIGRATION_LOCK = 0x76696769
 # How often a process waiting for another's upgrade asks for the migration lock again, in seconds.
 MIGRATION_LOCK_POLL_S = 0.05
+# The statuses of a stored action still waiting for its verdict; a verdict (executed, skipped, refused, failed) is
+# final, and no later write takes its place.
+OPEN_ACTION_STATUSES = frozenset({ActionStatus.PROPOSED, ActionStatus.APPROVED})
 # Node labels that place a node in the fabric (the Kubernetes well-known topology labels' style).
 RACK_LABEL = "topology.vigil.io/rack"
 SWITCH_LABEL = "topology.vigil.io/leaf"
@@ -324,6 +328,13 @@ class Store:
             if done.rowcount == 0:
                 raise VigilInputError(f"no action {action.id!r} to update")
 
+    def settle_action(self, action_id: str, expected: Collection[ActionStatus], status: ActionStatus, *,
+                      result: str | None = None, params: Mapping[str, Any] | None = None,
+                      dry_run: bool | None = None) -> tuple[bool, Action | None]:
+        """``settle_action`` in a transaction of its own."""
+        with self.engine.begin() as conn:
+            return settle_action(conn, action_id, expected, status, result=result, params=params, dry_run=dry_run)
+
     def actions(self, incident_id: str | None = None, limit: int = 1000) -> list[Action]:
         q = select(t.actions.c.body).order_by(t.actions.c.ts).limit(limit)
         if incident_id is not None:
@@ -536,6 +547,32 @@ def _incident_row(incident: Incident) -> dict[str, Any]:
     return {"id": incident.id, "start": incident.start, "end": incident.end, "level": int(incident.level),
             "status": incident.status.value, "scope": incident.scope, "title": incident.title,
             "body": incident.model_dump(mode="json")}
+
+
+def settle_action(conn: Connection, action_id: str, expected: Collection[ActionStatus], status: ActionStatus, *,
+                  result: str | None = None, params: Mapping[str, Any] | None = None,
+                  dry_run: bool | None = None) -> tuple[bool, Action | None]:
+    """Move the stored action ``action_id`` to ``status`` (with ``result``, ``dry_run`` and ``params`` merged into its
+    own) only from one of the ``expected`` statuses: a compare-and-set on its status column, never a write-back of
+    the row as read, so of two processes writing one action at once (two approvals, a run's close and a server's
+    verdict) one wins and the other finds what the winner wrote. Returns whether this write won and the action as
+    stored after it (None: no such action)."""
+    while True:
+        row = conn.execute(select(t.actions.c.status, t.actions.c.body).where(t.actions.c.id == action_id)).first()
+        if row is None:
+            return False, None
+        stored = Action.model_validate(row.body)
+        if stored.status not in expected:
+            return False, stored
+        settled = stored.model_copy(update={
+            "status": status, "result": stored.result if result is None else result,
+            "dry_run": stored.dry_run if dry_run is None else dry_run, "params": {**stored.params, **(params or {})}})
+        settled = _validated(Action, [settled])[0]
+        done = conn.execute(update(t.actions).where(t.actions.c.id == action_id, t.actions.c.status == row.status)
+                            .values(status=settled.status.value, body=settled.model_dump(mode="json")))
+        if done.rowcount == 1:
+            return True, settled
+        # another writer moved it between the read and the write: judge what it left
 
 
 def _action_row(action: Action) -> dict[str, Any]:
