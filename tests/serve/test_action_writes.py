@@ -20,6 +20,7 @@ from vigil.faces.api.context import ServeContext
 from vigil.model import Action, ActionKind, ActionStatus
 from vigil.remedy.actuators.base import Actuator
 from vigil.remedy.audit import AuditLog
+from vigil.remedy.lifecycle import LifecycleStore
 from vigil.remedy.remediator import Remediator
 from vigil.store.sql import Store
 
@@ -145,7 +146,7 @@ def test_a_late_answer_is_recorded_beside_the_action_not_copied_onto_it(database
     assert stored is not None and (stored.status, stored.result) == (
         ActionStatus.EXECUTED, "resumed after an interrupted run: cordoned node/n1"), stored
     assert stored.params["approved_by"] == "alan" and stored.params["taken_over_from"] == owner.owner
-    assert "late_completion_of" not in stored.params and "executed_by" not in stored.params
+    assert "late_completion_of" not in stored.params and stored.params["executed_by"] == "otto"
     assert ctx.store.action(late.id) == late  # visible beside it, through the API's reads
     records = {a.id: a for a in AuditLog(database).actions(target="node/n1")}
     assert set(records) == {"act-cordon-n1", late.id}
@@ -219,3 +220,72 @@ def test_an_execute_that_finds_the_run_closed_settles_the_stored_action(database
         ActionStatus.EXECUTED, "cordoned node/n1", False), stored
     assert stored.params["approved_by"] == "alan" and stored.params["actuator"] == "cordon"
     ctx.store.close()
+
+
+class ReadThen(Store):
+    """A server's store handle that runs ``after_read`` once, right after it reads an action: between a server's
+    read of the action and its write of it."""
+
+    def __init__(self, url: str, after_read: Callable[[], object]) -> None:
+        super().__init__(url)
+        self.after_read: Callable[[], object] | None = after_read
+
+    def action(self, action_id: str) -> Action | None:
+        found = super().action(action_id)
+        if self.after_read is not None:
+            after_read, self.after_read = self.after_read, None
+            after_read()
+        return found
+
+
+def test_a_second_approval_at_once_answers_the_first(database: str, tmp_path: Path) -> None:
+    """Servers A and B approve one proposed cordon at once: B writes its approval after A read the action as
+    proposed. A's answer is what is stored, approved by B's approver; before, A wrote back the whole action with
+    itself as approved_by, silently over B's."""
+    approving = server(database, tmp_path / "b")
+    bea = Identity("bea", Role.APPROVER)
+    ctx = ServeContext(store=ReadThen(database, lambda: approve(approving, "act-cordon-n1", bea)),
+                       settings=Settings(home=tmp_path / "a", db_url=database), remediator=None, backend="none")
+    approving.store.add_action(approved_cordon(ActionStatus.PROPOSED).model_copy(update={"params": {}}))
+
+    answer = approve(ctx, "act-cordon-n1", APPROVER)
+
+    assert (answer.status, answer.params["approved_by"]) == (ActionStatus.APPROVED, "bea"), answer
+    stored = approving.store.action("act-cordon-n1")
+    assert stored == answer
+    for handle in (ctx.store, approving.store):
+        handle.close()
+
+
+def test_an_execute_that_read_the_action_before_another_servers_run_leaves_that_run(database: str,
+                                                                                    tmp_path: Path) -> None:
+    """Server A reads the approved cordon; before A's remediator decides it, server B executes it: cordoned,
+    recorded, node/n1 cordoned in the lifecycle. A's remediator then finds node/n1 already cordoned. A answers 409
+    and the action stays B's executed run, with B's operator; before, A's skip failed on B's record of the
+    action's id (IntegrityError, HTTP 500) - and its write-back of the whole action would have put 'skipped' over
+    B's 'executed'."""
+    b_remediator = Remediator([Cordon()], AuditLog(database), dry_run=False, lifecycle=LifecycleStore(database),
+                              requested_by="vigil-api-b")
+    other = server(database, tmp_path / "b", b_remediator)
+    other.store.add_action(approved_cordon())
+    a_remediator = Remediator([Cordon()], AuditLog(database), dry_run=False, lifecycle=LifecycleStore(database),
+                              requested_by="vigil-api-a")
+    ctx = ServeContext(store=ReadThen(database, lambda: execute(other, "act-cordon-n1", Identity("bob", Role.OPERATOR),
+                                                                dry_run=False)),
+                       settings=Settings(home=tmp_path / "a", db_url=database), remediator=a_remediator,
+                       backend="cordon")
+
+    with pytest.raises(ActionRefused) as refused:
+        execute(ctx, "act-cordon-n1", OPERATOR, dry_run=False)
+
+    assert refused.value.status_code == 409 and "already cordon" in str(refused.value)
+    stored = other.store.action("act-cordon-n1")
+    assert stored is not None and (stored.status, stored.result) == (ActionStatus.EXECUTED, "cordoned node/n1")
+    assert stored.params["executed_by"] == "bob" and stored.params["approved_by"] == "alan"
+    records = AuditLog(database).actions(target="node/n1")
+    assert [(a.id, a.status) for a in records if "repeat_of" not in a.params] == [
+        ("act-cordon-n1", ActionStatus.EXECUTED)]
+    assert [(a.status, a.params["repeat_of"]) for a in records if "repeat_of" in a.params] == [
+        (ActionStatus.SKIPPED, "act-cordon-n1")]
+    for handle in (ctx.store, other.store):
+        handle.close()

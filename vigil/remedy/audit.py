@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from sqlalchemy import ColumnElement, Connection, Engine, Executable, func, insert, select, update
+from sqlalchemy import Column, ColumnElement, Connection, Engine, Executable, Table, func, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -61,6 +61,12 @@ class AuditLog:
         with self.engine.begin() as conn:
             conn.execute(insert(actions_table).values(**_row(action)))
 
+    def record_once(self, action: Action) -> bool:
+        """``record``, unless a record of ``action``'s id exists already (False: another process's verdict on the same
+        action, recorded first)."""
+        with self.engine.begin() as conn:
+            return _insert_new(conn, actions_table, _row(action), actions_table.c.id)
+
     def record_many(self, actions: Iterable[Action]) -> None:
         rows = [_row(a) for a in actions]
         if rows:
@@ -104,7 +110,7 @@ class AuditLog:
         with self.engine.begin() as conn:
             found = conn.execute(select(intents_table.c.state).where(intents_table.c.key == key)).first()
             if found is None:
-                if _insert_new(conn, row):
+                if _insert_new(conn, intents_table, row, intents_table.c.key):
                     return None
                 # another process inserted the same new key between the look and the insert: judge its row
                 found = conn.execute(select(intents_table.c.state).where(intents_table.c.key == key)).one()
@@ -209,20 +215,20 @@ def _settle_stored(conn: Connection, record: Action) -> None:
                   dry_run=record.dry_run)
 
 
-def _insert_new(conn: Connection, row: dict[str, object]) -> bool:
-    """Insert a new journal row; False when a row under its key exists already (the row RETURNING gives back
+def _insert_new(conn: Connection, table: Table, row: dict[str, object], unique: Column[str]) -> bool:
+    """Insert a new row; False when a row of its ``unique`` value exists already (the row RETURNING gives back
     says which: through psycopg the row count of an INSERT ... ON CONFLICT reads -1). Two processes executing the same
-    new action both find no row and both insert: ON CONFLICT DO NOTHING lets the second see the first's row
-    (PostgreSQL waits for the first to commit) instead of failing on the primary key."""
+    new action both find no journal row and both insert: ON CONFLICT DO NOTHING lets the second see the first's row
+    (PostgreSQL waits for the first to commit) instead of failing on the key."""
     statement: Executable
     if conn.dialect.name == "postgresql":
-        statement = (postgresql_insert(intents_table).values(**row).on_conflict_do_nothing(index_elements=["key"])
-                     .returning(intents_table.c.key))
+        statement = (postgresql_insert(table).values(**row).on_conflict_do_nothing(index_elements=[unique.name])
+                     .returning(unique))
     elif conn.dialect.name == "sqlite":
-        statement = (sqlite_insert(intents_table).values(**row).on_conflict_do_nothing(index_elements=["key"])
-                     .returning(intents_table.c.key))
-    else:  # a database without ON CONFLICT: the primary key still lets one insert win, the other fails
-        conn.execute(insert(intents_table).values(**row))
+        statement = (sqlite_insert(table).values(**row).on_conflict_do_nothing(index_elements=[unique.name])
+                     .returning(unique))
+    else:  # a database without ON CONFLICT: the unique key still lets one insert win, the other fails
+        conn.execute(insert(table).values(**row))
         return True
     return conn.execute(statement).first() is not None
 

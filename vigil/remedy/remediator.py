@@ -154,7 +154,12 @@ class Remediator:
                 return action
             # this remediator's claim lapsed before the verdict and another process took the run over
             self._completed_late(action, claimed, [], action.status, action.result)
-        self.audit.record(action)
+        if not self.audit.record_once(action):
+            # Another process's run of this action recorded it first (both read it approved; this one then found
+            # the node done, or its share taken): the record is that run's, and this verdict a repeat beside it.
+            action.params["repeat_of"] = action.id
+            action.id = new_id("act")
+            self.audit.record(action)
         return action
 
     def _decide(self, action: Action) -> bool:

@@ -321,13 +321,6 @@ class Store:
         with self.engine.begin() as conn:
             conn.execute(insert(t.actions).values(**_action_row(action)))
 
-    def update_action(self, action: Action) -> None:
-        action = _validated(Action, [action])[0]
-        with self.engine.begin() as conn:
-            done = conn.execute(update(t.actions).where(t.actions.c.id == action.id).values(**_action_row(action)))
-            if done.rowcount == 0:
-                raise VigilInputError(f"no action {action.id!r} to update")
-
     def settle_action(self, action_id: str, expected: Collection[ActionStatus], status: ActionStatus, *,
                       result: str | None = None, params: Mapping[str, Any] | None = None,
                       dry_run: bool | None = None) -> tuple[bool, Action | None]:

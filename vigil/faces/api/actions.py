@@ -42,7 +42,8 @@ class ActionRefused(VigilInputError):
 
 def approve(ctx: ServeContext, action_id: str, user: Identity) -> Action:
     """proposed -> approved, by an approver; with the two-person rule on (the default) not by whoever proposed a
-    destructive action. Approving an approved action again changes nothing."""
+    destructive action. Approving an approved action again changes nothing and answers the approval stored, the
+    second of two approvals at once (two servers) too: it neither replaces ``approved_by`` nor fails."""
     with ctx.action_lock:
         action = _stored(ctx, action_id)
         _require(user, Role.APPROVER, "approving")
@@ -54,10 +55,15 @@ def approve(ctx: ServeContext, action_id: str, user: Identity) -> Action:
         if action.kind.destructive and not ctx.auth.may_approve(user, action.requested_by):
             raise ActionRefused(status.HTTP_403_FORBIDDEN, f"two-person rule: {user.name} proposed this "
                                 f"{action.kind.value}; another approver must approve it")
-        action.status = ActionStatus.APPROVED
-        action.params = {**action.params, "approved_by": user.name, "approved_at": time.time()}
-        ctx.store.update_action(action)
-        return action
+        # a compare-and-set from proposed: of two approvals at once (two servers), the second finds the first's
+        won, stored = ctx.store.settle_action(action_id, {ActionStatus.PROPOSED}, ActionStatus.APPROVED,
+                                              params={"approved_by": user.name, "approved_at": time.time()})
+        if stored is None:
+            raise ActionRefused(status.HTTP_404_NOT_FOUND, f"no action {action_id!r}")
+        if not won and stored.status is not ActionStatus.APPROVED:
+            raise ActionRefused(status.HTTP_409_CONFLICT, f"action {action_id} is {stored.status.value}; only a "
+                                "proposed action can be approved")
+        return stored
 
 
 def execute(ctx: ServeContext, action_id: str, user: Identity, *, dry_run: bool) -> Action:
@@ -77,19 +83,22 @@ def execute(ctx: ServeContext, action_id: str, user: Identity, *, dry_run: bool)
         if ctx.remediator.dry_run:
             raise ActionRefused(status.HTTP_409_CONFLICT,
                                 "real execution is off (settings execute_actions=false); use dry_run=true")
+        action.params.update(executed_by=user.name, executed_at=time.time())
         decided = ctx.remediator.execute(action)
         if decided.params.get("repeat_of") == action.id:  # another server's run of it: the action is that run's
             raise ActionRefused(status.HTTP_409_CONFLICT, f"action {action_id}: {decided.result}")
         if "late_completion_of" in decided.params:
             # This server's claim on the run lapsed while the back end worked (a stall) and another process resumed
             # it: the action's state is that run's, and this late answer is recorded beside it, under its own id.
-            decided.params.update(executed_by=user.name, executed_at=time.time())
             ctx.store.add_action(decided)
             return decided
-        action.status, action.result, action.dry_run = decided.status, decided.result, decided.dry_run
-        action.params = {**action.params, **decided.params, "executed_by": user.name, "executed_at": time.time()}
-        ctx.store.update_action(action)
-        return action
+        # The run's close has settled the action already; a verdict reached before the back end (the guard refused,
+        # the lifecycle has it done) is written here - both only from approved, so neither takes another's place.
+        _, stored = ctx.store.settle_action(action_id, {ActionStatus.APPROVED}, decided.status, result=decided.result,
+                                            params=decided.params, dry_run=decided.dry_run)
+        if stored is None:
+            raise ActionRefused(status.HTTP_404_NOT_FOUND, f"no action {action_id!r}")
+        return stored
 
 
 def _dry_run(remediator: Remediator, action: Action, user: Identity) -> Action:
