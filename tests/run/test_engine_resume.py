@@ -143,3 +143,54 @@ def test_ticks_go_on_while_a_resumed_drain_runs(tmp_path: Path) -> None:
         drain.finish.set()
     wait_for(lambda: engine.resumed_actions == 1, 30, "the resumed drain to end")
     assert runs == ["counting:act-drain-n1"] and AuditLog(database).unfinished() == []
+
+
+def test_stopping_the_engine_waits_for_the_resumed_drain(tmp_path: Path) -> None:
+    """The engine is stopped (SIGTERM sets ``stop``) while a drain it took over from a dead server is evicting: run()
+    returns once the drain has ended and its run is closed. Before, run() returned at once and the process ended
+    with the drain cut short (its thread is a daemon), left for another process to take over a lease later."""
+    database = f"sqlite:///{tmp_path / 'vigil.db'}"
+    runs: list[str] = []
+    drain = HeldDrain(runs)
+    engine = engine_at(database, tmp_path, 1_031.0, actuator=drain)
+    engine.start()
+    crashed_drain(AuditLog(database), at=1_000.0, lease_s=30.0)
+    running = threading.Thread(target=engine.run, name="engine")
+    try:
+        running.start()
+        assert drain.evicting.wait(timeout=30)
+        engine.stop.set()
+        running.join(timeout=1.0)
+        assert running.is_alive() and runs == []  # still waiting for the drain
+    finally:
+        drain.finish.set()
+    running.join(timeout=30)
+    assert not running.is_alive() and engine.resumed_actions == 1
+    assert runs == ["counting:act-drain-n1"] and AuditLog(database).unfinished() == []
+
+
+def test_one_tick_waits_for_the_resumed_drain_at_most_a_lease(tmp_path: Path,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    """`vigil engine --once` after a tick that took a drain over: finish_resuming() returns when the drain ends, and
+    gives up after one lease with one warning when it does not (the lease here is 0.5 s)."""
+    database = f"sqlite:///{tmp_path / 'vigil.db'}"
+    runs: list[str] = []
+    drain = HeldDrain(runs)
+    remediator = Remediator([drain], AuditLog(database), dry_run=False, requested_by="vigil-engine",
+                            clock=lambda: 1_031.0, lease_s=0.5, renew_s=0.2)
+    engine = Engine(Store(database), Settings(home=tmp_path, db_url=database), notifiers=[], remediator=remediator)
+    engine.start()
+    crashed_drain(AuditLog(database), at=1_000.0, lease_s=30.0)
+    try:
+        engine.tick()
+        assert drain.evicting.wait(timeout=30)
+        with caplog.at_level("WARNING", logger="vigil.engine"):
+            assert engine.finish_resuming() is False
+        assert [r.getMessage() for r in caplog.records] == [
+            "stopping while interrupted actions are still being resumed after 0.5 s (one lease); another server or "
+            "engine takes them over once this process's lease on them lapses"]
+    finally:
+        drain.finish.set()
+    wait_for(lambda: engine.resumed_actions == 1, 30, "the resumed drain to end")
+    assert engine.finish_resuming() is True
+    assert runs == ["counting:act-drain-n1"] and AuditLog(database).unfinished() == []

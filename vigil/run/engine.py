@@ -267,8 +267,25 @@ class Engine:
         fails is logged and the next tick tries again."""
         if self.remediator is None or (self._resuming is not None and self._resuming.is_alive()):
             return
+        # a daemon: stopping waits for it (finish_resuming), but only so long
         self._resuming = threading.Thread(target=self._resume_logged, name="vigil-engine-resume", daemon=True)
         self._resuming.start()
+
+    def finish_resuming(self) -> bool:
+        """Wait for the round of resumed actions in flight (``_resume_beside``) to end, so that stopping the engine
+        or ``vigil engine --once`` does not end the process mid-drain; at most one lease, since a round that runs
+        longer keeps its runs by renewing and this process must stop some time. False, logged, when it gave up:
+        its runs are taken over once this process's lease on them lapses."""
+        resuming = self._resuming
+        if resuming is None or self.remediator is None:
+            return True
+        resuming.join(self.remediator.lease_s)
+        if resuming.is_alive():
+            log.warning("stopping while interrupted actions are still being resumed after %g s (one lease); another "
+                        "server or engine takes them over once this process's lease on them lapses",
+                        self.remediator.lease_s)
+            return False
+        return True
 
     def _resume_logged(self) -> None:
         try:
@@ -517,7 +534,8 @@ class Engine:
             self.store.prune_pushes(max(old))
 
     def run(self) -> None:
-        """Tick every ``engine_interval_s`` until ``stop`` is set; a failing tick is logged and retried."""
+        """Tick every ``engine_interval_s`` until ``stop`` is set, then let the round of resumed actions in flight end
+        (``finish_resuming``); a failing tick is logged and retried."""
         while not self.stop.is_set():
             began = time.monotonic()
             try:
@@ -525,6 +543,7 @@ class Engine:
             except Exception:  # one bad tick (store briefly down) must not end the loop
                 log.exception("engine tick failed; retrying")
             self.stop.wait(max(0.0, self.settings.engine_interval_s - (time.monotonic() - began)))
+        self.finish_resuming()
 
     def status(self) -> dict[str, Any]:
         last = self.last_tick

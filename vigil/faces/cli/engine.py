@@ -56,6 +56,7 @@ def engine(
         typer.echo(f"resumed {live.resumed_actions} interrupted action(s)", err=True)
     if once:
         report = live.tick()
+        live.finish_resuming()
         typer.echo(f"events {report.events}, pushes {report.pushes}, anomalies {report.anomalies}, "
                    f"opened {len(report.opened)}, changed {len(report.changed)}, resolved {len(report.resolved)}, "
                    f"actions {report.actions}")
@@ -64,3 +65,4 @@ def engine(
     typer.echo(f"vigil engine on {settings.database_url()} every {settings.engine_interval_s:g} s", err=True)
     with contextlib.suppress(KeyboardInterrupt):
         live.run()
+    live.finish_resuming()  # after Ctrl-C too, which ends run() before its own wait
