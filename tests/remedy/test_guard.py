@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.remedy.conftest import calls
 from vigil.config import load_settings
 from vigil.model import Action, ActionKind, ActionStatus, Anomaly, FaultLevel, Gpu, Node, Topology
 from vigil.remedy.acting import remediator_for
-from vigil.remedy.actuators.base import OutboxActuator
+from vigil.remedy.actuators.base import Actuator, ActuatorError, OutboxActuator
 from vigil.remedy.actuators.slurm import SlurmActuator
 from vigil.remedy.audit import AuditLog
 from vigil.remedy.guard import BlastRadiusGuard
@@ -148,3 +149,72 @@ def test_live_reservations_count_for_dry_runs_and_are_released_as_before(fake_sl
     assert act(dry, ActionKind.CORDON, "n002").status is ActionStatus.PROPOSED
     assert act(live, ActionKind.CORDON, "n002").status is ActionStatus.EXECUTED
     assert act(dry, ActionKind.CORDON, "n003").status is ActionStatus.REFUSED
+
+
+def test_a_reservation_is_released_only_by_the_action_that_holds_it() -> None:
+    guard = BlastRadiusGuard(cluster(10, per_switch=10), max_share=0.1, max_share_per_switch=1.0)  # one node out
+    assert guard.admit("node/n001", owner="act-cordon").admitted
+    assert guard.admit("node/n001", owner="act-drain").admitted  # already out: admitted, held by both
+    guard.release("node/n001", owner="act-drain")
+    refused = guard.admit("node/n002", owner="act-other")
+    assert not refused.admitted and "1 of 10 nodes already out" in refused.reason
+    guard.release("node/n001", owner="act-cordon")
+    assert guard.admit("node/n002", owner="act-other").admitted
+    guard.release("node/n002")  # back in service: every hold on it goes
+    assert guard.out_of_service() == set()
+
+
+class HeldCordon(Actuator):
+    """Cordons; ``during`` runs inside the first cordon, while it is in flight."""
+
+    name = "held-cordon"
+    kinds = frozenset({ActionKind.CORDON})
+    target_kinds = frozenset({"node"})
+
+    def __init__(self, during: Callable[[], None]) -> None:
+        self.during: Callable[[], None] | None = during
+
+    def describe(self, action: Action) -> str:
+        return f"cordon {action.target}"
+
+    def is_satisfied(self, action: Action) -> bool:
+        return False
+
+    def execute(self, action: Action) -> str:
+        if self.during is not None:
+            during, self.during = self.during, None
+            during()
+        return f"cordoned {action.target}"
+
+
+class FailingDrain(HeldCordon):
+    name = "failing-drain"
+    kinds = frozenset({ActionKind.DRAIN})
+
+    def execute(self, action: Action) -> str:
+        raise ActuatorError("HTTP 500")
+
+
+def test_a_failed_action_leaves_the_node_another_action_holds(tmp_path: Path) -> None:
+    """On a 10-node cluster where one node may be out, a cordon of n001 is in flight when a drain of n001 in the same
+    process fails. The drain releases only its own hold: the cordon still holds n001, so a cordon of n002 is refused.
+    Before, the drain's failure released n001 for both, and the cordon of n002 went out beside n001 (two of ten)."""
+    guard = BlastRadiusGuard(cluster(10, per_switch=10), max_share=0.1, max_share_per_switch=1.0)
+    meanwhile: list[Action] = []
+
+    def drain_then_cordon_another() -> None:
+        meanwhile.append(remediator.execute(Action(ts=0, kind=ActionKind.DRAIN, target="node/n001",
+                                                   status=ActionStatus.APPROVED)))
+        meanwhile.append(remediator.execute(Action(ts=0, kind=ActionKind.CORDON, target="node/n002",
+                                                   status=ActionStatus.APPROVED)))
+
+    remediator = Remediator([HeldCordon(drain_then_cordon_another), FailingDrain(drain_then_cordon_another)],
+                            AuditLog(f"sqlite:///{tmp_path}/remedy.db"), guard=guard, dry_run=False)
+    cordon = remediator.execute(Action(ts=0, kind=ActionKind.CORDON, target="node/n001",
+                                       status=ActionStatus.APPROVED))
+
+    assert cordon.status is ActionStatus.EXECUTED
+    drain, other = meanwhile
+    assert (drain.status, drain.result) == (ActionStatus.FAILED, "failing-drain: HTTP 500")
+    assert other.status is ActionStatus.REFUSED and "1 of 10 nodes already out" in other.result, other
+    assert guard.out_of_service() == {"node/n001"}

@@ -46,7 +46,9 @@ class BlastRadiusGuard:
         self._switch_sizes: dict[str, int] = {}
         for switch in self._switch_of.values():
             self._switch_sizes[switch] = self._switch_sizes.get(switch, 0) + 1
-        self._admitted: set[str] = set()
+        # node -> the actions holding it (their ids; "" for a caller that names none). Each action releases only its
+        # own hold: two actions of one process may hold one node, and the first to fail must not free the other's.
+        self._held: dict[str, set[str]] = {}
         self._lock = threading.Lock()
 
     @property
@@ -57,31 +59,34 @@ class BlastRadiusGuard:
         return math.floor(self.max_share_per_switch * self._switch_sizes.get(switch, 0) + 1e-9)
 
     def out_of_service(self) -> set[str]:
-        stored = self.lifecycle.out_of_service() if self.lifecycle is not None else set()
-        return stored | self._admitted
+        return self._stored_out() | set(self._held)
 
-    def admit(self, node: str) -> Verdict:
+    def _stored_out(self) -> set[str]:
+        return self.lifecycle.out_of_service() if self.lifecycle is not None else set()
+
+    def admit(self, node: str, *, owner: str = "") -> Verdict:
         """Reserve ``node`` for a capacity-taking action, or say which limit forbids it."""
-        return self.admit_all([node])
+        return self.admit_all([node], owner=owner)
 
-    def admit_all(self, nodes: list[str], *, reserve: bool = True) -> Verdict:
+    def admit_all(self, nodes: list[str], *, reserve: bool = True, owner: str = "") -> Verdict:
         """Admit every node, each judged as if the ones before it were out, or none: the first refusal.
 
-        With ``reserve`` the admitted nodes are held until released; without it the verdict is only what
-        the guard would say now (a dry run of a long-running server), and nothing is held."""
+        With ``reserve`` the admitted nodes are held for ``owner`` (the action's id) until it releases them, also
+        those another action holds already; without it the verdict is only what the guard would say now (a dry run
+        of a long-running server), and nothing is held."""
         with self._lock:
-            out = self.out_of_service()
-            added: list[str] = []
+            stored = self._stored_out()
+            out = stored | set(self._held)
             verdict = Verdict(True, "within blast radius")
             for node in nodes:
                 verdict = self._judge(node, out)
                 if not verdict.admitted:
                     return verdict
-                if node not in out:
-                    out.add(node)
-                    added.append(node)
+                out.add(node)
             if reserve:
-                self._admitted.update(added)
+                for node in dict.fromkeys(nodes):
+                    if node not in stored:
+                        self._held.setdefault(node, set()).add(owner)
             return verdict
 
     def _judge(self, node: str, out: set[str]) -> Verdict:
@@ -107,7 +112,14 @@ class BlastRadiusGuard:
                 )
         return Verdict(True, "within blast radius")
 
-    def release(self, node: str) -> None:
-        """Forget a reservation (the node is back, or the action failed)."""
+    def release(self, node: str, *, owner: str | None = None) -> None:
+        """Forget ``owner``'s hold on ``node`` (its action failed, or another process holds the run), keeping any
+        other action's; with no ``owner``, every hold on it (the node is back in service)."""
         with self._lock:
-            self._admitted.discard(node)
+            holders = self._held.get(node, set())
+            if owner is None:
+                holders.clear()
+            else:
+                holders.discard(owner)
+            if not holders:
+                self._held.pop(node, None)

@@ -183,7 +183,8 @@ class Remediator:
         guarded = capacity_nodes(action) if self.guard is not None else []
         if guarded:
             assert self.guard is not None
-            verdict = self.guard.admit_all(guarded, reserve=self.hold_dry_runs or not action.dry_run)
+            verdict = self.guard.admit_all(guarded, reserve=self.hold_dry_runs or not action.dry_run,
+                                           owner=action.id)
             if not verdict.admitted:
                 action.status = ActionStatus.REFUSED
                 action.result = (f"dry-run: the guard would refuse: {verdict.reason}" if action.dry_run
@@ -197,7 +198,7 @@ class Remediator:
                 if self.hold_dry_runs:
                     for node in guarded:
                         assert self.guard is not None
-                        self.guard.release(node)
+                        self.guard.release(node, owner=action.id)
             return False
         # The idempotency key is the action's id unless the caller names one: the same approved action executed
         # twice (a retry, a restart after kill -9) reaches the back end to completion once.
@@ -235,7 +236,7 @@ class Remediator:
                 return False
             for node in guarded:
                 assert self.guard is not None
-                self.guard.release(node)
+                self.guard.release(node, owner=action.id)
             return True
         action.status = ActionStatus.EXECUTED
         action.result = f"resumed after an interrupted run: {answer}" if previous == "started" else answer
@@ -253,7 +254,7 @@ class Remediator:
         action.status, action.result = ActionStatus.SKIPPED, result
         for node in guarded:
             assert self.guard is not None
-            self.guard.release(node)
+            self.guard.release(node, owner=action.id)
         if self.audit.action_of(key) == action.id:
             action.params["repeat_of"] = action.id
             action.id = new_id("act")
@@ -269,7 +270,7 @@ class Remediator:
         lifecycle it advances holds them for all)."""
         for node in guarded:
             assert self.guard is not None
-            self.guard.release(node)
+            self.guard.release(node, owner=action.id)
         holder = self.audit.owner_of(key)
         action.params.update(late_completion_of=action.id, claim_lost_to=holder)
         action.id = new_id("act")
@@ -312,7 +313,7 @@ class Remediator:
             action.status, action.result = ActionStatus.FAILED, f"resuming failed: {type(err).__name__}: {err}"
             if self.audit.finish(run.key, "failed", owner=self.owner, record=action) and self.guard is not None:
                 for node in capacity_nodes(action):
-                    self.guard.release(node)
+                    self.guard.release(node, owner=action.id)
             return action
 
     def finish_repair(self, node: str, self_check_passed: bool, detail: str = "") -> NodeState:
