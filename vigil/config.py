@@ -51,6 +51,9 @@ class Settings(BaseSettings):
                                   "once it lapses (hosts' clocks must agree to well within it: NTP)")
     remedy_lease_renew_s: float = Field(default=10.0, gt=0, description="how often the owner renews its claim "
                                         "while the back end works; shorter than remedy_lease_s")
+    store_migration_lock_wait_s: float = Field(default=600.0, gt=0, description="how long a process opening a "
+                                               "PostgreSQL store waits for another's schema upgrade (the migration "
+                                               "lock) before it stops, naming the holder's pid")
     engine_interval_s: float = Field(default=5.0, gt=0, description="how often the live engine ticks")
     resolve_after_s: float = Field(default=900.0, gt=0, description="quiet time before an incident resolves")
     policies_file: str = Field(default="", description="remediation policies YAML; empty = the built-in ones")

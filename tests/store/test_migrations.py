@@ -24,6 +24,8 @@ from alembic.script import ScriptDirectory
 from tests.conftest import wait_for
 from tests.serve.conftest import fresh_database
 from tests.serve.conftest import postgres_url as postgres_url
+from vigil.config import settings
+from vigil.model import VigilInputError
 from vigil.store.schema import metadata
 from vigil.store.sql import MIGRATION_LOCK, Store
 
@@ -168,3 +170,30 @@ def test_two_processes_upgrading_from_0004_at_once_both_open_it_on_postgresql(po
     with store.engine.connect() as conn:
         assert push_key_index_is_valid(conn)
     store.close()
+
+
+def test_waiting_for_the_migration_lock_ends_naming_its_holder_on_postgresql(
+        postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A session holds the migration lock and never lets go (a process stalled mid-upgrade). A process opening the
+    store with store_migration_lock_wait_s 0.5 stops after half a second with one line naming the holder's backend
+    pid; before, it asked for the lock every 50 ms for good. Once the holder lets go, the store opens."""
+    url = fresh_database(postgres_url, "migration_lock_wait")
+    monkeypatch.setenv("VIGIL_STORE_MIGRATION_LOCK_WAIT_S", "0.5")
+    settings.cache_clear()
+    holder = sa.create_engine(url, isolation_level="AUTOCOMMIT")
+    try:
+        with holder.connect() as conn:
+            conn.execute(sa.text("SELECT pg_advisory_lock(:lock)"), {"lock": MIGRATION_LOCK})
+            pid = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
+            with pytest.raises(VigilInputError) as stopped:
+                Store(url)
+            message = str(stopped.value)
+            assert len(message.splitlines()) == 1
+            assert f"waited 0.5 s for its migration lock, held by PostgreSQL backend pid {pid} (from 127.0.0.1" \
+                in message
+            assert message.endswith("stop that process, or wait longer (store_migration_lock_wait_s)")
+            conn.execute(sa.text("SELECT pg_advisory_unlock(:lock)"), {"lock": MIGRATION_LOCK})
+        Store(url).close()
+    finally:
+        holder.dispose()
+        settings.cache_clear()

@@ -69,11 +69,12 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
-def migrate(engine: Engine) -> None:
+def migrate(engine: Engine, lock_wait_s: float | None = None) -> None:
     """Bring the schema to the latest alembic revision. Processes opening one database at once (``vigil serve
     --no-engine`` beside ``vigil engine``) upgrade it one after the other: each holds the database's migration lock
     from before it reads the revision until its upgrade is committed, so the second finds the schema at the
-    revision the first left instead of running the same changes again."""
+    revision the first left instead of running the same changes again. On PostgreSQL the wait for the lock lasts
+    at most ``lock_wait_s`` (default: the setting store_migration_lock_wait_s)."""
     cfg = Config()
     cfg.set_main_option("script_location", str(resources.files("vigil.store") / "migrations"))
     with _migrate_lock, engine.connect() as conn:
@@ -84,7 +85,8 @@ def migrate(engine: Engine) -> None:
                 conn.exec_driver_sql("BEGIN IMMEDIATE")
                 command.upgrade(cfg, "head")
             return
-        with _migration_lock(engine):
+        wait_s = default_settings().store_migration_lock_wait_s if lock_wait_s is None else lock_wait_s
+        with _migration_lock(engine, wait_s):
             try:
                 command.upgrade(cfg, "head")
             finally:
@@ -92,14 +94,22 @@ def migrate(engine: Engine) -> None:
 
 
 @contextmanager
-def _migration_lock(engine: Engine) -> Iterator[None]:
+def _migration_lock(engine: Engine, wait_s: float) -> Iterator[None]:
     """PostgreSQL's migration lock: a lock of a session, not of a transaction, since each revision commits its own
     (migrations/env.py). It is asked for again and again outside any transaction, because a revision that builds an
     index CONCURRENTLY waits for every transaction open when it starts: a process waiting in pg_advisory_lock (a
-    transaction) and the holder building the index would each wait for the other."""
+    transaction) and the holder building the index would each wait for the other. After ``wait_s`` the wait ends
+    with one line naming the session that holds it (a process stalled mid-upgrade would otherwise hold every other
+    one up for good)."""
     with engine.connect() as lock:
         lock.execution_options(isolation_level="AUTOCOMMIT")
+        deadline = time.monotonic() + wait_s
         while not lock.execute(text("SELECT pg_try_advisory_lock(:lock)"), {"lock": MIGRATION_LOCK}).scalar_one():
+            if time.monotonic() >= deadline:
+                raise VigilInputError(
+                    f"cannot open the store at {engine.url.render_as_string(hide_password=True)!r}: waited "
+                    f"{wait_s:g} s for its migration lock, held by {_lock_holder(lock)}, which is upgrading the "
+                    "schema or stalled doing so; stop that process, or wait longer (store_migration_lock_wait_s)")
             time.sleep(MIGRATION_LOCK_POLL_S)
         try:
             yield
@@ -107,7 +117,23 @@ def _migration_lock(engine: Engine) -> Iterator[None]:
             lock.execute(text("SELECT pg_advisory_unlock(:lock)"), {"lock": MIGRATION_LOCK})
 
 
-def open_database(url: str) -> Engine:
+def _lock_holder(conn: Connection) -> str:
+    """The session holding the migration lock, as pg_locks and pg_stat_activity name it."""
+    holder = conn.execute(text(
+        "SELECT l.pid, a.application_name, a.client_addr, a.backend_start FROM pg_locks l "
+        "LEFT JOIN pg_stat_activity a ON a.pid = l.pid "
+        "WHERE l.locktype = 'advisory' AND l.granted AND l.classid::bigint = 0 AND l.objid::bigint = :lock "
+        "AND l.objsubid = 1 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"),
+        {"lock": MIGRATION_LOCK}).first()
+    if holder is None:
+        return "a session that let it go as the wait ended"
+    client = f"from {holder.client_addr}" if holder.client_addr else "over a local socket"
+    application = f", application {holder.application_name!r}" if holder.application_name else ""
+    since = f", connected {holder.backend_start:%Y-%m-%d %H:%M:%S %Z}" if holder.backend_start else ""
+    return f"PostgreSQL backend pid {holder.pid} ({client}{application}{since})"
+
+
+def open_database(url: str, lock_wait_s: float | None = None) -> Engine:
     """An engine on the database at ``url`` (an SQLite file's directory made where missing), its schema brought to
     the latest revision. Every table of Vigil's database is under the revisions, the remedy package's included."""
     try:
@@ -122,7 +148,7 @@ def open_database(url: str) -> Engine:
     if engine.dialect.name == "sqlite":
         event.listen(engine, "connect", _sqlite_pragmas)
     try:
-        migrate(engine)
+        migrate(engine, lock_wait_s)
     except SQLAlchemyError as err:
         raise VigilInputError(f"cannot open the store at {url!r}: {str(err).splitlines()[0]}") from None
     return engine
