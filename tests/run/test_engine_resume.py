@@ -58,6 +58,9 @@ def test_a_resumed_run_refused_or_skipped_is_closed(database: str, tmp_path: Pat
     restarted = engine_at(database, tmp_path, 1_062.0, guard=BlastRadiusGuard(Topology(nodes=[Node(name="n2")])))
     restarted.start()
     restarted.tick()
+    assert restarted._resuming is not None  # the tick's round of resumes runs on its own thread: wait for it
+    restarted._resuming.join(timeout=10)
+    assert not restarted._resuming.is_alive()
     assert restarted.resumed_actions == 0 and [a.id for a in audit.actions()] == ["act-drain-n1"]
 
 
@@ -100,6 +103,78 @@ def test_a_resumed_run_that_raises_is_closed_as_failed(database: str, tmp_path: 
     restarted = engine_at(database, tmp_path, 1_062.0)
     restarted.start()
     assert restarted.resumed_actions == 0 and len(audit.actions()) == 1
+
+
+def resumed_to(database: str, home: Path, verdict: ActionStatus, runs: list[str]) -> None:
+    """The crashed drain of node/n1, resumed at 1031 by an engine that ends it as ``verdict``: its guard refuses
+    node/n1, its lifecycle has node/n1 in repair already, or its actuator raises after the back end ran."""
+    crashed_drain(AuditLog(database), at=1_000.0, lease_s=30.0)
+    if verdict is ActionStatus.SKIPPED:
+        lifecycle = LifecycleStore(database)
+        for trigger in (Trigger.CORDON, Trigger.DRAIN, Trigger.DRAINED):
+            lifecycle.apply("node/n1", trigger, "repair")
+    guard = BlastRadiusGuard(Topology(nodes=[Node(name="n2")])) if verdict is ActionStatus.REFUSED else None
+    actuator = BrokenDrain(runs) if verdict is ActionStatus.FAILED else CountingActuator(runs)
+    engine_at(database, home, 1_031.0, guard=guard, actuator=actuator).start()
+    (record,) = AuditLog(database).actions()
+    assert (record.id, record.status) == ("act-drain-n1", verdict)
+
+
+@pytest.mark.parametrize("verdict", [ActionStatus.REFUSED, ActionStatus.SKIPPED, ActionStatus.FAILED])
+def test_the_same_action_runs_again_after_its_resumed_run_ended(database: str, tmp_path: Path,
+                                                                verdict: ActionStatus) -> None:
+    """A resumed run that ended refused, skipped or failed holds its record under the action's id and leaves the
+    action open to run again. An operator executing that same action again runs the back end once more, and its
+    verdict is recorded beside the first, under an id of its own naming the action (params.retry_of); the run is
+    closed, and a takeover after the lease finds nothing to resume. Before, the verdict's record under the action's
+    id raised IntegrityError, which rolled back the run's close: the run stayed started, and every takeover after a
+    lease ran the back end again."""
+    runs: list[str] = []
+    resumed_to(database, tmp_path, verdict, runs)
+    before = len(runs)
+    server = Remediator([CountingActuator(runs)], AuditLog(database), dry_run=False, requested_by="vigil-api",
+                        clock=lambda: 1_040.0, lease_s=30.0)
+    again = Action(id="act-drain-n1", ts=1_040.0, kind=ActionKind.DRAIN, target="node/n1", reason="Xid 79",
+                   status=ActionStatus.APPROVED, params={"idempotency_key": "act-drain-n1"})
+    done = server.execute(again)
+    assert (done.status, done.result) == (ActionStatus.EXECUTED, "drained node/n1")
+    assert done.id != "act-drain-n1" and done.params["retry_of"] == "act-drain-n1"
+    assert runs[before:] == [f"counting:{done.id}"]
+    audit = AuditLog(database)
+    assert audit.unfinished() == []
+    assert [(a.id, a.status) for a in audit.actions()] == [("act-drain-n1", verdict),
+                                                            (done.id, ActionStatus.EXECUTED)]
+    peer = engine_at(database, tmp_path, 1_100.0, actuator=CountingActuator(runs))
+    peer.start()
+    assert peer.resumed_actions == 0 and runs[before:] == [f"counting:{done.id}"]
+
+
+@pytest.mark.parametrize("verdict", [ActionStatus.REFUSED, ActionStatus.FAILED])
+def test_a_crashed_retry_of_a_recorded_action_is_resumed_and_closed(database: str, tmp_path: Path,
+                                                                    verdict: ActionStatus) -> None:
+    """The action's resumed run was refused; a retry of the same action then died mid-run, and an engine takes
+    that run over and ends it refused (its guard) or failed (an error not the back end's). The verdict is recorded
+    beside the first (params.retry_of) and the run is closed. Before, the record under the action's id raised
+    IntegrityError, and so did the failed run's close with it in the except path: Engine.start() raised, the run
+    stayed started."""
+    runs: list[str] = []
+    resumed_to(database, tmp_path, ActionStatus.REFUSED, runs)
+    audit = AuditLog(database)
+    retry = Action(id="act-drain-n1", ts=1_040.0, kind=ActionKind.DRAIN, target="node/n1", reason="Xid 79",
+                   status=ActionStatus.APPROVED, params={"idempotency_key": "act-drain-n1"})
+    assert audit.begin("act-drain-n1", retry, owner="vigil-api-killed-again", now=1_040.0,
+                       lease_expires=1_070.0) == "refused"
+    guard = BlastRadiusGuard(Topology(nodes=[Node(name="n2")])) if verdict is ActionStatus.REFUSED else None
+    actuator = BrokenDrain(runs) if verdict is ActionStatus.FAILED else CountingActuator(runs)
+    engine = engine_at(database, tmp_path, 1_071.0, guard=guard, actuator=actuator)
+    engine.start()
+    assert engine.resumed_actions == 1 and audit.unfinished() == []
+    first, second = audit.actions()
+    assert (first.id, first.status) == ("act-drain-n1", ActionStatus.REFUSED)
+    assert second.id != "act-drain-n1" and second.status is verdict
+    assert second.params["retry_of"] == "act-drain-n1"
+    assert second.params["taken_over_from"] == "vigil-api-killed-again"
+    assert len(runs) == (1 if verdict is ActionStatus.FAILED else 0)
 
 
 class HeldDrain(CountingActuator):

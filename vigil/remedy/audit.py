@@ -181,6 +181,12 @@ class AuditLog:
                 settle_action(conn, action_id, OPEN_ACTION_STATUSES, ActionStatus.EXECUTED, dry_run=False,
                               result=f"executed, per the execution journal (idempotency key {key})")
 
+    def recorded(self, action_id: str) -> bool:
+        """Whether the audit holds a record under ``action_id``."""
+        with self.engine.connect() as conn:
+            found = conn.execute(select(actions_table.c.id).where(actions_table.c.id == action_id)).first()
+            return found is not None
+
     def action_of(self, key: str) -> str | None:
         """The id of the action whose run the journal holds under ``key``; None for no such run."""
         with self.engine.connect() as conn:

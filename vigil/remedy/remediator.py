@@ -4,7 +4,8 @@ Every action that reaches ``execute`` leaves exactly one audit record, whatever 
 PROPOSED (dry-run: what would have run), EXECUTED, SKIPPED (already done / cooldown), REFUSED
 (blast radius, no actuator) or FAILED (the back end said no). An owner whose claim lapsed while the back end
 worked, and whose run another process resumed, records the back end's late answer under an id of its own; so does
-a repeat of an action whose run another process holds (``params.repeat_of``).
+a repeat of an action whose run another process holds (``params.repeat_of``), and a retry of an action whose
+record exists already (a resumed run of it refused, skipped or failed: ``params.retry_of``).
 """
 
 from __future__ import annotations
@@ -150,6 +151,7 @@ class Remediator:
             return action
         # a verdict recorded beside the run under an id of its own (a repeat, a late answer) leaves the run as it is
         if claimed is not None and action.id == decided_as:
+            self._retry_if_recorded(action)
             if self.audit.finish(claimed, action.status.value, owner=self.owner, record=action):
                 return action
             # this remediator's claim lapsed before the verdict and another process took the run over
@@ -214,13 +216,17 @@ class Remediator:
         if previous == "running":
             self._repeated(action, key, guarded, f"running in another process (idempotency key {key})")
             return False
+        # a run of this action that ended refused, skipped or failed (one resumed, or a crashed retry) holds its id;
+        # the guard holds the nodes for the id they were admitted under
+        held = action.id
+        self._retry_if_recorded(action)
         if self._done_per_actuator(action, actuator):
             action.status, action.result = (
                 ActionStatus.SKIPPED,
                 f"{action.target} already {action.kind.value} per {actuator.name}",
             )
             if not self.audit.finish(key, "done", owner=self.owner, record=action):
-                self._completed_late(action, key, guarded, action.status, action.result)
+                self._completed_late(action, key, guarded, action.status, action.result, held=held)
                 return False
             # The back end is already there (Slurm's DRAIN is both cordon and drain): follow it.
             self._advance_lifecycle(action)
@@ -232,19 +238,27 @@ class Remediator:
         except (ActuatorError, OSError) as err:
             action.status, action.result = ActionStatus.FAILED, f"{actuator.name}: {err}"
             if not self.audit.finish(key, "failed", owner=self.owner, record=action):
-                self._completed_late(action, key, guarded, ActionStatus.FAILED, action.result)
+                self._completed_late(action, key, guarded, ActionStatus.FAILED, action.result, held=held)
                 return False
             for node in guarded:
                 assert self.guard is not None
-                self.guard.release(node, owner=action.id)
+                self.guard.release(node, owner=held)
             return True
         action.status = ActionStatus.EXECUTED
         action.result = f"resumed after an interrupted run: {answer}" if previous == "started" else answer
         if not self.audit.finish(key, "done", owner=self.owner, record=action):
-            self._completed_late(action, key, guarded, ActionStatus.EXECUTED, answer)
+            self._completed_late(action, key, guarded, ActionStatus.EXECUTED, answer, held=held)
             return False
         self._advance_lifecycle(action)
         return True
+
+    def _retry_if_recorded(self, action: Action) -> None:
+        """A verdict on an action whose id has a record already - a run of it that ended refused, skipped or failed
+        (resumed by another process, or failed here), which leaves the action open to run again - is recorded under
+        an id of its own naming the action (``params.retry_of``): the audit keeps one record per id."""
+        if self.audit.recorded(action.id):
+            action.params["retry_of"] = action.id
+            action.id = new_id("act")
 
     def _repeated(self, action: Action, key: str, guarded: list[str], result: str) -> None:
         """Another run under ``key`` holds the journal: it is running in another process, or done. The nodes this
@@ -260,17 +274,17 @@ class Remediator:
             action.id = new_id("act")
 
     def _completed_late(self, action: Action, key: str, guarded: list[str], status: ActionStatus,
-                        result: str) -> None:
+                        result: str, *, held: str | None = None) -> None:
         """The back end answered after this remediator's claim on the run had lapsed (the process stalled past its
         lease: a pause, a frozen VM) and another process took the run over. The run, its journal row and the
         action's record are the resumed run's; this answer is recorded beside them, under an id of its own naming
         the action (``params.late_completion_of``) and who holds the run now (``params.claim_lost_to``). The
         lifecycle is left to the resumed run; the nodes this remediator reserved for the run are released, since
         its guard holds them for this process alone (the resumed run's process holds them in its own, and the
-        lifecycle it advances holds them for all)."""
+        lifecycle it advances holds them for all); ``held``: the id the guard holds them for, when not the action's."""
         for node in guarded:
             assert self.guard is not None
-            self.guard.release(node, owner=action.id)
+            self.guard.release(node, owner=held or action.id)
         holder = self.audit.owner_of(key)
         action.params.update(late_completion_of=action.id, claim_lost_to=holder)
         action.id = new_id("act")
@@ -311,9 +325,18 @@ class Remediator:
         except Exception as err:  # left started, the run would trip the next takeover on its record
             log.exception("resuming the interrupted run %s failed", run.key)
             action.status, action.result = ActionStatus.FAILED, f"resuming failed: {type(err).__name__}: {err}"
-            if self.audit.finish(run.key, "failed", owner=self.owner, record=action) and self.guard is not None:
+            # closed first and alone: whatever failed (the record itself, say) must not fail the close, nor leave the
+            # run started for the next takeover to run the back end again
+            if not self.audit.finish(run.key, "failed", owner=self.owner):
+                return action  # this claim lapsed meanwhile: the run is the process's that took it over
+            if self.guard is not None:
                 for node in capacity_nodes(action):
                     self.guard.release(node, owner=action.id)
+            try:
+                self._retry_if_recorded(action)
+                self.audit.record(action)
+            except Exception:
+                log.exception("recording the failed resumed run %s failed", run.key)
             return action
 
     def finish_repair(self, node: str, self_check_passed: bool, detail: str = "") -> NodeState:
