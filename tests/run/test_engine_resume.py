@@ -149,6 +149,46 @@ def test_the_same_action_runs_again_after_its_resumed_run_ended(database: str, t
     assert peer.resumed_actions == 0 and runs[before:] == [f"counting:{done.id}"]
 
 
+def drain_to_retry() -> Action:
+    return Action(id="act-drain-n1", ts=1_040.0, kind=ActionKind.DRAIN, target="node/n1", reason="Xid 79",
+                  status=ActionStatus.APPROVED, params={"idempotency_key": "act-drain-n1"})
+
+
+def test_a_resumed_run_that_raises_settles_its_stored_action(database: str, tmp_path: Path) -> None:
+    """The stored action follows its run's close on the path of an error that is not the back end's too: it was
+    left approved while the journal and the audit said failed."""
+    store = Store(database)
+    store.add_action(drain_to_retry())
+    resumed_to(database, tmp_path, ActionStatus.FAILED, [])
+    stored = store.action("act-drain-n1")
+    assert stored is not None and stored.status is ActionStatus.FAILED, stored
+    assert stored.result == "resuming failed: KeyError: 'nodeName'"
+
+
+@pytest.mark.parametrize("verdict", [ActionStatus.REFUSED, ActionStatus.SKIPPED, ActionStatus.FAILED])
+def test_a_retry_settles_the_stored_action_and_a_later_execute_keeps_it(database: str, tmp_path: Path,
+                                                                        verdict: ActionStatus) -> None:
+    """A stored action still approved beside a record of its earlier run's failure (written by a Vigil that did not
+    settle it) is executed again: the retry's verdict, recorded under an id of its own (params.retry_of), settles the
+    stored action in the run's close, and an execute after it finds the action executed and leaves it so. Before,
+    the retry settled nothing (its new id names no stored action), and the next execute settled the stored action
+    from the earlier record: failed, over a run the journal had done."""
+    runs: list[str] = []
+    resumed_to(database, tmp_path, verdict, runs)
+    store = Store(database)
+    store.add_action(drain_to_retry())
+    server = Remediator([CountingActuator(runs)], AuditLog(database), dry_run=False, requested_by="vigil-api",
+                        clock=lambda: 1_040.0, lease_s=30.0)
+    done = server.execute(drain_to_retry())
+    assert done.status is ActionStatus.EXECUTED and done.params["retry_of"] == "act-drain-n1"
+    stored = store.action("act-drain-n1")
+    assert stored is not None and (stored.status, stored.result) == (ActionStatus.EXECUTED, "drained node/n1")
+    again = server.execute(drain_to_retry())
+    assert again.status is ActionStatus.SKIPPED and "already executed" in again.result
+    stored = store.action("act-drain-n1")
+    assert stored is not None and stored.status is ActionStatus.EXECUTED, stored
+
+
 @pytest.mark.parametrize("verdict", [ActionStatus.REFUSED, ActionStatus.FAILED])
 def test_a_crashed_retry_of_a_recorded_action_is_resumed_and_closed(database: str, tmp_path: Path,
                                                                     verdict: ActionStatus) -> None:

@@ -147,14 +147,16 @@ class AuditLog:
                                    .values(lease_expires=lease_expires))
             return changed.rowcount == 1
 
-    def finish(self, key: str, state: str, owner: str | None = None, *, record: Action | None = None) -> bool:
+    def finish(self, key: str, state: str, owner: str | None = None, *, record: Action | None = None,
+               settle: Action | None = None) -> bool:
         """Close the run under ``key`` as ``state``, and with ``record`` audit the action's verdict in the same
         transaction: a process that finds the run closed finds its record too, and the stored action (the store's
         ``actions`` row the API approves and executes, where there is one) takes the verdict's status, result and
         params in that transaction too, whoever closes the run - the server that began it, or the process that
         resumed it - unless it holds a verdict already. With ``owner``, only while the run is still started and that
         owner's: False (nothing recorded) when its claim lapsed and another process took the run over (and maybe
-        finished it), which is then left as that process has it."""
+        finished it), which is then left as that process has it. ``settle`` settles the stored action with a verdict
+        recorded apart (a close that must not fail on its record)."""
         c = intents_table.c
         mine = [] if owner is None else [c.state == "started", c.owner == owner]
         with self.engine.begin() as conn:
@@ -165,16 +167,20 @@ class AuditLog:
             if record is not None:
                 conn.execute(insert(actions_table).values(**_row(record)))
                 _settle_stored(conn, record)
+            if settle is not None:
+                _settle_stored(conn, settle)
             return True
 
     def settle_from_run(self, action_id: str, key: str) -> None:
         """Bring the stored action ``action_id``, found still waiting for a verdict while its run under ``key`` is
         closed, to that run's record (a run closed before its close settled the stored action: a server that died
-        between the two, or an older Vigil); without a record, to the journal's ``done``."""
+        between the two, or an older Vigil); without a record, to the journal's ``done``. Only an executed record
+        speaks for the run: the record under the id can be an earlier run's failure, retried since under an id of
+        its own (``params.retry_of``)."""
         with self.engine.begin() as conn:
             row = conn.execute(select(actions_table).where(actions_table.c.id == action_id)).first()
-            if row is not None:
-                _settle_stored(conn, _action(row._mapping))
+            if row is not None and (found := _action(row._mapping)).status == ActionStatus.EXECUTED:
+                _settle_stored(conn, found)
                 return
             state = conn.execute(select(intents_table.c.state).where(intents_table.c.key == key)).scalar()
             if state == "done":
@@ -216,9 +222,10 @@ class AuditLog:
 
 
 def _settle_stored(conn: Connection, record: Action) -> None:
-    """The stored action of ``record``'s id takes its verdict, unless it holds one already (none stored: a CLI run)."""
-    settle_action(conn, record.id, OPEN_ACTION_STATUSES, record.status, result=record.result, params=record.params,
-                  dry_run=record.dry_run)
+    """The stored action of ``record`` - its id, or the action it retries (``params.retry_of``) - takes its verdict,
+    unless it holds one already (none stored: a CLI run)."""
+    settle_action(conn, str(record.params.get("retry_of", record.id)), OPEN_ACTION_STATUSES, record.status,
+                  result=record.result, params=record.params, dry_run=record.dry_run)
 
 
 def _insert_new(conn: Connection, table: Table, row: dict[str, object], unique: Column[str]) -> bool:

@@ -327,7 +327,7 @@ class Remediator:
             action.status, action.result = ActionStatus.FAILED, f"resuming failed: {type(err).__name__}: {err}"
             # closed first and alone: whatever failed (the record itself, say) must not fail the close, nor leave the
             # run started for the next takeover to run the back end again
-            if not self.audit.finish(run.key, "failed", owner=self.owner):
+            if not self.audit.finish(run.key, "failed", owner=self.owner, settle=action):
                 return action  # this claim lapsed meanwhile: the run is the process's that took it over
             if self.guard is not None:
                 for node in capacity_nodes(action):
