@@ -321,11 +321,9 @@ def test_reporter_forwards_the_lines_the_signature_library_names(launch: Launch,
                       ("job/llm/rank/1", "python.exception", "[rank1]: ValueError: bad batch at step 5")}
 
 
-def test_a_report_sent_again_after_its_answer_was_lost_is_stored_once(launch: Launch, tmp_path: Path) -> None:
-    """The answer to the report carrying the ranks' lines is lost after the server stored it, so the reporter
-    sends the same report again: each line is stored once - the two equal lines rank 0 printed included, each
-    once - and so are the rank exits and the verdict."""
-    answers: list[dict[str, object]] = []
+def _losing_the_first_answer(launch: Launch, answers: list[dict[str, object]]) -> httpx.MockTransport:
+    """A transport to the server whose first answer is lost after the server stored the report; every answer the
+    server gave goes into ``answers``."""
 
     def post(request: httpx.Request) -> httpx.Response:
         response = launch.client.post("/api/v1/launches", content=request.content, headers=dict(request.headers))
@@ -334,8 +332,17 @@ def test_a_report_sent_again_after_its_answer_was_lost_is_stored_once(launch: La
             raise httpx.ReadTimeout("the answer was lost", request=request)
         return httpx.Response(response.status_code, content=response.content)
 
+    return httpx.MockTransport(post)
+
+
+def test_a_report_sent_again_after_its_answer_was_lost_is_stored_once(launch: Launch, tmp_path: Path) -> None:
+    """The answer to the report carrying the ranks' lines is lost after the server stored it, so the reporter
+    sends the same report again: each line is stored once - the two equal lines rank 0 printed included, each
+    once - and so are the rank exits and the verdict."""
+    answers: list[dict[str, object]] = []
     reporter = LaunchReporter("http://vigil.test", "llm", 2, 2, tmp_path, node="n01", gpus=[0, 1], interval_s=0.0,
-                              token=TOKEN, transport=httpx.MockTransport(post), warn=lambda _message: None)
+                              token=TOKEN, transport=_losing_the_first_answer(launch, answers),
+                              warn=lambda _message: None)
     illegal_access = "RuntimeError: CUDA error: an illegal memory access was encountered"
     (tmp_path / "rank0.log").write_text(f"step 1 loss 2.3\n{illegal_access}\n{illegal_access}\n")
     (tmp_path / "rank1.log").write_text(GLOO_PEER_CLOSED + "\n")
@@ -357,16 +364,9 @@ def test_step_telemetry_sent_again_after_its_answer_was_lost_is_stored_once(laun
     """The answer to the reporter's first telemetry report is lost after the server stored it, so the reporter
     sends the same report again: its samples are one push for the engine, and the next look's are another."""
     answers: list[dict[str, object]] = []
-
-    def post(request: httpx.Request) -> httpx.Response:
-        response = launch.client.post("/api/v1/launches", content=request.content, headers=dict(request.headers))
-        answers.append(response.json())
-        if len(answers) == 1:
-            raise httpx.ReadTimeout("the answer was lost", request=request)
-        return httpx.Response(response.status_code, content=response.content)
-
     reporter = LaunchReporter("http://vigil.test", "llm", 2, 2, tmp_path, node="n01", gpus=[0, 1], interval_s=0.0,
-                              token=TOKEN, transport=httpx.MockTransport(post), warn=lambda _message: None)
+                              token=TOKEN, transport=_losing_the_first_answer(launch, answers),
+                              warn=lambda _message: None)
     reporter.watch({0: _snapshot(0, 5), 1: _snapshot(1, 5)}, {0: None, 1: None}, {0: 100, 1: 101})
     wait_for(lambda: reporter.sent == 1, 10, "the report sent again")
     reporter.watch({0: _snapshot(0, 9), 1: _snapshot(1, 9)}, {0: None, 1: None}, {0: 100, 1: 101})

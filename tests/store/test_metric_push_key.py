@@ -4,17 +4,14 @@ route keys it, so the report sent once more is a duplicate; agents' pushes are l
 
 from __future__ import annotations
 
-from importlib import resources
 from pathlib import Path
 
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config
 from fastapi.testclient import TestClient
 
 from tests.serve.conftest import TOKEN, fresh_database
 from tests.serve.conftest import postgres_url as postgres_url
-from tests.store.test_migrations import assert_at_head_with_the_events_kept, statements
+from tests.store.test_migrations import assert_at_head_with_the_events_kept, statements, upgrade_to
 from vigil.config import Settings
 from vigil.faces.api.app import create_app
 from vigil.model import LaunchReport, Sample, StepTelemetry
@@ -30,12 +27,8 @@ def pushes_at_revision_0006(url: str) -> None:
     """The store at revision 0006: each launch report's push stored twice, the first look's three times, and one
     agent's push stored twice (agents do not send a push again; two such rows stay)."""
     engine = sa.create_engine(url)
-    cfg = Config()
-    cfg.set_main_option("script_location", str(resources.files("vigil.store") / "migrations"))
     with engine.connect() as conn:
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "0006")
-        conn.commit()
+        upgrade_to(conn, "0006")
         rows = [{"ts": ts, "node": f"launch:{job}", "points": [["vigil_job_steps_total", f"job/{job}", steps]]}
                 for job, ts, steps in LOOKS for _ in range(2)]
         rows.append(rows[0])

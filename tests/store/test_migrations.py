@@ -42,15 +42,20 @@ print(json.dumps(sum("CONCURRENTLY" in s and s.startswith("CREATE") for s in sen
 """
 
 
+def upgrade_to(conn: sa.Connection, revision: str) -> None:
+    """Run the store's migrations on ``conn`` up to ``revision``, committed: a database as an older Vigil left it."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(resources.files("vigil.store") / "migrations"))
+    cfg.attributes["connection"] = conn
+    command.upgrade(cfg, revision)
+    conn.commit()
+
+
 def events_at_revision_0004(url: str, rows: int = 2000) -> None:
     """A database as it stood before the push key: the store's schema at revision 0004, holding events."""
     engine = sa.create_engine(url)
-    cfg = Config()
-    cfg.set_main_option("script_location", str(resources.files("vigil.store") / "migrations"))
     with engine.connect() as conn:
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "0004")
-        conn.commit()
+        upgrade_to(conn, "0004")
         conn.execute(sa.text("INSERT INTO events (ts, entity, kind, source, level, message, attrs) "
                              "VALUES (:ts, 'gpu/n01/0', 'xid', 'kernel', 4, 'Xid 79', '{}')"),
                      [{"ts": float(i)} for i in range(rows)])
