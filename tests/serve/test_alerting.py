@@ -165,7 +165,11 @@ def test_an_alert_alertmanager_repeats_is_one_event_until_it_fires_again(tmp_pat
     alertmanager = require_binary("prometheus-alertmanager")
     store = Store(f"sqlite:///{tmp_path / 'vigil.db'}")
     app = create_app(store, settings=Settings(home=tmp_path, api_token=TOKEN))
-    received = app.state.ctx.collector.alerts_received
+    received, repeated = app.state.ctx.collector.alerts_received, app.state.ctx.collector.alerts_repeated
+
+    def notified(status: str) -> int:
+        return received[status] + repeated[status]
+
     alert = {"labels": {"alertname": "GpuXid", "Hostname": "n003", "gpu": "5", "severity": "critical"},
              "annotations": {"summary": "GPU has fallen off the bus"}}
     with serve_in_thread(app) as vigil_url, ExitStack() as stack, httpx.Client() as client:
@@ -184,12 +188,14 @@ def test_an_alert_alertmanager_repeats_is_one_event_until_it_fires_again(tmp_pat
 
         started = _rfc3339(time.time() - 30)
         wait_for(lambda: post(startsAt=started), 30, "Alertmanager to take the alert")
-        wait_for(lambda: received["firing"] >= 3, 30, "Alertmanager to notify the firing alert three times")
+        wait_for(lambda: notified("firing") >= 3, 30, "Alertmanager to notify the firing alert three times")
         assert post(startsAt=started, endsAt=_rfc3339(time.time()))
-        wait_for(lambda: received["resolved"] >= 1, 30, "Alertmanager to notify the resolution")
+        wait_for(lambda: notified("resolved") >= 1, 30, "Alertmanager to notify the resolution")
         assert post(startsAt=_rfc3339(time.time()))
-        wait_for(lambda: received["firing"] >= 5, 30, "Alertmanager to notify the alert firing again, twice")
+        wait_for(lambda: notified("firing") >= 5, 30, "Alertmanager to notify the alert firing again, twice")
         firing, resolved = store.events(kind="alert_firing"), store.events(kind="alert_resolved")
     assert len(firing) == 2 and firing[0].ts < resolved[0].ts < firing[1].ts
     assert len(resolved) == 1 and len({e.attrs["fingerprint"] for e in firing + resolved}) == 1
+    # each alert counted once, Alertmanager's repeats apart
+    assert (received["firing"], received["resolved"]) == (2, 1) and repeated["firing"] >= 3
     store.close()

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.serve.conftest import REPO, TOKEN
 from vigil.config import Settings
@@ -156,3 +157,23 @@ def test_an_alert_without_a_fingerprint_is_known_by_its_labels(webhook: tuple[Te
     answers = [_notify(client, p) for p in (payload, payload, other_gpu)]
     assert [(a["stored"], a["duplicates"]) for a in answers] == [(2, 0), (2, 2), (2, 1)]
     assert len(store.events(limit=100)) == 3
+
+
+def _alert_counters(client: TestClient) -> dict[tuple[str, str], float]:
+    page = client.get("/metrics").text
+    return {(s.name, s.labels["status"]): s.value for family in text_string_to_metric_families(page)
+            if family.name.startswith("vigil_alertmanager_") for s in family.samples if s.name.endswith("_total")}
+
+
+def test_the_alerts_counter_counts_each_alert_once_and_the_repeats_apart(webhook: tuple[TestClient, Store]) -> None:
+    """The recorded notifications, the first sent twice: two firing alerts (two starts) and one resolution are
+    counted in vigil_alertmanager_alerts_total, the three notifications that repeat a stored alert in
+    vigil_alertmanager_alert_repeats_total."""
+    client, _ = webhook
+    notifications = json.loads(RECORDED.read_text())
+    for notification in [notifications[0], *notifications]:
+        _notify(client, notification)
+    assert _alert_counters(client) == {
+        ("vigil_alertmanager_alerts_total", "firing"): 2.0, ("vigil_alertmanager_alerts_total", "resolved"): 1.0,
+        ("vigil_alertmanager_alert_repeats_total", "firing"): 3.0,
+        ("vigil_alertmanager_alert_repeats_total", "resolved"): 0.0}

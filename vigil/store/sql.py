@@ -169,6 +169,11 @@ class Store:
         """Store events; returns how many were written. ``keys`` (one per event, or None for an event without one)
         name events a push may send again: an event whose key is stored already, or came earlier in the batch, is
         not written again."""
+        return sum(self.add_events_once(events, keys))
+
+    def add_events_once(self, events: Iterable[Event], keys: Sequence[str | None] | None = None) -> list[bool]:
+        """``add_events`` saying which events were written: one flag per event, False for one whose key was stored
+        already or came earlier in the batch."""
         items = _validated(Event, events)
         if keys is not None and len(keys) != len(items):
             raise VigilInputError(f"{len(keys)} push keys for {len(items)} events")
@@ -176,12 +181,19 @@ class Store:
                  "message": e.message, "attrs": e.attrs, "push_key": None if keys is None else keys[i]}
                 for i, e in enumerate(items)]
         if not rows:
-            return 0
-        # The unique key skips a stored event, one repeated in the batch and one a racing push stored first; the ids
-        # the insert returns count what it wrote (PEP 249 leaves an executemany's rowcount undefined, and psycopg's
-        # did not count the skipped rows).
+            return []
+        # The unique key skips a stored event, one repeated in the batch and one a racing push stored first; the
+        # keys the insert returns say what it wrote (PEP 249 leaves an executemany's rowcount undefined, and
+        # psycopg's did not count the skipped rows).
+        statement = _insert_ignoring_duplicates(self.engine.dialect.name, t.events).returning(t.events.c.push_key)
         with self.engine.begin() as conn:
-            return len(conn.execute(_insert_ignoring_duplicates(self.engine.dialect.name, t.events), rows).all())
+            new_keys = {r.push_key for r in conn.execute(statement, rows) if r.push_key is not None}
+        written = []
+        for row in rows:
+            key = row["push_key"]
+            written.append(key is None or key in new_keys)
+            new_keys.discard(key)  # a key repeated later in the batch was not written again
+        return written
 
     def events(self, entity: str | None = None, kind: str | None = None, since: float | None = None,
                until: float | None = None, limit: int = 1000) -> list[Event]:

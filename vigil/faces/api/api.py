@@ -283,13 +283,14 @@ def alertmanager_webhook(payload: Annotated[dict[str, Any], Body()], ctx: Ctx, u
     sends a firing alert again every ``repeat_interval`` and a notification again when this answer was lost; an
     alert with the fingerprint, start and status of one stored already is accepted and counted in ``duplicates``,
     not stored a second time (``push_keys.alert_key``): its resolution is stored once, and it firing again after it
-    resolved (a new start) is a new event."""
+    resolved (a new start) is a new event. ``vigil_alertmanager_alerts_total`` counts each alert once, the
+    repeats are counted in ``vigil_alertmanager_alert_repeats_total``."""
     parsed = parse_payload(payload)
     new_events = alerts_to_events(parsed, cluster=ctx.collector.cluster)
-    written = ctx.store.add_events(new_events, [alert_key(alert) for alert in parsed.alerts])
-    for alert in parsed.alerts:
-        ctx.collector.alerts_received[alert.status] += 1
-    return AlertsStored(stored=len(new_events), duplicates=len(new_events) - written,
+    written = ctx.store.add_events_once(new_events, [alert_key(alert) for alert in parsed.alerts])
+    for alert, new in zip(parsed.alerts, written, strict=True):
+        (ctx.collector.alerts_received if new else ctx.collector.alerts_repeated)[alert.status] += 1
+    return AlertsStored(stored=len(new_events), duplicates=written.count(False),
                         entities=sorted({e.entity for e in new_events}))
 
 

@@ -37,7 +37,10 @@ class VigilCollector(Collector):
         self.grid = grid
         self.cluster = cluster
         self.waste = waste
+        # Alertmanager's alerts by status: each one once (its first notification), and the notifications of one
+        # stored already (a repeat_interval repeat, a notification sent again after an answer was lost)
         self.alerts_received: Counter[str] = Counter()
+        self.alerts_repeated: Counter[str] = Counter()
 
     def collect(self) -> Iterable[Any]:
         info = InfoMetricFamily("vigil_build", "Vigil version and cluster name.")
@@ -107,11 +110,19 @@ class VigilCollector(Collector):
         yield from self._waste_families()
 
         alerts = CounterMetricFamily(
-            "vigil_alertmanager_alerts", "Alerts received on the Alertmanager webhook.", labels=["status"]
+            "vigil_alertmanager_alerts", "Alerts received on the Alertmanager webhook, each one once.",
+            labels=["status"],
+        )
+        repeats = CounterMetricFamily(
+            "vigil_alertmanager_alert_repeats",
+            "Notifications of an alert the Alertmanager webhook had stored already (repeat_interval, retries).",
+            labels=["status"],
         )
         for alert_status in ("firing", "resolved"):
             alerts.add_metric([alert_status], self.alerts_received[alert_status])
+            repeats.add_metric([alert_status], self.alerts_repeated[alert_status])
         yield alerts
+        yield repeats
 
 
     def _waste_families(self) -> Iterable[Any]:
