@@ -1235,3 +1235,25 @@ def test_wording_right_below_cuda_802_relays_it(tmp_path: Path) -> None:
         "  what():  Error (gpu_burn-drv.cpp:298): OS call failed or operation not supported on this OS\n")
     result = triage(tmp_path, workers=1)
     assert result.root is not None and result.root.lineno == 2 and result.root.signature == "cuda.system_not_ready"
+
+
+def test_volcano_job_controller_request_for_an_evicted_pod_is_named_before_the_action_it_starts(
+        tmp_path: Path) -> None:
+    """Volcano's job controller logs the pod event it is about to handle (job_controller.go processNextReq: "Try to
+    handle request <%v>", apis.Request.String "... Pod:P, Event:PodEvicted, ExitCode:0, ...") before the policy's
+    action ("Start to execute action RestartTask") and the kills: the request for the pod's end is the first account
+    of the failure in that log. A resync request (Event:OutOfSync) says nothing is wrong."""
+    request = ("I0601 10:00:00.{:06d}       1 job_controller.go:356] Try to handle request <Queue: , "
+               "Job: default/llama, Task:worker, Pod:llama-worker-{}, Event:{}, ExitCode:{}, Action:, JobVersion: 0>")
+    (tmp_path / "vc-controller.log").write_text(
+        request.format(100, 0, "OutOfSync", 0) + "\n"
+        + request.format(200, 1, "PodEvicted", 0) + "\n"
+        "I0601 10:00:00.000300       1 job_controller.go:385] Execute <RestartTask> on Job <default/llama> in "
+        "<Running> by <*state.runningState>.\n"
+        "I0601 10:00:00.000400       1 job_controller_actions.go:69] Killing task <worker> of Job <default/llama>, "
+        "current version 0\n"
+        'I0601 10:00:00.000500       1 event.go:377] Event(v1.ObjectReference{Kind:"Job", Namespace:"default", '
+        "Name:\"llama\"}): type: 'Normal' reason: 'ExecuteAction' Start to execute action RestartTask\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 2, result.summary
+    assert result.root.signature == "controller.replica_failed"
