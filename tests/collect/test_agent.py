@@ -490,6 +490,49 @@ def test_the_events_route_stores_an_event_once_per_content_and_time(tmp_path) ->
     assert len(store.events(kind="rank_log", limit=100)) == 2
 
 
+def test_a_samples_push_sent_again_after_its_answer_was_lost_is_stored_once(tmp_path) -> None:
+    """The agent pushing a source's samples to the server's real route; the answer to its first push is lost
+    after the server stored it, so the agent sends that push again, under its key, before the next push's
+    samples: the server answers the retry as a success naming its samples as duplicates and holds each push
+    once."""
+    server, store = _real_rank_log_route(tmp_path)
+    answers: list[dict[str, Any]] = []
+    client = _loses_the_first_answer(server, "/samples", answers)
+    agent = Agent([CountingSource()], fast_settings(server_url="http://vigil.test", node="n01", push_interval_s=0.05),
+                  cpu_ratio=lambda: 0.1)
+    assert agent._pusher is not None
+    agent._pusher._client = client
+    wait_for(lambda: (agent.step(), agent._pusher is not None and len(answers) >= 3 and not agent._pusher.busy)[1])
+    looked = answers[0]["stored"]
+    assert looked > 0
+    assert answers[:3] == [{"stored": looked, "duplicates": 0}, {"stored": looked, "duplicates": looked},
+                           {"stored": looked, "duplicates": 0}]
+    assert agent._pusher.failures == 1 and agent._pusher.unanswered_samples is None
+    assert len([p for p in store.pushes_after(0) if p.node == "n01"]) == len(answers) - 1
+
+
+def test_the_samples_route_stores_a_keyed_push_once_per_node(tmp_path) -> None:
+    """A push named by an Idempotency-Key is stored once per node and key; a push without one (an older agent's)
+    is stored as it comes; one node's key does not stand for another's push."""
+    server, store = _real_rank_log_route(tmp_path)
+
+    def push(node: str = "n01", key: str | None = None) -> dict[str, Any]:
+        body = {"node": node, "samples": [{"ts": 100.0, "entity": f"node/{node}", "metric": "vigil_node_load1",
+                                           "value": 2.5}]}
+        response = server.post("/api/v1/samples", json=body, headers={"Idempotency-Key": key} if key else {})
+        assert response.status_code == 201, response.text
+        answer: dict[str, Any] = response.json()
+        return answer
+
+    assert [push(key="p1"), push(key="p1"), push(key="p2")] == [
+        {"stored": 1, "duplicates": 0}, {"stored": 1, "duplicates": 1}, {"stored": 1, "duplicates": 0}]
+    assert push(node="n02", key="p1") == {"stored": 1, "duplicates": 0}
+    assert [push(), push()] == [{"stored": 1, "duplicates": 0}] * 2
+    assert sorted(p.node for p in store.pushes_after(0)) == ["n01"] * 4 + ["n02"]
+    assert server.post("/api/v1/samples", json={"node": "n01", "samples": []},
+                       headers={"Idempotency-Key": "k" * 201}).status_code == 422
+
+
 def test_events_beyond_the_queue_for_an_absent_server_are_dropped_and_counted() -> None:
     from vigil.sources.collect.agent import MAX_PENDING_EVENTS
 

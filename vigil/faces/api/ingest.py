@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Depends, Request, Response
+from fastapi import APIRouter, Body, Depends, Header, Request, Response
 from pydantic import BaseModel, Field
 
 from vigil.faces.api.auth import Identity, check_operator, check_read
 from vigil.faces.api.context import ServeContext
-from vigil.faces.api.push_keys import event_key, launch_steps_key, rank_log_key
-from vigil.faces.api.responses import Stored
+from vigil.faces.api.push_keys import event_key, launch_steps_key, rank_log_key, samples_key
+from vigil.faces.api.responses import SamplesStored
 from vigil.model import (
     Event,
     Job,
@@ -101,12 +101,20 @@ def engine_progress(ctx: Ctx) -> EngineProgress:
 
 
 @router.post("/samples", status_code=201)
-def push_samples(body: SamplePush, ctx: Ctx, user: Writer) -> Stored:
-    """Store an agent's samples for the engine; every sample must be about the pushing node."""
+def push_samples(
+    body: SamplePush, ctx: Ctx, user: Writer,
+    idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
+) -> SamplesStored:
+    """Store an agent's samples for the engine; every sample must be about the pushing node. A push named by an
+    ``Idempotency-Key`` header that the node sent already (sent again after its answer was lost) is accepted and
+    its samples counted in ``duplicates``, not stored twice (``push_keys.samples_key``); a push without one (an
+    older agent's) is stored as it comes."""
     foreign = next((s.entity for s in body.samples if node_of(s.entity) not in (f"node/{body.node}", None)), None)
     if foreign is not None:
         raise VigilInputError(f"sample for {foreign!r} pushed by node {body.node!r}: a node pushes its own entities")
-    return Stored(stored=ctx.store.add_samples(body.node, body.samples))
+    key = samples_key(body.node, idempotency_key) if idempotency_key is not None else None
+    written = ctx.store.add_samples(body.node, body.samples, key)
+    return SamplesStored(stored=len(body.samples), duplicates=len(body.samples) - written)
 
 
 # Refused events listed one by one in an answer (all are counted by reason).

@@ -4,9 +4,10 @@ Node agents and ``vigil launch`` deliver at least once: a push whose answer was 
 is sent again with the same events. Each event a push may repeat gets a key that a retry reproduces and that no
 two real events share; the store writes an event whose key it holds already no second time (the events table's
 unique ``push_key``, ``vigil.store.sql.Store.add_events``) and the route counts it as a duplicate. The step
-telemetry of a launch report is keyed the same way in the metric pushes (``Store.add_samples``), and Alertmanager,
-which sends a firing alert again every ``repeat_interval`` and a notification again when its webhook failed, has
-its alerts keyed by what it says an alert is.
+telemetry of a launch report and an agent's samples push (which the agent names) are keyed the same way in the
+metric pushes (``Store.add_samples``), and Alertmanager, which sends a firing alert again every
+``repeat_interval`` and a notification again when its webhook failed, has its alerts keyed by what it says an
+alert is.
 
 The trade-off: a key is all a retry repeats, so two real events that share it are stored as one. For an event
 pushed on its own that is every field, the time included - the same line written twice within one tick of its
@@ -64,6 +65,14 @@ def launch_steps_key(job: str, steps: Sequence[StepTelemetry]) -> str | None:
     if not steps:
         return None
     return _digest(["launch_steps", job, max(look.ts for look in steps)])
+
+
+def samples_key(node: str, idempotency_key: str) -> str:
+    """What an agent's samples push (``POST /api/v1/samples``) is: the pushing node and the key the agent gave it
+    (its ``Idempotency-Key`` header, new for each push and the same when the push is sent again,
+    ``vigil.sources.collect.agent.EventPusher``). The node is part of it, so one node's key never stands for
+    another's push."""
+    return _digest(["samples", node, idempotency_key])
 
 
 def alert_key(alert: Alert) -> str:

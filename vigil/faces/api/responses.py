@@ -70,9 +70,17 @@ class JobStepTimes(BaseModel):
 
 
 class Stored(BaseModel):
-    """A push of records (an agent's samples): how many were stored."""
+    """A push of records: how many were stored."""
 
     stored: int
+
+
+class SamplesStored(Stored):
+    """An agent's samples push: ``stored`` counts every sample accepted; ``duplicates`` the ones of a push the
+    node sent already under the same ``Idempotency-Key`` (sent again after its answer was lost), not stored
+    twice: all of a push or none."""
+
+    duplicates: int = 0
 
 
 class EventsStored(Stored):

@@ -28,6 +28,7 @@ import math
 import re
 import threading
 import time
+import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -74,6 +75,8 @@ RANK_ON_ANOTHER_NODE = "rank_on_another_node"
 RANK_OUTSIDE_JOB = "rank_outside_job"
 PUSH_REFUSED = "push_refused"
 RANK_LOG_REFUSALS = (NOT_RANK_LOG, RANK_ON_ANOTHER_NODE, RANK_OUTSIDE_JOB, PUSH_REFUSED, "other")
+# The header naming a samples push, so that the server stores a push sent again once (``POST /api/v1/samples``).
+IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
 # Kinds read at full rate even while degraded: event streams, not periodic samples.
 FULL_RATE_KINDS = frozenset({"kernel"})
 
@@ -651,7 +654,11 @@ class AgentExposition(Collector):
 
 class EventPusher:
     """POSTs to the Vigil server in a background thread: the node's inventory when it changed, event batches
-    (re-queued when they fail) and the latest samples (dropped when they fail: the next push has newer).
+    (re-queued when they fail) and the latest samples. Each samples push carries a key of its own
+    (``Idempotency-Key``); one that got no answer (the server unreachable, failing, or its answer lost after it
+    stored the push) is sent again with the same key before the next push's samples, so the server stores it
+    once. Only the newest such push is kept: one that fails again gives way to a newer one, and one the server
+    refuses (HTTP 4xx) is dropped.
 
     Rank-log events go to the rank-log route with the node's name, which the server checks them against, one
     push per job. The server stores the valid events of a push and answers which it refused and why (a layout
@@ -671,6 +678,8 @@ class EventPusher:
         self.refused_by_reason: dict[str, int] = defaultdict(int)
         self._warned = False
         self._warned_refused: set[str] = set()
+        # the newest samples push the server did not answer (its key and body), sent again with the next push
+        self.unanswered_samples: tuple[str, dict[str, Any]] | None = None
 
     @property
     def busy(self) -> bool:
@@ -692,6 +701,11 @@ class EventPusher:
 
     def _post(self, events: list[Event], requeue: Callable[[list[Event]], None], samples: list[Sample], node: str,
               inventory: Node | None) -> None:
+        pending = [self.unanswered_samples] if self.unanswered_samples is not None else []
+        if samples:
+            pending.append((uuid.uuid4().hex, {"node": node, "samples": [s.model_dump(mode="json") for s in samples]}))
+        # whatever fails below, the newest samples push is kept for the next one
+        self.unanswered_samples = pending[-1] if pending else None
         try:
             # The inventory first: the server places the events and samples that follow on it.
             if inventory is not None:
@@ -709,9 +723,13 @@ class EventPusher:
                 batch = list(lines)
                 self._post_rank_logs(node, batch)
                 events = events[len(batch):]
-            if samples:
-                push = {"node": node, "samples": [s.model_dump(mode="json") for s in samples]}
-                self._client.post(self.base + "/samples", json=push).raise_for_status()
+            for key, push in pending:
+                response = self._client.post(self.base + "/samples", json=push,
+                                             headers={IDEMPOTENCY_KEY_HEADER: key})
+                if 400 <= response.status_code < 500:
+                    self.unanswered_samples = None  # refused: sending it again cannot help
+                response.raise_for_status()
+            self.unanswered_samples = None
         except httpx.HTTPError as err:
             self.failures += 1
             if not self._warned:
