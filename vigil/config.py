@@ -54,6 +54,10 @@ class Settings(BaseSettings):
     store_migration_lock_wait_s: float = Field(default=600.0, gt=0, description="how long a process opening a "
                                                "PostgreSQL store waits for another's schema upgrade (the migration "
                                                "lock) before it stops, naming the holder's pid")
+    push_key_window_s: float = Field(default=3600.0, gt=0, description="how long the store keeps the key of a "
+                                     "metric push a sender may send again (an agent's samples push, a launch "
+                                     "report's step telemetry), however soon the engine prunes the push: a retry "
+                                     "within it is stored once, one after it once more")
     engine_interval_s: float = Field(default=5.0, gt=0, description="how often the live engine ticks")
     resolve_after_s: float = Field(default=900.0, gt=0, description="quiet time before an incident resolves")
     policies_file: str = Field(default="", description="remediation policies YAML; empty = the built-in ones")

@@ -92,12 +92,21 @@ metric_pushes = Table(
     Column("ts", Float, nullable=False),
     Column("node", String(300), nullable=False),
     Column("points", JSON, nullable=False),
-    # What a push a sender may send again is (a launch report's step telemetry: its job and newest look), NULL for
-    # the others. Unique: a retried report stores its samples once.
+    # What a push a sender may send again is (a launch report's step telemetry: its job and newest look; an agent's
+    # push: its node and Idempotency-Key), NULL for the others. Unique: a retried push stores its samples once.
     Column("push_key", String(64), nullable=True),
     Index("ux_metric_pushes_push_key", "push_key", unique=True),
     # ids are a consumer's cursor: never hand out an id again after the newest rows were pruned
     sqlite_autoincrement=True,
+)
+
+# The keys of the metric pushes stored in the last push_key_window_s (server time), whether or not the engine has
+# pruned their pushes: a push sent again within the window is stored once (vigil.store.sql.Store.add_samples).
+metric_push_keys = Table(
+    "metric_push_keys", metadata,
+    Column("push_key", String(64), primary_key=True),
+    Column("stored_at", Float, nullable=False),
+    Index("ix_metric_push_keys_stored_at", "stored_at"),
 )
 
 # How far a consumer (the engine) has read an append-only table; written after its outputs are stored.

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
@@ -51,6 +51,9 @@ _migrate_lock = threading.Lock()
 MIGRATION_LOCK = 0x76696769
 # How often a process waiting for another's upgrade asks for the migration lock again, in seconds.
 MIGRATION_LOCK_POLL_S = 0.05
+# Old metric-push keys are dropped at most once per this share of push_key_window_s (a key is kept for the window
+# and at most this share more).
+PUSH_KEY_PRUNE_EVERY = 0.1
 # The statuses of a stored action still waiting for its verdict; a verdict (executed, skipped, refused, failed) is
 # final, and no later write takes its place.
 OPEN_ACTION_STATUSES = frozenset({ActionStatus.PROPOSED, ActionStatus.APPROVED})
@@ -155,10 +158,17 @@ def open_database(url: str, lock_wait_s: float | None = None) -> Engine:
 
 
 class Store:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, push_key_window_s: float | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        """``push_key_window_s``: how long a metric push's key is kept (default: the setting of that name);
+        ``clock``: the time keys are stamped with and forgotten by."""
         self.url = url
         self.engine = open_database(url)
         self._whole_cache: tuple[int, dict[str, dict[str, Any]]] | None = None
+        self.push_key_window_s = (default_settings().push_key_window_s if push_key_window_s is None
+                                  else push_key_window_s)
+        self.clock = clock
+        self._next_key_prune = float("-inf")
 
     def close(self) -> None:
         self.engine.dispose()
@@ -245,17 +255,40 @@ class Store:
 
     def add_samples(self, node: str, samples: Iterable[Sample], key: str | None = None) -> int:
         """One agent push: the node's latest samples, kept as one row (a consumer reads them in order); returns how
-        many were written. ``key`` names a push its sender may send again: a push whose key is stored already is
-        not written again (0)."""
+        many were written. ``key`` names a push its sender may send again: a push whose key was stored in the last
+        ``push_key_window_s`` (``metric_push_keys``, kept however soon the engine prunes the push itself), or
+        whose push is still held, is not written again (0)."""
         items = _validated(Sample, samples)
         if not items:
             return 0
         # A NaN loss is news, and JSON (PostgreSQL's above all) has no NaN: non-finite values go as text.
         points = [[s.metric, s.entity, s.value if math.isfinite(s.value) else str(s.value)] for s in items]
         row = {"ts": max(s.ts for s in items), "node": node, "points": points, "push_key": key}
+        dialect = self.engine.dialect.name
+        now = self.clock()
         with self.engine.begin() as conn:
-            written = conn.execute(_insert_ignoring_duplicates(self.engine.dialect.name, t.metric_pushes), row)
-            return len(items) if written.all() else 0
+            if key is not None:
+                keys = postgresql.insert(t.metric_push_keys) if dialect == "postgresql" else \
+                    sqlite.insert(t.metric_push_keys)
+                new_key = keys.on_conflict_do_nothing(index_elements=[t.metric_push_keys.c.push_key]).returning(
+                    t.metric_push_keys.c.push_key)
+                if conn.execute(new_key, {"push_key": key, "stored_at": now}).first() is None:
+                    return 0
+            written = conn.execute(_insert_ignoring_duplicates(dialect, t.metric_pushes), row).all()
+        if key is not None:
+            self._forget_push_keys(now)
+        return len(items) if written else 0
+
+    def _forget_push_keys(self, now: float) -> None:
+        """Drop the push keys stored more than ``push_key_window_s`` before ``now``, at most once every
+        ``PUSH_KEY_PRUNE_EVERY`` of the window, in a transaction of its own after the push's (which holds no lock
+        while it runs; two servers pruning at once delete the same rows, one after the other)."""
+        if now < self._next_key_prune:
+            return
+        self._next_key_prune = now + self.push_key_window_s * PUSH_KEY_PRUNE_EVERY
+        with self.engine.begin() as conn:
+            conn.execute(delete(t.metric_push_keys).where(
+                t.metric_push_keys.c.stored_at < now - self.push_key_window_s))
 
     def pushes_after(self, after_id: int, limit: int = 10_000) -> list[MetricPush]:
         q = select(t.metric_pushes).where(t.metric_pushes.c.id > after_id).order_by(t.metric_pushes.c.id)
@@ -657,4 +690,4 @@ def store_exists(url: str) -> bool:
 
 def open_store(config: Settings | None = None) -> Store:
     cfg = config or default_settings()
-    return Store(cfg.database_url())
+    return Store(cfg.database_url(), push_key_window_s=cfg.push_key_window_s)

@@ -59,9 +59,10 @@ def launch_steps_key(job: str, steps: Sequence[StepTelemetry]) -> str | None:
     at its job once at a time and puts each look in one report, which it sends again as it was until the server
     answers (``vigil.run.report``), so a report sent again repeats that time and two reports of one job never share
     it. The stored push keeps the time (``metric_pushes.ts``, its newest sample's), which let revision 0007 key the
-    launch pushes stored before it; the two must agree. The key lives as long as its push, which the engine prunes
-    once it is about five minutes older than the newest (``vigil.run.engine``): a report sent again after that is
-    stored again. None for a report without telemetry."""
+    launch pushes stored before it; the two must agree. The key is kept for ``push_key_window_s`` after it was
+    stored (``metric_push_keys``), however soon the engine prunes the push itself (about five minutes,
+    ``vigil.run.engine``): a report sent again after the window is stored again. None for a report without
+    telemetry."""
     if not steps:
         return None
     return _digest(["launch_steps", job, max(look.ts for look in steps)])
@@ -71,7 +72,7 @@ def samples_key(node: str, idempotency_key: str) -> str:
     """What an agent's samples push (``POST /api/v1/samples``) is: the pushing node and the key the agent gave it
     (its ``Idempotency-Key`` header, new for each push and the same when the push is sent again,
     ``vigil.sources.collect.agent.EventPusher``). The node is part of it, so one node's key never stands for
-    another's push."""
+    another's push. Kept for ``push_key_window_s``, as ``launch_steps_key``."""
     return _digest(["samples", node, idempotency_key])
 
 

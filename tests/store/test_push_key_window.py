@@ -1,0 +1,117 @@
+"""A metric push's key outlives its push: the engine prunes the pushes it has read after about five minutes, and a
+launch report or agent push sent again after that is still a duplicate within push_key_window_s; after the window
+it is stored once more, and the keys kept stay bounded by it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import sqlalchemy as sa
+from fastapi.testclient import TestClient
+
+from tests.serve.conftest import TOKEN, fresh_database
+from tests.serve.conftest import postgres_url as postgres_url
+from tests.store.test_migrations import assert_at_head_with_the_events_kept, upgrade_to
+from vigil.config import Settings
+from vigil.faces.api.app import create_app
+from vigil.faces.api.push_keys import launch_steps_key
+from vigil.model import LaunchReport, Sample, StepTelemetry
+from vigil.store.sql import Store
+
+LOOK = 1767226200.5
+
+
+def _report(ts: float, steps: int) -> str:
+    return LaunchReport(job="llm", ts=ts, world_size=1, steps=[StepTelemetry(ts=ts, steps=steps)]).model_dump_json()
+
+
+def _launch_client(store: Store, tmp_path: Path) -> TestClient:
+    settings = Settings(home=tmp_path, db_url=store.url, api_token=TOKEN)
+    return TestClient(create_app(store, settings=settings),
+                      headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
+
+
+def assert_a_report_sent_again_after_its_push_was_pruned_is_a_duplicate(store: Store, tmp_path: Path) -> None:
+    """The launcher's report whose answer was lost, its push read and pruned by the engine (a newer look came
+    400 s later), sent again: still a duplicate."""
+    with _launch_client(store, tmp_path) as client:
+        first = client.post("/api/v1/launches", content=_report(LOOK, 50)).json()
+        assert client.post("/api/v1/launches", content=_report(LOOK + 400.0, 90)).json()["duplicate_samples"] == 0
+        pushes = store.pushes_after(0)
+        store.prune_pushes(pushes[0].id)  # what the engine does with a push five minutes older than the newest
+        again = client.post("/api/v1/launches", content=_report(LOOK, 50)).json()
+    assert first["samples"] > 0 and first["duplicate_samples"] == 0
+    assert again["duplicate_samples"] == again["samples"] == first["samples"]
+    assert [p.ts for p in store.pushes_after(0)] == [LOOK + 400.0]
+
+
+def test_a_report_sent_again_after_its_push_was_pruned_is_a_duplicate_on_sqlite(tmp_path: Path) -> None:
+    store = Store(f"sqlite:///{tmp_path / 'v.db'}")
+    assert_a_report_sent_again_after_its_push_was_pruned_is_a_duplicate(store, tmp_path)
+    store.close()
+
+
+def test_a_report_sent_again_after_its_push_was_pruned_is_a_duplicate_on_postgresql(postgres_url: str,
+                                                                                    tmp_path: Path) -> None:
+    store = Store(fresh_database(postgres_url, "push_key_window"))
+    assert_a_report_sent_again_after_its_push_was_pruned_is_a_duplicate(store, tmp_path)
+    store.close()
+
+
+def test_a_key_is_kept_for_the_window_then_forgotten_and_the_keys_stay_bounded(tmp_path: Path) -> None:
+    """With a 60 s window: a push sent again 50 s later, its push pruned, is a duplicate; 80 s later, once a newer
+    push has come, it is stored again. A push a second for 300 s leaves at most the last 1.1 windows of keys."""
+    now = [1000.0]
+    store = Store(f"sqlite:///{tmp_path / 'v.db'}", push_key_window_s=60.0, clock=lambda: now[0])
+    samples = [Sample(ts=10.0, entity="node/n01", metric="vigil_node_load1", value=1.5)]
+
+    def push(key: str, at: float) -> int:
+        now[0] = at
+        written = store.add_samples("n01", samples, key)
+        store.prune_pushes(2**31 - 1)  # the engine has read and pruned it
+        return written
+
+    assert [push("a", 1000.0), push("a", 1050.0), push("b", 1070.0), push("a", 1080.0)] == [1, 0, 1, 1]
+    for second in range(300):
+        push(f"k{second}", 2000.0 + second)
+    with store.engine.connect() as conn:
+        kept = conn.execute(sa.text("SELECT min(stored_at), count(*) FROM metric_push_keys")).one()
+    assert kept[0] >= 2299.0 - 66.0 and kept[1] <= 67
+    store.close()
+
+
+def _keyed_push_at_revision_0008(url: str) -> None:
+    """A launch report's push as the keyed launch route stored it before revision 0009."""
+    engine = sa.create_engine(url)
+    with engine.connect() as conn:
+        upgrade_to(conn, "0008")
+        conn.execute(sa.text("INSERT INTO metric_pushes (ts, node, points, push_key) VALUES (:ts, 'launch:llm', "
+                             "'[[\"vigil_job_steps_total\", \"job/llm\", 50.0]]', :key)"),
+                     {"ts": LOOK, "key": launch_steps_key("llm", [StepTelemetry(ts=LOOK, steps=50)])})
+        conn.commit()
+    engine.dispose()
+
+
+def assert_the_key_outlives_its_push_after_the_upgrade(store: Store, tmp_path: Path) -> None:
+    assert_at_head_with_the_events_kept(store, 0)
+    store.prune_pushes(store.pushes_after(0)[-1].id)
+    with _launch_client(store, tmp_path) as client:
+        again = client.post("/api/v1/launches", content=_report(LOOK, 50)).json()
+    assert again["duplicate_samples"] == again["samples"] > 0 and store.pushes_after(0) == []
+
+
+def test_the_keys_the_pushes_held_are_kept_after_the_upgrade_on_sqlite(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'v.db'}"
+    _keyed_push_at_revision_0008(url)
+    store = Store(url)
+    assert_the_key_outlives_its_push_after_the_upgrade(store, tmp_path)
+    store.close()
+
+
+def test_the_keys_the_pushes_held_are_kept_after_the_upgrade_on_postgresql(postgres_url: str,
+                                                                          tmp_path: Path) -> None:
+    url = fresh_database(postgres_url, "push_key_window_upgrade")
+    _keyed_push_at_revision_0008(url)
+    store = Store(url)
+    assert_the_key_outlives_its_push_after_the_upgrade(store, tmp_path)
+    store.close()
