@@ -14,8 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from tests.collect.conftest import fast_settings
-from vigil.model import Event, FaultLevel
-from vigil.sources.collect.agent import Agent, AgentExposition, LabelGuard
+from vigil.model import Event, FaultLevel, Sample
+from vigil.sources.collect.agent import IDEMPOTENCY_KEY_HEADER, Agent, AgentExposition, EventPusher, LabelGuard
 from vigil.sources.collect.base import Collection, Source
 
 
@@ -531,6 +531,62 @@ def test_the_samples_route_stores_a_keyed_push_once_per_node(tmp_path) -> None:
     assert sorted(p.node for p in store.pushes_after(0)) == ["n01"] * 4 + ["n02"]
     assert server.post("/api/v1/samples", json={"node": "n01", "samples": []},
                        headers={"Idempotency-Key": "k" * 201}).status_code == 422
+
+
+def _answering(statuses: list[int], seen: list[tuple[str, float]]) -> EventPusher:
+    """An agent's pusher whose server answers its samples pushes with ``statuses`` in turn; each push's key and the
+    time of its sample are kept in ``seen``."""
+    answers = iter(statuses)
+
+    def server(request: httpx.Request) -> httpx.Response:
+        seen.append((request.headers[IDEMPOTENCY_KEY_HEADER], json.loads(request.content)["samples"][0]["ts"]))
+        return httpx.Response(next(answers), json={"stored": 1, "duplicates": 0})
+
+    pusher = EventPusher("http://vigil.test")
+    pusher._client = httpx.Client(transport=httpx.MockTransport(server))
+    return pusher
+
+
+def _push_samples_at(pusher: EventPusher, ts: float) -> None:
+    """One push round of the agent (no events) with one sample taken at ``ts``."""
+    pusher._post([], lambda events: None, [Sample(ts=ts, entity="node/n01", metric="vigil_node_load1", value=1.0)],
+                 "n01", None)
+
+
+@pytest.mark.parametrize("refusal", [400, 413, 422])
+def test_a_refused_retry_gives_way_to_the_newer_push_behind_it(refusal: int) -> None:
+    """The server fails the first push (503) and refuses it when it comes again: that push is dropped and the
+    round's own, newer push is sent all the same."""
+    seen: list[tuple[str, float]] = []
+    pusher = _answering([503, refusal, 201], seen)
+    _push_samples_at(pusher, 1.0)
+    assert pusher.unanswered_samples is not None
+    _push_samples_at(pusher, 2.0)
+    first, newer = seen[0][0], seen[-1][0]
+    assert seen == [(first, 1.0), (first, 1.0), (newer, 2.0)] and newer != first
+    assert pusher.unanswered_samples is None and pusher.samples_pushes_refused == 1
+
+
+@pytest.mark.parametrize("status", [408, 425, 429, 503])
+def test_a_push_refused_for_now_is_sent_again(status: int) -> None:
+    """Request Timeout, Too Early and Too Many Requests (a gateway's rate limit) refuse a push for now, as a server
+    error does: the push is kept and sent again under its key before the next one."""
+    seen: list[tuple[str, float]] = []
+    pusher = _answering([status, 201, 201], seen)
+    _push_samples_at(pusher, 1.0)
+    assert pusher.unanswered_samples is not None and pusher.unanswered_samples.key == seen[0][0]
+    _push_samples_at(pusher, 2.0)
+    assert [ts for _, ts in seen] == [1.0, 1.0, 2.0] and seen[1][0] == seen[0][0] != seen[2][0]
+    assert pusher.unanswered_samples is None and pusher.samples_pushes_refused == 0
+
+
+def test_a_refused_push_is_not_sent_again() -> None:
+    seen: list[tuple[str, float]] = []
+    pusher = _answering([422, 201], seen)
+    _push_samples_at(pusher, 1.0)
+    assert pusher.unanswered_samples is None and pusher.failures == 0
+    _push_samples_at(pusher, 2.0)
+    assert [ts for _, ts in seen] == [1.0, 2.0] and pusher.samples_pushes_refused == 1
 
 
 def test_events_beyond_the_queue_for_an_absent_server_are_dropped_and_counted() -> None:

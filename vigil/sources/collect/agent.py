@@ -33,7 +33,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 from prometheus_client import CollectorRegistry, start_http_server
@@ -77,6 +77,9 @@ PUSH_REFUSED = "push_refused"
 RANK_LOG_REFUSALS = (NOT_RANK_LOG, RANK_ON_ANOTHER_NODE, RANK_OUTSIDE_JOB, PUSH_REFUSED, "other")
 # The header naming a samples push, so that the server stores a push sent again once (``POST /api/v1/samples``).
 IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
+# HTTP 4xx answers that refuse a push for now, not for good (Request Timeout, Too Early, Too Many Requests - a
+# proxy's or gateway's rate limit): the push is kept and sent again, as after a server error.
+SEND_AGAIN_STATUSES = frozenset({408, 425, 429})
 # Kinds read at full rate even while degraded: event streams, not periodic samples.
 FULL_RATE_KINDS = frozenset({"kernel"})
 
@@ -652,13 +655,21 @@ class AgentExposition(Collector):
         yield labels
 
 
+class SamplesPush(NamedTuple):
+    """An agent's samples push: the key it is sent under (``Idempotency-Key``, the same when sent again) and its
+    body."""
+
+    key: str
+    body: dict[str, Any]
+
+
 class EventPusher:
     """POSTs to the Vigil server in a background thread: the node's inventory when it changed, event batches
     (re-queued when they fail) and the latest samples. Each samples push carries a key of its own
     (``Idempotency-Key``); one that got no answer (the server unreachable, failing, or its answer lost after it
     stored the push) is sent again with the same key before the next push's samples, so the server stores it
-    once. Only the newest such push is kept: one that fails again gives way to a newer one, and one the server
-    refuses (HTTP 4xx) is dropped.
+    once. Only the newest such push is kept: one that fails again gives way to a newer one. One the server refuses
+    (HTTP 4xx but 408, 425 and 429, which are sent again) is dropped and the next one sent.
 
     Rank-log events go to the rank-log route with the node's name, which the server checks them against, one
     push per job. The server stores the valid events of a push and answers which it refused and why (a layout
@@ -678,8 +689,9 @@ class EventPusher:
         self.refused_by_reason: dict[str, int] = defaultdict(int)
         self._warned = False
         self._warned_refused: set[str] = set()
-        # the newest samples push the server did not answer (its key and body), sent again with the next push
-        self.unanswered_samples: tuple[str, dict[str, Any]] | None = None
+        # the newest samples push the server did not answer, sent again with the next push
+        self.unanswered_samples: SamplesPush | None = None
+        self.samples_pushes_refused = 0
 
     @property
     def busy(self) -> bool:
@@ -703,7 +715,8 @@ class EventPusher:
               inventory: Node | None) -> None:
         pending = [self.unanswered_samples] if self.unanswered_samples is not None else []
         if samples:
-            pending.append((uuid.uuid4().hex, {"node": node, "samples": [s.model_dump(mode="json") for s in samples]}))
+            pending.append(SamplesPush(uuid.uuid4().hex,
+                                       {"node": node, "samples": [s.model_dump(mode="json") for s in samples]}))
         # whatever fails below, the newest samples push is kept for the next one
         self.unanswered_samples = pending[-1] if pending else None
         try:
@@ -723,11 +736,12 @@ class EventPusher:
                 batch = list(lines)
                 self._post_rank_logs(node, batch)
                 events = events[len(batch):]
-            for key, push in pending:
-                response = self._client.post(self.base + "/samples", json=push,
-                                             headers={IDEMPOTENCY_KEY_HEADER: key})
-                if 400 <= response.status_code < 500:
-                    self.unanswered_samples = None  # refused: sending it again cannot help
+            for push in pending:
+                response = self._client.post(self.base + "/samples", json=push.body,
+                                             headers={IDEMPOTENCY_KEY_HEADER: push.key})
+                if 400 <= response.status_code < 500 and response.status_code not in SEND_AGAIN_STATUSES:
+                    self._refuse_samples(response)  # sending it again cannot help; the next push may still go
+                    continue
                 response.raise_for_status()
             self.unanswered_samples = None
         except httpx.HTTPError as err:
@@ -737,6 +751,13 @@ class EventPusher:
                 log.warning("push to %s failed (%s); events are kept and retried", self.base, err)
             if events:
                 requeue(events)
+
+    def _refuse_samples(self, response: httpx.Response) -> None:
+        """Count a samples push the server refused; warn about the first."""
+        self.samples_pushes_refused += 1
+        if self.samples_pushes_refused == 1:
+            log.warning("server %s refused a samples push (HTTP %d: %s); it is dropped (further refusals are "
+                        "counted, not logged)", self.base, response.status_code, response.text[:300])
 
     def _post_rank_logs(self, node: str, events: list[Event]) -> None:
         push = {"node": node, "events": [e.model_dump(mode="json") for e in events]}
