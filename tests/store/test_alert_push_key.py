@@ -78,6 +78,41 @@ def test_alerts_stored_before_their_key_are_keyed_on_sqlite(tmp_path: Path) -> N
     store.close()
 
 
+def test_alerts_are_keyed_beside_a_server_storing_a_repeat_on_postgresql(postgres_url: str, tmp_path: Path) -> None:
+    """A server still on 0007's code stores a repeat of an old alert, keyed, after revision 0008 read the keys
+    taken and before it gives its own (a second connection commits it when the upgrading one sends its first
+    UPDATE): the upgrade leaves that key to the repeat and goes on (rolled back on ux_events_push_key before), and
+    every alert sent again after it is a duplicate."""
+    url = fresh_database(postgres_url, "alert_push_key_race")
+    stored = alerts_at_revision_0007(url)
+    payload = parse_payload(notifications()[0])
+    event, key = alerts_to_events(payload)[0], alert_key(payload.alerts[0])
+    upgrading, server = sa.create_engine(url), sa.create_engine(url)
+    repeats: list[int] = []
+
+    def a_repeat_arrives(conn: sa.Connection, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.startswith("UPDATE events") and not repeats:
+            with server.begin() as writer:
+                repeats.extend(writer.execute(sa.text(
+                    "INSERT INTO events (ts, entity, kind, source, level, message, attrs, push_key) VALUES "
+                    "(:ts, :entity, :kind, 'alertmanager', 1, 'repeat', '{}', :key) "
+                    "ON CONFLICT (push_key) DO NOTHING RETURNING id"),
+                    {"ts": event.ts, "entity": event.entity, "kind": event.kind, "key": key}).scalars())
+
+    sa.event.listen(upgrading, "before_cursor_execute", a_repeat_arrives)
+    with upgrading.connect() as conn:
+        upgrade_to(conn, "0008")
+    upgrading.dispose()
+    server.dispose()
+    assert len(repeats) == 1  # the repeat was stored while the revision ran
+    store = Store(url)
+    with store.engine.connect() as conn:
+        holder = conn.execute(sa.text("SELECT id FROM events WHERE push_key = :key"), {"key": key}).scalar_one()
+    assert holder == repeats[0]
+    assert_every_alert_sent_again_is_a_duplicate(store, tmp_path, stored + 1)
+    store.close()
+
+
 def test_alerts_stored_before_their_key_are_keyed_on_postgresql(postgres_url: str, tmp_path: Path) -> None:
     url = fresh_database(postgres_url, "alert_push_key")
     stored = alerts_at_revision_0007(url)

@@ -12,7 +12,8 @@ this cannot rebuild, and such an alert is stored once more, as before).
 
 A database that stored an alert more than once (every repeat, before the key) keeps every row: the events are
 the record of what came, and the engine read them long ago. The first of each key is keyed; a key some row holds
-already (a repeat stored by the keyed webhook before this revision ran) is not given to another.
+already (a repeat stored by the keyed webhook before this revision ran, or by a server still on 0007's code
+while it runs) is not given to another.
 
 Revision ID: 0008
 Revises: 0007
@@ -87,9 +88,28 @@ def upgrade() -> None:
             if key not in taken:
                 taken.add(key)
                 keys.append({"row_id": row.id, "key": key})
-    keyed = sa.update(events).where(events.c.id == sa.bindparam("row_id")).values(push_key=sa.bindparam("key"))
     for start in range(0, len(keys), CHUNK):
-        bind.execute(keyed, keys[start:start + CHUNK])
+        _key(bind, keys[start:start + CHUNK])
+
+
+def _key(bind: sa.Connection, keys: list[dict[str, object]]) -> None:
+    """Give each row its key, but a key some row took meanwhile: a server still on 0007's code keeps storing keyed
+    alerts while this runs, and a repeat of an old alert takes that alert's key. Each chunk is tried in a savepoint;
+    where the unique index refuses it, the keys now held are read again and the chunk is tried without them. No
+    table lock: a writer waits only when it stores a key just given here (and then finds it a duplicate), where a
+    SHARE ROW EXCLUSIVE lock would hold every event written until the revision commits."""
+    keyed = sa.update(events).where(events.c.id == sa.bindparam("row_id")).values(push_key=sa.bindparam("key"))
+    while keys:
+        try:
+            with bind.begin_nested():
+                bind.execute(keyed, keys)
+            return
+        except sa.exc.IntegrityError:
+            held = set(bind.execute(sa.select(events.c.push_key).where(
+                events.c.push_key.in_([k["key"] for k in keys]))).scalars())
+            if not held:
+                raise
+            keys = [k for k in keys if k["key"] not in held]
 
 
 def downgrade() -> None:
