@@ -153,6 +153,12 @@ ROOTS = [
          "Destination is unreachable, tcp/eth0 - Destination is unreachable",
          UCX + "src/ucp/wireup/select.c:644 ('no %s transport to %s: %s')", "ucx.no_transport", "rank_0.log",
          LAUNCHER_RELAY),
+    Root(UCX_AT + "     cuda_ipc_md.c:62   UCX  ERROR cuCtxGetDevice(&cu_device) is failed. ret:invalid device context",
+         "UCX v1.6.0 src/uct/cuda/base/cuda_iface.h UCT_CUDADRV_FUNC ('%s is failed. ret:%s')", "ucx.cuda_call_failed",
+         "rank_0.log", LAUNCHER_RELAY),
+    Root(UCX_AT + "      cuda_copy_md.c:254  UCX  ERROR cuMemAlloc failed: out of memory",
+         UCX + "src/uct/cuda/base/cuda_util.h UCT_CUDADRV_LOG ('%s failed: %s')", "ucx.cuda_call_failed", "rank_0.log",
+         LAUNCHER_RELAY),
     # --- NVSwitch (the nvswitch driver's SXid lines) ---
     Root(SXID_FATAL, NVSW + "intr_nvswitch.h NVSWITCH_REPORT_FATAL ('Fatal, Link %02d %s%s')", "nvswitch.sxid",
          relay=CUDA_RELAY),

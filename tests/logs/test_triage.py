@@ -1257,3 +1257,27 @@ def test_volcano_job_controller_request_for_an_evicted_pod_is_named_before_the_a
     result = triage(tmp_path, workers=1)
     assert result.root is not None and result.root.lineno == 2, result.summary
     assert result.root.signature == "controller.replica_failed"
+
+
+def test_ucx_cuda_call_failure_is_named_before_the_segfault_ucx_reports_after_it(tmp_path: Path) -> None:
+    """UCX's CUDA transports log a failed driver call (cuda_iface.h UCT_CUDADRV_FUNC before 1.10: "%s is failed.
+    ret:%s", the call stringified with its arguments; cuda_util.h UCT_CUDADRV_LOG since: "%s failed: %s"); the rkey
+    unpack failure and the segmentation fault UCX's own signal handler reports next in the same process follow from it,
+    as under srun -l with PyTorch's MPI backend broadcasting a CUDA tensor."""
+    at = "0: [1579244748.8389{}] [cgpu12:56309:2] "
+    (tmp_path / "slurm-405737.out").write_text(
+        at.format(71) + "   cuda_ipc_md.c:62   UCX  DEBUG mpool ucp_rkeys: allocated chunk\n"
+        + at.format(71) + "   cuda_ipc_md.c:62   UCX  ERROR cuCtxGetDevice(&cu_device) is failed. ret:invalid device "
+        "context\n"
+        + at.format(89) + "      ucp_rkey.c:250  UCX  ERROR Failed to unpack remote key from remote md[4]: "
+        "Input/output error\n"
+        "0: [cgpu12:56309:2:56362] Caught signal 11 (Segmentation fault: address not mapped to object at address "
+        "0x20)\n"
+        "0: ==== backtrace ====\n"
+        "0:     2  /usr/lib/ucx/libuct.so.0(uct_rkey_release+0xe) [0x2aab2393f51e]\n"
+        "0: ===================\n"
+        "srun: error: cgpu12: task 0: Segmentation fault\n"
+        "0: slurmstepd: error: *** STEP 405737.0 ON cgpu12 CANCELLED AT 2020-01-16T23:05:49 ***\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 2, result.summary
+    assert result.root.signature == "ucx.cuda_call_failed"
