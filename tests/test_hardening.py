@@ -374,6 +374,7 @@ def test_serve_leaves_the_engine_off_on_a_demo_store_unless_asked(
     monkeypatch.setattr(uvicorn, "run", lambda *args, **kwargs: None)
     monkeypatch.setattr(live_engine, "Engine", lambda *args, **kwargs: object())
     monkeypatch.setattr(live_engine, "start_in_thread", lambda engine: started.append(True))
+    monkeypatch.setattr(live_engine, "stop_in_thread", lambda engine, loop: True)
     demo, plain = tmp_path / "demo", tmp_path / "plain"
     demo.mkdir()
     (demo / "DEMO").write_text("demo store\n")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -76,7 +77,14 @@ def _serve_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: dict[str
         monkeypatch.setenv(key, value)
     settings.cache_clear()
     caught: dict[str, Any] = {}
-    monkeypatch.setattr("vigil.run.engine.start_in_thread", lambda engine: caught.setdefault("engine", engine))
+
+    def caught_engine(engine: Any) -> threading.Thread:  # a loop that ended at once, for the shutdown to join
+        caught["engine"] = engine
+        loop = threading.Thread(target=lambda: None)
+        loop.start()
+        return loop
+
+    monkeypatch.setattr("vigil.run.engine.start_in_thread", caught_engine)
     monkeypatch.setattr(uvicorn, "run", lambda served, **_: caught.setdefault("app", served))
     monkeypatch.setattr("vigil.faces.cli.serve._freeze_heap", lambda: None)
     done = CliRunner().invoke(app, ["serve", "--port", str(free_port()), "--engine", *args])

@@ -193,6 +193,11 @@ class Engine:
         self.remediator = remediator
         self.resumed_actions = 0
         self._resuming: threading.Thread | None = None
+        # stopping waits for the round in flight until one deadline, however many callers wait (the loop's end,
+        # the command's), and says once that it gave up; no round starts once stopping has begun
+        self._resume_lock = threading.Lock()
+        self._finish_by: float | None = None
+        self._gave_up = False
         self.grouper = IncidentGrouper(self.topology, resolve_after_s=settings.resolve_after_s)
         self._kg: KnowledgeGraph | None = None
         self._anomalies: dict[str, Anomaly] = {}
@@ -265,27 +270,39 @@ class Engine:
         """Every tick, resume the actions of a server or engine beside this one that died, on a thread of its own:
         a resumed drain may evict for minutes, and detection goes on meanwhile. One round at a time; a round that
         fails is logged and the next tick tries again."""
-        if self.remediator is None or (self._resuming is not None and self._resuming.is_alive()):
-            return
-        # a daemon: stopping waits for it (finish_resuming), but only so long
-        self._resuming = threading.Thread(target=self._resume_logged, name="vigil-engine-resume", daemon=True)
-        self._resuming.start()
+        with self._resume_lock:
+            if self.remediator is None or self.stop.is_set() or self._finish_by is not None or (
+                    self._resuming is not None and self._resuming.is_alive()):
+                return
+            # a daemon: stopping waits for it (finish_resuming), but only so long
+            self._resuming = threading.Thread(target=self._resume_logged, name="vigil-engine-resume", daemon=True)
+            self._resuming.start()
 
-    def finish_resuming(self) -> bool:
+    def finish_resuming(self, loop: threading.Thread | None = None) -> bool:
         """Wait for the round of resumed actions in flight (``_resume_beside``) to end, so that stopping the engine
-        or ``vigil engine --once`` does not end the process mid-drain; at most one lease, since a round that runs
-        longer keeps its runs by renewing and this process must stop some time. False, logged, when it gave up:
-        its runs are taken over once this process's lease on them lapses."""
-        resuming = self._resuming
-        if resuming is None or self.remediator is None:
+        (``run``'s end, `vigil serve`'s shutdown) or ``vigil engine --once`` does not end the process mid-drain; with
+        ``loop``, the thread running ``run`` too (its tick in flight may be executing, or resuming at start). At most
+        one lease from the first call, however many callers wait, since a round that runs longer keeps its runs by
+        renewing and this process must stop some time; no round starts after the first call. False when it gave up,
+        logged once: its runs are taken over once this process's lease on them lapses."""
+        if self.remediator is None:
             return True
-        resuming.join(self.remediator.lease_s)
-        if resuming.is_alive():
+        with self._resume_lock:
+            if self._finish_by is None:
+                self._finish_by = time.monotonic() + self.remediator.lease_s
+            resuming, finish_by = self._resuming, self._finish_by
+        waiting = [thread for thread in (resuming, loop) if thread is not None]
+        for thread in waiting:
+            thread.join(max(0.0, finish_by - time.monotonic()))
+        if not any(thread.is_alive() for thread in waiting):
+            return True
+        with self._resume_lock:
+            gave_up, self._gave_up = self._gave_up, True
+        if not gave_up:
             log.warning("stopping while interrupted actions are still being resumed after %g s (one lease); another "
                         "server or engine takes them over once this process's lease on them lapses",
                         self.remediator.lease_s)
-            return False
-        return True
+        return False
 
     def _resume_logged(self) -> None:
         try:
@@ -581,3 +598,11 @@ def start_in_thread(engine: Engine) -> threading.Thread:
     thread = threading.Thread(target=engine.run, name="vigil-engine", daemon=True)
     thread.start()
     return thread
+
+
+def stop_in_thread(engine: Engine, thread: threading.Thread) -> bool:
+    """Stop an engine ``start_in_thread`` runs on ``thread`` (`vigil serve` shutting down): no tick after the one in
+    flight, which is waited for with the round of resumed actions in flight as ``Engine.finish_resuming`` waits -
+    both threads are daemons, and the process would end mid-drain."""
+    engine.stop.set()
+    return engine.finish_resuming(loop=thread)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -122,13 +124,25 @@ def serve(
                        err=True)
     if ctx.remediator is not None:
         typer.echo(acting_line(ctx.backend, not ctx.remediator.dry_run), err=True)
+    live: Engine | None = None
     if engine:
         from vigil.run.engine import start_in_thread
 
-        start_in_thread(live_engine(ctx))
+        live = running = live_engine(ctx)
+        loop = start_in_thread(running)
+        # uvicorn answers SIGTERM by shutting down, then raises it again under the handler it found: this one, so
+        # the process ends below, once the engine has stopped, instead of at once
+        previous = signal.signal(signal.SIGTERM, lambda *_: running.stop.set())
     _freeze_heap()
     typer.echo(f"vigil serving on http://{host}:{port} (store {ctx.settings.database_url()})", err=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: uvicorn shut down, and raised it again
+        uvicorn.run(app, host=host, port=port, log_level="warning")
+    if live is not None:
+        from vigil.run.engine import stop_in_thread
+
+        # the engine's threads are daemons: without this wait the process ended mid-drain
+        stop_in_thread(live, loop)
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _freeze_heap() -> None:
