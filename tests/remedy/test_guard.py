@@ -6,8 +6,14 @@ import random
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy.exc import OperationalError
 
 from tests.remedy.conftest import calls
+from tests.remedy.test_resume_claim import database as database
+from tests.serve.conftest import postgres_url as postgres_url
 from vigil.config import load_settings
 from vigil.model import Action, ActionKind, ActionStatus, Anomaly, FaultLevel, Gpu, Node, Topology
 from vigil.remedy.acting import remediator_for
@@ -218,3 +224,52 @@ def test_a_failed_action_leaves_the_node_another_action_holds(tmp_path: Path) ->
     assert (drain.status, drain.result) == (ActionStatus.FAILED, "failing-drain: HTTP 500")
     assert other.status is ActionStatus.REFUSED and "1 of 10 nodes already out" in other.result, other
     assert guard.out_of_service() == {"node/n001"}
+
+
+class BuggyDrain(HeldCordon):
+    """A back end with a bug: its drain raises neither ActuatorError nor OSError."""
+
+    name = "buggy-drain"
+    kinds = frozenset({ActionKind.DRAIN})
+
+    def execute(self, action: Action) -> str:
+        raise KeyError("pods")
+
+
+def approved(kind: ActionKind, node: str) -> Action:
+    return Action(id=f"act-{kind.value}-{node}", ts=0, kind=kind, target=f"node/{node}", status=ActionStatus.APPROVED)
+
+
+def test_a_back_end_raising_any_error_fails_the_run_and_lets_its_node_go(database: str) -> None:
+    """On 10 nodes with one allowed out, a drain of n001 whose back end raises a KeyError (a bug, not the back end's
+    refusal) ends failed: the run closed, the failure recorded, n001 released, so a cordon of n002 is admitted.
+    Before, the KeyError went up through execute: the run stayed started, and n001 stayed held for the process's
+    life, every later capacity action refused."""
+    guard = BlastRadiusGuard(cluster(10, per_switch=10), max_share=0.1, max_share_per_switch=1.0)
+    audit = AuditLog(database)
+    remediator = Remediator([HeldCordon(lambda: None), BuggyDrain(lambda: None)], audit, guard=guard, dry_run=False)
+
+    drain = remediator.execute(approved(ActionKind.DRAIN, "n001"))
+    assert (drain.status, drain.result) == (ActionStatus.FAILED, "buggy-drain: KeyError: 'pods'")
+    assert audit.unfinished() == [] and guard.out_of_service() == set()
+    assert [(a.id, a.status) for a in audit.actions()] == [("act-drain-n001", ActionStatus.FAILED)]
+    assert remediator.execute(approved(ActionKind.CORDON, "n002")).status is ActionStatus.EXECUTED
+
+
+class AuditAway(AuditLog):
+    """An audit log whose journal cannot be written: the database went away after the guard's verdict."""
+
+    def begin(self, *args: Any, **kwargs: Any) -> str | None:
+        raise OperationalError("INSERT INTO remedy_intents", {}, ConnectionError("server closed the connection"))
+
+
+def test_a_store_error_after_the_guard_lets_the_node_go(database: str) -> None:
+    """The drain of n001 is admitted, then journalling it fails (the database away): execute raises, and n001 is no
+    longer held, so the cordon of n002 through a working store is admitted. Before, n001 stayed held."""
+    guard = BlastRadiusGuard(cluster(10, per_switch=10), max_share=0.1, max_share_per_switch=1.0)
+    away = Remediator([BuggyDrain(lambda: None)], AuditAway(database), guard=guard, dry_run=False)
+    with pytest.raises(OperationalError):
+        away.execute(approved(ActionKind.DRAIN, "n001"))
+    assert guard.out_of_service() == set()
+    working = Remediator([HeldCordon(lambda: None)], AuditLog(database), guard=guard, dry_run=False)
+    assert working.execute(approved(ActionKind.CORDON, "n002")).status is ActionStatus.EXECUTED

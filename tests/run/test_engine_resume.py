@@ -81,7 +81,7 @@ def test_a_refused_resumed_run_may_be_retried_at_once(database: str, tmp_path: P
 
 
 class BrokenDrain(CountingActuator):
-    """A drain whose actuator has a bug: an error that is not the back end's."""
+    """A drain whose actuator has a bug: an error that is not the back end's refusal, which fails the run as one."""
 
     def execute(self, action: Action) -> str:
         super().execute(action)
@@ -89,8 +89,8 @@ class BrokenDrain(CountingActuator):
 
 
 def test_a_resumed_run_that_raises_is_closed_as_failed(database: str, tmp_path: Path) -> None:
-    """An error other than the back end's inside the resumed run fails the run, with the error, instead of
-    escaping Engine.start() and leaving the run started for the next takeover to trip on."""
+    """An error other than the back end's refusal inside the resumed run (a bug in the actuator) fails the run, with
+    the error, instead of escaping Engine.start() and leaving the run started for the next takeover to trip on."""
     audit = AuditLog(database)
     crashed_drain(audit, at=1_000.0, lease_s=30.0)
     runs: list[str] = []
@@ -99,7 +99,7 @@ def test_a_resumed_run_that_raises_is_closed_as_failed(database: str, tmp_path: 
     assert runs == ["counting:act-drain-n1"] and audit.unfinished() == []
     (record,) = audit.actions()
     assert record.id == "act-drain-n1" and record.status is ActionStatus.FAILED
-    assert record.result == "resuming failed: KeyError: 'nodeName'"
+    assert record.result == "counting: KeyError: 'nodeName'"
     restarted = engine_at(database, tmp_path, 1_062.0)
     restarted.start()
     assert restarted.resumed_actions == 0 and len(audit.actions()) == 1
@@ -162,7 +162,7 @@ def test_a_resumed_run_that_raises_settles_its_stored_action(database: str, tmp_
     resumed_to(database, tmp_path, ActionStatus.FAILED, [])
     stored = store.action("act-drain-n1")
     assert stored is not None and stored.status is ActionStatus.FAILED, stored
-    assert stored.result == "resuming failed: KeyError: 'nodeName'"
+    assert stored.result == "counting: KeyError: 'nodeName'"
 
 
 @pytest.mark.parametrize("verdict", [ActionStatus.REFUSED, ActionStatus.SKIPPED, ActionStatus.FAILED])

@@ -192,6 +192,19 @@ class Remediator:
                 action.result = (f"dry-run: the guard would refuse: {verdict.reason}" if action.dry_run
                                  else verdict.reason)
                 return False
+        held = action.id  # the id the guard holds the nodes for (a retry is recorded under another)
+        try:
+            return self._decide_admitted(action, actuator, guarded)
+        except BaseException:
+            # whatever raised past the verdicts (the store, a bug), the nodes stay out of the share only while a
+            # run holds them: held here, they would count against it for the rest of this process's life
+            for node in guarded:
+                assert self.guard is not None
+                self.guard.release(node, owner=held)
+            raise
+
+    def _decide_admitted(self, action: Action, actuator: Actuator, guarded: list[str]) -> bool:
+        """``_decide`` once the guard has admitted the nodes ``guarded`` (held for the action's id)."""
         if action.dry_run:
             try:
                 action.status, action.result = ActionStatus.PROPOSED, f"dry-run: would {actuator.describe(action)}"
@@ -235,8 +248,13 @@ class Remediator:
             with Renewal(self.audit, key, self.owner, lease_s=self.lease_s, renew_s=self.renew_s, clock=self.clock,
                          wait=self.wait):
                 answer = actuator.execute(action)
-        except (ActuatorError, OSError) as err:
-            action.status, action.result = ActionStatus.FAILED, f"{actuator.name}: {err}"
+        except Exception as err:  # the back end's error, or any other (a bug in it): the run ends failed either way
+            if isinstance(err, (ActuatorError, OSError)):
+                action.status, action.result = ActionStatus.FAILED, f"{actuator.name}: {err}"
+            else:
+                log.exception("%s raised running %s on %s", actuator.name, action.kind.value, action.target)
+                action.status = ActionStatus.FAILED
+                action.result = f"{actuator.name}: {type(err).__name__}: {err}"
             if not self.audit.finish(key, "failed", owner=self.owner, record=action):
                 self._completed_late(action, key, guarded, ActionStatus.FAILED, action.result, held=held)
                 return False
@@ -382,8 +400,11 @@ class Remediator:
     def _done_per_actuator(action: Action, actuator: Actuator) -> bool:
         try:
             return actuator.is_satisfied(action)
-        except (ActuatorError, OSError):
-            return False  # cannot tell; executing an idempotent back-end call is the safe side
+        except Exception as err:  # cannot tell; executing an idempotent back-end call is the safe side
+            if not isinstance(err, (ActuatorError, OSError)):
+                log.exception("%s raised asking whether %s on %s is done", actuator.name, action.kind.value,
+                              action.target)
+            return False
 
     def _note_fault(self, anomaly: Anomaly) -> None:
         if self.lifecycle is None or self.dry_run or parse_entity(anomaly.entity)[0] not in ("node", "gpu", "nic"):
