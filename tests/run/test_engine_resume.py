@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
+from sqlalchemy.exc import IntegrityError, OperationalError
 
 from tests.conftest import wait_for
 from tests.remedy.test_resume_claim import CountingActuator, crashed_drain
@@ -309,3 +311,60 @@ def test_one_tick_waits_for_the_resumed_drain_at_most_a_lease(tmp_path: Path,
     wait_for(lambda: engine.resumed_actions == 1, 30, "the resumed drain to end")
     assert engine.finish_resuming() is True
     assert runs == ["counting:act-drain-n1"] and AuditLog(database).unfinished() == []
+
+
+class LifecycleAway(LifecycleStore):
+    """A node lifecycle whose table cannot be read: the database went away in the middle of a resumed run."""
+
+    def status(self, node: str) -> Any:
+        raise OperationalError("SELECT remedy_node_states", {}, ConnectionError("server closed the connection"))
+
+
+class AuditSeenByPeer(AuditLog):
+    """An audit log that notes, right after each close of a run, what another process reads: the records and the
+    runs still started. ``record_fails``: a close carrying a record raises instead (the record cannot be written)."""
+
+    def __init__(self, url: str, *, record_fails: bool = False) -> None:
+        super().__init__(url)
+        self.record_fails = record_fails
+        self.seen: list[tuple[list[tuple[str, ActionStatus]], list[str]]] = []
+
+    def finish(self, *args: Any, **kwargs: Any) -> bool:
+        if self.record_fails and kwargs.get("record") is not None:
+            raise IntegrityError("INSERT INTO remedy_actions", {}, ValueError("duplicate key"))
+        closed = super().finish(*args, **kwargs)
+        peer = AuditLog(str(self.engine.url.render_as_string(hide_password=False)))
+        self.seen.append(([(a.id, a.status) for a in peer.actions()], [run.key for run in peer.unfinished_runs()]))
+        return closed
+
+
+def test_a_resumed_run_that_raises_is_closed_with_its_record(database: str) -> None:
+    """The engine takes over a dead server's drain and the lifecycle's table cannot be read before the back end is
+    asked: the run's close as failed and the failure's record are one transaction, so a process reading right after
+    the close finds the record. Before, the close committed alone and the record came after (a peer read the run
+    failed with no record of it, and none would exist had the engine died between the two)."""
+    crashed_drain(AuditLog(database), at=1_000.0, lease_s=30.0)
+    audit = AuditSeenByPeer(database)
+    runs: list[str] = []
+    engine = Remediator([CountingActuator(runs)], audit, lifecycle=LifecycleAway(database), dry_run=False,
+                        requested_by="vigil-engine", clock=lambda: 1_031.0)
+    (resumed,) = engine.recover()
+    assert resumed.status is ActionStatus.FAILED and resumed.result.startswith("resuming failed: OperationalError")
+    assert runs == []
+    assert audit.seen == [([("act-drain-n1", ActionStatus.FAILED)], [])]
+
+
+def test_a_resumed_run_whose_record_fails_is_closed_all_the_same(database: str) -> None:
+    """The same, and the failure's record cannot be written: the run is closed without it, and the stored action
+    settled failed, so no takeover runs the back end again."""
+    store = Store(database)
+    store.add_action(drain_to_retry())
+    crashed_drain(AuditLog(database), at=1_000.0, lease_s=30.0)
+    audit = AuditSeenByPeer(database, record_fails=True)
+    engine = Remediator([CountingActuator([])], audit, lifecycle=LifecycleAway(database), dry_run=False,
+                        requested_by="vigil-engine", clock=lambda: 1_031.0)
+    (resumed,) = engine.recover()
+    assert resumed.status is ActionStatus.FAILED
+    assert audit.seen == [([], [])]
+    stored = store.action("act-drain-n1")
+    assert stored is not None and stored.status is ActionStatus.FAILED, stored

@@ -343,18 +343,22 @@ class Remediator:
         except Exception as err:  # left started, the run would trip the next takeover on its record
             log.exception("resuming the interrupted run %s failed", run.key)
             action.status, action.result = ActionStatus.FAILED, f"resuming failed: {type(err).__name__}: {err}"
-            # closed first and alone: whatever failed (the record itself, say) must not fail the close, nor leave the
-            # run started for the next takeover to run the back end again
-            if not self.audit.finish(run.key, "failed", owner=self.owner, settle=action):
+            held = action.id
+            # the close and the record in one transaction, as on every other path: a process that finds the run
+            # closed finds its record
+            try:
+                self._retry_if_recorded(action)
+                closed = self.audit.finish(run.key, "failed", owner=self.owner, record=action)
+            except Exception:
+                # whatever failed the record (the record itself, say) must not fail the close, nor leave the run
+                # started for the next takeover to run the back end again: closed alone, the stored action settled
+                log.exception("recording the failed resumed run %s failed; closing it without its record", run.key)
+                closed = self.audit.finish(run.key, "failed", owner=self.owner, settle=action)
+            if not closed:
                 return action  # this claim lapsed meanwhile: the run is the process's that took it over
             if self.guard is not None:
                 for node in capacity_nodes(action):
-                    self.guard.release(node, owner=action.id)
-            try:
-                self._retry_if_recorded(action)
-                self.audit.record(action)
-            except Exception:
-                log.exception("recording the failed resumed run %s failed", run.key)
+                    self.guard.release(node, owner=held)
             return action
 
     def finish_repair(self, node: str, self_check_passed: bool, detail: str = "") -> NodeState:
