@@ -6,22 +6,27 @@ the stored action as the run leaves it. On SQLite and on PostgreSQL."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from fastapi.testclient import TestClient
+from sqlalchemy import insert, text
 
+from tests.conftest import wait_for
 from tests.remedy.test_resume_claim import CountingActuator
 from tests.remedy.test_resume_claim import database as database
-from tests.serve.conftest import TOKEN
+from tests.serve.conftest import TOKEN, fresh_database
 from tests.serve.conftest import postgres_url as postgres_url
 from vigil.config import Settings
 from vigil.faces.api.app import app_for_context
 from vigil.faces.api.context import ServeContext
 from vigil.model import Action, ActionKind, ActionStatus
 from vigil.remedy.audit import AuditLog
+from vigil.remedy.lifecycle import LifecycleStore, Trigger
 from vigil.remedy.remediator import Remediator
+from vigil.store.schema import remedy_actions
 from vigil.store.sql import Store
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -138,3 +143,71 @@ def test_a_repeat_that_finds_the_run_done_finds_its_record(database: str) -> Non
     assert seen == [[("act-drain-n1", ActionStatus.EXECUTED)]]
     assert {a.id: a.status for a in AuditLog(database).actions()} == {"act-drain-n1": ActionStatus.EXECUTED,
                                                                       repeat.id: ActionStatus.SKIPPED}
+
+
+def repaired_n1(database: str) -> LifecycleStore:
+    """A lifecycle that has node/n1 in repair: a drain of it is done already."""
+    lifecycle = LifecycleStore(database)
+    for trigger in (Trigger.CORDON, Trigger.DRAIN, Trigger.DRAINED):
+        lifecycle.apply("node/n1", trigger, "repair")
+    return lifecycle
+
+
+def test_a_verdict_recorded_under_the_id_while_the_run_works_leaves_the_run_its_close(database: str) -> None:
+    """Server A runs the drain; while its back end works, server B - whose lifecycle has node/n1 in repair - decides
+    the same action done before any journal and records its skip under the action's id. A's close then finds the id
+    taken and records the drain under an id of its own naming the action (params.retry_of), closing the run in the
+    same transaction. Before, A looked for a record under the id before the back end, found none, and its insert
+    after it raised IntegrityError: the close rolled back, the run stayed started for a takeover to run again."""
+    runs: list[str] = []
+    b_skips: list[Action] = []
+    server_b = Remediator([CountingActuator(runs)], AuditLog(database), lifecycle=repaired_n1(database),
+                          dry_run=False, requested_by="vigil-api-b")
+    a_actuator = CountingActuator(runs, during=lambda: b_skips.append(server_b.execute(approved_drain())))
+    a_actuator.name = "server-a"
+    server_a = Remediator([a_actuator], AuditLog(database), dry_run=False, requested_by="vigil-api-a")
+
+    done = server_a.execute(approved_drain())
+
+    (skip,) = b_skips
+    assert (skip.id, skip.status) == ("act-drain-n1", ActionStatus.SKIPPED)
+    assert done.status is ActionStatus.EXECUTED and runs == ["server-a:act-drain-n1"]
+    assert done.id != "act-drain-n1" and done.params["retry_of"] == "act-drain-n1"
+    audit = AuditLog(database)
+    assert audit.unfinished() == []
+    assert {a.id: a.status for a in audit.actions()} == {"act-drain-n1": ActionStatus.SKIPPED,
+                                                         done.id: ActionStatus.EXECUTED}
+
+
+def test_two_records_under_one_id_at_once_on_postgresql(postgres_url: str) -> None:
+    """PostgreSQL: another process's transaction has written a verdict under the drain's id and not committed when
+    server A runs the drain. A cannot see that record, so nothing before its close can tell the id is taken; its
+    close's insert waits on the other transaction (seen in pg_locks), which the test then commits. A records the
+    drain under an id of its own (params.retry_of) and closes the run. Before, A's earlier look found the id free, its
+    insert raised a unique violation once the other committed, and the run stayed started."""
+    database = fresh_database(postgres_url, "claims_two_records_one_id")
+    audit = AuditLog(database)
+    other = audit.engine.connect()
+    other_tx = other.begin()
+    other.execute(insert(remedy_actions).values(id="act-drain-n1", ts=1_000.0, kind="drain", target="node/n1",
+                                                reason="Xid 79", requested_by="vigil-api-b", dry_run=False,
+                                                status="skipped", result="node/n1 already drain", params={}))
+    runs: list[str] = []
+    server_a = Remediator([CountingActuator(runs)], AuditLog(database), dry_run=False, requested_by="vigil-api-a")
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            running = pool.submit(server_a.execute, approved_drain())
+            with audit.engine.connect() as look:
+                waiting = text("SELECT count(*) FROM pg_locks WHERE NOT granted")
+                wait_for(lambda: running.done() or look.execute(waiting).scalar_one() > 0, 30,
+                         "server A's record to wait on the other transaction")
+            assert not running.done(), running.result()
+            other_tx.commit()
+            done = running.result(timeout=30)
+    finally:
+        other.close()
+    assert done.status is ActionStatus.EXECUTED and runs == ["counting:act-drain-n1"]
+    assert done.id != "act-drain-n1" and done.params["retry_of"] == "act-drain-n1"
+    assert audit.unfinished() == []
+    assert {a.id: a.status for a in audit.actions()} == {"act-drain-n1": ActionStatus.SKIPPED,
+                                                         done.id: ActionStatus.EXECUTED}

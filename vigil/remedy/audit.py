@@ -19,7 +19,7 @@ from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from vigil.config import settings
-from vigil.model import Action, ActionKind, ActionStatus
+from vigil.model import Action, ActionKind, ActionStatus, new_id
 from vigil.store.schema import remedy_actions as actions_table
 from vigil.store.schema import remedy_intents as intents_table
 from vigil.store.sql import OPEN_ACTION_STATUSES, open_database, settle_action
@@ -155,8 +155,11 @@ class AuditLog:
         params in that transaction too, whoever closes the run - the server that began it, or the process that
         resumed it - unless it holds a verdict already. With ``owner``, only while the run is still started and that
         owner's: False (nothing recorded) when its claim lapsed and another process took the run over (and maybe
-        finished it), which is then left as that process has it. ``settle`` settles the stored action with a verdict
-        recorded apart (a close that must not fail on its record)."""
+        finished it), which is then left as that process has it. A ``record`` whose id holds a record already - an
+        earlier run of the action that ended refused, skipped or failed, or another process's verdict on it written
+        a moment ago - is written under an id of its own naming the action (``params.retry_of``; ``record`` is
+        changed in place): the unique id decides in the insert, so no look before it can be overtaken. ``settle``
+        settles the stored action with a verdict recorded apart (a close that must not fail on its record)."""
         c = intents_table.c
         mine = [] if owner is None else [c.state == "started", c.owner == owner]
         with self.engine.begin() as conn:
@@ -165,7 +168,7 @@ class AuditLog:
             if changed.rowcount != 1:
                 return False
             if record is not None:
-                conn.execute(insert(actions_table).values(**_row(record)))
+                _record_in_close(conn, record)
                 _settle_stored(conn, record)
             if settle is not None:
                 _settle_stored(conn, settle)
@@ -186,12 +189,6 @@ class AuditLog:
             if state == "done":
                 settle_action(conn, action_id, OPEN_ACTION_STATUSES, ActionStatus.EXECUTED, dry_run=False,
                               result=f"executed, per the execution journal (idempotency key {key})")
-
-    def recorded(self, action_id: str) -> bool:
-        """Whether the audit holds a record under ``action_id``."""
-        with self.engine.connect() as conn:
-            found = conn.execute(select(actions_table.c.id).where(actions_table.c.id == action_id)).first()
-            return found is not None
 
     def action_of(self, key: str) -> str | None:
         """The id of the action whose run the journal holds under ``key``; None for no such run."""
@@ -219,6 +216,16 @@ class AuditLog:
     def count(self) -> int:
         with self.engine.connect() as conn:
             return int(conn.execute(select(func.count()).select_from(actions_table)).scalar_one())
+
+
+def _record_in_close(conn: Connection, record: Action) -> None:
+    """Insert ``record``; when its id holds a record already, under an id of its own naming it (``params.retry_of``),
+    in the same transaction. ON CONFLICT DO NOTHING waits for a record another transaction is writing under the id
+    (PostgreSQL) and then skips, so two processes cannot both find the id free and both take it."""
+    if not _insert_new(conn, actions_table, _row(record), actions_table.c.id):
+        record.params["retry_of"] = record.id
+        record.id = new_id("act")
+        conn.execute(insert(actions_table).values(**_row(record)))
 
 
 def _settle_stored(conn: Connection, record: Action) -> None:

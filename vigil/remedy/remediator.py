@@ -151,7 +151,6 @@ class Remediator:
             return action
         # a verdict recorded beside the run under an id of its own (a repeat, a late answer) leaves the run as it is
         if claimed is not None and action.id == decided_as:
-            self._retry_if_recorded(action)
             if self.audit.finish(claimed, action.status.value, owner=self.owner, record=action):
                 return action
             # this remediator's claim lapsed before the verdict and another process took the run over
@@ -229,10 +228,10 @@ class Remediator:
         if previous == "running":
             self._repeated(action, key, guarded, f"running in another process (idempotency key {key})")
             return False
-        # a run of this action that ended refused, skipped or failed (one resumed, or a crashed retry) holds its id;
-        # the guard holds the nodes for the id they were admitted under
+        # a run of this action that ended refused, skipped or failed (one resumed, or a crashed retry) may hold its
+        # record's id: the close records this verdict under an id of its own then (``AuditLog.finish``); the guard
+        # holds the nodes for the id they were admitted under
         held = action.id
-        self._retry_if_recorded(action)
         if self._done_per_actuator(action, actuator):
             action.status, action.result = (
                 ActionStatus.SKIPPED,
@@ -269,14 +268,6 @@ class Remediator:
             return False
         self._advance_lifecycle(action)
         return True
-
-    def _retry_if_recorded(self, action: Action) -> None:
-        """A verdict on an action whose id has a record already - a run of it that ended refused, skipped or failed
-        (resumed by another process, or failed here), which leaves the action open to run again - is recorded under
-        an id of its own naming the action (``params.retry_of``): the audit keeps one record per id."""
-        if self.audit.recorded(action.id):
-            action.params["retry_of"] = action.id
-            action.id = new_id("act")
 
     def _repeated(self, action: Action, key: str, guarded: list[str], result: str) -> None:
         """Another run under ``key`` holds the journal: it is running in another process, or done. The nodes this
@@ -347,7 +338,6 @@ class Remediator:
             # the close and the record in one transaction, as on every other path: a process that finds the run
             # closed finds its record
             try:
-                self._retry_if_recorded(action)
                 closed = self.audit.finish(run.key, "failed", owner=self.owner, record=action)
             except Exception:
                 # whatever failed the record (the record itself, say) must not fail the close, nor leave the run
