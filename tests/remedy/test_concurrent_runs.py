@@ -191,7 +191,7 @@ def test_two_records_under_one_id_at_once_on_postgresql(postgres_url: str) -> No
     other_tx = other.begin()
     other.execute(insert(remedy_actions).values(id="act-drain-n1", ts=1_000.0, kind="drain", target="node/n1",
                                                 reason="Xid 79", requested_by="vigil-api-b", dry_run=False,
-                                                status="skipped", result="node/n1 already drain", params={}))
+                                                status="skipped", result="node/n1 is already drained", params={}))
     runs: list[str] = []
     server_a = Remediator([CountingActuator(runs)], AuditLog(database), dry_run=False, requested_by="vigil-api-a")
     try:

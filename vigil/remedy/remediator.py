@@ -51,6 +51,30 @@ ALREADY_DONE: dict[ActionKind, frozenset[NodeState]] = {
     ActionKind.UNCORDON: frozenset({NodeState.HEALTHY}),
 }
 
+# How a skip says an action's work is there already, after its target: "node/n1 is already cordoned".
+ALREADY_SAID: dict[ActionKind, str] = {
+    ActionKind.ALERT: "already has an alert out",
+    ActionKind.CORDON: "is already cordoned",
+    ActionKind.UNCORDON: "is already uncordoned",
+    ActionKind.DRAIN: "is already drained",
+    ActionKind.RESET_GPU: "is already reset",
+    ActionKind.REBOOT: "is already rebooted",
+    ActionKind.RESTART_JOB: "is already restarted",
+    ActionKind.MIGRATE_JOB: "is already migrated",
+    ActionKind.VENDOR_TICKET: "already has a vendor ticket",
+    ActionKind.RUN_DIAGNOSTICS: "already has its diagnostics run",
+    ActionKind.COLLECT_LOGS: "already has its logs collected",
+    ActionKind.PREEMPT_NOTICE: "already has its preemption notice",
+    ActionKind.PREEMPT: "is already preempted",
+    ActionKind.SET_QUOTA: "already has that quota",
+    ActionKind.DELETE_CHECKPOINT: "already has that checkpoint deleted",
+}
+
+
+def already_done(action: Action, per: str = "") -> str:
+    """The result of an action skipped because its work is done: per the lifecycle, or ``per`` a back end."""
+    return f"{action.target} {ALREADY_SAID[action.kind]}" + (f", per {per}" if per else "")
+
 
 def capacity_nodes(action: Action) -> list[str]:
     """The nodes an action takes out of service, which the blast-radius guard must admit: a cordon, drain or
@@ -175,10 +199,7 @@ class Remediator:
             return False
         action.params.setdefault("actuator", actuator.name)
         if self._done_per_lifecycle(action):
-            action.status, action.result = (
-                ActionStatus.SKIPPED,
-                f"{action.target} already {action.kind.value}",
-            )
+            action.status, action.result = ActionStatus.SKIPPED, already_done(action)
             return False
         # The guard goes before asking the back end, so a flood of faults costs no API calls.
         guarded = capacity_nodes(action) if self.guard is not None else []
@@ -233,10 +254,7 @@ class Remediator:
         # holds the nodes for the id they were admitted under
         held = action.id
         if self._done_per_actuator(action, actuator):
-            action.status, action.result = (
-                ActionStatus.SKIPPED,
-                f"{action.target} already {action.kind.value} per {actuator.name}",
-            )
+            action.status, action.result = ActionStatus.SKIPPED, already_done(action, per=actuator.name)
             if not self.audit.finish(key, "done", owner=self.owner, record=action):
                 self._completed_late(action, key, guarded, action.status, action.result, held=held)
                 return False
