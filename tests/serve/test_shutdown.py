@@ -5,92 +5,23 @@ PostgreSQL."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.remedy.held_slurm import acting_env, held_slurm, place_cluster
 from tests.remedy.test_resume_claim import crashed_drain
 from tests.remedy.test_resume_claim import database as database
-from tests.serve.conftest import REPO, TOKEN, free_port, wait_for
+from tests.serve.conftest import REPO, free_port, wait_for
 from tests.serve.conftest import postgres_url as postgres_url
-from vigil.model import ActionStatus, Node, Topology
+from vigil.model import ActionStatus
 from vigil.remedy.audit import AuditLog
-from vigil.store.sql import Store
 
 pytestmark = pytest.mark.slow
-
-# scontrol as the Slurm actuator calls it: the node is idle (not drained yet), and the drain blocks reading the FIFO
-# HELD_SLURM_DIR/release until the test writes to it
-HELD_SCONTROL = """
-import os, sys
-state_dir = os.environ["HELD_SLURM_DIR"]
-with open(os.path.join(state_dir, "calls.log"), "a") as log:
-    log.write(" ".join(sys.argv[1:]) + "\\n")
-if sys.argv[1:3] == ["show", "node"]:
-    print(f"NodeName={sys.argv[3]} Arch=x86_64 CoresTotal=64 State=IDLE Partitions=gpu")
-elif sys.argv[1] == "update":
-    with open(os.path.join(state_dir, "draining"), "w"):
-        pass
-    with open(os.path.join(state_dir, "release")) as release:
-        release.read()
-"""
-
-
-@dataclass
-class HeldSlurm:
-    """A fake Slurm whose drains wait for ``release``; ``env`` puts its scontrol first on PATH."""
-
-    state_dir: Path
-
-    @property
-    def env(self) -> dict[str, str]:
-        return {"PATH": f"{self.state_dir / 'bin'}{os.pathsep}{os.environ['PATH']}",
-                "HELD_SLURM_DIR": str(self.state_dir)}
-
-    def draining(self) -> bool:
-        return (self.state_dir / "draining").exists()
-
-    def release(self) -> None:
-        with (self.state_dir / "release").open("w") as fifo:
-            fifo.write("go\n")
-
-
-@contextmanager
-def held_slurm(state_dir: Path) -> Iterator[HeldSlurm]:
-    (state_dir / "bin").mkdir(parents=True)
-    scontrol = state_dir / "bin" / "scontrol"
-    scontrol.write_text(f"#!{sys.executable} -I{HELD_SCONTROL}")
-    scontrol.chmod(0o755)
-    os.mkfifo(state_dir / "release")
-    slurm = HeldSlurm(state_dir)
-    try:
-        yield slurm
-    finally:
-        # a drain still reading: let it end, so no scontrol outlives the test (none reading: ENXIO)
-        with contextlib.suppress(OSError):
-            os.close(os.open(state_dir / "release", os.O_WRONLY | os.O_NONBLOCK))
-
-
-def acting_env(home: Path, database: str, slurm: HeldSlurm, **settings: str) -> dict[str, str]:
-    """A server or engine that executes through Slurm, on ``database``, the guard letting every node go."""
-    return {**os.environ, **slurm.env, "VIGIL_HOME": str(home), "VIGIL_DB_URL": database, "VIGIL_API_TOKEN": TOKEN,
-            "VIGIL_EXECUTE_ACTIONS": "true", "VIGIL_REMEDY_BACKEND": "slurm", "VIGIL_MAX_CORDON_SHARE": "1",
-            "VIGIL_MAX_CORDON_SHARE_PER_SWITCH": "1", "VIGIL_ENGINE_INTERVAL_S": "0.2", "PYTHONPATH": str(REPO),
-            **settings}
-
-
-def place_cluster(database: str) -> None:
-    Store(database).place_nodes(Topology(nodes=[Node(name=f"n{i}") for i in range(1, 5)]))
-
 
 def start_server(home: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
     port = free_port()
