@@ -8,17 +8,23 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
+from typer.testing import CliRunner
 
 from tests.remedy.test_resume_claim import CountingActuator, FakeClock
+from tests.remedy.test_resume_claim import database as database
+from tests.serve.conftest import postgres_url as postgres_url
 from vigil.config import Settings
 from vigil.model import Action, ActionKind, ActionStatus, Topology
 from vigil.remedy.acting import remediator_for
 from vigil.remedy.audit import AuditLog
 from vigil.remedy.lifecycle import LifecycleStore
 from vigil.remedy.remediator import Remediator
+from vigil.store.schema import remedy_intents
 
 
 def test_the_server_s_remediator_takes_its_lease_from_the_settings(tmp_path: Path) -> None:
@@ -69,3 +75,48 @@ def test_bad_lease_settings_stop_the_command_with_one_line(tmp_path: Path, verb:
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     (line,) = proc.stderr.strip().splitlines()
     assert expected in line and "Traceback" not in proc.stderr, line
+
+
+@pytest.fixture
+def lease_of_600_s(monkeypatch: pytest.MonkeyPatch, database: str, tmp_path: Path) -> Iterator[str]:
+    """The process's settings (VIGIL_*) on ``database``: a 600 s lease renewed every 60 s."""
+    from vigil.config import settings
+
+    for key, value in {"VIGIL_HOME": str(tmp_path / "home"), "VIGIL_DB_URL": database,
+                       "VIGIL_REMEDY_LEASE_S": "600", "VIGIL_REMEDY_LEASE_RENEW_S": "60"}.items():
+        monkeypatch.setenv(key, value)
+    settings.cache_clear()
+    yield database
+    settings.cache_clear()
+
+
+def journalled_leases(database: str) -> list[float]:
+    """How long each run in the execution journal was claimed for when it began."""
+    c = remedy_intents.c
+    with AuditLog(database).engine.connect() as conn:
+        return [row.lease_expires - row.started for row in conn.execute(select(c.started, c.lease_expires))]
+
+
+def test_the_failover_supervisor_holds_its_runs_for_the_configured_lease(lease_of_600_s: str, tmp_path: Path) -> None:
+    """`vigil launch job`'s failover supervisor claims a run for remedy_lease_s, as the server and the engine do
+    (before: 30 s whatever the settings, so a peer could take a long restart over after 30 s)."""
+    from tests.remedy.test_failover import tiny_job
+    from vigil.run.failover import FailoverSupervisor, LocalJob
+
+    supervisor = FailoverSupervisor(LocalJob(tiny_job("leased"), tmp_path / "run"), AuditLog(lease_of_600_s))
+    assert (supervisor.remediator.lease_s, supervisor.remediator.renew_s) == (600.0, 60.0)
+    done = supervisor.remediator.execute(Action(ts=0.0, kind=ActionKind.ALERT, target="job/leased",
+                                                reason="failover retries spent"))
+    assert done.status is ActionStatus.EXECUTED
+    assert journalled_leases(lease_of_600_s) == [600.0]
+
+
+def test_checkpoint_clean_holds_its_runs_for_the_configured_lease(lease_of_600_s: str, tmp_path: Path) -> None:
+    """`vigil checkpoint clean --execute` claims each deletion's run for remedy_lease_s (before: 30 s)."""
+    from tests.checkpoint.test_cleanup import make_checkpoints
+    from vigil.faces.cli.main import app
+
+    ckpt = make_checkpoints(tmp_path)
+    done = CliRunner().invoke(app, ["checkpoint", "clean", str(ckpt), "--keep-last", "2", "--execute", "--json"])
+    assert done.exit_code == 0, done.output
+    assert journalled_leases(lease_of_600_s) == [600.0] * 5

@@ -21,9 +21,6 @@ from vigil.remedy.audit import AuditLog
 
 log = logging.getLogger("vigil.remedy.lease")
 
-LEASE_S = 30.0
-RENEW_S = 10.0
-
 # wait(stop, seconds): block until ``stop`` is set (True) or ``seconds`` of the clock have passed (False)
 Wait = Callable[[threading.Event, float], bool]
 

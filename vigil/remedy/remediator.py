@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 
+from vigil.config import settings
 from vigil.model import (
     Action,
     ActionKind,
@@ -29,7 +30,7 @@ from vigil.model import (
 from vigil.remedy.actuators.base import Actuator, ActuatorError, migration_nodes
 from vigil.remedy.audit import AuditLog, UnfinishedRun
 from vigil.remedy.guard import CAPACITY_ACTIONS, BlastRadiusGuard
-from vigil.remedy.lease import LEASE_S, RENEW_S, Renewal, Wait, wall_wait
+from vigil.remedy.lease import Renewal, Wait, wall_wait
 from vigil.remedy.lifecycle import LifecycleStore, NodeState, Trigger, trigger_for_level
 from vigil.remedy.policy import PolicyEngine
 
@@ -121,10 +122,16 @@ class Remediator:
         hold_dry_runs: bool = True,
         requested_by: str = "vigil",
         clock: Callable[[], float] = time.time,
-        lease_s: float = LEASE_S,
-        renew_s: float = RENEW_S,
+        lease_s: float | None = None,
+        renew_s: float | None = None,
         wait: Wait = wall_wait,
     ) -> None:
+        # every remediator of the process holds its runs as the server's and the engine's do, whoever builds it (the
+        # failover supervisor, `vigil checkpoint clean`, the other verbs): the settings, unless given
+        if lease_s is None or renew_s is None:
+            configured = settings()
+            lease_s = configured.remedy_lease_s if lease_s is None else lease_s
+            renew_s = configured.remedy_lease_renew_s if renew_s is None else renew_s
         if not 0 < renew_s < lease_s:
             raise ValueError(f"lease renewal every {renew_s:g} s: expected more than 0 and less than the lease "
                              f"({lease_s:g} s)")
