@@ -240,19 +240,33 @@ def approved(kind: ActionKind, node: str) -> Action:
     return Action(id=f"act-{kind.value}-{node}", ts=0, kind=kind, target=f"node/{node}", status=ActionStatus.APPROVED)
 
 
-def test_a_back_end_raising_any_error_fails_the_run_and_lets_its_node_go(database: str) -> None:
+def test_a_back_end_raising_any_error_fails_the_run_and_keeps_its_node(database: str) -> None:
     """On 10 nodes with one allowed out, a drain of n001 whose back end raises a KeyError (a bug, not the back end's
-    refusal) ends failed: the run closed, the failure recorded, n001 released, so a cordon of n002 is admitted.
-    Before, the KeyError went up through execute: the run stayed started, and n001 stayed held for the process's
-    life, every later capacity action refused."""
+    refusal: it may come after the node went out, a parse error of the answer) ends failed, the run closed and the
+    failure recorded; n001 stays held, so a cordon of n002 is refused, until n001 is back in service. Before bc917be
+    the KeyError went up through execute and left the run started; after it, n001 was released and the cordon of
+    n002 admitted, two nodes out where the drain had run."""
     guard = BlastRadiusGuard(cluster(10, per_switch=10), max_share=0.1, max_share_per_switch=1.0)
     audit = AuditLog(database)
     remediator = Remediator([HeldCordon(lambda: None), BuggyDrain(lambda: None)], audit, guard=guard, dry_run=False)
 
     drain = remediator.execute(approved(ActionKind.DRAIN, "n001"))
     assert (drain.status, drain.result) == (ActionStatus.FAILED, "buggy-drain: KeyError: 'pods'")
-    assert audit.unfinished() == [] and guard.out_of_service() == set()
+    assert audit.unfinished() == [] and guard.out_of_service() == {"node/n001"}
     assert [(a.id, a.status) for a in audit.actions()] == [("act-drain-n001", ActionStatus.FAILED)]
+    cordon = remediator.execute(approved(ActionKind.CORDON, "n002"))
+    assert cordon.status is ActionStatus.REFUSED and "1 of 10 nodes already out" in cordon.result, cordon
+
+
+def test_a_back_end_s_own_error_lets_its_node_go(database: str) -> None:
+    """A drain whose back end answers with its own error (ActuatorError: it did not take the node out) releases
+    n001, so a cordon of n002 is admitted."""
+    guard = BlastRadiusGuard(cluster(10, per_switch=10), max_share=0.1, max_share_per_switch=1.0)
+    remediator = Remediator([HeldCordon(lambda: None), FailingDrain(lambda: None)], AuditLog(database), guard=guard,
+                            dry_run=False)
+    drain = remediator.execute(approved(ActionKind.DRAIN, "n001"))
+    assert (drain.status, drain.result) == (ActionStatus.FAILED, "failing-drain: HTTP 500")
+    assert guard.out_of_service() == set()
     assert remediator.execute(approved(ActionKind.CORDON, "n002")).status is ActionStatus.EXECUTED
 
 
@@ -273,3 +287,86 @@ def test_a_store_error_after_the_guard_lets_the_node_go(database: str) -> None:
     assert guard.out_of_service() == set()
     working = Remediator([HeldCordon(lambda: None)], AuditLog(database), guard=guard, dry_run=False)
     assert working.execute(approved(ActionKind.CORDON, "n002")).status is ActionStatus.EXECUTED
+
+
+class GoodDrain(HeldCordon):
+    name = "good-drain"
+    kinds = frozenset({ActionKind.DRAIN})
+
+    def execute(self, action: Action) -> str:
+        return f"drained {action.target}"
+
+
+class CloseAway(AuditLog):
+    """The database goes away between the back end's answer and the run's close."""
+
+    def finish(self, *args: Any, **kwargs: Any) -> bool:
+        raise OperationalError("UPDATE remedy_intents", {}, ConnectionError("server closed the connection"))
+
+
+def test_a_drained_node_stays_counted_when_the_close_fails(database: str) -> None:
+    """The back end drained n001, then the run's close hit a dropped connection: execute raises, and n001 - out of
+    service in the cluster - still counts, so a cordon of n002 on 10 nodes with one allowed out is refused. Before,
+    whatever raised after the guard released n001, and the cordon of n002 was admitted: two nodes out."""
+    guard = BlastRadiusGuard(cluster(10, per_switch=10), max_share=0.1, max_share_per_switch=1.0)
+    remediator = Remediator([GoodDrain(lambda: None), HeldCordon(lambda: None)], CloseAway(database), guard=guard,
+                            dry_run=False)
+    with pytest.raises(OperationalError):
+        remediator.execute(approved(ActionKind.DRAIN, "n001"))
+    assert guard.out_of_service() == {"node/n001"}
+    working = Remediator([HeldCordon(lambda: None)], AuditLog(database), guard=guard, dry_run=False)
+    assert working.execute(approved(ActionKind.CORDON, "n002")).status is ActionStatus.REFUSED
+
+
+class LifecycleAway(LifecycleStore):
+    """The lifecycle store fails its write after the run closed done."""
+
+    def apply(self, *args: Any, **kwargs: Any) -> Any:
+        raise OperationalError("UPDATE node_lifecycle", {}, ConnectionError("server closed the connection"))
+
+
+def test_a_drained_node_stays_counted_when_the_lifecycle_write_fails(database: str) -> None:
+    """The drain ran and its run closed done, then the lifecycle's write failed: the run is nobody's to resume, the
+    lifecycle does not say n001 is out, and the guard still holds it (released before)."""
+    lifecycle = LifecycleAway(database)
+    guard = BlastRadiusGuard(cluster(10, per_switch=10), lifecycle, max_share=0.1, max_share_per_switch=1.0)
+    audit = AuditLog(database)
+    remediator = Remediator([GoodDrain(lambda: None), HeldCordon(lambda: None)], audit, lifecycle=lifecycle,
+                            guard=guard, dry_run=False)
+    with pytest.raises(OperationalError):
+        remediator.execute(approved(ActionKind.DRAIN, "n001"))
+    assert audit.unfinished() == []
+    assert [a.status for a in audit.actions()] == [ActionStatus.EXECUTED]
+    assert guard.out_of_service() == {"node/n001"}
+    cordon = remediator.execute(approved(ActionKind.CORDON, "n002"))
+    assert cordon.status is ActionStatus.REFUSED and "1 of 10 nodes already out" in cordon.result, cordon
+
+
+class CloseAwayOnce(AuditLog):
+    """The database drops the connection once, at the first close; it is back right after."""
+
+    failed = False
+
+    def finish(self, *args: Any, **kwargs: Any) -> bool:
+        if not self.failed:
+            self.failed = True
+            raise OperationalError("UPDATE remedy_intents", {}, ConnectionError("server closed the connection"))
+        return super().finish(*args, **kwargs)
+
+
+def test_one_server_keeps_the_share_after_a_failed_close(database: str) -> None:
+    """One `vigil serve` (its API and engine share one remediator): the drain of n001 ran, its close hit a dropped
+    connection. The run stays started under this process's own claim, which its recover() never takes, and the
+    lifecycle never heard of the drain - only the guard's hold counts n001, and it stays: a cordon of n002 is refused
+    on a cluster allowing one node out (admitted before, two nodes out)."""
+    lifecycle = LifecycleStore(database)
+    guard = BlastRadiusGuard(cluster(10, per_switch=10), lifecycle, max_share=0.1, max_share_per_switch=1.0)
+    audit = CloseAwayOnce(database)
+    server = Remediator([GoodDrain(lambda: None), HeldCordon(lambda: None)], audit, lifecycle=lifecycle,
+                        guard=guard, dry_run=False, clock=lambda: 10_000.0)
+    with pytest.raises(OperationalError):
+        server.execute(approved(ActionKind.DRAIN, "n001"))
+    assert server.recover() == []
+    assert [run.key for run in audit.unfinished_runs()] == ["act-drain-n001"]
+    cordon = server.execute(approved(ActionKind.CORDON, "n002"))
+    assert cordon.status is ActionStatus.REFUSED and "1 of 10 nodes already out" in cordon.result, cordon

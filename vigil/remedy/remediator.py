@@ -220,18 +220,24 @@ class Remediator:
                                  else verdict.reason)
                 return False
         held = action.id  # the id the guard holds the nodes for (a retry is recorded under another)
+        asked: list[bool] = []  # set just before the back end is asked: from then on the nodes may be out
         try:
-            return self._decide_admitted(action, actuator, guarded)
+            return self._decide_admitted(action, actuator, guarded, asked)
         except BaseException:
-            # whatever raised past the verdicts (the store, a bug), the nodes stay out of the share only while a
-            # run holds them: held here, they would count against it for the rest of this process's life
+            if asked:
+                # raised after the back end was asked (the close on a dropped connection, the lifecycle's write):
+                # the nodes may well be out, so they stay held until back in service, or a restart's takeover
+                raise
+            # raised before the back end was asked (the journal's begin, a bug), the nodes stay out of the share only
+            # while a run holds them: held here, they would count against it for the rest of this process's life
             for node in guarded:
                 assert self.guard is not None
                 self.guard.release(node, owner=held)
             raise
 
-    def _decide_admitted(self, action: Action, actuator: Actuator, guarded: list[str]) -> bool:
-        """``_decide`` once the guard has admitted the nodes ``guarded`` (held for the action's id)."""
+    def _decide_admitted(self, action: Action, actuator: Actuator, guarded: list[str], asked: list[bool]) -> bool:
+        """``_decide`` once the guard has admitted the nodes ``guarded`` (held for the action's id); ``asked`` gets an
+        item just before the back end is asked to execute."""
         if action.dry_run:
             try:
                 action.status, action.result = ActionStatus.PROPOSED, f"dry-run: would {actuator.describe(action)}"
@@ -271,9 +277,11 @@ class Remediator:
         try:
             with Renewal(self.audit, key, self.owner, lease_s=self.lease_s, renew_s=self.renew_s, clock=self.clock,
                          wait=self.wait):
+                asked.append(True)
                 answer = actuator.execute(action)
         except Exception as err:  # the back end's error, or any other (a bug in it): the run ends failed either way
-            if isinstance(err, (ActuatorError, OSError)):
+            refused = isinstance(err, (ActuatorError, OSError))
+            if refused:
                 action.status, action.result = ActionStatus.FAILED, f"{actuator.name}: {err}"
             else:
                 log.exception("%s raised running %s on %s", actuator.name, action.kind.value, action.target)
@@ -282,9 +290,12 @@ class Remediator:
             if not self.audit.finish(key, "failed", owner=self.owner, record=action):
                 self._completed_late(action, key, guarded, ActionStatus.FAILED, action.result, held=held)
                 return False
-            for node in guarded:
-                assert self.guard is not None
-                self.guard.release(node, owner=held)
+            if refused:  # the back end's own error: it did not take the nodes out
+                for node in guarded:
+                    assert self.guard is not None
+                    self.guard.release(node, owner=held)
+            # any other (a parse error after the side effect, say) may have come after the nodes went out: they stay
+            # held until back in service (an uncordon through this remediator) or this process ends
             return True
         action.status = ActionStatus.EXECUTED
         action.result = f"resumed after an interrupted run: {answer}" if previous == "started" else answer
