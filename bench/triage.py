@@ -12,8 +12,13 @@
    decision (the held-out cases are read once, only if the ranker wins in development CV), the chosen linear model as
    JSON (bench/results/triage_ranker_model.json), and the ranker's cost beside triage's on the throughput job.
 
+4. Robustness (vigil_eval.robustness): the development cases re-rendered the way other collectors deliver the same
+   lines (CRI, docker logs -t, kubectl logs --prefix, srun --label, journald, CRLF, colour codes, torch's rank prefix,
+   a healthy rank's lines interleaved), per transform the development cases whose root line triage still names. Only
+   with --only-robustness (the held-out cases are never read).
+
 Run: .venv/bin/python bench/triage.py [--ranks 4] [--lines 100000] [--only-real-logs | --only-throughput |
-     --only-ranker]
+     --only-ranker | --only-robustness]
    -> bench/results/triage.json
 
 Each rank's log is real-shaped training output: timestamped step lines, NCCL INFO lines with the `[rankN]:`
@@ -48,8 +53,8 @@ sys.path.insert(0, str(REPO))
 from vigil.knowledge import signatures  # noqa: E402
 from vigil.knowledge.signatures import SignatureMatcher  # noqa: E402
 from vigil.logs.triage import decide, scan_directory, triage  # noqa: E402
-from vigil_eval import triage_ranker  # noqa: E402
-from vigil_eval.realcorpus import TABLE_COLUMNS, score_corpus, table_rows  # noqa: E402
+from vigil_eval import robustness, triage_ranker  # noqa: E402
+from vigil_eval.realcorpus import TABLE_COLUMNS, load_cases, score_corpus, table_rows  # noqa: E402
 
 LOGHUB = REPO.parent / "shared" / "data" / "loghub2k_corrected"
 INJECTED_ROOT = "cuda.illegal_address"  # the signature of the one failure write_job injects
@@ -128,6 +133,19 @@ def real_logs() -> dict[str, Any]:
     return scored
 
 
+def robust() -> dict[str, Any]:
+    """Part 4: per transform, the development cases whose root triage still names (the held-out ones are not read)."""
+    cases = [c for c in load_cases() if c.split == "development"]
+    scored = robustness.score(cases)
+    table = Table("transform", "right", "misses",
+                  title="Development cases re-rendered as other collectors deliver them")
+    for name, row in scored.items():
+        misses: list[str] = row["misses"]  # type: ignore[assignment]
+        table.add_row(name, f"{row['right']}/{row['cases']}", ", ".join(misses) or "none")
+    Console(width=200).print(table)
+    return scored
+
+
 def _cpu(work: Callable[[], T]) -> tuple[float, T]:
     started = time.process_time()
     out = work()
@@ -194,12 +212,20 @@ def main() -> None:
                         help="run only part 2 (throughput) and update its entries in the results file")
     parser.add_argument("--only-ranker", action="store_true",
                         help="run only part 3 (the learned ranker) and update its entry in the results file")
+    parser.add_argument("--only-robustness", action="store_true",
+                        help="run only part 4 (development cases as other collectors deliver them) and update its "
+                             "entry in the results file")
     args = parser.parse_args()
     if args.ranks < 1 or args.lines < 1:
         print("bench/triage.py: --ranks and --lines must be positive", file=sys.stderr)
         raise SystemExit(2)
     previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    if args.only_robustness:
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(json.dumps({**previous, "robustness": robust(), "robustness_generated_at": stamp}, indent=1))
+        console.print(f"updated robustness in {RESULTS.relative_to(REPO)}")
+        return
     if args.only_ranker:
         with tempfile.TemporaryDirectory(prefix="vigil-bench-triage-") as tmp:
             root = Path(tmp) / "job"

@@ -5,7 +5,8 @@ A job-wide log holds many processes' lines, each under its relay's prefix: torch
 (SkyPilot runs its tasks as Ray tasks named ``head, rank=0,``), ``srun --label``'s ``0: ``, Open MPI's
 ``--tag-output`` ``[1,0]<stderr>:`` (Horovod's too), pdsh's ``host: `` (DeepSpeed's multi-node runner),
 ``kubectl logs --prefix``'s ``[pod/NAME/CONTAINER] ``, docker compose's ``service-1  | ``, the CRI log format
-``2024-...Z stderr F `` and syslog / journald's short format. :func:`split_prefix` peels them (a relay's prefix may
+``2024-...Z stderr F ``, ``docker logs -t`` / ``kubectl logs --timestamps``' ``2024-...Z `` and syslog / journald's
+short format. :func:`split_prefix` peels them (a relay's prefix may
 stand before another's) and yields the line as its process wrote it, with the rank, host and worker the prefixes name.
 """
 
@@ -32,8 +33,14 @@ _MPI = (r"(?P<mpi_time>(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) \w{3} [ \d]\d \d\d:\d\d:\
 _KUBECTL = r"\[pod/(?P<pod>[^/\]\s]+)/(?P<container>[^\]\s]+)\] "
 _ISO_TIME = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)"
 _CRI = rf"(?P<cri>{_ISO_TIME}) (?:stdout|stderr) [FP] "
+# `docker logs -t` (the json-file driver's time, RFC3339NanoFixed) and `kubectl logs --timestamps` (the CRI line's
+# time, RFC3339Nano): the time and one space before the line as the process wrote it. Tried after the syslog header,
+# whose ISO form starts the same way.
+_RELAY_TIME = rf"(?P<relay_time>{_ISO_TIME}) "
+# The host starts with a lower-case letter or a digit (host names are written in lower case): after a relay's ISO
+# time, "Last error: " or "Process 42: " is the line itself, not a host and a program.
 _SYSLOG = (rf"(?P<syslog>(?:\w{{3}} [ \d]\d \d\d:\d\d:\d\d|{_ISO_TIME}) "
-           r"(?P<syslog_host>[\w.\-]+) [\w.\-/@]+(?:\[\d+\])?: )")
+           r"(?P<syslog_host>[a-z\d][\w.\-]*) [\w.\-/@]+(?:\[\d+\])?: )")
 _SERVICE = r"(?P<service>[A-Za-z][\w.\-]*?[-_]\d+) *\| "
 _TASK = r" *(?P<task>\d+): "
 # pdsh's host: a host name or address (a word with a digit in it, or localhost - never an exception's class), and not
@@ -43,7 +50,7 @@ _HOST_LIKE = re.compile(r"localhost$|(?!(?:nvme\d+n\d+|mlx\d+_\d+|eth\d+|ib\d+|m
                         r"hfi\d+_\d+|bnxt_re\d+|sd[a-z]+\d*)$).*\d")
 _BRACKET = re.compile("|".join((_MPI, _KUBECTL)))
 _PAREN = re.compile(_RAY)
-_DIGIT = re.compile("|".join((_CRI, _SYSLOG, _TASK, _HOST)))
+_DIGIT = re.compile("|".join((_CRI, _SYSLOG, _RELAY_TIME, _TASK, _HOST)))
 _SPACE = re.compile(_TASK)
 _UPPER = re.compile("|".join((_SYSLOG, _MPI, _SERVICE)))
 _LOWER = re.compile("|".join((_SERVICE, _HOST)))
@@ -145,7 +152,7 @@ def _read_layer(prefix: LinePrefix, found: re.Match[str]) -> None:
         prefix.timed = prefix.timed or fields.get("mpi_time") is not None
     elif fields.get("pod") is not None:
         prefix.worker = f"pod/{fields['pod']}/{fields['container']}"
-    elif fields.get("cri") is not None:
+    elif fields.get("cri") is not None or fields.get("relay_time") is not None:
         prefix.timed = True
     elif fields.get("syslog") is not None:
         prefix.timed, prefix.syslog, prefix.host = True, True, fields.get("syslog_host")

@@ -63,12 +63,18 @@ _ECHO = re.compile(r"(?i)time(?:d)? ?out|watchdog|closing signal|SIGTERM|ChildFa
                    r"|dump(?:ing)? debug info|Stack trace of the failed collective")
 
 
+# glog's own severity tag I (information): what such a line names is something the process noted and went on from
+# (JAX probing for a backend it does not have: "I0223 ... Unable to initialize backend 'rocm': NOT_FOUND: ..."), generic
+# at most.
+_GLOG_INFO = re.compile(r"\[?I\d{4} \d\d:\d\d:\d\d")
+
+
 def strength(line: str) -> int:
     """0 (not an error), GENERIC or SPECIFIC, from the wording of one line."""
     if _NOT_AN_ERROR.search(line):
         return 0
     if _SPECIFIC.search(line):
-        return GENERIC if _ECHO.search(line) else SPECIFIC
+        return GENERIC if _ECHO.search(line) or _GLOG_INFO.match(line) else SPECIFIC
     return GENERIC if _GENERIC.search(line) else 0
 
 

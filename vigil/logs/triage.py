@@ -29,7 +29,7 @@ import math
 import multiprocessing
 import os
 import re
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -114,7 +114,10 @@ PRINTED_BEFORE_TRACEBACK = "printed_before_traceback"
 # What a relay's prefix said of the line's writer (vigil.knowledge.line_prefix): context, not a field the line filled.
 WORKER_ATTR = "worker"
 REPEATED_ATTR = "repeated"
-_CONTEXT_ATTRS = frozenset({"frames", "user_frame", PRINTED_BEFORE_TRACEBACK, WORKER_ATTR, REPEATED_ATTR})
+# Other processes' lines inside the report an NCCL "Last error:" detail ends (a job-wide log): its reach is that longer.
+INTERLEAVED_ATTR = "interleaved_lines"
+_CONTEXT_ATTRS = frozenset({"frames", "user_frame", PRINTED_BEFORE_TRACEBACK, WORKER_ATTR, REPEATED_ATTR,
+                            INTERLEAVED_ATTR})
 _NOTHING_RELAYED: dict[str, Any] = {}  # shared by the lines with no prefix: read, never written
 # Who wrote a line, as its relays' prefixes say: a rank's number, (worker, host, rank), or None for no prefix.
 _Writer = int | tuple[str | None, str | None, int | None] | None
@@ -130,6 +133,9 @@ DAEMON_FATAL_SIGNATURES = frozenset({"slurm.daemon_fatal"})
 # does not support: "NCCL INFO Call to ibv_set_ece failed with error Operation not supported errno 95"), or unwinds a
 # WARN ("net.cc:1302 -> 6"). A root signature on an INFO line is not a root.
 _NCCL_INFO = re.compile(r"\bNCCL INFO\b")
+# Colour codes (SGR: ESC [ params m) a formatter writing to a terminal puts around a level or a name ("NCCL
+# \x1b[32mINFO\x1b[0m", "[\x1b[31mERROR\x1b[0m]"), kept when the terminal's output is captured: no part of the text.
+_SGR = re.compile(r"\x1b\[[\d;]*m")
 # The SCSI midlayer rejects I/O to a device in SDEV_DEL with "rejecting I/O to dead device" (drivers/scsi/scsi_lib.c
 # scsi_device_state_check): the device is being removed. Where the same kernel log records that device's removal - sd's
 # removal path (drivers/scsi/sd.c sd_remove -> sd_shutdown: "sd 6:0:0:1: [sdb] Synchronizing SCSI cache", "...
@@ -327,20 +333,22 @@ def triage(
     tie_s: float = 1.0,
     progress: Callable[[str], None] | None = None,
     workers: int | None = None,
+    matcher: SignatureMatcher | None = None,
 ) -> TriageResult:
     """Find the root error of a failed job from the logs under ``directory`` (or in that one log file).
 
     Files are scanned independently, so large jobs are read by ``workers`` processes (default: one per
     available core once the logs reach ``PARALLEL_BYTES``; 1 = in this process). The result does not depend
-    on the number of workers: scans are put back in file order before the root is decided."""
+    on the number of workers: scans are put back in file order before the root is decided. ``matcher``: a signature
+    matcher to reuse in this process (building one costs about 45 ms; many small triages can share one)."""
     # a single log file names the job by its stem: slurm-4242.out is job slurm-4242
     default = directory.resolve().stem if directory.is_file() else directory.resolve().name
     job_name = entity_name(job or default, "job")
-    return decide(scan_directory(directory, job_name, progress, workers), job_name, directory, tie_s)
+    return decide(scan_directory(directory, job_name, progress, workers, matcher), job_name, directory, tie_s)
 
 
 def scan_directory(directory: Path, job_name: str, progress: Callable[[str], None] | None = None,
-                   workers: int | None = None) -> list[_Scan]:
+                   workers: int | None = None, matcher: SignatureMatcher | None = None) -> list[_Scan]:
     """Every log file under ``directory`` scanned, in file order (what :func:`decide` reads)."""
     sources = discover(directory)
     count = auto_workers(sources) if workers is None else max(1, workers)
@@ -355,7 +363,7 @@ def scan_directory(directory: Path, job_name: str, progress: Callable[[str], Non
                 if progress is not None:
                     progress(source.name)
     else:
-        matcher = SignatureMatcher()
+        matcher = matcher or SignatureMatcher()
         for source in sources:
             scans.append(_scan(source, job_name, matcher))
             if progress is not None:
@@ -403,12 +411,19 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
     tracebacks: dict[_Writer, tuple[list[dict[str, Any]], bool, int]] = {}
     after_last_error = False
     last_error_rank: int | None = None  # the rank whose report the "Last error:" header ends
+    last_error_writer: _Writer = None
+    # where the writer changed, lately: other processes' lines inside a wrapper's report stretch it (NCCL_REPORT_LINES)
+    writer_runs: deque[tuple[int, _Writer]] = deque([(0, None)], maxlen=2 * NCCL_REPORT_LINES + 2)
+    foreign_before = foreign_after = 0
     in_root_cause = False
     kernel_log = source.kind == "node"  # where a SCSI device's removal is recorded
     last_text = 0  # the last non-blank line, and the one before the current traceback's header
     traceback_after = 0
     lineno = 0
+    year: int | None = None  # of the file's first dated line: a time without one (syslog, glog) is of that year
     for block in read_lines(source.path):
+        if year is None:
+            year = _first_year(block)
         for raw in block:
             lineno += 1
             rank = source.rank
@@ -430,15 +445,18 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
                         node = entity_name(prefix.host, "") or None
                     relayed = {key: value for key, value in ((WORKER_ATTR, prefix.worker),
                                                              (REPEATED_ATTR, prefix.repeated)) if value is not None}
+            if "\x1b[" in line:
+                line = _SGR.sub("", line)
             if named != writer:
                 tracebacks[writer] = (frames, in_traceback, traceback_after)
                 frames, in_traceback, traceback_after = tracebacks.pop(named, ([], False, 0))
                 writer = named
+                writer_runs.append((lineno, named))
             if rank is not None:
                 scan.ranks.add(rank)
-            stamp = line_time(line)
+            stamp = line_time(line, year)
             if stamp is None and prefix is not None and prefix.timed:
-                stamp = line_time(raw)
+                stamp = line_time(raw, year)
             ts = last_ts if stamp is None else stamp
             if stamp is not None:
                 last_ts = stamp
@@ -461,14 +479,23 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
                     continue
                 in_traceback = False
             if stripped == NCCL_LAST_ERROR_HEADER:
-                after_last_error, last_error_rank = True, rank
+                after_last_error, last_error_rank, last_error_writer = True, rank, named
+                foreign_before = _foreign_lines(writer_runs, lineno, named, 2 * NCCL_REPORT_LINES)
+                foreign_after = 0
                 continue
             if stripped == ROOT_CAUSE_HEADER or stripped[:3] in ("===", "---"):
                 in_root_cause = stripped == ROOT_CAUSE_HEADER
                 continue
-            detail = (after_last_error and bool(stripped) and rank == last_error_rank
-                      and not _NCCL_ERROR_CLASS.match(stripped))
-            after_last_error = after_last_error and not stripped
+            if after_last_error and named != last_error_writer:
+                # another process's line between the header and its detail (a job-wide log): not the detail, and
+                # the report goes on under it - for a few lines
+                foreign_after += 1
+                after_last_error = foreign_after <= NCCL_REPORT_LINES
+                detail = False
+            else:
+                detail = (after_last_error and bool(stripped) and rank == last_error_rank
+                          and not _NCCL_ERROR_CLASS.match(stripped))
+                after_last_error = after_last_error and not stripped
             if stripped.find("frame #", 0, _CPP_FRAME_SCREEN) >= 0 and _CPP_FRAME.match(line):
                 continue
             if kernel_log and _removal_line(line):
@@ -497,13 +524,15 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
                         source=source.name, lineno=lineno, ts=ts, entity=_entity(source, job, rank), rank=rank,
                         node=node, signature=WORDED_SIGNATURE, fault_type=None,
                         level=FaultLevel.OBSERVE, role="root", line=line[:MAX_LINE_CHARS],
-                        attrs={"strength": grade, **({NCCL_LAST_ERROR: True} if detail else {}), **relayed}))
+                        attrs={"strength": grade, **_detail_attrs(detail, foreign_before + foreign_after), **relayed}))
                     if stamp is None:
                         untimed.append(scan.worded[-1])
                 continue
             attrs = {**hit.attrs, **relayed}
             if detail:
                 attrs[NCCL_LAST_ERROR] = True
+                if foreign_before + foreign_after:
+                    attrs[INTERLEAVED_ATTR] = foreign_before + foreign_after
             if in_root_cause and hit.signature.id == ROOT_CAUSE_SIGNATURE:
                 attrs[FIRST_OBSERVED] = True
             if frames and hit.signature.role == "root":
@@ -520,6 +549,42 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
             scan.events.append(event)
     scan.lines = lineno
     return scan
+
+
+_DATED = re.compile(r"(?<!\d)((?:19|20)\d\d)-\d\d-\d\d[T ]\d\d:\d\d|(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) \w{3} [ \d]\d "
+                    r"\d\d:\d\d:\d\d ((?:19|20)\d\d)")
+YEAR_LOOKAHEAD_LINES = 4096
+
+
+def _first_year(block: list[str]) -> int | None:
+    """The year of the first line in ``block`` whose time names one (ISO or ctime, at the line's head). journald's
+    and syslog's short format and glog's header leave the year out; a relay's yearless time before a line that names
+    its own year (a journal of the job's output) is of that year, not necessarily the current one."""
+    for line in block[:YEAR_LOOKAHEAD_LINES]:
+        found = _DATED.search(line, 0, 120)
+        if found is not None and line_time(line) is not None:
+            return int(found[1] or found[2])
+    return None
+
+
+def _foreign_lines(runs: deque[tuple[int, _Writer]], lineno: int, named: _Writer, span: int) -> int:
+    """How many of the ``span`` lines above ``lineno`` another writer than ``named`` wrote (``runs``: the line at which
+    each recent writer took over, in order)."""
+    count = 0
+    for n in range(max(1, lineno - span), lineno):
+        who: _Writer = None
+        for start, took_over in runs:
+            if start > n:
+                break
+            who = took_over
+        count += who != named
+    return count
+
+
+def _detail_attrs(detail: bool, interleaved: int) -> dict[str, Any]:
+    if not detail:
+        return {}
+    return {NCCL_LAST_ERROR: True, INTERLEAVED_ATTR: interleaved} if interleaved else {NCCL_LAST_ERROR: True}
 
 
 def _entity(source: LogSource, job: str, rank: int | None) -> str:
@@ -728,7 +793,7 @@ def _nccl_detail(root: LogEvent | None, candidates: list[LogEvent]) -> LogEvent 
     if root is None:
         return None
     details = [e for e in candidates if e.attrs.get(NCCL_LAST_ERROR) and e.source == root.source
-               and 0 < e.lineno - root.lineno <= NCCL_REPORT_LINES]
+               and 0 < e.lineno - root.lineno <= NCCL_REPORT_LINES + e.attrs.get(INTERLEAVED_ATTR, 0)]
     if not details:
         return root
     detail = min(details, key=lambda e: e.lineno)
