@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import copy
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
+from tests.conftest import wait_for
 from tests.serve.conftest import REPO, TOKEN, fresh_database
 from tests.serve.conftest import postgres_url as postgres_url
-from tests.store.test_migrations import assert_at_head_with_the_events_kept, upgrade_to
+from tests.store.test_migrations import assert_at_head_with_the_events_kept, downgrade_to, statements, upgrade_to
 from vigil.config import Settings
 from vigil.faces.api.alertmanager import alerts_to_events, parse_payload
 from vigil.faces.api.app import create_app
@@ -67,7 +70,7 @@ def assert_every_alert_sent_again_is_a_duplicate(store: Store, tmp_path: Path, s
     with TestClient(create_app(store, settings=settings), headers={"Authorization": f"Bearer {TOKEN}"}) as client:
         answers = [client.post("/api/v1/alertmanager", json=n).json() for n in notifications()]
     assert [(a["stored"], a["duplicates"]) for a in answers] == [(1, 1)] * 7
-    assert len(store.events(limit=1000)) == stored
+    assert len(store.events(limit=stored + 1)) == stored
 
 
 def test_alerts_stored_before_their_key_are_keyed_on_sqlite(tmp_path: Path) -> None:
@@ -78,33 +81,96 @@ def test_alerts_stored_before_their_key_are_keyed_on_sqlite(tmp_path: Path) -> N
     store.close()
 
 
-def test_alerts_are_keyed_beside_a_server_storing_a_repeat_on_postgresql(postgres_url: str, tmp_path: Path) -> None:
-    """A server still on 0007's code stores a repeat of an old alert, keyed, after revision 0008 read the keys
-    taken and before it gives its own (a second connection commits it when the upgrading one sends its first
-    UPDATE): the upgrade leaves that key to the repeat and goes on (rolled back on ux_events_push_key before), and
-    every alert sent again after it is a duplicate."""
-    url = fresh_database(postgres_url, "alert_push_key_race")
+def test_alerts_are_keyed_stretch_by_stretch_of_the_table(tmp_path: Path) -> None:
+    """Revision 0008 walks the events table in stretches of its primary key and keys the alerts of each before it
+    reads the next, so it holds one stretch at a time, not every key (its chunks were read first and keyed at the
+    end before, by a query PostgreSQL answered with a scan and sort of the whole table per chunk). The recorded
+    notifications, 45,000 other events and one more alert after them are keyed as the webhook keys them, and
+    keyed again to the same (0008 run a second time changes nothing)."""
+    url = f"sqlite:///{tmp_path / 'v.db'}"
+    stored = alerts_at_revision_0007(url)
+    late = copy.deepcopy(notifications()[0])
+    late["alerts"][0]["fingerprint"] = "late0000alert000"
+    late["alerts"][0]["labels"]["gpu"] = late["commonLabels"]["gpu"] = "7"
+    late_event = alerts_to_events(parse_payload(late))[0]
+    engine = sa.create_engine(url)
+    with engine.connect() as conn:
+        conn.execute(sa.insert(events), [{"ts": float(i), "entity": "gpu/n001/0", "kind": "xid", "source": "kernel",
+                                          "level": 4, "message": "Xid 79", "attrs": {}, "push_key": None}
+                                         for i in range(45_000)])
+        conn.execute(sa.insert(events), {"ts": late_event.ts, "entity": late_event.entity, "kind": late_event.kind,
+                                         "source": late_event.source, "level": int(late_event.level),
+                                         "message": late_event.message, "attrs": late_event.attrs,
+                                         "push_key": None})
+        conn.commit()
+        with statements() as sent:
+            upgrade_to(conn, "0008")
+        keyed = conn.execute(sa.text("SELECT id, push_key FROM events WHERE push_key IS NOT NULL ORDER BY id")).all()
+        reads = [i for i, statement in enumerate(sent) if statement.startswith("SELECT events.id, events.ts")]
+        updates = [i for i, statement in enumerate(sent) if statement.startswith("UPDATE events")]
+        assert len(reads) >= 3 and len(updates) == 2 and updates[0] < reads[-1], sent
+        downgrade_to(conn, "0007")  # 0008 leaves the keys in place
+        upgrade_to(conn, "0008")
+        assert conn.execute(sa.text("SELECT id, push_key FROM events WHERE push_key IS NOT NULL ORDER BY id")
+                            ).all() == keyed
+    engine.dispose()
+    store = Store(url)
+    assert_every_alert_sent_again_is_a_duplicate(store, tmp_path, stored + 45_001)
+    settings = Settings(home=tmp_path, db_url=url, api_token=TOKEN)
+    with TestClient(create_app(store, settings=settings), headers={"Authorization": f"Bearer {TOKEN}"}) as client:
+        assert client.post("/api/v1/alertmanager", json=late).json()["duplicates"] == 1
+    store.close()
+
+
+@pytest.mark.parametrize("in_flight", [False, True], ids=["committed", "in_flight"])
+def test_alerts_are_keyed_beside_a_server_storing_a_repeat_on_postgresql(postgres_url: str, tmp_path: Path,
+                                                                         in_flight: bool) -> None:
+    """A server still on 0007's code stores a repeat of an old alert, keyed, while revision 0008 runs: committed
+    when the upgrading connection sends its first UPDATE, or inserted then and committed only once that UPDATE waits
+    for it on the unique index (pg_locks). The upgrade leaves that key to the repeat and goes on (rolled back on
+    ux_events_push_key before), and every alert sent again after it is a duplicate."""
+    url = fresh_database(postgres_url, f"alert_push_key_race_{int(in_flight)}")
     stored = alerts_at_revision_0007(url)
     payload = parse_payload(notifications()[0])
     event, key = alerts_to_events(payload)[0], alert_key(payload.alerts[0])
     upgrading, server = sa.create_engine(url), sa.create_engine(url)
     repeats: list[int] = []
+    committing: list[threading.Thread] = []
 
     def a_repeat_arrives(conn: sa.Connection, cursor: Any, statement: str, *args: Any) -> None:
-        if statement.startswith("UPDATE events") and not repeats:
-            with server.begin() as writer:
-                repeats.extend(writer.execute(sa.text(
-                    "INSERT INTO events (ts, entity, kind, source, level, message, attrs, push_key) VALUES "
-                    "(:ts, :entity, :kind, 'alertmanager', 1, 'repeat', '{}', :key) "
-                    "ON CONFLICT (push_key) DO NOTHING RETURNING id"),
-                    {"ts": event.ts, "entity": event.entity, "kind": event.kind, "key": key}).scalars())
+        if not statement.startswith("UPDATE events") or repeats:
+            return
+        writer = server.connect()
+        repeats.extend(writer.execute(sa.text(
+            "INSERT INTO events (ts, entity, kind, source, level, message, attrs, push_key) VALUES "
+            "(:ts, :entity, :kind, 'alertmanager', 1, 'repeat', '{}', :key) "
+            "ON CONFLICT (push_key) DO NOTHING RETURNING id"),
+            {"ts": event.ts, "entity": event.entity, "kind": event.kind, "key": key}).scalars())
+        if not in_flight:
+            writer.commit()
+            writer.close()
+            return
+        upgrading_pid = cursor.connection.info.backend_pid
+
+        def commit_once_the_upgrade_waits() -> None:
+            with server.connect() as watcher:
+                wait_for(lambda: watcher.execute(sa.text("SELECT count(*) FROM pg_locks WHERE pid = :pid AND NOT "
+                                                         "granted"), {"pid": upgrading_pid}).scalar_one() > 0,
+                         30.0, "the upgrade to wait for the repeat's key")
+            writer.commit()
+            writer.close()
+
+        committing.append(threading.Thread(target=commit_once_the_upgrade_waits))
+        committing[0].start()
 
     sa.event.listen(upgrading, "before_cursor_execute", a_repeat_arrives)
     with upgrading.connect() as conn:
         upgrade_to(conn, "0008")
+    for thread in committing:
+        thread.join()
     upgrading.dispose()
     server.dispose()
-    assert len(repeats) == 1  # the repeat was stored while the revision ran
+    assert len(repeats) == 1 and len(committing) == int(in_flight)  # the repeat was stored while the revision ran
     store = Store(url)
     with store.engine.connect() as conn:
         holder = conn.execute(sa.text("SELECT id FROM events WHERE push_key = :key"), {"key": key}).scalar_one()

@@ -44,11 +44,21 @@ print(json.dumps(sum("CONCURRENTLY" in s and s.startswith("CREATE") for s in sen
 
 def upgrade_to(conn: sa.Connection, revision: str) -> None:
     """Run the store's migrations on ``conn`` up to ``revision``, committed: a database as an older Vigil left it."""
+    command.upgrade(_config(conn), revision)
+    conn.commit()
+
+
+def downgrade_to(conn: sa.Connection, revision: str) -> None:
+    """Run the store's downgrades on ``conn`` down to ``revision``, committed."""
+    command.downgrade(_config(conn), revision)
+    conn.commit()
+
+
+def _config(conn: sa.Connection) -> Config:
     cfg = Config()
     cfg.set_main_option("script_location", str(resources.files("vigil.store") / "migrations"))
     cfg.attributes["connection"] = conn
-    command.upgrade(cfg, revision)
-    conn.commit()
+    return cfg
 
 
 def events_at_revision_0004(url: str, rows: int = 2000) -> None:

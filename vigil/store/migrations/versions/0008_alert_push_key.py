@@ -34,8 +34,11 @@ down_revision = "0007"
 branch_labels = None
 depends_on = None
 
-# Rows read or keyed per statement.
-CHUNK = 2000
+# Ids of the events table walked per step: the alerts among them are read and keyed together.
+CHUNK = 20_000
+# Tries of one chunk's keys while writers store some of them: a chunk refused this often is refused for another
+# reason.
+ATTEMPTS = 5
 
 events = sa.table("events", sa.column("id", sa.Integer), sa.column("ts", sa.Float), sa.column("entity", sa.String),
                   sa.column("kind", sa.String), sa.column("source", sa.String), sa.column("attrs", sa.JSON),
@@ -54,22 +57,23 @@ def _start(ts: float) -> str:
 
 def upgrade() -> None:
     bind = op.get_bind()
-    # the keys the keyed webhook gave already, wherever their rows stand
-    taken = set(bind.execute(sa.select(events.c.push_key).where(events.c.source == "alertmanager",
-                                                                events.c.push_key.is_not(None))).scalars())
-    # the start of the latest firing event of each alert (its identity on its entity), in the order they came
+    # the start of the latest firing event of each alert (its identity on its entity), in the order they came: one
+    # entry an alert, not an event
     firing_start: dict[str, float] = {}
-    keys: list[dict[str, object]] = []
+    # Rows stored after this are keyed already (0007's webhook keys them).
+    last = bind.execute(sa.select(sa.func.max(events.c.id))).scalar() or 0
     after = 0
-    while True:
+    while after < last:
+        # A stretch of CHUNK ids of the primary key (Vigil deletes no event: the ids are dense, a gap costs an empty
+        # stretch), its alerts keyed before the next is read: a filtered "ORDER BY id LIMIT" had PostgreSQL scan and
+        # sort the whole table for each chunk where alerts are sparse, and every key was held in memory to the end.
+        end = after + CHUNK
         rows = bind.execute(sa.select(events.c.id, events.c.ts, events.c.entity, events.c.kind, events.c.attrs,
                                       events.c.push_key)
-                            .where(events.c.source == "alertmanager", events.c.id > after,
+                            .where(events.c.id > after, events.c.id <= end, events.c.source == "alertmanager",
                                    events.c.kind.in_(("alert_firing", "alert_resolved")))
-                            .order_by(events.c.id).limit(CHUNK)).all()
-        if not rows:
-            break
-        after = rows[-1].id
+                            .order_by(events.c.id)).all()
+        keys: dict[str, int] = {}  # key -> the first row of the stretch it belongs to
         for row in rows:
             attrs = row.attrs if isinstance(row.attrs, dict) else {}
             identity: str | dict[str, Any] = attrs.get("fingerprint") or attrs.get("labels") or {}
@@ -84,32 +88,32 @@ def upgrade() -> None:
                     started = None
             if row.push_key is not None or started is None:
                 continue
-            key = alert_key(identity, _start(started), status)
-            if key not in taken:
-                taken.add(key)
-                keys.append({"row_id": row.id, "key": key})
-    for start in range(0, len(keys), CHUNK):
-        _key(bind, keys[start:start + CHUNK])
+            keys.setdefault(alert_key(identity, _start(started), status), row.id)
+        _key(bind, [{"row_id": row_id, "key": key} for key, row_id in keys.items()])
+        after = end
 
 
 def _key(bind: sa.Connection, keys: list[dict[str, object]]) -> None:
-    """Give each row its key, but a key some row took meanwhile: a server still on 0007's code keeps storing keyed
-    alerts while this runs, and a repeat of an old alert takes that alert's key. Each chunk is tried in a savepoint;
-    where the unique index refuses it, the keys now held are read again and the chunk is tried without them. No
-    table lock: a writer waits only when it stores a key just given here (and then finds it a duplicate), where a
-    SHARE ROW EXCLUSIVE lock would hold every event written until the revision commits."""
-    keyed = sa.update(events).where(events.c.id == sa.bindparam("row_id")).values(push_key=sa.bindparam("key"))
-    while keys:
+    """Give each row its key, but a key some row holds: one the keyed webhook gave before this revision ran, one
+    given to an earlier row here, or one a server still on 0007's code gave while this runs (a repeat of an old
+    alert). A key held when its UPDATE runs is skipped by the UPDATE itself; one a concurrent writer commits after
+    that makes the unique index refuse the chunk, which is tried again from a savepoint. No table lock: a writer
+    waits only when it stores a key just given here (and then finds it a duplicate), where a SHARE ROW EXCLUSIVE
+    lock would hold every event written until the revision commits."""
+    if not keys:
+        return
+    holder = events.alias("holder")
+    keyed = (sa.update(events).values(push_key=sa.bindparam("key"))
+             .where(events.c.id == sa.bindparam("row_id"),
+                    ~sa.exists().where(holder.c.push_key == sa.bindparam("key"))))
+    for attempt in range(ATTEMPTS):
         try:
             with bind.begin_nested():
                 bind.execute(keyed, keys)
             return
         except sa.exc.IntegrityError:
-            held = set(bind.execute(sa.select(events.c.push_key).where(
-                events.c.push_key.in_([k["key"] for k in keys]))).scalars())
-            if not held:
+            if attempt == ATTEMPTS - 1:
                 raise
-            keys = [k for k in keys if k["key"] not in held]
 
 
 def downgrade() -> None:
