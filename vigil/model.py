@@ -92,6 +92,11 @@ class VigilConflictError(VigilInputError):
     """A create that would replace something already stored (HTTP 409; exit status 2 on the command line)."""
 
 
+class IdempotencyKeyReused(VigilInputError):
+    """A push sent under the key of an earlier push that held something else: not that push sent again, so neither
+    stored nor a duplicate (HTTP 422, as the IETF Idempotency-Key header draft answers a reused key)."""
+
+
 # --------------------------------------------------------------------------- entity ids
 
 _NAME = r"[A-Za-z0-9][A-Za-z0-9_.:\-]*"

@@ -106,6 +106,10 @@ metric_push_keys = Table(
     "metric_push_keys", metadata,
     Column("push_key", String(64), primary_key=True),
     Column("stored_at", Float, nullable=False),
+    # What the push held (an agent's samples push: a digest of its samples), so that the key sent again with other
+    # samples is told from the push sent again; NULL where the key alone says it (a launch report's telemetry) and
+    # for the keys stored before revision 0010.
+    Column("body_digest", String(64), nullable=True),
     Index("ix_metric_push_keys_stored_at", "stored_at"),
 )
 

@@ -32,6 +32,7 @@ from vigil.model import (
     Diagnosis,
     Event,
     FaultLevel,
+    IdempotencyKeyReused,
     Incident,
     IncidentMemory,
     IncidentStatus,
@@ -195,7 +196,7 @@ class Store:
         # The unique key skips a stored event, one repeated in the batch and one a racing push stored first; the
         # keys the insert returns say what it wrote (PEP 249 leaves an executemany's rowcount undefined, and
         # psycopg's did not count the skipped rows).
-        statement = _insert_ignoring_duplicates(self.engine.dialect.name, t.events).returning(t.events.c.push_key)
+        statement = _insert_ignoring_duplicates(self.engine.dialect.name, t.events)
         with self.engine.begin() as conn:
             new_keys = {r.push_key for r in conn.execute(statement, rows) if r.push_key is not None}
         written = []
@@ -253,11 +254,14 @@ class Store:
 
     # ---------------------------------------------------------------- agents' metric pushes
 
-    def add_samples(self, node: str, samples: Iterable[Sample], key: str | None = None) -> int:
+    def add_samples(self, node: str, samples: Iterable[Sample], key: str | None = None,
+                    body_digest: str | None = None) -> int:
         """One agent push: the node's latest samples, kept as one row (a consumer reads them in order); returns how
         many were written. ``key`` names a push its sender may send again: a push whose key was stored in the last
         ``push_key_window_s`` (``metric_push_keys``, kept however soon the engine prunes the push itself), or
-        whose push is still held, is not written again (0)."""
+        whose push is still held, is not written again (0). ``body_digest`` says what a keyed push holds: a push
+        under a key stored with another digest is not the push sent again but another under a reused key, and
+        raises IdempotencyKeyReused, nothing written."""
         items = _validated(Sample, samples)
         if not items:
             return 0
@@ -268,11 +272,13 @@ class Store:
         now = self.clock()
         with self.engine.begin() as conn:
             if key is not None:
-                keys = postgresql.insert(t.metric_push_keys) if dialect == "postgresql" else \
-                    sqlite.insert(t.metric_push_keys)
-                new_key = keys.on_conflict_do_nothing(index_elements=[t.metric_push_keys.c.push_key]).returning(
-                    t.metric_push_keys.c.push_key)
-                if conn.execute(new_key, {"push_key": key, "stored_at": now}).first() is None:
+                new_key = conn.execute(_insert_ignoring_duplicates(dialect, t.metric_push_keys),
+                                       {"push_key": key, "stored_at": now, "body_digest": body_digest}).first()
+                if new_key is None:
+                    held = conn.execute(select(t.metric_push_keys.c.body_digest)
+                                        .where(t.metric_push_keys.c.push_key == key)).scalar()
+                    if held is not None and body_digest is not None and held != body_digest:
+                        raise IdempotencyKeyReused(f"push key {key} was stored with other samples")
                     return 0
             written = conn.execute(_insert_ignoring_duplicates(dialect, t.metric_pushes), row).all()
         if key is not None:
@@ -659,11 +665,11 @@ def _with_nodes(whole: dict[str, Any] | None, nodes: Sequence[dict[str, Any]]) -
 
 
 def _insert_ignoring_duplicates(dialect: str, table: Table) -> Any:
-    """An insert into a table with a unique ``push_key`` (events, metric pushes) that skips a row whose key is
-    stored already and returns the ids it wrote (SQLite and PostgreSQL both say ON CONFLICT DO NOTHING ...
-    RETURNING)."""
+    """An insert into a table with a unique ``push_key`` (events, metric pushes, metric push keys) that skips a row
+    whose key is stored already and returns the keys of the rows it wrote (SQLite and PostgreSQL both say ON
+    CONFLICT DO NOTHING ... RETURNING; an unkeyed row's key is NULL)."""
     statement = postgresql.insert(table) if dialect == "postgresql" else sqlite.insert(table)
-    return statement.on_conflict_do_nothing(index_elements=[table.c.push_key]).returning(table.c.id)
+    return statement.on_conflict_do_nothing(index_elements=[table.c.push_key]).returning(table.c.push_key)
 
 
 def _validated(model: Any, items: Iterable[Any]) -> Sequence[Any]:

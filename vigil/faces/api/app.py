@@ -23,7 +23,7 @@ from vigil.faces.api.context import ServeContext
 from vigil.faces.api.dcgm import CONTENT_TYPE as DCGM_CONTENT_TYPE
 from vigil.faces.api.dcgm import render_dcgm
 from vigil.faces.api.exporter import render_metrics
-from vigil.model import VigilConflictError, VigilInputError
+from vigil.model import IdempotencyKeyReused, VigilConflictError, VigilInputError
 from vigil.remedy.lifecycle import LifecycleStore
 from vigil.sources.promql import PromQLSource
 from vigil.store.metrics import MetricFrame, MetricStore
@@ -86,6 +86,8 @@ def app_for_context(ctx: ServeContext) -> FastAPI:
     async def _bad_input(request: Request, err: VigilInputError) -> JSONResponse:
         if isinstance(err, ActionRefused):
             return JSONResponse({"detail": str(err)}, status_code=err.status_code)
+        if isinstance(err, IdempotencyKeyReused):
+            return JSONResponse({"detail": str(err)}, status_code=422)
         return JSONResponse({"detail": str(err)}, status_code=409 if isinstance(err, VigilConflictError) else 400)
 
     @app.exception_handler(SignInRequired)

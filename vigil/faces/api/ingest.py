@@ -14,10 +14,11 @@ from pydantic import BaseModel, Field
 
 from vigil.faces.api.auth import Identity, check_operator, check_read
 from vigil.faces.api.context import ServeContext
-from vigil.faces.api.push_keys import event_key, launch_steps_key, rank_log_key, samples_key
+from vigil.faces.api.push_keys import event_key, launch_steps_key, rank_log_key, samples_digest, samples_key
 from vigil.faces.api.responses import SamplesStored
 from vigil.model import (
     Event,
+    IdempotencyKeyReused,
     Job,
     LaunchReport,
     Node,
@@ -108,12 +109,19 @@ def push_samples(
     """Store an agent's samples for the engine; every sample must be about the pushing node. A push named by an
     ``Idempotency-Key`` header that the node sent already (sent again after its answer was lost) is accepted and
     its samples counted in ``duplicates``, not stored twice (``push_keys.samples_key``); a push without one (an
-    older agent's) is stored as it comes."""
+    older agent's) is stored as it comes. A key the node sent before with other samples is not that push sent
+    again: it is refused with 422 and nothing stored (``push_keys.samples_digest``)."""
     foreign = next((s.entity for s in body.samples if node_of(s.entity) not in (f"node/{body.node}", None)), None)
     if foreign is not None:
         raise VigilInputError(f"sample for {foreign!r} pushed by node {body.node!r}: a node pushes its own entities")
     key = samples_key(body.node, idempotency_key) if idempotency_key is not None else None
-    written = ctx.store.add_samples(body.node, body.samples, key)
+    try:
+        written = ctx.store.add_samples(body.node, body.samples, key,
+                                        samples_digest(body.samples) if key is not None else None)
+    except IdempotencyKeyReused:
+        raise IdempotencyKeyReused(
+            f"Idempotency-Key {idempotency_key!r} of node {body.node!r} named an earlier push with other samples: a "
+            "key names one push, sent again as it was; this push was not stored (send it under a new key)") from None
     return SamplesStored(stored=len(body.samples), duplicates=len(body.samples) - written)
 
 

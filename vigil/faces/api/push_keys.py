@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from vigil.faces.api.alertmanager import Alert
-from vigil.model import Event, StepTelemetry
+from vigil.model import Event, Sample, StepTelemetry
 from vigil.sources.collect.rank_files import LOG_FILE_ATTR, LOG_OFFSET_ATTR
 
 
@@ -74,6 +74,12 @@ def samples_key(node: str, idempotency_key: str) -> str:
     ``vigil.sources.collect.agent.EventPusher``). The node is part of it, so one node's key never stands for
     another's push. Kept for ``push_key_window_s``, as ``launch_steps_key``."""
     return _digest(["samples", node, idempotency_key])
+
+
+def samples_digest(samples: Sequence[Sample]) -> str:
+    """What an agent's samples push holds, stored with its key: the same push sent again holds the same samples,
+    and a key sent with other samples (a sender that reuses keys) is refused, not taken for a retry."""
+    return _digest(["samples", [s.model_dump(mode="json") for s in samples]])
 
 
 def alert_key(alert: Alert) -> str:
