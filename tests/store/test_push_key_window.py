@@ -4,8 +4,10 @@ it is stored once more, and the keys kept stay bounded by it."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
@@ -15,7 +17,7 @@ from tests.store.test_migrations import assert_at_head_with_the_events_kept, upg
 from vigil.config import Settings
 from vigil.faces.api.app import create_app
 from vigil.faces.api.push_keys import launch_steps_key
-from vigil.model import LaunchReport, Sample, StepTelemetry
+from vigil.model import Event, LaunchReport, Sample, StepTelemetry
 from vigil.store.sql import Store
 
 LOOK = 1767226200.5
@@ -114,4 +116,38 @@ def test_the_keys_the_pushes_held_are_kept_after_the_upgrade_on_postgresql(postg
     _keyed_push_at_revision_0008(url)
     store = Store(url)
     assert_the_key_outlives_its_push_after_the_upgrade(store, tmp_path)
+    store.close()
+
+
+def test_a_failed_prune_of_old_keys_costs_no_stored_push_on_postgresql(postgres_url: str, tmp_path: Path,
+                                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """Dropping old keys runs after the push committed; when it fails (here another session holds an old key's row
+    and the database's lock_timeout ends the wait, as a deadlock or a busy database would), the launch report it
+    follows is answered 201 with its log lines stored too, and the failure is logged (before: the report was
+    answered 500 and its log lines never written, so the launcher sent it again). The next keyed push prunes."""
+    url = fresh_database(postgres_url, "push_key_prune_fails")
+    with sa.create_engine(url, isolation_level="AUTOCOMMIT").connect() as admin:
+        admin.execute(sa.text("ALTER DATABASE push_key_prune_fails SET lock_timeout = '300ms'"))
+    now = [1000.0]
+    store = Store(url, push_key_window_s=60.0, clock=lambda: now[0])
+    step = [Sample(ts=LOOK, entity="node/n01", metric="vigil_node_load1", value=1.0)]
+    assert store.add_samples("n01", step, "old") == 1
+    line = Event(ts=LOOK, entity="job/llm/rank/0", kind="rank_log", source="launch", message="CUDA error",
+                 attrs={"log_file": "rank0.log", "log_offset": 0})
+    report = LaunchReport(job="llm", ts=LOOK, world_size=1, steps=[StepTelemetry(ts=LOOK, steps=50)], logs=[line])
+    locker = sa.create_engine(url).connect()
+    locker.execute(sa.text("SELECT push_key FROM metric_push_keys FOR UPDATE"))  # the old key's row, held
+    now[0] = 1100.0
+    with caplog.at_level(logging.WARNING, logger="vigil.store"), _launch_client(store, tmp_path) as client:
+        answer = client.post("/api/v1/launches", content=report.model_dump_json())
+    locker.rollback()
+    locker.close()
+    assert answer.status_code == 201, answer.text
+    assert answer.json()["events"] == 1 and len(store.events(kind="rank_log")) == 1
+    assert len([p for p in store.pushes_after(0) if p.node == "launch:llm"]) == 1
+    assert any("the next keyed push tries again" in r.getMessage() for r in caplog.records)
+    now[0] = 1101.0
+    assert store.add_samples("n01", step, "new") == 1
+    with store.engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM metric_push_keys WHERE stored_at < 1040")).scalar_one() == 0
     store.close()

@@ -7,6 +7,7 @@ validated as a whole before anything is written, so a bad record never costs wha
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -52,6 +53,8 @@ _migrate_lock = threading.Lock()
 MIGRATION_LOCK = 0x76696769
 # How often a process waiting for another's upgrade asks for the migration lock again, in seconds.
 MIGRATION_LOCK_POLL_S = 0.05
+log = logging.getLogger("vigil.store")
+
 # Old metric-push keys are dropped at most once per this share of push_key_window_s (a key is kept for the window
 # and at most this share more).
 PUSH_KEY_PRUNE_EVERY = 0.1
@@ -288,13 +291,20 @@ class Store:
     def _forget_push_keys(self, now: float) -> None:
         """Drop the push keys stored more than ``push_key_window_s`` before ``now``, at most once every
         ``PUSH_KEY_PRUNE_EVERY`` of the window, in a transaction of its own after the push's (which holds no lock
-        while it runs; two servers pruning at once delete the same rows, one after the other)."""
+        while it runs; two servers pruning at once delete the same rows, one after the other). A prune that fails
+        (a deadlock, a busy database) is logged and left to the next keyed push: the push it follows is stored, and
+        its sender must not be told otherwise and send it again."""
         if now < self._next_key_prune:
             return
         self._next_key_prune = now + self.push_key_window_s * PUSH_KEY_PRUNE_EVERY
-        with self.engine.begin() as conn:
-            conn.execute(delete(t.metric_push_keys).where(
-                t.metric_push_keys.c.stored_at < now - self.push_key_window_s))
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(delete(t.metric_push_keys).where(
+                    t.metric_push_keys.c.stored_at < now - self.push_key_window_s))
+        except SQLAlchemyError as err:
+            self._next_key_prune = float("-inf")
+            log.warning("dropping push keys older than %g s failed (%s); the next keyed push tries again",
+                        self.push_key_window_s, str(err).splitlines()[0])
 
     def pushes_after(self, after_id: int, limit: int = 10_000) -> list[MetricPush]:
         q = select(t.metric_pushes).where(t.metric_pushes.c.id > after_id).order_by(t.metric_pushes.c.id)
