@@ -7,6 +7,8 @@ from __future__ import annotations
 import copy
 import json
 import threading
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +80,43 @@ def test_alerts_stored_before_their_key_are_keyed_on_sqlite(tmp_path: Path) -> N
     stored = alerts_at_revision_0007(url)
     store = Store(url)
     assert_every_alert_sent_again_is_a_duplicate(store, tmp_path, stored)
+    store.close()
+
+
+def _without_fingerprint_and_a_label_in_common_labels_only(notification: dict[str, Any]) -> None:
+    notification["alerts"][0].pop("fingerprint")
+    notification["commonLabels"]["source_cluster"] = "east"
+
+
+def _started_in_another_offset(notification: dict[str, Any]) -> None:
+    started = datetime.fromisoformat(notification["alerts"][0]["startsAt"])
+    notification["alerts"][0]["startsAt"] = started.astimezone(timezone(timedelta(hours=2))).isoformat()
+
+
+@pytest.mark.parametrize("sender", [_without_fingerprint_and_a_label_in_common_labels_only,
+                                    _started_in_another_offset])
+def test_the_webhook_keys_an_alert_as_revision_0008_keyed_it(tmp_path: Path,
+                                                            sender: Callable[[dict[str, Any]], None]) -> None:
+    """A sender that puts a label in commonLabels only (of an alert without a fingerprint), or gives startsAt in an
+    offset other than UTC: the alert stored before the key and keyed by revision 0008 is a duplicate when it is
+    sent again (the webhook keyed the alert's own labels and the offset it was sent in before: stored again)."""
+    notification = copy.deepcopy(json.loads(RECORDED.read_text())[0])
+    sender(notification)
+    url = f"sqlite:///{tmp_path / 'v.db'}"
+    engine = sa.create_engine(url)
+    with engine.connect() as conn:
+        upgrade_to(conn, "0007")
+        conn.execute(sa.insert(events), [{"ts": e.ts, "entity": e.entity, "kind": e.kind, "source": e.source,
+                                          "level": int(e.level), "message": e.message, "attrs": e.attrs,
+                                          "push_key": None} for e in alerts_to_events(parse_payload(notification))])
+        conn.commit()
+    engine.dispose()
+    store = Store(url)
+    settings = Settings(home=tmp_path, db_url=url, api_token=TOKEN)
+    with TestClient(create_app(store, settings=settings), headers={"Authorization": f"Bearer {TOKEN}"}) as client:
+        answer = client.post("/api/v1/alertmanager", json=notification).json()
+    assert (answer["stored"], answer["duplicates"]) == (1, 1), answer
+    assert len(store.events(limit=10)) == 1
     store.close()
 
 

@@ -287,7 +287,7 @@ def alertmanager_webhook(payload: Annotated[dict[str, Any], Body()], ctx: Ctx, u
     repeats are counted in ``vigil_alertmanager_alert_repeats_total``."""
     parsed = parse_payload(payload)
     new_events = alerts_to_events(parsed, cluster=ctx.collector.cluster)
-    written = ctx.store.add_events_once(new_events, [alert_key(alert) for alert in parsed.alerts])
+    written = ctx.store.add_events_once(new_events, [alert_key(alert, parsed.common_labels) for alert in parsed.alerts])
     for alert, new in zip(parsed.alerts, written, strict=True):
         (ctx.collector.alerts_received if new else ctx.collector.alerts_repeated)[alert.status] += 1
     return AlertsStored(stored=len(new_events), duplicates=written.count(False),

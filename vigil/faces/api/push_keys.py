@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from vigil.faces.api.alertmanager import Alert
@@ -82,16 +83,20 @@ def samples_digest(samples: Sequence[Sample]) -> str:
     return _digest(["samples", [s.model_dump(mode="json") for s in samples]])
 
 
-def alert_key(alert: Alert) -> str:
+def alert_key(alert: Alert, common_labels: Mapping[str, str] | None = None) -> str:
     """What one alert of an Alertmanager notification is: the alert (its ``fingerprint``, the hash of its labels
-    that Alertmanager gives; the labels themselves where a payload lacks it), when it started (``startsAt``) and its
-    status. A notification sent again - every ``repeat_interval`` while the alert fires, or after the webhook did
-    not answer - repeats all three, so it stores nothing new; the alert's resolution is one event; an alert that
-    fires again after it resolved starts again (a new ``startsAt``) and is a new event. The rest may change between
-    two notifications of one alert and is left out: ``endsAt`` of a firing alert, annotations re-evaluated by
-    Prometheus (a value in the summary), the group key and receiver of one alert routed to two receivers."""
-    identity: str | dict[str, str] = alert.fingerprint or alert.labels
-    return _digest(["alert", identity, alert.starts_at.isoformat(), alert.status])
+    that Alertmanager gives; where a payload lacks it, its labels under the notification's ``commonLabels``, as its
+    stored event holds them), when it started (``startsAt``, in UTC) and its status. A notification sent again -
+    every ``repeat_interval`` while the alert fires, or after the webhook did not answer - repeats all three, so it
+    stores nothing new; the alert's resolution is one event; an alert that fires again after it resolved starts
+    again (a new ``startsAt``) and is a new event. The rest may change between two notifications of one alert and
+    is left out: ``endsAt`` of a firing alert, annotations re-evaluated by Prometheus (a value in the summary), the
+    group key and receiver of one alert routed to two receivers. Labels and start are those store revision 0008
+    rebuilt the key of an alert stored before the key from (its event's labels and time): a sender that puts a
+    label in ``commonLabels`` only, or gives ``startsAt`` in another offset, keys an alert as 0008 keyed it."""
+    identity: str | dict[str, str] = alert.fingerprint or {**(common_labels or {}), **alert.labels}
+    started = datetime.fromtimestamp(alert.starts_at.timestamp(), UTC)
+    return _digest(["alert", identity, started.isoformat(), alert.status])
 
 
 def _read_at(event: Event) -> tuple[str, int] | None:

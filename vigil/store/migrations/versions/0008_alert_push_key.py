@@ -7,8 +7,9 @@ The key is the alert (its fingerprint; its labels where it had none), its start 
 event keeps them: a firing alert's event is stamped with its ``startsAt``, and ``attrs`` hold the fingerprint and
 labels. A resolved alert's event is stamped with its end; its start is that of the latest firing event of the
 same alert stored before it (the start it resolved), and a resolution with no firing event before it is left
-unkeyed. A start is written back as the webhook reads it (UTC; an Alertmanager sending another offset gave a key
-this cannot rebuild, and such an alert is stored once more, as before).
+unkeyed. A start is written back in UTC, as the webhook keys it whatever offset it was sent in, and the labels are
+the stored ones (the alert's under the notification's common labels), as the webhook keys an alert without a
+fingerprint.
 
 A database that stored an alert more than once (every repeat, before the key) keeps every row: the events are
 the record of what came, and the engine read them long ago. The first of each key is keyed; a key some row holds
