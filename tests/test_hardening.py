@@ -371,7 +371,7 @@ def test_serve_leaves_the_engine_off_on_a_demo_store_unless_asked(
     from vigil.run import engine as live_engine
 
     started: list[bool] = []
-    monkeypatch.setattr(uvicorn, "run", lambda *args, **kwargs: None)
+    monkeypatch.setattr(uvicorn.Server, "run", lambda server, sockets=None: setattr(server, "started", True))
     monkeypatch.setattr(live_engine, "Engine", lambda *args, **kwargs: object())
     monkeypatch.setattr(live_engine, "start_in_thread", lambda engine: started.append(True))
     monkeypatch.setattr(live_engine, "stop_in_thread", lambda engine, loop: True)

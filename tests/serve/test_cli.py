@@ -85,7 +85,11 @@ def _serve_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: dict[str
         return loop
 
     monkeypatch.setattr("vigil.run.engine.start_in_thread", caught_engine)
-    monkeypatch.setattr(uvicorn, "run", lambda served, **_: caught.setdefault("app", served))
+    def caught_server(server: uvicorn.Server, sockets: Any = None) -> None:  # started, and stopped at once
+        caught.setdefault("app", server.config.app)
+        server.started = True
+
+    monkeypatch.setattr(uvicorn.Server, "run", caught_server)
     monkeypatch.setattr("vigil.faces.cli.serve._freeze_heap", lambda: None)
     done = CliRunner().invoke(app, ["serve", "--port", str(free_port()), "--engine", *args])
     settings.cache_clear()

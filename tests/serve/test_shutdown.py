@@ -5,6 +5,7 @@ PostgreSQL."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import pytest
 from tests.remedy.held_slurm import acting_env, held_slurm, place_cluster
 from tests.remedy.test_resume_claim import crashed_drain
 from tests.remedy.test_resume_claim import database as database
-from tests.serve.conftest import REPO, free_port, wait_for
+from tests.serve.conftest import REPO, TOKEN, free_port, wait_for
 from tests.serve.conftest import postgres_url as postgres_url
 from vigil.model import ActionStatus
 from vigil.remedy.audit import AuditLog
@@ -92,3 +93,40 @@ def test_serve_stopped_gives_up_on_the_drain_after_one_lease(database: str, tmp_
         assert log.count("stopping while interrupted actions are still being resumed after 2 s (one lease)") == 1, log
         (run,) = AuditLog(database).unfinished_runs()
         assert run.key == "act-drain-n1" and run.owner is not None and run.owner.startswith("vigil-api-")
+
+
+EARLY_SIGTERM = """
+import os, signal, sys
+import vigil.faces.cli.serve as serve
+serve._freeze_heap = lambda: os.kill(os.getpid(), signal.SIGTERM)  # the signal lands during the heap's freeze
+sys.argv = ["vigil", "serve", "--port", sys.argv[1], "--engine"]
+from vigil.faces.cli.main import main
+main()
+"""
+
+
+def test_sigterm_during_start_up_ends_the_server(tmp_path: Path) -> None:
+    """SIGTERM between the engine's handler and uvicorn's own (during the heap's freeze, 0.3-0.8 s): the server ends,
+    exit 0, without ever serving. Before, only the engine stopped, and the server answered /api/v1/health and
+    served on, the signal spent."""
+    port = free_port()
+    env = {**os.environ, "VIGIL_HOME": str(tmp_path), "VIGIL_API_TOKEN": TOKEN, "PYTHONPATH": str(REPO)}
+    log = tmp_path / "serve.log"
+    server = subprocess.Popen([sys.executable, "-c", EARLY_SIGTERM, str(port)], cwd=REPO, env=env,
+                              stdout=subprocess.DEVNULL, stderr=log.open("ab"))
+    try:
+        def answered_or_ended() -> bool:
+            if server.poll() is not None:
+                return True
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/api/v1/health", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(answered_or_ended, 120, "the server to end or answer")
+        assert server.poll() is not None, "SIGTERM received during start-up: the server serves on"
+        assert server.returncode == 0, log.read_text()
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()

@@ -124,25 +124,37 @@ def serve(
                        err=True)
     if ctx.remediator is not None:
         typer.echo(acting_line(ctx.backend, not ctx.remediator.dry_run), err=True)
+    # the server first, so that a SIGTERM before uvicorn captures signals (the heap's freeze) ends it too
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
     live: Engine | None = None
     if engine:
         from vigil.run.engine import start_in_thread
 
         live = running = live_engine(ctx)
         loop = start_in_thread(running)
+
+        def stopping(*_: object) -> None:
+            running.stop.set()
+            server.should_exit = True  # read once uvicorn starts: it shuts down at once, and the process ends below
+
         # uvicorn answers SIGTERM by shutting down, then raises it again under the handler it found: this one, so
         # the process ends below, once the engine has stopped, instead of at once
-        previous = signal.signal(signal.SIGTERM, lambda *_: running.stop.set())
-    _freeze_heap()
-    typer.echo(f"vigil serving on http://{host}:{port} (store {ctx.settings.database_url()})", err=True)
-    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: uvicorn shut down, and raised it again
-        uvicorn.run(app, host=host, port=port, log_level="warning")
-    if live is not None:
-        from vigil.run.engine import stop_in_thread
+        previous = signal.signal(signal.SIGTERM, stopping)
+    try:
+        _freeze_heap()
+        typer.echo(f"vigil serving on http://{host}:{port} (store {ctx.settings.database_url()})", err=True)
+        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: uvicorn shut down, and raised it again
+            server.run()
+        if not server.started:  # start-up failed (uvicorn logged why), as uvicorn.run ends then
+            raise typer.Exit(3)
+    finally:
+        if live is not None:
+            from vigil.run.engine import stop_in_thread
 
-        # the engine's threads are daemons: without this wait the process ended mid-drain
-        stop_in_thread(live, loop)
-        signal.signal(signal.SIGTERM, previous)
+            # the engine's threads are daemons: without this wait the process ended mid-drain (also when start-up
+            # failed)
+            stop_in_thread(live, loop)
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _freeze_heap() -> None:
