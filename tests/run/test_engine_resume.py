@@ -22,7 +22,7 @@ from vigil.remedy.audit import AuditLog
 from vigil.remedy.guard import BlastRadiusGuard
 from vigil.remedy.lifecycle import LifecycleStore, Trigger
 from vigil.remedy.remediator import Remediator
-from vigil.run.engine import Engine
+from vigil.run.engine import Engine, start_in_thread, stop_in_thread
 from vigil.store.sql import Store
 
 
@@ -368,3 +368,75 @@ def test_a_resumed_run_whose_record_fails_is_closed_all_the_same(database: str) 
     assert audit.seen == [([], [])]
     stored = store.action("act-drain-n1")
     assert stored is not None and stored.status is ActionStatus.FAILED, stored
+
+
+class WatchedLoop(threading.Thread):
+    """The engine's loop thread, saying when a stop starts waiting for it."""
+
+    def __init__(self, engine: Engine, progressed: threading.Event) -> None:
+        super().__init__(target=engine.run, name="vigil-engine", daemon=True)
+        self.joined, self.progressed = threading.Event(), progressed
+
+    def join(self, timeout: float | None = None) -> None:
+        self.joined.set()
+        self.progressed.set()
+        super().join(timeout)
+
+
+def held_tick_engine(tmp_path: Path, **settings: Any) -> tuple[Engine, threading.Event, threading.Event]:
+    """An engine with no remediator (no back end, the default) whose tick holds until the test lets it go."""
+    database = f"sqlite:///{tmp_path / 'vigil.db'}"
+    engine = Engine(Store(database), Settings(home=tmp_path, db_url=database, **settings), notifiers=[],
+                    remediator=None)
+    in_tick, let_go = threading.Event(), threading.Event()
+
+    def held_tick() -> None:
+        in_tick.set()
+        let_go.wait(60)
+
+    engine.tick = held_tick  # type: ignore[method-assign]
+    return engine, in_tick, let_go
+
+
+def test_stop_waits_for_the_tick_in_flight_without_a_remediator(tmp_path: Path) -> None:
+    """`vigil serve` with no back end stopping while its engine's tick runs (publishing incidents, notifying, saving
+    the cursor): stop_in_thread waits on the loop, and returns True once the tick ends, the loop ended. Before, it
+    returned at once without waiting (finish_resuming had nothing to wait for without a remediator)."""
+    engine, in_tick, let_go = held_tick_engine(tmp_path)
+    progressed = threading.Event()
+    loop = WatchedLoop(engine, progressed)
+    loop.start()
+    stopped: list[bool] = []
+
+    def stop() -> None:
+        stopped.append(stop_in_thread(engine, loop))
+        progressed.set()
+
+    stopper = threading.Thread(target=stop, daemon=True)
+    try:
+        assert in_tick.wait(30)
+        stopper.start()
+        assert progressed.wait(30)
+        assert loop.joined.is_set() and stopped == [], "stop_in_thread returned without waiting for the tick"
+    finally:
+        let_go.set()
+    stopper.join(30)
+    assert stopped == [True] and not loop.is_alive()
+
+
+def test_stop_without_a_remediator_gives_up_on_the_tick_after_one_lease(tmp_path: Path,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """A tick that does not end: the stop gives up after remedy_lease_s (0.5 s here) with one warning."""
+    engine, in_tick, let_go = held_tick_engine(tmp_path, remedy_lease_s=0.5, remedy_lease_renew_s=0.2)
+    loop = start_in_thread(engine)
+    try:
+        assert in_tick.wait(30)
+        with caplog.at_level("WARNING", logger="vigil.engine"):
+            assert stop_in_thread(engine, loop) is False
+        assert loop.is_alive()
+        assert [r.getMessage() for r in caplog.records] == [
+            "stopping while the engine's tick is still running after 0.5 s (one lease)"]
+    finally:
+        let_go.set()
+    loop.join(30)
+    assert not loop.is_alive()

@@ -284,12 +284,12 @@ class Engine:
         ``loop``, the thread running ``run`` too (its tick in flight may be executing, or resuming at start). At most
         one lease from the first call, however many callers wait, since a round that runs longer keeps its runs by
         renewing and this process must stop some time; no round starts after the first call. False when it gave up,
-        logged once: its runs are taken over once this process's lease on them lapses."""
-        if self.remediator is None:
-            return True
+        logged once: its runs are taken over once this process's lease on them lapses. Without a remediator (no back
+        end) there is no round, but the tick in flight is waited for all the same, as long (setting remedy_lease_s)."""
+        lease_s = self.remediator.lease_s if self.remediator is not None else self.settings.remedy_lease_s
         with self._resume_lock:
             if self._finish_by is None:
-                self._finish_by = time.monotonic() + self.remediator.lease_s
+                self._finish_by = time.monotonic() + lease_s
             resuming, finish_by = self._resuming, self._finish_by
         waiting = [thread for thread in (resuming, loop) if thread is not None]
         for thread in waiting:
@@ -298,10 +298,11 @@ class Engine:
             return True
         with self._resume_lock:
             gave_up, self._gave_up = self._gave_up, True
-        if not gave_up:
+        if not gave_up and self.remediator is None:
+            log.warning("stopping while the engine's tick is still running after %g s (one lease)", lease_s)
+        elif not gave_up:
             log.warning("stopping while interrupted actions are still being resumed after %g s (one lease); another "
-                        "server or engine takes them over once this process's lease on them lapses",
-                        self.remediator.lease_s)
+                        "server or engine takes them over once this process's lease on them lapses", lease_s)
         return False
 
     def _resume_logged(self) -> None:
