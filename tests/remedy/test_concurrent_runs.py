@@ -182,13 +182,15 @@ def test_a_verdict_recorded_under_the_id_while_the_run_works_leaves_the_run_its_
 def test_two_records_under_one_id_at_once_on_postgresql(postgres_url: str) -> None:
     """PostgreSQL: another process's transaction has written a verdict under the drain's id and not committed when
     server A runs the drain. A cannot see that record, so nothing before its close can tell the id is taken; its
-    close's insert waits on the other transaction (seen in pg_locks), which the test then commits. A records the
+    close's insert waits on the other transaction (a backend whose pg_blocking_pids names that transaction's), which
+    the test then commits. A records the
     drain under an id of its own (params.retry_of) and closes the run. Before, A's earlier look found the id free, its
     insert raised a unique violation once the other committed, and the run stayed started."""
     database = fresh_database(postgres_url, "claims_two_records_one_id")
     audit = AuditLog(database)
     other = audit.engine.connect()
     other_tx = other.begin()
+    other_pid = other.execute(text("SELECT pg_backend_pid()")).scalar_one()
     other.execute(insert(remedy_actions).values(id="act-drain-n1", ts=1_000.0, kind="drain", target="node/n1",
                                                 reason="Xid 79", requested_by="vigil-api-b", dry_run=False,
                                                 status="skipped", result="node/n1 is already drained", params={}))
@@ -198,8 +200,18 @@ def test_two_records_under_one_id_at_once_on_postgresql(postgres_url: str) -> No
         with ThreadPoolExecutor(1) as pool:
             running = pool.submit(server_a.execute, approved_drain())
             with audit.engine.connect() as look:
-                waiting = text("SELECT count(*) FROM pg_locks WHERE NOT granted")
-                wait_for(lambda: running.done() or look.execute(waiting).scalar_one() > 0, 30,
+                # a backend of this database blocked by the other transaction's: server A's insert, and only it
+                blocked = text("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                               "AND CAST(:other AS integer) = ANY(pg_blocking_pids(pid)) "
+                               "AND query ILIKE '%remedy_actions%'").bindparams(other=other_pid)
+
+                def a_blocked() -> bool:
+                    try:  # pg_stat_activity is read once per transaction: a new one each look
+                        return bool(look.execute(blocked).scalar_one() > 0)
+                    finally:
+                        look.rollback()
+
+                wait_for(lambda: running.done() or a_blocked(), 30,
                          "server A's record to wait on the other transaction")
             assert not running.done(), running.result()
             other_tx.commit()
