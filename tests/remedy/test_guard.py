@@ -370,3 +370,42 @@ def test_one_server_keeps_the_share_after_a_failed_close(database: str) -> None:
     assert [run.key for run in audit.unfinished_runs()] == ["act-drain-n001"]
     cordon = server.execute(approved(ActionKind.CORDON, "n002"))
     assert cordon.status is ActionStatus.REFUSED and "1 of 10 nodes already out" in cordon.result, cordon
+
+
+def resumed_drain(audit: AuditLog, node: str) -> None:
+    """A drain of ``node`` another process left started, its lease lapsed at 30 s: the next recover() takes it over."""
+    action = approved(ActionKind.DRAIN, node)
+    action.params["idempotency_key"] = action.id
+    assert audit.begin(action.id, action, owner="vigil-engine-killed", now=0.0, lease_expires=30.0) is None
+
+
+def test_a_resumed_drain_keeps_its_node_counted_when_the_close_fails(database: str) -> None:
+    """This process takes over a drain of n001 another left started: the back end drains n001, then the run's close
+    hits a dropped connection (back right after). The resumed run is closed failed, and n001 - out in the cluster -
+    still counts, so a cordon of n002 on 10 nodes with one allowed out is refused. Before, the takeover's error path
+    released n001 and the cordon was admitted: two nodes out."""
+    guard = BlastRadiusGuard(cluster(10, per_switch=10), max_share=0.1, max_share_per_switch=1.0)
+    audit = CloseAwayOnce(database)
+    resumed_drain(audit, "n001")
+    remediator = Remediator([GoodDrain(lambda: None), HeldCordon(lambda: None)], audit, guard=guard, dry_run=False,
+                            clock=lambda: 10_000.0)
+    (drain,) = remediator.recover()
+    assert drain.status is ActionStatus.FAILED and drain.result.startswith("resuming failed: OperationalError"), drain
+    assert audit.unfinished_runs() == []
+    assert guard.out_of_service() == {"node/n001"}
+    cordon = remediator.execute(approved(ActionKind.CORDON, "n002"))
+    assert cordon.status is ActionStatus.REFUSED and "1 of 10 nodes already out" in cordon.result, cordon
+
+
+def test_a_resumed_drain_whose_back_end_refuses_lets_its_node_go(database: str) -> None:
+    """The taken-over drain of n001 meets the back end's own error (ActuatorError: it did not take n001 out): the run
+    ends failed and n001 is released, so a cordon of n002 is admitted."""
+    guard = BlastRadiusGuard(cluster(10, per_switch=10), max_share=0.1, max_share_per_switch=1.0)
+    audit = AuditLog(database)
+    resumed_drain(audit, "n001")
+    remediator = Remediator([FailingDrain(lambda: None), HeldCordon(lambda: None)], audit, guard=guard,
+                            dry_run=False, clock=lambda: 10_000.0)
+    (drain,) = remediator.recover()
+    assert (drain.status, drain.result) == (ActionStatus.FAILED, "failing-drain: HTTP 500")
+    assert audit.unfinished_runs() == [] and guard.out_of_service() == set()
+    assert remediator.execute(approved(ActionKind.CORDON, "n002")).status is ActionStatus.EXECUTED

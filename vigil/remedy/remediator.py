@@ -170,15 +170,17 @@ class Remediator:
         executes (a server's preview of an approved action); nothing makes a dry-run remediator execute."""
         return self._execute(action, dry_run=dry_run)
 
-    def _execute(self, action: Action, *, dry_run: bool = False, claimed: str | None = None) -> Action:
+    def _execute(self, action: Action, *, dry_run: bool = False, claimed: str | None = None,
+                 asked: list[bool] | None = None) -> Action:
         """``execute``; ``claimed`` is the key of the run ``recover`` took over for ``action``, whose journal row a
-        verdict reached before the back end (refused, skipped) closes, so no later takeover finds it started."""
+        verdict reached before the back end (refused, skipped) closes, so no later takeover finds it started;
+        ``asked`` gets an item just before the back end is asked to execute (``_decide``)."""
         action = action.model_copy(deep=True)
         action.dry_run = self.dry_run or dry_run
         action.requested_by = action.requested_by if action.requested_by != "vigil" else self.requested_by
         decided_as = action.id
         deciding = action.status is ActionStatus.PROPOSED or action.status is ActionStatus.APPROVED
-        if deciding and self._decide(action):
+        if deciding and self._decide(action, [] if asked is None else asked):
             return action
         # a verdict recorded beside the run under an id of its own (a repeat, a late answer) leaves the run as it is
         if claimed is not None and action.id == decided_as:
@@ -194,9 +196,10 @@ class Remediator:
             self.audit.record(action)
         return action
 
-    def _decide(self, action: Action) -> bool:
+    def _decide(self, action: Action, asked: list[bool]) -> bool:
         """Decide ``action`` in place; True when its verdict is recorded already, with the close of its run in the
-        execution journal (one transaction: a process that finds the run closed finds its record)."""
+        execution journal (one transaction: a process that finds the run closed finds its record). ``asked`` gets an
+        item just before the back end is asked: raised after that, the nodes stay held (they may be out)."""
         actuator = self.actuator_for(action)
         if actuator is None:
             action.status, action.result = (
@@ -220,7 +223,6 @@ class Remediator:
                                  else verdict.reason)
                 return False
         held = action.id  # the id the guard holds the nodes for (a retry is recorded under another)
-        asked: list[bool] = []  # set just before the back end is asked: from then on the nodes may be out
         try:
             return self._decide_admitted(action, actuator, guarded, asked)
         except BaseException:
@@ -365,8 +367,9 @@ class Remediator:
         if run.owner is not None:
             action.params["taken_over_from"] = run.owner
             action.params["lease_expired_at"] = run.lease_expires
+        asked: list[bool] = []  # set just before the back end is asked: from then on the nodes may be out
         try:
-            return self._execute(action, claimed=run.key)
+            return self._execute(action, claimed=run.key, asked=asked)
         except Exception as err:  # left started, the run would trip the next takeover on its record
             log.exception("resuming the interrupted run %s failed", run.key)
             action.status, action.result = ActionStatus.FAILED, f"resuming failed: {type(err).__name__}: {err}"
@@ -382,7 +385,10 @@ class Remediator:
                 closed = self.audit.finish(run.key, "failed", owner=self.owner, settle=action)
             if not closed:
                 return action  # this claim lapsed meanwhile: the run is the process's that took it over
-            if self.guard is not None:
+            if self.guard is not None and not asked:
+                # as in ``_decide``: raised before the back end was asked, nothing left the cluster; raised after it
+                # (the close on a dropped connection, the lifecycle's write), the nodes may be out and stay held
+                # until back in service or this process ends (the back end's own error released them in ``_decide``)
                 for node in capacity_nodes(action):
                     self.guard.release(node, owner=held)
             return action
