@@ -1281,3 +1281,25 @@ def test_ucx_cuda_call_failure_is_named_before_the_segfault_ucx_reports_after_it
     result = triage(tmp_path, workers=1)
     assert result.root is not None and result.root.lineno == 2, result.summary
     assert result.root.signature == "ucx.cuda_call_failed"
+
+
+def test_an_undated_file_is_searched_for_its_year_in_its_first_block_only(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A log with no dated line (a plain traceback log) is read once per line, not also once per block for a year."""
+    import vigil.logs.triage as triage_module
+
+    sought: list[int] = []
+    first_year = triage_module._first_year
+
+    def counted(block: list[str]) -> int | None:
+        sought.append(len(block))
+        return first_year(block)
+
+    monkeypatch.setattr(triage_module, "_first_year", counted)
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "rank0.log").write_text("".join(f"step {i} loss 0.5\n" for i in range(10_000))
+                                   + "RuntimeError: CUDA error: an illegal memory access was encountered\n")
+    result = triage(job)
+    assert len(sought) == 1
+    assert result.root is not None and "illegal memory access" in result.root.line

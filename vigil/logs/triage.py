@@ -421,9 +421,10 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
     traceback_after = 0
     lineno = 0
     year: int | None = None  # of the file's first dated line: a time without one (syslog, glog) is of that year
+    year_sought = False  # in the file's first block only: an undated file's lines are not searched twice
     for block in read_lines(source.path):
-        if year is None:
-            year = _first_year(block)
+        if not year_sought:
+            year, year_sought = _first_year(block), True
         for raw in block:
             lineno += 1
             rank = source.rank
@@ -553,6 +554,7 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
 
 _DATED = re.compile(r"(?<!\d)((?:19|20)\d\d)-\d\d-\d\d[T ]\d\d:\d\d|(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) \w{3} [ \d]\d "
                     r"\d\d:\d\d:\d\d ((?:19|20)\d\d)")
+# How far into a file its year is sought (its first block): a later dated line does not date the lines above it.
 YEAR_LOOKAHEAD_LINES = 4096
 
 
