@@ -507,7 +507,7 @@ def test_a_samples_push_sent_again_after_its_answer_was_lost_is_stored_once(tmp_
     assert looked > 0
     assert answers[:3] == [{"stored": looked, "duplicates": 0}, {"stored": looked, "duplicates": looked},
                            {"stored": looked, "duplicates": 0}]
-    assert agent._pusher.failures == 1 and agent._pusher.unanswered_samples is None
+    assert agent._pusher.failures == 1 and not agent._pusher.backlog
     assert len([p for p in store.pushes_after(0) if p.node == "n01"]) == len(answers) - 1
 
 
@@ -560,11 +560,11 @@ def test_a_refused_retry_gives_way_to_the_newer_push_behind_it(refusal: int) -> 
     seen: list[tuple[str, float]] = []
     pusher = _answering([503, refusal, 201], seen)
     _push_samples_at(pusher, 1.0)
-    assert pusher.unanswered_samples is not None
+    assert len(pusher.backlog) == 1
     _push_samples_at(pusher, 2.0)
     first, newer = seen[0][0], seen[-1][0]
     assert seen == [(first, 1.0), (first, 1.0), (newer, 2.0)] and newer != first
-    assert pusher.unanswered_samples is None and pusher.samples_pushes_refused == 1
+    assert not pusher.backlog and pusher.samples_pushes_refused == 1
 
 
 @pytest.mark.parametrize("status", [408, 425, 429, 503])
@@ -574,17 +574,17 @@ def test_a_push_refused_for_now_is_sent_again(status: int) -> None:
     seen: list[tuple[str, float]] = []
     pusher = _answering([status, 201, 201], seen)
     _push_samples_at(pusher, 1.0)
-    assert pusher.unanswered_samples is not None and pusher.unanswered_samples.key == seen[0][0]
+    assert [push.key for push in pusher.backlog] == [seen[0][0]]
     _push_samples_at(pusher, 2.0)
     assert [ts for _, ts in seen] == [1.0, 1.0, 2.0] and seen[1][0] == seen[0][0] != seen[2][0]
-    assert pusher.unanswered_samples is None and pusher.samples_pushes_refused == 0
+    assert not pusher.backlog and pusher.samples_pushes_refused == 0
 
 
 def test_a_refused_push_is_not_sent_again() -> None:
     seen: list[tuple[str, float]] = []
     pusher = _answering([422, 201], seen)
     _push_samples_at(pusher, 1.0)
-    assert pusher.unanswered_samples is None and pusher.failures == 0
+    assert not pusher.backlog and pusher.failures == 0
     _push_samples_at(pusher, 2.0)
     assert [ts for _, ts in seen] == [1.0, 2.0] and pusher.samples_pushes_refused == 1
 

@@ -17,19 +17,22 @@ What it collects is exposed for Prometheus (``/metrics`` on ``port``) and events
 server (``POST <server>/api/v1/events``) when one is configured; the training ranks' decoded log lines
 (``rank_logs``, ``vigil.sources.collect.rank_files``) go to ``POST <server>/api/v1/rank-logs``, which takes them
 only for ranks placed on this node. Events wait for the server in a bounded queue; what it cannot hold is
-counted (``vigil_agent_events_dropped_total``).
+counted (``vigil_agent_events_dropped_total``). Samples pushes the server has not taken wait in a backlog bounded by
+count, bytes and age (``samples_backlog_*``) and are sent again oldest first, each under its own Idempotency-Key
+(``EventPusher``); the ones it cannot hold are counted (``vigil_agent_samples_pushes_dropped_total``).
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import math
 import re
 import threading
 import time
 import uuid
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,6 +83,13 @@ IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
 # HTTP 4xx answers that refuse a push for now, not for good (Request Timeout, Too Early, Too Many Requests - a
 # proxy's or gateway's rate limit): the push is kept and sent again, as after a server error.
 SEND_AGAIN_STATUSES = frozenset({408, 425, 429})
+# Why an unanswered samples push left the agent's backlog unsent (``vigil_agent_samples_pushes_dropped_total``):
+# pushed out by newer ones (the backlog at its count or byte limit), older than the backlog's age limit, or refused by
+# the server (HTTP 4xx but SEND_AGAIN_STATUSES).
+BACKLOG_FULL = "backlog_full"
+EXPIRED = "expired"
+REFUSED = "refused"
+SAMPLES_DROP_REASONS = (BACKLOG_FULL, EXPIRED, REFUSED)
 # Kinds read at full rate even while degraded: event streams, not periodic samples.
 FULL_RATE_KINDS = frozenset({"kernel"})
 
@@ -105,6 +115,13 @@ class AgentSettings(BaseSettings):
     push_interval_s: float = Field(default=15.0, gt=0)
     push_samples: bool = Field(default=True, description="push metric samples too (off where Prometheus scrapes "
                                "the agent and the engine reads PromQL)")
+    samples_backlog_pushes: int = Field(default=240, ge=1, description="samples pushes kept while the server does "
+                                        "not answer, the oldest dropped beyond (240: an hour of 15 s pushes)")
+    samples_backlog_bytes: int = Field(default=16 * 2**20, ge=1, description="bytes of samples pushes kept while the "
+                                       "server does not answer, the oldest dropped beyond (the newest is always kept)")
+    samples_backlog_age_s: float = Field(default=3600.0, gt=0, description="an unanswered samples push older than "
+                                         "this is dropped, not sent: the server knows a push's key for its "
+                                         "push_key_window_s (3600 s), and one sent later may be stored twice")
     kmsg_file: str = Field(default="", description="read this kernel log file instead of /dev/kmsg")
     rank_logs: list[RankLogFiles] = Field(default_factory=list, description="training ranks' log files to forward "
                                           "(glob, pattern naming job and rank); empty = none")
@@ -289,7 +306,10 @@ class Agent:
         self.stop_event = threading.Event()
         self._pusher: EventPusher | None = None
         if self.settings.server_url:
-            self._pusher = EventPusher(self.settings.server_url, self.settings.server_token)
+            self._pusher = EventPusher(self.settings.server_url, self.settings.server_token,
+                                       backlog_pushes=self.settings.samples_backlog_pushes,
+                                       backlog_bytes=self.settings.samples_backlog_bytes,
+                                       backlog_age_s=self.settings.samples_backlog_age_s)
         self._next_push = 0.0
         self.store: AgentStore | None = None
         self._next_record = 0.0
@@ -527,6 +547,7 @@ class Agent:
             "events_dropped": self.events_dropped,
             "events_refused": self.events_refused,
             "events_refused_by_reason": self.events_refused_by_reason,
+            "samples_backlog": self._pusher.backlog_report() if self._pusher is not None else None,
             "labels": {"refused": self.guard.refused_count, "folded": self.guard.folded_count},
         }
 
@@ -644,6 +665,8 @@ class AgentExposition(Collector):
         for reason, count in sorted(agent.events_refused_by_reason.items()):
             refused.add_metric([reason], count)
         yield from (up, timeouts, problems, duration, events, dropped, refused)
+        if agent._pusher is not None:
+            yield from agent._pusher.backlog_metrics()
         yield GaugeMetricFamily(
             "vigil_agent_degraded", "1 while the agent samples under node CPU load", value=int(agent.degraded)
         )
@@ -656,27 +679,33 @@ class AgentExposition(Collector):
 
 
 class SamplesPush(NamedTuple):
-    """An agent's samples push: the key it is sent under (``Idempotency-Key``, the same when sent again) and its
-    body."""
+    """An agent's samples push: the key it is sent under (``Idempotency-Key``, the same when sent again), its body
+    as sent (JSON; held as bytes, so the backlog's size is what it costs) and when it was made (monotonic)."""
 
     key: str
-    body: dict[str, Any]
+    body: bytes
+    made: float
 
 
 class EventPusher:
     """POSTs to the Vigil server in a background thread: the node's inventory when it changed, event batches
     (re-queued when they fail) and the latest samples. Each samples push carries a key of its own
-    (``Idempotency-Key``); one that got no answer (the server unreachable, failing, or its answer lost after it
-    stored the push) is sent again with the same key before the next push's samples, so the server stores it
-    once. Only the newest such push is kept: one that fails again gives way to a newer one. One the server refuses
-    (HTTP 4xx but 408, 425 and 429, which are sent again) is dropped and the next one sent.
+    (``Idempotency-Key``) and joins a backlog; every round sends the backlog oldest first, each push under its own
+    key, until one gets no answer (the server unreachable, failing, or its answer lost after it stored the push),
+    which stays at the head with all behind it for the next round - the server stores a push sent again once. The
+    backlog is bounded by count, bytes and age (``samples_backlog_*``); beyond, the oldest push is dropped and
+    counted, with one warning for each stretch of drops (an episode ends when the server has taken the whole
+    backlog). A push the server refuses (HTTP 4xx but 408, 425 and 429, which are sent again) is dropped alone and
+    the next one sent. The backlog lives in memory: an agent restarted during an outage starts an empty one.
 
     Rank-log events go to the rank-log route with the node's name, which the server checks them against, one
     push per job. The server stores the valid events of a push and answers which it refused and why (a layout
     naming ranks placed on another node); the refused ones are dropped and counted by reason, since sending them
     again cannot help, as are all of a push it refuses whole (HTTP 400 / 422)."""
 
-    def __init__(self, server_url: str, token: str = "", timeout_s: float = 5.0) -> None:
+    def __init__(self, server_url: str, token: str = "", timeout_s: float = 5.0, backlog_pushes: int = 240,
+                 backlog_bytes: int = 16 * 2**20, backlog_age_s: float = 3600.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.base = server_url.rstrip("/") + "/api/v1"
         self.url = self.base + "/events"
         self.registered: Node | None = None
@@ -689,9 +718,18 @@ class EventPusher:
         self.refused_by_reason: dict[str, int] = defaultdict(int)
         self._warned = False
         self._warned_refused: set[str] = set()
-        # the newest samples push the server did not answer, sent again with the next push
-        self.unanswered_samples: SamplesPush | None = None
-        self.samples_pushes_refused = 0
+        # the samples pushes the server has not answered, oldest first, each sent again under its key
+        self.backlog: deque[SamplesPush] = deque()
+        self.backlog_bytes = 0
+        self.backlog_limits = (backlog_pushes, backlog_bytes, backlog_age_s)
+        self._clock = clock
+        self.samples_pushes_sent = 0
+        self.samples_pushes_dropped: dict[str, int] = dict.fromkeys(SAMPLES_DROP_REASONS, 0)
+        self._dropping = False  # in a drop episode: warned once, until the backlog is taken whole
+
+    @property
+    def samples_pushes_refused(self) -> int:
+        return self.samples_pushes_dropped[REFUSED]
 
     @property
     def busy(self) -> bool:
@@ -713,12 +751,10 @@ class EventPusher:
 
     def _post(self, events: list[Event], requeue: Callable[[list[Event]], None], samples: list[Sample], node: str,
               inventory: Node | None) -> None:
-        pending = [self.unanswered_samples] if self.unanswered_samples is not None else []
         if samples:
-            pending.append(SamplesPush(uuid.uuid4().hex,
-                                       {"node": node, "samples": [s.model_dump(mode="json") for s in samples]}))
-        # whatever fails below, the newest samples push is kept for the next one
-        self.unanswered_samples = pending[-1] if pending else None
+            push = {"node": node, "samples": [s.model_dump(mode="json") for s in samples]}
+            self._keep(SamplesPush(uuid.uuid4().hex, json.dumps(push, separators=(",", ":")).encode(),
+                                   self._clock()))
         try:
             # The inventory first: the server places the events and samples that follow on it.
             if inventory is not None:
@@ -736,28 +772,86 @@ class EventPusher:
                 batch = list(lines)
                 self._post_rank_logs(node, batch)
                 events = events[len(batch):]
-            for push in pending:
-                response = self._client.post(self.base + "/samples", json=push.body,
-                                             headers={IDEMPOTENCY_KEY_HEADER: push.key})
-                if 400 <= response.status_code < 500 and response.status_code not in SEND_AGAIN_STATUSES:
-                    self._refuse_samples(response)  # sending it again cannot help; the next push may still go
-                    continue
-                response.raise_for_status()
-            self.unanswered_samples = None
+            self._send_backlog()
         except httpx.HTTPError as err:
             self.failures += 1
             if not self._warned:
                 self._warned = True
-                log.warning("push to %s failed (%s); events are kept and retried", self.base, err)
+                log.warning("push to %s failed (%s); events and samples are kept and retried", self.base, err)
             if events:
                 requeue(events)
 
+    def _keep(self, push: SamplesPush) -> None:
+        """Put a new push at the backlog's tail and drop the oldest beyond the limits (the newest always stays)."""
+        self.backlog.append(push)
+        self.backlog_bytes += len(push.body)
+        most, most_bytes, _ = self.backlog_limits
+        while len(self.backlog) > most or (self.backlog_bytes > most_bytes and len(self.backlog) > 1):
+            self._drop(BACKLOG_FULL)
+        self._drop_expired()
+
+    def _drop_expired(self) -> None:
+        oldest = self._clock() - self.backlog_limits[2]
+        while self.backlog and self.backlog[0].made < oldest:
+            self._drop(EXPIRED)
+
+    def _drop(self, reason: str) -> None:
+        """Drop the oldest push of the backlog, counted by ``reason``; a refusal warns once in the agent's life, the
+        backlog's limits once an episode."""
+        push = self.backlog.popleft()
+        self.backlog_bytes -= len(push.body)
+        self.samples_pushes_dropped[reason] += 1
+        if reason == REFUSED or self._dropping:
+            return
+        self._dropping = True
+        most, most_bytes, age_s = self.backlog_limits
+        log.warning("the server %s has not taken this node's samples pushes for a while: the oldest unanswered "
+                    "ones are dropped from now until it takes the backlog (limits %d pushes, %d bytes, %g s; "
+                    "counted in vigil_agent_samples_pushes_dropped_total, not logged)", self.base, most, most_bytes,
+                    age_s)
+
+    def _send_backlog(self) -> None:
+        """Send the backlog oldest first; a push with no answer raises and stays, with every push behind it."""
+        self._drop_expired()
+        while self.backlog:
+            push = self.backlog[0]
+            response = self._client.post(self.base + "/samples", content=push.body,
+                                         headers={IDEMPOTENCY_KEY_HEADER: push.key,
+                                                  "Content-Type": "application/json"})
+            if 400 <= response.status_code < 500 and response.status_code not in SEND_AGAIN_STATUSES:
+                self._refuse_samples(response)  # sending it again cannot help; the next push may still go
+                continue
+            response.raise_for_status()
+            self.backlog.popleft()
+            self.backlog_bytes -= len(push.body)
+            self.samples_pushes_sent += 1
+        self._dropping = False
+
     def _refuse_samples(self, response: httpx.Response) -> None:
-        """Count a samples push the server refused; warn about the first."""
-        self.samples_pushes_refused += 1
+        """Drop the samples push at the backlog's head, which the server refused; warn about the first."""
+        self._drop(REFUSED)
         if self.samples_pushes_refused == 1:
             log.warning("server %s refused a samples push (HTTP %d: %s); it is dropped (further refusals are "
                         "counted, not logged)", self.base, response.status_code, response.text[:300])
+
+    def backlog_report(self) -> dict[str, Any]:
+        """The samples backlog for ``vigil agent --once --json``."""
+        return {"pushes": len(self.backlog), "bytes": self.backlog_bytes, "sent": self.samples_pushes_sent,
+                "dropped": dict(self.samples_pushes_dropped)}
+
+    def backlog_metrics(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        yield GaugeMetricFamily("vigil_agent_samples_backlog_pushes", "samples pushes the server has not taken yet",
+                                value=len(self.backlog))
+        yield GaugeMetricFamily("vigil_agent_samples_backlog_bytes", "bytes of the samples pushes the server has not "
+                                "taken yet", value=self.backlog_bytes)
+        yield CounterMetricFamily("vigil_agent_samples_pushes_sent", "samples pushes the server took",
+                                  value=self.samples_pushes_sent)
+        dropped = CounterMetricFamily("vigil_agent_samples_pushes_dropped", "samples pushes dropped unsent: pushed out "
+                                      "of the full backlog, older than its age limit, or refused by the server",
+                                      labels=["reason"])
+        for reason, count in self.samples_pushes_dropped.items():
+            dropped.add_metric([reason], count)
+        yield dropped
 
     def _post_rank_logs(self, node: str, events: list[Event]) -> None:
         push = {"node": node, "events": [e.model_dump(mode="json") for e in events]}
