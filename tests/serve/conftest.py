@@ -175,36 +175,109 @@ def _postgres_bin(name: str) -> str:
     return require_binary(str(found[-1]) if found else name)
 
 
-@pytest.fixture(scope="session")
-def postgres_url() -> Iterator[str]:
-    """A throwaway PostgreSQL cluster (Debian's binaries) on a loopback port, trust auth, torn down after."""
+# Each fixture server's directory (``vigil-pg-*`` under the temporary directory) holds its owner: the test process
+# that started it, as "<pid> <start time> <pid namespace>", so that a later run can tell a server whose owner was
+# killed (SIGKILL leaves no teardown; the server, reparented to init, runs on) from one a live run is using.
+PG_PREFIX = "vigil-pg-"
+PG_OWNER = "owner"
+
+
+def _process_started(pid: int) -> str | None:
+    """When ``pid`` started (clock ticks after boot, /proc/<pid>/stat's 22nd field), or None when no such process
+    runs: with the pid, it names one process, not whichever later reuses its number."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+def pg_owner_line(pid: int) -> str:
+    return f"{pid} {_process_started(pid)} {_pid_namespace()}\n"
+
+
+def _owner_gone(base: Path) -> bool:
+    """True only when ``base`` names its owner and that process has ended: no owner recorded (an older fixture's
+    directory, or one being set up), an owner in another pid namespace (another container sharing /tmp) or an
+    owner alive all say no."""
+    try:
+        pid_text, started, namespace = (base / PG_OWNER).read_text().split()
+        pid = int(pid_text)
+    except (OSError, ValueError):
+        return False
+    if namespace != _pid_namespace():
+        return False
+    return _process_started(pid) != started
+
+
+def _as_postgres() -> list[str]:
+    """PostgreSQL refuses to run as root: as root, its commands run as Debian's postgres user."""
+    return ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+
+
+def stop_orphaned_postgres(root: Path | None = None) -> list[Path]:
+    """Stop (``pg_ctl stop`` on its data directory, which signals the postmaster its postmaster.pid names) every
+    fixture server under ``root`` whose owner has ended, and remove its directory; returns the directories
+    removed. A server whose owner runs - a parallel test run - is left alone, and so is a directory that names no
+    owner."""
+    pg_ctl = _postgres_bin("pg_ctl")
+    removed = []
+    for base in sorted(Path(root or tempfile.gettempdir()).glob(f"{PG_PREFIX}*")):
+        if not _owner_gone(base):
+            continue
+        data = base / "data"
+        if (data / "postmaster.pid").exists():
+            as_user = _as_postgres()
+            subprocess.run([*as_user, pg_ctl, "-D", str(data), "-m", "fast", "-w", "-t", "60", "stop"],
+                           capture_output=True)
+            if subprocess.run([*as_user, pg_ctl, "-D", str(data), "status"], capture_output=True).returncode != 3:
+                continue  # still running (or not ours to read): its directory stays
+        shutil.rmtree(base, ignore_errors=True)
+        removed.append(base)
+    return removed
+
+
+@contextmanager
+def running_postgres(root: Path | None = None) -> Iterator[tuple[str, Path]]:
+    """A throwaway PostgreSQL cluster (Debian's binaries) on a loopback port, trust auth, stopped and removed after;
+    yields its URL and directory. Servers earlier runs left behind (their owner killed) are stopped first."""
     initdb, pg_ctl = _postgres_bin("initdb"), _postgres_bin("pg_ctl")
+    stop_orphaned_postgres(root)
     # Not under pytest's tmp dir: that is private to root, and the server runs as another user.
-    base = Path(tempfile.mkdtemp(prefix="vigil-pg-"))
+    base = Path(tempfile.mkdtemp(prefix=PG_PREFIX, dir=root))
+    (base / PG_OWNER).write_text(pg_owner_line(os.getpid()))
     data, sockets = base / "data", base / "sockets"
     sockets.mkdir()
-    as_user: list[str] = []
-    if os.geteuid() == 0:  # PostgreSQL refuses to run as root: run it as Debian's postgres user
-        as_user = ["runuser", "-u", "postgres", "--"]
+    as_user = _as_postgres()
+    if as_user:
         shutil.chown(base, "postgres")
         shutil.chown(sockets, "postgres")
     port = free_port()
-    subprocess.run(
-        [*as_user, initdb, "-D", str(data), "-U", "vigil", "--auth=trust", "-E", "UTF8"],
-        check=True,
-        capture_output=True,
-    )
-    options = f"-p {port} -k {sockets} -c listen_addresses=127.0.0.1 -c fsync=on"
-    subprocess.run(
-        [*as_user, pg_ctl, "-D", str(data), "-o", options, "-l", str(base / "log"), "-w", "start"],
-        check=True,
-        capture_output=True,
-    )
     try:
-        yield f"postgresql+psycopg://vigil@127.0.0.1:{port}/postgres"
+        subprocess.run([*as_user, initdb, "-D", str(data), "-U", "vigil", "--auth=trust", "-E", "UTF8"], check=True,
+                       capture_output=True)
+        options = f"-p {port} -k {sockets} -c listen_addresses=127.0.0.1 -c fsync=on"
+        subprocess.run([*as_user, pg_ctl, "-D", str(data), "-o", options, "-l", str(base / "log"), "-w", "start"],
+                       check=True, capture_output=True)
+        yield f"postgresql+psycopg://vigil@127.0.0.1:{port}/postgres", base
     finally:
-        subprocess.run([*as_user, pg_ctl, "-D", str(data), "-m", "fast", "-w", "stop"], capture_output=True)
+        if (data / "postmaster.pid").exists():
+            subprocess.run([*as_user, pg_ctl, "-D", str(data), "-m", "fast", "-w", "stop"], capture_output=True)
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A throwaway PostgreSQL cluster for the session (``running_postgres``)."""
+    with running_postgres() as (url, _base):
+        yield url
 
 
 def fresh_database(postgres_url: str, name: str) -> str:
