@@ -14,15 +14,13 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from fastapi.testclient import TestClient
 
 from tests.conftest import wait_for
-from tests.serve.conftest import REPO, TOKEN, fresh_database
+from tests.serve.conftest import REPO, fresh_database
 from tests.serve.conftest import postgres_url as postgres_url
+from tests.store.conftest import api_client, opened
 from tests.store.test_migrations import assert_at_head_with_the_events_kept, downgrade_to, statements, upgrade_to
-from vigil.config import Settings
 from vigil.faces.api.alertmanager import alerts_to_events, parse_payload
-from vigil.faces.api.app import create_app
 from vigil.faces.api.push_keys import alert_key
 from vigil.store.sql import Store
 
@@ -68,19 +66,16 @@ def alerts_at_revision_0007(url: str) -> int:
 
 def assert_every_alert_sent_again_is_a_duplicate(store: Store, tmp_path: Path, stored: int) -> None:
     assert_at_head_with_the_events_kept(store, stored)  # nothing deleted
-    settings = Settings(home=tmp_path, db_url=store.url, api_token=TOKEN)
-    with TestClient(create_app(store, settings=settings), headers={"Authorization": f"Bearer {TOKEN}"}) as client:
+    with api_client(store, tmp_path) as client:
         answers = [client.post("/api/v1/alertmanager", json=n).json() for n in notifications()]
     assert [(a["stored"], a["duplicates"]) for a in answers] == [(1, 1)] * 7
     assert len(store.events(limit=stored + 1)) == stored
 
 
-def test_alerts_stored_before_their_key_are_keyed_on_sqlite(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'v.db'}"
-    stored = alerts_at_revision_0007(url)
-    store = Store(url)
-    assert_every_alert_sent_again_is_a_duplicate(store, tmp_path, stored)
-    store.close()
+def test_alerts_stored_before_their_key_are_keyed(db_url: str, tmp_path: Path) -> None:
+    stored = alerts_at_revision_0007(db_url)
+    with opened(db_url) as store:
+        assert_every_alert_sent_again_is_a_duplicate(store, tmp_path, stored)
 
 
 def _without_fingerprint_and_a_label_in_common_labels_only(notification: dict[str, Any]) -> None:
@@ -111,13 +106,11 @@ def test_the_webhook_keys_an_alert_as_revision_0008_keyed_it(tmp_path: Path,
                                           "push_key": None} for e in alerts_to_events(parse_payload(notification))])
         conn.commit()
     engine.dispose()
-    store = Store(url)
-    settings = Settings(home=tmp_path, db_url=url, api_token=TOKEN)
-    with TestClient(create_app(store, settings=settings), headers={"Authorization": f"Bearer {TOKEN}"}) as client:
-        answer = client.post("/api/v1/alertmanager", json=notification).json()
-    assert (answer["stored"], answer["duplicates"]) == (1, 1), answer
-    assert len(store.events(limit=10)) == 1
-    store.close()
+    with opened(url) as store:
+        with api_client(store, tmp_path) as client:
+            answer = client.post("/api/v1/alertmanager", json=notification).json()
+        assert (answer["stored"], answer["duplicates"]) == (1, 1), answer
+        assert len(store.events(limit=10)) == 1
 
 
 def test_alerts_are_keyed_stretch_by_stretch_of_the_table(tmp_path: Path) -> None:
@@ -153,12 +146,10 @@ def test_alerts_are_keyed_stretch_by_stretch_of_the_table(tmp_path: Path) -> Non
         assert conn.execute(sa.text("SELECT id, push_key FROM events WHERE push_key IS NOT NULL ORDER BY id")
                             ).all() == keyed
     engine.dispose()
-    store = Store(url)
-    assert_every_alert_sent_again_is_a_duplicate(store, tmp_path, stored + 45_001)
-    settings = Settings(home=tmp_path, db_url=url, api_token=TOKEN)
-    with TestClient(create_app(store, settings=settings), headers={"Authorization": f"Bearer {TOKEN}"}) as client:
-        assert client.post("/api/v1/alertmanager", json=late).json()["duplicates"] == 1
-    store.close()
+    with opened(url) as store:
+        assert_every_alert_sent_again_is_a_duplicate(store, tmp_path, stored + 45_001)
+        with api_client(store, tmp_path) as client:
+            assert client.post("/api/v1/alertmanager", json=late).json()["duplicates"] == 1
 
 
 @pytest.mark.parametrize("in_flight", [False, True], ids=["committed", "in_flight"])
@@ -210,17 +201,9 @@ def test_alerts_are_keyed_beside_a_server_storing_a_repeat_on_postgresql(postgre
     upgrading.dispose()
     server.dispose()
     assert len(repeats) == 1 and len(committing) == int(in_flight)  # the repeat was stored while the revision ran
-    store = Store(url)
-    with store.engine.connect() as conn:
-        holder = conn.execute(sa.text("SELECT id FROM events WHERE push_key = :key"), {"key": key}).scalar_one()
-    assert holder == repeats[0]
-    assert_every_alert_sent_again_is_a_duplicate(store, tmp_path, stored + 1)
-    store.close()
+    with opened(url) as store:
+        with store.engine.connect() as conn:
+            holder = conn.execute(sa.text("SELECT id FROM events WHERE push_key = :key"), {"key": key}).scalar_one()
+        assert holder == repeats[0]
+        assert_every_alert_sent_again_is_a_duplicate(store, tmp_path, stored + 1)
 
-
-def test_alerts_stored_before_their_key_are_keyed_on_postgresql(postgres_url: str, tmp_path: Path) -> None:
-    url = fresh_database(postgres_url, "alert_push_key")
-    stored = alerts_at_revision_0007(url)
-    store = Store(url)
-    assert_every_alert_sent_again_is_a_duplicate(store, tmp_path, stored)
-    store.close()

@@ -7,13 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import sqlalchemy as sa
-from fastapi.testclient import TestClient
 
-from tests.serve.conftest import TOKEN, fresh_database
-from tests.serve.conftest import postgres_url as postgres_url
+from tests.store.conftest import api_client, on_postgresql, opened
 from tests.store.test_migrations import assert_at_head_with_the_events_kept, statements, upgrade_to
-from vigil.config import Settings
-from vigil.faces.api.app import create_app
 from vigil.model import LaunchReport, Sample, StepTelemetry
 from vigil.store.sql import Store
 
@@ -42,9 +38,7 @@ def assert_each_report_stored_once_and_keyed(store: Store, tmp_path: Path) -> No
     assert_at_head_with_the_events_kept(store, 0)
     stored = [(p.node, p.ts) for p in store.pushes_after(0)]
     assert sorted(stored) == sorted([(f"launch:{job}", ts) for job, ts, _ in LOOKS] + [("n01", 1767226200.0)] * 2)
-    settings = Settings(home=tmp_path, db_url=store.url, api_token=TOKEN)
-    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
-    with TestClient(create_app(store, settings=settings), headers=headers) as client:
+    with api_client(store, tmp_path, json_body=True) as client:
         answers = [client.post("/api/v1/launches", content=LaunchReport(
             job="llm", ts=ts, world_size=1, steps=[StepTelemetry(ts=ts, steps=steps)]).model_dump_json()).json()
             for ts, steps in ((1767226200.5, 50), (1767226205.75, 60))]
@@ -52,29 +46,18 @@ def assert_each_report_stored_once_and_keyed(store: Store, tmp_path: Path) -> No
     assert len(store.pushes_after(0)) == len(stored) + 1
 
 
-def test_launch_pushes_stored_twice_are_stored_once_and_keyed_on_sqlite(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'v.db'}"
-    pushes_at_revision_0006(url)
-    with statements() as sent:
-        store = Store(url)
-    assert "CREATE UNIQUE INDEX ux_metric_pushes_push_key ON metric_pushes (push_key)" in sent
-    assert_each_report_stored_once_and_keyed(store, tmp_path)
-    store.close()
-
-
-def test_launch_pushes_stored_twice_are_stored_once_and_keyed_on_postgresql(postgres_url: str,
-                                                                            tmp_path: Path) -> None:
-    url = fresh_database(postgres_url, "metric_push_key")
-    pushes_at_revision_0006(url)
-    with statements() as sent:
-        store = Store(url)
-    assert "CREATE UNIQUE INDEX CONCURRENTLY ux_metric_pushes_push_key ON metric_pushes (push_key)" in sent
-    assert_each_report_stored_once_and_keyed(store, tmp_path)
-    with store.engine.connect() as conn:
-        valid = conn.execute(sa.text("SELECT indisvalid FROM pg_index "
-                                     "WHERE indexrelid = 'ux_metric_pushes_push_key'::regclass")).scalar_one()
-    assert valid
-    store.close()
+def test_launch_pushes_stored_twice_are_stored_once_and_keyed(db_url: str, tmp_path: Path) -> None:
+    pushes_at_revision_0006(db_url)
+    with statements() as sent, opened(db_url) as store:
+        # PostgreSQL builds the index without holding writes off the table
+        concurrently = " CONCURRENTLY" if on_postgresql(db_url) else ""
+        assert f"CREATE UNIQUE INDEX{concurrently} ux_metric_pushes_push_key ON metric_pushes (push_key)" in sent
+        assert_each_report_stored_once_and_keyed(store, tmp_path)
+        if on_postgresql(db_url):
+            with store.engine.connect() as conn:
+                valid = conn.execute(sa.text("SELECT indisvalid FROM pg_index "
+                                             "WHERE indexrelid = 'ux_metric_pushes_push_key'::regclass")).scalar_one()
+            assert valid
 
 
 def test_a_keyed_push_is_written_once(tmp_path: Path) -> None:

@@ -13,13 +13,9 @@ import httpx
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
-from tests.serve.conftest import TOKEN, fresh_database
-from tests.serve.conftest import postgres_url as postgres_url
+from tests.store.conftest import api_client, opened
 from tests.store.test_migrations import upgrade_to
-from vigil.config import Settings
-from vigil.faces.api.app import create_app
 from vigil.faces.api.push_keys import samples_key
-from vigil.store.sql import Store
 
 LOOK = 1767226200.5
 # The key of a push stored before revision 0010, which kept no digest of the push.
@@ -37,18 +33,19 @@ def _key_stored_at_revision_0009(url: str) -> None:
     engine.dispose()
 
 
-def assert_a_key_sent_with_other_samples_is_refused(store: Store, tmp_path: Path) -> None:
-    settings = Settings(home=tmp_path, db_url=store.url, api_token=TOKEN)
+def test_a_key_sent_with_other_samples_is_refused(db_url: str, tmp_path: Path) -> None:
+    _key_stored_at_revision_0009(db_url)
 
     def push(client: TestClient, load: float, key: str, node: str = "n01") -> httpx.Response:
         body: dict[str, Any] = {"node": node, "samples": [{"ts": LOOK, "entity": f"node/{node}",
                                                            "metric": "vigil_node_load1", "value": load}]}
         return client.post("/api/v1/samples", json=body, headers={"Idempotency-Key": key})
 
-    with TestClient(create_app(store, settings=settings), headers={"Authorization": f"Bearer {TOKEN}"}) as client:
+    with opened(db_url) as store, api_client(store, tmp_path) as client:
         first, reused, again = push(client, 1.0, "7"), push(client, 2.0, "7"), push(client, 1.0, "7")
         other_node = push(client, 2.0, "7", node="n02")
         old_key_again = push(client, 3.0, OLD_KEY)
+        stored = sorted((p.node, p.points[0][2]) for p in store.pushes_after(0))
     assert (first.status_code, first.json()) == (201, {"stored": 1, "duplicates": 0})
     assert reused.status_code == 422, reused.text
     assert "Idempotency-Key '7' of node 'n01'" in reused.json()["detail"]
@@ -56,20 +53,5 @@ def assert_a_key_sent_with_other_samples_is_refused(store: Store, tmp_path: Path
     assert (other_node.status_code, other_node.json()) == (201, {"stored": 1, "duplicates": 0})
     # a key without a digest says nothing of its push: taken for the push sent again, as before revision 0010
     assert (old_key_again.status_code, old_key_again.json()) == (201, {"stored": 1, "duplicates": 1})
-    assert sorted((p.node, p.points[0][2]) for p in store.pushes_after(0)) == [("n01", 1.0), ("n02", 2.0)]
+    assert stored == [("n01", 1.0), ("n02", 2.0)]
 
-
-def test_a_key_sent_with_other_samples_is_refused_on_sqlite(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'v.db'}"
-    _key_stored_at_revision_0009(url)
-    store = Store(url)
-    assert_a_key_sent_with_other_samples_is_refused(store, tmp_path)
-    store.close()
-
-
-def test_a_key_sent_with_other_samples_is_refused_on_postgresql(postgres_url: str, tmp_path: Path) -> None:
-    url = fresh_database(postgres_url, "push_key_reuse")
-    _key_stored_at_revision_0009(url)
-    store = Store(url)
-    assert_a_key_sent_with_other_samples_is_refused(store, tmp_path)
-    store.close()

@@ -9,13 +9,11 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from fastapi.testclient import TestClient
 
-from tests.serve.conftest import TOKEN, fresh_database
+from tests.serve.conftest import fresh_database
 from tests.serve.conftest import postgres_url as postgres_url
+from tests.store.conftest import api_client, opened
 from tests.store.test_migrations import assert_at_head_with_the_events_kept, upgrade_to
-from vigil.config import Settings
-from vigil.faces.api.app import create_app
 from vigil.faces.api.push_keys import launch_steps_key
 from vigil.model import Event, LaunchReport, Sample, StepTelemetry
 from vigil.store.sql import Store
@@ -27,37 +25,19 @@ def _report(ts: float, steps: int) -> str:
     return LaunchReport(job="llm", ts=ts, world_size=1, steps=[StepTelemetry(ts=ts, steps=steps)]).model_dump_json()
 
 
-def _launch_client(store: Store, tmp_path: Path) -> TestClient:
-    settings = Settings(home=tmp_path, db_url=store.url, api_token=TOKEN)
-    return TestClient(create_app(store, settings=settings),
-                      headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
-
-
-def assert_a_report_sent_again_after_its_push_was_pruned_is_a_duplicate(store: Store, tmp_path: Path) -> None:
+def test_a_report_sent_again_after_its_push_was_pruned_is_a_duplicate(db_url: str, tmp_path: Path) -> None:
     """The launcher's report whose answer was lost, its push read and pruned by the engine (a newer look came
     400 s later), sent again: still a duplicate."""
-    with _launch_client(store, tmp_path) as client:
+    with opened(db_url) as store, api_client(store, tmp_path, json_body=True) as client:
         first = client.post("/api/v1/launches", content=_report(LOOK, 50)).json()
         assert client.post("/api/v1/launches", content=_report(LOOK + 400.0, 90)).json()["duplicate_samples"] == 0
         pushes = store.pushes_after(0)
         store.prune_pushes(pushes[0].id)  # what the engine does with a push five minutes older than the newest
         again = client.post("/api/v1/launches", content=_report(LOOK, 50)).json()
+        kept = [p.ts for p in store.pushes_after(0)]
     assert first["samples"] > 0 and first["duplicate_samples"] == 0
     assert again["duplicate_samples"] == again["samples"] == first["samples"]
-    assert [p.ts for p in store.pushes_after(0)] == [LOOK + 400.0]
-
-
-def test_a_report_sent_again_after_its_push_was_pruned_is_a_duplicate_on_sqlite(tmp_path: Path) -> None:
-    store = Store(f"sqlite:///{tmp_path / 'v.db'}")
-    assert_a_report_sent_again_after_its_push_was_pruned_is_a_duplicate(store, tmp_path)
-    store.close()
-
-
-def test_a_report_sent_again_after_its_push_was_pruned_is_a_duplicate_on_postgresql(postgres_url: str,
-                                                                                    tmp_path: Path) -> None:
-    store = Store(fresh_database(postgres_url, "push_key_window"))
-    assert_a_report_sent_again_after_its_push_was_pruned_is_a_duplicate(store, tmp_path)
-    store.close()
+    assert kept == [LOOK + 400.0]
 
 
 def test_a_key_is_kept_for_the_window_then_forgotten_and_the_keys_stay_bounded(tmp_path: Path) -> None:
@@ -94,29 +74,14 @@ def _keyed_push_at_revision_0008(url: str) -> None:
     engine.dispose()
 
 
-def assert_the_key_outlives_its_push_after_the_upgrade(store: Store, tmp_path: Path) -> None:
-    assert_at_head_with_the_events_kept(store, 0)
-    store.prune_pushes(store.pushes_after(0)[-1].id)
-    with _launch_client(store, tmp_path) as client:
-        again = client.post("/api/v1/launches", content=_report(LOOK, 50)).json()
-    assert again["duplicate_samples"] == again["samples"] > 0 and store.pushes_after(0) == []
-
-
-def test_the_keys_the_pushes_held_are_kept_after_the_upgrade_on_sqlite(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'v.db'}"
-    _keyed_push_at_revision_0008(url)
-    store = Store(url)
-    assert_the_key_outlives_its_push_after_the_upgrade(store, tmp_path)
-    store.close()
-
-
-def test_the_keys_the_pushes_held_are_kept_after_the_upgrade_on_postgresql(postgres_url: str,
-                                                                          tmp_path: Path) -> None:
-    url = fresh_database(postgres_url, "push_key_window_upgrade")
-    _keyed_push_at_revision_0008(url)
-    store = Store(url)
-    assert_the_key_outlives_its_push_after_the_upgrade(store, tmp_path)
-    store.close()
+def test_the_keys_the_pushes_held_are_kept_after_the_upgrade(db_url: str, tmp_path: Path) -> None:
+    _keyed_push_at_revision_0008(db_url)
+    with opened(db_url) as store:
+        assert_at_head_with_the_events_kept(store, 0)
+        store.prune_pushes(store.pushes_after(0)[-1].id)
+        with api_client(store, tmp_path, json_body=True) as client:
+            again = client.post("/api/v1/launches", content=_report(LOOK, 50)).json()
+        assert again["duplicate_samples"] == again["samples"] > 0 and store.pushes_after(0) == []
 
 
 def test_a_failed_prune_of_old_keys_costs_no_stored_push_on_postgresql(postgres_url: str, tmp_path: Path,
@@ -138,7 +103,7 @@ def test_a_failed_prune_of_old_keys_costs_no_stored_push_on_postgresql(postgres_
     locker = sa.create_engine(url).connect()
     locker.execute(sa.text("SELECT push_key FROM metric_push_keys FOR UPDATE"))  # the old key's row, held
     now[0] = 1100.0
-    with caplog.at_level(logging.WARNING, logger="vigil.store"), _launch_client(store, tmp_path) as client:
+    with caplog.at_level(logging.WARNING, logger="vigil.store"), api_client(store, tmp_path, json_body=True) as client:
         answer = client.post("/api/v1/launches", content=report.model_dump_json())
     locker.rollback()
     locker.close()
