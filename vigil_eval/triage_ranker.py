@@ -106,7 +106,8 @@ def candidates(scans: Sequence[_Scan], result: TriageResult, tie_s: float = 1.0)
     library = signature_library()
     priority = {s.id: i for i, s in enumerate(library)}
     last = max(len(library) - 1, 1)
-    events = [e for scan in scans for e in scan.events] + [e for scan in scans for e in scan.worded]
+    events = ([e for scan in scans for e in scan.events] + [e for scan in scans for e in scan.worded]
+              + [scan.trace for scan in scans if scan.trace is not None])  # NCCL's return-code trace: a last choice
     if not events:
         return []
     lines = {scan.source.name: max(scan.lines, 1) for scan in scans}

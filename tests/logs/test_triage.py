@@ -1303,3 +1303,85 @@ def test_an_undated_file_is_searched_for_its_year_in_its_first_block_only(tmp_pa
     result = triage(job)
     assert len(sought) == 1
     assert result.root is not None and "illegal memory access" in result.root.line
+
+
+def test_ucx_completion_error_at_the_fatal_level_is_named_by_its_syndrome(tmp_path: Path) -> None:
+    """UCX logs a failed mlx5 completion at the fatal level under its fatal prefix, without a level tag and with the
+    syndrome named without "error" (ib_mlx5_log.c uct_ib_mlx5_completion_with_err): it is the rank's IB failure, not
+    the backtrace UCX's error handler prints after it."""
+    at = "[gpu-a07:48213:0:48213] "
+    (tmp_path / "rank_3.log").write_text(
+        at + "ib_mlx5_log.c:143  Local protection on mlx5_1:1/IB (synd 0x4 vend 0x51 hw_synd 0/0)\n"
+        + at + "ib_mlx5_log.c:143  RC QP 0x1c2f wqe[12]: RDMA_READ s-- [rva 0x7f00a0 rkey 0x3e1] "
+        "[va 0x7f11b0 len 8192]\n"
+        "==== backtrace (tid:  48213) ====\n"
+        " 0 0x0000000000021f43 uct_ib_mlx5_completion_with_err()  src/uct/ib/mlx5/ib_mlx5_log.c:135\n"
+        " 1 0x000000000003a2c1 uct_rc_mlx5_iface_progress()  src/uct/ib/rc/accel/rc_mlx5_iface.c:160\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 1, result.summary
+    assert result.root.signature == "ucx.ib_completion_error"
+    assert result.root.attrs["error"] == "Local protection" and result.root.attrs["hca"] == "mlx5_1:1"
+
+
+def test_output_glued_to_a_separator_is_read_as_a_line(tmp_path: Path) -> None:
+    """A long run of '=' or '-' is a separator and skipped, but a process's report glued right after one (mpirun's
+    tagged output flushed without a newline) is read: here it is the job's only failure."""
+    (tmp_path / "mpirun.out").write_text(
+        "Tue Mar  2 10:11:12 2021[1,7]<stdout>:# Size       Avg Latency(us)\n"
+        " ==========================================Tue Mar  2 10:11:14 2021[1,7]<stderr>:[node12:7731:0:7731] "
+        "ib_mlx5_log.c:170  Remote QP on mlx5_0:1/IB (synd 0x13 vend 0x89 hw_synd 0/0)\n"
+        "Tue Mar  2 10:11:14 2021[1,7]<stderr>:==== backtrace (tid:   7731) ====\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 2, result.summary
+    assert result.root.signature == "ucx.ib_completion_error" and result.root.attrs["error"] == "Remote QP"
+
+
+def test_nccls_warn_above_a_bare_error_code_report_is_the_root(tmp_path: Path) -> None:
+    """NCCL warns as a call fails, then returns the code its caller reports by name only (nccl-tests' "NCCL failure
+    common.cu:N 'unhandled system error'"): the WARN above names what failed, even one that reads as a dropped peer."""
+    (tmp_path / "all_reduce_perf.out").write_text(
+        "# nThread 1 nGpus 1 minBytes 8 maxBytes 134217728 step: 2(factor) warmup iters: 5 iters: 20\n"
+        "node7:4410:4431 [0] NCCL INFO Channel 00 : 0[0] -> 1[0] [send] via NET/Socket/0\n"
+        "\n"
+        "node7:4410:4431 [0] include/socket.h:385 NCCL WARN Net : Connection closed by remote peer\n"
+        "NCCL failure common.cu:892 'unhandled system error'\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 4, result.summary
+
+
+def test_ncclcheck_return_code_trace_is_the_last_choice_for_a_root(tmp_path: Path) -> None:
+    """A failure NCCL returns without a WARN leaves only its INFO trace of the code on the way up ("file.cc:N -> 2",
+    src/include/checks.h): the first line, where the error arose, is the root when nothing else reads as an error -
+    and never over a line that does."""
+    trace = ("gpu3:9120:9175 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.3<0>\n"
+             "gpu3:9120:9175 [0] NCCL INFO Channel 00/02 :    0   1\n"
+             "gpu3:9120:9175 [0] NCCL INFO misc/socket.cc:564 -> 2\n"
+             "gpu3:9120:9175 [0] NCCL INFO bootstrap.cc:270 -> 2\n"
+             "gpu3:9120:9175 [0] NCCL INFO group.cc:64 -> 2 [Async thread]\n"
+             "gpu3:9120:9120 [0] NCCL INFO group.cc:422 -> 2\n")
+    only = tmp_path / "only"
+    only.mkdir()
+    (only / "rank_0.log").write_text(trace)
+    result = triage(only, workers=1)
+    assert result.root is not None and result.root.lineno == 3, result.summary
+    worded = tmp_path / "worded"
+    worded.mkdir()
+    (worded / "rank_0.log").write_text(trace + "RuntimeError: NCCL error: unhandled system error\n")
+    result = triage(worded, workers=1)
+    assert result.root is not None and result.root.lineno == 7, result.summary
+
+
+def test_a_wrapped_take_down_gives_way_to_the_watchdogs_report(tmp_path: Path) -> None:
+    """ProcessGroupNCCL's take-down over a timed-out collective, wrapped by a terminal mid-word, is still the
+    take-down; the watchdog's own report in its older wording ("NCCL watchdog thread terminated with exception") is
+    what names the failure."""
+    (tmp_path / "train.log").write_text(
+        "[rank1]:[E ProcessGroupNCCL.cpp:537] Some NCCL operations have failed or timed out. Due to the asynchr\n"
+        "onous nature of CUDA kernels, subsequent GPU operations might run on corrupted/incomplete data.\n"
+        "[rank1]:[E ProcessGroupNCCL.cpp:543] To avoid data inconsistency, we are taking the entire proc\n"
+        "ess down.\n"
+        "[rank1]:[E ProcessGroupNCCL.cpp:1182] [Rank 1] NCCL watchdog thread terminated with exception: [Rank 1\n"
+        "] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=3, OpType=BROADCAST, NumelIn=64, Numel\n"
+        "Out=64, Timeout(ms)=600000) ran for 600412 milliseconds before timing out.\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 5, result.summary

@@ -93,6 +93,11 @@ ABORT_SIGNATURES = frozenset({"python.aborted", "launcher.worker_aborted"})
 ROOT_CAUSE_HEADER = "Root Cause (first observed failure):"
 ROOT_CAUSE_SIGNATURE = "launcher.root_cause"
 FIRST_OBSERVED = "first_observed"
+# A report's separators ("=====", "-----": torchelastic's ChildFailedError summary, mpirun's notices) are not lines of
+# their own; a long run with text right after it is output glued to one (a report that ended without a newline before
+# another process's line: "=====...=====[1,115]<stderr>:[host:pid:0:tid] ib_mlx5_log.c:170  Invalid request on ...").
+_SEPARATOR_STARTS = ("===", "---")
+GLUED_SEPARATOR_RUN = 20
 # Kernel-log faults this long before the root (or shortly after it) are linked to it.
 MACHINE_WINDOW_BEFORE_S = 600.0
 MACHINE_WINDOW_AFTER_S = 120.0
@@ -133,6 +138,12 @@ DAEMON_FATAL_SIGNATURES = frozenset({"slurm.daemon_fatal"})
 # does not support: "NCCL INFO Call to ibv_set_ece failed with error Operation not supported errno 95"), or unwinds a
 # WARN ("net.cc:1302 -> 6"). A root signature on an INFO line is not a root.
 _NCCL_INFO = re.compile(r"\bNCCL INFO\b")
+# NCCL traces an error code on its way up at INFO (src/include/checks.h NCCLCHECK and kin: INFO(NCCL_ALL, "%s:%d -> %d",
+# __FILE__, __LINE__, res), " [Async thread]" after it on the init thread): "misc/socket.cc:564 -> 2". Its first line is
+# where the error arose; a failure NCCL returns without a WARN (socketPollConnect's ncclSystemError) leaves only that
+# trace - the last choice for a root, when no line of the job reads as an error.
+_NCCL_TRACE = re.compile(r"\bNCCL INFO [\w./-]+\.(?:cc|cu|cpp|c|h):\d+ -> (?P<code>[1-9]\d*)\b")
+NCCL_TRACE = "nccl.return_code_trace"
 # Colour codes (SGR: ESC [ params m) a formatter writing to a terminal puts around a level or a name ("NCCL
 # \x1b[32mINFO\x1b[0m", "[\x1b[31mERROR\x1b[0m]"), kept when the terminal's output is captured: no part of the text.
 _SGR = re.compile(r"\x1b\[[\d;]*m")
@@ -248,6 +259,7 @@ class _Scan:
     pids: dict[tuple[str, int], int] = field(default_factory=dict)  # (host, pid) -> rank
     ranks: set[int] = field(default_factory=set)
     removals: _Removals | None = None  # SCSI devices a kernel log records being removed (made on the first line)
+    trace: LogEvent | None = None  # the file's first line of NCCL's return-code trace (NCCL_TRACE)
 
 
 @dataclass
@@ -465,6 +477,12 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
                     event.ts = stamp
                 untimed = []
             stripped = line.strip()
+            if stripped[:3] in _SEPARATOR_STARTS:
+                rest = stripped.lstrip(stripped[0])
+                if len(stripped) - len(rest) >= GLUED_SEPARATOR_RUN and rest.strip():
+                    # a separator with the next output glued to it: the run ends a section, the text is a line
+                    in_root_cause = False
+                    line = stripped = rest.strip()
             if stripped == "Traceback (most recent call last):":
                 frames, in_traceback = [], True
                 traceback_after = last_text
@@ -484,7 +502,7 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
                 foreign_before = _foreign_lines(writer_runs, lineno, named, 2 * NCCL_REPORT_LINES)
                 foreign_after = 0
                 continue
-            if stripped == ROOT_CAUSE_HEADER or stripped[:3] in ("===", "---"):
+            if stripped == ROOT_CAUSE_HEADER or stripped[:3] in _SEPARATOR_STARTS:
                 in_root_cause = stripped == ROOT_CAUSE_HEADER
                 continue
             if after_last_error and named != last_error_writer:
@@ -528,6 +546,14 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
                         attrs={"strength": grade, **_detail_attrs(detail, foreign_before + foreign_after), **relayed}))
                     if stamp is None:
                         untimed.append(scan.worded[-1])
+                elif (scan.trace is None and (arrow := line.find(" -> ")) > 0 and line[arrow - 1].isdigit()
+                      and (trace := _NCCL_TRACE.search(line)) is not None):
+                    scan.trace = LogEvent(
+                        source=source.name, lineno=lineno, ts=ts, entity=_entity(source, job, rank), rank=rank,
+                        node=node, signature=NCCL_TRACE, fault_type=None, level=FaultLevel.OBSERVE, role="root",
+                        line=line[:MAX_LINE_CHARS], attrs={"code": int(trace["code"]), **relayed})
+                    if stamp is None:
+                        untimed.append(scan.trace)
                 continue
             attrs = {**hit.attrs, **relayed}
             if detail:
@@ -638,8 +664,10 @@ def decide(scans: list[_Scan], job: str, directory: Path, tie_s: float = 1.0) ->
     worded = [e for scan in scans for e in scan.worded]
     if root is None:
         root, basis = _fallback_root(worded, events, tie_s)
+    if root is None and (traces := [s.trace for s in scans if s.trace is not None]):
+        root, basis = _earliest(traces, tie_s), "symptom"
     root = _nccl_detail(root, events + worded)
-    root = _nccl_warn_detail(root, basis, worded)
+    root = _nccl_warn_detail(root, basis, worded, events)
     root = _child_last_words(root, worded)
     root = _errors_before_fatal(root, basis, worded)
     root = _plain_line_above(root, basis, worded)
@@ -810,11 +838,20 @@ def _nccl_detail(root: LogEvent | None, candidates: list[LogEvent]) -> LogEvent 
 BARE_NCCL_REPORTS = frozenset({"cuda.other", "nccl.system_error", "nccl.internal_error"})
 
 
-def _nccl_warn_detail(root: LogEvent | None, basis: RootBasis | None, worded: list[LogEvent]) -> LogEvent | None:
-    """A root that only names NCCL's error class gives way to the first NCCL WARN a few lines below it in the same
-    file, which names the failing call (another process of the job printing the details its wrapper points to)."""
+def _nccl_warn_detail(root: LogEvent | None, basis: RootBasis | None, worded: list[LogEvent],
+                      events: list[LogEvent]) -> LogEvent | None:
+    """A root that only names NCCL's error class gives way to NCCL's own WARN in the same file, which names what
+    failed: the first within ``SAME_REPORT_LINES`` above it of the same rank (NCCL warns as the call fails, then returns
+    the code its caller reports: "NCCL WARN Net : Connection closed by remote peer" over nccl-tests' "NCCL failure
+    common.cu:921 'unhandled system error'"), else the first a few lines below it (another process of the job printing
+    the details its wrapper points to)."""
     if root is None or basis != "signature" or root.signature not in BARE_NCCL_REPORTS or _detail(root) > 0:
         return root
+    above = [e for e in events + worded if e.source == root.source and "NCCL WARN" in e.line
+             and 0 < root.lineno - e.lineno <= SAME_REPORT_LINES
+             and (e.rank is None or root.rank is None or e.rank == root.rank)]
+    if above:
+        return _hand_root(root, min(above, key=lambda e: e.lineno))
     warns = [e for e in worded if e.source == root.source and "NCCL WARN" in e.line
              and 0 < e.lineno - root.lineno <= SAME_REPORT_LINES]
     if not warns:
