@@ -217,6 +217,22 @@ def _owner_gone(base: Path) -> bool:
     return _process_started(pid) != started
 
 
+def _postmaster_of(data: Path) -> bool:
+    """Whether the process ``data``'s postmaster.pid names runs as that data directory's server: a PostgreSQL
+    server works in its data directory (/proc/<pid>/cwd), so a pid reused by any other process, another run's
+    server included, is not it. One whose directory cannot be read is taken for it (nothing is removed then)."""
+    try:
+        pid = int((data / "postmaster.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return False
+    try:
+        return os.readlink(f"/proc/{pid}/cwd") == str(data.resolve())
+    except FileNotFoundError:
+        return False  # no such process
+    except OSError:
+        return True
+
+
 def _as_postgres() -> list[str]:
     """PostgreSQL refuses to run as root: as root, its commands run as Debian's postgres user."""
     return ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
@@ -233,6 +249,12 @@ def stop_orphaned_postgres(root: Path | None = None) -> list[Path]:
         if not _owner_gone(base):
             continue
         data = base / "data"
+        if (data / "postmaster.pid").exists() and not _postmaster_of(data):
+            # a postmaster.pid its server left when it died too (SIGKILL, the OOM killer, a reboot): its pid may
+            # name another process by now - another run's server - which pg_ctl stop would signal all the same
+            shutil.rmtree(base, ignore_errors=True)
+            removed.append(base)
+            continue
         if (data / "postmaster.pid").exists():
             as_user = _as_postgres()
             subprocess.run([*as_user, pg_ctl, "-D", str(data), "-m", "fast", "-w", "-t", "60", "stop"],

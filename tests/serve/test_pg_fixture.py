@@ -97,3 +97,27 @@ def test_an_owner_whose_pid_was_reused_is_gone(pg_root: Path) -> None:
     base.mkdir()
     (base / PG_OWNER).write_text(pg_owner_line(os.getpid()))
     assert stop_orphaned_postgres(pg_root) == [] and base.exists()
+
+
+def test_a_dead_servers_pid_file_naming_another_runs_server_stops_nothing(pg_root: Path) -> None:
+    """A run whose server died with it (SIGKILL to both, the OOM killer) leaves a postmaster.pid behind; by the next
+    run its pid may name another process - here a live run's server. The directory is removed without signalling
+    that pid, and the live server answers on (pg_ctl stop signalled it, stopping a live run's server, before)."""
+    alive, alive_url, alive_base = hold_a_server(pg_root)
+    try:
+        stale = pg_root / "vigil-pg-stale"
+        (stale / "data").mkdir(parents=True)
+        for name in ("PG_VERSION", "postgresql.conf", "postmaster.pid"):  # a cluster's directory as its server left it
+            shutil.copy(alive_base / "data" / name, stale / "data" / name)
+        if os.geteuid() == 0:  # the server's user owns its directory, as the fixture leaves it
+            for path in (stale, stale / "data", *(stale / "data").iterdir()):
+                shutil.chown(path, "postgres")
+        pid, started, namespace = pg_owner_line(os.getpid()).split()
+        (stale / PG_OWNER).write_text(f"{pid} {int(started) - 1} {namespace}\n")  # an owner that has ended
+        removed = stop_orphaned_postgres(pg_root)
+        assert answers(alive_url) and alive_base.exists()
+        assert removed == [stale] and not stale.exists()
+    finally:
+        assert alive.stdin is not None
+        alive.stdin.close()
+        alive.wait(timeout=120)
