@@ -59,6 +59,10 @@ class Settings(BaseSettings):
                                      "report's step telemetry), however soon the engine prunes the push: a retry "
                                      "within it is stored once, one after it once more")
     engine_interval_s: float = Field(default=5.0, gt=0, description="how often the live engine ticks")
+    live_push_max_age_s: float = Field(default=300.0, gt=0, description="a metric push whose newest sample is older "
+                                       "than this when the engine reads it (an agent's backlog sent after an "
+                                       "outage) is stored but never judged live: the engine keeps the pushes of "
+                                       "the last 300 s for its restarts; hosts' clocks must agree to well within it")
     resolve_after_s: float = Field(default=900.0, gt=0, description="quiet time before an incident resolves")
     policies_file: str = Field(default="", description="remediation policies YAML; empty = the built-in ones")
     alertmanager_url: str = Field(default="", description="Alertmanager to push incidents to; empty = off")

@@ -73,6 +73,11 @@ class LiveFrames:
     would read as a vanished device. A node's report lists everything it currently sees: an entity in the
     node's last report that is missing from this one while its siblings are present has gone (a GPU fallen
     off the bus) and reads NaN; a node that stops reporting keeps its last values (its agent may be late).
+
+    Late reports cannot roll the view back. A report applied with its time (``ts``: its newest sample's) sets a
+    value only where it is at least as new as the report that set the value held; a report older than the node's
+    newest (an agent sending its backlog after an outage, a push that waited in a queue) sets only values a newer
+    report has not set since, adds no entity or metric the view does not hold, and takes no entity for gone.
     """
 
     def __init__(self, families: Mapping[str, Sequence[str]]) -> None:
@@ -80,29 +85,68 @@ class LiveFrames:
         self.columns: dict[str, dict[str, int]] = defaultdict(dict)
         self._rows: dict[str, dict[str, int]] = defaultdict(dict)
         self._values: dict[str, np.ndarray] = {}
+        # the time of the report that set each value (-inf: none with a time did), as _values
+        self._times: dict[str, np.ndarray] = {}
         self._reported: dict[str, set[str]] = {}
+        self._newest: dict[str, float] = {}
 
-    def apply(self, node: str, points: Iterable[tuple[str, str, float]]) -> None:
+    def newest(self, node: str) -> float:
+        """The time of the newest report of ``node`` applied (-inf: none)."""
+        return self._newest.get(node, -np.inf)
+
+    def apply(self, node: str, points: Iterable[tuple[str, str, float]], ts: float | None = None) -> int:
+        """Take ``node``'s report of ``points`` made at ``ts`` (None: as new as any, the times held kept); returns
+        how many of its values it left unset as older than the view's (the catalogue's metrics only)."""
+        older = ts is not None and ts < self.newest(node)
         reported: set[str] = set()
+        kept = 0
         for metric, entity, value in points:
             family = parse_entity(entity)[0]
             if metric not in self.catalogue.get(family, ()):
                 continue
-            row, column = self._row(family, entity), self._column(family, metric)
+            if ts is not None and older:
+                row_of, column_of = self._rows[family].get(entity), self.columns[family].get(metric)
+                if row_of is None or column_of is None:
+                    kept += 1  # not in the view a newer report left
+                    continue
+                row, column = row_of, column_of
+                held = self._times[family][row, column]
+                if held == -np.inf or ts < held:
+                    kept += 1  # newer than this report, or no report with a time set it: not rolled back
+                    continue
+            else:
+                row, column = self._row(family, entity), self._column(family, metric)
+                reported.add(entity)
+                if ts is not None and ts < self._times[family][row, column]:
+                    kept += 1  # another source's newer report set it
+                    continue
             self._values[family][row, column] = value
-            reported.add(entity)
+            if ts is not None:
+                self._times[family][row, column] = ts
+        if older:
+            return kept
         families_now = {parse_entity(e)[0] for e in reported}
         for entity in self._reported.get(node, set()) - reported:
             family = parse_entity(entity)[0]
             if family in families_now:
-                self._values[family][self._rows[family][entity], :] = np.nan
+                row = self._rows[family][entity]
+                self._values[family][row, :] = np.nan
+                if ts is not None:
+                    self._times[family][row, :] = ts
         self._reported[node] = reported
+        if ts is not None:
+            self._newest[node] = ts
+        return kept
 
     def _grow(self, family: str, rows: int, columns: int) -> None:
         old = self._values.get(family, np.empty((0, 0), dtype=np.float32))
         grown = np.full((rows, columns), np.nan, dtype=np.float32)
         grown[: old.shape[0], : old.shape[1]] = old
         self._values[family] = grown
+        old_times = self._times.get(family, np.empty((0, 0)))
+        times = np.full((rows, columns), -np.inf)
+        times[: old_times.shape[0], : old_times.shape[1]] = old_times
+        self._times[family] = times
 
     def _row(self, family: str, entity: str) -> int:
         rows = self._rows[family]
@@ -126,6 +170,8 @@ class LiveFrames:
         row = self._rows.get(family, {}).get(entity)
         if row is not None:
             self._values[family][row, :] = np.nan
+            # a report older than the last one of it (a backlog sent late) does not bring it back
+            self._times[family][row, :] = self._times[family][row, :].max(initial=-np.inf)
         for reported in self._reported.values():
             reported.discard(entity)
 
@@ -141,6 +187,10 @@ class LiveFrames:
 class TickReport:
     events: int = 0
     pushes: int = 0
+    # pushes older than live_push_max_age_s (stored, not judged live) and pushes older than some value the live
+    # view held of their series (that value kept)
+    stale: int = 0
+    late: int = 0
     anomalies: int = 0
     opened: list[str] = field(default_factory=list)
     changed: list[str] = field(default_factory=list)
@@ -205,6 +255,8 @@ class Engine:
         self._notified: dict[str, float] = {}
         self.event_cursor = 0
         self.push_cursor = 0
+        self.stale_pushes = 0
+        self._warned_stale: set[str] = set()
         self.ticks = 0
         self.last_tick: TickReport | None = None
         self.stop = threading.Event()
@@ -243,7 +295,7 @@ class Engine:
         # The values before the cursor, so a counter that rose while the engine was down shows its rise.
         replay = [p for p in self.store.pushes_after(0, limit=self.batch) if p.id <= self.push_cursor]
         for push in replay[-self.batch:]:
-            self.frames.apply(push.node, push.points)
+            self.frames.apply(push.node, push.points, push.ts)
         if replay:
             # A job that ended in the replayed span has stopped reporting: its last values are not a stall.
             for event in self.store.events(kind="job", since=min(p.ts for p in replay) - 1, limit=100_000):
@@ -332,7 +384,7 @@ class Engine:
         pushes = self.store.pushes_after(self.push_cursor, limit=self.batch)
         report.events, report.pushes = len(events), len(pushes)
         for push in pushes:
-            self.frames.apply(push.node, push.points)
+            self._apply_push(push, now, report)
         if self.prom is not None:
             self._pull_prometheus(now)
         self._detect(self.frames.frames(now), [e for _, e in events], report)
@@ -349,6 +401,23 @@ class Engine:
         self.last_tick = report
         return report
 
+    def _apply_push(self, push: MetricPush, now: float, report: TickReport) -> None:
+        """A push into the live view, unless it is older than ``live_push_max_age_s`` (stored for the record, never
+        judged live) or older than what the view holds of its series (``LiveFrames.apply``)."""
+        if push.ts < now - self.settings.live_push_max_age_s:
+            report.stale += 1
+            self.stale_pushes += 1
+            if push.ts > self.frames.newest(push.node) and push.node not in self._warned_stale:
+                # the newest this node has sent, yet too old: its agent's backlog after an outage, or its clock
+                self._warned_stale.add(push.node)
+                log.warning("a samples push of %s made %.0f s ago is older than live_push_max_age_s (%g s): stored, "
+                            "not judged live (a backlog sent after an outage; if every push of the node is, its "
+                            "clock is behind this server's; further ones counted in the engine's stale_pushes)",
+                            push.node, now - push.ts, self.settings.live_push_max_age_s)
+            return
+        if self.frames.apply(push.node, push.points, push.ts):
+            report.late += 1
+
     def _pull_prometheus(self, now: float) -> None:
         assert self.prom is not None
         metrics = sorted({m for family in ENTITY_FAMILIES for m in family_metrics(family)})
@@ -357,7 +426,7 @@ class Engine:
             kind, parts = parse_entity(entity)
             by_node[parts[0] if kind in ("gpu", "nic", "node") else entity].append((metric, entity, value))
         for node, points in by_node.items():
-            self.frames.apply(f"prometheus:{node}", points)
+            self.frames.apply(f"prometheus:{node}", points, now)
 
     def _read_slurm(self, now: float) -> None:
         """Slurm's jobs into the topology (rank -> GPU placement on the registered nodes); a job that failed
@@ -569,6 +638,7 @@ class Engine:
             "ticks": self.ticks,
             "event_cursor": self.event_cursor,
             "push_cursor": self.push_cursor,
+            "stale_pushes": self.stale_pushes,
             "topology_version": self.topology_version,
             "open_incidents": len(self._known),
             "detectors": [self.detector.name, *(d.name for d in self.learned)],
