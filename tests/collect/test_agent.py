@@ -492,8 +492,8 @@ def test_the_events_route_stores_an_event_once_per_content_and_time(tmp_path) ->
 
 def test_a_samples_push_sent_again_after_its_answer_was_lost_is_stored_once(tmp_path) -> None:
     """The agent pushing a source's samples to the server's real route; the answer to its first push is lost
-    after the server stored it, so the agent sends that push again, under its key, before the next push's
-    samples: the server answers the retry as a success naming its samples as duplicates and holds each push
+    after the server stored it, so the agent sends that push again, under its key, after the next round's own
+    push: the server answers the retry as a success naming its samples as duplicates and holds each push
     once."""
     server, store = _real_rank_log_route(tmp_path)
     answers: list[dict[str, Any]] = []
@@ -505,8 +505,9 @@ def test_a_samples_push_sent_again_after_its_answer_was_lost_is_stored_once(tmp_
     wait_for(lambda: (agent.step(), agent._pusher is not None and len(answers) >= 3 and not agent._pusher.busy)[1])
     looked = answers[0]["stored"]
     assert looked > 0
-    assert answers[:3] == [{"stored": looked, "duplicates": 0}, {"stored": looked, "duplicates": looked},
-                           {"stored": looked, "duplicates": 0}]
+    # the round after the lost answer sends its own push first, then the one whose answer was lost
+    assert answers[:3] == [{"stored": looked, "duplicates": 0}, {"stored": looked, "duplicates": 0},
+                           {"stored": looked, "duplicates": looked}]
     assert agent._pusher.failures == 1 and not agent._pusher.backlog
     assert len([p for p in store.pushes_after(0) if p.node == "n01"]) == len(answers) - 1
 
@@ -555,28 +556,29 @@ def _push_samples_at(pusher: EventPusher, ts: float) -> None:
 
 @pytest.mark.parametrize("refusal", [400, 413, 422])
 def test_a_refused_retry_gives_way_to_the_newer_push_behind_it(refusal: int) -> None:
-    """The server fails the first push (503) and refuses it when it comes again: that push is dropped and the
-    round's own, newer push is sent all the same."""
+    """The server fails the first push (503) and refuses it when it comes again, after the round's own, newer push:
+    that push is dropped and the newer one taken all the same."""
     seen: list[tuple[str, float]] = []
-    pusher = _answering([503, refusal, 201], seen)
+    pusher = _answering([503, 201, refusal], seen)
     _push_samples_at(pusher, 1.0)
     assert len(pusher.backlog) == 1
     _push_samples_at(pusher, 2.0)
-    first, newer = seen[0][0], seen[-1][0]
-    assert seen == [(first, 1.0), (first, 1.0), (newer, 2.0)] and newer != first
+    first, newer = seen[0][0], seen[1][0]
+    assert seen == [(first, 1.0), (newer, 2.0), (first, 1.0)] and newer != first
+    assert pusher.samples_pushes_sent == 1
     assert not pusher.backlog and pusher.samples_pushes_refused == 1
 
 
 @pytest.mark.parametrize("status", [408, 425, 429, 503])
 def test_a_push_refused_for_now_is_sent_again(status: int) -> None:
     """Request Timeout, Too Early and Too Many Requests (a gateway's rate limit) refuse a push for now, as a server
-    error does: the push is kept and sent again under its key before the next one."""
+    error does: the push is kept and sent again under its key after the next round's own."""
     seen: list[tuple[str, float]] = []
     pusher = _answering([status, 201, 201], seen)
     _push_samples_at(pusher, 1.0)
     assert [push.key for push in pusher.backlog] == [seen[0][0]]
     _push_samples_at(pusher, 2.0)
-    assert [ts for _, ts in seen] == [1.0, 1.0, 2.0] and seen[1][0] == seen[0][0] != seen[2][0]
+    assert [ts for _, ts in seen] == [1.0, 2.0, 1.0] and seen[2][0] == seen[0][0] != seen[1][0]
     assert not pusher.backlog and pusher.samples_pushes_refused == 0
 
 

@@ -132,10 +132,13 @@ def push_round(pusher: EventPusher, number: int) -> None:
                  [Sample(ts=LOOK + number, entity="node/n01", metric="vigil_node_load1", value=1.0)], "n01", None)
 
 
-def test_a_backlog_kept_through_an_outage_is_delivered_oldest_first_and_stored_once(server: RealServer) -> None:
-    """Pushes 1-2 taken; the server unreachable for 3-6 and failing (503) for 7-8; at 9 it stores push 3 and its
-    answer is lost; from 10 it answers. Every push is stored once, in the order it was taken, and each was sent
-    under one key however often (before: only the newest unanswered push was kept, so 3-7 were lost)."""
+def test_a_backlog_kept_through_an_outage_is_delivered_newest_first_then_oldest_first_and_stored_once(
+        server: RealServer) -> None:
+    """Pushes 1-2 taken; the server unreachable for 3-6 and failing (503) for 7-8; at 9 it stores push 9 and its
+    answer is lost; from 10 it answers. Every push is stored once - each round's own push first (the server's live
+    view fresh at once), then the backlog in the order it was taken - and each was sent under one key however often
+    (before: only the newest unanswered push was kept, so 3-7 were lost; then the backlog went before the round's
+    own push)."""
     pusher = EventPusher(server.url, TOKEN)
     for number in (1, 2):
         push_round(pusher, number)
@@ -151,10 +154,10 @@ def test_a_backlog_kept_through_an_outage_is_delivered_oldest_first_and_stored_o
     push_round(pusher, 9)
     server.switch.mode = "up"
     push_round(pusher, 10)
-    assert server.stored() == list(range(1, 11))
+    assert server.stored() == [1, 2, 9, 10, *range(3, 9)]
     sent = [number for _, number in server.switch.seen]
-    # each round sends the oldest first and stops at the first push without an answer
-    assert sent == [1, 2, 3, 3, 3, *range(3, 11)]  # 7 and 8 failing, 9 lost, then all
+    # each round sends its own push first, then the oldest first, and stops at the first push without an answer
+    assert sent == [1, 2, 7, 8, 9, 10, *range(3, 10)]  # 7 and 8 failing, 9 lost, then all
     keys: dict[float, set[str]] = {}
     for key, number in server.switch.seen:
         keys.setdefault(number, set()).add(key)
@@ -165,7 +168,8 @@ def test_a_backlog_kept_through_an_outage_is_delivered_oldest_first_and_stored_o
 
 def test_the_agent_loop_delivers_every_push_once_through_an_outage(server: RealServer) -> None:
     """The agent's own loop and push thread: pushes taken, the server stopped until at least 5 wait, started again
-    losing the answer to the first push it stores. Every push the agent made is stored once, in the order taken."""
+    losing the answer to the first push it stores (the round's own, newer than all waiting). Every push the agent
+    made is stored once, the waiting ones in the order taken, each under one key."""
     agent = Agent([CountingSource()], fast_settings(server_url=server.url, server_token=TOKEN, push_interval_s=0.05),
                   cpu_ratio=lambda: 0.1)
     pusher = agent._pusher
@@ -180,20 +184,24 @@ def test_the_agent_loop_delivers_every_push_once_through_an_outage(server: RealS
         before = len(server.switch.seen)
         steps_until(lambda: len(pusher.backlog) >= 5, "five pushes waiting")
         waited = len(pusher.backlog)
+        waiting = [json.loads(p.body)["samples"][0]["ts"] - LOOK for p in pusher.backlog]
         server.switch.mode = "lose_one"
         server.start()
         steps_until(lambda: not pusher.backlog and pusher.samples_pushes_sent >= 2 + waited, "the backlog taken")
     finally:
         agent.close()
     taken = [p.ts for p in server.store.pushes_after(0) if p.node == "n01"]
-    assert taken == sorted(taken) and len(set(taken)) == len(taken) == pusher.samples_pushes_sent
+    assert len(set(taken)) == len(taken) == pusher.samples_pushes_sent
+    assert {round(ts - LOOK, 6) for ts in taken} >= {round(n, 6) for n in waiting}
     keys: dict[str, set[float]] = {}
     for key, number in server.switch.seen:
         keys.setdefault(key, set()).add(number)
     assert len(keys) == len(taken) and all(len(numbers) == 1 for numbers in keys.values())
-    # the first push after the outage, the oldest waiting, had its answer lost and was sent again under its key
-    assert server.switch.seen[before] == server.switch.seen[before + 1]
-    assert server.switch.seen[before][1] == min(number for _, number in server.switch.seen[before:])
+    # the first push after the outage, the round's own and newer than every waiting one, had its answer lost and was
+    # sent again under its key; the waiting ones went oldest first
+    after = server.switch.seen[before:]
+    assert after[0][1] > max(waiting) and after.count(after[0]) == 2
+    assert [n for _, n in after if n in waiting] == sorted(waiting)
     assert pusher.samples_pushes_dropped == {BACKLOG_FULL: 0, EXPIRED: 0, REFUSED: 0}
 
 
@@ -229,7 +237,7 @@ def test_the_oldest_pushes_beyond_the_limits_are_dropped_with_one_warning_an_epi
             round_at(number)
         server.start()
         round_at(13)
-    assert server.stored() == [1, 5, 6, 7, 8, 10, 11, 12, 13]
+    assert server.stored() == [1, 8, 5, 6, 7, 13, 10, 11, 12]
     reason = EXPIRED if limit == "age" else BACKLOG_FULL
     assert pusher.samples_pushes_dropped == {BACKLOG_FULL: 0, EXPIRED: 0, REFUSED: 0, reason: 4}
     warned = [r for r in caplog.records if "the oldest unanswered ones are dropped" in r.getMessage()]
@@ -251,13 +259,13 @@ def _answering(statuses: list[int], seen: list[int]) -> EventPusher:
 
 
 def test_a_refused_push_of_the_backlog_is_dropped_alone_and_one_refused_for_now_holds_the_rest() -> None:
-    """Pushes 1-3 failing (503); at 4 the server takes 1, refuses 2 (422: dropped alone), takes 3 and answers 4 with
-    429 (a rate limit: 4 is kept, nothing behind it sent); at 5 it takes 4 and 5."""
+    """Pushes 1-3 failing (503); at 4 the server takes 4, refuses 1 (422: dropped alone), takes 2 and answers 3 with
+    429 (a rate limit: 3 is kept, nothing behind it sent); at 5 it takes 5 and 3."""
     seen: list[int] = []
     pusher = _answering([503, 503, 503, 201, 422, 201, 429, 201, 201], seen)
     for number in range(1, 6):
         push_round(pusher, number)
-    assert seen == [1, 1, 1, 1, 2, 3, 4, 4, 5]
+    assert seen == [1, 2, 3, 4, 1, 2, 3, 5, 3]
     assert not pusher.backlog and pusher.samples_pushes_sent == 4
     assert pusher.samples_pushes_dropped == {BACKLOG_FULL: 0, EXPIRED: 0, REFUSED: 1}
 
@@ -266,12 +274,13 @@ def test_the_agent_takes_its_backlog_limits_from_its_settings_and_shows_the_back
     """VIGIL_AGENT_SAMPLES_BACKLOG_*: a backlog of 2 pushes with no server listening - after 3 rounds 2 are kept
     and 1 dropped, in the report and the metrics."""
     settings = fast_settings(server_url="http://127.0.0.1:9", samples_backlog_pushes=2,
-                             samples_backlog_bytes=10**6, samples_backlog_age_s=120.0)
+                             samples_backlog_bytes=10**6, samples_backlog_age_s=120.0, samples_backlog_per_round=7)
     agent = Agent([], settings, cpu_ratio=lambda: 0.1)
     assert agent._pusher is not None and agent._pusher.backlog_limits == (2, 10**6, 120.0)
+    assert agent._pusher.backlog_per_round == 7
     defaults = AgentSettings(_env_file=None)
-    assert (defaults.samples_backlog_pushes, defaults.samples_backlog_bytes, defaults.samples_backlog_age_s) == (
-        240, 16 * 2**20, 3600.0)
+    assert (defaults.samples_backlog_pushes, defaults.samples_backlog_bytes, defaults.samples_backlog_age_s,
+            defaults.samples_backlog_per_round) == (240, 16 * 2**20, 3600.0, 20)
     for number in (1, 2, 3):
         push_round(agent._pusher, number)
     backlog = agent.report()["samples_backlog"]
@@ -284,3 +293,45 @@ def test_the_agent_takes_its_backlog_limits_from_its_settings_and_shows_the_back
     assert metrics[("vigil_agent_samples_pushes_dropped_total", (("reason", BACKLOG_FULL),))] == 1
     assert metrics[("vigil_agent_samples_pushes_sent_total", ())] == 0
 
+
+
+def test_a_round_sends_its_own_push_first_and_at_most_the_cap_of_the_backlog() -> None:
+    """10 pushes wait (the server failing); with at most 3 of the backlog a round, each round after sends its own push
+    first and then the 3 oldest waiting - the backlog drained over 4 rounds, not in one (before: all 10 then the
+    round's own in one round)."""
+    seen: list[int] = []
+    pusher = _answering([503] * 10 + [201] * 14, seen)
+    pusher.backlog_per_round = 3
+    for number in range(1, 11):
+        push_round(pusher, number)
+    assert seen == list(range(1, 11)) and len(pusher.backlog) == 10
+    rounds = []
+    for number in range(11, 15):
+        before = len(seen)
+        push_round(pusher, number)
+        rounds.append(seen[before:])
+    assert rounds == [[11, 1, 2, 3], [12, 4, 5, 6], [13, 7, 8, 9], [14, 10]]
+    assert not pusher.backlog and pusher.samples_pushes_sent == 14
+
+
+def test_a_push_that_comes_of_age_during_a_round_is_dropped_not_sent() -> None:
+    """The age limit is checked for each push as it comes up, not once a round: pushes made at 0, 15 and 30 s wait
+    (the server failing), each answer takes 10 s and 50 s are kept - in the round at 45 s, push 1 is 55 s old when
+    its turn comes after the round's own push, and is dropped (sent, and maybe stored twice past the server's key
+    window, before)."""
+    clock = [0.0]
+    seen: list[int] = []
+    answers = iter([503, 503, 503, 201, 201, 201])
+
+    def server(request: httpx.Request) -> httpx.Response:
+        seen.append(round(json.loads(request.content)["samples"][0]["ts"] - LOOK))
+        clock[0] += 10.0
+        return httpx.Response(next(answers), json={"stored": 1, "duplicates": 0})
+
+    pusher = EventPusher("http://vigil.test", backlog_age_s=50.0, clock=lambda: clock[0])
+    pusher._client = httpx.Client(transport=httpx.MockTransport(server))
+    for number in (1, 2, 3, 4):
+        clock[0] = 15.0 * (number - 1)
+        push_round(pusher, number)
+    assert seen == [1, 2, 3, 4, 2, 3]
+    assert pusher.samples_pushes_dropped == {BACKLOG_FULL: 0, EXPIRED: 1, REFUSED: 0} and not pusher.backlog

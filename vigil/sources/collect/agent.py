@@ -18,8 +18,9 @@ server (``POST <server>/api/v1/events``) when one is configured; the training ra
 (``rank_logs``, ``vigil.sources.collect.rank_files``) go to ``POST <server>/api/v1/rank-logs``, which takes them
 only for ranks placed on this node. Events wait for the server in a bounded queue; what it cannot hold is
 counted (``vigil_agent_events_dropped_total``). Samples pushes the server has not taken wait in a backlog bounded by
-count, bytes and age (``samples_backlog_*``) and are sent again oldest first, each under its own Idempotency-Key
-(``EventPusher``); the ones it cannot hold are counted (``vigil_agent_samples_pushes_dropped_total``).
+count, bytes and age (``samples_backlog_*``) and are sent again after each round's own push, oldest first and a few a
+round, each under its own Idempotency-Key (``EventPusher``); the ones it cannot hold are counted
+(``vigil_agent_samples_pushes_dropped_total``).
 """
 
 from __future__ import annotations
@@ -122,6 +123,9 @@ class AgentSettings(BaseSettings):
     samples_backlog_age_s: float = Field(default=3600.0, gt=0, description="an unanswered samples push older than "
                                          "this is dropped, not sent: the server knows a push's key for its "
                                          "push_key_window_s (3600 s), and one sent later may be stored twice")
+    samples_backlog_per_round: int = Field(default=20, ge=0, description="waiting samples pushes sent at most in "
+                                           "one push round, after the round's own (0: all): a full backlog of 240 "
+                                           "goes in 12 rounds, 3 minutes, not all at once from every node")
     kmsg_file: str = Field(default="", description="read this kernel log file instead of /dev/kmsg")
     rank_logs: list[RankLogFiles] = Field(default_factory=list, description="training ranks' log files to forward "
                                           "(glob, pattern naming job and rank); empty = none")
@@ -309,7 +313,8 @@ class Agent:
             self._pusher = EventPusher(self.settings.server_url, self.settings.server_token,
                                        backlog_pushes=self.settings.samples_backlog_pushes,
                                        backlog_bytes=self.settings.samples_backlog_bytes,
-                                       backlog_age_s=self.settings.samples_backlog_age_s)
+                                       backlog_age_s=self.settings.samples_backlog_age_s,
+                                       backlog_per_round=self.settings.samples_backlog_per_round)
         self._next_push = 0.0
         self.store: AgentStore | None = None
         self._next_record = 0.0
@@ -690,9 +695,11 @@ class SamplesPush(NamedTuple):
 class EventPusher:
     """POSTs to the Vigil server in a background thread: the node's inventory when it changed, event batches
     (re-queued when they fail) and the latest samples. Each samples push carries a key of its own
-    (``Idempotency-Key``) and joins a backlog; every round sends the backlog oldest first, each push under its own
-    key, until one gets no answer (the server unreachable, failing, or its answer lost after it stored the push),
-    which stays at the head with all behind it for the next round - the server stores a push sent again once. The
+    (``Idempotency-Key``) and joins a backlog; every round sends its own push first (the server's live view has the
+    node's newest values at once; its engine does not let the older pushes that follow roll them back), then at most
+    ``backlog_per_round`` of the backlog oldest first, each push under its own key, until one gets no answer (the
+    server unreachable, failing, or its answer lost after it stored the push), which stays where it is with all
+    behind it for the next round - the server stores a push sent again once. The
     backlog is bounded by count, bytes and age (``samples_backlog_*``); beyond, the oldest push is dropped and
     counted, with one warning for each stretch of drops (an episode ends when the server has taken the whole
     backlog). A push the server refuses (HTTP 4xx but 408, 425 and 429, which are sent again) is dropped alone and
@@ -704,7 +711,7 @@ class EventPusher:
     again cannot help, as are all of a push it refuses whole (HTTP 400 / 422)."""
 
     def __init__(self, server_url: str, token: str = "", timeout_s: float = 5.0, backlog_pushes: int = 240,
-                 backlog_bytes: int = 16 * 2**20, backlog_age_s: float = 3600.0,
+                 backlog_bytes: int = 16 * 2**20, backlog_age_s: float = 3600.0, backlog_per_round: int = 20,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.base = server_url.rstrip("/") + "/api/v1"
         self.url = self.base + "/events"
@@ -722,6 +729,7 @@ class EventPusher:
         self.backlog: deque[SamplesPush] = deque()
         self.backlog_bytes = 0
         self.backlog_limits = (backlog_pushes, backlog_bytes, backlog_age_s)
+        self.backlog_per_round = backlog_per_round
         self._clock = clock
         self.samples_pushes_sent = 0
         self.samples_pushes_dropped: dict[str, int] = dict.fromkeys(SAMPLES_DROP_REASONS, 0)
@@ -751,10 +759,11 @@ class EventPusher:
 
     def _post(self, events: list[Event], requeue: Callable[[list[Event]], None], samples: list[Sample], node: str,
               inventory: Node | None) -> None:
+        fresh = None
         if samples:
             push = {"node": node, "samples": [s.model_dump(mode="json") for s in samples]}
-            self._keep(SamplesPush(uuid.uuid4().hex, json.dumps(push, separators=(",", ":")).encode(),
-                                   self._clock()))
+            fresh = SamplesPush(uuid.uuid4().hex, json.dumps(push, separators=(",", ":")).encode(), self._clock())
+            self._keep(fresh)
         try:
             # The inventory first: the server places the events and samples that follow on it.
             if inventory is not None:
@@ -772,7 +781,7 @@ class EventPusher:
                 batch = list(lines)
                 self._post_rank_logs(node, batch)
                 events = events[len(batch):]
-            self._send_backlog()
+            self._send_backlog(fresh)
         except httpx.HTTPError as err:
             self.failures += 1
             if not self._warned:
@@ -795,10 +804,13 @@ class EventPusher:
         while self.backlog and self.backlog[0].made < oldest:
             self._drop(EXPIRED)
 
-    def _drop(self, reason: str) -> None:
-        """Drop the oldest push of the backlog, counted by ``reason``; a refusal warns once in the agent's life, the
-        backlog's limits once an episode."""
-        push = self.backlog.popleft()
+    def _drop(self, reason: str, push: SamplesPush | None = None) -> None:
+        """Drop ``push`` (default: the oldest) from the backlog, counted by ``reason``; a refusal warns once in the
+        agent's life, the backlog's limits once an episode."""
+        if push is None or push is self.backlog[0]:
+            push = self.backlog.popleft()
+        else:
+            self.backlog.remove(push)
         self.backlog_bytes -= len(push.body)
         self.samples_pushes_dropped[reason] += 1
         if reason == REFUSED or self._dropping:
@@ -810,26 +822,46 @@ class EventPusher:
                     "counted in vigil_agent_samples_pushes_dropped_total, not logged)", self.base, most, most_bytes,
                     age_s)
 
-    def _send_backlog(self) -> None:
-        """Send the backlog oldest first; a push with no answer raises and stays, with every push behind it."""
+    def _send_backlog(self, fresh: SamplesPush | None) -> None:
+        """Send the round's own push (``fresh``) first, so that the server's live view has the node's newest values
+        at once, then the backlog oldest first, at most ``backlog_per_round`` pushes; a push with no answer raises
+        and stays, with every push behind it. A push found older than the age limit (the round may run long) is
+        dropped, not sent."""
         self._drop_expired()
-        while self.backlog:
+        if fresh is not None and self.backlog and self.backlog[-1] is fresh:
+            self._send_one(fresh)
+        sent = 0
+        while self.backlog and (self.backlog_per_round == 0 or sent < self.backlog_per_round):
             push = self.backlog[0]
-            response = self._client.post(self.base + "/samples", content=push.body,
-                                         headers={IDEMPOTENCY_KEY_HEADER: push.key,
-                                                  "Content-Type": "application/json"})
-            if 400 <= response.status_code < 500 and response.status_code not in SEND_AGAIN_STATUSES:
-                self._refuse_samples(response)  # sending it again cannot help; the next push may still go
+            if push.made < self._clock() - self.backlog_limits[2]:
+                self._drop(EXPIRED)
                 continue
-            response.raise_for_status()
-            self.backlog.popleft()
-            self.backlog_bytes -= len(push.body)
-            self.samples_pushes_sent += 1
-        self._dropping = False
+            self._send_one(push)
+            sent += 1
+        if not self.backlog:
+            self._dropping = False
 
-    def _refuse_samples(self, response: httpx.Response) -> None:
-        """Drop the samples push at the backlog's head, which the server refused; warn about the first."""
-        self._drop(REFUSED)
+    def _send_one(self, push: SamplesPush) -> None:
+        """Send one push of the backlog under its key: taken or refused, it leaves the backlog; no answer raises."""
+        response = self._client.post(self.base + "/samples", content=push.body,
+                                     headers={IDEMPOTENCY_KEY_HEADER: push.key, "Content-Type": "application/json"})
+        if 400 <= response.status_code < 500 and response.status_code not in SEND_AGAIN_STATUSES:
+            self._refuse_samples(push, response)  # sending it again cannot help; the next push may still go
+            return
+        response.raise_for_status()
+        self._drop_sent(push)
+
+    def _drop_sent(self, push: SamplesPush) -> None:
+        if push is self.backlog[0]:
+            self.backlog.popleft()
+        else:
+            self.backlog.remove(push)
+        self.backlog_bytes -= len(push.body)
+        self.samples_pushes_sent += 1
+
+    def _refuse_samples(self, push: SamplesPush, response: httpx.Response) -> None:
+        """Drop a samples push the server refused; warn about the first."""
+        self._drop(REFUSED, push)
         if self.samples_pushes_refused == 1:
             log.warning("server %s refused a samples push (HTTP %d: %s); it is dropped (further refusals are "
                         "counted, not logged)", self.base, response.status_code, response.text[:300])
