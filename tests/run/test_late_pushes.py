@@ -134,3 +134,20 @@ def test_a_backlog_older_than_the_live_window_sent_oldest_first_is_not_judged_li
         assert report.anomalies == 0 and temperature(engine, 0) == COOL
         assert report.stale == 1
     assert store.anomalies() == [] and engine.stale_pushes == 4 and engine.status()["stale_pushes"] == 4
+
+
+def test_a_push_from_a_clock_ahead_does_not_hold_the_node_after_its_clock_is_set_right(
+        served: tuple[Store, Clock, Node01, Engine]) -> None:
+    """A node whose clock ran an hour ahead pushes (GPU 0 hot), then its clock is set right and it pushes again (cool)
+    a minute later: the engine reads the cool push - a push from the future counts as made when it was read (it held
+    the node's values for the hour its clock was ahead, as older than the hot push, before)."""
+    store, clock, agent, engine = served
+    engine.tick()
+    clock.now += 15.0
+    agent.push(clock.now + 3600.0, HOT)
+    engine.tick()
+    assert temperature(engine, 0) == HOT
+    clock.now += 60.0
+    agent.push(clock.now, COOL)
+    report = engine.tick()
+    assert temperature(engine, 0) == COOL and report.late == 0

@@ -415,7 +415,9 @@ class Engine:
                             "clock is behind this server's; further ones counted in the engine's stale_pushes)",
                             push.node, now - push.ts, self.settings.live_push_max_age_s)
             return
-        if self.frames.apply(push.node, push.points, push.ts):
+        # a push from the future (its node's clock ahead) counts as made now: once that clock is set right, the
+        # node's next pushes are not older than it for as long as the clock was ahead
+        if self.frames.apply(push.node, push.points, min(push.ts, now)):
             report.late += 1
 
     def _pull_prometheus(self, now: float) -> None:
