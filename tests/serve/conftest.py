@@ -6,14 +6,16 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 
@@ -168,6 +170,25 @@ def serve_in_thread(app: object) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+def start_server(home: Path, env: Mapping[str, str], *options: str, port: int | None = None) -> subprocess.Popen[bytes]:
+    """`vigil serve --port PORT OPTIONS` as a process (a free port unless ``port``), its stderr appended to
+    HOME/serve.log, once it answers /api/v1/health; ending before that fails the test with the log."""
+    port = free_port() if port is None else port
+    home.mkdir(parents=True, exist_ok=True)
+    process = subprocess.Popen([sys.executable, "-m", "vigil", "serve", "--port", str(port), *options], cwd=REPO,
+                               env=dict(env), stdout=subprocess.DEVNULL, stderr=(home / "serve.log").open("ab"))
+
+    def healthy() -> bool:
+        assert process.poll() is None, (home / "serve.log").read_text()
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/api/v1/health", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for(healthy, 120, "vigil serve to answer /api/v1/health")
+    return process
 
 
 def _postgres_bin(name: str) -> str:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -13,38 +11,16 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.serve.conftest import REPO, TOKEN, free_port, fresh_database, wait_for
+from tests.serve.conftest import REPO, TOKEN, free_port, fresh_database, start_server, wait_for
 from vigil.model import FaultLevel, Incident
 from vigil.store.sql import Store
 
 pytestmark = pytest.mark.slow
 
 
-def start_server(home: Path, port: int, db_url: str) -> subprocess.Popen[bytes]:
-    env = {
-        **os.environ,
-        "VIGIL_HOME": str(home),
-        "VIGIL_API_TOKEN": TOKEN,
-        "VIGIL_DB_URL": db_url,
-        "PYTHONPATH": str(REPO),
-    }
-    process = subprocess.Popen(
-        [sys.executable, "-m", "vigil", "serve", "--port", str(port)],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=(home / "serve.log").open("ab"),
-    )
-
-    def healthy() -> bool:
-        assert process.poll() is None, (home / "serve.log").read_text()
-        try:
-            return httpx.get(f"http://127.0.0.1:{port}/api/v1/health", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_for(healthy, 120, "vigil serve to answer /api/v1/health")
-    return process
+def server_env(home: Path, db_url: str) -> dict[str, str]:
+    return {**os.environ, "VIGIL_HOME": str(home), "VIGIL_API_TOKEN": TOKEN, "VIGIL_DB_URL": db_url,
+            "PYTHONPATH": str(REPO)}
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
@@ -60,7 +36,7 @@ def test_no_acknowledged_incident_is_lost_after_kill_9(
     acknowledged: list[str] = []
     in_flight_failures = [0]
     for _round in range(2):
-        server = start_server(tmp_path, port, db_url)
+        server = start_server(tmp_path, server_env(tmp_path, db_url), port=port)
         stop = threading.Event()
 
         def writer(stop: threading.Event) -> None:
@@ -96,7 +72,7 @@ def test_no_acknowledged_incident_is_lost_after_kill_9(
             thread.join()
     assert in_flight_failures[0] >= 1  # the kill really landed while writes were in flight
 
-    server = start_server(tmp_path, port, db_url)
+    server = start_server(tmp_path, server_env(tmp_path, db_url), port=port)
     try:
         store = Store(db_url)
         lost = [i for i in acknowledged if store.incident(i) is None]

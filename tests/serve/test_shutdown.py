@@ -17,28 +17,12 @@ import pytest
 from tests.remedy.held_slurm import acting_env, held_slurm, place_cluster
 from tests.remedy.test_resume_claim import crashed_drain
 from tests.remedy.test_resume_claim import database as database
-from tests.serve.conftest import REPO, TOKEN, free_port, wait_for
+from tests.serve.conftest import REPO, TOKEN, free_port, start_server, wait_for
 from tests.serve.conftest import postgres_url as postgres_url
 from vigil.model import ActionStatus
 from vigil.remedy.audit import AuditLog
 
 pytestmark = pytest.mark.slow
-
-def start_server(home: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    port = free_port()
-    home.mkdir(exist_ok=True)
-    process = subprocess.Popen([sys.executable, "-m", "vigil", "serve", "--port", str(port), "--engine"], cwd=REPO,
-                               env=env, stdout=subprocess.DEVNULL, stderr=(home / "serve.log").open("ab"))
-
-    def healthy() -> bool:
-        assert process.poll() is None, (home / "serve.log").read_text()
-        try:
-            return httpx.get(f"http://127.0.0.1:{port}/api/v1/health", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_for(healthy, 120, "vigil serve to answer /api/v1/health")
-    return process
 
 
 def test_serve_stopped_waits_for_the_drain_its_engine_resumes(database: str, tmp_path: Path) -> None:
@@ -49,7 +33,7 @@ def test_serve_stopped_waits_for_the_drain_its_engine_resumes(database: str, tmp
     place_cluster(database)
     home = tmp_path / "home"
     with held_slurm(tmp_path / "slurm") as slurm:
-        server = start_server(home, acting_env(home, database, slurm))
+        server = start_server(home, acting_env(home, database, slurm), "--engine")
         try:
             crashed_drain(AuditLog(database), at=1_000.0, lease_s=30.0)  # its lease lapsed long ago
             wait_for(slurm.draining, 60, "the engine to resume the drain")
@@ -77,7 +61,7 @@ def test_serve_stopped_gives_up_on_the_drain_after_one_lease(database: str, tmp_
     home = tmp_path / "home"
     with held_slurm(tmp_path / "slurm") as slurm:
         server = start_server(home, acting_env(home, database, slurm, VIGIL_REMEDY_LEASE_S="2",
-                                               VIGIL_REMEDY_LEASE_RENEW_S="0.5"))
+                                               VIGIL_REMEDY_LEASE_RENEW_S="0.5"), "--engine")
         try:
             crashed_drain(AuditLog(database), at=1_000.0, lease_s=30.0)
             wait_for(slurm.draining, 60, "the engine to resume the drain")
