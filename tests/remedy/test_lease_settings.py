@@ -97,17 +97,28 @@ def journalled_leases(database: str) -> list[float]:
         return [row.lease_expires - row.started for row in conn.execute(select(c.started, c.lease_expires))]
 
 
-def test_the_failover_supervisor_holds_its_runs_for_the_configured_lease(lease_of_600_s: str, tmp_path: Path) -> None:
-    """`vigil launch job`'s failover supervisor claims a run for remedy_lease_s, as the server and the engine do
-    (before: 30 s whatever the settings, so a peer could take a long restart over after 30 s)."""
+def test_the_failover_supervisor_holds_its_runs_for_the_configured_lease(lease_of_600_s: str, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """`vigil launch job`'s failover supervisor (built by run_job, the command's body) claims a run for
+    remedy_lease_s, as the server and the engine do (before: 30 s whatever the settings, so a peer could take a long
+    restart over after 30 s). The supervisor's run is one alert here: the job itself is test_failover.py's."""
     from tests.remedy.test_failover import tiny_job
-    from vigil.run.failover import FailoverSupervisor, LocalJob
+    from vigil.remedy.jobspec import TrainingJob
+    from vigil.run.failover import FailoverReport, FailoverSupervisor, run_job
 
-    supervisor = FailoverSupervisor(LocalJob(tiny_job("leased"), tmp_path / "run"), AuditLog(lease_of_600_s))
-    assert (supervisor.remediator.lease_s, supervisor.remediator.renew_s) == (600.0, 60.0)
-    done = supervisor.remediator.execute(Action(ts=0.0, kind=ActionKind.ALERT, target="job/leased",
-                                                reason="failover retries spent"))
-    assert done.status is ActionStatus.EXECUTED
+    seen: list[tuple[float, float]] = []
+
+    def one_alert(supervisor: FailoverSupervisor) -> FailoverReport:
+        seen.append((supervisor.remediator.lease_s, supervisor.remediator.renew_s))
+        done = supervisor.remediator.execute(Action(ts=0.0, kind=ActionKind.ALERT, target="job/leased",
+                                                    reason="failover retries spent"))
+        return FailoverReport(job="leased", succeeded=done.status is ActionStatus.EXECUTED, attempts=1)
+
+    monkeypatch.setattr(FailoverSupervisor, "run", one_alert)
+    monkeypatch.setattr("vigil.run.failover.load_jobspec", lambda _path: tiny_job("leased"))
+    assert isinstance(tiny_job("leased"), TrainingJob)
+    report = run_job(tmp_path / "job.yaml", tmp_path / "run")
+    assert report.succeeded and seen == [(600.0, 60.0)]
     assert journalled_leases(lease_of_600_s) == [600.0]
 
 
@@ -120,3 +131,29 @@ def test_checkpoint_clean_holds_its_runs_for_the_configured_lease(lease_of_600_s
     done = CliRunner().invoke(app, ["checkpoint", "clean", str(ckpt), "--keep-last", "2", "--execute", "--json"])
     assert done.exit_code == 0, done.output
     assert journalled_leases(lease_of_600_s) == [600.0] * 5
+
+
+def test_a_remediator_given_no_lease_reads_no_settings(lease_of_600_s: str) -> None:
+    """The lease is its caller's to pass (``lease_of`` the settings it runs under): a remediator given none holds its
+    runs for the settings' defaults, 30 s renewed every 10 s, whatever the process's settings say (600 s here) - it
+    read the process's settings itself before, a global no caller saw."""
+    remediator = Remediator([CountingActuator([])], AuditLog(lease_of_600_s), dry_run=False)
+    assert (remediator.lease_s, remediator.renew_s) == (30.0, 10.0)
+    done = remediator.execute(Action(ts=0.0, kind=ActionKind.DRAIN, target="node/n1", reason="Xid 79"))
+    assert done.status is ActionStatus.EXECUTED
+    assert journalled_leases(lease_of_600_s) == [30.0]
+
+
+def test_self_check_holds_its_runs_for_the_configured_lease(lease_of_600_s: str) -> None:
+    """`vigil remedy self-check --failed --execute`, the repairs spent: the vendor ticket goes out through a remediator
+    holding its run for remedy_lease_s, passed in from the settings."""
+    from vigil.faces.cli.main import app
+    from vigil.remedy.lifecycle import Trigger
+
+    LifecycleStore(lease_of_600_s).apply("node/n1", Trigger.CORDON, "Xid 79")
+    LifecycleStore(lease_of_600_s).apply("node/n1", Trigger.REPAIR, "Xid 79")
+    for _ in range(2):  # the lifecycle's max_repairs
+        done = CliRunner().invoke(app, ["remedy", "self-check", "node/n1", "--failed", "--execute"])
+        assert done.exit_code == 0, done.output
+    assert "vendor_repair" in done.output
+    assert journalled_leases(lease_of_600_s) == [600.0]

@@ -16,6 +16,7 @@ from vigil.model import Topology, VigilInputError
 from vigil.remedy.actuators.base import Actuator, OutboxActuator
 from vigil.remedy.audit import AuditLog
 from vigil.remedy.guard import BlastRadiusGuard
+from vigil.remedy.lease import lease_of
 from vigil.remedy.lifecycle import LifecycleStore
 from vigil.remedy.remediator import Remediator
 
@@ -72,4 +73,4 @@ def remediator_for(actuator: str, settings: Settings, topology: Topology, lifecy
                              max_share_per_switch=settings.max_cordon_share_per_switch)
     return Remediator(backends, AuditLog(settings.database_url()), lifecycle=lifecycle, guard=guard,
                       dry_run=not settings.execute_actions, hold_dry_runs=False, requested_by=requested_by,
-                      lease_s=settings.remedy_lease_s, renew_s=settings.remedy_lease_renew_s)
+                      **lease_of(settings))

@@ -14,15 +14,35 @@ import logging
 import threading
 from collections.abc import Callable
 from types import TracebackType
+from typing import TypedDict
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from vigil.config import Settings
 from vigil.remedy.audit import AuditLog
 
 log = logging.getLogger("vigil.remedy.lease")
 
 # wait(stop, seconds): block until ``stop`` is set (True) or ``seconds`` of the clock have passed (False)
 Wait = Callable[[threading.Event, float], bool]
+
+
+class LeaseTimes(TypedDict):
+    """How long a remediator's claim on a run holds (``lease_s``) and how often it renews it (``renew_s``)."""
+
+    lease_s: float
+    renew_s: float
+
+
+# the settings' defaults, for a remediator its caller gives no lease (a test, a library use)
+DEFAULT_LEASE_S: float = Settings.model_fields["remedy_lease_s"].default
+DEFAULT_RENEW_S: float = Settings.model_fields["remedy_lease_renew_s"].default
+
+
+def lease_of(settings: Settings) -> LeaseTimes:
+    """The lease and renewal of ``settings`` (remedy_lease_s, remedy_lease_renew_s), as a remediator takes them:
+    ``Remediator(..., **lease_of(settings))``."""
+    return {"lease_s": settings.remedy_lease_s, "renew_s": settings.remedy_lease_renew_s}
 
 
 def wall_wait(stop: threading.Event, seconds: float) -> bool:

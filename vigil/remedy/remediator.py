@@ -15,7 +15,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 
-from vigil.config import settings
 from vigil.model import (
     Action,
     ActionKind,
@@ -30,7 +29,7 @@ from vigil.model import (
 from vigil.remedy.actuators.base import Actuator, ActuatorError, migration_nodes
 from vigil.remedy.audit import AuditLog, UnfinishedRun
 from vigil.remedy.guard import CAPACITY_ACTIONS, BlastRadiusGuard
-from vigil.remedy.lease import Renewal, Wait, wall_wait
+from vigil.remedy.lease import DEFAULT_LEASE_S, DEFAULT_RENEW_S, Renewal, Wait, wall_wait
 from vigil.remedy.lifecycle import LifecycleStore, NodeState, Trigger, trigger_for_level
 from vigil.remedy.policy import PolicyEngine
 
@@ -122,16 +121,13 @@ class Remediator:
         hold_dry_runs: bool = True,
         requested_by: str = "vigil",
         clock: Callable[[], float] = time.time,
-        lease_s: float | None = None,
-        renew_s: float | None = None,
+        lease_s: float = DEFAULT_LEASE_S,
+        renew_s: float = DEFAULT_RENEW_S,
         wait: Wait = wall_wait,
     ) -> None:
-        # every remediator of the process holds its runs as the server's and the engine's do, whoever builds it (the
-        # failover supervisor, `vigil checkpoint clean`, the other verbs): the settings, unless given
-        if lease_s is None or renew_s is None:
-            configured = settings()
-            lease_s = configured.remedy_lease_s if lease_s is None else lease_s
-            renew_s = configured.remedy_lease_renew_s if renew_s is None else renew_s
+        # the lease is its caller's to give, from the settings it runs under (``lease_of``): every command's remediator
+        # (the server's, the engine's, the failover supervisor's, `vigil checkpoint clean`'s...) passes its own; read
+        # from no global here, and the settings' defaults when none is given
         if not 0 < renew_s < lease_s:
             raise ValueError(f"lease renewal every {renew_s:g} s: expected more than 0 and less than the lease "
                              f"({lease_s:g} s)")

@@ -37,6 +37,7 @@ from vigil.remedy.actuators.local import LocalActuator
 from vigil.remedy.audit import AuditLog
 from vigil.remedy.heartbeat import ProgressTracker
 from vigil.remedy.jobspec import FAILOVER_ACTIONS, TrainingJob, load_jobspec
+from vigil.remedy.lease import DEFAULT_LEASE_S, DEFAULT_RENEW_S, lease_of
 from vigil.remedy.remediator import Remediator
 from vigil.run.launcher import free_port, prepare_out_dir, probe_command, probe_env, start_rank, torchrun_env
 from vigil.run.rank_procs import record_launched, signals_raise, stop_groups
@@ -143,7 +144,11 @@ class FailoverSupervisor:
         on_event: Callable[[str], None] | None = None,
         timeout_s: float = 3600.0,
         startup_grace_s: float = 120.0,
+        lease_s: float = DEFAULT_LEASE_S,
+        renew_s: float = DEFAULT_RENEW_S,
     ) -> None:
+        """``lease_s`` / ``renew_s``: how long its remediator's claim on a run holds, renewed how often (``lease_of``
+        the settings `vigil launch job` runs under)."""
         self.job = job
         self.policy = job.spec.spec.failover_policy
         self.health = job.spec.spec.health_check
@@ -151,7 +156,8 @@ class FailoverSupervisor:
         self.local.register(job)
         actuators: list[Actuator] = [self.local, OutboxActuator(outbox or job.run_dir / "alerts.jsonl")]
         # Launching a job with a failoverPolicy is the consent to restart it: this remediator acts.
-        self.remediator = Remediator(actuators, audit, dry_run=False, requested_by="vigil-failover")
+        self.remediator = Remediator(actuators, audit, dry_run=False, requested_by="vigil-failover", lease_s=lease_s,
+                                     renew_s=renew_s)
         self.tracker = ProgressTracker(job.run_dir, len(job.devices))
         self.on_event = on_event or (lambda _message: None)
         self.timeout_s = timeout_s
@@ -361,7 +367,7 @@ def run_job(
         watcher = CheckpointWatcher(job, db_url, on_event) if spec.spec.eval is not None else None
         try:
             with signals_raise():
-                report = FailoverSupervisor(job, AuditLog(db_url), on_event=on_event).run()
+                report = FailoverSupervisor(job, AuditLog(db_url), on_event=on_event, **lease_of(settings())).run()
         finally:
             if watcher is not None:
                 watcher.finish()

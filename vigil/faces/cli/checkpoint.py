@@ -184,16 +184,18 @@ def clean_command(
     record either way (`vigil remedy audit`), and the directory checked again right before it is deleted.
     """
     from vigil.checkpoint.cleanup import propose_cleanup
+    from vigil.config import settings
     from vigil.model import job_id
     from vigil.remedy.actuators.checkpoint import CheckpointCleanupActuator
     from vigil.remedy.audit import AuditLog
+    from vigil.remedy.lease import lease_of
     from vigil.remedy.remediator import Remediator
 
     name = job or directory.resolve().name
     job_id(name)  # a name that cannot be an entity id is refused before anything is proposed
     proposals = propose_cleanup(directory, keep_last, partial_age)
     remediator = Remediator([CheckpointCleanupActuator([directory])], AuditLog(), dry_run=not execute,
-                            requested_by="vigil-cli")
+                            requested_by="vigil-cli", **lease_of(settings()))
     actions = [remediator.execute(p.action(name, keep_last, partial_age)) for p in proposals]
     if as_json:
         typer.echo(json_text([a.model_dump(mode="json") for a in actions], indent=2))

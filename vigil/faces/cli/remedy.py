@@ -163,6 +163,7 @@ def _remediator(topology: Path | None, backend: str, execute: bool, local_node: 
     from vigil.remedy.actuators.base import Actuator, OutboxActuator
     from vigil.remedy.audit import AuditLog
     from vigil.remedy.guard import BlastRadiusGuard
+    from vigil.remedy.lease import lease_of
     from vigil.remedy.lifecycle import LifecycleStore
     from vigil.remedy.remediator import Remediator
 
@@ -189,7 +190,7 @@ def _remediator(topology: Path | None, backend: str, execute: bool, local_node: 
         )
     remediator = Remediator(
         actuators, AuditLog(), lifecycle=lifecycle, guard=guard, dry_run=dry_run, requested_by="vigil-cli",
-        lease_s=settings().remedy_lease_s, renew_s=settings().remedy_lease_renew_s,
+        **lease_of(settings()),
     )
     return remediator
 
@@ -445,6 +446,7 @@ def self_check_command(
     from vigil.config import settings
     from vigil.remedy.actuators.base import OutboxActuator
     from vigil.remedy.audit import AuditLog
+    from vigil.remedy.lease import lease_of
     from vigil.remedy.lifecycle import LifecycleStore
     from vigil.remedy.remediator import Remediator
 
@@ -454,6 +456,7 @@ def self_check_command(
         lifecycle=LifecycleStore(),
         dry_run=not execute,
         requested_by="vigil-cli",
+        **lease_of(settings()),
     )
     state = remediator.finish_repair(node, passed, "vigil remedy self-check")
     console.print(f"{node}: {state.value}", markup=False)
@@ -501,6 +504,7 @@ def idle_workers_command(
     from vigil.remedy.actuators.release import ReleaseRequestActuator
     from vigil.remedy.audit import AuditLog
     from vigil.remedy.idle import IdleWorkerPolicy, idle_worker_actions
+    from vigil.remedy.lease import lease_of
     from vigil.remedy.remediator import Remediator
 
     home = settings().home
@@ -518,7 +522,7 @@ def idle_workers_command(
 
         actuators.append(KueueActuator())
     audit = AuditLog()
-    remediator = Remediator(actuators, audit, dry_run=not execute, requested_by="idle-policy")
+    remediator = Remediator(actuators, audit, dry_run=not execute, requested_by="idle-policy", **lease_of(settings()))
     # The metrics' clock, not the wall clock: the grace period is measured on the scrapes.
     # Jobs the back end's scheduler did not start (an interactive or bare machine's, a file's) it cannot release.
     bare = {job.id for job in topology.jobs if job.source != backend}

@@ -186,6 +186,7 @@ def apply_command(
     from vigil.model import ActionKind, ActionStatus
     from vigil.remedy.actuators.base import Actuator, OutboxActuator
     from vigil.remedy.audit import AuditLog
+    from vigil.remedy.lease import lease_of
     from vigil.remedy.remediator import Remediator
     from vigil.remedy.tide.act import TierJob, given_notices, tide_actions
     from vigil.remedy.tide.tiers import load_tier_policy
@@ -243,8 +244,7 @@ def apply_command(
     actions = tide_actions(result, tiers, jobs, notices, now, cluster=cluster, queues=queues, resource=resource,
                            waiting=waiting)
     remediator = Remediator([OutboxActuator(settings().home / "outbox.jsonl"), actuator], audit,
-                            dry_run=dry_run, requested_by="vigil-tide", lease_s=settings().remedy_lease_s,
-                            renew_s=settings().remedy_lease_renew_s)
+                            dry_run=dry_run, requested_by="vigil-tide", **lease_of(settings()))
     done = remediator.execute_all(actions)
     if as_json:
         typer.echo(json_text([a.model_dump(mode="json") for a in done], indent=2))
@@ -342,6 +342,7 @@ def _rl_quota_actions(quotas: dict[str, int], backend: str, execute: bool) -> li
     from vigil.model import Action, ActionKind
     from vigil.remedy.actuators.base import Actuator
     from vigil.remedy.audit import AuditLog
+    from vigil.remedy.lease import lease_of
     from vigil.remedy.remediator import Remediator
 
     if backend == "none":
@@ -362,6 +363,5 @@ def _rl_quota_actions(quotas: dict[str, int], backend: str, execute: bool) -> li
                       params={"queue": queue, "resource": resource, "units": units})
                for queue, units in quotas.items()]
     remediator = Remediator([actuator], AuditLog(), dry_run=not (execute or settings().execute_actions),
-                            requested_by="vigil-tide", lease_s=settings().remedy_lease_s,
-                            renew_s=settings().remedy_lease_renew_s)
+                            requested_by="vigil-tide", **lease_of(settings()))
     return remediator.execute_all(actions)
