@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from tests.conftest import wait_for
+from tests.remedy.held_slurm import crashed_drain_of
 from tests.remedy.test_resume_claim import CountingActuator, crashed_drain
 from tests.remedy.test_resume_claim import database as database
 from tests.serve.conftest import postgres_url as postgres_url
@@ -284,6 +285,31 @@ def test_stopping_the_engine_waits_for_the_resumed_drain(tmp_path: Path) -> None
     running.join(timeout=30)
     assert not running.is_alive() and engine.resumed_actions == 1
     assert runs == ["counting:act-drain-n1"] and AuditLog(database).unfinished() == []
+
+
+def test_a_round_claims_no_run_once_stopping(database: str, tmp_path: Path) -> None:
+    """Two dead servers' drains (node/n1, node/n2) lapsed; the engine's round takes one over, and the engine is
+    stopped while that drain evicts. The drain ends and its run is closed, and the round claims no other: the second
+    drain is left started under its dead owner, for the next engine or a peer. Before, the round went on claiming
+    and ran the second drain after stop was set (2 resumed)."""
+    runs: list[str] = []
+    drain = HeldDrain(runs)
+    engine = engine_at(database, tmp_path, 1_031.0, actuator=drain)
+    engine.start()
+    crashed_drain(AuditLog(database), at=1_000.0, lease_s=30.0)
+    crashed_drain_of(database, "n2")
+    try:
+        engine.tick()
+        assert drain.evicting.wait(timeout=30)
+        engine.stop.set()
+    finally:
+        drain.finish.set()
+    assert engine._resuming is not None
+    engine._resuming.join(timeout=30)
+    assert not engine._resuming.is_alive()
+    assert engine.resumed_actions == 1 and len(runs) == 1
+    (left,) = AuditLog(database).unfinished_runs()
+    assert left.owner == "vigil-api-killed" and f"counting:{left.key}" not in runs
 
 
 def test_one_tick_waits_for_the_resumed_drain_at_most_a_lease(tmp_path: Path,

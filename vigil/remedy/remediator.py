@@ -11,6 +11,7 @@ record exists already (a resumed run of it refused, skipped or failed: ``params.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -334,7 +335,7 @@ class Remediator:
         action.status = status
         action.result = f"late completion, after this run's claim lapsed and {holder} resumed it: {result}"
 
-    def recover(self) -> list[Action]:
+    def recover(self, stop: threading.Event | None = None) -> list[Action]:
         """Run again every action whose execution started and never finished, once its owner's lease has lapsed
         (the owner died: a live one renews it). Each resumes under its idempotency key (a half-done drain evicts
         what is left), so none completes twice.
@@ -344,11 +345,15 @@ class Remediator:
         `vigil engine`), one resumes an action and the others leave it. A remediator never takes its own runs
         (the API and the engine of `vigil serve` share one); the resumed action's record names the owner it was
         taken from (``params.taken_over_from``) and when that owner's lease lapsed. A dry-run remediator takes
-        nothing over: it would only say what it would run, and its claim would keep a live one from the run."""
+        nothing over: it would only say what it would run, and its claim would keep a live one from the run. Once
+        ``stop`` is set (the process is stopping) no further run is claimed: the runs claimed already finish, and the
+        rest are left to the next round or, past their lease, to another process."""
         if self.dry_run:
             return []
         resumed = []
         for run in self.audit.unfinished_runs():
+            if stop is not None and stop.is_set():
+                break
             now = self.clock()
             if run.owner == self.owner or not self.audit.claim(run.key, self.owner, run.owner, now=now,
                                                                lease_expires=now + self.lease_s):

@@ -314,9 +314,10 @@ class Engine:
 
     def _resume_interrupted(self) -> None:
         """Resume the actions whose owner died mid-run (its lease lapsed): at start, a killed predecessor's, before
-        anything new. A dry-run remediator (execute_actions off) resumes nothing."""
+        anything new. A dry-run remediator (execute_actions off) resumes nothing; once ``stop`` is set, no further run
+        of the round is claimed (those claimed finish)."""
         if self.remediator is not None:
-            self.resumed_actions += len(self.remediator.recover())
+            self.resumed_actions += len(self.remediator.recover(stop=self.stop))
 
     def _resume_beside(self) -> None:
         """Every tick, resume the actions of a server or engine beside this one that died, on a thread of its own:
