@@ -466,3 +466,59 @@ def test_stop_without_a_remediator_gives_up_on_the_tick_after_one_lease(tmp_path
         let_go.set()
     loop.join(30)
     assert not loop.is_alive()
+
+
+class AuditAway(AuditLog):
+    """An audit log whose database connection is gone while ``away``: every close of a run raises."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.away = True
+
+    def finish(self, *args: Any, **kwargs: Any) -> bool:
+        if self.away:
+            raise OperationalError("UPDATE remedy_intents", {}, ConnectionError("server closed the connection"))
+        return super().finish(*args, **kwargs)
+
+
+def test_a_resumed_run_whose_close_fails_is_closed_at_the_next_round(database: str,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """The engine takes over a dead server's drain, the lifecycle's table cannot be read, and the database is gone
+    for the failure's close too (with its record and without). The round goes on with one error naming the run and
+    what happens to it; a round while the database is still away leaves the run started without a word more; the
+    first round after it is back closes the run failed with its record, the stored action settled. Before, the close's
+    error went up through recover() (Engine.start() raised) and the run stayed started under this engine's claim,
+    which no round of its own takes over: open for this process's life."""
+    store = Store(database)
+    store.add_action(drain_to_retry())
+    crashed_drain(AuditLog(database), at=1_000.0, lease_s=30.0)
+    audit = AuditAway(database)
+    runs: list[str] = []
+    engine = Remediator([CountingActuator(runs)], audit, lifecycle=LifecycleAway(database), dry_run=False,
+                        requested_by="vigil-engine", clock=lambda: 1_031.0)
+    with caplog.at_level("DEBUG", logger="vigil.remedy"):
+        (resumed,) = engine.recover()
+        assert resumed.status is ActionStatus.FAILED and resumed.result.startswith("resuming failed: OperationalError")
+        closing = [r for r in caplog.records if "closing the failed resumed run" in r.getMessage()]
+        assert [(r.levelname, r.getMessage()) for r in closing] == [(
+            "ERROR", "closing the failed resumed run act-drain-n1 (drain on node/n1) failed too: OperationalError: "
+            "(builtins.ConnectionError) server closed the connection; it is left started, closed at the next recovery "
+            "round or taken over by another server or engine once this process's lease on it lapses")]
+        (left,) = AuditLog(database).unfinished_runs()
+        assert left.key == "act-drain-n1" and left.owner == engine.owner
+
+        caplog.clear()
+        assert engine.recover() == []  # still away: still started, and nothing said above debug
+        assert [r.levelname for r in caplog.records if r.levelno > 10] == []
+        assert [run.key for run in AuditLog(database).unfinished_runs()] == ["act-drain-n1"]
+
+        audit.away = False
+        assert engine.recover() == []
+    assert AuditLog(database).unfinished_runs() == [] and runs == []
+    (record,) = AuditLog(database).actions()
+    assert (record.id, record.status) == ("act-drain-n1", ActionStatus.FAILED)
+    assert record.result.startswith("resuming failed: OperationalError")
+    stored = store.action("act-drain-n1")
+    assert stored is not None and stored.status is ActionStatus.FAILED, stored
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        "closed the failed resumed run act-drain-n1 (drain on node/n1) at a later recovery round"]

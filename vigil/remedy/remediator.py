@@ -150,6 +150,9 @@ class Remediator:
         self.owner = f"{requested_by}-{uuid.uuid4().hex[:16]}"
         self.lease_s, self.renew_s = lease_s, renew_s
         self.wait = wait
+        # resumed runs that failed and whose close failed too (the database went away): key -> (the failed action,
+        # whether the back end was asked, the id the guard holds its nodes for); closed at the next recovery round
+        self._unclosed: dict[str, tuple[Action, bool, str]] = {}
 
     def actuator_for(self, action: Action) -> Actuator | None:
         return next((a for a in self.actuators if a.accepts(action)), None)
@@ -350,6 +353,7 @@ class Remediator:
         rest are left to the next round or, past their lease, to another process."""
         if self.dry_run:
             return []
+        self._close_unclosed()
         resumed = []
         for run in self.audit.unfinished_runs():
             if stop is not None and stop.is_set():
@@ -374,25 +378,56 @@ class Remediator:
         except Exception as err:  # left started, the run would trip the next takeover on its record
             log.exception("resuming the interrupted run %s failed", run.key)
             action.status, action.result = ActionStatus.FAILED, f"resuming failed: {type(err).__name__}: {err}"
-            held = action.id
-            # the close and the record in one transaction, as on every other path: a process that finds the run
-            # closed finds its record
+            held = action.id  # the close may give the record an id of its own (``params.retry_of``)
             try:
-                closed = self.audit.finish(run.key, "failed", owner=self.owner, record=action)
-            except Exception:
-                # whatever failed the record (the record itself, say) must not fail the close, nor leave the run
-                # started for the next takeover to run the back end again: closed alone, the stored action settled
-                log.exception("recording the failed resumed run %s failed; closing it without its record", run.key)
-                closed = self.audit.finish(run.key, "failed", owner=self.owner, settle=action)
-            if not closed:
-                return action  # this claim lapsed meanwhile: the run is the process's that took it over
-            if self.guard is not None and not asked:
-                # as in ``_decide``: raised before the back end was asked, nothing left the cluster; raised after it
-                # (the close on a dropped connection, the lifecycle's write), the nodes may be out and stay held
-                # until back in service or this process ends (the back end's own error released them in ``_decide``)
-                for node in capacity_nodes(action):
-                    self.guard.release(node, owner=held)
+                self._close_failed(run.key, action, asked=bool(asked), held=held)
+            except Exception as close_err:
+                # the database went away (a dropped connection): the run stays started under this remediator's claim,
+                # which no round of its own takes over - it is closed at this remediator's next recovery round, or
+                # taken over by another process once the claim lapses; said once, not at every round
+                self._unclosed[run.key] = (action, bool(asked), held)
+                log.error("closing the failed resumed run %s (%s on %s) failed too: %s: %s; it is left started, closed "
+                          "at the next recovery round or taken over by another server or engine once this process's "
+                          "lease on it lapses", run.key, action.kind.value, action.target, type(close_err).__name__,
+                          next(iter(str(close_err).splitlines()), ""))  # SQLAlchemy's: the SQL and a link below
             return action
+
+    def _close_failed(self, key: str, action: Action, *, asked: bool, held: str) -> bool:
+        """Close the resumed run under ``key`` failed with ``action``, its failure (``_resume``): the close and the
+        record in one transaction, as on every other path, so a process that finds the run closed finds its record;
+        then the nodes the guard held for it (for ``held``) are released unless the back end was asked. False when this
+        claim lapsed and another process took the run over; raises when the run cannot be closed at all (the database
+        away)."""
+        try:
+            closed = self.audit.finish(key, "failed", owner=self.owner, record=action)
+        except Exception:
+            # whatever failed the record (the record itself, say) must not fail the close, nor leave the run started
+            # for the next takeover to run the back end again: closed alone, the stored action settled
+            closed = self.audit.finish(key, "failed", owner=self.owner, settle=action)
+            log.exception("recording the failed resumed run %s failed; closed it without its record", key)
+        if not closed:
+            return False  # this claim lapsed meanwhile: the run is the process's that took it over
+        if self.guard is not None and not asked:
+            # as in ``_decide``: raised before the back end was asked, nothing left the cluster; raised after it (the
+            # close on a dropped connection, the lifecycle's write), the nodes may be out and stay held until back in
+            # service or this process ends (the back end's own error released them in ``_decide``)
+            for node in capacity_nodes(action):
+                self.guard.release(node, owner=held)
+        return True
+
+    def _close_unclosed(self) -> None:
+        """Close the failed resumed runs whose close failed (``_resume``); one that fails again waits for the next
+        round, without a word more."""
+        for key, (action, asked, held) in list(self._unclosed.items()):
+            try:
+                closed = self._close_failed(key, action, asked=asked, held=held)
+            except Exception:
+                log.debug("closing the failed resumed run %s failed again", key, exc_info=True)
+                continue
+            del self._unclosed[key]
+            if closed:
+                log.warning("closed the failed resumed run %s (%s on %s) at a later recovery round", key,
+                            action.kind.value, action.target)
 
     def finish_repair(self, node: str, self_check_passed: bool, detail: str = "") -> NodeState:
         """Close a repair (reset / reboot done): record the self-check, and return the node if it passed.
