@@ -60,6 +60,20 @@ def test_a_bad_configured_remedy_backend_is_one_line(tmp_path: Path) -> None:
     assert len(lines) == 1 and "remedy_backend" in lines[0] and "Traceback" not in done.stderr
 
 
+def _serve_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> None:
+    """The process's settings for an in-process `vigil serve`: VIGIL_* from ``env`` alone, home and store in
+    ``tmp_path``."""
+    from vigil.config import settings
+
+    for key in [k for k in os.environ if k.startswith("VIGIL_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("VIGIL_HOME", str(tmp_path))
+    monkeypatch.setenv("VIGIL_DB_URL", f"sqlite:///{tmp_path / 'vigil.db'}")
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    settings.cache_clear()
+
+
 def _serve_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: dict[str, str],
                   args: list[str]) -> tuple[Any, Any, str]:
     """Start `vigil serve` with the server and the engine thread caught before they run: (engine, app, stderr)."""
@@ -69,13 +83,7 @@ def _serve_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: dict[str
     from vigil.config import settings
     from vigil.faces.cli.main import app
 
-    for key in [k for k in os.environ if k.startswith("VIGIL_")]:
-        monkeypatch.delenv(key)
-    monkeypatch.setenv("VIGIL_HOME", str(tmp_path))
-    monkeypatch.setenv("VIGIL_DB_URL", f"sqlite:///{tmp_path / 'vigil.db'}")
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    settings.cache_clear()
+    _serve_settings(tmp_path, monkeypatch, env)
     caught: dict[str, Any] = {}
 
     def caught_engine(engine: Any) -> threading.Thread:  # a loop that ended at once, for the shutdown to join
@@ -142,3 +150,42 @@ def test_the_engine_of_serve_does_not_run_again_an_action_the_server_is_executin
     engine.start()
     assert engine.resumed_actions == 0
     assert [a.id for a in audit.unfinished()] == [in_flight.id]  # still the API's to finish
+
+
+def test_a_second_ctrl_c_during_uvicorn_s_shutdown_skips_the_engine_s_wait(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C twice while uvicorn itself shuts down (its force exit): `vigil serve` does not wait for its engine's
+    tick, still running, and ends at once - exit 130, one line. Before, the second Ctrl-C was uvicorn's alone and the
+    server waited for the engine all the same, a lease (2 s here) and a warning."""
+    import uvicorn
+    from typer.testing import CliRunner
+
+    from tests.serve.test_shutdown import AT_ONCE
+    from vigil.config import settings
+    from vigil.faces.cli.main import app
+
+    _serve_settings(tmp_path, monkeypatch, {"VIGIL_REMEDY_LEASE_S": "2", "VIGIL_REMEDY_LEASE_RENEW_S": "0.5"})
+    ticking = threading.Event()
+    loops: list[threading.Thread] = []
+
+    def held_tick(engine: Any) -> threading.Thread:  # a tick that runs until the test lets it end
+        loop = threading.Thread(target=ticking.wait, args=(60,), daemon=True)
+        loop.start()
+        loops.append(loop)
+        return loop
+
+    def forced(server: uvicorn.Server, sockets: Any = None) -> None:  # served, then Ctrl-C twice
+        server.started = server.should_exit = server.force_exit = True
+
+    monkeypatch.setattr("vigil.run.engine.start_in_thread", held_tick)
+    monkeypatch.setattr(uvicorn.Server, "run", forced)
+    monkeypatch.setattr("vigil.faces.cli.serve._freeze_heap", lambda: None)
+    try:
+        done = CliRunner().invoke(app, ["serve", "--port", str(free_port()), "--engine"])
+        assert done.exit_code == 130, (done.output, done.exception)
+        (loop,) = loops
+        assert loop.is_alive()  # not waited for
+        assert [line for line in done.stderr.splitlines() if line.startswith("vigil serve: stop")] == [AT_ONCE]
+    finally:
+        ticking.set()
+        settings.cache_clear()

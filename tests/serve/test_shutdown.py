@@ -79,6 +79,39 @@ def test_serve_stopped_gives_up_on_the_drain_after_one_lease(database: str, tmp_
         assert run.key == "act-drain-n1" and run.owner is not None and run.owner.startswith("vigil-api-")
 
 
+WAITING = ("vigil serve: stopping; waiting for the engine's tick and the actions it resumes, at most 30 s (Ctrl-C "
+           "again to stop at once)")
+AT_ONCE = ("vigil serve: stopped at once on a second Ctrl-C, without waiting for the engine; an action it was resuming "
+           "is taken over by another server or engine once this process's lease on it lapses")
+
+
+def test_a_second_ctrl_c_ends_the_wait_at_once(database: str, tmp_path: Path) -> None:
+    """Ctrl-C while the engine resumes a drain: the server says it waits for it, and a second Ctrl-C ends the wait at
+    once - exit 130, one line saying what is left, no traceback - leaving the run started under the server's claim for
+    a takeover once it lapses. Before, the server waited without a word, and a second Ctrl-C ended it silently."""
+    place_cluster(database)
+    home = tmp_path / "home"
+    log = home / "serve.log"
+    with held_slurm(tmp_path / "slurm") as slurm:
+        server = start_server(home, acting_env(home, database, slurm), "--engine")
+        try:
+            crashed_drain(AuditLog(database), at=1_000.0, lease_s=30.0)
+            wait_for(slurm.draining, 60, "the engine to resume the drain")
+            server.send_signal(signal.SIGINT)
+            wait_for(lambda: WAITING in log.read_text(), 60, "the server to wait for its engine")
+            server.send_signal(signal.SIGINT)
+            assert server.wait(timeout=15) == 130, log.read_text()  # the drain holds, and the wait would last 30 s
+        finally:
+            if server.poll() is None:
+                server.kill()
+                server.wait()
+    text = log.read_text()
+    assert text.split(WAITING, 1)[1].strip().splitlines() == [AT_ONCE], text
+    assert "Traceback" not in text
+    (run,) = AuditLog(database).unfinished_runs()
+    assert run.key == "act-drain-n1" and run.owner is not None and run.owner.startswith("vigil-api-")
+
+
 EARLY_SIGTERM = """
 import os, signal, sys
 import vigil.faces.cli.serve as serve

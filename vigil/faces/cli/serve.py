@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -149,12 +150,36 @@ def serve(
             raise typer.Exit(3)
     finally:
         if live is not None:
-            from vigil.run.engine import stop_in_thread
-
             # the engine's threads are daemons: without this wait the process ended mid-drain (also when start-up
-            # failed)
-            stop_in_thread(live, loop)
+            # failed); a second Ctrl-C during uvicorn's own shutdown (its force exit) skips it
+            _stop_engine(live, loop, at_once=server.force_exit)
             signal.signal(signal.SIGTERM, previous)
+
+
+def _stop_engine(live: Engine, loop: threading.Thread, *, at_once: bool) -> None:
+    """Stop the engine of `vigil serve` shutting down, waiting for its tick and its round of resumed actions within one
+    lease (``stop_in_thread``) - unless ``at_once`` or Ctrl-C comes again meanwhile: then the process ends now, exit
+    130, with one line saying what it leaves, as uvicorn's force exit does."""
+    from vigil.run.engine import stop_in_thread
+
+    lease_s = live.remediator.lease_s if live.remediator is not None else live.settings.remedy_lease_s
+    # Python's own: Ctrl-C raises KeyboardInterrupt wherever the wait is (uvicorn and asyncio put it back, but a
+    # start-up that failed may not have)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        if at_once:
+            raise KeyboardInterrupt
+        typer.echo("vigil serve: stopping; waiting for the engine's tick and the actions it resumes, at most "
+                   f"{lease_s:g} s (Ctrl-C again to stop at once)", err=True)
+        stop_in_thread(live, loop)
+    except KeyboardInterrupt:
+        live.stop.set()
+        typer.echo("vigil serve: stopped at once on a second Ctrl-C, without waiting for the engine; an action it was "
+                   "resuming is taken over by another server or engine once this process's lease on it lapses",
+                   err=True)
+        raise typer.Exit(130) from None
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def _freeze_heap() -> None:
