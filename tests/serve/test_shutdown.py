@@ -147,3 +147,79 @@ def test_sigterm_during_start_up_ends_the_server(tmp_path: Path) -> None:
         if server.poll() is None:
             server.kill()
             server.wait()
+
+
+PORT_TAKEN = """
+import os, socket, sys
+from pathlib import Path
+import vigil.faces.cli.serve as serve
+from tests.conftest import wait_for
+from tests.remedy.test_resume_claim import crashed_drain
+from vigil.remedy.actuators.slurm import SlurmActuator
+from vigil.remedy.audit import AuditLog
+port, draining = int(sys.argv[1]), Path(sys.argv[2])
+taken = []
+# the held drain outlasts the slowest start-up: scontrol's own timeout (30 s) would end it first on a loaded machine
+SlurmActuator.__init__.__defaults__ = ("scontrol", 600.0)
+
+def take_the_port():
+    # a server beside this one dies mid-drain once this one's engine runs (the server's own resume at start is over),
+    # the engine takes the drain over, and then another process takes the port uvicorn is about to bind
+    crashed_drain(AuditLog(os.environ["VIGIL_DB_URL"]), at=1_000.0, lease_s=30.0)
+    wait_for(draining.exists, 60, "the engine to resume the drain")
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", port))
+    sock.listen()
+    taken.append(sock)
+
+serve._freeze_heap = take_the_port
+sys.argv = ["vigil", "serve", "--port", str(port), "--engine"]
+from vigil.faces.cli.main import main
+main()
+"""
+
+
+def test_a_failed_start_up_stops_the_engine_it_started(database: str, tmp_path: Path) -> None:
+    """The port is free when `vigil serve` checks it and taken when uvicorn binds it, while the engine the server
+    started resumes a dead server's drain: uvicorn's one error line, no traceback, and the process waits for the drain
+    (the engine stopped the bounded way) and exits non-zero once it ends, the run closed executed. On the code before
+    a673256 it exited (3) at once, the drain still held."""
+    place_cluster(database)
+    home = tmp_path / "home"
+    home.mkdir()
+    log = home / "serve.log"
+    port = free_port()
+    with held_slurm(tmp_path / "slurm") as slurm:
+        server = subprocess.Popen([sys.executable, "-c", PORT_TAKEN, str(port), str(slurm.state_dir / "draining-n1")],
+                                  cwd=REPO, env=acting_env(home, database, slurm), stdout=subprocess.DEVNULL,
+                                  stderr=log.open("ab"))
+        try:
+            wait_for(lambda: "address already in use" in log.read_text() or server.poll() is not None, 120,
+                     "uvicorn to fail to bind the port")
+            with pytest.raises(subprocess.TimeoutExpired):
+                server.wait(timeout=3.0)  # waiting for the drain, held until released
+            slurm.release()
+            assert server.wait(timeout=60) == 3, log.read_text()  # a start-up that failed, as uvicorn.run exits
+        finally:
+            if server.poll() is None:
+                server.kill()
+                server.wait()
+    text = log.read_text()
+    errors = [line for line in text.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and "address already in use" in errors[0] and str(port) in errors[0], text
+    assert "Traceback" not in text
+    audit = AuditLog(database)
+    assert audit.unfinished() == []
+    (record,) = audit.actions()
+    assert (record.id, record.status) == ("act-drain-n1", ActionStatus.EXECUTED), record
+
+
+def test_a_bad_database_url_is_one_line_before_anything_starts(tmp_path: Path) -> None:
+    """A database that cannot be reached: one line on stderr, exit 2, before the engine or the server start."""
+    env = {**os.environ, "VIGIL_HOME": str(tmp_path), "VIGIL_API_TOKEN": TOKEN, "PYTHONPATH": str(REPO),
+           "VIGIL_DB_URL": f"postgresql+psycopg://vigil@127.0.0.1:{free_port()}/nowhere"}
+    done = subprocess.run([sys.executable, "-m", "vigil", "serve", "--port", str(free_port()), "--engine"], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "cannot open the store" in lines[0] and "Traceback" not in done.stderr, done.stderr
