@@ -14,8 +14,10 @@
 
 4. Robustness (vigil_eval.robustness): the development cases re-rendered the way other collectors deliver the same
    lines (CRI, docker logs -t, kubectl logs --prefix, srun --label, journald, CRLF, colour codes, torch's rank prefix,
-   a healthy rank's lines interleaved), per transform the development cases whose root line triage still names. Only
-   with --only-robustness (the held-out cases are never read).
+   a healthy rank's lines interleaved, mpirun --tag-output, pdsh, Ray's driver, docker compose, moreutils' ts, a UTF-8
+   byte order mark, a terminal's 80-column cuts, a Markdown quote or indented code block), per transform the
+   development cases whose root line triage still names. Only with --only-robustness (the held-out cases are never
+   read).
 
 Run: .venv/bin/python bench/triage.py [--ranks 4] [--lines 100000] [--only-real-logs | --only-throughput |
      --only-ranker | --only-robustness]

@@ -4,7 +4,8 @@ collectors deliver the same lines, with the labelled root line followed to its n
 The held-out logs were collected by other people through other collectors; a rule fitted to the development cases'
 exact text may rely on how their collector delivered the lines. Each transform here is what one real producer
 does to every line it relays (a prefix, a time, a line ending, colour around the level, a second process's lines
-in between) - never an edit of the text inside a line - so triage should name the same root line after it.
+in between, a Markdown margin, a terminal's cuts at its width) - never an edit of the text inside a line - so triage
+should name the same root line after it.
 
 Collector times: a collector stamps a line when it is written. The stamp a transform writes is the time triage
 already gives the line - its own time, or for an unstamped line the next stamp below it in its file (the last one
@@ -167,6 +168,93 @@ def interleaved_rank(lines: list[str], ctx: FileContext) -> Rendered:
     return out, mapping
 
 
+def mpirun_tag_output(lines: list[str], ctx: FileContext) -> Rendered:
+    """Open MPI's `mpirun --tag-output` (Horovod's too): "[<job>,<rank>]<stderr>:" before each line a rank wrote,
+    with no space after the colon (orte/mca/iof/base/iof_base_output.c: "[%s,%s]<%s>:")."""
+    if ctx.node_log:
+        return _one_to_one(lines, lambda i, line: "")
+    return _one_to_one(lines, lambda i, line: f"[1,{ctx.index}]<stderr>:")
+
+
+def pdsh_host(lines: list[str], ctx: FileContext) -> Rendered:
+    """pdsh, and DeepSpeed's multi-node runner through it: the host and ": " before each line the remote command
+    printed (dshbak(1): "the leading 'node:' is stripped"); hosts named as in a DeepSpeed hostfile."""
+    if ctx.node_log:
+        return _one_to_one(lines, lambda i, line: "")
+    return _one_to_one(lines, lambda i, line: f"worker-{ctx.index}: ")
+
+
+def ray_worker(lines: list[str], ctx: FileContext) -> Rendered:
+    """Ray's driver relaying a remote actor's output (python/ray/_private/worker.py print_worker_logs:
+    "{DIM}{CYAN}({actor} pid={pid}, ip={ip}){RESET_ALL} {line}", colorama's codes kept when the driver's output is
+    captured)."""
+    if ctx.node_log:
+        return _one_to_one(lines, lambda i, line: "")
+    head = f"\x1b[2m\x1b[36m(RayTrainWorker pid={4100 + ctx.index}, ip=10.0.0.{ctx.index + 2})\x1b[0m "
+    return _one_to_one(lines, lambda i, line: head)
+
+
+def compose_service(lines: list[str], ctx: FileContext) -> Rendered:
+    """`docker compose up` / `docker compose logs`: the container's name left-aligned to the longest name plus one,
+    then "| " (compose's cmd/formatter/logs.go: fmt.Sprintf("%-"+strconv.Itoa(width)+"s | ", name)); uncoloured
+    when not written to a terminal."""
+    if ctx.node_log:
+        return _one_to_one(lines, lambda i, line: "")
+    name = f"trainer-{ctx.index + 1}"
+    width = len(name) + 1  # the case's names are as long as each other
+    return _one_to_one(lines, lambda i, line: f"{name:<{width}s} | ")
+
+
+def moreutils_ts(lines: list[str], ctx: FileContext) -> Rendered:
+    """moreutils' `ts` in a pipe (`python train.py 2>&1 | ts > train.log`): the time in its default format
+    "%b %d %H:%M:%S" and a space before each line - no year, no zone, no host."""
+    if ctx.node_log:
+        return _one_to_one(lines, lambda i, line: "")
+
+    def head(i: int, line: str) -> str:
+        moment = datetime.fromtimestamp(ctx.times[i], tz=UTC)
+        return f"{_SHORT_MONTH[moment.month - 1]} {moment.day:02d} {moment:%H:%M:%S} "
+
+    return _one_to_one(lines, head)
+
+
+def utf8_bom(lines: list[str], ctx: FileContext) -> Rendered:
+    """A file saved by a Windows tool that writes UTF-8 with a byte order mark (PowerShell's Set-Content -Encoding
+    UTF8, Notepad before Windows 10 1903): U+FEFF before the first line."""
+    out, mapping = _one_to_one(lines, lambda i, line: "")
+    if out:
+        out[0] = "\ufeff" + out[0]
+    return out, mapping
+
+
+PANE_COLUMNS = 80  # tmux's default-size for a session started detached (tmux new -d): 80x24
+
+
+def tmux_capture(lines: list[str], ctx: FileContext) -> Rendered:
+    """A log saved from a terminal multiplexer's scrollback (`tmux capture-pane -p -S -` without -J): a line longer
+    than the pane is written as the pane showed it, cut every ``PANE_COLUMNS`` characters into lines of their own.
+    The root follows to the first of its pieces; every piece is the same line (``also`` in :func:`render_case`)."""
+    out: list[str] = []
+    mapping: dict[int, int] = {}
+    for n, line in enumerate(lines, 1):
+        mapping[n] = len(out) + 1
+        pieces = [line[k:k + PANE_COLUMNS] for k in range(0, len(line), PANE_COLUMNS)] or [""]
+        out.extend(piece + "\n" for piece in pieces)
+    return out, mapping
+
+
+def markdown_quote(lines: list[str], ctx: FileContext) -> Rendered:
+    """A log taken from the Markdown source of an issue or a mail where it was quoted: the block quote marker and its
+    space before every line (CommonMark 0.31, 5.1 Block quotes: ">" and an optional space), whatever wrote it."""
+    return _one_to_one(lines, lambda i, line: "> " if line else ">")
+
+
+def markdown_indent(lines: list[str], ctx: FileContext) -> Rendered:
+    """A log taken from the Markdown source of an issue where it was pasted as an indented code block: four spaces
+    before every line (CommonMark 0.31, 4.4 Indented code blocks; a blank line inside stays blank)."""
+    return _one_to_one(lines, lambda i, line: "    " if line else "")
+
+
 TRANSFORMS: dict[str, Transform] = {
     "cri": cri,
     "docker_timestamps": docker_timestamps,
@@ -177,7 +265,18 @@ TRANSFORMS: dict[str, Transform] = {
     "ansi_level": ansi_level,
     "torchrun_rank": torchrun_rank,
     "interleaved_rank": interleaved_rank,
+    "mpirun_tag_output": mpirun_tag_output,
+    "pdsh_host": pdsh_host,
+    "ray_worker": ray_worker,
+    "compose_service": compose_service,
+    "moreutils_ts": moreutils_ts,
+    "utf8_bom": utf8_bom,
+    "tmux_capture": tmux_capture,
+    "markdown_quote": markdown_quote,
+    "markdown_indent": markdown_indent,
 }
+# Transforms that cut a line into several: every piece of the root line is the root line.
+SPLITS_LINES = frozenset({tmux_capture})
 
 
 def _own_time(line: str) -> float | None:
@@ -218,19 +317,24 @@ def render_case(case: RealCase, transform: Transform, into: Path) -> RealCase:
     stamps = [t for lines in texts.values() for line in lines if (t := _own_time(line)) is not None]
     unstamped_start = (max(stamps) + 60.0) if stamps else UNSTAMPED_CLOCK_START
     maps: dict[str, dict[int, int]] = {}
+    lengths: dict[str, int] = {}
     for index, path in enumerate(files):
         lines = texts[path]
         name = path.relative_to(case.directory).as_posix()
         ctx = FileContext(index=index, node_log=classify(path, case.directory).kind == "node",
                           times=_file_times(lines, unstamped_start))
         out, maps[name] = transform(lines, ctx)
+        lengths[name] = len(out)
         target = into / name
         target.parent.mkdir(parents=True, exist_ok=True)
         with target.open("w", encoding="utf-8", newline="") as handle:
             handle.write("".join(out))
     root_map = maps[case.root_file]
-    return dataclasses.replace(case, directory=into, root_line=root_map[case.root_line],
-                               also_lines=tuple(root_map[n] for n in case.also_lines))
+    also = [root_map[n] for n in case.also_lines]
+    if transform in SPLITS_LINES:
+        ends = {n: root_map.get(n + 1, lengths[case.root_file] + 1) for n in (case.root_line, *case.also_lines)}
+        also += [k for n, end in ends.items() for k in range(root_map[n] + 1, end)]
+    return dataclasses.replace(case, directory=into, root_line=root_map[case.root_line], also_lines=tuple(also))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,8 +5,8 @@ A job-wide log holds many processes' lines, each under its relay's prefix: torch
 (SkyPilot runs its tasks as Ray tasks named ``head, rank=0,``), ``srun --label``'s ``0: ``, Open MPI's
 ``--tag-output`` ``[1,0]<stderr>:`` (Horovod's too), pdsh's ``host: `` (DeepSpeed's multi-node runner),
 ``kubectl logs --prefix``'s ``[pod/NAME/CONTAINER] ``, docker compose's ``service-1  | ``, the CRI log format
-``2024-...Z stderr F ``, ``docker logs -t`` / ``kubectl logs --timestamps``' ``2024-...Z `` and syslog / journald's
-short format. :func:`split_prefix` peels them (a relay's prefix may
+``2024-...Z stderr F ``, ``docker logs -t`` / ``kubectl logs --timestamps``' ``2024-...Z ``, syslog / journald's
+short format and moreutils' ``ts`` (``Dec 07 08:01:02 ``). :func:`split_prefix` peels them (a relay's prefix may
 stand before another's) and yields the line as its process wrote it, with the rank, host and worker the prefixes name.
 """
 
@@ -41,6 +41,9 @@ _RELAY_TIME = rf"(?P<relay_time>{_ISO_TIME}) "
 # time, "Last error: " or "Process 42: " is the line itself, not a host and a program.
 _SYSLOG = (rf"(?P<syslog>(?:\w{{3}} [ \d]\d \d\d:\d\d:\d\d|{_ISO_TIME}) "
            r"(?P<syslog_host>[a-z\d][\w.\-]*) [\w.\-/@]+(?:\[\d+\])?: )")
+# moreutils' `ts` in a pipe (`python train.py 2>&1 | ts`): its default time, "%b %d %H:%M:%S", and a space before the
+# line - syslog's short time without a host or a program after it. Tried after the syslog header.
+_SHORT_TIME = r"(?P<short_time>(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)?) "
 _SERVICE = r"(?P<service>[A-Za-z][\w.\-]*?[-_]\d+) *\| "
 _TASK = r" *(?P<task>\d+): "
 # pdsh's host: a host name or address (a word with a digit in it, or localhost - never an exception's class), and not
@@ -52,7 +55,7 @@ _BRACKET = re.compile("|".join((_MPI, _KUBECTL)))
 _PAREN = re.compile(_RAY)
 _DIGIT = re.compile("|".join((_CRI, _SYSLOG, _RELAY_TIME, _TASK, _HOST)))
 _SPACE = re.compile(_TASK)
-_UPPER = re.compile("|".join((_SYSLOG, _MPI, _SERVICE)))
+_UPPER = re.compile("|".join((_SYSLOG, _SHORT_TIME, _MPI, _SERVICE)))
 _LOWER = re.compile("|".join((_SERVICE, _HOST)))
 _HOSTED = (_DIGIT, _LOWER)
 # What every layer's head looks like, in one pattern: most lines fail it at their first few characters.
@@ -152,7 +155,7 @@ def _read_layer(prefix: LinePrefix, found: re.Match[str]) -> None:
         prefix.timed = prefix.timed or fields.get("mpi_time") is not None
     elif fields.get("pod") is not None:
         prefix.worker = f"pod/{fields['pod']}/{fields['container']}"
-    elif fields.get("cri") is not None or fields.get("relay_time") is not None:
+    elif fields.get("cri") is not None or fields.get("relay_time") is not None or fields.get("short_time") is not None:
         prefix.timed = True
     elif fields.get("syslog") is not None:
         prefix.timed, prefix.syslog, prefix.host = True, True, fields.get("syslog_host")

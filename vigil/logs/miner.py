@@ -48,6 +48,7 @@ being dropped first. The state saves to and loads from a JSON file, so mining su
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import re
@@ -792,7 +793,8 @@ class TemplateMiner:
 
 
 def read_lines(path: Path, block_size: int = 4096) -> Iterator[list[str]]:
-    """Lines of a file in blocks, decoded leniently: invalid UTF-8 and NUL bytes never stop a parse.
+    """Lines of a file in blocks, decoded leniently: invalid UTF-8 and NUL bytes never stop a parse, and a UTF-8 byte
+    order mark at its start is dropped.
 
     Lines longer than 64 KiB are cut (the rest is still read and dropped) so one giant line cannot
     blow up memory or the template table.
@@ -802,6 +804,8 @@ def read_lines(path: Path, block_size: int = 4096) -> Iterator[list[str]]:
     except OSError as err:
         raise VigilInputError(f"cannot read log file {path}: {err.strerror or err}") from None
     with handle:
+        if handle.peek(3)[:3] == codecs.BOM_UTF8:  # a Windows tool's byte order mark is no part of the first line
+            handle.read(3)
         block: list[str] = []
         for raw in _bounded_lines(handle):
             block.append(raw.decode("utf-8", errors="replace").replace("\x00", " ").rstrip("\r\n"))

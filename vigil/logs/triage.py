@@ -8,7 +8,9 @@ each line against the signature library, and decides:
   exceptions, ...), the earliest; within ``tie_s`` seconds of it the most specific signature wins
   (hardware before CUDA before a generic exception). A line without a timestamp (a traceback line)
   happened between the stamps above and below it; it takes the one below (the last one above when
-  nothing follows), so an unstamped error never looks earlier than it can have been. When no signature
+  nothing follows), so an unstamped error never looks earlier than it can have been; a kernel log with no
+  wall-clock time at all (dmesg's seconds since boot) is not ordered against stamped files, its root stands beside
+  the earliest stamped one. When no signature
   names a root, the earliest line that reads as a specific error (:mod:`vigil.logs.severity`: an exception
   class, an NCCL WARN, a failed call) is the root - or the line right above it in the same file when that one
   reads as an error in generic words only (the plain first report, a wrapper's summary under it); failing that,
@@ -30,10 +32,11 @@ import multiprocessing
 import os
 import re
 from collections import Counter, defaultdict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import chain
 from pathlib import Path
 from typing import Any, Literal
 
@@ -260,6 +263,91 @@ class _Scan:
     ranks: set[int] = field(default_factory=set)
     removals: _Removals | None = None  # SCSI devices a kernel log records being removed (made on the first line)
     trace: LogEvent | None = None  # the file's first line of NCCL's return-code trace (NCCL_TRACE)
+    unwrapped: _Unwrap | None = None  # the file's lines were cut at a terminal's width: where each whole one starts
+
+
+# A log taken from the Markdown source of an issue or a mail (CommonMark: a block quote's ">" and its optional space,
+# an indented code block's four spaces) carries the marker before every line of it: a file whose every non-blank line
+# of its first block starts with one is read without it.
+QUOTE_MARKER = ">"
+CODE_INDENT = "    "
+
+
+def _margin(block: list[str]) -> str | None:
+    text = [line for line in block if line.strip()]
+    if not text:
+        return None
+    for marker in (QUOTE_MARKER, CODE_INDENT):
+        if all(line.startswith(marker) for line in text):
+            return marker
+    return None
+
+
+def _dedent(blocks: Iterable[list[str]], margin: str) -> Iterator[list[str]]:
+    """The blocks' lines without the Markdown ``margin`` (a quote's marker takes its space with it)."""
+    cut = len(margin)
+    for block in blocks:
+        if margin == QUOTE_MARKER:
+            yield [line[2:] if line.startswith("> ") else line[1:] if line.startswith(">") else line
+                   for line in block]
+        else:
+            yield [line[cut:] if line.startswith(margin) else line for line in block]
+
+
+# A log saved from a terminal's scrollback (`tmux capture-pane` without -J, a pasted screen) has every line longer than
+# the terminal cut into lines of exactly its width. Read whole, a cut exception or NCCL report is one line again. A file
+# is read as cut when, in its first block, at least WRAP_MIN_CUTS lines are of the longest length (WRAP_MIN_COLUMNS or
+# more) and less than half of the lines after them start as they do (the next of one rank's repeated reports starts
+# like it, the rest of a cut line does not), and they are not one message repeated (WRAP_MIN_CUTS different texts once
+# numbers and spaces are set aside: a trainer's fixed-width progress line is the longest of many a log). A cut that
+# ends in two spaces ends its line (a screen copy pads a line's last piece to the width).
+WRAP_MIN_COLUMNS = 40
+WRAP_MIN_CUTS = 3
+_DIGITS = re.compile(r"[\d\s]+")  # numbers and the padding that aligns them (a progress line's counters)
+
+
+@dataclass
+class _Unwrap:
+    """How one file's lines cut at ``width`` are joined: the physical line each whole line starts at."""
+
+    width: int
+    starts: list[int] = field(default_factory=list)
+    lines: int = 0  # physical lines read
+
+    @classmethod
+    def of(cls, block: list[str]) -> _Unwrap | None:
+        width = max(map(len, block), default=0)
+        if width < WRAP_MIN_COLUMNS:
+            return None
+        cuts = [i for i in range(len(block) - 1) if len(block[i]) == width]
+        if len(cuts) < WRAP_MIN_CUTS:
+            return None
+        alike = sum(block[i + 1][:2] == block[i][:2] for i in cuts)
+        texts = {_DIGITS.sub(" ", block[i]) for i in cuts}
+        return cls(width) if 2 * alike < len(cuts) and len(texts) >= WRAP_MIN_CUTS else None
+
+    def join(self, blocks: Iterable[list[str]]) -> Iterator[list[str]]:
+        """The blocks' lines with each cut line joined to the rest of it."""
+        pending: str | None = None
+        for block in blocks:
+            out: list[str] = []
+            for line in block:
+                self.lines += 1
+                if pending is None:
+                    self.starts.append(self.lines)
+                    pending = line
+                else:
+                    pending += line
+                if len(line) != self.width or line.endswith("  "):
+                    out.append(pending)
+                    pending = None
+            if out:
+                yield out
+        if pending is not None:
+            yield [pending]
+
+    def physical(self, lineno: int) -> int:
+        return self.starts[lineno - 1]
 
 
 @dataclass
@@ -433,10 +521,16 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
     traceback_after = 0
     lineno = 0
     year: int | None = None  # of the file's first dated line: a time without one (syslog, glog) is of that year
-    year_sought = False  # in the file's first block only: an undated file's lines are not searched twice
-    for block in read_lines(source.path):
-        if not year_sought:
-            year, year_sought = _first_year(block), True
+    blocks: Iterator[list[str]] = read_lines(source.path)
+    first = next(blocks, [])
+    margin = _margin(first)  # a log pasted into Markdown as a quote or an indented code block: the marker is no text
+    if margin is not None:
+        blocks = _dedent(chain([first], blocks), margin)
+        first = next(blocks, [])
+    year = _first_year(first)  # in the file's first block only: an undated file's lines are not searched twice
+    unwrap = _Unwrap.of(first)  # a capture cut at a terminal's width: its lines read whole, numbered by their first cut
+    blocks = chain([first], blocks)
+    for block in blocks if unwrap is None else unwrap.join(blocks):
         for raw in block:
             lineno += 1
             rank = source.rank
@@ -574,7 +668,8 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
             if stamp is None:
                 untimed.append(event)
             scan.events.append(event)
-    scan.lines = lineno
+    scan.lines = lineno if unwrap is None else unwrap.lines
+    scan.unwrapped = unwrap
     return scan
 
 
@@ -693,8 +788,32 @@ def decide(scans: list[_Scan], job: str, directory: Path, tie_s: float = 1.0) ->
         nodes=sorted({s.source.node for s in scans if s.source.kind == "node" and s.source.node}),
         files=len(scans), lines=sum(s.lines for s in scans), error_lines=len(events),
     )
+    _physical_lines(result, scans)
     result.summary = _summary(result)
     return result
+
+
+def _physical_lines(result: TriageResult, scans: list[_Scan]) -> None:
+    """A file read with its cut lines joined (``_Unwrap``) was decided on by its whole lines: the lines named are
+    numbered as in the file itself, each by its first cut."""
+    cut = {scan.source.name: scan.unwrapped for scan in scans if scan.unwrapped is not None}
+    if not cut:
+        return
+
+    def physical(event: LogEvent) -> LogEvent:
+        unwrap = cut.get(event.source)
+        if unwrap is None:
+            return event
+        moved = event.model_copy(deep=True)  # the scans' own events keep the numbers decide() compared
+        moved.lineno = unwrap.physical(event.lineno)
+        for key in (PRINTED_BEFORE_TRACEBACK, "removal_line"):
+            if isinstance(moved.attrs.get(key), int) and moved.attrs[key] > 0:
+                moved.attrs[key] = unwrap.physical(moved.attrs[key])
+        return moved
+
+    result.root = None if result.root is None else physical(result.root)
+    result.cascade = [physical(e) for e in result.cascade]
+    result.machine_faults = [physical(e) for e in result.machine_faults]
 
 
 def _short_host(name: str | None) -> str | None:
@@ -813,7 +932,11 @@ def _pick_root(events: list[LogEvent], priority: dict[str, int],
     timed = [e for e in roots if e.ts is not None]
     if timed:
         first_ts = min(e.ts for e in timed if e.ts is not None)
-        roots = [e for e in timed if e.ts is not None and e.ts <= first_ts + tie_s]
+        # A kernel log with no wall-clock time (dmesg without -T stamps seconds since boot, an excerpt carries no boot
+        # line to anchor them) cannot be placed before or after the stamped files: its report is not dropped for
+        # having no time, it stands beside the earliest stamped one and what it names decides.
+        roots = [e for e in roots if (e.ts is None and e.entity.startswith("node/"))
+                 or (e.ts is not None and e.ts <= first_ts + tie_s)]
     return min(roots, key=lambda e: (priority.get(e.signature, last), e.ts or 0.0, e.source, e.lineno)), "signature"
 
 
