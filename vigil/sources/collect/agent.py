@@ -16,8 +16,9 @@ Collection practice (the production clusters' rules this loop follows):
 What it collects is exposed for Prometheus (``/metrics`` on ``port``) and events are pushed to the Vigil
 server (``POST <server>/api/v1/events``) when one is configured; the training ranks' decoded log lines
 (``rank_logs``, ``vigil.sources.collect.rank_files``) go to ``POST <server>/api/v1/rank-logs``, which takes them
-only for ranks placed on this node. Events wait for the server in a bounded queue; what it cannot hold is
-counted (``vigil_agent_events_dropped_total``). Samples pushes the server has not taken wait in a backlog bounded by
+only for ranks placed on this node. Events wait for the server in a bounded queue; what it cannot hold, and a batch
+the server refuses for good (``refused_for_good``), is counted (``vigil_agent_events_dropped_total``); a refused
+token (401 / 403) keeps everything. Samples pushes the server has not taken wait in a backlog bounded by
 count, bytes and age (``samples_backlog_*``) and are sent again after each round's own push, oldest first and a few a
 round, each under its own Idempotency-Key (``EventPusher``); the ones it cannot hold are counted
 (``vigil_agent_samples_pushes_dropped_total``).
@@ -72,8 +73,8 @@ DEFAULT_INTERVALS: dict[str, float] = {
 # Events kept for the server while it is away; older ones are dropped (and counted) beyond it.
 MAX_PENDING_EVENTS = 10_000
 # Why the server refuses one event of a rank-log push (``POST /api/v1/rank-logs`` answers them per event); the
-# agent counts its refused events by these, a whole push refused (HTTP 400 / 422) as PUSH_REFUSED and a reason
-# it does not know as "other".
+# agent counts its refused events by these, a whole push refused (HTTP 4xx, see refused_for_good) as PUSH_REFUSED
+# and a reason it does not know as "other".
 NOT_RANK_LOG = "not_rank_log"
 RANK_ON_ANOTHER_NODE = "rank_on_another_node"
 RANK_OUTSIDE_JOB = "rank_outside_job"
@@ -84,13 +85,25 @@ IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
 # HTTP 4xx answers that refuse a push for now, not for good (Request Timeout, Too Early, Too Many Requests - a
 # proxy's or gateway's rate limit): the push is kept and sent again, as after a server error.
 SEND_AGAIN_STATUSES = frozenset({408, 425, 429})
+# HTTP 4xx answers that refuse the agent's token, not its data (Unauthorized: a wrong or rotated token; Forbidden: a
+# token without the operator role, or a server with no token set): everything is kept for when the token is put
+# right, in the bounded queue and backlog, and the agent says so once an episode.
+TOKEN_REFUSED_STATUSES = frozenset({401, 403})
 # Why an unanswered samples push left the agent's backlog unsent (``vigil_agent_samples_pushes_dropped_total``):
 # pushed out by newer ones (the backlog at its count or byte limit), older than the backlog's age limit, or refused by
-# the server (HTTP 4xx but SEND_AGAIN_STATUSES).
+# the server (HTTP 4xx but SEND_AGAIN_STATUSES and TOKEN_REFUSED_STATUSES).
 BACKLOG_FULL = "backlog_full"
 EXPIRED = "expired"
 REFUSED = "refused"
 SAMPLES_DROP_REASONS = (BACKLOG_FULL, EXPIRED, REFUSED)
+
+
+def refused_for_good(status: int) -> bool:
+    """Whether an HTTP answer refuses what was pushed for good (sending it again cannot help): a 4xx but the ones
+    that refuse it for now (SEND_AGAIN_STATUSES) or refuse the agent's token (TOKEN_REFUSED_STATUSES)."""
+    return 400 <= status < 500 and status not in SEND_AGAIN_STATUSES and status not in TOKEN_REFUSED_STATUSES
+
+
 # Kinds read at full rate even while degraded: event streams, not periodic samples.
 FULL_RATE_KINDS = frozenset({"kernel"})
 
@@ -702,13 +715,23 @@ class EventPusher:
     behind it for the next round - the server stores a push sent again once. The
     backlog is bounded by count, bytes and age (``samples_backlog_*``); beyond, the oldest push is dropped and
     counted, with one warning for each stretch of drops (an episode ends when the server has taken the whole
-    backlog). A push the server refuses (HTTP 4xx but 408, 425 and 429, which are sent again) is dropped alone and
-    the next one sent. The backlog lives in memory: an agent restarted during an outage starts an empty one.
+    backlog). A push the server refuses (HTTP 4xx but 408, 425 and 429, which are sent again, and 401 and 403) is
+    dropped alone and the next one sent. The backlog lives in memory: an agent restarted during an outage starts an
+    empty one.
+
+    Each route's answer stands for that route alone: an events batch the server fails (5xx, 408 / 425 / 429, its
+    answer lost) is kept for the next round and one it refuses for good (``refused_for_good``: a 422 after the
+    schema drifted in a rolling upgrade) is dropped and counted, and either way the round goes on to the rank-log
+    and samples pushes. An inventory the server refuses for good is sent again each round (an upgraded server
+    takes it) and the round goes on; one it fails stops the round, since the server places what follows on it.
+    The round stops, everything kept, where the server cannot be reached at all (no connection). A 401 or 403
+    refuses the token, not the data: events and samples are kept (the bounded queue and backlog drop the oldest)
+    and the agent warns once until the server takes a push again.
 
     Rank-log events go to the rank-log route with the node's name, which the server checks them against, one
     push per job. The server stores the valid events of a push and answers which it refused and why (a layout
     naming ranks placed on another node); the refused ones are dropped and counted by reason, since sending them
-    again cannot help, as are all of a push it refuses whole (HTTP 400 / 422)."""
+    again cannot help, as are all of a push it refuses whole (``refused_for_good``: HTTP 400, 404, 413, 422...)."""
 
     def __init__(self, server_url: str, token: str = "", timeout_s: float = 5.0, backlog_pushes: int = 240,
                  backlog_bytes: int = 16 * 2**20, backlog_age_s: float = 3600.0, backlog_per_round: int = 20,
@@ -725,6 +748,9 @@ class EventPusher:
         self.refused_by_reason: dict[str, int] = defaultdict(int)
         self._warned = False
         self._warned_refused: set[str] = set()
+        self._refusing_events = False  # in an episode of refused events batches: warned once, until one is taken
+        self._refusing_inventory = False
+        self._token_refused = False  # in an episode of a refused token: warned once, until a push is taken
         # the samples pushes the server has not answered, oldest first, each sent again under its key
         self.backlog: deque[SamplesPush] = deque()
         self.backlog_bytes = 0
@@ -764,31 +790,97 @@ class EventPusher:
             push = {"node": node, "samples": [s.model_dump(mode="json") for s in samples]}
             fresh = SamplesPush(uuid.uuid4().hex, json.dumps(push, separators=(",", ":")).encode(), self._clock())
             self._keep(fresh)
-        try:
+        # one push per job: a push the server refuses whole costs only its own job's lines
+        rank_logs = sorted((e for e in events if e.kind == "rank_log"), key=lambda e: e.entity.split("/")[1])
+        others = [e for e in events if e.kind != "rank_log"]
+        kept: list[Event] = []  # what goes back to the queue for the next round
+        stop = False  # no use sending more this round: the server cannot be reached, or its inventory failed
+        if inventory is not None:
             # The inventory first: the server places the events and samples that follow on it.
-            if inventory is not None:
-                self._client.post(self.base + "/inventory", json=inventory.model_dump(mode="json")).raise_for_status()
-                self.registered = inventory
-            # one push per job: a push the server refuses whole costs only its own job's lines
-            rank_logs = sorted((e for e in events if e.kind == "rank_log"), key=lambda e: e.entity.split("/")[1])
-            others = [e for e in events if e.kind != "rank_log"]
-            if others:
-                body = [e.model_dump(mode="json") for e in others]
-                self._client.post(self.url, json=body).raise_for_status()
-                self.sent += len(others)
-            events = rank_logs  # what is left to send
-            for _job, lines in itertools.groupby(rank_logs, key=lambda e: e.entity.split("/")[1]):
-                batch = list(lines)
+            try:
+                self._post_inventory(inventory)
+            except httpx.HTTPError as err:
+                self._failed(err)
+                stop = True
+        if others and not stop:
+            try:
+                self._post_events(others)
+            except httpx.HTTPError as err:
+                stop = self._failed(err)
+                kept += others  # the server failed it or did not answer: sent again next round
+        elif others:
+            kept += others
+        for _job, lines in itertools.groupby(rank_logs, key=lambda e: e.entity.split("/")[1]):
+            batch = list(lines)
+            if stop:
+                kept += batch
+                continue
+            try:
                 self._post_rank_logs(node, batch)
-                events = events[len(batch):]
-            self._send_backlog(fresh)
-        except httpx.HTTPError as err:
-            self.failures += 1
-            if not self._warned:
-                self._warned = True
-                log.warning("push to %s failed (%s); events and samples are kept and retried", self.base, err)
-            if events:
-                requeue(events)
+            except httpx.HTTPError as err:
+                stop = self._failed(err)
+                kept += batch
+        if not stop:
+            try:
+                self._send_backlog(fresh)
+            except httpx.HTTPError as err:
+                self._failed(err)
+        if kept:
+            requeue(kept)
+
+    def _failed(self, err: httpx.HTTPError) -> bool:
+        """Count a request the server failed or did not answer, and warn: about a refused token once an episode,
+        about the rest once. True when the server could not be reached at all (the round stops there: every other
+        request would wait for the same connection)."""
+        self.failures += 1
+        response = err.response if isinstance(err, httpx.HTTPStatusError) else None
+        if response is not None and response.status_code in TOKEN_REFUSED_STATUSES:
+            if not self._token_refused:
+                self._token_refused = True
+                log.warning("server %s refused this agent's token (HTTP %d: %s); check VIGIL_AGENT_SERVER_TOKEN - "
+                            "events and samples are kept (the oldest dropped beyond the queue's and backlog's "
+                            "limits) and sent once it is taken", self.base, response.status_code, _detail(response))
+        elif not self._warned:
+            self._warned = True
+            log.warning("push to %s failed (%s); events and samples are kept and retried", self.base, err)
+        return isinstance(err, (httpx.ConnectError, httpx.ConnectTimeout))
+
+    def _taken(self) -> None:
+        """The server took a push: a refused token's episode is over."""
+        self._token_refused = False
+
+    def _post_inventory(self, inventory: Node) -> None:
+        response = self._client.post(self.base + "/inventory", json=inventory.model_dump(mode="json"))
+        if refused_for_good(response.status_code):
+            # sent again next round, not marked registered: a server upgraded meanwhile takes it
+            if not self._refusing_inventory:
+                self._refusing_inventory = True
+                log.warning("server %s refused this node's inventory (HTTP %d: %s); events and samples are sent "
+                            "without it and it is sent again each round", self.base, response.status_code,
+                            _detail(response))
+            return
+        response.raise_for_status()
+        self._refusing_inventory = False
+        self._taken()
+        self.registered = inventory
+
+    def _post_events(self, events: list[Event]) -> None:
+        """Send an events batch; one the server refuses for good is dropped and counted (sending it again cannot
+        help, and it would wait at the head of the queue for ever), warned about once an episode."""
+        response = self._client.post(self.url, json=[e.model_dump(mode="json") for e in events])
+        if refused_for_good(response.status_code):
+            self.refused += len(events)
+            if not self._refusing_events:
+                self._refusing_events = True
+                log.warning("server %s refused a batch of %d event(s) (HTTP %d: %s); it is dropped, as is every batch "
+                            "refused until the server takes one again (counted in vigil_agent_events_dropped_total"
+                            "{reason=\"refused\"}, not logged)", self.url, len(events), response.status_code,
+                            _detail(response))
+            return
+        response.raise_for_status()
+        self._refusing_events = False
+        self._taken()
+        self.sent += len(events)
 
     def _keep(self, push: SamplesPush) -> None:
         """Put a new push at the backlog's tail and drop the oldest beyond the limits (the newest always stays)."""
@@ -845,10 +937,11 @@ class EventPusher:
         """Send one push of the backlog under its key: taken or refused, it leaves the backlog; no answer raises."""
         response = self._client.post(self.base + "/samples", content=push.body,
                                      headers={IDEMPOTENCY_KEY_HEADER: push.key, "Content-Type": "application/json"})
-        if 400 <= response.status_code < 500 and response.status_code not in SEND_AGAIN_STATUSES:
+        if refused_for_good(response.status_code):
             self._refuse_samples(push, response)  # sending it again cannot help; the next push may still go
             return
         response.raise_for_status()
+        self._taken()
         self._drop_sent(push)
 
     def _drop_sent(self, push: SamplesPush) -> None:
@@ -864,7 +957,7 @@ class EventPusher:
         self._drop(REFUSED, push)
         if self.samples_pushes_refused == 1:
             log.warning("server %s refused a samples push (HTTP %d: %s); it is dropped (further refusals are "
-                        "counted, not logged)", self.base, response.status_code, response.text[:300])
+                        "counted, not logged)", self.base, response.status_code, _detail(response))
 
     def backlog_report(self) -> dict[str, Any]:
         """The samples backlog for ``vigil agent --once --json``."""
@@ -888,10 +981,11 @@ class EventPusher:
     def _post_rank_logs(self, node: str, events: list[Event]) -> None:
         push = {"node": node, "events": [e.model_dump(mode="json") for e in events]}
         response = self._client.post(self.base + "/rank-logs", json=push)
-        if response.status_code in (400, 422):
-            self._refuse(node, {PUSH_REFUSED: len(events)}, f"HTTP {response.status_code}: {response.text[:300]}")
+        if refused_for_good(response.status_code):
+            self._refuse(node, {PUSH_REFUSED: len(events)}, f"HTTP {response.status_code}: {_detail(response)}")
             return
         response.raise_for_status()
+        self._taken()
         counts, detail = _refusals(response, len(events))
         self.sent += len(events) - sum(counts.values())
         if counts:
@@ -907,6 +1001,11 @@ class EventPusher:
                 log.warning("server %s refused %d rank-log event(s) of node %s (%s: %s); check the rank_logs "
                             "layouts (further refusals are counted, not logged)", self.base, count, node, reason,
                             detail)
+
+
+def _detail(response: httpx.Response) -> str:
+    """The server's word on a refusal, for a log line: its answer's text, cut short."""
+    return response.text[:300]
 
 
 def _refusals(response: httpx.Response, pushed: int) -> tuple[dict[str, int], str]:
