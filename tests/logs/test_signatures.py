@@ -58,6 +58,15 @@ CASES = [
     # a worker ended by SIGABRT aborted itself after reporting its error: the launcher's account is the abort's echo
     ("ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -6) local_rank: 7 (pid: 561642) of "
      "binary: /usr/bin/python", "launcher.worker_aborted", "cascade"),
+    # Open MPI's and horovodrun's reports of a rank ended by a signal: killed outright (a root) or aborted (an echo)
+    ("mpirun noticed that process rank 1 with PID 48213 on node gpu-a07 exited on signal 9 (Killed).",
+     "launcher.rank_signal_report", "cascade"),
+    ("prterun noticed that process rank 3 with PID 512 on node n2 exited on signal 6 (Aborted).",
+     "launcher.worker_aborted", "cascade"),
+    ("Process 0 exit with status code 137.", "launcher.rank_signal_report", "cascade"),
+    ("Process 2 exit with status code 134.", "launcher.worker_aborted", "cascade"),
+    ("Process 1 exit with status code 1.", "launcher.child_failed", "cascade"),
+    ("Unhandled exception: St13runtime_error. what(): NCCL Error 5: invalid usage", "nccl.internal_error", "root"),
     ("[worker-3:9101:0:9140] Caught signal 11 (Segmentation fault: address not mapped to object at address 0x10)",
      "process_crash", "root"),
     # round 29: glog's / Abseil's failure signal handler, CPython not finding its script, InternLM's relay

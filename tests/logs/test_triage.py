@@ -1385,3 +1385,63 @@ def test_a_wrapped_take_down_gives_way_to_the_watchdogs_report(tmp_path: Path) -
         "Out=64, Timeout(ms)=600000) ran for 600412 milliseconds before timing out.\n")
     result = triage(tmp_path, workers=1)
     assert result.root is not None and result.root.lineno == 5, result.summary
+
+
+def test_open_mpis_report_of_a_rank_killed_by_a_signal_is_the_root(tmp_path: Path) -> None:
+    """Open MPI's launcher names the rank a signal ended (PRRTE help-prun.txt proc-aborted-strsignal: "%s noticed that
+    process rank %lu with PID %lu on node %s exited on signal %d (%s)."), after its notice that the job was aborted: a
+    rank killed outright logs nothing itself, so with no other report that line is the root; a rank that aborted
+    itself (signal 6) did report its error, and the launcher's line is only its echo. The PID may be masked."""
+    notice = ("Primary job  terminated normally, but 1 process returned\n"
+              "a non-zero exit code. Per user-direction, the job has been aborted.\n")
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    (killed / "mpirun.out").write_text(
+        notice + "mpirun noticed that process rank 1 with PID xxxxxx on node gpu-a07 exited on signal 9 (Killed).\n")
+    result = triage(killed, workers=1)
+    assert result.root is not None and result.root.lineno == 3, result.summary
+    assert result.root.signature == "launcher.rank_signal_report" and result.root.attrs["signal_number"] == "9"
+    aborted = tmp_path / "aborted"
+    aborted.mkdir()
+    (aborted / "mpirun.out").write_text(
+        "[1,3]<stderr>:RuntimeError: CUDA error: an illegal memory access was encountered\n" + notice
+        + "mpirun noticed that process rank 3 with PID 48215 on node gpu-a07 exited on signal 6 (Aborted).\n")
+    result = triage(aborted, workers=1)
+    assert result.root is not None and result.root.lineno == 1, result.summary
+
+
+def test_horovodruns_report_of_a_process_exit_code_reads_its_signal(tmp_path: Path) -> None:
+    """horovodrun's gloo runner prints each failed process's exit code (horovod/runner/gloo_run.py: "Process {idx} exit
+    with status code {ec}."), then raises from its own traceback: 137 (128 + SIGKILL) is a process killed outright -
+    with no other report, the root; 1 is a process that raised, whose own traceback is the account."""
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    (killed / "horovodrun.out").write_text(
+        "Process 0 exit with status code 137.\n"
+        "Traceback (most recent call last):\n"
+        '  File "/usr/local/bin/horovodrun", line 8, in <module>\n'
+        "    sys.exit(run_commandline())\n")
+    result = triage(killed, workers=1)
+    assert result.root is not None and result.root.lineno == 1, result.summary
+    assert result.root.signature == "launcher.rank_signal_report" and result.root.attrs["status"] == "137"
+    raised = tmp_path / "raised"
+    raised.mkdir()
+    (raised / "horovodrun.out").write_text(
+        "[1]<stderr>:ValueError: Expected input batch_size (32) to match target batch_size (16).\n"
+        "Process 1 exit with status code 1.\n")
+    result = triage(raised, workers=1)
+    assert result.root is not None and result.root.lineno == 1, result.summary
+
+
+def test_pytorchs_nccl_error_code_report_is_an_nccl_error(tmp_path: Path) -> None:
+    """torch.cuda.nccl reports a failed NCCL call by code and ncclGetErrorString (torch/csrc/cuda/nccl.cpp
+    throw_nccl_error: "NCCL Error 5: invalid usage", older NCCL's strings carrying no "(run with NCCL_DEBUG=WARN")
+    hint): an NCCL error, named over a Ray actor's death relayed in prose above it."""
+    (tmp_path / "driver.log").write_text(
+        "it returns an error: the actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR\n"
+        "The actor never ran - it was cancelled before it started running.\n"
+        "\n"
+        "Unhandled exception: St13runtime_error. what(): NCCL Error 5: invalid usage\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 4, result.summary
+    assert result.root.signature == "nccl.internal_error"
