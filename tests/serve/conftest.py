@@ -172,13 +172,16 @@ def serve_in_thread(app: object) -> Iterator[str]:
         thread.join(timeout=30)
 
 
-def start_server(home: Path, env: Mapping[str, str], *options: str, port: int | None = None) -> subprocess.Popen[bytes]:
+def start_server(home: Path, env: Mapping[str, str], *options: str, port: int | None = None,
+                 own_group: bool = False) -> subprocess.Popen[bytes]:
     """`vigil serve --port PORT OPTIONS` as a process (a free port unless ``port``), its stderr appended to
-    HOME/serve.log, once it answers /api/v1/health; ending before that fails the test with the log."""
+    HOME/serve.log, once it answers /api/v1/health; ending before that fails the test with the log. ``own_group``:
+    in a session and process group of its own, as a terminal's foreground job is, for os.killpg."""
     port = free_port() if port is None else port
     home.mkdir(parents=True, exist_ok=True)
     process = subprocess.Popen([sys.executable, "-m", "vigil", "serve", "--port", str(port), *options], cwd=REPO,
-                               env=dict(env), stdout=subprocess.DEVNULL, stderr=(home / "serve.log").open("ab"))
+                               env=dict(env), stdout=subprocess.DEVNULL, stderr=(home / "serve.log").open("ab"),
+                               start_new_session=own_group)
 
     def healthy() -> bool:
         assert process.poll() is None, (home / "serve.log").read_text()

@@ -112,6 +112,46 @@ def test_a_second_ctrl_c_ends_the_wait_at_once(database: str, tmp_path: Path) ->
     assert run.key == "act-drain-n1" and run.owner is not None and run.owner.startswith("vigil-api-")
 
 
+def test_ctrl_c_to_the_process_group_leaves_the_drain_to_end(database: str, tmp_path: Path) -> None:
+    """Ctrl-C as a terminal sends it, SIGINT to the whole foreground process group, while the server's engine resumes
+    a drain: the server waits for the drain, whose scontrol - in a session of its own - is still there, finishes
+    once released and the run is closed executed; exit 0. Before, scontrol was in the server's group and died of the
+    same SIGINT, the drain recorded failed while the server waited for it."""
+    place_cluster(database)
+    home = tmp_path / "home"
+    log = home / "serve.log"
+    with held_slurm(tmp_path / "slurm") as slurm:
+        server = start_server(home, acting_env(home, database, slurm), "--engine", own_group=True)
+        try:
+            crashed_drain(AuditLog(database), at=1_000.0, lease_s=30.0)
+            wait_for(slurm.draining, 60, "the engine to resume the drain")
+            os.killpg(server.pid, signal.SIGINT)
+            wait_for(lambda: WAITING in log.read_text(), 60, "the server to wait for its engine")
+            audit = AuditLog(database)
+            reader: list[int] = []
+
+            def scontrol_reading_or_run_closed() -> bool:
+                try:  # without a reader on the FIFO: ENXIO
+                    reader.append(os.open(slurm.state_dir / "release", os.O_WRONLY | os.O_NONBLOCK))
+                    return True
+                except OSError:
+                    return audit.unfinished() == []
+
+            wait_for(scontrol_reading_or_run_closed, 60, "scontrol to read the release or the drain to end")
+            assert reader, f"the drain ended before its release: scontrol died of the SIGINT\n{log.read_text()}"
+            os.write(reader[0], b"go\n")
+            os.close(reader[0])
+            assert server.wait(timeout=60) == 0, log.read_text()
+        finally:
+            if server.poll() is None:
+                os.killpg(server.pid, signal.SIGKILL)
+                server.wait()
+    assert "Traceback" not in log.read_text()
+    assert audit.unfinished() == []
+    (record,) = audit.actions()
+    assert (record.id, record.status) == ("act-drain-n1", ActionStatus.EXECUTED), (record, log.read_text())
+
+
 EARLY_SIGTERM = """
 import os, signal, sys
 import vigil.faces.cli.serve as serve

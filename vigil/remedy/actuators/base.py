@@ -9,8 +9,11 @@ applied around it by the Remediator, so no back end can skip them.
 from __future__ import annotations
 
 import abc
+import contextlib
 import json
+import os
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -27,14 +30,33 @@ def run_command(argv: list[str], timeout_s: float, what: str) -> subprocess.Comp
     exit becomes an ActuatorError naming ``what`` with the first line the program printed."""
     if shutil.which(argv[0]) is None:
         raise ActuatorError(f"{argv[0]} not found on PATH")
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
-    except subprocess.TimeoutExpired:
-        raise ActuatorError(f"{what} timed out after {timeout_s:g}s") from None
+    # its own session and process group: a terminal's Ctrl-C goes to the whole foreground group, and would end a drain
+    # that `vigil serve` is waiting for on that very Ctrl-C; the timeout below still ends it, by the group Vigil started
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _end_group(process)
+            process.communicate()
+            raise ActuatorError(f"{what} timed out after {timeout_s:g}s") from None
+        except BaseException:
+            _end_group(process)
+            raise
+    done = subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
     if done.returncode != 0:
         message = (done.stderr or done.stdout).strip().splitlines()
         raise ActuatorError(f"{what} exited {done.returncode}: {message[0] if message else ''}")
     return done
+
+
+def _end_group(process: subprocess.Popen[str]) -> None:
+    """SIGKILL the process group ``process`` leads (its own session, started above), then reap it. Only while the
+    leader is not reaped yet (no poll() first): until then its pid, the group's id, is no other process's."""
+    if process.returncode is None:
+        with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+            os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
 
 
 def migration_nodes(action: Action) -> list[str]:
