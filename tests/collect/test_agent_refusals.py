@@ -83,9 +83,9 @@ def _agent(client: Any, token: str = TOKEN) -> Agent:
     return agent
 
 
-def _dropped_refused(agent: Agent) -> float:
+def _dropped_refused(agent: Agent, reason: str = "batch_refused") -> float:
     return next(s.value for family in AgentExposition(agent).collect() for s in family.samples
-                if s.name == "vigil_agent_events_dropped_total" and s.labels == {"reason": "refused"})
+                if s.name == "vigil_agent_events_dropped_total" and s.labels == {"reason": reason})
 
 
 def _warnings(caplog: pytest.LogCaptureFixture, words: str) -> list[str]:
@@ -96,7 +96,8 @@ def test_an_events_batch_the_server_refuses_is_dropped_counted_warned_once_an_ep
     tmp_path: Path, caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The real events route refuses a newer agent's events (422, an extra field): the batch is dropped, not queued
-    again, counted in vigil_agent_events_dropped_total{reason="refused"}, and the round's samples push is stored all
+    again, counted in vigil_agent_events_dropped_total{reason="batch_refused"} (not with the rank-log lines'
+    reason="refused"), and the round's samples push is stored all
     the same. One warning names the status and the server's detail; a second refused batch is not logged, a batch
     taken ends the episode and the next refusal warns again."""
     server, store = _server(tmp_path)
@@ -107,11 +108,11 @@ def test_an_events_batch_the_server_refuses_is_dropped_counted_warned_once_an_ep
     push_round(agent, 1.0, [xid(1.0), xid(1.5)])
     assert not agent.pending_events and store.events(kind="xid", limit=10) == []
     assert [p.ts for p in store.pushes_after(0)] == [1.0]
-    assert _dropped_refused(agent) == 2
+    assert _dropped_refused(agent) == 2 and _dropped_refused(agent, "refused") == 0
     push_round(agent, 2.0, [xid(2.0)])
     assert _dropped_refused(agent) == 3 and not agent.pending_events
     assert [p.ts for p in store.pushes_after(0)] == [1.0, 2.0]
-    [warning] = _warnings(caplog, "refused a batch")
+    [warning] = _warnings(caplog, "event(s) (HTTP")
     assert "HTTP 422" in warning and "extra_forbidden" in warning and "trace_parent" in warning
 
     client.drift = False  # the server upgraded: the next batch is taken
@@ -119,7 +120,7 @@ def test_an_events_batch_the_server_refuses_is_dropped_counted_warned_once_an_ep
     assert [e.ts for e in store.events(kind="xid", limit=10)] == [3.0]
     client.drift = True  # another server of the rollout, not yet upgraded: a new episode
     push_round(agent, 4.0, [xid(4.0)])
-    assert len(_warnings(caplog, "refused a batch")) == 2 and _dropped_refused(agent) == 4
+    assert len(_warnings(caplog, "event(s) (HTTP")) == 2 and _dropped_refused(agent) == 4
     assert [p.ts for p in store.pushes_after(0)] == [1.0, 2.0, 3.0, 4.0]
     assert agent._pusher is not None and not agent._pusher.backlog and agent._pusher.samples_pushes_sent == 4
 
@@ -245,13 +246,14 @@ def test_an_inventory_the_server_refuses_does_not_hold_the_round_and_is_sent_aga
     assert pusher.registered == node
 
 
-@pytest.mark.parametrize(("status", "kept"), [(404, False), (413, False), (422, False), (401, True), (503, True)])
+@pytest.mark.parametrize(("status", "kept"), [(400, False), (413, False), (422, False), (401, True), (503, True),
+                                              (404, True), (421, True)])
 def test_a_rank_log_push_refused_for_good_is_dropped_one_that_fails_is_kept_and_the_samples_go(
     status: int, kept: bool,
 ) -> None:
-    """A rank-log push answered with a 4xx that refuses it for good (an older server without the route, a push too
-    large) is dropped and counted as push_refused; a token refused or a server failing keeps it; the samples go
-    either way."""
+    """A rank-log push answered with a 4xx that refuses it for good (a push too large, invalid) is dropped and
+    counted as push_refused; a token refused, a server failing or a request misrouted (404 / 421) keeps it; the
+    samples go either way."""
     seen: list[str] = []
     agent = _agent(_mock(lambda route: status if route == "rank-logs" else 201, seen))
     line = Event(ts=1.0, entity="job/llm/rank/1", kind="rank_log", source="rank", level=FaultLevel.DEGRADED,

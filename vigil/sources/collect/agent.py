@@ -89,6 +89,13 @@ SEND_AGAIN_STATUSES = frozenset({408, 425, 429})
 # token without the operator role, or a server with no token set): everything is kept for when the token is put
 # right, in the bounded queue and backlog, and the agent says so once an episode.
 TOKEN_REFUSED_STATUSES = frozenset({401, 403})
+# HTTP 4xx answers on Vigil's own routes that say the request went to the wrong place, not that its data is bad (Not
+# Found, Misdirected Request: an ingress mid-rollout, a wrong path prefix): everything is kept, in the bounded queue
+# and backlog, and sent again, with one warning an episode.
+MISROUTED_STATUSES = frozenset({404, 421})
+# The events route's answer to a body too large (a proxy's body limit, nginx's 1 MiB by default): the batch is split
+# in half and each half sent again, down to one event.
+TOO_LARGE = 413
 # Why an unanswered samples push left the agent's backlog unsent (``vigil_agent_samples_pushes_dropped_total``):
 # pushed out by newer ones (the backlog at its count or byte limit), older than the backlog's age limit, or refused by
 # the server (HTTP 4xx but SEND_AGAIN_STATUSES and TOKEN_REFUSED_STATUSES).
@@ -101,7 +108,8 @@ SAMPLES_DROP_REASONS = (BACKLOG_FULL, EXPIRED, REFUSED)
 def refused_for_good(status: int) -> bool:
     """Whether an HTTP answer refuses what was pushed for good (sending it again cannot help): a 4xx but the ones
     that refuse it for now (SEND_AGAIN_STATUSES) or refuse the agent's token (TOKEN_REFUSED_STATUSES)."""
-    return 400 <= status < 500 and status not in SEND_AGAIN_STATUSES and status not in TOKEN_REFUSED_STATUSES
+    return (400 <= status < 500 and status not in SEND_AGAIN_STATUSES and status not in TOKEN_REFUSED_STATUSES
+            and status not in MISROUTED_STATUSES)
 
 
 # Kinds read at full rate even while degraded: event streams, not periodic samples.
@@ -127,6 +135,10 @@ class AgentSettings(BaseSettings):
     labels: dict[str, str] = Field(default_factory=dict, description="node labels sent with the inventory "
                                    "(topology.vigil.io/rack, topology.vigil.io/leaf place it in the fabric)")
     push_interval_s: float = Field(default=15.0, gt=0)
+    events_batch_bytes: int = Field(default=512 * 1024, ge=1024, description="most bytes of one events POST; the "
+                                    "queue goes in several POSTs a round (half nginx's default 1 MiB body limit)")
+    events_batch_max: int = Field(default=1000, ge=1, le=10_000, description="most events in one events POST (the "
+                                  "server takes at most 10,000 a POST)")
     push_samples: bool = Field(default=True, description="push metric samples too (off where Prometheus scrapes "
                                "the agent and the engine reads PromQL)")
     samples_backlog_pushes: int = Field(default=240, ge=1, description="samples pushes kept while the server does "
@@ -327,7 +339,9 @@ class Agent:
                                        backlog_pushes=self.settings.samples_backlog_pushes,
                                        backlog_bytes=self.settings.samples_backlog_bytes,
                                        backlog_age_s=self.settings.samples_backlog_age_s,
-                                       backlog_per_round=self.settings.samples_backlog_per_round)
+                                       backlog_per_round=self.settings.samples_backlog_per_round,
+                                       events_batch_bytes=self.settings.events_batch_bytes,
+                                       events_batch_max=self.settings.events_batch_max)
         self._next_push = 0.0
         self.store: AgentStore | None = None
         self._next_record = 0.0
@@ -527,8 +541,13 @@ class Agent:
 
     @property
     def events_refused(self) -> int:
-        """Events the server refused as invalid (and the agent dropped)."""
+        """Rank-log lines the server refused (and the agent dropped); the events route's in events_batch_refused."""
         return self._pusher.refused if self._pusher is not None else 0
+
+    @property
+    def events_batch_refused(self) -> int:
+        """Events of the events route's batches the server refused for good (listed in a 422, or refused alone)."""
+        return self._pusher.batch_refused if self._pusher is not None else 0
 
     @property
     def events_refused_by_reason(self) -> dict[str, int]:
@@ -564,6 +583,7 @@ class Agent:
             "events": {f"{kind}/{level}": n for (kind, level), n in sorted(self.events_snapshot().items())},
             "events_dropped": self.events_dropped,
             "events_refused": self.events_refused,
+            "events_batch_refused": self.events_batch_refused,
             "events_refused_by_reason": self.events_refused_by_reason,
             "samples_backlog": self._pusher.backlog_report() if self._pusher is not None else None,
             "labels": {"refused": self.guard.refused_count, "folded": self.guard.folded_count},
@@ -675,9 +695,11 @@ class AgentExposition(Collector):
         for (kind, level), count in sorted(agent.events_snapshot().items()):
             events.add_metric([kind, level], count)
         dropped = CounterMetricFamily("vigil_agent_events_dropped", "events dropped: the queue for the server was "
-                                      "full, or the server refused them as invalid", labels=["reason"])
+                                      "full (queue_full), the server refused rank-log lines (refused) or events of "
+                                      "an events batch (batch_refused)", labels=["reason"])
         dropped.add_metric(["queue_full"], agent.events_dropped)
         dropped.add_metric(["refused"], agent.events_refused)
+        dropped.add_metric(["batch_refused"], agent.events_batch_refused)
         refused = CounterMetricFamily("vigil_agent_rank_log_events_refused", "rank-log events the server refused "
                                       "(and the agent dropped), by the server's reason", labels=["reason"])
         for reason, count in sorted(agent.events_refused_by_reason.items()):
@@ -735,7 +757,8 @@ class EventPusher:
 
     def __init__(self, server_url: str, token: str = "", timeout_s: float = 5.0, backlog_pushes: int = 240,
                  backlog_bytes: int = 16 * 2**20, backlog_age_s: float = 3600.0, backlog_per_round: int = 20,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, events_batch_bytes: int = 512 * 1024,
+                 events_batch_max: int = 1000) -> None:
         self.base = server_url.rstrip("/") + "/api/v1"
         self.url = self.base + "/events"
         self.registered: Node | None = None
@@ -744,7 +767,10 @@ class EventPusher:
         self._thread: threading.Thread | None = None
         self.sent = 0
         self.failures = 0
-        self.refused = 0
+        self.refused = 0  # rank-log lines refused
+        self.batch_refused = 0  # events of events batches refused: listed in a 422, or refused when sent alone
+        self.events_batch_limits = (events_batch_bytes, events_batch_max)
+        self._misrouted = False  # in an episode of 404 / 421 answers: warned once, until a push is taken
         self.refused_by_reason: dict[str, int] = defaultdict(int)
         self._warned = False
         self._warned_refused: set[str] = set()
@@ -803,11 +829,10 @@ class EventPusher:
                 self._failed(err)
                 stop = True
         if others and not stop:
-            try:
-                self._post_events(others)
-            except httpx.HTTPError as err:
-                stop = self._failed(err)
-                kept += others  # the server failed it or did not answer: sent again next round
+            unsent, failure = self._post_events(others)
+            if failure is not None:
+                stop = self._failed(failure)
+                kept += unsent  # the server failed them or did not answer: sent again next round
         elif others:
             kept += others
         for _job, lines in itertools.groupby(rank_logs, key=lambda e: e.entity.split("/")[1]):
@@ -834,7 +859,14 @@ class EventPusher:
         request would wait for the same connection)."""
         self.failures += 1
         response = err.response if isinstance(err, httpx.HTTPStatusError) else None
-        if response is not None and response.status_code in TOKEN_REFUSED_STATUSES:
+        if response is not None and response.status_code in MISROUTED_STATUSES:
+            if not self._misrouted:
+                self._misrouted = True
+                log.warning("server %s answered HTTP %d on %s (%s): the request went to the wrong place (an ingress "
+                            "mid-rollout, a wrong path prefix in VIGIL_AGENT_SERVER_URL?); events and samples are "
+                            "kept (the oldest dropped beyond the queue's and backlog's limits) and sent again",
+                            self.base, response.status_code, response.request.url.path, _detail(response))
+        elif response is not None and response.status_code in TOKEN_REFUSED_STATUSES:
             if not self._token_refused:
                 self._token_refused = True
                 log.warning("server %s refused this agent's token (HTTP %d: %s); check VIGIL_AGENT_SERVER_TOKEN - "
@@ -846,8 +878,9 @@ class EventPusher:
         return isinstance(err, (httpx.ConnectError, httpx.ConnectTimeout))
 
     def _taken(self) -> None:
-        """The server took a push: a refused token's episode is over."""
+        """The server took a push: a refused token's and a misrouting episode are over."""
         self._token_refused = False
+        self._misrouted = False
 
     def _post_inventory(self, inventory: Node) -> None:
         response = self._client.post(self.base + "/inventory", json=inventory.model_dump(mode="json"))
@@ -864,23 +897,70 @@ class EventPusher:
         self._taken()
         self.registered = inventory
 
-    def _post_events(self, events: list[Event]) -> None:
-        """Send an events batch; one the server refuses for good is dropped and counted (sending it again cannot
-        help, and it would wait at the head of the queue for ever), warned about once an episode."""
-        response = self._client.post(self.url, json=[e.model_dump(mode="json") for e in events])
-        if refused_for_good(response.status_code):
-            self.refused += len(events)
-            if not self._refusing_events:
-                self._refusing_events = True
-                log.warning("server %s refused a batch of %d event(s) (HTTP %d: %s); it is dropped, as is every batch "
-                            "refused until the server takes one again (counted in vigil_agent_events_dropped_total"
-                            "{reason=\"refused\"}, not logged)", self.url, len(events), response.status_code,
-                            _detail(response))
-            return
-        response.raise_for_status()
-        self._refusing_events = False
-        self._taken()
-        self.sent += len(events)
+    def _post_events(self, events: list[Event]) -> tuple[list[Event], httpx.HTTPError | None]:
+        """Send the queued events in POSTs of at most ``events_batch_limits`` (bytes, events), in order. Returns the
+        events not sent (the one failing or unanswered and all behind it, for the next round) and the error that
+        stopped them, or ([], None) once every event was taken or refused."""
+        docs = [e.model_dump(mode="json") for e in events]
+        most_bytes, most = self.events_batch_limits
+        start = size = 0
+        for i, doc in enumerate(docs):
+            # json.dumps' defaults (spaces, \u escapes) write at least as many bytes as the client sends
+            cost = len(json.dumps(doc)) + 2
+            if i > start and (i - start >= most or size + cost > most_bytes):
+                unsent, err = self._post_events_batch(events[start:i], docs[start:i])
+                if err is not None:
+                    return unsent + events[i:], err
+                start, size = i, 0
+            size += cost
+        return self._post_events_batch(events[start:], docs[start:]) if start < len(events) else ([], None)
+
+    def _post_events_batch(self, events: list[Event], docs: list[dict[str, Any]],
+                           ) -> tuple[list[Event], httpx.HTTPError | None]:
+        """Send one events batch. Refused for good, it is never dropped whole: a 422 naming its bad events (the
+        server's ``errors[].loc``, ``["body", index, ...]``) drops those and sends the rest again, any other refusal
+        (413 from a proxy's body limit, a 422 naming none) splits it in half and sends each half, down to one event;
+        an event refused when sent alone is dropped and counted (``vigil_agent_events_dropped_total``
+        ``{reason="batch_refused"}``), warned about once an episode. Returns the error that stopped it (the server
+        failing or not answering) with the batch's events neither taken nor refused, in order; ([], None) when
+        none is left."""
+        work: list[tuple[list[Event], list[dict[str, Any]]]] = [(events, docs)]
+        while work:
+            batch, body = work.pop()
+            try:
+                response = self._client.post(self.url, json=body)
+                if not refused_for_good(response.status_code):
+                    response.raise_for_status()
+            except httpx.HTTPError as err:
+                return batch + [e for part, _ in reversed(work) for e in part], err
+            if not refused_for_good(response.status_code):
+                self._refusing_events = False
+                self._taken()
+                self.sent += len(batch)
+                continue
+            bad = _invalid_indices(response, len(batch)) if response.status_code == 422 else set()
+            if bad:
+                self._refuse_events(len(bad), response)
+                rest = [i for i in range(len(batch)) if i not in bad]
+                if rest:
+                    work.append(([batch[i] for i in rest], [body[i] for i in rest]))
+            elif len(batch) == 1:
+                self._refuse_events(1, response)
+            else:
+                half = len(batch) // 2
+                work.append((batch[half:], body[half:]))
+                work.append((batch[:half], body[:half]))
+        return [], None
+
+    def _refuse_events(self, count: int, response: httpx.Response) -> None:
+        """Count events the events route refused for good (sending them again cannot help); warn once an episode."""
+        self.batch_refused += count
+        if not self._refusing_events:
+            self._refusing_events = True
+            log.warning("server %s refused %d event(s) (HTTP %d: %s); they are dropped, as is every event refused "
+                        "until the server takes a batch again (counted in vigil_agent_events_dropped_total"
+                        "{reason=\"batch_refused\"}, not logged); the other events of their batch are sent again",
+                        self.url, count, response.status_code, _detail(response))
 
     def _keep(self, push: SamplesPush) -> None:
         """Put a new push at the backlog's tail and drop the oldest beyond the limits (the newest always stays)."""
@@ -1028,3 +1108,23 @@ def _refusals(response: httpx.Response, pushed: int) -> tuple[dict[str, int], st
     listed = answer.get("rejections")
     first = listed[0] if isinstance(listed, list) and listed and isinstance(listed[0], dict) else {}
     return dict(counts), str(first.get("detail", ""))[:300]
+
+
+def _invalid_indices(response: httpx.Response, pushed: int) -> set[int]:
+    """The indices of the events a 422 names as invalid: each error's ``loc`` is ``["body", index, field...]`` (the
+    server's ``errors``, or FastAPI's own ``detail`` list on a server without Vigil's handler); empty when it names
+    none (a body too long, an answer of another shape)."""
+    try:
+        answer = response.json()
+    except ValueError:
+        return set()
+    if not isinstance(answer, dict):
+        return set()
+    errors = answer.get("errors") if isinstance(answer.get("errors"), list) else answer.get("detail")
+    found: set[int] = set()
+    for error in errors if isinstance(errors, list) else []:
+        loc = error.get("loc") if isinstance(error, dict) else None
+        if (isinstance(loc, list) and len(loc) >= 2 and loc[0] == "body" and isinstance(loc[1], int)
+                and not isinstance(loc[1], bool) and 0 <= loc[1] < pushed):
+            found.add(loc[1])
+    return found

@@ -1,0 +1,191 @@
+"""How the agent sends its events queue: in POSTs bounded by bytes and count, a batch a proxy refuses as too large
+(413) split in half until it fits, a 422 costing only the events the server names, a batch refused whole without
+names split down to the event refused alone - never a whole batch dropped for one event or for its size. Against the
+server's real app (its own validation) or a MockTransport standing for a proxy with nginx's 1 MiB body limit."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.collect.test_agent_refusals import _agent, _dropped_refused, _server, _warnings, push_round, xid
+from vigil.model import Event
+from vigil.sources.collect.agent import AgentSettings
+
+NGINX_BODY_LIMIT = 2**20
+
+
+class Proxy:
+    """A proxy with a body limit in front of an events route that stores what it takes (JSON lists of events) and
+    refuses, 422 naming nothing (an older server's answer), the events whose message is ``bad``."""
+
+    def __init__(self, limit: int = NGINX_BODY_LIMIT) -> None:
+        self.limit = limit
+        self.stored: list[float] = []
+        self.answers: list[int] = []
+        self.sizes: list[tuple[int, int]] = []  # (bytes, events) of each POST the server took
+        self.fail_after: int | None = None  # answer 503 from this POST on
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        route = request.url.path.rsplit("/", 1)[-1]
+        if route != "events":
+            return httpx.Response(201, json={"stored": 1, "duplicates": 0})
+        status = self._status(request)
+        self.answers.append(status)
+        return httpx.Response(status, json={"detail": "no"} if status >= 400 else {"stored": 1, "duplicates": 0})
+
+    def _status(self, request: httpx.Request) -> int:
+        if self.fail_after is not None and len(self.answers) >= self.fail_after:
+            return 503
+        if len(request.content) > self.limit:
+            return 413
+        body = json.loads(request.content)
+        if any(e["message"] == "bad" for e in body):
+            return 422
+        self.stored += [e["ts"] for e in body]
+        self.sizes.append((len(request.content), len(body)))
+        return 201
+
+
+def _proxied(proxy: Proxy, **settings: Any) -> Any:
+    agent = _agent(httpx.Client(transport=httpx.MockTransport(proxy)))
+    pusher = agent._pusher
+    assert pusher is not None
+    if settings:
+        limits = AgentSettings(**settings)
+        pusher.events_batch_limits = (limits.events_batch_bytes, limits.events_batch_max)
+    return agent, pusher
+
+
+def test_a_queue_of_8500_xid_events_behind_a_1_mib_proxy_goes_in_bounded_posts_and_every_event_is_stored() -> None:
+    """8,500 queued Xid events (1.1 MB as one body) after an outage, nginx's default 1 MiB limit in front: the
+    default limits (512 KiB, 1,000 events) send them in 9 POSTs, none refused, every event stored once in order
+    (before: one POST, 413, all 8,500 dropped as refused)."""
+    events = [xid(1.0 + i / 1000) for i in range(8500)]
+    assert len(json.dumps([e.model_dump(mode="json") for e in events])) > NGINX_BODY_LIMIT
+    proxy = Proxy()
+    agent, pusher = _proxied(proxy)
+    push_round(agent, 10.0, events)
+    assert proxy.stored == [e.ts for e in events] and not agent.pending_events
+    assert 413 not in proxy.answers and len(proxy.answers) == 9
+    assert all(size <= 512 * 1024 and count <= 1000 for size, count in proxy.sizes)
+    assert _dropped_refused(agent) == 0 and pusher.sent == 8500 and pusher.samples_pushes_sent == 1
+
+
+def test_a_batch_too_large_for_the_proxy_is_split_and_an_event_too_large_alone_is_the_only_one_dropped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Batch limits above the proxy's (4 MiB, 10,000 events): the 8,500 events are answered 413 and go again as
+    halves, all stored in order; an event larger than the limit on its own is dropped alone, counted as
+    batch_refused and warned about once, its neighbours stored (before: the whole batch dropped)."""
+    caplog.set_level(logging.WARNING, logger="vigil.agent")
+    events = [xid(1.0 + i / 1000) for i in range(8500)]
+    huge = xid(0.5).model_copy(update={"message": "x" * (NGINX_BODY_LIMIT + 1)})
+    events.insert(4000, huge)
+    proxy = Proxy()
+    agent, _pusher = _proxied(proxy, events_batch_bytes=4 * 2**20, events_batch_max=10_000)
+    push_round(agent, 10.0, events)
+    assert proxy.stored == [e.ts for e in events if e is not huge] and not agent.pending_events
+    assert proxy.answers[0] == 413 and proxy.answers.count(413) < 30
+    assert _dropped_refused(agent) == 1
+    [warning] = _warnings(caplog, "event(s) (HTTP")
+    assert "HTTP 413" in warning
+
+
+def test_a_batch_refused_whole_without_names_costs_only_the_events_refused_alone() -> None:
+    """A server answering 422 without naming the bad events (an older server's plain detail): the batch is split
+    down to the two bad events, which are dropped; the 98 others are stored (before: all 100 dropped)."""
+    events = [xid(float(i)) for i in range(100)]
+    events[17] = events[17].model_copy(update={"message": "bad"})
+    events[80] = events[80].model_copy(update={"message": "bad"})
+    proxy = Proxy()
+    agent, _pusher = _proxied(proxy)
+    push_round(agent, 200.0, events)
+    assert sorted(proxy.stored) == [float(i) for i in range(100) if i not in (17, 80)]
+    assert _dropped_refused(agent) == 2 and not agent.pending_events
+
+
+def test_a_server_failing_midway_keeps_exactly_the_events_not_yet_taken_in_order() -> None:
+    """The server fails (503) after some POSTs of a split batch: the events taken are not queued again, the ones
+    refused are not counted twice, and the rest is queued in order and stored next round."""
+    events = [xid(float(i)) for i in range(40)]
+    events[3] = events[3].model_copy(update={"message": "bad"})
+    proxy = Proxy()
+    proxy.fail_after = 9  # 422 for 0-9, 0-4, 2-4, 3-4, 3 (dropped); 0-1, 2, 4, 5-9 taken; 503 for 10-19
+    agent, _pusher = _proxied(proxy, events_batch_max=10)
+    push_round(agent, 100.0, events)
+    kept = [e.ts for e in agent.pending_events]
+    assert kept == [float(i) for i in range(10, 40)]
+    assert proxy.stored + kept == [e.ts for e in events if e.message != "bad"]
+    proxy.fail_after = None
+    push_round(agent, 101.0)
+    assert proxy.stored == [e.ts for e in events if e.message != "bad"] and not agent.pending_events
+    assert _dropped_refused(agent) == 1
+
+
+class OneBad:
+    """The server's real app behind the agent's client; the events at ``bad`` of each events POST carry a field it
+    does not know, so that its own validation answers 422 naming them (``errors[].loc``)."""
+
+    def __init__(self, server: Any, bad: set[float]) -> None:
+        self.server = server
+        self.bad = bad
+        self.posts = 0
+
+    def post(self, url: str, **kwargs: Any) -> httpx.Response:
+        if url.endswith("/events"):
+            self.posts += 1
+            kwargs["json"] = [{**e, "trace_parent": "00-ab"} if e["ts"] in self.bad else e for e in kwargs["json"]]
+        answer = self.server.post(url, **kwargs)
+        return httpx.Response(answer.status_code, headers=answer.headers, content=answer.content,
+                              request=httpx.Request("POST", url))
+
+
+@pytest.mark.parametrize("bad", [{2.0}, {float(i) for i in range(5, 35)}])
+def test_the_real_server_naming_bad_events_in_a_422_costs_only_those(tmp_path: Path, bad: set[float]) -> None:
+    """The real events route refuses events with a field it does not know (422, errors[].loc = ["body", index,
+    field]): only those are dropped and counted, the others of the batch are stored - also when more are bad than
+    the answer lists (it names at most 20): one more POST takes the rest (before: the whole batch dropped)."""
+    server, store = _server(tmp_path)
+    events = [xid(float(i)) for i in range(40)]
+    client = OneBad(server, bad)
+    agent = _agent(client)
+    push_round(agent, 100.0, events)
+    assert [e.ts for e in store.events(kind="xid", limit=100)] == [e.ts for e in events if e.ts not in bad]
+    assert _dropped_refused(agent) == len(bad) and not agent.pending_events
+    assert client.posts == (2 if len(bad) <= 20 else 3)
+
+
+@pytest.mark.parametrize("status", [404, 421])
+def test_events_and_samples_answered_404_or_421_are_misrouted_kept_and_warned_once_an_episode(
+    status: int, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An ingress mid-rollout answering 404 (or 421) on Vigil's own routes: nothing is dropped - the events stay
+    queued, the samples push in the backlog - and one warning says so for the episode; once the routes answer,
+    everything goes, and the next episode warns again (before: the events dropped as refused, the push too)."""
+    caplog.set_level(logging.WARNING, logger="vigil.agent")
+    misrouted = True
+
+    def server(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(status if misrouted else 201, json={"detail": "Not Found"} if misrouted else {})
+
+    agent = _agent(httpx.Client(transport=httpx.MockTransport(server)))
+    pusher = agent._pusher
+    assert pusher is not None
+    events: list[Event] = [xid(1.0), xid(2.0)]
+    push_round(agent, 1.0, events)
+    push_round(agent, 2.0)
+    assert agent.pending_events == events and len(pusher.backlog) == 2
+    assert _dropped_refused(agent) == 0 and pusher.samples_pushes_refused == 0
+    assert len(_warnings(caplog, "wrong place")) == 1
+    misrouted = False
+    push_round(agent, 3.0)
+    assert not agent.pending_events and not pusher.backlog and pusher.sent == 2
+    misrouted = True
+    push_round(agent, 4.0, [xid(4.0)])
+    assert len(_warnings(caplog, "wrong place")) == 2
