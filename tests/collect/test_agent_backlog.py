@@ -280,7 +280,7 @@ def test_the_agent_takes_its_backlog_limits_from_its_settings_and_shows_the_back
     assert agent._pusher.backlog_per_round == 7
     defaults = AgentSettings(_env_file=None)
     assert (defaults.samples_backlog_pushes, defaults.samples_backlog_bytes, defaults.samples_backlog_age_s,
-            defaults.samples_backlog_per_round) == (240, 16 * 2**20, 3600.0, 20)
+            defaults.samples_backlog_per_round) == (24, 4 * 2**20, 300.0, 20)
     for number in (1, 2, 3):
         push_round(agent._pusher, number)
     backlog = agent.report()["samples_backlog"]
@@ -293,6 +293,37 @@ def test_the_agent_takes_its_backlog_limits_from_its_settings_and_shows_the_back
     assert metrics[("vigil_agent_samples_pushes_dropped_total", (("reason", BACKLOG_FULL),))] == 1
     assert metrics[("vigil_agent_samples_pushes_sent_total", ())] == 0
 
+
+
+def test_the_default_backlog_keeps_what_the_engine_judges_live_and_ends_well_inside_the_key_window() -> None:
+    """The backlog's age limit is the server's live_push_max_age_s (300 s): an older push is stored by the server but
+    never used for live detection, so keeping an hour of them (3600 s before: ~235 useless pushes a node after an
+    outage) cost memory, bandwidth and store writes for nothing. Its count holds the age limit's pushes at the
+    default interval; the limit stays KEY_WINDOW_MARGIN_S below the server's key window and a longer one is refused."""
+    from pydantic import ValidationError
+
+    from vigil.sources.collect.agent import KEY_WINDOW_MARGIN_S
+
+    server = Settings(_env_file=None)  # type: ignore[call-arg]
+    agent = AgentSettings(_env_file=None)  # type: ignore[call-arg]
+    assert agent.samples_backlog_age_s == server.live_push_max_age_s
+    assert agent.samples_backlog_pushes * agent.push_interval_s >= agent.samples_backlog_age_s
+    assert agent.samples_backlog_pushes <= 2 * agent.samples_backlog_per_round  # drained in 2 rounds
+    assert agent.samples_backlog_age_s <= server.push_key_window_s - KEY_WINDOW_MARGIN_S
+    assert AgentSettings(_env_file=None, samples_backlog_age_s=3300.0).samples_backlog_age_s == 3300.0  # type: ignore[call-arg]
+    with pytest.raises(ValidationError):
+        AgentSettings(_env_file=None, samples_backlog_age_s=3600.0)  # type: ignore[call-arg]
+    # the agent's pusher takes the defaults: a push 301 s old is dropped, not sent
+    clock = [1000.0]
+    pusher = EventPusher("http://vigil.test", clock=lambda: clock[0])
+    pusher._client = httpx.Client(transport=httpx.MockTransport(lambda request: httpx.Response(503)))
+    push_round(pusher, 1)
+    clock[0] += 299.0
+    push_round(pusher, 2)
+    assert len(pusher.backlog) == 2
+    clock[0] += 2.0
+    push_round(pusher, 3)
+    assert len(pusher.backlog) == 2 and pusher.samples_pushes_dropped[EXPIRED] == 1
 
 
 def test_a_round_sends_its_own_push_first_and_at_most_the_cap_of_the_backlog() -> None:

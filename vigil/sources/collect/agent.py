@@ -112,6 +112,15 @@ def refused_for_good(status: int) -> bool:
             and status not in MISROUTED_STATUSES)
 
 
+# The server's defaults the samples backlog is sized by (vigil.config.Settings; the agent does not read the server's
+# settings): its engine judges live only a push younger than live_push_max_age_s, and it knows a push's key for
+# push_key_window_s. A push sent again must reach the server well inside that window, or one the server stored and
+# answered into the void is stored twice: the backlog's age limit stays at least KEY_WINDOW_MARGIN_S below it (a
+# request's timeout, a round run late, the server's clock stepped).
+SERVER_LIVE_PUSH_MAX_AGE_S = 300.0
+SERVER_PUSH_KEY_WINDOW_S = 3600.0
+KEY_WINDOW_MARGIN_S = 300.0
+
 # Kinds read at full rate even while degraded: event streams, not periodic samples.
 FULL_RATE_KINDS = frozenset({"kernel"})
 
@@ -141,16 +150,21 @@ class AgentSettings(BaseSettings):
                                   "server takes at most 10,000 a POST)")
     push_samples: bool = Field(default=True, description="push metric samples too (off where Prometheus scrapes "
                                "the agent and the engine reads PromQL)")
-    samples_backlog_pushes: int = Field(default=240, ge=1, description="samples pushes kept while the server does "
-                                        "not answer, the oldest dropped beyond (240: an hour of 15 s pushes)")
-    samples_backlog_bytes: int = Field(default=16 * 2**20, ge=1, description="bytes of samples pushes kept while the "
+    samples_backlog_pushes: int = Field(default=24, ge=1, description="samples pushes kept while the server does "
+                                        "not answer, the oldest dropped beyond (24: the age limit's 300 s of 15 s "
+                                        "pushes and a few rounds run late)")
+    samples_backlog_bytes: int = Field(default=4 * 2**20, ge=1, description="bytes of samples pushes kept while the "
                                        "server does not answer, the oldest dropped beyond (the newest is always kept)")
-    samples_backlog_age_s: float = Field(default=3600.0, gt=0, description="an unanswered samples push older than "
-                                         "this is dropped, not sent: the server knows a push's key for its "
-                                         "push_key_window_s (3600 s), and one sent later may be stored twice")
+    samples_backlog_age_s: float = Field(default=SERVER_LIVE_PUSH_MAX_AGE_S, gt=0,
+                                         le=SERVER_PUSH_KEY_WINDOW_S - KEY_WINDOW_MARGIN_S,
+                                         description="an unanswered samples push older than this is dropped, not "
+                                         "sent: the server's engine judges live only a push younger than its "
+                                         "live_push_max_age_s (300 s) and stores an older one for nothing; at most "
+                                         "the server's push_key_window_s (3600 s) less 300 s, since a push sent "
+                                         "after its key was pruned may be stored twice")
     samples_backlog_per_round: int = Field(default=20, ge=0, description="waiting samples pushes sent at most in "
-                                           "one push round, after the round's own (0: all): a full backlog of 240 "
-                                           "goes in 12 rounds, 3 minutes, not all at once from every node")
+                                           "one push round, after the round's own (0: all): a full default backlog of "
+                                           "24 goes in 2 rounds, not all at once from every node")
     kmsg_file: str = Field(default="", description="read this kernel log file instead of /dev/kmsg")
     rank_logs: list[RankLogFiles] = Field(default_factory=list, description="training ranks' log files to forward "
                                           "(glob, pattern naming job and rank); empty = none")
@@ -755,8 +769,9 @@ class EventPusher:
     naming ranks placed on another node); the refused ones are dropped and counted by reason, since sending them
     again cannot help, as are all of a push it refuses whole (``refused_for_good``: HTTP 400, 404, 413, 422...)."""
 
-    def __init__(self, server_url: str, token: str = "", timeout_s: float = 5.0, backlog_pushes: int = 240,
-                 backlog_bytes: int = 16 * 2**20, backlog_age_s: float = 3600.0, backlog_per_round: int = 20,
+    def __init__(self, server_url: str, token: str = "", timeout_s: float = 5.0, backlog_pushes: int = 24,
+                 backlog_bytes: int = 4 * 2**20, backlog_age_s: float = SERVER_LIVE_PUSH_MAX_AGE_S,
+                 backlog_per_round: int = 20,
                  clock: Callable[[], float] = time.monotonic, events_batch_bytes: int = 512 * 1024,
                  events_batch_max: int = 1000) -> None:
         self.base = server_url.rstrip("/") + "/api/v1"
