@@ -1445,3 +1445,166 @@ def test_pytorchs_nccl_error_code_report_is_an_nccl_error(tmp_path: Path) -> Non
     result = triage(tmp_path, workers=1)
     assert result.root is not None and result.root.lineno == 4, result.summary
     assert result.root.signature == "nccl.internal_error"
+
+
+def test_ucx_completion_error_handled_at_diag_level_is_not_a_root(tmp_path: Path) -> None:
+    """UCX logs a completion error it handles at the interface's failure level (diag by default: "UCX  DIAG  Remote
+    access on ..."), the survivor's side of a peer that went away; only the ERROR tag or the fatal prefix's untagged
+    line is the IB failure. A peer's DIAG lines do not take the root from rank 0's KeyError."""
+    from vigil.knowledge.signatures import SignatureMatcher
+
+    matcher = SignatureMatcher()
+    at = "[1714557603.512345] [gpu-b02:7712:0]    ib_mlx5_log.c:177  UCX  "
+    for level in ("DIAG  ", "WARN  ", "DEBUG ", "INFO  "):
+        hit = matcher.match(at + level + "Remote access on mlx5_0:1/IB (synd 0x13 vend 0x88 hw_synd 0/0)")
+        assert hit is None or hit.signature.id != "ucx.ib_completion_error", level
+    hit = matcher.match(at + "ERROR Remote access on mlx5_0:1/IB (synd 0x13 vend 0x88 hw_synd 0/0)")
+    assert hit is not None and hit.signature.id == "ucx.ib_completion_error" and hit.attrs["error"] == "Remote access"
+    (tmp_path / "rank_0.log").write_text(
+        "[2024-05-01 10:00:01] step 100 loss 2.1\n"
+        "Traceback (most recent call last):\n  File \"train.py\", line 9, in <module>\n    step()\n"
+        "[2024-05-01 10:00:02] KeyError: 'input_ids'\n")
+    (tmp_path / "rank_1.log").write_text(
+        "[2024-05-01 10:00:01] step 100 loss 2.1\n"
+        + at + "DIAG  Remote access on mlx5_0:1/IB (synd 0x13 vend 0x88 hw_synd 0/0)\n"
+        + at + "DIAG  RC QP 0x1a2 wqe[3]: RDMA_WRITE --- [rva 0x7f0 rkey 0x1e]\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.source == "rank_0.log", result.summary
+    assert "KeyError" in result.root.line
+
+
+_ADVISORY = ("node7:4410:4410 [0] /long/pathname/so/that/rpms/can/be/packaged/for/all/platforms/rccl/src/init.cc:133 "
+             "NCCL WARN Missing \"iommu=pt\" from kernel command line which can lead to system instablity or hang!\n")
+
+
+def test_the_warn_heading_the_run_above_a_bare_report_is_the_root_not_an_advisory_one(tmp_path: Path) -> None:
+    """Above a bare NCCL report the WARN that names the failure heads the process's unbroken run of WARN and trace
+    lines right above it; an advisory WARN printed on healthy runs (RCCL's 'Missing "iommu=pt"', NCCL's unknown
+    NCCL_P2P_LEVEL) reads only as error wording and is passed over - alone above the report it is not the root."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "rccl.out").write_text(
+        _ADVISORY
+        + "node7:4410:4431 [0] NCCL INFO Channel 00 : 0[0] -> 1[0] [send] via NET/Socket/0\n"
+        "node7:4410:4431 [0] include/socket.h:385 NCCL WARN Net : Connection closed by remote peer\n"
+        "node7:4410:4431 [0] NCCL INFO transport/net_socket.cc:540 -> 2\n"
+        "node7:4410:4431 [0] proxy.cc:1496 NCCL WARN [Proxy Service 0] Failed to execute operation Connect from "
+        "rank 1, retcode 2\n"
+        "node7:4410:4431 [0] NCCL INFO proxy.cc:1520 -> 2\n"
+        "NCCL failure common.cu:892 'unhandled system error'\n")
+    result = triage(run, workers=1)
+    assert result.root is not None and result.root.lineno == 3, result.summary
+    for name, advisory in (("rccl", _ADVISORY),
+                           ("p2p", "node7:4410:4410 [0] init.cc:212 NCCL WARN NCCL_P2P_LEVEL set to an unknown "
+                                   "value\n")):
+        alone = tmp_path / name
+        alone.mkdir()
+        (alone / "rank_0.log").write_text(
+            advisory
+            + "node7:4410:4431 [0] NCCL INFO misc/socket.cc:564 -> 2\n"
+            "RuntimeError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1269, unhandled system "
+            "error, NCCL version 2.18.1\n")
+        result = triage(alone, workers=1)
+        assert result.root is not None and result.root.lineno == 3, (name, result.summary)
+
+
+_CLOSED = " [0] include/socket.h:385 NCCL WARN Net : Connection closed by remote peer\n"
+_NODE7 = "node7: Test NCCL failure common.cu:892 'unhandled cuda error' .. node7 pid 4410: Test failure common.cu:844\n"
+
+
+@pytest.mark.parametrize(("warn", "report", "root"), [
+    # mpirun --tag-output: rank 1's WARN above rank 0's report
+    ("[1,1]<stderr>:node8:5120:5140" + _CLOSED,
+     "[1,0]<stderr>:NCCL failure common.cu:892 'unhandled cuda error'\n", 3),
+    # untagged, the report naming its host and pid: another host's WARN
+    ("node8:5120:5140" + _CLOSED,
+     _NODE7, 3),
+    # the same host, another process
+    ("node7:5120:5140" + _CLOSED,
+     _NODE7, 3),
+    # a tagged rank's WARN above the untagged report of another host
+    ("[1,1]<stderr>:node8:5120:5140" + _CLOSED,
+     _NODE7, 3),
+    # the report's own process: its WARN names the failure
+    ("node7:4410:4431" + _CLOSED,
+     _NODE7, 2),
+    ("[1,0]<stderr>:node7:4410:4431" + _CLOSED,
+     "[1,0]<stderr>:NCCL failure common.cu:892 'unhandled cuda error'\n", 2),
+])
+def test_only_the_reporting_process_s_warn_above_a_bare_report_names_it(
+        tmp_path: Path, warn: str, report: str, root: int) -> None:
+    """In a job-wide file another process's WARN (another tagged rank; untagged, another host or pid than the one
+    nccl-tests' report names) is its own consequence of the failure, not the report's detail."""
+    (tmp_path / "all_reduce_perf.out").write_text(
+        "node7:4410:4431 [0] NCCL INFO Channel 00 : 0[0] -> 1[0] [send] via NET/Socket/0\n" + warn + report)
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == root, result.summary
+
+
+def _banner(title: str, mark: str = "=") -> str:
+    side = mark * ((78 - len(title)) // 2)
+    return f"{side} {title} {side}\n"
+
+
+def test_banners_are_not_lines_but_a_sanitizer_s_margin_is(tmp_path: Path) -> None:
+    """A title between two runs ("===== ERRORS =====", pytest's "== 1 passed, 1 error in 3.10s ==") is a banner, not
+    a line; a run, a space, then text is compute-sanitizer's / cuda-memcheck's margin ("========= Invalid __global__
+    write of size 4 bytes"), whose record is read - and its "ERROR SUMMARY: 0 errors" tally is no failure."""
+    pytest_log = tmp_path / "pytest"
+    pytest_log.mkdir()
+    (pytest_log / "pytest.log").write_text(
+        _banner("test session starts") + "collected 2 items\n" "tests/test_nccl.py E.  [100%]\n\n" + _banner("ERRORS")
+        + "E       ModuleNotFoundError: No module named 'apex'\n" + _banner("short test summary info")
+        + _banner("1 passed, 1 error in 3.10s"))
+    result = triage(pytest_log, workers=1)
+    assert result.root is not None and result.root.lineno == 6, result.summary
+    sanitizer = tmp_path / "sanitizer"
+    sanitizer.mkdir()
+    (sanitizer / "rank_0.log").write_text(
+        "========= COMPUTE-SANITIZER\n"
+        "========= Invalid __global__ write of size 4 bytes\n"
+        "=========     at unaligned_kernel()+0x70 in /home/user/memcheck_demo.cu:6\n"
+        "=========     by thread (0,0,0) in block (0,0,0)\n"
+        "=========     Address 0x7f0a4c000001 is misaligned\n"
+        "=========\n"
+        "RuntimeError: CUDA error: unspecified launch failure\n"
+        "========= ERROR SUMMARY: 1 error\n")
+    result = triage(sanitizer, workers=1)
+    assert result.root is not None and result.root.lineno == 2, result.summary
+    assert result.root.signature == "cuda.sanitizer_memory_error"
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    (clean / "rank_0.log").write_text(
+        "========= COMPUTE-SANITIZER\nstep 1 loss 2.1\n========= ERROR SUMMARY: 0 errors\n")
+    assert triage(clean, workers=1).root is None
+
+
+def test_text_glued_to_a_separator_is_read_with_its_own_relay_prefix(tmp_path: Path) -> None:
+    """The text glued after rank 0's separator is rank 3's line: its own prefix names the rank."""
+    (tmp_path / "job.log").write_text(
+        "[default0]:step 5 ok\n"
+        "[default0]:" + "=" * 60 + "[default3]:RuntimeError: CUDA error: an illegal memory access was encountered\n"
+        "[default1]:RuntimeError: NCCL communicator was aborted on rank 1.\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 2, result.summary
+    assert result.root.rank == 3 and result.root.line.startswith("RuntimeError: CUDA error")
+
+
+def test_nccl_trace_with_the_function_named_and_one_followed_by_a_clean_teardown(tmp_path: Path) -> None:
+    """NCCL 2.2x's trace names the function ("transport/nvls.cc:558 (ncclNvlsSetup) -> 1"); a trace the communicator's
+    clean teardown ("Destroy COMPLETE") follows was an error ignored on a cleanup path: no root."""
+    at = "w3:2736:2736 [0] NCCL INFO "
+    named = tmp_path / "named"
+    named.mkdir()
+    (named / "rank_0.log").write_text(
+        at + "Ring 00 : 0 -> 1 via P2P/IPC\n" + at + "transport/nvls.cc:558 (ncclNvlsSetup) -> 1\n"
+        + at + "init.cc:1558 (initTransportsRank) -> 1\n")
+    result = triage(named, workers=1)
+    assert result.root is not None and result.root.lineno == 2, result.summary
+    torn = tmp_path / "torn"
+    torn.mkdir()
+    (torn / "rank_0.log").write_text(
+        at + "comm 0x55d1 rank 0 nranks 2 cudaDev 0 busId 1000 - Init COMPLETE\n"
+        + at + "misc/socket.cc:50 -> 3\n" + at + "[Service thread] Connection closed by localRank 0\n"
+        + at + "comm 0x55d1 rank 0 nranks 2 cudaDev 0 busId 1000 - Destroy COMPLETE\n")
+    assert triage(torn, workers=1).root is None

@@ -21,7 +21,7 @@ nothing. ``strength`` grades a line from its wording alone, with nothing specifi
   report: its table's "Status  Errors" columns and its "Errors" / "Warnings" sections, printed even when empty; the
   GPU driver container's NVSwitch probe: "ls: cannot access '/proc/driver/nvidia-nvswitch/devices/*'" on a node
   without NVSwitches; the Kubeflow training operator's replica tally "PyTorchJob=NAME, ReplicaType=Worker expected=1,
-  running=0, succeeded=0, failed=1, Replicas=1").
+  running=0, succeeded=0, failed=1, Replicas=1"); compute-sanitizer's "========= ERROR SUMMARY: N errors" tally).
 """
 
 from __future__ import annotations
@@ -44,6 +44,9 @@ _NOT_AN_ERROR = re.compile(
     # "PyTorchJob=NAME, ReplicaType=Master expected=1, running=0, succeeded=0, failed=1, Replicas=1"; TFJob, XGBoostJob,
     # ElasticJob alike): a tally, printed with failed=0 too; the pod's exit and the job's condition are the report
     r"|\b\w*Job=\S+, ReplicaType=\w+ expected=-?\d+, running=\d+,"
+    # compute-sanitizer's / cuda-memcheck's tally at the end of its run ("========= ERROR SUMMARY: 0 errors"), printed
+    # on a clean run too; the records above it are the report
+    r"|^=+ ERROR SUMMARY: \d+ errors?\s*$"
 )
 _SPECIFIC = re.compile(
     r"NCCL WARN"

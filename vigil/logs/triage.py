@@ -97,8 +97,11 @@ ROOT_CAUSE_HEADER = "Root Cause (first observed failure):"
 ROOT_CAUSE_SIGNATURE = "launcher.root_cause"
 FIRST_OBSERVED = "first_observed"
 # A report's separators ("=====", "-----": torchelastic's ChildFailedError summary, mpirun's notices) are not lines of
-# their own; a long run with text right after it is output glued to one (a report that ended without a newline before
-# another process's line: "=====...=====[1,115]<stderr>:[host:pid:0:tid] ib_mlx5_log.c:170  Invalid request on ...").
+# their own, nor are banners, a title between two runs ("===== ERRORS =====", pytest's "== 1 failed in 2.10s =="); a
+# long run with text right after it, no space between, is output glued to one (a report that ended without a newline
+# before another process's line: "=====...=====[1,115]<stderr>:[host:pid:0:tid] ib_mlx5_log.c:170  Invalid request on
+# ..."), read with its own prefix. A run, a space, then text is a tool's margin: compute-sanitizer's and cuda-memcheck's
+# "========= Invalid __global__ write of size 4 bytes" is read as it is.
 _SEPARATOR_STARTS = ("===", "---")
 GLUED_SEPARATOR_RUN = 20
 # Kernel-log faults this long before the root (or shortly after it) are linked to it.
@@ -145,7 +148,12 @@ _NCCL_INFO = re.compile(r"\bNCCL INFO\b")
 # __FILE__, __LINE__, res), " [Async thread]" after it on the init thread): "misc/socket.cc:564 -> 2". Its first line is
 # where the error arose; a failure NCCL returns without a WARN (socketPollConnect's ncclSystemError) leaves only that
 # trace - the last choice for a root, when no line of the job reads as an error.
-_NCCL_TRACE = re.compile(r"\bNCCL INFO [\w./-]+\.(?:cc|cu|cpp|c|h):\d+ -> (?P<code>[1-9]\d*)\b")
+# NCCL 2.2x's INFO names the function too ("transport/nvls.cc:558 (ncclNvlsSetup) -> 1"). A trace followed by the
+# communicator's clean teardown ("comm 0x55d1 rank 0 ... - Destroy COMPLETE") was an error NCCL ignores on a cleanup
+# path (NCCLCHECKIGNORE): no root.
+_NCCL_TRACE = re.compile(r"\bNCCL INFO [\w./-]+\.(?:cc|cu|cpp|c|h):\d+(?: \([\w:~]+\))? -> (?P<code>[1-9]\d*)\b")
+NCCL_DESTROYED = "Destroy COMPLETE"
+MAX_TRACES = 256  # trace lines kept a file, by line: the runs of WARN and trace lines above a bare report
 NCCL_TRACE = "nccl.return_code_trace"
 # Colour codes (SGR: ESC [ params m) a formatter writing to a terminal puts around a level or a name ("NCCL
 # \x1b[32mINFO\x1b[0m", "[\x1b[31mERROR\x1b[0m]"), kept when the terminal's output is captured: no part of the text.
@@ -263,6 +271,7 @@ class _Scan:
     ranks: set[int] = field(default_factory=set)
     removals: _Removals | None = None  # SCSI devices a kernel log records being removed (made on the first line)
     trace: LogEvent | None = None  # the file's first line of NCCL's return-code trace (NCCL_TRACE)
+    traces: dict[int, str] = field(default_factory=dict)  # line -> "host:pid" of NCCL's return-code trace lines
     unwrapped: _Unwrap | None = None  # the file's lines were cut at a terminal's width: where each whole one starts
 
 
@@ -533,27 +542,41 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
     for block in blocks if unwrap is None else unwrap.join(blocks):
         for raw in block:
             lineno += 1
-            rank = source.rank
-            line = raw
-            node = source.node
-            relayed = _NOTHING_RELAYED
-            named: _Writer = None
-            # a kernel log's lines lead with the kernel's own names ("nvme0n1: ", "sd 6:0:0:1: "), not a relay's
-            prefix = None if kernel_log else split_prefix(raw)
-            if prefix is not None:
-                line = prefix.payload
-                if rank is None and prefix.rank is not None and prefix.rank_scope != "node":
-                    rank = prefix.rank
-                if prefix.worker is None and prefix.host is None and prefix.repeated is None:
-                    named = prefix.rank  # a rank's number alone (torchrun, srun, mpirun): the commonest
-                else:
-                    named = (prefix.worker, prefix.host, prefix.rank)
-                    if node is None and prefix.host is not None:
-                        node = entity_name(prefix.host, "") or None
-                    relayed = {key: value for key, value in ((WORKER_ATTR, prefix.worker),
-                                                             (REPEATED_ATTR, prefix.repeated)) if value is not None}
-            if "\x1b[" in line:
-                line = _SGR.sub("", line)
+            while True:  # twice for text glued to a separator run, which is read with its own relay prefix
+                rank = source.rank
+                line = raw
+                node = source.node
+                relayed = _NOTHING_RELAYED
+                named: _Writer = None
+                # a kernel log's lines lead with the kernel's own names ("nvme0n1: ", "sd 6:0:0:1: "), not a relay's
+                prefix = None if kernel_log else split_prefix(raw)
+                if prefix is not None:
+                    line = prefix.payload
+                    if rank is None and prefix.rank is not None and prefix.rank_scope != "node":
+                        rank = prefix.rank
+                    if prefix.worker is None and prefix.host is None and prefix.repeated is None:
+                        named = prefix.rank  # a rank's number alone (torchrun, srun, mpirun): the commonest
+                    else:
+                        named = (prefix.worker, prefix.host, prefix.rank)
+                        if node is None and prefix.host is not None:
+                            node = entity_name(prefix.host, "") or None
+                        relayed = {key: value for key, value in ((WORKER_ATTR, prefix.worker),
+                                                                 (REPEATED_ATTR, prefix.repeated)) if value is not None}
+                if "\x1b[" in line:
+                    line = _SGR.sub("", line)
+                stripped = line.strip()
+                separator = False
+                if stripped[:3] in _SEPARATOR_STARTS:
+                    mark = stripped[0]
+                    rest = stripped.lstrip(mark)
+                    if not rest or rest.rstrip().endswith(mark * 3):
+                        separator = True  # only the run, or a banner: a title between runs
+                    elif len(stripped) - len(rest) >= GLUED_SEPARATOR_RUN and not rest[0].isspace():
+                        # a separator with the next output glued to it: the run ends a section, the text is a line
+                        in_root_cause = False
+                        raw = rest
+                        continue
+                break
             if named != writer:
                 tracebacks[writer] = (frames, in_traceback, traceback_after)
                 frames, in_traceback, traceback_after = tracebacks.pop(named, ([], False, 0))
@@ -570,13 +593,6 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
                 for event in untimed:  # it happened between the last stamp and this one: take the later
                     event.ts = stamp
                 untimed = []
-            stripped = line.strip()
-            if stripped[:3] in _SEPARATOR_STARTS:
-                rest = stripped.lstrip(stripped[0])
-                if len(stripped) - len(rest) >= GLUED_SEPARATOR_RUN and rest.strip():
-                    # a separator with the next output glued to it: the run ends a section, the text is a line
-                    in_root_cause = False
-                    line = stripped = rest.strip()
             if stripped == "Traceback (most recent call last):":
                 frames, in_traceback = [], True
                 traceback_after = last_text
@@ -596,7 +612,7 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
                 foreign_before = _foreign_lines(writer_runs, lineno, named, 2 * NCCL_REPORT_LINES)
                 foreign_after = 0
                 continue
-            if stripped == ROOT_CAUSE_HEADER or stripped[:3] in _SEPARATOR_STARTS:
+            if separator or stripped == ROOT_CAUSE_HEADER:
                 in_root_cause = stripped == ROOT_CAUSE_HEADER
                 continue
             if after_last_error and named != last_error_writer:
@@ -640,14 +656,20 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
                         attrs={"strength": grade, **_detail_attrs(detail, foreign_before + foreign_after), **relayed}))
                     if stamp is None:
                         untimed.append(scan.worded[-1])
-                elif (scan.trace is None and (arrow := line.find(" -> ")) > 0 and line[arrow - 1].isdigit()
-                      and (trace := _NCCL_TRACE.search(line)) is not None):
-                    scan.trace = LogEvent(
-                        source=source.name, lineno=lineno, ts=ts, entity=_entity(source, job, rank), rank=rank,
-                        node=node, signature=NCCL_TRACE, fault_type=None, level=FaultLevel.OBSERVE, role="root",
-                        line=line[:MAX_LINE_CHARS], attrs={"code": int(trace["code"]), **relayed})
-                    if stamp is None:
-                        untimed.append(scan.trace)
+                elif ((arrow := line.rfind(" -> ")) > 0 and (code := line[arrow + 4:].rstrip())[:1].isdigit()
+                      and (code.isdigit() or code.endswith("]")) and (trace := _NCCL_TRACE.search(line)) is not None):
+                    # the cheap screen first: the code ends the line (or " [Async thread]" after it)
+                    if len(scan.traces) < MAX_TRACES:
+                        scan.traces[lineno] = _origin_key(line)
+                    if scan.trace is None:
+                        scan.trace = LogEvent(
+                            source=source.name, lineno=lineno, ts=ts, entity=_entity(source, job, rank), rank=rank,
+                            node=node, signature=NCCL_TRACE, fault_type=None, level=FaultLevel.OBSERVE,
+                            role="root", line=line[:MAX_LINE_CHARS], attrs={"code": int(trace["code"]), **relayed})
+                        if stamp is None:
+                            untimed.append(scan.trace)
+                elif scan.trace is not None and line.endswith(NCCL_DESTROYED):
+                    scan.trace = None  # torn down cleanly after it: an error ignored on the way
                 continue
             attrs = {**hit.attrs, **relayed}
             if detail:
@@ -762,7 +784,7 @@ def decide(scans: list[_Scan], job: str, directory: Path, tie_s: float = 1.0) ->
     if root is None and (traces := [s.trace for s in scans if s.trace is not None]):
         root, basis = _earliest(traces, tie_s), "symptom"
     root = _nccl_detail(root, events + worded)
-    root = _nccl_warn_detail(root, basis, worded, events)
+    root = _nccl_warn_detail(root, basis, worded, events, {s.source.name: s.traces for s in scans})
     root = _child_last_words(root, worded)
     root = _errors_before_fatal(root, basis, worded)
     root = _plain_line_above(root, basis, worded)
@@ -961,20 +983,56 @@ def _nccl_detail(root: LogEvent | None, candidates: list[LogEvent]) -> LogEvent 
 BARE_NCCL_REPORTS = frozenset({"cuda.other", "nccl.system_error", "nccl.internal_error"})
 
 
+def _origin_key(line: str) -> str:
+    """"host:pid" of an NCCL line ("node7:4410:4431 [0] ..."), "" when it names none."""
+    origin = _NCCL_ORIGIN.match(line)
+    return "" if origin is None else f"{origin['host']}:{origin['pid']}"
+
+
+# nccl-tests name the host, and the pid, in their failure report: "node7: Test NCCL failure common.cu:892 '...' .. node7
+# pid 4410: Test failure common.cu:844".
+_NCCL_TEST_HOST = re.compile(r"^(?P<host>[\w.\-]+): Test NCCL failure\b")
+_NCCL_TEST_PID = re.compile(r"\b(?P<host>[\w.\-]+) pid (?P<pid>\d+): Test failure\b")
+
+
 def _nccl_warn_detail(root: LogEvent | None, basis: RootBasis | None, worded: list[LogEvent],
-                      events: list[LogEvent]) -> LogEvent | None:
+                      events: list[LogEvent], traces: dict[str, dict[int, str]]) -> LogEvent | None:
     """A root that only names NCCL's error class gives way to NCCL's own WARN in the same file, which names what
-    failed: the first within ``SAME_REPORT_LINES`` above it of the same rank (NCCL warns as the call fails, then returns
-    the code its caller reports: "NCCL WARN Net : Connection closed by remote peer" over nccl-tests' "NCCL failure
-    common.cu:921 'unhandled system error'"), else the first a few lines below it (another process of the job printing
-    the details its wrapper points to)."""
+    failed: above it within ``SAME_REPORT_LINES``, of the same process (NCCL warns as the call fails, traces the code
+    up and returns it to the caller that reports it: "NCCL WARN Net : Connection closed by remote peer", "NCCL INFO
+    transport/net_socket.cc:540 -> 2" over nccl-tests' "NCCL failure common.cu:921 'unhandled system error'"), the WARN
+    heading the unbroken run of that process's WARN and trace lines right above the report, else the nearest; a WARN
+    that reads only as generic error wording (RCCL's advisory 'Missing "iommu=pt"') is passed over. Else the first
+    WARN a few lines below it (another process of the job printing the details its wrapper points to)."""
     if root is None or basis != "signature" or root.signature not in BARE_NCCL_REPORTS or _detail(root) > 0:
         return root
-    above = [e for e in events + worded if e.source == root.source and "NCCL WARN" in e.line
-             and 0 < root.lineno - e.lineno <= SAME_REPORT_LINES
-             and (e.rank is None or root.rank is None or e.rank == root.rank)]
+    host = pid = None  # the process the report names, if it names one
+    if (named := _NCCL_TEST_PID.search(root.line)) is not None:
+        host, pid = named["host"], named["pid"]
+    elif (named := _NCCL_TEST_HOST.match(root.line)) is not None:
+        host = named["host"]
+    elif (origin := _NCCL_ORIGIN.match(root.line)) is not None:
+        host, pid = origin["host"], origin["pid"]
+    warned = {e.lineno: e for e in events + worded if e.source == root.source and "NCCL WARN" in e.line
+              and 0 < root.lineno - e.lineno <= SAME_REPORT_LINES}
+
+    def same_process(e: LogEvent) -> bool:
+        if e.rank is not None and root.rank is not None and e.rank != root.rank:
+            return False
+        if host is None:
+            return True
+        origin = _NCCL_ORIGIN.match(e.line)
+        return origin is not None and origin["host"] == host and (pid is None or origin["pid"] == pid)
+
+    above = {n: e for n, e in warned.items() if e.signature != WORDED_SIGNATURE and same_process(e)}
     if above:
-        return _hand_root(root, min(above, key=lambda e: e.lineno))
+        nearest = above[max(above)]
+        key, trace_lines, head = _origin_key(nearest.line), traces.get(root.source, {}), None
+        n = root.lineno - 1
+        while n in warned and _origin_key(warned[n].line) == key or trace_lines.get(n) == key:
+            head = n if n in above else head
+            n -= 1
+        return _hand_root(root, above[head] if head is not None else nearest)
     warns = [e for e in worded if e.source == root.source and "NCCL WARN" in e.line
              and 0 < e.lineno - root.lineno <= SAME_REPORT_LINES]
     if not warns:
