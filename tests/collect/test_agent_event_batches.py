@@ -189,3 +189,37 @@ def test_events_and_samples_answered_404_or_421_are_misrouted_kept_and_warned_on
     misrouted = True
     push_round(agent, 4.0, [xid(4.0)])
     assert len(_warnings(caplog, "wrong place")) == 2
+
+
+def test_a_jobs_rank_log_lines_too_large_for_the_proxy_are_split_not_dropped() -> None:
+    """6,000 queued rank-log lines of one job (1.6 MB as one push) behind nginx's 1 MiB limit: with the default
+    limits they go in bounded pushes, none refused; with limits above the proxy's the 413 is split in halves and
+    every line is stored (before: the whole push dropped as push_refused)."""
+    from vigil.model import FaultLevel
+
+    lines = [Event(ts=1.0 + i / 1000, entity="job/llm/rank/1", kind="rank_log", source="rank",
+                   level=FaultLevel.DEGRADED, message=f"ValueError: bad batch {i} " + "x" * 100) for i in range(6000)]
+    for limits in ({}, {"events_batch_bytes": 4 * 2**20, "events_batch_max": 10_000}):
+        answers: list[int] = []
+        stored: list[float] = []
+
+        def server(request: httpx.Request, answers: list[int] = answers, stored: list[float] = stored,
+                   ) -> httpx.Response:
+            if not request.url.path.endswith("/rank-logs"):
+                return httpx.Response(201, json={"stored": 1, "duplicates": 0})
+            status = 413 if len(request.content) > NGINX_BODY_LIMIT else 200
+            answers.append(status)
+            if status == 200:
+                stored.extend(e["ts"] for e in json.loads(request.content)["events"])
+            return httpx.Response(status, json={"stored": 1} if status == 200 else {"detail": "too large"})
+
+        agent = _agent(httpx.Client(transport=httpx.MockTransport(server)))
+        pusher = agent._pusher
+        assert pusher is not None
+        if limits:
+            settings = AgentSettings(**limits)
+            pusher.events_batch_limits = (settings.events_batch_bytes, settings.events_batch_max)
+        push_round(agent, 10.0, lines)
+        assert stored == [e.ts for e in lines] and not agent.pending_events
+        assert agent.events_refused_by_reason == {} and pusher.sent == 6000
+        assert (413 in answers) == bool(limits)

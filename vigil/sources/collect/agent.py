@@ -855,11 +855,11 @@ class EventPusher:
             if stop:
                 kept += batch
                 continue
-            try:
-                self._post_rank_logs(node, batch)
-            except httpx.HTTPError as err:
-                stop = self._failed(err)
-                kept += batch
+            unsent, failure = self._post_events(
+                batch, lambda part, docs: self._post_rank_logs(node, part, docs))  # noqa: B023 - called at once
+            if failure is not None:
+                stop = self._failed(failure)
+                kept += unsent
         if not stop:
             try:
                 self._send_backlog(fresh)
@@ -912,10 +912,13 @@ class EventPusher:
         self._taken()
         self.registered = inventory
 
-    def _post_events(self, events: list[Event]) -> tuple[list[Event], httpx.HTTPError | None]:
-        """Send the queued events in POSTs of at most ``events_batch_limits`` (bytes, events), in order. Returns the
-        events not sent (the one failing or unanswered and all behind it, for the next round) and the error that
-        stopped them, or ([], None) once every event was taken or refused."""
+    def _post_events(self, events: list[Event], send: Callable[[list[Event], list[dict[str, Any]]], tuple[
+            list[Event], httpx.HTTPError | None]] | None = None) -> tuple[list[Event], httpx.HTTPError | None]:
+        """Send the queued events in POSTs of at most ``events_batch_limits`` (bytes, events), in order, each with
+        ``send`` (default: to the events route; a job's rank-log lines go to theirs). Returns the events not sent
+        (the one failing or unanswered and all behind it, for the next round) and the error that stopped them, or
+        ([], None) once every event was taken or refused."""
+        send = send or self._post_events_batch
         docs = [e.model_dump(mode="json") for e in events]
         most_bytes, most = self.events_batch_limits
         start = size = 0
@@ -923,12 +926,12 @@ class EventPusher:
             # json.dumps' defaults (spaces, \u escapes) write at least as many bytes as the client sends
             cost = len(json.dumps(doc)) + 2
             if i > start and (i - start >= most or size + cost > most_bytes):
-                unsent, err = self._post_events_batch(events[start:i], docs[start:i])
+                unsent, err = send(events[start:i], docs[start:i])
                 if err is not None:
                     return unsent + events[i:], err
                 start, size = i, 0
             size += cost
-        return self._post_events_batch(events[start:], docs[start:]) if start < len(events) else ([], None)
+        return send(events[start:], docs[start:]) if start < len(events) else ([], None)
 
     def _post_events_batch(self, events: list[Event], docs: list[dict[str, Any]],
                            ) -> tuple[list[Event], httpx.HTTPError | None]:
@@ -1073,18 +1076,34 @@ class EventPusher:
             dropped.add_metric([reason], count)
         yield dropped
 
-    def _post_rank_logs(self, node: str, events: list[Event]) -> None:
-        push = {"node": node, "events": [e.model_dump(mode="json") for e in events]}
-        response = self._client.post(self.base + "/rank-logs", json=push)
-        if refused_for_good(response.status_code):
-            self._refuse(node, {PUSH_REFUSED: len(events)}, f"HTTP {response.status_code}: {_detail(response)}")
-            return
-        response.raise_for_status()
-        self._taken()
-        counts, detail = _refusals(response, len(events))
-        self.sent += len(events) - sum(counts.values())
-        if counts:
-            self._refuse(node, counts, detail)
+    def _post_rank_logs(self, node: str, events: list[Event], docs: list[dict[str, Any]],
+                        ) -> tuple[list[Event], httpx.HTTPError | None]:
+        """Send one rank-log push of a job's lines. One a proxy refuses as too large (413) is split in half and each
+        half sent, down to one line; one refused for good otherwise (or a line too large alone) is dropped and
+        counted as push_refused. Returns the lines neither taken nor refused, with the error that stopped them."""
+        work: list[tuple[list[Event], list[dict[str, Any]]]] = [(events, docs)]
+        while work:
+            batch, body = work.pop()
+            try:
+                response = self._client.post(self.base + "/rank-logs", json={"node": node, "events": body})
+                if not refused_for_good(response.status_code):
+                    response.raise_for_status()
+            except httpx.HTTPError as err:
+                return batch + [e for part, _ in reversed(work) for e in part], err
+            if response.status_code == TOO_LARGE and len(batch) > 1:
+                half = len(batch) // 2
+                work.append((batch[half:], body[half:]))
+                work.append((batch[:half], body[:half]))
+                continue
+            if refused_for_good(response.status_code):
+                self._refuse(node, {PUSH_REFUSED: len(batch)}, f"HTTP {response.status_code}: {_detail(response)}")
+                continue
+            self._taken()
+            counts, detail = _refusals(response, len(batch))
+            self.sent += len(batch) - sum(counts.values())
+            if counts:
+                self._refuse(node, counts, detail)
+        return [], None
 
     def _refuse(self, node: str, counts: dict[str, int], detail: str) -> None:
         """Count refused rank-log events by reason; warn once a reason."""
