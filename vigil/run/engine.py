@@ -130,21 +130,37 @@ class LiveFrames:
             family = parse_entity(entity)[0]
             if family in families_now:
                 row = self._rows[family][entity]
-                self._values[family][row, :] = np.nan
+                self._values[family][row, : len(self.columns[family])] = np.nan
                 if ts is not None:
-                    self._times[family][row, :] = ts
+                    self._times[family][row, : len(self.columns[family])] = ts
         self._reported[node] = reported
         if ts is not None:
             self._newest[node] = ts
         return kept
 
+    def reset_times(self, node: str) -> None:
+        """Forget the times of ``node``'s values and its newest report (its clock was set back): its next report
+        is applied as new whatever its time."""
+        self._newest.pop(node, None)
+        for entity in self._reported.get(node, set()):
+            family = parse_entity(entity)[0]
+            row = self._rows[family].get(entity)
+            if row is not None:
+                self._times[family][row, : len(self.columns[family])] = -np.inf
+
     def _grow(self, family: str, rows: int, columns: int) -> None:
+        """Room for ``rows`` x ``columns`` in ``family``'s arrays, their capacity doubled where it falls short: a
+        new entity copies the arrays once in a while, not each time (10,000 GPUs taken one by one)."""
         old = self._values.get(family, np.empty((0, 0), dtype=np.float32))
-        grown = np.full((rows, columns), np.nan, dtype=np.float32)
+        if rows <= old.shape[0] and columns <= old.shape[1]:
+            return
+        shape = (max(rows, 2 * old.shape[0]) if rows > old.shape[0] else old.shape[0],
+                 max(columns, 2 * old.shape[1]) if columns > old.shape[1] else old.shape[1])
+        grown = np.full(shape, np.nan, dtype=np.float32)
         grown[: old.shape[0], : old.shape[1]] = old
         self._values[family] = grown
         old_times = self._times.get(family, np.empty((0, 0)))
-        times = np.full((rows, columns), -np.inf)
+        times = np.full(shape, -np.inf)
         times[: old_times.shape[0], : old_times.shape[1]] = old_times
         self._times[family] = times
 
@@ -169,16 +185,17 @@ class LiveFrames:
         family = parse_entity(entity)[0]
         row = self._rows.get(family, {}).get(entity)
         if row is not None:
-            self._values[family][row, :] = np.nan
+            columns = len(self.columns[family])
+            self._values[family][row, :columns] = np.nan
             # a report older than the last one of it (a backlog sent late) does not bring it back
-            self._times[family][row, :] = self._times[family][row, :].max(initial=-np.inf)
+            self._times[family][row, :columns] = self._times[family][row, :columns].max(initial=-np.inf)
         for reported in self._reported.values():
             reported.discard(entity)
 
     def frames(self, ts: float) -> list[MetricFrame]:
         return [
             MetricFrame(ts=ts, family=family, entities=list(rows), metrics=list(self.columns[family]),
-                        values=self._values[family].copy())
+                        values=self._values[family][: len(rows), : len(self.columns[family])].copy())
             for family, rows in self._rows.items() if rows
         ]
 
@@ -256,6 +273,10 @@ class Engine:
         self.event_cursor = 0
         self.push_cursor = 0
         self.stale_pushes = 0
+        self.late_pushes = 0
+        self.pruned_pushes = 0
+        # per node: its newest push's stamp less the time the engine read it (its clock's lead, less the delay)
+        self.push_offsets: dict[str, float] = {}
         self._warned_stale: set[str] = set()
         self.ticks = 0
         self.last_tick: TickReport | None = None
@@ -293,15 +314,22 @@ class Engine:
             self._known[incident.id] = self._signature(incident, self.clock())
             self._notified[incident.id] = 0.0
         # The values before the cursor, so a counter that rose while the engine was down shows its rise.
-        replay = [p for p in self.store.pushes_after(0, limit=self.batch) if p.id <= self.push_cursor]
-        for push in replay[-self.batch:]:
-            self.frames.apply(push.node, push.points, push.ts)
+        # The newest pushes read before the restart within live_push_max_age_s, under the rules of a tick's.
+        now = self.clock()
+        replay = self.store.latest_pushes(self.push_cursor, now - self.settings.live_push_max_age_s,
+                                          limit=self.batch)
+        for push in replay:
+            self._apply_push(push, now, TickReport())
+        # counted and measured when they were first read
+        self.stale_pushes = int(state.get("stale_pushes", 0))
+        self.late_pushes = int(state.get("late_pushes", 0))
+        self.push_offsets = {str(node): float(v) for node, v in dict(state.get("push_offsets") or {}).items()}
         if replay:
             # A job that ended in the replayed span has stopped reporting: its last values are not a stall.
             for event in self.store.events(kind="job", since=min(p.ts for p in replay) - 1, limit=100_000):
                 if event.attrs.get("reason") in JOB_ENDED:
                     self.frames.forget(event.entity)
-            self._detect(self.frames.frames(max(p.ts for p in replay)), [], TickReport())
+            self._detect(self.frames.frames(min(now, max(p.ts for p in replay))), [], TickReport())
         self._started = True
 
     def _resume(self, anomaly: Anomaly) -> None:
@@ -395,8 +423,7 @@ class Engine:
         if pushes:
             self.push_cursor = pushes[-1].id
         self._save_cursor()
-        if pushes:
-            self._prune(pushes)
+        self._prune(now)
         self.ticks += 1
         report.seconds = time.perf_counter() - began
         self.last_tick = report
@@ -408,18 +435,33 @@ class Engine:
         if push.ts < now - self.settings.live_push_max_age_s:
             report.stale += 1
             self.stale_pushes += 1
-            if push.ts > self.frames.newest(push.node) and push.node not in self._warned_stale:
+            if push.ts > self.frames.newest(push.node):
                 # the newest this node has sent, yet too old: its agent's backlog after an outage, or its clock
-                self._warned_stale.add(push.node)
-                log.warning("a samples push of %s made %.0f s ago is older than live_push_max_age_s (%g s): stored, "
-                            "not judged live (a backlog sent after an outage; if every push of the node is, its "
-                            "clock is behind this server's; further ones counted in the engine's stale_pushes)",
-                            push.node, now - push.ts, self.settings.live_push_max_age_s)
+                self.push_offsets[push.node] = push.ts - now
+                if push.node not in self._warned_stale:
+                    self._warned_stale.add(push.node)
+                    log.warning("a samples push of %s made %.0f s ago is older than live_push_max_age_s (%g s): "
+                                "stored, not judged live (a backlog sent after an outage; if every push of the node "
+                                "is, its clock is behind this server's; further ones counted in the engine's "
+                                "stale_pushes, vigil_engine_stale_pushes_total)",
+                                push.node, now - push.ts, self.settings.live_push_max_age_s)
             return
-        # a push from the future (its node's clock ahead) counts as made now: once that clock is set right, the
-        # node's next pushes are not older than it for as long as the clock was ahead
-        if self.frames.apply(push.node, push.points, min(push.ts, now)):
+        # A node's pushes are ordered by their own stamps (its agent's clock), also those ahead of this server's: an
+        # agent sending its newest push and then its backlog leaves the newest held. Only a newest held that is
+        # itself implausible - more than the window ahead of now - gives way, to a push older than it by more than
+        # the window (no backlog the window holds): the node's clock was far ahead and has been set back.
+        window = self.settings.live_push_max_age_s
+        held = self.frames.newest(push.node)
+        if held > now + window and push.ts < held - window:
+            self.frames.reset_times(push.node)
+        newest = push.ts >= self.frames.newest(push.node)
+        if self.frames.apply(push.node, push.points, push.ts):
             report.late += 1
+            self.late_pushes += 1
+        if newest:
+            # the node's pushes are judged again: a later stale one is worth a warning again
+            self._warned_stale.discard(push.node)
+            self.push_offsets[push.node] = push.ts - now
 
     def _pull_prometheus(self, now: float) -> None:
         assert self.prom is not None
@@ -614,14 +656,17 @@ class Engine:
     def _save_cursor(self) -> None:
         self.store.set_cursor(CURSOR, float(self.event_cursor),
                               {"events": self.event_cursor, "pushes": self.push_cursor, "ticks": self.ticks + 1,
-                               "at": self.clock()})
+                               "at": self.clock(), "stale_pushes": self.stale_pushes,
+                               "late_pushes": self.late_pushes, "push_offsets": self.push_offsets})
 
-    def _prune(self, pushes: list[MetricPush]) -> None:
-        """Keep the pushes of the last few minutes (what a restart replays for counter baselines)."""
-        horizon = pushes[-1].ts - 300.0
-        old = [p.id for p in pushes if p.ts < horizon]
-        if old:
-            self.store.prune_pushes(max(old))
+    def _prune(self, now: float) -> None:
+        """Keep the pushes read of the last ``live_push_max_age_s`` (what a restart replays, for counter baselines):
+        drop at most one batch a tick of those read stamped before it, or more than it ahead of ``now`` (a clock far
+        ahead: never replayed as new). Their keys are kept apart (``metric_push_keys``) for ``push_key_window_s``."""
+        window = self.settings.live_push_max_age_s
+        if self.push_cursor:
+            self.pruned_pushes += self.store.prune_pushes_outside(self.push_cursor, now - window, now + window,
+                                                                  limit=self.batch)
 
     def run(self) -> None:
         """Tick every ``engine_interval_s`` until ``stop`` is set, then let the round of resumed actions in flight end
@@ -642,6 +687,8 @@ class Engine:
             "event_cursor": self.event_cursor,
             "push_cursor": self.push_cursor,
             "stale_pushes": self.stale_pushes,
+            "late_pushes": self.late_pushes,
+            "pruned_pushes": self.pruned_pushes,
             "topology_version": self.topology_version,
             "open_incidents": len(self._known),
             "detectors": [self.detector.name, *(d.name for d in self.learned)],

@@ -317,6 +317,26 @@ class Store:
         with self.engine.begin() as conn:
             conn.execute(delete(t.metric_pushes).where(t.metric_pushes.c.id <= up_to_id))
 
+    def latest_pushes(self, up_to_id: int, since: float, limit: int = 10_000) -> list[MetricPush]:
+        """The newest ``limit`` pushes up to ``up_to_id`` stamped at ``since`` or after, in arrival order (id): what
+        a consumer that read up to ``up_to_id`` replays after a restart."""
+        c = t.metric_pushes.c
+        q = (select(t.metric_pushes).where(c.id <= up_to_id, c.ts >= since).order_by(c.id.desc()).limit(limit))
+        with self.engine.connect() as conn:
+            rows = list(conn.execute(q))
+        return [MetricPush(int(r.id), r.ts, r.node, [(str(m), str(e), float(v)) for m, e, v in r.points])
+                for r in reversed(rows)]
+
+    def prune_pushes_outside(self, up_to_id: int, older_than: float, newer_than: float, limit: int = 10_000) -> int:
+        """Drop at most ``limit`` of the pushes up to ``up_to_id`` (read by every consumer) stamped before
+        ``older_than`` or after ``newer_than``, oldest id first; returns how many. Their keys stay in
+        ``metric_push_keys`` for ``push_key_window_s`` however soon a push is dropped."""
+        c = t.metric_pushes.c
+        doomed = (select(c.id).where(c.id <= up_to_id, (c.ts < older_than) | (c.ts > newer_than))
+                  .order_by(c.id).limit(limit))
+        with self.engine.begin() as conn:
+            return int(conn.execute(delete(t.metric_pushes).where(c.id.in_(doomed))).rowcount or 0)
+
     # ---------------------------------------------------------------- consumer cursors
 
     def cursor(self, name: str) -> tuple[float, dict[str, Any]]:

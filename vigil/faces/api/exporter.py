@@ -70,6 +70,26 @@ class VigilCollector(Collector):
             "When the live engine last finished a round (0 before its first).",
             value=float(engine_state.get("at") or 0.0),
         )
+        yield CounterMetricFamily(
+            "vigil_engine_stale_pushes",
+            "Metric pushes stamped more than live_push_max_age_s before the engine read them: stored, never judged "
+            "live (a backlog after an outage, or a node whose clock is behind).",
+            value=float(engine_state.get("stale_pushes") or 0),
+        )
+        yield CounterMetricFamily(
+            "vigil_engine_late_pushes",
+            "Metric pushes older than a value the engine's live view held of their series (that value kept).",
+            value=float(engine_state.get("late_pushes") or 0),
+        )
+        offsets = GaugeMetricFamily(
+            "vigil_engine_push_offset_seconds",
+            "Per node: its newest metric push's stamp less the time the engine read it - its clock's lead over the "
+            "server's less the push's delay (well below -live_push_max_age_s: the clock is behind).",
+            labels=["node"],
+        )
+        for node, offset in sorted(dict(engine_state.get("push_offsets") or {}).items()):
+            offsets.add_metric([str(node)], float(offset))
+        yield offsets
 
         open_incidents = GaugeMetricFamily(
             "vigil_incidents_open", "Open (not resolved) incidents by fault level.", labels=["level"]
