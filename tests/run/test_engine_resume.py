@@ -522,3 +522,56 @@ def test_a_resumed_run_whose_close_fails_is_closed_at_the_next_round(database: s
     assert stored is not None and stored.status is ActionStatus.FAILED, stored
     assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
         "closed the failed resumed run act-drain-n1 (drain on node/n1) at a later recovery round"]
+
+
+class LifecycleBack(LifecycleAway):
+    """A node lifecycle whose table cannot be read while ``away``, and can again once the database is back."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.away = True
+
+    def status(self, node: str) -> Any:
+        return super().status(node) if self.away else LifecycleStore.status(self, node)
+
+
+def test_a_remembered_close_leaves_a_live_rerun_of_the_same_action_alone(database: str) -> None:
+    """The engine of a server resumes a dead server's drain of node/n1; the run fails and its close fails too (the
+    database gone), so it is remembered to close at the next round. The database returns and an operator executes
+    the still-approved action on the same server (the API and the engine share one remediator): the run is its own,
+    so the drain starts again, the guard holding node/n1. The engine's round, run while that drain is in flight,
+    must leave it alone: node/n1 stays held (a cordon of node/n2 is refused: one node of ten may be out), and the
+    drain ends executed, the stored action with it. Before, the round's deferred close matched the live run (same
+    owner) and closed it failed, released node/n1's hold and settled the action failed."""
+    store = Store(database)
+    store.add_action(drain_to_retry())
+    crashed_drain(AuditLog(database), at=1_000.0, lease_s=30.0)
+    audit, lifecycle = AuditAway(database), LifecycleBack(database)
+    guard = BlastRadiusGuard(Topology(nodes=[Node(name=f"n{i}") for i in range(1, 11)]), max_share=0.1)
+    seen: dict[str, Any] = {}
+
+    def tick_round() -> None:
+        seen["resumed"] = server.recover()
+        seen["n1 held"] = "node/n1" in guard.out_of_service()
+        seen["cordon n2"] = guard.admit_all(["node/n2"], reserve=False, owner="act-cordon-n2").admitted
+
+    runs: list[str] = []
+    server = Remediator([CountingActuator(runs, during=tick_round)], audit, lifecycle=lifecycle, guard=guard,
+                        dry_run=False, requested_by="vigil-api", clock=lambda: 1_031.0, lease_s=30.0)
+    (resumed,) = server.recover()
+    assert resumed.status is ActionStatus.FAILED and runs == []
+    assert [run.key for run in AuditLog(database).unfinished_runs()] == ["act-drain-n1"]
+
+    audit.away = lifecycle.away = False
+    done = server.execute(drain_to_retry())
+    assert runs == ["counting:act-drain-n1"]
+    assert seen == {"resumed": [], "n1 held": True, "cordon n2": False}
+    assert done.status is ActionStatus.EXECUTED, done
+    assert AuditLog(database).unfinished_runs() == []
+    stored = store.action("act-drain-n1")
+    assert stored is not None and stored.status is ActionStatus.EXECUTED, stored
+    # the failed resumed run kept its record, closed before the re-run began; the re-run's is beside it
+    assert sorted((a.status.value, a.params.get("retry_of")) for a in AuditLog(database).actions()) == [
+        ("executed", "act-drain-n1"), ("failed", None)]
+    assert "node/n1" in guard.out_of_service()  # drained: held until back in service
+

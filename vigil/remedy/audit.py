@@ -148,7 +148,7 @@ class AuditLog:
             return changed.rowcount == 1
 
     def finish(self, key: str, state: str, owner: str | None = None, *, record: Action | None = None,
-               settle: Action | None = None) -> bool:
+               settle: Action | None = None, settle_record: bool = True) -> bool:
         """Close the run under ``key`` as ``state``, and with ``record`` audit the action's verdict in the same
         transaction: a process that finds the run closed finds its record too, and the stored action (the store's
         ``actions`` row the API approves and executes, where there is one) takes the verdict's status, result and
@@ -159,7 +159,9 @@ class AuditLog:
         earlier run of the action that ended refused, skipped or failed, or another process's verdict on it written
         a moment ago - is written under an id of its own naming the action (``params.retry_of``; ``record`` is
         changed in place): the unique id decides in the insert, so no look before it can be overtaken. ``settle``
-        settles the stored action with a verdict recorded apart (a close that must not fail on its record)."""
+        settles the stored action with a verdict recorded apart (a close that must not fail on its record);
+        ``settle_record`` False leaves the stored action to the run that follows at once (a failed run closed just
+        before its action runs again: that run's verdict is the action's)."""
         c = intents_table.c
         mine = [] if owner is None else [c.state == "started", c.owner == owner]
         with self.engine.begin() as conn:
@@ -169,7 +171,8 @@ class AuditLog:
                 return False
             if record is not None:
                 _record_in_close(conn, record)
-                _settle_stored(conn, record)
+                if settle_record:
+                    _settle_stored(conn, record)
             if settle is not None:
                 _settle_stored(conn, settle)
             return True

@@ -151,8 +151,11 @@ class Remediator:
         self.lease_s, self.renew_s = lease_s, renew_s
         self.wait = wait
         # resumed runs that failed and whose close failed too (the database went away): key -> (the failed action,
-        # whether the back end was asked, the id the guard holds its nodes for); closed at the next recovery round
+        # whether the back end was asked, the id the guard holds its nodes for); closed at the next recovery round,
+        # or before this remediator runs the same key again. The lock spans each look at an entry and its close: the
+        # run is this remediator's, so a close after a re-run began would match that live run (``_close_remembered``)
         self._unclosed: dict[str, tuple[Action, bool, str]] = {}
+        self._unclosed_lock = threading.RLock()
 
     def actuator_for(self, action: Action) -> Actuator | None:
         return next((a for a in self.actuators if a.accepts(action)), None)
@@ -211,6 +214,8 @@ class Remediator:
         if self._done_per_lifecycle(action):
             action.status, action.result = ActionStatus.SKIPPED, already_done(action)
             return False
+        if not action.dry_run:
+            self._close_remembered(str(action.params.get("idempotency_key", action.id)), settle=False)
         # The guard goes before asking the back end, so a flood of faults costs no API calls.
         guarded = capacity_nodes(action) if self.guard is not None else []
         if guarded:
@@ -385,25 +390,26 @@ class Remediator:
                 # the database went away (a dropped connection): the run stays started under this remediator's claim,
                 # which no round of its own takes over - it is closed at this remediator's next recovery round, or
                 # taken over by another process once the claim lapses; said once, not at every round
-                self._unclosed[run.key] = (action, bool(asked), held)
+                with self._unclosed_lock:
+                    self._unclosed[run.key] = (action, bool(asked), held)
                 log.error("closing the failed resumed run %s (%s on %s) failed too: %s: %s; it is left started, closed "
                           "at the next recovery round or taken over by another server or engine once this process's "
                           "lease on it lapses", run.key, action.kind.value, action.target, type(close_err).__name__,
                           next(iter(str(close_err).splitlines()), ""))  # SQLAlchemy's: the SQL and a link below
             return action
 
-    def _close_failed(self, key: str, action: Action, *, asked: bool, held: str) -> bool:
+    def _close_failed(self, key: str, action: Action, *, asked: bool, held: str, settle: bool = True) -> bool:
         """Close the resumed run under ``key`` failed with ``action``, its failure (``_resume``): the close and the
         record in one transaction, as on every other path, so a process that finds the run closed finds its record;
         then the nodes the guard held for it (for ``held``) are released unless the back end was asked. False when this
         claim lapsed and another process took the run over; raises when the run cannot be closed at all (the database
-        away)."""
+        away). ``settle`` False leaves the stored action to the run of it that follows (``_close_remembered``)."""
         try:
-            closed = self.audit.finish(key, "failed", owner=self.owner, record=action)
+            closed = self.audit.finish(key, "failed", owner=self.owner, record=action, settle_record=settle)
         except Exception:
             # whatever failed the record (the record itself, say) must not fail the close, nor leave the run started
             # for the next takeover to run the back end again: closed alone, the stored action settled
-            closed = self.audit.finish(key, "failed", owner=self.owner, settle=action)
+            closed = self.audit.finish(key, "failed", owner=self.owner, settle=action if settle else None)
             log.exception("recording the failed resumed run %s failed; closed it without its record", key)
         if not closed:
             return False  # this claim lapsed meanwhile: the run is the process's that took it over
@@ -418,16 +424,30 @@ class Remediator:
     def _close_unclosed(self) -> None:
         """Close the failed resumed runs whose close failed (``_resume``); one that fails again waits for the next
         round, without a word more."""
-        for key, (action, asked, held) in list(self._unclosed.items()):
-            try:
-                closed = self._close_failed(key, action, asked=asked, held=held)
-            except Exception:
-                log.debug("closing the failed resumed run %s failed again", key, exc_info=True)
-                continue
+        with self._unclosed_lock:
+            for key in list(self._unclosed):
+                try:
+                    self._close_remembered(key)
+                except Exception:
+                    log.debug("closing the failed resumed run %s failed again", key, exc_info=True)
+
+    def _close_remembered(self, key: str, *, settle: bool = True) -> None:
+        """Close the failed resumed run under ``key`` whose close failed (``_resume``), if there is one; raises when it
+        fails again. Called before this remediator runs ``key`` again too (an operator executing the same approved
+        action): the run is this remediator's own, so ``begin`` takes it back, and a close left for the next round
+        would close that live run failed, settle its action failed and release the nodes the guard holds for it.
+        Closed first (its record written; with ``settle`` False the stored action left to the re-run's verdict), the
+        re-run finds the run failed and runs as a retry."""
+        with self._unclosed_lock:
+            entry = self._unclosed.get(key)
+            if entry is None:
+                return
+            action, asked, held = entry
+            closed = self._close_failed(key, action, asked=asked, held=held, settle=settle)
             del self._unclosed[key]
-            if closed:
-                log.warning("closed the failed resumed run %s (%s on %s) at a later recovery round", key,
-                            action.kind.value, action.target)
+        if closed:
+            log.warning("closed the failed resumed run %s (%s on %s) at a later recovery round", key,
+                        action.kind.value, action.target)
 
     def finish_repair(self, node: str, self_check_passed: bool, detail: str = "") -> NodeState:
         """Close a repair (reset / reboot done): record the self-check, and return the node if it passed.
