@@ -670,14 +670,20 @@ class Engine:
 
     def run(self) -> None:
         """Tick every ``engine_interval_s`` until ``stop`` is set, then let the round of resumed actions in flight end
-        (``finish_resuming``); a failing tick is logged and retried."""
-        while not self.stop.is_set():
-            began = time.monotonic()
-            try:
-                self.tick()
-            except Exception:  # one bad tick (store briefly down) must not end the loop
-                log.exception("engine tick failed; retrying")
-            self.stop.wait(max(0.0, self.settings.engine_interval_s - (time.monotonic() - began)))
+        (``finish_resuming``); a failing tick is logged and retried. Ended by an exception (Ctrl-C's KeyboardInterrupt
+        in its wait), ``stop`` is set all the same, so the round in flight claims no further run while the caller
+        waits for it."""
+        try:
+            while not self.stop.is_set():
+                began = time.monotonic()
+                try:
+                    self.tick()
+                except Exception:  # one bad tick (store briefly down) must not end the loop
+                    log.exception("engine tick failed; retrying")
+                self.stop.wait(max(0.0, self.settings.engine_interval_s - (time.monotonic() - began)))
+        except BaseException:
+            self.stop.set()
+            raise
         self.finish_resuming()
 
     def status(self) -> dict[str, Any]:

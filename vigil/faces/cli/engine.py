@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import signal
 from pathlib import Path
@@ -63,6 +62,13 @@ def engine(
         return
     signal.signal(signal.SIGTERM, lambda *_: live.stop.set())
     typer.echo(f"vigil engine on {settings.database_url()} every {settings.engine_interval_s:g} s", err=True)
-    with contextlib.suppress(KeyboardInterrupt):
+    try:
         live.run()
-    live.finish_resuming()  # after Ctrl-C too, which ends run() before its own wait
+    except KeyboardInterrupt:  # Ctrl-C ends run() in its wait, before its own finish_resuming
+        # the round of resumed runs in flight claims no further run (Engine.run sets it too): its runs finish, the
+        # others stay with their dead owner for the next engine or a peer
+        live.stop.set()
+        lease_s = remediator.lease_s if remediator is not None else settings.remedy_lease_s
+        typer.echo(f"vigil engine: stopping; waiting for the tick and the actions it is resuming, at most "
+                   f"{lease_s:g} s", err=True)
+        live.finish_resuming()

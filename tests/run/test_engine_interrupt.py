@@ -1,0 +1,81 @@
+"""`vigil engine` as a real process on a real store (SQLite, PostgreSQL), stopped with Ctrl-C while its tick's round
+resumes one of two drains dead servers left: the drain in flight finishes, and the round claims no further run."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import wait_for
+from tests.remedy.held_slurm import acting_env, held_slurm, place_cluster
+from tests.remedy.test_resume_claim import database as database
+from tests.serve.conftest import REPO
+from tests.serve.conftest import postgres_url as postgres_url
+from vigil.model import Action, ActionKind, ActionStatus
+from vigil.remedy.audit import AuditLog
+from vigil.store.schema import remedy_intents
+
+pytestmark = pytest.mark.slow
+
+
+def crashed_drains(database: str, *nodes: str) -> None:
+    """Drains of ``nodes`` killed servers left started, their leases lapsed long ago: journalled in one transaction,
+    so that one round of resumes reads them all."""
+    rows = []
+    for node in nodes:
+        action = Action(id=f"act-drain-{node}", ts=0.0, kind=ActionKind.DRAIN, target=f"node/{node}",
+                        reason="Xid 79", params={"idempotency_key": f"act-drain-{node}"})
+        rows.append({"key": action.id, "action_id": action.id, "state": "started", "started": 1_000.0,
+                     "action": action.model_dump(mode="json"), "owner": "vigil-api-killed", "lease_expires": 1_030.0})
+    with AuditLog(database).engine.begin() as conn:
+        conn.execute(remedy_intents.insert(), rows)
+
+
+def test_ctrl_c_while_a_round_resumes_claims_no_further_run(database: str, tmp_path: Path) -> None:
+    """Two dead servers' drains appear once the engine runs; its tick's round resumes the first. Ctrl-C: the engine
+    says it waits, the drain in flight ends executed, and the process exits 0 without claiming the second, which
+    stays started under its dead owner for the next engine or a peer. Before, Ctrl-C left ``stop`` unset (it ends
+    run() in its wait), so the round went on and drained the second node too while the process waited for it."""
+    place_cluster(database)
+    home = tmp_path / "home"
+    home.mkdir()
+    err_lines: list[str] = []
+    with held_slurm(tmp_path / "slurm") as slurm:
+        engine = subprocess.Popen([sys.executable, "-m", "vigil", "engine"], cwd=REPO,
+                                  env=acting_env(home, database, slurm), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        assert engine.stderr is not None
+        reader = threading.Thread(target=lambda: err_lines.extend(iter(engine.stderr.readline, "")), daemon=True)
+        reader.start()
+        try:
+            wait_for(lambda: any("vigil engine on" in line for line in err_lines) or engine.poll() is not None, 120,
+                     "the engine to run")
+            assert engine.poll() is None, err_lines
+            crashed_drains(database, "n1", "n2")
+            wait_for(lambda: slurm.draining("n1") or slurm.draining("n2") or engine.poll() is not None, 60,
+                     "the tick's round to resume a drain")
+            first = "n1" if slurm.draining("n1") else "n2"
+            engine.send_signal(signal.SIGINT)
+            wait_for(lambda: any("stopping" in line for line in err_lines) or engine.poll() is not None, 60,
+                     "the engine to say it stops")
+            assert engine.poll() is None, err_lines
+            slurm.release()
+            assert engine.wait(timeout=60) == 0, err_lines
+        finally:
+            if engine.poll() is None:
+                engine.kill()
+                engine.wait()
+        reader.join(10)
+    second = {"n1": "n2", "n2": "n1"}[first]
+    assert not slurm.draining(second), err_lines
+    audit = AuditLog(database)
+    assert [(a.id, a.status) for a in audit.actions()] == [(f"act-drain-{first}", ActionStatus.EXECUTED)]
+    (left,) = audit.unfinished_runs()
+    assert (left.key, left.owner) == (f"act-drain-{second}", "vigil-api-killed")
+    assert [line for line in err_lines if "stopping" in line] == [
+        "vigil engine: stopping; waiting for the tick and the actions it is resuming, at most 30 s\n"]
