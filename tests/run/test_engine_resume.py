@@ -575,3 +575,37 @@ def test_a_remembered_close_leaves_a_live_rerun_of_the_same_action_alone(databas
         ("executed", "act-drain-n1"), ("failed", None)]
     assert "node/n1" in guard.out_of_service()  # drained: held until back in service
 
+
+class AuditTakenOverWhileAway(AuditLog):
+    """An audit log whose connection drops at the close of the first run that succeeded, while a peer whose clock is
+    past the lease takes the run over from ``engine`` (the database came back after this process's lease lapsed)."""
+
+    engine_owner = ""
+
+    def finish(self, key: str, state: str, *args: Any, **kwargs: Any) -> bool:
+        if state == "done" and self.engine_owner:
+            owner, self.engine_owner = self.engine_owner, ""
+            assert AuditLog(str(self.engine.url)).claim(key, "vigil-peer", owner, now=2_000.0, lease_expires=2_030.0)
+            raise OperationalError("UPDATE remedy_intents", {}, ConnectionError("server closed the connection"))
+        return super().finish(key, state, *args, **kwargs)
+
+
+def test_a_resumed_run_whose_claim_is_lost_before_its_failure_closes_releases_its_nodes(database: str) -> None:
+    """The engine resumes a dead server's drain of node/n1; the back end drains, but the run's close fails (the
+    database gone) and by the time the failure's close reaches it a peer has taken the run over. The run is the
+    peer's, whose guard holds node/n1; this engine's guard lets it go, as a late completion does. Before, node/n1
+    stayed held here for the process's life (the back end had been asked), counting against the blast radius."""
+    crashed_drain(AuditLog(database), at=1_000.0, lease_s=30.0)
+    audit = AuditTakenOverWhileAway(database)
+    guard = BlastRadiusGuard(Topology(nodes=[Node(name=f"n{i}") for i in range(1, 11)]), max_share=0.1)
+    runs: list[str] = []
+    engine = Remediator([CountingActuator(runs)], audit, guard=guard, dry_run=False, requested_by="vigil-engine",
+                        clock=lambda: 1_031.0, lease_s=30.0)
+    audit.engine_owner = engine.owner
+    (resumed,) = engine.recover()
+    assert runs == ["counting:act-drain-n1"]
+    assert resumed.status is ActionStatus.FAILED and resumed.result.startswith("resuming failed: OperationalError")
+    assert AuditLog(database).owner_of("act-drain-n1") == "vigil-peer"
+    assert engine._unclosed == {}
+    assert guard.out_of_service() == set()
+    assert guard.admit_all(["node/n2"], reserve=False).admitted

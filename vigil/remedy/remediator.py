@@ -412,7 +412,14 @@ class Remediator:
             closed = self.audit.finish(key, "failed", owner=self.owner, settle=action if settle else None)
             log.exception("recording the failed resumed run %s failed; closed it without its record", key)
         if not closed:
-            return False  # this claim lapsed meanwhile: the run is the process's that took it over
+            # this claim lapsed meanwhile: the run is the process's that took it over, whose guard holds its nodes (and
+            # the lifecycle it advances, for all), so this process's hold goes whether the back end was asked or not,
+            # as in ``_completed_late``; a run this remediator closed itself (the lifecycle's write failed after a
+            # close) keeps its nodes held
+            if self.guard is not None and self.audit.owner_of(key) != self.owner:
+                for node in capacity_nodes(action):
+                    self.guard.release(node, owner=held)
+            return False
         if self.guard is not None and not asked:
             # as in ``_decide``: raised before the back end was asked, nothing left the cluster; raised after it (the
             # close on a dropped connection, the lifecycle's write), the nodes may be out and stay held until back in
