@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -175,7 +176,10 @@ def test_a_second_ctrl_c_during_uvicorn_s_shutdown_skips_the_engine_s_wait(tmp_p
         return loop
 
     def forced(server: uvicorn.Server, sockets: Any = None) -> None:  # served, then Ctrl-C twice
-        server.started = server.should_exit = server.force_exit = True
+        server.started = True
+        server.handle_exit(signal.SIGINT, None)
+        server.handle_exit(signal.SIGINT, None)
+        assert server.should_exit and server.force_exit
 
     monkeypatch.setattr("vigil.run.engine.start_in_thread", held_tick)
     monkeypatch.setattr(uvicorn.Server, "run", forced)

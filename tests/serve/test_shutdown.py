@@ -112,6 +112,91 @@ def test_a_second_ctrl_c_ends_the_wait_at_once(database: str, tmp_path: Path) ->
     assert run.key == "act-drain-n1" and run.owner is not None and run.owner.startswith("vigil-api-")
 
 
+AT_ONCE_FIRST = ("vigil serve: stopped at once on Ctrl-C, without waiting for the engine; an action it was resuming is "
+                 "taken over by another server or engine once this process's lease on it lapses")
+
+
+def test_ctrl_c_after_sigterm_is_named_as_the_first(database: str, tmp_path: Path) -> None:
+    """SIGTERM while the engine resumes a drain: the server says it stops on SIGTERM and that Ctrl-C stops it at once,
+    and Ctrl-C then does - exit 130, the line naming Ctrl-C, not a second one. Before, the lines said "Ctrl-C again"
+    and "on a second Ctrl-C" where no Ctrl-C had come."""
+    place_cluster(database)
+    home = tmp_path / "home"
+    log = home / "serve.log"
+    waiting = ("vigil serve: stopping on SIGTERM; waiting for the engine's tick and the actions it resumes, at most "
+               "30 s (Ctrl-C to stop at once)")
+    with held_slurm(tmp_path / "slurm") as slurm:
+        server = start_server(home, acting_env(home, database, slurm), "--engine")
+        try:
+            crashed_drain(AuditLog(database), at=1_000.0, lease_s=30.0)
+            wait_for(slurm.draining, 60, "the engine to resume the drain")
+            server.send_signal(signal.SIGTERM)
+            wait_for(lambda: waiting in log.read_text() or server.poll() is not None, 60,
+                     "the server to wait for its engine")
+            server.send_signal(signal.SIGINT)
+            assert server.wait(timeout=15) == 130, log.read_text()
+        finally:
+            if server.poll() is None:
+                server.kill()
+                server.wait()
+    text = log.read_text()
+    assert text.split(waiting, 1)[1].strip().splitlines() == [AT_ONCE_FIRST], text
+    assert "Traceback" not in text
+
+
+IN_THE_WINDOW = """
+import signal, sys
+from pathlib import Path
+import vigil.faces.cli.serve as serve
+port, marker = int(sys.argv[1]), Path(sys.argv[2])
+stop_engine = serve._stop_engine
+
+def in_the_window(*args, **kwargs):
+    # uvicorn has stopped and put Python's SIGINT handler back; the wait has not taken SIGINT over yet
+    marker.write_text("")
+    signal.pause()
+    return stop_engine(*args, **kwargs)
+
+serve._stop_engine = in_the_window
+sys.argv = ["vigil", "serve", "--port", str(port), "--engine"]
+from vigil.faces.cli.main import main
+main()
+"""
+
+
+def test_a_second_ctrl_c_before_the_wait_begins_stops_at_once(tmp_path: Path) -> None:
+    """Ctrl-C stops the server; a second one comes after uvicorn put Python's handler back and before the engine's
+    wait takes it (held there in this test: the process waits for the signal): exit 130 with the one line, as during
+    the wait. Before, the KeyboardInterrupt went up outside the wait's handling: the process ended without a word on
+    what it left."""
+    port = free_port()
+    env = {**os.environ, "VIGIL_HOME": str(tmp_path), "VIGIL_API_TOKEN": TOKEN, "PYTHONPATH": str(REPO)}
+    log, marker = tmp_path / "serve.log", tmp_path / "in-the-window"
+    with log.open("ab") as err:
+        server = subprocess.Popen([sys.executable, "-c", IN_THE_WINDOW, str(port), str(marker)], cwd=REPO, env=env,
+                                  stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        def healthy() -> bool:
+            assert server.poll() is None, log.read_text()
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/api/v1/health", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(healthy, 120, "vigil serve to answer /api/v1/health")
+        server.send_signal(signal.SIGINT)
+        wait_for(lambda: marker.exists() or server.poll() is not None, 60, "uvicorn to stop")
+        server.send_signal(signal.SIGINT)
+        assert server.wait(timeout=60) == 130, log.read_text()
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    text = log.read_text()
+    assert text.strip().splitlines()[-1] == AT_ONCE, text
+    assert "Aborted" not in text and "Traceback" not in text
+
+
 def test_ctrl_c_to_the_process_group_leaves_the_drain_to_end(database: str, tmp_path: Path) -> None:
     """Ctrl-C as a terminal sends it, SIGINT to the whole foreground process group, while the server's engine resumes
     a drain: the server waits for the drain, whose scontrol - in a session of its own - is still there, finishes
@@ -245,6 +330,9 @@ def test_a_failed_start_up_stops_the_engine_it_started(database: str, tmp_path: 
                 server.kill()
                 server.wait()
     text = log.read_text()
+    # no Ctrl-C came: the line says start-up failed, and that Ctrl-C (not "again") stops the wait at once
+    assert ("vigil serve: start-up failed; waiting for the engine's tick and the actions it resumes, at most 30 s "
+            "(Ctrl-C to stop at once)") in text, text
     errors = [line for line in text.splitlines() if "error" in line.lower()]
     assert len(errors) == 1 and "address already in use" in errors[0] and str(port) in errors[0], text
     assert "Traceback" not in text

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import threading
 from pathlib import Path
@@ -126,7 +125,7 @@ def serve(
     if ctx.remediator is not None:
         typer.echo(acting_line(ctx.backend, not ctx.remediator.dry_run), err=True)
     # the server first, so that a SIGTERM before uvicorn captures signals (the heap's freeze) ends it too
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    server = _noting_server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
     live: Engine | None = None
     if engine:
         from vigil.run.engine import start_in_thread
@@ -135,6 +134,7 @@ def serve(
         loop = start_in_thread(running)
 
         def stopping(*_: object) -> None:
+            server.note(signal.SIGTERM)
             running.stop.set()
             server.should_exit = True  # read once uvicorn starts: it shuts down at once, and the process ends below
 
@@ -144,22 +144,58 @@ def serve(
     try:
         _freeze_heap()
         typer.echo(f"vigil serving on http://{host}:{port} (store {ctx.settings.database_url()})", err=True)
-        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: uvicorn shut down, and raised it again
+        try:
             server.run()
+        except KeyboardInterrupt:  # Ctrl-C: uvicorn shut down, and raised it again
+            server.note(signal.SIGINT)
         if not server.started:  # start-up failed (uvicorn logged why), as uvicorn.run ends then
             raise typer.Exit(3)
     finally:
         if live is not None:
             # the engine's threads are daemons: without this wait the process ended mid-drain (also when start-up
             # failed); a second Ctrl-C during uvicorn's own shutdown (its force exit) skips it
-            _stop_engine(live, loop, at_once=server.force_exit)
+            try:
+                _stop_engine(live, loop, at_once=server.force_exit, why=server.why())
+            except KeyboardInterrupt:
+                # Ctrl-C after uvicorn put Python's handler back and before the wait took it: stopped at once all the
+                # same, one more Ctrl-C ignored while saying so (it would end the process with "Aborted!", exit 1)
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+                _stopped_at_once(live, server.why())
             signal.signal(signal.SIGTERM, previous)
 
 
-def _stop_engine(live: Engine, loop: threading.Thread, *, at_once: bool) -> None:
+def _noting_server(config: Any) -> Any:
+    """uvicorn's server for ``config``, noting the first signal that stopped it: ``note(sig)``, ``why()``."""
+    import uvicorn
+
+    class NotingServer(uvicorn.Server):
+        first_signal: int | None = None
+
+        def note(self, sig: int) -> None:
+            if self.first_signal is None:
+                self.first_signal = sig
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            self.note(sig)
+            super().handle_exit(sig, frame)
+
+        def why(self) -> str:
+            """What stopped the server: "Ctrl-C", "SIGTERM", or "start-up failed" (no signal, never served)."""
+            if self.first_signal == signal.SIGINT:
+                return "Ctrl-C"
+            if self.first_signal is not None:
+                return signal.Signals(self.first_signal).name
+            return "start-up failed" if not self.started else "stopped"
+
+    return NotingServer(config)
+
+
+def _stop_engine(live: Engine, loop: threading.Thread, *, at_once: bool, why: str = "Ctrl-C") -> None:
     """Stop the engine of `vigil serve` shutting down, waiting for its tick and its round of resumed actions within one
-    lease (``stop_in_thread``) - unless ``at_once`` or Ctrl-C comes again meanwhile: then the process ends now, exit
-    130, with one line saying what it leaves, as uvicorn's force exit does."""
+    lease (``stop_in_thread``) - unless ``at_once`` or Ctrl-C comes (again) meanwhile: then the process ends now, exit
+    130, with one line saying what it leaves, as uvicorn's force exit does. ``why``: what stopped the server
+    (``_Server.why``), which the lines name. A second SIGTERM does not end the wait (a service manager escalates to
+    SIGKILL after its own timeout)."""
     from vigil.run.engine import stop_in_thread
 
     lease_s = live.remediator.lease_s if live.remediator is not None else live.settings.remedy_lease_s
@@ -169,17 +205,24 @@ def _stop_engine(live: Engine, loop: threading.Thread, *, at_once: bool) -> None
     try:
         if at_once:
             raise KeyboardInterrupt
-        typer.echo("vigil serve: stopping; waiting for the engine's tick and the actions it resumes, at most "
-                   f"{lease_s:g} s (Ctrl-C again to stop at once)", err=True)
+        said = why if why == "start-up failed" else "stopping" if why in ("Ctrl-C", "stopped") else f"stopping on {why}"
+        again = "Ctrl-C again" if why == "Ctrl-C" else "Ctrl-C"
+        typer.echo(f"vigil serve: {said}; waiting for the engine's tick and the actions it resumes, at most "
+                   f"{lease_s:g} s ({again} to stop at once)", err=True)
         stop_in_thread(live, loop)
     except KeyboardInterrupt:
-        live.stop.set()
-        typer.echo("vigil serve: stopped at once on a second Ctrl-C, without waiting for the engine; an action it was "
-                   "resuming is taken over by another server or engine once this process's lease on it lapses",
-                   err=True)
-        raise typer.Exit(130) from None
+        _stopped_at_once(live, why)
     finally:
         signal.signal(signal.SIGINT, before)
+
+
+def _stopped_at_once(live: Engine, why: str) -> None:
+    """End `vigil serve` at once on Ctrl-C while it stops, exit 130, with one line saying what it leaves."""
+    live.stop.set()
+    which = "a second Ctrl-C" if why == "Ctrl-C" else "Ctrl-C"
+    typer.echo(f"vigil serve: stopped at once on {which}, without waiting for the engine; an action it was resuming "
+               "is taken over by another server or engine once this process's lease on it lapses", err=True)
+    raise typer.Exit(130) from None
 
 
 def _freeze_heap() -> None:
