@@ -22,7 +22,7 @@ from vigil.model import Action, ActionKind, ActionStatus, Node, Topology
 from vigil.remedy.audit import AuditLog
 from vigil.remedy.guard import BlastRadiusGuard
 from vigil.remedy.lifecycle import LifecycleStore, Trigger
-from vigil.remedy.remediator import Remediator
+from vigil.remedy.remediator import UNCLOSED_WARN_AFTER, Remediator
 from vigil.run.engine import Engine, start_in_thread, stop_in_thread
 from vigil.store.sql import Store
 
@@ -609,3 +609,26 @@ def test_a_resumed_run_whose_claim_is_lost_before_its_failure_closes_releases_it
     assert engine._unclosed == {}
     assert guard.out_of_service() == set()
     assert guard.admit_all(["node/n2"], reserve=False).admitted
+
+
+def test_a_remembered_close_that_keeps_failing_is_warned_once(database: str,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """A remembered close that fails round after round (the database away for long) is said once more, as a warning
+    naming the run, at the 10th round in a row - not at every round, and not only at debug for ever as before."""
+    crashed_drain(AuditLog(database), at=1_000.0, lease_s=30.0)
+    audit = AuditAway(database)
+    engine = Remediator([CountingActuator([])], audit, lifecycle=LifecycleAway(database), dry_run=False,
+                        requested_by="vigil-engine", clock=lambda: 1_031.0)
+    (resumed,) = engine.recover()
+    assert resumed.status is ActionStatus.FAILED
+    with caplog.at_level("DEBUG", logger="vigil.remedy"):
+        for _ in range(UNCLOSED_WARN_AFTER * 2):
+            assert engine.recover() == []
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [
+        f"closing the failed resumed run act-drain-n1 (drain on node/n1) failed again at {UNCLOSED_WARN_AFTER} "
+        "recovery rounds in a row: OperationalError: (builtins.ConnectionError) server closed the connection; it stays "
+        "started, tried again every round (said once)"]
+    audit.away = False
+    assert engine.recover() == []
+    assert AuditLog(database).unfinished_runs() == []

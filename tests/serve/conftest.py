@@ -179,9 +179,9 @@ def start_server(home: Path, env: Mapping[str, str], *options: str, port: int | 
     in a session and process group of its own, as a terminal's foreground job is, for os.killpg."""
     port = free_port() if port is None else port
     home.mkdir(parents=True, exist_ok=True)
-    process = subprocess.Popen([sys.executable, "-m", "vigil", "serve", "--port", str(port), *options], cwd=REPO,
-                               env=dict(env), stdout=subprocess.DEVNULL, stderr=(home / "serve.log").open("ab"),
-                               start_new_session=own_group)
+    with (home / "serve.log").open("ab") as log:  # the process has its own copy: this one is closed at once
+        process = subprocess.Popen([sys.executable, "-m", "vigil", "serve", "--port", str(port), *options], cwd=REPO,
+                                   env=dict(env), stdout=subprocess.DEVNULL, stderr=log, start_new_session=own_group)
 
     def healthy() -> bool:
         assert process.poll() is None, (home / "serve.log").read_text()

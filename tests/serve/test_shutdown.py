@@ -5,10 +5,12 @@ PostgreSQL."""
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import httpx
@@ -351,3 +353,19 @@ def test_a_bad_database_url_is_one_line_before_anything_starts(tmp_path: Path) -
     assert done.returncode == 2, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "cannot open the store" in lines[0] and "Traceback" not in done.stderr, done.stderr
+
+
+def test_start_server_closes_its_handle_on_the_log(tmp_path: Path) -> None:
+    """start_server hands serve.log to the process and closes its own handle on it: no ResourceWarning for an unclosed
+    serve.log (before, the file it opened for the process was left to the garbage collector, unclosed)."""
+    home = tmp_path / "home"
+    env = {**os.environ, "VIGIL_HOME": str(home), "VIGIL_API_TOKEN": TOKEN, "PYTHONPATH": str(REPO)}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        server = start_server(home, env, "--no-engine")
+        gc.collect()
+    try:
+        assert [str(w.message) for w in caught if "serve.log" in str(w.message)] == []
+    finally:
+        server.terminate()
+        server.wait(60)

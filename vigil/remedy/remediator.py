@@ -36,6 +36,9 @@ from vigil.remedy.policy import PolicyEngine
 
 log = logging.getLogger("vigil.remedy")
 
+# recovery rounds in a row at which a remembered run's close has failed before that is warned (once; debug until then)
+UNCLOSED_WARN_AFTER = 10
+
 # The lifecycle steps a successful action walks a node through, in order, from wherever it is.
 LIFECYCLE_STEPS: dict[ActionKind, tuple[Trigger, ...]] = {
     ActionKind.CORDON: (Trigger.CORDON,),
@@ -155,6 +158,7 @@ class Remediator:
         # or before this remediator runs the same key again. The lock spans each look at an entry and its close: the
         # run is this remediator's, so a close after a re-run began would match that live run (``_close_remembered``)
         self._unclosed: dict[str, tuple[Action, bool, str]] = {}
+        self._unclosed_tries: dict[str, int] = {}  # key -> rounds in a row its close failed again
         self._unclosed_lock = threading.RLock()
 
     def actuator_for(self, action: Action) -> Actuator | None:
@@ -435,8 +439,16 @@ class Remediator:
             for key in list(self._unclosed):
                 try:
                     self._close_remembered(key)
-                except Exception:
-                    log.debug("closing the failed resumed run %s failed again", key, exc_info=True)
+                except Exception as err:
+                    tries = self._unclosed_tries[key] = self._unclosed_tries.get(key, 0) + 1
+                    if tries != UNCLOSED_WARN_AFTER:
+                        log.debug("closing the failed resumed run %s failed again", key, exc_info=True)
+                        continue
+                    action = self._unclosed[key][0]
+                    log.warning("closing the failed resumed run %s (%s on %s) failed again at %d recovery rounds in a "
+                                "row: %s: %s; it stays started, tried again every round (said once)", key,
+                                action.kind.value, action.target, tries, type(err).__name__,
+                                next(iter(str(err).splitlines()), ""))
 
     def _close_remembered(self, key: str, *, settle: bool = True) -> None:
         """Close the failed resumed run under ``key`` whose close failed (``_resume``), if there is one; raises when it
@@ -452,6 +464,7 @@ class Remediator:
             action, asked, held = entry
             closed = self._close_failed(key, action, asked=asked, held=held, settle=settle)
             del self._unclosed[key]
+            self._unclosed_tries.pop(key, None)
         if closed:
             log.warning("closed the failed resumed run %s (%s on %s) at a later recovery round", key,
                         action.kind.value, action.target)
