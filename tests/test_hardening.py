@@ -9,9 +9,11 @@ import pickle
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -372,7 +374,9 @@ def test_serve_leaves_the_engine_off_on_a_demo_store_unless_asked(
 
     started: list[bool] = []
     monkeypatch.setattr(uvicorn.Server, "run", lambda server, sockets=None: setattr(server, "started", True))
-    monkeypatch.setattr(live_engine, "Engine", lambda *args, **kwargs: object())
+    # What the server's shutdown reads of its engine: no remediator, the lease from settings, the stop event.
+    fake = SimpleNamespace(remediator=None, settings=SimpleNamespace(remedy_lease_s=30.0), stop=threading.Event())
+    monkeypatch.setattr(live_engine, "Engine", lambda *args, **kwargs: fake)
     monkeypatch.setattr(live_engine, "start_in_thread", lambda engine: started.append(True))
     monkeypatch.setattr(live_engine, "stop_in_thread", lambda engine, loop: True)
     demo, plain = tmp_path / "demo", tmp_path / "plain"
