@@ -6,9 +6,7 @@ server's /metrics."""
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,8 +17,8 @@ from fastapi.testclient import TestClient
 
 from tests.run.pages import dcgm_page
 from tests.run.test_late_pushes import COOL, HOT, TOKEN, Clock
-from tests.serve.conftest import fresh_database
 from tests.serve.conftest import postgres_url as postgres_url
+from tests.store.conftest import db_url as db_url
 from vigil.config import Settings
 from vigil.faces.api.app import create_app
 from vigil.model import Node
@@ -29,15 +27,6 @@ from vigil.sources.collect.dcgm import DcgmExporterScraper
 from vigil.store.sql import Store
 
 TEMP = "DCGM_FI_DEV_GPU_TEMP"
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'v.db'}"
-    name = re.sub(r"\W+", "_", request.node.name).lower()
-    digest = hashlib.sha1(name.encode()).hexdigest()[:8]
-    return fresh_database(request.getfixturevalue("postgres_url"), f"{name[:50]}_{digest}")
 
 
 class Agent:
