@@ -132,17 +132,24 @@ class OneBad:
     """The server's real app behind the agent's client; the events at ``bad`` of each events POST carry a field it
     does not know, so that its own validation answers 422 naming them (``errors[].loc``)."""
 
-    def __init__(self, server: Any, bad: set[float]) -> None:
+    def __init__(self, server: Any, bad: set[float], old_server: bool = False) -> None:
         self.server = server
         self.bad = bad
         self.posts = 0
+        self.old_server = old_server  # answer as a server before invalid_indices: errors[] lists at most 20
 
     def post(self, url: str, **kwargs: Any) -> httpx.Response:
         if url.endswith("/events"):
             self.posts += 1
             kwargs["json"] = [{**e, "trace_parent": "00-ab"} if e["ts"] in self.bad else e for e in kwargs["json"]]
         answer = self.server.post(url, **kwargs)
-        return httpx.Response(answer.status_code, headers=answer.headers, content=answer.content,
+        content = answer.content
+        if self.old_server and answer.status_code == 422:
+            old = answer.json()
+            assert "invalid_indices" in old and len(old["errors"]) <= 20
+            del old["invalid_indices"]
+            content = json.dumps(old).encode()
+        return httpx.Response(answer.status_code, headers={"Content-Type": "application/json"}, content=content,
                               request=httpx.Request("POST", url))
 
 
@@ -150,7 +157,8 @@ class OneBad:
 def test_the_real_server_naming_bad_events_in_a_422_costs_only_those(tmp_path: Path, bad: set[float]) -> None:
     """The real events route refuses events with a field it does not know (422, errors[].loc = ["body", index,
     field]): only those are dropped and counted, the others of the batch are stored - also when more are bad than
-    the answer lists (it names at most 20): one more POST takes the rest (before: the whole batch dropped)."""
+    its errors list describes (at most 20): its invalid_indices name them all, and one more POST takes the rest
+    (a server listing only 20 errors: 3 POSTs for 30 bad events)."""
     server, store = _server(tmp_path)
     events = [xid(float(i)) for i in range(40)]
     client = OneBad(server, bad)
@@ -158,7 +166,45 @@ def test_the_real_server_naming_bad_events_in_a_422_costs_only_those(tmp_path: P
     push_round(agent, 100.0, events)
     assert [e.ts for e in store.events(kind="xid", limit=100)] == [e.ts for e in events if e.ts not in bad]
     assert _dropped_refused(agent) == len(bad) and not agent.pending_events
-    assert client.posts == (2 if len(bad) <= 20 else 3)
+    assert client.posts == 2
+
+
+@pytest.mark.parametrize(("old_server", "share", "posts"), [
+    (False, 1.0, 1), (False, 0.6, 2),  # every refused event named at once: one POST more at most
+    (True, 1.0, 50), (True, 0.6, 31),  # a server listing 20 errors a 422 (before invalid_indices): 20 a POST
+])
+def test_schema_drift_in_a_full_batch_costs_one_post_more_against_a_server_naming_every_refused_event(
+    tmp_path: Path, old_server: bool, share: float, posts: int,
+) -> None:
+    """A full default batch (1,000 events) of which all, or 600 spread through it, carry a field the real server
+    does not know (a newer agent in a rolling upgrade): the server's 422 names every refused index
+    (``invalid_indices``) and the agent drops them all in one step - 1 POST for the batch, 2 with valid events
+    left (before: 50 and 31, its 422 naming 20 a time). Against a server that lists only 20 errors the agent still
+    drops exactly the refused ones, 20 a POST, and stores the rest."""
+    server, store = _server(tmp_path)
+    events = [xid(float(i)) for i in range(1000)]
+    bad = {float(i) for i in range(1000) if share == 1.0 or i % 5 < 3}
+    assert len(bad) == int(1000 * share)
+    client = OneBad(server, bad, old_server=old_server)
+    agent = _agent(client)
+    push_round(agent, 100.0, events)
+    stored = [e.ts for e in store.events(kind="xid", limit=2000)]
+    assert stored == [e.ts for e in events if e.ts not in bad]
+    assert _dropped_refused(agent) == len(bad) and not agent.pending_events
+    assert client.posts == posts
+
+
+def test_the_servers_422_names_every_refused_item_of_a_list_body_in_bounded_size(tmp_path: Path) -> None:
+    """The real events route refusing 10,000 events (its most a POST), each with two unknown fields: the 422
+    describes the first 20 errors and names each of the 10,000 refused indices once, in order, in well under a
+    megabyte."""
+    server, _store = _server(tmp_path)
+    body = [{**xid(float(i)).model_dump(mode="json"), "trace_parent": "00-ab", "span": 1} for i in range(10_000)]
+    answer = server.post("/api/v1/events", json=body)
+    assert answer.status_code == 422
+    refusal = answer.json()
+    assert refusal["invalid_indices"] == list(range(10_000)) and len(refusal["errors"]) == 20
+    assert len(answer.content) < 100_000
 
 
 @pytest.mark.parametrize("status", [404, 421])

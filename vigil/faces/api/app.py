@@ -33,6 +33,18 @@ if TYPE_CHECKING:
     from vigil.store.sql import Store
 
 
+# The first errors a 422 describes (loc, msg, type); every refused item of a list body is named in its
+# ``invalid_indices`` however many errors there are, so that a sender drops them all at once.
+MAX_LISTED_ERRORS = 20
+
+
+def _invalid_items(err: RequestValidationError) -> list[int]:
+    """The indices of a list body's items that failed validation (errors at ``["body", index, ...]``), sorted, each
+    once: at most one a body item, so no longer than the list sent (the events route takes 10,000)."""
+    return sorted({loc[1] for e in err.errors() if len(loc := tuple(e.get("loc", ()))) >= 2 and loc[0] == "body"
+                   and isinstance(loc[1], int) and not isinstance(loc[1], bool)})
+
+
 def _one_line_validation(err: RequestValidationError) -> str:
     parts = []
     for item in err.errors()[:5]:
@@ -99,7 +111,8 @@ def app_for_context(ctx: ServeContext) -> FastAPI:
         return JSONResponse(
             {
                 "detail": f"invalid request: {_one_line_validation(err)}",
-                "errors": [{k: e[k] for k in ("loc", "msg", "type") if k in e} for e in err.errors()[:20]],
+                "errors": [{k: e[k] for k in ("loc", "msg", "type") if k in e} for e in err.errors()[:MAX_LISTED_ERRORS]],
+                "invalid_indices": _invalid_items(err),
             },
             status_code=422,
         )

@@ -939,9 +939,10 @@ class EventPusher:
         server's ``errors[].loc``, ``["body", index, ...]``) drops those and sends the rest again, any other refusal
         (413 from a proxy's body limit, a 422 naming none) splits it in half and sends each half, down to one event;
         an event refused when sent alone is dropped and counted (``vigil_agent_events_dropped_total``
-        ``{reason="batch_refused"}``), warned about once an episode. Returns the error that stopped it (the server
-        failing or not answering) with the batch's events neither taken nor refused, in order; ([], None) when
-        none is left."""
+        ``{reason="batch_refused"}``), warned about once an episode. A 422 of a server that names every refused
+        event (``invalid_indices``) costs one POST more at most, however many are refused. Returns the error that
+        stopped it (the server failing or not answering) with the batch's events neither taken nor refused, in
+        order; ([], None) when none is left."""
         work: list[tuple[list[Event], list[dict[str, Any]]]] = [(events, docs)]
         while work:
             batch, body = work.pop()
@@ -1145,15 +1146,22 @@ def _refusals(response: httpx.Response, pushed: int) -> tuple[dict[str, int], st
 
 
 def _invalid_indices(response: httpx.Response, pushed: int) -> set[int]:
-    """The indices of the events a 422 names as invalid: each error's ``loc`` is ``["body", index, field...]`` (the
-    server's ``errors``, or FastAPI's own ``detail`` list on a server without Vigil's handler); empty when it names
-    none (a body too long, an answer of another shape)."""
+    """The indices of the events a 422 names as invalid: the server's ``invalid_indices`` (every refused event of
+    the batch, however many), else each error's ``loc``, ``["body", index, field...]`` (the ``errors`` of a server
+    before ``invalid_indices``, which lists at most 20 - the rest is named by the next POST's answer - or FastAPI's
+    own ``detail`` list on a server without Vigil's handler); empty when it names none (a body too long, an answer
+    of another shape)."""
     try:
         answer = response.json()
     except ValueError:
         return set()
     if not isinstance(answer, dict):
         return set()
+    listed = answer.get("invalid_indices")
+    if isinstance(listed, list) and listed:
+        named = {i for i in listed if isinstance(i, int) and not isinstance(i, bool) and 0 <= i < pushed}
+        if named:
+            return named
     errors = answer.get("errors") if isinstance(answer.get("errors"), list) else answer.get("detail")
     found: set[int] = set()
     for error in errors if isinstance(errors, list) else []:
