@@ -15,6 +15,13 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 
+@pytest.fixture(autouse=True)
+def _agent_state_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's node agents (and the agent processes it starts) keep their events spool in a directory of its
+    own, never in the default /var/lib/vigil-agent of the machine running the tests."""
+    monkeypatch.setenv("VIGIL_AGENT_STATE_DIR", str(tmp_path_factory.mktemp("agent-state")))
+
+
 def in_ci() -> bool:
     """True under CI=true (or 1 / yes), where every real part and data set must be present."""
     return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")

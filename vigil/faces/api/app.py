@@ -111,7 +111,8 @@ def app_for_context(ctx: ServeContext) -> FastAPI:
         return JSONResponse(
             {
                 "detail": f"invalid request: {_one_line_validation(err)}",
-                "errors": [{k: e[k] for k in ("loc", "msg", "type") if k in e} for e in err.errors()[:MAX_LISTED_ERRORS]],
+                "errors": [{k: e[k] for k in ("loc", "msg", "type") if k in e}
+                           for e in err.errors()[:MAX_LISTED_ERRORS]],
                 "invalid_indices": _invalid_items(err),
             },
             status_code=422,

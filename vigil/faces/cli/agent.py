@@ -27,6 +27,9 @@ def agent(
     server: Annotated[str | None, typer.Option("--server", help="Vigil server URL to push events to")] = None,
     kmsg_file: Annotated[str | None, typer.Option("--kmsg-file", help="kernel log file instead of /dev/kmsg")] = None,
     store: Annotated[str | None, typer.Option("--store", help="keep a local history (tiered retention) here")] = None,
+    state_dir: Annotated[str | None, typer.Option(
+        "--state-dir", help="keep the events not yet sent here, sent first on the next start (default "
+        "/var/lib/vigil-agent; '' = in memory only)")] = None,
     duration: Annotated[float | None, typer.Option("--duration", help="stop after this many seconds")] = None,
     rank_logs: Annotated[str | None, typer.Option(
         "--rank-logs", help="forward training ranks' log files matching this glob (quote it), e.g. "
@@ -54,6 +57,7 @@ def agent(
             "server_url": server,
             "kmsg_file": kmsg_file,
             "store": store,
+            "state_dir": state_dir,
         }.items()
         if v is not None
     }
@@ -64,6 +68,8 @@ def agent(
     elif rank_log_pattern is not None or rank_log_job is not None or rank_offset:
         raise VigilInputError("--rank-log-pattern, --rank-log-job and --rank-offset describe the files of "
                               "--rank-logs GLOB; give --rank-logs too")
+    if once:
+        overrides["state_dir"] = ""  # one read, no push: the spool is the running agent's
     try:
         settings = AgentSettings(**overrides)
     except ValidationError as err:

@@ -16,9 +16,10 @@ Collection practice (the production clusters' rules this loop follows):
 What it collects is exposed for Prometheus (``/metrics`` on ``port``) and events are pushed to the Vigil
 server (``POST <server>/api/v1/events``) when one is configured; the training ranks' decoded log lines
 (``rank_logs``, ``vigil.sources.collect.rank_files``) go to ``POST <server>/api/v1/rank-logs``, which takes them
-only for ranks placed on this node. Events wait for the server in a bounded queue; what it cannot hold, and a batch
-the server refuses for good (``refused_for_good``), is counted (``vigil_agent_events_dropped_total``); a refused
-token (401 / 403) keeps everything. Samples pushes the server has not taken wait in a backlog bounded by
+only for ranks placed on this node. Events wait for the server in a bounded queue, spooled to disk
+(``state_dir``, ``vigil.sources.collect.spool``) so that a restarted agent sends them first; what it cannot hold,
+and a batch the server refuses for good (``refused_for_good``), is counted (``vigil_agent_events_dropped_total``);
+a refused token (401 / 403) keeps everything. Samples pushes the server has not taken wait in a backlog bounded by
 count, bytes and age (``samples_backlog_*``) and are sent again after each round's own push, oldest first and a few a
 round, each under its own Idempotency-Key (``EventPusher``); the ones it cannot hold are counted
 (``vigil_agent_samples_pushes_dropped_total``).
@@ -31,6 +32,7 @@ import json
 import logging
 import math
 import re
+import sqlite3
 import threading
 import time
 import uuid
@@ -58,6 +60,7 @@ from vigil.sources.collect.kube import KubernetesSource, in_cluster
 from vigil.sources.collect.local_store import AgentStore
 from vigil.sources.collect.nvml import NvmlCollector
 from vigil.sources.collect.rank_files import RankLogFiles, RankLogSource
+from vigil.sources.collect.spool import EventSpool, SpoolUnavailable
 from vigil.store.retention import RetentionPolicy
 
 log = logging.getLogger("vigil.agent")
@@ -72,6 +75,11 @@ DEFAULT_INTERVALS: dict[str, float] = {
 }
 # Events kept for the server while it is away; older ones are dropped (and counted) beyond it.
 MAX_PENDING_EVENTS = 10_000
+# Where the agent keeps what must outlive it (the events spool, vigil.sources.collect.spool): the systemd unit's
+# StateDirectory and the DaemonSet's hostPath.
+DEFAULT_STATE_DIR = "/var/lib/vigil-agent"
+# Why events were dropped unsent (vigil_agent_events_dropped_total{reason}): the spool on disk at its bounds.
+SPOOL_FULL = "spool_full"
 # Why the server refuses one event of a rank-log push (``POST /api/v1/rank-logs`` answers them per event); the
 # agent counts its refused events by these, a whole push refused (HTTP 4xx, see refused_for_good) as PUSH_REFUSED
 # and a reason it does not know as "other".
@@ -165,6 +173,13 @@ class AgentSettings(BaseSettings):
     samples_backlog_per_round: int = Field(default=20, ge=0, description="waiting samples pushes sent at most in "
                                            "one push round, after the round's own (0: all): a full default backlog of "
                                            "24 goes in 2 rounds, not all at once from every node")
+    state_dir: str = Field(default=DEFAULT_STATE_DIR, description="directory of what outlives the agent: the "
+                           "events not yet answered by the server (events-spool.sqlite), sent first when the agent "
+                           "starts again; empty = the events queue in memory only")
+    spool_events: int = Field(default=MAX_PENDING_EVENTS, ge=1, description="most events kept in the spool, the "
+                              "oldest dropped beyond (counted as spool_full)")
+    spool_bytes: int = Field(default=32 * 2**20, ge=1024, description="most bytes of events (as JSON) kept in the "
+                             "spool, the oldest dropped beyond (counted as spool_full)")
     kmsg_file: str = Field(default="", description="read this kernel log file instead of /dev/kmsg")
     rank_logs: list[RankLogFiles] = Field(default_factory=list, description="training ranks' log files to forward "
                                           "(glob, pattern naming job and rank); empty = none")
@@ -345,7 +360,14 @@ class Agent:
         self.pending_events: list[Event] = []
         self.events_total: dict[tuple[str, str], int] = defaultdict(int)
         self.events_dropped = 0
+        self.events_spool_dropped = 0  # events dropped from the full spool (and the queue): SPOOL_FULL
         self._lock = threading.Lock()
+        # the spool's id of each event held in it, by the event object's id (the event kept alive with it), and the
+        # events the full spool dropped while the push thread was sending them (not queued again if they fail)
+        self.spool: EventSpool | None = None
+        self._spooled: dict[int, tuple[Event, int]] = {}
+        self._evicted: dict[int, Event] = {}
+        self._spool_full_warned = False
         self.stop_event = threading.Event()
         self._pusher: EventPusher | None = None
         if self.settings.server_url:
@@ -356,6 +378,8 @@ class Agent:
                                        backlog_per_round=self.settings.samples_backlog_per_round,
                                        events_batch_bytes=self.settings.events_batch_bytes,
                                        events_batch_max=self.settings.events_batch_max)
+            if self.settings.state_dir:
+                self._open_spool(Path(self.settings.state_dir))
         self._next_push = 0.0
         self.store: AgentStore | None = None
         self._next_record = 0.0
@@ -449,22 +473,96 @@ class Agent:
             return point
         return Point(point.metric, point.entity, point.value, self.guard.clean(point.metric, point.labels))
 
+    def _open_spool(self, directory: Path) -> None:
+        """Open the events spool and queue what it holds (an agent stopped or crashed with events unsent) first."""
+        try:
+            self.spool = EventSpool(directory, self.settings.spool_events, self.settings.spool_bytes)
+            held = self.spool.load()
+        except (SpoolUnavailable, OSError, sqlite3.Error) as err:
+            if self.spool is not None:
+                self.spool.close()
+                self.spool = None
+            log.warning("no events spool (%s): events not yet sent are lost if the agent stops; set "
+                        "VIGIL_AGENT_STATE_DIR (--state-dir) to a writable directory", err)
+            return
+        for row_id, event in held:
+            self._spooled[id(event)] = (event, row_id)
+        self.pending_events = [event for _, event in held]
+        if held:
+            log.warning("sending first the %d event(s) the spool %s held from before this start", len(held),
+                        self.spool.path)
+        self._bound_pending()
+
+    def _spool_add(self, events: list[Event]) -> set[int]:
+        """Write new events to the spool before they are queued, and drop the events its bounds push out: from the
+        queue, or marked for the push thread sending them. Returns the dropped events' object ids. Lock held."""
+        if self.spool is None or not events:
+            return set()
+        try:
+            ids, evicted = self.spool.add(events)
+        except (OSError, sqlite3.Error) as err:  # a full disk: the events are still queued in memory
+            log.warning("the events spool %s failed (%s): %d event(s) queued in memory only", self.spool.path, err,
+                        len(events))
+            return set()
+        for event, row_id in zip(events, ids, strict=True):
+            self._spooled[id(event)] = (event, row_id)
+        if not evicted:
+            return set()
+        gone = set(evicted)
+        dropped = {key for key, (_, row_id) in self._spooled.items() if row_id in gone}
+        here = {id(e) for e in self.pending_events} | {id(e) for e in events}
+        for key in dropped:
+            event, _ = self._spooled.pop(key)
+            if key not in here:
+                self._evicted[key] = event  # in flight: dropped if it comes back unsent
+        self.pending_events = [e for e in self.pending_events if id(e) not in dropped]
+        self.events_spool_dropped += len(evicted)
+        if not self._spool_full_warned:
+            self._spool_full_warned = True
+            log.warning("the events spool %s is full (%d events, %d bytes): the oldest events are dropped (counted "
+                        "in vigil_agent_events_dropped_total{reason=\"spool_full\"}, not logged)", self.spool.path,
+                        self.spool.max_events, self.spool.max_bytes)
+        return dropped
+
+    def _spool_forget(self, events: Iterable[Event]) -> None:
+        """Remove events from the spool: the server answered for them, or they were dropped. Lock held."""
+        ids = [entry[1] for e in events if (entry := self._spooled.pop(id(e), None)) is not None]
+        for event in events:
+            self._evicted.pop(id(event), None)
+        if self.spool is not None and ids:
+            try:
+                self.spool.remove(ids)
+                if not len(self.spool):
+                    self._spool_full_warned = False  # the episode is over
+            except (OSError, sqlite3.Error) as err:  # sent again after a restart: the server stores them once
+                log.warning("the events spool %s failed (%s) removing %d sent event(s)", self.spool.path, err,
+                            len(ids))
+
+    def _settled(self, events: list[Event]) -> None:
+        """The push thread's word on events the server answered for (taken or refused for good)."""
+        with self._lock:
+            self._spool_forget(events)
+
     def _accept_events(self, events: list[Event]) -> None:
         with self._lock:
+            dropped = self._spool_add(events) if self._pusher is not None else set()
             for event in events:
                 self.events_total[(event.kind, event.level.label)] += 1
                 # a rank's own error lines are in its log already: counted, not repeated in the agent's log
                 if event.level >= FaultLevel.DEGRADED and event.kind != "rank_log":
                     log.warning("%s %s on %s: %s", event.level.label, event.kind, event.entity, event.message[:200])
             if self._pusher is not None:
-                self.pending_events.extend(events)
+                self.pending_events.extend(e for e in events if id(e) not in dropped)
                 self._bound_pending()
 
     def _bound_pending(self) -> None:
         """Drop the oldest pending events beyond the bound: a server down for hours must not grow the agent
         past its memory budget. Called with the lock held."""
         excess = max(0, len(self.pending_events) - MAX_PENDING_EVENTS)
+        if not excess:
+            return
         self.events_dropped += excess
+        self._spool_forget(self.pending_events[:excess])
         del self.pending_events[:excess]
 
     def push(self, mono: float) -> None:
@@ -479,7 +577,8 @@ class Agent:
         now = self.clock()
         samples = [Sample(ts=now, entity=p.entity, metric=p.metric, value=p.value) for p in self.points()
                    if math.isfinite(p.value)] if self.settings.push_samples else []
-        self._pusher.send(batch, requeue=self._requeue, samples=samples, node=self.node, inventory=inventory)
+        self._pusher.send(batch, requeue=self._requeue, samples=samples, node=self.node, inventory=inventory,
+                          settled=self._settled)
 
     def inventory(self) -> Node:
         """This node as the server's topology should hold it: GPUs (index, UUID, PCI bus, model) and NICs."""
@@ -498,7 +597,8 @@ class Agent:
 
     def _requeue(self, events: list[Event]) -> None:
         with self._lock:
-            self.pending_events[:0] = events
+            # the ones the full spool dropped while they were sent stay dropped (counted then)
+            self.pending_events[:0] = [e for e in events if self._evicted.pop(id(e), None) is None]
             self._bound_pending()
 
     def record(self, mono: float) -> None:
@@ -542,6 +642,11 @@ class Agent:
                 runner.source.close()
         if self.store is not None:
             self.store.close()
+        if self.spool is not None:
+            # a push in flight leaves its events in the spool: sent again at the next start, stored once
+            with self._lock:
+                self.spool.close()
+                self.spool = None
 
     # ---------------------------------------------------------------- views
 
@@ -596,6 +701,7 @@ class Agent:
             ],
             "events": {f"{kind}/{level}": n for (kind, level), n in sorted(self.events_snapshot().items())},
             "events_dropped": self.events_dropped,
+            "events_spooled": len(self.spool) if self.spool is not None else None,
             "events_refused": self.events_refused,
             "events_batch_refused": self.events_batch_refused,
             "events_refused_by_reason": self.events_refused_by_reason,
@@ -712,6 +818,7 @@ class AgentExposition(Collector):
                                       "full (queue_full), the server refused rank-log lines (refused) or events of "
                                       "an events batch (batch_refused)", labels=["reason"])
         dropped.add_metric(["queue_full"], agent.events_dropped)
+        dropped.add_metric([SPOOL_FULL], agent.events_spool_dropped)
         dropped.add_metric(["refused"], agent.events_refused)
         dropped.add_metric(["batch_refused"], agent.events_batch_refused)
         refused = CounterMetricFamily("vigil_agent_rank_log_events_refused", "rank-log events the server refused "
@@ -719,6 +826,11 @@ class AgentExposition(Collector):
         for reason, count in sorted(agent.events_refused_by_reason.items()):
             refused.add_metric([reason], count)
         yield from (up, timeouts, problems, duration, events, dropped, refused)
+        if agent.spool is not None:
+            yield GaugeMetricFamily("vigil_agent_events_spooled", "events on disk the server has not answered for",
+                                    value=len(agent.spool))
+            yield GaugeMetricFamily("vigil_agent_events_spool_bytes", "bytes of the events on disk the server has "
+                                    "not answered for", value=agent.spool.bytes)
         if agent._pusher is not None:
             yield from agent._pusher.backlog_metrics()
         yield GaugeMetricFamily(
@@ -779,6 +891,7 @@ class EventPusher:
         self.registered: Node | None = None
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._client = httpx.Client(timeout=timeout_s, headers=headers)
+        self.timeout_s = timeout_s
         self._thread: threading.Thread | None = None
         self.sent = 0
         self.failures = 0
@@ -817,15 +930,16 @@ class EventPusher:
         samples: list[Sample] | None = None,
         node: str = "",
         inventory: Node | None = None,
+        settled: Callable[[list[Event]], None] | None = None,
     ) -> None:
         self._thread = threading.Thread(
-            target=self._post, args=(events, requeue, samples or [], node, inventory), daemon=True,
+            target=self._post, args=(events, requeue, samples or [], node, inventory, settled), daemon=True,
             name="vigil-agent-push",
         )
         self._thread.start()
 
     def _post(self, events: list[Event], requeue: Callable[[list[Event]], None], samples: list[Sample], node: str,
-              inventory: Node | None) -> None:
+              inventory: Node | None, settled: Callable[[list[Event]], None] | None = None) -> None:
         fresh = None
         if samples:
             push = {"node": node, "samples": [s.model_dump(mode="json") for s in samples]}
@@ -865,6 +979,9 @@ class EventPusher:
                 self._send_backlog(fresh)
             except httpx.HTTPError as err:
                 self._failed(err)
+        if settled is not None:
+            unsettled = {id(e) for e in kept}
+            settled([e for e in events if id(e) not in unsettled])  # answered for: off the spool
         if kept:
             requeue(kept)
 

@@ -1,0 +1,256 @@
+"""The agent's events spool: the events queued for the server, on disk, written before they are sent and removed
+once the server answered for them, so that an agent killed (or its node rebooted) sends them when it starts again -
+against the server's real app on real HTTP, the agent a real process killed with SIGKILL - bounded by events and
+bytes, and surviving a write torn by a crash."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.collect.conftest import fast_settings
+from tests.collect.test_agent import CountingSource
+from tests.collect.test_agent_refusals import TOKEN, xid
+from tests.conftest import REPO, wait_for
+from tests.serve.conftest import serve_in_thread
+from vigil.sources.collect.agent import SPOOL_FULL, Agent, AgentExposition
+from vigil.sources.collect.spool import SPOOL_FILE, EventSpool, SpoolUnavailable
+
+
+def _held(state: Path) -> int:
+    """Events in an agent's spool, read as another process reads it (the agent's WAL included)."""
+    path = state / SPOOL_FILE
+    if not path.exists():
+        return -1
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return int(conn.execute("SELECT count(*) FROM events").fetchone()[0])
+    except sqlite3.Error:
+        return -1
+    finally:
+        conn.close()
+
+
+class Switch:
+    """The server's real app behind a switch on its events route: ``up`` passes every request, ``down`` answers
+    503 storing nothing (the server away), ``lost`` lets the app store the events and answers 503 in place of its
+    answer (the answer lost on the way back: the agent cannot know they were stored)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.mode = "up"
+        self.events_posts: list[tuple[str, int]] = []
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or not scope["path"].endswith("/api/v1/events"):
+            await self.app(scope, receive, send)
+            return
+        mode = self.mode
+        answered: list[int] = []
+
+        async def swallow(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                answered.append(message["status"])
+
+        if mode == "down":
+            while (await receive()).get("more_body"):
+                pass
+        elif mode == "lost":
+            await self.app(scope, receive, swallow)
+        else:
+            await self.app(scope, receive, send)
+            self.events_posts.append((mode, 0))
+            return
+        self.events_posts.append((mode, answered[0] if answered else 0))
+        await send({"type": "http.response.start", "status": 503, "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": b"unavailable"})
+
+
+def _xid_line(i: int) -> str:
+    return f"[ {100 + i}.5] NVRM: Xid (PCI:0000:18:00): 13, pid={1000 + i}, name=train, Graphics Exception {i}\n"
+
+
+@contextmanager
+def _agent_process(url: str, kmsg: Path, state: Path, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "VIGIL_AGENT_NODE": "n01", "VIGIL_AGENT_SERVER_TOKEN": TOKEN,
+           "VIGIL_AGENT_PUSH_INTERVAL_S": "0.2", "VIGIL_AGENT_INTERVALS": '{"kernel": 0.1}',
+           "VIGIL_AGENT_PUSH_SAMPLES": "false"}
+    with log.open("ab") as out:
+        process = subprocess.Popen([sys.executable, "-m", "vigil", "agent", "--server", url, "--kmsg-file", str(kmsg),
+                                    "--dcgm-url", "", "--port", "0", "--state-dir", str(state)],
+                                   env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_an_agent_killed_with_events_unsent_sends_them_after_its_restart_each_stored_once(tmp_path: Path) -> None:
+    """50 Xid lines: the server stores the first 30 but its answer is lost (the agent keeps them), then is away
+    while 20 more are read; the agent is killed (SIGKILL) and the node's kernel log is gone (a reboot). Started
+    again against the server, the agent sends what its spool held: all 50 stored, each once - the 30 sent again are
+    the server's duplicates (before: the 20 never stored were lost with the process)."""
+    from vigil.config import Settings
+    from vigil.faces.api.app import create_app
+    from vigil.store.sql import Store
+
+    settings = Settings(home=tmp_path / "home", api_token=TOKEN)
+    store = Store(settings.database_url())
+    switch = Switch(create_app(store, settings=settings))
+    kmsg, state = tmp_path / "kern.log", tmp_path / "state"
+    lines = [_xid_line(i) for i in range(50)]
+
+    def stored() -> list[str]:
+        return [e.message for e in store.events(kind="xid", limit=1000)]
+
+    with serve_in_thread(switch) as url:
+        switch.mode = "lost"
+        kmsg.write_text("".join(lines[:30]))
+        with _agent_process(url, kmsg, state, tmp_path / "agent.log") as agent:
+            wait_for(lambda: len(stored()) == 30 and _held(state) == 30, 60, "30 events stored, their answer lost")
+            switch.mode = "down"
+            with kmsg.open("a") as f:
+                f.write("".join(lines[30:]))
+            wait_for(lambda: _held(state) == 50 and switch.events_posts[-1][0] == "down", 60,
+                     "50 events spooled, the server away")
+            agent.send_signal(signal.SIGKILL)
+            agent.wait(timeout=30)
+        assert len(stored()) == 30
+        kmsg.unlink()
+        kmsg.write_text("")  # the node rebooted: its kernel log holds none of them
+        switch.mode = "up"
+        with _agent_process(url, kmsg, state, tmp_path / "agent.log") as agent:
+            wait_for(lambda: _held(state) == 0, 60, "the spool sent and emptied")
+            agent.send_signal(signal.SIGTERM)
+            assert agent.wait(timeout=30) == 0
+    messages = stored()
+    assert len(messages) == 50, (tmp_path / "agent.log").read_text()[-3000:]
+    assert all(sum(m.endswith(f"Graphics Exception {i}") for m in messages) == 1 for i in range(50)), messages
+    assert ("up", 0) in switch.events_posts
+    store.close()
+
+
+def test_events_are_on_disk_before_they_are_sent_and_off_it_once_answered(tmp_path: Path) -> None:
+    """The spool holds a new event as soon as it is queued and until the server has answered for it: kept while
+    the server fails, forgotten once it took the event - or refused it for good, since sending it again cannot
+    help."""
+    state = tmp_path / "state"
+    answers = {"status": 503}
+    seen: list[int] = []
+
+    def server(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/events"):
+            seen.append(len(json.loads(request.content)))
+            return httpx.Response(answers["status"], json={"detail": "no"})
+        return httpx.Response(201, json={"stored": 1, "duplicates": 0})
+
+    agent = Agent([CountingSource()], fast_settings(server_url="http://vigil.test", server_token=TOKEN,
+                                                    state_dir=str(state)), cpu_ratio=lambda: 0.1)
+    pusher = agent._pusher
+    assert pusher is not None and agent.spool is not None
+    pusher._client = httpx.Client(transport=httpx.MockTransport(server))
+    agent._accept_events([xid(1.0), xid(2.0)])
+    assert _held(state) == 2
+    _round(agent)
+    assert _held(state) == 2 and [e.ts for e in agent.pending_events] == [1.0, 2.0]
+    answers["status"] = 201
+    _round(agent)
+    assert _held(state) == 0 and not agent.pending_events
+    agent._accept_events([xid(3.0)])
+    answers["status"] = 400
+    _round(agent)
+    assert _held(state) == 0 and agent.events_batch_refused == 1
+    agent.close()
+
+
+def _round(agent: Agent) -> None:
+    pusher = agent._pusher
+    assert pusher is not None
+    with agent._lock:
+        batch, agent.pending_events = agent.pending_events, []
+    pusher._post(batch, agent._requeue, [], agent.node, None, agent._settled)
+
+
+def test_the_spool_is_bounded_by_events_and_bytes_dropping_the_oldest_counted(tmp_path: Path) -> None:
+    """Beyond its bounds the spool drops its oldest events - from the queue too, and an event dropped while the push
+    thread sends it is not queued again if that fails - counted as spool_full; an agent started again sends the
+    newest ones it kept, oldest first."""
+    state = tmp_path / "state"
+    agent = Agent([CountingSource()], fast_settings(server_url="http://vigil.test", state_dir=str(state),
+                                                    spool_events=5), cpu_ratio=lambda: 0.1)
+    pusher = agent._pusher
+    assert pusher is not None
+    pusher._client = httpx.Client(transport=httpx.MockTransport(lambda r: httpx.Response(503)))
+    agent._accept_events([xid(float(i)) for i in range(3)])
+    with agent._lock:
+        in_flight, agent.pending_events = agent.pending_events, []
+    agent._accept_events([xid(float(i)) for i in range(3, 7)])  # 0 and 1 dropped while in flight
+    assert [e.ts for e in agent.pending_events] == [3.0, 4.0, 5.0, 6.0]
+    pusher._post(in_flight, agent._requeue, [], agent.node, None, agent._settled)
+    assert [e.ts for e in agent.pending_events] == [2.0, 3.0, 4.0, 5.0, 6.0]
+    agent._accept_events([xid(7.0), xid(8.0)])
+    assert [e.ts for e in agent.pending_events] == [4.0, 5.0, 6.0, 7.0, 8.0] and _held(state) == 5
+    assert agent.events_spool_dropped == 4
+    metrics = {m.name: m for m in AgentExposition(agent).collect()}
+    assert {s.labels["reason"]: s.value for s in metrics["vigil_agent_events_dropped"].samples
+            if s.name.endswith("_total")}[SPOOL_FULL] == 4
+    agent.close()
+    again = Agent([CountingSource()], fast_settings(server_url="http://vigil.test", state_dir=str(state),
+                                                    spool_events=3), cpu_ratio=lambda: 0.1)
+    assert [e.ts for e in again.pending_events] == [4.0, 5.0, 6.0, 7.0, 8.0]  # what it held, bounded next add
+    again._accept_events([xid(9.0)])
+    assert [e.ts for e in again.pending_events] == [7.0, 8.0, 9.0] and _held(state) == 3
+    again.close()
+    small = EventSpool(tmp_path / "bytes", max_events=100, max_bytes=1024)
+    sizes = [len(json.dumps(xid(float(i)).model_dump(mode="json"), separators=(",", ":"))) for i in range(10)]
+    small.add([xid(float(i)) for i in range(10)])
+    assert small.bytes <= 1024 and len(small) == 1024 // sizes[0] and small.bytes == sum(sizes[-len(small):])
+    small.close()
+
+
+def test_a_write_torn_by_a_crash_costs_only_that_write_and_an_unreadable_spool_is_moved_aside(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The spool as a crash leaves it - its files copied while open, the last write's WAL frames cut short: it
+    opens with every earlier write and takes new ones. A file that is no spool at all is moved aside with a warning
+    and an empty spool started; a second agent on the same state directory gets no spool."""
+    live = EventSpool(tmp_path / "live", 100, 2**20)
+    live.add([xid(1.0), xid(2.0)])
+    live.add([xid(3.0)])
+    live.add([xid(4.0), xid(5.0)])
+    crashed = tmp_path / "crashed"
+    crashed.mkdir()
+    for name in (SPOOL_FILE, SPOOL_FILE + "-wal"):
+        shutil.copy(tmp_path / "live" / name, crashed / name)
+    with pytest.raises(SpoolUnavailable):
+        EventSpool(tmp_path / "live", 100, 2**20)  # held by the first
+    live.close()
+    wal = crashed / (SPOOL_FILE + "-wal")
+    os.truncate(wal, wal.stat().st_size - 100)  # the last transaction's frames torn
+    spool = EventSpool(crashed, 100, 2**20)
+    assert [e.ts for _, e in spool.load()] == [1.0, 2.0, 3.0]
+    spool.add([xid(6.0)])
+    spool.close()
+    assert [e.ts for _, e in EventSpool(crashed, 100, 2**20).load()] == [1.0, 2.0, 3.0, 6.0]
+    garbage = tmp_path / "garbage"
+    garbage.mkdir()
+    (garbage / SPOOL_FILE).write_bytes(b"not a database\n" * 100)
+    spool = EventSpool(garbage, 100, 2**20)
+    assert spool.load() == [] and "moved aside" in caplog.text
+    assert any(p.name.startswith(SPOOL_FILE + ".unreadable-") for p in garbage.iterdir())
+    spool.close()
