@@ -33,7 +33,10 @@ from vigil_eval.realcorpus import RealCase
 # A rendering of one file: its lines (their line endings included) and, for each original line number (1-based),
 # the new one.
 Rendered = tuple[list[str], dict[int, int]]
-Transform = Callable[[list[str], "FileContext"], Rendered]
+# A rendering into several files: each one's suffix (replacing the file's own last suffix) and its rendering, the
+# mapping holding the original lines that went to it.
+Streams = dict[str, Rendered]
+Transform = Callable[[list[str], "FileContext"], Rendered | Streams]
 
 UNSTAMPED_CLOCK_START = datetime(2024, 1, 1, tzinfo=UTC).timestamp()
 
@@ -255,6 +258,39 @@ def markdown_indent(lines: list[str], ctx: FileContext) -> Rendered:
     return _one_to_one(lines, lambda i, line: "    " if line else "")
 
 
+# A line that goes to stderr: the level field of a logging formatter at WARN or above (Python's logging.lastResort and
+# most trainers' handlers write these to stderr), a line of a Python traceback - its header, the indented frames and
+# the exception line that ends it (the interpreter's excepthook prints to sys.stderr). A relay's prefix ("[rank4]: ")
+# is read past. Every other line goes to stdout: a report printed line by line (torchelastic's ChildFailedError
+# summary, an unprefixed exception line) is split as a line classifier splits it, not as its writer would.
+_STDERR_LEVEL = re.compile(r"\b(?:WARNING|WARN|ERROR|CRITICAL|FATAL)\b")
+
+
+def stdout_stderr(lines: list[str], ctx: FileContext) -> Rendered | Streams:
+    """A job's stdout and stderr written to files of their own (Slurm's `sbatch --output=<name>.out --error=<name>.err`,
+    a container's two streams saved apart where `kubectl logs` gives one): each line to the stream its writer would
+    use - tracebacks and WARN / ERROR lines to stderr, the rest to stdout - so the order between the two is lost.
+    A kernel log is no process's output and stays as it is."""
+    if ctx.node_log:
+        return _one_to_one(lines, lambda i, line: "")
+    streams: Streams = {".out": ([], {}), ".err": ([], {})}
+    in_traceback = False
+    for n, line in enumerate(lines, 1):
+        prefix = split_prefix(line)
+        text = line if prefix is None else prefix.payload
+        if text.strip() == "Traceback (most recent call last):":
+            in_traceback, stderr = True, True
+        elif in_traceback:
+            stderr = True
+            in_traceback = text[:1].isspace() or not text.strip()  # the first unindented line ends it
+        else:
+            stderr = _STDERR_LEVEL.search(text, 0, LEVEL_HEAD) is not None
+        out, mapping = streams[".err" if stderr else ".out"]
+        out.append(line + "\n")
+        mapping[n] = len(out)
+    return streams
+
+
 TRANSFORMS: dict[str, Transform] = {
     "cri": cri,
     "docker_timestamps": docker_timestamps,
@@ -274,6 +310,7 @@ TRANSFORMS: dict[str, Transform] = {
     "tmux_capture": tmux_capture,
     "markdown_quote": markdown_quote,
     "markdown_indent": markdown_indent,
+    "stdout_stderr": stdout_stderr,
 }
 # Transforms that cut a line into several: every piece of the root line is the root line.
 SPLITS_LINES = frozenset({tmux_capture})
@@ -318,23 +355,35 @@ def render_case(case: RealCase, transform: Transform, into: Path) -> RealCase:
     unstamped_start = (max(stamps) + 60.0) if stamps else UNSTAMPED_CLOCK_START
     maps: dict[str, dict[int, int]] = {}
     lengths: dict[str, int] = {}
+    moved: dict[str, dict[int, str]] = {}  # a file split into streams: where each of its lines went
     for index, path in enumerate(files):
         lines = texts[path]
         name = path.relative_to(case.directory).as_posix()
         ctx = FileContext(index=index, node_log=classify(path, case.directory).kind == "node",
                           times=_file_times(lines, unstamped_start))
-        out, maps[name] = transform(lines, ctx)
-        lengths[name] = len(out)
-        target = into / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with target.open("w", encoding="utf-8", newline="") as handle:
-            handle.write("".join(out))
-    root_map = maps[case.root_file]
-    also = [root_map[n] for n in case.also_lines]
+        rendered = transform(lines, ctx)
+        if isinstance(rendered, dict):
+            outputs = {(Path(name).with_suffix(suffix) if Path(name).suffix else Path(name + suffix)).as_posix():
+                       stream for suffix, stream in rendered.items()}
+            moved[name] = {n: new for new, (_, mapping) in outputs.items() for n in mapping}
+        else:
+            outputs = {name: rendered}
+        for new, (out, maps[new]) in outputs.items():
+            if new in lengths:
+                raise ValueError(f"{case.id}: {new} rendered twice")
+            lengths[new] = len(out)
+            target = into / new
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with target.open("w", encoding="utf-8", newline="") as handle:
+                handle.write("".join(out))
+    root_file = moved.get(case.root_file, {}).get(case.root_line, case.root_file)
+    root_map = maps[root_file]
+    also = [root_map[n] for n in case.also_lines if n in root_map]  # the root's other lines in its stream
     if transform in SPLITS_LINES:
-        ends = {n: root_map.get(n + 1, lengths[case.root_file] + 1) for n in (case.root_line, *case.also_lines)}
+        ends = {n: root_map.get(n + 1, lengths[root_file] + 1) for n in (case.root_line, *case.also_lines)}
         also += [k for n, end in ends.items() for k in range(root_map[n] + 1, end)]
-    return dataclasses.replace(case, directory=into, root_line=root_map[case.root_line], also_lines=tuple(also))
+    return dataclasses.replace(case, directory=into, root_file=root_file, root_line=root_map[case.root_line],
+                               also_lines=tuple(also))
 
 
 @dataclasses.dataclass(frozen=True)

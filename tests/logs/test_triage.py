@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vigil.knowledge.faults import fault_catalogue
+from vigil.logs.miner import read_lines
 from vigil.logs.severity import SPECIFIC, strength
 from vigil.logs.sources import discover
 from vigil.logs.triage import triage
@@ -1608,3 +1609,156 @@ def test_nccl_trace_with_the_function_named_and_one_followed_by_a_clean_teardown
         + at + "misc/socket.cc:50 -> 3\n" + at + "[Service thread] Connection closed by localRank 0\n"
         + at + "comm 0x55d1 rank 0 nranks 2 cudaDev 0 busId 1000 - Destroy COMPLETE\n")
     assert triage(torn, workers=1).root is None
+
+
+def test_rotated_generations_are_read_oldest_first_as_one_stream(tmp_path: Path) -> None:
+    """logrotate's numbered generations (train.log.2.gz, train.log.1, train.log) and its dateext ones
+    (kern.log-20261206.xz) are one stream each, read oldest first and inflated; the root is named in the generation
+    that holds it, numbered in it. Before, only train.log was read (no root) and a .gz was read as bytes."""
+    import bz2
+    import gzip
+    import lzma
+
+    (tmp_path / "train.log.2.gz").write_bytes(gzip.compress(
+        b"2026-12-05 10:00:00,000 INFO step 1\n"
+        b"2026-12-05 10:00:01,000 ERROR RuntimeError: CUDA error: an illegal memory access was encountered\n"))
+    (tmp_path / "train.log.1").write_text("2026-12-06 10:00:00,000 INFO step 2\n"
+                                          "2026-12-06 10:00:01,000 RuntimeError: NCCL communicator was aborted on "
+                                          "rank 1.\n")
+    (tmp_path / "train.log").write_text("2026-12-07 10:00:00,000 INFO step 3\n")
+    (tmp_path / "rank_1.log.1.bz2").write_bytes(bz2.compress(b"2026-12-05 09:00:00,000 INFO rank 1 up\n"))
+    (tmp_path / "kern.log-20261206.xz").write_bytes(lzma.compress(b"2026-12-06T10:00:05 kernel: ok\n"))
+    (tmp_path / "kern.log-20261205").write_text("2026-12-05T10:00:05 kernel: ok\n")
+    sources = discover(tmp_path)
+    assert [(s.name, [p.name for p in s.files]) for s in sources] == [
+        ("kern.log", ["kern.log-20261205", "kern.log-20261206.xz"]),
+        ("rank_1.log", ["rank_1.log.1.bz2"]),
+        ("train.log", ["train.log.2.gz", "train.log.1", "train.log"])]
+    assert [s.kind for s in sources] == ["node", "rank", "job"]
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and (result.root.source, result.root.lineno) == ("train.log.2.gz", 2)
+    assert [(e.source, e.lineno) for e in result.cascade] == [("train.log.1", 2)]
+    assert result.files == 3 and result.lines == 8
+
+
+def test_a_compressed_generation_is_read_up_to_the_inflated_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """A decompression bomb: a few KiB of gzip inflating far past the bound is read up to it, with a warning; a
+    generation cut short is read up to where it breaks."""
+    import gzip
+
+    from vigil.logs import miner
+
+    monkeypatch.setattr(miner, "MAX_INFLATED_BYTES", 1 << 20)
+    (tmp_path / "train.log.1.gz").write_bytes(gzip.compress(b"INFO ok\n" * (8 << 20)))  # 64 MiB inflated
+    read = sum(len(block) for block in read_lines(tmp_path / "train.log.1.gz"))
+    assert read == (1 << 20) // 8
+    assert "inflates past" in caplog.text
+    whole = gzip.compress(b"RuntimeError: CUDA error: an illegal memory access was encountered\n" + b"x\n" * 100000)
+    (tmp_path / "train.log.1.gz").write_bytes(whole[:len(whole) // 2])
+    lines = [line for block in read_lines(tmp_path / "train.log.1.gz") for line in block]
+    assert lines[0].startswith("RuntimeError: CUDA error") and 1 < len(lines) < 100001
+    assert "cut short" in caplog.text
+
+
+def test_pytest_failure_sections_name_the_exception_line(tmp_path: Path) -> None:
+    """pytest's report of a collection error or a failed test (src/_pytest/terminal.py write_sep("_", ...) under
+    "= ERRORS =" / "= FAILURES =", the exception on the "E   " lines): the E line is the root, not the banner nor
+    pytest's ImportError note above it (before: the banner was named)."""
+    (tmp_path / "train.log").write_text(
+        "============================= test session starts ==============================\n"
+        "collected 0 items / 1 error\n"
+        "\n"
+        "==================================== ERRORS ====================================\n"
+        "______________________ ERROR collecting tests/test_model.py ______________________\n"
+        "ImportError while importing test module '/repo/tests/test_model.py'.\n"
+        "Hint: make sure your test modules/packages have valid Python names.\n"
+        "Traceback:\n"
+        "/usr/lib/python3.11/importlib/__init__.py:126: in import_module\n"
+        "    return _bootstrap._gcd_import(name[level:], package, level)\n"
+        "tests/test_model.py:3: in <module>\n"
+        "    import flash_attn\n"
+        "E   ModuleNotFoundError: No module named 'flash_attn'\n"
+        "=========================== short test summary info ============================\n"
+        "ERROR tests/test_model.py\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 13, result.summary
+    assert result.root.line == "ModuleNotFoundError: No module named 'flash_attn'"
+    failed = tmp_path / "failed"
+    failed.mkdir()
+    (failed / "test.log").write_text(
+        "=================================== FAILURES ===================================\n"
+        "________________________________ test_allreduce ________________________________\n"
+        "\n"
+        "    def test_allreduce():\n"
+        ">       dist.all_reduce(t)\n"
+        "E       RuntimeError: CUDA error: an illegal memory access was encountered\n"
+        "E       Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n"
+        "\n"
+        "tests/test_dist.py:12: RuntimeError\n"
+        "----------------------------- Captured stderr call -----------------------------\n"
+        "NCCL WARN Cuda failure 'an illegal memory access was encountered'\n")
+    result = triage(failed, workers=1)
+    assert result.root is not None and result.root.lineno == 6, result.summary
+    assert result.root.signature == "cuda.illegal_address"
+    # an underscore banner outside pytest's summary hides nothing
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "train.log").write_text("______ stage 2 ______\nRuntimeError: CUDA error: an illegal memory access was "
+                                     "encountered\n")
+    result = triage(other, workers=1)
+    assert result.root is not None and result.root.lineno == 2, result.summary
+
+
+def test_an_nccl_trace_after_the_communicators_teardown_is_no_root(tmp_path: Path) -> None:
+    """A return-code trace the process prints after its communicator's "Destroy COMPLETE" is the teardown's own
+    (before: it was named as the root); once the process brings a communicator up again, its trace counts."""
+    at = "node1:4410:4450 [0] NCCL INFO "
+    (tmp_path / "rank_0.log").write_text(
+        at + "comm 0x55d1 rank 0 nranks 2 cudaDev 0 busId 1000 - Init COMPLETE\n"
+        "step 1 loss 2.3\n"
+        + at + "comm 0x55d1 rank 0 nranks 2 cudaDev 0 busId 1000 - Destroy COMPLETE\n"
+        + at + "misc/socket.cc:564 -> 2\n"
+        + at + "transport/net.cc:1302 (ncclProxyProgress) -> 2\n")
+    assert triage(tmp_path, workers=1).root is None
+    with (tmp_path / "rank_0.log").open("a") as handle:
+        handle.write(at + "comm 0x77e1 rank 0 nranks 2 cudaDev 0 busId 1000 - Init COMPLETE\n"
+                     + at + "misc/socket.cc:564 -> 2\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 7, result.summary
+
+
+def test_a_terminal_capture_with_one_or_two_cuts_at_80_columns_is_read_whole(tmp_path: Path) -> None:
+    """tmux capture-pane without -J at its default 80 columns: a file with a single cut line (fewer than the three
+    the whole-file rule needs) is read whole and the root named at its first piece (before: the piece alone, cut
+    mid-word, was read and the root missed)."""
+    line = ("[E socket.cpp:957] [c10d] The server socket has failed to listen on any local network address. "
+            "RuntimeError: The server socket has failed to listen on [::]:29500 (errno: 98 - Address already in use).")
+    (tmp_path / "job.log").write_text(
+        "W1207 10:00:00.000 launch.py:181] starting 8 processes\n"
+        + "".join(line[k:k + 80] + "\n" for k in range(0, len(line), 80)) + "done\n")
+    assert len(line) > 160 and len(line[160:]) < 80
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 2, result.summary
+    assert result.root.line == line
+
+
+def test_ordinary_80_character_lines_are_not_joined(tmp_path: Path) -> None:
+    """In a file read cut at 80 columns, lines of exactly 80 characters that are whole - followed by the next record
+    (both stamped, or starting as they do), by an indented continuation or by a blank line - are not joined to what
+    follows; only the cut line is."""
+    from vigil.logs.triage import scan_directory
+
+    first = "2026-12-07 10:00:00,000 INFO loading the dataset from /data/shards/train-000.arr"
+    second = "2026-12-07 10:00:01,000 INFO the dataset holds 1,048,576 samples in 4096 shardsx"
+    third = "step 100 | loss 2.3141 | lr 3.0e-04 | grad norm 0.412 | tokens/s 91234 | mem 71G"
+    cut = ("2026-12-07 10:00:02,000 ERROR RuntimeError: CUDA error: an illegal memory access was encountered "
+           "(device 3)")
+    assert len(first) == len(second) == len(third) == 80 < len(cut) < 160
+    (tmp_path / "job.log").write_text(
+        f"{first}\n{second}\n\n{third}\nstep 101 | loss 2.3\n{cut[:80]}\n{cut[80:]}\n{third}\n  at step 100\n"
+        f"{third}\n\nstep 102 | loss 2.3\n")
+    (scan,) = scan_directory(tmp_path, "job", workers=1)
+    assert scan.unwrapped is not None and scan.unwrapped.starts == [1, 2, 3, 4, 5, 6, 8, 9, 10, 11, 12]
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 6 and result.root.line == cut, result.summary

@@ -48,16 +48,22 @@ being dropped first. The state saves to and loads from a JSON file, so mining su
 
 from __future__ import annotations
 
+import bz2
 import codecs
+import gzip
+import io
 import json
+import logging
+import lzma
 import os
 import re
 import tempfile
+import zlib
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from vigil.logs.masking import DATE, WILDCARD, mask, normalize_value, tidy, tokenize, values_of
 from vigil.model import VigilInputError
@@ -799,10 +805,7 @@ def read_lines(path: Path, block_size: int = 4096) -> Iterator[list[str]]:
     Lines longer than 64 KiB are cut (the rest is still read and dropped) so one giant line cannot
     blow up memory or the template table.
     """
-    try:
-        handle = path.open("rb")
-    except OSError as err:
-        raise VigilInputError(f"cannot read log file {path}: {err.strerror or err}") from None
+    handle = _open_log(path)
     with handle:
         if handle.peek(3)[:3] == codecs.BOM_UTF8:  # a Windows tool's byte order mark is no part of the first line
             handle.read(3)
@@ -814,6 +817,57 @@ def read_lines(path: Path, block_size: int = 4096) -> Iterator[list[str]]:
                 block = []
         if block:
             yield block
+
+
+# A rotated generation compressed by logrotate (compresscmd gzip by default; bzip2 or xz when configured): read through
+# the codecs of Python's standard library. zstd (Python 3.14's compression.zstd) is not among them: a .zst file is not
+# read. A compressed file is read up to MAX_INFLATED_BYTES once inflated (a decompression bomb: a few KiB of gzip that
+# inflate to terabytes); what lies beyond, and a generation cut short or corrupt, is left out with a warning.
+COMPRESSED = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open, ".lzma": lzma.open}
+MAX_INFLATED_BYTES = 4 << 30
+_log = logging.getLogger(__name__)
+
+
+def _open_log(path: Path, limit: int | None = None) -> io.BufferedReader:
+    opener = COMPRESSED.get(path.suffix.lower())
+    try:
+        if opener is None:
+            return path.open("rb")
+        return io.BufferedReader(_Inflated(opener(path, "rb"), path,  # type: ignore[operator]
+                                           MAX_INFLATED_BYTES if limit is None else limit))
+    except OSError as err:
+        raise VigilInputError(f"cannot read log file {path}: {err.strerror or err}") from None
+
+
+class _Inflated(io.RawIOBase):
+    """A compressed file's inflated bytes up to ``limit``; a corrupt or truncated stream ends where it can no longer be
+    read."""
+
+    def __init__(self, stream: BinaryIO, path: Path, limit: int) -> None:
+        self._stream, self._path, self._left, self._limit = stream, path, limit, limit
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self._left <= 0:
+            return 0
+        view = memoryview(buffer).cast("B")
+        try:
+            data = self._stream.read(min(len(view), self._left))
+        except (EOFError, OSError, lzma.LZMAError, zlib.error) as err:
+            _log.warning("log file %s is corrupt or cut short (%s): read up to there", self._path, err)
+            self._left = 0
+            return 0
+        self._left -= len(data)
+        if self._left <= 0 and self._stream.read(1):
+            _log.warning("log file %s inflates past %d bytes: the rest is not read", self._path, self._limit)
+        view[:len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self._stream.close()
+        super().close()
 
 
 MAX_LINE_BYTES = 64 * 1024

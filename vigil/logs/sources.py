@@ -6,12 +6,19 @@ Conventions understood (any mix): ``rank_3.log``, ``worker-3.err``, ``rank3.stde
 ``<log_dir>/<run>/attempt_0/3/stderr.log``; kernel logs named ``dmesg``, ``kern``, ``syslog``,
 ``messages``, ``journal`` or ``kmsg`` (``n012.dmesg.log``, ``dmesg-n012.txt``, ``n012/kern.log``).
 A rank or node directory (``n012/rank_3.log``) names the node.
+
+Rotated generations are one stream: ``train.log.2.gz``, ``train.log.1`` and ``train.log`` (logrotate's numbered
+generations, the highest the oldest; Python's RotatingFileHandler names them the same way) or ``train.log-20261206.gz``
+and ``train.log`` (logrotate's dateext, default dateformat ``-%Y%m%d``, also ``-%Y%m%d%H`` and ``-%Y-%m-%d``) are
+read oldest first as the one source ``train.log``, a compressed one (gzip, bzip2, xz: :data:`vigil.logs.miner.
+COMPRESSED`) inflated on the way. zstd's ``.zst`` is not read (no codec in Python's standard library before 3.14), nor
+logrotate's ``extension`` naming (``train-20261206.log``, read as a file of its own).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -24,6 +31,10 @@ _RANK_IN_NAME = re.compile(r"(?i)(?:^|[^a-z])(?:rank|worker|proc|process)[_\-.]?
 _TORCHRUN_STREAM = re.compile(r"(?i)^(?:stdout|stderr|error)\.(?:log|txt|json)$")
 _NAME_CHARS = re.compile(r"[^A-Za-z0-9_.:\-]+")
 _LOG_SUFFIXES = {".log", ".txt", ".err", ".out", ".stderr", ".stdout", ""}
+# A generation's suffixes after the log's own name: a number (logrotate, RotatingFileHandler) or a date (dateext), then
+# a compressor's extension.
+_ROTATED = re.compile(r"(?i)^(?P<base>.+?)(?:\.(?P<number>\d{1,4})|-(?P<date>\d{8}(?:\d{2})?|\d{4}-\d\d-\d\d))?"
+                      r"(?P<compressed>\.(?:gz|bz2|xz|lzma))?$")
 
 
 @dataclass(frozen=True)
@@ -33,6 +44,12 @@ class LogSource:
     kind: SourceKind
     rank: int | None
     node: str | None
+    # a rotated log's generations, oldest first, the current file last (``path`` is the newest); () for one file
+    generations: tuple[Path, ...] = ()
+
+    @property
+    def files(self) -> tuple[Path, ...]:
+        return self.generations or (self.path,)
 
 
 def entity_name(text: str, fallback: str) -> str:
@@ -50,15 +67,42 @@ def discover(directory: Path) -> list[LogSource]:
         raise VigilInputError(f"log directory {directory} does not exist")
     if not directory.is_dir():
         raise VigilInputError(f"log path {directory} is neither a directory nor a regular file")
-    sources = []
+    streams: dict[Path, list[tuple[tuple[int, str], Path]]] = {}
     for path in sorted(p for p in directory.rglob("*") if p.is_file()):
-        suffixes = "".join(path.suffixes[-1:]).lower()
-        if suffixes not in _LOG_SUFFIXES and not _NODE_WORDS.search(path.name):
+        base, order = rotation(path)
+        suffixes = "".join(Path(base).suffixes[-1:]).lower()
+        if suffixes not in _LOG_SUFFIXES and not _NODE_WORDS.search(base):
             continue
-        sources.append(classify(path, directory))
+        streams.setdefault(path.parent / base, []).append((order, path))
+    sources = []
+    for stream, generations in sorted(streams.items()):
+        files = tuple(path for _, path in sorted(generations))
+        if len(files) == 1 and files[0] == stream:
+            sources.append(classify(stream, directory))
+        else:  # named, and classified, by the log's own name
+            sources.append(replace(classify(stream, directory), path=files[-1], generations=files))
     if not sources:
         raise VigilInputError(f"log directory {directory} holds no log files (*.log, *.txt, *.err, *.out)")
     return sources
+
+
+def rotation(path: Path) -> tuple[str, tuple[int, str]]:
+    """The log's own name of a file that may be a rotated generation of it, and the generation's place (sorting
+    oldest first): ``train.log.2.gz`` -> ``("train.log", (0, "9997"))``, ``train.log`` -> ``("train.log", (2, ""))``.
+    A numbered suffix counts only after a log's own suffix or a kernel log's name (``rank.3`` is rank 3's log)."""
+    found = _ROTATED.match(path.name)
+    if found is None:
+        return path.name, (2, "")
+    base = found["base"]
+    own = Path(base).suffix.lower()
+    if not (own in _LOG_SUFFIXES - {""} or _NODE_WORDS.search(base)) or not (found["number"] or found["date"]
+                                                                              or found["compressed"]):
+        return path.name, (2, "")
+    if found["number"]:
+        return base, (0, f"{9999 - int(found['number']):04d}")  # the highest number the oldest
+    if found["date"]:
+        return base, (1, found["date"].replace("-", ""))
+    return base, (2, "")  # the current file, compressed
 
 
 def classify(path: Path, root: Path) -> LogSource:

@@ -102,8 +102,20 @@ FIRST_OBSERVED = "first_observed"
 # before another process's line: "=====...=====[1,115]<stderr>:[host:pid:0:tid] ib_mlx5_log.c:170  Invalid request on
 # ..."), read with its own prefix. A run, a space, then text is a tool's margin: compute-sanitizer's and cuda-memcheck's
 # "========= Invalid __global__ write of size 4 bytes" is read as it is.
-_SEPARATOR_STARTS = ("===", "---")
+_SEPARATOR_STARTS = ("===", "---", "___")
 GLUED_SEPARATOR_RUN = 20
+# pytest's terminal reporter heads each failure's report with a banner of underscores (src/_pytest/terminal.py
+# summary_failures / summary_errors: write_sep("_", msg) - "____ test_name ____", "____ ERROR collecting tests/x.py
+# ____", "____ ERROR at setup of test_name ____"); under it the test's source and pytest's notes, and the exception on
+# the lines it marks with "E" (src/_pytest/_code/code.py FormattedExcinfo.fail_marker "E   ", then the exception's
+# own lines, indented as the source was). In such a section the "E" lines are the report, read without the marker and
+# the first one's indentation; the other lines are the test's code and pytest's account of it, no root. The section
+# ends at the next separator (pytest's "---- Captured stderr call ----" is other output, read as it is). Such banners
+# count only under pytest's "==== FAILURES ====" or "==== ERRORS ====" title (summary_failures, summary_errors), up to
+# the next "=" separator: another tool's underscore banner hides nothing.
+PYTEST_BANNER = "_"
+PYTEST_SUMMARIES = frozenset({"FAILURES", "ERRORS"})
+_PYTEST_EXC = re.compile(r"^E(?: (?P<text>.*))?$")
 # Kernel-log faults this long before the root (or shortly after it) are linked to it.
 MACHINE_WINDOW_BEFORE_S = 600.0
 MACHINE_WINDOW_AFTER_S = 120.0
@@ -153,6 +165,9 @@ _NCCL_INFO = re.compile(r"\bNCCL INFO\b")
 # path (NCCLCHECKIGNORE): no root.
 _NCCL_TRACE = re.compile(r"\bNCCL INFO [\w./-]+\.(?:cc|cu|cpp|c|h):\d+(?: \([\w:~]+\))? -> (?P<code>[1-9]\d*)\b")
 NCCL_DESTROYED = "Destroy COMPLETE"
+# After its communicator's teardown a process's trace is the teardown's own (a proxy or service thread unwinding as the
+# socket closes): no root, until the same process ("host:pid") brings a communicator up again ("Init COMPLETE").
+NCCL_INITIALISED = "Init COMPLETE"
 MAX_TRACES = 256  # trace lines kept a file, by line: the runs of WARN and trace lines above a bare report
 NCCL_TRACE = "nccl.return_code_trace"
 # Colour codes (SGR: ESC [ params m) a formatter writing to a terminal puts around a level or a name ("NCCL
@@ -273,6 +288,8 @@ class _Scan:
     trace: LogEvent | None = None  # the file's first line of NCCL's return-code trace (NCCL_TRACE)
     traces: dict[int, str] = field(default_factory=dict)  # line -> "host:pid" of NCCL's return-code trace lines
     unwrapped: _Unwrap | None = None  # the file's lines were cut at a terminal's width: where each whole one starts
+    # a rotated log read as one stream (LogSource.generations): each generation's name and the stream's lines before it
+    generations: list[tuple[str, int]] = field(default_factory=list)
 
 
 # A log taken from the Markdown source of an issue or a mail (CommonMark: a block quote's ">" and its optional space,
@@ -310,8 +327,16 @@ def _dedent(blocks: Iterable[list[str]], margin: str) -> Iterator[list[str]]:
 # like it, the rest of a cut line does not), and they are not one message repeated (WRAP_MIN_CUTS different texts once
 # numbers and spaces are set aside: a trainer's fixed-width progress line is the longest of many a log). A cut that
 # ends in two spaces ends its line (a screen copy pads a line's last piece to the width).
+# A file whose longest lines are TERMINAL_COLUMNS wide (80: a VT100's, xterm's and screen's default width, tmux's
+# default-size for a detached session) is read as cut with fewer cuts too, or cuts that the rule above does not take,
+# when one of them is followed by the rest of a line. Either way a cut is joined to the next line unless that one starts
+# anew (_starts_anew: blank, indented, starting with the cut one's first word, or both stamped at their heads) or the
+# cut one is a banner (pytest draws its own to the terminal's width): an ordinary line as wide as the longest, followed
+# by the next record or a blank line, is not joined.
 WRAP_MIN_COLUMNS = 40
 WRAP_MIN_CUTS = 3
+TERMINAL_COLUMNS = 80
+_STAMP_HEAD = 32  # how far into a line its own time stands
 _DIGITS = re.compile(r"[\d\s]+")  # numbers and the padding that aligns them (a progress line's counters)
 
 
@@ -329,19 +354,27 @@ class _Unwrap:
         if width < WRAP_MIN_COLUMNS:
             return None
         cuts = [i for i in range(len(block) - 1) if len(block[i]) == width]
-        if len(cuts) < WRAP_MIN_CUTS:
-            return None
-        alike = sum(block[i + 1][:2] == block[i][:2] for i in cuts)
-        texts = {_DIGITS.sub(" ", block[i]) for i in cuts}
-        return cls(width) if 2 * alike < len(cuts) and len(texts) >= WRAP_MIN_CUTS else None
+        if len(cuts) >= WRAP_MIN_CUTS:
+            alike = sum(block[i + 1][:2] == block[i][:2] for i in cuts)
+            texts = {_DIGITS.sub(" ", block[i]) for i in cuts}
+            if 2 * alike < len(cuts) and len(texts) >= WRAP_MIN_CUTS:
+                return cls(width)
+        if width == TERMINAL_COLUMNS and any(not _starts_anew(block[i], block[i + 1]) for i in cuts):
+            return cls(width)
+        return None
 
     def join(self, blocks: Iterable[list[str]]) -> Iterator[list[str]]:
         """The blocks' lines with each cut line joined to the rest of it."""
         pending: str | None = None
+        last = ""  # the physical line before
         for block in blocks:
             out: list[str] = []
             for line in block:
                 self.lines += 1
+                if pending is not None and _starts_anew(last, line):
+                    out.append(pending)
+                    pending = None
+                last = line
                 if pending is None:
                     self.starts.append(self.lines)
                     pending = line
@@ -357,6 +390,16 @@ class _Unwrap:
 
     def physical(self, lineno: int) -> int:
         return self.starts[lineno - 1]
+
+
+def _starts_anew(cut: str, line: str) -> bool:
+    """Whether ``line``, after a line exactly as wide as the terminal, is a line of its own rather than the rest of it:
+    blank, indented (a writer's own continuation: rich's hanging indent, a traceback's frame), starting with the cut
+    one's first word (the next of a run of records), or stamped at its head as the cut one is - or the cut one is a
+    banner drawn to the terminal's width (pytest's "===== ERRORS =====", a run alone), whole by its making."""
+    return (not line.strip() or line.startswith("  ") or line.split(" ", 1)[0] == cut.split(" ", 1)[0]
+            or (cut[:3] in _SEPARATOR_STARTS and cut[-3:] == cut[:3])
+            or (line_time(line[:_STAMP_HEAD]) is not None and line_time(cut[:_STAMP_HEAD]) is not None))
 
 
 @dataclass
@@ -487,9 +530,9 @@ def auto_workers(sources: list[LogSource]) -> int:
     """One process per available core for logs of ``PARALLEL_BYTES`` or more; below that, starting processes
     costs more than it saves."""
     total = 0
-    for source in sources:
+    for path in (path for source in sources for path in source.files):
         try:
-            total += source.path.stat().st_size
+            total += path.stat().st_size
         except OSError:
             continue
     if total < PARALLEL_BYTES:
@@ -525,12 +568,16 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
     writer_runs: deque[tuple[int, _Writer]] = deque([(0, None)], maxlen=2 * NCCL_REPORT_LINES + 2)
     foreign_before = foreign_after = 0
     in_root_cause = False
+    pytest_summary = False  # under pytest's FAILURES / ERRORS title
+    pytest_indent: int | None = -1  # -1: not in a pytest failure's section; None: in one, no "E" line read yet
+    destroyed: set[str] = set()  # "host:pid" of the processes whose communicator was torn down (NCCL_DESTROYED)
     kernel_log = source.kind == "node"  # where a SCSI device's removal is recorded
     last_text = 0  # the last non-blank line, and the one before the current traceback's header
     traceback_after = 0
     lineno = 0
     year: int | None = None  # of the file's first dated line: a time without one (syslog, glog) is of that year
-    blocks: Iterator[list[str]] = read_lines(source.path)
+    blocks: Iterator[list[str]] = (read_lines(source.path) if not source.generations
+                                   else _read_generations(source, scan.generations))
     first = next(blocks, [])
     margin = _margin(first)  # a log pasted into Markdown as a quote or an indented code block: the marker is no text
     if margin is not None:
@@ -571,12 +618,25 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
                     rest = stripped.lstrip(mark)
                     if not rest or rest.rstrip().endswith(mark * 3):
                         separator = True  # only the run, or a banner: a title between runs
-                    elif len(stripped) - len(rest) >= GLUED_SEPARATOR_RUN and not rest[0].isspace():
+                        if mark == "=":
+                            pytest_summary = rest.strip(" =") in PYTEST_SUMMARIES
+                        pytest_indent = None if pytest_summary and mark == PYTEST_BANNER and rest else -1
+                    elif mark != PYTEST_BANNER and len(stripped) - len(rest) >= GLUED_SEPARATOR_RUN \
+                            and not rest[0].isspace():
                         # a separator with the next output glued to it: the run ends a section, the text is a line
                         in_root_cause = False
                         raw = rest
                         continue
                 break
+            if pytest_indent != -1 and not separator:
+                marked = _PYTEST_EXC.match(line)
+                if marked is None:
+                    continue  # the test's code, pytest's notes: the "E" lines are the report
+                text = marked["text"] or ""
+                if pytest_indent is None:
+                    pytest_indent = len(text) - len(text.lstrip())
+                line = text[pytest_indent:] if text[:pytest_indent].isspace() else text.lstrip()
+                stripped = line.strip()
             if named != writer:
                 tracebacks[writer] = (frames, in_traceback, traceback_after)
                 frames, in_traceback, traceback_after = tracebacks.pop(named, ([], False, 0))
@@ -659,17 +719,21 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
                 elif ((arrow := line.rfind(" -> ")) > 0 and (code := line[arrow + 4:].rstrip())[:1].isdigit()
                       and (code.isdigit() or code.endswith("]")) and (trace := _NCCL_TRACE.search(line)) is not None):
                     # the cheap screen first: the code ends the line (or " [Async thread]" after it)
+                    key = _origin_key(line)
                     if len(scan.traces) < MAX_TRACES:
-                        scan.traces[lineno] = _origin_key(line)
-                    if scan.trace is None:
+                        scan.traces[lineno] = key
+                    if scan.trace is None and key not in destroyed:
                         scan.trace = LogEvent(
                             source=source.name, lineno=lineno, ts=ts, entity=_entity(source, job, rank), rank=rank,
                             node=node, signature=NCCL_TRACE, fault_type=None, level=FaultLevel.OBSERVE,
                             role="root", line=line[:MAX_LINE_CHARS], attrs={"code": int(trace["code"]), **relayed})
                         if stamp is None:
                             untimed.append(scan.trace)
-                elif scan.trace is not None and line.endswith(NCCL_DESTROYED):
+                elif line.endswith(NCCL_DESTROYED) and _NCCL_INFO.search(line):
                     scan.trace = None  # torn down cleanly after it: an error ignored on the way
+                    destroyed.add(_origin_key(line))
+                elif destroyed and line.endswith(NCCL_INITIALISED):
+                    destroyed.discard(_origin_key(line))
                 continue
             attrs = {**hit.attrs, **relayed}
             if detail:
@@ -693,6 +757,18 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
     scan.lines = lineno if unwrap is None else unwrap.lines
     scan.unwrapped = unwrap
     return scan
+
+
+def _read_generations(source: LogSource, generations: list[tuple[str, int]]) -> Iterator[list[str]]:
+    """A rotated log's generations, oldest first, as one stream; ``generations`` gets each one's name and the lines
+    read before it."""
+    folder = Path(source.name).parent
+    read = 0
+    for path in source.generations:
+        generations.append(((folder / path.name).as_posix(), read))
+        for block in read_lines(path):
+            read += len(block)
+            yield block
 
 
 _DATED = re.compile(r"(?<!\d)((?:19|20)\d\d)-\d\d-\d\d[T ]\d\d:\d\d|(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) \w{3} [ \d]\d "
@@ -819,18 +895,26 @@ def _physical_lines(result: TriageResult, scans: list[_Scan]) -> None:
     """A file read with its cut lines joined (``_Unwrap``) was decided on by its whole lines: the lines named are
     numbered as in the file itself, each by its first cut."""
     cut = {scan.source.name: scan.unwrapped for scan in scans if scan.unwrapped is not None}
-    if not cut:
+    rotated = {scan.source.name: scan.generations for scan in scans if scan.generations}
+    if not cut and not rotated:
         return
 
     def physical(event: LogEvent) -> LogEvent:
         unwrap = cut.get(event.source)
-        if unwrap is None:
+        generations = rotated.get(event.source)
+        if unwrap is None and generations is None:
             return event
         moved = event.model_copy(deep=True)  # the scans' own events keep the numbers decide() compared
-        moved.lineno = unwrap.physical(event.lineno)
-        for key in (PRINTED_BEFORE_TRACEBACK, "removal_line"):
-            if isinstance(moved.attrs.get(key), int) and moved.attrs[key] > 0:
-                moved.attrs[key] = unwrap.physical(moved.attrs[key])
+        numbers = {"": event.lineno, **{key: moved.attrs[key] for key in (PRINTED_BEFORE_TRACEBACK, "removal_line")
+                                       if isinstance(moved.attrs.get(key), int) and moved.attrs[key] > 0}}
+        if unwrap is not None:
+            numbers = {key: unwrap.physical(n) for key, n in numbers.items()}
+        if generations is not None:  # the generation a line was read from, numbered in it
+            at = max(bisect.bisect_left([before for _, before in generations], numbers[""]) - 1, 0)
+            moved.source = generations[at][0]
+            numbers = {key: max(n - generations[at][1], 1) for key, n in numbers.items()}
+        moved.lineno = numbers.pop("")
+        moved.attrs.update(numbers)
         return moved
 
     result.root = None if result.root is None else physical(result.root)
