@@ -632,3 +632,33 @@ def test_a_remembered_close_that_keeps_failing_is_warned_once(database: str,
     audit.away = False
     assert engine.recover() == []
     assert AuditLog(database).unfinished_runs() == []
+
+
+def test_a_retry_that_succeeds_replaces_the_failure_the_stored_action_read(database: str, tmp_path: Path) -> None:
+    """A resumed run of an approved drain fails (an error that is not the back end's) and its close settles the stored
+    action failed; an execute of the action that read it approved just before (the API's, racing the engine's round)
+    runs it again, and the retry ends executed. The stored action - what `GET /actions`, the dashboard and the API's
+    answer read - says executed, the retry's result, with the failure kept in params.earlier_verdicts; the audit log
+    keeps both records. Before, the retry's close settled only from proposed or approved, so the action read failed
+    for good over a run the journal had done."""
+    store = Store(database)
+    store.add_action(drain_to_retry())
+    runs: list[str] = []
+    resumed_to(database, tmp_path, ActionStatus.FAILED, runs)
+    failed = store.action("act-drain-n1")
+    assert failed is not None and failed.status is ActionStatus.FAILED
+    server = Remediator([CountingActuator(runs)], AuditLog(database), dry_run=False, requested_by="vigil-api",
+                        clock=lambda: 1_040.0, lease_s=30.0)
+    done = server.execute(drain_to_retry())
+    assert done.status is ActionStatus.EXECUTED and done.params["retry_of"] == "act-drain-n1"
+    (stored,) = [a for a in store.actions() if a.id == "act-drain-n1"]
+    assert (stored.status, stored.result) == (ActionStatus.EXECUTED, "drained node/n1"), stored
+    assert stored.params["earlier_verdicts"] == [{"status": "failed", "result": failed.result}]
+    assert sorted((a.status.value, a.params.get("retry_of")) for a in AuditLog(database).actions()) == [
+        ("executed", "act-drain-n1"), ("failed", None)]
+    # a later execute finds the action done, and leaves it so
+    again = server.execute(drain_to_retry())
+    assert again.status is ActionStatus.SKIPPED
+    stored_after = store.action("act-drain-n1")
+    assert stored_after is not None and stored_after.status is ActionStatus.EXECUTED
+

@@ -22,7 +22,7 @@ from vigil.config import settings
 from vigil.model import Action, ActionKind, ActionStatus, new_id
 from vigil.store.schema import remedy_actions as actions_table
 from vigil.store.schema import remedy_intents as intents_table
-from vigil.store.sql import OPEN_ACTION_STATUSES, open_database, settle_action
+from vigil.store.sql import OPEN_ACTION_STATUSES, RETRIED_STATUSES, open_database, settle_action
 
 
 class UnfinishedRun(NamedTuple):
@@ -233,8 +233,13 @@ def _record_in_close(conn: Connection, record: Action) -> None:
 
 def _settle_stored(conn: Connection, record: Action) -> None:
     """The stored action of ``record`` - its id, or the action it retries (``params.retry_of``) - takes its verdict,
-    unless it holds one already (none stored: a CLI run)."""
-    settle_action(conn, str(record.params.get("retry_of", record.id)), OPEN_ACTION_STATUSES, record.status,
+    unless it holds one already (none stored: a CLI run). A retry's verdict takes the place of an earlier run's
+    refused, skipped or failed one (kept in ``params.earlier_verdicts``): the retry closes a run of its own, begun only
+    once the journal had the earlier run closed, so it is the latest attempt - and never over ``executed``, since a run
+    done is never run again."""
+    retried = "retry_of" in record.params
+    settle_action(conn, str(record.params.get("retry_of", record.id)),
+                  OPEN_ACTION_STATUSES | (RETRIED_STATUSES if retried else frozenset()), record.status,
                   result=record.result, params=record.params, dry_run=record.dry_run)
 
 

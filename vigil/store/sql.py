@@ -61,6 +61,9 @@ PUSH_KEY_PRUNE_EVERY = 0.1
 # The statuses of a stored action still waiting for its verdict; a verdict (executed, skipped, refused, failed) is
 # final, and no later write takes its place.
 OPEN_ACTION_STATUSES = frozenset({ActionStatus.PROPOSED, ActionStatus.APPROVED})
+# the verdicts of a run that a retry of the action may follow: the retry's verdict replaces them (settle_action keeps
+# each replaced one in params.earlier_verdicts)
+RETRIED_STATUSES = frozenset({ActionStatus.REFUSED, ActionStatus.SKIPPED, ActionStatus.FAILED})
 # Node labels that place a node in the fabric (the Kubernetes well-known topology labels' style).
 RACK_LABEL = "topology.vigil.io/rack"
 SWITCH_LABEL = "topology.vigil.io/leaf"
@@ -656,7 +659,8 @@ def settle_action(conn: Connection, action_id: str, expected: Collection[ActionS
     own) only from one of the ``expected`` statuses: a compare-and-set on its status column, never a write-back of
     the row as read, so of two processes writing one action at once (two approvals, a run's close and a server's
     verdict) one wins and the other finds what the winner wrote. Returns whether this write won and the action as
-    stored after it (None: no such action)."""
+    stored after it (None: no such action). A verdict replaced (an ``expected`` status not proposed or approved: a
+    retry's verdict over an earlier run's) is kept in ``params.earlier_verdicts``, oldest first."""
     while True:
         row = conn.execute(select(t.actions.c.status, t.actions.c.body).where(t.actions.c.id == action_id)).first()
         if row is None:
@@ -664,9 +668,14 @@ def settle_action(conn: Connection, action_id: str, expected: Collection[ActionS
         stored = Action.model_validate(row.body)
         if stored.status not in expected:
             return False, stored
+        merged = {**stored.params, **(params or {})}
+        if stored.status not in OPEN_ACTION_STATUSES:
+            earlier = stored.params.get("earlier_verdicts")
+            merged["earlier_verdicts"] = [*(earlier if isinstance(earlier, list) else []),
+                                          {"status": stored.status.value, "result": stored.result}]
         settled = stored.model_copy(update={
             "status": status, "result": stored.result if result is None else result,
-            "dry_run": stored.dry_run if dry_run is None else dry_run, "params": {**stored.params, **(params or {})}})
+            "dry_run": stored.dry_run if dry_run is None else dry_run, "params": merged})
         settled = _validated(Action, [settled])[0]
         done = conn.execute(update(t.actions).where(t.actions.c.id == action_id, t.actions.c.status == row.status)
                             .values(status=settled.status.value, body=settled.model_dump(mode="json")))
