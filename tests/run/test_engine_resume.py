@@ -662,3 +662,90 @@ def test_a_retry_that_succeeds_replaces_the_failure_the_stored_action_read(datab
     stored_after = store.action("act-drain-n1")
     assert stored_after is not None and stored_after.status is ActionStatus.EXECUTED
 
+
+class AuditHeldAtClose(AuditAway):
+    """``AuditAway``; once back, the close of the run under ``held_key`` waits for ``let_go`` (a slow store), saying
+    when it is there (``closing``); every begin and close is noted in ``calls`` in order."""
+
+    def __init__(self, url: str, held_key: str) -> None:
+        super().__init__(url)
+        self.held_key = held_key
+        self.closing, self.let_go = threading.Event(), threading.Event()
+        self.calls: list[str] = []
+
+    def finish(self, key: str, *args: Any, **kwargs: Any) -> bool:
+        if not self.away and key == self.held_key and not self.let_go.is_set():
+            self.closing.set()
+            assert self.let_go.wait(60)
+        done = super().finish(key, *args, **kwargs)
+        self.calls.append(f"closed {key}")
+        return done
+
+    def begin(self, key: str, *args: Any, **kwargs: Any) -> str | None:
+        self.calls.append(f"begin {key}")
+        return super().begin(key, *args, **kwargs)
+
+
+class NotedCondition(threading.Condition):
+    """A condition that says when a thread starts waiting on it."""
+
+    def __init__(self, lock: Any, waiting: threading.Event) -> None:
+        super().__init__(lock)
+        self.waiting = waiting
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waiting.set()
+        return super().wait(timeout)
+
+
+def test_a_slow_remembered_close_holds_up_only_a_rerun_of_its_own_key(database: str) -> None:
+    """A resumed drain of node/n1 failed and its close failed too (the database gone), so it is remembered. Back, the
+    engine's round closes it on a store that stalls (held until the test lets it go). Meanwhile an operator executes
+    a drain of node/n3 on the same remediator: it runs to its end while the close still stalls. A re-run of the
+    drain itself waits for that close, and begins only after it returned - the close never matches the live re-run.
+    Before, the lock on remembered runs was held across the close's database calls: the other drain waited for the
+    stalled close (any execute does, to look for a remembered run of its key)."""
+    store = Store(database)
+    store.add_action(drain_to_retry())
+    crashed_drain(AuditLog(database), at=1_000.0, lease_s=30.0)
+    audit, lifecycle = AuditHeldAtClose(database, "act-drain-n1"), LifecycleBack(database)
+    runs: list[str] = []
+    server = Remediator([CountingActuator(runs)], audit, lifecycle=lifecycle, dry_run=False,
+                        requested_by="vigil-api", clock=lambda: 1_031.0, lease_s=30.0)
+    (resumed,) = server.recover()
+    assert resumed.status is ActionStatus.FAILED and runs == []
+    audit.away = lifecycle.away = False
+    waiting = threading.Event()
+    server._unclosed_closed = NotedCondition(server._unclosed_lock, waiting)
+
+    rounds = threading.Thread(target=server.recover, name="round")
+    rounds.start()
+    try:
+        assert audit.closing.wait(30), "the round's close to reach the store"
+        drain_n3 = Action(id="act-drain-n3", ts=1_040.0, kind=ActionKind.DRAIN, target="node/n3", reason="Xid 79",
+                          status=ActionStatus.APPROVED)
+        drained: list[Action] = []
+        other = threading.Thread(target=lambda: drained.append(server.execute(drain_n3)), name="other key")
+        other.start()
+        other.join(30)
+        assert not other.is_alive(), "the drain of node/n3 waited for the stalled close of another run"
+        assert [a.status for a in drained] == [ActionStatus.EXECUTED]
+        assert not audit.let_go.is_set() and rounds.is_alive()
+
+        rerun: list[Action] = []
+        same = threading.Thread(target=lambda: rerun.append(server.execute(drain_to_retry())), name="same key")
+        same.start()
+        assert waiting.wait(30), "the re-run to wait for the close of its key"
+        assert "begin act-drain-n1" not in audit.calls
+    finally:
+        audit.let_go.set()
+    rounds.join(30)
+    same.join(30)
+    assert not rounds.is_alive() and not same.is_alive()
+    drain_calls = [call for call in audit.calls if call.endswith("act-drain-n1")]
+    assert drain_calls == ["closed act-drain-n1", "begin act-drain-n1", "closed act-drain-n1"], audit.calls
+    assert [a.status for a in rerun] == [ActionStatus.EXECUTED], rerun
+    assert runs == ["counting:act-drain-n3", "counting:act-drain-n1"]
+    stored = store.action("act-drain-n1")
+    assert stored is not None and stored.status is ActionStatus.EXECUTED, stored
+    assert AuditLog(database).unfinished_runs() == []

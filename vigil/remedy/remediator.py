@@ -155,11 +155,15 @@ class Remediator:
         self.wait = wait
         # resumed runs that failed and whose close failed too (the database went away): key -> (the failed action,
         # whether the back end was asked, the id the guard holds its nodes for); closed at the next recovery round,
-        # or before this remediator runs the same key again. The lock spans each look at an entry and its close: the
-        # run is this remediator's, so a close after a re-run began would match that live run (``_close_remembered``)
+        # or before this remediator runs the same key again. The lock guards these dicts only, never a database call:
+        # a key being closed is in ``_closing`` until its close has returned, and whoever wants that key meanwhile
+        # waits on ``_unclosed_closed`` (``_close_remembered``) - the run is this remediator's, so a close after a
+        # re-run of the key began would match that live run
         self._unclosed: dict[str, tuple[Action, bool, str]] = {}
         self._unclosed_tries: dict[str, int] = {}  # key -> rounds in a row its close failed again
-        self._unclosed_lock = threading.RLock()
+        self._closing: set[str] = set()
+        self._unclosed_lock = threading.Lock()
+        self._unclosed_closed = threading.Condition(self._unclosed_lock)
 
     def actuator_for(self, action: Action) -> Actuator | None:
         return next((a for a in self.actuators if a.accepts(action)), None)
@@ -434,37 +438,61 @@ class Remediator:
 
     def _close_unclosed(self) -> None:
         """Close the failed resumed runs whose close failed (``_resume``); one that fails again waits for the next
-        round, without a word more."""
+        round, without a word more. One another thread is closing now (a re-run of its key) is left to it."""
         with self._unclosed_lock:
-            for key in list(self._unclosed):
-                try:
-                    self._close_remembered(key)
-                except Exception as err:
-                    tries = self._unclosed_tries[key] = self._unclosed_tries.get(key, 0) + 1
-                    if tries != UNCLOSED_WARN_AFTER:
-                        log.debug("closing the failed resumed run %s failed again", key, exc_info=True)
+            keys = list(self._unclosed)
+        for key in keys:
+            try:
+                self._close_remembered(key, wait=False)
+            except Exception as err:
+                with self._unclosed_lock:
+                    if key not in self._unclosed:
                         continue
+                    tries = self._unclosed_tries[key] = self._unclosed_tries.get(key, 0) + 1
                     action = self._unclosed[key][0]
-                    log.warning("closing the failed resumed run %s (%s on %s) failed again at %d recovery rounds in a "
-                                "row: %s: %s; it stays started, tried again every round (said once)", key,
-                                action.kind.value, action.target, tries, type(err).__name__,
-                                next(iter(str(err).splitlines()), ""))
+                if tries != UNCLOSED_WARN_AFTER:
+                    log.debug("closing the failed resumed run %s failed again", key, exc_info=True)
+                    continue
+                log.warning("closing the failed resumed run %s (%s on %s) failed again at %d recovery rounds in a "
+                            "row: %s: %s; it stays started, tried again every round (said once)", key,
+                            action.kind.value, action.target, tries, type(err).__name__,
+                            next(iter(str(err).splitlines()), ""))
 
-    def _close_remembered(self, key: str, *, settle: bool = True) -> None:
+    def _close_remembered(self, key: str, *, settle: bool = True, wait: bool = True) -> None:
         """Close the failed resumed run under ``key`` whose close failed (``_resume``), if there is one; raises when it
         fails again. Called before this remediator runs ``key`` again too (an operator executing the same approved
         action): the run is this remediator's own, so ``begin`` takes it back, and a close left for the next round
         would close that live run failed, settle its action failed and release the nodes the guard holds for it.
         Closed first (its record written; with ``settle`` False the stored action left to the re-run's verdict), the
-        re-run finds the run failed and runs as a retry."""
-        with self._unclosed_lock:
+        re-run finds the run failed and runs as a retry.
+
+        The close runs outside the lock, the key marked as being closed (``_closing``) until it returns; the entry
+        goes only then. A caller that finds the key being closed by another thread waits for that close to end
+        (``wait``; a recovery round passes False and leaves the key to it), then looks again: closed, there is
+        nothing left to close and its re-run begins after the close, never beside it; failed, the entry is still
+        there and this caller closes it itself (or raises, its re-run not begun). Only ``_resume`` adds an entry, for a
+        run this remediator claimed from another owner, and never for a key it remembers already (its own runs are
+        not claimed): so no close of a key can start once a re-run of it has found the key without an entry."""
+        with self._unclosed_closed:
+            while key in self._closing:
+                if not wait:
+                    return
+                self._unclosed_closed.wait()
             entry = self._unclosed.get(key)
             if entry is None:
                 return
+            self._closing.add(key)
+        closed = False
+        try:
             action, asked, held = entry
             closed = self._close_failed(key, action, asked=asked, held=held, settle=settle)
-            del self._unclosed[key]
-            self._unclosed_tries.pop(key, None)
+            with self._unclosed_lock:
+                del self._unclosed[key]
+                self._unclosed_tries.pop(key, None)
+        finally:
+            with self._unclosed_closed:
+                self._closing.discard(key)
+                self._unclosed_closed.notify_all()
         if closed:
             log.warning("closed the failed resumed run %s (%s on %s) at a later recovery round", key,
                         action.kind.value, action.target)
