@@ -27,8 +27,8 @@ if sys.argv[1:3] == ["show", "node"]:
     print(f"NodeName={sys.argv[3]} Arch=x86_64 CoresTotal=64 State=IDLE Partitions=gpu")
 elif sys.argv[1] == "update":
     node = dict(arg.split("=", 1) for arg in sys.argv[2:] if "=" in arg)["nodename"]
-    with open(os.path.join(state_dir, "draining-" + node), "w"):
-        pass
+    with open(os.path.join(state_dir, "draining-" + node), "w") as mark:
+        mark.write(str(os.getpid()))
     with open(os.path.join(state_dir, "release")) as release:
         release.read()
 """
@@ -46,7 +46,22 @@ class HeldSlurm:
                 "HELD_SLURM_DIR": str(self.state_dir)}
 
     def draining(self, node: str = "n1") -> bool:
-        return (self.state_dir / f"draining-{node}").exists()
+        mark = self.state_dir / f"draining-{node}"
+        return mark.exists() and mark.read_text() != ""  # its pid written: the drain is reading the FIFO next
+
+    def drain_pid(self, node: str = "n1") -> int:
+        """The pid of the scontrol draining ``node`` (the process the server or engine started)."""
+        return int((self.state_dir / f"draining-{node}").read_text())
+
+    def drain_running(self, node: str = "n1") -> bool:
+        """Whether the scontrol draining ``node`` still runs (not a zombie, and that scontrol: its pid not reused)."""
+        proc = Path("/proc") / str(self.drain_pid(node))
+        try:
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            command = (proc / "cmdline").read_bytes()
+        except FileNotFoundError:
+            return False
+        return state != "Z" and str(self.state_dir / "bin" / "scontrol").encode() in command
 
     def release(self) -> None:
         """Let the drain reading now end (blocks until one reads)."""

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import wait_for
-from tests.remedy.held_slurm import acting_env, held_slurm, place_cluster
+from tests.remedy.held_slurm import HeldSlurm, acting_env, held_slurm, place_cluster
 from tests.remedy.test_resume_claim import database as database
 from tests.serve.conftest import REPO
 from tests.serve.conftest import postgres_url as postgres_url
@@ -77,5 +77,90 @@ def test_ctrl_c_while_a_round_resumes_claims_no_further_run(database: str, tmp_p
     assert [(a.id, a.status) for a in audit.actions()] == [(f"act-drain-{first}", ActionStatus.EXECUTED)]
     (left,) = audit.unfinished_runs()
     assert (left.key, left.owner) == (f"act-drain-{second}", "vigil-api-killed")
-    assert [line for line in err_lines if "stopping" in line] == [
-        "vigil engine: stopping; waiting for the tick and the actions it is resuming, at most 30 s\n"]
+    assert [line for line in err_lines if "stopping" in line] == [STOPPING]
+
+
+STOPPING = ("vigil engine: stopping; waiting for the tick and the actions it is resuming, at most 30 s (Ctrl-C again "
+            "to stop at once)\n")
+AT_ONCE = ("vigil engine: stopped at once on a second Ctrl-C, without finishing the current round; an action it was "
+           "resuming is taken over by another server or engine once this process's lease on it lapses\n")
+
+
+def start_engine(home: Path, database: str, slurm: HeldSlurm, err_lines: list[str]) -> subprocess.Popen[str]:
+    """`vigil engine` executing through ``slurm`` on ``database``; its stderr lines go to ``err_lines``."""
+    engine = subprocess.Popen([sys.executable, "-m", "vigil", "engine"], cwd=REPO,
+                              env=acting_env(home, database, slurm), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    assert engine.stderr is not None
+    stderr = engine.stderr
+    threading.Thread(target=lambda: err_lines.extend(iter(stderr.readline, "")), daemon=True).start()
+    return engine
+
+
+def test_ctrl_c_during_the_start_up_resume_lets_the_drain_in_flight_finish(database: str, tmp_path: Path) -> None:
+    """Two dead servers' drains are there when the engine starts; its start-up resume takes the first over, and
+    Ctrl-C comes while that drain runs. The engine says it stops, the drain ends executed and its run closed, the
+    second stays started under its dead owner, and the process exits 0 without a traceback. Before, Ctrl-C raised in
+    the middle of the resume: the drain's command was killed, its run left started under the engine's claim, and the
+    process ended at once (exit 130)."""
+    place_cluster(database)
+    crashed_drains(database, "n1", "n2")
+    home = tmp_path / "home"
+    home.mkdir()
+    err_lines: list[str] = []
+    with held_slurm(tmp_path / "slurm") as slurm:
+        engine = start_engine(home, database, slurm, err_lines)
+        try:
+            wait_for(lambda: slurm.draining("n1") or slurm.draining("n2") or engine.poll() is not None, 120,
+                     "the start-up to resume a drain")
+            first = "n1" if slurm.draining("n1") else "n2"
+            engine.send_signal(signal.SIGINT)
+            wait_for(lambda: STOPPING in err_lines or engine.poll() is not None, 60, "the engine to say it stops")
+            assert engine.poll() is None, err_lines
+            slurm.release()
+            assert engine.wait(timeout=60) == 0, err_lines
+        finally:
+            if engine.poll() is None:
+                engine.kill()
+                engine.wait()
+    second = {"n1": "n2", "n2": "n1"}[first]
+    assert not slurm.draining(second), err_lines
+    audit = AuditLog(database)
+    assert [(a.id, a.status) for a in audit.actions()] == [(f"act-drain-{first}", ActionStatus.EXECUTED)]
+    (left,) = audit.unfinished_runs()
+    assert (left.key, left.owner) == (f"act-drain-{second}", "vigil-api-killed")
+    assert not any("Traceback" in line for line in err_lines), err_lines
+    assert not any("vigil engine on" in line for line in err_lines), err_lines
+
+
+def test_a_second_ctrl_c_stops_at_once_with_one_line_and_ends_the_drain(database: str, tmp_path: Path) -> None:
+    """Ctrl-C while the engine's round resumes a drain, then Ctrl-C again: the engine exits 130 at once with one line
+    saying what it leaves, the drain's scontrol (in a session of its own) is killed on the way out, and the run stays
+    started under the engine's claim for the lease takeover. Before, the second Ctrl-C ended the process without a
+    word, and the scontrol it had started went on draining with no one to record it."""
+    place_cluster(database)
+    home = tmp_path / "home"
+    home.mkdir()
+    err_lines: list[str] = []
+    with held_slurm(tmp_path / "slurm") as slurm:
+        engine = start_engine(home, database, slurm, err_lines)
+        try:
+            wait_for(lambda: any("vigil engine on" in line for line in err_lines) or engine.poll() is not None, 120,
+                     "the engine to run")
+            crashed_drains(database, "n1")
+            wait_for(lambda: slurm.draining("n1") or engine.poll() is not None, 60, "the tick's round to resume it")
+            assert engine.poll() is None, err_lines
+            engine.send_signal(signal.SIGINT)
+            wait_for(lambda: STOPPING in err_lines or engine.poll() is not None, 60, "the engine to say it stops")
+            engine.send_signal(signal.SIGINT)
+            assert engine.wait(timeout=15) == 130, err_lines  # the drain holds, and the wait would last 30 s
+            wait_for(lambda: not slurm.drain_running("n1"), 30, "the drain's scontrol to be gone")
+        finally:
+            if engine.poll() is None:
+                engine.kill()
+                engine.wait()
+    wait_for(lambda: bool(err_lines) and err_lines[-1] == AT_ONCE, 10, "the engine's last line")
+    assert err_lines[err_lines.index(STOPPING) + 1:] == [AT_ONCE], err_lines
+    (run,) = AuditLog(database).unfinished_runs()
+    assert run.key == "act-drain-n1" and run.owner is not None and run.owner.startswith("vigil-engine-")
+    assert AuditLog(database).actions() == []

@@ -19,6 +19,7 @@ import pytest
 from tests.remedy.held_slurm import acting_env, held_slurm, place_cluster
 from tests.remedy.test_resume_claim import crashed_drain
 from tests.remedy.test_resume_claim import database as database
+from tests.run.test_engine_interrupt import crashed_drains
 from tests.serve.conftest import REPO, TOKEN, free_port, start_server, wait_for
 from tests.serve.conftest import postgres_url as postgres_url
 from vigil.model import ActionStatus
@@ -90,7 +91,9 @@ AT_ONCE = ("vigil serve: stopped at once on a second Ctrl-C, without waiting for
 def test_a_second_ctrl_c_ends_the_wait_at_once(database: str, tmp_path: Path) -> None:
     """Ctrl-C while the engine resumes a drain: the server says it waits for it, and a second Ctrl-C ends the wait at
     once - exit 130, one line saying what is left, no traceback - leaving the run started under the server's claim for
-    a takeover once it lapses. Before, the server waited without a word, and a second Ctrl-C ended it silently."""
+    a takeover once it lapses, and killing on its way out the drain's scontrol it started (in a session of its own).
+    Before, the server waited without a word, and a second Ctrl-C ended it silently; and after that, the scontrol
+    outlived the server, draining with no one to record it."""
     place_cluster(database)
     home = tmp_path / "home"
     log = home / "serve.log"
@@ -103,6 +106,7 @@ def test_a_second_ctrl_c_ends_the_wait_at_once(database: str, tmp_path: Path) ->
             wait_for(lambda: WAITING in log.read_text(), 60, "the server to wait for its engine")
             server.send_signal(signal.SIGINT)
             assert server.wait(timeout=15) == 130, log.read_text()  # the drain holds, and the wait would last 30 s
+            wait_for(lambda: not slurm.drain_running("n1"), 30, "the drain's scontrol to be gone")
         finally:
             if server.poll() is None:
                 server.kill()
@@ -369,3 +373,47 @@ def test_start_server_closes_its_handle_on_the_log(tmp_path: Path) -> None:
     finally:
         server.terminate()
         server.wait(60)
+
+
+STARTUP_WAITING = ("vigil serve: stopping; waiting for the action it is resuming at start-up (Ctrl-C again to stop at "
+                   "once)")
+
+
+def test_ctrl_c_during_the_start_up_resume_lets_the_drain_in_flight_finish(database: str, tmp_path: Path) -> None:
+    """Two dead servers' drains are there when `vigil serve` starts; its start-up resume takes the first over, and
+    Ctrl-C comes while that drain runs. The server says it stops, the drain ends executed and its run closed, the
+    second stays started under its dead owner, and the process exits 0 before serving, without a traceback. Before,
+    Ctrl-C raised in the middle of the resume: the drain's command was killed, its run left started under the
+    server's claim, and the process ended at once (exit 130)."""
+    place_cluster(database)
+    crashed_drains(database, "n1", "n2")
+    home = tmp_path / "home"
+    home.mkdir()
+    log = home / "serve.log"
+    with held_slurm(tmp_path / "slurm") as slurm, log.open("ab") as err:
+        server = subprocess.Popen([sys.executable, "-m", "vigil", "serve", "--port", str(free_port()), "--no-engine"],
+                                  cwd=REPO, env=acting_env(home, database, slurm), stdout=subprocess.DEVNULL,
+                                  stderr=err)
+        try:
+            wait_for(lambda: slurm.draining("n1") or slurm.draining("n2") or server.poll() is not None, 120,
+                     "the start-up to resume a drain")
+            first = "n1" if slurm.draining("n1") else "n2"
+            server.send_signal(signal.SIGINT)
+            wait_for(lambda: STARTUP_WAITING in log.read_text() or server.poll() is not None, 60,
+                     "the server to say it stops")
+            assert server.poll() is None, log.read_text()
+            slurm.release()
+            assert server.wait(timeout=60) == 0, log.read_text()
+        finally:
+            if server.poll() is None:
+                server.kill()
+                server.wait()
+    text = log.read_text()
+    assert "Traceback" not in text and "vigil serving on" not in text, text
+    second = {"n1": "n2", "n2": "n1"}[first]
+    assert not slurm.draining(second), text
+    audit = AuditLog(database)
+    assert [(a.id, a.status) for a in audit.actions()] == [(f"act-drain-{first}", ActionStatus.EXECUTED)]
+    (left,) = audit.unfinished_runs()
+    assert (left.key, left.owner) == (f"act-drain-{second}", "vigil-api-killed")
+

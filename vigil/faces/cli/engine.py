@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import logging
-import signal
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from vigil.faces.cli.core import is_demo_store
+from vigil.faces.cli.stopping import run_stoppable
 from vigil.model import VigilInputError
 
 
@@ -50,25 +50,25 @@ def engine(
     live = Engine(store, settings, prom=prom, remediator=remediator)
     if remediator is not None:
         typer.echo(acting_line(actuator, settings.execute_actions), err=True)
-    live.start()
-    if live.resumed_actions:
-        typer.echo(f"resumed {live.resumed_actions} interrupted action(s)", err=True)
-    if once:
-        report = live.tick()
-        live.finish_resuming()
-        typer.echo(f"events {report.events}, pushes {report.pushes}, anomalies {report.anomalies}, "
-                   f"opened {len(report.opened)}, changed {len(report.changed)}, resolved {len(report.resolved)}, "
-                   f"actions {report.actions}")
-        return
-    signal.signal(signal.SIGTERM, lambda *_: live.stop.set())
-    typer.echo(f"vigil engine on {settings.database_url()} every {settings.engine_interval_s:g} s", err=True)
-    try:
+    lease_s = remediator.lease_s if remediator is not None else settings.remedy_lease_s
+
+    def work() -> None:
+        live.start()
+        if live.resumed_actions:
+            typer.echo(f"resumed {live.resumed_actions} interrupted action(s)", err=True)
+        if live.stop.is_set():  # Ctrl-C or SIGTERM while resuming at start: the action in flight ended, nothing more
+            return
+        if once:
+            report = live.tick()
+            live.finish_resuming()
+            typer.echo(f"events {report.events}, pushes {report.pushes}, anomalies {report.anomalies}, "
+                       f"opened {len(report.opened)}, changed {len(report.changed)}, resolved {len(report.resolved)}, "
+                       f"actions {report.actions}")
+            return
+        typer.echo(f"vigil engine on {settings.database_url()} every {settings.engine_interval_s:g} s", err=True)
         live.run()
-    except KeyboardInterrupt:  # Ctrl-C ends run() in its wait, before its own finish_resuming
-        # the round of resumed runs in flight claims no further run (Engine.run sets it too): its runs finish, the
-        # others stay with their dead owner for the next engine or a peer
-        live.stop.set()
-        lease_s = remediator.lease_s if remediator is not None else settings.remedy_lease_s
-        typer.echo(f"vigil engine: stopping; waiting for the tick and the actions it is resuming, at most "
-                   f"{lease_s:g} s", err=True)
-        live.finish_resuming()
+
+    run_stoppable(work, live.stop, who="vigil engine",
+                  waiting=f"waiting for the tick and the actions it is resuming, at most {lease_s:g} s",
+                  left="without finishing the current round; an action it was resuming is taken over by another "
+                  "server or engine once this process's lease on it lapses")

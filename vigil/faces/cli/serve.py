@@ -11,6 +11,7 @@ import typer
 
 from vigil.faces.cli.core import is_demo_store
 from vigil.faces.cli.listen import ensure_port_free, warn_if_open
+from vigil.faces.cli.stopping import run_stoppable
 from vigil.model import VigilInputError
 
 if TYPE_CHECKING:
@@ -71,9 +72,17 @@ def _context(
 def _resumed(remediator: Remediator | None) -> Remediator | None:
     """The remediator approved actions run through, once it has resumed the actions a previous server was
     executing when it died (their lease lapsed) - before new ones are accepted. One that executes nothing (no back
-    end, or execute_actions off) resumes nothing."""
+    end, or execute_actions off) resumes nothing. Ctrl-C or SIGTERM meanwhile lets the action in flight finish and
+    claims no further run, then ends the command, exit 0, before it serves; a second Ctrl-C ends it at once, exit 130
+    (``run_stoppable``)."""
     if remediator is not None and not remediator.dry_run:
-        remediator.recover()
+        stop = threading.Event()
+        run_stoppable(lambda: remediator.recover(stop=stop), stop, who="vigil serve",
+                      waiting="waiting for the action it is resuming at start-up",
+                      left="before serving; an action it was resuming is taken over by another server or engine once "
+                      "this process's lease on it lapses")
+        if stop.is_set():
+            raise typer.Exit(0)
     return remediator
 
 

@@ -9,12 +9,14 @@ applied around it by the Remediator, so no back end can skip them.
 from __future__ import annotations
 
 import abc
+import atexit
 import contextlib
 import json
 import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -34,6 +36,8 @@ def run_command(argv: list[str], timeout_s: float, what: str) -> subprocess.Comp
     # that `vigil serve` is waiting for on that very Ctrl-C; the timeout below still ends it, by the group Vigil started
     with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           start_new_session=True) as process:
+        with _started_lock:
+            _started.add(process)
         try:
             stdout, stderr = process.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -43,11 +47,53 @@ def run_command(argv: list[str], timeout_s: float, what: str) -> subprocess.Comp
         except BaseException:
             _end_group(process)
             raise
+        finally:
+            with _started_lock:
+                _started.discard(process)
+    if _exiting.is_set():
+        # ended by this process's own exit (``end_started_commands``): no verdict, the run stays started for the
+        # lease takeover - this thread (a daemon's: the engine's, a resumed round's) waits for the interpreter's end
+        threading.Event().wait()
     done = subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
     if done.returncode != 0:
         message = (done.stderr or done.stdout).strip().splitlines()
         raise ActuatorError(f"{what} exited {done.returncode}: {message[0] if message else ''}")
     return done
+
+
+# the back-end commands running now, each the leader of a process group of its own (``run_command``): killed, their
+# groups whole, when the process exits with them still running (``end_started_commands``)
+_started: set[subprocess.Popen[str]] = set()
+_started_lock = threading.Lock()
+_exiting = threading.Event()
+
+
+@atexit.register
+def end_started_commands() -> None:
+    """SIGKILL the process group of every back-end command this process started and that still runs, on the way out
+    (atexit: `vigil serve` or `vigil engine` stopped at once by a second Ctrl-C, or ended by an exception, while a
+    daemon thread waited for a drain): a command in a session of its own outlived the process before, a drain going
+    on with no one to record it. Only groups this process started, and only while their leader is not reaped: the
+    leader's Popen lock (CPython's, taken around every reap) is held for the look and the kill, so the group's id is
+    still that leader's; a leader being reaped at that moment has ended. The thread waiting for a command ended here
+    records no verdict (``run_command``): its run stays started, for another server or engine to take over once this
+    process's lease on it lapses."""
+    _exiting.set()
+    with _started_lock:
+        running = list(_started)
+    for process in running:
+        reaping = getattr(process, "_waitpid_lock", None)
+        # held but briefly by a wait with a timeout (communicate's), and for long only by a wait on a leader killed or
+        # ended already (the timeout's kill, the with-block's end)
+        if reaping is not None and not reaping.acquire(timeout=5.0):
+            continue
+        try:
+            if process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+        finally:
+            if reaping is not None:
+                reaping.release()
 
 
 def _end_group(process: subprocess.Popen[str]) -> None:

@@ -1,0 +1,59 @@
+"""Work a command runs on a thread of its own while its main thread takes the signals: `vigil engine`'s start and
+ticks, `vigil serve`'s resume at start-up of the runs a killed server or engine left half done."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable
+
+import typer
+
+
+def run_stoppable(work: Callable[[], object], stop: threading.Event, *, who: str, waiting: str, left: str) -> None:
+    """Run ``work`` on a thread while this one takes the signals. SIGTERM, or a first Ctrl-C, sets ``stop``, said on
+    Ctrl-C in one line (``who: stopping; waiting, (Ctrl-C again to stop at once)``): ``work`` sees it and ends at a
+    safe point - a round of resumed runs finishes the action it is on and claims no further run. A second Ctrl-C ends
+    the process at once, exit 130, with one line (``who: stopped at once on a second Ctrl-C, left``); a back end's
+    command ``work`` waited for is killed on the way out (``end_started_commands``) and its run left started, for the
+    lease takeover. What ``work`` raises is raised here. Before, Ctrl-C raised wherever the main thread was - in the
+    middle of a drain, killing its command and leaving its run started - and a second one ended the process without a
+    word."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread takes signals (a library use)
+        work()
+        return
+    failed: list[BaseException] = []
+
+    def guarded() -> None:
+        try:
+            work()
+        except BaseException as err:  # raised again on this thread, as if run here
+            failed.append(err)
+
+    presses = 0
+
+    def on_ctrl_c(*_: object) -> None:
+        nonlocal presses
+        presses += 1
+        if presses > 1:
+            raise KeyboardInterrupt
+        stop.set()
+        typer.echo(f"{who}: stopping; {waiting} (Ctrl-C again to stop at once)", err=True)
+
+    worker = threading.Thread(target=guarded, name=f"{who} main".replace(" ", "-"), daemon=True)
+    before_int = signal.signal(signal.SIGINT, on_ctrl_c)
+    before_term = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        worker.start()
+        worker.join()
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # one more Ctrl-C while saying so would end it with a traceback
+        stop.set()
+        typer.echo(f"{who}: stopped at once on a second Ctrl-C, {left}", err=True)
+        raise typer.Exit(130) from None
+    finally:
+        signal.signal(signal.SIGTERM, before_term)
+        if signal.getsignal(signal.SIGINT) is on_ctrl_c:
+            signal.signal(signal.SIGINT, before_int)
+    if failed:
+        raise failed[0]
