@@ -1,12 +1,14 @@
 """The live loop: what agents pushed and Prometheus holds -> detectors -> incidents -> diagnosis -> actions -> alerts.
 
-Each tick reads what arrived since the last one - events and metric pushes by their row id in the store, one
-PromQL instant query when a Prometheus-compatible API is configured - turns the latest value of every entity
-into one frame per family, runs the detectors, groups anomalies into incidents and, for every incident that is
-new or changed, stores it, ranks its root causes, proposes the policies' actions (dry-run: proposals wait for
-approval) and notifies. An incident resolves once its signals have been quiet for ``resolve_after_s``.
+Each tick reads what arrived since the last one - events and metric pushes in the store's read order (their
+writing transaction, then row id), one PromQL instant query when a Prometheus-compatible API is configured - turns
+the latest value of every entity into one frame per family, runs the detectors, groups anomalies into incidents
+and, for every incident that is new or changed, stores it, ranks its root causes, proposes the policies' actions
+(dry-run: proposals wait for approval) and notifies. An incident resolves once its signals have been quiet for
+``resolve_after_s``.
 
-Restart-safe: the read position is a cursor in the store, written after a tick's outputs. Anomaly, incident
+Restart-safe: the read position is a cursor in the store, written after a tick's outputs; it misses no row
+whatever order writers commit in (vigil.store.sql.ReadPosition). Anomaly, incident
 and action ids are derived from what they are about, so a tick replayed after ``kill -9`` writes the same rows
 again instead of new ones; open incidents are taken up again at start.
 """
@@ -54,7 +56,7 @@ from vigil.sources.collect.slurm import SlurmJobs, placement
 from vigil.sources.launch import JOB_ENDED
 from vigil.sources.promql import PromQLSource
 from vigil.store.metrics import MetricFrame
-from vigil.store.sql import MetricPush, Store
+from vigil.store.sql import MetricPush, ReadPosition, Store
 
 log = logging.getLogger("vigil.engine")
 
@@ -63,6 +65,8 @@ CURSOR = "engine"
 DIAGNOSIS_SLACK_S = 900.0
 # An open incident whose signals keep firing is rewritten this often (its end time), not every tick.
 REWRITE_EVERY_S = 60.0
+# Rows held back this long by one transaction still running on PostgreSQL are warned of (Engine._watch_held_back).
+HELD_BACK_WARN_S = 60.0
 
 
 class LiveFrames:
@@ -270,8 +274,14 @@ class Engine:
         self._anomalies: dict[str, Anomaly] = {}
         self._known: dict[str, _Known] = {}
         self._notified: dict[str, float] = {}
-        self.event_cursor = 0
-        self.push_cursor = 0
+        # how far events and metric pushes are read (the last row's position; see ReadPosition)
+        self.event_cursor = ReadPosition(0, 0)
+        self.push_cursor = ReadPosition(0, 0)
+        # since when rows committed past the cursors have waited for an older transaction (PostgreSQL), and whether
+        # that was logged
+        self.held_since: float | None = None
+        self._held_by: int | None = None
+        self._warned_held = False
         self.stale_pushes = 0
         self.late_pushes = 0
         self.pruned_pushes = 0
@@ -297,8 +307,8 @@ class Engine:
         # An action whose execution a killed predecessor began is finished (or refused) before anything new.
         self._resume_interrupted()
         _, state = self.store.cursor(CURSOR)
-        self.event_cursor = int(state.get("events", 0))
-        self.push_cursor = int(state.get("pushes", 0))
+        self.event_cursor = self._position(state, "events", "events")
+        self.push_cursor = self._position(state, "pushes", "metric_pushes")
         self.ticks = int(state.get("ticks", 0))
         if self.settings.topology_file:
             self.store.place_nodes(load_topology_file(Path(self.settings.topology_file)))
@@ -331,6 +341,13 @@ class Engine:
                     self.frames.forget(event.entity)
             self._detect(self.frames.frames(min(now, max(p.ts for p in replay))), [], TickReport())
         self._started = True
+
+    def _position(self, state: Mapping[str, Any], name: str, table: str) -> ReadPosition:
+        """A read position as the cursor holds it; one saved before store revision 0011 holds the row id alone."""
+        row_id = int(state.get(name, 0))
+        if f"{name}_xid" in state:
+            return ReadPosition(int(state[f"{name}_xid"]), row_id)
+        return self.store.position_of(table, row_id)
 
     def _resume(self, anomaly: Anomaly) -> None:
         """Hand an anomaly stored before a restart back to the detector that found it."""
@@ -421,8 +438,10 @@ class Engine:
         if events:
             self.event_cursor = events[-1][0]
         if pushes:
-            self.push_cursor = pushes[-1].id
+            self.push_cursor = pushes[-1].position
         self._save_cursor()
+        if len(events) < self.batch and len(pushes) < self.batch:
+            self._watch_held_back(now)
         self._prune(now)
         self.ticks += 1
         report.seconds = time.perf_counter() - began
@@ -653,9 +672,30 @@ class Engine:
             learned.set_topology(self.topology)
         self.grouper.set_topology(self.topology)
 
+    def _watch_held_back(self, now: float) -> None:
+        """On PostgreSQL a row is read once every older transaction has ended (ReadPosition): Vigil's own writes last
+        milliseconds, but a transaction left open on the same server - any database of it, any application - holds
+        the engine's reads back for as long. One transaction holding rows back for ``HELD_BACK_WARN_S`` is warned of
+        once, naming its session, and its end once more."""
+        xmin = self.store.held_back(self.event_cursor, self.push_cursor)
+        if xmin is None or xmin != self._held_by:
+            if self._warned_held:
+                log.warning("the transaction that held the engine's reads back has ended; what it held is read")
+            self._held_by, self._warned_held = xmin, False
+            self.held_since = None if xmin is None else now
+            return
+        if not self._warned_held and self.held_since is not None and now - self.held_since >= HELD_BACK_WARN_S:
+            self._warned_held = True
+            log.warning("events and metric pushes have waited, unread, for %.0f s for an older transaction still "
+                        "running on the PostgreSQL server: %s; once it ends the engine reads them (the server's "
+                        "idle_in_transaction_session_timeout ends idle ones)", now - self.held_since,
+                        self.store.oldest_writer())
+
     def _save_cursor(self) -> None:
-        self.store.set_cursor(CURSOR, float(self.event_cursor),
-                              {"events": self.event_cursor, "pushes": self.push_cursor, "ticks": self.ticks + 1,
+        self.store.set_cursor(CURSOR, float(self.event_cursor.id),
+                              {"events": self.event_cursor.id, "events_xid": self.event_cursor.xid,
+                               "pushes": self.push_cursor.id, "pushes_xid": self.push_cursor.xid,
+                               "ticks": self.ticks + 1,
                                "at": self.clock(), "stale_pushes": self.stale_pushes,
                                "late_pushes": self.late_pushes, "push_offsets": self.push_offsets})
 
@@ -664,7 +704,7 @@ class Engine:
         drop at most one batch a tick of those read stamped before it, or more than it ahead of ``now`` (a clock far
         ahead: never replayed as new). Their keys are kept apart (``metric_push_keys``) for ``push_key_window_s``."""
         window = self.settings.live_push_max_age_s
-        if self.push_cursor:
+        if self.push_cursor.id:
             self.pruned_pushes += self.store.prune_pushes_outside(self.push_cursor, now - window, now + window,
                                                                   limit=self.batch)
 
@@ -690,8 +730,9 @@ class Engine:
         last = self.last_tick
         return {
             "ticks": self.ticks,
-            "event_cursor": self.event_cursor,
-            "push_cursor": self.push_cursor,
+            "event_cursor": self.event_cursor.id,
+            "push_cursor": self.push_cursor.id,
+            "held_back_s": None if self.held_since is None else round(self.clock() - self.held_since, 1),
             "stale_pushes": self.stale_pushes,
             "late_pushes": self.late_pushes,
             "pruned_pushes": self.pruned_pushes,

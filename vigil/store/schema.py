@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import JSON, Boolean, Column, Float, Index, Integer, MetaData, String, Table, Text
+from sqlalchemy import JSON, BigInteger, Boolean, Column, Float, Index, Integer, MetaData, String, Table, Text
 
 metadata = MetaData()
 
@@ -19,9 +19,13 @@ events = Table(
     # What a pushed event is (a digest of who pushed it and where its line was read), for the events a push may
     # send again; NULL for the others. Unique: a retried push stores its events once.
     Column("push_key", String(64), nullable=True),
+    # The transaction that wrote the row (PostgreSQL's pg_current_xact_id(), the server default revision 0011 sets;
+    # 0 on SQLite and for the rows stored before 0011): consumers read in (xid, id) order, see vigil.store.sql.
+    Column("xid", BigInteger, nullable=False, server_default="0"),
     Index("ix_events_ts", "ts"),
     Index("ix_events_entity_ts", "entity", "ts"),
     Index("ux_events_push_key", "push_key", unique=True),
+    Index("ix_events_xid_id", "xid", "id"),
 )
 
 logs = Table(
@@ -95,7 +99,10 @@ metric_pushes = Table(
     # What a push a sender may send again is (a launch report's step telemetry: its job and newest look; an agent's
     # push: its node and Idempotency-Key), NULL for the others. Unique: a retried push stores its samples once.
     Column("push_key", String(64), nullable=True),
+    # the transaction that wrote the row, as for events
+    Column("xid", BigInteger, nullable=False, server_default="0"),
     Index("ux_metric_pushes_push_key", "push_key", unique=True),
+    Index("ix_metric_pushes_xid_id", "xid", "id"),
     # ids are a consumer's cursor: never hand out an id again after the newest rows were pruned
     sqlite_autoincrement=True,
 )

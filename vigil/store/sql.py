@@ -16,11 +16,29 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Connection, Engine, Table, create_engine, delete, event, func, insert, select, text, update
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    Connection,
+    Engine,
+    Integer,
+    Table,
+    create_engine,
+    delete,
+    event,
+    func,
+    insert,
+    literal,
+    literal_column,
+    select,
+    text,
+    tuple_,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
@@ -250,13 +268,57 @@ class Store:
             return [LogRecord(ts=r.ts, entity=r.entity, source=r.source, line=r.line, lineno=r.lineno)
                     for r in conn.execute(q)]
 
-    def events_after(self, after_id: int, limit: int = 10_000) -> list[tuple[int, Event]]:
-        """Events in arrival order (their row id) after ``after_id``: what a consumer reads with a cursor."""
-        q = select(t.events).where(t.events.c.id > after_id).order_by(t.events.c.id).limit(limit)
+    def events_after(self, after: ReadPosition | int, limit: int = 10_000) -> list[tuple[ReadPosition, Event]]:
+        """Events in read order after ``after`` (a position this returned, or a row id: see ``ReadPosition``), each
+        with its position: what a consumer reads with a cursor. No event read later sorts before one read now, so
+        a consumer that keeps the last position it read misses none and reads none twice."""
+        q = _read_after(self.engine.dialect.name, t.events, after).limit(limit)
         with self.engine.connect() as conn:
-            return [(int(r.id), Event(ts=r.ts, entity=r.entity, kind=r.kind, source=r.source,
-                                      level=FaultLevel(r.level), message=r.message, attrs=r.attrs))
+            return [(ReadPosition(int(r.xid), int(r.id)),
+                     Event(ts=r.ts, entity=r.entity, kind=r.kind, source=r.source, level=FaultLevel(r.level),
+                           message=r.message, attrs=r.attrs))
                     for r in conn.execute(q)]
+
+    def position_of(self, table: str, row_id: int) -> ReadPosition:
+        """The position of a cursor saved as a row id alone (before revision 0011) in ``table`` ("events" or
+        "metric_pushes"): the last of the rows up to that id in read order, so a cursor saved by an engine that read
+        rows written since 0011 by their ids reads on after them; (0, ``row_id``) where no such row was written
+        (every row since has a higher xid), and always on SQLite."""
+        rows = t.metadata.tables[table]
+        if self.engine.dialect.name != "postgresql" or row_id <= 0:
+            return ReadPosition(0, row_id)
+        with self.engine.connect() as conn:
+            last = conn.execute(select(rows.c.xid, rows.c.id).where(rows.c.id <= row_id, rows.c.xid > 0)
+                                .order_by(rows.c.xid.desc(), rows.c.id.desc()).limit(1)).first()
+        return ReadPosition(0, row_id) if last is None else ReadPosition(int(last.xid), int(last.id))
+
+    def held_back(self, events_after: ReadPosition | int, pushes_after: ReadPosition | int) -> int | None:
+        """The xid of the transaction holding reads back when events or pushes after these positions are committed
+        but not yet readable, since it, older, still runs (``ReadPosition``); None when none waits, and always on
+        SQLite."""
+        if self.engine.dialect.name != "postgresql":
+            return None
+        waiting = [select(table.c.id).where(_read_key(table) > _at(after),
+                                            table.c.xid >= _SNAPSHOT_XMIN).limit(1).exists()
+                   for table, after in ((t.events, events_after), (t.metric_pushes, pushes_after))]
+        with self.engine.connect() as conn:
+            row = conn.execute(select(waiting[0] | waiting[1], _SNAPSHOT_XMIN)).one()
+        return int(row[1]) if row[0] else None
+
+    def oldest_writer(self) -> str:
+        """The session whose transaction holds reads back on PostgreSQL (the oldest one running that wrote), as
+        pg_stat_activity names it."""
+        with self.engine.connect() as conn:
+            row = conn.execute(text(
+                "SELECT pid, datname, application_name, client_addr, xact_start, state FROM pg_stat_activity "
+                "WHERE backend_xid = xid(pg_snapshot_xmin(pg_current_snapshot()))")).first()
+        if row is None:
+            return "a transaction that has ended, or a prepared one (pg_prepared_xacts)"
+        client = f"from {row.client_addr}" if row.client_addr else "over a local socket"
+        application = f", application {row.application_name!r}" if row.application_name else ""
+        since = f", transaction begun {row.xact_start:%Y-%m-%d %H:%M:%S %Z}" if row.xact_start else ""
+        return (f"PostgreSQL backend pid {row.pid} (database {row.datname!r}, {client}{application}{since}, "
+                f"{row.state})")
 
     # ---------------------------------------------------------------- agents' metric pushes
 
@@ -309,34 +371,38 @@ class Store:
             log.warning("dropping push keys older than %g s failed (%s); the next keyed push tries again",
                         self.push_key_window_s, str(err).splitlines()[0])
 
-    def pushes_after(self, after_id: int, limit: int = 10_000) -> list[MetricPush]:
-        q = select(t.metric_pushes).where(t.metric_pushes.c.id > after_id).order_by(t.metric_pushes.c.id)
+    def pushes_after(self, after: ReadPosition | int, limit: int = 10_000) -> list[MetricPush]:
+        """Metric pushes in read order after ``after``, as ``events_after`` reads events (``MetricPush.position``)."""
+        q = _read_after(self.engine.dialect.name, t.metric_pushes, after).limit(limit)
         with self.engine.connect() as conn:
-            return [MetricPush(int(r.id), r.ts, r.node, [(str(m), str(e), float(v)) for m, e, v in r.points])
-                    for r in conn.execute(q.limit(limit))]
+            return [_push(r) for r in conn.execute(q)]
 
     def prune_pushes(self, up_to_id: int) -> None:
         """Drop pushes every consumer has read (they live on in the metric store or Prometheus)."""
         with self.engine.begin() as conn:
             conn.execute(delete(t.metric_pushes).where(t.metric_pushes.c.id <= up_to_id))
 
-    def latest_pushes(self, up_to_id: int, since: float, limit: int = 10_000) -> list[MetricPush]:
-        """The newest ``limit`` pushes up to ``up_to_id`` stamped at ``since`` or after, in arrival order (id): what
-        a consumer that read up to ``up_to_id`` replays after a restart."""
+    def latest_pushes(self, up_to: ReadPosition | int, since: float, limit: int = 10_000) -> list[MetricPush]:
+        """The newest ``limit`` pushes up to the position ``up_to`` stamped at ``since`` or after, in read order:
+        what a consumer that read up to ``up_to`` replays after a restart."""
         c = t.metric_pushes.c
-        q = (select(t.metric_pushes).where(c.id <= up_to_id, c.ts >= since).order_by(c.id.desc()).limit(limit))
+        dialect = self.engine.dialect.name
+        q = (select(t.metric_pushes).where(_up_to(dialect, t.metric_pushes, up_to), c.ts >= since)
+             .order_by(*(column.desc() for column in _read_order(dialect, t.metric_pushes))).limit(limit))
         with self.engine.connect() as conn:
             rows = list(conn.execute(q))
-        return [MetricPush(int(r.id), r.ts, r.node, [(str(m), str(e), float(v)) for m, e, v in r.points])
-                for r in reversed(rows)]
+        return [_push(r) for r in reversed(rows)]
 
-    def prune_pushes_outside(self, up_to_id: int, older_than: float, newer_than: float, limit: int = 10_000) -> int:
-        """Drop at most ``limit`` of the pushes up to ``up_to_id`` (read by every consumer) stamped before
-        ``older_than`` or after ``newer_than``, oldest id first; returns how many. Their keys stay in
+    def prune_pushes_outside(self, up_to: ReadPosition | int, older_than: float, newer_than: float,
+                             limit: int = 10_000) -> int:
+        """Drop at most ``limit`` of the pushes up to the position ``up_to`` (read by every consumer) stamped before
+        ``older_than`` or after ``newer_than``, first read first; returns how many. Their keys stay in
         ``metric_push_keys`` for ``push_key_window_s`` however soon a push is dropped."""
         c = t.metric_pushes.c
-        doomed = (select(c.id).where(c.id <= up_to_id, (c.ts < older_than) | (c.ts > newer_than))
-                  .order_by(c.id).limit(limit))
+        dialect = self.engine.dialect.name
+        doomed = (select(c.id).where(_up_to(dialect, t.metric_pushes, up_to),
+                                     (c.ts < older_than) | (c.ts > newer_than))
+                  .order_by(*_read_order(dialect, t.metric_pushes)).limit(limit))
         with self.engine.begin() as conn:
             return int(conn.execute(delete(t.metric_pushes).where(c.id.in_(doomed))).rowcount or 0)
 
@@ -638,12 +704,82 @@ class Store:
 
 @dataclass(frozen=True)
 class MetricPush:
-    """One agent push as stored: (metric, entity, value) points of one node at ``ts``."""
+    """One agent push as stored: (metric, entity, value) points of one node at ``ts``; ``xid``: the transaction
+    that wrote it (see ``ReadPosition``)."""
 
     id: int
     ts: float
     node: str
     points: list[tuple[str, str, float]]
+    xid: int = 0
+
+    @property
+    def position(self) -> ReadPosition:
+        return ReadPosition(self.xid, self.id)
+
+
+class ReadPosition(NamedTuple):
+    """Where a consumer of events or metric pushes has read to: the writing transaction's id and the row id of the
+    last row read. Rows are read in (xid, id) order. On PostgreSQL ids are drawn from a sequence at INSERT while
+    transactions commit in any order, so a row with a lower id can become visible after one with a higher id; a
+    read passes only rows whose transaction is older than every transaction still running (the xmin of the
+    statement's snapshot): those are all finished, so every row they wrote is visible, and every row written from
+    then on has a higher xid. A row is thus read once its transaction and every older one have ended, never
+    skipped, never twice. On SQLite writers take turns, ids follow commits, and xid is 0 throughout (as for the
+    rows stored before revision 0011): the order is the ids'. A bare row id ``n`` stands for (0, n): a cursor
+    saved before revision 0011 (every row written since has a higher xid; ``Store.position_of`` places one saved by an
+engine that read such rows), and 0 reads everything."""
+
+    xid: int
+    id: int
+
+    @classmethod
+    def of(cls, position: ReadPosition | int) -> ReadPosition:
+        return position if isinstance(position, ReadPosition) else cls(0, int(position))
+
+
+# The xid of the oldest transaction still running as the statement's snapshot sees it (PostgreSQL 13 or later): every
+# transaction with a lower xid has ended. A subquery: worked out once a statement, not once a row.
+_SNAPSHOT_XMIN: ColumnElement[int] = select(
+    literal_column("pg_snapshot_xmin(pg_current_snapshot())::text::bigint", BigInteger)).scalar_subquery()
+
+
+def _read_key(table: Table) -> Any:
+    return tuple_(table.c.xid, table.c.id)
+
+
+def _at(position: ReadPosition | int) -> Any:
+    """A position as SQL, its xid a bigint (PostgreSQL's run past 2**31 in a busy server's life)."""
+    xid, row_id = ReadPosition.of(position)
+    return tuple_(literal(xid, BigInteger), literal(row_id, Integer))
+
+
+def _read_order(dialect: str, table: Table) -> tuple[Any, ...]:
+    """The columns rows are read in: (xid, id) on PostgreSQL; the id on SQLite, where every xid is 0 (its primary
+    key serves, where SQLite would scan the (xid, id) index from its start for a row value)."""
+    return (table.c.xid, table.c.id) if dialect == "postgresql" else (table.c.id,)
+
+
+def _up_to(dialect: str, table: Table, position: ReadPosition | int) -> Any:
+    """The rows of ``table`` at or before ``position`` in read order."""
+    if dialect == "postgresql":
+        return _read_key(table) <= _at(position)
+    return table.c.id <= ReadPosition.of(position).id
+
+
+def _read_after(dialect: str, table: Table, after: ReadPosition | int) -> Any:
+    """The rows of ``table`` (events, metric pushes) after the position ``after`` in read order, those of a
+    transaction that may not have ended (or an older one) left for a later read on PostgreSQL (``ReadPosition``);
+    one statement, so one snapshot gives both the rows and the bound."""
+    if dialect != "postgresql":
+        return select(table).where(table.c.id > ReadPosition.of(after).id).order_by(table.c.id)
+    return (select(table).where(_read_key(table) > _at(after), table.c.xid < _SNAPSHOT_XMIN)
+            .order_by(table.c.xid, table.c.id))
+
+
+def _push(row: Any) -> MetricPush:
+    return MetricPush(int(row.id), row.ts, row.node, [(str(m), str(e), float(v)) for m, e, v in row.points],
+                      int(row.xid))
 
 
 def _incident_row(incident: Incident) -> dict[str, Any]:
