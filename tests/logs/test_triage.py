@@ -1762,3 +1762,45 @@ def test_ordinary_80_character_lines_are_not_joined(tmp_path: Path) -> None:
     assert scan.unwrapped is not None and scan.unwrapped.starts == [1, 2, 3, 4, 5, 6, 8, 9, 10, 11, 12]
     result = triage(tmp_path, workers=1)
     assert result.root is not None and result.root.lineno == 6 and result.root.line == cut, result.summary
+
+
+def test_an_nccl_trace_of_a_communicator_still_up_counts_after_another_ones_teardown(tmp_path: Path) -> None:
+    """NCCL names the communicator in its "Init COMPLETE" and "Destroy COMPLETE" lines ("comm 0x55d1 ..."); a process
+    that tears down one communicator (a subgroup's) while another is still up has not ended its NCCL work: a later
+    trace is the live one's (before: no root, the process counted as torn down), and the subgroup's clean teardown does
+    not make an earlier trace of the live communicator an ignored error."""
+    at = "node1:4410:4450 [0] NCCL INFO "
+    (tmp_path / "rank_0.log").write_text(
+        at + "comm 0x55d1 rank 0 nranks 8 cudaDev 0 busId 1000 - Init COMPLETE\n"
+        + at + "comm 0x66e2 rank 0 nranks 2 cudaDev 0 busId 1000 - Init COMPLETE\n"
+        + at + "comm 0x66e2 rank 0 nranks 2 cudaDev 0 busId 1000 - Destroy COMPLETE\n"
+        + at + "misc/socket.cc:564 -> 2\n"
+        + at + "transport/net.cc:1302 (ncclProxyProgress) -> 2\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 4, result.summary
+    (tmp_path / "rank_0.log").write_text(
+        at + "comm 0x55d1 rank 0 nranks 8 cudaDev 0 busId 1000 - Init COMPLETE\n"
+        + at + "comm 0x66e2 rank 0 nranks 2 cudaDev 0 busId 1000 - Init COMPLETE\n"
+        + at + "misc/socket.cc:564 -> 2\n"
+        + at + "comm 0x66e2 rank 0 nranks 2 cudaDev 0 busId 1000 - Destroy COMPLETE\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 3, result.summary
+    # both torn down: the trace after is the teardown's own, as before
+    with (tmp_path / "rank_0.log").open("a") as handle:
+        handle.write(at + "comm 0x55d1 rank 0 nranks 8 cudaDev 0 busId 1000 - Destroy COMPLETE\n")
+    assert triage(tmp_path, workers=1).root is None
+
+
+def test_a_generation_cut_short_right_at_the_inflation_cap_keeps_its_lines(tmp_path: Path) -> None:
+    """A compressed generation cut short exactly where the cap ends its reading: the lines up to there are read and
+    the file ends there with a warning (before: the look past the cap raised EOFError out of the reader)."""
+    import gzip
+
+    from vigil.logs.miner import _open_log
+
+    text = b"".join(b"2026-12-05 10:00:%02d,000 INFO step %d\n" % (i, i) for i in range(40))
+    whole = gzip.compress(text)
+    path = tmp_path / "train.log.1.gz"
+    path.write_bytes(whole[:-8])  # the trailer (CRC, size) lost: the stream inflates whole, then ends short
+    with _open_log(path, limit=len(text)) as handle:
+        assert handle.read() == text

@@ -853,15 +853,16 @@ class _Inflated(io.RawIOBase):
         if self._left <= 0:
             return 0
         view = memoryview(buffer).cast("B")
+        data = b""
         try:
             data = self._stream.read(min(len(view), self._left))
+            self._left -= len(data)
+            # the look past the cap may find the stream cut short too: what was read is kept
+            if self._left <= 0 and self._stream.read(1):
+                _log.warning("log file %s inflates past %d bytes: the rest is not read", self._path, self._limit)
         except (EOFError, OSError, lzma.LZMAError, zlib.error) as err:
             _log.warning("log file %s is corrupt or cut short (%s): read up to there", self._path, err)
             self._left = 0
-            return 0
-        self._left -= len(data)
-        if self._left <= 0 and self._stream.read(1):
-            _log.warning("log file %s inflates past %d bytes: the rest is not read", self._path, self._limit)
         view[:len(data)] = data
         return len(data)
 

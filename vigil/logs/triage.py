@@ -168,6 +168,10 @@ NCCL_DESTROYED = "Destroy COMPLETE"
 # After its communicator's teardown a process's trace is the teardown's own (a proxy or service thread unwinding as the
 # socket closes): no root, until the same process ("host:pid") brings a communicator up again ("Init COMPLETE").
 NCCL_INITIALISED = "Init COMPLETE"
+# Both lines name the communicator (NCCL's init.cc: "comm %p rank %d nranks %d ... - Init COMPLETE", "comm %p rank %d
+# nranks %d cudaDev %d busId %lx - Destroy COMPLETE"): a process with several (a subgroup's beside the world's) has
+# ended its NCCL work only when the last one it brought up is torn down.
+_NCCL_COMM = re.compile(r"\bcomm (0x[0-9a-fA-F]+|\(nil\))")
 MAX_TRACES = 256  # trace lines kept a file, by line: the runs of WARN and trace lines above a bare report
 NCCL_TRACE = "nccl.return_code_trace"
 # Colour codes (SGR: ESC [ params m) a formatter writing to a terminal puts around a level or a name ("NCCL
@@ -571,6 +575,7 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
     pytest_summary = False  # under pytest's FAILURES / ERRORS title
     pytest_indent: int | None = -1  # -1: not in a pytest failure's section; None: in one, no "E" line read yet
     destroyed: set[str] = set()  # "host:pid" of the processes whose communicator was torn down (NCCL_DESTROYED)
+    live: dict[str, set[str]] = {}  # "host:pid" -> its communicators brought up and not torn down (NCCL_COMM)
     kernel_log = source.kind == "node"  # where a SCSI device's removal is recorded
     last_text = 0  # the last non-blank line, and the one before the current traceback's header
     traceback_after = 0
@@ -730,10 +735,17 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
                         if stamp is None:
                             untimed.append(scan.trace)
                 elif line.endswith(NCCL_DESTROYED) and _NCCL_INFO.search(line):
-                    scan.trace = None  # torn down cleanly after it: an error ignored on the way
-                    destroyed.add(_origin_key(line))
-                elif destroyed and line.endswith(NCCL_INITIALISED):
-                    destroyed.discard(_origin_key(line))
+                    key = _origin_key(line)
+                    up = live.get(key)
+                    if up:
+                        up.discard(_comm(line))
+                    if not up:  # the process's last communicator (or the only one the log saw) torn down
+                        scan.trace = None  # torn down cleanly after it: an error ignored on the way
+                        destroyed.add(key)
+                elif line.endswith(NCCL_INITIALISED):
+                    key = _origin_key(line)
+                    live.setdefault(key, set()).add(_comm(line))
+                    destroyed.discard(key)
                 continue
             attrs = {**hit.attrs, **relayed}
             if detail:
@@ -1065,6 +1077,12 @@ def _nccl_detail(root: LogEvent | None, candidates: list[LogEvent]) -> LogEvent 
 # Reports that name an NCCL error class and nothing else: PyTorch's "unhandled cuda error (run with NCCL_DEBUG=INFO
 # for details)", "unhandled system error", "internal error". NCCL's own WARN line names what failed.
 BARE_NCCL_REPORTS = frozenset({"cuda.other", "nccl.system_error", "nccl.internal_error"})
+
+
+def _comm(line: str) -> str:
+    """The communicator an NCCL Init / Destroy COMPLETE line names ("comm 0x55d1 ..."), "" when it names none."""
+    named = _NCCL_COMM.search(line)
+    return "" if named is None else named[1]
 
 
 def _origin_key(line: str) -> str:
