@@ -242,3 +242,78 @@ def test_a_cri_line_joined_from_its_records_is_where_its_first_record_is(tmp_pat
     [event] = source.collect(3.0).events
     assert event.message == "[rank1]: ValueError: bad batch at step 15"
     assert event.attrs["log_offset"] == len(first) + 1
+
+
+def _messages(source: RankLogSource, now: float = 100.0) -> list[str]:
+    return [e.message for e in source.collect(now).events]
+
+
+def test_lines_written_just_before_a_create_rotation_are_read_from_the_moved_file(tmp_path: Path) -> None:
+    """logrotate's default (create): the file is renamed to rank-0.log.1 and a new one made. The lines written
+    after the last look and before the move are read from the moved file, then the new file from its start (before:
+    they were lost). Also when the new file is not made yet at the look."""
+    source = RankLogSource([_layout(tmp_path)], node="n01")
+    source.collect(1.0)
+    log = tmp_path / "llm" / "rank-0.log"
+    _write(log, "step 1", "ValueError: first")
+    assert _messages(source) == ["ValueError: first"]
+    _write(log, "ValueError: written before the move")
+    log.rename(tmp_path / "llm" / "rank-0.log.1")
+    _write(log, "ValueError: in the new file")
+    assert _messages(source) + _messages(source) == ["ValueError: written before the move",
+                                                     "ValueError: in the new file"]
+    assert _messages(source) == []
+    # moved, the new file not there yet at the look
+    _write(log, "ValueError: before the second move")
+    os.replace(log, tmp_path / "llm" / "rank-0.log.1")
+    assert _messages(source) == ["ValueError: before the second move"]
+    _write(log, "ValueError: second new file")
+    assert _messages(source) + _messages(source) == ["ValueError: second new file"]
+
+
+def test_lines_written_just_before_a_copytruncate_rotation_are_read_from_the_copy(tmp_path: Path) -> None:
+    """logrotate's copytruncate: the file is copied to rank-0.log.1 and truncated in place. The lines written after
+    the last look and before the copy are read from the copy; the file written again past where the last look
+    stopped before the next look is read from its start, not from the middle of a line (before: the first were lost,
+    the second read from the old offset)."""
+    import shutil
+
+    source = RankLogSource([_layout(tmp_path)], node="n01")
+    source.collect(1.0)
+    log = tmp_path / "llm" / "rank-0.log"
+    _write(log, "step 1", "ValueError: first")
+    assert _messages(source) == ["ValueError: first"]
+    _write(log, "ValueError: written before the copy")
+    shutil.copyfile(log, tmp_path / "llm" / "rank-0.log.1")
+    with log.open("r+b") as handle:
+        handle.truncate(0)
+    assert _messages(source) == ["ValueError: written before the copy"]
+    _write(log, "ValueError: after the truncation")
+    assert _messages(source) == ["ValueError: after the truncation"]
+    # truncated and written past the old end before the next look
+    _write(log, "ValueError: before the second copy")
+    shutil.copyfile(log, tmp_path / "llm" / "rank-0.log.2")
+    with log.open("r+b") as handle:
+        handle.truncate(0)
+    _write(log, "step 2 " + "x" * 200, "ValueError: long after the truncation")
+    assert _messages(source) + _messages(source) == ["ValueError: before the second copy",
+                                                     "ValueError: long after the truncation"]
+
+
+def test_a_rotated_generation_the_glob_matches_is_not_followed_as_a_file_of_its_own(tmp_path: Path) -> None:
+    """A glob and a pattern loose enough to match the generations too (rank-*, rank-(?P<rank>\\d+)\\.log): the moved
+    rank-0.log.1 and a compressed rank-0.log.2.gz are the followed file's history, not new files read from their first
+    line (before: every line of the moved file was sent again)."""
+    import gzip
+
+    source = RankLogSource([_layout(tmp_path, glob=str(tmp_path / "*" / "rank-*"),
+                                     pattern=r"/(?P<job>[^/]+)/rank-(?P<rank>\d+)\.log")], node="n01")
+    source.collect(1.0)
+    log = tmp_path / "llm" / "rank-0.log"
+    _write(log, "ValueError: first")
+    assert _messages(source) == ["ValueError: first"]
+    log.rename(tmp_path / "llm" / "rank-0.log.1")
+    (tmp_path / "llm" / "rank-0.log.2.gz").write_bytes(gzip.compress(b"ValueError: older\n"))
+    _write(log, "ValueError: in the new file")
+    seen = _messages(source) + _messages(source) + _messages(source)
+    assert seen == ["ValueError: in the new file"]

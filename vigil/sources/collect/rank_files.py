@@ -57,6 +57,11 @@ _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]*$")  # an entity id's name p
 # The attributes of a rank_log event that say where its line was read: the file and the byte offset it starts at.
 LOG_FILE_ATTR = "log_file"
 LOG_OFFSET_ATTR = "log_offset"
+# A rotated generation's name: the log's own, then logrotate's number or date (dateext: -%Y%m%d, -%Y%m%d%H,
+# -%Y-%m-%d), or kubelet's .%Y%m%d-%H%M%S, then a compressor's extension. A generation is the history of the file it was
+# rotated from (LogTail reads what it had left unread), not a file to follow from its first line.
+_GENERATION = re.compile(r"^(?P<base>.+?)(?:\.\d{1,4}|-\d{8}(?:\d{2})?|-\d{4}-\d\d-\d\d|\.\d{8}-\d{6})?"
+                         r"(?:\.(?:gz|bz2|xz|lzma|zst))?$")
 
 
 class RankLogFiles(BaseModel):
@@ -228,6 +233,8 @@ class RankLogSource(Source):
                 except OSError:
                     continue
                 owner = layout.owner_of(path)
+                if owner is not None and _generation_of(layout, path, owner):
+                    continue
                 if owner is None:
                     # remembered, so a file the pattern does not read is reported once and not looked at again
                     if len(self._unmatched) < self.max_files:
@@ -258,3 +265,12 @@ class RankLogSource(Source):
                 self._idle[path] = self._files.pop(path)
                 while len(self._idle) > self.max_files:
                     del self._idle[next(iter(self._idle))]
+
+
+def _generation_of(layout: RankLogFiles, path: str, owner: tuple[str, int | None]) -> bool:
+    """Whether ``path`` is a rotated generation (rank-3.log.1, rank-3.log-20261206.gz) of a file the layout follows for
+    the same job and rank."""
+    found = _GENERATION.match(os.path.basename(path))
+    if found is None or found["base"] == os.path.basename(path):
+        return False
+    return layout.owner_of(os.path.join(os.path.dirname(path), found["base"])) == owner
