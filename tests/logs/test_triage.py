@@ -1804,3 +1804,51 @@ def test_a_generation_cut_short_right_at_the_inflation_cap_keeps_its_lines(tmp_p
     path.write_bytes(whole[:-8])  # the trailer (CRC, size) lost: the stream inflates whole, then ends short
     with _open_log(path, limit=len(text)) as handle:
         assert handle.read() == text
+
+
+def test_pytest_native_tracebacks_under_a_failure_banner_are_read(tmp_path: Path) -> None:
+    """pytest --tb=native prints Python's own traceback under the "____ test ____" banner, no "E" lines: it is read
+    as it is and its exception line named (before: every line of the section was skipped and the short summary's
+    cut line named)."""
+    (tmp_path / "job.log").write_text(
+        "============================= test session starts ==============================\n"
+        "=================================== FAILURES ===================================\n"
+        "_________________________________ test_step ____________________________________\n"
+        "Traceback (most recent call last):\n"
+        '  File "/src/tests/test_train.py", line 12, in test_step\n'
+        "    model.step(batch)\n"
+        "RuntimeError: CUDA error: an illegal memory access was encountered\n"
+        "=========================== short test summary info ============================\n"
+        "FAILED tests/test_train.py::test_step - RuntimeError: CUDA error: an illegal...\n"
+        "========================= 1 failed, 1 passed in 3.21s ==========================\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 7, result.summary
+
+
+def test_a_full_width_line_followed_by_an_exception_is_not_joined_to_it(tmp_path: Path) -> None:
+    """A file whose longest line is 80 wide (a progress bar at a terminal's width) and the crash right under it: the
+    exception's line starts anew and is named as it is (before: joined to the progress bar, named at its line)."""
+    bar = "Epoch 3/10: 100%|##########| 500/500 [01:40<00:00, 4.98it/s, loss=2.3141, acc=0.4]"[:80]
+    (tmp_path / "job.log").write_text("starting\n" + bar + "\n"
+                                      "RuntimeError: CUDA error: an illegal memory access was encountered\nsaving\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 3, result.summary
+    assert result.root.line.startswith("RuntimeError: CUDA error")
+
+
+def test_files_numbered_from_0_are_one_a_process_not_rotated_generations(tmp_path: Path) -> None:
+    """srun --output=train.log.%t writes train.log.0, train.log.1, ...: numbered from 0, which logrotate and
+    RotatingFileHandler never use. Each is a rank's file of its own, the root named in its rank (before: all read as
+    one stream, the highest number first, and the rank lost)."""
+    from vigil.logs.sources import discover
+
+    for rank in range(4):
+        (tmp_path / f"train.log.{rank}").write_text(f"2026-12-07 10:00:0{rank},000 INFO step 1\n")
+    with (tmp_path / "train.log.2").open("a") as handle:
+        handle.write("2026-12-07 10:00:06,000 ERROR RuntimeError: CUDA error: an illegal memory access was "
+                     "encountered\n")
+    assert [(s.name, s.rank, len(s.files)) for s in discover(tmp_path)] == [
+        (f"train.log.{rank}", rank, 1) for rank in range(4)]
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and (result.root.source, result.root.lineno, result.root.rank) == (
+        "train.log.2", 2, 2), result.summary

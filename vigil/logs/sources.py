@@ -10,9 +10,11 @@ A rank or node directory (``n012/rank_3.log``) names the node.
 Rotated generations are one stream: ``train.log.2.gz``, ``train.log.1`` and ``train.log`` (logrotate's numbered
 generations, the highest the oldest; Python's RotatingFileHandler names them the same way) or ``train.log-20261206.gz``
 and ``train.log`` (logrotate's dateext, default dateformat ``-%Y%m%d``, also ``-%Y%m%d%H`` and ``-%Y-%m-%d``) are
-read oldest first as the one source ``train.log``, a compressed one (gzip, bzip2, xz: :data:`vigil.logs.miner.
-COMPRESSED`) inflated on the way. zstd's ``.zst`` is not read (no codec in Python's standard library before 3.14), nor
-logrotate's ``extension`` naming (``train-20261206.log``, read as a file of its own).
+read oldest first as the one source ``train.log`` (files numbered from 0, ``train.log.0``, ``train.log.1``, are one a
+process - srun ``--output=train.log.%t`` - each read on its own, its number its rank), a compressed one (gzip, bzip2,
+xz: :data:`vigil.logs.miner.COMPRESSED`) inflated on the way. zstd's ``.zst`` is not read (no codec in Python's
+standard library before 3.14), nor logrotate's ``extension`` naming (``train-20261206.log``, read as a file of its
+own).
 """
 
 from __future__ import annotations
@@ -77,6 +79,15 @@ def discover(directory: Path) -> list[LogSource]:
     sources = []
     for stream, generations in sorted(streams.items()):
         files = tuple(path for _, path in sorted(generations))
+        if any(order == _FIRST_TASK for order, _ in generations):
+            # numbered from 0: one file a process (srun --output=train.log.%t), not generations (logrotate and
+            # RotatingFileHandler start at 1); each read on its own, its number its rank
+            for order, path in sorted(generations, key=lambda generation: generation[1]):
+                source = classify(path, directory)
+                if order[0] == 0 and source.kind == "job":
+                    source = replace(source, kind="rank", rank=9999 - int(order[1]))
+                sources.append(source)
+            continue
         if len(files) == 1 and files[0] == stream:
             sources.append(classify(stream, directory))
         else:  # named, and classified, by the log's own name
@@ -84,6 +95,9 @@ def discover(directory: Path) -> list[LogSource]:
     if not sources:
         raise VigilInputError(f"log directory {directory} holds no log files (*.log, *.txt, *.err, *.out)")
     return sources
+
+
+_FIRST_TASK = (0, "9999")  # rotation()'s place of a ".0": never a generation's number
 
 
 def rotation(path: Path) -> tuple[str, tuple[int, str]]:

@@ -396,12 +396,19 @@ class _Unwrap:
         return self.starts[lineno - 1]
 
 
+# A line that opens a record of its own: Python's traceback header or an exception's line ("RuntimeError: CUDA error",
+# "torch.OutOfMemoryError: ..."). A trainer's last full-width line (a progress bar, a table's rule) is often followed
+# by the crash; a cut falling right before such a word is the rarer case.
+_RECORD_HEAD = re.compile(r"Traceback \(most recent call last\):|[A-Za-z_][\w.]*(?:Error|Exception|Interrupt): ")
+
+
 def _starts_anew(cut: str, line: str) -> bool:
     """Whether ``line``, after a line exactly as wide as the terminal, is a line of its own rather than the rest of it:
     blank, indented (a writer's own continuation: rich's hanging indent, a traceback's frame), starting with the cut
     one's first word (the next of a run of records), or stamped at its head as the cut one is - or the cut one is a
     banner drawn to the terminal's width (pytest's "===== ERRORS =====", a run alone), whole by its making."""
     return (not line.strip() or line.startswith("  ") or line.split(" ", 1)[0] == cut.split(" ", 1)[0]
+            or _RECORD_HEAD.match(line) is not None
             or (cut[:3] in _SEPARATOR_STARTS and cut[-3:] == cut[:3])
             or (line_time(line[:_STAMP_HEAD]) is not None and line_time(cut[:_STAMP_HEAD]) is not None))
 
@@ -633,6 +640,9 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
                         raw = rest
                         continue
                 break
+            if pytest_indent != -1 and not separator and pytest_indent is None \
+                    and line.strip() == "Traceback (most recent call last):":
+                pytest_indent = -1  # --tb=native: Python's own traceback and no "E" lines, read as it is
             if pytest_indent != -1 and not separator:
                 marked = _PYTEST_EXC.match(line)
                 if marked is None:
