@@ -112,6 +112,9 @@ CASES = [
     ("ssh: Could not resolve hostname node-0: Name or service not known", "ssh.connect_failed", "root"),
     ("gpu-7: ssh: connect to host gpu-7 port 22: Connection refused", "ssh.connect_failed", "root"),
     ("ssh: connect to host 10.0.0.2 port 2222: No route to host", "ssh.connect_failed", "root"),
+    # OpenSSH's sshkey_perm_ok refusing a private key readable by others (the key is ignored, the login fails)
+    ("@         WARNING: UNPROTECTED PRIVATE KEY FILE!          @", "ssh.key_ignored", "root"),
+    ("Permissions 0640 for '/root/.ssh/id_rsa' are too open.", "ssh.key_ignored", "root"),
     # the kernel's hung-task detector; Slurm cancelling a job for a reason of its own
     ("INFO: task python3:4242 blocked for more than 120 seconds.", "kernel.hung_task", "root"),
     ("task:pt_main_thread  state:D stack:0     pid:4242  ppid:4200   flags:0x00004002", "kernel.hung_task", "root"),

@@ -128,6 +128,13 @@ CHILD_DEATH_REPORTS = frozenset({"torch.dataloader_killed"})
 # Xid 45 with its own cause out of view - that report is the earlier account of the failure the task is stuck behind.
 BLOCKED_TASK_REPORTS = frozenset({"kernel.hung_task"})
 GPU_DRIVER_PREFIX = "nvrm."
+# NVML only reads the state the kernel driver keeps: nvidia-smi's "Unable to determine the device handle for GPU
+# 0000:A1:00.0: Unknown Error" (nvmlDeviceGetHandleByIndex failing, or "GPU is lost") and "Failed to initialize NVML"
+# report what the driver logged as NVRM lines (an Xid, a GPU fallen off the bus, RmInitAdapter failures). A pasted
+# session runs nvidia-smi first and dmesg after, so in one file the driver's line follows the tool's though it was
+# logged earlier: the driver's line about the same GPU (or any, where either names none) is the root.
+NVML_CLIENT_REPORTS = frozenset({"nvml.gpu_lost", "nvml.init_failed"})
+_PCI_BUS_DEVICE = re.compile(r"([0-9a-f]{2}):([0-9a-f]{2})(?:\.[0-9a-f])?$")
 # slurmstepd counts a step's cgroup OOM kills when the step ends ("Detected 8 oom-kill event(s) in step N.batch cgroup")
 # and prints the count after whatever the killed processes' parent printed on the way down (Ray Tune's "TuneError:
 # Trials did not complete" once its actor was killed): in the same file it stands before a report that names no fault
@@ -1049,6 +1056,12 @@ def _pick_root(events: list[LogEvent], priority: dict[str, int],
                 earlier.role = "root"
                 first_per_source[source] = earlier
     for source, first in list(first_per_source.items()):
+        if first.signature in NVML_CLIENT_REPORTS:
+            driver = [e for e in events if e.source == source and e.role == "root"
+                      and e.signature.startswith(GPU_DRIVER_PREFIX) and _same_gpu(first, e)]
+            if driver:
+                first_per_source[source] = min(driver, key=lambda e: e.lineno)
+    for source, first in list(first_per_source.items()):
         if first.fault_type is None and first.signature not in STEP_END_REPORTS:
             ended = [e for e in events if e.source == source and e.lineno > first.lineno
                      and e.role == "root" and e.signature in STEP_END_REPORTS]
@@ -1066,6 +1079,13 @@ def _pick_root(events: list[LogEvent], priority: dict[str, int],
         roots = [e for e in roots if (e.ts is None and e.entity.startswith("node/"))
                  or (e.ts is not None and e.ts <= first_ts + tie_s)]
     return min(roots, key=lambda e: (priority.get(e.signature, last), e.ts or 0.0, e.source, e.lineno)), "signature"
+
+
+def _same_gpu(one: LogEvent, other: LogEvent) -> bool:
+    """Whether two reports can be about one GPU: the same PCI bus and device (NVML writes 0000:A1:00.0 or
+    00000000:A1:00.0, NVRM 0000:a1:00), or either names none."""
+    found = [_PCI_BUS_DEVICE.search(str(e.attrs.get("pci") or "").lower()) for e in (one, other)]
+    return any(m is None for m in found) or found[0].groups() == found[1].groups()  # type: ignore[union-attr]
 
 
 def _nccl_detail(root: LogEvent | None, candidates: list[LogEvent]) -> LogEvent | None:
