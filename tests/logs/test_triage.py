@@ -353,7 +353,7 @@ def test_the_ssh_failure_is_the_root_not_the_launchers_failed_command(tmp_path: 
 
 
 def test_a_launchers_ssh_refusing_its_key_is_the_root(tmp_path: Path) -> None:
-    # an MPIJob launcher's key mounted with mode 0640: ssh's known-hosts warnings are routine, its key refusal is the root
+    # an MPIJob launcher's key mounted with mode 0640: ssh's known-hosts warnings are routine, its refusal is the root
     (tmp_path / "launcher.log").write_text(
         "Warning: Permanently added 'job-worker-0.job-worker,10.42.0.7' (ECDSA) to the list of known hosts.\n"
         "@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@\n"
@@ -370,19 +370,20 @@ NVIDIA_SMI_THEN_DMESG = (
     "root@node1:~# nvidia-smi\n"
     "Unable to determine the device handle for GPU0000:A1:00.0: Unknown Error\n"
     "root@node1:~# dmesg -T | grep NVRM\n"
-    "[Fri Apr  5 21:29:39 2024] NVRM: Xid (PCI:0000:{bus}:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n"
+    "[Fri Apr  5 21:29:39 2024] NVRM: Xid (PCI:0000:{bus}:00): 79, pid='<unknown>', name=<unknown>, "
+    "GPU has fallen off the bus.\n"
     "[Fri Apr  5 21:29:39 2024] NVRM: GPU 0000:{bus}:00.0: GPU has fallen off the bus.\n")
 
 
 def test_nvidia_smi_before_the_kernel_log_of_one_session_yields_to_the_drivers_line(tmp_path: Path) -> None:
-    # nvidia-smi run first, dmesg after: NVML's report comes first in the file, the driver's Xid about that GPU is the root
+    # nvidia-smi run first, dmesg after: NVML's report is first in the file, the driver's Xid about that GPU is the root
     (tmp_path / "session.log").write_text(NVIDIA_SMI_THEN_DMESG.format(bus="a1"))
     result = triage(tmp_path)
     assert result.root is not None and result.root.lineno == 4 and result.root.signature == "nvrm.xid"
 
 
 def test_nvidia_smi_about_another_gpu_keeps_its_own_report(tmp_path: Path) -> None:
-    # the kernel's lines are about GPU 0000:3b:00, nvidia-smi's about 0000:a1:00: nothing ties them, the first report stands
+    # the kernel's lines are about GPU 0000:3b:00, nvidia-smi's about 0000:a1:00: nothing ties them, the first stands
     (tmp_path / "session.log").write_text(NVIDIA_SMI_THEN_DMESG.format(bus="3b"))
     result = triage(tmp_path)
     assert result.root is not None and result.root.lineno == 2 and result.root.signature == "nvml.gpu_lost"
