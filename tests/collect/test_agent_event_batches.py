@@ -269,3 +269,114 @@ def test_a_jobs_rank_log_lines_too_large_for_the_proxy_are_split_not_dropped() -
         assert stored == [e.ts for e in lines] and not agent.pending_events
         assert agent.events_refused_by_reason == {} and pusher.sent == 6000
         assert (413 in answers) == bool(limits)
+
+
+class Answering:
+    """An events route that stores the events of a POST it takes and answers every POST with ``answer`` (a
+    status and a JSON body, or raw bytes) while ``answer`` is set: a buggy or hostile server's 422."""
+
+    def __init__(self, answer: tuple[int, Any] | None) -> None:
+        self.answer = answer
+        self.stored: list[float] = []
+        self.posts = 0
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if not request.url.path.endswith("/events"):
+            return httpx.Response(201, json={"stored": 1, "duplicates": 0})
+        self.posts += 1
+        body = json.loads(request.content)
+        if self.answer is not None and self.posts == 1:
+            status, content = self.answer
+            if isinstance(content, bytes):
+                return httpx.Response(status, content=content, headers={"Content-Type": "application/json"})
+            return httpx.Response(status, json=content)
+        bad = [e["ts"] for e in body if e["message"] == "bad"]
+        if bad:  # refused alone or in a batch: named as the real server names them
+            indices = [i for i, e in enumerate(body) if e["message"] == "bad"]
+            return httpx.Response(422, json={"errors": [{"loc": ["body", i, "x"]} for i in indices[:20]],
+                                             "invalid_indices": indices})
+        self.stored += [e["ts"] for e in body]
+        return httpx.Response(201, json={"stored": len(body), "duplicates": 0})
+
+
+def _ten_with_one_bad() -> list[Event]:
+    events = [xid(float(i)) for i in range(10)]
+    events[3] = events[3].model_copy(update={"message": "bad"})
+    return events
+
+
+@pytest.mark.parametrize("listed", [
+    list(range(10)),  # every event named, the errors naming one: a list for another batch
+    [3, 4],  # one more than the errors describe, though they describe all
+    [3, 3, 4, 4, 5],  # duplicates
+    [3, -1, 4],  # a negative index
+    [3, 4, 10],  # out of range
+    [3, "4", 4.0, True],  # no integers
+    [3, *range(11)],  # longer than the batch
+])
+def test_a_422_whose_invalid_indices_disagree_with_its_errors_costs_only_the_events_the_errors_name(
+    listed: list[Any],
+) -> None:
+    """A buggy or hostile server's 422 for a batch of 10 whose event 3 is bad: its errors name event 3, its
+    invalid_indices name more - all of the batch, an index twice, indices out of range or no integers. The agent
+    does not take such a list, drops only event 3 and stores the other 9 (before: every in-range index listed was
+    dropped as refused, good events with it)."""
+    server = Answering((422, {"errors": [{"loc": ["body", 3, "x"], "msg": "no", "type": "extra_forbidden"}],
+                              "invalid_indices": listed}))
+    agent = _agent(httpx.Client(transport=httpx.MockTransport(server)))
+    events = _ten_with_one_bad()
+    push_round(agent, 100.0, events)
+    assert server.stored == [e.ts for e in events if e.message != "bad"]
+    assert _dropped_refused(agent) == 1 and not agent.pending_events
+
+
+def test_a_422_listing_every_refused_index_beside_20_errors_is_still_taken_whole() -> None:
+    """The check does not cost the real server's answer its use: 30 bad events of 40, 20 described, all 30 listed
+    in invalid_indices - dropped in one step, 2 POSTs."""
+    events = [xid(float(i)) if i % 4 == 0 else xid(float(i)).model_copy(update={"message": "bad"}) for i in range(40)]
+    bad = [i for i, e in enumerate(events) if e.message == "bad"]
+    server = Answering((422, {"errors": [{"loc": ["body", i, "x"]} for i in bad[:20]], "invalid_indices": bad}))
+    agent = _agent(httpx.Client(transport=httpx.MockTransport(server)))
+    push_round(agent, 100.0, events)
+    assert server.stored == [e.ts for e in events if e.message != "bad"] and server.posts == 2
+    assert _dropped_refused(agent) == 30
+
+
+def test_an_answer_nested_too_deep_to_parse_neither_kills_the_push_round_nor_loses_its_events() -> None:
+    """A 422 whose JSON is nested deeper than Python's parser goes (json raises RecursionError, not ValueError):
+    read as naming nothing - the batch split until the bad event is refused alone - and the round ends normally
+    with the 9 good events stored (before: the RecursionError ended the push thread, its batch neither sent again
+    nor off the queue's books)."""
+    server = Answering((422, b'{"invalid_indices": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"))
+    agent = _agent(httpx.Client(transport=httpx.MockTransport(server)))
+    events = _ten_with_one_bad()
+    push_round(agent, 100.0, events)
+    assert server.stored == [e.ts for e in events if e.message != "bad"]
+    assert _dropped_refused(agent) == 1 and not agent.pending_events
+
+
+def test_a_push_round_failing_unexpectedly_queues_its_events_again_in_order(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Anything a push round did not foresee (here the HTTP client raising an error of no httpx kind) ends it with
+    its events queued again ahead of newer ones, logged once an episode, and the next round sends them (before:
+    the exception ended the push thread and the round's events were gone from the queue)."""
+    calls = {"n": 0}
+
+    def server(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/events"):
+            calls["n"] += 1
+            if calls["n"] <= 2:
+                raise RuntimeError("a bug")
+            stored.extend(e["ts"] for e in json.loads(request.content))
+        return httpx.Response(201, json={"stored": 1, "duplicates": 0})
+
+    stored: list[float] = []
+    agent = _agent(httpx.Client(transport=httpx.MockTransport(server)))
+    push_round(agent, 100.0, [xid(1.0), xid(2.0)])
+    assert [e.ts for e in agent.pending_events] == [1.0, 2.0]
+    push_round(agent, 101.0, [xid(3.0)])
+    assert [e.ts for e in agent.pending_events] == [1.0, 2.0, 3.0]
+    assert len([r for r in caplog.records if "failed unexpectedly" in r.getMessage()]) == 1
+    push_round(agent, 102.0)
+    assert stored == [1.0, 2.0, 3.0] and not agent.pending_events

@@ -254,3 +254,148 @@ def test_a_write_torn_by_a_crash_costs_only_that_write_and_an_unreadable_spool_i
     assert spool.load() == [] and "moved aside" in caplog.text
     assert any(p.name.startswith(SPOOL_FILE + ".unreadable-") for p in garbage.iterdir())
     spool.close()
+
+
+def test_a_spool_another_program_holds_locked_is_left_in_place_and_sent_at_the_next_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A spool holding two unsent events that cannot be opened now - another program holds it locked (a sqlite3
+    shell; a disk full or failing answers the same way, an OperationalError) - is no damaged file: the agent runs
+    without a spool and says why, the file stays where it is with its events, and the next start sends them
+    (before: any such error moved the spool aside as unreadable and its events were never sent)."""
+    import vigil.sources.collect.spool as spool_module
+
+    monkeypatch.setattr(spool_module, "BUSY_TIMEOUT_S", 0.05, raising=False)
+    state = tmp_path / "state"
+    spool = EventSpool(state, 100, 2**20)
+    spool.add([xid(1.0), xid(2.0)])
+    spool.close()
+    holder = sqlite3.connect(state / SPOOL_FILE, isolation_level=None, timeout=0.05)
+    holder.execute("PRAGMA journal_mode=DELETE")
+    holder.execute("BEGIN EXCLUSIVE")
+    agent = Agent([CountingSource()], fast_settings(server_url="http://vigil.test", state_dir=str(state)),
+                  cpu_ratio=lambda: 0.1)
+    assert agent.spool is None and "no events spool" in caplog.text and "moved aside" not in caplog.text
+    agent.close()
+    holder.execute("ROLLBACK")
+    holder.close()
+    assert sorted(p.name for p in state.iterdir() if ".unreadable-" in p.name) == []
+    again = Agent([CountingSource()], fast_settings(server_url="http://vigil.test", state_dir=str(state)),
+                  cpu_ratio=lambda: 0.1)
+    assert again.spool is not None and [e.ts for e in again.pending_events] == [1.0, 2.0]
+    again.close()
+
+
+def test_the_spool_files_are_readable_by_the_agents_user_alone(tmp_path: Path) -> None:
+    """Events name nodes and carry kernel and training log lines: the spool's database, its WAL and shared memory
+    and its lock file are 0600 and a state directory the agent creates 0700 - also files an earlier agent left
+    0644 (before: created with the umask's 0644, the directory 0755)."""
+    state = tmp_path / "state"
+    spool = EventSpool(state, 100, 2**20)
+    spool.add([xid(1.0)])
+    names = (SPOOL_FILE, SPOOL_FILE + "-wal", SPOOL_FILE + "-shm", "events-spool.lock")
+    assert {n: oct((state / n).stat().st_mode & 0o777) for n in names} == dict.fromkeys(names, "0o600")
+    assert oct(state.stat().st_mode & 0o777) == "0o700"
+    spool.close()
+    for name in names:
+        if (state / name).exists():
+            (state / name).chmod(0o644)
+    spool = EventSpool(state, 100, 2**20)
+    assert [e.ts for _, e in spool.load()] == [1.0]
+    spool.add([xid(2.0)])
+    assert {n: oct((state / n).stat().st_mode & 0o777) for n in names} == dict.fromkeys(names, "0o600")
+    spool.close()
+
+
+def _spool_failures(agent: Agent) -> float:
+    return next(s.value for family in AgentExposition(agent).collect() for s in family.samples
+                if s.name == "vigil_agent_events_spool_failures_total")
+
+
+def test_a_full_disk_keeps_the_agent_sending_from_memory_warned_once_an_episode(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The spool's file cannot grow (SQLite's 'database or disk is full', here by max_page_count): each read's
+    events are queued in memory all the same and sent, in order; one warning for the episode (before: one a read)
+    and the failed writes counted; once the file can grow the spool takes writes again, and says so."""
+    state = tmp_path / "state"
+    stored: list[float] = []
+
+    def server(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/events"):
+            stored.extend(e["ts"] for e in json.loads(request.content))
+        return httpx.Response(201, json={"stored": 1, "duplicates": 0})
+
+    agent = Agent([CountingSource()], fast_settings(server_url="http://vigil.test", server_token=TOKEN,
+                                                    state_dir=str(state)), cpu_ratio=lambda: 0.1)
+    assert agent._pusher is not None and agent.spool is not None
+    agent._pusher._client = httpx.Client(transport=httpx.MockTransport(server))
+    agent._accept_events([xid(0.0)])
+    conn = agent.spool._conn
+    conn.execute(f"PRAGMA max_page_count={conn.execute('PRAGMA page_count').fetchone()[0]}")
+    with pytest.raises(sqlite3.OperationalError, match="full"):
+        agent.spool.add([xid(float(i)) for i in range(1000, 1100)])
+    for start in (1, 60, 119):
+        agent._accept_events([xid(float(i)) for i in range(start, start + 59)])
+    assert [e.ts for e in agent.pending_events] == [float(i) for i in range(178)] and _held(state) == 1
+    assert len([r for r in caplog.records if "spool" in r.getMessage() and "failed" in r.getMessage()]) == 1
+    assert _spool_failures(agent) == 3
+    _round(agent)
+    assert stored == [float(i) for i in range(178)] and _held(state) == 0 and not agent.pending_events
+    conn.execute("PRAGMA max_page_count=1073741823")
+    agent._accept_events([xid(200.0)])
+    assert _held(state) == 1 and "takes writes again" in caplog.text
+    agent.close()
+
+
+def test_answered_events_a_failed_removal_left_in_the_spool_are_removed_with_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The server took two events but removing them from the spool failed (a full disk): they are removed with the
+    next events answered, not left to be sent again after every restart and counted against the spool's bounds
+    (before: they stayed until pushed out as the oldest, counted then as dropped unsent)."""
+    state = tmp_path / "state"
+    agent = Agent([CountingSource()], fast_settings(server_url="http://vigil.test", server_token=TOKEN,
+                                                    state_dir=str(state)), cpu_ratio=lambda: 0.1)
+    assert agent._pusher is not None and agent.spool is not None
+    agent._pusher._client = httpx.Client(transport=httpx.MockTransport(
+        lambda r: httpx.Response(201, json={"stored": 1, "duplicates": 0})))
+    remove, failing = agent.spool.remove, [True]
+
+    def flaky(ids: Any) -> None:
+        if failing.pop() if failing else False:
+            raise sqlite3.OperationalError("database or disk is full")
+        remove(ids)
+
+    monkeypatch.setattr(agent.spool, "remove", flaky)
+    agent._accept_events([xid(1.0), xid(2.0)])
+    _round(agent)
+    assert _held(state) == 2 and not agent.pending_events
+    agent._accept_events([xid(3.0)])
+    _round(agent)
+    assert _held(state) == 0 and len(agent.spool) == 0 and agent.events_spool_dropped == 0
+    agent.close()
+
+
+def test_rows_of_no_event_in_the_spool_are_dropped_and_the_agent_starts_with_the_rest(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A spool whose rows include ones that are no event's JSON text - a number, JSON nested deeper than the parser
+    goes, a truncated text - is read without them: the agent starts and sends the events around them (before: the
+    parser's RecursionError left the agent's constructor, so it could not start at all while the file was there)."""
+    state = tmp_path / "state"
+    spool = EventSpool(state, 100, 2**20)
+    spool.add([xid(1.0)])
+    spool.close()
+    conn = sqlite3.connect(state / SPOOL_FILE, isolation_level=None)
+    for body in (42, "[" * 100_000 + "]" * 100_000, '{"ts": 2.0, "ent'):
+        conn.execute("INSERT INTO events (body) VALUES (?)", (body,))
+    conn.close()
+    spool = EventSpool(state, 100, 2**20)
+    spool.add([xid(3.0)])
+    spool.close()
+    agent = Agent([CountingSource()], fast_settings(server_url="http://vigil.test", state_dir=str(state)),
+                  cpu_ratio=lambda: 0.1)
+    assert agent.spool is not None and [e.ts for e in agent.pending_events] == [1.0, 3.0]
+    assert agent.spool.unreadable == 3 and _held(state) == 2 and "3 row(s) that are no event" in caplog.text
+    agent.close()

@@ -75,6 +75,8 @@ DEFAULT_INTERVALS: dict[str, float] = {
 }
 # Events kept for the server while it is away; older ones are dropped (and counted) beyond it.
 MAX_PENDING_EVENTS = 10_000
+# The errors a server's 422 describes at most (vigil.faces.api.app.MAX_LISTED_ERRORS): fewer described are all.
+SERVER_MAX_LISTED_ERRORS = 20
 # Where the agent keeps what must outlive it (the events spool, vigil.sources.collect.spool): the systemd unit's
 # StateDirectory and the DaemonSet's hostPath.
 DEFAULT_STATE_DIR = "/var/lib/vigil-agent"
@@ -368,6 +370,9 @@ class Agent:
         self._spooled: dict[int, tuple[Event, int]] = {}
         self._evicted: dict[int, Event] = {}
         self._spool_full_warned = False
+        self.spool_failures = 0  # spool writes that failed (a full disk): their events were kept in memory only
+        self._spool_failing = False  # in an episode of failed spool writes: warned once, until one succeeds
+        self._unremoved: set[int] = set()  # spool rows of answered events whose removal failed, removed next time
         self.stop_event = threading.Event()
         self._pusher: EventPusher | None = None
         if self.settings.server_url:
@@ -501,14 +506,22 @@ class Agent:
         try:
             ids, evicted = self.spool.add(events)
         except (OSError, sqlite3.Error) as err:  # a full disk: the events are still queued in memory
-            log.warning("the events spool %s failed (%s): %d event(s) queued in memory only", self.spool.path, err,
-                        len(events))
+            self.spool_failures += 1
+            if not self._spool_failing:  # once an episode: a full disk fails every read's write
+                self._spool_failing = True
+                log.warning("the events spool %s failed (%s): events are queued in memory only until it takes a "
+                            "write again (lost if the agent stops meanwhile; counted in "
+                            "vigil_agent_events_spool_failures_total)", self.spool.path, err)
             return set()
+        if self._spool_failing:
+            self._spool_failing = False
+            log.warning("the events spool %s takes writes again", self.spool.path)
         for event, row_id in zip(events, ids, strict=True):
             self._spooled[id(event)] = (event, row_id)
         if not evicted:
             return set()
         gone = set(evicted)
+        self._unremoved -= gone
         dropped = {key for key, (_, row_id) in self._spooled.items() if row_id in gone}
         here = {id(e) for e in self.pending_events} | {id(e) for e in events}
         for key in dropped:
@@ -516,7 +529,10 @@ class Agent:
             if key not in here:
                 self._evicted[key] = event  # in flight: dropped if it comes back unsent
         self.pending_events = [e for e in self.pending_events if id(e) not in dropped]
-        self.events_spool_dropped += len(evicted)
+        # rows of events the server answered for whose removal failed (a full disk) were not dropped unsent
+        self.events_spool_dropped += len(dropped)
+        if not dropped:
+            return set()
         if not self._spool_full_warned:
             self._spool_full_warned = True
             log.warning("the events spool %s is full (%d events, %d bytes): the oldest events are dropped (counted "
@@ -529,14 +545,18 @@ class Agent:
         ids = [entry[1] for e in events if (entry := self._spooled.pop(id(e), None)) is not None]
         for event in events:
             self._evicted.pop(id(event), None)
-        if self.spool is not None and ids:
+        if self.spool is not None and (ids or self._unremoved):
+            ids += self._unremoved  # rows a failed removal left: removed with these
             try:
                 self.spool.remove(ids)
+                self._unremoved = set()
                 if not len(self.spool):
                     self._spool_full_warned = False  # the episode is over
-            except (OSError, sqlite3.Error) as err:  # sent again after a restart: the server stores them once
-                log.warning("the events spool %s failed (%s) removing %d sent event(s)", self.spool.path, err,
-                            len(ids))
+            except (OSError, sqlite3.Error) as err:  # tried again at the next removal; sent again after a restart
+                self.spool_failures += 1
+                self._unremoved = set(ids)
+                log.warning("the events spool %s failed (%s) removing %d answered event(s); tried again with the "
+                            "next", self.spool.path, err, len(ids))
 
     def _settled(self, events: list[Event]) -> None:
         """The push thread's word on events the server answered for (taken or refused for good)."""
@@ -831,6 +851,9 @@ class AgentExposition(Collector):
                                     value=len(agent.spool))
             yield GaugeMetricFamily("vigil_agent_events_spool_bytes", "bytes of the events on disk the server has "
                                     "not answered for", value=agent.spool.bytes)
+            yield CounterMetricFamily("vigil_agent_events_spool_failures", "writes to the events spool that failed "
+                                      "(a full disk): new events kept in memory only, or answered ones removed later",
+                                      value=agent.spool_failures)
         if agent._pusher is not None:
             yield from agent._pusher.backlog_metrics()
         yield GaugeMetricFamily(
@@ -903,6 +926,7 @@ class EventPusher:
         self._warned = False
         self._warned_refused: set[str] = set()
         self._refusing_events = False  # in an episode of refused events batches: warned once, until one is taken
+        self._crashed = False  # in an episode of push rounds failing unexpectedly: logged once, until one ends well
         self._refusing_inventory = False
         self._token_refused = False  # in an episode of a refused token: warned once, until a push is taken
         # the samples pushes the server has not answered, oldest first, each sent again under its key
@@ -940,6 +964,28 @@ class EventPusher:
 
     def _post(self, events: list[Event], requeue: Callable[[list[Event]], None], samples: list[Sample], node: str,
               inventory: Node | None, settled: Callable[[list[Event]], None] | None = None) -> None:
+        """One push round (the push thread). Whatever goes wrong in it, each of ``events`` is either settled
+        (answered for) or queued again: a round that fails unexpectedly (an answer of a shape no rule foresaw)
+        queues them all again - the server stores again an event it took once - and is logged, once an episode."""
+        try:
+            kept = self._round(events, samples, node, inventory)
+        except Exception:
+            self.failures += 1
+            if not self._crashed:
+                self._crashed = True
+                log.exception("push round to %s failed unexpectedly; its %d event(s) are kept and sent again",
+                              self.base, len(events))
+            kept = list(events)
+        else:
+            self._crashed = False
+        if settled is not None:
+            unsettled = {id(e) for e in kept}
+            settled([e for e in events if id(e) not in unsettled])  # answered for: off the spool
+        if kept:
+            requeue(kept)
+
+    def _round(self, events: list[Event], samples: list[Sample], node: str, inventory: Node | None) -> list[Event]:
+        """Send a round's inventory, events, rank-log lines and samples; returns the events to queue again."""
         fresh = None
         if samples:
             push = {"node": node, "samples": [s.model_dump(mode="json") for s in samples]}
@@ -979,11 +1025,7 @@ class EventPusher:
                 self._send_backlog(fresh)
             except httpx.HTTPError as err:
                 self._failed(err)
-        if settled is not None:
-            unsettled = {id(e) for e in kept}
-            settled([e for e in events if id(e) not in unsettled])  # answered for: off the spool
-        if kept:
-            requeue(kept)
+        return kept
 
     def _failed(self, err: httpx.HTTPError) -> bool:
         """Count a request the server failed or did not answer, and warn: about a refused token once an episode,
@@ -1246,7 +1288,7 @@ def _refusals(response: httpx.Response, pushed: int) -> tuple[dict[str, int], st
     answers only ``stored``) refused nothing."""
     try:
         answer = response.json()
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
         return {}, ""
     by_reason = answer.get("rejected_by_reason") if isinstance(answer, dict) else None
     if not isinstance(by_reason, dict):
@@ -1267,23 +1309,35 @@ def _invalid_indices(response: httpx.Response, pushed: int) -> set[int]:
     the batch, however many), else each error's ``loc``, ``["body", index, field...]`` (the ``errors`` of a server
     before ``invalid_indices``, which lists at most 20 - the rest is named by the next POST's answer - or FastAPI's
     own ``detail`` list on a server without Vigil's handler); empty when it names none (a body too long, an answer
-    of another shape)."""
+    of another shape).
+
+    ``invalid_indices`` is taken only where it agrees with the errors described beside it: each an index of the
+    batch (an integer in range, once), naming every event an error names, and - where fewer errors are described
+    than a list holds at most (``SERVER_MAX_LISTED_ERRORS``), so all are - no other. A list that does not (a server
+    or proxy answering for another batch, an index off by one) could name good events, which would be dropped:
+    the errors alone are read then, each an error the server found."""
     try:
         answer = response.json()
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
         return set()
     if not isinstance(answer, dict):
         return set()
-    listed = answer.get("invalid_indices")
-    if isinstance(listed, list) and listed:
-        named = {i for i in listed if isinstance(i, int) and not isinstance(i, bool) and 0 <= i < pushed}
-        if named:
-            return named
     errors = answer.get("errors") if isinstance(answer.get("errors"), list) else answer.get("detail")
+    described = errors if isinstance(errors, list) else []
     found: set[int] = set()
-    for error in errors if isinstance(errors, list) else []:
+    for error in described:
         loc = error.get("loc") if isinstance(error, dict) else None
         if (isinstance(loc, list) and len(loc) >= 2 and loc[0] == "body" and isinstance(loc[1], int)
                 and not isinstance(loc[1], bool) and 0 <= loc[1] < pushed):
             found.add(loc[1])
-    return found
+    listed = answer.get("invalid_indices")
+    if not isinstance(listed, list) or not listed or not found or len(listed) > pushed:
+        return found
+    if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < pushed for i in listed):
+        return found
+    named = set(listed)
+    if len(named) != len(listed) or not found <= named:
+        return found
+    if len(described) < SERVER_MAX_LISTED_ERRORS and named != found:
+        return found
+    return named

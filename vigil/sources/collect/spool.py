@@ -10,7 +10,10 @@ A write torn by a crash is a transaction SQLite rolls back on the next open (its
 file that is no SQLite database at all is moved aside and an empty spool started, with a warning. The spool is
 bounded by events and bytes: beyond either the oldest events are dropped, and the agent counts them
 (``vigil_agent_events_dropped_total{reason="spool_full"}``). One agent holds a state directory at a time (an
-exclusive lock on ``events-spool.lock``); a second one runs without the spool, with a warning.
+exclusive lock on ``events-spool.lock``); a second one runs without the spool, with a warning. A spool that
+cannot be opened now (locked by another program, a disk full or failing) is left as it is for the next start. The
+spool's files are the agent's alone (mode 0600, a directory it creates 0700): events name nodes and carry kernel and
+training log lines.
 """
 
 from __future__ import annotations
@@ -34,6 +37,11 @@ log = logging.getLogger("vigil.agent")
 
 SPOOL_FILE = "events-spool.sqlite"
 LOCK_FILE = "events-spool.lock"
+# How long a write waits for a lock another program holds on the spool (a sqlite3 shell reading it): the agent's
+# loop writes under it, so not long; past it the write fails and its events are queued in memory only.
+BUSY_TIMEOUT_S = 1.0
+# The WAL is cut back to this after a checkpoint (SQLite otherwise keeps it at the largest it has been).
+WAL_SIZE_LIMIT = 4 * 2**20
 
 
 class SpoolUnavailable(Exception):
@@ -54,8 +62,8 @@ class EventSpool:
         self.bytes = 0
         self.unreadable = 0  # rows that were no event (written by another version, damaged): dropped on load
         try:
-            directory.mkdir(parents=True, exist_ok=True)
-            self._lock_file: IO[bytes] = open(directory / LOCK_FILE, "ab")  # noqa: SIM115 - held for the spool's life
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self._lock_file: IO[bytes] = os.fdopen(_private(directory / LOCK_FILE), "ab")
         except OSError as err:
             raise SpoolUnavailable(f"cannot use {directory}: {err}") from None
         try:
@@ -65,8 +73,15 @@ class EventSpool:
             raise SpoolUnavailable(f"another agent holds {directory / LOCK_FILE}") from None
         self.path = directory / SPOOL_FILE
         try:
+            for suffix in ("", "-wal", "-shm"):  # SQLite gives its -wal and -shm files the database file's mode
+                if suffix == "" or Path(f"{self.path}{suffix}").exists():
+                    os.close(_private(Path(f"{self.path}{suffix}")))
             self._conn = self._open()
-        except sqlite3.DatabaseError as err:
+        except sqlite3.OperationalError as err:
+            # locked, a disk full or failing, no permission: the file may hold events, and is left for the next start
+            self.close()
+            raise SpoolUnavailable(f"cannot open {self.path}: {err}") from None
+        except sqlite3.DatabaseError as err:  # no SQLite database, or a damaged one
             aside = self.path.with_name(f"{SPOOL_FILE}.unreadable-{int(time.time())}")
             log.warning("the events spool %s is unreadable (%s): moved aside to %s and started empty; the events it "
                         "held are not sent", self.path, err, aside)
@@ -74,16 +89,22 @@ class EventSpool:
                 source = Path(f"{self.path}{suffix}")
                 if source.exists():
                     os.replace(source, f"{aside}{suffix}")
-            self._conn = self._open()
+            try:
+                os.close(_private(self.path))
+                self._conn = self._open()
+            except (OSError, sqlite3.Error) as again:
+                self.close()
+                raise SpoolUnavailable(f"cannot open {self.path}: {again}") from None
         except OSError as err:
             self.close()
             raise SpoolUnavailable(f"cannot open {self.path}: {err}") from None
 
     def _open(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, check_same_thread=False, isolation_level=None)
         try:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")  # a transaction is on disk when its commit returns
+            conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
             conn.execute("CREATE TABLE IF NOT EXISTS events (id INTEGER PRIMARY KEY AUTOINCREMENT, body TEXT NOT NULL)")
             check = conn.execute("PRAGMA quick_check").fetchone()
             if check is None or check[0] != "ok":
@@ -102,7 +123,7 @@ class EventSpool:
             for row_id, body in self._conn.execute("SELECT id, body FROM events ORDER BY id"):
                 try:
                     loaded.append((row_id, Event.model_validate(json.loads(body))))
-                except (ValueError, ValidationError):
+                except (ValueError, RecursionError, ValidationError):  # RecursionError: nested too deep to parse
                     bad.append(row_id)
                     continue
                 self._sizes[row_id] = len(body)
@@ -130,7 +151,7 @@ class EventSpool:
                     self._delete(evicted, in_transaction=True)
                 self._conn.execute("COMMIT")
             except BaseException:
-                self._conn.execute("ROLLBACK")
+                self._rollback()
                 raise
             for row_id, body in zip(ids, bodies, strict=True):
                 self._sizes[row_id] = len(body)
@@ -173,8 +194,17 @@ class EventSpool:
                 self._conn.execute("COMMIT")
         except BaseException:
             if not in_transaction:
-                self._conn.execute("ROLLBACK")
+                self._rollback()
             raise
+
+    def _rollback(self) -> None:
+        """End a transaction that failed (a full disk): SQLite may have rolled it back already, and a ROLLBACK that
+        fails must not hide the error that did it nor leave the next BEGIN inside a transaction."""
+        if self._conn.in_transaction:
+            try:
+                self._conn.execute("ROLLBACK")
+            except sqlite3.Error as err:
+                log.debug("the events spool %s: ROLLBACK failed (%s)", self.path, err)
 
     def __len__(self) -> int:
         return len(self._sizes)
@@ -185,3 +215,14 @@ class EventSpool:
             with self._lock:
                 conn.close()
         self._lock_file.close()  # releases the lock
+
+
+def _private(path: Path) -> int:
+    """Open (creating) ``path`` for appending, readable and writable by its owner alone (0600, an existing file
+    too: one left by an agent before this rule). Returns the descriptor."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    except OSError as err:  # a filesystem without modes: the spool works all the same
+        log.warning("cannot make %s readable by its owner alone (%s)", path, err)
+    return fd
