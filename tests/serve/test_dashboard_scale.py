@@ -22,6 +22,8 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "serve"
 VIEWPORT = {"width": 1280, "height": 900}
 PAGE_BUDGET_BYTES = 300_000
 RUN_JOB = "j00"
+# How long an incident page may take on its first view, which diagnoses the incident on this 10,000-GPU store.
+FIRST_VIEW_DIAGNOSIS_MS = 120_000
 
 
 @pytest.fixture(scope="module")
@@ -166,8 +168,11 @@ def test_filters_search_and_keyboard_drill_down(page: Any, site: str, cluster_10
     assert page.url.endswith("/gpus/" + entity.removeprefix("gpu/"))
     assert page.locator("svg.spark").count() >= 5
     assert page.locator("#gpu-incidents tbody tr").count() >= 1
-    with page.expect_navigation():
-        page.locator("#gpu-incidents tbody tr a").first.click()
+    # The incident's page diagnoses it on its first view (dashboard.incident_detail), 10-17 s on this store on a
+    # loaded test machine against 0.1 s for the GPU page: the click's wait for that navigation gets a budget for it,
+    # not Playwright's default 30 s, which a loaded machine overran ("waiting for scheduled navigations to finish").
+    with page.expect_navigation(timeout=FIRST_VIEW_DIAGNOSIS_MS):
+        page.locator("#gpu-incidents tbody tr a").first.click(timeout=FIRST_VIEW_DIAGNOSIS_MS)
     assert page.locator("ol.causes > li").count() >= 1
 
 
@@ -251,7 +256,7 @@ def test_incident_page_opens_diagnosed_at_scale(page: Any, site: str, cluster_10
         ),
         key=lambda i: (i.level, len(i.evidence), i.id),
     )
-    page.goto(f"{site}/incidents/{incident.id}", timeout=120_000)
+    page.goto(f"{site}/incidents/{incident.id}", timeout=FIRST_VIEW_DIAGNOSIS_MS)
     assert page.locator("ol.causes > li").count() >= 1
     assert page.locator(".diag-summary").inner_text()
     assert page.locator("svg.timeline circle.evidence").count() == len(incident.evidence)
