@@ -87,14 +87,27 @@ AT_ONCE = ("vigil engine: stopped at once on a second Ctrl-C, without finishing 
 
 
 def start_engine(home: Path, database: str, slurm: HeldSlurm, err_lines: list[str]) -> subprocess.Popen[str]:
-    """`vigil engine` executing through ``slurm`` on ``database``; its stderr lines go to ``err_lines``."""
+    """`vigil engine` executing through ``slurm`` on ``database``; its stderr lines go to ``err_lines``, every one of
+    them there once ``all_read(engine)`` returns (after the process ended)."""
     engine = subprocess.Popen([sys.executable, "-m", "vigil", "engine"], cwd=REPO,
                               env=acting_env(home, database, slurm), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True)
     assert engine.stderr is not None
     stderr = engine.stderr
-    threading.Thread(target=lambda: err_lines.extend(iter(stderr.readline, "")), daemon=True).start()
+    reader = threading.Thread(target=lambda: err_lines.extend(iter(stderr.readline, "")), daemon=True)
+    reader.start()
+    _readers[engine.pid] = reader
     return engine
+
+
+_readers: dict[int, threading.Thread] = {}
+
+
+def all_read(engine: subprocess.Popen[str]) -> None:
+    """Wait for the reader of the ended ``engine``'s stderr to reach its end (the lines it wrote last included)."""
+    reader = _readers.pop(engine.pid)
+    reader.join(60)
+    assert not reader.is_alive(), "the engine's stderr still open a minute after it ended"
 
 
 def test_ctrl_c_during_the_start_up_resume_lets_the_drain_in_flight_finish(database: str, tmp_path: Path) -> None:
@@ -129,6 +142,7 @@ def test_ctrl_c_during_the_start_up_resume_lets_the_drain_in_flight_finish(datab
     assert [(a.id, a.status) for a in audit.actions()] == [(f"act-drain-{first}", ActionStatus.EXECUTED)]
     (left,) = audit.unfinished_runs()
     assert (left.key, left.owner) == (f"act-drain-{second}", "vigil-api-killed")
+    all_read(engine)  # its last lines read: a traceback written as it ended is seen
     assert not any("Traceback" in line for line in err_lines), err_lines
     assert not any("vigil engine on" in line for line in err_lines), err_lines
 
@@ -164,3 +178,68 @@ def test_a_second_ctrl_c_stops_at_once_with_one_line_and_ends_the_drain(database
     (run,) = AuditLog(database).unfinished_runs()
     assert run.key == "act-drain-n1" and run.owner is not None and run.owner.startswith("vigil-engine-")
     assert AuditLog(database).actions() == []
+
+
+STOPPING_ON_SIGTERM = ("vigil engine: stopping on SIGTERM; waiting for the tick and the actions it is resuming, at "
+                       "most 30 s\n")
+
+
+def test_sigterm_during_the_start_up_resume_stops_as_ctrl_c_does_and_says_so(database: str, tmp_path: Path) -> None:
+    """SIGTERM (a service manager stopping the engine) while the start-up resume's drain runs takes the first Ctrl-C's
+    path: one line, the drain ends executed, the second run stays with its dead owner, exit 0. Before, SIGTERM set
+    stopping without a word."""
+    place_cluster(database)
+    crashed_drains(database, "n1", "n2")
+    home = tmp_path / "home"
+    home.mkdir()
+    err_lines: list[str] = []
+    with held_slurm(tmp_path / "slurm") as slurm:
+        engine = start_engine(home, database, slurm, err_lines)
+        try:
+            wait_for(lambda: slurm.draining("n1") or slurm.draining("n2") or engine.poll() is not None, 120,
+                     "the start-up to resume a drain")
+            first = "n1" if slurm.draining("n1") else "n2"
+            engine.send_signal(signal.SIGTERM)
+            wait_for(lambda: STOPPING_ON_SIGTERM in err_lines or engine.poll() is not None, 60,
+                     "the engine to say it stops")
+            assert engine.poll() is None, err_lines
+            slurm.release()
+            assert engine.wait(timeout=60) == 0, err_lines
+        finally:
+            if engine.poll() is None:
+                engine.kill()
+                engine.wait()
+    second = {"n1": "n2", "n2": "n1"}[first]
+    assert not slurm.draining(second), err_lines
+    audit = AuditLog(database)
+    assert [(a.id, a.status) for a in audit.actions()] == [(f"act-drain-{first}", ActionStatus.EXECUTED)]
+    (left,) = audit.unfinished_runs()
+    assert (left.key, left.owner) == (f"act-drain-{second}", "vigil-api-killed")
+    all_read(engine)
+    assert [line for line in err_lines if "stopping" in line] == [STOPPING_ON_SIGTERM], err_lines
+
+
+FAILING_WORK = """
+import threading
+from vigil.faces.cli.main import app
+from vigil.faces.cli.stopping import run_stoppable
+import typer
+
+@app.command("fails-on-its-thread")
+def fails() -> None:
+    def work() -> None:
+        raise RuntimeError("the store went away\\nsecond line")
+    run_stoppable(work, threading.Event(), who="vigil engine", waiting="w", left="l")
+
+from vigil.faces.cli.main import main
+main()
+"""
+
+
+def test_an_error_on_the_work_thread_ends_the_process_with_one_line_exit_1() -> None:
+    """A command's work thread (the engine's start and ticks) raising: the process ends, exit 1, with one line naming
+    the error - not a traceback, not a hang on the main thread's wait. Before, a traceback."""
+    done = subprocess.run([sys.executable, "-c", FAILING_WORK, "fails-on-its-thread"], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines() == ["vigil engine: stopped by an error: RuntimeError: the store went away"]

@@ -82,6 +82,9 @@ OPEN_ACTION_STATUSES = frozenset({ActionStatus.PROPOSED, ActionStatus.APPROVED})
 # the verdicts of a run that a retry of the action may follow: the retry's verdict replaces them (settle_action keeps
 # each replaced one in params.earlier_verdicts)
 RETRIED_STATUSES = frozenset({ActionStatus.REFUSED, ActionStatus.SKIPPED, ActionStatus.FAILED})
+# the newest replaced verdicts an action keeps (params.earlier_verdicts); older ones are counted in
+# params.earlier_verdicts_dropped, so an action retried without end does not grow without end
+EARLIER_VERDICTS_KEPT = 20
 # Node labels that place a node in the fabric (the Kubernetes well-known topology labels' style).
 RACK_LABEL = "topology.vigil.io/rack"
 SWITCH_LABEL = "topology.vigil.io/leaf"
@@ -796,7 +799,8 @@ def settle_action(conn: Connection, action_id: str, expected: Collection[ActionS
     the row as read, so of two processes writing one action at once (two approvals, a run's close and a server's
     verdict) one wins and the other finds what the winner wrote. Returns whether this write won and the action as
     stored after it (None: no such action). A verdict replaced (an ``expected`` status not proposed or approved: a
-    retry's verdict over an earlier run's) is kept in ``params.earlier_verdicts``, oldest first."""
+    retry's verdict over an earlier run's) is kept in ``params.earlier_verdicts``, oldest first, the newest
+    ``EARLIER_VERDICTS_KEPT`` only (those dropped counted in ``params.earlier_verdicts_dropped``)."""
     while True:
         row = conn.execute(select(t.actions.c.status, t.actions.c.body).where(t.actions.c.id == action_id)).first()
         if row is None:
@@ -807,8 +811,13 @@ def settle_action(conn: Connection, action_id: str, expected: Collection[ActionS
         merged = {**stored.params, **(params or {})}
         if stored.status not in OPEN_ACTION_STATUSES:
             earlier = stored.params.get("earlier_verdicts")
-            merged["earlier_verdicts"] = [*(earlier if isinstance(earlier, list) else []),
-                                          {"status": stored.status.value, "result": stored.result}]
+            verdicts = [*(earlier if isinstance(earlier, list) else []),
+                        {"status": stored.status.value, "result": stored.result}]
+            merged["earlier_verdicts"] = verdicts[-EARLIER_VERDICTS_KEPT:]
+            dropped = len(verdicts) - len(merged["earlier_verdicts"])
+            if dropped:
+                before = stored.params.get("earlier_verdicts_dropped")
+                merged["earlier_verdicts_dropped"] = (before if isinstance(before, int) else 0) + dropped
         settled = stored.model_copy(update={
             "status": status, "result": stored.result if result is None else result,
             "dry_run": stored.dry_run if dry_run is None else dry_run, "params": merged})

@@ -3,22 +3,31 @@ ticks, `vigil serve`'s resume at start-up of the runs a killed server or engine 
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 from collections.abc import Callable
 
+import click
 import typer
+
+from vigil.model import VigilInputError
+
+log = logging.getLogger(__name__)
 
 
 def run_stoppable(work: Callable[[], object], stop: threading.Event, *, who: str, waiting: str, left: str) -> None:
-    """Run ``work`` on a thread while this one takes the signals. SIGTERM, or a first Ctrl-C, sets ``stop``, said on
-    Ctrl-C in one line (``who: stopping; waiting, (Ctrl-C again to stop at once)``): ``work`` sees it and ends at a
-    safe point - a round of resumed runs finishes the action it is on and claims no further run. A second Ctrl-C ends
-    the process at once, exit 130, with one line (``who: stopped at once on a second Ctrl-C, left``); a back end's
-    command ``work`` waited for is killed on the way out (``end_started_commands``) and its run left started, for the
-    lease takeover. What ``work`` raises is raised here. Before, Ctrl-C raised wherever the main thread was - in the
-    middle of a drain, killing its command and leaving its run started - and a second one ended the process without a
-    word."""
+    """Run ``work`` on a thread while this one takes the signals. SIGTERM (a service manager stopping it) or a first
+    Ctrl-C sets ``stop`` and says so in one line (``who: stopping; waiting (Ctrl-C again to stop at once)``; on
+    SIGTERM ``who: stopping on SIGTERM; waiting``): ``work`` sees it and ends at a safe point - a round of resumed runs
+    finishes the action it is on and claims no further run. A further SIGTERM changes nothing (a service manager
+    escalates to SIGKILL). A second Ctrl-C ends the process at once, exit 130, with one line (``who: stopped at once on
+    a second Ctrl-C, left``); a back end's command ``work`` waited for is killed on the way out
+    (``end_started_commands``) and its run left started, for the lease takeover. What ``work`` raises: a user's mistake
+    (VigilInputError, a click exception, an exit) is raised here as if raised on this thread; anything else ends the
+    command with one line naming it, exit 1 (the traceback at debug). Before, Ctrl-C raised wherever the main thread
+    was - in the middle of a drain, killing its command and leaving its run started - a second one ended the process
+    without a word, SIGTERM set ``stop`` without one, and an error of ``work`` ended it with a traceback."""
     if threading.current_thread() is not threading.main_thread():  # only the main thread takes signals (a library use)
         work()
         return
@@ -32,17 +41,22 @@ def run_stoppable(work: Callable[[], object], stop: threading.Event, *, who: str
 
     presses = 0
 
+    def stopping(line: str) -> None:
+        if stop.is_set():
+            return
+        stop.set()
+        typer.echo(line, err=True)
+
     def on_ctrl_c(*_: object) -> None:
         nonlocal presses
         presses += 1
         if presses > 1:
             raise KeyboardInterrupt
-        stop.set()
-        typer.echo(f"{who}: stopping; {waiting} (Ctrl-C again to stop at once)", err=True)
+        stopping(f"{who}: stopping; {waiting} (Ctrl-C again to stop at once)")
 
     worker = threading.Thread(target=guarded, name=f"{who} main".replace(" ", "-"), daemon=True)
     before_int = signal.signal(signal.SIGINT, on_ctrl_c)
-    before_term = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    before_term = signal.signal(signal.SIGTERM, lambda *_: stopping(f"{who}: stopping on SIGTERM; {waiting}"))
     try:
         worker.start()
         worker.join()
@@ -55,5 +69,13 @@ def run_stoppable(work: Callable[[], object], stop: threading.Event, *, who: str
         signal.signal(signal.SIGTERM, before_term)
         if signal.getsignal(signal.SIGINT) is on_ctrl_c:
             signal.signal(signal.SIGINT, before_int)
-    if failed:
-        raise failed[0]
+    if not failed:
+        return
+    err = failed[0]
+    if isinstance(err, (VigilInputError, click.exceptions.ClickException, click.exceptions.Exit, SystemExit,
+                        KeyboardInterrupt, typer.Abort)):
+        raise err
+    log.debug("%s failed", who, exc_info=err)
+    first = next(iter(str(err).splitlines()), "")
+    typer.echo(f"{who}: stopped by an error: {type(err).__name__}{': ' + first if first else ''}", err=True)
+    raise typer.Exit(1) from None
