@@ -654,6 +654,7 @@ def test_a_retry_that_succeeds_replaces_the_failure_the_stored_action_read(datab
     (stored,) = [a for a in store.actions() if a.id == "act-drain-n1"]
     assert (stored.status, stored.result) == (ActionStatus.EXECUTED, "drained node/n1"), stored
     assert stored.params["earlier_verdicts"] == [{"status": "failed", "result": failed.result}]
+    assert "retry_of" not in stored.params, stored  # the action is no retry of itself
     assert sorted((a.status.value, a.params.get("retry_of")) for a in AuditLog(database).actions()) == [
         ("executed", "act-drain-n1"), ("failed", None)]
     # a later execute finds the action done, and leaves it so

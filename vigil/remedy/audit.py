@@ -238,9 +238,15 @@ def _settle_stored(conn: Connection, record: Action) -> None:
     once the journal had the earlier run closed, so it is the latest attempt - and never over ``executed``, since a run
     done is never run again."""
     retried = "retry_of" in record.params
+    # the record's own bookkeeping stays in the audit log: the stored action is no retry of itself, and its replaced
+    # verdicts are its own list (a copy the record took when it was read would write over a newer one)
+    params = {k: v for k, v in record.params.items() if k not in _RECORD_ONLY_PARAMS}
     settle_action(conn, str(record.params.get("retry_of", record.id)),
                   OPEN_ACTION_STATUSES | (RETRIED_STATUSES if retried else frozenset()), record.status,
-                  result=record.result, params=record.params, dry_run=record.dry_run)
+                  result=record.result, params=params, dry_run=record.dry_run)
+
+
+_RECORD_ONLY_PARAMS = frozenset({"retry_of", "earlier_verdicts", "earlier_verdicts_dropped"})
 
 
 def _insert_new(conn: Connection, table: Table, row: dict[str, object], unique: Column[str]) -> bool:
