@@ -22,7 +22,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -67,6 +67,14 @@ DIAGNOSIS_SLACK_S = 900.0
 REWRITE_EVERY_S = 60.0
 # Rows held back this long by one transaction still running on PostgreSQL are warned of (Engine._watch_held_back).
 HELD_BACK_WARN_S = 60.0
+# How many events and metric pushes committed past a transaction still running (PostgreSQL) the engine judges at
+# once and remembers, not to judge them again once that transaction ends (Engine._take); past these it holds further
+# ones back until it ends. Events' are kept in the cursor (a restart judges none of them again); pushes' in memory
+# only (a restart reads them again, as its replay does). Under the batch, so the rows remembered never fill a read.
+AHEAD_EVENTS = 1_000
+AHEAD_PUSHES = 5_000
+
+_T = TypeVar("_T")
 
 
 class LiveFrames:
@@ -282,6 +290,11 @@ class Engine:
         self.held_since: float | None = None
         self._held_by: int | None = None
         self._warned_held = False
+        # positions of the rows read past the cursors (committed while an older transaction still ran), judged already
+        self.ahead_events: set[ReadPosition] = set()
+        self.ahead_pushes: set[ReadPosition] = set()
+        # whether a bound on those was reached, so that rows were held back
+        self.ahead_full = False
         self.stale_pushes = 0
         self.late_pushes = 0
         self.pruned_pushes = 0
@@ -309,6 +322,7 @@ class Engine:
         _, state = self.store.cursor(CURSOR)
         self.event_cursor = self._position(state, "events", "events")
         self.push_cursor = self._position(state, "pushes", "metric_pushes")
+        self.ahead_events = {ReadPosition(int(x), int(i)) for x, i in state.get("events_ahead") or []}
         self.ticks = int(state.get("ticks", 0))
         if self.settings.topology_file:
             self.store.place_nodes(load_topology_file(Path(self.settings.topology_file)))
@@ -426,21 +440,30 @@ class Engine:
             self._next_kube = now + self.settings.kube_jobs_poll_s
             self._read_kube_jobs()
         self._refresh_topology()
-        events = self.store.events_after(self.event_cursor, limit=self.batch)
-        pushes = self.store.pushes_after(self.push_cursor, limit=self.batch)
+        read_events = self.store.events_read(self.event_cursor, limit=self.batch)
+        read_pushes = self.store.pushes_read(self.push_cursor, limit=self.batch)
+        # copies, taken up once the tick's outputs and cursor are stored: a tick that fails judges its rows again
+        ahead_events, ahead_pushes = set(self.ahead_events), set(self.ahead_pushes)
+        events, event_cursor, events_full = _take([(p, e, s) for p, e, s in read_events], self.event_cursor,
+                                                  ahead_events, AHEAD_EVENTS)
+        pushes, push_cursor, pushes_full = _take([(p.position, p, s) for p, s in read_pushes], self.push_cursor,
+                                                 ahead_pushes, AHEAD_PUSHES)
         report.events, report.pushes = len(events), len(pushes)
         for push in pushes:
             self._apply_push(push, now, report)
         if self.prom is not None:
             self._pull_prometheus(now)
-        self._detect(self.frames.frames(now), [e for _, e in events], report)
+        self._detect(self.frames.frames(now), events, report)
         self._publish(now, report)
-        if events:
-            self.event_cursor = events[-1][0]
-        if pushes:
-            self.push_cursor = pushes[-1].position
+        self.event_cursor, self.push_cursor = event_cursor, push_cursor
+        self.ahead_events, self.ahead_pushes = ahead_events, ahead_pushes
         self._save_cursor()
-        if len(events) < self.batch and len(pushes) < self.batch:
+        if (events_full or pushes_full) and not self.ahead_full:
+            log.warning("%d events and %d metric pushes committed while an older transaction still runs on the "
+                        "PostgreSQL server were judged at once; further ones wait for it to end (%s)",
+                        len(ahead_events), len(ahead_pushes), self.store.oldest_writer())
+        self.ahead_full = events_full or pushes_full
+        if len(read_events) < self.batch and len(read_pushes) < self.batch:
             self._watch_held_back(now)
         self._prune(now)
         self.ticks += 1
@@ -686,15 +709,18 @@ class Engine:
             return
         if not self._warned_held and self.held_since is not None and now - self.held_since >= HELD_BACK_WARN_S:
             self._warned_held = True
-            log.warning("events and metric pushes have waited, unread, for %.0f s for an older transaction still "
-                        "running on the PostgreSQL server: %s; once it ends the engine reads them (the server's "
+            log.warning("the engine's read position has waited for %.0f s for an older transaction still running "
+                        "on the PostgreSQL server: %s; rows committed since are judged at once and remembered (%d "
+                        "events of %d, %d pushes of %d), past that they wait, unread, until it ends (the server's "
                         "idle_in_transaction_session_timeout ends idle ones)", now - self.held_since,
-                        self.store.oldest_writer())
+                        self.store.oldest_writer(), len(self.ahead_events), AHEAD_EVENTS, len(self.ahead_pushes),
+                        AHEAD_PUSHES)
 
     def _save_cursor(self) -> None:
         self.store.set_cursor(CURSOR, float(self.event_cursor.id),
                               {"events": self.event_cursor.id, "events_xid": self.event_cursor.xid,
                                "pushes": self.push_cursor.id, "pushes_xid": self.push_cursor.xid,
+                               "events_ahead": sorted([p.xid, p.id] for p in self.ahead_events),
                                "ticks": self.ticks + 1,
                                "at": self.clock(), "stale_pushes": self.stale_pushes,
                                "late_pushes": self.late_pushes, "push_offsets": self.push_offsets})
@@ -733,6 +759,8 @@ class Engine:
             "event_cursor": self.event_cursor.id,
             "push_cursor": self.push_cursor.id,
             "held_back_s": None if self.held_since is None else round(self.clock() - self.held_since, 1),
+            "read_ahead": {"events": len(self.ahead_events), "pushes": len(self.ahead_pushes),
+                           "full": self.ahead_full},
             "stale_pushes": self.stale_pushes,
             "late_pushes": self.late_pushes,
             "pruned_pushes": self.pruned_pushes,
@@ -774,3 +802,28 @@ def stop_in_thread(engine: Engine, thread: threading.Thread) -> bool:
     both threads are daemons, and the process would end mid-drain."""
     engine.stop.set()
     return engine.finish_resuming(loop=thread)
+
+
+def _take(rows: list[tuple[ReadPosition, _T, bool]], cursor: ReadPosition, ahead: set[ReadPosition],
+          bound: int) -> tuple[list[_T], ReadPosition, bool]:
+    """What a tick judges of the rows read after ``cursor`` (``Store.events_read``: in read order, the settled ones
+    first), the position it reads on from, and whether ``bound`` held a row back. A settled row moves the position
+    on; one committed past an older transaction still running is judged now, unless judged already, and its position
+    remembered in ``ahead`` (at most ``bound``; past it the row waits for that transaction, read again then), so the
+    read once it has ended, which starts at the position again, does not judge it twice. ``ahead`` keeps only the
+    positions past the one returned."""
+    taken: list[_T] = []
+    full = False
+    for position, item, settled in rows:
+        if settled:
+            cursor = position
+        if position in ahead:
+            continue
+        if not settled:
+            if len(ahead) >= bound:
+                full = True
+                continue
+            ahead.add(position)
+        taken.append(item)
+    ahead.difference_update([p for p in ahead if p <= cursor])
+    return taken, cursor, full

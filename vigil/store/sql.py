@@ -282,6 +282,18 @@ class Store:
                            message=r.message, attrs=r.attrs))
                     for r in conn.execute(q)]
 
+    def events_read(self, after: ReadPosition | int, limit: int = 10_000) -> list[tuple[ReadPosition, Event, bool]]:
+        """Every committed event after ``after`` in read order, each with its position and whether it is settled:
+        its transaction older than every one still running (``ReadPosition``), so no row can commit before it any
+        more. The settled ones come first. A consumer may judge the others at once, keeping its position at the last
+        settled one and remembering the others' positions so as not to judge them again (``Engine``). All settled on
+        SQLite."""
+        with self.engine.connect() as conn:
+            return [(ReadPosition(int(r.xid), int(r.id)),
+                     Event(ts=r.ts, entity=r.entity, kind=r.kind, source=r.source, level=FaultLevel(r.level),
+                           message=r.message, attrs=r.attrs), bool(r.settled))
+                    for r in conn.execute(_read_ahead(self.engine.dialect.name, t.events, after).limit(limit))]
+
     def position_of(self, table: str, row_id: int) -> ReadPosition:
         """The position of a cursor saved as a row id alone (before revision 0011) in ``table`` ("events" or
         "metric_pushes"): the last of the rows up to that id in read order, so a cursor saved by an engine that read
@@ -379,6 +391,13 @@ class Store:
         q = _read_after(self.engine.dialect.name, t.metric_pushes, after).limit(limit)
         with self.engine.connect() as conn:
             return [_push(r) for r in conn.execute(q)]
+
+    def pushes_read(self, after: ReadPosition | int, limit: int = 10_000) -> list[tuple[MetricPush, bool]]:
+        """Every committed metric push after ``after`` in read order, with whether it is settled, as ``events_read``
+        reads events."""
+        with self.engine.connect() as conn:
+            return [(_push(r), bool(r.settled))
+                    for r in conn.execute(_read_ahead(self.engine.dialect.name, t.metric_pushes, after).limit(limit))]
 
     def prune_pushes(self, up_to_id: int) -> None:
         """Drop pushes every consumer has read (they live on in the metric store or Prometheus)."""
@@ -777,6 +796,17 @@ def _read_after(dialect: str, table: Table, after: ReadPosition | int) -> Any:
     if dialect != "postgresql":
         return select(table).where(table.c.id > ReadPosition.of(after).id).order_by(table.c.id)
     return (select(table).where(_read_key(table) > _at(after), table.c.xid < _SNAPSHOT_XMIN)
+            .order_by(table.c.xid, table.c.id))
+
+
+def _read_ahead(dialect: str, table: Table, after: ReadPosition | int) -> Any:
+    """Every committed row of ``table`` after the position ``after`` in read order, with ``settled``: whether its
+    transaction is older than every one still running (below the snapshot's xmin, ``ReadPosition``); one statement,
+    so one snapshot gives the rows and the bound. On SQLite every row is settled."""
+    if dialect != "postgresql":
+        return (select(table, literal(True).label("settled")).where(table.c.id > ReadPosition.of(after).id)
+                .order_by(table.c.id))
+    return (select(table, (table.c.xid < _SNAPSHOT_XMIN).label("settled")).where(_read_key(table) > _at(after))
             .order_by(table.c.xid, table.c.id))
 
 

@@ -1,0 +1,143 @@
+"""A transaction left open on the engine's PostgreSQL server - in another database, by another application, writing
+nothing of Vigil's - does not hold the engine's judging back: a row committed after it began is judged by the next
+tick (vigil.run.engine._take), once, also after that transaction ends and after a restart; only past a bound of rows
+so judged (AHEAD_EVENTS, AHEAD_PUSHES) do further ones wait for it, as before. On SQLite nothing is held back."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from tests.run.test_read_order import Site
+from tests.serve.conftest import fresh_database
+from tests.serve.conftest import postgres_url as postgres_url
+from vigil.run import engine as engine_module
+from vigil.run.engine import Engine
+
+
+@contextmanager
+def unrelated_writer(server_url: str) -> Iterator[psycopg.Connection]:
+    """Another application's transaction on the same PostgreSQL server, in its maintenance database (not Vigil's),
+    that has written (a temporary table of its own: it holds a transaction id) and is left open until the block
+    ends, then commits."""
+    conn = psycopg.connect(server_url.replace("postgresql+psycopg://", "postgresql://"), autocommit=False)
+    try:
+        conn.execute("SET application_name = 'nightly-batch'")
+        conn.execute("CREATE TEMPORARY TABLE batch_rows (n int)")
+        conn.execute("INSERT INTO batch_rows VALUES (1)")
+        assert conn.execute("SELECT pg_current_xact_id_if_assigned() IS NOT NULL").fetchone() == (True,)
+        yield conn
+        conn.commit()
+    finally:
+        conn.close()
+
+
+def judged(site: Site) -> tuple[dict[str, list[str]], int, int]:
+    """The incidents by scope, and how many anomalies and actions the store holds."""
+    incidents = {i.scope: i.fault_types for i in site.store.incidents()}
+    return incidents, len(site.store.anomalies(limit=100_000)), len(site.store.actions(limit=100_000))
+
+
+@pytest.fixture
+def server_url(postgres_url: str) -> str:
+    """The session's PostgreSQL server, whose maintenance database the unrelated writer uses."""
+    return postgres_url
+
+
+@pytest.fixture
+def site(postgres_url: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Site]:
+    """PostgreSQL only: SQLite's writers take turns, so nothing is held back there (tests/run/test_read_order.py)."""
+    site = Site(fresh_database(postgres_url, f"ahead_{request.node.name[:40].lower()}"), tmp_path)
+    yield site
+    site.store.close()
+
+
+def test_an_unrelated_open_transaction_does_not_hold_judging_back(site: Site, server_url: str) -> None:
+    """An unrelated transaction in another database stays open; an Xid stored after it began is judged by the very
+    next tick, though the durable read position stays behind it. Once it commits, the tick reads the Xid again as
+    settled and judges nothing twice; an engine restarted from the stored cursor neither."""
+    engine = site.engine()
+    engine.tick()
+    with unrelated_writer(server_url):
+        site.store.add_events([site.xid("n01", 1)])
+        # what the position alone would read (revision 0011): nothing, held back by the unrelated transaction
+        assert site.store.events_after(engine.event_cursor) == []
+        first = engine.tick()
+        assert first.events == 1
+        after_first = judged(site)
+        assert after_first[0] == {"gpu/n01/1": ["gpu_lost"]}
+        assert engine.status()["read_ahead"] == {"events": 1, "pushes": 0, "full": False}
+        held_position = engine.event_cursor
+        # a restart while it is still open: the remembered event is not judged again
+        engine = site.engine()
+        assert engine.tick().events == 0 and engine.event_cursor == held_position
+        site.store.add_events([site.xid("n02", 2)])
+        assert engine.tick().events == 1
+        assert engine.status()["read_ahead"]["events"] == 2
+    during = judged(site)
+    assert set(during[0]) == {"gpu/n01/1", "gpu/n02/2"}
+    # the unrelated transaction has committed: both rows settle, neither is judged again
+    assert engine.tick().events == 0
+    assert engine.event_cursor > held_position and engine.status()["read_ahead"]["events"] == 0
+    assert judged(site) == during
+    restarted = site.engine()
+    assert restarted.tick().events == 0 and restarted.tick().events == 0
+    assert judged(site) == during
+
+
+def test_a_push_committed_past_an_open_transaction_is_read_at_once(site: Site, server_url: str) -> None:
+    """A node's push stored while an unrelated transaction is open reaches the live view at the next tick, is not
+    applied again once that transaction ends, and is kept (not pruned) until the read position passes it."""
+    engine = site.engine()
+    engine.tick()
+    with unrelated_writer(server_url):
+        site.store.add_samples("n01", site.samples("n01"))
+        first = engine.tick()
+        assert first.pushes == 1 and engine.frames.newest("n01") == site.clock.now
+        assert engine.status()["read_ahead"]["pushes"] == 1
+    second = engine.tick()
+    assert (second.pushes, second.late) == (0, 0) and engine.status()["read_ahead"]["pushes"] == 0
+    assert engine.push_cursor.id > 0 and len(site.store.pushes_after(0)) == 1
+
+
+def test_past_the_bound_rows_wait_for_the_open_transaction(site: Site, server_url: str,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """With room for one event read ahead, the second stored behind the open transaction waits for it (the
+    behaviour of revision 0011), and is judged once, with the first not judged again, once it ends."""
+    monkeypatch.setattr(engine_module, "AHEAD_EVENTS", 1)
+    engine: Engine = site.engine()
+    engine.tick()
+    with unrelated_writer(server_url):
+        site.store.add_events([site.xid("n01", 1)])
+        site.store.add_events([site.xid("n02", 2)])
+        first = engine.tick()
+        assert first.events == 1 and engine.status()["read_ahead"] == {"events": 1, "pushes": 0, "full": True}
+        assert set(judged(site)[0]) == {"gpu/n01/1"}
+        assert engine.tick().events == 0
+    assert engine.tick().events == 1
+    assert engine.status()["read_ahead"] == {"events": 0, "pushes": 0, "full": False}
+    assert set(judged(site)[0]) == {"gpu/n01/1", "gpu/n02/2"}
+    assert engine.tick().events == 0
+
+
+def test_a_tick_that_fails_leaves_its_rows_read_ahead_to_the_next(site: Site, server_url: str,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tick that fails after reading an event committed past the open transaction remembers nothing of it: the
+    next tick judges it."""
+    engine = site.engine()
+    engine.tick()
+    with unrelated_writer(server_url):
+        site.store.add_events([site.xid("n01", 1)])
+        with monkeypatch.context() as patched:
+            def down(*_args: object) -> None:
+                raise RuntimeError("store down")
+            patched.setattr(engine, "_detect", down)
+            with pytest.raises(RuntimeError, match="store down"):
+                engine.tick()
+        assert engine.status()["read_ahead"]["events"] == 0
+        assert engine.tick().events == 1
+        assert set(judged(site)[0]) == {"gpu/n01/1"}
