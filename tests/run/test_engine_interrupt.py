@@ -243,3 +243,36 @@ def test_an_error_on_the_work_thread_ends_the_process_with_one_line_exit_1() -> 
                           text=True, timeout=120)
     assert done.returncode == 1, done.stderr
     assert done.stderr.splitlines() == ["vigil engine: stopped by an error: RuntimeError: the store went away"]
+
+
+STUCK_WORK = """
+import os
+import signal
+import threading
+from vigil.faces.cli.main import app
+from vigil.faces.cli.stopping import run_stoppable
+
+@app.command("stuck-on-its-thread")
+def stuck() -> None:
+    never = threading.Event()
+
+    def work() -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        never.wait()  # a tick stuck in a database call: it never looks at stop
+    run_stoppable(work, threading.Event(), who="vigil engine", waiting="w", left="l", bound_s=0.3)
+
+from vigil.faces.cli.main import main
+main()
+"""
+
+
+def test_a_stop_waits_one_bound_at_most_for_work_that_never_ends() -> None:
+    """SIGTERM while the work thread is stuck where it never looks at stop (a database call that does not return):
+    the command waits its bound (the lease) and ends, exit 0, with the stopping line and one saying it did not stop
+    in time. Before, the engine's line promised "at most N s" and the main thread's join waited for ever (here: the
+    subprocess timeout)."""
+    done = subprocess.run([sys.executable, "-c", STUCK_WORK, "stuck-on-its-thread"], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == ["vigil engine: stopping on SIGTERM; w",
+                                        "vigil engine: did not stop within 0.3 s, l"]

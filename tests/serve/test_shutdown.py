@@ -375,8 +375,8 @@ def test_start_server_closes_its_handle_on_the_log(tmp_path: Path) -> None:
         server.wait(60)
 
 
-STARTUP_WAITING = ("vigil serve: stopping; waiting for the action it is resuming at start-up (Ctrl-C again to stop at "
-                   "once)")
+STARTUP_WAITING = ("vigil serve: stopping; waiting for the action it is resuming at start-up, at most 30 s (Ctrl-C "
+                   "again to stop at once)")
 
 
 def test_ctrl_c_during_the_start_up_resume_lets_the_drain_in_flight_finish(database: str, tmp_path: Path) -> None:

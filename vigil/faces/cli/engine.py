@@ -68,7 +68,7 @@ def engine(
         typer.echo(f"vigil engine on {settings.database_url()} every {settings.engine_interval_s:g} s", err=True)
         live.run()
 
-    run_stoppable(work, live.stop, who="vigil engine",
+    run_stoppable(work, live.stop, who="vigil engine", bound_s=lease_s,
                   waiting=f"waiting for the tick and the actions it is resuming, at most {lease_s:g} s",
                   left="without finishing the current round; an action it was resuming is taken over by another "
                   "server or engine once this process's lease on it lapses")

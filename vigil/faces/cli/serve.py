@@ -77,8 +77,8 @@ def _resumed(remediator: Remediator | None) -> Remediator | None:
     (``run_stoppable``)."""
     if remediator is not None and not remediator.dry_run:
         stop = threading.Event()
-        run_stoppable(lambda: remediator.recover(stop=stop), stop, who="vigil serve",
-                      waiting="waiting for the action it is resuming at start-up",
+        run_stoppable(lambda: remediator.recover(stop=stop), stop, who="vigil serve", bound_s=remediator.lease_s,
+                      waiting=f"waiting for the action it is resuming at start-up, at most {remediator.lease_s:g} s",
                       left="before serving; an action it was resuming is taken over by another server or engine once "
                       "this process's lease on it lapses")
         if stop.is_set():

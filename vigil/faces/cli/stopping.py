@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable
 
 import click
@@ -16,7 +17,13 @@ from vigil.model import VigilInputError
 log = logging.getLogger(__name__)
 
 
-def run_stoppable(work: Callable[[], object], stop: threading.Event, *, who: str, waiting: str, left: str) -> None:
+# How often the main thread looks whether a signal handler set ``stop`` while it waits for ``work`` (a handler that
+# returns lets ``join`` go on waiting, so the bound below would never start otherwise).
+LOOK_EVERY_S = 0.5
+
+
+def run_stoppable(work: Callable[[], object], stop: threading.Event, *, who: str, waiting: str, left: str,
+                  bound_s: float | None = None) -> None:
     """Run ``work`` on a thread while this one takes the signals. SIGTERM (a service manager stopping it) or a first
     Ctrl-C sets ``stop`` and says so in one line (``who: stopping; waiting (Ctrl-C again to stop at once)``; on
     SIGTERM ``who: stopping on SIGTERM; waiting``): ``work`` sees it and ends at a safe point - a round of resumed runs
@@ -27,7 +34,13 @@ def run_stoppable(work: Callable[[], object], stop: threading.Event, *, who: str
     (VigilInputError, a click exception, an exit) is raised here as if raised on this thread; anything else ends the
     command with one line naming it, exit 1 (the traceback at debug). Before, Ctrl-C raised wherever the main thread
     was - in the middle of a drain, killing its command and leaving its run started - a second one ended the process
-    without a word, SIGTERM set ``stop`` without one, and an error of ``work`` ended it with a traceback."""
+    without a word, SIGTERM set ``stop`` without one, and an error of ``work`` ended it with a traceback.
+
+    ``bound_s``: once ``stop`` is set, how long ``work`` is waited for at most (the lease of the action it resumes:
+    past it another server or engine takes the action over, so waiting longer serves nothing); past it the command
+    ends, exit 0, with one line (``who: did not stop within N s, left``) and its back end's commands killed on the way
+    out. None waits for ``work`` however long it takes (before, the engine's line said "at most N s" and waited for a
+    tick stuck in a database call for ever)."""
     if threading.current_thread() is not threading.main_thread():  # only the main thread takes signals (a library use)
         work()
         return
@@ -59,7 +72,15 @@ def run_stoppable(work: Callable[[], object], stop: threading.Event, *, who: str
     before_term = signal.signal(signal.SIGTERM, lambda *_: stopping(f"{who}: stopping on SIGTERM; {waiting}"))
     try:
         worker.start()
-        worker.join()
+        deadline: float | None = None
+        while worker.is_alive():
+            if deadline is None and bound_s is not None and stop.is_set():
+                deadline = time.monotonic() + bound_s
+            left_s = None if deadline is None else deadline - time.monotonic()
+            if left_s is not None and left_s <= 0:
+                typer.echo(f"{who}: did not stop within {bound_s:g} s, {left}", err=True)
+                raise typer.Exit(0)
+            worker.join(LOOK_EVERY_S if left_s is None else min(left_s, LOOK_EVERY_S))
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # one more Ctrl-C while saying so would end it with a traceback
         stop.set()
