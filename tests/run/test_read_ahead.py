@@ -5,18 +5,22 @@ so judged (AHEAD_EVENTS, AHEAD_PUSHES) do further ones wait for it, as before. O
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
 import pytest
+import sqlalchemy as sa
 
 from tests.run.test_read_order import Site
 from tests.serve.conftest import fresh_database
 from tests.serve.conftest import postgres_url as postgres_url
 from vigil.run import engine as engine_module
-from vigil.run.engine import Engine
+from vigil.run.engine import CURSOR, Engine, _take
+from vigil.store import schema as t
+from vigil.store.sql import ReadPosition
 
 
 @contextmanager
@@ -141,3 +145,60 @@ def test_a_tick_that_fails_leaves_its_rows_read_ahead_to_the_next(site: Site, se
         assert engine.status()["read_ahead"]["events"] == 0
         assert engine.tick().events == 1
         assert set(judged(site)[0]) == {"gpu/n01/1"}
+
+
+def test_a_read_position_saved_on_another_server_reads_on_after_the_move(site: Site,
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """The store moved to another PostgreSQL server (pg_dump/pg_restore): its rows and the engine's saved position
+    hold the old server's xids, far past this server's counter, so every row written here sorts before the position.
+    The engine started on it renumbers once: the event stored here is judged at the first tick, the one stored but
+    not read before the move too, the one read before it not again, nor anything after a restart."""
+    engine = site.engine()
+    site.store.add_events([site.xid("n01", 1)])
+    assert engine.tick().events == 1
+    site.store.add_events([site.xid("n02", 2)])  # stored, not read before the move
+    before = judged(site)
+    # the state a restore leaves: rows and position as the old server numbered them, a billion transactions on
+    old = 10**9
+    with site.store.engine.begin() as conn:
+        conn.execute(sa.update(t.events).values(xid=t.events.c.xid + old))
+        conn.execute(sa.update(t.metric_pushes).values(xid=t.metric_pushes.c.xid + old))
+    position, state = site.store.cursor(CURSOR)
+    site.store.set_cursor(CURSOR, position, {**state, "events_xid": int(state["events_xid"]) + old,
+                                             "pushes_xid": int(state["pushes_xid"]) + old})
+    moved = site.engine()
+    site.store.add_events([site.xid("n01", 3)])  # written on the new server, before the engine started
+    with caplog.at_level(logging.WARNING, logger="vigil.engine"):
+        first = moved.tick()
+    assert first.events == 2
+    assert judged(site)[1] == before[1] + 2  # an anomaly each, the one read before the move none again
+    assert "store was moved from another server" in caplog.text
+    assert moved.event_cursor.xid < old and moved.status()["read_ahead"]["events"] == 0
+    site.store.add_events([site.xid("n02", 3)])
+    assert moved.tick().events == 1 and moved.tick().events == 0 and judged(site)[1] == before[1] + 3
+    after = judged(site)
+    restarted = site.engine()
+    assert restarted.tick().events == 0 and judged(site) == after
+    assert restarted.event_cursor == moved.event_cursor
+
+
+def test_a_read_full_of_remembered_rows_still_watches_what_holds_them(site: Site, server_url: str) -> None:
+    """With a batch of two and two rows judged ahead of an open transaction, the next read returns those two alone:
+    it is no full read, and the transaction holding them is watched (warned of after HELD_BACK_WARN_S)."""
+    engine = site.engine()
+    engine.batch = 2
+    engine.tick()
+    with unrelated_writer(server_url):
+        site.store.add_events([site.xid("n01", 1), site.xid("n02", 2)])
+        assert engine.tick().events == 2
+        assert engine.tick().events == 0
+        assert engine.held_since is not None
+
+
+def test_remembered_rows_the_read_passes_take_no_room_under_the_bound() -> None:
+    """The bound counts the rows remembered past the position the call returns: one remembered row that settles in
+    this read leaves room for a new one committed past another open transaction."""
+    ahead = {ReadPosition(5, 1)}
+    rows = [(ReadPosition(5, 1), "settled now", True), (ReadPosition(9, 2), "new", False)]
+    taken, cursor, full = _take(rows, ReadPosition(0, 0), ahead, bound=1)
+    assert (taken, cursor, full, ahead) == (["new"], ReadPosition(5, 1), False, {ReadPosition(9, 2)})

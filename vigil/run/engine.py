@@ -324,6 +324,7 @@ class Engine:
         self.push_cursor = self._position(state, "pushes", "metric_pushes")
         self.ahead_events = {ReadPosition(int(x), int(i)) for x, i in state.get("events_ahead") or []}
         self.ticks = int(state.get("ticks", 0))
+        self._place_moved()
         if self.settings.topology_file:
             self.store.place_nodes(load_topology_file(Path(self.settings.topology_file)))
         self._refresh_topology()
@@ -355,6 +356,24 @@ class Engine:
                     self.frames.forget(event.entity)
             self._detect(self.frames.frames(min(now, max(p.ts for p in replay))), [], TickReport())
         self._started = True
+
+    def _place_moved(self) -> None:
+        """A read position saved on another PostgreSQL server (the store dumped and restored, or moved by logical
+        replication) holds that server's xid, past every one this server has given: every row written here would
+        sort before it, never read. Such a store is renumbered once (``Store.renumber_moved``), warned of, and the
+        cursor saved."""
+        events = self.store.renumber_moved("events", self.event_cursor, self.ahead_events)
+        pushes = self.store.renumber_moved("metric_pushes", self.push_cursor)
+        if events is None and pushes is None:
+            return
+        log.warning("the engine's read position (events %s, metric pushes %s) holds transaction ids this PostgreSQL "
+                    "server has not reached: the store was moved from another server; rows read and unread were "
+                    "renumbered, reading on after the last read", tuple(self.event_cursor), tuple(self.push_cursor))
+        if events is not None:
+            self.event_cursor, self.ahead_events = events
+        if pushes is not None:
+            self.push_cursor = pushes[0]
+        self._save_cursor()
 
     def _position(self, state: Mapping[str, Any], name: str, table: str) -> ReadPosition:
         """A read position as the cursor holds it; one saved before store revision 0011 holds the row id alone."""
@@ -448,6 +467,10 @@ class Engine:
                                                   ahead_events, AHEAD_EVENTS)
         pushes, push_cursor, pushes_full = _take([(p.position, p, s) for p, s in read_pushes], self.push_cursor,
                                                  ahead_pushes, AHEAD_PUSHES)
+        # a read full of rows remembered, still unsettled, or held back by the bound is no full read: what holds them
+        # back is watched all the same
+        moving_events = len(events) + sum(1 for p, _, s in read_events if s and p in self.ahead_events)
+        moving_pushes = len(pushes) + sum(1 for p, s in read_pushes if s and p.position in self.ahead_pushes)
         report.events, report.pushes = len(events), len(pushes)
         for push in pushes:
             self._apply_push(push, now, report)
@@ -463,7 +486,7 @@ class Engine:
                         "PostgreSQL server were judged at once; further ones wait for it to end (%s)",
                         len(ahead_events), len(ahead_pushes), self.store.oldest_writer())
         self.ahead_full = events_full or pushes_full
-        if len(read_events) < self.batch and len(read_pushes) < self.batch:
+        if moving_events < self.batch and moving_pushes < self.batch:
             self._watch_held_back(now)
         self._prune(now)
         self.ticks += 1
@@ -814,13 +837,16 @@ def _take(rows: list[tuple[ReadPosition, _T, bool]], cursor: ReadPosition, ahead
     positions past the one returned."""
     taken: list[_T] = []
     full = False
+    # the remembered positions this call passes, forgotten at its end, take no room
+    last_settled = max((position for position, _, settled in rows if settled), default=cursor)
+    passed = sum(1 for p in ahead if p <= last_settled)
     for position, item, settled in rows:
         if settled:
             cursor = position
         if position in ahead:
             continue
         if not settled:
-            if len(ahead) >= bound:
+            if len(ahead) - passed >= bound:
                 full = True
                 continue
             ahead.add(position)

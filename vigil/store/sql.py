@@ -34,6 +34,7 @@ from sqlalchemy import (
     insert,
     literal,
     literal_column,
+    or_,
     select,
     text,
     tuple_,
@@ -306,6 +307,37 @@ class Store:
             last = conn.execute(select(rows.c.xid, rows.c.id).where(rows.c.id <= row_id, rows.c.xid > 0)
                                 .order_by(rows.c.xid.desc(), rows.c.id.desc()).limit(1)).first()
         return ReadPosition(0, row_id) if last is None else ReadPosition(int(last.xid), int(last.id))
+
+    def renumber_moved(self, table: str, position: ReadPosition,
+                       remembered: Collection[ReadPosition] = ()) -> tuple[ReadPosition, set[ReadPosition]] | None:
+        """Place a read position in ``table`` ("events" or "metric_pushes") saved on another PostgreSQL server (the
+        store moved by pg_dump/pg_restore or a logical-replication cutover: rows keep the xids the old server gave
+        them, the new server's counter runs lower): its xid at or past the current snapshot's xmax, which no
+        transaction of this server has reached. Once, in one REPEATABLE READ transaction (one snapshot, so a row
+        committed meanwhile is left as written): the rows read - at or before it in read order, the old server's
+        (an xid past xmax, or 0) or no later in id - get xid 0, every other row of a finished transaction (or of the
+        old server) xid 1, those of transactions still running keep theirs. Returns the position in the new order
+        (0, the last id read) and ``remembered`` (positions read past it) as renumbered; None where nothing moved,
+        and always on SQLite."""
+        if self.engine.dialect.name != "postgresql":
+            return None
+        rows = t.metadata.tables[table]
+        with self.engine.connect().execution_options(isolation_level="REPEATABLE READ") as conn, conn.begin():
+            xmin, xmax = conn.execute(text(
+                "SELECT pg_snapshot_xmin(s)::text::bigint, pg_snapshot_xmax(s)::text::bigint "
+                "FROM pg_current_snapshot() AS s")).one()
+            if position.xid < xmax:
+                return None
+            read = _read_key(rows) <= _at(position)
+            read = read & or_(rows.c.xid >= xmax, rows.c.xid == 0, rows.c.id <= position.id)
+            last = conn.execute(select(func.max(rows.c.id)).where(read)).scalar()
+            conn.execute(update(rows).where(read).values(xid=0))
+            conn.execute(update(rows).where(rows.c.xid != 0, or_(rows.c.xid < xmin, rows.c.xid >= xmax))
+                         .values(xid=1))
+            ids = [p.id for p in remembered]
+            moved = {ReadPosition(int(r.xid), int(r.id))
+                     for r in conn.execute(select(rows.c.xid, rows.c.id).where(rows.c.id.in_(ids)))} if ids else set()
+        return ReadPosition(0, max(int(last or 0), position.id)), moved
 
     def held_back(self, events_after: ReadPosition | int, pushes_after: ReadPosition | int) -> int | None:
         """The xid of the transaction holding reads back when events or pushes after these positions are committed
