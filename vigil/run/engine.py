@@ -459,8 +459,13 @@ class Engine:
             self._next_kube = now + self.settings.kube_jobs_poll_s
             self._read_kube_jobs()
         self._refresh_topology()
-        read_events = self.store.events_read(self.event_cursor, limit=self.batch)
-        read_pushes = self.store.pushes_read(self.push_cursor, limit=self.batch)
+        # rows remembered are not read again while unsettled, and none unsettled once the bound is reached
+        events_at_bound = len(self.ahead_events) >= AHEAD_EVENTS
+        pushes_at_bound = len(self.ahead_pushes) >= AHEAD_PUSHES
+        read_events = self.store.events_read(self.event_cursor, limit=self.batch, skip=self.ahead_events,
+                                             settled_only=events_at_bound)
+        read_pushes = self.store.pushes_read(self.push_cursor, limit=self.batch, skip=self.ahead_pushes,
+                                             settled_only=pushes_at_bound)
         # copies, taken up once the tick's outputs and cursor are stored: a tick that fails judges its rows again
         ahead_events, ahead_pushes = set(self.ahead_events), set(self.ahead_pushes)
         events, event_cursor, events_full = _take([(p, e, s) for p, e, s in read_events], self.event_cursor,
@@ -471,6 +476,8 @@ class Engine:
         # back is watched all the same
         moving_events = len(events) + sum(1 for p, _, s in read_events if s and p in self.ahead_events)
         moving_pushes = len(pushes) + sum(1 for p, s in read_pushes if s and p.position in self.ahead_pushes)
+        events_full = events_full or (events_at_bound and len(ahead_events) >= AHEAD_EVENTS)
+        pushes_full = pushes_full or (pushes_at_bound and len(ahead_pushes) >= AHEAD_PUSHES)
         report.events, report.pushes = len(events), len(pushes)
         for push in pushes:
             self._apply_push(push, now, report)

@@ -27,6 +27,8 @@ from sqlalchemy import (
     Engine,
     Integer,
     Table,
+    any_,
+    bindparam,
     create_engine,
     delete,
     event,
@@ -283,17 +285,20 @@ class Store:
                            message=r.message, attrs=r.attrs))
                     for r in conn.execute(q)]
 
-    def events_read(self, after: ReadPosition | int, limit: int = 10_000) -> list[tuple[ReadPosition, Event, bool]]:
+    def events_read(self, after: ReadPosition | int, limit: int = 10_000, skip: Collection[ReadPosition] = (),
+                    settled_only: bool = False) -> list[tuple[ReadPosition, Event, bool]]:
         """Every committed event after ``after`` in read order, each with its position and whether it is settled:
         its transaction older than every one still running (``ReadPosition``), so no row can commit before it any
         more. The settled ones come first. A consumer may judge the others at once, keeping its position at the last
-        settled one and remembering the others' positions so as not to judge them again (``Engine``). All settled on
+        settled one and remembering the others' positions so as not to judge them again (``Engine``): those in
+        ``skip`` are left out while unsettled, and with ``settled_only`` every unsettled row. All settled on
         SQLite."""
         with self.engine.connect() as conn:
             return [(ReadPosition(int(r.xid), int(r.id)),
                      Event(ts=r.ts, entity=r.entity, kind=r.kind, source=r.source, level=FaultLevel(r.level),
                            message=r.message, attrs=r.attrs), bool(r.settled))
-                    for r in conn.execute(_read_ahead(self.engine.dialect.name, t.events, after).limit(limit))]
+                    for r in conn.execute(_read_ahead(self.engine.dialect.name, t.events, after, skip, settled_only)
+                                          .limit(limit))]
 
     def position_of(self, table: str, row_id: int) -> ReadPosition:
         """The position of a cursor saved as a row id alone (before revision 0011) in ``table`` ("events" or
@@ -424,12 +429,14 @@ class Store:
         with self.engine.connect() as conn:
             return [_push(r) for r in conn.execute(q)]
 
-    def pushes_read(self, after: ReadPosition | int, limit: int = 10_000) -> list[tuple[MetricPush, bool]]:
+    def pushes_read(self, after: ReadPosition | int, limit: int = 10_000, skip: Collection[ReadPosition] = (),
+                    settled_only: bool = False) -> list[tuple[MetricPush, bool]]:
         """Every committed metric push after ``after`` in read order, with whether it is settled, as ``events_read``
         reads events."""
         with self.engine.connect() as conn:
             return [(_push(r), bool(r.settled))
-                    for r in conn.execute(_read_ahead(self.engine.dialect.name, t.metric_pushes, after).limit(limit))]
+                    for r in conn.execute(_read_ahead(self.engine.dialect.name, t.metric_pushes, after, skip,
+                                                      settled_only).limit(limit))]
 
     def prune_pushes(self, up_to_id: int) -> None:
         """Drop pushes every consumer has read (they live on in the metric store or Prometheus)."""
@@ -831,15 +838,23 @@ def _read_after(dialect: str, table: Table, after: ReadPosition | int) -> Any:
             .order_by(table.c.xid, table.c.id))
 
 
-def _read_ahead(dialect: str, table: Table, after: ReadPosition | int) -> Any:
+def _read_ahead(dialect: str, table: Table, after: ReadPosition | int, skip: Collection[ReadPosition] = (),
+                settled_only: bool = False) -> Any:
     """Every committed row of ``table`` after the position ``after`` in read order, with ``settled``: whether its
     transaction is older than every one still running (below the snapshot's xmin, ``ReadPosition``); one statement,
-    so one snapshot gives the rows and the bound. On SQLite every row is settled."""
+    so one snapshot gives the rows and the bound. Unsettled rows in ``skip`` (judged already) are left out, and
+    with ``settled_only`` all unsettled ones: a tick does not read again, in full, rows it need not judge. On SQLite
+    every row is settled."""
     if dialect != "postgresql":
         return (select(table, literal(True).label("settled")).where(table.c.id > ReadPosition.of(after).id)
                 .order_by(table.c.id))
-    return (select(table, (table.c.xid < _SNAPSHOT_XMIN).label("settled")).where(_read_key(table) > _at(after))
-            .order_by(table.c.xid, table.c.id))
+    q = select(table, (table.c.xid < _SNAPSHOT_XMIN).label("settled")).where(_read_key(table) > _at(after))
+    if settled_only:
+        q = q.where(table.c.xid < _SNAPSHOT_XMIN)
+    elif skip:
+        ids = bindparam("skip_ids", sorted({p.id for p in skip}), type_=postgresql.ARRAY(BigInteger))
+        q = q.where(~((table.c.id == any_(ids)) & (table.c.xid >= _SNAPSHOT_XMIN)))
+    return q.order_by(table.c.xid, table.c.id)
 
 
 def _push(row: Any) -> MetricPush:
