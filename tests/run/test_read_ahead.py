@@ -223,3 +223,25 @@ def test_rows_remembered_are_not_read_again_while_the_transaction_stays_open(sit
         assert engine.tick().events == 1
     assert [s for _, _, s in site.store.events_read(engine.event_cursor, skip=engine.ahead_events)] == [True] * 3
     assert engine.tick().events == 0 and engine.status()["read_ahead"] == {"events": 0, "pushes": 0, "full": False}
+
+
+def test_an_event_judged_ahead_before_a_move_is_not_judged_again_after_it(site: Site, server_url: str) -> None:
+    """An event judged ahead of an open transaction (remembered in the cursor) and the store then moved to another
+    server before the position passed it: after the renumbering it is still remembered, not judged again."""
+    engine = site.engine()
+    engine.tick()
+    with unrelated_writer(server_url):
+        site.store.add_events([site.xid("n01", 1)])
+        assert engine.tick().events == 1 and engine.status()["read_ahead"]["events"] == 1
+    before = judged(site)
+    old = 10**9
+    with site.store.engine.begin() as conn:
+        conn.execute(sa.update(t.events).values(xid=t.events.c.xid + old))
+    position, state = site.store.cursor(CURSOR)
+    site.store.set_cursor(CURSOR, position, {**state, "events_xid": int(state["events_xid"]) + old,
+                                             "events_ahead": [[x + old, i] for x, i in state["events_ahead"]]})
+    moved = site.engine()
+    assert moved.tick().events == 0 and judged(site) == before
+    assert moved.status()["read_ahead"]["events"] == 0 and moved.event_cursor.xid < old
+    site.store.add_events([site.xid("n02", 2)])
+    assert moved.tick().events == 1 and judged(site)[1] == before[1] + 1
