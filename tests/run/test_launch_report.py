@@ -295,6 +295,29 @@ def test_reporter_sends_placement_telemetry_and_verdict(launch: Launch, tmp_path
     assert topology is not None and topology.jobs[0].placement == ["gpu/n01/0", "gpu/n01/1"]
 
 
+
+def test_a_killed_rank_ends_the_jobs_telemetry_where_it_stopped(launch: Launch, tmp_path: Path) -> None:
+    """Rank 1 killed at step 10, its peer at 11: no later report says the job reached step 11 (the step count of
+    the ranks still running) at the pace that still summed the dead rank's tokens/s - the throughput rule read that
+    as a new step at a stale pace, a false throughput_drop beside the crash."""
+    beats = [Heartbeat(tmp_path, rank=r) for r in range(2)]
+    reporter, sent = _reporting_to(launch, tmp_path)
+    for step in range(1, 11):
+        for beat in beats:
+            beat.step(step, tokens_per_s=1000.0)
+        reporter.watch({0: _snapshot(0, step), 1: _snapshot(1, step)}, {0: None, 1: None}, {0: 100, 1: 101})
+    beats[0].step(11, tokens_per_s=1000.0)
+    reporter.watch({0: _snapshot(0, 11), 1: _snapshot(1, 10)}, {0: None, 1: None}, {0: 100, 1: 101})
+    reporter.watch({0: _snapshot(0, 11), 1: _snapshot(1, 10)}, {0: None, 1: -9}, {0: 100, 1: 101})
+    reporter.watch({0: _snapshot(0, 11), 1: _snapshot(1, 10)}, {0: None, 1: -9}, {0: 100, 1: 101})
+    reporter.close(10.0)
+    assert reporter.failures == 0
+    [exit_report] = [i for i, r in enumerate(sent) if r.ranks]
+    assert [(s.rank, s.exit_code) for s in sent[exit_report].ranks] == [(1, -9)]
+    assert [s.steps for r in sent[exit_report:] for s in r.steps] == []  # no telemetry once a rank has failed
+    assert max(s.steps for r in sent for s in r.steps) == 10
+
+
 GLOO_PEER_CLOSED = ("[rank0]: RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection "
                     "closed by peer [127.0.0.1]:40325. This is typically caused by a remote worker crashing.")
 

@@ -94,7 +94,7 @@ def _expected_placement() -> list[str]:
 
 def test_killed_rank_becomes_a_crash_incident_on_its_rank_node_and_job(server: Server, tmp_path: Path) -> None:
     job = "e2e-crash"
-    # Steps of 0.3 s: a shared machine's jitter stays well inside the 10 % the throughput rule allows.
+    # Steps of 0.3 s: a shared machine's jitter mostly stays inside the 10 % the throughput rule allows.
     launch = _launch(tmp_path, server.url, job, "--steps", "100000", "--step-time", "0.3")
     try:
         wait_for(lambda: _placed(server, job) == _expected_placement(), 60, "the job's placement on the server")
@@ -113,8 +113,11 @@ def test_killed_rank_becomes_a_crash_incident_on_its_rank_node_and_job(server: S
     wait_for(lambda: len(server.incidents(job)) == 1, 30, "the crash incident")
     [incident] = server.incidents(job)
     assert incident["scope"] == f"job/{job}/rank/1", incident
-    assert incident["fault_types"] == ["job_crash"] and incident["status"] == "open"
-    [evidence] = incident["evidence"]
+    # a loaded machine can truly slow the 0.3 s steps by more than 10 % before the kill: a throughput drop beside the
+    # crash is a true reading of that machine (as in the raising-rank test below), not a fault of the path under test
+    assert "job_crash" in incident["fault_types"] and incident["status"] == "open", incident
+    assert set(incident["fault_types"]) <= {"job_crash", "throughput_drop"}, incident
+    [evidence] = [e for e in incident["evidence"] if e["attrs"].get("exit_code") is not None]
     assert evidence["attrs"]["node"] == default_node_name() and evidence["attrs"]["exit_code"] == -9
     assert "SIGKILL" in evidence["summary"]
     diagnosis = server.diagnosis(incident["id"])

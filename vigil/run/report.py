@@ -229,7 +229,13 @@ class LaunchReporter:
 
     def _telemetry(self, snapshots: Mapping[int, RankSnapshot], now: float) -> bool:
         """The job's progress: it is as far as its slowest rank and steps at its slowest rank's pace. Nothing
-        before the first complete step (start-up is not a stall)."""
+        before the first complete step (start-up is not a stall), and nothing once a rank has failed (exited
+        non-zero): the job stops where it is (`vigil launch` restarts no rank; were ``_exits`` cleared for a
+        restart, telemetry would resume with it). Before, the failed rank left the step count (the minimum over
+        the ranks still running) jumping to its peers' while tokens/s still summed its stale last value: the
+        throughput rule read a new step at a stale pace, a false throughput_drop beside the crash."""
+        if any(code not in (None, 0) for code in self._exits.values()):
+            return False
         running = [s for r, s in snapshots.items() if self._exits.get(r) is None]
         timed = [s.step_times[-1] for s in running if s.step_times]
         if not running or not timed:
