@@ -276,3 +276,42 @@ def test_a_stop_waits_one_bound_at_most_for_work_that_never_ends() -> None:
     assert done.returncode == 0, done.stderr
     assert done.stderr.splitlines() == ["vigil engine: stopping on SIGTERM; w",
                                         "vigil engine: did not stop within 0.3 s, l"]
+
+
+STUCK_IN_LOGGING = """
+import logging
+import os
+import signal
+import threading
+from vigil.faces.cli.main import app
+from vigil.faces.cli.stopping import run_stoppable
+
+never = threading.Event()
+
+
+class Stuck(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:  # called under the handler's lock, which it keeps
+        os.kill(os.getpid(), signal.SIGTERM)
+        never.wait()
+
+
+@app.command("stuck-in-logging")
+def stuck() -> None:
+    logging.getLogger("stuck").addHandler(Stuck())
+    run_stoppable(lambda: logging.getLogger("stuck").warning("a tick's line"), threading.Event(), who="vigil engine",
+                  waiting="w", left="l", bound_s=0.3)
+
+from vigil.faces.cli.main import main
+main()
+"""
+
+
+def test_work_abandoned_holding_a_logging_lock_does_not_hold_up_the_exit() -> None:
+    """The work thread abandoned past the bound holds a logging handler's lock: the command still ends, exit 0, with
+    its two lines. Before, the interpreter's exit waited in logging.shutdown for that lock for ever (here: the
+    subprocess timeout)."""
+    done = subprocess.run([sys.executable, "-c", STUCK_IN_LOGGING, "stuck-in-logging"], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == ["vigil engine: stopping on SIGTERM; w",
+                                        "vigil engine: did not stop within 0.3 s, l"]

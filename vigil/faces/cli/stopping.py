@@ -3,16 +3,21 @@ ticks, `vigil serve`'s resume at start-up of the runs a killed server or engine 
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import NoReturn
 
 import click
 import typer
 
 from vigil.model import VigilInputError
+from vigil.remedy.actuators.base import end_started_commands
 
 log = logging.getLogger(__name__)
 
@@ -20,6 +25,19 @@ log = logging.getLogger(__name__)
 # How often the main thread looks whether a signal handler set ``stop`` while it waits for ``work`` (a handler that
 # returns lets ``join`` go on waiting, so the bound below would never start otherwise).
 LOOK_EVERY_S = 0.5
+
+
+def _exit_now() -> NoReturn:
+    """End the process at once, exit 0, past the bound: the abandoned ``work`` thread may hold a lock the way out
+    waits for (a logging handler's, which ``logging.shutdown`` takes at exit: the process hung there). The back end's
+    commands are killed first (``end_started_commands``, which atexit would have run) and the output flushed; nothing
+    else is lost: the store is a database, whose commits are durable and whose transaction left open is rolled back
+    by the database, as on a SIGKILL - the run left started is taken over once the lease lapses."""
+    end_started_commands()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(0)
 
 
 def run_stoppable(work: Callable[[], object], stop: threading.Event, *, who: str, waiting: str, left: str,
@@ -79,7 +97,7 @@ def run_stoppable(work: Callable[[], object], stop: threading.Event, *, who: str
             left_s = None if deadline is None else deadline - time.monotonic()
             if left_s is not None and left_s <= 0:
                 typer.echo(f"{who}: did not stop within {bound_s:g} s, {left}", err=True)
-                raise typer.Exit(0)
+                _exit_now()
             worker.join(LOOK_EVERY_S if left_s is None else min(left_s, LOOK_EVERY_S))
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # one more Ctrl-C while saying so would end it with a traceback

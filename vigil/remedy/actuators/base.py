@@ -19,6 +19,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import NoReturn
 
 from vigil.model import Action, ActionKind, VigilInputError, parse_entity
 
@@ -32,12 +33,22 @@ def run_command(argv: list[str], timeout_s: float, what: str) -> subprocess.Comp
     exit becomes an ActuatorError naming ``what`` with the first line the program printed."""
     if shutil.which(argv[0]) is None:
         raise ActuatorError(f"{argv[0]} not found on PATH")
-    # its own session and process group: a terminal's Ctrl-C goes to the whole foreground group, and would end a drain
-    # that `vigil serve` is waiting for on that very Ctrl-C; the timeout below still ends it, by the group Vigil started
-    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          start_new_session=True) as process:
-        with _started_lock:
+    # Started and registered under the lock ``end_started_commands`` takes its list under: a command is either in
+    # that list or not started at all. Before, one started by a daemon thread between its Popen and its registration
+    # while the process exited was never killed and outlived it.
+    with _started_lock:
+        # its own session and process group: a terminal's Ctrl-C goes to the whole foreground group, and would end a
+        # drain that `vigil serve` is waiting for on that very Ctrl-C; the timeout below still ends it, by the group
+        # Vigil started
+        process = None if _exiting.is_set() else subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        if process is not None:
             _started.add(process)
+    if process is None:
+        # this process is exiting (only daemon threads run then): the command is not started, and as for one ended
+        # by the exit, no verdict - the run stays started, for the lease takeover
+        _wait_for_the_end()
+    with process:
         try:
             stdout, stderr = process.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -52,8 +63,8 @@ def run_command(argv: list[str], timeout_s: float, what: str) -> subprocess.Comp
                 _started.discard(process)
     if _exiting.is_set():
         # ended by this process's own exit (``end_started_commands``): no verdict, the run stays started for the
-        # lease takeover - this thread (a daemon's: the engine's, a resumed round's) waits for the interpreter's end
-        threading.Event().wait()
+        # lease takeover
+        _wait_for_the_end()
     done = subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
     if done.returncode != 0:
         message = (done.stderr or done.stdout).strip().splitlines()
@@ -68,6 +79,13 @@ _started_lock = threading.Lock()
 _exiting = threading.Event()
 
 
+def _wait_for_the_end() -> NoReturn:
+    """Park this thread (a daemon's: the engine's, a resumed round's - the only ones that run once the process is
+    exiting) until the interpreter ends."""
+    threading.Event().wait()
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 @atexit.register
 def end_started_commands() -> None:
     """SIGKILL the process group of every back-end command this process started and that still runs, on the way out
@@ -78,8 +96,8 @@ def end_started_commands() -> None:
     still that leader's; a leader being reaped at that moment has ended. The thread waiting for a command ended here
     records no verdict (``run_command``): its run stays started, for another server or engine to take over once this
     process's lease on it lapses."""
-    _exiting.set()
-    with _started_lock:
+    with _started_lock:  # set under the lock: no command starts after the list is taken
+        _exiting.set()
         running = list(_started)
     for process in running:
         reaping = getattr(process, "_waitpid_lock", None)
