@@ -110,43 +110,6 @@ def all_read(engine: subprocess.Popen[str]) -> None:
     assert not reader.is_alive(), "the engine's stderr still open a minute after it ended"
 
 
-def test_ctrl_c_during_the_start_up_resume_lets_the_drain_in_flight_finish(database: str, tmp_path: Path) -> None:
-    """Two dead servers' drains are there when the engine starts; its start-up resume takes the first over, and
-    Ctrl-C comes while that drain runs. The engine says it stops, the drain ends executed and its run closed, the
-    second stays started under its dead owner, and the process exits 0 without a traceback. Before, Ctrl-C raised in
-    the middle of the resume: the drain's command was killed, its run left started under the engine's claim, and the
-    process ended at once (exit 130)."""
-    place_cluster(database)
-    crashed_drains(database, "n1", "n2")
-    home = tmp_path / "home"
-    home.mkdir()
-    err_lines: list[str] = []
-    with held_slurm(tmp_path / "slurm") as slurm:
-        engine = start_engine(home, database, slurm, err_lines)
-        try:
-            wait_for(lambda: slurm.draining("n1") or slurm.draining("n2") or engine.poll() is not None, 120,
-                     "the start-up to resume a drain")
-            first = "n1" if slurm.draining("n1") else "n2"
-            engine.send_signal(signal.SIGINT)
-            wait_for(lambda: STOPPING in err_lines or engine.poll() is not None, 60, "the engine to say it stops")
-            assert engine.poll() is None, err_lines
-            slurm.release()
-            assert engine.wait(timeout=60) == 0, err_lines
-        finally:
-            if engine.poll() is None:
-                engine.kill()
-                engine.wait()
-    second = {"n1": "n2", "n2": "n1"}[first]
-    assert not slurm.draining(second), err_lines
-    audit = AuditLog(database)
-    assert [(a.id, a.status) for a in audit.actions()] == [(f"act-drain-{first}", ActionStatus.EXECUTED)]
-    (left,) = audit.unfinished_runs()
-    assert (left.key, left.owner) == (f"act-drain-{second}", "vigil-api-killed")
-    all_read(engine)  # its last lines read: a traceback written as it ended is seen
-    assert not any("Traceback" in line for line in err_lines), err_lines
-    assert not any("vigil engine on" in line for line in err_lines), err_lines
-
-
 def test_a_second_ctrl_c_stops_at_once_with_one_line_and_ends_the_drain(database: str, tmp_path: Path) -> None:
     """Ctrl-C while the engine's round resumes a drain, then Ctrl-C again: the engine exits 130 at once with one line
     saying what it leaves, the drain's scontrol (in a session of its own) is killed on the way out, and the run stays
@@ -184,10 +147,16 @@ STOPPING_ON_SIGTERM = ("vigil engine: stopping on SIGTERM; waiting for the tick 
                        "most 30 s\n")
 
 
-def test_sigterm_during_the_start_up_resume_stops_as_ctrl_c_does_and_says_so(database: str, tmp_path: Path) -> None:
-    """SIGTERM (a service manager stopping the engine) while the start-up resume's drain runs takes the first Ctrl-C's
-    path: one line, the drain ends executed, the second run stays with its dead owner, exit 0. Before, SIGTERM set
-    stopping without a word."""
+@pytest.mark.parametrize("sent", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_stop_during_the_start_up_resume_lets_the_drain_in_flight_finish(database: str, tmp_path: Path,
+                                                                          sent: signal.Signals) -> None:
+    """Two dead servers' drains are there when the engine starts; its start-up resume takes the first over, and
+    Ctrl-C (or SIGTERM, a service manager stopping it: the same path) comes while that drain runs. The engine says it
+    stops in one line, the drain ends executed and its run closed, the second stays started under its dead owner, and
+    the process exits 0 without a traceback and without starting its loop. Before, Ctrl-C raised in the middle of the
+    resume: the drain's command was killed, its run left started under the engine's claim, and the process ended at
+    once (exit 130); SIGTERM set stopping without a word."""
+    said = STOPPING if sent == signal.SIGINT else STOPPING_ON_SIGTERM
     place_cluster(database)
     crashed_drains(database, "n1", "n2")
     home = tmp_path / "home"
@@ -199,9 +168,8 @@ def test_sigterm_during_the_start_up_resume_stops_as_ctrl_c_does_and_says_so(dat
             wait_for(lambda: slurm.draining("n1") or slurm.draining("n2") or engine.poll() is not None, 120,
                      "the start-up to resume a drain")
             first = "n1" if slurm.draining("n1") else "n2"
-            engine.send_signal(signal.SIGTERM)
-            wait_for(lambda: STOPPING_ON_SIGTERM in err_lines or engine.poll() is not None, 60,
-                     "the engine to say it stops")
+            engine.send_signal(sent)
+            wait_for(lambda: said in err_lines or engine.poll() is not None, 60, "the engine to say it stops")
             assert engine.poll() is None, err_lines
             slurm.release()
             assert engine.wait(timeout=60) == 0, err_lines
@@ -215,8 +183,10 @@ def test_sigterm_during_the_start_up_resume_stops_as_ctrl_c_does_and_says_so(dat
     assert [(a.id, a.status) for a in audit.actions()] == [(f"act-drain-{first}", ActionStatus.EXECUTED)]
     (left,) = audit.unfinished_runs()
     assert (left.key, left.owner) == (f"act-drain-{second}", "vigil-api-killed")
-    all_read(engine)
-    assert [line for line in err_lines if "stopping" in line] == [STOPPING_ON_SIGTERM], err_lines
+    all_read(engine)  # its last lines read: a traceback written as it ended is seen
+    assert [line for line in err_lines if "stopping" in line] == [said], err_lines
+    assert not any("Traceback" in line for line in err_lines), err_lines
+    assert not any("vigil engine on" in line for line in err_lines), err_lines
 
 
 FAILING_WORK = """
