@@ -36,6 +36,7 @@ from vigil.knowledge.xid import parse_xid_line, xid_info
 from vigil.model import Event, FaultLevel, gpu_id, nic_id, node_id
 from vigil.sources.collect.base import Collection, ProblemLog, Source, default_node_name
 from vigil.sources.collect.nvml import normalise_pci_bus
+from vigil.sources.collect.rank_files import LOG_FILE_ATTR, LOG_OFFSET_ATTR
 from vigil.sources.collect.tail import LogTail
 
 KMSG = Path("/dev/kmsg")
@@ -93,6 +94,16 @@ KERNEL_PATTERNS: list[tuple[re.Pattern[str], str, FaultLevel]] = [
 class KernelLine:
     ts: float
     message: str
+    seq: int | None = None  # the kernel's sequence number of a /dev/kmsg record (one a record, per boot)
+
+
+# Where a kernel line was read, in its event's attributes: the kernel's sequence number (/dev/kmsg), the journal's
+# cursor, or the file and byte offset (``LOG_FILE_ATTR``, ``LOG_OFFSET_ATTR``, as for a rank's log line). The server
+# keys a pushed event by all its fields (``vigil.faces.api.push_keys.event_key``): two equal lines the kernel logged
+# within one tick of a stamp (a dmesg -T or syslog line stamps seconds) are two events, and the same line read again
+# (an agent restarted, reading the ring buffer, the journal's lookback or the file again) is one.
+KMSG_SEQ_ATTR = "kmsg_seq"
+JOURNAL_CURSOR_ATTR = "journal_cursor"
 
 
 class KernelLineParser:
@@ -104,7 +115,7 @@ class KernelLineParser:
     def parse(self, line: str, now: float) -> KernelLine | None:
         line = line.rstrip("\n")
         if m := _KMSG_RECORD.match(line):
-            return KernelLine(self.boot_time + int(m["usec"]) / 1e6, m["msg"])
+            return KernelLine(self.boot_time + int(m["usec"]) / 1e6, m["msg"], int(m["seq"]))
         if m := _DMESG_CTIME.match(line):
             return KernelLine(_parse_time(m["when"], "%a %b %d %H:%M:%S %Y", now), m["msg"])
         if m := _DMESG_UPTIME.match(line):
@@ -146,10 +157,13 @@ class KernelLogSource(Source):
         nic_name: Callable[[str], str | None] | None = None,
         origin: str = "kernel log",
         boot_time: float | None = None,
+        positions: Callable[[], list[dict[str, object]]] | None = None,
     ) -> None:
         super().__init__()
         self.node = node or default_node_name()
         self._lines = lines
+        # where each line of the last read was read (attributes of its event), when the input says
+        self._positions = positions
         self._gpu_index = gpu_index or (lambda _bus: None)
         self._nic_name = nic_name or (lambda _bus: None)
         self.origin = origin
@@ -176,7 +190,11 @@ class KernelLogSource(Source):
     @classmethod
     def from_file(cls, path: Path, **kwargs: object) -> KernelLogSource:
         tail = LogTail(path, max_lines=KERNEL_FILE_LINES, max_bytes=KERNEL_FILE_BYTES)
-        source = cls(tail.read, origin=str(path), **kwargs)  # type: ignore[arg-type]
+
+        def positions() -> list[dict[str, object]]:
+            return [{LOG_FILE_ATTR: str(path), LOG_OFFSET_ATTR: offset} for offset in tail.line_offsets]
+
+        source = cls(tail.read, origin=str(path), positions=positions, **kwargs)  # type: ignore[arg-type]
         tail.problems = source.problems
         source.reader_up = lambda: tail.present
         return source
@@ -184,7 +202,7 @@ class KernelLogSource(Source):
     @classmethod
     def from_journal(cls, lookback_s: float = 3600.0, **kwargs: object) -> KernelLogSource:
         journal = JournalReader(lookback_s)
-        source = cls(journal.read, origin="journal", **kwargs)  # type: ignore[arg-type]
+        source = cls(journal.read, origin="journal", positions=journal.positions, **kwargs)  # type: ignore[arg-type]
         journal.problems = source.problems
         return source
 
@@ -205,10 +223,14 @@ class KernelLogSource(Source):
 
     def collect(self, now: float) -> Collection:
         out = Collection(status=f"reading {self.origin}")
-        for raw in self._lines():
+        lines = list(self._lines())
+        where = self._positions() if self._positions is not None else []
+        for i, raw in enumerate(lines):
             self.lines_read += 1
             event = self.decode(raw, now)
             if event is not None and event.ts >= self.not_before:
+                if i < len(where):
+                    event.attrs.update(where[i])
                 out.events.append(event)
         out.add("vigil_agent_kernel_lines_total", node_id(self.node), self.lines_read)
         out.add("vigil_agent_kernel_xids_total", node_id(self.node), self.xids)
@@ -223,6 +245,12 @@ class KernelLogSource(Source):
             if raw.strip():
                 self.problems.report("unexpected line format", raw.strip())
             parsed = KernelLine(now, raw.strip())
+        event = self._decode(parsed)
+        if event is not None and parsed.seq is not None:
+            event.attrs[KMSG_SEQ_ATTR] = parsed.seq
+        return event
+
+    def _decode(self, parsed: KernelLine) -> Event | None:
         message = parsed.message
         if "Xid" in message and "SXid" not in message:
             return self._xid_event(parsed, message)
@@ -335,6 +363,7 @@ class JournalReader:
         self.lookback_s = lookback_s
         self.problems: ProblemLog | None = None
         self._cursor: str | None = None
+        self._read_cursors: list[str] = []  # each line's of the last read: its position in the journal
 
     @staticmethod
     def works() -> bool:
@@ -356,15 +385,21 @@ class JournalReader:
         done = subprocess.run(args, capture_output=True, text=True, timeout=30, check=False)
         return self.parse(done.stdout)
 
+    def positions(self) -> list[dict[str, object]]:
+        """The journal cursor of each line the last ``parse`` returned (an entry without one: no position)."""
+        return [{JOURNAL_CURSOR_ATTR: c} if c else {} for c in self._read_cursors]
+
     def parse(self, output: str) -> list[str]:
         """journalctl JSON lines -> kmsg-style records (so the time survives); bad lines are counted."""
         lines = []
+        self._read_cursors = []
         for row in output.splitlines():
             try:
                 entry = json.loads(row)
                 usec = int(entry["__REALTIME_TIMESTAMP"])
                 message = entry["MESSAGE"]
-                self._cursor = entry.get("__CURSOR", self._cursor)
+                cursor = entry.get("__CURSOR")
+                self._cursor = cursor or self._cursor
             except (ValueError, KeyError, TypeError) as err:
                 if self.problems is not None:
                     self.problems.report("bad journal entry", f"{row[:120]!r}: {err}")
@@ -374,4 +409,5 @@ class JournalReader:
                 message = bytes(message).decode("utf-8", "replace")
             iso = datetime.fromtimestamp(usec / 1e6).astimezone().isoformat()
             lines.append(f"{iso.replace('.', ',')} {message}")
+            self._read_cursors.append(cursor if isinstance(cursor, str) else "")
         return lines

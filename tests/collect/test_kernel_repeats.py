@@ -1,0 +1,75 @@
+"""A kernel line logged twice is two events; the same line read twice is one. The server keys a pushed event by all
+its fields, so each kernel event says where it was read - the kernel's sequence number (/dev/kmsg), the journal's
+cursor, the file and byte offset - and two equal Xid lines stamped in the same second (a dmesg -T or syslog capture)
+are both stored, while an agent restarted and reading the same lines again stores none twice."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+from tests.collect.test_agent_refusals import TOKEN
+from tests.collect.test_agent_spool import Switch, _agent_process, _held
+from tests.conftest import wait_for
+from tests.serve.conftest import serve_in_thread
+from vigil.faces.api.push_keys import event_key
+from vigil.sources.collect.kmsg import JOURNAL_CURSOR_ATTR, KMSG_SEQ_ATTR, JournalReader, KernelLogSource
+
+# Xid 13 twice from two faults in one second, in syslog's shape (/var/log/kern.log stamps seconds), then Xid 31
+REPEATED = ("Dec  7 14:00:01 n01 kernel: NVRM: Xid (PCI:0000:18:00): 13, pid=1234, name=train, Graphics Exception: "
+            "ESR 0x404490=0x80000002\n")
+OTHER = "Dec  7 14:00:02 n01 kernel: NVRM: Xid (PCI:0000:18:00): 31, pid=1234, name=train, MMU Fault\n"
+
+
+def test_two_equal_xid_lines_in_one_second_are_both_stored_and_a_restart_reads_none_twice(tmp_path: Path) -> None:
+    """A real agent reads a kernel log holding the same Xid 13 line twice in one second and a third line, and pushes
+    them to the server's real app: 3 events stored (2 before: the repeat was taken for a retry of the first). It is
+    stopped and started again on the same file, which it reads again from the start: still 3 stored."""
+    from vigil.config import Settings
+    from vigil.faces.api.app import create_app
+    from vigil.store.sql import Store
+
+    settings = Settings(home=tmp_path / "home", api_token=TOKEN)
+    store = Store(settings.database_url())
+    switch = Switch(create_app(store, settings=settings))
+    kmsg, state = tmp_path / "kern.log", tmp_path / "state"
+    kmsg.write_text(REPEATED + REPEATED + OTHER)
+
+    def stored() -> list[int]:
+        return sorted(int(e.attrs["xid"]) for e in store.events(kind="xid", limit=100))
+
+    with serve_in_thread(switch) as url:
+        for start in range(2):
+            with _agent_process(url, kmsg, state, tmp_path / "agent.log") as agent:
+                posts = len(switch.events_posts)
+                # the read's events answered: taken off the spool after a POST of this process
+                wait_for(lambda: len(switch.events_posts) > posts and _held(state) == 0, 60,  # noqa: B023
+                         f"start {start}: the kernel log's events pushed")
+                agent.send_signal(signal.SIGTERM)
+                assert agent.wait(timeout=30) == 0
+            assert stored() == [13, 13, 31], (tmp_path / "agent.log").read_text()[-3000:]
+    store.close()
+
+
+def test_kmsg_records_and_journal_entries_are_told_apart_by_the_kernels_position() -> None:
+    """Two /dev/kmsg records with the same text and microsecond differ in their sequence numbers, two journal
+    entries with the same text and time in their cursors: two keys each. The same record or entry read again (a
+    restart reads the ring buffer's or the journal's last hour again) gives the same key."""
+    line = "NVRM: Xid (PCI:0000:18:00): 13, pid=1234, name=train, Graphics Exception"
+    records = [f"3,{seq},5000000,-;{line}" for seq in (811, 812, 811)]
+    kernel = KernelLogSource(lambda: records, node="n01", boot_time=1_700_000_000.0)
+    events = kernel.collect(0.0).events
+    assert [e.attrs[KMSG_SEQ_ATTR] for e in events] == [811, 812, 811]
+    keys = [event_key(e) for e in events]
+    assert keys[0] != keys[1] and keys[0] == keys[2]
+
+    journal = JournalReader()
+    entries = [{"__REALTIME_TIMESTAMP": "1765116001000000", "__CURSOR": cursor, "MESSAGE": line}
+               for cursor in ("s=ab;i=10", "s=ab;i=11", "s=ab;i=10")]
+    output = "\n".join(json.dumps(e) for e in entries)
+    kernel = KernelLogSource(lambda: journal.parse(output), node="n01", positions=journal.positions)
+    events = kernel.collect(0.0).events
+    assert [e.attrs[JOURNAL_CURSOR_ATTR] for e in events] == ["s=ab;i=10", "s=ab;i=11", "s=ab;i=10"]
+    keys = [event_key(e) for e in events]
+    assert keys[0] != keys[1] and keys[0] == keys[2]
