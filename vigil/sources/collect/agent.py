@@ -22,7 +22,8 @@ and a batch the server refuses for good (``refused_for_good``), is counted (``vi
 a refused token (401 / 403) keeps everything. Samples pushes the server has not taken wait in a backlog bounded by
 count, bytes and age (``samples_backlog_*``) and are sent again after each round's own push, oldest first and a few a
 round, each under its own Idempotency-Key (``EventPusher``); the ones it cannot hold are counted
-(``vigil_agent_samples_pushes_dropped_total``).
+(``vigil_agent_samples_pushes_dropped_total``). A push not delivered the round it was made is also written to the
+spool (its samples table) so that a restarted agent sends it.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ from vigil.sources.collect.kube import KubernetesSource, in_cluster
 from vigil.sources.collect.local_store import AgentStore
 from vigil.sources.collect.nvml import NvmlCollector
 from vigil.sources.collect.rank_files import RankLogFiles, RankLogSource
-from vigil.sources.collect.spool import EventSpool, SpoolUnavailable
+from vigil.sources.collect.spool import EventSpool, SpoolQueue, SpoolUnavailable
 from vigil.store.retention import RetentionPolicy
 
 log = logging.getLogger("vigil.agent")
@@ -483,6 +484,9 @@ class Agent:
         try:
             self.spool = EventSpool(directory, self.settings.spool_events, self.settings.spool_bytes)
             held = self.spool.load()
+            if self._pusher is not None:
+                self._pusher.attach_spool(self.spool.samples(self.settings.samples_backlog_pushes,
+                                                             self.settings.samples_backlog_bytes))
         except (SpoolUnavailable, OSError, sqlite3.Error) as err:
             if self.spool is not None:
                 self.spool.close()
@@ -887,8 +891,10 @@ class EventPusher:
     backlog is bounded by count, bytes and age (``samples_backlog_*``); beyond, the oldest push is dropped and
     counted, with one warning for each stretch of drops (an episode ends when the server has taken the whole
     backlog). A push the server refuses (HTTP 4xx but 408, 425 and 429, which are sent again, and 401 and 403) is
-    dropped alone and the next one sent. The backlog lives in memory: an agent restarted during an outage starts an
-    empty one.
+    dropped alone and the next one sent. A push that was not taken the round it was made is also written to the
+    spool's samples queue (``attach_spool``, the events' spool file) and removed from it when it leaves the backlog,
+    so that an agent restarted during an outage sends what its backlog held, oldest first, each under its key, with
+    its age counted from when it was made (wall clock); nothing is written while the server takes every push.
 
     Each route's answer stands for that route alone: an events batch the server fails (5xx, 408 / 425 / 429, its
     answer lost) is kept for the next round and one it refuses for good (``refused_for_good``: a 422 after the
@@ -908,7 +914,7 @@ class EventPusher:
                  backlog_bytes: int = 4 * 2**20, backlog_age_s: float = SERVER_LIVE_PUSH_MAX_AGE_S,
                  backlog_per_round: int = 20,
                  clock: Callable[[], float] = time.monotonic, events_batch_bytes: int = 512 * 1024,
-                 events_batch_max: int = 1000) -> None:
+                 events_batch_max: int = 1000, wall: Callable[[], float] = time.time) -> None:
         self.base = server_url.rstrip("/") + "/api/v1"
         self.url = self.base + "/events"
         self.registered: Node | None = None
@@ -938,6 +944,13 @@ class EventPusher:
         self.samples_pushes_sent = 0
         self.samples_pushes_dropped: dict[str, int] = dict.fromkeys(SAMPLES_DROP_REASONS, 0)
         self._dropping = False  # in a drop episode: warned once, until the backlog is taken whole
+        # the backlog on disk (the spool's samples queue): the row of each push written there, by its key
+        self._wall = wall
+        self.spool: SpoolQueue | None = None
+        self._spooled: dict[str, int] = {}
+        self._unremoved: list[int] = []  # rows of pushes gone from the backlog whose removal failed: removed next time
+        self.spool_failures = 0
+        self._spool_failing = False  # in an episode of failed writes: warned once, until one succeeds
 
     @property
     def samples_pushes_refused(self) -> int:
@@ -983,6 +996,71 @@ class EventPusher:
             settled([e for e in events if id(e) not in unsettled])  # answered for: off the spool
         if kept:
             requeue(kept)
+        self._persist()
+
+    def attach_spool(self, spool: SpoolQueue) -> None:
+        """Keep the backlog on disk in ``spool`` too, and take what it holds (an agent stopped or killed while the
+        server was away) into the backlog first, oldest first; pushes past the backlog's limits - its age from when
+        each was made - are dropped and counted as ever. Before the first round."""
+        rows = spool.rows()
+        spool.keep(rows)
+        self.spool = spool
+        now, wall = self._clock(), self._wall()
+        held = sorted(rows, key=lambda row: (row[3], row[0]))
+        for row_id, body, key, made in held:
+            push = SamplesPush(str(key), str(body).encode(), now - max(0.0, wall - float(made)))
+            self._spooled[push.key] = row_id
+            self.backlog.append(push)
+            self.backlog_bytes += len(push.body)
+        most, most_bytes, _ = self.backlog_limits
+        while len(self.backlog) > most or (self.backlog_bytes > most_bytes and len(self.backlog) > 1):
+            self._drop(BACKLOG_FULL)
+        self._drop_expired()
+        if held:
+            log.warning("sending the %d samples push(es) the spool %s held from before this start (%d dropped as "
+                        "past the backlog's limits)", len(self.backlog), spool.spool.path,
+                        len(held) - len(self.backlog))
+
+    def _persist(self) -> None:
+        """Write the backlog's pushes not on disk yet to the spool (one transaction): the ones this round could not
+        deliver. A failing write (a full disk) keeps them in memory, warned once an episode."""
+        if self.spool is None:
+            return
+        new = [p for p in self.backlog if p.key not in self._spooled]
+        if not new and not self._unremoved:
+            return
+        now, wall = self._clock(), self._wall()
+        try:
+            if self._unremoved:
+                self.spool.remove(self._unremoved)
+                self._unremoved = []
+            ids, evicted = self.spool.add([(p.body.decode(), p.key, wall - (now - p.made)) for p in new])
+        except (OSError, sqlite3.Error) as err:
+            self.spool_failures += 1
+            if not self._spool_failing:
+                self._spool_failing = True
+                log.warning("the samples spool %s failed (%s): the samples backlog is kept in memory only until it "
+                            "takes a write again", self.spool.spool.path, err)
+            return
+        self._spool_failing = False
+        for push, row_id in zip(new, ids, strict=True):
+            self._spooled[push.key] = row_id
+        gone = set(evicted)  # past the disk's bounds, the backlog's own: its oldest, dropped from memory too
+        for push in [p for p in self.backlog if self._spooled.get(p.key) in gone]:
+            del self._spooled[push.key]
+            self._drop(BACKLOG_FULL, push)
+
+    def _unspool(self, push: SamplesPush) -> None:
+        """A push left the backlog (taken, refused, dropped): off the disk too."""
+        row_id = self._spooled.pop(push.key, None)
+        if row_id is None or self.spool is None:
+            return
+        try:
+            self.spool.remove([row_id, *self._unremoved])
+            self._unremoved = []
+        except (OSError, sqlite3.Error):  # removed with the next; sent again after a restart, stored once
+            self.spool_failures += 1
+            self._unremoved.append(row_id)
 
     def _round(self, events: list[Event], samples: list[Sample], node: str, inventory: Node | None) -> list[Event]:
         """Send a round's inventory, events, rank-log lines and samples; returns the events to queue again."""
@@ -1162,6 +1240,7 @@ class EventPusher:
         else:
             self.backlog.remove(push)
         self.backlog_bytes -= len(push.body)
+        self._unspool(push)
         self.samples_pushes_dropped[reason] += 1
         if reason == REFUSED or self._dropping:
             return
@@ -1208,6 +1287,7 @@ class EventPusher:
         else:
             self.backlog.remove(push)
         self.backlog_bytes -= len(push.body)
+        self._unspool(push)
         self.samples_pushes_sent += 1
 
     def _refuse_samples(self, push: SamplesPush, response: httpx.Response) -> None:
@@ -1220,7 +1300,7 @@ class EventPusher:
     def backlog_report(self) -> dict[str, Any]:
         """The samples backlog for ``vigil agent --once --json``."""
         return {"pushes": len(self.backlog), "bytes": self.backlog_bytes, "sent": self.samples_pushes_sent,
-                "dropped": dict(self.samples_pushes_dropped)}
+                "dropped": dict(self.samples_pushes_dropped), "spooled": len(self._spooled)}
 
     def backlog_metrics(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         yield GaugeMetricFamily("vigil_agent_samples_backlog_pushes", "samples pushes the server has not taken yet",
@@ -1229,6 +1309,11 @@ class EventPusher:
                                 "taken yet", value=self.backlog_bytes)
         yield CounterMetricFamily("vigil_agent_samples_pushes_sent", "samples pushes the server took",
                                   value=self.samples_pushes_sent)
+        if self.spool is not None:
+            yield GaugeMetricFamily("vigil_agent_samples_spooled", "samples pushes of the backlog on disk",
+                                    value=len(self._spooled))
+            yield CounterMetricFamily("vigil_agent_samples_spool_failures", "writes and removals of the samples "
+                                      "spool that failed (a full disk)", value=self.spool_failures)
         dropped = CounterMetricFamily("vigil_agent_samples_pushes_dropped", "samples pushes dropped unsent: pushed out "
                                       "of the full backlog, older than its age limit, or refused by the server",
                                       labels=["reason"])

@@ -12,6 +12,8 @@ bounded by events and bytes: beyond either the oldest events are dropped, and th
 (``vigil_agent_events_dropped_total{reason="spool_full"}``). One agent holds a state directory at a time (an
 exclusive lock on ``events-spool.lock``); a second one runs without the spool, with a warning. A spool that
 cannot be opened now (locked by another program, a disk full or failing) is left as it is for the next start. The
+samples pushes the server has not taken (``EventPusher``'s backlog) are a second table of the same file, with the
+same locking, writes and bounds (``SpoolQueue``). The
 spool's files are the agent's alone (mode 0600, a directory it creates 0700): events name nodes and carry kernel and
 training log lines.
 """
@@ -27,7 +29,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from pydantic import ValidationError
 
@@ -48,19 +50,14 @@ class SpoolUnavailable(Exception):
     """The state directory cannot hold a spool (not writable, or another agent holds it)."""
 
 
-class EventSpool:
-    """Events not yet answered by the server, oldest first, in ``directory``: ``add`` before sending, ``remove``
-    once answered, ``load`` on start; bounded by ``max_events`` and ``max_bytes`` (``add`` returns the ids of the
-    oldest events it dropped beyond them)."""
+class Spool:
+    """An agent's spool file in ``directory``: locked for this agent alone, opened in WAL mode with every commit on
+    disk, moved aside when it is no SQLite database; it holds ``SpoolQueue`` tables (the events, the samples
+    pushes), which share its connection and its lock."""
 
-    def __init__(self, directory: Path, max_events: int, max_bytes: int) -> None:
+    def __init__(self, directory: Path) -> None:
         self.directory = directory
-        self.max_events = max_events
-        self.max_bytes = max_bytes
         self._lock = threading.Lock()
-        self._sizes: dict[int, int] = {}  # id -> bytes of each event held, oldest first
-        self.bytes = 0
-        self.unreadable = 0  # rows that were no event (written by another version, damaged): dropped on load
         try:
             directory.mkdir(mode=0o700, parents=True, exist_ok=True)
             self._lock_file: IO[bytes] = os.fdopen(_private(directory / LOCK_FILE), "ab")
@@ -105,7 +102,7 @@ class EventSpool:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")  # a transaction is on disk when its commit returns
             conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
-            conn.execute("CREATE TABLE IF NOT EXISTS events (id INTEGER PRIMARY KEY AUTOINCREMENT, body TEXT NOT NULL)")
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
             check = conn.execute("PRAGMA quick_check").fetchone()
             if check is None or check[0] != "ok":
                 raise sqlite3.DatabaseError(f"quick_check: {check}")
@@ -114,48 +111,84 @@ class EventSpool:
             raise
         return conn
 
-    def load(self) -> list[tuple[int, Event]]:
-        """The events held, oldest first, with their ids (an agent started again sends them first); a row that is
-        no event is dropped and counted in ``unreadable``."""
-        loaded: list[tuple[int, Event]] = []
-        bad: list[int] = []
-        with self._lock:
-            for row_id, body in self._conn.execute("SELECT id, body FROM events ORDER BY id"):
-                try:
-                    loaded.append((row_id, Event.model_validate(json.loads(body))))
-                except (ValueError, RecursionError, ValidationError):  # RecursionError: nested too deep to parse
-                    bad.append(row_id)
-                    continue
-                self._sizes[row_id] = len(body)
-                self.bytes += len(body)
-            if bad:
-                self._delete(bad)
-        self.unreadable += len(bad)
-        if bad:
-            log.warning("the events spool %s held %d row(s) that are no event; dropped", self.path, len(bad))
-        return loaded
+    def queue(self, table: str, columns: Sequence[tuple[str, str]], max_rows: int, max_bytes: int) -> SpoolQueue:
+        """A bounded queue in ``table`` of this file (created if new), rows of a body and ``columns``."""
+        return SpoolQueue(self, table, columns, max_rows, max_bytes)
 
-    def add(self, events: Sequence[Event]) -> tuple[list[int], list[int]]:
-        """Write ``events`` in one transaction, on disk when this returns. Returns their ids, in order, and the ids
-        of the oldest events dropped to keep the spool within its bounds (the newest event is always kept)."""
-        bodies = [json.dumps(e.model_dump(mode="json"), separators=(",", ":")) for e in events]
-        with self._lock:
-            ids: list[int] = []
-            self._conn.execute("BEGIN IMMEDIATE")
+    def _rollback(self) -> None:
+        """End a transaction that failed (a full disk): SQLite may have rolled it back already, and a ROLLBACK that
+        fails must not hide the error that did it nor leave the next BEGIN inside a transaction."""
+        if self._conn.in_transaction:
             try:
-                for body in bodies:
-                    cursor = self._conn.execute("INSERT INTO events (body) VALUES (?)", (body,))
+                self._conn.execute("ROLLBACK")
+            except sqlite3.Error as err:
+                log.debug("the spool %s: ROLLBACK failed (%s)", self.path, err)
+
+    def close(self) -> None:
+        conn = getattr(self, "_conn", None)
+        if conn is not None:
+            with self._lock:
+                conn.close()
+        self._lock_file.close()  # releases the lock
+
+
+class SpoolQueue:
+    """Rows not yet answered by the server, oldest first, in one table of a ``Spool``: each a body (JSON text) and
+    the queue's own ``columns``. ``add`` before sending, ``remove`` once answered, ``load`` on start; bounded by
+    ``max_rows`` and ``max_bytes`` of bodies (``add`` returns the ids of the oldest rows it dropped beyond them,
+    never the newest)."""
+
+    def __init__(self, spool: Spool, table: str, columns: Sequence[tuple[str, str]], max_rows: int,
+                 max_bytes: int) -> None:
+        self.spool = spool
+        self.table = table
+        self.columns = [name for name, _ in columns]
+        self.max_rows = max_rows
+        self.max_bytes = max_bytes
+        self._sizes: dict[int, int] = {}  # id -> bytes of each body held, oldest first
+        self.bytes = 0
+        declared = "".join(f", {name} {kind}" for name, kind in columns)
+        with spool._lock:
+            spool._conn.execute(f"CREATE TABLE IF NOT EXISTS {table} "
+                                f"(id INTEGER PRIMARY KEY AUTOINCREMENT, body TEXT NOT NULL{declared})")
+
+    def rows(self) -> list[tuple[Any, ...]]:
+        """Every row held, oldest first: (id, body, *columns). Not yet counted against the bounds: ``keep`` the
+        ones that are readable, ``remove`` the rest."""
+        names = "".join(f", {name}" for name in self.columns)
+        with self.spool._lock:
+            return list(self.spool._conn.execute(f"SELECT id, body{names} FROM {self.table} ORDER BY id"))
+
+    def keep(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        """Count rows ``rows`` returned against the bounds (a spool read at start holds them)."""
+        with self.spool._lock:
+            for row in rows:
+                self._sizes[row[0]] = len(row[1])
+                self.bytes += len(row[1])
+
+    def add(self, rows: Sequence[tuple[Any, ...]]) -> tuple[list[int], list[int]]:
+        """Write ``rows`` ((body, *columns) each) in one transaction, on disk when this returns. Returns their ids,
+        in order, and the ids of the oldest rows dropped to keep the queue within its bounds."""
+        spool = self.spool
+        names = "".join(f", {name}" for name in self.columns)
+        marks = ", ?" * len(self.columns)
+        with spool._lock:
+            ids: list[int] = []
+            spool._conn.execute("BEGIN IMMEDIATE")
+            try:
+                for row in rows:
+                    cursor = spool._conn.execute(f"INSERT INTO {self.table} (body{names}) VALUES (?{marks})", row)
                     ids.append(int(cursor.lastrowid or 0))
-                evicted = self._over_bounds([(i, len(b)) for i, b in zip(ids, bodies, strict=True)])
+                evicted = self._over_bounds([(i, len(r[0])) for i, r in zip(ids, rows, strict=True)])
                 if evicted:
                     self._delete(evicted, in_transaction=True)
-                self._conn.execute("COMMIT")
+                spool._conn.execute("COMMIT")
             except BaseException:
-                self._rollback()
+                spool._rollback()
                 raise
-            for row_id, body in zip(ids, bodies, strict=True):
-                self._sizes[row_id] = len(body)
-                self.bytes += len(body)
+            for row_id, row in zip(ids, rows, strict=True):
+                self._sizes[row_id] = len(row[0])
+                self.bytes += len(row[0])
             for row_id in evicted:
                 self.bytes -= self._sizes.pop(row_id, 0)
         return ids, evicted
@@ -167,7 +200,7 @@ class EventSpool:
         size = self.bytes + sum(n for _, n in new)
         evicted: list[int] = []
         for row_id, row_bytes in [*self._sizes.items(), *new[:-1]]:
-            if count <= self.max_events and size <= self.max_bytes:
+            if count <= self.max_rows and size <= self.max_bytes:
                 break
             evicted.append(row_id)
             count -= 1
@@ -175,46 +208,90 @@ class EventSpool:
         return evicted
 
     def remove(self, ids: Sequence[int]) -> None:
-        """Forget events the server answered for (or the agent dropped)."""
+        """Forget rows the server answered for (or the agent dropped)."""
         if not ids:
             return
-        with self._lock:
+        with self.spool._lock:
             self._delete(list(ids))
             for row_id in ids:
                 self.bytes -= self._sizes.pop(row_id, 0)
 
     def _delete(self, ids: list[int], in_transaction: bool = False) -> None:
+        conn = self.spool._conn
         if not in_transaction:
-            self._conn.execute("BEGIN IMMEDIATE")
+            conn.execute("BEGIN IMMEDIATE")
         try:
             for start in range(0, len(ids), 500):
                 chunk = ids[start:start + 500]
-                self._conn.execute(f"DELETE FROM events WHERE id IN ({','.join('?' * len(chunk))})", chunk)
+                conn.execute(f"DELETE FROM {self.table} WHERE id IN ({','.join('?' * len(chunk))})", chunk)
             if not in_transaction:
-                self._conn.execute("COMMIT")
+                conn.execute("COMMIT")
         except BaseException:
             if not in_transaction:
-                self._rollback()
+                self.spool._rollback()
             raise
-
-    def _rollback(self) -> None:
-        """End a transaction that failed (a full disk): SQLite may have rolled it back already, and a ROLLBACK that
-        fails must not hide the error that did it nor leave the next BEGIN inside a transaction."""
-        if self._conn.in_transaction:
-            try:
-                self._conn.execute("ROLLBACK")
-            except sqlite3.Error as err:
-                log.debug("the events spool %s: ROLLBACK failed (%s)", self.path, err)
 
     def __len__(self) -> int:
         return len(self._sizes)
 
-    def close(self) -> None:
-        conn = getattr(self, "_conn", None)
-        if conn is not None:
-            with self._lock:
-                conn.close()
-        self._lock_file.close()  # releases the lock
+
+class EventSpool(Spool):
+    """Events not yet answered by the server, oldest first, in ``directory``: ``add`` before sending, ``remove``
+    once answered, ``load`` on start; bounded by ``max_events`` and ``max_bytes`` (``add`` returns the ids of the
+    oldest events it dropped beyond them). The samples pushes the server has not taken are a second queue of the
+    same file (``samples``)."""
+
+    def __init__(self, directory: Path, max_events: int, max_bytes: int) -> None:
+        super().__init__(directory)
+        self.max_events = max_events
+        self.max_bytes = max_bytes
+        self.unreadable = 0  # rows that were no event (written by another version, damaged): dropped on load
+        try:
+            self.events = self.queue("events", (), max_events, max_bytes)
+        except BaseException:
+            self.close()
+            raise
+
+    def load(self) -> list[tuple[int, Event]]:
+        """The events held, oldest first, with their ids (an agent started again sends them first); a row that is
+        no event is dropped and counted in ``unreadable``."""
+        loaded: list[tuple[int, Event]] = []
+        good: list[tuple[Any, ...]] = []
+        bad: list[int] = []
+        for row in self.events.rows():
+            try:
+                loaded.append((row[0], Event.model_validate(json.loads(row[1]))))
+            except (ValueError, RecursionError, ValidationError):  # RecursionError: nested too deep to parse
+                bad.append(row[0])
+                continue
+            good.append(row)
+        self.events.keep(good)
+        self.events.remove(bad)
+        self.unreadable += len(bad)
+        if bad:
+            log.warning("the events spool %s held %d row(s) that are no event; dropped", self.path, len(bad))
+        return loaded
+
+    def add(self, events: Sequence[Event]) -> tuple[list[int], list[int]]:
+        """Write ``events`` in one transaction, on disk when this returns. Returns their ids, in order, and the ids
+        of the oldest events dropped to keep the spool within its bounds (the newest event is always kept)."""
+        return self.events.add([(json.dumps(e.model_dump(mode="json"), separators=(",", ":")),) for e in events])
+
+    def remove(self, ids: Sequence[int]) -> None:
+        """Forget events the server answered for (or the agent dropped)."""
+        self.events.remove(ids)
+
+    @property
+    def bytes(self) -> int:
+        return self.events.bytes
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    def samples(self, max_pushes: int, max_bytes: int) -> SpoolQueue:
+        """The samples pushes the server has not taken: each its body, its ``Idempotency-Key`` and the wall-clock
+        time it was made (``EventPusher``)."""
+        return self.queue("samples", (("key", "TEXT NOT NULL"), ("made", "REAL NOT NULL")), max_pushes, max_bytes)
 
 
 def _private(path: Path) -> int:
