@@ -26,7 +26,7 @@ from tests.collect.test_agent_refusals import TOKEN, xid
 from tests.conftest import REPO, wait_for
 from tests.serve.conftest import serve_in_thread
 from vigil.sources.collect.agent import SPOOL_FULL, Agent, AgentExposition
-from vigil.sources.collect.spool import SPOOL_FILE, EventSpool, SpoolUnavailable
+from vigil.sources.collect.spool import SPOOL_FILE, EventSpool
 
 
 def _held(state: Path) -> int:
@@ -228,7 +228,7 @@ def test_a_write_torn_by_a_crash_costs_only_that_write_and_an_unreadable_spool_i
 ) -> None:
     """The spool as a crash leaves it - its files copied while open, the last write's WAL frames cut short: it
     opens with every earlier write and takes new ones. A file that is no spool at all is moved aside with a warning
-    and an empty spool started; a second agent on the same state directory gets no spool."""
+    and an empty spool started; a second agent on the same state directory spools to a file of its own."""
     live = EventSpool(tmp_path / "live", 100, 2**20)
     live.add([xid(1.0), xid(2.0)])
     live.add([xid(3.0)])
@@ -237,8 +237,10 @@ def test_a_write_torn_by_a_crash_costs_only_that_write_and_an_unreadable_spool_i
     crashed.mkdir()
     for name in (SPOOL_FILE, SPOOL_FILE + "-wal"):
         shutil.copy(tmp_path / "live" / name, crashed / name)
-    with pytest.raises(SpoolUnavailable):
-        EventSpool(tmp_path / "live", 100, 2**20)  # held by the first
+    beside = EventSpool(tmp_path / "live", 100, 2**20)  # the directory's spool is held by the first
+    assert beside.path != live.path and beside.path.parent == live.path.parent
+    beside.close()
+    assert not beside.path.exists()  # left empty: removed
     live.close()
     wal = crashed / (SPOOL_FILE + "-wal")
     os.truncate(wal, wal.stat().st_size - 100)  # the last transaction's frames torn

@@ -48,7 +48,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
-from pydantic import Field
+from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from vigil.model import Event, FaultLevel, Gpu, Nic, Node, Sample, VigilInputError, parse_entity
@@ -501,15 +501,55 @@ class Agent:
             log.warning("sending first the %d event(s) the spool %s held from before this start", len(held),
                         self.spool.path)
         self._bound_pending()
+        self.take_over()
 
-    def _spool_add(self, events: list[Event]) -> set[int]:
+    def take_over(self) -> None:
+        """Take over the spool files of the state directory no agent holds - another agent's, stopped or killed
+        while this one ran beside it (a rollout's surge, a restart overlapping), or one this agent's earlier run
+        had of its own: their events are queued first and their samples pushes join the backlog, written to this
+        agent's spool before the file is removed (a crash between the two sends them again, stored once). At start
+        and before each push round; a look finding nothing costs a directory listing."""
+        if self.spool is None:
+            return
+        try:
+            for orphan in self.spool.orphans():
+                events: list[Event] = []
+                for _, body in orphan.rows("events"):
+                    try:
+                        events.append(Event.model_validate(json.loads(body)))
+                    except (ValueError, RecursionError, ValidationError):
+                        self.spool.unreadable += 1
+                pushes = orphan.rows("samples", ("key", "made"))
+                with self._lock:
+                    try:
+                        dropped = self._spool_add(events, strict=True)
+                    except (OSError, sqlite3.Error) as err:
+                        orphan.release()
+                        log.warning("cannot take over the spool %s another agent left (%s); tried again later",
+                                    orphan.path, err)
+                        return
+                    self.pending_events[:0] = [e for e in events if id(e) not in dropped]
+                    self._bound_pending()
+                if self._pusher is not None and pushes:
+                    self._pusher.adopt(pushes)  # a failing write keeps them in memory, warned as ever
+                orphan.discard()
+                log.warning("took over the spool %s another agent left: %d event(s) and %d samples push(es), sent "
+                            "from this agent's spool %s", orphan.path, len(events), len(pushes), self.spool.path)
+        except (OSError, sqlite3.Error) as err:
+            log.warning("cannot look for spools other agents left in %s (%s)", self.spool.directory, err)
+
+    def _spool_add(self, events: list[Event], strict: bool = False) -> set[int]:
         """Write new events to the spool before they are queued, and drop the events its bounds push out: from the
-        queue, or marked for the push thread sending them. Returns the dropped events' object ids. Lock held."""
+        queue, or marked for the push thread sending them. Returns the dropped events' object ids; ``strict``: a
+        failed write raises (after it is counted). Lock held."""
         if self.spool is None or not events:
             return set()
         try:
             ids, evicted = self.spool.add(events)
         except (OSError, sqlite3.Error) as err:  # a full disk: the events are still queued in memory
+            if strict:
+                self.spool_failures += 1
+                raise
             self.spool_failures += 1
             if not self._spool_failing:  # once an episode: a full disk fails every read's write
                 self._spool_failing = True
@@ -593,6 +633,7 @@ class Agent:
         if self._pusher is None or mono < self._next_push or self._pusher.busy:
             return
         self._next_push = mono + self.settings.push_interval_s
+        self.take_over()
         with self._lock:
             batch, self.pending_events = self.pending_events, []
         inventory: Node | None = self.inventory()
@@ -1005,21 +1046,37 @@ class EventPusher:
         rows = spool.rows()
         spool.keep(rows)
         self.spool = spool
+        self._take_in(rows, on_disk=True)
+        if rows:
+            log.warning("sending the %d samples push(es) the spool %s held from before this start (%d dropped as "
+                        "past the backlog's limits)", len(self.backlog), spool.spool.path,
+                        len(rows) - len(self.backlog))
+
+    def adopt(self, rows: list[tuple[Any, ...]]) -> None:
+        """Take into the backlog the samples pushes of a spool file another agent left ((id, body, key, made) rows):
+        in the order made among the backlog's, within its limits, and written to this agent's spool."""
+        self._take_in(rows, on_disk=False)
+        self._persist()
+
+    def _take_in(self, rows: list[tuple[Any, ...]], on_disk: bool) -> None:
+        """Put spooled pushes ((id, body, key, made by the wall clock) rows) into the backlog, in the order made, and
+        drop the oldest past its limits (counted as ever). ``on_disk``: the rows are this agent's spool's."""
         now, wall = self._clock(), self._wall()
-        held = sorted(rows, key=lambda row: (row[3], row[0]))
-        for row_id, body, key, made in held:
+        known = {p.key for p in self.backlog}
+        pushes = []
+        for row_id, body, key, made in rows:
+            if str(key) in known:
+                continue
             push = SamplesPush(str(key), str(body).encode(), now - max(0.0, wall - float(made)))
-            self._spooled[push.key] = row_id
-            self.backlog.append(push)
+            if on_disk:
+                self._spooled[push.key] = row_id
+            pushes.append(push)
             self.backlog_bytes += len(push.body)
+        self.backlog = deque(sorted([*self.backlog, *pushes], key=lambda p: p.made))
         most, most_bytes, _ = self.backlog_limits
         while len(self.backlog) > most or (self.backlog_bytes > most_bytes and len(self.backlog) > 1):
             self._drop(BACKLOG_FULL)
         self._drop_expired()
-        if held:
-            log.warning("sending the %d samples push(es) the spool %s held from before this start (%d dropped as "
-                        "past the backlog's limits)", len(self.backlog), spool.spool.path,
-                        len(held) - len(self.backlog))
 
     def _persist(self) -> None:
         """Write the backlog's pushes not on disk yet to the spool (one transaction): the ones this round could not

@@ -9,8 +9,10 @@ server storing a batch and the spool forgetting it sends the batch again, and th
 A write torn by a crash is a transaction SQLite rolls back on the next open (its WAL frames carry checksums); a
 file that is no SQLite database at all is moved aside and an empty spool started, with a warning. The spool is
 bounded by events and bytes: beyond either the oldest events are dropped, and the agent counts them
-(``vigil_agent_events_dropped_total{reason="spool_full"}``). One agent holds a state directory at a time (an
-exclusive lock on ``events-spool.lock``); a second one runs without the spool, with a warning. A spool that
+(``vigil_agent_events_dropped_total{reason="spool_full"}``). One agent holds a state directory's spool at a time (an
+exclusive lock on ``events-spool.lock``); a second one (a rollout's surge, a restart overlapping) spools to a file of
+its own beside it, with a warning, and an agent that finds a spool file no agent holds takes its rows over
+(``Spool.orphans``) and removes it. A spool that
 cannot be opened now (locked by another program, a disk full or failing) is left as it is for the next start. The
 samples pushes the server has not taken (``EventPusher``'s backlog) are a second table of the same file, with the
 same locking, writes and bounds (``SpoolQueue``). The
@@ -24,10 +26,11 @@ import fcntl
 import json
 import logging
 import os
+import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -37,8 +40,9 @@ from vigil.model import Event
 
 log = logging.getLogger("vigil.agent")
 
-SPOOL_FILE = "events-spool.sqlite"
-LOCK_FILE = "events-spool.lock"
+SPOOL_STEM = "events-spool"
+SPOOL_FILE = f"{SPOOL_STEM}.sqlite"
+LOCK_FILE = f"{SPOOL_STEM}.lock"
 # How long a write waits for a lock another program holds on the spool (a sqlite3 shell reading it): the agent's
 # loop writes under it, so not long; past it the write fails and its events are queued in memory only.
 BUSY_TIMEOUT_S = 1.0
@@ -60,15 +64,23 @@ class Spool:
         self._lock = threading.Lock()
         try:
             directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            self._lock_file: IO[bytes] = os.fdopen(_private(directory / LOCK_FILE), "ab")
+            held = _take_lock(directory / LOCK_FILE)
+            self.path = directory / SPOOL_FILE
+            if held is None:
+                # another agent holds the directory's spool (a rollout's surge, a restart overlapping): a file of
+                # this agent's own, which an agent that finds it unlocked later takes over (``orphans``)
+                own = f"{SPOOL_STEM}-{secrets.token_hex(4)}"
+                held = _take_lock(directory / f"{own}.lock")
+                self.path = directory / f"{own}.sqlite"
+                if held is None:
+                    raise OSError(f"{directory / own}.lock is locked")
+                log.warning("another agent holds %s: this one spools to %s, which the agent holding the directory's "
+                            "spool next (or the next to start) takes over once this one has stopped",
+                            directory / LOCK_FILE, self.path)
+            self._lock_file: IO[bytes] = held
         except OSError as err:
             raise SpoolUnavailable(f"cannot use {directory}: {err}") from None
-        try:
-            fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            self._lock_file.close()
-            raise SpoolUnavailable(f"another agent holds {directory / LOCK_FILE}") from None
-        self.path = directory / SPOOL_FILE
+        self._warned_orphans: set[str] = set()
         try:
             for suffix in ("", "-wal", "-shm"):  # SQLite gives its -wal and -shm files the database file's mode
                 if suffix == "" or Path(f"{self.path}{suffix}").exists():
@@ -79,7 +91,7 @@ class Spool:
             self.close()
             raise SpoolUnavailable(f"cannot open {self.path}: {err}") from None
         except sqlite3.DatabaseError as err:  # no SQLite database, or a damaged one
-            aside = self.path.with_name(f"{SPOOL_FILE}.unreadable-{int(time.time())}")
+            aside = self.path.with_name(f"{self.path.name}.unreadable-{int(time.time())}")
             log.warning("the events spool %s is unreadable (%s): moved aside to %s and started empty; the events it "
                         "held are not sent", self.path, err, aside)
             for suffix in ("", "-wal", "-shm"):
@@ -96,8 +108,9 @@ class Spool:
             self.close()
             raise SpoolUnavailable(f"cannot open {self.path}: {err}") from None
 
-    def _open(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, check_same_thread=False, isolation_level=None)
+    def _open(self, path: Path | None = None) -> sqlite3.Connection:
+        conn = sqlite3.connect(path or self.path, timeout=BUSY_TIMEOUT_S, check_same_thread=False,
+                               isolation_level=None)
         try:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")  # a transaction is on disk when its commit returns
@@ -110,6 +123,34 @@ class Spool:
             conn.close()
             raise
         return conn
+
+    def orphans(self) -> Iterator[OrphanSpool]:
+        """The other spool files of the directory no agent holds (their agent stopped or was killed while this one
+        ran on a file of its own, or the other way round), each locked for this agent while it is read: take its
+        rows, then ``discard`` it. A file another agent holds is left alone; one that cannot be read now is
+        warned about once and tried again at the next look."""
+        for path in sorted(self.directory.glob(f"{SPOOL_STEM}*.sqlite")):
+            if path == self.path:
+                continue
+            lock_path = path.with_suffix(".lock") if path.name != SPOOL_FILE else self.directory / LOCK_FILE
+            try:
+                held = _take_lock(lock_path)
+            except OSError:
+                continue
+            if held is None:
+                continue
+            if not path.exists():  # taken over and removed by another agent meanwhile
+                held.close()
+                continue
+            try:
+                conn = self._open(path)
+            except (OSError, sqlite3.Error) as err:
+                held.close()
+                if str(path) not in self._warned_orphans:
+                    self._warned_orphans.add(str(path))
+                    log.warning("cannot take over the spool %s another agent left (%s); tried again later", path, err)
+                continue
+            yield OrphanSpool(path, lock_path, conn, held)
 
     def queue(self, table: str, columns: Sequence[tuple[str, str]], max_rows: int, max_bytes: int) -> SpoolQueue:
         """A bounded queue in ``table`` of this file (created if new), rows of a body and ``columns``."""
@@ -125,11 +166,59 @@ class Spool:
                 log.debug("the spool %s: ROLLBACK failed (%s)", self.path, err)
 
     def close(self) -> None:
+        """Close the file and let go of its lock; a file of this agent's own (not the directory's) left empty is
+        removed, so that a clean stop beside another agent leaves nothing to take over."""
         conn = getattr(self, "_conn", None)
         if conn is not None:
             with self._lock:
+                empty = self.path.name != SPOOL_FILE and self._empty(conn)
                 conn.close()
+                if empty:
+                    for suffix in ("", "-wal", "-shm"):
+                        Path(f"{self.path}{suffix}").unlink(missing_ok=True)
+                    self.path.with_suffix(".lock").unlink(missing_ok=True)
         self._lock_file.close()  # releases the lock
+
+    @staticmethod
+    def _empty(conn: sqlite3.Connection) -> bool:
+        try:
+            tables = [name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' "
+                                                       "AND name NOT LIKE 'sqlite_%'")]
+            return all(conn.execute(f"SELECT 1 FROM {name} LIMIT 1").fetchone() is None for name in tables)
+        except sqlite3.Error:
+            return False
+
+
+class OrphanSpool:
+    """A spool file another agent left, locked by this one: ``rows`` of a table, then ``discard`` the file."""
+
+    def __init__(self, path: Path, lock_path: Path, conn: sqlite3.Connection, lock_file: IO[bytes]) -> None:
+        self.path = path
+        self._lock_path = lock_path
+        self._conn = conn
+        self._lock_file = lock_file
+
+    def rows(self, table: str, columns: Sequence[str] = ()) -> list[tuple[Any, ...]]:
+        """(id, body, *columns) of every row of ``table``, oldest first (none where the file has no such table)."""
+        names = "".join(f", {name}" for name in columns)
+        try:
+            return list(self._conn.execute(f"SELECT id, body{names} FROM {table} ORDER BY id"))
+        except sqlite3.OperationalError:  # no such table: a file made before it, or left empty
+            return []
+
+    def discard(self) -> None:
+        """Remove the file (its rows are in this agent's spool now), then its lock file, then let go of the lock:
+        an agent that opened the lock file before it was removed finds it gone (``_take_lock``)."""
+        self._conn.close()
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{self.path}{suffix}").unlink(missing_ok=True)
+        self._lock_path.unlink(missing_ok=True)
+        self._lock_file.close()
+
+    def release(self) -> None:
+        """Leave the file as it is (its rows could not be taken)."""
+        self._conn.close()
+        self._lock_file.close()
 
 
 class SpoolQueue:
@@ -292,6 +381,27 @@ class EventSpool(Spool):
         """The samples pushes the server has not taken: each its body, its ``Idempotency-Key`` and the wall-clock
         time it was made (``EventPusher``)."""
         return self.queue("samples", (("key", "TEXT NOT NULL"), ("made", "REAL NOT NULL")), max_pushes, max_bytes)
+
+
+def _take_lock(path: Path) -> IO[bytes] | None:
+    """Open (creating, 0600) and lock ``path`` for this process alone; None when another holds it. A lock taken on a
+    file removed meanwhile (an agent that took over its spool removed it) is let go and taken again on the file now
+    at ``path``."""
+    for _ in range(5):
+        handle = os.fdopen(_private(path), "ab")
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.close()
+            return None
+        try:
+            same = os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return handle
+        handle.close()
+    return None
 
 
 def _private(path: Path) -> int:

@@ -1,0 +1,130 @@
+"""Two agents on one state directory - a DaemonSet's surge rollout, a systemd restart overlapping the old process:
+the second spools to a file of its own instead of running without a spool, and whichever agent finds a spool file
+no agent holds takes it over, so no event is lost when either one goes first. Real agent processes, killed with
+SIGKILL, against the server's real app on real HTTP."""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from tests.collect.test_agent_refusals import TOKEN
+from tests.collect.test_agent_spool import Switch, _agent_process, _xid_line
+from tests.conftest import wait_for
+from tests.serve.conftest import serve_in_thread
+from vigil.sources.collect.spool import SPOOL_FILE
+
+
+def held_by_file(state: Path) -> dict[str, int]:
+    """The events each spool file of the directory holds, read as another process reads them."""
+    held: dict[str, int] = {}
+    for path in sorted(state.glob("events-spool*.sqlite")):
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            held[path.name] = int(conn.execute("SELECT count(*) FROM events").fetchone()[0])
+        except sqlite3.Error:
+            held[path.name] = -1
+        finally:
+            conn.close()
+    return held
+
+
+@pytest.mark.slow
+def test_a_second_agent_on_the_state_directory_spools_beside_the_first_and_takes_over_what_either_left(
+    tmp_path: Path,
+) -> None:
+    """With the server away, agent A holds the directory's spool and reads 20 Xid lines; agent B, started beside it,
+    reads 20 others and spools them to a file of its own (before: no spool at all). A is killed (SIGKILL) and the
+    server comes back: B takes over A's spool and all 40 are stored while B runs (before: A's 20 waited for a
+    restart). The server goes away again, B reads 10 more and is killed too; agent C starts, takes the directory's
+    spool and B's file: all 50 stored, each once, and only C's spool file is left."""
+    from vigil.config import Settings
+    from vigil.faces.api.app import create_app
+    from vigil.store.sql import Store
+
+    settings = Settings(home=tmp_path / "home", api_token=TOKEN)
+    store = Store(settings.database_url())
+    switch = Switch(create_app(store, settings=settings))
+    state, log = tmp_path / "state", tmp_path / "agent.log"
+    kmsg_a, kmsg_b, kmsg_c = tmp_path / "a.log", tmp_path / "b.log", tmp_path / "c.log"
+    kmsg_a.write_text("".join(_xid_line(i) for i in range(20)))
+    kmsg_b.write_text("".join(_xid_line(i) for i in range(20, 40)))
+    kmsg_c.write_text("")
+
+    def stored() -> list[str]:
+        return [e.message for e in store.events(kind="xid", limit=1000)]
+
+    with serve_in_thread(switch) as url:
+        switch.mode = "down"
+        with _agent_process(url, kmsg_a, state, log) as agent_a:
+            wait_for(lambda: held_by_file(state).get(SPOOL_FILE) == 20, 60, "A's 20 events spooled")
+            with _agent_process(url, kmsg_b, state, log) as agent_b:
+                wait_for(lambda: sorted(held_by_file(state).values()) == [20, 20], 60,
+                         "B's 20 events spooled to a file of its own")
+                agent_a.send_signal(signal.SIGKILL)
+                agent_a.wait(timeout=30)
+                switch.mode = "up"
+                wait_for(lambda: len(stored()) == 40, 60, "A's and B's events stored while B runs")
+                assert SPOOL_FILE not in held_by_file(state)  # A's file taken over and removed
+                switch.mode = "down"
+                with kmsg_b.open("a") as f:
+                    f.write("".join(_xid_line(i) for i in range(40, 50)))
+                wait_for(lambda: list(held_by_file(state).values()) == [10], 60, "B's 10 new events spooled")
+                agent_b.send_signal(signal.SIGKILL)
+                agent_b.wait(timeout=30)
+        switch.mode = "up"
+        with _agent_process(url, kmsg_c, state, log) as agent_c:
+            wait_for(lambda: len(stored()) == 50 and held_by_file(state) == {SPOOL_FILE: 0}, 60,
+                     "C sends what B left")
+            agent_c.send_signal(signal.SIGTERM)
+            assert agent_c.wait(timeout=30) == 0
+    messages = stored()
+    assert all(sum(m.endswith(f"Graphics Exception {i}") for m in messages) == 1 for i in range(50)), messages
+    text = log.read_text()
+    assert "no events spool" not in text and "took over the spool" in text, text[-3000:]
+    assert sorted(p.name for p in state.iterdir() if not p.name.startswith(SPOOL_FILE)) == ["events-spool.lock"]
+    store.close()
+
+
+def test_an_agent_takes_over_the_events_and_samples_pushes_of_a_spool_let_go_beside_it(tmp_path: Path) -> None:
+    """A spool holding two events and two samples pushes is held while an agent starts on its directory: the agent
+    spools to its own file and leaves the held one alone. Once the holder lets go, the agent's next look queues
+    the events first and puts the pushes in its backlog in the order made, writes them to its own file, and removes
+    the one it took over."""
+    import httpx
+
+    from tests.collect.conftest import fast_settings
+    from tests.collect.test_agent import CountingSource
+    from tests.collect.test_agent_refusals import xid
+    from vigil.sources.collect.agent import Agent
+    from vigil.sources.collect.spool import EventSpool
+
+    state = tmp_path / "state"
+    first = EventSpool(state, 100, 2**20)
+    first.add([xid(1.0), xid(2.0)])
+    first.samples(24, 2**20).add([('{"node":"n01","samples":[]}', "k2", 2e9 - 10.0),
+                                  ('{"node":"n01","samples":[]}', "k1", 2e9 - 20.0)])
+    agent = Agent([CountingSource()], fast_settings(server_url="http://vigil.test", state_dir=str(state)),
+                  cpu_ratio=lambda: 0.1)
+    assert agent.spool is not None and agent._pusher is not None and agent.spool.path != first.path
+    agent._pusher._wall = lambda: 2e9
+    agent._pusher._client = httpx.Client(transport=httpx.MockTransport(lambda r: httpx.Response(503)))
+    agent._accept_events([xid(3.0)])
+    agent.take_over()
+    assert [e.ts for e in agent.pending_events] == [3.0]  # the held file is another agent's
+    first.close()
+    agent.take_over()
+    assert [e.ts for e in agent.pending_events] == [1.0, 2.0, 3.0]
+    assert [p.key for p in agent._pusher.backlog] == ["k1", "k2"] and len(agent._pusher._spooled) == 2
+    assert held_by_file(state) == {agent.spool.path.name: 3}
+    agent.close()
+    again = Agent([CountingSource()], fast_settings(server_url="http://vigil.test", state_dir=str(state)),
+                  cpu_ratio=lambda: 0.1)
+    assert again.spool is not None and again.spool.path.name == SPOOL_FILE and again._pusher is not None
+    assert sorted(e.ts for e in again.pending_events) == [1.0, 2.0, 3.0]
+    assert sorted(p.key for p in again._pusher.backlog) == ["k1", "k2"]
+    again.close()
+    assert held_by_file(state) == {SPOOL_FILE: 3}
