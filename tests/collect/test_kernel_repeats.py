@@ -9,11 +9,14 @@ import json
 import signal
 from pathlib import Path
 
+import pytest
+
 from tests.collect.test_agent_refusals import TOKEN
 from tests.collect.test_agent_spool import Switch, _agent_process, _held
 from tests.conftest import wait_for
 from tests.serve.conftest import serve_in_thread
 from vigil.faces.api.push_keys import event_key
+from vigil.model import Event
 from vigil.sources.collect.kmsg import JOURNAL_CURSOR_ATTR, KMSG_SEQ_ATTR, JournalReader, KernelLogSource
 
 # Xid 13 twice from two faults in one second, in syslog's shape (/var/log/kern.log stamps seconds), then Xid 31
@@ -73,3 +76,37 @@ def test_kmsg_records_and_journal_entries_are_told_apart_by_the_kernels_position
     assert [e.attrs[JOURNAL_CURSOR_ATTR] for e in events] == ["s=ab;i=10", "s=ab;i=11", "s=ab;i=10"]
     keys = [event_key(e) for e in events]
     assert keys[0] != keys[1] and keys[0] == keys[2]
+
+
+def test_a_record_read_again_after_a_restart_keeps_its_time_though_the_kernels_boot_time_moved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The kernel's boot time (/proc/stat's btime) is the wall clock less the time since boot and moves a second as
+    NTP adjusts the clock: an agent restarted then stamped the same /dev/kmsg record a second later and the server
+    stored it twice. Agents of one boot on a state directory stamp records with the boot time the first one wrote
+    there: the same key (different keys before). A new boot (another boot id) takes the kernel's figure again."""
+    import psutil
+
+    from tests.collect.conftest import fast_settings
+    from vigil.sources.collect.agent import build_sources
+
+    record = "3,811,5000000,-;NVRM: Xid (PCI:0000:18:00): 13, pid=1234, name=train, Graphics Exception"
+    kmsg = tmp_path / "kmsg.log"
+    kmsg.write_text(record + "\n")
+    boot_id = tmp_path / "boot_id"
+    boot_id.write_text("4f1c\n")
+    monkeypatch.setattr("vigil.sources.collect.kmsg.BOOT_ID", boot_id)
+    settings = fast_settings(server_url="http://vigil.test", state_dir=str(tmp_path / "state"), kmsg_file=str(kmsg))
+
+    def read_with_boot_time(btime: float) -> list[Event]:
+        monkeypatch.setattr(psutil, "boot_time", lambda: btime)
+        kernel = next(s for s in build_sources(settings) if isinstance(s, KernelLogSource))
+        events = kernel.collect(0.0).events
+        kernel.close()
+        return events
+
+    first, restarted = read_with_boot_time(1_765_000_000.0), read_with_boot_time(1_765_000_001.0)
+    assert first[0].ts == restarted[0].ts == 1_765_000_005.0
+    assert event_key(first[0]) == event_key(restarted[0])
+    boot_id.write_text("77aa\n")
+    assert read_with_boot_time(1_765_100_000.0)[0].ts == 1_765_100_005.0

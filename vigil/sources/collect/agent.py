@@ -56,7 +56,7 @@ from vigil.sources.collect.base import Collection, Point, Source, default_node_n
 from vigil.sources.collect.dcgm import DcgmExporterScraper
 from vigil.sources.collect.host import CpuMeter, HostCollector
 from vigil.sources.collect.infiniband import InfinibandCollector
-from vigil.sources.collect.kmsg import KernelLogSource
+from vigil.sources.collect.kmsg import KernelLogSource, stable_boot_time
 from vigil.sources.collect.kube import KubernetesSource, in_cluster
 from vigil.sources.collect.local_store import AgentStore
 from vigil.sources.collect.nvml import NvmlCollector
@@ -803,6 +803,9 @@ def build_sources(settings: AgentSettings) -> list[Source]:
         return exporter_gpus.get(pci_bus) if index is None else index
 
     kernel_options: dict[str, Any] = {"node": node, "gpu_index": gpu_index, "nic_name": nics.device_of_pci}
+    if settings.server_url and settings.state_dir:
+        # the same time for the same record after a restart: the server stores a record read again once
+        kernel_options["boot_time"] = stable_boot_time(Path(settings.state_dir))
     if settings.kmsg_file:
         kernel: Source | None = KernelLogSource.from_file(Path(settings.kmsg_file), **kernel_options)
     else:

@@ -106,6 +106,43 @@ KMSG_SEQ_ATTR = "kmsg_seq"
 JOURNAL_CURSOR_ATTR = "journal_cursor"
 
 
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+# The boot time a state directory's agents stamp kernel records with, for the boot it names.
+BOOT_TIME_FILE = "boot-time"
+
+
+def stable_boot_time(state_dir: Path | None, boot_id: Path | None = None) -> float:
+    """The node's boot time for stamping kernel records (boot time + the record's time since boot), the same for
+    every agent of this boot on ``state_dir``. The kernel's own figure (/proc/stat's btime, psutil's boot_time) is
+    the wall clock less the time since boot, which moves a second either way as NTP steps or slews the clock: read
+    again after a restart, the same record would get another time, and the server - which keys an event by all its
+    fields - would store it twice. So the first agent of a boot writes what it read with the boot's id
+    (``BOOT_TIME_FILE``) and every later one of that boot takes it from there; without a state directory it can
+    write, the kernel's figure."""
+    current = psutil.boot_time()
+    if state_dir is None:
+        return current
+    path = state_dir / BOOT_TIME_FILE
+    try:
+        boot = (boot_id or BOOT_ID).read_text().strip()
+    except OSError:
+        return current
+    try:
+        saved_boot, saved_time = path.read_text().split()
+        if saved_boot == boot:
+            return float(saved_time)
+    except (OSError, ValueError):
+        pass
+    try:
+        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        partial = path.with_name(f"{BOOT_TIME_FILE}.{os.getpid()}")
+        partial.write_text(f"{boot} {current!r}\n")
+        os.replace(partial, path)
+    except OSError:
+        return current
+    return current
+
+
 class KernelLineParser:
     """Splits a raw kernel log line into (time, message), whatever dmesg shape it came in."""
 
