@@ -177,8 +177,8 @@ class AgentSettings(BaseSettings):
                                            "one push round, after the round's own (0: all): a full default backlog of "
                                            "24 goes in 2 rounds, not all at once from every node")
     state_dir: str = Field(default=DEFAULT_STATE_DIR, description="directory of what outlives the agent: the "
-                           "events not yet answered by the server (events-spool.sqlite), sent first when the agent "
-                           "starts again; empty = the events queue in memory only")
+                           "events not yet answered by the server and the samples pushes it has not taken "
+                           "(events-spool.sqlite), sent first when the agent starts again; empty = in memory only")
     spool_events: int = Field(default=MAX_PENDING_EVENTS, ge=1, description="most events kept in the spool, the "
                               "oldest dropped beyond (counted as spool_full)")
     spool_bytes: int = Field(default=32 * 2**20, ge=1024, description="most bytes of events (as JSON) kept in the "
