@@ -51,6 +51,13 @@ class Settings(BaseSettings):
                                   "once it lapses (hosts' clocks must agree to well within it: NTP)")
     remedy_lease_renew_s: float = Field(default=10.0, gt=0, description="how often the owner renews its claim "
                                         "while the back end works; shorter than remedy_lease_s")
+    serve_diagnosis_threads: int = Field(default=1, ge=0, le=8, description="threads of `vigil serve` that "
+                                         "diagnose incidents stored without a diagnosis in the background, as "
+                                         "soon as they are stored (and, at start, those still lacking one); 0 = "
+                                         "off: such an incident waits for *Diagnose again*")
+    serve_diagnosis_lease_s: float = Field(default=60.0, gt=0, description="how long a server's claim on an "
+                                           "incident it diagnoses holds unless renewed (renewed every third of "
+                                           "it while the diagnosis runs); past it another server takes it over")
     store_migration_lock_wait_s: float = Field(default=600.0, gt=0, description="how long a process opening a "
                                                "PostgreSQL store waits for another's schema upgrade (the migration "
                                                "lock) before it stops, naming the holder's pid")

@@ -3,6 +3,7 @@ store, the approve flow writes through the API, and nothing is fetched from outs
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ pytestmark = pytest.mark.slow
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "serve"
 LIFECYCLE_NODE = "n006"
+SERVED: dict[str, Any] = {}  # the site's app, for tests that reach into its background diagnosis
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +46,7 @@ def site(cluster: SimCluster) -> Iterator[str]:
     remediator = Remediator([KubernetesActuator(ApiClient())], AuditLog(cluster.store.url), hold_dry_runs=False)
     app = create_app(cluster.store, cluster.metrics, cluster.settings(), launch_dirs=[FIXTURES], lifecycle=lifecycle,
                      remediator=remediator)
+    SERVED["app"] = app
     with serve_in_thread(app) as base_url:
         yield base_url
 
@@ -193,12 +196,38 @@ def test_node_lifecycle_view(page: Any, site: str) -> None:
     shot(page, "node")
 
 
-def test_incident_page_opens_with_its_diagnosis(page: Any, site: str, cluster: SimCluster) -> None:
-    undiagnosed = [i for i in cluster.result.incidents if cluster.store.diagnosis(i.id) is None]
-    assert undiagnosed
-    incident = undiagnosed[-1]
-    page.goto(f"{site}/incidents/{incident.id}")
-    assert page.locator("ol.causes > li").count() >= 1  # no button pressed
+def test_incident_page_opens_at_once_and_shows_the_diagnosis_when_done(page: Any, site: str,
+                                                                        cluster: SimCluster) -> None:
+    """An incident stored without a diagnosis opens at once with 'Diagnosis in progress' while the server's
+    background thread works (held here until the page is up), then the diagnosis, causes and plan panels fill in
+    place: no reload, no button pressed."""
+    ctx = SERVED["app"].state.ctx
+    release, begun = threading.Event(), threading.Event()
+    compute = ctx.diagnoser.compute
+    incident = cluster.incident.model_copy(update={"id": f"{cluster.incident.id}-page"})
+
+    def held(incident_id: str) -> Any:
+        if incident_id == incident.id:
+            begun.set()
+            assert release.wait(120)
+        return compute(incident_id)
+
+    ctx.diagnoser.compute = held
+    try:
+        cluster.store.create_incident(incident)
+        page.goto(f"{site}/incidents/{incident.id}")
+        assert "Diagnosis in progress" in page.locator("#diagnosis-pending").inner_text()
+        assert page.evaluate("document.body.dataset.diagnosis") in ("pending", "running")
+        page.evaluate("window.vigilSamePage = true")
+        assert begun.wait(120)
+        release.set()
+        page.locator("ol.causes > li").first.wait_for(timeout=120_000)
+    finally:
+        release.set()
+        ctx.diagnoser.compute = compute
+    assert page.evaluate("window.vigilSamePage") is True  # filled in place, not reloaded
+    assert page.evaluate("document.body.dataset.diagnosis") == "done"
+    assert page.locator("#diagnosis-pending").count() == 0
     assert incident.scope in page.locator("ol.causes > li.root").inner_text()
     stored = cluster.store.diagnosis(incident.id)
     assert stored is not None and stored.summary in page.locator(".diag-summary").inner_text()

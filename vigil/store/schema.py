@@ -83,6 +83,19 @@ diagnoses = Table(
     Column("body", JSON, nullable=False),
 )
 
+# A diagnosis being run in the background (revision 0012): state running / done / failed, held by ``owner``
+# until ``lease_until`` while running (see vigil.store.sql.Store.claim_diagnosis).
+diagnosis_claims = Table(
+    "diagnosis_claims", metadata,
+    Column("incident_id", String(64), primary_key=True),
+    Column("state", String(16), nullable=False),
+    Column("owner", String(200), nullable=False),
+    Column("claimed_at", Float, nullable=False),
+    Column("lease_until", Float, nullable=False),
+    Column("attempts", Integer, nullable=False),
+    Column("error", Text, nullable=False),
+)
+
 topology = Table(
     "topology", metadata,
     Column("id", Integer, primary_key=True),

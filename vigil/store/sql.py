@@ -188,6 +188,19 @@ def open_database(url: str, lock_wait_s: float | None = None) -> Engine:
     return engine
 
 
+class DiagnosisClaim(NamedTuple):
+    """A background diagnosis of one incident: ``state`` running (held by ``owner`` until ``lease_until``), done
+    or failed (``error`` says why)."""
+
+    incident_id: str
+    state: str
+    owner: str
+    claimed_at: float
+    lease_until: float
+    attempts: int
+    error: str
+
+
 class Store:
     def __init__(self, url: str, push_key_window_s: float | None = None,
                  clock: Callable[[], float] = time.time) -> None:
@@ -588,6 +601,108 @@ class Store:
         with self.engine.connect() as conn:
             row = conn.execute(select(t.diagnoses.c.body).where(t.diagnoses.c.incident_id == incident_id)).first()
         return Diagnosis.model_validate(row.body) if row else None
+
+    # ---------------------------------------------------------------- diagnoses run in the background
+
+    def undiagnosed(self, limit: int = 20, now: float | None = None) -> list[str]:
+        """Incidents, unresolved ones first and newest first, that have no diagnosis and no claim on one or a
+        running claim whose lease lapsed (its server died): what a background diagnoser should claim next. A failed
+        one waits for a rerun (``claim_diagnosis(again=True)``)."""
+        now = time.time() if now is None else now
+        c = t.diagnosis_claims.c
+        q = (
+            select(t.incidents.c.id)
+            .outerjoin(t.diagnoses, t.diagnoses.c.incident_id == t.incidents.c.id)
+            .outerjoin(t.diagnosis_claims, c.incident_id == t.incidents.c.id)
+            .where(t.diagnoses.c.incident_id.is_(None))
+            .where(or_(c.incident_id.is_(None), (c.state == "running") & (c.lease_until < now)))
+            # open and acknowledged ones first: someone may be on them now
+            .order_by((t.incidents.c.status == IncidentStatus.RESOLVED.value).asc(), t.incidents.c.start.desc())
+            .limit(limit)
+        )
+        with self.engine.connect() as conn:
+            return [r.id for r in conn.execute(q)]
+
+    def claim_diagnosis(self, incident_id: str, owner: str, lease_s: float, *, again: bool = False) -> bool:
+        """Claim the diagnosis of ``incident_id`` for ``owner`` until ``lease_s`` from now; True when claimed.
+        The row's primary key and a conditional UPDATE decide between concurrent claimers on SQLite and
+        PostgreSQL alike: exactly one of them gets it. Without ``again`` an incident already diagnosed, done,
+        failed or claimed by a live owner is not claimed; ``again`` (a rerun asked for) takes anything but a
+        live running claim."""
+        now = time.time()
+        c = t.diagnosis_claims.c
+        dialect = self.engine.dialect.name
+        with self.engine.begin() as conn:
+            if not again and conn.execute(
+                select(t.diagnoses.c.incident_id).where(t.diagnoses.c.incident_id == incident_id)
+            ).first() is not None:
+                return False
+            statement = postgresql.insert(t.diagnosis_claims) if dialect == "postgresql" else sqlite.insert(
+                t.diagnosis_claims)
+            row = {"incident_id": incident_id, "state": "running", "owner": owner, "claimed_at": now,
+                   "lease_until": now + lease_s, "attempts": 1, "error": ""}
+            # RETURNING, not rowcount: a skipped row's rowcount is not 0 on every driver (psycopg)
+            inserted = conn.execute(statement.values(**row).on_conflict_do_nothing(index_elements=[c.incident_id])
+                                    .returning(c.incident_id)).first()
+            if inserted is not None:
+                return True
+            lapsed = (c.state == "running") & (c.lease_until < now)
+            done = conn.execute(
+                update(t.diagnosis_claims)
+                .where(c.incident_id == incident_id)
+                .where(or_(c.state != "running", lapsed) if again else lapsed)
+                .values(state="running", owner=owner, claimed_at=now, lease_until=now + lease_s,
+                        attempts=c.attempts + 1, error="")
+            )
+            return bool(done.rowcount)
+
+    def renew_diagnosis_claims(self, owner: str, incident_ids: Collection[str], lease_s: float) -> int:
+        """Push the leases of ``owner``'s running claims on ``incident_ids`` to ``lease_s`` from now."""
+        if not incident_ids:
+            return 0
+        c = t.diagnosis_claims.c
+        with self.engine.begin() as conn:
+            return int(conn.execute(
+                update(t.diagnosis_claims)
+                .where(c.incident_id.in_(list(incident_ids)), c.owner == owner, c.state == "running")
+                .values(lease_until=time.time() + lease_s)
+            ).rowcount)
+
+    def finish_diagnosis(self, incident_id: str, owner: str, diagnosis: Diagnosis | None, *, error: str = "",
+                         again: bool = False) -> bool:
+        """End ``owner``'s claim: store ``diagnosis`` (done) or ``error`` (failed). False, and nothing stored,
+        when the claim is no longer ``owner``'s (its lease lapsed and another took it over). Without ``again``
+        a diagnosis stored meanwhile by another writer (the engine, a PUT) is kept, not replaced."""
+        if diagnosis is not None:
+            diagnosis = _validated(Diagnosis, [diagnosis])[0]
+        c = t.diagnosis_claims.c
+        with self.engine.begin() as conn:
+            ended = conn.execute(
+                update(t.diagnosis_claims)
+                .where(c.incident_id == incident_id, c.owner == owner, c.state == "running")
+                .values(state="done" if diagnosis is not None else "failed", error=error[:4000],
+                        lease_until=time.time())
+            )
+            if not ended.rowcount:
+                return False
+            if diagnosis is not None:
+                if again:
+                    conn.execute(delete(t.diagnoses).where(t.diagnoses.c.incident_id == incident_id))
+                statement = (postgresql.insert(t.diagnoses) if self.engine.dialect.name == "postgresql"
+                             else sqlite.insert(t.diagnoses))
+                conn.execute(statement.values(incident_id=incident_id, body=diagnosis.model_dump(mode="json"))
+                             .on_conflict_do_nothing(index_elements=[t.diagnoses.c.incident_id]))
+        return True
+
+    def diagnosis_claim(self, incident_id: str) -> DiagnosisClaim | None:
+        """The claim on ``incident_id``'s diagnosis as stored (None: never claimed)."""
+        c = t.diagnosis_claims.c
+        with self.engine.connect() as conn:
+            row = conn.execute(select(t.diagnosis_claims).where(c.incident_id == incident_id)).first()
+        if row is None:
+            return None
+        return DiagnosisClaim(row.incident_id, row.state, row.owner, row.claimed_at, row.lease_until, row.attempts,
+                              row.error)
 
     # ---------------------------------------------------------------- incident memory
 

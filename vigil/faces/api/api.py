@@ -13,6 +13,7 @@ from vigil.faces.api.actions import approve, execute
 from vigil.faces.api.alertmanager import alerts_to_events, parse_payload
 from vigil.faces.api.auth import Identity, check_approver, check_operator, check_read
 from vigil.faces.api.context import ServeContext
+from vigil.faces.api.diagnosing import DiagnosisStatus
 from vigil.faces.api.hang import StackNode, load_hang_report, stack_tree
 from vigil.faces.api.push_keys import alert_key, event_key
 from vigil.faces.api.responses import (
@@ -152,6 +153,7 @@ def create_incident(incident: Incident, ctx: Ctx, user: Writer) -> Incident:
     except VigilConflictError as err:
         raise HTTPException(status.HTTP_409_CONFLICT, str(err)) from None
     ctx.invalidate()
+    ctx.diagnoser.want(incident.id)  # diagnosed in the background, now, not on its first view
     return incident
 
 
@@ -178,15 +180,29 @@ def set_incident_status(incident_id: str, change: StatusChange, ctx: Ctx, user: 
 
 @router.get("/incidents/{incident_id}/diagnosis", tags=["incidents"])
 def diagnosis(incident_id: str, ctx: Ctx) -> Diagnosis:
+    """The stored diagnosis; 404 while there is none (``.../diagnosis/status`` says whether one is pending)."""
     found = ctx.store.diagnosis(incident_id)
     if found is None:
         raise _not_found("diagnosis for incident", incident_id)
     return found
 
 
+@router.get("/incidents/{incident_id}/diagnosis/status", tags=["incidents"])
+def diagnosis_state(incident_id: str, ctx: Ctx) -> DiagnosisStatus:
+    """Whether the incident's diagnosis is stored (done), pending or running in the server's background
+    threads, or failed (with the error; POST .../diagnose reruns it). Answers at once, never diagnoses."""
+    if ctx.store.incident(incident_id) is None:
+        raise _not_found("incident", incident_id)
+    status_ = ctx.diagnosis_status(incident_id)
+    if status_.pending:
+        ctx.diagnoser.want(incident_id)
+    return status_
+
+
 @router.post("/incidents/{incident_id}/diagnose", tags=["incidents"])
 def run_diagnosis(incident_id: str, ctx: Ctx, user: Writer) -> Diagnosis:
-    """Rank root causes now (knowledge graph; the LLM when configured) and store the diagnosis."""
+    """Rank root causes now (knowledge graph; the LLM when configured) and store the diagnosis, replacing the
+    stored one; 409 while a server diagnoses the incident already (its result is stored when done)."""
     try:
         return ctx.diagnose(incident_id)
     except KeyError:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -78,7 +80,18 @@ def create_app(
 
 
 def app_for_context(ctx: ServeContext) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        # Incidents stored without a diagnosis, those left from before this start included, are diagnosed by
+        # the server's own threads from now on (vigil.faces.api.diagnosing), never inside a request.
+        ctx.diagnoser.start()
+        try:
+            yield
+        finally:
+            ctx.diagnoser.stop()
+
     app = FastAPI(
+        lifespan=lifespan,
         docs_url=None,  # /docs is served from the package (dashboard.api_docs), not Swagger UI from a CDN
         redoc_url=None,
         title="Vigil",

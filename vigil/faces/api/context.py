@@ -15,9 +15,10 @@ from sqlalchemy import Text, cast, select
 from vigil.config import Settings
 from vigil.detect.waste import WasteReport, gpu_waste, window_of
 from vigil.faces.api.auth import Authenticator
+from vigil.faces.api.diagnosing import DiagnosisStatus, DiagnosisWorker, diagnosis_status
 from vigil.faces.api.exporter import VigilCollector
 from vigil.faces.api.hang import find_reports
-from vigil.model import Diagnosis, Event, FaultLevel, Topology, VigilInputError
+from vigil.model import Diagnosis, Event, FaultLevel, Topology, VigilConflictError, VigilInputError
 from vigil.remedy.lifecycle import LifecycleStore
 from vigil.sources.promql import PromQLSource
 from vigil.store import schema as tables
@@ -112,9 +113,14 @@ class ServeContext:
     _waste_refreshing: bool = field(default=False, init=False)
     _kg: tuple[Topology, Any] | None = field(default=None, init=False)
     _kg_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    # Incidents stored without a diagnosis are diagnosed by these threads, never inside a request.
+    diagnoser: DiagnosisWorker = field(init=False)
 
     def __post_init__(self) -> None:
         self.auth = Authenticator(self.settings)
+        self.diagnoser = DiagnosisWorker(self.store, self.compute_diagnosis,
+                                         threads=self.settings.serve_diagnosis_threads,
+                                         lease_s=self.settings.serve_diagnosis_lease_s)
         topology = self.store.topology()
         self.collector = VigilCollector(
             self.store, self.node_grid, cluster=topology.cluster if topology else "vigil", waste=self.waste
@@ -262,8 +268,24 @@ class ServeContext:
         }
 
     def diagnose(self, incident_id: str) -> Diagnosis:
+        """Diagnose the incident again now and store the result (*Diagnose again*, POST .../diagnose): claimed in
+        the store like a background diagnosis, so it does not run beside one already running (VigilConflictError)."""
+        if self.store.incident(incident_id) is None:
+            raise KeyError(incident_id)
+        found = self.diagnoser.run(incident_id, again=True)
+        if found is None:  # the claim lapsed while it ran and another server took it over: theirs is stored
+            stored = self.store.diagnosis(incident_id)
+            if stored is None:
+                raise VigilConflictError(f"incident {incident_id!r} is being diagnosed by another server now")
+            return stored
+        return found
+
+    def diagnosis_status(self, incident_id: str) -> DiagnosisStatus:
+        return diagnosis_status(self.store, self.diagnoser, incident_id)
+
+    def compute_diagnosis(self, incident_id: str) -> Diagnosis:
         """Rank the incident's root causes (vigil/diagnose: knowledge graph walk, then the LLM if one is
-        configured, else the deterministic plan) and store the diagnosis."""
+        configured, else the deterministic plan); the caller stores the result (``DiagnosisWorker``)."""
         from vigil.diagnose.kg import KnowledgeGraph
         from vigil.diagnose.llm import LlmClient, diagnose
         from vigil.diagnose.memory import recall
@@ -288,7 +310,6 @@ class ServeContext:
         result = analyze_incident(kg, incident, anomalies, events, logs)
         found = diagnose(kg, incident, result, LlmClient.from_settings(self.settings))
         found.similar = recall(self.store, incident, found)
-        self.store.save_diagnosis(found)
         return found
 
     def hang_reports(self) -> dict[str, Path]:

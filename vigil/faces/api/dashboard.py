@@ -175,14 +175,11 @@ def incident_detail(request: Request, incident_id: str) -> HTMLResponse:
     if incident is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no incident {incident_id!r}")
     diagnosis = ctx.store.diagnosis(incident_id)
-    diagnosis_error = ""
-    if diagnosis is None:
-        # The engine stores a diagnosis when it opens an incident; one opened without it is diagnosed on first
-        # view and stored, so the page never opens on an empty diagnosis.
-        try:
-            diagnosis = ctx.diagnose(incident_id)
-        except VigilInputError as err:
-            diagnosis_error = str(err)
+    # The engine stores a diagnosis when it opens an incident; one stored without it is diagnosed by the server's
+    # background threads (vigil.faces.api.diagnosing), never here: the page says so and refreshes its panels.
+    state = ctx.diagnosis_status(incident_id) if diagnosis is None else None
+    if state is not None and state.pending:
+        ctx.diagnoser.want(incident_id)
     actions = ctx.store.actions(incident_id=incident_id, limit=200)
     evidence: list[Evidence] = sorted(incident.evidence, key=lambda e: e.ts)
     by_ref = {e.ref: e for e in evidence}
@@ -207,7 +204,8 @@ def incident_detail(request: Request, incident_id: str) -> HTMLResponse:
         status_changes=status_changes,
         incident=incident,
         diagnosis=diagnosis,
-        diagnosis_error=diagnosis_error,
+        diagnosis_state=state.state if state is not None else "done",
+        diagnosis_error=state.error if state is not None else "",
         by_ref=by_ref,
         actions=actions,
         dry_runs=_last_dry_runs(ctx, actions),

@@ -100,16 +100,23 @@ def build_mcp_server(ctx: ServeContext, *, allow_writes: bool = False) -> MCPSer
 
     @tool
     def get_incident(incident_id: str) -> IncidentDetail:
-        """One incident with its evidence (first 30 items), diagnosis (ranked causes, plan) and actions."""
+        """One incident with its evidence (first 30 items), diagnosis (ranked causes, plan) and actions; while the
+        server is still diagnosing it, diagnosis is null and diagnosis_pending true (ask again in a few seconds)."""
         incident = ctx.store.incident(incident_id)
         if incident is None:
             raise VigilInputError(f"no incident {incident_id!r}; call list_incidents for ids")
         diagnosis = ctx.store.diagnosis(incident_id)
+        state = ctx.diagnosis_status(incident_id) if diagnosis is None else None
+        if state is not None and state.pending:
+            ctx.diagnoser.want(incident_id)
         return IncidentDetail(
             **{**incident_summary(incident).model_dump(), "entities": incident.entities},
             evidence=[EvidenceItem.model_validate(e.model_dump(exclude={"attrs"})) for e in incident.evidence[:30]],
             evidence_total=len(incident.evidence),
             diagnosis=diagnosis,
+            diagnosis_state=state.state if state is not None else "done",
+            diagnosis_pending=state.pending if state is not None else False,
+            diagnosis_error=state.error if state is not None else "",
             actions=[ActionItem.model_validate(a.model_dump(exclude={"params"}))
                      for a in ctx.store.actions(incident_id=incident_id)],
         )

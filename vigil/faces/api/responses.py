@@ -4,6 +4,8 @@ OpenAPI page documents and the dashboard reads. Fault levels are ``FaultLevel`` 
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, Field
 
 from vigil.model import Action, Diagnosis, Event, FaultLevel, HangDiagnosis, Job, Node
@@ -183,6 +185,11 @@ class IncidentDetail(IncidentSummary):
     evidence: list[EvidenceItem]
     evidence_total: int
     diagnosis: Diagnosis | None
+    # None with diagnosis_pending true: the server is diagnosing it in the background (ask again shortly);
+    # diagnosis_state failed: diagnosis_error says why.
+    diagnosis_state: Literal["done", "pending", "running", "failed", "off"] = "done"
+    diagnosis_pending: bool = False
+    diagnosis_error: str = ""
     actions: list[ActionItem]
 
 

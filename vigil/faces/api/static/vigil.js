@@ -81,3 +81,48 @@ document.addEventListener("click", async (event) => {
     button.disabled = false;
   }
 });
+
+// An incident page opened while the server diagnoses the incident in the background: ask the diagnosis' status
+// until it is done or failed, then swap in the diagnosis, causes and plan panels as the server renders them now
+// (the rest of the page, and whatever the reader scrolled to, stays).
+async function vigilAwaitDiagnosis(section) {
+  const incident = section.dataset.incident;
+  const started = Date.now();
+  for (;;) {
+    const waited = Date.now() - started;
+    await new Promise((done) => window.setTimeout(done, waited < 30000 ? 1000 : 3000));
+    let state;
+    try {
+      const response = await fetch("/api/v1/incidents/" + encodeURIComponent(incident) + "/diagnosis/status",
+        {headers: {Accept: "application/json"}});
+      if (!response.ok) { continue; }
+      state = (await response.json()).state;
+    } catch (err) {
+      continue;
+    }
+    if (state === "pending" || state === "running") { continue; }
+    const page = await fetch(window.location.href, {headers: {Accept: "text/html"}});
+    const fresh = new DOMParser().parseFromString(await page.text(), "text/html");
+    for (const id of ["diagnosis", "causes", "plan"]) {
+      const now = document.getElementById(id);
+      const next = fresh.getElementById(id);
+      if (now && next) { now.replaceWith(document.importNode(next, true)); }
+    }
+    const swapped = document.getElementById("diagnosis");
+    document.body.dataset.diagnosis = swapped ? swapped.dataset.state : state;
+    if (swapped && (swapped.dataset.state === "pending" || swapped.dataset.state === "running")) {
+      vigilAwaitDiagnosis(swapped);
+    }
+    return;
+  }
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  const section = document.getElementById("diagnosis");
+  if (section && section.dataset.incident) {
+    document.body.dataset.diagnosis = section.dataset.state;
+    if (section.dataset.state === "pending" || section.dataset.state === "running") {
+      vigilAwaitDiagnosis(section);
+    }
+  }
+});

@@ -1,0 +1,185 @@
+"""Incidents stored without a diagnosis are diagnosed by the server's background threads, never inside a request:
+the page and the API answer while the diagnosis is held up, say it is pending, show a failure with its error and
+rerun it with *Diagnose again*; a server started over incidents still lacking one (one of them claimed by a server
+that died) diagnoses them all, on SQLite and the suite's PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from fastapi.testclient import TestClient
+from mcp import Client
+
+from tests.serve.conftest import TOKEN, SimCluster
+from tests.store.conftest import db_url as db_url
+from tests.store.conftest import opened
+from vigil.config import Settings
+from vigil.faces.api.app import create_app
+from vigil.faces.api.mcp_server import build_mcp_server
+from vigil.model import Diagnosis, Incident, VigilInputError
+from vigil.store.sql import Store
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+DEADLINE_S = 120.0
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def wait_until(what: str, ready: Callable[[], bool], within_s: float = DEADLINE_S) -> None:
+    """Poll an observable state until it holds, failing past the deadline."""
+    deadline = time.monotonic() + within_s
+    while not ready():
+        assert time.monotonic() < deadline, f"{what}: not within {within_s:g} s"
+        time.sleep(0.05)
+
+
+def copy_of(incident: Incident, n: int) -> Incident:
+    return incident.model_copy(update={"id": f"{incident.id}-copy{n}"})
+
+
+def fresh_store(cluster: SimCluster, url: str, count: int = 4) -> tuple[Store, list[Incident]]:
+    """A store on ``url`` with the small cluster's topology and copies of ``count`` of its incidents, none
+    diagnosed."""
+    store = Store(url)
+    topology = cluster.store.topology()
+    assert topology is not None
+    store.save_topology(topology)
+    incidents = [copy_of(i, 0) for i in cluster.result.incidents[:count]]
+    for incident in incidents:
+        store.create_incident(incident)
+    return store, incidents
+
+
+@contextmanager
+def held(app: Any) -> Iterator[tuple[threading.Event, threading.Event]]:
+    """The app's background diagnosis held up inside its computation until the first event is set; the second
+    is set once a computation has begun."""
+    ctx = app.state.ctx
+    release, begun = threading.Event(), threading.Event()
+    compute = ctx.diagnoser.compute
+
+    def gated(incident_id: str) -> Diagnosis:
+        begun.set()
+        assert release.wait(DEADLINE_S)
+        return compute(incident_id)  # type: ignore[no-any-return]
+
+    ctx.diagnoser.compute = gated
+    try:
+        yield release, begun
+    finally:
+        release.set()
+        ctx.diagnoser.compute = compute
+
+
+def status_of(client: TestClient, incident_id: str) -> dict[str, Any]:
+    response = client.get(f"/api/v1/incidents/{incident_id}/diagnosis/status", headers=AUTH)
+    assert response.status_code == 200, response.text
+    return response.json()  # type: ignore[no-any-return]
+
+
+def mcp_incident(app: Any, incident_id: str) -> dict[str, Any]:
+    async def read() -> dict[str, Any]:
+        async with Client(build_mcp_server(app.state.ctx)) as client:
+            result = await client.call_tool("get_incident", {"incident_id": incident_id})
+            assert not result.is_error, result.content
+            return json.loads(result.content[0].text)  # type: ignore[union-attr, no-any-return]
+
+    return anyio.run(read)
+
+
+def test_the_page_and_the_api_answer_while_the_diagnosis_runs(cluster: SimCluster, tmp_path: Path) -> None:
+    store, incidents = fresh_store(cluster, f"sqlite:///{tmp_path / 'v.db'}", count=1)
+    incident = incidents[0]
+    app = create_app(store, settings=Settings(home=tmp_path, db_url=store.url, api_token=TOKEN))
+    with held(app) as (release, begun), TestClient(app) as client:
+        page = client.get(f"/incidents/{incident.id}", headers=AUTH)
+        assert page.status_code == 200
+        assert 'id="diagnosis-pending"' in page.text and "Diagnosis in progress" in page.text
+        assert begun.wait(DEADLINE_S)  # the background thread has it, held: the reads below cannot wait for it
+        state = status_of(client, incident.id)
+        assert (state["state"], state["pending"]) == ("running", True)
+        assert client.get(f"/api/v1/incidents/{incident.id}/diagnosis", headers=AUTH).status_code == 404
+        detail = mcp_incident(app, incident.id)
+        assert detail["diagnosis"] is None and detail["diagnosis_pending"] is True
+        assert detail["diagnosis_state"] == "running"
+        # Diagnose again beside the running one is refused, not run twice
+        assert client.post(f"/api/v1/incidents/{incident.id}/diagnose", headers=AUTH).status_code == 409
+        assert store.diagnosis(incident.id) is None
+        release.set()
+        wait_until("the diagnosis stored", lambda: status_of(client, incident.id)["state"] == "done")
+        stored = store.diagnosis(incident.id)
+        assert stored is not None
+        page = client.get(f"/incidents/{incident.id}", headers=AUTH)
+        assert stored.summary in page.text and 'id="diagnosis-pending"' not in page.text
+        detail = mcp_incident(app, incident.id)
+        assert detail["diagnosis_pending"] is False and detail["diagnosis"]["summary"] == stored.summary
+    store.close()
+
+
+def test_a_failed_diagnosis_is_shown_with_its_error_and_diagnose_again_reruns_it(
+    cluster: SimCluster, tmp_path: Path
+) -> None:
+    store, incidents = fresh_store(cluster, f"sqlite:///{tmp_path / 'v.db'}", count=1)
+    incident = incidents[0]
+    app = create_app(store, settings=Settings(home=tmp_path, db_url=store.url, api_token=TOKEN))
+    ctx = app.state.ctx
+    compute = ctx.diagnoser.compute
+
+    def broken(incident_id: str) -> Diagnosis:
+        raise VigilInputError("the knowledge graph is out to lunch")
+
+    ctx.diagnoser.compute = broken
+    with TestClient(app) as client:
+        wait_until("the failure stored", lambda: status_of(client, incident.id)["state"] == "failed")
+        assert status_of(client, incident.id)["error"] == "the knowledge graph is out to lunch"
+        page = client.get(f"/incidents/{incident.id}", headers=AUTH)
+        assert "Diagnosis failed: the knowledge graph is out to lunch" in page.text
+        assert 'class="diagnose"' in page.text
+        assert mcp_incident(app, incident.id)["diagnosis_error"] == "the knowledge graph is out to lunch"
+        ctx.diagnoser.compute = compute
+        again = client.post(f"/api/v1/incidents/{incident.id}/diagnose", headers=AUTH)
+        assert again.status_code == 200, again.text
+        stored = store.diagnosis(incident.id)
+        assert stored is not None and again.json()["summary"] == stored.summary
+        assert status_of(client, incident.id)["state"] == "done"
+        assert client.post("/api/v1/incidents/inc-nope/diagnose", headers=AUTH).status_code == 404
+    store.close()
+
+
+def test_an_incident_posted_to_the_api_is_diagnosed_without_a_view(cluster: SimCluster, tmp_path: Path) -> None:
+    store, incidents = fresh_store(cluster, f"sqlite:///{tmp_path / 'v.db'}")
+    app = create_app(store, settings=Settings(home=tmp_path, db_url=store.url, api_token=TOKEN))
+    with TestClient(app) as client:
+        wait_until("the stored ones diagnosed", lambda: all(store.diagnosis(i.id) for i in incidents))
+        posted = copy_of(incidents[0], 1)
+        response = client.post("/api/v1/incidents", headers=AUTH, json=posted.model_dump(mode="json"))
+        assert response.status_code == 201, response.text
+        wait_until("the posted one diagnosed", lambda: store.diagnosis(posted.id) is not None)
+    store.close()
+
+
+def test_a_restarted_server_diagnoses_the_incidents_left_undiagnosed(
+    cluster: SimCluster, db_url: str, tmp_path: Path
+) -> None:
+    store, incidents = fresh_store(cluster, db_url)
+    # the server before the restart took one and died with it: its claim's lease lapses
+    assert store.claim_diagnosis(incidents[0].id, "server-that-died", -1.0)
+    store.close()
+    with opened(db_url) as restarted:
+        app = create_app(restarted, settings=Settings(home=tmp_path, db_url=db_url, api_token=TOKEN))
+        with TestClient(app):
+            wait_until("every incident diagnosed", lambda: all(restarted.diagnosis(i.id) for i in incidents))
+        for incident in incidents:
+            claim = restarted.diagnosis_claim(incident.id)
+            assert claim is not None and claim.state == "done"
+            assert claim.owner == app.state.ctx.diagnoser.owner
+        claim = restarted.diagnosis_claim(incidents[0].id)
+        assert claim is not None and claim.attempts == 2

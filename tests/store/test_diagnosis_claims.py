@@ -1,0 +1,140 @@
+"""Claims on background diagnoses (revision 0012) on SQLite and the suite's PostgreSQL: of concurrent claimers -
+threads on their own connections, as two servers are - exactly one gets an incident, a lapsed claim is taken over
+and its former owner's late result dropped, a failed one waits for a rerun, and two workers over one database
+diagnose each incident once."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from tests.store.conftest import db_url as db_url
+from tests.store.conftest import opened
+from vigil.faces.api.diagnosing import DiagnosisWorker
+from vigil.model import Diagnosis, FaultLevel, Incident, IncidentStatus
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def incident(n: int, start: float = 1000.0, status: IncidentStatus = IncidentStatus.OPEN) -> Incident:
+    return Incident(id=f"inc-{n:03d}", start=start + n, end=start + n + 60, level=FaultLevel.DRAIN, status=status,
+                    scope=f"gpu/n{n:03d}/0", entities=[f"gpu/n{n:03d}/0"], fault_types=["xid_79"],
+                    title=f"GPU fell off the bus on n{n:03d}")
+
+
+def found(incident_id: str, by: str = "worker") -> Diagnosis:
+    return Diagnosis(incident_id=incident_id, summary=f"diagnosed by {by}", root_cause=None, confidence=0.5)
+
+
+def test_of_concurrent_claimers_exactly_one_gets_each_incident(db_url: str) -> None:
+    claimers, incidents = 6, 12
+    with opened(db_url) as store:
+        for n in range(incidents):
+            store.create_incident(incident(n))
+    stores = [opened(db_url) for _ in range(claimers)]
+    opened_stores = [s.__enter__() for s in stores]
+    won: Counter[str] = Counter()
+    lock = threading.Lock()
+    start = threading.Barrier(claimers)
+
+    def claim(k: int) -> None:
+        start.wait()
+        for n in range(incidents):
+            if opened_stores[k].claim_diagnosis(f"inc-{n:03d}", f"owner-{k}", 60.0):
+                with lock:
+                    won[f"inc-{n:03d}"] += 1
+
+    try:
+        threads = [threading.Thread(target=claim, args=(k,)) for k in range(claimers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert won == {f"inc-{n:03d}": 1 for n in range(incidents)}
+        # held: none claims it again, not even a rerun, until its owner finishes or its lease lapses
+        assert not opened_stores[0].claim_diagnosis("inc-000", "late", 60.0)
+        assert not opened_stores[0].claim_diagnosis("inc-000", "late", 60.0, again=True)
+        assert opened_stores[0].undiagnosed() == []
+    finally:
+        for s in stores:
+            s.__exit__(None, None, None)
+
+
+def test_a_lapsed_claim_is_taken_over_and_the_late_result_dropped(db_url: str) -> None:
+    with opened(db_url) as store:
+        store.create_incident(incident(1))
+        assert store.claim_diagnosis("inc-001", "dead-server", -1.0)  # its lease already lapsed
+        assert store.undiagnosed() == ["inc-001"]
+        assert store.claim_diagnosis("inc-001", "new-server", 60.0)
+        claim = store.diagnosis_claim("inc-001")
+        assert claim is not None and (claim.owner, claim.state, claim.attempts) == ("new-server", "running", 2)
+        assert not store.finish_diagnosis("inc-001", "dead-server", found("inc-001", "dead-server"))
+        assert store.diagnosis("inc-001") is None
+        assert store.finish_diagnosis("inc-001", "new-server", found("inc-001", "new-server"))
+        stored = store.diagnosis("inc-001")
+        assert stored is not None and stored.summary == "diagnosed by new-server"
+        assert not store.claim_diagnosis("inc-001", "third", 60.0)  # done: only a rerun claims it
+        assert store.claim_diagnosis("inc-001", "third", 60.0, again=True)
+        assert store.finish_diagnosis("inc-001", "third", found("inc-001", "rerun"), again=True)
+        stored = store.diagnosis("inc-001")
+        assert stored is not None and stored.summary == "diagnosed by rerun"
+
+
+def test_a_failure_is_kept_with_its_error_and_waits_for_a_rerun(db_url: str) -> None:
+    with opened(db_url) as store:
+        store.create_incident(incident(1))
+        store.create_incident(incident(2, status=IncidentStatus.RESOLVED))
+        store.create_incident(incident(3))
+        assert store.undiagnosed() == ["inc-003", "inc-001", "inc-002"]  # unresolved first, newest first
+        assert store.claim_diagnosis("inc-001", "a", 60.0)
+        assert store.finish_diagnosis("inc-001", "a", None, error="no topology")
+        claim = store.diagnosis_claim("inc-001")
+        assert claim is not None and (claim.state, claim.error) == ("failed", "no topology")
+        assert store.undiagnosed() == ["inc-003", "inc-002"]
+        assert not store.claim_diagnosis("inc-001", "b", 60.0)
+        assert store.claim_diagnosis("inc-001", "b", 60.0, again=True)
+
+
+def test_a_diagnosis_stored_meanwhile_by_another_writer_is_kept(db_url: str) -> None:
+    with opened(db_url) as store:
+        store.create_incident(incident(1))
+        assert store.claim_diagnosis("inc-001", "server", 60.0)
+        store.save_diagnosis(found("inc-001", "engine"))  # the engine's own, stored while the server ran
+        assert store.finish_diagnosis("inc-001", "server", found("inc-001", "server"))
+        stored = store.diagnosis("inc-001")
+        assert stored is not None and stored.summary == "diagnosed by engine"
+
+
+def test_two_workers_over_one_database_diagnose_each_incident_once(db_url: str) -> None:
+    incidents = 10
+    with opened(db_url) as store:
+        for n in range(incidents):
+            store.create_incident(incident(n))
+    ran: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def compute(incident_id: str) -> Diagnosis:
+        with lock:
+            ran[incident_id] += 1
+        return found(incident_id)
+
+    with opened(db_url) as one, opened(db_url) as two:
+        workers = [DiagnosisWorker(s, compute, threads=2, poll_s=0.05) for s in (one, two)]
+        for worker in workers:
+            worker.start()
+        try:
+            def missing() -> list[str]:
+                return [f"inc-{n:03d}" for n in range(incidents) if one.diagnosis(f"inc-{n:03d}") is None]
+
+            deadline = time.monotonic() + 60
+            while missing() and time.monotonic() < deadline:
+                time.sleep(0.05)  # polling the stored diagnoses with a deadline
+            assert missing() == []
+        finally:
+            for worker in workers:
+                worker.stop()
+        assert ran == {f"inc-{n:03d}": 1 for n in range(incidents)}
+        assert all(one.diagnosis(f"inc-{n:03d}") is not None for n in range(incidents))

@@ -1,0 +1,217 @@
+"""Background diagnosis in `vigil serve`: an incident stored without a diagnosis (a batch pipeline, an external
+detector's POST, anything but the engine, which stores one when it opens its own) is diagnosed by a few threads
+of the server as soon as it is seen, never inside a page or API request.
+
+The work queue is the store itself: incidents with neither a diagnosis nor a live claim on one
+(``Store.undiagnosed``), looked at every ``poll_s`` and whenever this server stores or shows such an incident, so
+nothing is lost across restarts (a server starting picks up every incident still lacking a diagnosis, and a claim
+left by a server that died is taken over once its lease lapses). Each diagnosis is claimed in the database first
+(``Store.claim_diagnosis``: SQLite and PostgreSQL), so two servers, or a viewer's *Diagnose again* beside the
+background, never run the same one twice; a failed one is stored with its error and waits for *Diagnose again*.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import uuid
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel
+
+from vigil.model import Diagnosis, VigilConflictError
+
+if TYPE_CHECKING:
+    from vigil.store.sql import Store
+
+log = logging.getLogger(__name__)
+
+DiagnosisState = Literal["done", "pending", "running", "failed", "off"]
+
+
+class DiagnosisStatus(BaseModel):
+    """Where an incident's diagnosis stands: ``done`` (stored), ``pending`` (queued for the background threads),
+    ``running`` (claimed by a server now), ``failed`` (``error`` says why; *Diagnose again* reruns it) or ``off``
+    (no diagnosis and background diagnosis is off on this server)."""
+
+    incident_id: str
+    state: DiagnosisState
+    pending: bool
+    error: str = ""
+    attempts: int = 0
+    started: float | None = None
+
+
+def new_owner() -> str:
+    """This process's name on its claims: host, pid and a random part (a pid is reused across restarts)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class DiagnosisWorker:
+    """``threads`` daemon threads diagnosing what ``store.undiagnosed`` lists, through ``compute`` (which
+    works the diagnosis out without storing it), plus one renewing the leases of the claims they hold."""
+
+    def __init__(self, store: Store, compute: Callable[[str], Diagnosis], *, threads: int = 1,
+                 lease_s: float = 60.0, poll_s: float = 2.0, owner: str | None = None) -> None:
+        self.store = store
+        self.compute = compute
+        self.threads = threads
+        self.lease_s = lease_s
+        self.poll_s = poll_s
+        self.owner = owner or new_owner()
+        self._wake = threading.Condition()
+        self._wanted: deque[str] = deque()
+        self._holding: set[str] = set()
+        self._stop = threading.Event()
+        self._workers: list[threading.Thread] = []
+        self._started = False
+        self._failures = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.threads > 0
+
+    def start(self) -> None:
+        """Start the threads (once; a no-op when ``threads`` is 0)."""
+        with self._wake:
+            if self._started or not self.enabled:
+                return
+            self._started = True
+            self._stop.clear()
+            for n in range(self.threads):
+                self._workers.append(threading.Thread(target=self._loop, name=f"vigil-diagnose-{n}", daemon=True))
+            self._workers.append(threading.Thread(target=self._renew, name="vigil-diagnose-lease", daemon=True))
+        for thread in self._workers:
+            thread.start()
+
+    def stop(self, wait_s: float = 5.0) -> None:
+        """Stop taking work; wait up to ``wait_s`` for a diagnosis under way (one left running past it is a
+        daemon's: its claim lapses and another server takes it over)."""
+        self._stop.set()
+        with self._wake:
+            self._wake.notify_all()
+        for thread in self._workers:
+            thread.join(wait_s)
+        with self._wake:
+            self._workers = []
+            self._started = False
+
+    def want(self, incident_id: str) -> None:
+        """Diagnose ``incident_id`` next (an incident just stored or being looked at); starts the threads."""
+        if not self.enabled:
+            return
+        self.start()
+        with self._wake:
+            if incident_id not in self._wanted:
+                self._wanted.appendleft(incident_id)
+            self._wake.notify()
+
+    def holding(self, incident_id: str) -> bool:
+        with self._wake:
+            return incident_id in self._holding
+
+    # ------------------------------------------------------------------ running one
+
+    def run(self, incident_id: str, *, again: bool = False) -> Diagnosis | None:
+        """Claim and run one diagnosis here; None when another holds it or (without ``again``) it is not
+        wanted any more. A failure is stored as the claim's error and raised."""
+        if not self.store.claim_diagnosis(incident_id, self.owner, self.lease_s, again=again):
+            if again:
+                claim = self.store.diagnosis_claim(incident_id)
+                owner = claim.owner if claim else "another server"
+                raise VigilConflictError(f"incident {incident_id!r} is being diagnosed now ({owner}); its "
+                                         "diagnosis is stored when done")
+            return None
+        with self._wake:
+            self._holding.add(incident_id)
+        try:
+            try:
+                found = self.compute(incident_id)
+            except KeyError:
+                self.store.finish_diagnosis(incident_id, self.owner, None, error=f"no incident {incident_id!r}",
+                                            again=again)
+                raise
+            except Exception as err:  # stored for the page, then raised for the caller
+                self.store.finish_diagnosis(incident_id, self.owner, None,
+                                            error=str(err) or type(err).__name__, again=again)
+                raise
+            if not self.store.finish_diagnosis(incident_id, self.owner, found, again=again):
+                log.warning("incident %s: the claim on its diagnosis lapsed and was taken over; this result is "
+                            "dropped", incident_id)
+                return None
+            return found
+        finally:
+            with self._wake:
+                self._holding.discard(incident_id)
+                self._wake.notify_all()
+
+    # ------------------------------------------------------------------ threads
+
+    def _next(self) -> list[str]:
+        with self._wake:
+            if self._wanted:
+                return [self._wanted.popleft()]
+        return self.store.undiagnosed(limit=max(4, 2 * self.threads))
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                candidates = self._next()
+                ran = False
+                for incident_id in candidates:
+                    if self._stop.is_set():
+                        return
+                    try:
+                        ran = self.run(incident_id) is not None or ran
+                    except Exception as err:  # stored with the claim; the loop goes on
+                        ran = True
+                        log.warning("incident %s: diagnosis failed: %s", incident_id, err)
+                    if ran:
+                        break
+                self._failures = 0
+            except Exception as err:  # the store unreachable: back off, keep the threads
+                self._failures += 1
+                if self._failures == 1:
+                    log.warning("background diagnosis cannot read the store: %s", err)
+                ran = False
+            if ran:
+                continue
+            with self._wake:
+                if not self._wanted and not self._stop.is_set():
+                    self._wake.wait(self.poll_s * min(2 ** self._failures, 30))
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.lease_s / 3):
+            with self._wake:
+                held = set(self._holding)
+            if not held:
+                continue
+            try:
+                self.store.renew_diagnosis_claims(self.owner, held, self.lease_s)
+            except Exception as err:
+                log.warning("cannot renew the claims on diagnoses of %s: %s", sorted(held), err)
+
+
+def diagnosis_status(store: Store, worker: DiagnosisWorker, incident_id: str) -> DiagnosisStatus:
+    """What the page and the API say of ``incident_id``'s diagnosis (the incident is known to exist)."""
+    if store.diagnosis(incident_id) is not None:
+        claim = store.diagnosis_claim(incident_id)
+        return DiagnosisStatus(incident_id=incident_id, state="done", pending=False,
+                               attempts=claim.attempts if claim else 0)
+    claim = store.diagnosis_claim(incident_id)
+    if claim is not None and claim.state == "failed":
+        return DiagnosisStatus(incident_id=incident_id, state="failed", pending=False, error=claim.error,
+                               attempts=claim.attempts, started=claim.claimed_at)
+    if claim is not None and claim.state == "running":
+        return DiagnosisStatus(incident_id=incident_id, state="running", pending=True, attempts=claim.attempts,
+                               started=claim.claimed_at)
+    if not worker.enabled:
+        return DiagnosisStatus(incident_id=incident_id, state="off", pending=False,
+                               error="not diagnosed yet, and background diagnosis is off on this server "
+                               "(serve_diagnosis_threads = 0): Diagnose again runs it")
+    return DiagnosisStatus(incident_id=incident_id, state="pending", pending=True,
+                           attempts=claim.attempts if claim else 0)
