@@ -12,6 +12,12 @@ after the server starts is reported apart (cold caches: topology parse, template
 
 Baseline, same run, same store: the cluster page as it was before (commit 784b8c0: one server-rendered SVG
 row per node), served by that commit's own `vigil serve`; its map is drawn when the page's load event ends.
+
+--first-view: the first view of incidents stored without a diagnosis (every incident of the demo store), right
+after `vigil serve` started on a fresh copy of the store: the time to the incident page's HTML, and for this
+version the time until its diagnosis is stored by the background thread (asked of .../diagnosis/status every
+0.1 s). Baseline in the same run, on its own copy of the same store: commit 1772206, which diagnosed the
+incident inside the page request.   -> bench/results/dashboard_first_view.json
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 from io import BytesIO
 from pathlib import Path
 from typing import Any
@@ -32,9 +39,10 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve import REPO, RESULTS, Server  # noqa: E402
+from serve import AUTH, REPO, RESULTS, Server  # noqa: E402
 
 BASELINE_COMMIT = "784b8c0"
+FIRST_VIEW_BASELINE = "1772206"  # the incident page diagnosing inside the request
 VIEWPORT = {"width": 1280, "height": 900}
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
@@ -87,9 +95,9 @@ def build_store(home: Path, nodes: int, gpus: int, minutes: float) -> dict[str, 
     return {"nodes": nodes, "gpus": summary["cluster"]["gpus"], "incidents": len(summary["incidents"])}
 
 
-def baseline_checkout(into: Path) -> Path:
+def baseline_checkout(into: Path, commit: str = BASELINE_COMMIT) -> Path:
     """The earlier version's package, exported from git (no work tree touched)."""
-    archive = subprocess.run(["git", "archive", BASELINE_COMMIT, "vigil"], cwd=REPO, check=True, capture_output=True)
+    archive = subprocess.run(["git", "archive", commit, "vigil"], cwd=REPO, check=True, capture_output=True)
     with tarfile.open(fileobj=BytesIO(archive.stdout)) as tar:
         tar.extractall(into, filter="data")
     return into
@@ -126,13 +134,90 @@ def run_page(browser: Any, server: Server, ready: str, probe: str, loads: int) -
     }
 
 
+def first_views(home: Path, code: Path, incidents: list[str], background: bool) -> list[dict[str, Any]]:
+    """Start `vigil serve` (from ``code``) on ``home``; view each incident once, in turn: seconds to the page's
+    HTML and, with ``background``, until the diagnosis is stored."""
+    import httpx
+
+    server = Server(home, code=code)
+    server.start()
+    rows = []
+    try:
+        with httpx.Client(base_url=server.url, headers=AUTH, timeout=300) as client:
+            for incident in incidents:
+                started = time.perf_counter()
+                page = client.get(f"/incidents/{incident}")
+                page.raise_for_status()
+                row: dict[str, Any] = {"incident": incident, "page_s": time.perf_counter() - started,
+                                       "pending_on_page": "Diagnosis in progress" in page.text}
+                if background:
+                    while client.get(f"/api/v1/incidents/{incident}/diagnosis/status").json()["state"] in (
+                            "pending", "running"):
+                        time.sleep(0.1)
+                row["diagnosis_s"] = time.perf_counter() - started
+                rows.append(row)
+    finally:
+        server.stop()
+    return rows
+
+
+def run_first_view(args: argparse.Namespace) -> None:
+    import shutil
+    import sqlite3
+
+    with tempfile.TemporaryDirectory(prefix="vigil-bench-first-view-") as tmp:
+        pristine = Path(tmp) / "pristine"
+        if args.from_store:
+            shutil.copytree(args.from_store, pristine)
+            store = {"nodes": args.nodes, "gpus": args.nodes * args.gpus, "from": str(args.from_store)}
+        else:
+            console.print(f"building the demo store: {args.nodes} nodes x {args.gpus} GPUs, {args.minutes:g} min")
+            store = build_store(pristine, args.nodes, args.gpus, args.minutes)
+        with sqlite3.connect(pristine / "vigil.db") as db:
+            rows = db.execute("SELECT id, level, body FROM incidents WHERE status = 'open' AND scope LIKE 'gpu/%'"
+                              ).fetchall()
+        # the incidents an SRE opens from a page: open, GPU-scoped, the worst first
+        picked = sorted(rows, key=lambda r: (-r[1], -len(json.loads(r[2])["evidence"]), r[0]))[: args.views]
+        ids = [r[0] for r in picked]
+        old = baseline_checkout(Path(tmp) / "baseline", FIRST_VIEW_BASELINE)
+        results = {}
+        for name, code, background in ((f"diagnosed in the request ({FIRST_VIEW_BASELINE})", old, False),
+                                       ("diagnosed in the background (this version)", REPO, True)):
+            home = Path(tmp) / ("home-" + ("new" if background else "old"))
+            shutil.copytree(pristine, home)
+            console.print(f"{name}: first view of {len(ids)} incidents")
+            results[name] = first_views(home, code, ids, background)
+    table = Table(title=f"First view of an undiagnosed incident at {store['gpus']:,} GPUs ({len(ids)} incidents)")
+    for col in ("server", "page median s", "page max s", "diagnosis stored median s", "pending on the page"):
+        table.add_column(col, justify="right" if col != "server" else "left")
+    for name, rows in results.items():
+        table.add_row(name, f"{statistics.median(r['page_s'] for r in rows):.3f}",
+                      f"{max(r['page_s'] for r in rows):.3f}",
+                      f"{statistics.median(r['diagnosis_s'] for r in rows):.1f}",
+                      f"{sum(r['pending_on_page'] for r in rows)} of {len(rows)}")
+    console.print(table)
+    before, after = (statistics.median(r["page_s"] for r in rows) for rows in results.values())
+    console.print(f"page median: {before:.2f} s -> {after:.3f} s ({before / after:.0f}x)")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = {"store": store, "cpus": os.cpu_count(), "incidents": ids, "servers": results,
+           "page_median_ratio": before / after}
+    (RESULTS / "dashboard_first_view.json").write_text(json.dumps(out, indent=2) + "\n")
+    console.print(f"wrote {RESULTS / 'dashboard_first_view.json'}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1250)
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--loads", type=int, default=5)
+    parser.add_argument("--first-view", action="store_true", help="the first view of undiagnosed incidents")
+    parser.add_argument("--views", type=int, default=3, help="with --first-view: how many incidents")
+    parser.add_argument("--from-store", type=Path, help="with --first-view: a demo home built already (copied)")
     args = parser.parse_args()
+    if args.first_view:
+        run_first_view(args)
+        return
     from playwright.sync_api import sync_playwright
 
     with tempfile.TemporaryDirectory(prefix="vigil-bench-dashboard-") as tmp:

@@ -22,7 +22,9 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "serve"
 VIEWPORT = {"width": 1280, "height": 900}
 PAGE_BUDGET_BYTES = 300_000
 RUN_JOB = "j00"
-# How long an incident page may take on its first view, which diagnoses the incident on this 10,000-GPU store.
+# How long an incident's diagnosis may take to appear on its page: the server's background thread diagnoses it
+# (10-17 s on this 10,000-GPU store on a loaded machine), maybe after finishing the one it is on. The page
+# itself opens at once.
 FIRST_VIEW_DIAGNOSIS_MS = 120_000
 
 
@@ -168,12 +170,11 @@ def test_filters_search_and_keyboard_drill_down(page: Any, site: str, cluster_10
     assert page.url.endswith("/gpus/" + entity.removeprefix("gpu/"))
     assert page.locator("svg.spark").count() >= 5
     assert page.locator("#gpu-incidents tbody tr").count() >= 1
-    # The incident's page diagnoses it on its first view (dashboard.incident_detail), 10-17 s on this store on a
-    # loaded test machine against 0.1 s for the GPU page: the click's wait for that navigation gets a budget for it,
-    # not Playwright's default 30 s, which a loaded machine overran ("waiting for scheduled navigations to finish").
-    with page.expect_navigation(timeout=FIRST_VIEW_DIAGNOSIS_MS):
-        page.locator("#gpu-incidents tbody tr a").first.click(timeout=FIRST_VIEW_DIAGNOSIS_MS)
-    assert page.locator("ol.causes > li").count() >= 1
+    # The incident's page opens at once (its diagnosis is the server's background work, not the request's) and
+    # fills in its causes when the diagnosis is stored.
+    with page.expect_navigation():
+        page.locator("#gpu-incidents tbody tr a").first.click()
+    page.locator("ol.causes > li").first.wait_for(timeout=FIRST_VIEW_DIAGNOSIS_MS)
 
 
 def test_time_control_shows_the_cluster_at_time_t(page: Any, site: str, cluster_10k: BigCluster) -> None:
@@ -247,7 +248,9 @@ def test_stream_polls_the_store_cursor(site: str, cluster_10k: BigCluster) -> No
     assert first == "retry: 2000"
 
 
-def test_incident_page_opens_diagnosed_at_scale(page: Any, site: str, cluster_10k: BigCluster) -> None:
+def test_incident_page_opens_at_once_and_fills_in_its_diagnosis_at_scale(
+    page: Any, site: str, cluster_10k: BigCluster
+) -> None:
     incident = max(
         (
             i
@@ -256,11 +259,14 @@ def test_incident_page_opens_diagnosed_at_scale(page: Any, site: str, cluster_10
         ),
         key=lambda i: (i.level, len(i.evidence), i.id),
     )
-    page.goto(f"{site}/incidents/{incident.id}", timeout=FIRST_VIEW_DIAGNOSIS_MS)
-    assert page.locator("ol.causes > li").count() >= 1
-    assert page.locator(".diag-summary").inner_text()
+    page.goto(f"{site}/incidents/{incident.id}")  # Playwright's default 30 s: the request diagnoses nothing
+    assert page.evaluate("document.body.dataset.diagnosis") in ("pending", "running", "done")
     assert page.locator("svg.timeline circle.evidence").count() == len(incident.evidence)
     assert page.locator("#moved svg.spark").count() >= 1
+    page.evaluate("window.vigilSamePage = true")
+    page.locator("ol.causes > li").first.wait_for(timeout=FIRST_VIEW_DIAGNOSIS_MS)
+    assert page.evaluate("window.vigilSamePage") is True  # filled in place, not reloaded
+    assert page.locator(".diag-summary").inner_text()
     assert page.locator("ol.plan li .guard").count() == page.locator("ol.plan > li").count() >= 1
     assert cluster_10k.store.diagnosis(incident.id) is not None
     page.screenshot(path=str(ARTIFACTS / "serve-10k-incident.png"), full_page=True)

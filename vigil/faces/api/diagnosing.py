@@ -101,11 +101,14 @@ class DiagnosisWorker:
             self._started = False
 
     def want(self, incident_id: str) -> None:
-        """Diagnose ``incident_id`` next (an incident just stored or being looked at); starts the threads."""
+        """Diagnose ``incident_id`` next (an incident just stored or being looked at). Only a started worker
+        (the server's, from its start-up) takes it: a short-lived reader of the store (`vigil ask`'s tools)
+        queues nothing that dies with it, and the server's own poll finds the incident anyway."""
         if not self.enabled:
             return
-        self.start()
         with self._wake:
+            if not self._started:
+                return
             if incident_id not in self._wanted:
                 self._wanted.appendleft(incident_id)
             self._wake.notify()
