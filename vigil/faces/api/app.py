@@ -88,7 +88,7 @@ def app_for_context(ctx: ServeContext) -> FastAPI:
         try:
             yield
         finally:
-            ctx.diagnoser.stop()
+            ctx.diagnoser.stop(wait_s=1.0)  # a diagnosis under way is left to its lease: no exit waits 15 s
 
     app = FastAPI(
         lifespan=lifespan,
