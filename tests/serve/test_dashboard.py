@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from kubernetes.client import ApiClient
+from sqlalchemy import delete
 
 from tests.serve.conftest import (
     APPROVER,
@@ -27,6 +28,7 @@ from vigil.remedy.actuators.kubernetes import KubernetesActuator
 from vigil.remedy.audit import AuditLog
 from vigil.remedy.lifecycle import LifecycleStore, Trigger
 from vigil.remedy.remediator import Remediator
+from vigil.store import schema as tables
 
 pytestmark = pytest.mark.slow
 
@@ -222,19 +224,24 @@ def test_incident_page_opens_at_once_and_shows_the_diagnosis_when_done(page: Any
         assert begun.wait(120)
         release.set()
         page.locator("ol.causes > li").first.wait_for(timeout=120_000)
+        assert page.evaluate("window.vigilSamePage") is True  # filled in place, not reloaded
+        assert page.evaluate("document.body.dataset.diagnosis") == "done"
+        assert page.locator("#diagnosis-pending").count() == 0
+        assert incident.scope in page.locator("ol.causes > li.root").inner_text()
+        stored = cluster.store.diagnosis(incident.id)
+        assert stored is not None and stored.summary in page.locator(".diag-summary").inner_text()
+        steps = page.locator("ol.plan li")
+        assert steps.count() == len(stored.plan)
+        for k in range(steps.count()):
+            assert "guard admitted" in steps.nth(k).inner_text() or "guard refused" in steps.nth(k).inner_text()
     finally:
         release.set()
         ctx.diagnoser.compute = compute
-    assert page.evaluate("window.vigilSamePage") is True  # filled in place, not reloaded
-    assert page.evaluate("document.body.dataset.diagnosis") == "done"
-    assert page.locator("#diagnosis-pending").count() == 0
-    assert incident.scope in page.locator("ol.causes > li.root").inner_text()
-    stored = cluster.store.diagnosis(incident.id)
-    assert stored is not None and stored.summary in page.locator(".diag-summary").inner_text()
-    steps = page.locator("ol.plan li")
-    assert steps.count() == len(stored.plan)
-    for k in range(steps.count()):
-        assert "guard admitted" in steps.nth(k).inner_text() or "guard refused" in steps.nth(k).inner_text()
+        # the session's store is shared: leave it holding the incidents it held
+        with cluster.store.engine.begin() as conn:
+            conn.execute(delete(tables.diagnoses).where(tables.diagnoses.c.incident_id == incident.id))
+            conn.execute(delete(tables.diagnosis_claims).where(tables.diagnosis_claims.c.incident_id == incident.id))
+            conn.execute(delete(tables.incidents).where(tables.incidents.c.id == incident.id))
 
 
 def test_hang_view_of_a_real_launch_run(page: Any, site: str) -> None:
