@@ -274,3 +274,27 @@ def test_act_set_quota_on_slurm_sets_a_qos(home: Path, fake_slurm: Path) -> None
                                     "64", "--resource", "nvidia.com/gpu", "--backend", "slurm"])
     assert kube_name.exit_code != 0 and "must be cpu, node or gres/<name>" in str(kube_name.exception)
     assert AuditLog().count() == 1
+
+
+def test_the_audit_table_says_a_retry_succeeded_and_what_it_replaced(home: Path) -> None:
+    """The human audit table shows a retry's verdict with the earlier run's failure it replaced, as the JSON holds it
+    (the record under the action's id, then its retry's record naming it in params.retry_of)."""
+    from vigil.model import ActionStatus
+    from vigil.remedy.audit import AuditLog
+
+    audit = AuditLog()
+    first = Action(ts=1.0, kind=ActionKind.DRAIN, target="node/n1", reason="xid 79", status=ActionStatus.FAILED,
+                   result="slurm: scontrol exited 1: node busy")
+    second = Action(ts=2.0, kind=ActionKind.DRAIN, target="node/n1", reason="xid 79", status=ActionStatus.FAILED,
+                    result="slurm: scontrol timed out after 30s", params={"retry_of": first.id})
+    third = Action(ts=3.0, kind=ActionKind.DRAIN, target="node/n1", reason="xid 79", status=ActionStatus.EXECUTED,
+                   result="drained n1", params={"retry_of": first.id})
+    for action in (first, second, third):
+        audit.record(action)
+    table = CliRunner().invoke(app, ["audit"], env={"COLUMNS": "400"})
+    assert table.exit_code == 0, table.output
+    lines = [line for line in table.stdout.splitlines() if "drain" in line]
+    assert "succeeded on retry 2 (earlier: failed: slurm: scontrol exited 1: node busy; failed: slurm: scontrol " \
+           "timed out after 30s): drained n1" in lines[2]
+    assert "failed on retry 1 (earlier: failed: slurm: scontrol exited 1: node busy)" in lines[1]
+    assert "retry" not in lines[0]

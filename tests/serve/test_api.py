@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from tests.serve.conftest import APPROVER, APPROVER_AUTH, STRAGGLER_RANK, TOKEN, SimCluster, reader_cookies
 from tests.serve.test_alertmanager import PAYLOAD
 from vigil.faces.api.app import create_app
-from vigil.model import ActionKind, ActionStatus, Event, FaultLevel, IncidentStatus
+from vigil.model import Action, ActionKind, ActionStatus, Event, FaultLevel, IncidentStatus
 from vigil.remedy.actuators.base import OutboxActuator
 from vigil.remedy.audit import AuditLog
 from vigil.remedy.remediator import Remediator
@@ -281,3 +281,17 @@ def test_job_page_falls_back_to_the_jobs_own_step_time(client: TestClient, clust
     assert 'id="job-level"' in html and html.count('class="rank"') == 1 and "slowest" not in html
     straggling = client.get(f"/jobs/{cluster.run.topology.jobs[0].id}").text
     assert 'id="job-level"' not in straggling and 'class="rank slowest"' in straggling
+
+
+def test_incident_page_says_a_retry_replaced_an_earlier_failure(client: TestClient, cluster: SimCluster) -> None:
+    """The dashboard's actions table shows the stored action's replaced verdicts (params.earlier_verdicts), not only
+    the retry's result."""
+    cluster.store.add_action(Action(
+        ts=1.0, kind=ActionKind.DRAIN, target="node/n001", incident_id=cluster.incident.id, reason="xid 79",
+        status=ActionStatus.EXECUTED, result="drained n1",
+        params={"earlier_verdicts": [{"status": "failed", "result": "slurm: node busy"},
+                                     {"status": "failed", "result": "slurm: timed out"}]}))
+    page = client.get(f"/incidents/{cluster.incident.id}")
+    assert page.status_code == 200
+    assert ("succeeded on retry 2 (earlier: failed: slurm: node busy; failed: slurm: timed out): drained n1"
+            in page.text)

@@ -17,6 +17,7 @@ from vigil.faces.api import cluster_map, svg
 from vigil.faces.api.auth import SignInRequired, check_page
 from vigil.faces.api.context import ServeContext
 from vigil.faces.api.hang import load_hang_report, stack_tree
+from vigil.faces.verdicts import verdict_text
 from vigil.model import Action, Diagnosis, Evidence, FaultLevel, Incident, IncidentStatus, VigilInputError, parse_entity
 from vigil.remedy.guard import CAPACITY_ACTIONS, BlastRadiusGuard
 from vigil.remedy.lifecycle import NodeState
@@ -26,6 +27,7 @@ templates = Jinja2Templates(directory=str(resources.files("vigil.faces.api") / "
 templates.env.globals["level_name"] = lambda level: FaultLevel(int(level)).label
 templates.env.globals["level_color"] = lambda level: svg.LEVEL_COLORS[int(level)]
 templates.env.globals["entity_url"] = lambda entity: _entity_url(str(entity))
+templates.env.filters["verdict"] = verdict_text
 templates.env.filters["utc"] = lambda ts: datetime.fromtimestamp(float(ts), UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 

@@ -12,6 +12,7 @@ from rich.text import Text
 
 from vigil.config import RemedyBackend
 from vigil.faces.cli.output import DataTable, SafeConsole, json_text
+from vigil.faces.verdicts import audit_texts
 from vigil.model import Action, ActionKind, ActionStatus, Anomaly, Topology, VigilInputError, parse_entity
 
 if TYPE_CHECKING:
@@ -375,11 +376,8 @@ def _print_actions(actions: Sequence[Action], title: str) -> None:
     table.add_column("target", no_wrap=True, min_width=max((len(a.target) for a in actions), default=6))
     table.add_column("status", no_wrap=True)
     table.add_column("result / reason")
-    for action in actions:
-        table.add_row(
-            _when(action.ts), action.kind.value, action.target, action.status.value,
-            Text(action.result or action.reason),
-        )
+    for action, said in zip(actions, audit_texts(actions), strict=True):
+        table.add_row(_when(action.ts), action.kind.value, action.target, action.status.value, Text(said))
     console.print(table)
 
 
