@@ -14,6 +14,7 @@ from typing import Any, NoReturn
 
 import pytest
 
+from vigil import procgroups
 from vigil.remedy.actuators import base
 from vigil.remedy.actuators.base import ActuatorError, run_command
 
@@ -89,8 +90,8 @@ def test_a_command_started_while_the_process_exits_is_killed_with_it(tmp_path: P
             self.lock.release()
 
     monkeypatch.setattr(base.subprocess, "Popen", parked_popen)
-    monkeypatch.setattr(base, "_started_lock", WatchedLock())
-    monkeypatch.setattr(base, "_exiting", threading.Event())  # this test's exit, not the test process's
+    monkeypatch.setattr(procgroups, "_started_lock", WatchedLock())
+    monkeypatch.setattr(procgroups, "_exiting", threading.Event())  # this test's exit, not the test process's
     monkeypatch.setattr(base, "_wait_for_the_end", _park)
     outcome: list[BaseException | None] = []
 
@@ -105,7 +106,7 @@ def test_a_command_started_while_the_process_exits_is_killed_with_it(tmp_path: P
     worker.start()
     try:
         assert at_popen.wait(30.0)
-        exiting = threading.Thread(target=lambda: (base.end_started_commands(), moved.set()), daemon=True)
+        exiting = threading.Thread(target=lambda: (procgroups.end_started_groups(), moved.set()), daemon=True)
         exiting.start()
         # the exit waits for the start under way (before, it took its list at once and killed nothing)
         assert moved.wait(30.0)
@@ -128,7 +129,7 @@ def test_a_command_started_while_the_process_exits_is_killed_with_it(tmp_path: P
 def test_no_command_starts_once_the_process_is_exiting(monkeypatch: pytest.MonkeyPatch) -> None:
     exiting = threading.Event()
     exiting.set()
-    monkeypatch.setattr(base, "_exiting", exiting)
+    monkeypatch.setattr(procgroups, "_exiting", exiting)
     monkeypatch.setattr(base, "_wait_for_the_end", _park)
     started: list[object] = []
     monkeypatch.setattr(base.subprocess, "Popen", lambda *a, **k: started.append(a))

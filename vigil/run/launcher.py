@@ -21,6 +21,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from vigil import procgroups
 from vigil.diagnose.hang import HangDiagnosis
 from vigil.diagnose.timeline import TIMELINE_FILE
 from vigil.model import VigilInputError
@@ -106,10 +107,11 @@ def probe_command(argv: Sequence[str], python: str | None = None) -> list[str]:
 
 def start_rank(argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> subprocess.Popen[bytes]:
     """One rank in its own session (so the whole process group can be signalled), output to its log; it dies
-    with its launcher (``vigil.run.rank_procs``)."""
+    with its launcher (``vigil.run.rank_procs``), and its group is killed at the launcher's exit if still running
+    then (``vigil.procgroups``: a launch on a thread whose ``finally`` never ran, a Ctrl-C between the start and
+    ``procs[rank]``); none starts once the process is exiting."""
     with open(log_path, "wb") as log:
-        return subprocess.Popen(list(argv), env={**env, **launcher_env()}, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        return procgroups.start_group(list(argv), env={**env, **launcher_env()}, stdout=log, stderr=subprocess.STDOUT)
 
 
 def prepare_out_dir(out_dir: Path, ranks: range | None = None, shared: bool = True) -> None:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import psutil
 
+from vigil import procgroups
 from vigil.sources.probe.activate import ENV_LAUNCHER_PID
 from vigil.sources.probe.records import write_json_atomic
 
@@ -105,6 +106,7 @@ def stop_groups(procs: Iterable[subprocess.Popen[bytes]], grace_s: float = 3.0) 
         for proc in procs:
             signal_group(proc.pid, signal.SIGKILL)
             proc.wait()
+            procgroups.forget(proc)  # reaped: nothing of it for the exit's kill
 
 
 @contextlib.contextmanager

@@ -17,7 +17,7 @@ import click
 import typer
 
 from vigil.model import VigilInputError
-from vigil.remedy.actuators.base import end_started_commands
+from vigil.procgroups import end_started_groups
 
 log = logging.getLogger(__name__)
 
@@ -30,10 +30,10 @@ LOOK_EVERY_S = 0.5
 def _exit_now() -> NoReturn:
     """End the process at once, exit 0, past the bound: the abandoned ``work`` thread may hold a lock the way out
     waits for (a logging handler's, which ``logging.shutdown`` takes at exit: the process hung there). The back end's
-    commands are killed first (``end_started_commands``, which atexit would have run) and the output flushed; nothing
+    commands are killed first (``end_started_groups``, which atexit would have run) and the output flushed; nothing
     else is lost: the store is a database, whose commits are durable and whose transaction left open is rolled back
     by the database, as on a SIGKILL - the run left started is taken over once the lease lapses."""
-    end_started_commands()
+    end_started_groups()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
@@ -48,7 +48,7 @@ def run_stoppable(work: Callable[[], object], stop: threading.Event, *, who: str
     finishes the action it is on and claims no further run. A further SIGTERM changes nothing (a service manager
     escalates to SIGKILL). A second Ctrl-C ends the process at once, exit 130, with one line (``who: stopped at once on
     a second Ctrl-C, left``); a back end's command ``work`` waited for is killed on the way out
-    (``end_started_commands``) and its run left started, for the lease takeover. What ``work`` raises: a user's mistake
+    (``end_started_groups``) and its run left started, for the lease takeover. What ``work`` raises: a user's mistake
     (VigilInputError, a click exception, an exit) is raised here as if raised on this thread; anything else ends the
     command with one line naming it, exit 1 (the traceback at debug). Before, Ctrl-C raised wherever the main thread
     was - in the middle of a drain, killing its command and leaving its run started - a second one ended the process

@@ -9,18 +9,15 @@ applied around it by the Remediator, so no back end can skip them.
 from __future__ import annotations
 
 import abc
-import atexit
-import contextlib
 import json
-import os
 import shutil
-import signal
 import subprocess
 import threading
 import time
 from pathlib import Path
 from typing import NoReturn
 
+from vigil import procgroups
 from vigil.model import Action, ActionKind, VigilInputError, parse_entity
 
 
@@ -33,17 +30,15 @@ def run_command(argv: list[str], timeout_s: float, what: str) -> subprocess.Comp
     exit becomes an ActuatorError naming ``what`` with the first line the program printed."""
     if shutil.which(argv[0]) is None:
         raise ActuatorError(f"{argv[0]} not found on PATH")
-    # Started and registered under the lock ``end_started_commands`` takes its list under: a command is either in
-    # that list or not started at all. Before, one started by a daemon thread between its Popen and its registration
-    # while the process exited was never killed and outlived it.
-    with _started_lock:
-        # its own session and process group: a terminal's Ctrl-C goes to the whole foreground group, and would end a
-        # drain that `vigil serve` is waiting for on that very Ctrl-C; the timeout below still ends it, by the group
-        # Vigil started
-        process = None if _exiting.is_set() else subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-        if process is not None:
-            _started.add(process)
+    # Started and registered under the lock the exit's kill takes its list under (``vigil.procgroups``): a command is
+    # either in that list or not started at all. Its own session and process group: a terminal's Ctrl-C goes to the
+    # whole foreground group, and would end a drain that `vigil serve` is waiting for on that very Ctrl-C; the timeout
+    # below still ends it, by the group Vigil started
+    try:
+        process: subprocess.Popen[str] | None = procgroups.start_group(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    except procgroups.Exiting:
+        process = None
     if process is None:
         # this process is exiting (only daemon threads run then): the command is not started, and as for one ended
         # by the exit, no verdict - the run stays started, for the lease takeover
@@ -59,24 +54,16 @@ def run_command(argv: list[str], timeout_s: float, what: str) -> subprocess.Comp
             _end_group(process)
             raise
         finally:
-            with _started_lock:
-                _started.discard(process)
-    if _exiting.is_set():
-        # ended by this process's own exit (``end_started_commands``): no verdict, the run stays started for the
-        # lease takeover
+            procgroups.forget(process)
+    if procgroups.exiting():
+        # ended by this process's own exit (``procgroups.end_started_groups``): no verdict, the run stays started for
+        # the lease takeover
         _wait_for_the_end()
     done = subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
     if done.returncode != 0:
         message = (done.stderr or done.stdout).strip().splitlines()
         raise ActuatorError(f"{what} exited {done.returncode}: {message[0] if message else ''}")
     return done
-
-
-# the back-end commands running now, each the leader of a process group of its own (``run_command``): killed, their
-# groups whole, when the process exits with them still running (``end_started_commands``)
-_started: set[subprocess.Popen[str]] = set()
-_started_lock = threading.Lock()
-_exiting = threading.Event()
 
 
 def _wait_for_the_end() -> NoReturn:
@@ -86,41 +73,8 @@ def _wait_for_the_end() -> NoReturn:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-@atexit.register
-def end_started_commands() -> None:
-    """SIGKILL the process group of every back-end command this process started and that still runs, on the way out
-    (atexit: `vigil serve` or `vigil engine` stopped at once by a second Ctrl-C, or ended by an exception, while a
-    daemon thread waited for a drain): a command in a session of its own outlived the process before, a drain going
-    on with no one to record it. Only groups this process started, and only while their leader is not reaped: the
-    leader's Popen lock (CPython's, taken around every reap) is held for the look and the kill, so the group's id is
-    still that leader's; a leader being reaped at that moment has ended. The thread waiting for a command ended here
-    records no verdict (``run_command``): its run stays started, for another server or engine to take over once this
-    process's lease on it lapses."""
-    with _started_lock:  # set under the lock: no command starts after the list is taken
-        _exiting.set()
-        running = list(_started)
-    for process in running:
-        reaping = getattr(process, "_waitpid_lock", None)
-        # held but briefly by a wait with a timeout (communicate's), and for long only by a wait on a leader killed or
-        # ended already (the timeout's kill, the with-block's end)
-        if reaping is not None and not reaping.acquire(timeout=5.0):
-            continue
-        try:
-            if process.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-        finally:
-            if reaping is not None:
-                reaping.release()
-
-
 def _end_group(process: subprocess.Popen[str]) -> None:
-    """SIGKILL the process group ``process`` leads (its own session, started above), then reap it. Only while the
-    leader is not reaped yet (no poll() first): until then its pid, the group's id, is no other process's."""
-    if process.returncode is None:
-        with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
-            os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
+    procgroups.end_group(process)
 
 
 def migration_nodes(action: Action) -> list[str]:
