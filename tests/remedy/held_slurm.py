@@ -27,6 +27,13 @@ if sys.argv[1:3] == ["show", "node"]:
     print(f"NodeName={sys.argv[3]} Arch=x86_64 CoresTotal=64 State=IDLE Partitions=gpu")
 elif sys.argv[1] == "update":
     node = dict(arg.split("=", 1) for arg in sys.argv[2:] if "=" in arg)["nodename"]
+    try:  # an earlier drain of the node still running: two drains at once (a run started beside one left running)
+        earlier = open(os.path.join(state_dir, "draining-" + node)).read()
+        if earlier and open(f"/proc/{earlier}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+            with open(os.path.join(state_dir, "calls.log"), "a") as log:
+                log.write(f"overlap {node}: {os.getpid()} started while {earlier} runs\\n")
+    except OSError:
+        pass
     with open(os.path.join(state_dir, "draining-" + node), "w") as mark:
         mark.write(str(os.getpid()))
     with open(os.path.join(state_dir, "release")) as release:

@@ -27,14 +27,18 @@ from vigil.model import (
     node_of,
     parse_entity,
 )
-from vigil.remedy.actuators.base import Actuator, ActuatorError, migration_nodes
+from vigil.remedy.actuators.base import Actuator, ActuatorError, migration_nodes, recording
 from vigil.remedy.audit import AuditLog, UnfinishedRun
+from vigil.remedy.commands import CommandJournal, settle_left_running
 from vigil.remedy.guard import CAPACITY_ACTIONS, BlastRadiusGuard
 from vigil.remedy.lease import DEFAULT_LEASE_S, DEFAULT_RENEW_S, Renewal, Wait, wall_wait
 from vigil.remedy.lifecycle import LifecycleStore, NodeState, Trigger, trigger_for_level
 from vigil.remedy.policy import PolicyEngine
 
 log = logging.getLogger("vigil.remedy")
+
+# how long a command a dead owner left running is waited for when adopted (``vigil.remedy.commands``)
+ADOPT_WAIT_S = 600.0
 
 # recovery rounds in a row at which a remembered run's close has failed before that is warned (once; debug until then)
 UNCLOSED_WARN_AFTER = 10
@@ -128,6 +132,7 @@ class Remediator:
         lease_s: float = DEFAULT_LEASE_S,
         renew_s: float = DEFAULT_RENEW_S,
         wait: Wait = wall_wait,
+        adopt_wait_s: float = ADOPT_WAIT_S,
     ) -> None:
         # the lease is its caller's to give, from the settings it runs under (``lease_of``): every command's remediator
         # (the server's, the engine's, the failover supervisor's, `vigil checkpoint clean`'s...) passes its own; read
@@ -153,6 +158,9 @@ class Remediator:
         self.owner = f"{requested_by}-{uuid.uuid4().hex[:16]}"
         self.lease_s, self.renew_s = lease_s, renew_s
         self.wait = wait
+        # how long a run taken over waits for a command its dead owner left running and that is adopted, not killed
+        # (``vigil.remedy.commands``), before killing it
+        self.adopt_wait_s = adopt_wait_s
         # resumed runs that failed and whose close failed too (the database went away): key -> (the failed action,
         # whether the back end was asked, the id the guard holds its nodes for); closed at the next recovery round,
         # or before this remediator runs the same key again. The lock guards these dicts only, never a database call:
@@ -293,7 +301,9 @@ class Remediator:
             with Renewal(self.audit, key, self.owner, lease_s=self.lease_s, renew_s=self.renew_s, clock=self.clock,
                          wait=self.wait):
                 asked.append(True)
-                answer = actuator.execute(action)
+                # its commands recorded in the store, for this run's next owner should this process be killed outright
+                with recording(CommandJournal(self.audit.engine, key, self.owner, action.kind)):
+                    answer = actuator.execute(action)
         except Exception as err:  # the back end's error, or any other (a bug in it): the run ends failed either way
             refused = isinstance(err, (ActuatorError, OSError))
             if refused:
@@ -387,6 +397,8 @@ class Remediator:
             action.params["lease_expired_at"] = run.lease_expires
         asked: list[bool] = []  # set just before the back end is asked: from then on the nodes may be out
         try:
+            if self._left_running(run, action):
+                return action
             return self._execute(action, claimed=run.key, asked=asked)
         except Exception as err:  # left started, the run would trip the next takeover on its record
             log.exception("resuming the interrupted run %s failed", run.key)
@@ -405,6 +417,30 @@ class Remediator:
                           "lease on it lapses", run.key, action.kind.value, action.target, type(close_err).__name__,
                           next(iter(str(close_err).splitlines()), ""))  # SQLAlchemy's: the SQL and a link below
             return action
+
+    def _left_running(self, run: UnfinishedRun, action: Action) -> bool:
+        """Settle the commands the run's earlier owners started and never saw end (``vigil.remedy.commands``): gone,
+        killed or adopted on this host - kept in the action's ``params.earlier_commands`` - before the run goes on. One
+        on another host may still run there: the run is closed failed instead of run again beside it (True)."""
+        with Renewal(self.audit, run.key, self.owner, lease_s=self.lease_s, renew_s=self.renew_s, clock=self.clock,
+                     wait=self.wait):
+            found = settle_left_running(self.audit.engine, run.key, self.owner, action.kind, self.adopt_wait_s)
+        if not found:
+            return False
+        action.params["earlier_commands"] = found
+        unknown = [c for c in found if c["state"] == "unknown"]
+        if not unknown:
+            return False
+        where = ", ".join(f"{' '.join(map(str, c['argv']))} (pid {c['pid']} on {c['host']})" for c in unknown)
+        log.error("the run %s (%s on %s) taken over from %s is not run again: its command %s may still be running; "
+                  "check, then execute the action again", run.key, action.kind.value, action.target, run.owner, where)
+        action.status = ActionStatus.FAILED
+        action.result = (f"not run again: the earlier run's command {where} may still be running there; check it, "
+                         f"then execute the action again")
+        if not self.audit.finish(run.key, "failed", owner=self.owner, record=action):
+            self._completed_late(action, run.key, [], ActionStatus.FAILED, action.result)
+            self.audit.record(action)
+        return True
 
     def _close_failed(self, key: str, action: Action, *, asked: bool, held: str, settle: bool = True) -> bool:
         """Close the resumed run under ``key`` failed with ``action``, its failure (``_resume``): the close and the

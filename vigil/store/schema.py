@@ -228,3 +228,26 @@ remedy_intents = Table(
     Column("owner", String(120)),
     Column("lease_expires", Float),
 )
+
+# The back-end commands a run started (``vigil.remedy.commands``): one row per command, written before it starts
+# (``marker``: in its environment as VIGIL_COMMAND, found in /proc when the process died before its pid was written)
+# and given its process group once started - leader ``pid`` (= ``pgid``: a session of its own), the leader's start
+# time in clock ticks since boot (/proc/<pid>/stat field 22, so a reused pid is not taken for it) and the ``host``.
+# ``state``: starting, running, ended (its owner saw it end), or what the run's next owner found of it after the
+# owner died: gone, killed, adopted (waited for) or unknown (on another host).
+remedy_commands = Table(
+    "remedy_commands", metadata,
+    Column("marker", String(40), primary_key=True),
+    Column("key", String(120), nullable=False, index=True),
+    Column("owner", String(120), nullable=False),
+    Column("kind", String(40), nullable=False),
+    Column("argv", JSON, nullable=False),
+    Column("host", String(255), nullable=False),
+    Column("pid", Integer),
+    Column("pgid", Integer),
+    Column("start_time", BigInteger),
+    Column("state", String(20), nullable=False),
+    Column("started", Float, nullable=False),
+    Column("finished", Float),
+    Column("result", Text),
+)

@@ -9,13 +9,17 @@ applied around it by the Remediator, so no back end can skip them.
 from __future__ import annotations
 
 import abc
+import contextlib
 import json
+import logging
+import os
 import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, Protocol
 
 from vigil import procgroups
 from vigil.model import Action, ActionKind, VigilInputError, parse_entity
@@ -34,11 +38,27 @@ def run_command(argv: list[str], timeout_s: float, what: str) -> subprocess.Comp
     # either in that list or not started at all. Its own session and process group: a terminal's Ctrl-C goes to the
     # whole foreground group, and would end a drain that `vigil serve` is waiting for on that very Ctrl-C; the timeout
     # below still ends it, by the group Vigil started
+    # Recorded in the store first when a run's command (``recording``), so that the run's next owner finds it if this
+    # process is killed outright: a row before the start, its marker in the command's environment (found in /proc if
+    # the process dies before the row gets the pid), then the process group once started.
+    recorder = getattr(_recording, "recorder", None)
+    try:
+        marker = recorder.starting(argv) if recorder is not None else None
+    except Exception as err:  # not started unrecorded: the back end is not asked, the run fails
+        raise ActuatorError(f"{what} not started: recording it failed: {type(err).__name__}: "
+                            f"{next(iter(str(err).splitlines()), '')}") from err
+    env = None if marker is None else {**os.environ, COMMAND_MARKER_ENV: marker}
     try:
         process: subprocess.Popen[str] | None = procgroups.start_group(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     except procgroups.Exiting:
         process = None
+    if process is not None and recorder is not None and marker is not None:
+        try:
+            recorder.started(marker, process.pid)
+        except BaseException:
+            _end_group(process)  # not started where no one could find it
+            raise
     if process is None:
         # this process is exiting (only daemon threads run then): the command is not started, and as for one ended
         # by the exit, no verdict - the run stays started, for the lease takeover
@@ -59,11 +79,48 @@ def run_command(argv: list[str], timeout_s: float, what: str) -> subprocess.Comp
         # ended by this process's own exit (``procgroups.end_started_groups``): no verdict, the run stays started for
         # the lease takeover
         _wait_for_the_end()
+    if recorder is not None and marker is not None:
+        try:
+            recorder.ended(marker, process.returncode)
+        except Exception:  # the command's answer stands; its row stays "running", found gone by a next owner
+            logging.getLogger("vigil.remedy").warning("recording the end of %s failed", what, exc_info=True)
     done = subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
     if done.returncode != 0:
         message = (done.stderr or done.stdout).strip().splitlines()
         raise ActuatorError(f"{what} exited {done.returncode}: {message[0] if message else ''}")
     return done
+
+
+# the environment variable naming a recorded command's row (``CommandRecorder.starting``), inherited by its children
+COMMAND_MARKER_ENV = "VIGIL_COMMAND"
+
+
+class CommandRecorder(Protocol):
+    """Records a run's back-end commands in the store (``vigil.remedy.commands``), for the run's next owner should
+    this process be killed outright."""
+
+    def starting(self, argv: list[str]) -> str:
+        """A row for a command about to start; returns its marker (put in its environment)."""
+
+    def started(self, marker: str, pid: int) -> None:
+        """The command started as ``pid``, the leader of a group and session of its own."""
+
+    def ended(self, marker: str, returncode: int) -> None:
+        """The command ended (reaped by this process)."""
+
+
+_recording = threading.local()
+
+
+@contextlib.contextmanager
+def recording(recorder: CommandRecorder) -> Iterator[None]:
+    """While inside, the commands this thread runs (``run_command``) are recorded with ``recorder``."""
+    before = getattr(_recording, "recorder", None)
+    _recording.recorder = recorder
+    try:
+        yield
+    finally:
+        _recording.recorder = before
 
 
 def _wait_for_the_end() -> NoReturn:

@@ -1,0 +1,150 @@
+"""What a run's next owner does with a command its dead owner left running (``vigil.remedy.commands``): a GPU reset's
+is adopted - waited for, then the back end asked whether the work is done - never killed half-way nor started beside;
+one recorded on another host leaves the run closed failed, not run again. The left command is a real process in a
+session of its own, as the dead owner's was; SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.remedy.test_resume_claim import database as database
+from tests.serve.conftest import postgres_url as postgres_url
+from vigil.model import Action, ActionKind, ActionStatus
+from vigil.remedy import commands
+from vigil.remedy.actuators.base import COMMAND_MARKER_ENV, Actuator
+from vigil.remedy.audit import AuditLog
+from vigil.remedy.commands import CommandJournal, commands_of
+from vigil.remedy.remediator import Remediator
+
+KEY = "act-reset-n1"
+
+
+class ResetActuator(Actuator):
+    name = "reset"
+    kinds = frozenset({ActionKind.RESET_GPU})
+    target_kinds = frozenset({"gpu"})
+
+    def __init__(self, done: bool) -> None:
+        self.done, self.runs = done, 0
+
+    def describe(self, action: Action) -> str:
+        return f"reset {action.target}"
+
+    def is_satisfied(self, action: Action) -> bool:
+        return self.done
+
+    def execute(self, action: Action) -> str:
+        self.runs += 1
+        return f"reset {action.target}"
+
+
+def left_reset(database: str, fifo: Path, host: str | None = None) -> subprocess.Popen[bytes]:
+    """A GPU reset a killed server left started (its lease lapsed) with its command still running: a real process in
+    a session of its own reading ``fifo``, recorded as that server's journal would have it."""
+    action = Action(id=KEY, ts=0.0, kind=ActionKind.RESET_GPU, target="gpu/n1/0", reason="Xid 79",
+                    params={"idempotency_key": KEY})
+    audit = AuditLog(database)
+    assert audit.begin(KEY, action, owner="vigil-api-killed", now=0.0, lease_expires=30.0) is None
+    journal = CommandJournal(audit.engine, KEY, "vigil-api-killed", ActionKind.RESET_GPU)
+    argv = [sys.executable, "-c", "import sys; open(sys.argv[1]).read()", str(fifo)]
+    if host is not None:
+        journal.host = host
+    marker = journal.starting(argv)
+    process = subprocess.Popen(argv, start_new_session=True, env={**os.environ, COMMAND_MARKER_ENV: marker})
+    journal.started(marker, process.pid)
+    return process
+
+
+@pytest.fixture
+def fifo(tmp_path: Path) -> Path:
+    path = tmp_path / "hold"
+    os.mkfifo(path)
+    return path
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """End the command this test started (by its pid), wherever the test stopped."""
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def test_a_left_gpu_reset_is_adopted_waited_for_and_not_run_again(database: str, fifo: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    left = left_reset(database, fifo)
+    waiting = threading.Event()
+    real_wait = commands._wait_ended
+
+    def watched_wait(pids: Any, timeout_s: float) -> bool:
+        waiting.set()
+        return real_wait(pids, timeout_s)
+
+    monkeypatch.setattr(commands, "_wait_ended", watched_wait)
+
+    def release() -> None:  # once the next owner waits for it, the reset ends as it would have
+        if waiting.wait(60):
+            with open(fifo, "w") as hold:
+                hold.write("go\n")
+
+    releaser = threading.Thread(target=release, daemon=True)
+    releaser.start()
+    actuator = ResetActuator(done=True)
+    try:
+        [resumed] = Remediator([actuator], AuditLog(database), dry_run=False, requested_by="vigil-engine").recover()
+        # waited for: it ended while waited for, never killed (a SIGKILL would read -9 here)
+        assert left.wait(30) == 0
+    finally:
+        stop(left)
+        releaser.join(30)
+    assert actuator.runs == 0  # done per the back end once the adopted command ended: not reset a second time
+    assert resumed.status is ActionStatus.SKIPPED, resumed
+    [earlier] = resumed.params["earlier_commands"]
+    assert (earlier["pid"], earlier["state"]) == (left.pid, "adopted"), earlier
+    [row] = commands_of(AuditLog(database).engine, KEY)
+    assert row["state"] == "adopted" and row["result"].startswith("adopted: waited"), row
+
+
+def test_an_adopted_command_still_running_past_the_bound_is_killed_before_the_run_goes_on(database: str,
+                                                                                          fifo: Path) -> None:
+    left = left_reset(database, fifo)
+    actuator = ResetActuator(done=False)
+    began = time.monotonic()
+    try:
+        [resumed] = Remediator([actuator], AuditLog(database), dry_run=False, requested_by="vigil-engine",
+                               adopt_wait_s=0.5).recover()
+        assert left.wait(30) == -signal.SIGKILL
+    finally:
+        stop(left)
+    assert time.monotonic() - began < 30
+    assert actuator.runs == 1 and resumed.status is ActionStatus.EXECUTED, resumed  # run again once it was gone
+    [row] = commands_of(AuditLog(database).engine, KEY)
+    assert row["state"] == "killed" and "adopted, killed after 0.5 s" in row["result"], row
+
+
+def test_a_command_left_on_another_host_leaves_the_run_closed_failed_not_run_again(database: str,
+                                                                                   fifo: Path) -> None:
+    left = left_reset(database, fifo, host="gpu-head-2 pid:[4026531836]")
+    actuator = ResetActuator(done=False)
+    try:
+        audit = AuditLog(database)
+        [resumed] = Remediator([actuator], audit, dry_run=False, requested_by="vigil-engine").recover()
+        assert left.poll() is None  # not this host's to touch (it stands for a process elsewhere)
+    finally:
+        stop(left)
+    assert actuator.runs == 0
+    assert resumed.status is ActionStatus.FAILED and "may still be running" in resumed.result, resumed
+    assert "gpu-head-2" in resumed.result
+    assert audit.unfinished_runs() == []  # closed: no later takeover runs it blindly either
+    [row] = commands_of(audit.engine, KEY)
+    assert row["state"] == "unknown", row
