@@ -2,8 +2,8 @@
 (``remedy_commands``): a server or engine killed outright (SIGKILL, the OOM killer) runs no exit handler, so the run's
 next owner finds its commands here and adopts or kills those still running on its host (``vigil.remedy.commands``).
 
-Revision ID: 0012
-Revises: 0011
+Revision ID: 0013
+Revises: 0012
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0012"
-down_revision = "0011"
+revision = "0013"
+down_revision = "0012"
 branch_labels = None
 depends_on = None
 
