@@ -6,6 +6,7 @@ so judged (AHEAD_EVENTS, AHEAD_PUSHES) do further ones wait for it, as before. O
 from __future__ import annotations
 
 import logging
+import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,12 +16,12 @@ import pytest
 import sqlalchemy as sa
 
 from tests.run.test_read_order import Site
-from tests.serve.conftest import fresh_database
+from tests.serve.conftest import _postgres_bin, fresh_database, running_postgres
 from tests.serve.conftest import postgres_url as postgres_url
 from vigil.run import engine as engine_module
 from vigil.run.engine import CURSOR, Engine, _take
 from vigil.store import schema as t
-from vigil.store.sql import ReadPosition
+from vigil.store.sql import ReadPosition, Store
 
 
 @contextmanager
@@ -245,3 +246,60 @@ def test_an_event_judged_ahead_before_a_move_is_not_judged_again_after_it(site: 
     assert moved.status()["read_ahead"]["events"] == 0 and moved.event_cursor.xid < old
     site.store.add_events([site.xid("n02", 2)])
     assert moved.tick().events == 1 and judged(site)[1] == before[1] + 1
+
+
+def _burn_xids(server_url: str, past: int) -> None:
+    """Transactions on the server until its next xid is past ``past``: a busy server's counter, far ahead of a new
+    one's."""
+    with psycopg.connect(server_url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as conn:
+        while int(conn.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()[0]) <= past:
+            pass
+
+
+def _next_xid(url: str) -> int:
+    with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as conn:
+        return int(conn.execute("SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint").fetchone()[0])
+
+
+def test_a_store_moved_under_a_running_engine_is_placed_at_the_next_tick(
+        site: Site, server_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The store dumped (pg_dump), restored on another PostgreSQL server whose counter runs far lower and the
+    running engine's store switched to it (a failover, its URL or proxy pointing at the new server): the next tick
+    notices, renumbers in one line of log, and reads on - the event read before the move is not judged again, the
+    one stored but not read before it is judged once, as is one written on the new server; one remembered ahead of
+    an open transaction on the old server is not judged again. Before, the engine read nothing more, for good."""
+    with running_postgres() as (new_server, _base):
+        _burn_xids(server_url, _next_xid(new_server) + 5_000)
+        engine = site.engine()
+        site.store.add_events([site.xid("n01", 1)])
+        assert engine.tick().events == 1
+        with unrelated_writer(server_url):
+            site.store.add_events([site.xid("n01", 2)])  # judged ahead of the open transaction, remembered
+            assert engine.tick().events == 1 and engine.status()["read_ahead"]["events"] == 1
+            site.store.add_events([site.xid("n02", 1)])  # stored, not read before the move
+            dump = subprocess.run([_postgres_bin("pg_dump"), "--no-owner", "-d",
+                                   site.store.url.replace("postgresql+psycopg://", "postgresql://")],
+                                  check=True, capture_output=True).stdout
+        before = judged(site)
+        old_xid = engine.event_cursor.xid
+        moved_url = fresh_database(new_server, "moved")
+        subprocess.run([_postgres_bin("psql"), "--single-transaction", "-v", "ON_ERROR_STOP=1", "-q", "-d",
+                        moved_url.replace("postgresql+psycopg://", "postgresql://")], input=dump, check=True,
+                       capture_output=True)
+        assert old_xid >= _next_xid(new_server)  # the move the engine has to notice
+        site.store.close()
+        site.store = engine.store = Store(moved_url)
+        site.store.add_events([site.xid("n02", 2)])  # written on the new server
+        with caplog.at_level(logging.WARNING, logger="vigil.engine"):
+            first = engine.tick()
+        moved_lines = [r for r in caplog.records if "store was moved" in r.getMessage()]
+        assert len(moved_lines) == 1 and "while the engine ran" in moved_lines[0].getMessage()
+        assert first.events == 2 and engine.event_cursor.xid < old_xid
+        assert judged(site)[1] == before[1] + 2  # one anomaly each for the two not judged before; none again
+        assert engine.tick().events == 0
+        site.store.add_events([site.xid("n02", 3)])
+        assert engine.tick().events == 1 and judged(site)[1] == before[1] + 3
+        after = judged(site)
+        restarted = site.engine()
+        assert restarted.tick().events == 0 and judged(site) == after
+        site.store.close()

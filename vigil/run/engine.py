@@ -357,22 +357,32 @@ class Engine:
             self._detect(self.frames.frames(min(now, max(p.ts for p in replay))), [], TickReport())
         self._started = True
 
-    def _place_moved(self) -> None:
+    def _place_moved(self, running: bool = False) -> None:
         """A read position saved on another PostgreSQL server (the store dumped and restored, or moved by logical
-        replication) holds that server's xid, past every one this server has given: every row written here would
-        sort before it, never read. Such a store is renumbered once (``Store.renumber_moved``), warned of, and the
-        cursor saved."""
+        replication, or a failover to a server whose transaction counter runs lower) holds that server's xid, past
+        every one this server has given: every row written here would sort before it, never read. Such a store is
+        renumbered once (``Store.renumber_moved``), warned of in one line, and the cursor saved. Checked at start and,
+        ``running``, at every tick (one query for the server's next xid): a move under a running engine - its
+        database URL pointing at the new server, a proxy or DNS name switched - is placed at the next tick, the rows
+        it remembers judged ahead (events' and pushes') renumbered with it."""
+        if running:
+            next_xid = self.store.next_xid()
+            if next_xid is None or max(self.event_cursor.xid, self.push_cursor.xid) < next_xid:
+                return
+        before = (tuple(self.event_cursor), tuple(self.push_cursor))
         events = self.store.renumber_moved("events", self.event_cursor, self.ahead_events)
-        pushes = self.store.renumber_moved("metric_pushes", self.push_cursor)
+        pushes = self.store.renumber_moved("metric_pushes", self.push_cursor, self.ahead_pushes)
         if events is None and pushes is None:
             return
-        log.warning("the engine's read position (events %s, metric pushes %s) holds transaction ids this PostgreSQL "
-                    "server has not reached: the store was moved from another server; rows read and unread were "
-                    "renumbered, reading on after the last read", tuple(self.event_cursor), tuple(self.push_cursor))
         if events is not None:
             self.event_cursor, self.ahead_events = events
         if pushes is not None:
-            self.push_cursor = pushes[0]
+            self.push_cursor, self.ahead_pushes = pushes
+        log.warning("the engine's read position (events %s, metric pushes %s) holds transaction ids this PostgreSQL "
+                    "server has not reached: the store was moved from another server%s; rows read and unread were "
+                    "renumbered, reading on after the last read from (events %s, metric pushes %s), none skipped, "
+                    "none judged again", *before, " while the engine ran" if running else "",
+                    tuple(self.event_cursor), tuple(self.push_cursor))
         self._save_cursor()
 
     def _position(self, state: Mapping[str, Any], name: str, table: str) -> ReadPosition:
@@ -448,6 +458,7 @@ class Engine:
         if not self._started:
             self.start()
         else:
+            self._place_moved(running=True)
             self._resume_beside()
         began = time.perf_counter()
         report = TickReport()

@@ -326,6 +326,14 @@ class Store:
                                 .order_by(rows.c.xid.desc(), rows.c.id.desc()).limit(1)).first()
         return ReadPosition(0, row_id) if last is None else ReadPosition(int(last.xid), int(last.id))
 
+    def next_xid(self) -> int | None:
+        """The xid the PostgreSQL server gives next (the current snapshot's xmax: every xid it has given lies below);
+        None on SQLite. A read position at or past it was saved on another server (``renumber_moved``)."""
+        if self.engine.dialect.name != "postgresql":
+            return None
+        with self.engine.connect() as conn:
+            return int(conn.execute(text("SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint")).scalar_one())
+
     def renumber_moved(self, table: str, position: ReadPosition,
                        remembered: Collection[ReadPosition] = ()) -> tuple[ReadPosition, set[ReadPosition]] | None:
         """Place a read position in ``table`` ("events" or "metric_pushes") saved on another PostgreSQL server (the
