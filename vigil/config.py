@@ -66,6 +66,11 @@ class Settings(BaseSettings):
                                      "report's step telemetry), however soon the engine prunes the push: a retry "
                                      "within it is stored once, one after it once more")
     engine_interval_s: float = Field(default=5.0, gt=0, description="how often the live engine ticks")
+    engine_read_ahead_pushes: int = Field(default=0, ge=0, description="how many metric pushes committed past a "
+                                          "transaction still running on the PostgreSQL server the engine judges at "
+                                          "once and remembers (in memory) before further ones wait for it; 0 = "
+                                          "by the load: 40 a node pushing (10 minutes at the agent's 15 s), at "
+                                          "least 5,000")
     live_push_max_age_s: float = Field(default=300.0, gt=0, description="a metric push whose newest sample is older "
                                        "than this when the engine reads it (an agent's backlog sent after an "
                                        "outage) is stored but never judged live: the engine keeps the pushes of "

@@ -303,3 +303,36 @@ def test_a_store_moved_under_a_running_engine_is_placed_at_the_next_tick(
         restarted = site.engine()
         assert restarted.tick().events == 0 and judged(site) == after
         site.store.close()
+
+
+def test_the_push_bound_follows_the_load_or_the_setting(site: Site) -> None:
+    """5,000 pushes remembered fill in about a minute at 1,000 nodes pushing every 15 s: the bound is 40 a node
+    pushing (10 minutes of their pushes), at least 5,000, unless engine_read_ahead_pushes sets it."""
+    engine = site.engine()
+    assert engine.ahead_push_bound() == 5_000
+    engine.push_offsets = {f"n{k:04d}": 0.0 for k in range(1_000)}
+    assert engine.ahead_push_bound() == 40_000
+    assert engine.status()["read_ahead_bound"] == {"events": 1_000, "pushes": 40_000}
+    site.settings = site.settings.model_copy(update={"engine_read_ahead_pushes": 7})
+    assert site.engine().ahead_push_bound() == 7
+
+
+def test_past_the_push_bound_the_log_says_what_waits_and_what_it_costs(site: Site, server_url: str,
+                                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """With room for one push remembered, the second committed behind an open transaction waits for it: the warning
+    names the bound, the setting to raise, and the cost - judged late, read again by a restart meanwhile - and the
+    push is judged once, at the tick after the transaction ends."""
+    site.settings = site.settings.model_copy(update={"engine_read_ahead_pushes": 1})
+    engine = site.engine()
+    engine.tick()
+    with unrelated_writer(server_url), caplog.at_level(logging.WARNING, logger="vigil.engine"):
+        site.store.add_samples("n01", site.samples("n01"))
+        site.store.add_samples("n02", site.samples("n02"))
+        assert engine.tick().pushes == 1
+        assert engine.status()["read_ahead"] == {"events": 0, "pushes": 1, "full": True}
+        assert engine.tick().pushes == 0
+    message = " ".join(r.getMessage() for r in caplog.records if "bound is reached" in r.getMessage())
+    assert "1 metric pushes (of 1)" in message and "judged late" in message
+    assert "reads those pushes again" in message and "engine_read_ahead_pushes" in message
+    assert engine.tick().pushes == 1 and engine.tick().pushes == 0
+    assert engine.status()["read_ahead"] == {"events": 0, "pushes": 0, "full": False}

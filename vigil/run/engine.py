@@ -73,6 +73,9 @@ HELD_BACK_WARN_S = 60.0
 # only (a restart reads them again, as its replay does). Under the batch, so the rows remembered never fill a read.
 AHEAD_EVENTS = 1_000
 AHEAD_PUSHES = 5_000
+# With setting engine_read_ahead_pushes 0, the pushes' bound follows the load: this many a node pushing (10 minutes
+# at the agent's push_interval_s of 15 s), at least AHEAD_PUSHES - 1,000 nodes fill 5,000 in 75 s, 40,000 in 10 min.
+AHEAD_PUSHES_PER_NODE = 40
 
 _T = TypeVar("_T")
 
@@ -472,7 +475,8 @@ class Engine:
         self._refresh_topology()
         # rows remembered are not read again while unsettled, and none unsettled once the bound is reached
         events_at_bound = len(self.ahead_events) >= AHEAD_EVENTS
-        pushes_at_bound = len(self.ahead_pushes) >= AHEAD_PUSHES
+        push_bound = self.ahead_push_bound()
+        pushes_at_bound = len(self.ahead_pushes) >= push_bound
         read_events = self.store.events_read(self.event_cursor, limit=self.batch, skip=self.ahead_events,
                                              settled_only=events_at_bound)
         read_pushes = self.store.pushes_read(self.push_cursor, limit=self.batch, skip=self.ahead_pushes,
@@ -482,13 +486,13 @@ class Engine:
         events, event_cursor, events_full = _take([(p, e, s) for p, e, s in read_events], self.event_cursor,
                                                   ahead_events, AHEAD_EVENTS)
         pushes, push_cursor, pushes_full = _take([(p.position, p, s) for p, s in read_pushes], self.push_cursor,
-                                                 ahead_pushes, AHEAD_PUSHES)
+                                                 ahead_pushes, push_bound)
         # a read full of rows remembered, still unsettled, or held back by the bound is no full read: what holds them
         # back is watched all the same
         moving_events = len(events) + sum(1 for p, _, s in read_events if s and p in self.ahead_events)
         moving_pushes = len(pushes) + sum(1 for p, s in read_pushes if s and p.position in self.ahead_pushes)
         events_full = events_full or (events_at_bound and len(ahead_events) >= AHEAD_EVENTS)
-        pushes_full = pushes_full or (pushes_at_bound and len(ahead_pushes) >= AHEAD_PUSHES)
+        pushes_full = pushes_full or (pushes_at_bound and len(ahead_pushes) >= push_bound)
         report.events, report.pushes = len(events), len(pushes)
         for push in pushes:
             self._apply_push(push, now, report)
@@ -500,9 +504,15 @@ class Engine:
         self.ahead_events, self.ahead_pushes = ahead_events, ahead_pushes
         self._save_cursor()
         if (events_full or pushes_full) and not self.ahead_full:
-            log.warning("%d events and %d metric pushes committed while an older transaction still runs on the "
-                        "PostgreSQL server were judged at once; further ones wait for it to end (%s)",
-                        len(ahead_events), len(ahead_pushes), self.store.oldest_writer())
+            log.warning("%d events (of %d) and %d metric pushes (of %d) committed while an older transaction still "
+                        "runs on the PostgreSQL server were judged at once and remembered; the bound is reached, so "
+                        "further ones wait, unread, until it ends (%s): they are judged late, at the tick after it "
+                        "ends - the nodes whose pushes wait are judged on their last values read meanwhile - and, "
+                        "the pushes remembered being in memory only, an engine restarted before then reads those "
+                        "pushes again (applied again, they change no value held; the events' are kept in the "
+                        "cursor and judged once); raise engine_read_ahead_pushes (memory: about 200 bytes a push) "
+                        "or end the transaction", len(ahead_events), AHEAD_EVENTS, len(ahead_pushes), push_bound,
+                        self.store.oldest_writer())
         self.ahead_full = events_full or pushes_full
         if moving_events < self.batch and moving_pushes < self.batch:
             self._watch_held_back(now)
@@ -755,7 +765,15 @@ class Engine:
                         "events of %d, %d pushes of %d), past that they wait, unread, until it ends (the server's "
                         "idle_in_transaction_session_timeout ends idle ones)", now - self.held_since,
                         self.store.oldest_writer(), len(self.ahead_events), AHEAD_EVENTS, len(self.ahead_pushes),
-                        AHEAD_PUSHES)
+                        self.ahead_push_bound())
+
+    def ahead_push_bound(self) -> int:
+        """How many pushes committed past an open transaction are judged at once and remembered (``_take``): setting
+        engine_read_ahead_pushes, or with it 0 ``AHEAD_PUSHES_PER_NODE`` for every node that has pushed (its
+        offset known), at least ``AHEAD_PUSHES``."""
+        if self.settings.engine_read_ahead_pushes:
+            return self.settings.engine_read_ahead_pushes
+        return max(AHEAD_PUSHES, AHEAD_PUSHES_PER_NODE * len(self.push_offsets))
 
     def _save_cursor(self) -> None:
         self.store.set_cursor(CURSOR, float(self.event_cursor.id),
@@ -802,6 +820,7 @@ class Engine:
             "held_back_s": None if self.held_since is None else round(self.clock() - self.held_since, 1),
             "read_ahead": {"events": len(self.ahead_events), "pushes": len(self.ahead_pushes),
                            "full": self.ahead_full},
+            "read_ahead_bound": {"events": AHEAD_EVENTS, "pushes": self.ahead_push_bound()},
             "stale_pushes": self.stale_pushes,
             "late_pushes": self.late_pushes,
             "pruned_pushes": self.pruned_pushes,
