@@ -29,6 +29,7 @@ from sqlalchemy import (
     Table,
     any_,
     bindparam,
+    case,
     create_engine,
     delete,
     event,
@@ -79,6 +80,8 @@ log = logging.getLogger("vigil.store")
 # Old metric-push keys are dropped at most once per this share of push_key_window_s (a key is kept for the window
 # and at most this share more).
 PUSH_KEY_PRUNE_EVERY = 0.1
+# How many ids of a table one transaction of Store.renumber_moved renumbers: each holds its rows' locks that long.
+RENUMBER_BATCH = 20_000
 # The statuses of a stored action still waiting for its verdict; a verdict (executed, skipped, refused, failed) is
 # final, and no later write takes its place.
 OPEN_ACTION_STATUSES = frozenset({ActionStatus.PROPOSED, ActionStatus.APPROVED})
@@ -339,31 +342,46 @@ class Store:
         """Place a read position in ``table`` ("events" or "metric_pushes") saved on another PostgreSQL server (the
         store moved by pg_dump/pg_restore or a logical-replication cutover: rows keep the xids the old server gave
         them, the new server's counter runs lower): its xid at or past the current snapshot's xmax, which no
-        transaction of this server has reached. Once, in one REPEATABLE READ transaction (one snapshot, so a row
-        committed meanwhile is left as written): the rows read - at or before it in read order, the old server's
-        (an xid past xmax, or 0) or no later in id - get xid 0, every other row of a finished transaction (or of the
-        old server) xid 1, those of transactions still running keep theirs. Returns the position in the new order
-        (0, the last id read) and ``remembered`` (positions read past it) as renumbered; None where nothing moved,
-        and always on SQLite."""
+        transaction of this server has reached. The rows read - at or before it in read order, the old server's
+        (an xid past xmax, or 0) or, finished, no later in id - get xid 0, every other row of a finished transaction
+        (or of the old server) xid 1, those of transactions still running keep theirs. Returns the position in the
+        new order (0, the last id read) and ``remembered`` (positions read past it) as renumbered; None where
+        nothing moved, and always on SQLite.
+
+        One snapshot fixes what is renumbered (its xmin, its xmax, the highest id it sees: a row written later has a
+        higher id and is left as written); the UPDATEs then go ``RENUMBER_BATCH`` ids a transaction, each holding
+        its rows' locks for its own span only (1,000,000 events in one transaction held them for 50 s, and any
+        row deleted meanwhile - retention - failed the whole of it: bench/renumber.py). Only rows not renumbered yet
+        (an xid of 2 or more; PostgreSQL gives none below 3) are touched, so a renumbering cut short (the engine
+        killed, the server restarting) is finished by the next, which reads the position still saved."""
         if self.engine.dialect.name != "postgresql":
             return None
         rows = t.metadata.tables[table]
-        with self.engine.connect().execution_options(isolation_level="REPEATABLE READ") as conn, conn.begin():
-            xmin, xmax = conn.execute(text(
-                "SELECT pg_snapshot_xmin(s)::text::bigint, pg_snapshot_xmax(s)::text::bigint "
-                "FROM pg_current_snapshot() AS s")).one()
-            if position.xid < xmax:
-                return None
-            read = _read_key(rows) <= _at(position)
-            read = read & or_(rows.c.xid >= xmax, rows.c.xid == 0, rows.c.id <= position.id)
-            last = conn.execute(select(func.max(rows.c.id)).where(read)).scalar()
-            conn.execute(update(rows).where(read).values(xid=0))
-            conn.execute(update(rows).where(rows.c.xid != 0, or_(rows.c.xid < xmin, rows.c.xid >= xmax))
-                         .values(xid=1))
+        with self.engine.connect() as conn:
+            xmin, xmax, top = conn.execute(select(
+                literal_column("pg_snapshot_xmin(pg_current_snapshot())::text::bigint", BigInteger),
+                literal_column("pg_snapshot_xmax(pg_current_snapshot())::text::bigint", BigInteger),
+                select(func.coalesce(func.max(rows.c.id), 0)).scalar_subquery())).one()
+        if position.xid < xmax:
+            return None
+        finished = or_(rows.c.xid < xmin, rows.c.xid >= xmax)
+        read = (_read_key(rows) <= _at(position)) & or_(
+            rows.c.xid >= xmax, (rows.c.id <= position.id) & (rows.c.xid < xmin))
+        for low in range(0, int(top), RENUMBER_BATCH):
+            span = (rows.c.id > low) & (rows.c.id <= low + RENUMBER_BATCH) & (rows.c.xid >= 2)
+            self._renumber_span(rows, span, read, finished)
+        with self.engine.connect() as conn:
+            last = conn.execute(select(func.max(rows.c.id)).where(rows.c.xid == 0, rows.c.id <= top)).scalar()
             ids = [p.id for p in remembered]
             moved = {ReadPosition(int(r.xid), int(r.id))
                      for r in conn.execute(select(rows.c.xid, rows.c.id).where(rows.c.id.in_(ids)))} if ids else set()
         return ReadPosition(0, max(int(last or 0), position.id)), moved
+
+    def _renumber_span(self, rows: Table, span: Any, read: Any, finished: Any) -> None:
+        """One transaction of ``renumber_moved``: the rows of ``span`` read get xid 0, the other finished ones 1."""
+        with self.engine.begin() as conn:
+            conn.execute(update(rows).where(span, or_(read, finished))
+                         .values(xid=case((read, literal(0, BigInteger)), else_=literal(1, BigInteger))))
 
     def held_back(self, events_after: ReadPosition | int, pushes_after: ReadPosition | int) -> int | None:
         """The xid of the transaction holding reads back when events or pushes after these positions are committed
