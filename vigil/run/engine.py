@@ -16,6 +16,8 @@ again instead of new ones; open incidents are taken up again at start.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
 from collections import defaultdict
@@ -56,11 +58,13 @@ from vigil.sources.collect.slurm import SlurmJobs, placement
 from vigil.sources.launch import JOB_ENDED
 from vigil.sources.promql import PromQLSource
 from vigil.store.metrics import MetricFrame
-from vigil.store.sql import MetricPush, ReadPosition, Store
+from vigil.store.sql import LeaseLost, MetricPush, ReadPosition, Store
 
 log = logging.getLogger("vigil.engine")
 
 CURSOR = "engine"
+# The lease one engine of a store holds while it judges (a row of ``cursors``): the others on the store stand by.
+LEASE = "engine.lease"
 # Records this far around an incident are what its diagnosis may cite.
 DIAGNOSIS_SLACK_S = 900.0
 # An open incident whose signals keep firing is rewritten this often (its end time), not every tick.
@@ -217,6 +221,8 @@ class LiveFrames:
 
 @dataclass
 class TickReport:
+    # another engine holds the store's lease: this one read and judged nothing
+    standby: bool = False
     events: int = 0
     pushes: int = 0
     # pushes older than live_push_max_age_s (stored, not judged live) and pushes older than some value the live
@@ -308,6 +314,11 @@ class Engine:
         self.last_tick: TickReport | None = None
         self.stop = threading.Event()
         self._started = False
+        # One engine judges a store at a time: it holds the lease LEASE (renewed every tick, with the cursor's write,
+        # which it fences); the others stand by until it lapses (remedy_lease_s) or its process here has ended.
+        self.owner = f"{socket.gethostname()}:{os.getpid()}"
+        self.lease_s = settings.remedy_lease_s
+        self.standing_by: str | None = None
         self.slurm = SlurmJobs() if settings.slurm_poll_s > 0 else None
         self._next_slurm = 0.0
         if kube_jobs is None and settings.kube_jobs_poll_s > 0:
@@ -317,9 +328,48 @@ class Engine:
 
     # ---------------------------------------------------------------- start-up
 
-    def start(self) -> None:
-        """Take up where the last engine stopped: actions it left half done, cursor, open incidents, the latest
-        metric values."""
+    def start(self, wait: bool = True) -> bool:
+        """Take the store's engine lease (``wait``: standing by until it is free, or ``stop`` is set), then take up
+        where the last engine stopped: actions it left half done, cursor, open incidents, the latest metric values.
+        False where the lease was not taken."""
+        if not self._await_lease(wait):
+            return False
+        self._start()
+        return True
+
+    def _await_lease(self, wait: bool) -> bool:
+        """Take the lease LEASE; another engine holding it, stand by (one line, once) and try again every
+        ``engine_interval_s`` until it lapses - a killed engine's after ``remedy_lease_s``, at once for one of this
+        host whose process has ended - unless not ``wait`` or ``stop`` is set."""
+        while not self.stop.is_set():
+            now = time.time()
+            if self.store.take_lease(LEASE, self.owner, now, now + self.lease_s, _process_gone):
+                if self.standing_by is not None:
+                    log.warning("taking over from engine %s: this engine (%s) holds the store's engine lease and "
+                                "reads on from the cursor", self.standing_by, self.owner)
+                self.standing_by = None
+                return True
+            holder = self.store.lease_holder(LEASE)
+            who = holder[0] if holder else "another engine"
+            if self.standing_by != who:
+                log.warning("standing by: engine %s judges this store (its lease lapses %.0f s from now unless "
+                            "renewed); this one (%s) takes over once it lapses", who,
+                            (holder[1] - now) if holder else 0.0, self.owner)
+                self.standing_by = who
+            if not wait:
+                return False
+            self.stop.wait(min(self.settings.engine_interval_s, self.lease_s / 3))
+        return False
+
+    def release(self) -> None:
+        """Give the lease up (a clean stop): an engine standing by takes over at its next try."""
+        if self._started:
+            try:
+                self.store.release_lease(LEASE, self.owner)
+            except Exception as err:  # the store down: it lapses by itself
+                log.warning("giving the engine lease up failed (it lapses in %g s): %s", self.lease_s, err)
+
+    def _start(self) -> None:
         # An action whose execution a killed predecessor began is finished (or refused) before anything new.
         self._resume_interrupted()
         _, state = self.store.cursor(CURSOR)
@@ -459,8 +509,11 @@ class Engine:
 
     def tick(self) -> TickReport:
         if not self._started:
-            self.start()
+            if not self.start(wait=False):  # standing by: run() tries again at its next tick
+                return TickReport(standby=True)
         else:
+            # LeaseLost: another engine took the lease since (this one stalled past remedy_lease_s)
+            self.store.renew_lease(LEASE, self.owner, time.time() + self.lease_s)
             self._place_moved(running=True)
             self._resume_beside()
         began = time.perf_counter()
@@ -782,7 +835,8 @@ class Engine:
                                "events_ahead": sorted([p.xid, p.id] for p in self.ahead_events),
                                "ticks": self.ticks + 1,
                                "at": self.clock(), "stale_pushes": self.stale_pushes,
-                               "late_pushes": self.late_pushes, "push_offsets": self.push_offsets})
+                               "late_pushes": self.late_pushes, "push_offsets": self.push_offsets},
+                              lease=(LEASE, self.owner, time.time() + self.lease_s))
 
     def _prune(self, now: float) -> None:
         """Keep the pushes read of the last ``live_push_max_age_s`` (what a restart replays, for counter baselines):
@@ -803,6 +857,10 @@ class Engine:
                 began = time.monotonic()
                 try:
                     self.tick()
+                except LeaseLost as err:  # another engine judges the store now: this one's state is stale
+                    log.error("this engine stops: %s - it stalled past remedy_lease_s (%g s) and another engine "
+                              "took over, reading on from the cursor this one last saved", err, self.lease_s)
+                    raise
                 except Exception:  # one bad tick (store briefly down) must not end the loop
                     log.exception("engine tick failed; retrying")
                 self.stop.wait(max(0.0, self.settings.engine_interval_s - (time.monotonic() - began)))
@@ -810,11 +868,13 @@ class Engine:
             self.stop.set()
             raise
         self.finish_resuming()
+        self.release()
 
     def status(self) -> dict[str, Any]:
         last = self.last_tick
         return {
             "ticks": self.ticks,
+            "standing_by_for": self.standing_by,
             "event_cursor": self.event_cursor.id,
             "push_cursor": self.push_cursor.id,
             "held_back_s": None if self.held_since is None else round(self.clock() - self.held_since, 1),
@@ -829,6 +889,24 @@ class Engine:
             "detectors": [self.detector.name, *(d.name for d in self.learned)],
             "last_tick_s": last.seconds if last else None,
         }
+
+
+def _process_gone(owner: str) -> bool:
+    """Whether the engine ``owner`` ("host:pid") was a process of this host that has ended (or a zombie, killed and
+    not yet reaped): its lease is taken at once, not after it lapses. An owner of another host is never gone."""
+    host, _, pid = owner.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def load_topology_file(path: Path) -> Topology:

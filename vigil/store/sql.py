@@ -513,12 +513,75 @@ class Store:
             row = conn.execute(select(t.cursors).where(t.cursors.c.name == name)).first()
         return (float(row.position), dict(row.state)) if row else (0.0, {})
 
-    def set_cursor(self, name: str, position: float, state: dict[str, Any]) -> None:
+    def set_cursor(self, name: str, position: float, state: dict[str, Any],
+                   lease: tuple[str, str, float] | None = None) -> None:
+        """Write the cursor ``name``; with ``lease`` (its name, the owner, when it lapses) only while that owner
+        holds it, renewed in the same transaction - else LeaseLost, nothing written: an engine that stalled past its
+        lease while another took over cannot move the cursor from under it."""
         with self.engine.begin() as conn:
+            if lease is not None:
+                self._renew(conn, *lease)
             done = conn.execute(update(t.cursors).where(t.cursors.c.name == name)
                                 .values(position=position, state=state))
             if done.rowcount == 0:
                 conn.execute(insert(t.cursors).values(name=name, position=position, state=state))
+
+    def take_lease(self, name: str, owner: str, now: float, expires: float, gone: Callable[[str], bool]) -> bool:
+        """Take or renew the lease ``name`` (a row of ``cursors``: its position when it lapses, its state the owner)
+        for ``owner`` until ``expires``: one compare-and-set UPDATE that wins while it is ``owner``'s already, has
+        lapsed by ``now``, or its owner is ``gone`` (a process of this host that has ended), as the remediator's
+        claims are taken (vigil.remedy.audit.AuditLog.claim); the first taker inserts the row. True for one owner
+        at a time."""
+        holder = self.lease_holder(name)
+        if holder is None:
+            with self.engine.begin() as conn:
+                written = conn.execute(_insert_ignoring_name(self.engine.dialect.name).values(
+                    name=name, position=expires, state={"owner": owner})).first()
+            if written is not None:
+                return True
+            holder = self.lease_holder(name)
+            if holder is None:
+                return False
+        seen, lapses = holder
+        if seen != owner and lapses >= now and not gone(seen):
+            return False
+        with self.engine.begin() as conn:
+            done = conn.execute(update(t.cursors).where(t.cursors.c.name == name,
+                                                        t.cursors.c.state["owner"].as_string() == seen,
+                                                        t.cursors.c.position == lapses)
+                                .values(position=expires, state={"owner": owner}))
+            return done.rowcount == 1
+
+    def renew_lease(self, name: str, owner: str, expires: float) -> None:
+        """Extend ``owner``'s lease ``name`` until ``expires``, lapsed or not, while no other owner has taken it since
+        (even one that has given it up again); else LeaseLost."""
+        with self.engine.begin() as conn:
+            self._renew(conn, name, owner, expires)
+
+    def _renew(self, conn: Connection, name: str, owner: str, expires: float) -> None:
+        held = conn.execute(update(t.cursors).where(t.cursors.c.name == name,
+                                                    t.cursors.c.state["owner"].as_string() == owner)
+                            .values(position=expires))
+        if held.rowcount != 1:
+            holder = self.lease_holder(name, conn)
+            raise LeaseLost(f"the lease {name} is {holder[0] if holder else 'no one'}'s now, not {owner}'s")
+
+    def lease_holder(self, name: str, conn: Connection | None = None) -> tuple[str, float] | None:
+        """Who holds the lease ``name`` and until when (None: never taken)."""
+        q = select(t.cursors.c.state, t.cursors.c.position).where(t.cursors.c.name == name)
+        if conn is None:
+            with self.engine.connect() as own:
+                row = own.execute(q).first()
+        else:
+            row = conn.execute(q).first()
+        return None if row is None else (str(dict(row.state).get("owner", "")), float(row.position))
+
+    def release_lease(self, name: str, owner: str) -> None:
+        """End ``owner``'s lease ``name`` now (a clean stop): another takes it without waiting for it to lapse."""
+        with self.engine.begin() as conn:
+            conn.execute(update(t.cursors).where(t.cursors.c.name == name,
+                                                 t.cursors.c.state["owner"].as_string() == owner)
+                         .values(position=0.0))
 
     # ---------------------------------------------------------------- anomalies and incidents
 
@@ -920,6 +983,10 @@ class MetricPush:
         return ReadPosition(self.xid, self.id)
 
 
+class LeaseLost(RuntimeError):
+    """A write fenced by a lease (``Store.set_cursor``) refused: another owner holds it now."""
+
+
 class ReadPosition(NamedTuple):
     """Where a consumer of events or metric pushes has read to: the writing transaction's id and the row id of the
     last row read. Rows are read in (xid, id) order. On PostgreSQL ids are drawn from a sequence at INSERT while
@@ -1064,6 +1131,12 @@ def _with_nodes(whole: dict[str, Any] | None, nodes: Sequence[dict[str, Any]]) -
         node = Node.model_validate(body)
         by_name[node.name] = node
     return topology.model_copy(update={"nodes": sorted(by_name.values(), key=lambda n: n.name)})
+
+
+def _insert_ignoring_name(dialect: str) -> Any:
+    """An insert of a ``cursors`` row that writes nothing where its name is taken, returning the name written."""
+    statement = postgresql.insert(t.cursors) if dialect == "postgresql" else sqlite.insert(t.cursors)
+    return statement.on_conflict_do_nothing(index_elements=[t.cursors.c.name]).returning(t.cursors.c.name)
 
 
 def _insert_ignoring_duplicates(dialect: str, table: Table) -> Any:

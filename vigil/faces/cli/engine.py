@@ -53,7 +53,10 @@ def engine(
     lease_s = remediator.lease_s if remediator is not None else settings.remedy_lease_s
 
     def work() -> None:
-        live.start()
+        if not live.start(wait=not once):
+            if not live.stop.is_set():  # --once beside the engine that judges the store: nothing to do
+                typer.echo(f"another engine ({live.standing_by}) judges this store; nothing done", err=True)
+            return
         if live.resumed_actions:
             typer.echo(f"resumed {live.resumed_actions} interrupted action(s)", err=True)
         if live.stop.is_set():  # Ctrl-C or SIGTERM while resuming at start: the action in flight ended, nothing more
@@ -61,6 +64,7 @@ def engine(
         if once:
             report = live.tick()
             live.finish_resuming()
+            live.release()
             typer.echo(f"events {report.events}, pushes {report.pushes}, anomalies {report.anomalies}, "
                        f"opened {len(report.opened)}, changed {len(report.changed)}, resolved {len(report.resolved)}, "
                        f"actions {report.actions}")
