@@ -355,6 +355,7 @@ def test_any_bytes_parse(tmp_path_factory: pytest.TempPathFactory, data: bytes) 
     path.write_bytes(data)
     miner = TemplateMiner()
     total = sum(len(miner.add_block(block)) for block in read_lines(path))
+    data = data.lstrip(b"\0")  # zeros at a file's start are a copytruncate hole, not a line
     assert total == data.count(b"\n") + (0 if data.endswith(b"\n") or not data else 1)
 
 

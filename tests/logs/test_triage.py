@@ -1889,3 +1889,128 @@ def test_files_numbered_from_0_are_one_a_process_not_rotated_generations(tmp_pat
     result = triage(tmp_path, workers=1)
     assert result.root is not None and (result.root.source, result.root.lineno, result.root.rank) == (
         "train.log.2", 2, 2), result.summary
+
+
+_ILLEGAL = b"RuntimeError: CUDA error: an illegal memory access was encountered\n"
+
+
+def _gz_generations(folder: Path, count: int, lines: int) -> None:
+    import gzip
+
+    for number in range(1, count + 1):  # each generation inflates to lines * 23 bytes
+        day = 28 - number
+        text = b"".join(b"2026-11-%02d 10:00:00 ok\n" % day
+                        for _ in range(lines))
+        if number == count:  # the oldest holds an error before its lines
+            text = b"2026-11-%02d 09:00:00 " % day + _ILLEGAL + text
+        (folder / f"train.log.{number}.gz").write_bytes(gzip.compress(text))
+
+
+def test_a_total_inflation_budget_leaves_the_oldest_generations_out(tmp_path: Path,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """Many compressed generations, each under the per-file cap, inflate under one total budget: the newest are read,
+    the oldest left out, and one warning line names them (before: every generation was inflated, without bound)."""
+    _gz_generations(tmp_path, count=6, lines=10_000)  # 230,000 bytes each, the oldest a little more
+    (tmp_path / "train.log").write_text("2026-11-28 10:00:00 INFO step 9\n")
+    whole = triage(tmp_path, workers=1, inflate_budget=None)
+    assert whole.root is not None and whole.root.source == "train.log.6.gz"
+    assert whole.lines == 60_002
+    with caplog.at_level("WARNING"):
+        kept = triage(tmp_path, workers=1, inflate_budget=506_000)
+    # .1 and .2 whole (460,000 bytes), .3 read up to the 46,000 left (2,000 lines), .4 to .6 not read
+    assert kept.root is None and kept.lines == 1 + 20_000 + 2_000
+    warnings = [r.getMessage() for r in caplog.records if "total budget" in r.getMessage()]
+    assert len(warnings) == 1 and "\n" not in warnings[0]
+    assert "not read: train.log.4.gz, train.log.5.gz, train.log.6.gz" in warnings[0]
+    assert "read short: train.log.3.gz after 46000 bytes" in warnings[0]
+    # the result does not depend on the number of reading processes
+    assert triage(tmp_path, workers=2, inflate_budget=506_000).lines == kept.lines
+
+
+def test_the_inflation_budget_serves_every_logs_newest_generations_first(tmp_path: Path) -> None:
+    """Across logs the budget goes to each log's newest compressed generation before any older one."""
+    from vigil.logs.miner import inflation_plan
+
+    for log in ("rank_0", "rank_1"):
+        (tmp_path / log).mkdir()
+        _gz_generations(tmp_path / log, count=3, lines=1_000)  # 23,000 bytes each
+    streams = [[tmp_path / log / f"train.log.{n}.gz" for n in (3, 2, 1)] for log in ("rank_0", "rank_1")]
+    limits, line = inflation_plan(streams, 50_000, tmp_path)
+    # rank_0's and rank_1's .1 whole (46,000 bytes), rank_0's .2 up to the 4,000 left, the rest not read
+    assert limits == {tmp_path / "rank_0" / "train.log.2.gz": 4_000, tmp_path / "rank_1" / "train.log.2.gz": 0,
+                      tmp_path / "rank_0" / "train.log.3.gz": 0, tmp_path / "rank_1" / "train.log.3.gz": 0}
+    assert "not read: rank_1/train.log.2.gz, rank_0/train.log.3.gz, rank_1/train.log.3.gz;" in line
+    assert "read short: rank_0/train.log.2.gz after 4000 bytes" in line
+    assert inflation_plan(streams, 10 << 20) == ({}, "")  # within the budget: nothing counted, nothing cut
+
+
+def test_copytruncate_with_compress_leaves_no_line_in_the_hole(tmp_path: Path) -> None:
+    """logrotate copytruncate + compress: train.log.2.gz, train.log.1.gz, then train.log emptied while its writer
+    keeps writing at its old offset (no O_APPEND): a hole of zeros before its first new line. The generations are one
+    stream in order and the line after the hole is read (before: the zeros and that line were one over-long line, cut
+    and dropped, and no root was found)."""
+    import gzip
+
+    (tmp_path / "train.log.2.gz").write_bytes(gzip.compress(b"2026-12-05 10:00:00,000 INFO step 1\n"))
+    (tmp_path / "train.log.1.gz").write_bytes(gzip.compress(b"2026-12-06 10:00:00,000 INFO step 2\n"))
+    with (tmp_path / "train.log").open("wb") as handle:
+        handle.seek(300_000)  # a sparse hole, as the writer's old offset leaves it
+        handle.write(b"2026-12-07 10:00:00,000 " + _ILLEGAL + b"2026-12-07 10:00:01,000 INFO exiting\n")
+    (tmp_path / "rank_1.log").write_bytes(b"\0" * 100_000 + b"2026-12-07 10:00:05,000 INFO rank 1 step 3\n")
+    (sources,) = [s for s in discover(tmp_path) if s.name == "train.log"]
+    assert [p.name for p in sources.files] == ["train.log.2.gz", "train.log.1.gz", "train.log"]
+    assert [line for block in read_lines(tmp_path / "rank_1.log") for line in block] == [
+        "2026-12-07 10:00:05,000 INFO rank 1 step 3"]
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and (result.root.source, result.root.lineno) == ("train.log", 1), result.summary
+
+
+def test_olddir_generations_beside_the_log_or_its_directory_are_one_stream(tmp_path: Path) -> None:
+    """logrotate's olddir moves generations to a directory of their own: old/ beside the log (olddir old) or
+    archive/ beside its directory (olddir ../archive) - read with the log, oldest first, each named where it lies
+    (before: a log of its own, old/train.log, and the root's cascade split from it)."""
+    import gzip
+
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "train.log.2.gz").write_bytes(gzip.compress(
+        b"2026-12-05 10:00:00,000 INFO step 1\n2026-12-05 10:00:01,000 ERROR " + _ILLEGAL))
+    (tmp_path / "old" / "train.log.1.gz").write_bytes(gzip.compress(b"2026-12-06 10:00:00,000 INFO step 2\n"))
+    (tmp_path / "train.log").write_text("2026-12-07 10:00:00,000 INFO step 3\n")
+    (tmp_path / "n1" / "logs").mkdir(parents=True)
+    (tmp_path / "n1" / "archive").mkdir()
+    (tmp_path / "n1" / "logs" / "kern.log").write_text("2026-12-07T10:00:05 kernel: ok\n")
+    (tmp_path / "n1" / "archive" / "kern.log-20261206.gz").write_bytes(gzip.compress(b"2026-12-06T10:00:05 k: ok\n"))
+    sources = discover(tmp_path)
+    assert [(s.name, [p.relative_to(tmp_path).as_posix() for p in s.files]) for s in sources] == [
+        ("n1/logs/kern.log", ["n1/archive/kern.log-20261206.gz", "n1/logs/kern.log"]),
+        ("train.log", ["old/train.log.2.gz", "old/train.log.1.gz", "train.log"])]
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and (result.root.source, result.root.lineno) == ("old/train.log.2.gz", 2)
+    assert result.files == 2
+
+
+def test_an_olddir_named_explicitly_is_read_with_its_logs(tmp_path: Path) -> None:
+    """An olddir of another name, or outside the job directory (olddir /var/log/train-history), cannot be told from
+    the files: named explicitly its generations join the log of their name (before: not read, or a log of its own)."""
+    import gzip
+    import json
+
+    from typer.testing import CliRunner
+
+    from vigil.faces.cli.main import app
+
+    job, history = tmp_path / "job", tmp_path / "history"
+    job.mkdir()
+    history.mkdir()
+    (history / "train.log.1.gz").write_bytes(gzip.compress(b"2026-12-06 10:00:01,000 ERROR " + _ILLEGAL))
+    (job / "train.log").write_text("2026-12-07 10:00:00,000 INFO step 3\n")
+    assert triage(job, workers=1).root is None
+    result = triage(job, workers=1, olddirs=[history])
+    assert result.root is not None and (result.root.source, result.root.lineno) == (
+        (history / "train.log.1.gz").as_posix(), 1)
+    out = CliRunner().invoke(app, ["logs", "triage", str(job), "--json", "--olddir", str(history),
+                                   "--inflate-budget", "1M"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout)["root"]["lineno"] == 1
+    bad = CliRunner().invoke(app, ["logs", "triage", str(job), "--inflate-budget", "lots"])
+    assert bad.exit_code == 2 and "not a size" in bad.output

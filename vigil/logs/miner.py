@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import bz2
 import codecs
+import contextlib
 import gzip
 import io
 import json
@@ -798,15 +799,19 @@ class TemplateMiner:
         return miner
 
 
-def read_lines(path: Path, block_size: int = 4096) -> Iterator[list[str]]:
+def read_lines(path: Path, block_size: int = 4096, limit: int | None = None) -> Iterator[list[str]]:
     """Lines of a file in blocks, decoded leniently: invalid UTF-8 and NUL bytes never stop a parse, and a UTF-8 byte
     order mark at its start is dropped.
 
     Lines longer than 64 KiB are cut (the rest is still read and dropped) so one giant line cannot
-    blow up memory or the template table.
+    blow up memory or the template table. A run of NUL bytes at the file's start is skipped: logrotate's
+    ``copytruncate`` empties a file its writer keeps open, and a writer without ``O_APPEND`` goes on at its old offset,
+    leaving a hole of zeros before its next line (read as one over-long line, it swallowed that line). ``limit``: the
+    most inflated bytes a compressed file is read to (default :data:`MAX_INFLATED_BYTES`).
     """
-    handle = _open_log(path)
+    handle = _open_log(path, limit)
     with handle:
+        _skip_hole(handle)
         if handle.peek(3)[:3] == codecs.BOM_UTF8:  # a Windows tool's byte order mark is no part of the first line
             handle.read(3)
         block: list[str] = []
@@ -825,6 +830,9 @@ def read_lines(path: Path, block_size: int = 4096) -> Iterator[list[str]]:
 # inflate to terabytes); what lies beyond, and a generation cut short or corrupt, is left out with a warning.
 COMPRESSED = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open, ".lzma": lzma.open}
 MAX_INFLATED_BYTES = 4 << 30
+# The total a triage inflates across all compressed files it reads (vigil logs triage --inflate-budget): a directory of
+# many compressed generations, each under the cap, still ends. 16 GiB: four files at the cap.
+INFLATE_BUDGET_BYTES = 16 << 30
 _log = logging.getLogger(__name__)
 
 
@@ -869,6 +877,90 @@ class _Inflated(io.RawIOBase):
     def close(self) -> None:
         self._stream.close()
         super().close()
+
+
+def _skip_hole(handle: io.BufferedReader) -> None:
+    """Past the zeros a writer left at a copytruncated file's start (a sparse hole: ``SEEK_DATA`` skips most of it)."""
+    if handle.peek(1)[:1] != b"\0":
+        return
+    raw = handle.raw
+    if isinstance(raw, io.FileIO) and hasattr(os, "SEEK_DATA"):
+        # no data at all (ENXIO), or a file system without SEEK_DATA: read through the zeros
+        with contextlib.suppress(OSError):
+            handle.seek(os.lseek(raw.fileno(), 0, os.SEEK_DATA))
+    while True:
+        chunk = handle.peek(65536)
+        if not chunk:
+            return
+        kept = len(chunk) - len(chunk.lstrip(b"\0"))
+        handle.read(kept)
+        if kept < len(chunk):
+            return
+
+
+def inflation_plan(files: list[list[Path]], budget: int | None,
+                   root: Path | None = None) -> tuple[dict[Path, int], str]:
+    """How far each compressed file of one triage is inflated under a total ``budget`` of inflated bytes (``None``:
+    no total, each file still capped at :data:`MAX_INFLATED_BYTES`). ``files``: each log's files oldest first (its
+    rotated generations). The newest generations are served first - every log's newest compressed file, then each
+    one's next older, and so on - so what a budget leaves out is the oldest history. Returns the limit of every file
+    read short (0: not read) and a line naming them (relative to ``root``) for a warning ('' when nothing is left out).
+
+    A file's inflated size is only known by inflating it, so when the budget could be reached (each file's bound - the
+    cap, or for gzip 1,032 times its size, deflate's largest ratio - summed past it) the compressed files are inflated
+    once here to count, newest first, up to what is left of the budget."""
+    by_age = [[path for path in reversed(stream) if path.suffix.lower() in COMPRESSED] for stream in files]
+    ordered = [stream[age] for age in range(max((len(s) for s in by_age), default=0)) for stream in by_age
+               if age < len(stream)]
+    if budget is None or not ordered:
+        return {}, ""
+    if sum(_inflated_bound(path) for path in ordered) <= budget:
+        return {}, ""
+    limits: dict[Path, int] = {}
+    left = budget
+    for path in ordered:
+        cap = min(MAX_INFLATED_BYTES, left)
+        size = _inflated_size(path, cap) if cap > 0 else 1
+        if size >= cap and cap < MAX_INFLATED_BYTES:
+            limits[path] = cap  # read up to what is left (0: not read); past the cap itself it warns on its own
+        left -= min(size, cap)
+
+    def name(path: Path) -> str:
+        return path.relative_to(root).as_posix() if root is not None and path.is_relative_to(root) else str(path)
+
+    skipped = [name(path) for path in ordered if limits.get(path) == 0]
+    cut = [f"{name(path)} after {limits[path]} bytes" for path in ordered if limits.get(path)]
+    if not skipped and not cut:
+        return limits, ""
+    listed = ", ".join(skipped[:5]) + (f" and {len(skipped) - 5} more" if len(skipped) > 5 else "")
+    line = (f"compressed logs inflate past the total budget of {budget} bytes: " + "; ".join(
+        part for part in (f"not read: {listed}" if skipped else "", f"read short: {', '.join(cut)}" if cut else "")
+        if part))
+    return limits, line
+
+
+def _inflated_bound(path: Path) -> int:
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return 0
+    return min(MAX_INFLATED_BYTES, size * 1032) if path.suffix.lower() == ".gz" else MAX_INFLATED_BYTES
+
+
+def _inflated_size(path: Path, limit: int) -> int:
+    """Inflated bytes of a compressed file, counted up to ``limit`` (a file that cannot be read counts 0)."""
+    opener = COMPRESSED[path.suffix.lower()]
+    total = 0
+    try:
+        with opener(path, "rb") as stream:  # type: ignore[operator]
+            while total < limit:
+                data = stream.read(min(1 << 20, limit - total))
+                if not data:
+                    return total
+                total += len(data)
+            return total if not stream.read(1) else limit
+    except (EOFError, OSError, lzma.LZMAError, zlib.error):
+        return total
 
 
 MAX_LINE_BYTES = 64 * 1024

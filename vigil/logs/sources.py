@@ -14,12 +14,14 @@ read oldest first as the one source ``train.log`` (files numbered from 0, ``trai
 process - srun ``--output=train.log.%t`` - each read on its own, its number its rank), a compressed one (gzip, bzip2,
 xz: :data:`vigil.logs.miner.COMPRESSED`) inflated on the way. zstd's ``.zst`` is not read (no codec in Python's
 standard library before 3.14), nor logrotate's ``extension`` naming (``train-20261206.log``, read as a file of its
-own).
+own). Generations logrotate's ``olddir`` moved into a directory of their own are read with their log: a directory
+named in :data:`OLDDIR_NAMES` beside the log or beside its directory, or one named to :func:`discover`.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
@@ -48,6 +50,11 @@ class LogSource:
     node: str | None
     # a rotated log's generations, oldest first, the current file last (``path`` is the newest); () for one file
     generations: tuple[Path, ...] = ()
+    # compressed files read short under a triage's total inflation budget: (file, most bytes inflated; 0: not read)
+    inflate_limits: tuple[tuple[Path, int], ...] = ()
+    # each generation's name in a result where some lie in an olddir (relative to the job directory, or as given
+    # outside it); () when all are beside the log
+    generation_names: tuple[str, ...] = ()
 
     @property
     def files(self) -> tuple[Path, ...]:
@@ -60,22 +67,45 @@ def entity_name(text: str, fallback: str) -> str:
     return cleaned or fallback
 
 
-def discover(directory: Path) -> list[LogSource]:
+# logrotate's olddir: rotated generations moved to a directory of their own, beside the log (``olddir old``) or beside
+# its directory (``olddir ../archive``). A directory of one of these names holding generations is read as one; any
+# other is named explicitly (discover's ``olddirs``, vigil logs triage --olddir).
+OLDDIR_NAMES = frozenset({"old", "olddir", "oldlogs", "old_logs", "old-logs", "archive", "archives", "archived",
+                          "rotated"})
+
+
+def discover(directory: Path, olddirs: Sequence[Path] = ()) -> list[LogSource]:
     """Every log file under ``directory``, classified; raises a one-line error if there is none. A single
-    file (a Slurm job's ``slurm-<id>.out``, one launcher's combined log) is a job of that one file."""
+    file (a Slurm job's ``slurm-<id>.out``, one launcher's combined log) is a job of that one file. ``olddirs``:
+    directories holding rotated generations of these logs (logrotate's ``olddir``), inside ``directory`` or not."""
     if directory.is_file():
         return [classify(directory, directory.parent)]
     if not directory.exists():
         raise VigilInputError(f"log directory {directory} does not exist")
     if not directory.is_dir():
         raise VigilInputError(f"log path {directory} is neither a directory nor a regular file")
+    for olddir in olddirs:
+        if not olddir.is_dir():
+            raise VigilInputError(f"olddir {olddir} is not a directory")
+    explicit = {olddir.resolve() for olddir in olddirs}
+    found = {path.resolve(): path for path in sorted(p for p in directory.rglob("*") if p.is_file())}
+    for olddir in olddirs:
+        found.update({path.resolve(): path for path in sorted(olddir.iterdir())
+                      if path.is_file() and path.resolve() not in found})
     streams: dict[Path, list[tuple[tuple[int, str], Path]]] = {}
-    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+    moved: list[tuple[Path, str, tuple[int, str], bool]] = []  # generations in an olddir, placed once all are seen
+    for path in found.values():
         base, order = rotation(path)
         suffixes = "".join(Path(base).suffixes[-1:]).lower()
         if suffixes not in _LOG_SUFFIXES and not _NODE_WORDS.search(base):
             continue
+        named = path.parent.resolve() in explicit
+        if order[0] < 2 and order != _FIRST_TASK and (named or path.parent.name.lower() in OLDDIR_NAMES):
+            moved.append((path, base, order, named))
+            continue
         streams.setdefault(path.parent / base, []).append((order, path))
+    for path, base, order, named in moved:
+        streams.setdefault(_olddir_stream(path.parent, base, streams, directory, named), []).append((order, path))
     sources = []
     for stream, generations in sorted(streams.items()):
         files = tuple(path for _, path in sorted(generations))
@@ -91,7 +121,10 @@ def discover(directory: Path) -> list[LogSource]:
         if len(files) == 1 and files[0] == stream:
             sources.append(classify(stream, directory))
         else:  # named, and classified, by the log's own name
-            sources.append(replace(classify(stream, directory), path=files[-1], generations=files))
+            source = replace(classify(stream, directory), path=files[-1], generations=files)
+            if any(path.parent != stream.parent for path in files):  # some in an olddir: named from the job directory
+                source = replace(source, generation_names=tuple(_shown(path, directory) for path in files))
+            sources.append(source)
     if not sources:
         raise VigilInputError(f"log directory {directory} holds no log files (*.log, *.txt, *.err, *.out)")
     return sources
@@ -117,6 +150,33 @@ def rotation(path: Path) -> tuple[str, tuple[int, str]]:
     if found["date"]:
         return base, (1, found["date"].replace("-", ""))
     return base, (2, "")  # the current file, compressed
+
+
+def _olddir_stream(olddir: Path, base: str, streams: dict[Path, list[tuple[tuple[int, str], Path]]],
+                   directory: Path, named: bool) -> Path:
+    """The log a generation found in an olddir belongs to: the one of its name in the olddir's parent directory
+    (``olddir old``), else the one of its name in a sibling directory (``olddir ../old``), else - for a directory named
+    explicitly - the only one of its name anywhere; with none, a log of that name in the olddir's parent (or, outside
+    the job directory, at its top)."""
+    parent = olddir.parent
+    if parent / base in streams:
+        return parent / base
+    siblings = [stream for stream in streams if stream.name == base and stream.parent.parent == parent]
+    if len(siblings) == 1:
+        return siblings[0]
+    anywhere = [stream for stream in streams if stream.name == base]
+    if named and len(anywhere) == 1:
+        return anywhere[0]
+    inside = parent.resolve() == directory.resolve() or directory.resolve() in parent.resolve().parents
+    return parent / base if inside else directory / base
+
+
+def _shown(path: Path, directory: Path) -> str:
+    """A file's name in a result: relative to the job directory when inside it, else the path as given."""
+    try:
+        return path.relative_to(directory).as_posix()
+    except ValueError:
+        return path.as_posix()
 
 
 def classify(path: Path, root: Path) -> LogSource:

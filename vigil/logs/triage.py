@@ -27,14 +27,15 @@ each line against the signature library, and decides:
 from __future__ import annotations
 
 import bisect
+import logging
 import math
 import multiprocessing
 import os
 import re
 from collections import Counter, defaultdict, deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from itertools import chain
 from pathlib import Path
@@ -44,7 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from vigil.knowledge.line_prefix import split_prefix
 from vigil.knowledge.signatures import SignatureMatcher, signature_library
-from vigil.logs.miner import read_lines
+from vigil.logs.miner import INFLATE_BUDGET_BYTES, inflation_plan, read_lines
 from vigil.logs.severity import GENERIC, SPECIFIC, echoes, reports, strength
 from vigil.logs.sources import LogSource, discover, entity_name
 from vigil.logs.timestamps import line_time
@@ -504,23 +505,36 @@ def triage(
     progress: Callable[[str], None] | None = None,
     workers: int | None = None,
     matcher: SignatureMatcher | None = None,
+    inflate_budget: int | None = INFLATE_BUDGET_BYTES,
+    olddirs: Sequence[Path] = (),
 ) -> TriageResult:
     """Find the root error of a failed job from the logs under ``directory`` (or in that one log file).
 
     Files are scanned independently, so large jobs are read by ``workers`` processes (default: one per
     available core once the logs reach ``PARALLEL_BYTES``; 1 = in this process). The result does not depend
     on the number of workers: scans are put back in file order before the root is decided. ``matcher``: a signature
-    matcher to reuse in this process (building one costs about 45 ms; many small triages can share one)."""
+    matcher to reuse in this process (building one costs about 45 ms; many small triages can share one).
+    ``inflate_budget``: the most bytes inflated across every compressed file read (``None``: no total; each file is
+    capped at ``MAX_INFLATED_BYTES`` either way); past it the oldest generations are left out with one warning.
+    ``olddirs``: directories holding rotated generations of the logs under ``directory`` (logrotate's ``olddir``)."""
     # a single log file names the job by its stem: slurm-4242.out is job slurm-4242
     default = directory.resolve().stem if directory.is_file() else directory.resolve().name
     job_name = entity_name(job or default, "job")
-    return decide(scan_directory(directory, job_name, progress, workers, matcher), job_name, directory, tie_s)
+    return decide(scan_directory(directory, job_name, progress, workers, matcher, inflate_budget, olddirs),
+                  job_name, directory, tie_s)
 
 
 def scan_directory(directory: Path, job_name: str, progress: Callable[[str], None] | None = None,
-                   workers: int | None = None, matcher: SignatureMatcher | None = None) -> list[_Scan]:
+                   workers: int | None = None, matcher: SignatureMatcher | None = None,
+                   inflate_budget: int | None = INFLATE_BUDGET_BYTES, olddirs: Sequence[Path] = ()) -> list[_Scan]:
     """Every log file under ``directory`` scanned, in file order (what :func:`decide` reads)."""
-    sources = discover(directory)
+    sources = discover(directory, olddirs)
+    limits, skipped = inflation_plan([list(source.files) for source in sources], inflate_budget, directory)
+    if skipped:
+        _log.warning("%s", skipped)
+    if limits:
+        sources = [replace(source, inflate_limits=tuple((path, limits[path]) for path in source.files
+                                                         if path in limits)) for source in sources]
     count = auto_workers(sources) if workers is None else max(1, workers)
     scans: list[_Scan] = []
     if count > 1 and len(sources) > 1:
@@ -542,6 +556,7 @@ def scan_directory(directory: Path, job_name: str, progress: Callable[[str], Non
 
 
 PARALLEL_BYTES = 64 << 20
+_log = logging.getLogger(__name__)
 
 
 def auto_workers(sources: list[LogSource]) -> int:
@@ -595,8 +610,8 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
     traceback_after = 0
     lineno = 0
     year: int | None = None  # of the file's first dated line: a time without one (syslog, glog) is of that year
-    blocks: Iterator[list[str]] = (read_lines(source.path) if not source.generations
-                                   else _read_generations(source, scan.generations))
+    blocks: Iterator[list[str]] = (read_lines(source.path, limit=dict(source.inflate_limits).get(source.path))
+                                   if not source.generations else _read_generations(source, scan.generations))
     first = next(blocks, [])
     margin = _margin(first)  # a log pasted into Markdown as a quote or an indented code block: the marker is no text
     if margin is not None:
@@ -792,10 +807,14 @@ def _read_generations(source: LogSource, generations: list[tuple[str, int]]) -> 
     """A rotated log's generations, oldest first, as one stream; ``generations`` gets each one's name and the lines
     read before it."""
     folder = Path(source.name).parent
+    limits = dict(source.inflate_limits)
     read = 0
-    for path in source.generations:
-        generations.append(((folder / path.name).as_posix(), read))
-        for block in read_lines(path):
+    names = source.generation_names or tuple((folder / path.name).as_posix() for path in source.generations)
+    for path, name in zip(source.generations, names, strict=True):
+        if limits.get(path) == 0:  # left out under the inflation budget
+            continue
+        generations.append((name, read))
+        for block in read_lines(path, limit=limits.get(path)):
             read += len(block)
             yield block
 

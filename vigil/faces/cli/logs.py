@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -69,6 +70,15 @@ def parse(
         err_console.print(f"{lineno} lines, {len(miner.templates)} templates", highlight=False)
 
 
+def _byte_size(text: str, option: str) -> int:
+    """``16G``, ``512M``, ``64K`` or a plain number of bytes (binary multiples); a one-line error otherwise."""
+    found = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
+    if found is None:
+        raise typer.BadParameter(f"{text!r} is not a size (such as 16G, 512M or a number of bytes)",
+                                 param_hint=option)
+    return int(found[1]) << {"": 0, "K": 10, "M": 20, "G": 30, "T": 40}[found[2].upper()]
+
+
 @app.command("triage")
 def triage_command(
     directory: Annotated[Path, typer.Argument(help="the failed job's log directory (all ranks, node logs), or "
@@ -78,14 +88,22 @@ def triage_command(
                                             "file name without its extension)")] = None,
     workers: Annotated[int | None, typer.Option(help="processes reading the files (default: one per core for "
                                                 "logs of 64 MB or more)")] = None,
+    olddir: Annotated[list[Path] | None, typer.Option(
+        help="a directory holding the logs' rotated generations (logrotate's olddir) where it is not a directory "
+             "named old/, archive/ or rotated/ beside a log or its directory; may be repeated")] = None,
+    inflate_budget: Annotated[str, typer.Option(
+        help="the most bytes inflated across all compressed generations read (K, M, G suffixes; 0: no total); the "
+             "oldest generations past it are left out with a warning")] = "16G",
 ) -> None:
     """Find the root error across the ranks of a failed job and mark the cascade."""
     from vigil.logs.sources import discover
     from vigil.logs.triage import triage
 
-    total = len(discover(directory))
+    budget = _byte_size(inflate_budget, "--inflate-budget")
+    olddirs = olddir or []
+    total = len(discover(directory, olddirs))
     with _progress(err_console, total, "reading logs") as (progress, task):
-        result = triage(directory, job=job, workers=workers,
+        result = triage(directory, job=job, workers=workers, inflate_budget=budget or None, olddirs=olddirs,
                         progress=lambda _name: progress.update(task, advance=1))
     if as_json:
         sys.stdout.write(result.model_dump_json(indent=2) + "\n")
