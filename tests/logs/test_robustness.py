@@ -266,3 +266,35 @@ def test_lines_of_one_message_at_the_longest_length_are_not_taken_for_cut_ones()
     found = triage_module._Unwrap.of(cut)
     assert found is not None and found.width == 80
     assert list(found.join([cut])) == [_WIDE] and found.starts == [1, 4, 5, 7]
+
+
+def test_stdout_and_stderr_written_apart_keep_the_process_s_own_report(tmp_path: Path) -> None:
+    """A job's stdout and stderr in files of their own (job.out, job.err), no time on either: the order between them
+    is lost, so the file name no longer decides. A launcher's report that its child failed yields to the child's own
+    report in the other stream (before: job.err's launcher line, first by name), and a bare NCCL error class takes
+    NCCL's WARN from the other stream (before: the bare report). In one file, line order still decides."""
+    from vigil.logs.triage import triage
+
+    launcher = ("ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: 1) local_rank: 0 (pid: 820989) "
+                "of binary: /usr/bin/python\n")
+    barrier = ("RuntimeError: Timed out initializing process group in store based barrier on rank: 0, for key: "
+               "store_based_barrier_key:1 (world_size=4, worker_count=16, timeout=0:30:00)\n")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "job.err").write_text(launcher)
+    (tmp_path / "a" / "job.out").write_text("epoch 0 step 10\n" + barrier)
+    result = triage(tmp_path / "a", workers=1)
+    assert result.root is not None and (result.root.source, result.root.lineno) == ("job.out", 2), result.summary
+    (tmp_path / "one").mkdir()
+    (tmp_path / "one" / "job.log").write_text(launcher + barrier)  # one file: the launcher's line came first
+    result = triage(tmp_path / "one", workers=1)
+    assert result.root is not None and result.root.lineno == 1
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "job.err").write_text(
+        "server1:6601:6625 [0] include/socket.h:385 NCCL WARN Net : Connection closed by remote peer\n")
+    (tmp_path / "b" / "job.out").write_text("Connecting to socket 10.0.0.1<46012>\n\n"
+                                            "NCCL failure common.cu:921 'unhandled system error'\n")
+    result = triage(tmp_path / "b", workers=1)
+    assert result.root is not None and (result.root.source, result.root.lineno) == ("job.err", 1), result.summary
+    (tmp_path / "b" / "job.err").rename(tmp_path / "b" / "other.err")  # not the same process's stream
+    result = triage(tmp_path / "b", workers=1)
+    assert result.root is not None and result.root.source == "job.out"

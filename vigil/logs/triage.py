@@ -93,6 +93,14 @@ CONDITION_REPORTS = frozenset({"cuda.system_not_ready"})
 # followed by X's message on the "what():" line), and the launcher's report of a worker ended by SIGABRT ("failed
 # (exitcode: -6)") is that abort seen from outside: never a root while any other report exists.
 ABORT_SIGNATURES = frozenset({"python.aborted", "launcher.worker_aborted"})
+# A launcher's report that a child ended (torchelastic's "failed (exitcode: N)", its SIGTERMs to the other workers)
+# follows that child's own report of its failure: between the two streams of one process, which have no order between
+# their unstamped lines, it yields to a report in the other stream.
+LAUNCHER_REPORTS = frozenset({"launcher.child_failed", "launcher.worker_aborted"})
+# A process's stdout and stderr written to files of their own (sbatch --output=<name>.out --error=<name>.err,
+# torchrun's stdout.log / stderr.log): the same name but for these, the order between their lines lost.
+_STREAM_SUFFIXES = ((".out", ".err"), (".stdout", ".stderr"), ("stdout.log", "stderr.log"),
+                    ("stdout.txt", "stderr.txt"))
 # torchelastic's ChildFailedError report: the exit code under this header is the failure the launcher saw first.
 ROOT_CAUSE_HEADER = "Root Cause (first observed failure):"
 ROOT_CAUSE_SIGNATURE = "launcher.root_cause"
@@ -1146,6 +1154,21 @@ _NCCL_TEST_HOST = re.compile(r"^(?P<host>[\w.\-]+): Test NCCL failure\b")
 _NCCL_TEST_PID = re.compile(r"\b(?P<host>[\w.\-]+) pid (?P<pid>\d+): Test failure\b")
 
 
+def _other_stream(one: str, other: str) -> bool:
+    """Whether two files are the two streams of one process (``job.out`` and ``job.err``, ``0/stdout.log`` and
+    ``0/stderr.log``): unstamped lines in them have no order between them."""
+    for first, second in _STREAM_SUFFIXES:
+        for mine, theirs in ((first, second), (second, first)):
+            if one.endswith(mine) and other.endswith(theirs) and one[:-len(mine)] == other[:-len(theirs)]:
+                return True
+    return False
+
+
+def _unordered(one: LogEvent, other: LogEvent) -> bool:
+    """Whether two events lie in the two streams of one process with no time to order them."""
+    return (one.ts is None or other.ts is None) and _other_stream(one.source, other.source)
+
+
 def _nccl_warn_detail(root: LogEvent | None, basis: RootBasis | None, worded: list[LogEvent],
                       events: list[LogEvent], traces: dict[str, dict[int, str]]) -> LogEvent | None:
     """A root that only names NCCL's error class gives way to NCCL's own WARN in the same file, which names what
@@ -1154,7 +1177,9 @@ def _nccl_warn_detail(root: LogEvent | None, basis: RootBasis | None, worded: li
     transport/net_socket.cc:540 -> 2" over nccl-tests' "NCCL failure common.cu:921 'unhandled system error'"), the WARN
     heading the unbroken run of that process's WARN and trace lines right above the report, else the nearest; a WARN
     that reads only as generic error wording (RCCL's advisory 'Missing "iommu=pt"') is passed over. Else the first
-    WARN a few lines below it (another process of the job printing the details its wrapper points to)."""
+    WARN a few lines below it (another process of the job printing the details its wrapper points to). With none in
+    its file, the first such WARN in the file of its process's other stream, where no time orders it after the report
+    (stdout and stderr written apart: NCCL warns on stderr, the caller may report on stdout)."""
     if root is None or basis != "signature" or root.signature not in BARE_NCCL_REPORTS or _detail(root) > 0:
         return root
     host = pid = None  # the process the report names, if it names one
@@ -1187,7 +1212,11 @@ def _nccl_warn_detail(root: LogEvent | None, basis: RootBasis | None, worded: li
     warns = [e for e in worded if e.source == root.source and "NCCL WARN" in e.line
              and 0 < e.lineno - root.lineno <= SAME_REPORT_LINES]
     if not warns:
-        return root
+        apart = [e for e in events + worded if "NCCL WARN" in e.line and _other_stream(root.source, e.source)
+                 and (e.ts is None or root.ts is None or e.ts <= root.ts) and same_process(e)]
+        if not apart:
+            return root
+        return _hand_root(root, min(apart, key=lambda e: (e.signature == WORDED_SIGNATURE, e.lineno)))
     return _hand_root(root, min(warns, key=lambda e: e.lineno))
 
 
@@ -1269,6 +1298,10 @@ def _fallback_root(worded: list[LogEvent], symptoms: list[LogEvent],
             report_at[event.source] = min(report_at.get(event.source, event.lineno), event.lineno)
     if report_at:
         worded = [e for e in worded if e.lineno < report_at.get(e.source, e.lineno + 1)]
+        # nor wording in the process's other stream stamped after the report (its unstamped lines take the stamp below)
+        reports = [e for e in symptoms if e.attrs.get(FIRST_OBSERVED) and e.ts is not None]
+        worded = [e for e in worded if not any(e.ts is not None and e.ts >= r.ts  # type: ignore[operator]
+                                               and _other_stream(r.source, e.source) for r in reports)]
     conditions = [e for e in symptoms if e.signature in CONDITION_REPORTS]
     worded = [e for e in worded if not any(c.source == e.source and 0 < e.lineno - c.lineno <= SAME_REPORT_LINES
                                            for c in conditions)]
@@ -1280,10 +1313,18 @@ def _fallback_root(worded: list[LogEvent], symptoms: list[LogEvent],
     echoes = [e for e in symptoms if e.signature not in ABORT_SIGNATURES | FOLLOW_THROUGH_SIGNATURES]
     follow_through = [e for e in symptoms if e.signature in FOLLOW_THROUGH_SIGNATURES]
     if symptoms:
-        return _earliest(direct or echoes or follow_through or symptoms, tie_s), "symptom"
+        return _earliest(_launcher_yields(direct or echoes or follow_through or symptoms), tie_s), "symptom"
     if worded:
         return _earliest(worded, tie_s), "error_wording"
     return None, None
+
+
+def _launcher_yields(events: list[LogEvent]) -> list[LogEvent]:
+    """A launcher's report of its child's end left out where the child's own report lies in the other stream of the
+    process, unordered against it (in one file, or stamped, time and line order say which came first)."""
+    kept = [e for e in events if e.signature not in LAUNCHER_REPORTS
+            or not any(o.signature not in LAUNCHER_REPORTS and _unordered(e, o) for o in events)]
+    return kept or events
 
 
 def _earliest(events: list[LogEvent], tie_s: float) -> LogEvent:
