@@ -129,3 +129,29 @@ def test_an_agent_takes_over_the_events_and_samples_pushes_of_a_spool_let_go_bes
     assert sorted(p.key for p in again._pusher.backlog) == ["k1", "k2"]
     again.close()
     assert held_by_file(state) == {SPOOL_FILE: 3}
+
+
+def test_a_spool_file_taken_over_by_another_agent_meanwhile_leaves_no_lock_file_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two agents look for left spool files at once: the other one takes the file over and removes it (with its
+    lock file) between this one's listing and its lock. Taking the lock makes the lock file again; it is removed,
+    not left in the directory for good (one .lock file a race before)."""
+    from vigil.sources.collect import spool as spool_module
+
+    state = tmp_path / "state"
+    live = spool_module.EventSpool(state, 100, 2**20)
+    left = state / "events-spool-0badf00d.sqlite"
+    sqlite3.connect(left).close()
+    real_take_lock = spool_module._take_lock
+
+    def raced(path: Path) -> object:
+        if path.name == "events-spool-0badf00d.lock":  # the other agent's discard, just before this lock
+            left.unlink()
+            path.unlink(missing_ok=True)
+        return real_take_lock(path)
+
+    monkeypatch.setattr(spool_module, "_take_lock", raced)
+    assert list(live.orphans()) == []
+    assert sorted(p.name for p in state.glob("events-spool*.lock")) == ["events-spool.lock"]
+    live.close()

@@ -110,3 +110,64 @@ def test_a_record_read_again_after_a_restart_keeps_its_time_though_the_kernels_b
     assert event_key(first[0]) == event_key(restarted[0])
     boot_id.write_text("77aa\n")
     assert read_with_boot_time(1_765_100_000.0)[0].ts == 1_765_100_005.0
+
+
+def test_an_upgraded_agent_reading_the_last_hour_again_stores_no_kernel_event_twice(tmp_path: Path) -> None:
+    """An agent before the read positions pushed a kernel log's events without them; the upgraded agent reads the
+    same lines again (its first look takes the last hour) and its events say where each was read. The server takes
+    each for the one stored before: nothing stored twice (3 more before), while a line new since is stored."""
+    from fastapi.testclient import TestClient
+
+    from vigil.config import Settings
+    from vigil.faces.api.app import create_app
+    from vigil.faces.api.push_keys import KERNEL_POSITION_ATTRS
+    from vigil.store.sql import Store
+
+    kmsg = tmp_path / "kern.log"
+    kmsg.write_text(REPEATED + OTHER)
+    read = KernelLogSource.from_file(kmsg, node="n01").collect(0.0).events
+    old = [e.model_copy(update={"attrs": {k: v for k, v in e.attrs.items() if k not in KERNEL_POSITION_ATTRS}})
+           for e in read]
+    assert len(read) == 2 and all(e.attrs != o.attrs for e, o in zip(read, old, strict=True))
+    kmsg.write_text(REPEATED + OTHER + REPEATED.replace("14:00:01", "14:05:00"))
+    upgraded = KernelLogSource.from_file(kmsg, node="n01").collect(0.0).events
+
+    settings = Settings(home=tmp_path / "home", api_token=TOKEN)
+    store = Store(settings.database_url())
+    with TestClient(create_app(store, settings=settings)) as client:
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        first = client.post("/api/v1/events", headers=auth, json=[e.model_dump(mode="json") for e in old])
+        assert first.status_code == 201 and first.json()["duplicates"] == 0
+        again = client.post("/api/v1/events", headers=auth, json=[e.model_dump(mode="json") for e in upgraded])
+        assert again.status_code == 201 and again.json()["duplicates"] == 2, again.json()
+    stored = store.events(kind="xid", limit=100)
+    assert sorted(int(e.attrs["xid"]) for e in stored) == [13, 13, 31]
+    store.close()
+
+
+def test_a_boot_time_file_that_cannot_be_written_leaves_nothing_behind(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A state directory whose disk is full takes the first write and fails the rename: the kernel's figure is used
+    and no boot-time.<pid> file is left (one was left per start before, on every node of a full disk)."""
+    import errno
+    import os
+
+    import psutil
+
+    from vigil.sources.collect.kmsg import BOOT_TIME_FILE, stable_boot_time
+
+    boot_id = tmp_path / "boot_id"
+    boot_id.write_text("4f1c\n")
+    monkeypatch.setattr(psutil, "boot_time", lambda: 1_765_000_000.0)
+
+    def full(*_args: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full)
+    state = tmp_path / "state"
+    assert stable_boot_time(state, boot_id) == 1_765_000_000.0
+    assert [p.name for p in state.iterdir()] == []
+    monkeypatch.undo()
+    monkeypatch.setattr(psutil, "boot_time", lambda: 1_765_000_000.0)
+    assert stable_boot_time(state, boot_id) == 1_765_000_000.0
+    assert [p.name for p in state.iterdir()] == [BOOT_TIME_FILE]

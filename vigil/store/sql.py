@@ -252,6 +252,16 @@ class Store:
             new_keys.discard(key)  # a key repeated later in the batch was not written again
         return written
 
+    def held_event_keys(self, keys: Iterable[str]) -> set[str]:
+        """Which of ``keys`` a stored event holds as its push key."""
+        wanted = sorted(set(keys))
+        held: set[str] = set()
+        with self.engine.connect() as conn:
+            for start in range(0, len(wanted), 500):  # bounded IN lists
+                chunk = wanted[start:start + 500]
+                held.update(conn.execute(select(t.events.c.push_key).where(t.events.c.push_key.in_(chunk))).scalars())
+        return held
+
     def events(self, entity: str | None = None, kind: str | None = None, since: float | None = None,
                until: float | None = None, limit: int = 1000) -> list[Event]:
         q = select(t.events).order_by(t.events.c.ts, t.events.c.id).limit(limit)

@@ -15,7 +15,7 @@ from vigil.faces.api.auth import Identity, check_approver, check_operator, check
 from vigil.faces.api.context import ServeContext
 from vigil.faces.api.diagnosing import DiagnosisStatus
 from vigil.faces.api.hang import StackNode, load_hang_report, stack_tree
-from vigil.faces.api.push_keys import alert_key, event_key
+from vigil.faces.api.push_keys import alert_key, event_key, unplaced_event_key
 from vigil.faces.api.responses import (
     AlertsStored,
     EventsStored,
@@ -288,8 +288,13 @@ def add_events(body: Annotated[list[Event], Body(max_length=10000)], ctx: Ctx, u
     """Store events (an agent's kernel, GPU, network and Kubernetes events; a log forwarder's lines). A push sent
     again - a sender retries one whose answer it did not get - stores its events once: an event equal in every
     field to one stored already is accepted and counted in ``duplicates``, not stored a second time
-    (``push_keys.event_key``)."""
-    written = ctx.store.add_events(body, [event_key(e) for e in body])
+    (``push_keys.event_key``). A kernel event that says where its line was read, and that an agent before those
+    positions stored without them (an upgraded agent reading the last hour again), is a duplicate too
+    (``push_keys.unplaced_event_key``)."""
+    unplaced = [unplaced_event_key(e) for e in body]
+    held = ctx.store.held_event_keys(k for k in unplaced if k is not None)
+    fresh = [e for e, k in zip(body, unplaced, strict=True) if k is None or k not in held]
+    written = ctx.store.add_events(fresh, [event_key(e) for e in fresh])
     return EventsStored(stored=len(body), duplicates=len(body) - written)
 
 

@@ -25,7 +25,11 @@ from typing import Any
 
 from vigil.faces.api.alertmanager import Alert
 from vigil.model import Event, Sample, StepTelemetry
+from vigil.sources.collect.kmsg import JOURNAL_CURSOR_ATTR, KMSG_SEQ_ATTR
 from vigil.sources.collect.rank_files import LOG_FILE_ATTR, LOG_OFFSET_ATTR
+
+# Where an agent says it read a kernel line (``vigil.sources.collect.kmsg``); agents before these said nothing.
+KERNEL_POSITION_ATTRS = (KMSG_SEQ_ATTR, JOURNAL_CURSOR_ATTR, LOG_FILE_ATTR, LOG_OFFSET_ATTR)
 
 
 def event_key(event: Event) -> str | None:
@@ -40,6 +44,22 @@ def event_key(event: Event) -> str | None:
         return None
     return _digest(["event", event.entity, event.kind, event.source, event.ts, int(event.level), event.message,
                     event.attrs])
+
+
+def unplaced_event_key(event: Event) -> str | None:
+    """The key an agent pushed event had before agents said where its kernel line was read: ``event_key`` of the
+    event without ``KERNEL_POSITION_ATTRS``; None for an event that says nothing of where it was read, or a
+    ``rank_log`` line. An upgraded agent reads the ring buffer's, the journal's or the file's last hour again, and
+    its events now say where each line stood: one whose unplaced key the store holds was stored by the agent before
+    the upgrade and is a duplicate, not a second Xid (``POST /api/v1/events``). Two equal lines in one second the old
+    agent stored as one stay one for the lines it had read."""
+    if event.kind == "rank_log":
+        return None
+    attrs = {k: v for k, v in event.attrs.items() if k not in KERNEL_POSITION_ATTRS}
+    if len(attrs) == len(event.attrs):
+        return None
+    return _digest(["event", event.entity, event.kind, event.source, event.ts, int(event.level), event.message,
+                    attrs])
 
 
 def rank_log_key(node: str, event: Event) -> str | None:

@@ -18,6 +18,7 @@ code is counted, logged once, and reported at the catalogue's CONTACT_SUPPORT le
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -133,13 +134,14 @@ def stable_boot_time(state_dir: Path | None, boot_id: Path | None = None) -> flo
             return float(saved_time)
     except (OSError, ValueError):
         pass
+    partial = path.with_name(f"{BOOT_TIME_FILE}.{os.getpid()}")
     try:
         state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        partial = path.with_name(f"{BOOT_TIME_FILE}.{os.getpid()}")
         partial.write_text(f"{boot} {current!r}\n")
         os.replace(partial, path)
-    except OSError:
-        return current
+    except OSError:  # a full or read-only disk: no half-written file left behind, one per start
+        with contextlib.suppress(OSError):
+            partial.unlink(missing_ok=True)
     return current
 
 

@@ -140,6 +140,8 @@ class Spool:
             if held is None:
                 continue
             if not path.exists():  # taken over and removed by another agent meanwhile
+                if lock_path.name != LOCK_FILE:  # the lock file taking the lock made again: not left behind
+                    lock_path.unlink(missing_ok=True)
                 held.close()
                 continue
             try:
