@@ -13,6 +13,15 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
+# Background diagnosis (`vigil serve`'s threads diagnosing every incident stored without a diagnosis, 10-18 s each
+# on the 10,000-GPU store) is off in the servers the tests start - in process and as subprocesses, which inherit
+# the environment - and on (serve_diagnosis_threads=1, its production default) only where a test is about it.
+BACKGROUND_DIAGNOSIS_OFF = {"VIGIL_SERVE_DIAGNOSIS_THREADS": "0"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, value in BACKGROUND_DIAGNOSIS_OFF.items():
+        os.environ.setdefault(name, value)
 
 
 @pytest.fixture(autouse=True)

@@ -41,6 +41,11 @@ def wait_until(what: str, ready: Callable[[], bool], within_s: float = DEADLINE_
         time.sleep(0.05)
 
 
+def background_on(home: Path, url: str) -> Settings:
+    """A server's settings with background diagnosis on, its production default (off in the tests' servers)."""
+    return Settings(home=home, db_url=url, api_token=TOKEN, serve_diagnosis_threads=1)
+
+
 def copy_of(incident: Incident, n: int) -> Incident:
     return incident.model_copy(update={"id": f"{incident.id}-copy{n}"})
 
@@ -98,7 +103,7 @@ def mcp_incident(app: Any, incident_id: str) -> dict[str, Any]:
 def test_the_page_and_the_api_answer_while_the_diagnosis_runs(cluster: SimCluster, tmp_path: Path) -> None:
     store, incidents = fresh_store(cluster, f"sqlite:///{tmp_path / 'v.db'}", count=1)
     incident = incidents[0]
-    app = create_app(store, settings=Settings(home=tmp_path, db_url=store.url, api_token=TOKEN))
+    app = create_app(store, settings=background_on(tmp_path, store.url))
     with held(app) as (release, begun), TestClient(app) as client:
         page = client.get(f"/incidents/{incident.id}", headers=AUTH)
         assert page.status_code == 200
@@ -129,7 +134,7 @@ def test_a_failed_diagnosis_is_shown_with_its_error_and_diagnose_again_reruns_it
 ) -> None:
     store, incidents = fresh_store(cluster, f"sqlite:///{tmp_path / 'v.db'}", count=1)
     incident = incidents[0]
-    app = create_app(store, settings=Settings(home=tmp_path, db_url=store.url, api_token=TOKEN))
+    app = create_app(store, settings=background_on(tmp_path, store.url))
     ctx = app.state.ctx
     compute = ctx.diagnoser.compute
 
@@ -156,7 +161,7 @@ def test_a_failed_diagnosis_is_shown_with_its_error_and_diagnose_again_reruns_it
 
 def test_an_incident_posted_to_the_api_is_diagnosed_without_a_view(cluster: SimCluster, tmp_path: Path) -> None:
     store, incidents = fresh_store(cluster, f"sqlite:///{tmp_path / 'v.db'}")
-    app = create_app(store, settings=Settings(home=tmp_path, db_url=store.url, api_token=TOKEN))
+    app = create_app(store, settings=background_on(tmp_path, store.url))
     with TestClient(app) as client:
         wait_until("the stored ones diagnosed", lambda: all(store.diagnosis(i.id) for i in incidents))
         posted = copy_of(incidents[0], 1)
@@ -174,7 +179,7 @@ def test_a_restarted_server_diagnoses_the_incidents_left_undiagnosed(
     assert store.claim_diagnosis(incidents[0].id, "server-that-died", -1.0)
     store.close()
     with opened(db_url) as restarted:
-        app = create_app(restarted, settings=Settings(home=tmp_path, db_url=db_url, api_token=TOKEN))
+        app = create_app(restarted, settings=background_on(tmp_path, db_url))
         with TestClient(app):
             wait_until("every incident diagnosed", lambda: all(restarted.diagnosis(i.id) for i in incidents))
         for incident in incidents:
@@ -183,3 +188,12 @@ def test_a_restarted_server_diagnoses_the_incidents_left_undiagnosed(
             assert claim.owner == app.state.ctx.diagnoser.owner
         claim = restarted.diagnosis_claim(incidents[0].id)
         assert claim is not None and claim.attempts == 2
+
+
+def test_background_diagnosis_is_on_by_default_and_off_in_the_tests_servers(cluster: SimCluster) -> None:
+    # production: on (one thread); the suite's servers: off through the environment, unless a test turns it on
+    assert Settings.model_fields["serve_diagnosis_threads"].default == 1
+    assert Settings(_env_file=None, home=cluster.home).serve_diagnosis_threads == 0  # type: ignore[call-arg]
+    assert create_app(cluster.store, cluster.metrics, cluster.settings()).state.ctx.diagnoser.enabled is False
+    assert create_app(cluster.store, cluster.metrics,
+                      cluster.settings(serve_diagnosis_threads=1)).state.ctx.diagnoser.enabled is True

@@ -46,7 +46,9 @@ def site(cluster: SimCluster) -> Iterator[str]:
             lifecycle.apply(node, trigger, f"test: {trigger.value}")
     # a Kubernetes back end with execution off: the dry runs say what it would do, no API server is called
     remediator = Remediator([KubernetesActuator(ApiClient())], AuditLog(cluster.store.url), hold_dry_runs=False)
-    app = create_app(cluster.store, cluster.metrics, cluster.settings(), launch_dirs=[FIXTURES], lifecycle=lifecycle,
+    # background diagnosis on, as in production: the incident page's test is about it
+    app = create_app(cluster.store, cluster.metrics, cluster.settings(serve_diagnosis_threads=1),
+                     launch_dirs=[FIXTURES], lifecycle=lifecycle,
                      remediator=remediator)
     SERVED["app"] = app
     with serve_in_thread(app) as base_url:

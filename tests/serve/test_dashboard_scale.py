@@ -45,7 +45,9 @@ def launch_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def site(cluster_10k: BigCluster, launch_dir: Path) -> Iterator[str]:
-    app = create_app(cluster_10k.store, cluster_10k.metrics, cluster_10k.settings(), launch_dirs=[launch_dir])
+    # background diagnosis on, as in production: two tests wait for an incident page to fill in its diagnosis
+    app = create_app(cluster_10k.store, cluster_10k.metrics, cluster_10k.settings(serve_diagnosis_threads=1),
+                     launch_dirs=[launch_dir])
     with serve_in_thread(app) as base_url:
         yield base_url
 

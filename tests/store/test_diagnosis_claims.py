@@ -138,3 +138,31 @@ def test_two_workers_over_one_database_diagnose_each_incident_once(db_url: str) 
                 worker.stop()
         assert ran == {f"inc-{n:03d}": 1 for n in range(incidents)}
         assert all(one.diagnosis(f"inc-{n:03d}") is not None for n in range(incidents))
+
+
+def test_a_late_result_of_a_lapsed_claim_is_dropped_when_the_same_server_took_it_over(db_url: str) -> None:
+    # One server's owner name is the same on all its claims: a claim of its own that lapsed (the process stalled
+    # past the lease) and that it took again - another of its threads, or *Diagnose again* - is told apart by the
+    # attempt number claim_diagnosis answers, so the stale run's late result is dropped, not stored over the new.
+    with opened(db_url) as store:
+        store.create_incident(incident(1))
+        stale = store.claim_diagnosis("inc-001", "server", -1.0)  # its lease already lapsed
+        assert stale == 1
+        fresh = store.claim_diagnosis("inc-001", "server", 60.0)
+        assert fresh == 2
+        assert not store.finish_diagnosis("inc-001", "server", found("inc-001", "stale run"), attempt=stale)
+        assert store.diagnosis("inc-001") is None
+        claim = store.diagnosis_claim("inc-001")
+        assert claim is not None and (claim.state, claim.attempts) == ("running", 2)
+        assert store.finish_diagnosis("inc-001", "server", found("inc-001", "fresh run"), attempt=fresh)
+        stored = store.diagnosis("inc-001")
+        assert stored is not None and stored.summary == "diagnosed by fresh run"
+        # a failure of the stale run is dropped the same way: it does not mark the stored diagnosis failed
+        again = store.claim_diagnosis("inc-001", "server", -1.0, again=True)
+        assert again == 3
+        assert store.claim_diagnosis("inc-001", "server", 60.0) is None  # diagnosed: only a rerun takes it
+        rerun = store.claim_diagnosis("inc-001", "server", 60.0, again=True)
+        assert rerun == 4
+        assert not store.finish_diagnosis("inc-001", "server", None, error="stale failure", attempt=again)
+        claim = store.diagnosis_claim("inc-001")
+        assert claim is not None and (claim.state, claim.error) == ("running", "")

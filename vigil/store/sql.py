@@ -40,6 +40,7 @@ from sqlalchemy import (
     or_,
     select,
     text,
+    true,
     tuple_,
     update,
 )
@@ -722,8 +723,9 @@ class Store:
         with self.engine.connect() as conn:
             return [r.id for r in conn.execute(q)]
 
-    def claim_diagnosis(self, incident_id: str, owner: str, lease_s: float, *, again: bool = False) -> bool:
-        """Claim the diagnosis of ``incident_id`` for ``owner`` until ``lease_s`` from now; True when claimed.
+    def claim_diagnosis(self, incident_id: str, owner: str, lease_s: float, *, again: bool = False) -> int | None:
+        """Claim the diagnosis of ``incident_id`` for ``owner`` until ``lease_s`` from now; the claim's attempt
+        number (1, 2, ...: its token for ``finish_diagnosis``) when claimed, else None.
         The row's primary key and a conditional UPDATE decide between concurrent claimers on SQLite and
         PostgreSQL alike: exactly one of them gets it. Without ``again`` an incident already diagnosed, done,
         failed or claimed by a live owner is not claimed; ``again`` (a rerun asked for) takes anything but a
@@ -735,7 +737,7 @@ class Store:
             if not again and conn.execute(
                 select(t.diagnoses.c.incident_id).where(t.diagnoses.c.incident_id == incident_id)
             ).first() is not None:
-                return False
+                return None
             statement = postgresql.insert(t.diagnosis_claims) if dialect == "postgresql" else sqlite.insert(
                 t.diagnosis_claims)
             row = {"incident_id": incident_id, "state": "running", "owner": owner, "claimed_at": now,
@@ -744,16 +746,17 @@ class Store:
             inserted = conn.execute(statement.values(**row).on_conflict_do_nothing(index_elements=[c.incident_id])
                                     .returning(c.incident_id)).first()
             if inserted is not None:
-                return True
+                return 1
             lapsed = (c.state == "running") & (c.lease_until < now)
-            done = conn.execute(
+            taken = conn.execute(
                 update(t.diagnosis_claims)
                 .where(c.incident_id == incident_id)
                 .where(or_(c.state != "running", lapsed) if again else lapsed)
                 .values(state="running", owner=owner, claimed_at=now, lease_until=now + lease_s,
                         attempts=c.attempts + 1, error="")
-            )
-            return bool(done.rowcount)
+                .returning(c.attempts)
+            ).first()
+            return int(taken.attempts) if taken is not None else None
 
     def renew_diagnosis_claims(self, owner: str, incident_ids: Collection[str], lease_s: float) -> int:
         """Push the leases of ``owner``'s running claims on ``incident_ids`` to ``lease_s`` from now."""
@@ -768,9 +771,10 @@ class Store:
             ).rowcount)
 
     def finish_diagnosis(self, incident_id: str, owner: str, diagnosis: Diagnosis | None, *, error: str = "",
-                         again: bool = False) -> bool:
-        """End ``owner``'s claim: store ``diagnosis`` (done) or ``error`` (failed). False, and nothing stored,
-        when the claim is no longer ``owner``'s (its lease lapsed and another took it over). Without ``again``
+                         again: bool = False, attempt: int | None = None) -> bool:
+        """End ``owner``'s claim ``attempt`` (what ``claim_diagnosis`` answered): store ``diagnosis`` (done) or
+        ``error`` (failed). False, and nothing stored, when that claim is no longer running (its lease lapsed and
+        another took it over - another server, or this one again: the same owner's newer attempt). Without ``again``
         a diagnosis stored meanwhile by another writer (the engine, a PUT) is kept, not replaced."""
         if diagnosis is not None:
             diagnosis = _validated(Diagnosis, [diagnosis])[0]
@@ -778,7 +782,8 @@ class Store:
         with self.engine.begin() as conn:
             ended = conn.execute(
                 update(t.diagnosis_claims)
-                .where(c.incident_id == incident_id, c.owner == owner, c.state == "running")
+                .where(c.incident_id == incident_id, c.owner == owner, c.state == "running",
+                       true() if attempt is None else c.attempts == attempt)
                 .values(state="done" if diagnosis is not None else "failed", error=error[:4000],
                         lease_until=time.time())
             )

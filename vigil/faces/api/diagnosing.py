@@ -122,7 +122,8 @@ class DiagnosisWorker:
     def run(self, incident_id: str, *, again: bool = False) -> Diagnosis | None:
         """Claim and run one diagnosis here; None when another holds it or (without ``again``) it is not
         wanted any more. A failure is stored as the claim's error and raised."""
-        if not self.store.claim_diagnosis(incident_id, self.owner, self.lease_s, again=again):
+        attempt = self.store.claim_diagnosis(incident_id, self.owner, self.lease_s, again=again)
+        if attempt is None:
             if again:
                 claim = self.store.diagnosis_claim(incident_id)
                 owner = claim.owner if claim else "another server"
@@ -136,13 +137,13 @@ class DiagnosisWorker:
                 found = self.compute(incident_id)
             except KeyError:
                 self.store.finish_diagnosis(incident_id, self.owner, None, error=f"no incident {incident_id!r}",
-                                            again=again)
+                                            again=again, attempt=attempt)
                 raise
             except Exception as err:  # stored for the page, then raised for the caller
                 self.store.finish_diagnosis(incident_id, self.owner, None,
-                                            error=str(err) or type(err).__name__, again=again)
+                                            error=str(err) or type(err).__name__, again=again, attempt=attempt)
                 raise
-            if not self.store.finish_diagnosis(incident_id, self.owner, found, again=again):
+            if not self.store.finish_diagnosis(incident_id, self.owner, found, again=again, attempt=attempt):
                 log.warning("incident %s: the claim on its diagnosis lapsed and was taken over; this result is "
                             "dropped", incident_id)
                 return None
