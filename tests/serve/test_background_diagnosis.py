@@ -6,6 +6,7 @@ that died) diagnoses them all, on SQLite and the suite's PostgreSQL."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -197,3 +198,35 @@ def test_background_diagnosis_is_on_by_default_and_off_in_the_tests_servers(clus
     assert create_app(cluster.store, cluster.metrics, cluster.settings()).state.ctx.diagnoser.enabled is False
     assert create_app(cluster.store, cluster.metrics,
                       cluster.settings(serve_diagnosis_threads=1)).state.ctx.diagnoser.enabled is True
+
+
+def test_a_diagnosis_reading_only_its_footprint_equals_one_reading_the_whole_window(
+    cluster: SimCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # compute_diagnosis builds only the events and log lines of the incident's footprint (record_scope); the
+    # ranking kept no other, so the diagnosis is the one made from every record of the window
+    ctx = create_app(cluster.store, cluster.metrics, cluster.settings()).state.ctx
+    incident = cluster.incident
+    read: dict[str, int] = {}
+    events, logs = Store.events, Store.logs
+
+    def every_event(self: Store, *args: Any, keep: Any = None, **kwargs: Any) -> Any:
+        found = events(self, *args, **kwargs)
+        read["all"] = len(found)
+        read["kept"] = len([e for e in found if keep is None or keep(e.entity)])
+        return found
+
+    def every_log(self: Store, *args: Any, keep: Any = None, **kwargs: Any) -> Any:
+        return logs(self, *args, **kwargs)
+
+    footprint_only = normalised(ctx.compute_diagnosis(incident.id))
+    monkeypatch.setattr(Store, "events", every_event)
+    monkeypatch.setattr(Store, "logs", every_log)
+    whole_window = normalised(ctx.compute_diagnosis(incident.id))
+    assert read["all"] > read["kept"] > 0  # the window holds records of other entities, the footprint some
+    assert whole_window["causes"] and footprint_only == whole_window
+
+
+def normalised(found: Diagnosis) -> Any:
+    """The diagnosis with each event's evidence ref (a fresh random id per run) written alike."""
+    return json.loads(re.sub(r"ev-[0-9a-f]{12}", "ev-*", found.model_dump_json()))

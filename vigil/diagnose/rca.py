@@ -26,7 +26,7 @@ import re
 import signal
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from vigil.detect.silent_rank import silent_ranks
@@ -445,10 +445,10 @@ def incident_footprint(kg: KnowledgeGraph, incident: Incident, anomalies: Iterab
     return footprint
 
 
-def select_records(kg: KnowledgeGraph, incident: Incident, anomalies: Sequence[Anomaly],
-                   events: Sequence[Event], logs: Sequence[LogRecord], slack_s: float = 900.0,
-                   ) -> tuple[list[Event], list[LogRecord]]:
-    """The events and log lines of the incident's footprint and time window (plus slack)."""
+def record_scope(kg: KnowledgeGraph, incident: Incident, anomalies: Sequence[Anomaly]) -> Callable[[str], bool]:
+    """Whether a record of an entity is evidence of the incident: the entity is in its footprint (the ranks of
+    its jobs, the hosts they run on, what sits on those hosts). A reader can apply it before it builds the records
+    (``Store.events(keep=...)``): ``select_records`` keeps exactly the records of the entities it accepts."""
     footprint = incident_footprint(kg, incident, anomalies)
     jobs = {e for e in footprint if entity_kind(e) == "job"} | {kg.rank_job[e] for e in footprint if e in kg.rank_job}
     for node in [e for e in footprint if e.startswith("node/")]:
@@ -462,7 +462,6 @@ def select_records(kg: KnowledgeGraph, incident: Incident, anomalies: Sequence[A
             host = kg.node_of(rank)
             if host:
                 footprint.add(host)
-    lo, hi = incident.start - slack_s, incident.end + slack_s
 
     def belongs(entity: str) -> bool:
         if entity in footprint:
@@ -474,6 +473,15 @@ def select_records(kg: KnowledgeGraph, incident: Incident, anomalies: Sequence[A
         node = kg.node_of(entity) if entity in kg else None
         return node in footprint
 
+    return belongs
+
+
+def select_records(kg: KnowledgeGraph, incident: Incident, anomalies: Sequence[Anomaly],
+                   events: Sequence[Event], logs: Sequence[LogRecord], slack_s: float = 900.0,
+                   ) -> tuple[list[Event], list[LogRecord]]:
+    """The events and log lines of the incident's footprint (``record_scope``) and time window (plus slack)."""
+    belongs = record_scope(kg, incident, anomalies)
+    lo, hi = incident.start - slack_s, incident.end + slack_s
     chosen_events = [e for e in events if lo <= e.ts <= hi and belongs(e.entity)]
     chosen_logs = [r for r in logs if r.ts is not None and lo <= r.ts <= hi and belongs(r.entity)]
     return chosen_events, chosen_logs

@@ -264,7 +264,11 @@ class Store:
         return held
 
     def events(self, entity: str | None = None, kind: str | None = None, since: float | None = None,
-               until: float | None = None, limit: int = 1000) -> list[Event]:
+               until: float | None = None, limit: int = 1000, keep: Callable[[str], bool] | None = None,
+               ) -> list[Event]:
+        """Events in time order (at most ``limit``, the first by time); with ``keep``, only those of the entities
+        it accepts, of the same ``limit`` read: the others are never built (a diagnosis reads a window of tens
+        of thousands across the cluster and cites the few of its incident's footprint)."""
         q = select(t.events).order_by(t.events.c.ts, t.events.c.id).limit(limit)
         if entity is not None:
             q = q.where(t.events.c.entity == entity)
@@ -276,7 +280,8 @@ class Store:
             q = q.where(t.events.c.ts <= until)
         with self.engine.connect() as conn:
             return [Event(ts=r.ts, entity=r.entity, kind=r.kind, source=r.source, level=FaultLevel(r.level),
-                          message=r.message, attrs=r.attrs) for r in conn.execute(q)]
+                          message=r.message, attrs=r.attrs) for r in conn.execute(q)
+                    if keep is None or keep(r.entity)]
 
     def add_logs(self, records: Iterable[LogRecord]) -> int:
         rows = [{"ts": r.ts, "entity": r.entity, "source": r.source, "line": r.line, "lineno": r.lineno}
@@ -287,7 +292,8 @@ class Store:
         return len(rows)
 
     def logs(self, entity: str | None = None, contains: str | None = None, since: float | None = None,
-             until: float | None = None, limit: int = 1000) -> list[LogRecord]:
+             until: float | None = None, limit: int = 1000, keep: Callable[[str], bool] | None = None,
+             ) -> list[LogRecord]:
         q = select(t.logs).order_by(t.logs.c.ts, t.logs.c.id).limit(limit)
         if entity is not None:
             q = q.where((t.logs.c.entity == entity) | t.logs.c.entity.startswith(entity.rstrip("/") + "/"))
@@ -299,7 +305,7 @@ class Store:
             q = q.where(t.logs.c.ts <= until)
         with self.engine.connect() as conn:
             return [LogRecord(ts=r.ts, entity=r.entity, source=r.source, line=r.line, lineno=r.lineno)
-                    for r in conn.execute(q)]
+                    for r in conn.execute(q) if keep is None or keep(r.entity)]
 
     def events_after(self, after: ReadPosition | int, limit: int = 10_000) -> list[tuple[ReadPosition, Event]]:
         """Events in read order after ``after`` (a position this returned, or a row id: see ``ReadPosition``), each

@@ -289,7 +289,7 @@ class ServeContext:
         from vigil.diagnose.kg import KnowledgeGraph
         from vigil.diagnose.llm import LlmClient, diagnose
         from vigil.diagnose.memory import recall
-        from vigil.diagnose.rca import analyze_incident
+        from vigil.diagnose.rca import analyze_incident, record_scope
 
         incident = self.store.incident(incident_id)
         if incident is None:
@@ -305,8 +305,13 @@ class ServeContext:
         slack = 900.0  # the records around the incident that the ranking may cite
         wanted = set(incident.anomalies)
         anomalies = [a for a in self.store.anomalies(since=incident.start - slack, limit=100_000) if a.id in wanted]
-        events = self.store.events(since=incident.start - slack, until=incident.end + slack, limit=100_000)
-        logs = self.store.logs(since=incident.start - slack, until=incident.end + slack, limit=100_000)
+        # Only the records of the incident's footprint are built: the ranking keeps no other (select_records),
+        # and the window holds tens of thousands across the cluster (88,600 events on 10,000 GPUs).
+        own = [a for a in anomalies if not incident.anomalies or a.id in incident.anomalies]
+        keep = record_scope(kg, incident, own)
+        events = self.store.events(since=incident.start - slack, until=incident.end + slack, limit=100_000,
+                                   keep=keep)
+        logs = self.store.logs(since=incident.start - slack, until=incident.end + slack, limit=100_000, keep=keep)
         result = analyze_incident(kg, incident, anomalies, events, logs)
         found = diagnose(kg, incident, result, LlmClient.from_settings(self.settings))
         found.similar = recall(self.store, incident, found)
