@@ -46,9 +46,7 @@ def site(cluster: SimCluster) -> Iterator[str]:
             lifecycle.apply(node, trigger, f"test: {trigger.value}")
     # a Kubernetes back end with execution off: the dry runs say what it would do, no API server is called
     remediator = Remediator([KubernetesActuator(ApiClient())], AuditLog(cluster.store.url), hold_dry_runs=False)
-    # background diagnosis on, as in production: the incident page's test is about it
-    app = create_app(cluster.store, cluster.metrics, cluster.settings(serve_diagnosis_threads=1),
-                     launch_dirs=[FIXTURES], lifecycle=lifecycle,
+    app = create_app(cluster.store, cluster.metrics, cluster.settings(), launch_dirs=[FIXTURES], lifecycle=lifecycle,
                      remediator=remediator)
     SERVED["app"] = app
     with serve_in_thread(app) as base_url:
@@ -200,8 +198,8 @@ def test_node_lifecycle_view(page: Any, site: str) -> None:
     shot(page, "node")
 
 
-def test_incident_page_opens_at_once_and_shows_the_diagnosis_when_done(page: Any, site: str,
-                                                                        cluster: SimCluster) -> None:
+def test_incident_page_opens_at_once_and_shows_the_diagnosis_when_done(page: Any, site: str, cluster: SimCluster,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """An incident stored without a diagnosis opens at once with 'Diagnosis in progress' while the server's
     background thread works (held here until the page is up), then the diagnosis, causes and plan panels fill in
     place: no reload, no button pressed."""
@@ -209,6 +207,14 @@ def test_incident_page_opens_at_once_and_shows_the_diagnosis_when_done(page: Any
     release, begun = threading.Event(), threading.Event()
     compute = ctx.diagnoser.compute
     incident = cluster.incident.model_copy(update={"id": f"{cluster.incident.id}-page"})
+    # Background diagnosis is on for this test only, as in production, over this test's incident only: the
+    # session's store is shared, and a diagnosis remembers the resolved incidents of the moment (recall), so a
+    # thread sweeping it for the whole module wrote memories other tests count.
+    undiagnosed = cluster.store.undiagnosed
+    monkeypatch.setattr(cluster.store, "undiagnosed", lambda limit=20, now=None: [
+        found for found in undiagnosed(limit=100_000, now=now) if found == incident.id])
+    monkeypatch.setattr(ctx.diagnoser, "threads", 1)
+    ctx.diagnoser.start()
 
     def held(incident_id: str) -> Any:
         if incident_id == incident.id:
@@ -238,12 +244,15 @@ def test_incident_page_opens_at_once_and_shows_the_diagnosis_when_done(page: Any
             assert "guard admitted" in steps.nth(k).inner_text() or "guard refused" in steps.nth(k).inner_text()
     finally:
         release.set()
+        ctx.diagnoser.stop()
         ctx.diagnoser.compute = compute
         # the session's store is shared: leave it holding the incidents it held
         with cluster.store.engine.begin() as conn:
             conn.execute(delete(tables.diagnoses).where(tables.diagnoses.c.incident_id == incident.id))
             conn.execute(delete(tables.diagnosis_claims).where(tables.diagnosis_claims.c.incident_id == incident.id))
             conn.execute(delete(tables.incidents).where(tables.incidents.c.id == incident.id))
+            # its diagnosis remembered it (a copy of a resolved incident): test_mcp counts the memories
+            conn.execute(delete(tables.incident_memories).where(tables.incident_memories.c.incident_id == incident.id))
 
 
 def test_hang_view_of_a_real_launch_run(page: Any, site: str) -> None:
