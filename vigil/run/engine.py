@@ -314,11 +314,21 @@ class Engine:
         self.last_tick: TickReport | None = None
         self.stop = threading.Event()
         self._started = False
-        # One engine judges a store at a time: it holds the lease LEASE (renewed every tick, with the cursor's write,
-        # which it fences); the others stand by until it lapses (remedy_lease_s) or its process here has ended.
+        # One engine judges a store at a time: it holds the lease LEASE (renewed by a thread of its own, every tick and
+        # with the cursor's write, which it fences); the others stand by until it lapses (remedy_lease_s) or its
+        # process here has ended.
         self.owner = f"{socket.gethostname()}:{os.getpid()}"
         self.lease_s = settings.remedy_lease_s
         self.standing_by: str | None = None
+        # While it holds the lease, a thread of its own renews it every third of it, so that a long start-up (actions
+        # resumed, a moved store renumbered: ~47 s at 1,000,000 events) or a long tick does not let it lapse; what
+        # that thread found (another engine took it since) ends the next tick.
+        self._keeper: threading.Thread | None = None
+        self._keeper_stop = threading.Event()
+        self._lease_lost: LeaseLost | None = None
+        # `vigil serve`: an engine that lost the lease stands by again (state dropped, read again from the store when
+        # it takes over) instead of ending; `vigil engine` ends, exit 1, for its supervisor to restart
+        self.stand_by_on_loss = False
         self.slurm = SlurmJobs() if settings.slurm_poll_s > 0 else None
         self._next_slurm = 0.0
         if kube_jobs is None and settings.kube_jobs_poll_s > 0:
@@ -334,8 +344,38 @@ class Engine:
         False where the lease was not taken."""
         if not self._await_lease(wait):
             return False
+        self._keep_lease()
         self._start()
         return True
+
+    def _keep_lease(self) -> None:
+        """Renew the lease on a thread of its own every third of ``lease_s`` until ``release`` (or a loss): it holds
+        while this process lives and reaches the store, however long a start-up or a tick takes. Renewal goes on
+        where the lease lapsed meanwhile (the store out of reach) and no other engine took it; one that did is noted
+        in ``_lease_lost``, which the next tick raises."""
+        if self._keeper is not None and self._keeper.is_alive():
+            return
+        self._keeper_stop = stop = threading.Event()
+        self._lease_lost = None
+
+        def keep() -> None:
+            while not stop.wait(self.lease_s / 3):
+                try:
+                    self.store.renew_lease(LEASE, self.owner, time.time() + self.lease_s)
+                except LeaseLost as err:
+                    self._lease_lost = err
+                    return
+                except Exception as err:  # the store briefly out of reach: the next try, or the tick's, renews it
+                    log.warning("renewing the engine lease failed (retrying in %g s): %s", self.lease_s / 3, err)
+
+        self._keeper = threading.Thread(target=keep, name="vigil-engine-lease", daemon=True)
+        self._keeper.start()
+
+    def _stop_keeping(self) -> None:
+        self._keeper_stop.set()
+        if self._keeper is not None and self._keeper is not threading.current_thread():
+            self._keeper.join()
+        self._keeper = None
 
     def _await_lease(self, wait: bool) -> bool:
         """Take the lease LEASE; another engine holding it, stand by (one line, once) and try again every
@@ -363,7 +403,9 @@ class Engine:
 
     def release(self) -> None:
         """Give the lease up (a clean stop): an engine standing by takes over at its next try."""
-        if self._started:
+        held = self._started or self._keeper is not None
+        self._stop_keeping()  # before: a renewal after it would take the lease back
+        if held:
             try:
                 self.store.release_lease(LEASE, self.owner)
             except Exception as err:  # the store down: it lapses by itself
@@ -512,7 +554,10 @@ class Engine:
             if not self.start(wait=False):  # standing by: run() tries again at its next tick
                 return TickReport(standby=True)
         else:
-            # LeaseLost: another engine took the lease since (this one stalled past remedy_lease_s)
+            # LeaseLost: another engine took the lease since (this process stalled or was cut off from the store
+            # past remedy_lease_s)
+            if self._lease_lost is not None:
+                raise self._lease_lost
             self.store.renew_lease(LEASE, self.owner, time.time() + self.lease_s)
             self._place_moved(running=True)
             self._resume_beside()
@@ -855,20 +900,45 @@ class Engine:
         try:
             while not self.stop.is_set():
                 began = time.monotonic()
-                try:
-                    self.tick()
-                except LeaseLost as err:  # another engine judges the store now: this one's state is stale
-                    log.error("this engine stops: %s - it stalled past remedy_lease_s (%g s) and another engine "
-                              "took over, reading on from the cursor this one last saved", err, self.lease_s)
-                    raise
-                except Exception:  # one bad tick (store briefly down) must not end the loop
-                    log.exception("engine tick failed; retrying")
+                self._round()
                 self.stop.wait(max(0.0, self.settings.engine_interval_s - (time.monotonic() - began)))
         except BaseException:
             self.stop.set()
             raise
         self.finish_resuming()
         self.release()
+
+    def _round(self) -> None:
+        """One tick of ``run``: a failing tick is logged and retried; one that finds the lease lost (another engine
+        judges the store now, this one's state is stale) ends the loop, or with ``stand_by_on_loss`` drops that state
+        and stands by again, to take over once the other's lease lapses."""
+        try:
+            self.tick()
+        except LeaseLost as err:
+            self._stop_keeping()
+            if not self.stand_by_on_loss:
+                log.error("this engine stops: %s - it stalled or lost the store past remedy_lease_s (%g s) and "
+                          "another engine took over, reading on from the cursor this one last saved", err,
+                          self.lease_s)
+                raise
+            log.error("this engine stops judging and stands by again: %s - it stalled or lost the store past "
+                      "remedy_lease_s (%g s) and another engine took over, reading on from the cursor this one last "
+                      "saved", err, self.lease_s)
+            self._stand_by_again()
+        except Exception:  # one bad tick (store briefly down) must not end the loop
+            log.exception("engine tick failed; retrying")
+
+    def _stand_by_again(self) -> None:
+        """Drop what this engine judged from (frames, incidents, cursors, the topology...) as at construction, keeping
+        its stop event, its owner and the round of resumed actions in flight: its next tick stands by, and once it
+        takes the lease again it reads it all from the store as a start does."""
+        keep = {"stop", "owner", "stand_by_on_loss", "resumed_actions", "_resuming", "_resume_lock", "_finish_by",
+                "_gave_up"}
+        fresh = Engine(self.store, self.settings, prom=self.prom, notifiers=self.notifiers, clock=self.clock,
+                       batch=self.batch, kube_jobs=self.kube_jobs, remediator=self.remediator)
+        for name, value in vars(fresh).items():
+            if name not in keep:
+                setattr(self, name, value)
 
     def status(self) -> dict[str, Any]:
         last = self.last_tick

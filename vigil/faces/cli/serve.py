@@ -91,7 +91,9 @@ def live_engine(ctx: ServeContext) -> Engine:
     dry-run while execute_actions is off)."""
     from vigil.run.engine import Engine
 
-    return Engine(ctx.store, ctx.settings, prom=ctx.prom, remediator=ctx.remediator)
+    live = Engine(ctx.store, ctx.settings, prom=ctx.prom, remediator=ctx.remediator)
+    live.stand_by_on_loss = True  # the server serves on: its engine stands by again, to take over later
+    return live
 
 
 def serve(
