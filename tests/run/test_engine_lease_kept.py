@@ -5,6 +5,7 @@ by instead of ending."""
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from pathlib import Path
@@ -114,3 +115,25 @@ def test_the_engine_of_vigil_serve_stands_by_after_losing_its_lease_and_takes_ov
         server.wait(60)
     assert server.returncode == 0, log.read_text()
     site.store.close()
+
+
+def test_the_lease_keeper_ends_with_its_engine_or_store(tmp_path: Path) -> None:
+    """An engine never released (dropped, or its store closed) leaves no thread renewing its lease - and holding a
+    connection - for the rest of the process."""
+    site = Site(f"sqlite:///{tmp_path / 'v.db'}", tmp_path)
+    short_lease(site)
+    dropped = site.engine()
+    assert dropped.start()
+    keeper = dropped._keeper
+    assert keeper is not None and keeper.is_alive()
+    del dropped
+    gc.collect()
+    keeper.join(30)
+    assert not keeper.is_alive()
+    kept = site.engine()
+    assert kept.start()
+    keeper = kept._keeper
+    assert keeper is not None and keeper.is_alive()
+    site.store.close()
+    keeper.join(30)
+    assert not keeper.is_alive()

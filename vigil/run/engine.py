@@ -20,6 +20,7 @@ import os
 import socket
 import threading
 import time
+import weakref
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -357,16 +358,22 @@ class Engine:
             return
         self._keeper_stop = stop = threading.Event()
         self._lease_lost = None
+        # the thread holds the engine weakly and ends once it is gone or its store closed (one never released)
+        engine, store, owner, every = weakref.ref(self), self.store, self.owner, self.lease_s / 3
 
         def keep() -> None:
-            while not stop.wait(self.lease_s / 3):
+            while not stop.wait(every):
+                live = engine()
+                if live is None or store.closed:
+                    return
                 try:
-                    self.store.renew_lease(LEASE, self.owner, time.time() + self.lease_s)
+                    store.renew_lease(LEASE, owner, time.time() + live.lease_s)
                 except LeaseLost as err:
-                    self._lease_lost = err
+                    live._lease_lost = err
                     return
                 except Exception as err:  # the store briefly out of reach: the next try, or the tick's, renews it
-                    log.warning("renewing the engine lease failed (retrying in %g s): %s", self.lease_s / 3, err)
+                    log.warning("renewing the engine lease failed (retrying in %g s): %s", every, err)
+                del live
 
         self._keeper = threading.Thread(target=keep, name="vigil-engine-lease", daemon=True)
         self._keeper.start()

@@ -212,6 +212,7 @@ class Store:
         ``clock``: the time keys are stamped with and forgotten by."""
         self.url = url
         self.engine = open_database(url)
+        self.closed = False
         self._whole_cache: tuple[int, dict[str, dict[str, Any]]] | None = None
         self.push_key_window_s = (default_settings().push_key_window_s if push_key_window_s is None
                                   else push_key_window_s)
@@ -219,6 +220,7 @@ class Store:
         self._next_key_prune = float("-inf")
 
     def close(self) -> None:
+        self.closed = True
         self.engine.dispose()
 
     # ---------------------------------------------------------------- events and logs
