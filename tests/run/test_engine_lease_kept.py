@@ -94,8 +94,9 @@ def test_the_engine_of_vigil_serve_stands_by_after_losing_its_lease_and_takes_ov
         wait_for(lambda: int(site.store.cursor(CURSOR)[1].get("ticks", 0)) >= 2, 60, "the server's engine to tick")
         other = site.engine()
         other.owner = "other-host:1"
-        _, state = site.store.cursor(LEASE)
-        site.store.set_cursor(LEASE, 0.0, state)  # lapsed: the server's engine stalled past it
+        # taken over as after the server's engine stalled past it (written at once: a compare-and-set of a lapse would
+        # race the server's renewals)
+        site.store.set_cursor(LEASE, time.time() + 30, {"owner": other.owner})
         assert other.start(wait=False)
         wait_for(lambda: "standing by: engine other-host:1" in log.read_text(), 60,
                  "the server's engine to stand by again")
