@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -1925,6 +1926,64 @@ def test_a_total_inflation_budget_leaves_the_oldest_generations_out(tmp_path: Pa
     assert "read short: train.log.3.gz after 46000 bytes" in warnings[0]
     # the result does not depend on the number of reading processes
     assert triage(tmp_path, workers=2, inflate_budget=506_000).lines == kept.lines
+
+
+def test_numbered_per_process_files_in_an_old_directory_are_no_generations(tmp_path: Path) -> None:
+    """An old/ directory holding an earlier run's srun --output=train.log.%t files (train.log.0 ... .2): each is a
+    process's log of its own, ranks 0 to 2 - none joins the current train.log as a rotated generation (before: .1
+    and .2 were read as train.log's history, another run's lines in this job's stream, and rank 0 alone was kept)."""
+    (tmp_path / "old").mkdir()
+    (tmp_path / "train.log").write_text("2026-11-28 10:00:00 INFO step 9\n")
+    for rank in range(3):
+        (tmp_path / "old" / f"train.log.{rank}").write_text(f"2026-11-20 10:00:00 INFO rank {rank}\n")
+    sources = {source.name: source for source in discover(tmp_path)}
+    assert sources["train.log"].generations == ()
+    assert {name: source.rank for name, source in sources.items() if name.startswith("old/")} == {
+        "old/train.log.0": 0, "old/train.log.1": 1, "old/train.log.2": 2}
+
+
+def test_a_triage_within_the_inflation_budget_inflates_each_file_once(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where each file's bound (1,032 times a gzip's size) sums past the budget but what they inflate does not, each
+    compressed file is opened once (before: once to count, once to read - twice the decompression of every job with a
+    few large generations); where the read does pass the budget, the plan's result is the same as before."""
+    import gzip
+
+    from vigil.logs import miner
+
+    _gz_generations(tmp_path, count=6, lines=10_000)  # 230,000 bytes each inflated, about 500 bytes compressed
+    (tmp_path / "train.log").write_text("2026-11-28 10:00:00 INFO step 9\n")
+    opened: list[Path] = []
+
+    def counting(path: Path, mode: str = "rb") -> object:
+        opened.append(path)
+        return gzip.open(path, mode)
+
+    monkeypatch.setitem(miner.COMPRESSED, ".gz", counting)
+    assert miner.inflation_could_pass([sorted(tmp_path.glob("*.gz"))], 2_000_000)
+    result = triage(tmp_path, workers=1, inflate_budget=2_000_000)  # 1,380,000 bytes inflate
+    assert result.root is not None and result.root.source == "train.log.6.gz"
+    assert sorted(Counter(opened).values()) == [1] * 6
+    opened.clear()
+    kept = triage(tmp_path, workers=1, inflate_budget=506_000)  # passed: read again under the plan
+    assert kept.root is None and kept.lines == 1 + 20_000 + 2_000
+
+
+def test_reading_processes_count_one_inflation_budget(tmp_path: Path) -> None:
+    """The count is shared by the reading processes: a read that passes the budget in any of them is read again under
+    the plan, with what one process reads."""
+    import gzip
+
+    for rank in range(3):
+        (tmp_path / f"rank{rank}").mkdir()
+        for number in (1, 2):
+            (tmp_path / f"rank{rank}" / f"train.log.{number}.gz").write_bytes(
+                gzip.compress(b"2026-11-27 10:00:00 ok\n" * 20_000))  # 460,000 bytes each
+        (tmp_path / f"rank{rank}" / "train.log").write_text("2026-11-28 10:00:00 INFO step 9\n")
+    assert triage(tmp_path, workers=2, inflate_budget=10_000_000).lines == 3 + 6 * 20_000
+    # the three .1 whole would pass it: rank0's and rank1's .1, rank2's up to 80,000 bytes (3,479 lines, the last cut)
+    passed = triage(tmp_path, workers=2, inflate_budget=1_000_000)
+    assert passed.lines == triage(tmp_path, workers=1, inflate_budget=1_000_000).lines == 3 + 2 * 20_000 + 3_479
 
 
 def test_the_inflation_budget_serves_every_logs_newest_generations_first(tmp_path: Path) -> None:

@@ -836,6 +836,24 @@ INFLATE_BUDGET_BYTES = 16 << 30
 _log = logging.getLogger(__name__)
 
 
+class InflateBudgetPassed(Exception):  # noqa: N818 - a signal to read again under a plan, not a failure
+    """Raised by a compressed file's read once the bytes inflated across one triage pass its budget (see
+    :func:`count_inflated`): the triage is read again under :func:`inflation_plan`."""
+
+
+# The bytes inflated so far in one triage (a multiprocessing Value shared with its reading processes) and its budget;
+# None: not counted.
+_inflated_total: Any = None
+_inflated_budget = 0
+
+
+def count_inflated(total: Any, budget: int) -> None:
+    """Count every compressed file's inflated bytes into ``total`` (a ``multiprocessing.Value("q")``, or None to stop
+    counting); a read that takes it past ``budget`` raises :class:`InflateBudgetPassed`."""
+    global _inflated_total, _inflated_budget  # noqa: PLW0603 - one triage's counter in this process
+    _inflated_total, _inflated_budget = total, budget
+
+
 def _open_log(path: Path, limit: int | None = None) -> io.BufferedReader:
     opener = COMPRESSED.get(path.suffix.lower())
     try:
@@ -865,6 +883,7 @@ class _Inflated(io.RawIOBase):
         try:
             data = self._stream.read(min(len(view), self._left))
             self._left -= len(data)
+            _count(len(data))
             # the look past the cap may find the stream cut short too: what was read is kept
             if self._left <= 0 and self._stream.read(1):
                 _log.warning("log file %s inflates past %d bytes: the rest is not read", self._path, self._limit)
@@ -877,6 +896,17 @@ class _Inflated(io.RawIOBase):
     def close(self) -> None:
         self._stream.close()
         super().close()
+
+
+def _count(size: int) -> None:
+    total = _inflated_total
+    if total is None or not size:
+        return
+    with total.get_lock():
+        total.value += size
+        passed = total.value > _inflated_budget
+    if passed:
+        raise InflateBudgetPassed
 
 
 def _skip_hole(handle: io.BufferedReader) -> None:
@@ -914,7 +944,7 @@ def inflation_plan(files: list[list[Path]], budget: int | None,
                if age < len(stream)]
     if budget is None or not ordered:
         return {}, ""
-    if sum(_inflated_bound(path) for path in ordered) <= budget:
+    if not inflation_could_pass(files, budget):
         return {}, ""
     limits: dict[Path, int] = {}
     left = budget
@@ -937,6 +967,13 @@ def inflation_plan(files: list[list[Path]], budget: int | None,
         part for part in (f"not read: {listed}" if skipped else "", f"read short: {', '.join(cut)}" if cut else "")
         if part))
     return limits, line
+
+
+def inflation_could_pass(files: list[list[Path]], budget: int) -> bool:
+    """Whether the compressed files among ``files`` could inflate past ``budget`` (each one's bound - the cap, or for
+    gzip 1,032 times its size - summed)."""
+    return sum(_inflated_bound(path) for stream in files for path in stream
+               if path.suffix.lower() in COMPRESSED) > budget
 
 
 def _inflated_bound(path: Path) -> int:

@@ -104,7 +104,13 @@ def discover(directory: Path, olddirs: Sequence[Path] = ()) -> list[LogSource]:
             moved.append((path, base, order, named))
             continue
         streams.setdefault(path.parent / base, []).append((order, path))
+    # files numbered from 0 in such a directory are one file a process (srun --output=train.log.%t of an earlier
+    # run), not generations: each read on its own, as beside its log
+    tasks = {stream for stream, generations in streams.items() if any(order == _FIRST_TASK for order, _ in generations)}
     for path, base, order, named in moved:
+        if path.parent / base in tasks:
+            streams[path.parent / base].append((order, path))
+            continue
         streams.setdefault(_olddir_stream(path.parent, base, streams, directory, named), []).append((order, path))
     sources = []
     for stream, generations in sorted(streams.items()):

@@ -45,7 +45,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from vigil.knowledge.line_prefix import split_prefix
 from vigil.knowledge.signatures import SignatureMatcher, signature_library
-from vigil.logs.miner import INFLATE_BUDGET_BYTES, inflation_plan, read_lines
+from vigil.logs.miner import (
+    INFLATE_BUDGET_BYTES,
+    InflateBudgetPassed,
+    count_inflated,
+    inflation_could_pass,
+    inflation_plan,
+    read_lines,
+)
 from vigil.logs.severity import GENERIC, SPECIFIC, echoes, reports, strength
 from vigil.logs.sources import LogSource, discover, entity_name
 from vigil.logs.timestamps import line_time
@@ -535,31 +542,65 @@ def triage(
 def scan_directory(directory: Path, job_name: str, progress: Callable[[str], None] | None = None,
                    workers: int | None = None, matcher: SignatureMatcher | None = None,
                    inflate_budget: int | None = INFLATE_BUDGET_BYTES, olddirs: Sequence[Path] = ()) -> list[_Scan]:
-    """Every log file under ``directory`` scanned, in file order (what :func:`decide` reads)."""
+    """Every log file under ``directory`` scanned, in file order (what :func:`decide` reads).
+
+    Where the inflation budget could be reached (:func:`vigil.logs.miner.inflation_plan`'s bound), the files are read
+    once counting what they inflate across all reading processes; only a read that passes the budget stops and reads
+    again under the plan (the compressed files counted, newest first), so what is left out never depends on the number
+    of processes and a triage within the budget inflates each file once (before, counted and then read: twice)."""
     sources = discover(directory, olddirs)
-    limits, skipped = inflation_plan([list(source.files) for source in sources], inflate_budget, directory)
-    if skipped:
-        _log.warning("%s", skipped)
-    if limits:
-        sources = [replace(source, inflate_limits=tuple((path, limits[path]) for path in source.files
-                                                         if path in limits)) for source in sources]
     count = auto_workers(sources) if workers is None else max(1, workers)
+    reported: set[str] = set()
+
+    def report(name: str) -> None:
+        if progress is not None and name not in reported:
+            reported.add(name)
+            progress(name)
+
+    files = [list(source.files) for source in sources]
+    if inflate_budget is not None and inflation_could_pass(files, inflate_budget):
+        try:
+            return _scan_all(sources, job_name, report, count, matcher, inflate_budget)
+        except InflateBudgetPassed:
+            pass
+        limits, skipped = inflation_plan(files, inflate_budget, directory)
+        if skipped:
+            _log.warning("%s", skipped)
+        if limits:
+            sources = [replace(source, inflate_limits=tuple((path, limits[path]) for path in source.files
+                                                             if path in limits)) for source in sources]
+    return _scan_all(sources, job_name, report, count, matcher, None)
+
+
+def _scan_all(sources: list[LogSource], job_name: str, progress: Callable[[str], None], count: int,
+              matcher: SignatureMatcher | None, budget: int | None) -> list[_Scan]:
+    """The sources scanned in file order; with a ``budget``, the bytes inflated across them counted, and
+    :class:`InflateBudgetPassed` raised once they pass it."""
+    total = multiprocessing.get_context("spawn").Value("q", 0) if budget is not None else None
     scans: list[_Scan] = []
     if count > 1 and len(sources) > 1:
         # spawn, not fork: the parent may hold threads (torch, the HTTP server) that a fork would copy mid-state.
         context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=min(count, len(sources)), mp_context=context) as pool:
+        with ProcessPoolExecutor(max_workers=min(count, len(sources)), mp_context=context,
+                                 initializer=count_inflated, initargs=(total, budget or 0)) as pool:
             futures = [pool.submit(_scan_file, source, job_name) for source in sources]
-            for source, future in zip(sources, futures, strict=True):
-                scans.append(future.result())
-                if progress is not None:
+            try:
+                for source, future in zip(sources, futures, strict=True):
+                    scans.append(future.result())
                     progress(source.name)
-    else:
-        matcher = matcher or SignatureMatcher()
+            except InflateBudgetPassed:
+                for future in futures:
+                    future.cancel()
+                raise
+        return scans
+    matcher = matcher or SignatureMatcher()
+    count_inflated(total, budget or 0)
+    try:
         for source in sources:
             scans.append(_scan(source, job_name, matcher))
-            if progress is not None:
-                progress(source.name)
+            progress(source.name)
+    finally:
+        count_inflated(None, 0)
     return scans
 
 
