@@ -101,7 +101,9 @@ def test_a_left_gpu_reset_is_adopted_waited_for_and_not_run_again(database: str,
     releaser.start()
     actuator = ResetActuator(done=True)
     try:
-        [resumed] = Remediator([actuator], AuditLog(database), dry_run=False, requested_by="vigil-engine").recover()
+        remediator = Remediator([actuator], AuditLog(database), dry_run=False, requested_by="vigil-engine")
+        assert remediator.recover() == []  # resumed on a thread of its own
+        [resumed] = remediator.wait_adopted(60)
         # waited for: it ended while waited for, never killed (a SIGKILL would read -9 here)
         assert left.wait(30) == 0
     finally:
@@ -121,8 +123,10 @@ def test_an_adopted_command_still_running_past_the_bound_is_killed_before_the_ru
     actuator = ResetActuator(done=False)
     began = time.monotonic()
     try:
-        [resumed] = Remediator([actuator], AuditLog(database), dry_run=False, requested_by="vigil-engine",
-                               adopt_wait_s=0.5).recover()
+        remediator = Remediator([actuator], AuditLog(database), dry_run=False, requested_by="vigil-engine",
+                                adopt_wait_s=0.5)
+        assert remediator.recover() == []
+        [resumed] = remediator.wait_adopted(30)
         assert left.wait(30) == -signal.SIGKILL
     finally:
         stop(left)
@@ -148,3 +152,31 @@ def test_a_command_left_on_another_host_leaves_the_run_closed_failed_not_run_aga
     assert audit.unfinished_runs() == []  # closed: no later takeover runs it blindly either
     [row] = commands_of(audit.engine, KEY)
     assert row["state"] == "unknown", row
+
+
+def test_an_adopted_command_holds_no_other_run_of_the_takeover(database: str, fifo: Path) -> None:
+    """A left GPU reset waited for (up to 20 s here, 600 s by default) is waited for beside the round: the other run
+    taken over in the same round is resumed at once, and the round returns while the reset still runs."""
+    left = left_reset(database, fifo)
+    other = Action(id="act-reset-n2", ts=0.0, kind=ActionKind.RESET_GPU, target="gpu/n2/0", reason="Xid 79",
+                   params={"idempotency_key": "act-reset-n2"})
+    audit = AuditLog(database)
+    assert audit.begin("act-reset-n2", other, owner="vigil-api-killed", now=0.0, lease_expires=30.0) is None
+    actuator = ResetActuator(done=False)
+    remediator = Remediator([actuator], audit, dry_run=False, requested_by="vigil-engine", adopt_wait_s=20.0)
+    try:
+        resumed = remediator.recover()
+        still_running = left.poll() is None  # read before the reset is let end
+        with contextlib.suppress(OSError):  # no reader (ENXIO): it was killed
+            hold = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            os.write(hold, b"go\n")
+            os.close(hold)
+        adopted = remediator.wait_adopted(60)
+        assert left.wait(30) == 0  # ended as it would have, never killed
+    finally:
+        stop(left)
+    assert still_running  # the round did not wait for it (it waited 20 s, then killed it, before)
+    assert [(a.target, a.status) for a in resumed] == [("gpu/n2/0", ActionStatus.EXECUTED)], resumed
+    assert [(a.target, a.status) for a in adopted] == [("gpu/n1/0", ActionStatus.EXECUTED)], adopted
+    assert actuator.runs == 2
+    assert audit.unfinished_runs() == []

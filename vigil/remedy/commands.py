@@ -173,6 +173,22 @@ def _kill(row: dict[str, Any], pids: list[int]) -> bool:
     return _wait_ended(pids, KILL_WAIT_S)
 
 
+def _left(engine: Engine, key: str, owner: str) -> list[dict[str, Any]]:
+    """The commands of the run under ``key`` that owners other than ``owner`` started and never saw end."""
+    return [row for row in commands_of(engine, key)
+            if row["owner"] != owner and row["state"] in ("starting", "running")]
+
+
+def must_adopt(engine: Engine, key: str, owner: str, kind: ActionKind) -> bool:
+    """Whether settling the run under ``key`` (``settle_left_running``) waits for an adopted command: one of a kind
+    not killed, left on this host and still running. Such a run is resumed on a thread of its own, so that its wait
+    (up to ``adopt_wait_s``) holds no other run's takeover."""
+    if kind in KILLED_KINDS:
+        return False
+    host = this_host()
+    return any(row["host"] == host and _live(row) for row in _left(engine, key, owner))
+
+
 def settle_left_running(engine: Engine, key: str, owner: str, kind: ActionKind,
                         adopt_wait_s: float) -> list[dict[str, Any]]:
     """Settle the commands that owners other than ``owner`` started for the run under ``key`` and never saw end (it
@@ -180,9 +196,7 @@ def settle_left_running(engine: Engine, key: str, owner: str, kind: ActionKind,
     module docstring). Returns what was found of each, for the resumed action's record."""
     host = this_host()
     found = []
-    for row in commands_of(engine, key):
-        if row["owner"] == owner or row["state"] not in ("starting", "running"):
-            continue
+    for row in _left(engine, key, owner):
         said = {"argv": row["argv"], "pid": row["pid"], "host": row["host"], "owner": row["owner"]}
         if row["host"] != host:
             state, result = "unknown", f"started on {row['host']}, which this process cannot see"

@@ -29,7 +29,7 @@ from vigil.model import (
 )
 from vigil.remedy.actuators.base import Actuator, ActuatorError, migration_nodes, recording
 from vigil.remedy.audit import AuditLog, UnfinishedRun
-from vigil.remedy.commands import CommandJournal, settle_left_running
+from vigil.remedy.commands import CommandJournal, must_adopt, settle_left_running
 from vigil.remedy.guard import CAPACITY_ACTIONS, BlastRadiusGuard
 from vigil.remedy.lease import DEFAULT_LEASE_S, DEFAULT_RENEW_S, Renewal, Wait, wall_wait
 from vigil.remedy.lifecycle import LifecycleStore, NodeState, Trigger, trigger_for_level
@@ -172,6 +172,11 @@ class Remediator:
         self._closing: set[str] = set()
         self._unclosed_lock = threading.Lock()
         self._unclosed_closed = threading.Condition(self._unclosed_lock)
+        # runs taken over whose dead owner left a command to adopt (``vigil.remedy.commands``): each resumed on a
+        # thread of its own (key -> thread), its action in ``_adopted`` once done (``wait_adopted``)
+        self._adopting: dict[str, threading.Thread] = {}
+        self._adopted: list[Action] = []
+        self._adopting_lock = threading.Lock()
 
     def actuator_for(self, action: Action) -> Actuator | None:
         return next((a for a in self.actuators if a.accepts(action)), None)
@@ -373,7 +378,12 @@ class Remediator:
         taken from (``params.taken_over_from``) and when that owner's lease lapsed. A dry-run remediator takes
         nothing over: it would only say what it would run, and its claim would keep a live one from the run. Once
         ``stop`` is set (the process is stopping) no further run is claimed: the runs claimed already finish, and the
-        rest are left to the next round or, past their lease, to another process."""
+        rest are left to the next round or, past their lease, to another process.
+
+        A run whose dead owner left a command this process adopts (waits for, up to ``adopt_wait_s``: a GPU reset, a
+        reboot) is resumed on a thread of its own and is not in the list returned (``wait_adopted``): its wait holds
+        neither the other runs of the round nor the round's caller (an engine's start, the next rounds). Should this
+        process end meanwhile, the run stays claimed and its command recorded: the next owner settles it again."""
         if self.dry_run:
             return []
         self._close_unclosed()
@@ -385,8 +395,44 @@ class Remediator:
             if run.owner == self.owner or not self.audit.claim(run.key, self.owner, run.owner, now=now,
                                                                lease_expires=now + self.lease_s):
                 continue  # this remediator's own run, a live owner's, or another process took it first
+            if self._adopt_beside(run):
+                continue
             resumed.append(self._resume(run))
         return resumed
+
+    def _adopt_beside(self, run: UnfinishedRun) -> bool:
+        """Resume ``run`` on a thread of its own when settling it waits for a command to adopt (``recover``)."""
+        try:
+            if not must_adopt(self.audit.engine, run.key, self.owner, run.action.kind):
+                return False
+        except Exception:  # the store failed: resumed here, where its failure closes the run (``_resume``)
+            return False
+
+        def resume() -> None:
+            done = self._resume(run)
+            with self._adopting_lock:
+                self._adopted.append(done)
+                self._adopting.pop(run.key, None)
+
+        thread = threading.Thread(target=resume, name=f"vigil-adopt-{run.key}"[:60], daemon=True)
+        with self._adopting_lock:
+            self._adopting[run.key] = thread
+        thread.start()
+        return True
+
+    def wait_adopted(self, timeout_s: float) -> list[Action]:
+        """Wait, at most ``timeout_s``, for the runs resumed on threads of their own (``recover``) to end; returns
+        (and forgets) the actions of those ended so far."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._adopting_lock:
+                threads = list(self._adopting.values())
+            if not threads or time.monotonic() >= deadline:
+                break
+            threads[0].join(max(0.0, deadline - time.monotonic()))
+        with self._adopting_lock:
+            done, self._adopted = self._adopted, []
+        return done
 
     def _resume(self, run: UnfinishedRun) -> Action:
         """Run again an action this remediator has just claimed. Whatever its end, the run is closed in the journal
