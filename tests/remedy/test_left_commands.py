@@ -180,3 +180,24 @@ def test_an_adopted_command_holds_no_other_run_of_the_takeover(database: str, fi
     assert [(a.target, a.status) for a in adopted] == [("gpu/n1/0", ActionStatus.EXECUTED)], adopted
     assert actuator.runs == 2
     assert audit.unfinished_runs() == []
+
+
+def test_a_stalled_owner_ending_its_command_keeps_what_the_next_owner_recorded(database: str, fifo: Path) -> None:
+    """The dead owner was only stalled: the next owner killed its command and recorded so; when the stalled owner
+    wakes and reaps it (-9), the row stays killed."""
+    left = left_reset(database, fifo)
+    try:
+        remediator = Remediator([ResetActuator(done=False)], AuditLog(database), dry_run=False,
+                                requested_by="vigil-engine", adopt_wait_s=0.5)
+        remediator.recover()
+        remediator.wait_adopted(30)
+        returncode = left.wait(30)
+    finally:
+        stop(left)
+    assert returncode == -signal.SIGKILL
+    engine = AuditLog(database).engine
+    [row] = commands_of(engine, KEY)
+    CommandJournal(engine, KEY, "vigil-api-killed", ActionKind.RESET_GPU).ended(str(row["marker"]), returncode)
+    [after] = commands_of(engine, KEY)
+    assert after["state"] == "killed" and after["result"] == row["result"], after
+    assert after["finished"] == row["finished"], after

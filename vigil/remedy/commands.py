@@ -113,13 +113,17 @@ class CommandJournal:
                          .values(pid=pid, pgid=pid, start_time=start_time(pid), state="running"))
 
     def ended(self, marker: str, returncode: int) -> None:
-        _close(self.engine, marker, "ended", f"exited {returncode}")
+        """Only a row still open: an owner stalled past its lease whose command the next owner settled (killed, say)
+        leaves what the next owner recorded, not "ended, exited -9"."""
+        _close(self.engine, marker, "ended", f"exited {returncode}", only_open=True)
 
 
-def _close(engine: Engine, marker: str, state: str, result: str) -> None:
+def _close(engine: Engine, marker: str, state: str, result: str, *, only_open: bool = False) -> None:
+    query = update(remedy_commands).where(remedy_commands.c.marker == marker)
+    if only_open:
+        query = query.where(remedy_commands.c.state.in_(("starting", "running")))
     with engine.begin() as conn:
-        conn.execute(update(remedy_commands).where(remedy_commands.c.marker == marker)
-                     .values(state=state, finished=time.time(), result=result))
+        conn.execute(query.values(state=state, finished=time.time(), result=result))
 
 
 def commands_of(engine: Engine, key: str) -> list[dict[str, Any]]:
