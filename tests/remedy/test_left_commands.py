@@ -154,6 +154,22 @@ def test_a_command_left_on_another_host_leaves_the_run_closed_failed_not_run_aga
     assert row["state"] == "unknown", row
 
 
+def let_end(process: subprocess.Popen[bytes], fifo: Path) -> None:
+    """Let the left command end: write to ``fifo`` once it reads it (its start may lag the round under load: a write
+    before its open finds no reader, ENXIO); nothing if it has ended (killed) first, or after 30 s."""
+    deadline = time.monotonic() + 30
+    while process.poll() is None and time.monotonic() < deadline:
+        try:
+            hold = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:  # ENXIO: not reading yet
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(0.05)
+            continue
+        os.write(hold, b"go\n")
+        os.close(hold)
+        return
+
+
 def test_an_adopted_command_holds_no_other_run_of_the_takeover(database: str, fifo: Path) -> None:
     """A left GPU reset waited for (up to 20 s here, 600 s by default) is waited for beside the round: the other run
     taken over in the same round is resumed at once, and the round returns while the reset still runs."""
@@ -167,10 +183,7 @@ def test_an_adopted_command_holds_no_other_run_of_the_takeover(database: str, fi
     try:
         resumed = remediator.recover()
         still_running = left.poll() is None  # read before the reset is let end
-        with contextlib.suppress(OSError):  # no reader (ENXIO): it was killed
-            hold = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
-            os.write(hold, b"go\n")
-            os.close(hold)
+        let_end(left, fifo)
         adopted = remediator.wait_adopted(60)
         assert left.wait(30) == 0  # ended as it would have, never killed
     finally:
