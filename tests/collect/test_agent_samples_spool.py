@@ -6,11 +6,9 @@ with SIGKILL while the server is away; bounded like the backlog, the oldest drop
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sqlite3
 import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,7 +18,8 @@ import httpx
 import pytest
 
 from tests.collect.test_agent_refusals import TOKEN
-from tests.conftest import REPO, wait_for
+from tests.collect.test_agent_spool import _agent_process
+from tests.conftest import wait_for
 from tests.serve.conftest import serve_in_thread
 from vigil.sources.collect.agent import BACKLOG_FULL, EXPIRED, EventPusher
 from vigil.sources.collect.spool import SPOOL_FILE, EventSpool
@@ -68,20 +67,9 @@ def samples_agent(url: str, state: Path, log: Path, **env: str) -> Iterator[subp
     """`vigil agent` pushing its host samples every 0.2 s (no events source but an empty kernel log file)."""
     kmsg = state.parent / "kern.log"
     kmsg.touch()
-    environment = {**os.environ, "PYTHONPATH": str(REPO), "VIGIL_AGENT_NODE": "n01",
-                   "VIGIL_AGENT_SERVER_TOKEN": TOKEN, "VIGIL_AGENT_PUSH_INTERVAL_S": "0.2",
-                   "VIGIL_AGENT_INTERVALS": '{"kernel": 0.2, "host": 0.2}', "VIGIL_AGENT_PUSH_SAMPLES": "true",
-                   "VIGIL_AGENT_SAMPLES_BACKLOG_PUSHES": "1000", **env}
-    with log.open("ab") as out:
-        process = subprocess.Popen([sys.executable, "-m", "vigil", "agent", "--server", url, "--kmsg-file", str(kmsg),
-                                    "--dcgm-url", "", "--port", "0", "--state-dir", str(state)],
-                                   env=environment, stdout=out, stderr=subprocess.STDOUT)
-    try:
+    with _agent_process(url, kmsg, state, log, VIGIL_AGENT_INTERVALS='{"kernel": 0.2, "host": 0.2}',
+                        VIGIL_AGENT_PUSH_SAMPLES="true", VIGIL_AGENT_SAMPLES_BACKLOG_PUSHES="1000", **env) as process:
         yield process
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait(timeout=30)
 
 
 @pytest.mark.slow

@@ -83,10 +83,11 @@ def _xid_line(i: int) -> str:
 
 
 @contextmanager
-def _agent_process(url: str, kmsg: Path, state: Path, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+def _agent_process(url: str, kmsg: Path, state: Path, log: Path, **overrides: str) -> Iterator[subprocess.Popen[bytes]]:
+    """`vigil agent` on node n01 following ``kmsg``, its spool under ``state``; ``overrides``: environment settings."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "VIGIL_AGENT_NODE": "n01", "VIGIL_AGENT_SERVER_TOKEN": TOKEN,
            "VIGIL_AGENT_PUSH_INTERVAL_S": "0.2", "VIGIL_AGENT_INTERVALS": '{"kernel": 0.1}',
-           "VIGIL_AGENT_PUSH_SAMPLES": "false"}
+           "VIGIL_AGENT_PUSH_SAMPLES": "false", **overrides}
     with log.open("ab") as out:
         process = subprocess.Popen([sys.executable, "-m", "vigil", "agent", "--server", url, "--kmsg-file", str(kmsg),
                                     "--dcgm-url", "", "--port", "0", "--state-dir", str(state)],
