@@ -13,26 +13,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
-from tests.collect.conftest import fast_settings
+from tests.collect.conftest import CountingSource, fast_settings
 from vigil.model import Event, FaultLevel, Sample
 from vigil.sources.collect.agent import IDEMPOTENCY_KEY_HEADER, Agent, AgentExposition, EventPusher, LabelGuard
 from vigil.sources.collect.base import Collection, Source
-
-
-class CountingSource(Source):
-    name = "counting"
-    kind = "host"
-
-    def __init__(self, name: str = "counting", kind: str = "host") -> None:
-        self.name, self.kind = name, kind
-        super().__init__()
-        self.reads = 0
-
-    def collect(self, now: float) -> Collection:
-        self.reads += 1
-        out = Collection()
-        out.add("vigil_node_load1", "node/n01", self.reads)
-        return out
 
 
 class HangingSource(Source):

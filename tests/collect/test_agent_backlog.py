@@ -16,8 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.collect.conftest import fast_settings
-from tests.collect.test_agent import CountingSource
+from tests.collect.conftest import CountingSource, fast_settings
 from tests.conftest import free_port, wait_for
 from vigil.config import Settings
 from vigil.faces.api.app import create_app

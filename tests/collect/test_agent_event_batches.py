@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.collect.test_agent_refusals import _agent, _dropped_refused, _server, _warnings, push_round, xid
+from tests.collect.conftest import agent_with_client, dropped_refused, push_round, server_app, warnings_with, xid
 from vigil.model import Event
 from vigil.sources.collect.agent import AgentSettings
 
@@ -53,7 +53,7 @@ class Proxy:
 
 
 def _proxied(proxy: Proxy, **settings: Any) -> Any:
-    agent = _agent(httpx.Client(transport=httpx.MockTransport(proxy)))
+    agent = agent_with_client(httpx.Client(transport=httpx.MockTransport(proxy)))
     pusher = agent._pusher
     assert pusher is not None
     if settings:
@@ -74,7 +74,7 @@ def test_a_queue_of_8500_xid_events_behind_a_1_mib_proxy_goes_in_bounded_posts_a
     assert proxy.stored == [e.ts for e in events] and not agent.pending_events
     assert 413 not in proxy.answers and len(proxy.answers) == 9
     assert all(size <= 512 * 1024 and count <= 1000 for size, count in proxy.sizes)
-    assert _dropped_refused(agent) == 0 and pusher.sent == 8500 and pusher.samples_pushes_sent == 1
+    assert dropped_refused(agent) == 0 and pusher.sent == 8500 and pusher.samples_pushes_sent == 1
 
 
 def test_a_batch_too_large_for_the_proxy_is_split_and_an_event_too_large_alone_is_the_only_one_dropped(
@@ -92,8 +92,8 @@ def test_a_batch_too_large_for_the_proxy_is_split_and_an_event_too_large_alone_i
     push_round(agent, 10.0, events)
     assert proxy.stored == [e.ts for e in events if e is not huge] and not agent.pending_events
     assert proxy.answers[0] == 413 and proxy.answers.count(413) < 30
-    assert _dropped_refused(agent) == 1
-    [warning] = _warnings(caplog, "event(s) (HTTP")
+    assert dropped_refused(agent) == 1
+    [warning] = warnings_with(caplog, "event(s) (HTTP")
     assert "HTTP 413" in warning
 
 
@@ -107,7 +107,7 @@ def test_a_batch_refused_whole_without_names_costs_only_the_events_refused_alone
     agent, _pusher = _proxied(proxy)
     push_round(agent, 200.0, events)
     assert sorted(proxy.stored) == [float(i) for i in range(100) if i not in (17, 80)]
-    assert _dropped_refused(agent) == 2 and not agent.pending_events
+    assert dropped_refused(agent) == 2 and not agent.pending_events
 
 
 def test_a_server_failing_midway_keeps_exactly_the_events_not_yet_taken_in_order() -> None:
@@ -125,7 +125,7 @@ def test_a_server_failing_midway_keeps_exactly_the_events_not_yet_taken_in_order
     proxy.fail_after = None
     push_round(agent, 101.0)
     assert proxy.stored == [e.ts for e in events if e.message != "bad"] and not agent.pending_events
-    assert _dropped_refused(agent) == 1
+    assert dropped_refused(agent) == 1
 
 
 class OneBad:
@@ -159,13 +159,13 @@ def test_the_real_server_naming_bad_events_in_a_422_costs_only_those(tmp_path: P
     field]): only those are dropped and counted, the others of the batch are stored - also when more are bad than
     its errors list describes (at most 20): its invalid_indices name them all, and one more POST takes the rest
     (a server listing only 20 errors: 3 POSTs for 30 bad events)."""
-    server, store = _server(tmp_path)
+    server, store = server_app(tmp_path)
     events = [xid(float(i)) for i in range(40)]
     client = OneBad(server, bad)
-    agent = _agent(client)
+    agent = agent_with_client(client)
     push_round(agent, 100.0, events)
     assert [e.ts for e in store.events(kind="xid", limit=100)] == [e.ts for e in events if e.ts not in bad]
-    assert _dropped_refused(agent) == len(bad) and not agent.pending_events
+    assert dropped_refused(agent) == len(bad) and not agent.pending_events
     assert client.posts == 2
 
 
@@ -181,16 +181,16 @@ def test_schema_drift_in_a_full_batch_costs_one_post_more_against_a_server_namin
     (``invalid_indices``) and the agent drops them all in one step - 1 POST for the batch, 2 with valid events
     left (before: 50 and 31, its 422 naming 20 a time). Against a server that lists only 20 errors the agent still
     drops exactly the refused ones, 20 a POST, and stores the rest."""
-    server, store = _server(tmp_path)
+    server, store = server_app(tmp_path)
     events = [xid(float(i)) for i in range(1000)]
     bad = {float(i) for i in range(1000) if share == 1.0 or i % 5 < 3}
     assert len(bad) == int(1000 * share)
     client = OneBad(server, bad, old_server=old_server)
-    agent = _agent(client)
+    agent = agent_with_client(client)
     push_round(agent, 100.0, events)
     stored = [e.ts for e in store.events(kind="xid", limit=2000)]
     assert stored == [e.ts for e in events if e.ts not in bad]
-    assert _dropped_refused(agent) == len(bad) and not agent.pending_events
+    assert dropped_refused(agent) == len(bad) and not agent.pending_events
     assert client.posts == posts
 
 
@@ -198,7 +198,7 @@ def test_the_servers_422_names_every_refused_item_of_a_list_body_in_bounded_size
     """The real events route refusing 10,000 events (its most a POST), each with two unknown fields: the 422
     describes the first 20 errors and names each of the 10,000 refused indices once, in order, in well under a
     megabyte."""
-    server, _store = _server(tmp_path)
+    server, _store = server_app(tmp_path)
     body = [{**xid(float(i)).model_dump(mode="json"), "trace_parent": "00-ab", "span": 1} for i in range(10_000)]
     answer = server.post("/api/v1/events", json=body)
     assert answer.status_code == 422
@@ -220,21 +220,21 @@ def test_events_and_samples_answered_404_or_421_are_misrouted_kept_and_warned_on
     def server(request: httpx.Request) -> httpx.Response:
         return httpx.Response(status if misrouted else 201, json={"detail": "Not Found"} if misrouted else {})
 
-    agent = _agent(httpx.Client(transport=httpx.MockTransport(server)))
+    agent = agent_with_client(httpx.Client(transport=httpx.MockTransport(server)))
     pusher = agent._pusher
     assert pusher is not None
     events: list[Event] = [xid(1.0), xid(2.0)]
     push_round(agent, 1.0, events)
     push_round(agent, 2.0)
     assert agent.pending_events == events and len(pusher.backlog) == 2
-    assert _dropped_refused(agent) == 0 and pusher.samples_pushes_refused == 0
-    assert len(_warnings(caplog, "wrong place")) == 1
+    assert dropped_refused(agent) == 0 and pusher.samples_pushes_refused == 0
+    assert len(warnings_with(caplog, "wrong place")) == 1
     misrouted = False
     push_round(agent, 3.0)
     assert not agent.pending_events and not pusher.backlog and pusher.sent == 2
     misrouted = True
     push_round(agent, 4.0, [xid(4.0)])
-    assert len(_warnings(caplog, "wrong place")) == 2
+    assert len(warnings_with(caplog, "wrong place")) == 2
 
 
 def test_a_jobs_rank_log_lines_too_large_for_the_proxy_are_split_not_dropped() -> None:
@@ -259,7 +259,7 @@ def test_a_jobs_rank_log_lines_too_large_for_the_proxy_are_split_not_dropped() -
                 stored.extend(e["ts"] for e in json.loads(request.content)["events"])
             return httpx.Response(status, json={"stored": 1} if status == 200 else {"detail": "too large"})
 
-        agent = _agent(httpx.Client(transport=httpx.MockTransport(server)))
+        agent = agent_with_client(httpx.Client(transport=httpx.MockTransport(server)))
         pusher = agent._pusher
         assert pusher is not None
         if limits:
@@ -323,11 +323,11 @@ def test_a_422_whose_invalid_indices_disagree_with_its_errors_costs_only_the_eve
     dropped as refused, good events with it)."""
     server = Answering((422, {"errors": [{"loc": ["body", 3, "x"], "msg": "no", "type": "extra_forbidden"}],
                               "invalid_indices": listed}))
-    agent = _agent(httpx.Client(transport=httpx.MockTransport(server)))
+    agent = agent_with_client(httpx.Client(transport=httpx.MockTransport(server)))
     events = _ten_with_one_bad()
     push_round(agent, 100.0, events)
     assert server.stored == [e.ts for e in events if e.message != "bad"]
-    assert _dropped_refused(agent) == 1 and not agent.pending_events
+    assert dropped_refused(agent) == 1 and not agent.pending_events
 
 
 def test_a_422_listing_every_refused_index_beside_20_errors_is_still_taken_whole() -> None:
@@ -336,10 +336,10 @@ def test_a_422_listing_every_refused_index_beside_20_errors_is_still_taken_whole
     events = [xid(float(i)) if i % 4 == 0 else xid(float(i)).model_copy(update={"message": "bad"}) for i in range(40)]
     bad = [i for i, e in enumerate(events) if e.message == "bad"]
     server = Answering((422, {"errors": [{"loc": ["body", i, "x"]} for i in bad[:20]], "invalid_indices": bad}))
-    agent = _agent(httpx.Client(transport=httpx.MockTransport(server)))
+    agent = agent_with_client(httpx.Client(transport=httpx.MockTransport(server)))
     push_round(agent, 100.0, events)
     assert server.stored == [e.ts for e in events if e.message != "bad"] and server.posts == 2
-    assert _dropped_refused(agent) == 30
+    assert dropped_refused(agent) == 30
 
 
 def test_an_answer_nested_too_deep_to_parse_neither_kills_the_push_round_nor_loses_its_events() -> None:
@@ -348,11 +348,11 @@ def test_an_answer_nested_too_deep_to_parse_neither_kills_the_push_round_nor_los
     with the 9 good events stored (before: the RecursionError ended the push thread, its batch neither sent again
     nor off the queue's books)."""
     server = Answering((422, b'{"invalid_indices": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"))
-    agent = _agent(httpx.Client(transport=httpx.MockTransport(server)))
+    agent = agent_with_client(httpx.Client(transport=httpx.MockTransport(server)))
     events = _ten_with_one_bad()
     push_round(agent, 100.0, events)
     assert server.stored == [e.ts for e in events if e.message != "bad"]
-    assert _dropped_refused(agent) == 1 and not agent.pending_events
+    assert dropped_refused(agent) == 1 and not agent.pending_events
 
 
 def test_a_push_round_failing_unexpectedly_queues_its_events_again_in_order(
@@ -372,7 +372,7 @@ def test_a_push_round_failing_unexpectedly_queues_its_events_again_in_order(
         return httpx.Response(201, json={"stored": 1, "duplicates": 0})
 
     stored: list[float] = []
-    agent = _agent(httpx.Client(transport=httpx.MockTransport(server)))
+    agent = agent_with_client(httpx.Client(transport=httpx.MockTransport(server)))
     push_round(agent, 100.0, [xid(1.0), xid(2.0)])
     assert [e.ts for e in agent.pending_events] == [1.0, 2.0]
     push_round(agent, 101.0, [xid(3.0)])

@@ -12,27 +12,17 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.collect.conftest import fast_settings
-from tests.collect.test_agent import CountingSource
-from vigil.model import Event, FaultLevel, Node, Sample
-from vigil.sources.collect.agent import PUSH_REFUSED, REFUSED, Agent, AgentExposition
-
-TOKEN = "refusals-token"
-
-
-def _server(tmp_path: Path, token: str = TOKEN, sent: str = TOKEN) -> tuple[Any, Any]:
-    """The server's app over a real store, in this process, taking ``token``; its client sends ``sent``."""
-    from fastapi.testclient import TestClient
-
-    from vigil.config import Settings
-    from vigil.faces.api.app import create_app
-    from vigil.store.sql import Store
-
-    settings = Settings(home=tmp_path, api_token=token)
-    store = Store(settings.database_url())
-    client = TestClient(create_app(store, settings=settings), base_url="http://vigil.test",
-                        headers={"Authorization": f"Bearer {sent}"} if sent else {})
-    return client, store
+from tests.collect.conftest import (
+    TOKEN,
+    agent_with_client,
+    dropped_refused,
+    push_round,
+    server_app,
+    warnings_with,
+    xid,
+)
+from vigil.model import Event, FaultLevel, Node
+from vigil.sources.collect.agent import PUSH_REFUSED, REFUSED
 
 
 class Drifting:
@@ -60,38 +50,6 @@ class Drifting:
                               request=httpx.Request("POST", url))
 
 
-def xid(ts: float) -> Event:
-    return Event(ts=ts, entity="gpu/n01/0", kind="xid", source="kernel", level=FaultLevel.DRAIN, attrs={"xid": 119},
-                 message=f"Xid 119 at {ts}")
-
-
-def push_round(agent: Agent, ts: float, events: list[Event] | None = None, inventory: Node | None = None) -> None:
-    """One push round of the agent, as its loop makes it, in this thread: the queued events (and ``events``), a
-    samples push of one sample taken at ``ts``."""
-    pusher = agent._pusher
-    assert pusher is not None
-    batch, agent.pending_events = agent.pending_events + (events or []), []
-    pusher._post(batch, agent._requeue, [Sample(ts=ts, entity="node/n01", metric="vigil_node_load1", value=ts)],
-                 "n01", inventory)
-
-
-def _agent(client: Any, token: str = TOKEN) -> Agent:
-    agent = Agent([CountingSource()], fast_settings(server_url="http://vigil.test", server_token=token),
-                  cpu_ratio=lambda: 0.1)
-    assert agent._pusher is not None
-    agent._pusher._client = client
-    return agent
-
-
-def _dropped_refused(agent: Agent, reason: str = "batch_refused") -> float:
-    return next(s.value for family in AgentExposition(agent).collect() for s in family.samples
-                if s.name == "vigil_agent_events_dropped_total" and s.labels == {"reason": reason})
-
-
-def _warnings(caplog: pytest.LogCaptureFixture, words: str) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and words in r.getMessage()]
-
-
 def test_an_events_batch_the_server_refuses_is_dropped_counted_warned_once_an_episode_and_the_samples_go(
     tmp_path: Path, caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -100,19 +58,19 @@ def test_an_events_batch_the_server_refuses_is_dropped_counted_warned_once_an_ep
     reason="refused"), and the round's samples push is stored all
     the same. One warning names the status and the server's detail; a second refused batch is not logged, a batch
     taken ends the episode and the next refusal warns again."""
-    server, store = _server(tmp_path)
+    server, store = server_app(tmp_path)
     client = Drifting(server)
-    agent = _agent(client)
+    agent = agent_with_client(client)
     caplog.set_level(logging.WARNING, logger="vigil.agent")
 
     push_round(agent, 1.0, [xid(1.0), xid(1.5)])
     assert not agent.pending_events and store.events(kind="xid", limit=10) == []
     assert [p.ts for p in store.pushes_after(0)] == [1.0]
-    assert _dropped_refused(agent) == 2 and _dropped_refused(agent, "refused") == 0
+    assert dropped_refused(agent) == 2 and dropped_refused(agent, "refused") == 0
     push_round(agent, 2.0, [xid(2.0)])
-    assert _dropped_refused(agent) == 3 and not agent.pending_events
+    assert dropped_refused(agent) == 3 and not agent.pending_events
     assert [p.ts for p in store.pushes_after(0)] == [1.0, 2.0]
-    [warning] = _warnings(caplog, "event(s) (HTTP")
+    [warning] = warnings_with(caplog, "event(s) (HTTP")
     assert "HTTP 422" in warning and "extra_forbidden" in warning and "trace_parent" in warning
 
     client.drift = False  # the server upgraded: the next batch is taken
@@ -120,7 +78,7 @@ def test_an_events_batch_the_server_refuses_is_dropped_counted_warned_once_an_ep
     assert [e.ts for e in store.events(kind="xid", limit=10)] == [3.0]
     client.drift = True  # another server of the rollout, not yet upgraded: a new episode
     push_round(agent, 4.0, [xid(4.0)])
-    assert len(_warnings(caplog, "event(s) (HTTP")) == 2 and _dropped_refused(agent) == 4
+    assert len(warnings_with(caplog, "event(s) (HTTP")) == 2 and dropped_refused(agent) == 4
     assert [p.ts for p in store.pushes_after(0)] == [1.0, 2.0, 3.0, 4.0]
     assert agent._pusher is not None and not agent._pusher.backlog and agent._pusher.samples_pushes_sent == 4
 
@@ -151,14 +109,14 @@ def test_an_events_batch_the_server_fails_is_kept_and_the_samples_push_goes_all_
             return httpx.ReadTimeout("answer lost") if failure == "answer lost" else failure
         return 201
 
-    agent = _agent(_mock(answer, seen))
+    agent = agent_with_client(_mock(answer, seen))
     pusher = agent._pusher
     assert pusher is not None
     batch = [xid(1.0), xid(1.5)]
     push_round(agent, 1.0, batch)
     assert seen == ["events", "samples"]
     assert agent.pending_events == batch and not pusher.backlog and pusher.samples_pushes_sent == 1
-    assert _dropped_refused(agent) == 0
+    assert dropped_refused(agent) == 0
     events_up = True
     push_round(agent, 2.0)
     assert seen[2:] == ["events", "samples"] and not agent.pending_events and pusher.sent == 2
@@ -173,7 +131,7 @@ def test_a_server_that_cannot_be_reached_keeps_everything_and_the_round_stops_at
     def answer(route: str) -> Any:
         return 201 if up else httpx.ConnectError("connection refused")
 
-    agent = _agent(_mock(answer, seen))
+    agent = agent_with_client(_mock(answer, seen))
     pusher = agent._pusher
     assert pusher is not None
     push_round(agent, 1.0, [xid(1.0)])
@@ -192,14 +150,14 @@ def test_a_refused_token_keeps_the_events_and_samples_and_says_so_once(
     refused - and one warning says the token was refused; once the token is taken, every event and push is
     stored once."""
     if refused == "wrong token":
-        server, store = _server(tmp_path, token=TOKEN, sent="rotated-away")
+        server, store = server_app(tmp_path, token=TOKEN, sent="rotated-away")
         status = 401
     else:
-        server, store = _server(tmp_path, token="", sent=TOKEN)
+        server, store = server_app(tmp_path, token="", sent=TOKEN)
         status = 403
     client = Drifting(server)
     client.drift = False
-    agent = _agent(client)
+    agent = agent_with_client(client)
     caplog.set_level(logging.WARNING, logger="vigil.agent")
     pusher = agent._pusher
     assert pusher is not None
@@ -208,8 +166,8 @@ def test_a_refused_token_keeps_the_events_and_samples_and_says_so_once(
     push_round(agent, 2.0, [xid(2.0)])
     assert [e.ts for e in agent.pending_events] == [1.0, 2.0]
     assert len(pusher.backlog) == 2 and pusher.samples_pushes_dropped[REFUSED] == 0
-    assert _dropped_refused(agent) == 0 and store.events(limit=10) == [] and store.pushes_after(0) == []
-    [warning] = _warnings(caplog, "token")
+    assert dropped_refused(agent) == 0 and store.events(limit=10) == [] and store.pushes_after(0) == []
+    [warning] = warnings_with(caplog, "token")
     assert f"HTTP {status}" in warning and "VIGIL_AGENT_SERVER_TOKEN" in warning
 
     if refused == "wrong token":  # the token put right: everything kept is delivered
@@ -226,9 +184,9 @@ def test_an_inventory_the_server_refuses_does_not_hold_the_round_and_is_sent_aga
     """The real inventory route refuses a newer agent's inventory (422): the events and samples of the round are
     stored all the same, the inventory is not taken for registered and goes again next round (warned once), and
     an upgraded server takes it."""
-    server, store = _server(tmp_path)
+    server, store = server_app(tmp_path)
     client = Drifting(server, drifting=frozenset({"inventory"}))  # events are sent as this server knows them
-    agent = _agent(client)
+    agent = agent_with_client(client)
     pusher = agent._pusher
     assert pusher is not None
     caplog.set_level(logging.WARNING, logger="vigil.agent")
@@ -239,7 +197,7 @@ def test_an_inventory_the_server_refuses_does_not_hold_the_round_and_is_sent_aga
     assert [e.ts for e in store.events(kind="xid", limit=10)] == [1.0]
     assert [p.ts for p in store.pushes_after(0)] == [1.0, 2.0]
     assert pusher.registered is None and client.routes.count("inventory") == 2
-    [warning] = _warnings(caplog, "inventory")
+    [warning] = warnings_with(caplog, "inventory")
     assert "HTTP 422" in warning and "rack_unit" in warning
     client.drift = False
     push_round(agent, 3.0, inventory=node)
@@ -255,7 +213,7 @@ def test_a_rank_log_push_refused_for_good_is_dropped_one_that_fails_is_kept_and_
     counted as push_refused; a token refused, a server failing or a request misrouted (404 / 421) keeps it; the
     samples go either way."""
     seen: list[str] = []
-    agent = _agent(_mock(lambda route: status if route == "rank-logs" else 201, seen))
+    agent = agent_with_client(_mock(lambda route: status if route == "rank-logs" else 201, seen))
     line = Event(ts=1.0, entity="job/llm/rank/1", kind="rank_log", source="rank", level=FaultLevel.DEGRADED,
                  message="ValueError: bad batch")
     push_round(agent, 1.0, [line])
@@ -270,7 +228,7 @@ def test_a_samples_push_answered_with_a_refused_token_is_kept_not_dropped() -> N
     when the token is taken (it was dropped as refused before)."""
     seen: list[str] = []
     status = 401
-    agent = _agent(_mock(lambda route: status, seen))
+    agent = agent_with_client(_mock(lambda route: status, seen))
     pusher = agent._pusher
     assert pusher is not None
     push_round(agent, 1.0)

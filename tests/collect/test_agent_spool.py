@@ -10,94 +10,26 @@ import os
 import shutil
 import signal
 import sqlite3
-import subprocess
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.collect.conftest import fast_settings
-from tests.collect.test_agent import CountingSource
-from tests.collect.test_agent_refusals import TOKEN, xid
-from tests.conftest import REPO, wait_for
+from tests.collect.conftest import (
+    TOKEN,
+    CountingSource,
+    Switch,
+    agent_process,
+    fast_settings,
+    held_events,
+    xid,
+    xid_line,
+)
+from tests.conftest import wait_for
 from tests.serve.conftest import serve_in_thread
 from vigil.sources.collect.agent import SPOOL_FULL, Agent, AgentExposition
 from vigil.sources.collect.spool import SPOOL_FILE, EventSpool
-
-
-def _held(state: Path) -> int:
-    """Events in an agent's spool, read as another process reads it (the agent's WAL included)."""
-    path = state / SPOOL_FILE
-    if not path.exists():
-        return -1
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        return int(conn.execute("SELECT count(*) FROM events").fetchone()[0])
-    except sqlite3.Error:
-        return -1
-    finally:
-        conn.close()
-
-
-class Switch:
-    """The server's real app behind a switch on its events route: ``up`` passes every request, ``down`` answers
-    503 storing nothing (the server away), ``lost`` lets the app store the events and answers 503 in place of its
-    answer (the answer lost on the way back: the agent cannot know they were stored)."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-        self.mode = "up"
-        self.events_posts: list[tuple[str, int]] = []
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" or not scope["path"].endswith("/api/v1/events"):
-            await self.app(scope, receive, send)
-            return
-        mode = self.mode
-        answered: list[int] = []
-
-        async def swallow(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.start":
-                answered.append(message["status"])
-
-        if mode == "down":
-            while (await receive()).get("more_body"):
-                pass
-        elif mode == "lost":
-            await self.app(scope, receive, swallow)
-        else:
-            await self.app(scope, receive, send)
-            self.events_posts.append((mode, 0))
-            return
-        self.events_posts.append((mode, answered[0] if answered else 0))
-        await send({"type": "http.response.start", "status": 503, "headers": [(b"content-type", b"text/plain")]})
-        await send({"type": "http.response.body", "body": b"unavailable"})
-
-
-def _xid_line(i: int) -> str:
-    return f"[ {100 + i}.5] NVRM: Xid (PCI:0000:18:00): 13, pid={1000 + i}, name=train, Graphics Exception {i}\n"
-
-
-@contextmanager
-def _agent_process(url: str, kmsg: Path, state: Path, log: Path, **overrides: str) -> Iterator[subprocess.Popen[bytes]]:
-    """`vigil agent` on node n01 following ``kmsg``, its spool under ``state``; ``overrides``: environment settings."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "VIGIL_AGENT_NODE": "n01", "VIGIL_AGENT_SERVER_TOKEN": TOKEN,
-           "VIGIL_AGENT_PUSH_INTERVAL_S": "0.2", "VIGIL_AGENT_INTERVALS": '{"kernel": 0.1}',
-           "VIGIL_AGENT_PUSH_SAMPLES": "false", **overrides}
-    with log.open("ab") as out:
-        process = subprocess.Popen([sys.executable, "-m", "vigil", "agent", "--server", url, "--kmsg-file", str(kmsg),
-                                    "--dcgm-url", "", "--port", "0", "--state-dir", str(state)],
-                                   env=env, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        yield process
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait(timeout=30)
 
 
 @pytest.mark.slow
@@ -114,7 +46,7 @@ def test_an_agent_killed_with_events_unsent_sends_them_after_its_restart_each_st
     store = Store(settings.database_url())
     switch = Switch(create_app(store, settings=settings))
     kmsg, state = tmp_path / "kern.log", tmp_path / "state"
-    lines = [_xid_line(i) for i in range(50)]
+    lines = [xid_line(i) for i in range(50)]
 
     def stored() -> list[str]:
         return [e.message for e in store.events(kind="xid", limit=1000)]
@@ -122,12 +54,13 @@ def test_an_agent_killed_with_events_unsent_sends_them_after_its_restart_each_st
     with serve_in_thread(switch) as url:
         switch.mode = "lost"
         kmsg.write_text("".join(lines[:30]))
-        with _agent_process(url, kmsg, state, tmp_path / "agent.log") as agent:
-            wait_for(lambda: len(stored()) == 30 and _held(state) == 30, 60, "30 events stored, their answer lost")
+        with agent_process(url, kmsg, state, tmp_path / "agent.log") as agent:
+            wait_for(lambda: len(stored()) == 30 and held_events(state) == 30, 60,
+                     "30 events stored, their answer lost")
             switch.mode = "down"
             with kmsg.open("a") as f:
                 f.write("".join(lines[30:]))
-            wait_for(lambda: _held(state) == 50 and switch.events_posts[-1][0] == "down", 60,
+            wait_for(lambda: held_events(state) == 50 and switch.events_posts[-1][0] == "down", 60,
                      "50 events spooled, the server away")
             agent.send_signal(signal.SIGKILL)
             agent.wait(timeout=30)
@@ -135,8 +68,8 @@ def test_an_agent_killed_with_events_unsent_sends_them_after_its_restart_each_st
         kmsg.unlink()
         kmsg.write_text("")  # the node rebooted: its kernel log holds none of them
         switch.mode = "up"
-        with _agent_process(url, kmsg, state, tmp_path / "agent.log") as agent:
-            wait_for(lambda: _held(state) == 0, 60, "the spool sent and emptied")
+        with agent_process(url, kmsg, state, tmp_path / "agent.log") as agent:
+            wait_for(lambda: held_events(state) == 0, 60, "the spool sent and emptied")
             agent.send_signal(signal.SIGTERM)
             assert agent.wait(timeout=30) == 0
     messages = stored()
@@ -166,16 +99,16 @@ def test_events_are_on_disk_before_they_are_sent_and_off_it_once_answered(tmp_pa
     assert pusher is not None and agent.spool is not None
     pusher._client = httpx.Client(transport=httpx.MockTransport(server))
     agent._accept_events([xid(1.0), xid(2.0)])
-    assert _held(state) == 2
+    assert held_events(state) == 2
     _round(agent)
-    assert _held(state) == 2 and [e.ts for e in agent.pending_events] == [1.0, 2.0]
+    assert held_events(state) == 2 and [e.ts for e in agent.pending_events] == [1.0, 2.0]
     answers["status"] = 201
     _round(agent)
-    assert _held(state) == 0 and not agent.pending_events
+    assert held_events(state) == 0 and not agent.pending_events
     agent._accept_events([xid(3.0)])
     answers["status"] = 400
     _round(agent)
-    assert _held(state) == 0 and agent.events_batch_refused == 1
+    assert held_events(state) == 0 and agent.events_batch_refused == 1
     agent.close()
 
 
@@ -205,7 +138,7 @@ def test_the_spool_is_bounded_by_events_and_bytes_dropping_the_oldest_counted(tm
     pusher._post(in_flight, agent._requeue, [], agent.node, None, agent._settled)
     assert [e.ts for e in agent.pending_events] == [2.0, 3.0, 4.0, 5.0, 6.0]
     agent._accept_events([xid(7.0), xid(8.0)])
-    assert [e.ts for e in agent.pending_events] == [4.0, 5.0, 6.0, 7.0, 8.0] and _held(state) == 5
+    assert [e.ts for e in agent.pending_events] == [4.0, 5.0, 6.0, 7.0, 8.0] and held_events(state) == 5
     assert agent.events_spool_dropped == 4
     metrics = {m.name: m for m in AgentExposition(agent).collect()}
     assert {s.labels["reason"]: s.value for s in metrics["vigil_agent_events_dropped"].samples
@@ -215,7 +148,7 @@ def test_the_spool_is_bounded_by_events_and_bytes_dropping_the_oldest_counted(tm
                                                     spool_events=3), cpu_ratio=lambda: 0.1)
     assert [e.ts for e in again.pending_events] == [4.0, 5.0, 6.0, 7.0, 8.0]  # what it held, bounded next add
     again._accept_events([xid(9.0)])
-    assert [e.ts for e in again.pending_events] == [7.0, 8.0, 9.0] and _held(state) == 3
+    assert [e.ts for e in again.pending_events] == [7.0, 8.0, 9.0] and held_events(state) == 3
     again.close()
     small = EventSpool(tmp_path / "bytes", max_events=100, max_bytes=1024)
     sizes = [len(json.dumps(xid(float(i)).model_dump(mode="json"), separators=(",", ":"))) for i in range(10)]
@@ -340,14 +273,14 @@ def test_a_full_disk_keeps_the_agent_sending_from_memory_warned_once_an_episode(
         agent.spool.add([xid(float(i)) for i in range(1000, 1100)])
     for start in (1, 60, 119):
         agent._accept_events([xid(float(i)) for i in range(start, start + 59)])
-    assert [e.ts for e in agent.pending_events] == [float(i) for i in range(178)] and _held(state) == 1
+    assert [e.ts for e in agent.pending_events] == [float(i) for i in range(178)] and held_events(state) == 1
     assert len([r for r in caplog.records if "spool" in r.getMessage() and "failed" in r.getMessage()]) == 1
     assert _spool_failures(agent) == 3
     _round(agent)
-    assert stored == [float(i) for i in range(178)] and _held(state) == 0 and not agent.pending_events
+    assert stored == [float(i) for i in range(178)] and held_events(state) == 0 and not agent.pending_events
     conn.execute("PRAGMA max_page_count=1073741823")
     agent._accept_events([xid(200.0)])
-    assert _held(state) == 1 and "takes writes again" in caplog.text
+    assert held_events(state) == 1 and "takes writes again" in caplog.text
     agent.close()
 
 
@@ -373,10 +306,10 @@ def test_answered_events_a_failed_removal_left_in_the_spool_are_removed_with_the
     monkeypatch.setattr(agent.spool, "remove", flaky)
     agent._accept_events([xid(1.0), xid(2.0)])
     _round(agent)
-    assert _held(state) == 2 and not agent.pending_events
+    assert held_events(state) == 2 and not agent.pending_events
     agent._accept_events([xid(3.0)])
     _round(agent)
-    assert _held(state) == 0 and len(agent.spool) == 0 and agent.events_spool_dropped == 0
+    assert held_events(state) == 0 and len(agent.spool) == 0 and agent.events_spool_dropped == 0
     agent.close()
 
 
@@ -400,5 +333,5 @@ def test_rows_of_no_event_in_the_spool_are_dropped_and_the_agent_starts_with_the
     agent = Agent([CountingSource()], fast_settings(server_url="http://vigil.test", state_dir=str(state)),
                   cpu_ratio=lambda: 0.1)
     assert agent.spool is not None and [e.ts for e in agent.pending_events] == [1.0, 3.0]
-    assert agent.spool.unreadable == 3 and _held(state) == 2 and "3 row(s) that are no event" in caplog.text
+    assert agent.spool.unreadable == 3 and held_events(state) == 2 and "3 row(s) that are no event" in caplog.text
     agent.close()

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.collect.test_agent_refusals import TOKEN
-from tests.collect.test_agent_spool import Switch, _agent_process, _xid_line
+from tests.collect.conftest import TOKEN, Switch, agent_process, xid_line
 from tests.conftest import wait_for
 from tests.serve.conftest import serve_in_thread
 from vigil.sources.collect.spool import SPOOL_FILE
@@ -50,8 +49,8 @@ def test_a_second_agent_on_the_state_directory_spools_beside_the_first_and_takes
     switch = Switch(create_app(store, settings=settings))
     state, log = tmp_path / "state", tmp_path / "agent.log"
     kmsg_a, kmsg_b, kmsg_c = tmp_path / "a.log", tmp_path / "b.log", tmp_path / "c.log"
-    kmsg_a.write_text("".join(_xid_line(i) for i in range(20)))
-    kmsg_b.write_text("".join(_xid_line(i) for i in range(20, 40)))
+    kmsg_a.write_text("".join(xid_line(i) for i in range(20)))
+    kmsg_b.write_text("".join(xid_line(i) for i in range(20, 40)))
     kmsg_c.write_text("")
 
     def stored() -> list[str]:
@@ -59,9 +58,9 @@ def test_a_second_agent_on_the_state_directory_spools_beside_the_first_and_takes
 
     with serve_in_thread(switch) as url:
         switch.mode = "down"
-        with _agent_process(url, kmsg_a, state, log) as agent_a:
+        with agent_process(url, kmsg_a, state, log) as agent_a:
             wait_for(lambda: held_by_file(state).get(SPOOL_FILE) == 20, 60, "A's 20 events spooled")
-            with _agent_process(url, kmsg_b, state, log) as agent_b:
+            with agent_process(url, kmsg_b, state, log) as agent_b:
                 wait_for(lambda: sorted(held_by_file(state).values()) == [20, 20], 60,
                          "B's 20 events spooled to a file of its own")
                 agent_a.send_signal(signal.SIGKILL)
@@ -71,12 +70,12 @@ def test_a_second_agent_on_the_state_directory_spools_beside_the_first_and_takes
                 assert SPOOL_FILE not in held_by_file(state)  # A's file taken over and removed
                 switch.mode = "down"
                 with kmsg_b.open("a") as f:
-                    f.write("".join(_xid_line(i) for i in range(40, 50)))
+                    f.write("".join(xid_line(i) for i in range(40, 50)))
                 wait_for(lambda: list(held_by_file(state).values()) == [10], 60, "B's 10 new events spooled")
                 agent_b.send_signal(signal.SIGKILL)
                 agent_b.wait(timeout=30)
         switch.mode = "up"
-        with _agent_process(url, kmsg_c, state, log) as agent_c:
+        with agent_process(url, kmsg_c, state, log) as agent_c:
             wait_for(lambda: len(stored()) == 50 and held_by_file(state) == {SPOOL_FILE: 0}, 60,
                      "C sends what B left")
             agent_c.send_signal(signal.SIGTERM)
@@ -97,9 +96,7 @@ def test_an_agent_takes_over_the_events_and_samples_pushes_of_a_spool_let_go_bes
     the one it took over."""
     import httpx
 
-    from tests.collect.conftest import fast_settings
-    from tests.collect.test_agent import CountingSource
-    from tests.collect.test_agent_refusals import xid
+    from tests.collect.conftest import CountingSource, fast_settings, xid
     from vigil.sources.collect.agent import Agent
     from vigil.sources.collect.spool import EventSpool
 
@@ -154,4 +151,115 @@ def test_a_spool_file_taken_over_by_another_agent_meanwhile_leaves_no_lock_file_
     monkeypatch.setattr(spool_module, "_take_lock", raced)
     assert list(live.orphans()) == []
     assert sorted(p.name for p in state.glob("events-spool*.lock")) == ["events-spool.lock"]
+    live.close()
+
+
+def left_spool(state: Path, how: str) -> bytes:
+    """The bytes of a spool file a dead agent left in ``state`` (events-spool-0badf00d.sqlite, with its lock file)
+    that no SQLite reads: a real spool of 300 events cut to half its length (``cut``), or no database at all."""
+    from tests.collect.conftest import xid
+    from vigil.sources.collect.spool import EventSpool
+
+    made = EventSpool(state.parent / f"made-{how}", 1000, 2**24)
+    made.add([xid(float(i)) for i in range(300)])
+    made.close()
+    whole = (made.path).read_bytes()
+    data = whole[:len(whole) // 2] if how == "cut" else bytes(range(256)) * 32
+    state.mkdir(parents=True, exist_ok=True)
+    (state / "events-spool-0badf00d.sqlite").write_bytes(data)
+    (state / "events-spool-0badf00d.lock").touch()
+    return data
+
+
+@pytest.mark.slow
+def test_an_agent_moves_a_corrupt_spool_file_another_agent_left_aside_once_and_goes_on(tmp_path: Path) -> None:
+    """A dead agent's spool file cut short lies in the state directory. The agent started on it moves the file aside
+    (``<name>.corrupt-<time>``, its bytes as they were), says so in one log line naming it, removes its lock file,
+    and sends its own events round after round (before: the file was tried again every round, for good)."""
+    from vigil.config import Settings
+    from vigil.faces.api.app import create_app
+    from vigil.store.sql import Store
+
+    settings = Settings(home=tmp_path / "home", api_token=TOKEN)
+    store = Store(settings.database_url())
+    switch = Switch(create_app(store, settings=settings))
+    state, log, kmsg = tmp_path / "state", tmp_path / "agent.log", tmp_path / "kern.log"
+    data = left_spool(state, "cut")
+    kmsg.write_text("")
+
+    def stored() -> int:
+        return len(store.events(kind="xid", limit=1000))
+
+    with serve_in_thread(switch) as url, agent_process(url, kmsg, state, log) as agent:
+        wait_for(lambda: list(state.glob("events-spool-0badf00d.sqlite.corrupt-*[0-9]")), 60,
+                 "the left file moved aside")
+        for i in range(3):  # a round each at least: the agent goes on
+            with kmsg.open("a") as f:
+                f.write(xid_line(i))
+            wait_for(lambda: stored() == i + 1, 60, f"Xid line {i} stored")  # noqa: B023 - called at once
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(timeout=30) == 0
+    (aside,) = state.glob("events-spool-0badf00d.sqlite.corrupt-*[0-9]")
+    assert aside.read_bytes() == data
+    named = [line for line in log.read_text().splitlines() if "events-spool-0badf00d" in line]
+    assert len(named) == 1 and "moved aside" in named[0] and aside.name in named[0], named
+    assert sorted(p.name for p in state.glob("events-spool*") if ".corrupt-" not in p.name
+                  and not p.name.startswith(SPOOL_FILE)) == ["events-spool.lock"]
+    store.close()
+
+
+@pytest.mark.parametrize("how", ["cut", "garbage"])
+def test_a_corrupt_spool_file_left_beside_is_moved_aside_once_with_one_warning_and_the_spool_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, how: str,
+) -> None:
+    """Looked at three times, a left spool file no SQLite reads - cut short, or no database at all - is moved aside
+    at the first (its bytes kept, its -wal beside it moved with it), warned about once, and not looked at again; the
+    agent's own spool takes events all along."""
+    from tests.collect.conftest import CountingSource, fast_settings, held_events, xid
+    from vigil.sources.collect.agent import Agent
+
+    state = tmp_path / "state"
+    data = left_spool(state, how)
+    (state / "events-spool-0badf00d.sqlite-wal").write_bytes(b"wal frames")
+    agent = Agent([CountingSource()], fast_settings(server_url="http://vigil.test", state_dir=str(state)),
+                  cpu_ratio=lambda: 0.1)
+    for ts in (1.0, 2.0, 3.0):
+        agent.take_over()
+        agent._accept_events([xid(ts)])
+    (aside,) = state.glob("events-spool-0badf00d.sqlite.corrupt-*[0-9]")
+    assert aside.read_bytes() == data and (state / f"{aside.name}-wal").read_bytes() == b"wal frames"
+    assert not (state / "events-spool-0badf00d.sqlite").exists() and not (state / "events-spool-0badf00d.lock").exists()
+    named = [r.getMessage() for r in caplog.records if "events-spool-0badf00d" in r.getMessage()]
+    assert len(named) == 1 and "moved aside" in named[0], named
+    assert [e.ts for e in agent.pending_events] == [1.0, 2.0, 3.0] and held_events(state) == 3
+    agent.close()
+
+
+def test_a_left_spool_file_locked_by_another_program_is_not_moved_aside_and_is_taken_over_once_free(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A left spool file another program holds locked (a sqlite3 shell's exclusive lock) cannot be read now, which
+    says nothing of what it holds: it is left where it is, warned about once, and taken over once the lock is gone."""
+    from tests.collect.conftest import xid
+    from vigil.sources.collect.spool import EventSpool
+
+    state = tmp_path / "state"
+    left = EventSpool(tmp_path / "left", 100, 2**20)
+    left.add([xid(1.0)])
+    left.close()
+    state.mkdir()
+    left.path.rename(state / "events-spool-0badf00d.sqlite")
+    live = EventSpool(state, 100, 2**20)
+    holder = sqlite3.connect(state / "events-spool-0badf00d.sqlite", isolation_level=None)
+    holder.execute("PRAGMA journal_mode=DELETE")
+    holder.execute("PRAGMA locking_mode=EXCLUSIVE")
+    holder.execute("BEGIN EXCLUSIVE")
+    assert list(live.orphans()) == [] and list(live.orphans()) == []
+    assert (state / "events-spool-0badf00d.sqlite").exists() and not list(state.glob("*.corrupt-*"))
+    assert len([r for r in caplog.records if "events-spool-0badf00d" in r.getMessage()]) == 1
+    holder.execute("COMMIT")
+    holder.close()
+    (orphan,) = live.orphans()
+    assert len(orphan.rows("events")) == 1
+    orphan.discard()
     live.close()

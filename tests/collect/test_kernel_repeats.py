@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.collect.test_agent_refusals import TOKEN
-from tests.collect.test_agent_spool import Switch, _agent_process, _held
+from tests.collect.conftest import TOKEN, Switch, agent_process, held_events
 from tests.conftest import wait_for
 from tests.serve.conftest import serve_in_thread
 from vigil.faces.api.push_keys import event_key
@@ -44,10 +43,10 @@ def test_two_equal_xid_lines_in_one_second_are_both_stored_and_a_restart_reads_n
 
     with serve_in_thread(switch) as url:
         for start in range(2):
-            with _agent_process(url, kmsg, state, tmp_path / "agent.log") as agent:
+            with agent_process(url, kmsg, state, tmp_path / "agent.log") as agent:
                 posts = len(switch.events_posts)
                 # the read's events answered: taken off the spool after a POST of this process
-                wait_for(lambda: len(switch.events_posts) > posts and _held(state) == 0, 60,  # noqa: B023
+                wait_for(lambda: len(switch.events_posts) > posts and held_events(state) == 0, 60,  # noqa: B023
                          f"start {start}: the kernel log's events pushed")
                 agent.send_signal(signal.SIGTERM)
                 assert agent.wait(timeout=30) == 0

@@ -22,8 +22,9 @@ and a batch the server refuses for good (``refused_for_good``), is counted (``vi
 a refused token (401 / 403) keeps everything. Samples pushes the server has not taken wait in a backlog bounded by
 count, bytes and age (``samples_backlog_*``) and are sent again after each round's own push, oldest first and a few a
 round, each under its own Idempotency-Key (``EventPusher``); the ones it cannot hold are counted
-(``vigil_agent_samples_pushes_dropped_total``). A push not delivered the round it was made is also written to the
-spool (its samples table) so that a restarted agent sends it.
+(``vigil_agent_samples_pushes_dropped_total``). Each push is written to the spool (its samples table) before it is
+first sent and removed once it leaves the backlog, so that a restarted agent sends what it had not delivered - the
+push in flight when it was killed included.
 """
 
 from __future__ import annotations
@@ -513,13 +514,23 @@ class Agent:
             return
         try:
             for orphan in self.spool.orphans():
+                try:
+                    bodies = orphan.rows("events")
+                    pushes = orphan.rows("samples", ("key", "made"))
+                except sqlite3.OperationalError as err:  # locked, a disk failing: read again at the next look
+                    orphan.release()
+                    log.warning("cannot take over the spool %s another agent left (%s); tried again later",
+                                orphan.path, err)
+                    continue
+                except sqlite3.DatabaseError as err:  # damaged past what opening it checks
+                    orphan.set_aside(err)
+                    continue
                 events: list[Event] = []
-                for _, body in orphan.rows("events"):
+                for _, body in bodies:
                     try:
                         events.append(Event.model_validate(json.loads(body)))
                     except (ValueError, RecursionError, ValidationError):
                         self.spool.unreadable += 1
-                pushes = orphan.rows("samples", ("key", "made"))
                 with self._lock:
                     try:
                         dropped = self._spool_add(events, strict=True)
@@ -935,10 +946,12 @@ class EventPusher:
     backlog is bounded by count, bytes and age (``samples_backlog_*``); beyond, the oldest push is dropped and
     counted, with one warning for each stretch of drops (an episode ends when the server has taken the whole
     backlog). A push the server refuses (HTTP 4xx but 408, 425 and 429, which are sent again, and 401 and 403) is
-    dropped alone and the next one sent. A push that was not taken the round it was made is also written to the
-    spool's samples queue (``attach_spool``, the events' spool file) and removed from it when it leaves the backlog,
-    so that an agent restarted during an outage sends what its backlog held, oldest first, each under its key, with
-    its age counted from when it was made (wall clock); nothing is written while the server takes every push.
+    dropped alone and the next one sent. Each push is written to the spool's samples queue (``attach_spool``, the
+    events' spool file) before it is first sent and removed from it when it leaves the backlog, so that an agent
+    restarted - during an outage, or killed with a push in flight - sends what its backlog held, oldest first, each
+    under its key (a push the server stored but whose answer was lost is stored once), with its age counted from when
+    it was made (wall clock). That costs two fsynced transactions a push while the server takes every push
+    (``bench/push_spool.py``).
 
     Each route's answer stands for that route alone: an events batch the server fails (5xx, 408 / 425 / 429, its
     answer lost) is kept for the next round and one it refuses for good (``refused_for_good``: a 422 after the
@@ -1082,8 +1095,9 @@ class EventPusher:
         self._drop_expired()
 
     def _persist(self) -> None:
-        """Write the backlog's pushes not on disk yet to the spool (one transaction): the ones this round could not
-        deliver. A failing write (a full disk) keeps them in memory, warned once an episode."""
+        """Write the backlog's pushes not on disk yet to the spool (one transaction): the round's own, before it is
+        sent, and ones taken over from another agent's file. A failing write (a full disk) keeps them in memory,
+        warned once an episode, and the push is sent all the same."""
         if self.spool is None:
             return
         new = [p for p in self.backlog if p.key not in self._spooled]
@@ -1129,6 +1143,7 @@ class EventPusher:
             push = {"node": node, "samples": [s.model_dump(mode="json") for s in samples]}
             fresh = SamplesPush(uuid.uuid4().hex, json.dumps(push, separators=(",", ":")).encode(), self._clock())
             self._keep(fresh)
+            self._persist()  # on disk before it is sent: an agent killed mid-push sends it again, stored once
         # one push per job: a push the server refuses whole costs only its own job's lines
         rank_logs = sorted((e for e in events if e.kind == "rank_log"), key=lambda e: e.entity.split("/")[1])
         others = [e for e in events if e.kind != "rank_log"]

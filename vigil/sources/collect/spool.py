@@ -12,7 +12,8 @@ bounded by events and bytes: beyond either the oldest events are dropped, and th
 (``vigil_agent_events_dropped_total{reason="spool_full"}``). One agent holds a state directory's spool at a time (an
 exclusive lock on ``events-spool.lock``); a second one (a rollout's surge, a restart overlapping) spools to a file of
 its own beside it, with a warning, and an agent that finds a spool file no agent holds takes its rows over
-(``Spool.orphans``) and removes it. A spool that
+(``Spool.orphans``) and removes it - or, where it is no SQLite database or a damaged one (a dead agent's file
+cut short), moves it aside to ``<name>.corrupt-<unix time>`` once, with a warning. A spool that
 cannot be opened now (locked by another program, a disk full or failing) is left as it is for the next start. The
 samples pushes the server has not taken (``EventPusher``'s backlog) are a second table of the same file, with the
 same locking, writes and bounds (``SpoolQueue``). The
@@ -23,6 +24,7 @@ training log lines.
 from __future__ import annotations
 
 import fcntl
+import itertools
 import json
 import logging
 import os
@@ -127,8 +129,9 @@ class Spool:
     def orphans(self) -> Iterator[OrphanSpool]:
         """The other spool files of the directory no agent holds (their agent stopped or was killed while this one
         ran on a file of its own, or the other way round), each locked for this agent while it is read: take its
-        rows, then ``discard`` it. A file another agent holds is left alone; one that cannot be read now is
-        warned about once and tried again at the next look."""
+        rows, then ``discard`` it. A file another agent holds is left alone; one that cannot be read now (locked, a
+        disk failing) is warned about once and tried again at the next look; one that is no SQLite database, or a
+        damaged one, is moved aside once (``set_aside``), never tried again nor deleted."""
         for path in sorted(self.directory.glob(f"{SPOOL_STEM}*.sqlite")):
             if path == self.path:
                 continue
@@ -145,14 +148,25 @@ class Spool:
                 held.close()
                 continue
             try:
+                _check_read_only(path)  # before opening it to write: SQLite may fold its WAL in, or drop it
                 conn = self._open(path)
+            except sqlite3.DatabaseError as err:
+                if isinstance(err, sqlite3.OperationalError):  # locked, a disk failing: may be read later
+                    held.close()
+                    if str(path) not in self._warned_orphans:
+                        self._warned_orphans.add(str(path))
+                        log.warning("cannot take over the spool %s another agent left (%s); tried again later",
+                                    path, err)
+                else:  # no SQLite database, or a damaged one: no later look reads it either
+                    set_aside(path, lock_path, held, err, self._warned_orphans)
+                continue
             except (OSError, sqlite3.Error) as err:
                 held.close()
                 if str(path) not in self._warned_orphans:
                     self._warned_orphans.add(str(path))
                     log.warning("cannot take over the spool %s another agent left (%s); tried again later", path, err)
                 continue
-            yield OrphanSpool(path, lock_path, conn, held)
+            yield OrphanSpool(path, lock_path, conn, held, self._warned_orphans)
 
     def queue(self, table: str, columns: Sequence[tuple[str, str]], max_rows: int, max_bytes: int) -> SpoolQueue:
         """A bounded queue in ``table`` of this file (created if new), rows of a body and ``columns``."""
@@ -194,8 +208,10 @@ class Spool:
 class OrphanSpool:
     """A spool file another agent left, locked by this one: ``rows`` of a table, then ``discard`` the file."""
 
-    def __init__(self, path: Path, lock_path: Path, conn: sqlite3.Connection, lock_file: IO[bytes]) -> None:
+    def __init__(self, path: Path, lock_path: Path, conn: sqlite3.Connection, lock_file: IO[bytes],
+                 warned: set[str] | None = None) -> None:
         self.path = path
+        self._warned = set() if warned is None else warned
         self._lock_path = lock_path
         self._conn = conn
         self._lock_file = lock_file
@@ -205,8 +221,10 @@ class OrphanSpool:
         names = "".join(f", {name}" for name in columns)
         try:
             return list(self._conn.execute(f"SELECT id, body{names} FROM {table} ORDER BY id"))
-        except sqlite3.OperationalError:  # no such table: a file made before it, or left empty
-            return []
+        except sqlite3.OperationalError as err:
+            if "no such table" in str(err):  # a file made before it, or left empty
+                return []
+            raise  # locked, a disk failing: the file is not to be discarded as if read
 
     def discard(self) -> None:
         """Remove the file (its rows are in this agent's spool now), then its lock file, then let go of the lock:
@@ -221,6 +239,41 @@ class OrphanSpool:
         """Leave the file as it is (its rows could not be taken)."""
         self._conn.close()
         self._lock_file.close()
+
+    def set_aside(self, err: sqlite3.Error) -> None:
+        """Move the file aside (it opened, but its rows cannot be read: a damaged database), as ``set_aside``."""
+        self._conn.close()
+        set_aside(self.path, self._lock_path, self._lock_file, err, self._warned)
+
+
+def set_aside(path: Path, lock_path: Path, lock_file: IO[bytes], err: sqlite3.Error, warned: set[str]) -> None:
+    """Move a spool file another agent left that is no SQLite database, or a damaged one, aside - with its -wal and
+    -shm files - to ``<name>.corrupt-<unix time>``, which no agent looks at again (kept for whoever wants to read
+    what it held, never deleted); its lock file is removed (but the directory's) and its lock let go. One warning.
+    A file that cannot be moved is left, warned about once (``warned``: the paths warned about), and looked at again
+    at the next look."""
+    aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
+    for n in itertools.count(1):
+        if not any(Path(f"{aside}{suffix}").exists() for suffix in ("", "-wal", "-shm")):
+            break
+        aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}-{n}")
+    try:
+        for suffix in ("", "-wal", "-shm"):
+            source = Path(f"{path}{suffix}")
+            if source.exists():
+                os.replace(source, f"{aside}{suffix}")
+    except OSError as move_err:
+        if str(path) not in warned:
+            warned.add(str(path))
+            log.warning("the spool %s another agent left is unreadable (%s) and cannot be moved aside (%s); "
+                        "tried again later", path, err, move_err)
+        lock_file.close()
+        return
+    if lock_path.name != LOCK_FILE:
+        lock_path.unlink(missing_ok=True)
+    lock_file.close()
+    log.warning("the spool %s another agent left is unreadable (%s): moved aside to %s, not looked at again; the "
+                "events and samples pushes it held are not sent", path, err, aside)
 
 
 class SpoolQueue:
@@ -383,6 +436,18 @@ class EventSpool(Spool):
         """The samples pushes the server has not taken: each its body, its ``Idempotency-Key`` and the wall-clock
         time it was made (``EventPusher``)."""
         return self.queue("samples", (("key", "TEXT NOT NULL"), ("made", "REAL NOT NULL")), max_pushes, max_bytes)
+
+
+def _check_read_only(path: Path) -> None:
+    """Raise sqlite3.DatabaseError where the SQLite file at ``path`` is no database or a damaged one (its WAL
+    included), reading it only: its file and WAL are left as they are (a -shm file may be made beside them)."""
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S)
+    try:
+        check = conn.execute("PRAGMA quick_check").fetchone()
+        if check is None or check[0] != "ok":
+            raise sqlite3.DatabaseError(f"quick_check: {check}")
+    finally:
+        conn.close()
 
 
 def _take_lock(path: Path) -> IO[bytes] | None:
