@@ -18,6 +18,12 @@ after `vigil serve` started on a fresh copy of the store: the time to the incide
 version the time until its diagnosis is stored by the background thread (asked of .../diagnosis/status every
 0.1 s). Baseline in the same run, on its own copy of the same store: commit 1772206, which diagnosed the
 incident inside the page request.   -> bench/results/dashboard_first_view.json
+
+--diagnosis-cost: one background diagnosis's own work (``ServeContext.compute_diagnosis``) over the incidents the
+first view picks (--views, default 5 here), in one process on one store: the records of the incident's
+footprint selected in the database by entity (this version) against the read of commit 35338d4 (every event and
+log line of the window read and decoded, only the footprint's built: ``Store.events(keep=...)``), alternated per
+incident and repetition, the same diagnoses asserted.   -> bench/results/dashboard_diagnosis_cost.json
 """
 
 from __future__ import annotations
@@ -205,6 +211,151 @@ def run_first_view(args: argparse.Namespace) -> None:
     console.print(f"wrote {RESULTS / 'dashboard_first_view.json'}")
 
 
+class WindowReadStore:
+    """A Store whose ``events`` and ``logs`` read as commit 35338d4's did: every row of the window read and
+    decoded, the records of the wanted entities built (``keep``), the others dropped."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def events(self, since: float, until: float, limit: int, entities: Any) -> list[Any]:
+        from sqlalchemy import select
+
+        from vigil.model import Event, FaultLevel
+        from vigil.store import schema as t
+
+        q = select(t.events).order_by(t.events.c.ts, t.events.c.id).limit(limit)
+        q = q.where(t.events.c.ts >= since).where(t.events.c.ts <= until)
+        with self._store.engine.connect() as conn:
+            return [Event(ts=r.ts, entity=r.entity, kind=r.kind, source=r.source, level=FaultLevel(r.level),
+                          message=r.message, attrs=r.attrs) for r in conn.execute(q) if r.entity in entities]
+
+    def logs(self, since: float, until: float, limit: int, entities: Any) -> list[Any]:
+        from sqlalchemy import select
+
+        from vigil.model import LogRecord
+        from vigil.store import schema as t
+
+        q = select(t.logs).order_by(t.logs.c.ts, t.logs.c.id).limit(limit)
+        q = q.where(t.logs.c.ts >= since).where(t.logs.c.ts <= until)
+        with self._store.engine.connect() as conn:
+            return [LogRecord(ts=r.ts, entity=r.entity, source=r.source, line=r.line, lineno=r.lineno)
+                    for r in conn.execute(q) if r.entity in entities]
+
+
+class TimedReads:
+    """A store whose ``events`` and ``logs`` reads are timed (``spent``, seconds since the last ``take``)."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.spent = 0.0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def _timed(self, read: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return read(**kwargs)
+        finally:
+            self.spent += time.perf_counter() - started
+
+    def events(self, **kwargs: Any) -> Any:
+        return self._timed(self._store.events, **kwargs)
+
+    def logs(self, **kwargs: Any) -> Any:
+        return self._timed(self._store.logs, **kwargs)
+
+    def take(self) -> float:
+        spent, self.spent = self.spent, 0.0
+        return spent
+
+
+def run_diagnosis_cost(args: argparse.Namespace) -> None:
+    import re
+    import shutil
+    import sqlite3
+
+    from vigil.config import Settings
+    from vigil.faces.api.app import create_app
+    from vigil.store.sql import Store
+
+    with tempfile.TemporaryDirectory(prefix="vigil-bench-diagnosis-") as tmp:
+        home = Path(tmp) / "home"
+        if args.from_store:
+            shutil.copytree(args.from_store, home)
+            store_info = {"nodes": args.nodes, "gpus": args.nodes * args.gpus, "from": str(args.from_store)}
+        else:
+            console.print(f"building the demo store: {args.nodes} nodes x {args.gpus} GPUs, {args.minutes:g} min")
+            store_info = build_store(home, args.nodes, args.gpus, args.minutes)
+        with sqlite3.connect(home / "vigil.db") as db:
+            rows = db.execute("SELECT id, level, body FROM incidents WHERE status = 'open' AND scope LIKE 'gpu/%'"
+                              ).fetchall()
+        picked = sorted(rows, key=lambda r: (-r[1], -len(json.loads(r[2])["evidence"]), r[0]))[: args.views]
+        ids = [r[0] for r in picked]
+        store = Store(f"sqlite:///{home / 'vigil.db'}")
+        settings = Settings(home=home, db_url=store.url, serve_diagnosis_threads=0)
+        new_ctx = create_app(store, settings=settings).state.ctx
+        old_ctx = create_app(store, settings=settings).state.ctx
+        old_ctx.store = TimedReads(WindowReadStore(store))
+        new_ctx.store = TimedReads(store)
+        read: dict[str, list[float]] = {"window read (35338d4)": [], "entities in SQL (this version)": []}
+        reads: dict[str, list[float]] = {name: [] for name in read}
+        rows_out = []
+
+        def normalised(found: Any) -> str:
+            return re.sub(r"ev-[0-9a-f]{12}", "ev-*", found.model_dump_json())
+
+        new_ctx.compute_diagnosis(ids[0])  # builds the knowledge graph once (both share it)
+        old_ctx._kg = new_ctx._kg
+        for incident in ids:
+            runs: dict[str, list[float]] = {name: [] for name in read}
+            read_s: dict[str, list[float]] = {name: [] for name in read}
+            made: dict[str, str] = {}
+            for rep in range(args.reps):
+                order = list(zip(read, (old_ctx, new_ctx), strict=True))
+                for name, ctx in order if rep % 2 == 0 else order[::-1]:
+                    ctx.store.take()
+                    started = time.perf_counter()
+                    found = ctx.compute_diagnosis(incident)
+                    runs[name].append(time.perf_counter() - started)
+                    read_s[name].append(ctx.store.take())
+                    made.setdefault(name, normalised(found))
+                    assert made[name] == normalised(found)
+            same = len(set(made.values())) == 1
+            assert same, f"{incident}: the two reads diagnosed differently"
+            row = {"incident": incident, "same_diagnosis": same,
+                   "diagnosis_s": {name: statistics.median(v) for name, v in runs.items()},
+                   "events_and_logs_read_s": {name: statistics.median(v) for name, v in read_s.items()}}
+            rows_out.append(row)
+            for name in read:
+                read[name].append(row["diagnosis_s"][name])
+                reads[name].append(row["events_and_logs_read_s"][name])
+            console.print(row)
+        store.close()
+    table = Table(title=f"One diagnosis at {store_info['gpus']:,} GPUs ({len(ids)} incidents, median of "
+                  f"{args.reps} each, alternated)")
+    for col in ("read", "diagnosis median s", "diagnosis max s", "events + logs read median s", "read max s"):
+        table.add_column(col, justify="right" if col != "read" else "left")
+    for name, values in read.items():
+        table.add_row(name, f"{statistics.median(values):.2f}", f"{max(values):.2f}",
+                      f"{statistics.median(reads[name]):.3f}", f"{max(reads[name]):.3f}")
+    console.print(table)
+    before, after = (statistics.median(v) for v in read.values())
+    read_before, read_after = (statistics.median(v) for v in reads.values())
+    console.print(f"diagnosis median: {before:.2f} s -> {after:.2f} s; its events and logs read: "
+                  f"{read_before:.3f} s -> {read_after:.3f} s")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = {"store": store_info, "cpus": os.cpu_count(), "reps": args.reps, "incidents": rows_out,
+           "diagnosis_median_s": {name: statistics.median(v) for name, v in read.items()},
+           "read_median_s": {name: statistics.median(v) for name, v in reads.items()}}
+    (RESULTS / "dashboard_diagnosis_cost.json").write_text(json.dumps(out, indent=2) + "\n")
+    console.print(f"wrote {RESULTS / 'dashboard_diagnosis_cost.json'}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1250)
@@ -212,9 +363,18 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--loads", type=int, default=5)
     parser.add_argument("--first-view", action="store_true", help="the first view of undiagnosed incidents")
-    parser.add_argument("--views", type=int, default=3, help="with --first-view: how many incidents")
-    parser.add_argument("--from-store", type=Path, help="with --first-view: a demo home built already (copied)")
+    parser.add_argument("--views", type=int, help="with --first-view (default 3) or --diagnosis-cost (default 5): "
+                        "how many incidents")
+    parser.add_argument("--diagnosis-cost", action="store_true", help="one diagnosis, entities read in SQL or not")
+    parser.add_argument("--reps", type=int, default=3, help="with --diagnosis-cost: runs of each read per incident")
+    parser.add_argument("--from-store", type=Path, help="with --first-view or --diagnosis-cost: a demo home built "
+                        "already (copied)")
     args = parser.parse_args()
+    if args.diagnosis_cost:
+        args.views = args.views or 5
+        run_diagnosis_cost(args)
+        return
+    args.views = args.views or 3
     if args.first_view:
         run_first_view(args)
         return

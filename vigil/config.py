@@ -58,6 +58,12 @@ class Settings(BaseSettings):
     serve_diagnosis_lease_s: float = Field(default=60.0, gt=0, description="how long a server's claim on an "
                                            "incident it diagnoses holds unless renewed (renewed every third of "
                                            "it while the diagnosis runs); past it another server takes it over")
+    serve_diagnosis_retries: int = Field(default=3, ge=0, le=10, description="how many times `vigil serve` "
+                                         "tries a failed diagnosis again by itself (an incident still without "
+                                         "one), each try later than the one before; then it waits for "
+                                         "*Diagnose again*")
+    serve_diagnosis_retry_s: float = Field(default=30.0, gt=0, description="how long after a diagnosis failed "
+                                           "it is tried again, doubled after each further failure (30, 60, 120 s)")
     store_migration_lock_wait_s: float = Field(default=600.0, gt=0, description="how long a process opening a "
                                                "PostgreSQL store waits for another's schema upgrade (the migration "
                                                "lock) before it stops, naming the holder's pid")

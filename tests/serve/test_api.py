@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -263,8 +264,17 @@ def test_diagnose_runs_the_rca_and_stores_its_diagnosis(client: TestClient, clus
     incident = next(i for i in cluster.result.incidents if i.id != cluster.incident.id)
     assert client.post(f"/api/v1/incidents/{incident.id}/diagnose").status_code == 401
     response = client.post(f"/api/v1/incidents/{incident.id}/diagnose", headers=AUTH)
-    assert response.status_code == 200, response.text
-    diagnosis = response.json()
+    assert response.status_code == 202, response.text  # claimed and run on a server thread, answered at once
+    started = response.json()
+    status_url = f"/api/v1/incidents/{incident.id}/diagnosis/status"
+    assert started["status_url"] == status_url and response.headers["location"] == status_url
+    assert started["state"] in ("running", "done") and started["attempts"] >= 1
+    deadline = time.monotonic() + 120
+    while (state := client.get(status_url, headers=AUTH).json())["state"] == "running":
+        assert time.monotonic() < deadline, "the rerun did not end within 120 s"
+        time.sleep(0.05)
+    assert state["state"] == "done" and state["attempts"] == started["attempts"], state
+    diagnosis = client.get(f"/api/v1/incidents/{incident.id}/diagnosis", headers=AUTH).json()
     assert diagnosis["incident_id"] == incident.id and diagnosis["root_cause"] is not None
     assert diagnosis["root_cause"]["entity"] == incident.scope
     assert diagnosis["root_cause"]["fault_type"] == incident.fault_types[0]

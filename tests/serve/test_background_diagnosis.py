@@ -19,7 +19,7 @@ import pytest
 from fastapi.testclient import TestClient
 from mcp import Client
 
-from tests.serve.conftest import TOKEN, SimCluster
+from tests.serve.conftest import TOKEN, BigCluster, SimCluster
 from tests.store.conftest import db_url as db_url
 from tests.store.conftest import opened
 from vigil.config import Settings
@@ -135,7 +135,8 @@ def test_a_failed_diagnosis_is_shown_with_its_error_and_diagnose_again_reruns_it
 ) -> None:
     store, incidents = fresh_store(cluster, f"sqlite:///{tmp_path / 'v.db'}", count=1)
     incident = incidents[0]
-    app = create_app(store, settings=background_on(tmp_path, store.url))
+    app = create_app(store, settings=background_on(tmp_path, store.url).model_copy(
+        update={"serve_diagnosis_retries": 0}))
     ctx = app.state.ctx
     compute = ctx.diagnoser.compute
 
@@ -152,10 +153,10 @@ def test_a_failed_diagnosis_is_shown_with_its_error_and_diagnose_again_reruns_it
         assert mcp_incident(app, incident.id)["diagnosis_error"] == "the knowledge graph is out to lunch"
         ctx.diagnoser.compute = compute
         again = client.post(f"/api/v1/incidents/{incident.id}/diagnose", headers=AUTH)
-        assert again.status_code == 200, again.text
+        assert again.status_code == 202, again.text
+        wait_until("the rerun stored", lambda: status_of(client, incident.id)["state"] == "done")
         stored = store.diagnosis(incident.id)
-        assert stored is not None and again.json()["summary"] == stored.summary
-        assert status_of(client, incident.id)["state"] == "done"
+        assert stored is not None and stored.summary in client.get(f"/incidents/{incident.id}", headers=AUTH).text
         assert client.post("/api/v1/incidents/inc-nope/diagnose", headers=AUTH).status_code == 404
     store.close()
 
@@ -203,30 +204,160 @@ def test_background_diagnosis_is_on_by_default_and_off_in_the_tests_servers(clus
 def test_a_diagnosis_reading_only_its_footprint_equals_one_reading_the_whole_window(
     cluster: SimCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # compute_diagnosis builds only the events and log lines of the incident's footprint (record_scope); the
-    # ranking kept no other, so the diagnosis is the one made from every record of the window
+    # compute_diagnosis reads only the events and log lines of the incident's footprint, selected in the database
+    # (record_entities); the ranking kept no other, so the diagnosis is the one made from every record of the window
     ctx = create_app(cluster.store, cluster.metrics, cluster.settings()).state.ctx
-    incident = cluster.incident
     read: dict[str, int] = {}
     events, logs = Store.events, Store.logs
 
-    def every_event(self: Store, *args: Any, keep: Any = None, **kwargs: Any) -> Any:
+    def every_event(self: Store, *args: Any, entities: Any = None, **kwargs: Any) -> Any:
         found = events(self, *args, **kwargs)
         read["all"] = len(found)
-        read["kept"] = len([e for e in found if keep is None or keep(e.entity)])
+        read["kept"] = len([e for e in found if entities is None or e.entity in entities])
         return found
 
-    def every_log(self: Store, *args: Any, keep: Any = None, **kwargs: Any) -> Any:
+    def every_log(self: Store, *args: Any, entities: Any = None, **kwargs: Any) -> Any:
         return logs(self, *args, **kwargs)
 
-    footprint_only = normalised(ctx.compute_diagnosis(incident.id))
-    monkeypatch.setattr(Store, "events", every_event)
-    monkeypatch.setattr(Store, "logs", every_log)
-    whole_window = normalised(ctx.compute_diagnosis(incident.id))
-    assert read["all"] > read["kept"] > 0  # the window holds records of other entities, the footprint some
-    assert whole_window["causes"] and footprint_only == whole_window
+    for incident in cluster.result.incidents[:6]:
+        footprint_only = normalised(ctx.compute_diagnosis(incident.id))
+        with monkeypatch.context() as patched:
+            patched.setattr(Store, "events", every_event)
+            patched.setattr(Store, "logs", every_log)
+            whole_window = normalised(ctx.compute_diagnosis(incident.id))
+        assert read["all"] > read["kept"] > 0  # the window holds records of other entities, the footprint some
+        assert whole_window["causes"] and footprint_only == whole_window
+
+
+def test_the_footprint_named_is_the_footprint_a_record_is_judged_by(cluster: SimCluster) -> None:
+    # record_entities (read in SQL) names exactly the entities record_scope (select_records) accepts: every entity
+    # of the topology and every entity with a stored record, for every incident of the simulated hour
+    from vigil.diagnose.kg import KnowledgeGraph
+    from vigil.diagnose.rca import record_entities, record_scope
+
+    topology = cluster.store.topology()
+    assert topology is not None
+    kg = KnowledgeGraph.build(topology)
+    recorded = {e.entity for e in cluster.store.events(limit=1_000_000)} | {
+        r.entity for r in cluster.store.logs(limit=1_000_000)}
+    candidates = set(kg.graph.nodes) | recorded
+    anomalies = {a.id: a for a in cluster.store.anomalies(limit=1_000_000)}
+    sizes = []
+    for incident in cluster.result.incidents:
+        own = [anomalies[a] for a in incident.anomalies if a in anomalies]
+        belongs = record_scope(kg, incident, own)
+        named = record_entities(kg, incident, own)
+        assert {e for e in candidates if belongs(e)} == named & candidates
+        assert all(belongs(e) for e in named)
+        sizes.append(len(named))
+    assert min(sizes) > 0 and max(sizes) < len(candidates)  # a part of the cluster, never nothing
 
 
 def normalised(found: Diagnosis) -> Any:
     """The diagnosis with each event's evidence ref (a fresh random id per run) written alike."""
     return json.loads(re.sub(r"ev-[0-9a-f]{12}", "ev-*", found.model_dump_json()))
+
+
+def test_diagnose_again_answers_at_once_and_the_page_waits_for_the_rerun(
+    cluster: SimCluster, db_url: str, tmp_path: Path
+) -> None:
+    store, incidents = fresh_store(cluster, db_url, count=1)
+    incident = incidents[0]
+    store.save_diagnosis(Diagnosis(incident_id=incident.id, summary="the diagnosis before", root_cause=None,
+                                   confidence=0.1))
+    # the tests' servers run no background threads: the rerun runs on its own thread all the same
+    app = create_app(store, settings=Settings(home=tmp_path, db_url=db_url, api_token=TOKEN))
+    assert not app.state.ctx.diagnoser.enabled
+    with held(app) as (release, begun), TestClient(app) as client:
+        response = client.post(f"/api/v1/incidents/{incident.id}/diagnose", headers=AUTH)
+        # answered while the rerun is held inside its computation: the request did not run it
+        assert response.status_code == 202, response.text
+        assert begun.wait(DEADLINE_S)
+        started = response.json()
+        assert (started["state"], started["pending"], started["attempts"]) == ("running", True, 1)
+        assert started["status_url"] == f"/api/v1/incidents/{incident.id}/diagnosis/status"
+        assert status_of(client, incident.id)["state"] == "running"
+        page = client.get(f"/incidents/{incident.id}", headers=AUTH)
+        assert "the diagnosis before" in page.text and 'data-state="running"' in page.text
+        assert "Diagnosis in progress: diagnosing again" in page.text
+        # a second one beside it is refused, not run twice
+        assert client.post(f"/api/v1/incidents/{incident.id}/diagnose", headers=AUTH).status_code == 409
+        release.set()
+        wait_until("the rerun stored", lambda: status_of(client, incident.id)["state"] == "done")
+        stored = store.diagnosis(incident.id)
+        assert stored is not None and stored.summary != "the diagnosis before" and stored.causes
+        page = client.get(f"/incidents/{incident.id}", headers=AUTH)
+        assert stored.summary in page.text and 'id="diagnosis-pending"' not in page.text
+        assert client.post("/api/v1/incidents/inc-nope/diagnose", headers=AUTH).status_code == 404
+    store.close()
+
+
+def test_a_failed_diagnosis_is_tried_again_later_and_the_status_says_so(
+    cluster: SimCluster, db_url: str, tmp_path: Path
+) -> None:
+    from tests.store.test_diagnosis_claims import set_lease
+
+    store, incidents = fresh_store(cluster, db_url, count=1)
+    incident = incidents[0]
+    settings = background_on(tmp_path, db_url).model_copy(update={"serve_diagnosis_retries": 2,
+                                                                    "serve_diagnosis_retry_s": 3600.0})
+    app = create_app(store, settings=settings)
+    ctx = app.state.ctx
+    compute = ctx.diagnoser.compute
+    runs: list[str] = []
+
+    def failing_twice(incident_id: str) -> Diagnosis:
+        runs.append(incident_id)
+        if len(runs) <= 2:
+            raise VigilInputError(f"the knowledge graph is out to lunch ({len(runs)})")
+        return compute(incident_id)  # type: ignore[no-any-return]
+
+    ctx.diagnoser.compute = failing_twice
+    with TestClient(app) as client:
+        for failures in (1, 2):
+            wait_until(f"failure {failures} stored", lambda n=failures: status_of(client, incident.id)["failures"] == n)
+            state = status_of(client, incident.id)
+            assert (state["state"], state["pending"], state["attempts"], state["retries"]) == (
+                "retrying", True, failures, 2)
+            assert state["error"] == f"the knowledge graph is out to lunch ({failures})"
+            # an hour after the first failure, two after the second
+            assert state["retry_at"] - time.time() > 3600.0 * 2 ** (failures - 1) - 60
+            page = client.get(f"/incidents/{incident.id}", headers=AUTH)
+            assert f"Diagnosis failed ({failures} of 3 tries)" in page.text and 'data-state="retrying"' in page.text
+            assert len(runs) == failures  # not tried again before it is due
+            set_lease(store, incident.id, time.time() - 1)  # the hour passed
+        wait_until("the third try stored", lambda: status_of(client, incident.id)["state"] == "done")
+        state = status_of(client, incident.id)
+        assert (state["attempts"], state["failures"], state["error"]) == (3, 2, "")
+        assert store.diagnosis(incident.id) is not None and len(runs) == 3
+    store.close()
+
+
+@pytest.mark.slow
+def test_at_10000_gpus_the_footprint_read_in_sql_diagnoses_as_the_window_read(
+    cluster_10k: BigCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the demo cluster's store (1,250 nodes, ~99,000 events and as many log lines in an incident's window): a
+    # diagnosis reading its footprint's records in SQL is the one made from every record of the window
+    ctx = create_app(cluster_10k.store, cluster_10k.metrics, cluster_10k.settings()).state.ctx
+    events, logs = Store.events, Store.logs
+    read: dict[str, int] = {}
+
+    def window_events(self: Store, *args: Any, entities: Any = None, **kwargs: Any) -> Any:
+        found = events(self, *args, **kwargs)
+        read["window"] = len(found)
+        return [e for e in found if e.entity in entities]
+
+    def window_logs(self: Store, *args: Any, entities: Any = None, **kwargs: Any) -> Any:
+        return [r for r in logs(self, *args, **kwargs) if r.entity in entities]
+
+    picked = sorted((i for i in cluster_10k.store.incidents(limit=100_000) if i.scope.startswith("gpu/")),
+                    key=lambda i: (-int(i.level), -len(i.evidence), i.id))[:2]
+    assert len(picked) == 2
+    for incident in picked:
+        in_sql = normalised(ctx.compute_diagnosis(incident.id))
+        with monkeypatch.context() as patched:
+            patched.setattr(Store, "events", window_events)
+            patched.setattr(Store, "logs", window_logs)
+            whole_window = normalised(ctx.compute_diagnosis(incident.id))
+        assert read["window"] > 50_000 and whole_window["causes"] and in_sql == whole_window

@@ -4,7 +4,9 @@ store, the approve flow writes through the API, and nothing is fetched from outs
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,7 @@ from tests.serve.conftest import (
     serve_in_thread,
 )
 from vigil.faces.api.app import create_app
-from vigil.model import ActionStatus, FaultLevel, IncidentStatus
+from vigil.model import ActionStatus, Diagnosis, FaultLevel, IncidentStatus
 from vigil.remedy.actuators.kubernetes import KubernetesActuator
 from vigil.remedy.audit import AuditLog
 from vigil.remedy.lifecycle import LifecycleStore, Trigger
@@ -317,3 +319,122 @@ def test_chat_panel_shows_each_tool_step_and_the_cited_answer(page: Any, site: s
     page.wait_for_function("document.getElementById('chat-status').textContent === 'error'")
     assert "no flow answers" in page.locator("#chat-log .message.error").inner_text()
     shot(page, "chat")
+
+
+@contextmanager
+def own_incident(cluster: SimCluster, suffix: str) -> Iterator[Any]:
+    """A copy of the cluster's incident for one test, removed after with what its diagnosis wrote (the session's
+    store is shared: test_mcp counts the remembered incidents)."""
+    incident = cluster.incident.model_copy(update={"id": f"{cluster.incident.id}-{suffix}"})
+    cluster.store.create_incident(incident)
+    try:
+        yield incident
+    finally:
+        with cluster.store.engine.begin() as conn:
+            for table in (tables.diagnoses, tables.diagnosis_claims, tables.incident_memories):
+                conn.execute(delete(table).where(table.c.incident_id == incident.id))
+            conn.execute(delete(tables.incidents).where(tables.incidents.c.id == incident.id))
+
+
+def test_diagnose_again_shows_progress_and_fills_the_panels_in_place(page: Any, site: str,
+                                                                      cluster: SimCluster) -> None:
+    """Diagnose again answers at once (202): the page says the diagnosis is in progress while the server's thread
+    runs it (held here), then swaps in the new diagnosis, causes and plan: no reload."""
+    ctx = SERVED["app"].state.ctx
+    release, begun = threading.Event(), threading.Event()
+    compute = ctx.diagnoser.compute
+    with own_incident(cluster, "again") as incident:
+        cluster.store.save_diagnosis(Diagnosis(incident_id=incident.id, summary="the diagnosis before",
+                                               root_cause=None, confidence=0.1))
+
+        def held(incident_id: str) -> Any:
+            if incident_id == incident.id:
+                begun.set()
+                assert release.wait(120)
+            return compute(incident_id)
+
+        ctx.diagnoser.compute = held
+        try:
+            page.goto(f"{site}/incidents/{incident.id}")
+            assert page.evaluate("document.body.dataset.diagnosis") == "done"
+            assert page.locator("ol.causes > li").count() == 0
+            page.evaluate("window.vigilSamePage = true")
+            page.fill("#token", TOKEN)
+            page.click("#token-form button")
+            page.click("button.diagnose")
+            page.wait_for_function("document.body.dataset.diagnosis === 'running'")
+            assert "Diagnosis in progress" in page.locator("#diagnosis-pending").inner_text()
+            assert "the diagnosis before" in page.locator(".diag-summary").inner_text()
+            assert begun.wait(120)
+            release.set()
+            page.locator("ol.causes > li").first.wait_for(timeout=120_000)
+            assert page.evaluate("window.vigilSamePage") is True  # filled in place, not reloaded
+            assert page.evaluate("document.body.dataset.diagnosis") == "done"
+            assert page.locator("#diagnosis-pending").count() == 0
+            stored = cluster.store.diagnosis(incident.id)
+            assert stored is not None and stored.summary in page.locator(".diag-summary").inner_text()
+            assert incident.scope in page.locator("ol.causes > li.root").inner_text()
+        finally:
+            release.set()
+            ctx.diagnoser.compute = compute
+            # the rerun's thread ends with the diagnosis stored: nothing of it outlives the incident's removal
+            assert wait_for(lambda: not ctx.diagnoser.holding(incident.id))
+
+
+FAST_POLL = "window.vigilDiagnosisPoll = {everyMs: 100, slowMs: 100, backoffMs: 100, maxBackoffMs: 2000, retries: 3};"
+
+
+def status_requests(page: Any, incident_id: str) -> list[float]:
+    """When the page asked for ``incident_id``'s diagnosis status (seconds, monotonic), from now on."""
+    asked: list[float] = []
+    page.on("request", lambda request: asked.append(time.monotonic())
+            if request.url.endswith(f"/api/v1/incidents/{incident_id}/diagnosis/status") else None)
+    return asked
+
+
+def test_the_page_stops_asking_for_the_diagnosis_of_an_incident_gone(page: Any, site: str, cluster: SimCluster,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # background diagnosis "on" but no thread started: the incident stays pending while the page asks
+    monkeypatch.setattr(SERVED["app"].state.ctx.diagnoser, "threads", 1)
+    page.add_init_script(FAST_POLL)
+    with own_incident(cluster, "gone") as incident:
+        asked = status_requests(page, incident.id)
+        with page.expect_request(lambda request: request.url.endswith(f"/{incident.id}/diagnosis/status")):
+            page.goto(f"{site}/incidents/{incident.id}")  # then asks how the diagnosis stands
+        assert page.evaluate("document.body.dataset.diagnosis") == "pending"
+        with cluster.store.engine.begin() as conn:
+            conn.execute(delete(tables.incidents).where(tables.incidents.c.id == incident.id))
+        page.wait_for_function("document.body.dataset.diagnosis === 'gone'", timeout=30_000)
+        assert "no longer stored (HTTP 404)" in page.locator("#diagnosis-stopped").inner_text()
+        seen = len(asked)
+        page.wait_for_timeout(1500)  # fifteen of its asking intervals: it asks no more
+        assert len(asked) == seen
+
+
+def test_the_page_backs_off_on_server_errors_and_gives_up_after_its_retries(
+    page: Any, site: str, cluster: SimCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(SERVED["app"].state.ctx.diagnoser, "threads", 1)
+    page.add_init_script(FAST_POLL)
+    with own_incident(cluster, "flaky") as incident:
+        asked = status_requests(page, incident.id)
+        page.route(f"**/api/v1/incidents/{incident.id}/diagnosis/status",
+                   lambda route: route.fulfill(status=503, body='{"detail": "unavailable"}'))
+        page.goto(f"{site}/incidents/{incident.id}")
+        page.wait_for_function("document.body.dataset.diagnosis === 'unreachable'", timeout=30_000)
+        assert "HTTP 503, 4 times" in page.locator("#diagnosis-stopped").inner_text()
+        assert len(asked) == 4  # the first ask and its three retries
+        gaps = [b - a for a, b in zip(asked, asked[1:], strict=False)]
+        assert [g >= w * 0.9 for g, w in zip(gaps, (0.1, 0.2, 0.4), strict=True)] == [True, True, True], gaps
+        seen = len(asked)
+        page.wait_for_timeout(1500)
+        assert len(asked) == seen
+
+
+def wait_for(ready: Any, within_s: float = 120.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while not ready():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True

@@ -166,3 +166,63 @@ def test_a_late_result_of_a_lapsed_claim_is_dropped_when_the_same_server_took_it
         assert not store.finish_diagnosis("inc-001", "server", None, error="stale failure", attempt=again)
         claim = store.diagnosis_claim("inc-001")
         assert claim is not None and (claim.state, claim.error) == ("running", "")
+
+
+def test_a_failed_diagnosis_is_retried_a_bounded_number_of_times_each_later(db_url: str) -> None:
+    with opened(db_url) as store:
+        store.create_incident(incident(1))
+        store.create_incident(incident(2))
+        tries: list[tuple[str, int, float]] = []
+        for n in range(1, 4):
+            attempt = store.claim_diagnosis("inc-001", "w", 60.0)
+            assert attempt == n
+            before = time.time()
+            assert store.finish_diagnosis("inc-001", "w", None, error=f"boom {n}", attempt=attempt, retries=2,
+                                          retry_s=100.0)
+            claim = store.diagnosis_claim("inc-001")
+            assert claim is not None and claim.failures == n and claim.error == f"boom {n}"
+            tries.append((claim.state, claim.failures, claim.lease_until - before))
+            if claim.state == "retrying":
+                # not due yet: neither listed nor claimed; due (its time moved to the past): both
+                assert "inc-001" not in store.undiagnosed()
+                assert store.claim_diagnosis("inc-001", "w", 60.0) is None
+                set_lease(store, "inc-001", time.time() - 1)
+                assert "inc-001" in store.undiagnosed()
+        # twice tried again, 100 s then 200 s after the failure; the third failure is final
+        assert [(state, failures) for state, failures, _ in tries] == [("retrying", 1), ("retrying", 2), ("failed", 3)]
+        assert 100.0 <= tries[0][2] < 110.0 and 200.0 <= tries[1][2] < 210.0
+        assert "inc-001" not in store.undiagnosed() and store.claim_diagnosis("inc-001", "w", 60.0) is None
+        # Diagnose again starts the count over; its success is stored and the attempts stay counted
+        attempt = store.claim_diagnosis("inc-001", "viewer", 60.0, again=True)
+        assert attempt == 4
+        claim = store.diagnosis_claim("inc-001")
+        assert claim is not None and (claim.state, claim.failures) == ("running", 0)
+        assert store.finish_diagnosis("inc-001", "viewer", found("inc-001"), again=True, attempt=attempt)
+        claim = store.diagnosis_claim("inc-001")
+        assert claim is not None and (claim.state, claim.attempts, claim.failures) == ("done", 4, 0)
+        # a rerun failing beside a stored diagnosis is not retried: the stored one stands
+        attempt = store.claim_diagnosis("inc-001", "viewer", 60.0, again=True)
+        assert store.finish_diagnosis("inc-001", "viewer", None, error="boom", again=True, attempt=attempt,
+                                      retries=2)
+        claim = store.diagnosis_claim("inc-001")
+        assert claim is not None and claim.state == "failed" and store.diagnosis("inc-001") is not None
+        # a retrying claim's late result from the owner it lapsed from is dropped
+        first = store.claim_diagnosis("inc-002", "a", 60.0)
+        assert store.finish_diagnosis("inc-002", "a", None, error="x", attempt=first, retries=1, retry_s=100.0)
+        set_lease(store, "inc-002", time.time() - 1)
+        second = store.claim_diagnosis("inc-002", "b", 60.0)
+        assert second == 2 and not store.finish_diagnosis("inc-002", "a", found("inc-002"), attempt=first)
+        assert store.finish_diagnosis("inc-002", "b", found("inc-002"), attempt=second)
+        claim = store.diagnosis_claim("inc-002")
+        assert claim is not None and (claim.state, claim.owner, claim.failures) == ("done", "b", 1)
+
+
+def set_lease(store: object, incident_id: str, until: float) -> None:
+    """Move a claim's time (its lease, or when it is due again) as the clock passing it would."""
+    from sqlalchemy import update
+
+    from vigil.store import schema as tables
+
+    with store.engine.begin() as conn:  # type: ignore[attr-defined]
+        conn.execute(update(tables.diagnosis_claims).where(tables.diagnosis_claims.c.incident_id == incident_id)
+                     .values(lease_until=until))

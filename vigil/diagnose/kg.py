@@ -77,6 +77,7 @@ class KnowledgeGraph:
     _behind: dict[str, set[str]] = field(default_factory=dict, repr=False)
     _impact_preds: dict[str, list[tuple[str, float, str]]] | None = field(default=None, repr=False)
     _reach: dict[tuple[str, int], dict[str, float]] = field(default_factory=dict, repr=False)
+    _hosted: dict[str, list[str]] | None = field(default=None, repr=False)
 
     # ------------------------------------------------------------------ building
 
@@ -208,6 +209,18 @@ class KnowledgeGraph:
             gpu = self.gpu_of_rank(entity)
             return self.node_of(gpu) if gpu else None
         return None
+
+    def hosted(self, node: str) -> list[str]:
+        """The GPUs and NICs whose ``node_of`` is ``node`` (an index built on first use)."""
+        if self._hosted is None:
+            hosted: dict[str, list[str]] = {}
+            for entity, data in self.graph.nodes(data=True):
+                if data.get("kind") in ("gpu", "nic"):
+                    host = self.node_of(entity)
+                    if host:
+                        hosted.setdefault(host, []).append(entity)
+            self._hosted = hosted
+        return self._hosted.get(node, [])
 
     def gpu_of_rank(self, rank: str) -> str | None:
         for source in self.graph.predecessors(rank):

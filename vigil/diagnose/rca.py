@@ -445,10 +445,8 @@ def incident_footprint(kg: KnowledgeGraph, incident: Incident, anomalies: Iterab
     return footprint
 
 
-def record_scope(kg: KnowledgeGraph, incident: Incident, anomalies: Sequence[Anomaly]) -> Callable[[str], bool]:
-    """Whether a record of an entity is evidence of the incident: the entity is in its footprint (the ranks of
-    its jobs, the hosts they run on, what sits on those hosts). A reader can apply it before it builds the records
-    (``Store.events(keep=...)``): ``select_records`` keeps exactly the records of the entities it accepts."""
+def _scope(kg: KnowledgeGraph, incident: Incident, anomalies: Sequence[Anomaly]) -> tuple[set[str], set[str]]:
+    """The incident's footprint with the hosts of its jobs' ranks, and those jobs."""
     footprint = incident_footprint(kg, incident, anomalies)
     jobs = {e for e in footprint if entity_kind(e) == "job"} | {kg.rank_job[e] for e in footprint if e in kg.rank_job}
     for node in [e for e in footprint if e.startswith("node/")]:
@@ -462,6 +460,14 @@ def record_scope(kg: KnowledgeGraph, incident: Incident, anomalies: Sequence[Ano
             host = kg.node_of(rank)
             if host:
                 footprint.add(host)
+    return footprint, jobs
+
+
+def record_scope(kg: KnowledgeGraph, incident: Incident, anomalies: Sequence[Anomaly]) -> Callable[[str], bool]:
+    """Whether a record of an entity is evidence of the incident: the entity is in its footprint (the ranks of
+    its jobs, the hosts they run on, what sits on those hosts). ``select_records`` keeps exactly the records of the
+    entities it accepts; ``record_entities`` names them all, for a reader that selects them in the database."""
+    footprint, jobs = _scope(kg, incident, anomalies)
 
     def belongs(entity: str) -> bool:
         if entity in footprint:
@@ -474,6 +480,19 @@ def record_scope(kg: KnowledgeGraph, incident: Incident, anomalies: Sequence[Ano
         return node in footprint
 
     return belongs
+
+
+def record_entities(kg: KnowledgeGraph, incident: Incident, anomalies: Sequence[Anomaly]) -> set[str]:
+    """Every entity ``record_scope`` accepts, by name: the footprint, its jobs and their ranks, and the GPUs and
+    NICs of its hosts (``Store.events(entities=...)`` reads only their records: a few thousand entities at most
+    where the window holds records of the whole cluster)."""
+    footprint, jobs = _scope(kg, incident, anomalies)
+    wanted = footprint | jobs
+    for job in jobs:
+        wanted.update(kg.job_ranks.get(job, ()))
+    for entity in footprint:
+        wanted.update(kg.hosted(entity))
+    return wanted
 
 
 def select_records(kg: KnowledgeGraph, incident: Incident, anomalies: Sequence[Anomaly],

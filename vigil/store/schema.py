@@ -83,8 +83,9 @@ diagnoses = Table(
     Column("body", JSON, nullable=False),
 )
 
-# A diagnosis being run in the background (revision 0012): state running / done / failed, held by ``owner``
-# until ``lease_until`` while running (see vigil.store.sql.Store.claim_diagnosis).
+# A diagnosis being run in the background (revision 0012): state running / done / failed / retrying, held by
+# ``owner`` until ``lease_until`` while running, due again at ``lease_until`` while retrying; ``failures`` counts
+# the failed runs since it was last asked for (revision 0014; see vigil.store.sql.Store.claim_diagnosis).
 diagnosis_claims = Table(
     "diagnosis_claims", metadata,
     Column("incident_id", String(64), primary_key=True),
@@ -94,6 +95,7 @@ diagnosis_claims = Table(
     Column("lease_until", Float, nullable=False),
     Column("attempts", Integer, nullable=False),
     Column("error", Text, nullable=False),
+    Column("failures", Integer, nullable=False, server_default="0"),
 )
 
 topology = Table(

@@ -193,8 +193,8 @@ def open_database(url: str, lock_wait_s: float | None = None) -> Engine:
 
 
 class DiagnosisClaim(NamedTuple):
-    """A background diagnosis of one incident: ``state`` running (held by ``owner`` until ``lease_until``), done
-    or failed (``error`` says why)."""
+    """A background diagnosis of one incident: ``state`` running (held by ``owner`` until ``lease_until``), done,
+    retrying (failed ``failures`` times, ``error`` says why, due again at ``lease_until``) or failed (for good)."""
 
     incident_id: str
     state: str
@@ -203,6 +203,7 @@ class DiagnosisClaim(NamedTuple):
     lease_until: float
     attempts: int
     error: str
+    failures: int = 0
 
 
 class Store:
@@ -266,12 +267,12 @@ class Store:
         return held
 
     def events(self, entity: str | None = None, kind: str | None = None, since: float | None = None,
-               until: float | None = None, limit: int = 1000, keep: Callable[[str], bool] | None = None,
+               until: float | None = None, limit: int = 1000, entities: Collection[str] | None = None,
                ) -> list[Event]:
-        """Events in time order (at most ``limit``, the first by time); with ``keep``, only those of the entities
-        it accepts, of the same ``limit`` read: the others are never built (a diagnosis reads a window of tens
-        of thousands across the cluster and cites the few of its incident's footprint)."""
-        q = select(t.events).order_by(t.events.c.ts, t.events.c.id).limit(limit)
+        """Events in time order (at most ``limit``, the first by time); with ``entities``, only those of these
+        entities, selected in the database through ``ix_events_entity_ts`` (a diagnosis reads the few entities of
+        its incident's footprint out of a window holding tens of thousands of events across the cluster)."""
+        q = select(t.events)
         if entity is not None:
             q = q.where(t.events.c.entity == entity)
         if kind is not None:
@@ -282,8 +283,8 @@ class Store:
             q = q.where(t.events.c.ts <= until)
         with self.engine.connect() as conn:
             return [Event(ts=r.ts, entity=r.entity, kind=r.kind, source=r.source, level=FaultLevel(r.level),
-                          message=r.message, attrs=r.attrs) for r in conn.execute(q)
-                    if keep is None or keep(r.entity)]
+                          message=r.message, attrs=r.attrs)
+                    for r in _of_entities(conn, q, t.events, entities, limit)]
 
     def add_logs(self, records: Iterable[LogRecord]) -> int:
         rows = [{"ts": r.ts, "entity": r.entity, "source": r.source, "line": r.line, "lineno": r.lineno}
@@ -294,9 +295,11 @@ class Store:
         return len(rows)
 
     def logs(self, entity: str | None = None, contains: str | None = None, since: float | None = None,
-             until: float | None = None, limit: int = 1000, keep: Callable[[str], bool] | None = None,
+             until: float | None = None, limit: int = 1000, entities: Collection[str] | None = None,
              ) -> list[LogRecord]:
-        q = select(t.logs).order_by(t.logs.c.ts, t.logs.c.id).limit(limit)
+        """Log lines in time order (at most ``limit``); ``entity`` takes the lines of it and of what sits under
+        it, ``entities`` only those of exactly these entities (selected in the database, ``ix_logs_entity_ts``)."""
+        q = select(t.logs)
         if entity is not None:
             q = q.where((t.logs.c.entity == entity) | t.logs.c.entity.startswith(entity.rstrip("/") + "/"))
         if contains:
@@ -307,7 +310,7 @@ class Store:
             q = q.where(t.logs.c.ts <= until)
         with self.engine.connect() as conn:
             return [LogRecord(ts=r.ts, entity=r.entity, source=r.source, line=r.line, lineno=r.lineno)
-                    for r in conn.execute(q) if keep is None or keep(r.entity)]
+                    for r in _of_entities(conn, q, t.logs, entities, limit)]
 
     def events_after(self, after: ReadPosition | int, limit: int = 10_000) -> list[tuple[ReadPosition, Event]]:
         """Events in read order after ``after`` (a position this returned, or a row id: see ``ReadPosition``), each
@@ -713,9 +716,9 @@ class Store:
     # ---------------------------------------------------------------- diagnoses run in the background
 
     def undiagnosed(self, limit: int = 20, now: float | None = None) -> list[str]:
-        """Incidents, unresolved ones first and newest first, that have no diagnosis and no claim on one or a
-        running claim whose lease lapsed (its server died): what a background diagnoser should claim next. A failed
-        one waits for a rerun (``claim_diagnosis(again=True)``)."""
+        """Incidents, unresolved ones first and newest first, that have no diagnosis and no claim on one, a
+        running claim whose lease lapsed (its server died) or a retrying one now due: what a background diagnoser
+        should claim next. A failed one (its retries spent) waits for a rerun (``claim_diagnosis(again=True)``)."""
         now = time.time() if now is None else now
         c = t.diagnosis_claims.c
         q = (
@@ -723,7 +726,7 @@ class Store:
             .outerjoin(t.diagnoses, t.diagnoses.c.incident_id == t.incidents.c.id)
             .outerjoin(t.diagnosis_claims, c.incident_id == t.incidents.c.id)
             .where(t.diagnoses.c.incident_id.is_(None))
-            .where(or_(c.incident_id.is_(None), (c.state == "running") & (c.lease_until < now)))
+            .where(or_(c.incident_id.is_(None), c.state.in_(("running", "retrying")) & (c.lease_until < now)))
             # open and acknowledged ones first: someone may be on them now
             .order_by((t.incidents.c.status == IncidentStatus.RESOLVED.value).asc(), t.incidents.c.start.desc())
             .limit(limit)
@@ -736,8 +739,8 @@ class Store:
         number (1, 2, ...: its token for ``finish_diagnosis``) when claimed, else None.
         The row's primary key and a conditional UPDATE decide between concurrent claimers on SQLite and
         PostgreSQL alike: exactly one of them gets it. Without ``again`` an incident already diagnosed, done,
-        failed or claimed by a live owner is not claimed; ``again`` (a rerun asked for) takes anything but a
-        live running claim."""
+        failed, retrying later or claimed by a live owner is not claimed; ``again`` (a rerun asked for) takes
+        anything but a live running claim, and starts the count of failures over."""
         now = time.time()
         c = t.diagnosis_claims.c
         dialect = self.engine.dialect.name
@@ -749,19 +752,19 @@ class Store:
             statement = postgresql.insert(t.diagnosis_claims) if dialect == "postgresql" else sqlite.insert(
                 t.diagnosis_claims)
             row = {"incident_id": incident_id, "state": "running", "owner": owner, "claimed_at": now,
-                   "lease_until": now + lease_s, "attempts": 1, "error": ""}
+                   "lease_until": now + lease_s, "attempts": 1, "error": "", "failures": 0}
             # RETURNING, not rowcount: a skipped row's rowcount is not 0 on every driver (psycopg)
             inserted = conn.execute(statement.values(**row).on_conflict_do_nothing(index_elements=[c.incident_id])
                                     .returning(c.incident_id)).first()
             if inserted is not None:
                 return 1
-            lapsed = (c.state == "running") & (c.lease_until < now)
+            lapsed = c.state.in_(("running", "retrying")) & (c.lease_until < now)
             taken = conn.execute(
                 update(t.diagnosis_claims)
                 .where(c.incident_id == incident_id)
                 .where(or_(c.state != "running", lapsed) if again else lapsed)
                 .values(state="running", owner=owner, claimed_at=now, lease_until=now + lease_s,
-                        attempts=c.attempts + 1, error="")
+                        attempts=c.attempts + 1, error="", failures=0 if again else c.failures)
                 .returning(c.attempts)
             ).first()
             return int(taken.attempts) if taken is not None else None
@@ -779,22 +782,34 @@ class Store:
             ).rowcount)
 
     def finish_diagnosis(self, incident_id: str, owner: str, diagnosis: Diagnosis | None, *, error: str = "",
-                         again: bool = False, attempt: int | None = None) -> bool:
+                         again: bool = False, attempt: int | None = None, retries: int = 0,
+                         retry_s: float = 30.0) -> bool:
         """End ``owner``'s claim ``attempt`` (what ``claim_diagnosis`` answered): store ``diagnosis`` (done) or
-        ``error`` (failed). False, and nothing stored, when that claim is no longer running (its lease lapsed and
-        another took it over - another server, or this one again: the same owner's newer attempt). Without ``again``
-        a diagnosis stored meanwhile by another writer (the engine, a PUT) is kept, not replaced."""
+        ``error``: one more failure, ``retrying`` after ``retry_s`` doubled per failure before it while the
+        incident has no diagnosis and ``retries`` are left, else failed for good. False, and nothing stored, when
+        that claim is no longer running (its lease lapsed and another took it over - another server, or this one
+        again: the same owner's newer attempt). Without ``again`` a diagnosis stored meanwhile by another writer
+        (the engine, a PUT) is kept, not replaced."""
         if diagnosis is not None:
             diagnosis = _validated(Diagnosis, [diagnosis])[0]
         c = t.diagnosis_claims.c
+        mine = (c.incident_id == incident_id, c.owner == owner, c.state == "running",
+                true() if attempt is None else c.attempts == attempt)
+        now = time.time()
         with self.engine.begin() as conn:
-            ended = conn.execute(
-                update(t.diagnosis_claims)
-                .where(c.incident_id == incident_id, c.owner == owner, c.state == "running",
-                       true() if attempt is None else c.attempts == attempt)
-                .values(state="done" if diagnosis is not None else "failed", error=error[:4000],
-                        lease_until=time.time())
-            )
+            values: dict[str, Any] = {"state": "done", "error": error[:4000], "lease_until": now}
+            if diagnosis is None:
+                held = conn.execute(select(c.failures).where(*mine)).first()
+                if held is None:
+                    return False
+                failures = int(held.failures) + 1
+                stored = conn.execute(select(t.diagnoses.c.incident_id)
+                                      .where(t.diagnoses.c.incident_id == incident_id)).first()
+                retry = failures <= retries and stored is None
+                values.update(state="retrying" if retry else "failed", failures=failures,
+                              lease_until=now + retry_s * 2 ** (failures - 1) if retry else now)
+            # the conditions again: a claim taken over between the read and this write is left to its new owner
+            ended = conn.execute(update(t.diagnosis_claims).where(*mine).values(**values))
             if not ended.rowcount:
                 return False
             if diagnosis is not None:
@@ -814,7 +829,7 @@ class Store:
         if row is None:
             return None
         return DiagnosisClaim(row.incident_id, row.state, row.owner, row.claimed_at, row.lease_until, row.attempts,
-                              row.error)
+                              row.error, row.failures)
 
     # ---------------------------------------------------------------- incident memory
 
@@ -1034,6 +1049,29 @@ engine that read such rows), and 0 reads everything."""
 # transaction with a lower xid has ended. A subquery: worked out once a statement, not once a row.
 _SNAPSHOT_XMIN: ColumnElement[int] = select(
     literal_column("pg_snapshot_xmin(pg_current_snapshot())::text::bigint", BigInteger)).scalar_subquery()
+
+
+ENTITY_CHUNK = 500  # entities named in one IN list: within SQLite's oldest bound on a statement's parameters (999)
+
+
+def _of_entities(conn: Connection, q: Any, table: Table, entities: Collection[str] | None, limit: int) -> list[Any]:
+    """The rows ``q`` selects from ``table`` (events or logs), in (ts, id) order, at most ``limit``; with
+    ``entities``, only the rows of those entities: an IN list per ``ENTITY_CHUNK`` of them, each read through the
+    table's (entity, ts) index, merged in the same order (NULL times first on SQLite, last on PostgreSQL, as
+    each orders them)."""
+    order = (table.c.ts, table.c.id)
+    if entities is None:
+        return list(conn.execute(q.order_by(*order).limit(limit)))
+    wanted = sorted(set(entities))
+    rows: list[Any] = []
+    for start in range(0, len(wanted), ENTITY_CHUNK):
+        chunk = q.where(table.c.entity.in_(wanted[start:start + ENTITY_CHUNK]))
+        rows.extend(conn.execute(chunk.order_by(*order).limit(limit)))
+    if len(wanted) > ENTITY_CHUNK:
+        nulls_first = conn.dialect.name == "sqlite"
+        rows.sort(key=lambda r: (r.ts is not None if nulls_first else r.ts is None, r.ts or 0.0, r.id))
+        del rows[limit:]
+    return rows
 
 
 def _read_key(table: Table) -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request, status
+from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request, Response, status
 from pydantic import BaseModel, Field
 
 from vigil.diagnose.memory import remember
@@ -13,7 +13,7 @@ from vigil.faces.api.actions import approve, execute
 from vigil.faces.api.alertmanager import alerts_to_events, parse_payload
 from vigil.faces.api.auth import Identity, check_approver, check_operator, check_read
 from vigil.faces.api.context import ServeContext
-from vigil.faces.api.diagnosing import DiagnosisStatus
+from vigil.faces.api.diagnosing import DiagnosisQueued, DiagnosisStatus
 from vigil.faces.api.hang import StackNode, load_hang_report, stack_tree
 from vigil.faces.api.push_keys import alert_key, event_key, unplaced_event_key
 from vigil.faces.api.responses import (
@@ -199,14 +199,20 @@ def diagnosis_state(incident_id: str, ctx: Ctx) -> DiagnosisStatus:
     return status_
 
 
-@router.post("/incidents/{incident_id}/diagnose", tags=["incidents"])
-def run_diagnosis(incident_id: str, ctx: Ctx, user: Writer) -> Diagnosis:
-    """Rank root causes now (knowledge graph; the LLM when configured) and store the diagnosis, replacing the
-    stored one; 409 while a server diagnoses the incident already (its result is stored when done)."""
+@router.post("/incidents/{incident_id}/diagnose", tags=["incidents"], status_code=status.HTTP_202_ACCEPTED)
+def run_diagnosis(incident_id: str, request: Request, response: Response, ctx: Ctx,
+                  user: Writer) -> DiagnosisQueued:
+    """Rank root causes again (knowledge graph; the LLM when configured) and store the diagnosis, replacing the
+    stored one: claimed now and run on a server thread, answered at once (202) with how it stands and the URL
+    that tells when it is done (``.../diagnosis/status``: running, then done, or retrying / failed with the
+    error); 409 while a server diagnoses the incident already (its result is stored when done)."""
     try:
-        return ctx.diagnose(incident_id)
+        started = ctx.diagnose_later(incident_id)
     except KeyError:
         raise _not_found("incident", incident_id) from None
+    url = str(request.url_for("diagnosis_state", incident_id=incident_id).path)
+    response.headers["Location"] = url
+    return DiagnosisQueued(**started.model_dump(), status_url=url)
 
 
 @router.put("/incidents/{incident_id}/diagnosis", tags=["incidents"])

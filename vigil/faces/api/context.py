@@ -120,7 +120,9 @@ class ServeContext:
         self.auth = Authenticator(self.settings)
         self.diagnoser = DiagnosisWorker(self.store, self.compute_diagnosis,
                                          threads=self.settings.serve_diagnosis_threads,
-                                         lease_s=self.settings.serve_diagnosis_lease_s)
+                                         lease_s=self.settings.serve_diagnosis_lease_s,
+                                         retries=self.settings.serve_diagnosis_retries,
+                                         retry_s=self.settings.serve_diagnosis_retry_s)
         topology = self.store.topology()
         self.collector = VigilCollector(
             self.store, self.node_grid, cluster=topology.cluster if topology else "vigil", waste=self.waste
@@ -268,8 +270,9 @@ class ServeContext:
         }
 
     def diagnose(self, incident_id: str) -> Diagnosis:
-        """Diagnose the incident again now and store the result (*Diagnose again*, POST .../diagnose): claimed in
-        the store like a background diagnosis, so it does not run beside one already running (VigilConflictError)."""
+        """Diagnose the incident again now, in this call, and store the result (`vigil diagnose`, the assistant's
+        tools; the API's POST .../diagnose runs it on a thread: ``diagnose_later``): claimed in the store like a
+        background diagnosis, so it does not run beside one already running (VigilConflictError)."""
         if self.store.incident(incident_id) is None:
             raise KeyError(incident_id)
         found = self.diagnoser.run(incident_id, again=True)
@@ -280,6 +283,14 @@ class ServeContext:
             return stored
         return found
 
+    def diagnose_later(self, incident_id: str) -> DiagnosisStatus:
+        """*Diagnose again* from a page or the API: the rerun claimed now (VigilConflictError while one runs) and
+        run on a thread of its own; how it stands, at once (``diagnosis_status`` tells when it is done)."""
+        if self.store.incident(incident_id) is None:
+            raise KeyError(incident_id)
+        self.diagnoser.rerun(incident_id)
+        return self.diagnosis_status(incident_id)
+
     def diagnosis_status(self, incident_id: str) -> DiagnosisStatus:
         return diagnosis_status(self.store, self.diagnoser, incident_id)
 
@@ -289,7 +300,7 @@ class ServeContext:
         from vigil.diagnose.kg import KnowledgeGraph
         from vigil.diagnose.llm import LlmClient, diagnose
         from vigil.diagnose.memory import recall
-        from vigil.diagnose.rca import analyze_incident, record_scope
+        from vigil.diagnose.rca import analyze_incident, record_entities
 
         incident = self.store.incident(incident_id)
         if incident is None:
@@ -305,13 +316,15 @@ class ServeContext:
         slack = 900.0  # the records around the incident that the ranking may cite
         wanted = set(incident.anomalies)
         anomalies = [a for a in self.store.anomalies(since=incident.start - slack, limit=100_000) if a.id in wanted]
-        # Only the records of the incident's footprint are built: the ranking keeps no other (select_records),
-        # and the window holds tens of thousands across the cluster (88,600 events on 10,000 GPUs).
+        # Only the records of the incident's footprint are read, selected in the database by entity: the ranking
+        # keeps no other (select_records), and the window holds tens of thousands across the cluster (88,600
+        # events on 10,000 GPUs).
         own = [a for a in anomalies if not incident.anomalies or a.id in incident.anomalies]
-        keep = record_scope(kg, incident, own)
+        entities = record_entities(kg, incident, own)
         events = self.store.events(since=incident.start - slack, until=incident.end + slack, limit=100_000,
-                                   keep=keep)
-        logs = self.store.logs(since=incident.start - slack, until=incident.end + slack, limit=100_000, keep=keep)
+                                   entities=entities)
+        logs = self.store.logs(since=incident.start - slack, until=incident.end + slack, limit=100_000,
+                               entities=entities)
         result = analyze_incident(kg, incident, anomalies, events, logs)
         found = diagnose(kg, incident, result, LlmClient.from_settings(self.settings))
         found.similar = recall(self.store, incident, found)

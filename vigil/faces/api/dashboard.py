@@ -178,9 +178,10 @@ def incident_detail(request: Request, incident_id: str) -> HTMLResponse:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no incident {incident_id!r}")
     diagnosis = ctx.store.diagnosis(incident_id)
     # The engine stores a diagnosis when it opens an incident; one stored without it is diagnosed by the server's
-    # background threads (vigil.faces.api.diagnosing), never here: the page says so and refreshes its panels.
-    state = ctx.diagnosis_status(incident_id) if diagnosis is None else None
-    if state is not None and state.pending:
+    # background threads (vigil.faces.api.diagnosing), never here: the page says so and refreshes its panels
+    # (as it does while a rerun asked for with Diagnose again runs beside the stored diagnosis).
+    state = ctx.diagnosis_status(incident_id)
+    if state.pending and diagnosis is None:
         ctx.diagnoser.want(incident_id)
     actions = ctx.store.actions(incident_id=incident_id, limit=200)
     evidence: list[Evidence] = sorted(incident.evidence, key=lambda e: e.ts)
@@ -206,8 +207,9 @@ def incident_detail(request: Request, incident_id: str) -> HTMLResponse:
         status_changes=status_changes,
         incident=incident,
         diagnosis=diagnosis,
-        diagnosis_state=state.state if state is not None else "done",
-        diagnosis_error=state.error if state is not None else "",
+        diagnosis_state=state.state,
+        diagnosis_error=state.error,
+        diagnosis_status=state,
         by_ref=by_ref,
         actions=actions,
         dry_runs=_last_dry_runs(ctx, actions),

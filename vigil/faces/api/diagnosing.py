@@ -7,7 +7,10 @@ The work queue is the store itself: incidents with neither a diagnosis nor a liv
 nothing is lost across restarts (a server starting picks up every incident still lacking a diagnosis, and a claim
 left by a server that died is taken over once its lease lapses). Each diagnosis is claimed in the database first
 (``Store.claim_diagnosis``: SQLite and PostgreSQL), so two servers, or a viewer's *Diagnose again* beside the
-background, never run the same one twice; a failed one is stored with its error and waits for *Diagnose again*.
+background, never run the same one twice. *Diagnose again* claims the rerun in its request (409 while one runs)
+and runs it on a thread of its own, answering at once. A failed one is stored with its error and tried again by
+the background threads up to ``retries`` times, ``retry_s`` after the failure and twice as long after each further
+one (the claim ``retrying``); then it waits for *Diagnose again*.
 """
 
 from __future__ import annotations
@@ -16,10 +19,11 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel
 
@@ -30,20 +34,31 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DiagnosisState = Literal["done", "pending", "running", "failed", "off"]
+DiagnosisState = Literal["done", "pending", "running", "retrying", "failed", "off"]
 
 
 class DiagnosisStatus(BaseModel):
     """Where an incident's diagnosis stands: ``done`` (stored), ``pending`` (queued for the background threads),
-    ``running`` (claimed by a server now), ``failed`` (``error`` says why; *Diagnose again* reruns it) or ``off``
-    (no diagnosis and background diagnosis is off on this server)."""
+    ``running`` (claimed by a server now: a first diagnosis, a retry or a rerun beside the stored one),
+    ``retrying`` (failed ``failures`` times, ``error`` says why; tried again at ``retry_at``), ``failed`` (its
+    retries spent; *Diagnose again* reruns it) or ``off`` (no diagnosis and background diagnosis is off on this
+    server). ``attempts`` counts the runs claimed since the incident was first diagnosed here."""
 
     incident_id: str
     state: DiagnosisState
     pending: bool
     error: str = ""
     attempts: int = 0
+    failures: int = 0
+    retries: int = 0
+    retry_at: float | None = None
     started: float | None = None
+
+
+class DiagnosisQueued(DiagnosisStatus):
+    """What *Diagnose again* answers (202): the rerun claimed, running, and where to ask how it stands."""
+
+    status_url: str
 
 
 def new_owner() -> str:
@@ -56,18 +71,23 @@ class DiagnosisWorker:
     works the diagnosis out without storing it), plus one renewing the leases of the claims they hold."""
 
     def __init__(self, store: Store, compute: Callable[[str], Diagnosis], *, threads: int = 1,
-                 lease_s: float = 60.0, poll_s: float = 2.0, owner: str | None = None) -> None:
+                 lease_s: float = 60.0, poll_s: float = 2.0, owner: str | None = None, retries: int = 3,
+                 retry_s: float = 30.0) -> None:
         self.store = store
         self.compute = compute
         self.threads = threads
         self.lease_s = lease_s
         self.poll_s = poll_s
+        self.retries = retries
+        self.retry_s = retry_s
         self.owner = owner or new_owner()
         self._wake = threading.Condition()
         self._wanted: deque[str] = deque()
         self._holding: set[str] = set()
         self._stop = threading.Event()
         self._workers: list[threading.Thread] = []
+        self._renewer: threading.Thread | None = None
+        self._reruns: set[threading.Thread] = set()
         self._started = False
         self._failures = 0
 
@@ -84,9 +104,9 @@ class DiagnosisWorker:
             self._stop.clear()
             for n in range(self.threads):
                 self._workers.append(threading.Thread(target=self._loop, name=f"vigil-diagnose-{n}", daemon=True))
-            self._workers.append(threading.Thread(target=self._renew, name="vigil-diagnose-lease", daemon=True))
         for thread in self._workers:
             thread.start()
+        self._renewing()
 
     def stop(self, wait_s: float = 5.0) -> None:
         """Stop taking work; wait up to ``wait_s`` for a diagnosis under way (one left running past it is a
@@ -94,10 +114,12 @@ class DiagnosisWorker:
         self._stop.set()
         with self._wake:
             self._wake.notify_all()
-        for thread in self._workers:
+            threads = [*self._workers, *self._reruns, *([self._renewer] if self._renewer else [])]
+        for thread in threads:
             thread.join(wait_s)
         with self._wake:
             self._workers = []
+            self._renewer = None
             self._started = False
 
     def want(self, incident_id: str) -> None:
@@ -121,27 +143,70 @@ class DiagnosisWorker:
 
     def run(self, incident_id: str, *, again: bool = False) -> Diagnosis | None:
         """Claim and run one diagnosis here; None when another holds it or (without ``again``) it is not
-        wanted any more. A failure is stored as the claim's error and raised."""
-        attempt = self.store.claim_diagnosis(incident_id, self.owner, self.lease_s, again=again)
+        wanted any more. A failure is stored as the claim's error (retried later while retries are left) and
+        raised."""
+        attempt = self._claim(incident_id, again=again)
         if attempt is None:
-            if again:
-                claim = self.store.diagnosis_claim(incident_id)
-                owner = claim.owner if claim else "another server"
-                raise VigilConflictError(f"incident {incident_id!r} is being diagnosed now ({owner}); its "
-                                         "diagnosis is stored when done")
             return None
+        return self._execute(incident_id, attempt, again=again)
+
+    def rerun(self, incident_id: str) -> int:
+        """*Diagnose again*: claim the rerun now (VigilConflictError while a live one runs) and run it on a
+        thread of its own; the claim's attempt number, at once. Its end is stored as a background one's is."""
+        attempt = self._claim(incident_id, again=True)
+        assert attempt is not None
+
+        def rerun() -> None:
+            try:
+                self._execute(incident_id, attempt, again=True)
+            except Exception as err:  # stored with the claim for the status route and the page
+                log.warning("incident %s: diagnosis asked for again failed: %s", incident_id, err)
+            finally:
+                with self._wake:
+                    self._reruns.discard(thread)
+
+        thread = threading.Thread(target=rerun, name=f"vigil-rediagnose-{incident_id}"[:60], daemon=True)
+        with self._wake:
+            self._holding.add(incident_id)  # renewed from now: the thread has not begun
+            self._reruns.add(thread)
+        self._renewing()
+        thread.start()
+        return attempt
+
+    def _claim(self, incident_id: str, *, again: bool) -> int | None:
+        attempt = self.store.claim_diagnosis(incident_id, self.owner, self.lease_s, again=again)
+        if attempt is None and again:
+            claim = self.store.diagnosis_claim(incident_id)
+            owner = claim.owner if claim else "another server"
+            raise VigilConflictError(f"incident {incident_id!r} is being diagnosed now ({owner}); its "
+                                     "diagnosis is stored when done")
+        return attempt
+
+    def _renewing(self) -> None:
+        """Start the thread renewing the leases of the claims held here, once (a server without background
+        threads renews its reruns' claims too)."""
+        with self._wake:
+            if self._renewer is not None and self._renewer.is_alive():
+                return
+            self._stop.clear()
+            self._renewer = threading.Thread(target=self._renew, name="vigil-diagnose-lease", daemon=True)
+            self._renewer.start()
+
+    def _execute(self, incident_id: str, attempt: int, *, again: bool) -> Diagnosis | None:
+        """Run the diagnosis claimed as ``attempt`` and store its end."""
         with self._wake:
             self._holding.add(incident_id)
         try:
             try:
                 found = self.compute(incident_id)
-            except KeyError:
+            except KeyError:  # the incident is gone: nothing to try again
                 self.store.finish_diagnosis(incident_id, self.owner, None, error=f"no incident {incident_id!r}",
                                             again=again, attempt=attempt)
                 raise
             except Exception as err:  # stored for the page, then raised for the caller
                 self.store.finish_diagnosis(incident_id, self.owner, None,
-                                            error=str(err) or type(err).__name__, again=again, attempt=attempt)
+                                            error=str(err) or type(err).__name__, again=again, attempt=attempt,
+                                            retries=self.retries, retry_s=self.retry_s)
                 raise
             if not self.store.finish_diagnosis(incident_id, self.owner, found, again=again, attempt=attempt):
                 log.warning("incident %s: the claim on its diagnosis lapsed and was taken over; this result is "
@@ -202,20 +267,28 @@ class DiagnosisWorker:
 
 def diagnosis_status(store: Store, worker: DiagnosisWorker, incident_id: str) -> DiagnosisStatus:
     """What the page and the API say of ``incident_id``'s diagnosis (the incident is known to exist)."""
-    if store.diagnosis(incident_id) is not None:
-        claim = store.diagnosis_claim(incident_id)
-        return DiagnosisStatus(incident_id=incident_id, state="done", pending=False,
-                               attempts=claim.attempts if claim else 0)
     claim = store.diagnosis_claim(incident_id)
+    counts: dict[str, Any] = {"attempts": claim.attempts, "failures": claim.failures} if claim else {}
+    counts["retries"] = worker.retries
+    if store.diagnosis(incident_id) is not None:
+        if claim is not None and claim.state == "running" and claim.lease_until >= time.time():
+            # *Diagnose again* under way: the stored diagnosis is replaced when it is done
+            return DiagnosisStatus(incident_id=incident_id, state="running", pending=True, started=claim.claimed_at,
+                                   **counts)
+        # a rerun that failed left the diagnosis before it in place; its error is still told
+        return DiagnosisStatus(incident_id=incident_id, state="done", pending=False,
+                               error=claim.error if claim is not None and claim.state == "failed" else "", **counts)
     if claim is not None and claim.state == "failed":
         return DiagnosisStatus(incident_id=incident_id, state="failed", pending=False, error=claim.error,
-                               attempts=claim.attempts, started=claim.claimed_at)
+                               started=claim.claimed_at, **counts)
+    if claim is not None and claim.state == "retrying":
+        return DiagnosisStatus(incident_id=incident_id, state="retrying", pending=True, error=claim.error,
+                               retry_at=claim.lease_until, started=claim.claimed_at, **counts)
     if claim is not None and claim.state == "running":
-        return DiagnosisStatus(incident_id=incident_id, state="running", pending=True, attempts=claim.attempts,
-                               started=claim.claimed_at)
+        return DiagnosisStatus(incident_id=incident_id, state="running", pending=True, started=claim.claimed_at,
+                               **counts)
     if not worker.enabled:
         return DiagnosisStatus(incident_id=incident_id, state="off", pending=False,
                                error="not diagnosed yet, and background diagnosis is off on this server "
                                "(serve_diagnosis_threads = 0): Diagnose again runs it")
-    return DiagnosisStatus(incident_id=incident_id, state="pending", pending=True,
-                           attempts=claim.attempts if claim else 0)
+    return DiagnosisStatus(incident_id=incident_id, state="pending", pending=True, **counts)

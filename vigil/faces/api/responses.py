@@ -187,7 +187,7 @@ class IncidentDetail(IncidentSummary):
     diagnosis: Diagnosis | None
     # None with diagnosis_pending true: the server is diagnosing it in the background (ask again shortly);
     # diagnosis_state failed: diagnosis_error says why.
-    diagnosis_state: Literal["done", "pending", "running", "failed", "off"] = "done"
+    diagnosis_state: Literal["done", "pending", "running", "retrying", "failed", "off"] = "done"
     diagnosis_pending: bool = False
     diagnosis_error: str = ""
     actions: list[ActionItem]

@@ -66,8 +66,8 @@ document.addEventListener("click", async (event) => {
         {status: button.dataset.status});
       vigilShow(incident.id + " " + incident.status, false);
     } else if (button.classList.contains("diagnose")) {
-      const diagnosis = await vigilPost("/api/v1/incidents/" + button.dataset.incident + "/diagnose");
-      vigilShow("diagnosed: " + diagnosis.summary, false);
+      await vigilDiagnoseAgain(button);
+      return;  // no reload: the panels are swapped in when the rerun is done
     } else {
       const action = await vigilPost("/api/v1/actions", {
         kind: button.dataset.kind, target: button.dataset.target,
@@ -82,38 +82,117 @@ document.addEventListener("click", async (event) => {
   }
 });
 
-// An incident page opened while the server diagnoses the incident in the background: ask the diagnosis' status
-// until it is done or failed, then swap in the diagnosis, causes and plan panels as the server renders them now
-// (the rest of the page, and whatever the reader scrolled to, stays).
+// An incident page opened while the server diagnoses the incident (in the background, or a rerun asked for with
+// Diagnose again): ask the diagnosis' status until it is done or failed, then swap in the diagnosis, causes and
+// plan panels as the server renders them now (the rest of the page, and whatever the reader scrolled to, stays).
+// An incident gone (404, 410) or a refusal (401, 403) ends the asking with a message; a server error or no answer
+// is asked again after a longer wait each time, a bounded number of times.
+const vigilDiagnosisPoll = Object.assign(
+  {everyMs: 1000, slowMs: 3000, slowAfterMs: 30000, retries: 5, backoffMs: 2000, maxBackoffMs: 30000},
+  window.vigilDiagnosisPoll || {});
+
+function vigilDiagnosisStopped(section, state, text) {
+  const note = document.createElement("p");
+  note.className = "empty error";
+  note.id = "diagnosis-stopped";
+  note.setAttribute("role", "status");
+  note.textContent = text;
+  for (const old of section.querySelectorAll("#diagnosis-pending, #diagnosis-stopped")) { old.remove(); }
+  section.appendChild(note);
+  document.body.dataset.diagnosis = state;
+}
+
 async function vigilAwaitDiagnosis(section) {
   const incident = section.dataset.incident;
   const started = Date.now();
+  let failures = 0;
+  let last = section.dataset.state;
   for (;;) {
     const waited = Date.now() - started;
-    await new Promise((done) => window.setTimeout(done, waited < 30000 ? 1000 : 3000));
+    const pause = failures > 0
+      ? Math.min(vigilDiagnosisPoll.backoffMs * 2 ** (failures - 1), vigilDiagnosisPoll.maxBackoffMs)
+      : (waited < vigilDiagnosisPoll.slowAfterMs ? vigilDiagnosisPoll.everyMs : vigilDiagnosisPoll.slowMs);
+    await new Promise((done) => window.setTimeout(done, pause));
     let state;
+    let trouble = "";
     try {
       const response = await fetch("/api/v1/incidents/" + encodeURIComponent(incident) + "/diagnosis/status",
         {headers: {Accept: "application/json"}});
-      if (!response.ok) { continue; }
-      state = (await response.json()).state;
+      if (response.status === 404 || response.status === 410) {
+        vigilDiagnosisStopped(section, "gone", "This incident is no longer stored (HTTP " + response.status +
+          "): there is no diagnosis to wait for.");
+        return;
+      }
+      if (response.status >= 500) {
+        trouble = "HTTP " + response.status;
+      } else if (!response.ok) {
+        vigilDiagnosisStopped(section, "refused", "The server refused to say how the diagnosis stands (HTTP " +
+          response.status + "); reload the page to try again.");
+        return;
+      } else {
+        state = (await response.json()).state;
+      }
     } catch (err) {
+      trouble = "no answer";
+    }
+    if (trouble) {
+      failures += 1;
+      if (failures > vigilDiagnosisPoll.retries) {
+        vigilDiagnosisStopped(section, "unreachable", "The server did not say how the diagnosis stands (" +
+          trouble + ", " + failures + " times); reload the page to try again.");
+        return;
+      }
+      document.body.dataset.diagnosisFailures = String(failures);
       continue;
     }
-    if (state === "pending" || state === "running") { continue; }
-    const page = await fetch(window.location.href, {headers: {Accept: "text/html"}});
-    const fresh = new DOMParser().parseFromString(await page.text(), "text/html");
-    for (const id of ["diagnosis", "causes", "plan"]) {
-      const now = document.getElementById(id);
-      const next = fresh.getElementById(id);
-      if (now && next) { now.replaceWith(document.importNode(next, true)); }
+    failures = 0;
+    const before = last;
+    last = state;
+    if (state === "retrying" && before !== "retrying") {
+      break;  // a try failed and another is due: the panels say so (its error, when the next runs)
     }
-    const swapped = document.getElementById("diagnosis");
-    document.body.dataset.diagnosis = swapped ? swapped.dataset.state : state;
-    if (swapped && (swapped.dataset.state === "pending" || swapped.dataset.state === "running")) {
-      vigilAwaitDiagnosis(swapped);
-    }
+    if (vigilDiagnosing(state)) { continue; }
+    break;
+  }
+  const page = await fetch(window.location.href, {headers: {Accept: "text/html"}});
+  if (!page.ok) {
+    vigilDiagnosisStopped(section, page.status === 404 || page.status === 410 ? "gone" : "unreachable",
+      "The incident page could not be read again (HTTP " + page.status + ").");
     return;
+  }
+  const fresh = new DOMParser().parseFromString(await page.text(), "text/html");
+  for (const id of ["diagnosis", "causes", "plan"]) {
+    const now = document.getElementById(id);
+    const next = fresh.getElementById(id);
+    if (now && next) { now.replaceWith(document.importNode(next, true)); }
+  }
+  const swapped = document.getElementById("diagnosis");
+  document.body.dataset.diagnosis = swapped ? swapped.dataset.state : "";
+  if (swapped && vigilDiagnosing(swapped.dataset.state)) {
+    vigilAwaitDiagnosis(swapped);
+  }
+}
+
+function vigilDiagnosing(state) {
+  return state === "pending" || state === "running" || state === "retrying";
+}
+
+// Diagnose again: the server claims the rerun and answers at once (202); the page waits for it as for a first one.
+async function vigilDiagnoseAgain(button) {
+  const started = await vigilPost("/api/v1/incidents/" + button.dataset.incident + "/diagnose");
+  vigilShow("diagnosing again (attempt " + started.attempts + ")", false);
+  const section = document.getElementById("diagnosis");
+  if (!section) { return; }
+  section.dataset.state = started.state;
+  for (const old of section.querySelectorAll("#diagnosis-pending, #diagnosis-stopped")) { old.remove(); }
+  const note = document.createElement("p");
+  note.className = "empty pending";
+  note.id = "diagnosis-pending";
+  note.textContent = "Diagnosis in progress: diagnosing again; the causes and the plan are replaced when it is done.";
+  section.appendChild(note);
+  document.body.dataset.diagnosis = started.state;
+  if (vigilDiagnosing(started.state)) {
+    vigilAwaitDiagnosis(section);
   }
 }
 
@@ -121,7 +200,7 @@ document.addEventListener("DOMContentLoaded", () => {
   const section = document.getElementById("diagnosis");
   if (section && section.dataset.incident) {
     document.body.dataset.diagnosis = section.dataset.state;
-    if (section.dataset.state === "pending" || section.dataset.state === "running") {
+    if (vigilDiagnosing(section.dataset.state)) {
       vigilAwaitDiagnosis(section);
     }
   }
