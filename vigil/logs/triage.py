@@ -104,6 +104,16 @@ ABORT_SIGNATURES = frozenset({"python.aborted", "launcher.worker_aborted"})
 # follows that child's own report of its failure: between the two streams of one process, which have no order between
 # their unstamped lines, it yields to a report in the other stream.
 LAUNCHER_REPORTS = frozenset({"launcher.child_failed", "launcher.worker_aborted"})
+# A launcher's report that a child it started ended - torchelastic's exit report and ChildFailedError, srun's task
+# exits and step teardown, mpirun's and horovodrun's notice of a rank ended by a signal - comes after whatever the child
+# printed as it failed, in the same stream: error wording above the launcher's first such report in the same file, even
+# in generic words ("Error operation not supported at line 351 in file ...", "amrex::Abort::0::CUDA error 3 in file
+# ...: initialization error !!!"), is the child's own account, and the launcher's report its consequence. Ray's raylet
+# relaying a worker's death is no such report: the worker's output is elsewhere, and the driver's lines above the relay
+# are what the death did to the driver.
+WRAPPER_REPORTS = frozenset({"launcher.child_failed", "launcher.root_cause", "launcher.worker_aborted",
+                             "launcher.rank_signal_report", "slurm.step_ended", "slurm.task_exit",
+                             "slurm.step_aborted"})
 # A process's stdout and stderr written to files of their own (sbatch --output=<name>.out --error=<name>.err,
 # torchrun's stdout.log / stderr.log): the same name but for these, the order between their lines lost.
 _STREAM_SUFFIXES = ((".out", ".err"), (".stdout", ".stderr"), ("stdout.log", "stderr.log"),
@@ -428,12 +438,23 @@ _RECORD_HEAD = re.compile(r"Traceback \(most recent call last\):|[A-Za-z_][\w.]*
 def _starts_anew(cut: str, line: str) -> bool:
     """Whether ``line``, after a line exactly as wide as the terminal, is a line of its own rather than the rest of it:
     blank, indented (a writer's own continuation: rich's hanging indent, a traceback's frame), starting with the cut
-    one's first word (the next of a run of records), or stamped at its head as the cut one is - or the cut one is a
-    banner drawn to the terminal's width (pytest's "===== ERRORS =====", a run alone), whole by its making."""
+    one's first word (the next of a run of records), stamped at its head as the cut one is, or carrying the same relay
+    prefix as the cut one (mpirun --tag-output's "[1,25]<stderr>:" glued to the text: the launcher tags each line it
+    relays, never the rest of one the terminal cut) - or the cut one is a banner drawn to the terminal's width (pytest's
+    "===== ERRORS =====", a run alone), whole by its making."""
     return (not line.strip() or line.startswith("  ") or line.split(" ", 1)[0] == cut.split(" ", 1)[0]
             or _RECORD_HEAD.match(line) is not None
             or (cut[:3] in _SEPARATOR_STARTS and cut[-3:] == cut[:3])
-            or (line_time(line[:_STAMP_HEAD]) is not None and line_time(cut[:_STAMP_HEAD]) is not None))
+            or (line_time(line[:_STAMP_HEAD]) is not None and line_time(cut[:_STAMP_HEAD]) is not None)
+            or _same_relay_prefix(cut, line))
+
+
+def _same_relay_prefix(cut: str, line: str) -> bool:
+    """Whether both lines start with the same launcher or collector prefix (``vigil.knowledge.line_prefix``)."""
+    if (mine := split_prefix(cut)) is None or (theirs := split_prefix(line)) is None:
+        return False
+    head = cut[:len(cut) - len(mine.payload)].rstrip()  # the space a prefix may take after it is no part of it
+    return bool(head) and head == line[:len(line) - len(theirs.payload)].rstrip()
 
 
 @dataclass
@@ -1354,10 +1375,29 @@ def _fallback_root(worded: list[LogEvent], symptoms: list[LogEvent],
     echoes = [e for e in symptoms if e.signature not in ABORT_SIGNATURES | FOLLOW_THROUGH_SIGNATURES]
     follow_through = [e for e in symptoms if e.signature in FOLLOW_THROUGH_SIGNATURES]
     if symptoms:
-        return _earliest(_launcher_yields(direct or echoes or follow_through or symptoms), tie_s), "symptom"
+        root = _earliest(_launcher_yields(direct or echoes or follow_through or symptoms), tie_s)
+        words = _child_words_above(root, worded, symptoms)
+        return (root, "symptom") if words is None else (words, "error_wording")
     if worded:
         return _earliest(worded, tie_s), "error_wording"
     return None, None
+
+
+def _child_words_above(root: LogEvent, worded: list[LogEvent], symptoms: list[LogEvent]) -> LogEvent | None:
+    """The child's own words above a launcher's report of its end (``WRAPPER_REPORTS``): the earliest line of error
+    wording, generic words included, printed in the same file before the launcher's first such report and not stamped
+    after it - else in the other stream of the process, where no time orders it against the report (the child's words
+    on stdout, the launcher's on stderr) - that reads as a report of a failure (``severity.reports``) and not as the
+    echo of one elsewhere. None when the root is no launcher's report or nothing of the child's reads as an error."""
+    if root.signature not in WRAPPER_REPORTS:
+        return None
+    first = min(e.lineno for e in symptoms if e.source == root.source and e.signature in WRAPPER_REPORTS)
+    before = [e for e in worded if e.source == root.source and e.lineno < first
+              and (e.ts is None or root.ts is None or e.ts <= root.ts)]
+    words = [e for e in before + [e for e in worded if _unordered(root, e)] if reports(e.line) and not echoes(e.line)]
+    if not words:
+        return None
+    return _hand_root(root, min(words, key=lambda e: (e.source != root.source, e.lineno)))
 
 
 def _launcher_yields(events: list[LogEvent]) -> list[LogEvent]:
