@@ -254,7 +254,7 @@ def class_report(true: np.ndarray, predicted: np.ndarray, classes: list[str],
 # A learned-space memory of 20 centroids of the classifier's hidden layer (the embedding part of the mix).
 SERVER_TCE: dict[str, Any] = {"recent": 24, "scales": (12, 24), "hidden": 32, "epochs": 5, "steps_per_epoch": 40,
                               "patience": 2, "prototypes": 16, "window_context": True, "memory": 20,
-                              "memory_rows": 10, "embedding": 20}
+                              "memory_rows": 10, "embedding": 20, "own_memory": 20}
 DETECTORS = ("tce", "lstm", "pca", "iforest", "kmeans", "knn", "random")
 # Fed the same labels as TCE; they need labelled anomalies in their training data, like TCE.
 SUPERVISED_BASELINES = ("gbm", "lstm_clf")
@@ -491,11 +491,17 @@ def candidates_for(name: str, params: dict[str, Any] | None = None) -> list[Cand
             for share in shares for norm in NORMALISATIONS]
 
 
+# Mixes with the own-history part (weights of supervised, novelty, memory, embedding, own); the same part sets
+# are offered to ``max`` (COMBINED_GRID), never to ``agree`` (its reference is the newer half of the history).
+OWN_MIXES: dict[str, tuple[float, ...]] = {
+    "own": (0.0, 0.0, 0.0, 0.0, 1.0), "sup+own": (1.0, 0.0, 0.0, 0.0, 1.0), "mem+own": (0.0, 0.0, 1.0, 0.0, 1.0),
+    "sup+mem+own": (1.0, 0.0, 1.0, 0.0, 1.0), "sup+emb+own": (1.0, 0.0, 0.0, 1.0, 1.0),
+}
 # TCE's score mixes (weights of the supervised, novelty, memory and embedding parts, each read against the
 # machine's own history and averaged as ranks): with the learned model (its classifier or its embedding), and
 # without the classifier (``nov``, ``mem``, ``nov+mem``, ...), for machines where what it learnt on other
 # machines does not carry over. The inner folds choose one.
-MIX_GRID: dict[str, tuple[float, float, float, float]] = {
+MIX_GRID: dict[str, tuple[float, ...]] = {
     "sup": (1.0, 0.0, 0.0, 0.0), "sup+nov": (1.0, 1.0, 0.0, 0.0), "sup+mem": (1.0, 0.0, 1.0, 0.0),
     "sup+nov+mem": (1.0, 1.0, 1.0, 0.0), "2sup+nov+mem": (2.0, 1.0, 1.0, 0.0),
     "sup+2nov+2mem": (1.0, 2.0, 2.0, 0.0), "sup+nov+2mem": (1.0, 1.0, 2.0, 0.0),
@@ -505,6 +511,9 @@ MIX_GRID: dict[str, tuple[float, float, float, float]] = {
     "sup+nov+2mem+2emb": (1.0, 1.0, 2.0, 2.0), "sup+2mem+2emb": (1.0, 0.0, 2.0, 2.0),
     "nov": (0.0, 1.0, 0.0, 0.0), "mem": (0.0, 0.0, 1.0, 0.0), "nov+mem": (0.0, 1.0, 1.0, 0.0),
     "nov+2mem": (0.0, 1.0, 2.0, 0.0), "nov+mem+emb": (0.0, 1.0, 1.0, 1.0),
+    # The own-history memory (``own``; pre-registered 2026-12-07, docs/detection.md): alone, beside the
+    # classifier, beside the fleet memory, and with both.
+    **OWN_MIXES,
 }
 # The label-free combinations beside the rank mean (vigil.detect.learned.tce.combine_parts), over sets of
 # parts: ``max`` (the largest part in units of its history's tail) over every set of two or more parts;
@@ -517,7 +526,7 @@ PART_SETS: dict[str, tuple[float, ...]] = {
 COMBINED_GRID: dict[str, tuple[str, tuple[float, ...]]] = {
     f"{rule}:{label}": (rule, mix) for rule, least in (("max", 2), ("agree", 3))
     for label, mix in PART_SETS.items() if sum(mix) >= least
-}
+} | {f"max:{label}": ("max", mix) for label, mix in OWN_MIXES.items() if sum(mix) >= 2}
 # Trailing means of every detector's score over this many rows (1 = none); the inner folds choose one.
 SMOOTHING_ROWS = (1, 3, 6, 12, 24, 48)
 # How the alarm threshold is set from the inner held-out machines' relative scores: the best F1 on their
@@ -602,12 +611,12 @@ def variant_grid(detector: Any) -> dict[str, dict[str, Any]]:
     is_tce = getattr(detector, "name", "") == "tce"
     mixes: dict[str, Any] = {"": (None, None)}
     if is_tce:
-        from vigil.detect.learned.tce import COMPONENTS
+        from vigil.detect.learned.tce import COMPONENTS, full_mix
 
         have = set(detector.score_components_available())
         offered = {**{label: ("rank", mix) for label, mix in MIX_GRID.items()}, **COMBINED_GRID}
         mixes = {label: (rule, mix) for label, (rule, mix) in offered.items()
-                 if all(name in have for name, w in zip(COMPONENTS, mix, strict=True) if w)}
+                 if all(name in have for name, w in zip(COMPONENTS, full_mix(mix), strict=True) if w)}
     return {" ".join(p for p in (label, "" if rows == 1 else f"smooth={rows}") if p):
             {"mix": mix, "smooth": rows, "combine": rule}
             for label, (rule, mix) in mixes.items() for rows in SMOOTHING_ROWS}
@@ -620,12 +629,11 @@ def variant_scores(detector: Any, windows: Any, reference: Any, *, stride: int =
     the history and combined (``combine_parts``, as ``relative_score`` does); the rest: the detector's own score
     through ``relative_scores``. Then the trailing mean over the variant's rows (in windows: rows / ``stride``,
     at least 1). ``parts_out`` receives TCE's raw parts on ``windows``."""
-    from vigil.detect.learned.tce import PartReadings, combine_parts, trailing_mean
+    from vigil.detect.learned.tce import combine_parts, trailing_mean
 
     grid = variant_grid(detector)
     if getattr(detector, "name", "") == "tce":
-        parts = detector.score_components(windows)
-        readings = PartReadings.read(parts, detector.score_components(reference))
+        readings, parts = detector.read_parts(windows, reference)
         if parts_out is not None:
             parts_out.update(parts)
     else:
@@ -771,7 +779,9 @@ def fit_chosen(data: dict[str, Any], candidates: list[Candidate], choice: InnerC
                              epochs=choice.epochs, normal_stride=normal_stride, max_windows=max_windows)
     variant = variant_grid(detector)[choice.variant]
     if variant["mix"] is not None:
-        detector.mix = tuple(variant["mix"])
+        from vigil.detect.learned.tce import full_mix
+
+        detector.mix = full_mix(variant["mix"])
         detector.smooth = int(variant["smooth"])
         detector.combine = variant["combine"]
     detector.threshold_ = choice.threshold

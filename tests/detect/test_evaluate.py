@@ -255,7 +255,7 @@ def test_tce_variants_mix_its_parts_read_against_the_machines_history() -> None:
     candidate = Candidate("tce[fleet]", "tce", {"history": 12, "recent": 4, "scales": (4,), "hidden": 8,
                                                  "epochs": 1, "steps_per_epoch": 3, "batch_size": 32,
                                                  "window_context": True, "memory": 4, "memory_rows": 3,
-                                                 "embedding": 4})
+                                                 "embedding": 4, "own_memory": 4})
     detector = fit_candidate(candidate, dataset, ["m0", "m1"], history=12, seed=0)
     windows = labelled_windows(dataset.entities["m2"], history=12)
     reference = history_windows(dataset.entities["m2"], history=12, count=200)
@@ -290,6 +290,18 @@ def test_tce_variants_mix_its_parts_read_against_the_machines_history() -> None:
                        trailing_mean(ranks["supervised"], 3))
     # The memory reads windows as fed: a window far from every normal one is far from every centroid.
     assert detector.memory_distance(windows).min() >= 0
+    # The own-history part: fitted on the older half of this machine's history windows, read against the newer
+    # half (out of sample), combined by rank or max like the others, never by agreement.
+    own, own_ref = detector.own_memory_distance(windows, reference)
+    assert len(own) == len(windows) and len(own_ref) == len(reference) - round(len(reference) / 2)
+    own_rank = history_rank(own, own_ref)
+    assert np.allclose(variants["own"], own_rank)
+    assert np.allclose(variants["sup+own"], (ranks["supervised"] + own_rank) / 2)
+    assert np.allclose(variants["max:mem+own"], np.maximum(tails["memory"], tail_standardise(own, own_ref)))
+    assert np.allclose(detector.relative_score(windows, reference, mix=(1.0, 0.0, 1.0, 0.0, 1.0), smooth=3),
+                       variants["sup+mem+own smooth=3"])
+    with pytest.raises(VigilInputError, match="own-history"):
+        detector.relative_score(windows, reference, mix=(1.0, 1.0, 0.0, 0.0, 1.0), combine="agree")
 
 
 def test_history_rank_reads_scores_against_the_history_and_ranks_beyond_it() -> None:

@@ -166,7 +166,7 @@ def test_memory_and_mix_survive_save_and_load_and_rank_a_new_fault(tmp_path: Pat
     normal_history = np.random.default_rng(5).normal(size=(200, 48, 4)).astype(np.float32)
     save_detector(det, tmp_path / "m")
     back = load_detector(tmp_path / "m")
-    assert back.mix == (1.0, 1.0, 1.0, 1.0) and back.smooth == 3 and back.memory_.shape == det.memory_.shape
+    assert back.mix == (1.0, 1.0, 1.0, 1.0, 0.0) and back.smooth == 3 and back.memory_.shape == det.memory_.shape
     assert back.combine == "agree"
     # A model saved before the combination rules reads as the rank mean.
     meta = json.loads((tmp_path / "m" / "meta.json").read_text())
@@ -276,3 +276,33 @@ def test_unknown_combination_rule_is_refused() -> None:
     parts, reference, _ = noisy_part_and_clear_part()
     with pytest.raises(VigilInputError, match="unknown combination rule 'vote'"):
         combine_parts(PartReadings.read(parts, reference), (1.0, 0.0, 1.0), "vote")
+
+
+def test_own_history_part_reads_a_machine_against_its_own_past_not_the_fleets(tmp_path: Path) -> None:
+    """A machine whose normal level is unlike the fleet's: the fleet memory finds every window of it far, the
+    own-history part (fitted on the machine's older history) finds only the departure from its own normal."""
+    X, y = toy_windows(400, seed=0)
+    det = small_tce(epochs=1, memory=6, memory_rows=4, own_memory=5).fit(X, y)
+    assert det.score_components_available()[-1] == "own"
+    rng = np.random.default_rng(3)
+    history = (rng.normal(size=(200, 48, 4)) + 6.0).astype(np.float32)  # this machine sits at level 6
+    fresh = (rng.normal(size=(100, 48, 4)) + 6.0).astype(np.float32)
+    fresh[60:, -4:, 2] += 8.0  # its own fault, on top of its level
+    labels = np.r_[np.zeros(60), np.ones(40)]
+    own = det.relative_score(fresh, history, mix=(0.0, 0.0, 0.0, 0.0, 1.0))
+    assert average_precision_score(labels, own) == 1.0
+    assert own[:60].max() < own[60:].min()
+    # Raw distances: this machine's normal windows lie near its own history's centroids and far from the
+    # fleet's; read against the newer half of its history (out of sample), they sit in its middle.
+    own_raw, own_ref = det.own_memory_distance(fresh, history)
+    assert own_raw[:60].max() < 0.5 * det.memory_distance(fresh[:60]).min()
+    assert len(own_ref) == 100 and 0.2 < np.mean(own_raw[:60] <= np.median(own_ref)) < 0.8
+    # Scored against the newer half of the history it did not fit on; saved and loaded with the model.
+    save_detector(det, tmp_path / "m")
+    back = load_detector(tmp_path / "m")
+    assert back.own_memory == 5
+    np.testing.assert_allclose(back.relative_score(fresh, history, mix=(0.0, 0.0, 0.0, 0.0, 1.0)), own)
+    with pytest.raises(VigilInputError, match="at least 4 history windows"):
+        det.own_memory_distance(fresh, history[:3])
+    with pytest.raises(VigilInputError, match="own_memory=0"):
+        small_tce(epochs=1).fit(X, y).own_memory_distance(fresh, history)

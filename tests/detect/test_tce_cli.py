@@ -60,7 +60,7 @@ def test_eval_table_protocol_a_and_bad_input(tmp_path: Path) -> None:
 
 
 def test_train_chooses_on_inner_folds_as_the_benchmark_does(tmp_path: Path) -> None:
-    from vigil.detect.learned.tce import load_detector
+    from vigil.detect.learned.tce import full_mix, load_detector
     from vigil_eval.detection import (
         SERVER_TCE,
         candidates_for,
@@ -91,7 +91,7 @@ def test_train_chooses_on_inner_folds_as_the_benchmark_does(tmp_path: Path) -> N
     assert direct.threshold == pytest.approx(choice["threshold"])
     model = load_detector(out)
     variant = variant_grid(model)[choice["variant"]]
-    assert list(model.mix) == report["mix"] == list(variant["mix"]) and model.smooth == variant["smooth"]
+    assert list(model.mix) == report["mix"] == list(full_mix(variant["mix"])) and model.smooth == variant["smooth"]
     assert model.combine == report["combine"] == variant["combine"]
     assert model.threshold_ == pytest.approx(choice["threshold"])
     # The saved model scores a machine against its own history, and the bursts rank above normal rows.

@@ -70,8 +70,11 @@ from vigil.detect.learned.windows import WindowSet
 from vigil.model import VigilInputError
 
 DEVIATION_CLIP = 10.0
-COMPONENTS = ("supervised", "novelty", "memory", "embedding")
+COMPONENTS = ("supervised", "novelty", "memory", "embedding", "own")
 MEMORY_FIT_WINDOWS = 20000
+# The own-history memory (``own_memory_distance``) is fitted on this older share of a machine's history windows;
+# the newer rest is the reference its part is read against, so that reference is scored out of sample.
+OWN_FIT_SHARE = 0.5
 # Normal training windows embedded to fit the learned-space memory (a forward pass each).
 EMBEDDING_FIT_WINDOWS = 5000
 # How the parts of the score are combined (``combine_parts``).
@@ -81,8 +84,8 @@ TAIL_QUANTILE = 0.99
 
 
 def full_mix(mix: Sequence[float]) -> tuple[float, ...]:
-    """A mix of the first parts of ``COMPONENTS`` (models saved before the embedding part weigh three)
-    padded with zero weights to all of them."""
+    """A mix of the first parts of ``COMPONENTS`` (models saved before the embedding part weigh three, before
+    the own-history part four) padded with zero weights to all of them."""
     weights = tuple(float(w) for w in mix)
     if not 1 <= len(weights) <= len(COMPONENTS):
         raise VigilInputError(f"tce: mix {weights} weighs {len(weights)} parts, the model has {len(COMPONENTS)}")
@@ -176,6 +179,9 @@ def combine_parts(readings: PartReadings, mix: Sequence[float], rule: str = "ran
     if rule == "max":
         return np.max([readings.tails[name] for name in used], axis=0)
     if rule == "agree":
+        if "own" in used:
+            raise VigilInputError("tce: the own-history part is read against the newer half of the history only, "
+                                  "so it has no agreement with the other parts; combine it by rank or max")
         used = agreement_weights(readings.reference_ranks, used)
     elif rule != "rank":
         raise VigilInputError(f"tce: unknown combination rule {rule!r}: expected one of {', '.join(COMBINE_RULES)}")
@@ -361,7 +367,8 @@ class TCEDetector(BaseDetector):
                  batch_size: int = 256, lr: float = 2e-3, patience: int = 3, steps_per_epoch: int | None = None,
                  seed: int = 0, members: int = 1, window_context: bool = False, memory: int = 0,
                  memory_rows: int = 10, embedding: int = 0, augment: float = 0.0,
-                 mix: Sequence[float] = (1.0, 0.0, 0.0, 0.0), smooth: int = 1, combine: str = "rank") -> None:
+                 mix: Sequence[float] = (1.0, 0.0, 0.0, 0.0), smooth: int = 1, combine: str = "rank",
+                 own_memory: int = 0) -> None:
         self.recent = recent
         self.history = history
         self.scales = scales
@@ -387,6 +394,7 @@ class TCEDetector(BaseDetector):
         self.mix = full_mix(mix)
         self.smooth = smooth
         self.combine = combine
+        self.own_memory = own_memory
 
     def member_seeds(self) -> list[int]:
         """Disjoint seeds per detector seed: seed 0 trains members 0..k-1, seed 1 members k..2k-1."""
@@ -553,13 +561,57 @@ class TCEDetector(BaseDetector):
             out.append(np.sqrt(np.maximum(squared.min(axis=1), 0.0)))
         return np.concatenate(out) if out else np.zeros(0)
 
+    def own_memory_distance(self, X: Any, reference: Any) -> tuple[np.ndarray, np.ndarray]:
+        """The own-history memory: k-means (``own_memory`` centroids) of the newest ``memory_rows`` rows of the
+        older ``OWN_FIT_SHARE`` of ``reference`` (windows of this machine's unlabelled history, oldest first),
+        inputs as fed; returns the distance to the nearest centroid of every window of ``X`` and of the newer
+        rest of ``reference`` (out of sample, the reference this part is read against). Fitted per machine
+        when it is scored, from nothing but its own history: what a deployment has of a new machine."""
+        if not self.own_memory:
+            raise VigilInputError("tce: this model has no own-history memory (own_memory=0)")
+        from sklearn.cluster import MiniBatchKMeans
+
+        history = reference if isinstance(reference, WindowSet) else self._as_windows(reference)
+        data = X if isinstance(X, WindowSet) and X.length == self.history else self._as_windows(X)
+        n = len(history)
+        cut = int(round(n * OWN_FIT_SHARE))
+        if cut < 2 or n - cut < 2:
+            raise VigilInputError(f"tce: the own-history memory needs at least 4 history windows, got {n}")
+        fit = history.take(np.arange(cut), last=self.memory_rows).reshape(cut, -1).astype(np.float64)
+        k = min(self.own_memory, cut)
+        centroids = MiniBatchKMeans(n_clusters=k, random_state=self.seed, n_init=3).fit(fit).cluster_centers_
+
+        def nearest(windows: WindowSet, rows: np.ndarray) -> np.ndarray:
+            out = []
+            for start in range(0, len(rows), 4096):
+                flat = windows.take(rows[start:start + 4096], last=self.memory_rows)
+                flat = flat.reshape(len(flat), -1).astype(np.float64)
+                squared = ((flat ** 2).sum(axis=1)[:, None] - 2 * flat @ centroids.T
+                           + (centroids ** 2).sum(axis=1)[None, :])
+                out.append(np.sqrt(np.maximum(squared.min(axis=1), 0.0)))
+            return np.concatenate(out) if out else np.zeros(0)
+
+        return nearest(data, np.arange(len(data))), nearest(history, np.arange(cut, n))
+
     def score_components_available(self) -> list[str]:
-        """The parts of ``COMPONENTS`` this model has (``score_components``)."""
+        """The parts of ``COMPONENTS`` this model has (``score_components``; ``own`` is read with a history,
+        ``read_parts``)."""
         return [name for name, has in zip(COMPONENTS, (True, bool(self.prototypes),
                                                        getattr(self, "memory_", None) is not None,
-                                                       getattr(self, "embedding_memory_", None) is not None),
+                                                       getattr(self, "embedding_memory_", None) is not None,
+                                                       bool(getattr(self, "own_memory", 0))),
                                           strict=True)
                 if has]
+
+    def read_parts(self, X: Any, reference: Any) -> tuple[PartReadings, dict[str, np.ndarray]]:
+        """Every part of the score of windows ``X`` of one machine, with the own-history part when the model has
+        one, read against ``reference`` (windows of the machine's unlabelled history, oldest first); returns
+        the readings and the raw parts on ``X``."""
+        parts = self.score_components(X)
+        history = self.score_components(reference)
+        if getattr(self, "own_memory", 0):
+            parts["own"], history["own"] = self.own_memory_distance(X, reference)
+        return PartReadings.read(parts, history), parts
 
     def score_components(self, X: Any) -> dict[str, np.ndarray]:
         """Every part of the anomaly score this model has: ``supervised`` (1 - p(normal)), ``novelty``
@@ -611,7 +663,7 @@ class TCEDetector(BaseDetector):
         (supervised, novelty, memory, embedding) combined by the rule ``combine`` (``combine_parts``), then the
         trailing mean over ``smooth`` windows (defaults: the detector's ``mix``, ``smooth`` and ``combine``).
         Needs no label of the machine, so a new machine is scored as soon as it has a history."""
-        readings = PartReadings.read(self.score_components(X), self.score_components(reference))
+        readings, _ = self.read_parts(X, reference)
         mixed = combine_parts(readings, self.mix if mix is None else mix, self.combine if combine is None else combine)
         return trailing_mean(mixed, self.smooth if smooth is None else smooth)
 
