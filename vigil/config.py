@@ -51,6 +51,10 @@ class Settings(BaseSettings):
                                   "once it lapses (hosts' clocks must agree to well within it: NTP)")
     remedy_lease_renew_s: float = Field(default=10.0, gt=0, description="how often the owner renews its claim "
                                         "while the back end works; shorter than remedy_lease_s")
+    remedy_commands_keep_days: float = Field(default=30.0, gt=0, description="how long the record of a back-end "
+                                             "command a run started (table remedy_commands) is kept once settled "
+                                             "(ended, gone, killed, adopted, unknown); older ones are pruned by the "
+                                             "server's or engine's remediator at start and hourly")
     serve_diagnosis_threads: int = Field(default=1, ge=0, le=8, description="threads of `vigil serve` that "
                                          "diagnose incidents stored without a diagnosis in the background, as "
                                          "soon as they are stored (and, at start, those still lacking one); 0 = "
@@ -72,6 +76,11 @@ class Settings(BaseSettings):
                                      "report's step telemetry), however soon the engine prunes the push: a retry "
                                      "within it is stored once, one after it once more")
     engine_interval_s: float = Field(default=5.0, gt=0, description="how often the live engine ticks")
+    engine_step_max_s: float = Field(default=300.0, gt=0, description="the longest the engine's loop takes "
+                                     "between two marks of progress (one incident's diagnosis with the LLM's "
+                                     "retries, one resumed action's back-end command, one table of a moved store "
+                                     "renumbered); a loop showing none for engine_interval_s plus this is taken for "
+                                     "hung: its lease is no longer renewed, so a standby engine takes over")
     engine_read_ahead_pushes: int = Field(default=0, ge=0, description="how many metric pushes committed past a "
                                           "transaction still running on the PostgreSQL server the engine judges at "
                                           "once and remembers (in memory) before further ones wait for it; 0 = "

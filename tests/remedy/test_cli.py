@@ -298,3 +298,34 @@ def test_the_audit_table_says_a_retry_succeeded_and_what_it_replaced(home: Path)
            "timed out after 30s): drained n1" in lines[2]
     assert "failed on retry 1 (earlier: failed: slurm: scontrol exited 1: node busy)" in lines[1]
     assert "retry" not in lines[0]
+
+
+def test_act_on_an_incident_shows_the_verdicts_recorded_on_it_before(home: Path, fake_slurm: Path) -> None:
+    """`act --incident` shows what was decided on the incident before this action - every audit record of its runs,
+    with its verdict - in the table and in --json (``earlier_actions``); another incident's records are not shown, and
+    without --incident the JSON is the action alone. Before, only the new action was shown."""
+    _, topology = write_inputs(home)
+    runner = CliRunner()
+    first = runner.invoke(app, ["act", "cordon", "node/n3", "--incident", "inc-9", "--execute", "--topology",
+                                str(topology), "--backend", "slurm", "--json"])
+    assert first.exit_code == 0, first.output
+    done = json.loads(first.stdout)
+    assert done["status"] == "executed" and done["earlier_actions"] == []
+    other = runner.invoke(app, ["act", "cordon", "node/n5", "--incident", "inc-other", "--backend", "slurm"])
+    assert other.exit_code == 0, other.output
+    assert "no earlier action recorded on incident inc-other" in other.stdout
+    second = runner.invoke(app, ["act", "drain", "node/n3", "--incident", "inc-9", "--backend", "slurm", "--json"])
+    assert second.exit_code == 0, second.output
+    shown = json.loads(second.stdout)
+    assert shown["status"] == "proposed" and shown["kind"] == "drain"
+    assert [(a["id"], a["kind"], a["target"], a["status"]) for a in shown["earlier_actions"]] == [
+        (done["id"], "cordon", "node/n3", "executed")]
+    assert shown["earlier_actions"][0]["verdict"] == done["result"] and done["result"]
+    table = runner.invoke(app, ["act", "uncordon", "node/n3", "--incident", "inc-9", "--backend", "slurm"])
+    assert table.exit_code == 0, table.output
+    assert "Earlier actions on incident inc-9" in table.stdout
+    earlier = table.stdout.split("Earlier actions on incident inc-9", 1)[1]
+    assert "cordon" in earlier and "executed" in earlier and "drain" in earlier and "proposed" in earlier
+    assert "node/n5" not in earlier
+    alone = runner.invoke(app, ["act", "cordon", "node/n4", "--backend", "slurm", "--json"])
+    assert alone.exit_code == 0 and "earlier_actions" not in json.loads(alone.stdout)

@@ -214,3 +214,72 @@ def test_a_stalled_owner_ending_its_command_keeps_what_the_next_owner_recorded(d
     [after] = commands_of(engine, KEY)
     assert after["state"] == "killed" and after["result"] == row["result"], after
     assert after["finished"] == row["finished"], after
+
+
+class SettledWhileStarting(CommandJournal):
+    """The journal of an owner that stalled between a command's row and its start: the run's next owner settles the
+    row (no process there yet: gone) before this owner starts the command and records the start."""
+
+    def __init__(self, database: str) -> None:
+        audit = AuditLog(database)
+        super().__init__(audit.engine, KEY, "vigil-api-stalled", ActionKind.RESET_GPU)
+        self.pids: list[int] = []
+        self.found: list[dict[str, Any]] = []
+
+    def starting(self, argv: list[str]) -> str:
+        marker = super().starting(argv)
+        self.found = commands.settle_left_running(self.engine, KEY, "vigil-engine-next", ActionKind.RESET_GPU, 0.5)
+        return marker
+
+    def started(self, marker: str, pid: int) -> None:
+        self.pids.append(pid)
+        super().started(marker, pid)
+
+
+def test_a_command_settled_while_it_started_is_ended_and_its_row_left_settled(database: str, tmp_path: Path) -> None:
+    """The next owner settles the stalled owner's command row as gone between the row and the start: the start is not
+    recorded over it (before, an unconditional UPDATE set it back to running, and the reset ran beside the next
+    owner's run, its row then reading "ended, exited 0"); the command is ended at once and the run's step fails."""
+    from vigil.remedy.actuators.base import ActuatorError, recording, run_command
+
+    journal = SettledWhileStarting(database)
+    began = time.monotonic()
+    with recording(journal), pytest.raises(ActuatorError, match="settled as gone"):
+        run_command([sys.executable, "-c", "import time; time.sleep(20)"], 60, "the reset")
+    assert time.monotonic() - began < 15  # ended at once, not waited for
+    assert [(f["state"], f["result"]) for f in journal.found] == [("gone", "not running when the run was taken over")]
+    [row] = commands_of(journal.engine, KEY)
+    assert (row["state"], row["result"], row["pid"]) == ("gone", "not running when the run was taken over", None)
+    [pid] = journal.pids
+    assert commands.start_time(pid) is None  # the command's process has ended
+
+
+def test_settled_command_records_are_pruned_after_the_kept_age(database: str, fifo: Path) -> None:
+    """Rows of settled commands older than the kept age go at a remediator's recovery round (its first, then hourly);
+    newer ones and open ones stay whatever their age."""
+    audit = AuditLog(database)
+    now = time.time()
+    journal = CommandJournal(audit.engine, "act-old", "vigil-api-gone", ActionKind.DRAIN)
+    rows = {}
+    for name, finished_days_ago, state in (("old-ended", 40, "ended"), ("old-killed", 31, "killed"),
+                                           ("new-ended", 5, "ended"), ("old-open", None, "running")):
+        marker = journal.starting(["scontrol", name])
+        rows[name] = marker
+        with audit.engine.begin() as conn:
+            conn.execute(commands.update(commands.remedy_commands).where(commands.remedy_commands.c.marker == marker)
+                         .values(state=state, started=now - 50 * 86400,
+                                 finished=None if finished_days_ago is None else now - finished_days_ago * 86400))
+    remediator = Remediator([ResetActuator(done=True)], audit, dry_run=False, requested_by="vigil-engine",
+                            commands_keep_s=30 * 86400, clock=lambda: now)
+    remediator.recover()
+    left = {str(row["argv"][1]) for row in commands_of(audit.engine, "act-old")}
+    assert left == {"new-ended", "old-open"}
+    # hourly, not every round: a row that ages past the bound meanwhile goes at the next hour's round
+    with audit.engine.begin() as conn:
+        conn.execute(commands.update(commands.remedy_commands)
+                     .where(commands.remedy_commands.c.marker == rows["new-ended"]).values(finished=now - 60 * 86400))
+    remediator.recover()
+    assert {str(row["argv"][1]) for row in commands_of(audit.engine, "act-old")} == {"new-ended", "old-open"}
+    remediator.clock = lambda: now + 3601
+    remediator.recover()
+    assert {str(row["argv"][1]) for row in commands_of(audit.engine, "act-old")} == {"old-open"}

@@ -73,4 +73,4 @@ def remediator_for(actuator: str, settings: Settings, topology: Topology, lifecy
                              max_share_per_switch=settings.max_cordon_share_per_switch)
     return Remediator(backends, AuditLog(settings.database_url()), lifecycle=lifecycle, guard=guard,
                       dry_run=not settings.execute_actions, hold_dry_runs=False, requested_by=requested_by,
-                      **lease_of(settings))
+                      commands_keep_s=settings.remedy_commands_keep_days * 86400.0, **lease_of(settings))

@@ -81,8 +81,11 @@ class AuditLog:
         status: ActionStatus | None = None,
         since: float | None = None,
         limit: int | None = None,
+        incident: str | None = None,
     ) -> list[Action]:
         query = select(actions_table).order_by(actions_table.c.seq)
+        if incident is not None:
+            query = query.where(actions_table.c.incident_id == incident)
         if target is not None:
             query = query.where(actions_table.c.target == target)
         if kind is not None:

@@ -36,11 +36,11 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import Engine, insert, update
+from sqlalchemy import Engine, delete, insert, update
 from sqlalchemy import select as sql_select
 
 from vigil.model import ActionKind
-from vigil.remedy.actuators.base import COMMAND_MARKER_ENV
+from vigil.remedy.actuators.base import COMMAND_MARKER_ENV, ActuatorError
 from vigil.store.schema import remedy_commands
 
 # kinds whose command is killed when a dead owner left it running: one update the back end applies at once, run
@@ -51,6 +51,10 @@ KILLED_KINDS = frozenset({
 })
 # how long a killed command's group is waited for to end
 KILL_WAIT_S = 30.0
+# the states of a command no owner will settle again (``OPEN``: those a run's next owner settles)
+OPEN = ("starting", "running")
+# how long a settled command's row is kept (setting remedy_commands_keep_days): ``prune_settled``
+KEEP_S = 30 * 86400.0
 
 
 def this_host() -> str:
@@ -108,9 +112,21 @@ class CommandJournal:
         return marker
 
     def started(self, marker: str, pid: int) -> None:
+        """The row of a command still starting becomes running, with its group - one conditional UPDATE: a row the
+        run's next owner settled meanwhile (this owner stalled past its lease between the row and the start, and the
+        next owner found no process: "gone") is left as that owner recorded it, not set back to running, and the
+        command, which now runs beside the next owner's run, is refused (CommandSettled: the caller ends its group)."""
         with self.engine.begin() as conn:
-            conn.execute(update(remedy_commands).where(remedy_commands.c.marker == marker)
-                         .values(pid=pid, pgid=pid, start_time=start_time(pid), state="running"))
+            done = conn.execute(update(remedy_commands)
+                                .where(remedy_commands.c.marker == marker, remedy_commands.c.state == "starting")
+                                .values(pid=pid, pgid=pid, start_time=start_time(pid), state="running"))
+            if done.rowcount == 1:
+                return
+            row = conn.execute(sql_select(remedy_commands.c.state, remedy_commands.c.owner, remedy_commands.c.result)
+                               .where(remedy_commands.c.marker == marker)).first()
+        said = "no longer recorded" if row is None else f"settled as {row.state} ({row.result})"
+        raise CommandSettled(f"the command's record was {said} while it started: the run was taken over from this "
+                             f"process ({self.owner}) meanwhile, so the command is ended, not run beside it")
 
     def ended(self, marker: str, returncode: int) -> None:
         """Only a row still open: an owner stalled past its lease whose command the next owner settled (killed, say)
@@ -118,12 +134,31 @@ class CommandJournal:
         _close(self.engine, marker, "ended", f"exited {returncode}", only_open=True)
 
 
-def _close(engine: Engine, marker: str, state: str, result: str, *, only_open: bool = False) -> None:
+class CommandSettled(ActuatorError):
+    """A command's row was settled by the run's next owner before its owner recorded the start
+    (``CommandJournal.started``)."""
+
+
+def _close(engine: Engine, marker: str, state: str, result: str, *, only_open: bool = False,
+           only_if: str | None = None) -> bool:
+    """Record a command's end; ``only_open``: only on a row still starting or running; ``only_if``: only on a row
+    still in that state. True when written."""
     query = update(remedy_commands).where(remedy_commands.c.marker == marker)
     if only_open:
-        query = query.where(remedy_commands.c.state.in_(("starting", "running")))
+        query = query.where(remedy_commands.c.state.in_(OPEN))
+    if only_if is not None:
+        query = query.where(remedy_commands.c.state == only_if)
     with engine.begin() as conn:
-        conn.execute(query.values(state=state, finished=time.time(), result=result))
+        return conn.execute(query.values(state=state, finished=time.time(), result=result)).rowcount == 1
+
+
+def prune_settled(engine: Engine, older_than: float) -> int:
+    """Delete the rows of commands settled (ended, gone, killed, adopted, unknown) before ``older_than``; returns how
+    many. A row still starting or running is kept whatever its age: the run's next owner settles it."""
+    c = remedy_commands.c
+    with engine.begin() as conn:
+        done = conn.execute(delete(remedy_commands).where(c.state.not_in(OPEN), c.finished < older_than))
+        return int(done.rowcount or 0)
 
 
 def commands_of(engine: Engine, key: str) -> list[dict[str, Any]]:
@@ -180,7 +215,7 @@ def _kill(row: dict[str, Any], pids: list[int]) -> bool:
 def _left(engine: Engine, key: str, owner: str) -> list[dict[str, Any]]:
     """The commands of the run under ``key`` that owners other than ``owner`` started and never saw end."""
     return [row for row in commands_of(engine, key)
-            if row["owner"] != owner and row["state"] in ("starting", "running")]
+            if row["owner"] != owner and row["state"] in OPEN]
 
 
 def must_adopt(engine: Engine, key: str, owner: str, kind: ActionKind) -> bool:
@@ -198,9 +233,18 @@ def settle_left_running(engine: Engine, key: str, owner: str, kind: ActionKind,
     """Settle the commands that owners other than ``owner`` started for the run under ``key`` and never saw end (it
     has just been taken over from a dead owner): gone, killed or adopted on this host, unknown on another (see the
     module docstring). Returns what was found of each, for the resumed action's record."""
-    host = this_host()
     found = []
     for row in _left(engine, key, owner):
+        found.append(_settle(engine, row, kind, adopt_wait_s))
+    return found
+
+
+def _settle(engine: Engine, row: dict[str, Any], kind: ActionKind, adopt_wait_s: float) -> dict[str, Any]:
+    """Settle one command ``row`` left open (``settle_left_running``): the state recorded only on the row as read - a
+    row its owner changed meanwhile (a stalled owner recorded the start, or the end) is read again and settled anew,
+    or left as its owner recorded it once no longer open (but for an end that this settling's kill caused)."""
+    host = this_host()
+    while True:
         said = {"argv": row["argv"], "pid": row["pid"], "host": row["host"], "owner": row["owner"]}
         if row["host"] != host:
             state, result = "unknown", f"started on {row['host']}, which this process cannot see"
@@ -217,6 +261,14 @@ def settle_left_running(engine: Engine, key: str, owner: str, kind: ActionKind,
             else:
                 state, result = "killed", f"adopted, killed after {adopt_wait_s:g} s still running"
                 _kill(row, _live(row))
-        _close(engine, str(row["marker"]), state, result)
-        found.append({**said, "state": state, "result": result})
-    return found
+        if _close(engine, str(row["marker"]), state, result, only_if=str(row["state"])):
+            return {**said, "state": state, "result": result}
+        now = next((r for r in commands_of(engine, str(row["key"])) if r["marker"] == row["marker"]), None)
+        if now is None:
+            return {**said, "state": "gone", "result": "its record was removed meanwhile"}
+        if now["state"] not in OPEN:
+            if state == "killed" and now["state"] == "ended":  # its owner reaped what this kill ended
+                _close(engine, str(row["marker"]), state, result, only_if="ended")
+                return {**said, "state": state, "result": result}
+            return {**said, "pid": now["pid"], "state": str(now["state"]), "result": str(now["result"])}
+        row = now

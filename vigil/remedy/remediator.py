@@ -29,7 +29,7 @@ from vigil.model import (
 )
 from vigil.remedy.actuators.base import Actuator, ActuatorError, migration_nodes, recording
 from vigil.remedy.audit import AuditLog, UnfinishedRun
-from vigil.remedy.commands import CommandJournal, must_adopt, settle_left_running
+from vigil.remedy.commands import KEEP_S, CommandJournal, must_adopt, prune_settled, settle_left_running
 from vigil.remedy.guard import CAPACITY_ACTIONS, BlastRadiusGuard
 from vigil.remedy.lease import DEFAULT_LEASE_S, DEFAULT_RENEW_S, Renewal, Wait, wall_wait
 from vigil.remedy.lifecycle import LifecycleStore, NodeState, Trigger, trigger_for_level
@@ -39,6 +39,8 @@ log = logging.getLogger("vigil.remedy")
 
 # how long a command a dead owner left running is waited for when adopted (``vigil.remedy.commands``)
 ADOPT_WAIT_S = 600.0
+# how often the recovery rounds prune the records of settled commands (``Remediator._prune_commands``)
+PRUNE_EVERY_S = 3600.0
 
 # recovery rounds in a row at which a remembered run's close has failed before that is warned (once; debug until then)
 UNCLOSED_WARN_AFTER = 10
@@ -133,6 +135,7 @@ class Remediator:
         renew_s: float = DEFAULT_RENEW_S,
         wait: Wait = wall_wait,
         adopt_wait_s: float = ADOPT_WAIT_S,
+        commands_keep_s: float = KEEP_S,
     ) -> None:
         # the lease is its caller's to give, from the settings it runs under (``lease_of``): every command's remediator
         # (the server's, the engine's, the failover supervisor's, `vigil checkpoint clean`'s...) passes its own; read
@@ -161,6 +164,10 @@ class Remediator:
         # how long a run taken over waits for a command its dead owner left running and that is adopted, not killed
         # (``vigil.remedy.commands``), before killing it
         self.adopt_wait_s = adopt_wait_s
+        # how long the record of a settled command is kept (setting remedy_commands_keep_days): pruned by the
+        # recovery rounds, the first and then hourly (``_prune_commands``)
+        self.commands_keep_s = commands_keep_s
+        self._next_prune = 0.0
         # resumed runs that failed and whose close failed too (the database went away): key -> (the failed action,
         # whether the back end was asked, the id the guard holds its nodes for); closed at the next recovery round,
         # or before this remediator runs the same key again. The lock guards these dicts only, never a database call:
@@ -366,7 +373,8 @@ class Remediator:
         action.status = status
         action.result = f"late completion, after this run's claim lapsed and {holder} resumed it: {result}"
 
-    def recover(self, stop: threading.Event | None = None) -> list[Action]:
+    def recover(self, stop: threading.Event | None = None,
+                progress: Callable[[], None] | None = None) -> list[Action]:
         """Run again every action whose execution started and never finished, once its owner's lease has lapsed
         (the owner died: a live one renews it). Each resumes under its idempotency key (a half-done drain evicts
         what is left), so none completes twice.
@@ -383,12 +391,18 @@ class Remediator:
         A run whose dead owner left a command this process adopts (waits for, up to ``adopt_wait_s``: a GPU reset, a
         reboot) is resumed on a thread of its own and is not in the list returned (``wait_adopted``): its wait holds
         neither the other runs of the round nor the round's caller (an engine's start, the next rounds). Should this
-        process end meanwhile, the run stays claimed and its command recorded: the next owner settles it again."""
+        process end meanwhile, the run stays claimed and its command recorded: the next owner settles it again.
+
+        ``progress`` is called after each step (an engine's start-up marks its progress with it); the round also prunes
+        the settled commands' records older than ``commands_keep_s`` (``prune_settled``), at most hourly."""
+        self._prune_commands()
         if self.dry_run:
             return []
         self._close_unclosed()
         resumed = []
         for run in self.audit.unfinished_runs():
+            if progress is not None:
+                progress()
             if stop is not None and stop.is_set():
                 break
             now = self.clock()
@@ -399,6 +413,23 @@ class Remediator:
                 continue
             resumed.append(self._resume(run))
         return resumed
+
+    def _prune_commands(self) -> None:
+        """Delete the records of commands settled more than ``commands_keep_s`` ago (``prune_settled``): at this
+        remediator's first recovery round (a server's or engine's start), then at most hourly. A failure is logged and
+        tried again at the next round."""
+        now = self.clock()
+        if now < self._next_prune:
+            return
+        try:
+            pruned = prune_settled(self.audit.engine, now - self.commands_keep_s)
+        except Exception as err:  # the store briefly away: the next round tries again
+            log.warning("pruning the records of settled back-end commands failed: %s", err)
+            return
+        self._next_prune = now + PRUNE_EVERY_S
+        if pruned:
+            log.info("pruned %d records of back-end commands settled more than %g days ago", pruned,
+                     self.commands_keep_s / 86400)
 
     def _adopt_beside(self, run: UnfinishedRun) -> bool:
         """Resume ``run`` on a thread of its own when settling it waits for a command to adopt (``recover``)."""

@@ -271,11 +271,22 @@ def act_command(
         for node in nodes:
             if node not in known:
                 raise VigilInputError(f"{node} is not in the topology ({topology_file}); check the node name")
+    # what was decided on the incident before this action (every record of its runs: verdicts, retries, refusals),
+    # read first so that this action's own record is not among them
+    earlier = remediator.audit.actions(incident=incident) if incident is not None else []
     done = remediator.execute(proposed)
     if as_json:
-        typer.echo(done.model_dump_json(indent=2))
+        shown: dict[str, object] = done.model_dump(mode="json")
+        if incident is not None:
+            shown["earlier_actions"] = [{**a.model_dump(mode="json"), "verdict": said}
+                                        for a, said in zip(earlier, audit_texts(earlier), strict=True)]
+        typer.echo(json_text(shown, indent=2))
     else:
         _print_actions([done], f"Action ({'dry-run' if remediator.dry_run else 'executed'})")
+        if earlier:
+            _print_actions(earlier, f"Earlier actions on incident {incident} (oldest first)")
+        elif incident is not None:
+            console.print(f"no earlier action recorded on incident {incident}")
     if done.status in (ActionStatus.REFUSED, ActionStatus.FAILED):
         raise typer.Exit(1)
 
