@@ -20,6 +20,7 @@ from tests.conftest import wait_for
 from tests.run.test_read_order import Site
 from tests.serve.conftest import REPO, fresh_database
 from tests.serve.conftest import postgres_url as postgres_url
+from vigil.remedy.commands import this_host
 from vigil.run.engine import CURSOR, LEASE
 from vigil.store.sql import LeaseLost
 
@@ -106,7 +107,7 @@ def test_one_of_two_engines_judges_and_the_other_takes_over_when_it_is_killed(
         wait_for(lambda: ticks() >= seen + 5, 60, "five more ticks of engine A")
         assert len(webhook.about("n01")) == 1, webhook.texts
         holder = site.store.lease_holder(LEASE)
-        assert holder is not None and holder[0].endswith(f":{first.process.pid}")
+        assert holder is not None and holder[0].rsplit(":", 2)[:2] == [this_host(), str(first.process.pid)]
         first.process.send_signal(signal.SIGKILL)
         first.end()
         site.store.add_events([site.xid("n02", 2)])

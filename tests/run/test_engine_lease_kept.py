@@ -16,6 +16,7 @@ from tests.serve.conftest import postgres_url as postgres_url
 from tests.serve.conftest import start_server
 from tests.store.conftest import db_url as db_url
 from vigil.config import Settings
+from vigil.remedy.commands import this_host
 from vigil.run.engine import CURSOR, LEASE
 
 # short, so that a test waits a few seconds at most for renewals and lapses
@@ -90,7 +91,10 @@ def test_the_engine_of_vigil_serve_stands_by_after_losing_its_lease_and_takes_ov
             held = site.store.lease_holder(LEASE)
             return held[0] if held else ""
 
-        wait_for(lambda: holder().endswith(f":{server.pid}"), 60, "the server's engine to take the lease")
+        def the_server() -> bool:  # the owner: host and pid namespace, pid, token
+            return holder().rsplit(":", 2)[:2] == [this_host(), str(server.pid)]
+
+        wait_for(the_server, 60, "the server's engine to take the lease")
         wait_for(lambda: int(site.store.cursor(CURSOR)[1].get("ticks", 0)) >= 2, 60, "the server's engine to tick")
         other = site.engine()
         other.owner = "other-host:1"
@@ -105,7 +109,7 @@ def test_the_engine_of_vigil_serve_stands_by_after_losing_its_lease_and_takes_ov
         site.store.add_events([site.xid("n01", 1)])
         assert other.tick().events == 1
         other.release()  # given up: the server's engine takes over at its next try
-        wait_for(lambda: holder().endswith(f":{server.pid}"), 60, "the server's engine to take the lease again")
+        wait_for(the_server, 60, "the server's engine to take the lease again")
         site.store.add_events([site.xid("n02", 2)])
         wait_for(lambda: any(a.entity == "gpu/n02/2" for a in site.store.anomalies()), 60,
                  "the n02 Xid judged by the server's engine")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
+import secrets
 import threading
 import time
 import weakref
@@ -51,6 +51,7 @@ from vigil.model import (
     parse_entity,
     stable_id,
 )
+from vigil.remedy.commands import this_host
 from vigil.remedy.notify import AlertmanagerNotifier, Notifier, WebhookNotifier
 from vigil.remedy.policy import PolicyEngine, load_policies
 from vigil.remedy.remediator import Remediator
@@ -317,9 +318,16 @@ class Engine:
         self._started = False
         # One engine judges a store at a time: it holds the lease LEASE (renewed by a thread of its own, every tick and
         # with the cursor's write, which it fences); the others stand by until it lapses (remedy_lease_s) or its
-        # process here has ended.
-        self.owner = f"{socket.gethostname()}:{os.getpid()}"
+        # process here has ended. Its owner (``engine_owner``): host and pid namespace, pid and a token of this process.
+        self.owner = engine_owner()
         self.lease_s = settings.remedy_lease_s
+        # The loop marks its progress (``_progress``: every round, every step of a start-up and of a tick); the
+        # renewing thread renews only while the last mark is at most ``stuck_after_s`` old - a hung loop (a call that
+        # never returns) lets the lease lapse, for a standby engine to take over. ``_stalled``: the renewing thread
+        # stopped so; the loop, should it move again, checks the lease before it writes anything more.
+        self.stuck_after_s = settings.engine_interval_s + settings.engine_step_max_s
+        self._beat = time.monotonic()
+        self._stalled = False
         self.standing_by: str | None = None
         # While it holds the lease, a thread of its own renews it every third of it, so that a long start-up (actions
         # resumed, a moved store renumbered: ~47 s at 1,000,000 events) or a long tick does not let it lapse; what
@@ -358,6 +366,8 @@ class Engine:
             return
         self._keeper_stop = stop = threading.Event()
         self._lease_lost = None
+        self._stalled = False
+        self._beat = time.monotonic()
         # the thread holds the engine weakly and ends once it is gone or its store closed (one never released)
         engine, store, owner, every = weakref.ref(self), self.store, self.owner, self.lease_s / 3
 
@@ -365,6 +375,8 @@ class Engine:
             while not stop.wait(every):
                 live = engine()
                 if live is None or store.closed:
+                    return
+                if live._stuck():
                     return
                 try:
                     store.renew_lease(LEASE, owner, time.time() + live.lease_s)
@@ -377,6 +389,40 @@ class Engine:
 
         self._keeper = threading.Thread(target=keep, name="vigil-engine-lease", daemon=True)
         self._keeper.start()
+
+    def _stuck(self) -> bool:
+        """Whether the loop has shown no progress for ``stuck_after_s`` (the renewing thread's check): then the lease is
+        no longer renewed, said in one line, and ``_stalled`` set for the loop to check the lease should it move
+        again."""
+        idle = time.monotonic() - self._beat
+        if idle <= self.stuck_after_s:
+            return False
+        self._stalled = True
+        log.error("the engine's loop has shown no progress for %.0f s (more than engine_interval_s + "
+                  "engine_step_max_s, %g s): this engine (%s) stops renewing the store's engine lease, which lapses "
+                  "within %g s for a standby engine to take over; should the loop move again, it checks the lease "
+                  "before writing anything more", idle, self.stuck_after_s, self.owner, self.lease_s)
+        return True
+
+    def _progress(self) -> None:
+        """The loop moved on (a round, a step of a start-up or a tick): the mark the renewing thread reads. After a
+        stall past ``stuck_after_s`` the lease is checked first: LeaseLost where another engine took it meanwhile,
+        else it is renewed and kept again."""
+        self._mark()
+        if self._lease_lost is not None:
+            raise self._lease_lost
+        if not self._stalled:
+            return
+        self.store.renew_lease(LEASE, self.owner, time.time() + self.lease_s)
+        log.warning("the engine's loop moves again and no other engine took its lease meanwhile: this engine (%s) "
+                    "renews it again and judges on", self.owner)
+        self._stop_keeping()
+        self._keep_lease()
+
+    def _mark(self) -> None:
+        """The loop's mark of progress alone (``_progress`` without its check): within a step that writes nothing of
+        the engine's own (a resumed action's run, under a claim of its own)."""
+        self._beat = time.monotonic()
 
     def _stop_keeping(self) -> None:
         self._keeper_stop.set()
@@ -420,18 +466,22 @@ class Engine:
 
     def _start(self) -> None:
         # An action whose execution a killed predecessor began is finished (or refused) before anything new.
-        self._resume_interrupted()
+        self._progress()
+        self._resume_interrupted(progress=self._mark)
+        self._progress()
         _, state = self.store.cursor(CURSOR)
         self.event_cursor = self._position(state, "events", "events")
         self.push_cursor = self._position(state, "pushes", "metric_pushes")
         self.ahead_events = {ReadPosition(int(x), int(i)) for x, i in state.get("events_ahead") or []}
         self.ticks = int(state.get("ticks", 0))
         self._place_moved()
+        self._progress()
         if self.settings.topology_file:
             self.store.place_nodes(load_topology_file(Path(self.settings.topology_file)))
         self._refresh_topology()
         for incident in self.store.incidents(status=IncidentStatus.OPEN, limit=100_000) + self.store.incidents(
                 status=IncidentStatus.ACKNOWLEDGED, limit=100_000):
+            self._mark()
             wanted = set(incident.anomalies)
             anomalies = [a for a in self.store.anomalies(since=incident.start - 1, limit=100_000) if a.id in wanted]
             self.grouper.resume(incident, anomalies)
@@ -442,9 +492,11 @@ class Engine:
             self._notified[incident.id] = 0.0
         # The values before the cursor, so a counter that rose while the engine was down shows its rise.
         # The newest pushes read before the restart within live_push_max_age_s, under the rules of a tick's.
+        self._progress()
         now = self.clock()
         replay = self.store.latest_pushes(self.push_cursor, now - self.settings.live_push_max_age_s,
                                           limit=self.batch)
+        self._mark()
         for push in replay:
             self._apply_push(push, now, TickReport())
         # counted and measured when they were first read
@@ -457,6 +509,7 @@ class Engine:
                 if event.attrs.get("reason") in JOB_ENDED:
                     self.frames.forget(event.entity)
             self._detect(self.frames.frames(min(now, max(p.ts for p in replay))), [], TickReport())
+        self._progress()
         self._started = True
 
     def _place_moved(self, running: bool = False) -> None:
@@ -472,8 +525,11 @@ class Engine:
             if next_xid is None or max(self.event_cursor.xid, self.push_cursor.xid) < next_xid:
                 return
         before = (tuple(self.event_cursor), tuple(self.push_cursor))
+        self._progress()
         events = self.store.renumber_moved("events", self.event_cursor, self.ahead_events)
+        self._mark()
         pushes = self.store.renumber_moved("metric_pushes", self.push_cursor, self.ahead_pushes)
+        self._progress()
         if events is None and pushes is None:
             return
         if events is not None:
@@ -502,12 +558,12 @@ class Engine:
             if anomaly.detector == learned.name:
                 learned.resume(anomaly)
 
-    def _resume_interrupted(self) -> None:
+    def _resume_interrupted(self, progress: Callable[[], None] | None = None) -> None:
         """Resume the actions whose owner died mid-run (its lease lapsed): at start, a killed predecessor's, before
-        anything new. A dry-run remediator (execute_actions off) resumes nothing; once ``stop`` is set, no further run
-        of the round is claimed (those claimed finish)."""
+        anything new (``progress``: the loop's mark, after each run). A dry-run remediator (execute_actions off)
+        resumes nothing; once ``stop`` is set, no further run of the round is claimed (those claimed finish)."""
         if self.remediator is not None:
-            self.resumed_actions += len(self.remediator.recover(stop=self.stop))
+            self.resumed_actions += len(self.remediator.recover(stop=self.stop, progress=progress))
 
     def _resume_beside(self) -> None:
         """Every tick, resume the actions of a server or engine beside this one that died, on a thread of its own:
@@ -563,8 +619,7 @@ class Engine:
         else:
             # LeaseLost: another engine took the lease since (this process stalled or was cut off from the store
             # past remedy_lease_s)
-            if self._lease_lost is not None:
-                raise self._lease_lost
+            self._progress()
             self.store.renew_lease(LEASE, self.owner, time.time() + self.lease_s)
             self._place_moved(running=True)
             self._resume_beside()
@@ -577,6 +632,7 @@ class Engine:
         if self.kube_jobs is not None and now >= self._next_kube:
             self._next_kube = now + self.settings.kube_jobs_poll_s
             self._read_kube_jobs()
+        self._progress()
         self._refresh_topology()
         # rows remembered are not read again while unsettled, and none unsettled once the bound is reached
         events_at_bound = len(self.ahead_events) >= AHEAD_EVENTS
@@ -599,12 +655,16 @@ class Engine:
         events_full = events_full or (events_at_bound and len(ahead_events) >= AHEAD_EVENTS)
         pushes_full = pushes_full or (pushes_at_bound and len(ahead_pushes) >= push_bound)
         report.events, report.pushes = len(events), len(pushes)
+        self._progress()
         for push in pushes:
             self._apply_push(push, now, report)
         if self.prom is not None:
             self._pull_prometheus(now)
+        self._progress()
         self._detect(self.frames.frames(now), events, report)
+        self._progress()
         self._publish(now, report)
+        self._progress()
         self.event_cursor, self.push_cursor = event_cursor, push_cursor
         self.ahead_events, self.ahead_pushes = ahead_events, ahead_pushes
         self._save_cursor()
@@ -621,6 +681,7 @@ class Engine:
         self.ahead_full = events_full or pushes_full
         if moving_events < self.batch and moving_pushes < self.batch:
             self._watch_held_back(now)
+        self._progress()
         self._prune(now)
         self.ticks += 1
         report.seconds = time.perf_counter() - began
@@ -681,6 +742,7 @@ class Engine:
         except VigilInputError as err:
             log.warning("reading Slurm failed: %s", err)
             return
+        self._progress()
         self.store.add_events(collected.events)
         topology = self.store.topology() or Topology()
         self._set_jobs(topology, [placement(j, topology) for j in running], "slurm")
@@ -697,6 +759,7 @@ class Engine:
 
     def _set_jobs(self, topology: Topology, jobs: list[Job], source: str) -> None:
         """``source``'s jobs as it lists them now; jobs another source registered (a `vigil launch`) stay."""
+        self._progress()
         mine = [job.model_copy(update={"source": source}) for job in jobs]
         kept = [job for job in topology.jobs if job.source != source and job.id not in {j.id for j in mine}]
         if kept + mine != topology.jobs:
@@ -728,6 +791,7 @@ class Engine:
         news: list[Incident] = []
         finished: set[str] = set()
         for incident in self.grouper.incidents(now):
+            self._progress()
             known = self._known.get(incident.id)
             signature = self._signature(incident, now)
             if known is not None and known.status == IncidentStatus.ACKNOWLEDGED.value and (
@@ -737,10 +801,13 @@ class Engine:
             if known is not None and (known.anomalies, known.level, known.status) == (
                     signature.anomalies, signature.level, signature.status):
                 if incident.end > known.end and now - known.written >= REWRITE_EVERY_S:
-                    self.store.upsert_incident(self._keep_user_status(incident))
+                    incident = self._keep_user_status(incident)
+                    self._progress()
+                    self.store.upsert_incident(incident)
                     known.end, known.written = incident.end, now
                 continue
             incident = self._keep_user_status(incident)
+            self._progress()
             signature.status = incident.status.value
             self.store.add_anomalies([self._anomalies[a] for a in incident.anomalies if a in self._anomalies])
             self.store.upsert_incident(incident)
@@ -753,6 +820,7 @@ class Engine:
             if incident.status is not IncidentStatus.RESOLVED and (
                     known is None or known.anomalies != signature.anomalies or known.level != signature.level):
                 self._diagnose(incident)
+                self._progress()
                 report.actions += self._propose(incident, set(known.anomalies) if known else set())
             self._known[incident.id] = signature
             news.append(incident)
@@ -794,8 +862,10 @@ class Engine:
         events = self.store.events(since=lo, until=hi, limit=100_000)
         logs = self.store.logs(since=lo, until=hi, limit=100_000)
         result = analyze_incident(self._kg, incident, anomalies, events, logs)
+        self._progress()
         found = diagnose(self._kg, incident, result, self.llm)
         found.similar = recall(self.store, incident, found)
+        self._progress()
         self.store.save_diagnosis(found)
         return found
 
@@ -829,6 +899,7 @@ class Engine:
                             due[incident_id] = stored
             if not due:
                 continue
+            self._progress()
             try:
                 notifier.send(list(due.values()), now)
             except Exception as err:  # a notifier down must not stop detection; the next tick retries
@@ -907,6 +978,7 @@ class Engine:
         try:
             while not self.stop.is_set():
                 began = time.monotonic()
+                self._mark()
                 self._round()
                 self.stop.wait(max(0.0, self.settings.engine_interval_s - (time.monotonic() - began)))
         except BaseException:
@@ -968,12 +1040,27 @@ class Engine:
         }
 
 
+# this process's token in its engine owner (``engine_owner``): drawn once, so every engine of the process shares it
+_TOKEN = secrets.token_hex(8)
+
+
+def engine_owner() -> str:
+    """An engine's owner of the lease: ``HOST pid:[NS]:PID:TOKEN`` - this host's name and pid namespace as the commands'
+    records give them (``vigil.remedy.commands.this_host``), the pid, and a token drawn once per process. Two
+    containers with one hostname and the same pid (each its own pid namespace) are two owners, and a process that
+    reuses an ended engine's pid (same host and namespace) is another owner, which cannot renew that one's lease."""
+    return f"{this_host()}:{os.getpid()}:{_TOKEN}"
+
+
 def _process_gone(owner: str) -> bool:
-    """Whether the engine ``owner`` ("host:pid") was a process of this host that has ended (or a zombie, killed and
-    not yet reaped): its lease is taken at once, not after it lapses. An owner of another host is never gone."""
-    host, _, pid = owner.rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit():
+    """Whether the engine ``owner`` (``engine_owner``) was a process of this host and pid namespace that has ended (or
+    a zombie, killed and not yet reaped): its lease is taken at once, not after it lapses. An owner of another host or
+    pid namespace, or of an older release (``HOST:PID``, no namespace), is never gone: its lease lapses."""
+    where, pid, token = (owner.rsplit(":", 2) + ["", ""])[:3]
+    if where != this_host() or not pid.isdigit() or not token:
         return False
+    if int(pid) == os.getpid():
+        return token != _TOKEN  # this pid's earlier process (it ended: its pid is this one's now)
     try:
         os.kill(int(pid), 0)
     except ProcessLookupError:
