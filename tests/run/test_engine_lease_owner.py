@@ -175,6 +175,9 @@ def test_the_owner_names_host_pid_namespace_pid_and_process(tmp_path: Path, monk
     assert not gone(f"{this_host()}:{os.getppid()}:{token}")  # alive
     assert not gone(owner)
     assert gone(f"{this_host()}:{os.getpid()}:{'0' * 16}")
+    monkeypatch.setattr(engine_module, "this_host", lambda: f"{host} pid:?")  # no /proc: never known gone
+    assert not gone(f"{host} pid:?:{dead.pid}:{token}")
+    monkeypatch.undo()
     site = Site(f"sqlite:///{tmp_path / 'v.db'}", tmp_path)
     first = site.engine()
     assert first.start()

@@ -1057,8 +1057,8 @@ def _process_gone(owner: str) -> bool:
     a zombie, killed and not yet reaped): its lease is taken at once, not after it lapses. An owner of another host or
     pid namespace, or of an older release (``HOST:PID``, no namespace), is never gone: its lease lapses."""
     where, pid, token = (owner.rsplit(":", 2) + ["", ""])[:3]
-    if where != this_host() or not pid.isdigit() or not token:
-        return False
+    if where != this_host() or where.endswith(" pid:?") or not pid.isdigit() or not token:
+        return False  # another host or namespace, or a namespace unknown (no /proc: two such would read alike)
     if int(pid) == os.getpid():
         return token != _TOKEN  # this pid's earlier process (it ended: its pid is this one's now)
     try:
