@@ -82,47 +82,8 @@ def test_a_line_after_a_relay_s_time_is_not_taken_for_a_syslog_host_and_program(
     assert journal is not None and journal.syslog and journal.host == "gpu-node-07"
 
 
-def test_nccl_s_last_error_detail_under_docker_timestamps_is_the_root(tmp_path: Path) -> None:
-    lines = ["torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1691, unhandled cuda error "
-             "(run with NCCL_DEBUG=INFO for details), NCCL version 2.19.3", "ncclUnhandledCudaError: Call to CUDA "
-             "function failed.", "Last error: ", "Cuda failure 802 'system not yet initialized'"]
-    (tmp_path / "job.log").write_text("".join(f"2024-01-01T00:00:00.00{i}000000Z {line}\n"
-                                              for i, line in enumerate(lines)))
-    result = triage(tmp_path, workers=1)
-    assert result.root is not None and result.root.lineno == 4
 
 
-def test_colour_codes_around_nccl_s_info_level_leave_it_info(tmp_path: Path) -> None:
-    """A captured terminal keeps the SGR codes around a level word: NCCL's INFO line is still not an error, and its
-    WARN line below names what failed."""
-    (tmp_path / "job.log").write_text(
-        "node-0:1639:1915 [0] NCCL \x1b[32mINFO\x1b[0m Call to ibv_set_ece failed with error Operation not supported "
-        "errno 95\n"
-        "node-0:1639:1915 [0] misc/ibvwrap.cc:206 NCCL \x1b[33mWARN\x1b[0m Call to ibv_modify_qp failed with error "
-        "No such device errno 19\n")
-    result = triage(tmp_path, workers=1)
-    assert result.root is not None and result.root.lineno == 2
-
-
-def test_colour_codes_around_a_launcher_s_error_level_keep_its_report(tmp_path: Path) -> None:
-    (tmp_path / "job.log").write_text(
-        "[2023-04-14 13:11:26,000] [INFO] [launch.py:428:sigkill_handler] Killing subprocess 4242\n"
-        "[2023-04-14 13:11:27,885] [\x1b[31mERROR\x1b[0m] [launch.py:434:sigkill_handler] ['/usr/bin/python3', "
-        "'-u', 'main.py', '--local_rank=0'] exits with return code = -9\n")
-    plain = triage(tmp_path, workers=1)
-    assert plain.root is not None and plain.root.lineno == 2
-
-
-def test_a_journal_s_yearless_time_takes_the_year_its_file_names(tmp_path: Path) -> None:
-    """journald's short format has no year: a job's line under it is of the year the job's own dated lines name,
-    so it is compared with another file's dated lines in that year, not in the current one."""
-    (tmp_path / "a.log").write_text(
-        "Sep 25 14:27:40 gpu-node-00 python3[4242]: 2025-09-25 14:27:40,000 starting step 1\n"
-        "Sep 25 14:27:49 gpu-node-00 python3[4242]: RuntimeError: CUDA error: an illegal memory access was "
-        "encountered\n")
-    (tmp_path / "b.log").write_text("2025-09-25 14:27:58,000 RuntimeError: CUDA error: out of memory\n")
-    result = triage(tmp_path, workers=1)
-    assert result.root is not None and (result.root.source, result.root.lineno) == ("a.log", 2)
 
 
 def test_glog_information_is_no_specific_error() -> None:
@@ -133,47 +94,7 @@ def test_glog_information_is_no_specific_error() -> None:
     assert strength(line.replace("I0223", "E0223", 1)) == SPECIFIC
 
 
-def test_another_rank_s_lines_inside_a_wrapper_s_report_leave_nccl_s_detail_its_root(tmp_path: Path) -> None:
-    """A job-wide log: a healthy rank's progress lines between PyTorch's wrapper, the "Last error:" header and NCCL's
-    detail line are not the detail, and the detail is still the report's root."""
-    (tmp_path / "job.log").write_text(
-        "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1691, unhandled cuda error (run with "
-        "NCCL_DEBUG=INFO for details), NCCL version 2.19.3\n"
-        "ncclUnhandledCudaError: Call to CUDA function failed.\n"
-        "[rank63]:{'loss': 2.3101, 'grad_norm': 0.41, 'learning_rate': 2.9e-05, 'epoch': 0.01}\n"
-        "Last error:\n"
-        "[rank63]:{'loss': 2.3102, 'grad_norm': 0.42, 'learning_rate': 2.9e-05, 'epoch': 0.02}\n"
-        "Cuda failure 802 'system not yet initialized'\n")
-    result = triage(tmp_path, workers=1)
-    assert result.root is not None and result.root.lineno == 6
 
-
-def test_a_kernel_log_in_seconds_since_boot_is_not_ordered_after_a_stamped_job_log(tmp_path: Path) -> None:
-    """dmesg without -T stamps seconds since boot, and an excerpt holds no boot line to anchor them: beside a job log
-    a collector stamps (CRI), the kernel's report is not dropped for having no wall-clock time - what it names
-    decides (the driver's assertion before CUDA's report of the device it left unusable)."""
-    (tmp_path / "dmesg.log").write_text(
-        "[373871.354096] NVRM: nvAssertOkFailedNoLog: Assertion failed: Reset required [NV_ERR_RESET_REQUIRED] "
-        "(0x00000062) returned from status @ kernel_channel.c:2827\n")
-    (tmp_path / "job.log").write_text(
-        "2024-01-01T00:01:00Z stderr F Traceback (most recent call last):\n"
-        '2024-01-01T00:01:00Z stderr F   File "<stdin>", line 1, in <module>\n'
-        "2024-01-01T00:01:00Z stderr F torch.AcceleratorError: CUDA error: CUDA-capable device(s) is/are busy or "
-        "unavailable\n")
-    result = triage(tmp_path, workers=1)
-    assert result.root is not None and (result.root.source, result.root.lineno) == ("dmesg.log", 1)
-
-
-def test_a_job_log_without_any_time_still_gives_way_to_a_stamped_report(tmp_path: Path) -> None:
-    """Only a kernel log's report stands beside the stamped ones: a job's unstamped relay of a failure (srun's
-    "Node failure") is not placed before the cluster daemon's stamped account."""
-    (tmp_path / "clustermgtd.log").write_text(
-        "2025-04-05 13:53:24,127 - [slurm_plugin.slurm_resources:is_backing_instance_valid] - WARNING - Node state "
-        "check: no corresponding instance in EC2 for node od-4(10.6.11.250), node state: ALLOCATED+CLOUD+"
-        "NOT_RESPONDING+POWERING_UP\n")
-    (tmp_path / "job.log").write_text("srun: error: Node failure on od-4\n")
-    result = triage(tmp_path, workers=1)
-    assert result.root is not None and result.root.source == "clustermgtd.log"
 
 
 _NCCL_REMOTE = [
@@ -182,6 +103,90 @@ _NCCL_REMOTE = [
     "ncclRemoteError: A call failed possibly due to a network error or a remote process exiting prematurely.",
     "Last error:",
     "socketProgressOpt: Call to recv from 172.16.0.4<33759> failed : Connection reset by peer"]
+
+
+_DOCKER_NCCL = ["torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1691, unhandled cuda error "
+                "(run with NCCL_DEBUG=INFO for details), NCCL version 2.19.3", "ncclUnhandledCudaError: Call to CUDA "
+                "function failed.", "Last error: ", "Cuda failure 802 'system not yet initialized'"]
+_INDENTED = ["Traceback (most recent call last):", '  File "/opt/conda/bin/torchrun", line 8, in <module>',
+             "    sys.exit(main())",
+             "torch.distributed.DistStoreError: Timed out after 1801 seconds waiting for clients. 1/2 clients joined.",
+             "", "[E socket.cpp:860] [c10d] The client socket has timed out after 60s while trying to connect to "
+             "192.0.0.1:1234"]
+
+
+# Each case: the files of a job's log directory, and where triage must find the root (its file, its line, or both).
+@pytest.mark.parametrize(("files", "root"), [
+    pytest.param(
+        {"job.log": "".join(f"2024-01-01T00:00:00.00{i}000000Z {line}\n" for i, line in enumerate(_DOCKER_NCCL))},
+        {"lineno": 4}, id="nccl_s_last_error_detail_under_docker_timestamps_is_the_root"),
+    # A captured terminal keeps the SGR codes around a level word: NCCL's INFO line is still not an error, and its
+    # WARN line below names what failed.
+    pytest.param(
+        {"job.log": "node-0:1639:1915 [0] NCCL \x1b[32mINFO\x1b[0m Call to ibv_set_ece failed with error Operation "
+                    "not supported errno 95\n"
+                    "node-0:1639:1915 [0] misc/ibvwrap.cc:206 NCCL \x1b[33mWARN\x1b[0m Call to ibv_modify_qp failed "
+                    "with error No such device errno 19\n"},
+        {"lineno": 2}, id="colour_codes_around_nccl_s_info_level_leave_it_info"),
+    pytest.param(
+        {"job.log": "[2023-04-14 13:11:26,000] [INFO] [launch.py:428:sigkill_handler] Killing subprocess 4242\n"
+                    "[2023-04-14 13:11:27,885] [\x1b[31mERROR\x1b[0m] [launch.py:434:sigkill_handler] "
+                    "['/usr/bin/python3', '-u', 'main.py', '--local_rank=0'] exits with return code = -9\n"},
+        {"lineno": 2}, id="colour_codes_around_a_launcher_s_error_level_keep_its_report"),
+    # journald's short format has no year: a job's line under it is of the year the job's own dated lines name, so
+    # it is compared with another file's dated lines in that year, not in the current one.
+    pytest.param(
+        {"a.log": "Sep 25 14:27:40 gpu-node-00 python3[4242]: 2025-09-25 14:27:40,000 starting step 1\n"
+                  "Sep 25 14:27:49 gpu-node-00 python3[4242]: RuntimeError: CUDA error: an illegal memory access "
+                  "was encountered\n",
+         "b.log": "2025-09-25 14:27:58,000 RuntimeError: CUDA error: out of memory\n"},
+        {"source": "a.log", "lineno": 2}, id="a_journal_s_yearless_time_takes_the_year_its_file_names"),
+    # A job-wide log: a healthy rank's progress lines between PyTorch's wrapper, the "Last error:" header and NCCL's
+    # detail line are not the detail, and the detail is still the report's root.
+    pytest.param(
+        {"job.log": "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1691, unhandled cuda "
+                    "error (run with NCCL_DEBUG=INFO for details), NCCL version 2.19.3\n"
+                    "ncclUnhandledCudaError: Call to CUDA function failed.\n"
+                    "[rank63]:{'loss': 2.3101, 'grad_norm': 0.41, 'learning_rate': 2.9e-05, 'epoch': 0.01}\n"
+                    "Last error:\n"
+                    "[rank63]:{'loss': 2.3102, 'grad_norm': 0.42, 'learning_rate': 2.9e-05, 'epoch': 0.02}\n"
+                    "Cuda failure 802 'system not yet initialized'\n"},
+        {"lineno": 6}, id="another_rank_s_lines_inside_a_wrapper_s_report_leave_nccl_s_detail_its_root"),
+    # dmesg without -T stamps seconds since boot, and an excerpt holds no boot line to anchor them: beside a job log
+    # a collector stamps (CRI), the kernel's report is not dropped for having no wall-clock time - what it names
+    # decides (the driver's assertion before CUDA's report of the device it left unusable).
+    pytest.param(
+        {"dmesg.log": "[373871.354096] NVRM: nvAssertOkFailedNoLog: Assertion failed: Reset required "
+                      "[NV_ERR_RESET_REQUIRED] (0x00000062) returned from status @ kernel_channel.c:2827\n",
+         "job.log": "2024-01-01T00:01:00Z stderr F Traceback (most recent call last):\n"
+                    '2024-01-01T00:01:00Z stderr F   File "<stdin>", line 1, in <module>\n'
+                    "2024-01-01T00:01:00Z stderr F torch.AcceleratorError: CUDA error: CUDA-capable device(s) is/are "
+                    "busy or unavailable\n"},
+        {"source": "dmesg.log", "lineno": 1},
+        id="a_kernel_log_in_seconds_since_boot_is_not_ordered_after_a_stamped_job_log"),
+    # Only a kernel log's report stands beside the stamped ones: a job's unstamped relay of a failure (srun's "Node
+    # failure") is not placed before the cluster daemon's stamped account.
+    pytest.param(
+        {"clustermgtd.log": "2025-04-05 13:53:24,127 - [slurm_plugin.slurm_resources:is_backing_instance_valid] - "
+                            "WARNING - Node state check: no corresponding instance in EC2 for node od-4(10.6.11.250), "
+                            "node state: ALLOCATED+CLOUD+NOT_RESPONDING+POWERING_UP\n",
+         "job.log": "srun: error: Node failure on od-4\n"},
+        {"source": "clustermgtd.log"}, id="a_job_log_without_any_time_still_gives_way_to_a_stamped_report"),
+    # An issue's Markdown source: "> " before every line (a block quote); NCCL's "Last error:" detail is the root.
+    pytest.param({"job.log": "".join(f"> {line}\n" for line in _NCCL_REMOTE)}, {"lineno": 4},
+                 id="a_log_quoted_in_markdown_is_read_without_the_marker"),
+    # Four spaces before every line (Markdown's indented code block): a traceback's exception line is not taken for
+    # one more line of the traceback, and the store's timeout above the rendezvous error is the root.
+    pytest.param({"job.log": "".join(f"    {line}\n" if line else "\n" for line in _INDENTED)}, {"lineno": 4},
+                 id="a_log_in_an_indented_code_block_is_read_without_the_indent"),
+])
+def test_triage_finds_the_root_another_collector_s_rendering_hid(tmp_path: Path, files: dict[str, str],
+                                                                  root: dict[str, object]) -> None:
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and {key: getattr(result.root, key) for key in root} == root
+
 
 
 def test_a_byte_order_mark_is_no_part_of_the_first_line(tmp_path: Path) -> None:
@@ -211,24 +216,6 @@ def test_moreutils_ts_time_is_peeled_and_dates_the_line(tmp_path: Path) -> None:
     assert result.root.ts == datetime(2023, 4, 14, 13, 11, 24, tzinfo=UTC).timestamp()
 
 
-def test_a_log_quoted_in_markdown_is_read_without_the_marker(tmp_path: Path) -> None:
-    """An issue's Markdown source: "> " before every line (a block quote); NCCL's "Last error:" detail is the root."""
-    (tmp_path / "job.log").write_text("".join(f"> {line}\n" for line in _NCCL_REMOTE))
-    result = triage(tmp_path, workers=1)
-    assert result.root is not None and result.root.lineno == 4
-
-
-def test_a_log_in_an_indented_code_block_is_read_without_the_indent(tmp_path: Path) -> None:
-    """Four spaces before every line (Markdown's indented code block): a traceback's exception line is not taken for
-    one more line of the traceback, and the store's timeout above the rendezvous error is the root."""
-    lines = ["Traceback (most recent call last):", '  File "/opt/conda/bin/torchrun", line 8, in <module>',
-             "    sys.exit(main())",
-             "torch.distributed.DistStoreError: Timed out after 1801 seconds waiting for clients. 1/2 clients joined.",
-             "", "[E socket.cpp:860] [c10d] The client socket has timed out after 60s while trying to connect to "
-             "192.0.0.1:1234"]
-    (tmp_path / "job.log").write_text("".join(f"    {line}\n" if line else "\n" for line in lines))
-    result = triage(tmp_path, workers=1)
-    assert result.root is not None and result.root.lineno == 4
 
 
 _WIDE = ["Setting OMP_NUM_THREADS environment variable for each process to be 1 in default, to avoid your system being "

@@ -88,18 +88,6 @@ def test_rank_error_is_linked_to_the_node_fault_before_it(tmp_path: Path) -> Non
     assert result.silent_ranks == [2]
 
 
-def test_user_frame_and_exception_type(tmp_path: Path) -> None:
-    (tmp_path / "rank_0.log").write_text(
-        "[rank0]: Traceback (most recent call last):\n"
-        '[rank0]:   File "/work/train.py", line 10, in <module>\n'
-        '[rank0]:   File "/usr/lib/python3.11/site-packages/torch/nn/modules/module.py", line 1, in _call\n'
-        "[rank0]: KeyError: 'input_ids'\n")
-    result = triage(tmp_path)
-    assert result.root is not None
-    assert result.root.attrs["exc_type"] == "KeyError"
-    assert result.root.attrs["user_frame"] == "/work/train.py:10 in <module>"
-
-
 def test_no_root_only_symptoms(tmp_path: Path) -> None:
     (tmp_path / "rank_0.log").write_text("2026-01-01 00:10:00,000 ERROR Watchdog caught collective operation "
                                          "timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE, ...) ran for 600000 ms\n")
@@ -157,100 +145,6 @@ def test_a_healthy_job_s_routine_line_above_the_error_is_not_the_root(tmp_path: 
     assert result.root is not None and result.root.lineno == 1
 
 
-def test_a_timeout_is_the_last_choice_among_symptoms(tmp_path: Path) -> None:
-    (tmp_path / "rank_0.log").write_text(
-        "2026-01-01 00:00:01,000 Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE\n")
-    (tmp_path / "rank_1.log").write_text(
-        "2026-01-01 00:00:09,000 RuntimeError: [gloo/transport/tcp/pair.cc:799] connect [10.0.0.3]:13195: "
-        "Connection refused\n")
-    result = triage(tmp_path)
-    assert result.root is not None and result.root.source == "rank_1.log" and result.root_basis == "symptom"
-
-
-def test_the_kernel_assertion_printed_after_the_host_error_is_the_root(tmp_path: Path) -> None:
-    (tmp_path / "rank_0.log").write_text(
-        "RuntimeError: CUDA error: device-side assert triggered\n"
-        "For debugging consider passing CUDA_LAUNCH_BLOCKING=1.\n"
-        "/pytorch/aten/src/ATen/native/cuda/IndexKernel.cu:92: operator(): block: [0,0,0], thread: [3,0,0] "
-        "Assertion `index >= -sizes[i] && index < sizes[i] && \"index out of bounds\"` failed.\n")
-    result = triage(tmp_path)
-    assert result.root is not None and result.root.lineno == 3 and result.root.signature == "cuda.kernel_assert"
-
-
-def test_the_message_of_an_aborting_exception_is_the_root_not_the_abort(tmp_path: Path) -> None:
-    # "terminate called" is the process aborting; the "what():" line under it is the error it aborts on
-    (tmp_path / "rank_2.log").write_text(
-        "terminate called after throwing an instance of 'gloo::IoException'\n"
-        "  what():  [gloo/transport/tcp/pair.cc:310] read [10.0.0.5]:4411: Connection reset by peer\n")
-    result = triage(tmp_path)
-    assert result.root is not None and result.root.lineno == 2 and result.root_basis == "symptom"
-    # an abort alone is still named (never nothing)
-    (tmp_path / "rank_2.log").write_text("terminate called after throwing an instance of 'std::bad_alloc'\n")
-    result = triage(tmp_path)
-    assert result.root is not None and result.root.signature == "python.aborted"
-
-
-def test_the_heartbeat_timeout_not_its_debug_dump_is_the_root(tmp_path: Path) -> None:
-    (tmp_path / "rank_0.log").write_text(
-        "[rank0]:[E ProcessGroupNCCL.cpp:1300] [PG 0 Rank 0] Heartbeat monitor timed out! Process will be "
-        "terminated after dumping debug info. workMetaList_.size()=2\n"
-        "[rank0]:[E ProcessGroupNCCL.cpp:1150] [PG 0 Rank 0] ProcessGroupNCCL preparing to dump debug info.\n"
-        "[rank0]:[F ProcessGroupNCCL.cpp:1170] [PG 0 Rank 0] ProcessGroupNCCL's watchdog got stuck for 600 seconds "
-        "without making progress in monitoring enqueued collectives.\n")
-    result = triage(tmp_path)
-    assert result.root is not None and result.root.lineno == 1
-
-
-def test_the_watchdog_timeout_not_the_stack_trace_header_under_it_is_the_root(tmp_path: Path) -> None:
-    # PyTorch's WorkNCCL::printTraceback: after the timeout, the flight recorder's stack of the timed-out collective
-    # under "Stack trace of the failed collective:" (or that it was "not found"); the header reports nothing new
-    (tmp_path / "rank_0.log").write_text(
-        "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=2, OpType=ALLREDUCE, NumelIn=4, "
-        "NumelOut=4, Timeout(ms)=8000) ran for 8097 milliseconds before timing out.\n"
-        " - [0] Timeout at collective: ALLREDUCE, #3\n"
-        "Stack trace of the failed collective:\n"
-        "#2 buggy from collective_mismatch.py:8\n")
-    result = triage(tmp_path)
-    assert result.root is not None and result.root.lineno == 1
-    (tmp_path / "rank_0.log").write_text(
-        "[rank1]:[E1218 20:27:21.484 ProcessGroupNCCL.cpp:631] [Rank 1] Watchdog caught collective operation timeout: "
-        "WorkNCCL(SeqNum=1, OpType=BROADCAST, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600090 milliseconds "
-        "before timing out.\n"
-        "[rank1]:[E1218 20:27:21.484 ProcessGroupNCCL.cpp:667] Stack trace of the failed collective not found, "
-        "potentially because FlightRecorder is disabled. You can enable it by setting TORCH_NCCL_TRACE_BUFFER_SIZE "
-        "to a non-zero value.\n")
-    result = triage(tmp_path)
-    assert result.root is not None and result.root.lineno == 1
-
-
-def test_the_root_cause_of_a_childfailederror_report_is_its_first_observed_failure(tmp_path: Path) -> None:
-    (tmp_path / "launcher.log").write_text(
-        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
-        "============================================================\n"
-        "train.py FAILED\n"
-        "------------------------------------------------------------\n"
-        "Failures:\n"
-        "[1]:\n"
-        "  rank      : 3 (local_rank: 3)\n"
-        "  exitcode  : -15 (pid: 402)\n"
-        "------------------------------------------------------------\n"
-        "Root Cause (first observed failure):\n"
-        "[0]:\n"
-        "  rank      : 1 (local_rank: 1)\n"
-        "  exitcode  : -9 (pid: 400)\n"
-        "  traceback : Signal 9 (SIGKILL) received by PID 400\n"
-        "============================================================\n")
-    result = triage(tmp_path)
-    assert result.root is not None and result.root.lineno == 13 and result.root.signature == "launcher.root_cause"
-    # the other failures' exit codes are the report's echo: with no root cause section, the report's head is named
-    (tmp_path / "launcher.log").write_text(
-        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
-        "Failures:\n"
-        "  exitcode  : -15 (pid: 402)\n")
-    result = triage(tmp_path)
-    assert result.root is not None and result.root.lineno == 1
-
-
 def test_an_error_relayed_after_the_childfailederror_report_is_not_the_root(tmp_path: Path) -> None:
     # the platform that ran torchrun reports the failure after torchrun's report: the root cause is still rank 3's exit
     (tmp_path / "job.log").write_text(
@@ -270,87 +164,6 @@ def test_an_error_relayed_after_the_childfailederror_report_is_not_the_root(tmp_
         + (tmp_path / "job.log").read_text())
     result = triage(tmp_path)
     assert result.root is not None and result.root.lineno == 1
-
-
-def test_the_agent_s_worker_group_failed_is_an_echo(tmp_path: Path) -> None:
-    (tmp_path / "agent.log").write_text(
-        "RuntimeError: Timed out initializing process group in store based barrier on rank: 2, for key: "
-        "store_based_barrier_key:1 (world_size=4, worker_count=3, timeout=0:30:00)\n"
-        "ERROR:torch.distributed.elastic.agent.server.local_elastic_agent:[default] Worker group failed\n")
-    result = triage(tmp_path)
-    assert result.root is not None and result.root.lineno == 1
-
-
-def test_a_fatal_signal_caught_by_the_process_is_a_root(tmp_path: Path) -> None:
-    (tmp_path / "rank_5.log").write_text(
-        "n3:1:1 [5] NCCL INFO Channel 00/0 : 5[5] -> 6[6] via P2P/IPC\n"
-        "[n3:7781:0:7790] Caught signal 7 (Bus error: nonexistent physical address)\n"
-        "==== backtrace (tid:   7790) ====\n"
-        " 0  /usr/lib/libucs.so.0(ucs_handle_error+0x2dc) [0x7f00aa]\n"
-        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n")
-    result = triage(tmp_path)
-    assert result.root is not None and result.root.lineno == 2 and result.root_basis == "signature"
-    assert result.root.fault_type == "process_crash"
-
-
-def test_a_signal_death_no_signature_knows_is_still_named(tmp_path: Path) -> None:
-    # the shell's report of a bus error: no signature, but the wording names a fatal signal
-    (tmp_path / "rank_0.log").write_text("Data size: 30000\n[1]    4939 bus error  python train.py\n")
-    result = triage(tmp_path)
-    assert result.root is not None and result.root.lineno == 2 and result.root_basis == "error_wording"
-
-
-def test_a_problem_its_producer_ignored_is_not_the_root(tmp_path: Path) -> None:
-    # PMIx skips a component it cannot open and says so; the fatal MPI error after it is the failure
-    (tmp_path / "rank_0.log").write_text(
-        "[n1:42] pmix_mca_base_component_repository_open: unable to open mca_gds_x: libx.so: undefined symbol: y "
-        "(ignored)\n"
-        "*** An error occurred in MPI_Init_thread\n"
-        "*** on a NULL communicator\n")
-    result = triage(tmp_path)
-    assert result.root is not None and result.root.lineno == 2
-
-
-def test_a_verbs_call_nccl_reports_at_info_is_not_the_root(tmp_path: Path) -> None:
-    # NCCL logs an optional verb the NIC does not support at INFO and goes on; the WARN after it is the failure
-    (tmp_path / "rank_0.log").write_text(
-        "h1:10:20 [0] NCCL INFO Call to ibv_set_ece failed with error Operation not supported errno 95\n"
-        "\n"
-        "h1:10:20 [0] misc/ibvwrap.cc:206 NCCL WARN Call to ibv_modify_qp failed with error No such device "
-        "errno 19\n"
-        "h1:10:20 [0] NCCL INFO transport/net_ib.cc:937 -> 2\n")
-    result = triage(tmp_path)
-    assert result.root is not None and result.root.lineno == 3 and result.root_basis == "signature"
-    # alone, a call NCCL tolerated names no root
-    (tmp_path / "rank_0.log").write_text(
-        "h1:10:20 [0] NCCL INFO Call to ibv_set_ece failed with error Operation not supported errno 95\n")
-    assert triage(tmp_path).root is None
-
-
-def test_a_pure_virtual_call_is_the_root_not_the_launchers_report(tmp_path: Path) -> None:
-    # the process dies at exit; torchelastic then reports the SIGABRT (-6) of the worker
-    (tmp_path / "rank_0.log").write_text(
-        "[rank0]:[W1019 08:16:22.397556647 ProcessGroupNCCL.cpp:1477] Warning: WARNING: destroy_process_group() "
-        "was not called before program exit, which can leak resources.\n"
-        "pure virtual method called\n"
-        "terminate called without an active exception\n"
-        "E1019 08:21:39.599000 3036 torch/distributed/elastic/multiprocessing/api.py:874] failed (exitcode: -6) "
-        "local_rank: 0 (pid: 3042) of binary: /usr/bin/python\n")
-    result = triage(tmp_path)
-    assert result.root is not None and result.root.lineno == 2 and result.root.fault_type == "process_crash"
-
-
-def test_the_ssh_failure_is_the_root_not_the_launchers_failed_command(tmp_path: Path) -> None:
-    # the DeepSpeed launcher runs "ssh HOST hostname -I"; ssh says why it failed, then Python reports exit status 255
-    (tmp_path / "launcher.log").write_text(
-        "ssh: Could not resolve hostname node-0: Name or service not known\n"
-        "Traceback (most recent call last):\n"
-        '  File "/usr/local/lib/python3.6/dist-packages/deepspeed/launcher/runner.py", line 281, in main\n'
-        "    result = subprocess.check_output(hostname_cmd, shell=True)\n"
-        "subprocess.CalledProcessError: Command '['ssh node-0 hostname -I']' returned non-zero exit status 255.\n")
-    result = triage(tmp_path)
-    assert result.root is not None and result.root.lineno == 1 and result.root_basis == "signature"
-    assert result.root.signature == "ssh.connect_failed" and result.root.attrs["host"] == "node-0"
 
 
 def test_a_launchers_ssh_refusing_its_key_is_the_root(tmp_path: Path) -> None:
@@ -376,37 +189,347 @@ NVIDIA_SMI_THEN_DMESG = (
     "[Fri Apr  5 21:29:39 2024] NVRM: GPU 0000:{bus}:00.0: GPU has fallen off the bus.\n")
 
 
-def test_nvidia_smi_before_the_kernel_log_of_one_session_yields_to_the_drivers_line(tmp_path: Path) -> None:
-    # nvidia-smi run first, dmesg after: NVML's report is first in the file, the driver's Xid about that GPU is the root
-    (tmp_path / "session.log").write_text(NVIDIA_SMI_THEN_DMESG.format(bus="a1"))
-    result = triage(tmp_path)
-    assert result.root is not None and result.root.lineno == 4 and result.root.signature == "nvrm.xid"
+def _phase(root: dict[str, object] | None, *files: str) -> tuple[dict[str, str], dict[str, object] | None]:
+    """Log files to write over the ones before (name, text, name, text...), and what triage then finds: the fields of
+    its result named (``root.lineno``, ``root.attrs.host``, ``root_basis``...) with their values, or None where it
+    names no root."""
+    return dict(zip(files[::2], files[1::2], strict=True)), root
 
 
-def test_nvidia_smi_about_another_gpu_keeps_its_own_report(tmp_path: Path) -> None:
-    # the kernel's lines are about GPU 0000:3b:00, nvidia-smi's about 0000:a1:00: nothing ties them, the first stands
-    (tmp_path / "session.log").write_text(NVIDIA_SMI_THEN_DMESG.format(bus="3b"))
-    result = triage(tmp_path)
-    assert result.root is not None and result.root.lineno == 2 and result.root.signature == "nvml.gpu_lost"
+def _field(result: object, path: str) -> object:
+    """The field of ``result`` at ``path`` (``root.attrs.host``: the root's attrs["host"])."""
+    value = result
+    for name in path.split("."):
+        value = value[name] if isinstance(value, dict) else getattr(value, name)
+    return value
 
 
-def test_a_cpp_backtrace_frame_is_not_a_report(tmp_path: Path) -> None:
-    # the tail of one rank's watchdog report (its c10 backtrace) names checkTimeout; the next rank's report is the line
-    (tmp_path / "job.log").write_text(
-        "frame #1: c10d::ProcessGroupNCCL::WorkNCCL::checkTimeout(std::optional<std::chrono::duration<long, "
-        "std::ratio<1l, 1000l> > >) + 0x1d2 (0x2b9d2f40c8e2 in /opt/torch/lib/libtorch_cuda.so)\n"
-        "frame #2: c10d::ProcessGroupNCCL::watchdogHandler() + 0x1a0 (0x2b9d2f411700 in "
-        "/opt/torch/lib/libtorch_cuda.so)\n"
-        "\n"
-        "[rank2]:[E ProcessGroupNCCL.cpp:563] [Rank 2] Watchdog caught collective operation timeout: "
-        "WorkNCCL(SeqNum=7487, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=1800000) ran for 1800096 "
-        "milliseconds before timing out.\n")
-    result = triage(tmp_path)
-    assert result.root is not None and result.root.lineno == 4 and result.root_basis == "symptom"
-    # frames alone report nothing
-    (tmp_path / "job.log").write_text(
-        "frame #1: c10d::ProcessGroupNCCL::WorkNCCL::checkTimeout() + 0x1d2 (0x2b9d in libtorch_cuda.so)\n")
-    assert triage(tmp_path).root is None
+# Jobs' logs and the root triage names in each, in phases: a phase's files are written over the ones before it, and
+# triage is run again.
+@pytest.mark.parametrize("phases", [
+    pytest.param([
+        _phase({"root.attrs.exc_type": "KeyError", "root.attrs.user_frame": "/work/train.py:10 in <module>"},
+            "rank_0.log",
+            "[rank0]: Traceback (most recent call last):\n"
+            '[rank0]:   File "/work/train.py", line 10, in <module>\n'
+            '[rank0]:   File "/usr/lib/python3.11/site-packages/torch/nn/modules/module.py", line 1, in _call\n'
+            "[rank0]: KeyError: 'input_ids'\n"),
+    ], id="user_frame_and_exception_type"),
+    pytest.param([
+        _phase({"root.source": "rank_1.log", "root_basis": "symptom"},
+            "rank_0.log",
+            "2026-01-01 00:00:01,000 Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, "
+            "OpType=ALLREDUCE\n",
+            "rank_1.log",
+            "2026-01-01 00:00:09,000 RuntimeError: [gloo/transport/tcp/pair.cc:799] connect [10.0.0.3]:13195: "
+            "Connection refused\n"),
+    ], id="a_timeout_is_the_last_choice_among_symptoms"),
+    pytest.param([
+        _phase({"root.lineno": 3, "root.signature": "cuda.kernel_assert"},
+            "rank_0.log",
+            "RuntimeError: CUDA error: device-side assert triggered\n"
+            "For debugging consider passing CUDA_LAUNCH_BLOCKING=1.\n"
+            "/pytorch/aten/src/ATen/native/cuda/IndexKernel.cu:92: operator(): block: [0,0,0], thread: [3,0,0] "
+            "Assertion `index >= -sizes[i] && index < sizes[i] && \"index out of bounds\"` failed.\n"),
+    ], id="the_kernel_assertion_printed_after_the_host_error_is_the_root"),
+    pytest.param([
+        # "terminate called" is the process aborting; the "what():" line under it is the error it aborts on
+        _phase({"root.lineno": 2, "root_basis": "symptom"},
+            "rank_2.log",
+            "terminate called after throwing an instance of 'gloo::IoException'\n"
+            "  what():  [gloo/transport/tcp/pair.cc:310] read [10.0.0.5]:4411: Connection reset by peer\n"),
+        # an abort alone is still named (never nothing)
+        _phase({"root.signature": "python.aborted"},
+            "rank_2.log",
+            "terminate called after throwing an instance of 'std::bad_alloc'\n"),
+    ], id="the_message_of_an_aborting_exception_is_the_root_not_the_abort"),
+    pytest.param([
+        _phase({"root.lineno": 1},
+            "rank_0.log",
+            "[rank0]:[E ProcessGroupNCCL.cpp:1300] [PG 0 Rank 0] Heartbeat monitor timed out! Process will be "
+            "terminated after dumping debug info. workMetaList_.size()=2\n"
+            "[rank0]:[E ProcessGroupNCCL.cpp:1150] [PG 0 Rank 0] ProcessGroupNCCL preparing to dump debug info.\n"
+            "[rank0]:[F ProcessGroupNCCL.cpp:1170] [PG 0 Rank 0] ProcessGroupNCCL's watchdog got stuck for 600 "
+            "seconds "
+            "without making progress in monitoring enqueued collectives.\n"),
+    ], id="the_heartbeat_timeout_not_its_debug_dump_is_the_root"),
+    pytest.param([
+        # PyTorch's WorkNCCL::printTraceback: after the timeout, the flight recorder's stack of the timed-out collective
+        # under "Stack trace of the failed collective:" (or that it was "not found"); the header reports nothing new
+        _phase({"root.lineno": 1},
+            "rank_0.log",
+            "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=2, OpType=ALLREDUCE, NumelIn=4, "
+            "NumelOut=4, Timeout(ms)=8000) ran for 8097 milliseconds before timing out.\n"
+            " - [0] Timeout at collective: ALLREDUCE, #3\n"
+            "Stack trace of the failed collective:\n"
+            "#2 buggy from collective_mismatch.py:8\n"),
+        _phase({"root.lineno": 1},
+            "rank_0.log",
+            "[rank1]:[E1218 20:27:21.484 ProcessGroupNCCL.cpp:631] [Rank 1] Watchdog caught collective operation "
+            "timeout: "
+            "WorkNCCL(SeqNum=1, OpType=BROADCAST, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600090 "
+            "milliseconds "
+            "before timing out.\n"
+            "[rank1]:[E1218 20:27:21.484 ProcessGroupNCCL.cpp:667] Stack trace of the failed collective not found, "
+            "potentially because FlightRecorder is disabled. You can enable it by setting "
+            "TORCH_NCCL_TRACE_BUFFER_SIZE "
+            "to a non-zero value.\n"),
+    ], id="the_watchdog_timeout_not_the_stack_trace_header_under_it_is_the_root"),
+    pytest.param([
+        _phase({"root.lineno": 13, "root.signature": "launcher.root_cause"},
+            "launcher.log",
+            "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
+            "============================================================\n"
+            "train.py FAILED\n"
+            "------------------------------------------------------------\n"
+            "Failures:\n"
+            "[1]:\n"
+            "  rank      : 3 (local_rank: 3)\n"
+            "  exitcode  : -15 (pid: 402)\n"
+            "------------------------------------------------------------\n"
+            "Root Cause (first observed failure):\n"
+            "[0]:\n"
+            "  rank      : 1 (local_rank: 1)\n"
+            "  exitcode  : -9 (pid: 400)\n"
+            "  traceback : Signal 9 (SIGKILL) received by PID 400\n"
+            "============================================================\n"),
+        # the other failures' exit codes are the report's echo: with no root cause section, the report's head is named
+        _phase({"root.lineno": 1},
+            "launcher.log",
+            "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
+            "Failures:\n"
+            "  exitcode  : -15 (pid: 402)\n"),
+    ], id="the_root_cause_of_a_childfailederror_report_is_its_first_observed_failure"),
+    pytest.param([
+        _phase({"root.lineno": 1},
+            "agent.log",
+            "RuntimeError: Timed out initializing process group in store based barrier on rank: 2, for key: "
+            "store_based_barrier_key:1 (world_size=4, worker_count=3, timeout=0:30:00)\n"
+            "ERROR:torch.distributed.elastic.agent.server.local_elastic_agent:[default] Worker group failed\n"),
+    ], id="the_agent_s_worker_group_failed_is_an_echo"),
+    pytest.param([
+        _phase({"root.lineno": 2, "root_basis": "signature", "root.fault_type": "process_crash"},
+            "rank_5.log",
+            "n3:1:1 [5] NCCL INFO Channel 00/0 : 5[5] -> 6[6] via P2P/IPC\n"
+            "[n3:7781:0:7790] Caught signal 7 (Bus error: nonexistent physical address)\n"
+            "==== backtrace (tid:   7790) ====\n"
+            " 0  /usr/lib/libucs.so.0(ucs_handle_error+0x2dc) [0x7f00aa]\n"
+            "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"),
+    ], id="a_fatal_signal_caught_by_the_process_is_a_root"),
+    pytest.param([
+        # the shell's report of a bus error: no signature, but the wording names a fatal signal
+        _phase({"root.lineno": 2, "root_basis": "error_wording"},
+            "rank_0.log",
+            "Data size: 30000\n[1]    4939 bus error  python train.py\n"),
+    ], id="a_signal_death_no_signature_knows_is_still_named"),
+    pytest.param([
+        # PMIx skips a component it cannot open and says so; the fatal MPI error after it is the failure
+        _phase({"root.lineno": 2},
+            "rank_0.log",
+            "[n1:42] pmix_mca_base_component_repository_open: unable to open mca_gds_x: libx.so: undefined symbol: y "
+            "(ignored)\n"
+            "*** An error occurred in MPI_Init_thread\n"
+            "*** on a NULL communicator\n"),
+    ], id="a_problem_its_producer_ignored_is_not_the_root"),
+    pytest.param([
+        # NCCL logs an optional verb the NIC does not support at INFO and goes on; the WARN after it is the failure
+        _phase({"root.lineno": 3, "root_basis": "signature"},
+            "rank_0.log",
+            "h1:10:20 [0] NCCL INFO Call to ibv_set_ece failed with error Operation not supported errno 95\n"
+            "\n"
+            "h1:10:20 [0] misc/ibvwrap.cc:206 NCCL WARN Call to ibv_modify_qp failed with error No such device "
+            "errno 19\n"
+            "h1:10:20 [0] NCCL INFO transport/net_ib.cc:937 -> 2\n"),
+        # alone, a call NCCL tolerated names no root
+        _phase(None,
+            "rank_0.log",
+            "h1:10:20 [0] NCCL INFO Call to ibv_set_ece failed with error Operation not supported errno 95\n"),
+    ], id="a_verbs_call_nccl_reports_at_info_is_not_the_root"),
+    pytest.param([
+        # the process dies at exit; torchelastic then reports the SIGABRT (-6) of the worker
+        _phase({"root.lineno": 2, "root.fault_type": "process_crash"},
+            "rank_0.log",
+            "[rank0]:[W1019 08:16:22.397556647 ProcessGroupNCCL.cpp:1477] Warning: WARNING: destroy_process_group() "
+            "was not called before program exit, which can leak resources.\n"
+            "pure virtual method called\n"
+            "terminate called without an active exception\n"
+            "E1019 08:21:39.599000 3036 torch/distributed/elastic/multiprocessing/api.py:874] failed (exitcode: -6) "
+            "local_rank: 0 (pid: 3042) of binary: /usr/bin/python\n"),
+    ], id="a_pure_virtual_call_is_the_root_not_the_launchers_report"),
+    pytest.param([
+        # the DeepSpeed launcher runs "ssh HOST hostname -I"; ssh says why it failed, then Python reports exit status
+        # 255
+        _phase({"root.lineno": 1, "root_basis": "signature", "root.signature": "ssh.connect_failed",
+                "root.attrs.host": "node-0"},
+            "launcher.log",
+            "ssh: Could not resolve hostname node-0: Name or service not known\n"
+            "Traceback (most recent call last):\n"
+            '  File "/usr/local/lib/python3.6/dist-packages/deepspeed/launcher/runner.py", line 281, in main\n'
+            "    result = subprocess.check_output(hostname_cmd, shell=True)\n"
+            "subprocess.CalledProcessError: Command '['ssh node-0 hostname -I']' returned non-zero exit status 255.\n"),
+    ], id="the_ssh_failure_is_the_root_not_the_launchers_failed_command"),
+    pytest.param([
+        # nvidia-smi run first, dmesg after: NVML's report is first in the file, the driver's Xid about that GPU is the
+        # root
+        _phase({"root.lineno": 4, "root.signature": "nvrm.xid"},
+            "session.log",
+            NVIDIA_SMI_THEN_DMESG.format(bus="a1")),
+    ], id="nvidia_smi_before_the_kernel_log_of_one_session_yields_to_the_drivers_line"),
+    pytest.param([
+        # the kernel's lines are about GPU 0000:3b:00, nvidia-smi's about 0000:a1:00: nothing ties them, the first
+        # stands
+        _phase({"root.lineno": 2, "root.signature": "nvml.gpu_lost"},
+            "session.log",
+            NVIDIA_SMI_THEN_DMESG.format(bus="3b")),
+    ], id="nvidia_smi_about_another_gpu_keeps_its_own_report"),
+    pytest.param([
+        # the tail of one rank's watchdog report (its c10 backtrace) names checkTimeout; the next rank's report is the
+        # line
+        _phase({"root.lineno": 4, "root_basis": "symptom"},
+            "job.log",
+            "frame #1: c10d::ProcessGroupNCCL::WorkNCCL::checkTimeout(std::optional<std::chrono::duration<long, "
+            "std::ratio<1l, 1000l> > >) + 0x1d2 (0x2b9d2f40c8e2 in /opt/torch/lib/libtorch_cuda.so)\n"
+            "frame #2: c10d::ProcessGroupNCCL::watchdogHandler() + 0x1a0 (0x2b9d2f411700 in "
+            "/opt/torch/lib/libtorch_cuda.so)\n"
+            "\n"
+            "[rank2]:[E ProcessGroupNCCL.cpp:563] [Rank 2] Watchdog caught collective operation timeout: "
+            "WorkNCCL(SeqNum=7487, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=1800000) ran for 1800096 "
+            "milliseconds before timing out.\n"),
+        # frames alone report nothing
+        _phase(None,
+            "job.log",
+            "frame #1: c10d::ProcessGroupNCCL::WorkNCCL::checkTimeout() + 0x1d2 (0x2b9d in libtorch_cuda.so)\n"),
+    ], id="a_cpp_backtrace_frame_is_not_a_report"),
+    pytest.param([
+        # a preempted job: the step is cancelled, then the job DUE TO PREEMPTION; the requeued run's exception comes
+        # later
+        _phase({"root.lineno": 2, "root_basis": "signature", "root.signature": "slurm.cancelled",
+                "root.attrs.reason": "PREEMPTION"},
+            "job.log",
+            "slurmstepd: error: *** STEP 37361369.0 ON node-5 CANCELLED AT 2021-03-15T17:50:23 ***\n"
+            "slurmstepd: error: *** JOB 37361369 ON node-5 CANCELLED AT 2021-03-15T18:00:46 DUE TO PREEMPTION ***\n"
+            "srun: Job step aborted: Waiting up to 32 seconds for job step to finish.\n"
+            "submitit ERROR (2021-03-15 18:45:40,210) - Submitted job triggered an exception\n"),
+        # without a reason the report is srun tearing a step down after a task failed: the task's failure is the root
+        _phase({"root.lineno": 1},
+            "job.log",
+            "srun: error: node-1: task 4: Out Of Memory\n"
+            "slurmstepd: error: *** STEP 3495064.0 ON node-1 CANCELLED AT 2021-10-27T19:35:36 ***\n"),
+    ], id="slurms_cancellation_for_a_reason_is_the_root_not_the_requeued_jobs_exception"),
+    pytest.param([
+        # neither file has a wall-clock time: the driver's refusal outranks the CUDA error it causes
+        _phase({"root.source": "dmesg.log", "root.lineno": 1, "root.signature": "nvrm.reset_required",
+                "probable_cause": "gpu_xid"},
+            "job.log",
+            "Traceback (most recent call last):\n"
+            '  File "<stdin>", line 1, in <module>\n'
+            "torch.AcceleratorError: CUDA error: CUDA-capable device(s) is/are busy or unavailable\n",
+            "dmesg.log",
+            "[373871.354096] NVRM: nvAssertOkFailedNoLog: Assertion failed: Reset required [NV_ERR_RESET_REQUIRED] "
+            "(0x00000062) returned from status @ kernel_channel.c:2827\n"),
+    ], id="a_gpu_that_needs_a_reset_is_the_root_behind_cudas_device_busy"),
+    pytest.param([
+        # the drain reason says the kill failed; slurmd's log on the node says why (an epilog that could not run)
+        _phase({"root.lineno": 2},
+            "job.log",
+            "Kill task failed root 2024-01-25T15:12:23 gpu-23\n"
+            "Feb 22 17:46:38 gpu-23 slurmd[13562]: spank-epilog: error: pyxis: mkdir: cannot create directory "
+            "'/opt/enroot/data': Permission denied\n"),
+        # alone, the drain reason is still named rather than nothing
+        _phase({"root.lineno": 1},
+            "job.log",
+            "Kill task failed root 2024-01-25T15:12:23 gpu-23\n"),
+    ], id="slurms_kill_task_failed_drain_gives_way_to_the_nodes_own_error"),
+    pytest.param([
+        _phase({"root.lineno": 3, "root_basis": "signature", "root.attrs.resource": "ephemeral-storage"},
+            "job.log",
+            "Status:       Failed\n"
+            "Reason:       Evicted\n"
+            "Message:      The node was low on resource: ephemeral-storage. Threshold quantity: 2146223340, "
+            "available: "
+            "1883424Ki. Container trainer was using 52676Ki, request is 10Mi, has larger consumption of "
+            "ephemeral-storage.\n"),
+    ], id="a_kubelet_eviction_is_the_root_of_an_evicted_pod"),
+    pytest.param([
+        # Linux 5.10 and later print the task line above the call trace; older kernels the "blocked for more than" line
+        _phase({"root.lineno": 1, "root.signature": "kernel.hung_task", "root.attrs.task": "python3.11"},
+            "dmesg.log",
+            "[  +0.000049] task:python3.11      state:D stack:    0 pid:15277 ppid: 15257 flags:0x00000002\n"
+            "[  +0.000006] Call Trace:\n"
+            "[  +0.000005]  uvm_page_tree_get_ptes_async+0x93/0x970 [nvidia_uvm]\n"),
+        _phase({"root.lineno": 1, "root.attrs.pid": "5403"},
+            "dmesg.log",
+            "[ 721.028170] INFO: task nvc:[driver]:5403 blocked for more than 120 seconds.\n"
+            "[ 721.028273] \"echo 0 > /proc/sys/kernel/hung_task_timeout_secs\" disables this message.\n"),
+        # a task in interruptible sleep (a dump of every task) is no report
+        _phase(None,
+            "dmesg.log",
+            "[  +0.000049] task:python3.11      state:S stack:    0 pid:15277\n"),
+    ], id="a_hung_task_report_is_a_root_in_a_kernel_log"),
+    pytest.param([
+        # c10's glog prefix: severity E or F, then the month without zero padding and the day (April 29)
+        _phase({"root.lineno": 1, "root_basis": "error_wording"},
+            "rank_6.log",
+            "[rank6]:[E429 13:55:49.384372190 ProcessGroupNCCL.cpp:1743] [PG ID 0 PG GUID 0(default_pg) Rank 6] "
+            "ProcessGroupNCCL'\n"
+            "s watchdog got stuck for 480 seconds without making progress in monitoring enqueued collectives.\n"),
+    ], id="a_glog_error_tag_with_an_unpadded_month_reads_as_an_error"),
+    pytest.param([
+        # tqdm redraws its bar without a newline: the rank's c10 error line lands on the end of the bar's last line
+        _phase({"root.lineno": 2, "root_basis": "error_wording"},
+            "train.log",
+            "  1%|          | 23/1752 [01:05<1:23:14,  2.89s/it]\n"
+            "  1%|          | 24/1752 [01:08<1:22:56,  2.88s/it][rank5]:[E602 11:17:52.185053341 "
+            "ProcessGroupNCCL.cpp:632] [Rank 5] Something went wrong in PG 1\n"),
+        # a warning tag glued there is not an error
+        _phase(None,
+            "train.log",
+            "  1%|          | 24/1752 [01:08<1:22:56,  2.88s/it][rank5]:[W602 11:17:52.185053341 "
+            "ProcessGroupNCCL.cpp:632] [Rank 5] Something went wrong in PG 1\n"),
+    ], id="a_ranks_glog_error_glued_to_a_progress_bar_reads_as_an_error"),
+    pytest.param([
+        # Ray's own OOM killer (ray-oom-prevention): the task's report and the raylet's periodic summary
+        _phase({"root.lineno": 1, "root_basis": "signature"},
+            "driver.log",
+            "Memory on the node (IP: 10.0.0.7, ID: 9f1c) where the task (task ID: 4a2b, name=train, pid=4242, memory "
+            "used=3.10GB) was running was 60.20GB / 62.00GB (0.970968), which exceeds the memory usage threshold of "
+            "0.95. Ray killed this worker (ID: 77aa) because it was the most recently scheduled task; to see more "
+            "information about memory usage on this node, use `ray logs raylet.out -ip 10.0.0.7`.\n"),
+        _phase({"root.lineno": 2, "root_basis": "signature"},
+            "driver.log",
+            "(RayTrainWorker pid=812) step 120 loss 2.31\n"
+            "(raylet) [2024-03-01 10:00:02,241 E 51 51] (raylet) node_manager.cc:3064: 3 Workers (tasks / actors) "
+            "killed due to memory pressure (OOM), 0 Workers crashed due to other reasons at node (ID: 5e, IP: "
+            "10.0.0.7) over the last time period.\n"
+            "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.\n"),
+    ], id="ray_s_memory_monitor_kill_is_a_root"),
+    pytest.param([
+        # ORTE's (PRRTE's since Open MPI 5) report of a lost remote daemon; its last sentence says "failure" and
+        # "cannot recover", which read as error wording, but the report starts at its first line
+        _phase({"root.lineno": 1, "root_basis": "signature"},
+            "launcher.log",
+            "ORTE has lost communication with a remote daemon.\n"
+            "\n"
+            "  HNP daemon   : [[4301,0],0] on node job-launcher\n"
+            "  Remote daemon: [[4301,0],3] on node job-worker-2\n"
+            "\n"
+            "This is usually due to either a failure of the TCP network\n"
+            "connection to the node, or possibly an internal failure of\n"
+            "the daemon itself. We cannot recover from this failure, and\n"
+            "therefore will terminate the job.\n"),
+    ], id="open_mpi_s_lost_daemon_report_is_named_at_its_first_line"),
+])
+def test_triage_names_the_root_of_a_job_s_logs(
+    tmp_path: Path, phases: list[tuple[dict[str, str], dict[str, object] | None]],
+) -> None:
+    for files, root in phases:
+        for name, text in files.items():
+            (tmp_path / name).write_text(text)
+        result = triage(tmp_path)
+        if root is None:
+            assert result.root is None
+        else:
+            assert result.root is not None and {path: _field(result, path) for path in root} == root
 
 
 def test_a_cpp_backtrace_frame_under_a_launchers_host_prefix_is_not_a_report(tmp_path: Path) -> None:
@@ -427,52 +550,6 @@ def test_a_cpp_backtrace_frame_under_a_launchers_host_prefix_is_not_a_report(tmp
     (tmp_path / "job.log").write_text(
         "RuntimeError: checkTimeout failed, see frame #1: below\n")
     assert triage(tmp_path).root is not None
-
-
-def test_slurms_cancellation_for_a_reason_is_the_root_not_the_requeued_jobs_exception(tmp_path: Path) -> None:
-    # a preempted job: the step is cancelled, then the job DUE TO PREEMPTION; the requeued run's exception comes later
-    (tmp_path / "job.log").write_text(
-        "slurmstepd: error: *** STEP 37361369.0 ON node-5 CANCELLED AT 2021-03-15T17:50:23 ***\n"
-        "slurmstepd: error: *** JOB 37361369 ON node-5 CANCELLED AT 2021-03-15T18:00:46 DUE TO PREEMPTION ***\n"
-        "srun: Job step aborted: Waiting up to 32 seconds for job step to finish.\n"
-        "submitit ERROR (2021-03-15 18:45:40,210) - Submitted job triggered an exception\n")
-    result = triage(tmp_path)
-    assert result.root is not None and result.root.lineno == 2 and result.root_basis == "signature"
-    assert result.root.signature == "slurm.cancelled" and result.root.attrs["reason"] == "PREEMPTION"
-    # without a reason the report is srun tearing a step down after a task failed: the task's failure is the root
-    (tmp_path / "job.log").write_text(
-        "srun: error: node-1: task 4: Out Of Memory\n"
-        "slurmstepd: error: *** STEP 3495064.0 ON node-1 CANCELLED AT 2021-10-27T19:35:36 ***\n")
-    result = triage(tmp_path)
-    assert result.root is not None and result.root.lineno == 1
-
-
-def test_a_gpu_that_needs_a_reset_is_the_root_behind_cudas_device_busy(tmp_path: Path) -> None:
-    # neither file has a wall-clock time: the driver's refusal outranks the CUDA error it causes
-    (tmp_path / "job.log").write_text(
-        "Traceback (most recent call last):\n"
-        '  File "<stdin>", line 1, in <module>\n'
-        "torch.AcceleratorError: CUDA error: CUDA-capable device(s) is/are busy or unavailable\n")
-    (tmp_path / "dmesg.log").write_text(
-        "[373871.354096] NVRM: nvAssertOkFailedNoLog: Assertion failed: Reset required [NV_ERR_RESET_REQUIRED] "
-        "(0x00000062) returned from status @ kernel_channel.c:2827\n")
-    result = triage(tmp_path)
-    assert result.root is not None and (result.root.source, result.root.lineno) == ("dmesg.log", 1)
-    assert result.root.signature == "nvrm.reset_required" and result.probable_cause == "gpu_xid"
-
-
-def test_slurms_kill_task_failed_drain_gives_way_to_the_nodes_own_error(tmp_path: Path) -> None:
-    # the drain reason says the kill failed; slurmd's log on the node says why (an epilog that could not run)
-    (tmp_path / "job.log").write_text(
-        "Kill task failed root 2024-01-25T15:12:23 gpu-23\n"
-        "Feb 22 17:46:38 gpu-23 slurmd[13562]: spank-epilog: error: pyxis: mkdir: cannot create directory "
-        "'/opt/enroot/data': Permission denied\n")
-    result = triage(tmp_path)
-    assert result.root is not None and result.root.lineno == 2
-    # alone, the drain reason is still named rather than nothing
-    (tmp_path / "job.log").write_text("Kill task failed root 2024-01-25T15:12:23 gpu-23\n")
-    result = triage(tmp_path)
-    assert result.root is not None and result.root.lineno == 1
 
 
 def test_sinfos_rows_of_a_node_not_responding_are_named_and_give_way_to_the_controllers_error(tmp_path: Path) -> None:
@@ -512,62 +589,6 @@ def test_slurmctlds_record_of_a_job_ended_by_a_signal_is_named_and_gives_way_to_
                                         "anon-rss:1kB, file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:1kB\n")
     result = triage(tmp_path)
     assert result.root is not None and result.root.source == "dmesg.log", result.summary
-
-
-def test_a_kubelet_eviction_is_the_root_of_an_evicted_pod(tmp_path: Path) -> None:
-    (tmp_path / "job.log").write_text(
-        "Status:       Failed\n"
-        "Reason:       Evicted\n"
-        "Message:      The node was low on resource: ephemeral-storage. Threshold quantity: 2146223340, available: "
-        "1883424Ki. Container trainer was using 52676Ki, request is 10Mi, has larger consumption of "
-        "ephemeral-storage.\n")
-    result = triage(tmp_path)
-    assert result.root is not None and result.root.lineno == 3 and result.root_basis == "signature"
-    assert result.root.attrs["resource"] == "ephemeral-storage"
-
-
-def test_a_hung_task_report_is_a_root_in_a_kernel_log(tmp_path: Path) -> None:
-    # Linux 5.10 and later print the task line above the call trace; older kernels the "blocked for more than" line
-    (tmp_path / "dmesg.log").write_text(
-        "[  +0.000049] task:python3.11      state:D stack:    0 pid:15277 ppid: 15257 flags:0x00000002\n"
-        "[  +0.000006] Call Trace:\n"
-        "[  +0.000005]  uvm_page_tree_get_ptes_async+0x93/0x970 [nvidia_uvm]\n")
-    result = triage(tmp_path)
-    assert result.root is not None and result.root.lineno == 1 and result.root.signature == "kernel.hung_task"
-    assert result.root.attrs["task"] == "python3.11"
-    (tmp_path / "dmesg.log").write_text(
-        "[ 721.028170] INFO: task nvc:[driver]:5403 blocked for more than 120 seconds.\n"
-        "[ 721.028273] \"echo 0 > /proc/sys/kernel/hung_task_timeout_secs\" disables this message.\n")
-    result = triage(tmp_path)
-    assert result.root is not None and result.root.lineno == 1 and result.root.attrs["pid"] == "5403"
-    # a task in interruptible sleep (a dump of every task) is no report
-    (tmp_path / "dmesg.log").write_text("[  +0.000049] task:python3.11      state:S stack:    0 pid:15277\n")
-    assert triage(tmp_path).root is None
-
-
-def test_a_glog_error_tag_with_an_unpadded_month_reads_as_an_error(tmp_path: Path) -> None:
-    # c10's glog prefix: severity E or F, then the month without zero padding and the day (April 29)
-    (tmp_path / "rank_6.log").write_text(
-        "[rank6]:[E429 13:55:49.384372190 ProcessGroupNCCL.cpp:1743] [PG ID 0 PG GUID 0(default_pg) Rank 6] "
-        "ProcessGroupNCCL'\n"
-        "s watchdog got stuck for 480 seconds without making progress in monitoring enqueued collectives.\n")
-    result = triage(tmp_path)
-    assert result.root is not None and result.root.lineno == 1 and result.root_basis == "error_wording"
-
-
-def test_a_ranks_glog_error_glued_to_a_progress_bar_reads_as_an_error(tmp_path: Path) -> None:
-    # tqdm redraws its bar without a newline: the rank's c10 error line lands on the end of the bar's last line
-    (tmp_path / "train.log").write_text(
-        "  1%|          | 23/1752 [01:05<1:23:14,  2.89s/it]\n"
-        "  1%|          | 24/1752 [01:08<1:22:56,  2.88s/it][rank5]:[E602 11:17:52.185053341 "
-        "ProcessGroupNCCL.cpp:632] [Rank 5] Something went wrong in PG 1\n")
-    result = triage(tmp_path)
-    assert result.root is not None and result.root.lineno == 2 and result.root_basis == "error_wording"
-    # a warning tag glued there is not an error
-    (tmp_path / "train.log").write_text(
-        "  1%|          | 24/1752 [01:08<1:22:56,  2.88s/it][rank5]:[W602 11:17:52.185053341 "
-        "ProcessGroupNCCL.cpp:632] [Rank 5] Something went wrong in PG 1\n")
-    assert triage(tmp_path).root is None
 
 
 def test_nccl_s_warn_below_a_bare_wrapper_names_the_failure(tmp_path: Path) -> None:
@@ -1074,42 +1095,6 @@ def test_lines_are_graded_only_while_a_worded_line_can_be_kept(tmp_path: Path, m
     result = triage(tmp_path)
     assert result.root is not None and result.root.signature == "cuda.illegal_address"
     assert calls <= triage_module.MAX_WORDED_PER_FILE + 1
-
-
-def test_ray_s_memory_monitor_kill_is_a_root(tmp_path: Path) -> None:
-    # Ray's own OOM killer (ray-oom-prevention): the task's report and the raylet's periodic summary
-    (tmp_path / "driver.log").write_text(
-        "Memory on the node (IP: 10.0.0.7, ID: 9f1c) where the task (task ID: 4a2b, name=train, pid=4242, memory "
-        "used=3.10GB) was running was 60.20GB / 62.00GB (0.970968), which exceeds the memory usage threshold of "
-        "0.95. Ray killed this worker (ID: 77aa) because it was the most recently scheduled task; to see more "
-        "information about memory usage on this node, use `ray logs raylet.out -ip 10.0.0.7`.\n")
-    result = triage(tmp_path)
-    assert result.root is not None and result.root.lineno == 1 and result.root_basis == "signature"
-    (tmp_path / "driver.log").write_text(
-        "(RayTrainWorker pid=812) step 120 loss 2.31\n"
-        "(raylet) [2024-03-01 10:00:02,241 E 51 51] (raylet) node_manager.cc:3064: 3 Workers (tasks / actors) "
-        "killed due to memory pressure (OOM), 0 Workers crashed due to other reasons at node (ID: 5e, IP: "
-        "10.0.0.7) over the last time period.\n"
-        "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.\n")
-    result = triage(tmp_path)
-    assert result.root is not None and result.root.lineno == 2 and result.root_basis == "signature"
-
-
-def test_open_mpi_s_lost_daemon_report_is_named_at_its_first_line(tmp_path: Path) -> None:
-    # ORTE's (PRRTE's since Open MPI 5) report of a lost remote daemon; its last sentence says "failure" and
-    # "cannot recover", which read as error wording, but the report starts at its first line
-    (tmp_path / "launcher.log").write_text(
-        "ORTE has lost communication with a remote daemon.\n"
-        "\n"
-        "  HNP daemon   : [[4301,0],0] on node job-launcher\n"
-        "  Remote daemon: [[4301,0],3] on node job-worker-2\n"
-        "\n"
-        "This is usually due to either a failure of the TCP network\n"
-        "connection to the node, or possibly an internal failure of\n"
-        "the daemon itself. We cannot recover from this failure, and\n"
-        "therefore will terminate the job.\n")
-    result = triage(tmp_path)
-    assert result.root is not None and result.root.lineno == 1 and result.root_basis == "signature"
 
 
 def test_a_slurm_daemon_s_fatal_in_the_journal_is_the_root(tmp_path: Path) -> None:

@@ -11,12 +11,14 @@ import signal
 import subprocess
 import sys
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.remedy.held_slurm import acting_env, held_slurm, place_cluster
+from tests.remedy.held_slurm import HeldSlurm, acting_env, held_slurm, place_cluster
 from tests.remedy.test_resume_claim import crashed_drain
 from tests.remedy.test_resume_claim import database as database
 from tests.run.test_engine_interrupt import crashed_drains
@@ -28,27 +30,48 @@ from vigil.remedy.audit import AuditLog
 pytestmark = pytest.mark.slow
 
 
+@contextmanager
+def killed_at_the_end(process: subprocess.Popen[bytes], group: bool = False) -> Iterator[subprocess.Popen[bytes]]:
+    """``process``, killed at the end if it still runs (its whole process group where ``group``)."""
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            if group:
+                os.killpg(process.pid, signal.SIGKILL)
+            else:
+                process.kill()
+            process.wait()
+
+
+@contextmanager
+def resuming_a_drain(database: str, tmp_path: Path, own_group: bool = False,
+                     **env: str) -> Iterator[tuple[subprocess.Popen[bytes], HeldSlurm, Path]]:
+    """`vigil serve --engine` (its home tmp_path/home, ``env`` added to its settings; ``own_group``: in a process group
+    of its own) whose engine has taken over the drain a server killed mid-drain left started, held by the fake
+    scontrol until released: yields the server, the held Slurm and the home. Killed at the end if still running (its
+    whole group where ``own_group``)."""
+    place_cluster(database)
+    home = tmp_path / "home"
+    with held_slurm(tmp_path / "slurm") as slurm:
+        server = start_server(home, acting_env(home, database, slurm, **env), "--engine", own_group=own_group)
+        with killed_at_the_end(server, group=own_group):
+            crashed_drain(AuditLog(database), at=1_000.0, lease_s=30.0)  # its lease lapsed long ago
+            wait_for(slurm.draining, 60, "the engine to resume the drain")
+            yield server, slurm, home
+
+
 def test_serve_stopped_waits_for_the_drain_its_engine_resumes(database: str, tmp_path: Path) -> None:
     """A server killed mid-drain left the drain started; a second server's engine takes it over on a tick, and the
     second server gets SIGTERM while the drain is evicting. It is still there a second later, and exits 0 once the
     drain ends, the run closed and recorded executed. Before, it ended at once (the engine's threads are daemons),
     leaving the run started for another process a lease later."""
-    place_cluster(database)
-    home = tmp_path / "home"
-    with held_slurm(tmp_path / "slurm") as slurm:
-        server = start_server(home, acting_env(home, database, slurm), "--engine")
-        try:
-            crashed_drain(AuditLog(database), at=1_000.0, lease_s=30.0)  # its lease lapsed long ago
-            wait_for(slurm.draining, 60, "the engine to resume the drain")
-            server.send_signal(signal.SIGTERM)
-            with pytest.raises(subprocess.TimeoutExpired):
-                server.wait(timeout=1.0)
-            slurm.release()
-            assert server.wait(timeout=60) == 0, (home / "serve.log").read_text()
-        finally:
-            if server.poll() is None:
-                server.kill()
-                server.wait()
+    with resuming_a_drain(database, tmp_path) as (server, slurm, home):
+        server.send_signal(signal.SIGTERM)
+        with pytest.raises(subprocess.TimeoutExpired):
+            server.wait(timeout=1.0)
+        slurm.release()
+        assert server.wait(timeout=60) == 0, (home / "serve.log").read_text()
     audit = AuditLog(database)
     assert audit.unfinished() == []
     (record,) = audit.actions()
@@ -60,22 +83,12 @@ def test_serve_stopped_gives_up_on_the_drain_after_one_lease(database: str, tmp_
     """The same with a drain that does not end and a 2 s lease: the server exits 0 about a lease after SIGTERM with
     one warning, leaving the run started under its claim for another process to take over. Before, it ended at
     once without a word."""
-    place_cluster(database)
-    home = tmp_path / "home"
-    with held_slurm(tmp_path / "slurm") as slurm:
-        server = start_server(home, acting_env(home, database, slurm, VIGIL_REMEDY_LEASE_S="2",
-                                               VIGIL_REMEDY_LEASE_RENEW_S="0.5"), "--engine")
-        try:
-            crashed_drain(AuditLog(database), at=1_000.0, lease_s=30.0)
-            wait_for(slurm.draining, 60, "the engine to resume the drain")
-            server.send_signal(signal.SIGTERM)
-            with pytest.raises(subprocess.TimeoutExpired):
-                server.wait(timeout=1.0)
-            assert server.wait(timeout=60) == 0, (home / "serve.log").read_text()
-        finally:
-            if server.poll() is None:
-                server.kill()
-                server.wait()
+    with resuming_a_drain(database, tmp_path, VIGIL_REMEDY_LEASE_S="2",
+                          VIGIL_REMEDY_LEASE_RENEW_S="0.5") as (server, _, home):
+        server.send_signal(signal.SIGTERM)
+        with pytest.raises(subprocess.TimeoutExpired):
+            server.wait(timeout=1.0)
+        assert server.wait(timeout=60) == 0, (home / "serve.log").read_text()
         log = (home / "serve.log").read_text()
         assert log.count("stopping while interrupted actions are still being resumed after 2 s (one lease)") == 1, log
         (run,) = AuditLog(database).unfinished_runs()
@@ -94,23 +107,13 @@ def test_a_second_ctrl_c_ends_the_wait_at_once(database: str, tmp_path: Path) ->
     a takeover once it lapses, and killing on its way out the drain's scontrol it started (in a session of its own).
     Before, the server waited without a word, and a second Ctrl-C ended it silently; and after that, the scontrol
     outlived the server, draining with no one to record it."""
-    place_cluster(database)
-    home = tmp_path / "home"
-    log = home / "serve.log"
-    with held_slurm(tmp_path / "slurm") as slurm:
-        server = start_server(home, acting_env(home, database, slurm), "--engine")
-        try:
-            crashed_drain(AuditLog(database), at=1_000.0, lease_s=30.0)
-            wait_for(slurm.draining, 60, "the engine to resume the drain")
-            server.send_signal(signal.SIGINT)
-            wait_for(lambda: WAITING in log.read_text(), 60, "the server to wait for its engine")
-            server.send_signal(signal.SIGINT)
-            assert server.wait(timeout=15) == 130, log.read_text()  # the drain holds, and the wait would last 30 s
-            wait_for(lambda: not slurm.drain_running("n1"), 30, "the drain's scontrol to be gone")
-        finally:
-            if server.poll() is None:
-                server.kill()
-                server.wait()
+    log = tmp_path / "home" / "serve.log"
+    with resuming_a_drain(database, tmp_path) as (server, slurm, _):
+        server.send_signal(signal.SIGINT)
+        wait_for(lambda: WAITING in log.read_text(), 60, "the server to wait for its engine")
+        server.send_signal(signal.SIGINT)
+        assert server.wait(timeout=15) == 130, log.read_text()  # the drain holds, and the wait would last 30 s
+        wait_for(lambda: not slurm.drain_running("n1"), 30, "the drain's scontrol to be gone")
     text = log.read_text()
     assert text.split(WAITING, 1)[1].strip().splitlines() == [AT_ONCE], text
     assert "Traceback" not in text
@@ -126,25 +129,15 @@ def test_ctrl_c_after_sigterm_is_named_as_the_first(database: str, tmp_path: Pat
     """SIGTERM while the engine resumes a drain: the server says it stops on SIGTERM and that Ctrl-C stops it at once,
     and Ctrl-C then does - exit 130, the line naming Ctrl-C, not a second one. Before, the lines said "Ctrl-C again"
     and "on a second Ctrl-C" where no Ctrl-C had come."""
-    place_cluster(database)
-    home = tmp_path / "home"
-    log = home / "serve.log"
+    log = tmp_path / "home" / "serve.log"
     waiting = ("vigil serve: stopping on SIGTERM; waiting for the engine's tick and the actions it resumes, at most "
                "30 s (Ctrl-C to stop at once)")
-    with held_slurm(tmp_path / "slurm") as slurm:
-        server = start_server(home, acting_env(home, database, slurm), "--engine")
-        try:
-            crashed_drain(AuditLog(database), at=1_000.0, lease_s=30.0)
-            wait_for(slurm.draining, 60, "the engine to resume the drain")
-            server.send_signal(signal.SIGTERM)
-            wait_for(lambda: waiting in log.read_text() or server.poll() is not None, 60,
-                     "the server to wait for its engine")
-            server.send_signal(signal.SIGINT)
-            assert server.wait(timeout=15) == 130, log.read_text()
-        finally:
-            if server.poll() is None:
-                server.kill()
-                server.wait()
+    with resuming_a_drain(database, tmp_path) as (server, _, _):
+        server.send_signal(signal.SIGTERM)
+        wait_for(lambda: waiting in log.read_text() or server.poll() is not None, 60,
+                 "the server to wait for its engine")
+        server.send_signal(signal.SIGINT)
+        assert server.wait(timeout=15) == 130, log.read_text()
     text = log.read_text()
     assert text.split(waiting, 1)[1].strip().splitlines() == [AT_ONCE_FIRST], text
     assert "Traceback" not in text
@@ -181,7 +174,7 @@ def test_a_second_ctrl_c_before_the_wait_begins_stops_at_once(tmp_path: Path) ->
     with log.open("ab") as err:
         server = subprocess.Popen([sys.executable, "-c", IN_THE_WINDOW, str(port), str(marker)], cwd=REPO, env=env,
                                   stdout=subprocess.DEVNULL, stderr=err)
-    try:
+    with killed_at_the_end(server):
         def healthy() -> bool:
             assert server.poll() is None, log.read_text()
             try:
@@ -194,10 +187,6 @@ def test_a_second_ctrl_c_before_the_wait_begins_stops_at_once(tmp_path: Path) ->
         wait_for(lambda: marker.exists() or server.poll() is not None, 60, "uvicorn to stop")
         server.send_signal(signal.SIGINT)
         assert server.wait(timeout=60) == 130, log.read_text()
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait()
     text = log.read_text()
     assert text.strip().splitlines()[-1] == AT_ONCE, text
     assert "Aborted" not in text and "Traceback" not in text
@@ -208,35 +197,25 @@ def test_ctrl_c_to_the_process_group_leaves_the_drain_to_end(database: str, tmp_
     a drain: the server waits for the drain, whose scontrol - in a session of its own - is still there, finishes
     once released and the run is closed executed; exit 0. Before, scontrol was in the server's group and died of the
     same SIGINT, the drain recorded failed while the server waited for it."""
-    place_cluster(database)
-    home = tmp_path / "home"
-    log = home / "serve.log"
-    with held_slurm(tmp_path / "slurm") as slurm:
-        server = start_server(home, acting_env(home, database, slurm), "--engine", own_group=True)
-        try:
-            crashed_drain(AuditLog(database), at=1_000.0, lease_s=30.0)
-            wait_for(slurm.draining, 60, "the engine to resume the drain")
-            os.killpg(server.pid, signal.SIGINT)
-            wait_for(lambda: WAITING in log.read_text(), 60, "the server to wait for its engine")
-            audit = AuditLog(database)
-            reader: list[int] = []
+    log = tmp_path / "home" / "serve.log"
+    with resuming_a_drain(database, tmp_path, own_group=True) as (server, slurm, _):
+        os.killpg(server.pid, signal.SIGINT)
+        wait_for(lambda: WAITING in log.read_text(), 60, "the server to wait for its engine")
+        audit = AuditLog(database)
+        reader: list[int] = []
 
-            def scontrol_reading_or_run_closed() -> bool:
-                try:  # without a reader on the FIFO: ENXIO
-                    reader.append(os.open(slurm.state_dir / "release", os.O_WRONLY | os.O_NONBLOCK))
-                    return True
-                except OSError:
-                    return audit.unfinished() == []
+        def scontrol_reading_or_run_closed() -> bool:
+            try:  # without a reader on the FIFO: ENXIO
+                reader.append(os.open(slurm.state_dir / "release", os.O_WRONLY | os.O_NONBLOCK))
+                return True
+            except OSError:
+                return audit.unfinished() == []
 
-            wait_for(scontrol_reading_or_run_closed, 60, "scontrol to read the release or the drain to end")
-            assert reader, f"the drain ended before its release: scontrol died of the SIGINT\n{log.read_text()}"
-            os.write(reader[0], b"go\n")
-            os.close(reader[0])
-            assert server.wait(timeout=60) == 0, log.read_text()
-        finally:
-            if server.poll() is None:
-                os.killpg(server.pid, signal.SIGKILL)
-                server.wait()
+        wait_for(scontrol_reading_or_run_closed, 60, "scontrol to read the release or the drain to end")
+        assert reader, f"the drain ended before its release: scontrol died of the SIGINT\n{log.read_text()}"
+        os.write(reader[0], b"go\n")
+        os.close(reader[0])
+        assert server.wait(timeout=60) == 0, log.read_text()
     assert "Traceback" not in log.read_text()
     assert audit.unfinished() == []
     (record,) = audit.actions()
@@ -262,7 +241,7 @@ def test_sigterm_during_start_up_ends_the_server(tmp_path: Path) -> None:
     log = tmp_path / "serve.log"
     server = subprocess.Popen([sys.executable, "-c", EARLY_SIGTERM, str(port)], cwd=REPO, env=env,
                               stdout=subprocess.DEVNULL, stderr=log.open("ab"))
-    try:
+    with killed_at_the_end(server):
         def answered_or_ended() -> bool:
             if server.poll() is not None:
                 return True
@@ -274,10 +253,6 @@ def test_sigterm_during_start_up_ends_the_server(tmp_path: Path) -> None:
         wait_for(answered_or_ended, 120, "the server to end or answer")
         assert server.poll() is not None, "SIGTERM received during start-up: the server serves on"
         assert server.returncode == 0, log.read_text()
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait()
 
 
 PORT_TAKEN = """
@@ -324,17 +299,13 @@ def test_a_failed_start_up_stops_the_engine_it_started(database: str, tmp_path: 
         server = subprocess.Popen([sys.executable, "-c", PORT_TAKEN, str(port), str(slurm.state_dir / "draining-n1")],
                                   cwd=REPO, env=acting_env(home, database, slurm), stdout=subprocess.DEVNULL,
                                   stderr=log.open("ab"))
-        try:
+        with killed_at_the_end(server):
             wait_for(lambda: "address already in use" in log.read_text() or server.poll() is not None, 120,
                      "uvicorn to fail to bind the port")
             with pytest.raises(subprocess.TimeoutExpired):
                 server.wait(timeout=3.0)  # waiting for the drain, held until released
             slurm.release()
             assert server.wait(timeout=60) == 3, log.read_text()  # a start-up that failed, as uvicorn.run exits
-        finally:
-            if server.poll() is None:
-                server.kill()
-                server.wait()
     text = log.read_text()
     # no Ctrl-C came: the line says start-up failed, and that Ctrl-C (not "again") stops the wait at once
     assert ("vigil serve: start-up failed; waiting for the engine's tick and the actions it resumes, at most 30 s "
@@ -394,7 +365,7 @@ def test_ctrl_c_during_the_start_up_resume_lets_the_drain_in_flight_finish(datab
         server = subprocess.Popen([sys.executable, "-m", "vigil", "serve", "--port", str(free_port()), "--no-engine"],
                                   cwd=REPO, env=acting_env(home, database, slurm), stdout=subprocess.DEVNULL,
                                   stderr=err)
-        try:
+        with killed_at_the_end(server):
             wait_for(lambda: slurm.draining("n1") or slurm.draining("n2") or server.poll() is not None, 120,
                      "the start-up to resume a drain")
             first = "n1" if slurm.draining("n1") else "n2"
@@ -404,10 +375,6 @@ def test_ctrl_c_during_the_start_up_resume_lets_the_drain_in_flight_finish(datab
             assert server.poll() is None, log.read_text()
             slurm.release()
             assert server.wait(timeout=60) == 0, log.read_text()
-        finally:
-            if server.poll() is None:
-                server.kill()
-                server.wait()
     text = log.read_text()
     assert "Traceback" not in text and "vigil serving on" not in text, text
     second = {"n1": "n2", "n2": "n1"}[first]
