@@ -6,10 +6,13 @@ import os
 import shutil
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
+
+from tests import pg_connections
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -22,6 +25,48 @@ BACKGROUND_DIAGNOSIS_OFF = {"VIGIL_SERVE_DIAGNOSIS_THREADS": "0"}
 def pytest_configure(config: pytest.Config) -> None:
     for name, value in BACKGROUND_DIAGNOSIS_OFF.items():
         os.environ.setdefault(name, value)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--pg-connections", action="store_true",
+                     help="list the tests that leave client connections on the suite's PostgreSQL servers")
+
+
+# The suite's PostgreSQL servers (tests.serve.conftest.postgres_url) are watched: client connections counted after
+# each test's call and teardown (tests.pg_connections); the peak is printed at the end.
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    pg_connections.MONITOR.before = pg_connections.MONITOR.count(item.nodeid)
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    yield
+    pg_connections.MONITOR.count(item.nodeid)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    yield
+    left = pg_connections.MONITOR.left_after(item.nodeid)
+    if left > 0:
+        pg_connections.MONITOR.leaks[item.nodeid] = left
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    peak, test, servers = pg_connections.MONITOR.peak()
+    if not servers:
+        return
+    terminalreporter.write_line(f"PostgreSQL client connections: peak {peak} on one of {servers} server(s) "
+                                f"(at {test}); {len(pg_connections.MONITOR.leaks)} test(s) left "
+                                f"{sum(pg_connections.MONITOR.leaks.values())} connection(s) after their teardown")
+    if config.getoption("--pg-connections"):
+        for nodeid, left in sorted(pg_connections.MONITOR.leaks.items(), key=lambda kv: -kv[1]):
+            terminalreporter.write_line(f"  +{left} {nodeid}")
+        for server in pg_connections.MONITOR.seen():
+            left = ", ".join(f"{n} to {database}" for database, n in server.left)
+            terminalreporter.write_line(f"  server {server.url}: peak {server.peak}, at its stop {left or 'none'}")
 
 
 @pytest.fixture(autouse=True)

@@ -19,6 +19,7 @@ import httpx
 import numpy as np
 import pytest
 
+from tests import pg_connections
 from tests.conftest import free_port, require_binary, wait_for
 from vigil.config import Settings
 from vigil.faces.api.auth import TOKEN_COOKIE, User, hash_token, save_users
@@ -323,7 +324,11 @@ def running_postgres(root: Path | None = None) -> Iterator[tuple[str, Path]]:
 def postgres_url() -> Iterator[str]:
     """A throwaway PostgreSQL cluster for the session (``running_postgres``)."""
     with running_postgres() as (url, _base):
-        yield url
+        pg_connections.MONITOR.watch(url)
+        try:
+            yield url
+        finally:
+            pg_connections.MONITOR.forget(url)
 
 
 def fresh_database(postgres_url: str, name: str) -> str:
