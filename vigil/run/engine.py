@@ -25,6 +25,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import TracebackType
 from typing import Any, TypeVar
 
 import numpy as np
@@ -368,18 +369,19 @@ class Engine:
         self._lease_lost = None
         self._stalled = False
         self._beat = time.monotonic()
-        # the thread holds the engine weakly and ends once it is gone or its store closed (one never released)
-        engine, store, owner, every = weakref.ref(self), self.store, self.owner, self.lease_s / 3
+        # the thread holds the engine weakly, and its store only through it (so neither outlives its last user for
+        # the thread's sake), and ends once the engine is gone or its store closed (one never released)
+        engine, owner, every = weakref.ref(self), self.owner, self.lease_s / 3
 
         def keep() -> None:
             while not stop.wait(every):
                 live = engine()
-                if live is None or store.closed:
+                if live is None or live.store.closed:
                     return
                 if live._stuck():
                     return
                 try:
-                    store.renew_lease(LEASE, owner, time.time() + live.lease_s)
+                    live.store.renew_lease(LEASE, owner, time.time() + live.lease_s)
                 except LeaseLost as err:
                     live._lease_lost = err
                     return
@@ -453,6 +455,21 @@ class Engine:
                 return False
             self.stop.wait(min(self.settings.engine_interval_s, self.lease_s / 3))
         return False
+
+    def close(self) -> None:
+        """Stop for good: no round after the one in flight, which is waited for with the round of resumed actions
+        (``finish_resuming``, at most one lease), and the lease given up, its renewing thread ended (``release``) -
+        the engine leaves no thread, and no connection checked out of its store's pool, behind. The store stays open:
+        it is its opener's to close. ``with Engine(...) as engine:`` closes it at the block's end."""
+        self.stop.set()
+        self.finish_resuming()
+        self.release()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
 
     def release(self) -> None:
         """Give the lease up (a clean stop): an engine standing by takes over at its next try."""
