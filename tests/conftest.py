@@ -70,6 +70,16 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
 
 
 @pytest.fixture(autouse=True)
+def _closed_audit_connections() -> Iterator[None]:
+    """The journal's engines (one per database URL for the process, vigil.remedy.audit.engine_for) close their pooled
+    connections after each test: each test's own PostgreSQL database kept 2 open for the rest of the session."""
+    yield
+    from vigil.remedy.audit import close_engines
+
+    close_engines()
+
+
+@pytest.fixture(autouse=True)
 def _agent_state_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test's node agents (and the agent processes it starts) keep their events spool in a directory of its
     own, never in the default /var/lib/vigil-agent of the machine running the tests."""
