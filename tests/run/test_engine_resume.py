@@ -6,8 +6,9 @@ resumed drain that takes minutes does not hold up a tick."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from sqlalchemy.exc import IntegrityError, OperationalError
@@ -26,6 +27,28 @@ from vigil.remedy.remediator import UNCLOSED_WARN_AFTER, Remediator
 from vigil.run.engine import Engine, start_in_thread, stop_in_thread
 from vigil.store.sql import Store
 
+# what a test opened (its engines, then their stores), closed at its end: an engine left running renews its lease,
+# and a store left open keeps its pooled connections, for the rest of the session
+_OPENED: list[Engine | Store] = []
+_Opened = TypeVar("_Opened", Engine, Store)
+
+
+def opened(thing: _Opened) -> _Opened:
+    _OPENED.append(thing)
+    return thing
+
+
+@pytest.fixture(autouse=True)
+def _close_opened() -> Iterator[None]:
+    yield
+    engines = [e for e in _OPENED if isinstance(e, Engine)]
+    stores = [s for s in _OPENED if isinstance(s, Store)]
+    _OPENED.clear()
+    for engine in engines:
+        engine.close()
+    for store in stores:
+        store.close()
+
 
 def engine_at(database: str, home: Path, now: float, *, guard: BlastRadiusGuard | None = None,
               actuator: CountingActuator | None = None) -> Engine:
@@ -34,7 +57,7 @@ def engine_at(database: str, home: Path, now: float, *, guard: BlastRadiusGuard 
     remediator = Remediator([actuator or CountingActuator([])], AuditLog(database), dry_run=False,
                             lifecycle=LifecycleStore(database), guard=guard, requested_by="vigil-engine",
                             clock=lambda: now, lease_s=30.0)
-    return Engine(Store(database), settings, notifiers=[], remediator=remediator)
+    return opened(Engine(opened(Store(database)), settings, notifiers=[], remediator=remediator))
 
 
 @pytest.mark.parametrize("verdict", [ActionStatus.REFUSED, ActionStatus.SKIPPED])
@@ -160,7 +183,7 @@ def drain_to_retry() -> Action:
 def test_a_resumed_run_that_raises_settles_its_stored_action(database: str, tmp_path: Path) -> None:
     """The stored action follows its run's close on the path of an error that is not the back end's too: it was
     left approved while the journal and the audit said failed."""
-    store = Store(database)
+    store = opened(Store(database))
     store.add_action(drain_to_retry())
     resumed_to(database, tmp_path, ActionStatus.FAILED, [])
     stored = store.action("act-drain-n1")
@@ -178,7 +201,7 @@ def test_a_retry_settles_the_stored_action_and_a_later_execute_keeps_it(database
     from the earlier record: failed, over a run the journal had done."""
     runs: list[str] = []
     resumed_to(database, tmp_path, verdict, runs)
-    store = Store(database)
+    store = opened(Store(database))
     store.add_action(drain_to_retry())
     server = Remediator([CountingActuator(runs)], AuditLog(database), dry_run=False, requested_by="vigil-api",
                         clock=lambda: 1_040.0, lease_s=30.0)
@@ -321,7 +344,8 @@ def test_one_tick_waits_for_the_resumed_drain_at_most_a_lease(tmp_path: Path,
     drain = HeldDrain(runs)
     remediator = Remediator([drain], AuditLog(database), dry_run=False, requested_by="vigil-engine",
                             clock=lambda: 1_031.0, lease_s=0.5, renew_s=0.2)
-    engine = Engine(Store(database), Settings(home=tmp_path, db_url=database), notifiers=[], remediator=remediator)
+    engine = opened(Engine(opened(Store(database)), Settings(home=tmp_path, db_url=database), notifiers=[],
+                           remediator=remediator))
     engine.start()
     crashed_drain(AuditLog(database), at=1_000.0, lease_s=30.0)
     try:
@@ -383,7 +407,7 @@ def test_a_resumed_run_that_raises_is_closed_with_its_record(database: str) -> N
 def test_a_resumed_run_whose_record_fails_is_closed_all_the_same(database: str) -> None:
     """The same, and the failure's record cannot be written: the run is closed without it, and the stored action
     settled failed, so no takeover runs the back end again."""
-    store = Store(database)
+    store = opened(Store(database))
     store.add_action(drain_to_retry())
     crashed_drain(AuditLog(database), at=1_000.0, lease_s=30.0)
     audit = AuditSeenByPeer(database, record_fails=True)
@@ -412,7 +436,7 @@ class WatchedLoop(threading.Thread):
 def held_tick_engine(tmp_path: Path, **settings: Any) -> tuple[Engine, threading.Event, threading.Event]:
     """An engine with no remediator (no back end, the default) whose tick holds until the test lets it go."""
     database = f"sqlite:///{tmp_path / 'vigil.db'}"
-    engine = Engine(Store(database), Settings(home=tmp_path, db_url=database, **settings), notifiers=[],
+    engine = Engine(opened(Store(database)), Settings(home=tmp_path, db_url=database, **settings), notifiers=[],
                     remediator=None)
     in_tick, let_go = threading.Event(), threading.Event()
 
@@ -489,7 +513,7 @@ def test_a_resumed_run_whose_close_fails_is_closed_at_the_next_round(database: s
     first round after it is back closes the run failed with its record, the stored action settled. Before, the close's
     error went up through recover() (Engine.start() raised) and the run stayed started under this engine's claim,
     which no round of its own takes over: open for this process's life."""
-    store = Store(database)
+    store = opened(Store(database))
     store.add_action(drain_to_retry())
     crashed_drain(AuditLog(database), at=1_000.0, lease_s=30.0)
     audit = AuditAway(database)
@@ -543,7 +567,7 @@ def test_a_remembered_close_leaves_a_live_rerun_of_the_same_action_alone(databas
     must leave it alone: node/n1 stays held (a cordon of node/n2 is refused: one node of ten may be out), and the
     drain ends executed, the stored action with it. Before, the round's deferred close matched the live run (same
     owner) and closed it failed, released node/n1's hold and settled the action failed."""
-    store = Store(database)
+    store = opened(Store(database))
     store.add_action(drain_to_retry())
     crashed_drain(AuditLog(database), at=1_000.0, lease_s=30.0)
     audit, lifecycle = AuditAway(database), LifecycleBack(database)
@@ -641,7 +665,7 @@ def test_a_retry_that_succeeds_replaces_the_failure_the_stored_action_read(datab
     answer read - says executed, the retry's result, with the failure kept in params.earlier_verdicts; the audit log
     keeps both records. Before, the retry's close settled only from proposed or approved, so the action read failed
     for good over a run the journal had done."""
-    store = Store(database)
+    store = opened(Store(database))
     store.add_action(drain_to_retry())
     runs: list[str] = []
     resumed_to(database, tmp_path, ActionStatus.FAILED, runs)
@@ -706,7 +730,7 @@ def test_a_slow_remembered_close_holds_up_only_a_rerun_of_its_own_key(database: 
     drain itself waits for that close, and begins only after it returned - the close never matches the live re-run.
     Before, the lock on remembered runs was held across the close's database calls: the other drain waited for the
     stalled close (any execute does, to look for a remembered run of its key)."""
-    store = Store(database)
+    store = opened(Store(database))
     store.add_action(drain_to_retry())
     crashed_drain(AuditLog(database), at=1_000.0, lease_s=30.0)
     audit, lifecycle = AuditHeldAtClose(database, "act-drain-n1"), LifecycleBack(database)
