@@ -310,7 +310,7 @@ def running_postgres(root: Path | None = None) -> Iterator[tuple[str, Path]]:
     try:
         subprocess.run([*as_user, initdb, "-D", str(data), "-U", "vigil", "--auth=trust", "-E", "UTF8"], check=True,
                        capture_output=True)
-        options = f"-p {port} -k {sockets} -c listen_addresses=127.0.0.1 -c fsync=on -c max_connections=400"
+        options = f"-p {port} -k {sockets} -c listen_addresses=127.0.0.1 -c fsync=on"
         subprocess.run([*as_user, pg_ctl, "-D", str(data), "-o", options, "-l", str(base / "log"), "-w", "start"],
                        check=True, capture_output=True)
         yield f"postgresql+psycopg://vigil@127.0.0.1:{port}/postgres", base
