@@ -212,3 +212,22 @@ def test_waiting_for_the_migration_lock_ends_naming_its_holder_on_postgresql(
     finally:
         holder.dispose()
         settings.cache_clear()
+
+
+def test_a_retrying_claim_downgraded_below_0014_waits_as_a_failed_one(tmp_path: Path) -> None:
+    # revision 0013's servers take only lapsed running claims and know no "retrying": left as it is, the
+    # incident would be neither retried nor shown as failed (with Diagnose again) on the server downgraded to
+    url = f"sqlite:///{tmp_path / 'v.db'}"
+    Store(url).close()
+    engine = sa.create_engine(url)
+    with engine.connect() as conn:
+        conn.execute(sa.text("INSERT INTO diagnosis_claims (incident_id, state, owner, claimed_at, lease_until, "
+                             "attempts, error, failures) VALUES ('inc-1', 'retrying', 'a', 1, 2, 1, 'boom', 1), "
+                             "('inc-2', 'running', 'a', 1, 2, 1, '', 0)"))
+        conn.commit()
+        downgrade_to(conn, "0013")
+        rows = dict(conn.execute(sa.text("SELECT incident_id, state FROM diagnosis_claims")).all())
+        columns = {c["name"] for c in sa.inspect(conn).get_columns("diagnosis_claims")}
+    engine.dispose()
+    assert rows == {"inc-1": "failed", "inc-2": "running"}
+    assert "failures" not in columns

@@ -25,5 +25,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    # 0013's servers know no "retrying" and take only lapsed running claims: one waiting for its next try is
+    # failed there (shown with its error, rerun by Diagnose again), not left undiagnosed for good
+    op.execute("UPDATE diagnosis_claims SET state = 'failed' WHERE state = 'retrying'")
     with op.batch_alter_table("diagnosis_claims") as batch:
         batch.drop_column("failures")
