@@ -226,3 +226,55 @@ def set_lease(store: object, incident_id: str, until: float) -> None:
     with store.engine.begin() as conn:  # type: ignore[attr-defined]
         conn.execute(update(tables.diagnosis_claims).where(tables.diagnosis_claims.c.incident_id == incident_id)
                      .values(lease_until=until))
+
+
+def test_reruns_asked_for_at_once_run_on_a_bounded_number_of_threads(db_url: str) -> None:
+    asked, bound = 6, 2
+    release = threading.Event()
+    ran: list[str] = []
+
+    def compute(incident_id: str) -> Diagnosis:
+        assert release.wait(60)
+        ran.append(incident_id)
+        return found(incident_id, "rerun")
+
+    with opened(db_url) as store:
+        for n in range(asked):
+            store.create_incident(incident(n))
+        worker = DiagnosisWorker(store, compute, threads=0, rerun_threads=bound)
+        try:
+            attempts = [worker.rerun(f"inc-{n:03d}") for n in range(asked)]
+            assert attempts == [1] * asked  # each claimed in its request, queued or running
+            rerunning = [t for t in threading.enumerate() if t.name.startswith("vigil-rediagnose")]
+            assert len(rerunning) <= bound
+            # a queued rerun's claim is held (renewed) like a running one's: no other server takes it over
+            assert all(store.diagnosis_claim(f"inc-{n:03d}").state == "running" for n in range(asked))
+            release.set()
+            deadline = time.monotonic() + 60
+            while any(store.diagnosis(f"inc-{n:03d}") is None for n in range(asked)):
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            assert sorted(ran) == [f"inc-{n:03d}" for n in range(asked)]
+        finally:
+            release.set()
+            worker.stop()
+
+
+def test_a_failed_rerun_on_a_server_without_background_threads_is_failed_not_left_retrying(db_url: str) -> None:
+    # nothing on such a server tries it again (only the background threads read the due retries): "retrying"
+    # would be told, and polled by the page, for good
+    def compute(incident_id: str) -> Diagnosis:
+        raise RuntimeError("the knowledge graph is unreadable")
+
+    with opened(db_url) as store:
+        store.create_incident(incident(1))
+        worker = DiagnosisWorker(store, compute, threads=0, retries=3, retry_s=0.01)
+        try:
+            worker.rerun("inc-001")
+            deadline = time.monotonic() + 60
+            while (claim := store.diagnosis_claim("inc-001")) is None or claim.state == "running":
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            assert (claim.state, claim.failures, claim.error) == ("failed", 1, "the knowledge graph is unreadable")
+        finally:
+            worker.stop()

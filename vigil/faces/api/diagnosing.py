@@ -72,7 +72,7 @@ class DiagnosisWorker:
 
     def __init__(self, store: Store, compute: Callable[[str], Diagnosis], *, threads: int = 1,
                  lease_s: float = 60.0, poll_s: float = 2.0, owner: str | None = None, retries: int = 3,
-                 retry_s: float = 30.0) -> None:
+                 retry_s: float = 30.0, rerun_threads: int | None = None) -> None:
         self.store = store
         self.compute = compute
         self.threads = threads
@@ -87,6 +87,11 @@ class DiagnosisWorker:
         self._stop = threading.Event()
         self._workers: list[threading.Thread] = []
         self._renewer: threading.Thread | None = None
+        # *Diagnose again*: claimed in the request, queued here, run by at most ``rerun_threads`` threads (each
+        # ends once the queue is empty), so a burst of reruns across many incidents holds a bounded number of
+        # threads and diagnoses at once
+        self.rerun_threads = max(1, threads) if rerun_threads is None else max(1, rerun_threads)
+        self._rerun_queue: deque[tuple[str, int]] = deque()
         self._reruns: set[threading.Thread] = set()
         self._started = False
         self._failures = 0
@@ -94,6 +99,13 @@ class DiagnosisWorker:
     @property
     def enabled(self) -> bool:
         return self.threads > 0
+
+    @property
+    def retries_here(self) -> int:
+        """How many times a failure stored here is tried again: none on a server without background threads,
+        where nothing reads the retries due (it waits for *Diagnose again*, failed, rather than "retrying" for
+        good)."""
+        return self.retries if self.enabled else 0
 
     def start(self) -> None:
         """Start the threads (once; a no-op when ``threads`` is 0)."""
@@ -151,27 +163,36 @@ class DiagnosisWorker:
         return self._execute(incident_id, attempt, again=again)
 
     def rerun(self, incident_id: str) -> int:
-        """*Diagnose again*: claim the rerun now (VigilConflictError while a live one runs) and run it on a
-        thread of its own; the claim's attempt number, at once. Its end is stored as a background one's is."""
+        """*Diagnose again*: claim the rerun now (VigilConflictError while a live one runs) and queue it for the
+        rerun threads (at most ``rerun_threads``; its claim renewed while it waits); the claim's attempt number,
+        at once. Its end is stored as a background one's is."""
         attempt = self._claim(incident_id, again=True)
         assert attempt is not None
+        thread = None
+        with self._wake:
+            self._holding.add(incident_id)  # renewed from now: it has not begun
+            self._rerun_queue.append((incident_id, attempt))
+            if len(self._reruns) < self.rerun_threads:
+                thread = threading.Thread(target=self._rerun_loop, name=f"vigil-rediagnose-{len(self._reruns)}",
+                                          daemon=True)
+                self._reruns.add(thread)
+        self._renewing()
+        if thread is not None:
+            thread.start()
+        return attempt
 
-        def rerun() -> None:
+    def _rerun_loop(self) -> None:
+        me = threading.current_thread()
+        while True:
+            with self._wake:
+                if not self._rerun_queue:
+                    self._reruns.discard(me)
+                    return
+                incident_id, attempt = self._rerun_queue.popleft()
             try:
                 self._execute(incident_id, attempt, again=True)
             except Exception as err:  # stored with the claim for the status route and the page
                 log.warning("incident %s: diagnosis asked for again failed: %s", incident_id, err)
-            finally:
-                with self._wake:
-                    self._reruns.discard(thread)
-
-        thread = threading.Thread(target=rerun, name=f"vigil-rediagnose-{incident_id}"[:60], daemon=True)
-        with self._wake:
-            self._holding.add(incident_id)  # renewed from now: the thread has not begun
-            self._reruns.add(thread)
-        self._renewing()
-        thread.start()
-        return attempt
 
     def _claim(self, incident_id: str, *, again: bool) -> int | None:
         attempt = self.store.claim_diagnosis(incident_id, self.owner, self.lease_s, again=again)
@@ -206,7 +227,7 @@ class DiagnosisWorker:
             except Exception as err:  # stored for the page, then raised for the caller
                 self.store.finish_diagnosis(incident_id, self.owner, None,
                                             error=str(err) or type(err).__name__, again=again, attempt=attempt,
-                                            retries=self.retries, retry_s=self.retry_s)
+                                            retries=self.retries_here, retry_s=self.retry_s)
                 raise
             if not self.store.finish_diagnosis(incident_id, self.owner, found, again=again, attempt=attempt):
                 log.warning("incident %s: the claim on its diagnosis lapsed and was taken over; this result is "
@@ -269,7 +290,7 @@ def diagnosis_status(store: Store, worker: DiagnosisWorker, incident_id: str) ->
     """What the page and the API say of ``incident_id``'s diagnosis (the incident is known to exist)."""
     claim = store.diagnosis_claim(incident_id)
     counts: dict[str, Any] = {"attempts": claim.attempts, "failures": claim.failures} if claim else {}
-    counts["retries"] = worker.retries
+    counts["retries"] = worker.retries_here
     if store.diagnosis(incident_id) is not None:
         if claim is not None and claim.state == "running" and claim.lease_until >= time.time():
             # *Diagnose again* under way: the stored diagnosis is replaced when it is done
