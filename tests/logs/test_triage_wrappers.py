@@ -141,3 +141,28 @@ def test_a_terminal_cut_does_not_join_the_next_line_mpirun_tagged_to_one_exactly
     result = triage(tmp_path, workers=1)
     assert result.root is not None and result.root.lineno == 2
     assert "illegal memory access was encountered" in result.root.line
+
+
+def test_the_childs_words_lie_within_the_reports_own_block(tmp_path: Path) -> None:
+    """A generic line thousands of lines above the launcher's report (a fallback the job went on from) is no account
+    of the child's end: the report stays the root. Before: the line at the head of the log was named."""
+    steps = "".join(f"step {i} loss 2.31\n" for i in range(3000))
+    lineno, basis = _root(tmp_path, "Error loading optional extension, falling back to python\n" + steps + TORCHRUN_END)
+    assert (lineno, basis) == (3002, "symptom")
+
+
+def test_words_above_the_launchers_start_of_its_workers_are_not_the_childs(tmp_path: Path) -> None:
+    """Lines printed before torchelastic started the worker group (a setup script's) are no child's words: a worker
+    ending without a word leaves the launcher's report as the root. Before: the setup line was named."""
+    text = ("Error loading optional extension, falling back to python\n"
+            "INFO:torch.distributed.elastic.agent.server.api:[default] Rendezvous'ing worker group\n"
+            "INFO:torch.distributed.elastic.agent.server.api:[default] Starting worker group\n"
+            "step 1 loss 2.31\n" + TORCHRUN_END)
+    assert _root(tmp_path, text) == (5, "symptom")
+
+
+@pytest.mark.parametrize("line", ["Validation finished with 0 errors\n", "checkpoint verified, no failures\n"])
+def test_a_count_of_no_errors_is_no_childs_account_of_its_end(tmp_path: Path, line: str) -> None:
+    """A line counting no errors reads as error wording but reports none. Before: it was named over torchrun's
+    report."""
+    assert _root(tmp_path, line + "step 5 loss 2.31\n" + TORCHRUN_END) == (3, "symptom")

@@ -88,7 +88,9 @@ _NOT_A_REPORT = re.compile(
     # key=value, a fraction ("error 0.12", "error: 3.5%"), or a count or rate ("errors: 0", "failure rate 1"); not
     # an error code ("CUDA error 700", "error: 404")
     r"|(?i:\b(?:error|failure|exception)s?(?:[ _-]?(?:rate|count|ratio))?\s*(?:=\s*[-+]?\.?\d|:?\s*[-+]?\d*\.\d)"
-    r"|\b(?:errors|failures|exceptions|(?:error|failure|exception)[ _-]?(?:rate|count|ratio))\s*:?\s*\d)"
+    r"|\b(?:errors|failures|exceptions|(?:error|failure|exception)[ _-]?(?:rate|count|ratio))\s*:?\s*\d"
+    # none counted: "finished with 0 errors", "no failures"
+    r"|\b(?:0|no|zero) (?:errors|failures|exceptions)\b)"
 )
 
 

@@ -114,6 +114,10 @@ LAUNCHER_REPORTS = frozenset({"launcher.child_failed", "launcher.worker_aborted"
 WRAPPER_REPORTS = frozenset({"launcher.child_failed", "launcher.root_cause", "launcher.worker_aborted",
                              "launcher.rank_signal_report", "slurm.step_ended", "slurm.task_exit",
                              "slurm.step_aborted"})
+# A launcher starting its workers anew (torchelastic's "[default] Starting worker group" on each attempt, "Worker group
+# FAILED. 3/3 attempts left; will restart worker group"): what a child printed above it belongs to an earlier attempt,
+# which the launcher recovered from, never to the failure of a later one.
+WORKERS_START = re.compile(r"\] (?:Starting|Restarting) worker group\b|\bwill restart worker group\b")
 # A process's stdout and stderr written to files of their own (sbatch --output=<name>.out --error=<name>.err,
 # torchrun's stdout.log / stderr.log): the same name but for these, the order between their lines lost.
 _STREAM_SUFFIXES = ((".out", ".err"), (".stdout", ".stderr"), ("stdout.log", "stderr.log"),
@@ -327,6 +331,7 @@ class _Scan:
     unwrapped: _Unwrap | None = None  # the file's lines were cut at a terminal's width: where each whole one starts
     # a rotated log read as one stream (LogSource.generations): each generation's name and the stream's lines before it
     generations: list[tuple[str, int]] = field(default_factory=list)
+    starts: list[int] = field(default_factory=list)  # lines where a launcher (re)started its workers (WORKERS_START)
 
 
 # A log taken from the Markdown source of an issue or a mail (CommonMark: a block quote's ">" and its optional space,
@@ -794,6 +799,8 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
                 after_last_error = after_last_error and not stripped
             if stripped.find("frame #", 0, _CPP_FRAME_SCREEN) >= 0 and _CPP_FRAME.match(line):
                 continue
+            if "worker group" in line and WORKERS_START.search(line):
+                scan.starts.append(lineno)
             if kernel_log and _removal_line(line):
                 if scan.removals is None:
                     scan.removals = _Removals()
@@ -974,7 +981,7 @@ def decide(scans: list[_Scan], job: str, directory: Path, tie_s: float = 1.0) ->
     root, basis = _pick_root(events, priority, tie_s)
     worded = [e for scan in scans for e in scan.worded]
     if root is None:
-        root, basis = _fallback_root(worded, events, tie_s)
+        root, basis = _fallback_root(worded, events, tie_s, {s.source.name: s.starts for s in scans if s.starts})
     if root is None and (traces := [s.trace for s in scans if s.trace is not None]):
         root, basis = _earliest(traces, tie_s), "symptom"
     root = _nccl_detail(root, events + worded)
@@ -1343,8 +1350,8 @@ def _same_report(one: LogEvent, other: LogEvent) -> bool:
             or (one.symptom is not None and one.symptom == other.symptom))
 
 
-def _fallback_root(worded: list[LogEvent], symptoms: list[LogEvent],
-                   tie_s: float = 1.0) -> tuple[LogEvent | None, RootBasis | None]:
+def _fallback_root(worded: list[LogEvent], symptoms: list[LogEvent], tie_s: float = 1.0,
+                   starts: dict[str, list[int]] | None = None) -> tuple[LogEvent | None, RootBasis | None]:
     """No signature names a root: the earliest specific error wording, else the earliest symptom that is not a
     timeout or watchdog report (the exit code a ChildFailedError report gives as its root cause counts as one), else
     the earliest echo of a failure elsewhere, else a process's take-down after one, else an abort, else the earliest
@@ -1376,23 +1383,27 @@ def _fallback_root(worded: list[LogEvent], symptoms: list[LogEvent],
     follow_through = [e for e in symptoms if e.signature in FOLLOW_THROUGH_SIGNATURES]
     if symptoms:
         root = _earliest(_launcher_yields(direct or echoes or follow_through or symptoms), tie_s)
-        words = _child_words_above(root, worded, symptoms)
+        words = _child_words_above(root, worded, symptoms, starts or {})
         return (root, "symptom") if words is None else (words, "error_wording")
     if worded:
         return _earliest(worded, tie_s), "error_wording"
     return None, None
 
 
-def _child_words_above(root: LogEvent, worded: list[LogEvent], symptoms: list[LogEvent]) -> LogEvent | None:
+def _child_words_above(root: LogEvent, worded: list[LogEvent], symptoms: list[LogEvent],
+                       starts: dict[str, list[int]]) -> LogEvent | None:
     """The child's own words above a launcher's report of its end (``WRAPPER_REPORTS``): the earliest line of error
-    wording, generic words included, printed in the same file before the launcher's first such report and not stamped
-    after it - else in the other stream of the process, where no time orders it against the report (the child's words
-    on stdout, the launcher's on stderr) - that reads as a report of a failure (``severity.reports``) and not as the
-    echo of one elsewhere. None when the root is no launcher's report or nothing of the child's reads as an error."""
+    wording, generic words included, printed in the same file within ``SAME_REPORT_LINES`` above the launcher's first
+    such report, below the launcher's last start of its workers before it (``WORKERS_START``: an earlier attempt's
+    words are what it recovered from) and not stamped after it - else in the other stream of the process, where no
+    time orders it against the report (the child's words on stdout, the launcher's on stderr) - that reads as a report
+    of a failure (``severity.reports``) and not as the echo of one elsewhere. None when the root is no launcher's
+    report or nothing of the child's reads as an error."""
     if root.signature not in WRAPPER_REPORTS:
         return None
     first = min(e.lineno for e in symptoms if e.source == root.source and e.signature in WRAPPER_REPORTS)
-    before = [e for e in worded if e.source == root.source and e.lineno < first
+    floor = max([first - SAME_REPORT_LINES - 1] + [n for n in starts.get(root.source, ()) if n < first])
+    before = [e for e in worded if e.source == root.source and floor < e.lineno < first
               and (e.ts is None or root.ts is None or e.ts <= root.ts)]
     words = [e for e in before + [e for e in worded if _unordered(root, e)] if reports(e.line) and not echoes(e.line)]
     if not words:
