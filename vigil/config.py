@@ -78,7 +78,7 @@ class Settings(BaseSettings):
     engine_interval_s: float = Field(default=5.0, gt=0, description="how often the live engine ticks")
     engine_step_max_s: float = Field(default=300.0, gt=0, description="the longest the engine's loop takes "
                                      "between two marks of progress (one incident's diagnosis with the LLM's "
-                                     "retries, one resumed action's back-end command, one table of a moved store "
+                                     "retries, one resumed action's back-end command, one span of ids of a moved store "
                                      "renumbered); a loop showing none for engine_interval_s plus this is taken for "
                                      "hung: its lease is no longer renewed, so a standby engine takes over")
     engine_read_ahead_pushes: int = Field(default=0, ge=0, description="how many metric pushes committed past a "

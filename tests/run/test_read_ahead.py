@@ -412,3 +412,27 @@ def test_a_row_deleted_while_the_store_is_renumbered_fails_nothing(site: Site, s
     moved = site.store.renumber_moved("events", position)
     assert moved is not None and moved[0] == ReadPosition(0, ids[4])
     assert _xids(site) == [(ids[0], 0), (ids[1], 0), (ids[2], 0), (ids[3], 1), (ids[4], 0)]
+
+
+def test_a_long_renumbering_marks_the_loops_progress_after_every_span(site: Site,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Renumbering a moved store goes a span of ids a transaction (~47 s a table at 1,000,000 events): the engine's
+    loop marks its progress after every span, so that its renewing thread, which renews the lease only while the loop
+    moved within engine_interval_s + engine_step_max_s, does not take a big table's renumbering (past 6,000,000
+    events at that rate) for a hung loop and let a healthy engine's lease lapse. Before, one mark covered a whole
+    table: every span saw the same mark."""
+    position = _restored(site, 10**9)
+    _, state = site.store.cursor(CURSOR)
+    site.store.set_cursor(CURSOR, float(position.id), {**state, "events": position.id, "events_xid": position.xid})
+    monkeypatch.setattr(sql_module, "RENUMBER_BATCH", 2)
+    engine = site.engine()
+    whole = sql_module.Store._renumber_span
+    marks: list[float] = []
+
+    def span(self: Store, *args: object) -> None:
+        marks.append(engine._beat)
+        whole(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sql_module.Store, "_renumber_span", span)
+    assert engine.tick().events == 2  # the fourth and sixth, unread before the move
+    assert len(marks) >= 3 and len(set(marks)) == len(marks), marks

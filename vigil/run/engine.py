@@ -542,10 +542,11 @@ class Engine:
             if next_xid is None or max(self.event_cursor.xid, self.push_cursor.xid) < next_xid:
                 return
         before = (tuple(self.event_cursor), tuple(self.push_cursor))
+        # progress after every span of ids renumbered: a table of millions of rows takes minutes (~47 s a 1,000,000)
         self._progress()
-        events = self.store.renumber_moved("events", self.event_cursor, self.ahead_events)
-        self._mark()
-        pushes = self.store.renumber_moved("metric_pushes", self.push_cursor, self.ahead_pushes)
+        events = self.store.renumber_moved("events", self.event_cursor, self.ahead_events, progress=self._progress)
+        pushes = self.store.renumber_moved("metric_pushes", self.push_cursor, self.ahead_pushes,
+                                           progress=self._progress)
         self._progress()
         if events is None and pushes is None:
             return

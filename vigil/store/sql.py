@@ -359,8 +359,8 @@ class Store:
         with self.engine.connect() as conn:
             return int(conn.execute(text("SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint")).scalar_one())
 
-    def renumber_moved(self, table: str, position: ReadPosition,
-                       remembered: Collection[ReadPosition] = ()) -> tuple[ReadPosition, set[ReadPosition]] | None:
+    def renumber_moved(self, table: str, position: ReadPosition, remembered: Collection[ReadPosition] = (),
+                       progress: Callable[[], None] | None = None) -> tuple[ReadPosition, set[ReadPosition]] | None:
         """Place a read position in ``table`` ("events" or "metric_pushes") saved on another PostgreSQL server (the
         store moved by pg_dump/pg_restore or a logical-replication cutover: rows keep the xids the old server gave
         them, the new server's counter runs lower): its xid at or past the current snapshot's xmax, which no
@@ -375,7 +375,8 @@ class Store:
         its rows' locks for its own span only (1,000,000 events in one transaction held them for 50 s, and any
         row deleted meanwhile - retention - failed the whole of it: bench/renumber.py). Only rows not renumbered yet
         (an xid of 2 or more; PostgreSQL gives none below 3) are touched, so a renumbering cut short (the engine
-        killed, the server restarting) is finished by the next, which reads the position still saved."""
+        killed, the server restarting) is finished by the next, which reads the position still saved. ``progress``
+        is called after each span (the engine's loop marks its progress: a big table's renumbering is no hung loop)."""
         if self.engine.dialect.name != "postgresql":
             return None
         rows = t.metadata.tables[table]
@@ -392,6 +393,8 @@ class Store:
         for low in range(0, int(top), RENUMBER_BATCH):
             span = (rows.c.id > low) & (rows.c.id <= low + RENUMBER_BATCH) & (rows.c.xid >= 2)
             self._renumber_span(rows, span, read, finished)
+            if progress is not None:
+                progress()
         with self.engine.connect() as conn:
             last = conn.execute(select(func.max(rows.c.id)).where(rows.c.xid == 0, rows.c.id <= top)).scalar()
             ids = [p.id for p in remembered]
