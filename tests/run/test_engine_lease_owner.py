@@ -252,3 +252,25 @@ def test_a_stopped_engine_gives_its_lease_up_at_once_a_killed_one_is_waited_out(
             # the lease still runs for most of its 30 s: the other host waits it out
             assert not taken and holder[1] > stopped + 10, holder
     site.store.close()
+
+
+def test_a_diagnosis_waiting_on_a_slow_llm_endpoint_is_no_hung_loop(tmp_path: Path) -> None:
+    """One incident's diagnosis waits on the LLM endpoint up to two completions of three attempts each at
+    llm_timeout_s (and the backoffs): 363 s at llm_timeout_s 60, past the default engine_step_max_s (300 s). The bound
+    past which the loop is taken for hung covers it, so a healthy engine diagnosing against a slow endpoint keeps its
+    lease; a loop silent past it still lets the lease lapse. Before, the bound was 305 s whatever the LLM's timeout."""
+    site = Site(f"sqlite:///{tmp_path}/vigil.db", tmp_path)
+    settings = Settings(home=site.settings.home, db_url=site.settings.db_url, llm_base_url="http://127.0.0.1:9/v1",
+                        llm_timeout_s=60.0, engine_interval_s=5.0, engine_step_max_s=300.0)
+    engine = Engine(site.store, settings, notifiers=[], clock=site.clock)
+    assert engine.llm is not None
+    waited = 2 * (3 * 60.0 + 0.5 + 1.0)  # diagnosis_wait_s: 363 s
+    engine._beat = time.monotonic() - 5.0 - waited + 1.0  # a round's wait, then one diagnosis waiting out its endpoint
+    assert not engine._stuck()
+    engine._beat = time.monotonic() - 5.0 - waited - 1.0
+    assert engine._stuck()
+    # without an endpoint the bound is the setting's
+    plain = Engine(site.store, site.settings.model_copy(update={"engine_interval_s": 5.0, "engine_step_max_s": 300.0}),
+                   notifiers=[], clock=site.clock)
+    assert plain.llm is None and plain.stuck_after_s == 305.0
+    site.store.close()

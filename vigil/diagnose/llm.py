@@ -498,6 +498,20 @@ def diagnose_with_llm(ctx: DiagnosisContext, client: LlmClient | None,
     return deterministic_diagnosis(ctx, note=f"LLM reply unusable: {problem}")
 
 
+# the most completions one diagnosis asks for (``diagnose_with_llm``: the first, and one more after an unusable reply)
+COMPLETIONS_PER_DIAGNOSIS = 2
+
+
+def diagnosis_wait_s(client: LlmClient | None) -> float:
+    """The longest one diagnosis (``diagnose_with_llm``) waits on ``client``'s endpoint: its completions (a second after
+    an unusable reply), each attempt of each taking up to ``timeout_s``, and the backoffs between them; 0 without an
+    endpoint."""
+    if client is None:
+        return 0.0
+    backoffs = sum(client.backoff_s * 2 ** (attempt - 1) for attempt in range(1, client.retries + 1))
+    return COMPLETIONS_PER_DIAGNOSIS * ((client.retries + 1) * client.timeout_s + backoffs)
+
+
 def diagnose(kg: KnowledgeGraph, incident: Incident, result: RcaResult, client: LlmClient | None = None,
              token_budget: int = DEFAULT_TOKEN_BUDGET) -> Diagnosis:
     """The incident's Diagnosis: ranked causes, evidence, a whitelisted plan - from the LLM if configured."""
@@ -513,6 +527,7 @@ __all__ = [
     "deterministic_diagnosis",
     "diagnose",
     "diagnose_with_llm",
+    "diagnosis_wait_s",
     "parse_answer",
     "reconcile",
     "render_command",

@@ -35,7 +35,7 @@ from vigil.detect.incidents import IncidentGrouper
 from vigil.detect.rules import RuleDetector
 from vigil.detect.stream import LearnedStreamDetector, learned_detectors
 from vigil.diagnose.kg import KnowledgeGraph
-from vigil.diagnose.llm import LlmClient, diagnose
+from vigil.diagnose.llm import LlmClient, diagnose, diagnosis_wait_s
 from vigil.diagnose.memory import recall, remember
 from vigil.diagnose.rca import analyze_incident
 from vigil.knowledge.metrics import ENTITY_FAMILIES, family_metrics
@@ -326,7 +326,10 @@ class Engine:
         # renewing thread renews only while the last mark is at most ``stuck_after_s`` old - a hung loop (a call that
         # never returns) lets the lease lapse, for a standby engine to take over. ``_stalled``: the renewing thread
         # stopped so; the loop, should it move again, checks the lease before it writes anything more.
-        self.stuck_after_s = settings.engine_interval_s + settings.engine_step_max_s
+        # The step bound is at least one diagnosis's wait on an LLM endpoint that times out at every attempt (2
+        # completions x 3 attempts x llm_timeout_s, + backoffs: 183 s by default, 363 s at llm_timeout_s 60), a step
+        # of its own: a healthy engine diagnosing against a slow endpoint is not taken for hung.
+        self.stuck_after_s = settings.engine_interval_s + max(settings.engine_step_max_s, diagnosis_wait_s(self.llm))
         self._beat = time.monotonic()
         self._stalled = False
         self.standing_by: str | None = None
