@@ -118,6 +118,18 @@ def test_rank_that_exited_0_is_found_when_its_last_record_still_shows_a_collecti
     assert "without entering all_reduce #2" in diagnosis.summary
 
 
+def test_rank_that_exited_0_is_found_when_its_exit_snapshot_was_written_after_its_peers_failed() -> None:
+    # The script's destroy_process_group() closed the connections before the exit's last snapshot was written:
+    # on a loaded machine the peers' errors are stamped first. Its op records, not that write, say when it left.
+    run = _left_early_run(True)
+    run.snapshots[1].heartbeat = 111.5
+    diagnosis = diagnose(run)
+    assert (diagnosis.verdict, diagnosis.culprit_ranks) == ("hang", [1]), diagnosis.summary
+    run = _left_early_run(False)  # no op records: the last write is all there is, and it came after the errors
+    run.snapshots[1].heartbeat = 111.5
+    assert diagnose(run).verdict == "crash"
+
+
 def test_cascade_errors_with_no_rank_missing_from_a_collective_stay_a_crash() -> None:
     # The same errors, but the op records show rank 1 in every collective the others ran: no one left early.
     run = _left_early_run(True)

@@ -159,13 +159,18 @@ def _left_early(
     if not failures or any(not f.is_cascade for f in failures):
         return None
     first = min(f.ts for f in failures)
+    with_ops = any(snap.ops for snap in run.snapshots.values())
+    # When it ended: its last op record's start where there are records - the last snapshot is written at exit,
+    # after the script's own destroy_process_group() closed the connections its peers then failed on (seconds
+    # after them on a loaded machine); the heartbeat of that last write where there are none.
     ended = {
         r for r, snap in run.snapshots.items()
-        if snap.finished and snap.error is None and run.exit_codes.get(r) in (0, None) and snap.heartbeat <= first
+        if snap.finished and snap.error is None and run.exit_codes.get(r) in (0, None)
+        and (max((op.t_start for op in snap.ops), default=snap.started) if with_ops else snap.heartbeat) <= first
     }
     if not ended or ended & {f.rank for f in failures}:
         return None
-    if any(snap.ops for snap in run.snapshots.values()):
+    if with_ops:
         # A rank whose script ended has nothing in flight: an op its last record still shows unfinished (the
         # end of a collective read from the Flight Recorder ring that the exit overtook) was over for it.
         ops = {r: [replace(op, state="completed") if r in ended and op.in_flight else op for op in snap.ops]
