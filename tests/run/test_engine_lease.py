@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -17,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import wait_for
+from tests.run.engine_process import EngineProcess
 from tests.run.test_read_order import Site
 from tests.serve.conftest import REPO, fresh_database
 from tests.serve.conftest import postgres_url as postgres_url
@@ -57,29 +56,6 @@ def webhook() -> Iterator[Webhook]:
     hook = Webhook()
     yield hook
     hook.server.shutdown()
-
-
-class EngineProcess:
-    """`vigil engine` as a process, its stderr lines collected as they come."""
-
-    def __init__(self, env: dict[str, str]) -> None:
-        self.lines: list[str] = []
-        self.process = subprocess.Popen([sys.executable, "-m", "vigil", "engine"], cwd=REPO, env=env,
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        stderr = self.process.stderr
-        assert stderr is not None
-        self.reader = threading.Thread(target=lambda: self.lines.extend(iter(stderr.readline, "")), daemon=True)
-        self.reader.start()
-
-    def said(self, words: str) -> bool:
-        assert self.process.poll() is None, self.lines
-        return any(words in line for line in self.lines)
-
-    def end(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait()
-        self.reader.join(10)
 
 
 def test_one_of_two_engines_judges_and_the_other_takes_over_when_it_is_killed(

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import wait_for
+from tests.run.engine_process import EngineProcess
 from tests.run.test_read_order import Site
 from tests.serve.conftest import REPO
 from tests.serve.conftest import postgres_url as postgres_url
@@ -202,25 +203,6 @@ def test_the_owner_names_host_pid_namespace_pid_and_process(tmp_path: Path, monk
     assert twin.start(wait=False)
     twin.release()
     site.store.close()
-
-
-class EngineProcess:
-    """`vigil engine` as a process, its stderr collected."""
-
-    def __init__(self, env: dict[str, str]) -> None:
-        self.lines: list[str] = []
-        self.process = subprocess.Popen([sys.executable, "-m", "vigil", "engine"], cwd=REPO, env=env,
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        stderr = self.process.stderr
-        assert stderr is not None
-        self.reader = threading.Thread(target=lambda: self.lines.extend(iter(stderr.readline, "")), daemon=True)
-        self.reader.start()
-
-    def end(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait()
-        self.reader.join(10)
 
 
 @pytest.mark.slow
