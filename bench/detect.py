@@ -39,6 +39,7 @@ from vigil_eval.datasets import load_asd
 from vigil_eval.detection import (
     DETECTORS,
     INNER_SCHEMES,
+    PER_MACHINE_BASELINES,
     SELECTION_RULES,
     SERVER_TCE,
     SUPERVISED_BASELINES,
@@ -67,6 +68,8 @@ BASELINE_PARAMS: dict[str, dict[str, Any]] = {
     "gbm": {"history": HISTORY, "recent": 10, "max_iter": 100, "max_samples": 20000},
     "lstm_clf": {"window": 30, "epochs": 3, "steps_per_epoch": 80},
     "lstm": {"epochs": 3},
+    # The per-machine KMeansAD at the settings of TCE's own-history part (its centroids and rows).
+    "kmeans-own": {"window": SERVER_TCE["memory_rows"], "n_clusters": SERVER_TCE["own_memory"]},
 }
 # ``tce_augment``: whether TCE's inner folds are offered the synthetic-anomaly candidates (TCE_AUGMENT). On SMD
 # they are not: it doubles TCE's training on the shared 2-core machine, and on ASD's inner folds the best
@@ -77,7 +80,7 @@ REAL_SETS: dict[str, dict[str, Any]] = {
     "smd": {"root": DATA / "smd", "outer": 4, "inner": 2, "inner_stride": 8, "normal_stride": 8,
             "max_windows": 60000, "tce_augment": False},
 }
-REAL_DETECTORS = ("tce", *SUPERVISED_BASELINES, *[d for d in DETECTORS if d != "tce"])
+REAL_DETECTORS = ("tce", *SUPERVISED_BASELINES, *[d for d in DETECTORS if d != "tce"], *PER_MACHINE_BASELINES)
 SIM_HISTORY = 120
 SIM_TCE = {"history": SIM_HISTORY, "recent": 20, "scales": (10, 40), "epochs": 8, "steps_per_epoch": 100,
            "patience": 3}

@@ -258,6 +258,9 @@ SERVER_TCE: dict[str, Any] = {"recent": 24, "scales": (12, 24), "hidden": 32, "e
 DETECTORS = ("tce", "lstm", "pca", "iforest", "kmeans", "knn", "random")
 # Fed the same labels as TCE; they need labelled anomalies in their training data, like TCE.
 SUPERVISED_BASELINES = ("gbm", "lstm_clf")
+# Fitted on each scored machine's own unlabelled history alone (``per_machine``), never on the fleet: KMeansAD
+# as TCE's own-history part is fitted. Judged by the nested protocol only (a fleet split has no per-machine fit).
+PER_MACHINE_BASELINES = ("kmeans-own",)
 
 
 def make_detector(name: str, seed: int = 0, **params: Any) -> Any:
@@ -269,7 +272,7 @@ def make_detector(name: str, seed: int = 0, **params: Any) -> Any:
         return TCEDetector(seed=seed, **params)
     if name not in BASELINES:
         raise VigilInputError(f"unknown detector {name!r}: expected one of "
-                              f"{', '.join((*DETECTORS, *SUPERVISED_BASELINES))}")
+                              f"{', '.join((*DETECTORS, *SUPERVISED_BASELINES, *PER_MACHINE_BASELINES))}")
     return BASELINES[name](seed=seed, **params)
 
 
@@ -627,8 +630,9 @@ def variant_scores(detector: Any, windows: Any, reference: Any, *, stride: int =
     """Every variant of ``variant_grid`` scored on ``windows`` of one machine (every ``stride``-th row)
     relative to ``reference`` (windows of the same machine's unlabelled history). TCE: its parts read against
     the history and combined (``combine_parts``, as ``relative_score`` does); the rest: the detector's own score
-    through ``relative_scores``. Then the trailing mean over the variant's rows (in windows: rows / ``stride``,
-    at least 1). ``parts_out`` receives TCE's raw parts on ``windows``."""
+    through ``relative_scores`` (a ``per_machine`` detector fitted on the older part of ``reference`` and read
+    against the newer rest, ``score_own_history``). Then the trailing mean over the variant's rows (in windows:
+    rows / ``stride``, at least 1). ``parts_out`` receives TCE's raw parts on ``windows``."""
     from vigil.detect.learned.tce import combine_parts, trailing_mean
 
     grid = variant_grid(detector)
@@ -636,6 +640,8 @@ def variant_scores(detector: Any, windows: Any, reference: Any, *, stride: int =
         readings, parts = detector.read_parts(windows, reference)
         if parts_out is not None:
             parts_out.update(parts)
+    elif getattr(detector, "per_machine", False):
+        plain = relative_scores(*detector.score_own_history(windows, reference))
     else:
         scores = np.asarray(detector.decision_function(windows), dtype=np.float64)
         plain = relative_scores(scores, np.asarray(detector.decision_function(reference), dtype=np.float64))
@@ -670,11 +676,15 @@ def fit_candidate(candidate: Any, dataset: Any, fit_on: list[str], *, history: i
                   validation: Any | None = None, epochs: int | None = None,
                   normal_stride: int = 4, max_windows: int | None = None) -> Any:
     """A fresh detector of ``candidate`` fitted on the machines ``fit_on``; TCE stops early on
-    ``validation`` (windows of other development machines) or trains ``epochs`` epochs."""
+    ``validation`` (windows of other development machines) or trains ``epochs`` epochs. A ``per_machine``
+    detector is returned unfitted: it reads no machine of ``fit_on``, only each scored machine's own history
+    (``variant_scores``)."""
     params = dict(candidate.params)
     if candidate.detector == "tce" and epochs is not None:
         params["epochs"] = epochs
     detector = make_detector(candidate.detector, seed, **params)
+    if getattr(detector, "per_machine", False):
+        return detector
     train = training_windows(dataset, fit_on, history=history, normal_stride=normal_stride,
                              max_windows=max_windows, seed=seed)
     if candidate.detector == "tce":

@@ -131,3 +131,19 @@ def test_gbm_thins_normal_windows_keeps_every_fault_and_the_prior() -> None:
     capped = GradientBoostingDetector(history=30, max_iter=20, max_samples=150, seed=0).fit(X, y)
     Xt, yt = sine_windows(300, seed=1)
     assert average_precision_score(yt > 0, capped.decision_function(Xt)) > 0.5
+
+
+def test_own_history_kmeans_fits_on_the_older_history_and_reads_against_the_newer() -> None:
+    from vigil.detect.learned.baselines import OwnHistoryKMeansDetector
+
+    rng = np.random.default_rng(0)
+    history = rng.normal(0.0, 0.1, size=(200, 10, 3)).astype(np.float32)
+    history[100:] += 50.0  # the newer half: far from anything the fit may see
+    det = OwnHistoryKMeansDetector(seed=0)
+    near, newer = det.score_own_history(history[:5] + 0.01, history)
+    far, _ = det.score_own_history(np.full((1, 10, 3), 5.0, dtype=np.float32), history)
+    # Fitted on the older half only: its own windows sit near a centroid, the newer half is scored out of sample.
+    assert near.max() < 1.0 and newer.min() > 100.0 and far[0] > near.max() * 10 and len(newer) == 100
+    assert getattr(det, "centroids_", None) is None  # each machine gets a fresh copy; the detector keeps none
+    with pytest.raises(VigilInputError, match="at least 4 history windows"):
+        det.score_own_history(history[:3], history[:3])

@@ -478,3 +478,33 @@ def test_lomo_threshold_rule_scores_each_machine_with_the_rule_chosen_on_the_oth
         labels = detection.labelled_windows(dataset.entities[name], history=12).labels
         assert np.array_equal(group[0][0], labels)
     assert choice.rule_f1 == choose(groups)[2] and choice.threshold_rule == choose(groups)[0]
+
+
+def test_per_machine_kmeans_reads_only_the_scored_machines_own_history(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sklearn.metrics import average_precision_score
+
+    import vigil_eval.detection as detection
+    from vigil.detect.learned.windows import WindowSet
+
+    dataset = fleet_of_servers()
+    candidate = detection.candidates_for("kmeans-own", {"window": 4, "n_clusters": 5})[0]
+    fitted = [detection.fit_candidate(candidate, dataset, fit_on, history=12, seed=0)
+              for fit_on in (["m1", "m2"], ["m3", "m4", "m5"])]
+    machine = dataset.entities["m0"]
+    labelled = detection.labelled_windows(machine, history=12)
+    reference = detection.history_windows(machine, history=12)
+    first, second = (detection.variant_scores(d, labelled, reference) for d in fitted)
+    # Whatever the development machines, the scores of m0 are the same: no other machine is read.
+    assert first.keys() == second.keys() and all(np.array_equal(first[k], second[k]) for k in first)
+    assert average_precision_score(labelled.labels > 0, first[""]) > 0.5  # 0.06 at random
+    # A window far from m0's own history scores above every window of its labelled part.
+    far = machine.test.copy()
+    far[-1] += 100.0
+    outlier = WindowSet(12).add(far, history=machine.train, rows=np.array([len(far) - 1]))
+    assert detection.variant_scores(fitted[0], outlier, reference)[""][0] > first[""].max()
+    # The nested protocol builds no training windows for it: no fit reads any machine's data.
+    monkeypatch.setattr(detection, "training_windows", lambda *a, **k: pytest.fail("read training windows"))
+    result = detection.nested_leave_machines_out(dataset, detection.candidates_for(
+        "kmeans-own", {"window": 4, "n_clusters": 5}), outer=3, inner=2, history=12, seed=0)
+    assert sorted(r["entity"] for r in result.rows) == sorted(dataset.entities)
+    assert {r["detector"] for r in result.rows} == {"kmeans-own"}

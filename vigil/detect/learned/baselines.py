@@ -8,6 +8,9 @@
   Isolation Forest.
 - ``KMeansDetector``: distance of a window to its nearest k-means centroid (TSB-AD's KMeansAD idea), with
   scikit-learn's MiniBatchKMeans.
+- ``OwnHistoryKMeansDetector``: the same KMeansAD fitted per machine, on the older half of the scored machine's
+  own unlabelled history and read against the newer half (``score_own_history``), never on the fleet: the
+  per-machine baseline of TCE's own-history part, at its settings.
 - ``KNNDetector``: distance of a sample to its ``k``-th nearest normal training sample (TAB's KNN).
 - ``RandomDetector``: uniform random scores, the floor every honest table needs.
 
@@ -32,6 +35,7 @@ from typing import Any, ClassVar, Self
 
 import numpy as np
 import torch
+from sklearn.base import clone
 from sklearn.cluster import MiniBatchKMeans
 from sklearn.ensemble import HistGradientBoostingClassifier
 from sklearn.neighbors import NearestNeighbors
@@ -39,6 +43,7 @@ from torch import nn
 
 from vigil.detect.base import BaseDetector
 from vigil.detect.learned.features import window_features
+from vigil.detect.learned.tce import OWN_FIT_SHARE
 from vigil.detect.learned.windows import WindowSet
 from vigil.model import VigilInputError
 
@@ -165,6 +170,31 @@ class KMeansDetector(_FlatWindowDetector):
         rows = np.asarray(flat, dtype=np.float64)
         squared = (rows ** 2).sum(axis=1)[:, None] - 2 * rows @ centroids.T + (centroids ** 2).sum(axis=1)[None, :]
         return np.sqrt(np.maximum(squared.min(axis=1), 0.0))
+
+
+class OwnHistoryKMeansDetector(KMeansDetector):
+    """KMeansAD fitted on one machine's own unlabelled history when that machine is scored
+    (``score_own_history``), as TCE's own-history part is (``TCEDetector.own_memory_distance``, same centroids,
+    rows and split); ``per_machine``: the evaluation never fits it on other machines."""
+
+    name: ClassVar[str] = "kmeans-own"
+    per_machine: ClassVar[bool] = True
+
+    def __init__(self, window: int = 10, n_clusters: int = 20, fit_share: float = OWN_FIT_SHARE,
+                 seed: int = 0) -> None:
+        super().__init__(window=window, n_clusters=n_clusters, seed=seed)
+        self.fit_share = fit_share
+
+    def score_own_history(self, X: Any, history: Any) -> tuple[np.ndarray, np.ndarray]:
+        """A fresh copy fitted on the older ``fit_share`` of ``history`` (windows of the scored machine's
+        unlabelled history, oldest first); returns its scores of ``X`` and of the newer rest of ``history``
+        (out of sample: the reference the scores are read against)."""
+        rows = newest_rows(history, self.window, name=self.name)
+        cut = int(round(len(rows) * self.fit_share))
+        if cut < 2 or len(rows) - cut < 2:
+            raise VigilInputError(f"{self.name}: needs at least 4 history windows of the machine, got {len(rows)}")
+        own = clone(self).fit(rows[:cut])
+        return own.decision_function(X), own.decision_function(rows[cut:])
 
 
 class KNNDetector(_FlatWindowDetector):
@@ -438,6 +468,6 @@ class LSTMClassifierDetector(_FlatWindowDetector):
 
 
 BASELINES: dict[str, type[BaseDetector]] = {
-    cls.name: cls for cls in (LSTMDetector, PCADetector, IForestDetector, KMeansDetector, KNNDetector,
-                              RandomDetector, GradientBoostingDetector, LSTMClassifierDetector)
+    cls.name: cls for cls in (LSTMDetector, PCADetector, IForestDetector, KMeansDetector, OwnHistoryKMeansDetector,
+                              KNNDetector, RandomDetector, GradientBoostingDetector, LSTMClassifierDetector)
 }
