@@ -188,8 +188,40 @@ def test_a_write_torn_by_a_crash_costs_only_that_write_and_an_unreadable_spool_i
     (garbage / SPOOL_FILE).write_bytes(b"not a database\n" * 100)
     spool = EventSpool(garbage, 100, 2**20)
     assert spool.load() == [] and "moved aside" in caplog.text
-    assert any(p.name.startswith(SPOOL_FILE + ".unreadable-") for p in garbage.iterdir())
+    assert any(p.name.startswith(SPOOL_FILE + ".corrupt-") for p in garbage.iterdir())
     spool.close()
+
+
+def test_a_damaged_spool_of_its_own_is_moved_aside_as_it_was_before_anything_writes_to_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The agent's own spool file cut to half its length, its WAL holding 10 more events: at start it is found
+    damaged read-only and moved aside to ``<name>.corrupt-<time>`` with its WAL, both byte for byte as they were,
+    in one warning line naming it; the agent starts an empty spool that takes events (before: the file was opened
+    to write first, so closing it folded the WAL into the damaged file and deleted it, and it went to
+    ``.unreadable-<time>``)."""
+    live = EventSpool(tmp_path / "live", 1000, 2**24)
+    live.add([xid(float(i)) for i in range(300)])
+    live.events.spool._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    live.add([xid(float(i)) for i in range(300, 310)])
+    state = tmp_path / "state"
+    state.mkdir()
+    for name in (SPOOL_FILE, SPOOL_FILE + "-wal"):  # copied while open: the WAL not folded in
+        shutil.copy(tmp_path / "live" / name, state / name)
+    live.close()
+    whole = (state / SPOOL_FILE).read_bytes()
+    (state / SPOOL_FILE).write_bytes(whole[:len(whole) // 2])
+    kept = {name: (state / name).read_bytes() for name in (SPOOL_FILE, SPOOL_FILE + "-wal")}
+    agent = Agent([CountingSource()], fast_settings(server_url="http://vigil.test", state_dir=str(state)),
+                  cpu_ratio=lambda: 0.1)
+    assert agent.spool is not None and agent.pending_events == []
+    (aside,) = state.glob(f"{SPOOL_FILE}.corrupt-*[0-9]")
+    assert {SPOOL_FILE: aside.read_bytes(), SPOOL_FILE + "-wal": (state / f"{aside.name}-wal").read_bytes()} == kept
+    named = [r.getMessage() for r in caplog.records if SPOOL_FILE in r.getMessage()]
+    assert len(named) == 1 and "moved aside" in named[0] and aside.name in named[0], named
+    agent._accept_events([xid(1.0)])
+    agent.close()
+    assert held_events(state) == 1
 
 
 def test_a_spool_another_program_holds_locked_is_left_in_place_and_sent_at_the_next_start(
@@ -215,7 +247,7 @@ def test_a_spool_another_program_holds_locked_is_left_in_place_and_sent_at_the_n
     agent.close()
     holder.execute("ROLLBACK")
     holder.close()
-    assert sorted(p.name for p in state.iterdir() if ".unreadable-" in p.name) == []
+    assert sorted(p.name for p in state.iterdir() if ".corrupt-" in p.name) == []
     again = Agent([CountingSource()], fast_settings(server_url="http://vigil.test", state_dir=str(state)),
                   cpu_ratio=lambda: 0.1)
     assert again.spool is not None and [e.ts for e in again.pending_events] == [1.0, 2.0]

@@ -263,3 +263,74 @@ def test_a_left_spool_file_locked_by_another_program_is_not_moved_aside_and_is_t
     assert len(orphan.rows("events")) == 1
     orphan.discard()
     live.close()
+
+
+def test_a_left_spool_file_whose_rows_cannot_be_read_is_warned_about_once_until_it_changes_or_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A left spool file that opens but whose rows cannot be read now (a disk failing: SQLite's 'disk I/O error')
+    is left where it is and warned about once over three rounds (before: once a round); warned again once it has
+    changed, not at all once it reads and is taken over."""
+    from tests.collect.conftest import CountingSource, fast_settings, xid
+    from vigil.sources.collect.agent import Agent
+    from vigil.sources.collect.spool import EventSpool, OrphanSpool
+
+    state = tmp_path / "state"
+    left = EventSpool(tmp_path / "left", 100, 2**20)
+    left.add([xid(1.0)])
+    left.close()
+    state.mkdir()
+    orphan_path = state / "events-spool-0badf00d.sqlite"
+    left.path.rename(orphan_path)
+    readable_rows = OrphanSpool.rows
+
+    def failing_disk(self: OrphanSpool, table: str, columns: tuple[str, ...] = ()) -> list[tuple[object, ...]]:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(OrphanSpool, "rows", failing_disk)
+    agent = Agent([CountingSource()], fast_settings(server_url="http://vigil.test", state_dir=str(state)),
+                  cpu_ratio=lambda: 0.1)
+
+    def warnings() -> list[str]:
+        return [r.getMessage() for r in caplog.records if orphan_path.name in r.getMessage()]
+
+    for _ in range(3):
+        agent.take_over()
+    assert len(warnings()) == 1 and "disk I/O error" in warnings()[0], warnings()
+    changed = sqlite3.connect(orphan_path, isolation_level=None)
+    changed.execute("INSERT INTO events (body) VALUES (?)", (xid(2.0).model_dump_json(),))
+    changed.close()
+    for _ in range(3):
+        agent.take_over()
+    assert len(warnings()) == 2 and orphan_path.exists() and agent.pending_events == []
+    monkeypatch.setattr(OrphanSpool, "rows", readable_rows)
+    agent.take_over()
+    assert [e.ts for e in agent.pending_events] == [1.0, 2.0] and not orphan_path.exists()
+    assert len(warnings()) == 3 and "took over" in warnings()[2]
+    agent.close()
+
+
+def test_a_left_spool_path_that_cannot_be_opened_is_warned_about_once_until_it_changes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A left spool path SQLite cannot open at all (here a directory: an I/O error, no damaged database) is never
+    moved aside, and is warned about once over three looks; once it has changed, once more (before: once for good,
+    however it changed)."""
+    from vigil.sources.collect.spool import EventSpool
+
+    state = tmp_path / "state"
+    live = EventSpool(state, 100, 2**20)
+    unopenable = state / "events-spool-0badf00d.sqlite"
+    unopenable.mkdir()
+
+    def warnings() -> list[str]:
+        return [r.getMessage() for r in caplog.records if unopenable.name in r.getMessage()]
+
+    for _ in range(3):
+        assert list(live.orphans()) == []
+    assert len(warnings()) == 1 and "tried again later" in warnings()[0], warnings()
+    (unopenable / "written").touch()  # the directory's mtime moves
+    for _ in range(3):
+        assert list(live.orphans()) == []
+    assert len(warnings()) == 2 and unopenable.is_dir() and not list(state.glob("*.corrupt-*"))
+    live.close()

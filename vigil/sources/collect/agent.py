@@ -518,9 +518,7 @@ class Agent:
                     bodies = orphan.rows("events")
                     pushes = orphan.rows("samples", ("key", "made"))
                 except sqlite3.OperationalError as err:  # locked, a disk failing: read again at the next look
-                    orphan.release()
-                    log.warning("cannot take over the spool %s another agent left (%s); tried again later",
-                                orphan.path, err)
+                    orphan.leave(err)
                     continue
                 except sqlite3.DatabaseError as err:  # damaged past what opening it checks
                     orphan.set_aside(err)
@@ -535,9 +533,7 @@ class Agent:
                     try:
                         dropped = self._spool_add(events, strict=True)
                     except (OSError, sqlite3.Error) as err:
-                        orphan.release()
-                        log.warning("cannot take over the spool %s another agent left (%s); tried again later",
-                                    orphan.path, err)
+                        orphan.leave(err)
                         return
                     self.pending_events[:0] = [e for e in events if id(e) not in dropped]
                     self._bound_pending()

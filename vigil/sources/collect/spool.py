@@ -7,14 +7,17 @@ refused for good); the agent started again loads what the spool holds and sends 
 server storing a batch and the spool forgetting it sends the batch again, and the server stores each event once
 (``POST /api/v1/events`` keys an event by all its fields, ``POST /api/v1/rank-logs`` a line by where it was read).
 A write torn by a crash is a transaction SQLite rolls back on the next open (its WAL frames carry checksums); a
-file that is no SQLite database at all is moved aside and an empty spool started, with a warning. The spool is
+spool of its own that is no SQLite database, or a damaged one, is found read-only before anything writes to it,
+moved aside to ``<name>.corrupt-<unix time>`` with its -wal and -shm as they were, and an empty spool started,
+with one warning. The spool is
 bounded by events and bytes: beyond either the oldest events are dropped, and the agent counts them
 (``vigil_agent_events_dropped_total{reason="spool_full"}``). One agent holds a state directory's spool at a time (an
 exclusive lock on ``events-spool.lock``); a second one (a rollout's surge, a restart overlapping) spools to a file of
 its own beside it, with a warning, and an agent that finds a spool file no agent holds takes its rows over
 (``Spool.orphans``) and removes it - or, where it is no SQLite database or a damaged one (a dead agent's file
-cut short), moves it aside to ``<name>.corrupt-<unix time>`` once, with a warning. A spool that
-cannot be opened now (locked by another program, a disk full or failing) is left as it is for the next start. The
+cut short), moves it aside the same way, once, with a warning. A spool that cannot be opened now (locked by
+another program, a disk full or failing, no permission) is left as it is for the next start, or, another agent's,
+for the next look - warned about once until the file changes or has been read. The
 samples pushes the server has not taken (``EventPusher``'s backlog) are a second table of the same file, with the
 same locking, writes and bounds (``SpoolQueue``). The
 spool's files are the agent's alone (mode 0600, a directory it creates 0700): events name nodes and carry kernel and
@@ -64,6 +67,7 @@ class Spool:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self._lock = threading.Lock()
+        self.unreadable_orphans = UnreadableFiles()
         try:
             directory.mkdir(mode=0o700, parents=True, exist_ok=True)
             held = _take_lock(directory / LOCK_FILE)
@@ -82,24 +86,26 @@ class Spool:
             self._lock_file: IO[bytes] = held
         except OSError as err:
             raise SpoolUnavailable(f"cannot use {directory}: {err}") from None
-        self._warned_orphans: set[str] = set()
         try:
             for suffix in ("", "-wal", "-shm"):  # SQLite gives its -wal and -shm files the database file's mode
                 if suffix == "" or Path(f"{self.path}{suffix}").exists():
                     os.close(_private(Path(f"{self.path}{suffix}")))
+            # read-only first: opened to write, a damaged file's WAL is folded into it or dropped on close
+            _check_read_only(self.path)
             self._conn = self._open()
         except sqlite3.OperationalError as err:
             # locked, a disk full or failing, no permission: the file may hold events, and is left for the next start
             self.close()
             raise SpoolUnavailable(f"cannot open {self.path}: {err}") from None
         except sqlite3.DatabaseError as err:  # no SQLite database, or a damaged one
-            aside = self.path.with_name(f"{self.path.name}.unreadable-{int(time.time())}")
-            log.warning("the events spool %s is unreadable (%s): moved aside to %s and started empty; the events it "
-                        "held are not sent", self.path, err, aside)
-            for suffix in ("", "-wal", "-shm"):
-                source = Path(f"{self.path}{suffix}")
-                if source.exists():
-                    os.replace(source, f"{aside}{suffix}")
+            try:
+                aside = _move_aside(self.path)
+            except OSError as move_err:
+                self.close()
+                raise SpoolUnavailable(f"{self.path} is unreadable ({err}) and cannot be moved aside ({move_err})"
+                                       ) from None
+            log.warning("the events spool %s is unreadable (%s): moved aside to %s as it was and started empty; the "
+                        "events it held are not sent", self.path, err, aside)
             try:
                 os.close(_private(self.path))
                 self._conn = self._open()
@@ -130,15 +136,17 @@ class Spool:
         """The other spool files of the directory no agent holds (their agent stopped or was killed while this one
         ran on a file of its own, or the other way round), each locked for this agent while it is read: take its
         rows, then ``discard`` it. A file another agent holds is left alone; one that cannot be read now (locked, a
-        disk failing) is warned about once and tried again at the next look; one that is no SQLite database, or a
-        damaged one, is moved aside once (``set_aside``), never tried again nor deleted."""
+        disk failing, no permission) is tried again at the next look, warned about once until it changes or has
+        been read (``unreadable_orphans``); one that is no SQLite database, or a damaged one, is moved aside once
+        (``set_aside``), never tried again nor deleted."""
         for path in sorted(self.directory.glob(f"{SPOOL_STEM}*.sqlite")):
             if path == self.path:
                 continue
             lock_path = path.with_suffix(".lock") if path.name != SPOOL_FILE else self.directory / LOCK_FILE
             try:
                 held = _take_lock(lock_path)
-            except OSError:
+            except OSError as err:
+                self.unreadable_orphans.warn(path, err)
                 continue
             if held is None:
                 continue
@@ -153,20 +161,15 @@ class Spool:
             except sqlite3.DatabaseError as err:
                 if isinstance(err, sqlite3.OperationalError):  # locked, a disk failing: may be read later
                     held.close()
-                    if str(path) not in self._warned_orphans:
-                        self._warned_orphans.add(str(path))
-                        log.warning("cannot take over the spool %s another agent left (%s); tried again later",
-                                    path, err)
+                    self.unreadable_orphans.warn(path, err)
                 else:  # no SQLite database, or a damaged one: no later look reads it either
-                    set_aside(path, lock_path, held, err, self._warned_orphans)
+                    set_aside(path, lock_path, held, err, self.unreadable_orphans)
                 continue
             except (OSError, sqlite3.Error) as err:
                 held.close()
-                if str(path) not in self._warned_orphans:
-                    self._warned_orphans.add(str(path))
-                    log.warning("cannot take over the spool %s another agent left (%s); tried again later", path, err)
+                self.unreadable_orphans.warn(path, err)
                 continue
-            yield OrphanSpool(path, lock_path, conn, held, self._warned_orphans)
+            yield OrphanSpool(path, lock_path, conn, held, self.unreadable_orphans)
 
     def queue(self, table: str, columns: Sequence[tuple[str, str]], max_rows: int, max_bytes: int) -> SpoolQueue:
         """A bounded queue in ``table`` of this file (created if new), rows of a body and ``columns``."""
@@ -205,13 +208,46 @@ class Spool:
             return False
 
 
+class UnreadableFiles:
+    """The spool files other agents left that could not be read (locked, a disk failing, no permission), each with
+    the state it was warned about in: a file is warned about once, again only once it has changed (its -wal
+    included) or after it has been read and gone."""
+
+    def __init__(self) -> None:
+        self._warned: dict[str, tuple[tuple[int, int, int] | None, ...]] = {}
+
+    def warn(self, path: Path, err: Exception, move_err: OSError | None = None) -> None:
+        state = tuple(_file_state(Path(f"{path}{suffix}")) for suffix in ("", "-wal"))
+        if self._warned.get(str(path)) == state:
+            return
+        self._warned[str(path)] = state
+        if move_err is None:
+            log.warning("cannot take over the spool %s another agent left (%s); tried again later", path, err)
+        else:
+            log.warning("the spool %s another agent left is unreadable (%s) and cannot be moved aside (%s); "
+                        "tried again later", path, err, move_err)
+
+    def forget(self, path: Path) -> None:
+        """``path`` was read (or moved aside): a file found there later that cannot be read is warned about."""
+        self._warned.pop(str(path), None)
+
+
+def _file_state(path: Path) -> tuple[int, int, int] | None:
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_ino, stat.st_size, stat.st_mtime_ns
+
+
 class OrphanSpool:
-    """A spool file another agent left, locked by this one: ``rows`` of a table, then ``discard`` the file."""
+    """A spool file another agent left, locked by this one: ``rows`` of a table, then ``discard`` the file - or
+    ``leave`` it, where its rows cannot be read now."""
 
     def __init__(self, path: Path, lock_path: Path, conn: sqlite3.Connection, lock_file: IO[bytes],
-                 warned: set[str] | None = None) -> None:
+                 unreadable: UnreadableFiles | None = None) -> None:
         self.path = path
-        self._warned = set() if warned is None else warned
+        self._unreadable = UnreadableFiles() if unreadable is None else unreadable
         self._lock_path = lock_path
         self._conn = conn
         self._lock_file = lock_file
@@ -234,46 +270,55 @@ class OrphanSpool:
             Path(f"{self.path}{suffix}").unlink(missing_ok=True)
         self._lock_path.unlink(missing_ok=True)
         self._lock_file.close()
+        self._unreadable.forget(self.path)
 
-    def release(self) -> None:
-        """Leave the file as it is (its rows could not be taken)."""
+    def leave(self, err: Exception) -> None:
+        """Leave the file as it is for the next look (its rows could not be read or kept now: ``err``), warned
+        about once until it changes."""
         self._conn.close()
         self._lock_file.close()
+        self._unreadable.warn(self.path, err)
 
     def set_aside(self, err: sqlite3.Error) -> None:
         """Move the file aside (it opened, but its rows cannot be read: a damaged database), as ``set_aside``."""
         self._conn.close()
-        set_aside(self.path, self._lock_path, self._lock_file, err, self._warned)
+        set_aside(self.path, self._lock_path, self._lock_file, err, self._unreadable)
 
 
-def set_aside(path: Path, lock_path: Path, lock_file: IO[bytes], err: sqlite3.Error, warned: set[str]) -> None:
-    """Move a spool file another agent left that is no SQLite database, or a damaged one, aside - with its -wal and
-    -shm files - to ``<name>.corrupt-<unix time>``, which no agent looks at again (kept for whoever wants to read
-    what it held, never deleted); its lock file is removed (but the directory's) and its lock let go. One warning.
-    A file that cannot be moved is left, warned about once (``warned``: the paths warned about), and looked at again
-    at the next look."""
-    aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
-    for n in itertools.count(1):
-        if not any(Path(f"{aside}{suffix}").exists() for suffix in ("", "-wal", "-shm")):
-            break
-        aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}-{n}")
+def set_aside(path: Path, lock_path: Path, lock_file: IO[bytes], err: sqlite3.Error,
+              unreadable: UnreadableFiles) -> None:
+    """Move a spool file another agent left that is no SQLite database, or a damaged one, aside (``_move_aside``),
+    where no agent looks at it again; its lock file is removed (but the directory's) and its lock let go. One
+    warning. A file that cannot be moved is left, warned about once until it changes (``unreadable``), and looked
+    at again at the next look."""
     try:
-        for suffix in ("", "-wal", "-shm"):
-            source = Path(f"{path}{suffix}")
-            if source.exists():
-                os.replace(source, f"{aside}{suffix}")
+        aside = _move_aside(path)
     except OSError as move_err:
-        if str(path) not in warned:
-            warned.add(str(path))
-            log.warning("the spool %s another agent left is unreadable (%s) and cannot be moved aside (%s); "
-                        "tried again later", path, err, move_err)
+        unreadable.warn(path, err, move_err)
         lock_file.close()
         return
+    unreadable.forget(path)
     if lock_path.name != LOCK_FILE:
         lock_path.unlink(missing_ok=True)
     lock_file.close()
     log.warning("the spool %s another agent left is unreadable (%s): moved aside to %s, not looked at again; the "
                 "events and samples pushes it held are not sent", path, err, aside)
+
+
+def _move_aside(path: Path) -> Path:
+    """Move the SQLite file at ``path`` with its -wal and -shm files, their bytes as they are, to
+    ``<name>.corrupt-<unix time>`` (``-<n>`` added where that is taken), kept for whoever wants to read what it
+    held and never deleted. Returns the new path; raises OSError where a file cannot be moved."""
+    aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
+    for n in itertools.count(1):
+        if not any(Path(f"{aside}{suffix}").exists() for suffix in ("", "-wal", "-shm")):
+            break
+        aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}-{n}")
+    for suffix in ("", "-wal", "-shm"):
+        source = Path(f"{path}{suffix}")
+        if source.exists():
+            os.replace(source, f"{aside}{suffix}")
+    return aside
 
 
 class SpoolQueue:
