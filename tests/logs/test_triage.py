@@ -99,19 +99,6 @@ def test_no_root_only_symptoms(tmp_path: Path) -> None:
     assert "earliest symptom" in result.summary and "silent ranks [1]" in result.summary
 
 
-def test_unknown_error_wording_beats_an_earlier_symptom(tmp_path: Path) -> None:
-    (tmp_path / "rank_0.log").write_text(
-        "2026-01-01 00:00:01,000 [E ProcessGroupNCCL.cpp:100] Watchdog caught collective operation timeout\n")
-    (tmp_path / "rank_1.log").write_text(
-        "2026-01-01 00:00:00,000 INFO step 4\n"
-        "2026-01-01 00:00:05,000 node7:11:12 [1] misc/socket.cc:483 NCCL WARN socketStartConnect: Connect to "
-        "10.0.0.2<45763> failed : Software caused connection abort\n"
-        "2026-01-01 00:00:05,000 node7:11:12 [1] NCCL INFO misc/socket.cc:564 -> 2\n")
-    result = triage(tmp_path)
-    assert result.root is not None and (result.root.source, result.root.lineno) == ("rank_1.log", 2)
-    assert result.root_basis == "error_wording" and result.root.fault_type is None
-
-
 def test_a_plain_error_line_right_above_a_wrapper_summary_is_the_root(tmp_path: Path) -> None:
     # no signature knows either line: the specific summary a wrapper prints right under the plain report gives way
     plain = "2026-01-01 00:00:05,000 WARNING coordinator.py:81 -- a member quit with an unexpected internal error\n"
@@ -189,10 +176,11 @@ NVIDIA_SMI_THEN_DMESG = (
     "[Fri Apr  5 21:29:39 2024] NVRM: GPU 0000:{bus}:00.0: GPU has fallen off the bus.\n")
 
 
-def _phase(root: dict[str, object] | None, *files: str) -> tuple[dict[str, str], dict[str, object] | None]:
-    """Log files to write over the ones before (name, text, name, text...), and what triage then finds: the fields of
-    its result named (``root.lineno``, ``root.attrs.host``, ``root_basis``...) with their values, or None where it
-    names no root."""
+def _phase(root: dict[str, object] | None,
+           *files: str | None) -> tuple[dict[str | None, str | None], dict[str, object] | None]:
+    """Log files to write over the ones before (name, text, name, text...; a text of None removes the file), and what
+    triage then finds: the fields of its result named (``root.lineno``, ``root.attrs.host``, ``root_basis``...) with
+    their values (``{}``: any root), or None where it names no root."""
     return dict(zip(files[::2], files[1::2], strict=True)), root
 
 
@@ -518,38 +506,421 @@ def _field(result: object, path: str) -> object:
             "the daemon itself. We cannot recover from this failure, and\n"
             "therefore will terminate the job.\n"),
     ], id="open_mpi_s_lost_daemon_report_is_named_at_its_first_line"),
+    pytest.param([
+        _phase({"root.source": "rank_1.log", "root.lineno": 2, "root_basis": "error_wording", "root.fault_type": None},
+            "rank_0.log",
+            "2026-01-01 00:00:01,000 [E ProcessGroupNCCL.cpp:100] Watchdog caught collective operation timeout\n",
+            "rank_1.log",
+            "2026-01-01 00:00:00,000 INFO step 4\n"
+            "2026-01-01 00:00:05,000 node7:11:12 [1] misc/socket.cc:483 NCCL WARN socketStartConnect: Connect to "
+            "10.0.0.2<45763> failed : Software caused connection abort\n"
+            "2026-01-01 00:00:05,000 node7:11:12 [1] NCCL INFO misc/socket.cc:564 -> 2\n"),
+    ], id="unknown_error_wording_beats_an_earlier_symptom"),
+    pytest.param([
+        _phase({"root.lineno": 2, "root.signature": "nccl.watchdog_timeout"},
+            # an MPI launcher relays the rank's output with its host before each line: the watchdog's what() names the
+            # timed-out collective, and the frames after it (checkTimeout) are where it was raised, not a second report
+            "job.log",
+            "mpi-launcher: terminate called after throwing an instance of 'c10::DistBackendError'\n"
+            "mpi-launcher:   what():  [PG 1 Rank 5] Process group watchdog thread terminated with exception: [Rank 5] "
+            "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=635, OpType=ALLREDUCE, NumelIn=576156928, "
+            "NumelOut=576156928, Timeout(ms)=600000) ran for 600097 milliseconds before timing out.\n"
+            "mpi-launcher: Exception raised from checkTimeout at "
+            "../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:565 "
+            "(most recent call first):\n"
+            "mpi-launcher: frame #1: c10d::ProcessGroupNCCL::WorkNCCL::checkTimeout(std::optional<std::chrono::duration"
+            "<long, std::ratio<1l, 1000l> > >) + 0x1d2 (0x7f07d4979c62 in /opt/torch/lib/libtorch_cuda.so)\n"),
+        _phase({},
+            # a line that only mentions a frame further in is not one
+            "job.log",
+            "RuntimeError: checkTimeout failed, see frame #1: below\n"),
+    ], id="a_cpp_backtrace_frame_under_a_launchers_host_prefix_is_not_a_report"),
+    pytest.param([
+        _phase({"root.lineno": 2},
+            # PyTorch's watchdog times a collective out and terminates the process (std::terminate: SIGABRT);
+            # torchelastic then stops the other workers and reports the aborted one as "failed (exitcode: -6)" - the
+            # abort seen from outside
+            "job.log",
+            "terminate called after throwing an instance of 'std::runtime_error'\n"
+            "  what():  [Rank 7] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=806, OpType=BROADCAST, "
+            "Timeout(ms)=1800000) ran for 1801027 milliseconds before timing out.\n"
+            "WARNING:torch.distributed.elastic.multiprocessing.api:Sending process 561635 closing signal SIGTERM\n"
+            "WARNING:torch.distributed.elastic.multiprocessing.api:Sending process 561636 closing signal SIGTERM\n"
+            "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -6) local_rank: 7 (pid: 561642) of "
+            "binary: /usr/bin/python\n"),
+        _phase({"root.lineno": 1, "root.signature": "launcher.worker_aborted"},
+            # alone, the launcher's report of the abort is still what the job shows
+            "job.log",
+            "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -6) local_rank: 7 (pid: 561642) of "
+            "binary: /usr/bin/python\n"),
+        _phase({"root.lineno": 2, "root_basis": "signature"},
+            # a worker killed by another signal could log nothing: the launcher's report stays a root signature
+            "job.log",
+            "  what():  [Rank 7] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=806, OpType=BROADCAST, "
+            "Timeout(ms)=1800000) ran for 1801027 milliseconds before timing out.\n"
+            "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -9) local_rank: 3 (pid: 561638) of "
+            "binary: /usr/bin/python\n"),
+    ], id="the_watchdog_report_beats_the_launchers_report_of_the_sigabrt_it_ends_in"),
+    pytest.param([
+        _phase({"root.lineno": 4, "root.rank": 3, "root.attrs.failure": "out of memory"},
+            "job.log",
+            "[rank3]: torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:3763, unhandled cuda "
+            "error (run with NCCL_DEBUG=INFO for details), NCCL version 2.28.8\n"
+            "[rank3]: ncclUnhandledCudaError: Call to CUDA function failed.\n"
+            "[rank3]: Last error:\n"
+            "[rank3]: Cuda failure 2 'out of memory'\n"
+            "[rank2]: Traceback (most recent call last):\n"),
+        # the header's next non-empty line
+        _phase({"root.lineno": 4},
+            "job.log",
+            "RuntimeError: the loader failed\nLast error:\n\nsomething else entirely\n"),
+    ], id="nccl_last_error_under_the_wrapper_is_the_root"),
+    pytest.param([
+        # The raylet's worker_died report (node_manager.cc "A worker died or was killed while executing a task by an
+        # unexpected system error ...") comes before what the driver and Tune print about it: Ray's "Unhandled error
+        # (suppress with RAY_IGNORE_UNHANDLED_ERRORS=1): ray::..." (worker.py _unhandled_error_handler) and Tune's
+        # "Trial NAME: Error processing event." (trial_runner.py) relay an exception raised elsewhere, so the ERROR tag
+        # on them does not make them the root.
+        _phase({"root.lineno": 1, "root.signature": "ray.worker_died"},
+            "driver.log",
+            "2023-01-17 17:21:35,472\tWARNING worker.py:1829 -- A worker died or was killed while executing a task by "
+            "an "
+            "unexpected system error. To troubleshoot the problem, check the logs for the dead worker. RayTask ID: "
+            "ffffffffffffffff686c Worker ID: 0c62b78d Node ID: 38300cef Worker IP address: 10.0.0.7 Worker port: 10016 "
+            "Worker PID: 1942 Worker exit type: SYSTEM_ERROR Worker exit detail: Worker unexpectedly exits with a "
+            "connection error code 2. End of file.\n"
+            "2023-01-17 17:21:35,509\tERROR trial_runner.py:980 -- Trial TorchTrainer_b13e7_00000: Error processing "
+            "event.\n"
+            "2023-01-17 17:21:35,511\tERROR worker.py:85 -- Unhandled error (suppress with "
+            "'RAY_IGNORE_UNHANDLED_ERRORS=1'): ray::Trainer.train() (pid=8543, ip=10.0.0.7)\n"
+            "ray.exceptions.RayActorError: The actor died unexpectedly before finishing this task.\n"),
+        _phase({"root.lineno": 4},
+            # the relay gives way to the exception its traceback ends in
+            "driver.log",
+            "2024-05-14 10:03:11,482\tERROR tune_controller.py:1331 -- Trial task failed for trial "
+            "TorchTrainer_551a2_00000\n"
+            "Traceback (most recent call last):\n"
+            '  File "/home/user/train.py", line 12, in train_func\n'
+            "torch.AcceleratorError: CUDA error: an illegal memory access was encountered\n"),
+        _phase({"root.lineno": 3},
+            # and gives way to the dead actor it reports, printed under it by the driver (verl's TaskRunner)
+            "driver.log",
+            "(TaskRunner pid=892962) Unhandled error (suppress with 'RAY_IGNORE_UNHANDLED_ERRORS=1'): "
+            "ray::AsyncSglangServer.wake_up() (pid=913710, ip=100.96.31.18)\n"
+            "(TaskRunner pid=892962)     ray.get(futures)\n"
+            "(TaskRunner pid=892962) ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this "
+            "task.\n"),
+    ], id="rays_worker_died_report_outranks_the_driver_and_tune_relaying_it"),
+    pytest.param([
+        # A C++ failure signal handler reports the signal the process died of before its stack: glog's DumpSignalInfo
+        # ("*** SIGSEGV (@0x0) received by PID N (TID 0x...) from PID 0; stack trace: ***"), the variant the TPU runtime
+        # prints under JAX ("... received by PID N (TID N) on cpu 17; stack trace: ***"), Abseil's ("*** SIGSEGV
+        # received at time=... on cpu 3 ***"). A backend-initialisation UserWarning before it is not the failure; a
+        # SIGABRT report follows an error the process reported first, so it is not taken as a root.
+        _phase({"root.lineno": 3, "root.signature": "process.failure_signal_report"},
+            "host0.log",
+            "/home/user/.local/lib/python3.8/site-packages/jax/_src/lib/xla_bridge.py:184: UserWarning: TPU backend "
+            "initialization is taking more than 60.0 seconds. Did you run your code on all TPU hosts?\n"
+            "  warnings.warn(\n"
+            "*** SIGSEGV (@(nil)), see go/stacktraces#s15 received by PID 11743 (TID 12350) on cpu 17; stack trace: "
+            "***\n"
+            "PC: @     0x7facba4a8de2  (unknown)  (unknown)\n"
+            "    @     0x7facbd838294        976  (unknown)\n"),
+        _phase({"root.lineno": 2},
+            "host0.log",
+            "*** Aborted at 1566142545 (unix time) try \"date -d @1566142545\" if you are using GNU date ***\n"
+            "*** SIGSEGV (@0x0) received by PID 3371 (TID 0x7f450a559740) from PID 0; stack trace: ***\n"),
+        _phase({"root.signature": "process.failure_signal_report"},
+            "host0.log",
+            "*** SIGBUS received at time=1670000000 on cpu 3 ***\n"),
+        _phase({"root.lineno": 1},
+            "host0.log",
+            "F0507 08:50:25.221193 1769711 tpu_client.cc:88] Check failed: device != nullptr\n"
+            "*** SIGABRT (@0x3e800000861) received by PID 2145 (TID 0x7fa14c0a6740) from PID 2145; stack trace: ***\n"),
+    ], id="a_failure_signal_handlers_report_is_the_root_over_the_warnings_before_it"),
+    pytest.param([
+        # InternLM's entry point logs what main() raised at ERROR - logger.error(f"Raise exception from {hostname} with
+        # rank id: {rank}\n{traceback}") - after the failure itself was printed: the watchdog's timeout before it is the
+        # root, not the relay's ERROR tag.
+        _phase({"root.lineno": 1},
+            "rank0.log",
+            "[E ProcessGroupNCCL.cpp:821] [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=316, "
+            "OpType=ALLREDUCE, Timeout(ms)=1800000) ran for 1803457 milliseconds before timing out.\n"
+            "terminate called after throwing an instance of 'std::runtime_error'\n"
+            "2023-09-07 09:14:40,098 ERROR train.py:308 in <module> -- Raise exception from f363ff97a009 with rank id: "
+            "3\n"
+            "Traceback (most recent call last):\n"
+            '  File "/home/user/InternLM/train.py", line 306, in <module>\n'),
+        _phase({"root.lineno": 4},
+            # the relay still gives way to the exception its traceback ends in
+            "rank0.log",
+            "2024-01-02 10:00:00,000 ERROR train.py:308 in <module> -- Raise exception from node7 with rank id: 12\n"
+            "Traceback (most recent call last):\n"
+            '  File "/home/user/InternLM/train.py", line 306, in <module>\n'
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n"),
+    ], id="internlms_exception_relay_gives_way_to_the_timeout_it_reports"),
+    pytest.param([
+        # torch re-raises a DataLoader worker's (or a DataParallel replica's) exception in the main process as "Caught
+        # {type} {where}." with "Original Traceback (most recent call last):" and the original's traceback under it
+        # (torch/_utils.py ExceptionWrapper.reraise): the original exception's line is the failure, the first line its
+        # relay; with nothing under it the relay is still the failure seen.
+        _phase({"root.lineno": 7},
+            "job.log",
+            "Traceback (most recent call last):\n"
+            '  File "/home/user/verl/verl/trainer/fsdp_sft_trainer.py", line 721, in fit\n'
+            "ValueError: Caught ValueError in DataLoader worker process 0.\n"
+            "Original Traceback (most recent call last):\n"
+            '  File "/usr/lib/python3.10/site-packages/torch/utils/data/_utils/worker.py", line 242, in _worker_loop\n'
+            '  File "/usr/lib/python3.10/site-packages/transformers/tokenization_utils_base.py", line 1665, in '
+            "apply_chat_template\n"
+            "ValueError: Tools should either be a JSON schema, or a callable function with type hints and a docstring "
+            "suitable for auto-conversion to a schema.\n"),
+        _phase({"root.lineno": 1},
+            "job.log",
+            "fsspec.exceptions.FSTimeoutError: Caught FSTimeoutError in DataLoader worker process 1.\n"),
+    ], id="torchs_exception_wrapper_relay_gives_way_to_the_original_exception"),
+    pytest.param([
+        # An actor whose __init__ raised: the worker logs "Exception raised in creation task: The actor died because of
+        # an error raised in its creation task, ray::..." with the traceback under the Ray prefix, and the driver raises
+        # ActorDiedError with the same words, ending with the original exception (python/ray/exceptions.py): that
+        # exception is the failure, not the relay that heads it.
+        _phase({"root.lineno": 6},
+            "driver.log",
+            "(WorkerDict pid=136980) Exception raised in creation task: The actor died because of an error raised in "
+            "its "
+            "creation task, ray::WorkerDict.__init__() (pid=136980, ip=192.168.100.8)\n"
+            "Traceback (most recent call last):\n"
+            '  File "/workspace/verl/verl/trainer/main_ppo.py", line 40, in main\n'
+            "ray.exceptions.ActorDiedError: The actor died because of an error raised in its creation task, "
+            "ray::WorkerDict.__init__() (pid=136980, ip=192.168.100.8, actor_id=802ec5a7e3e04c21babf95d701000000)\n"
+            '  File "/usr/local/lib/python3.10/dist-packages/torch/distributed/device_mesh.py", line 530, in '
+            "_init_process_groups\n"
+            "RuntimeError: cannot reshape tensor of 0 elements into shape [-1, 0] because the unspecified dimension "
+            "size -1 can be any value and is ambiguous\n"),
+    ], id="rays_actor_died_in_its_creation_task_gives_way_to_the_exception_it_carries"),
+    pytest.param([
+        # The driver finds the actor it calls unreachable (ray.exceptions.ActorUnavailableError "The actor ID is
+        # unavailable: ... Socket closed", wrapped in the task's RayTaskError); the raylet's report that a worker died,
+        # printed after it, is the account of what happened to the actor.
+        _phase({"root.lineno": 9},
+            "driver.log",
+            "Error executing job with overrides: ['algorithm.adv_estimator=grpo']\n"
+            "Traceback (most recent call last):\n"
+            '  File "/home/user/verl/verl/trainer/main_ppo.py", line 100, in run_ppo\n'
+            "ray.exceptions.RayTaskError(ActorUnavailableError): ray::TaskRunner.run() (pid=625502, ip=192.168.77.17)\n"
+            '  File "/home/user/verl/verl/single_controller/ray/base.py", line 55, in __call__\n'
+            "ray.exceptions.ActorUnavailableError: The actor d5a12869ca846683c2e9884001000000 is unavailable: The "
+            "actor "
+            "is temporarily unavailable: RpcError: RPC error: Socket closed rpc_code: 14. The task may or may not have "
+            "been executed on the actor.\n"
+            "\n"
+            "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.\n"
+            "(raylet) A worker died or was killed while executing a task by an unexpected system error. To "
+            "troubleshoot "
+            "the problem, check the logs for the dead worker. Lease ID: 01000000c0358f8f\n"),
+    ], id="rays_actor_unavailable_gives_way_to_the_raylets_report_of_the_dead_worker"),
+    pytest.param([
+        # The Prismatic / OpenVLA mixture skips a dataset whose config raised (materialize.py "Skipping `NAME` due to
+        # Error: ...", wrapped by rich's console after "due"), loads 0 datasets and fails computing the mixture's
+        # length: the skip is the failure, not the IndexError.
+        _phase({"root.lineno": 1},
+            "job.log",
+            "08/21 [01:46:27] WARNING  | >> [*] Skipping `aloha_game` due  materialize.py:135\n"
+            "                          to Error: Cannot load `aloha_game`;\n"
+            "                          only EEF_POS & EEF_R6 &\n"
+            "# Loading the following 0 datasets (incl. sampling weight):                         #\n"
+            "Traceback (most recent call last):\n"
+            '  File "/home/user/openvla-oft/prismatic/vla/datasets/rlds/dataset.py", line 522, in '
+            "make_interleaved_dataset\n"
+            "IndexError: arrays used as indices must be of integer (or boolean) type\n"),
+    ], id="a_skipped_dataset_is_named_over_the_empty_mixture_failing_after_it"),
+    pytest.param([
+        _phase({"root.lineno": 1, "root.signature": "slurm.daemon_fatal"},
+            # slurmd exits on a configuration it cannot use (log.c fatal()): the one line journald kept is the failure
+            "journal.log",
+            "Feb 20 18:59:13 node2.example slurmd[57977]: fatal: gres.conf duplicate records for gpu\n"),
+    ], id="a_slurm_daemon_s_fatal_in_the_journal_is_the_root"),
+    pytest.param([
+        _phase({"root.lineno": 4},
+            # pyxis_slurmstepd.c: an enroot command failed; pyxis reports it, prints enroot's log ("pyxis:     <line>"),
+            # then gives up on the container, and Slurm's SPANK layer and srun relay the plugin's failure
+            "job.log",
+            "pyxis: importing docker image ...\n"
+            "slurmstepd: error: pyxis: container start failed with error code: 1\n"
+            "slurmstepd: error: pyxis: printing contents of log file ...\n"
+            "slurmstepd: error: pyxis:     enroot-switchroot: failed to execute: /bin/bash: No such file or directory\n"
+            "slurmstepd: error: pyxis: couldn't start container\n"
+            "slurmstepd: error: spank: required plugin spank_pyxis.so: task_init() failed with rc=-1\n"
+            "slurmstepd: error: Failed to invoke spank plugin stack\n"
+            "srun: error: node-2: task 1: Exited with exit code 1\n"),
+    ], id="the_enroot_line_pyxis_relays_is_the_root_not_pyxis_s_report_around_it"),
+    pytest.param([
+        _phase({"root.lineno": 3, "root.signature": "slurm.oom_kill"},
+            # the count is printed when the step ends, after the parent's report of its killed worker
+            "job.log",
+            '  File "/usr/lib/python3/site-packages/ray/tune/tune.py", line 272, in run\n'
+            "ray.tune.error.TuneError: ('Trials did not complete', [seed:5591])\n"
+            "slurmstepd: error: Detected 8 oom-kill event(s) in step 59137890.batch cgroup. Some of your processes may "
+            "have been killed by the cgroup out-of-memory handler.\n"),
+        _phase({"root.lineno": 1},
+            # an exception that names a fault itself keeps its place
+            "job.log",
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n"
+            "slurmstepd: error: Detected 1 oom_kill event in StepId=7.0. Some of the step tasks have been OOM "
+            "Killed.\n"),
+    ], id="slurmstepd_s_oom_kill_count_at_the_step_s_end_is_the_root_of_the_exception_before_it"),
+    pytest.param([
+        _phase({"root.lineno": 2},
+            "job.log",
+            "[cuda-24-0.local:08642] 2 more processes have sent help message help-mpi-btl-openib.txt / no active "
+            "ports\n"
+            "slurmstepd: Job 1171978 exceeded memory limit (18202456 > 16384000), being killed\n"
+            "slurmstepd: *** JOB 1171978 ON cuda-24-0 CANCELLED AT 2018-10-16T13:24:27 ***\n"
+            "slurmstepd: Exceeded step memory limit at some point.\n"),
+    ], id="slurms_kill_over_the_memory_limit_is_the_root_not_its_summary_at_the_step_s_end"),
+    pytest.param([
+        _phase({"root.lineno": 2, "root.signature": "slurm.address_unresolved"},
+            "job.log",
+            "srun: job 6 has been allocated resources\n"
+            "srun: error: fwd_tree_thread: can't find address for host ip-172-31-94-221, check slurm.conf\n"
+            "srun: error: Task launch for 6.0 failed on node ip-172-31-94-221: Can't find an address, check "
+            "slurm.conf\n"
+            "srun: error: Application launch failed: Can't find an address, check slurm.conf\n"),
+    ], id="an_unresolvable_node_address_is_the_root_of_srun_s_launch_failure"),
+    pytest.param([
+        _phase({"root.source": "clustermgtd.log", "root.lineno": 2},
+            "job.log",
+            "srun: error: Node failure on q-dy-c-4\n"
+            "srun: error: Nodes q-dy-c-4 are still not ready\n"
+            "srun: error: Something is wrong with the boot of the nodes.\n",
+            "clustermgtd.log",
+            "2025-04-05 13:53:24,125 - [slurm_plugin.clustermgtd:_maintain_nodes] - INFO - Performing node "
+            "maintenance\n"
+            "2025-04-05 13:53:24,127 - [slurm_plugin.slurm_resources:is_backing_instance_valid] - WARNING - Node state "
+            "check: no corresponding instance in EC2 for node q-dy-c-4(10.6.11.250), node state: ALLOCATED+CLOUD\n"),
+    ], id="a_cloud_node_with_no_instance_is_the_root_of_srun_s_node_failure"),
+    pytest.param([
+        _phase({"root.lineno": 1, "root.signature": "kernel.megaraid_reset"},
+            "journal.log",
+            "Dec 03 20:30:06 n13 kernel: megaraid_sas 0000:5a:00.0: [30]waiting for 65 commands to complete for scsi0\n"
+            "Dec 03 20:30:12 n13 kubelet[206517]: I1203 20:30:12.198232  206517 container_manager_linux.go:428] "
+            "[ContainerManager]: Discovered runtime cgroups name: /system.slice/docker.service\n"),
+        _phase({"root.signature": "slurm.resume_timeout"},
+            "journal.log",
+            None,
+            "slurmctld.log",
+            "[2023-12-05T23:59:28.620] node q-dy-1 not resumed by ResumeTimeout(1800) - marking down and power_save\n"),
+    ], id="a_raid_controller_reset_and_a_node_not_resumed_are_roots"),
+    pytest.param([
+        _phase({"root.lineno": 3, "root.signature": "nccl.watchdog_timeout"},
+            # WorkNCCL::handleException's two lines name no collective and are flushed before the watchdog's own report
+            "train.log",
+            "[rank3]:[E901 05:20:03.614679108 ProcessGroupNCCL.cpp:684] [Rank 3] Some NCCL operations have failed or "
+            "timed "
+            "out. Due to the asynchronous nature of CUDA kernels, subsequent GPU operations might run on "
+            "corrupted/incomplete data.\n"
+            "[rank3]:[E901 05:20:03.614723891 ProcessGroupNCCL.cpp:698] [Rank 3] To avoid data inconsistency, we are "
+            "taking the entire process down.\n"
+            "[rank3]:[E901 05:20:03.616086576 ProcessGroupNCCL.cpp:1899] [PG ID 0 PG GUID 0(default_pg) Rank 3] "
+            "Process "
+            "group watchdog thread terminated with exception: [Rank 3] Watchdog caught collective operation timeout: "
+            "WorkNCCL(SeqNum=460631, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600004 "
+            "milliseconds before timing out.\n"),
+        _phase({"root.signature": "nccl.watchdog_take_down"},
+            # alone, the take-down is still named rather than nothing
+            "train.log",
+            "[rank1]:[E ProcessGroupNCCL.cpp:543] To avoid data inconsistency, we are taking the entire process "
+            "down.\n"),
+    ], id="processgroupnccl_s_take_down_printed_first_gives_way_to_the_watchdog_s_report"),
+    pytest.param([
+        _phase({"root.lineno": 2, "root.signature": "cuda.system_not_ready"},
+            # gpu_burn: the first worker's CUDA 802, then the next workers' own CUDA errors
+            "gpu_burn.log",
+            "terminate called after throwing an instance of 'std::runtime_error'\n"
+            "  what():  Error (gpu_burn-drv.cpp:298): system not yet initialized\n"
+            "terminate called after throwing an instance of 'std::runtime_error'\n"
+            "  what():  Error (gpu_burn-drv.cpp:298): OS call failed or operation not supported on this OS\n"),
+    ], id="wording_right_below_cuda_802_relays_it"),
+    pytest.param([
+        # A long run of '=' or '-' is a separator and skipped, but a process's report glued right after one (mpirun's
+        # tagged output flushed without a newline) is read: here it is the job's only failure.
+        _phase({"root.lineno": 2, "root.signature": "ucx.ib_completion_error", "root.attrs.error": "Remote QP"},
+            "mpirun.out",
+            "Tue Mar  2 10:11:12 2021[1,7]<stdout>:# Size       Avg Latency(us)\n"
+            " ==========================================Tue Mar  2 10:11:14 2021[1,7]<stderr>:[node12:7731:0:7731] "
+            "ib_mlx5_log.c:170  Remote QP on mlx5_0:1/IB (synd 0x13 vend 0x89 hw_synd 0/0)\n"
+            "Tue Mar  2 10:11:14 2021[1,7]<stderr>:==== backtrace (tid:   7731) ====\n"),
+    ], id="output_glued_to_a_separator_is_read_as_a_line"),
+    pytest.param([
+        # NCCL warns as a call fails, then returns the code its caller reports by name only (nccl-tests' "NCCL failure
+        # common.cu:N 'unhandled system error'"): the WARN above names what failed, even one that reads as a dropped
+        # peer.
+        _phase({"root.lineno": 4},
+            "all_reduce_perf.out",
+            "# nThread 1 nGpus 1 minBytes 8 maxBytes 134217728 step: 2(factor) warmup iters: 5 iters: 20\n"
+            "node7:4410:4431 [0] NCCL INFO Channel 00 : 0[0] -> 1[0] [send] via NET/Socket/0\n"
+            "\n"
+            "node7:4410:4431 [0] include/socket.h:385 NCCL WARN Net : Connection closed by remote peer\n"
+            "NCCL failure common.cu:892 'unhandled system error'\n"),
+    ], id="nccls_warn_above_a_bare_error_code_report_is_the_root"),
+    pytest.param([
+        # ProcessGroupNCCL's take-down over a timed-out collective, wrapped by a terminal mid-word, is still the take-
+        # down; the watchdog's own report in its older wording ("NCCL watchdog thread terminated with exception") is
+        # what names the failure.
+        _phase({"root.lineno": 5},
+            "train.log",
+            "[rank1]:[E ProcessGroupNCCL.cpp:537] Some NCCL operations have failed or timed out. Due to the asynchr\n"
+            "onous nature of CUDA kernels, subsequent GPU operations might run on corrupted/incomplete data.\n"
+            "[rank1]:[E ProcessGroupNCCL.cpp:543] To avoid data inconsistency, we are taking the entire proc\n"
+            "ess down.\n"
+            "[rank1]:[E ProcessGroupNCCL.cpp:1182] [Rank 1] NCCL watchdog thread terminated with exception: [Rank 1\n"
+            "] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=3, OpType=BROADCAST, NumelIn=64, Numel\n"
+            "Out=64, Timeout(ms)=600000) ran for 600412 milliseconds before timing out.\n"),
+    ], id="a_wrapped_take_down_gives_way_to_the_watchdogs_report"),
+    pytest.param([
+        # torch.cuda.nccl reports a failed NCCL call by code and ncclGetErrorString (torch/csrc/cuda/nccl.cpp
+        # throw_nccl_error: "NCCL Error 5: invalid usage", older NCCL's strings carrying no "(run with NCCL_DEBUG=WARN")
+        # hint): an NCCL error, named over a Ray actor's death relayed in prose above it.
+        _phase({"root.lineno": 4, "root.signature": "nccl.internal_error"},
+            "driver.log",
+            "it returns an error: the actor is dead because its worker process has died. Worker exit type: "
+            "SYSTEM_ERROR\n"
+            "The actor never ran - it was cancelled before it started running.\n"
+            "\n"
+            "Unhandled exception: St13runtime_error. what(): NCCL Error 5: invalid usage\n"),
+    ], id="pytorchs_nccl_error_code_report_is_an_nccl_error"),
+    pytest.param([
+        # pytest --tb=native prints Python's own traceback under the "____ test ____" banner, no "E" lines: it is read
+        # as it is and its exception line named (before: every line of the section was skipped and the short summary's
+        # cut line named).
+        _phase({"root.lineno": 7},
+            "job.log",
+            "============================= test session starts ==============================\n"
+            "=================================== FAILURES ===================================\n"
+            "_________________________________ test_step ____________________________________\n"
+            "Traceback (most recent call last):\n"
+            '  File "/src/tests/test_train.py", line 12, in test_step\n'
+            "    model.step(batch)\n"
+            "RuntimeError: CUDA error: an illegal memory access was encountered\n"
+            "=========================== short test summary info ============================\n"
+            "FAILED tests/test_train.py::test_step - RuntimeError: CUDA error: an illegal...\n"
+            "========================= 1 failed, 1 passed in 3.21s ==========================\n"),
+    ], id="pytest_native_tracebacks_under_a_failure_banner_are_read"),
 ])
 def test_triage_names_the_root_of_a_job_s_logs(
-    tmp_path: Path, phases: list[tuple[dict[str, str], dict[str, object] | None]],
+    tmp_path: Path, phases: list[tuple[dict[str, str | None], dict[str, object] | None]],
 ) -> None:
     for files, root in phases:
         for name, text in files.items():
-            (tmp_path / name).write_text(text)
+            if text is None:
+                (tmp_path / name).unlink()
+            else:
+                (tmp_path / name).write_text(text)
         result = triage(tmp_path)
         if root is None:
             assert result.root is None
         else:
             assert result.root is not None and {path: _field(result, path) for path in root} == root
-
-
-def test_a_cpp_backtrace_frame_under_a_launchers_host_prefix_is_not_a_report(tmp_path: Path) -> None:
-    # an MPI launcher relays the rank's output with its host before each line: the watchdog's what() names the
-    # timed-out collective, and the frames after it (checkTimeout) are where it was raised, not a second report
-    (tmp_path / "job.log").write_text(
-        "mpi-launcher: terminate called after throwing an instance of 'c10::DistBackendError'\n"
-        "mpi-launcher:   what():  [PG 1 Rank 5] Process group watchdog thread terminated with exception: [Rank 5] "
-        "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=635, OpType=ALLREDUCE, NumelIn=576156928, "
-        "NumelOut=576156928, Timeout(ms)=600000) ran for 600097 milliseconds before timing out.\n"
-        "mpi-launcher: Exception raised from checkTimeout at ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:565 "
-        "(most recent call first):\n"
-        "mpi-launcher: frame #1: c10d::ProcessGroupNCCL::WorkNCCL::checkTimeout(std::optional<std::chrono::duration"
-        "<long, std::ratio<1l, 1000l> > >) + 0x1d2 (0x7f07d4979c62 in /opt/torch/lib/libtorch_cuda.so)\n")
-    result = triage(tmp_path)
-    assert result.root is not None and result.root.lineno == 2 and result.root.signature == "nccl.watchdog_timeout"
-    # a line that only mentions a frame further in is not one
-    (tmp_path / "job.log").write_text(
-        "RuntimeError: checkTimeout failed, see frame #1: below\n")
-    assert triage(tmp_path).root is not None
 
 
 def test_sinfos_rows_of_a_node_not_responding_are_named_and_give_way_to_the_controllers_error(tmp_path: Path) -> None:
@@ -680,35 +1051,6 @@ def test_pids_are_matched_per_host(tmp_path: Path) -> None:
     assert (result.root.node, result.root.rank) == ("n001", 1)
 
 
-def test_the_watchdog_report_beats_the_launchers_report_of_the_sigabrt_it_ends_in(tmp_path: Path) -> None:
-    # PyTorch's watchdog times a collective out and terminates the process (std::terminate: SIGABRT); torchelastic
-    # then stops the other workers and reports the aborted one as "failed (exitcode: -6)" - the abort seen from outside
-    (tmp_path / "job.log").write_text(
-        "terminate called after throwing an instance of 'std::runtime_error'\n"
-        "  what():  [Rank 7] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=806, OpType=BROADCAST, "
-        "Timeout(ms)=1800000) ran for 1801027 milliseconds before timing out.\n"
-        "WARNING:torch.distributed.elastic.multiprocessing.api:Sending process 561635 closing signal SIGTERM\n"
-        "WARNING:torch.distributed.elastic.multiprocessing.api:Sending process 561636 closing signal SIGTERM\n"
-        "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -6) local_rank: 7 (pid: 561642) of "
-        "binary: /usr/bin/python\n")
-    result = triage(tmp_path, workers=1)
-    assert result.root is not None and result.root.lineno == 2, result.summary
-    # alone, the launcher's report of the abort is still what the job shows
-    (tmp_path / "job.log").write_text(
-        "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -6) local_rank: 7 (pid: 561642) of "
-        "binary: /usr/bin/python\n")
-    alone = triage(tmp_path, workers=1)
-    assert alone.root is not None and alone.root.lineno == 1 and alone.root.signature == "launcher.worker_aborted"
-    # a worker killed by another signal could log nothing: the launcher's report stays a root signature
-    (tmp_path / "job.log").write_text(
-        "  what():  [Rank 7] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=806, OpType=BROADCAST, "
-        "Timeout(ms)=1800000) ran for 1801027 milliseconds before timing out.\n"
-        "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -9) local_rank: 3 (pid: 561638) of "
-        "binary: /usr/bin/python\n")
-    killed = triage(tmp_path, workers=1)
-    assert killed.root is not None and killed.root.lineno == 2 and killed.root_basis == "signature"
-
-
 def test_own_error_beats_the_launcher_report_of_the_abort_after_it(tmp_path: Path) -> None:
     # The rank raises, aborts while tearing down (SIGABRT), and torchrun reports a signal death.
     rank_dir = tmp_path / "torchrun" / "none_x" / "attempt_0" / "0"
@@ -725,24 +1067,6 @@ def test_own_error_beats_the_launcher_report_of_the_abort_after_it(tmp_path: Pat
     result = triage(tmp_path)
     assert result.root is not None
     assert (result.root.kind, result.root.lineno, result.root.rank) == ("python.exception", 4, 0)
-
-
-def test_nccl_last_error_under_the_wrapper_is_the_root(tmp_path: Path) -> None:
-    job = tmp_path / "job"
-    job.mkdir()
-    (job / "job.log").write_text(
-        "[rank3]: torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:3763, unhandled cuda "
-        "error (run with NCCL_DEBUG=INFO for details), NCCL version 2.28.8\n"
-        "[rank3]: ncclUnhandledCudaError: Call to CUDA function failed.\n"
-        "[rank3]: Last error:\n"
-        "[rank3]: Cuda failure 2 'out of memory'\n"
-        "[rank2]: Traceback (most recent call last):\n")
-    result = triage(job, workers=1)
-    assert result.root is not None and result.root.lineno == 4, result.summary
-    assert result.root.rank == 3 and result.root.attrs["failure"] == "out of memory"
-    (job / "job.log").write_text("RuntimeError: the loader failed\nLast error:\n\nsomething else entirely\n")
-    result = triage(job, workers=1)
-    assert result.root is not None and result.root.lineno == 4  # the header's next non-empty line
 
 
 def test_the_nccl_error_class_under_the_header_of_a_reversed_paste_is_not_its_detail(tmp_path: Path) -> None:
@@ -823,74 +1147,6 @@ def test_the_driver_containers_nvswitch_probe_is_not_the_root(tmp_path: Path) ->
     assert strength("ls: cannot access '/data/run/*': No such file or directory") > 0  # another path still does
 
 
-def test_rays_worker_died_report_outranks_the_driver_and_tune_relaying_it(tmp_path: Path) -> None:
-    """The raylet's worker_died report (node_manager.cc "A worker died or was killed while executing a task by an
-    unexpected system error ...") comes before what the driver and Tune print about it: Ray's "Unhandled error (suppress
-    with RAY_IGNORE_UNHANDLED_ERRORS=1): ray::..." (worker.py _unhandled_error_handler) and Tune's "Trial NAME: Error
-    processing event." (trial_runner.py) relay an exception raised elsewhere, so the ERROR tag on them does not make
-    them the root."""
-    (tmp_path / "driver.log").write_text(
-        "2023-01-17 17:21:35,472\tWARNING worker.py:1829 -- A worker died or was killed while executing a task by an "
-        "unexpected system error. To troubleshoot the problem, check the logs for the dead worker. RayTask ID: "
-        "ffffffffffffffff686c Worker ID: 0c62b78d Node ID: 38300cef Worker IP address: 10.0.0.7 Worker port: 10016 "
-        "Worker PID: 1942 Worker exit type: SYSTEM_ERROR Worker exit detail: Worker unexpectedly exits with a "
-        "connection error code 2. End of file.\n"
-        "2023-01-17 17:21:35,509\tERROR trial_runner.py:980 -- Trial TorchTrainer_b13e7_00000: Error processing "
-        "event.\n"
-        "2023-01-17 17:21:35,511\tERROR worker.py:85 -- Unhandled error (suppress with "
-        "'RAY_IGNORE_UNHANDLED_ERRORS=1'): ray::Trainer.train() (pid=8543, ip=10.0.0.7)\n"
-        "ray.exceptions.RayActorError: The actor died unexpectedly before finishing this task.\n")
-    result = triage(tmp_path, workers=1)
-    assert result.root is not None and result.root.lineno == 1, result.summary
-    assert result.root.signature == "ray.worker_died"
-    # the relay gives way to the exception its traceback ends in
-    (tmp_path / "driver.log").write_text(
-        "2024-05-14 10:03:11,482\tERROR tune_controller.py:1331 -- Trial task failed for trial "
-        "TorchTrainer_551a2_00000\n"
-        "Traceback (most recent call last):\n"
-        '  File "/home/user/train.py", line 12, in train_func\n'
-        "torch.AcceleratorError: CUDA error: an illegal memory access was encountered\n")
-    result = triage(tmp_path, workers=1)
-    assert result.root is not None and result.root.lineno == 4, result.summary
-    # and gives way to the dead actor it reports, printed under it by the driver (verl's TaskRunner)
-    (tmp_path / "driver.log").write_text(
-        "(TaskRunner pid=892962) Unhandled error (suppress with 'RAY_IGNORE_UNHANDLED_ERRORS=1'): "
-        "ray::AsyncSglangServer.wake_up() (pid=913710, ip=100.96.31.18)\n"
-        "(TaskRunner pid=892962)     ray.get(futures)\n"
-        "(TaskRunner pid=892962) ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this "
-        "task.\n")
-    result = triage(tmp_path, workers=1)
-    assert result.root is not None and result.root.lineno == 3, result.summary
-
-
-def test_a_failure_signal_handlers_report_is_the_root_over_the_warnings_before_it(tmp_path: Path) -> None:
-    """A C++ failure signal handler reports the signal the process died of before its stack: glog's
-    DumpSignalInfo ("*** SIGSEGV (@0x0) received by PID N (TID 0x...) from PID 0; stack trace: ***"), the variant the
-    TPU runtime prints under JAX ("... received by PID N (TID N) on cpu 17; stack trace: ***"), Abseil's ("*** SIGSEGV
-    received at time=... on cpu 3 ***"). A backend-initialisation UserWarning before it is not the failure; a SIGABRT
-    report follows an error the process reported first, so it is not taken as a root."""
-    (tmp_path / "host0.log").write_text(
-        "/home/user/.local/lib/python3.8/site-packages/jax/_src/lib/xla_bridge.py:184: UserWarning: TPU backend "
-        "initialization is taking more than 60.0 seconds. Did you run your code on all TPU hosts?\n"
-        "  warnings.warn(\n"
-        "*** SIGSEGV (@(nil)), see go/stacktraces#s15 received by PID 11743 (TID 12350) on cpu 17; stack trace: ***\n"
-        "PC: @     0x7facba4a8de2  (unknown)  (unknown)\n"
-        "    @     0x7facbd838294        976  (unknown)\n")
-    result = triage(tmp_path, workers=1)
-    assert result.root is not None and result.root.lineno == 3, result.summary
-    assert result.root.signature == "process.failure_signal_report"
-    (tmp_path / "host0.log").write_text(
-        "*** Aborted at 1566142545 (unix time) try \"date -d @1566142545\" if you are using GNU date ***\n"
-        "*** SIGSEGV (@0x0) received by PID 3371 (TID 0x7f450a559740) from PID 0; stack trace: ***\n")
-    assert triage(tmp_path, workers=1).root.lineno == 2  # type: ignore[union-attr]
-    (tmp_path / "host0.log").write_text("*** SIGBUS received at time=1670000000 on cpu 3 ***\n")
-    assert triage(tmp_path, workers=1).root.signature == "process.failure_signal_report"  # type: ignore[union-attr]
-    (tmp_path / "host0.log").write_text(
-        "F0507 08:50:25.221193 1769711 tpu_client.cc:88] Check failed: device != nullptr\n"
-        "*** SIGABRT (@0x3e800000861) received by PID 2145 (TID 0x7fa14c0a6740) from PID 2145; stack trace: ***\n")
-    assert triage(tmp_path, workers=1).root.lineno == 1  # type: ignore[union-attr]
-
-
 def test_the_interpreter_not_finding_its_script_is_the_root_under_a_host_prefix(tmp_path: Path) -> None:
     """CPython's pymain_run_file_obj prints "%S: can't open file %R: [Errno %d] %s" and exits 2 when the script a
     launcher started is missing on that node; pdsh prefixes each node's output with its host. The launcher's INFO
@@ -909,72 +1165,6 @@ def test_the_interpreter_not_finding_its_script_is_the_root_under_a_host_prefix(
     (tmp_path / "launch.log").write_text("note: the viewer can't open file previews larger than 10 MB\n")
     result = triage(tmp_path, workers=1)
     assert result.root is None or result.root.signature != "python.script_not_opened"
-
-
-def test_internlms_exception_relay_gives_way_to_the_timeout_it_reports(tmp_path: Path) -> None:
-    """InternLM's entry point logs what main() raised at ERROR - logger.error(f"Raise exception from {hostname} with
-    rank id: {rank}\\n{traceback}") - after the failure itself was printed: the watchdog's timeout before it is the
-    root, not the relay's ERROR tag."""
-    (tmp_path / "rank0.log").write_text(
-        "[E ProcessGroupNCCL.cpp:821] [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=316, "
-        "OpType=ALLREDUCE, Timeout(ms)=1800000) ran for 1803457 milliseconds before timing out.\n"
-        "terminate called after throwing an instance of 'std::runtime_error'\n"
-        "2023-09-07 09:14:40,098 ERROR train.py:308 in <module> -- Raise exception from f363ff97a009 with rank id: 3\n"
-        "Traceback (most recent call last):\n"
-        '  File "/home/user/InternLM/train.py", line 306, in <module>\n')
-    result = triage(tmp_path, workers=1)
-    assert result.root is not None and result.root.lineno == 1, result.summary
-    # the relay still gives way to the exception its traceback ends in
-    (tmp_path / "rank0.log").write_text(
-        "2024-01-02 10:00:00,000 ERROR train.py:308 in <module> -- Raise exception from node7 with rank id: 12\n"
-        "Traceback (most recent call last):\n"
-        '  File "/home/user/InternLM/train.py", line 306, in <module>\n'
-        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n")
-    result = triage(tmp_path, workers=1)
-    assert result.root is not None and result.root.lineno == 4, result.summary
-
-
-def test_torchs_exception_wrapper_relay_gives_way_to_the_original_exception(tmp_path: Path) -> None:
-    """torch re-raises a DataLoader worker's (or a DataParallel replica's) exception in the main process as
-    "Caught {type} {where}." with "Original Traceback (most recent call last):" and the original's traceback under it
-    (torch/_utils.py ExceptionWrapper.reraise): the original exception's line is the failure, the first line its relay;
-    with nothing under it the relay is still the failure seen."""
-    (tmp_path / "job.log").write_text(
-        "Traceback (most recent call last):\n"
-        '  File "/home/user/verl/verl/trainer/fsdp_sft_trainer.py", line 721, in fit\n'
-        "ValueError: Caught ValueError in DataLoader worker process 0.\n"
-        "Original Traceback (most recent call last):\n"
-        '  File "/usr/lib/python3.10/site-packages/torch/utils/data/_utils/worker.py", line 242, in _worker_loop\n'
-        '  File "/usr/lib/python3.10/site-packages/transformers/tokenization_utils_base.py", line 1665, in '
-        "apply_chat_template\n"
-        "ValueError: Tools should either be a JSON schema, or a callable function with type hints and a docstring "
-        "suitable for auto-conversion to a schema.\n")
-    result = triage(tmp_path, workers=1)
-    assert result.root is not None and result.root.lineno == 7, result.summary
-    (tmp_path / "job.log").write_text(
-        "fsspec.exceptions.FSTimeoutError: Caught FSTimeoutError in DataLoader worker process 1.\n")
-    result = triage(tmp_path, workers=1)
-    assert result.root is not None and result.root.lineno == 1, result.summary
-
-
-def test_rays_actor_died_in_its_creation_task_gives_way_to_the_exception_it_carries(tmp_path: Path) -> None:
-    """An actor whose __init__ raised: the worker logs "Exception raised in creation task: The actor died because of
-    an error raised in its creation task, ray::..." with the traceback under the Ray prefix, and the driver raises
-    ActorDiedError with the same words, ending with the original exception (python/ray/exceptions.py): that exception
-    is the failure, not the relay that heads it."""
-    (tmp_path / "driver.log").write_text(
-        "(WorkerDict pid=136980) Exception raised in creation task: The actor died because of an error raised in its "
-        "creation task, ray::WorkerDict.__init__() (pid=136980, ip=192.168.100.8)\n"
-        "Traceback (most recent call last):\n"
-        '  File "/workspace/verl/verl/trainer/main_ppo.py", line 40, in main\n'
-        "ray.exceptions.ActorDiedError: The actor died because of an error raised in its creation task, "
-        "ray::WorkerDict.__init__() (pid=136980, ip=192.168.100.8, actor_id=802ec5a7e3e04c21babf95d701000000)\n"
-        '  File "/usr/local/lib/python3.10/dist-packages/torch/distributed/device_mesh.py", line 530, in '
-        "_init_process_groups\n"
-        "RuntimeError: cannot reshape tensor of 0 elements into shape [-1, 0] because the unspecified dimension "
-        "size -1 can be any value and is ambiguous\n")
-    result = triage(tmp_path, workers=1)
-    assert result.root is not None and result.root.lineno == 6, result.summary
 
 
 def test_a_sigterm_reaching_lightning_is_named_over_the_dataloader_workers_it_ends(tmp_path: Path) -> None:
@@ -999,44 +1189,6 @@ def test_a_sigterm_reaching_lightning_is_named_over_the_dataloader_workers_it_en
                                       "2025-06-01T10:00:00 DUE TO PREEMPTION ***\n")
     result = triage(tmp_path, workers=1)
     assert result.root is not None and result.root.lineno == 11, result.summary
-
-
-def test_rays_actor_unavailable_gives_way_to_the_raylets_report_of_the_dead_worker(tmp_path: Path) -> None:
-    """The driver finds the actor it calls unreachable (ray.exceptions.ActorUnavailableError "The actor ID is
-    unavailable: ... Socket closed", wrapped in the task's RayTaskError); the raylet's report that a worker died,
-    printed after it, is the account of what happened to the actor."""
-    (tmp_path / "driver.log").write_text(
-        "Error executing job with overrides: ['algorithm.adv_estimator=grpo']\n"
-        "Traceback (most recent call last):\n"
-        '  File "/home/user/verl/verl/trainer/main_ppo.py", line 100, in run_ppo\n'
-        "ray.exceptions.RayTaskError(ActorUnavailableError): ray::TaskRunner.run() (pid=625502, ip=192.168.77.17)\n"
-        '  File "/home/user/verl/verl/single_controller/ray/base.py", line 55, in __call__\n'
-        "ray.exceptions.ActorUnavailableError: The actor d5a12869ca846683c2e9884001000000 is unavailable: The actor "
-        "is temporarily unavailable: RpcError: RPC error: Socket closed rpc_code: 14. The task may or may not have "
-        "been executed on the actor.\n"
-        "\n"
-        "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.\n"
-        "(raylet) A worker died or was killed while executing a task by an unexpected system error. To troubleshoot "
-        "the problem, check the logs for the dead worker. Lease ID: 01000000c0358f8f\n")
-    result = triage(tmp_path, workers=1)
-    assert result.root is not None and result.root.lineno == 9, result.summary
-
-
-def test_a_skipped_dataset_is_named_over_the_empty_mixture_failing_after_it(tmp_path: Path) -> None:
-    """The Prismatic / OpenVLA mixture skips a dataset whose config raised (materialize.py "Skipping `NAME` due to
-    Error: ...", wrapped by rich's console after "due"), loads 0 datasets and fails computing the mixture's length:
-    the skip is the failure, not the IndexError."""
-    (tmp_path / "job.log").write_text(
-        "08/21 [01:46:27] WARNING  | >> [*] Skipping `aloha_game` due  materialize.py:135\n"
-        "                          to Error: Cannot load `aloha_game`;\n"
-        "                          only EEF_POS & EEF_R6 &\n"
-        "# Loading the following 0 datasets (incl. sampling weight):                         #\n"
-        "Traceback (most recent call last):\n"
-        '  File "/home/user/openvla-oft/prismatic/vla/datasets/rlds/dataset.py", line 522, in '
-        "make_interleaved_dataset\n"
-        "IndexError: arrays used as indices must be of integer (or boolean) type\n")
-    result = triage(tmp_path, workers=1)
-    assert result.root is not None and result.root.lineno == 1, result.summary
 
 
 def test_the_training_operators_replica_tally_is_not_an_error(tmp_path: Path) -> None:
@@ -1097,94 +1249,6 @@ def test_lines_are_graded_only_while_a_worded_line_can_be_kept(tmp_path: Path, m
     assert calls <= triage_module.MAX_WORDED_PER_FILE + 1
 
 
-def test_a_slurm_daemon_s_fatal_in_the_journal_is_the_root(tmp_path: Path) -> None:
-    # slurmd exits on a configuration it cannot use (log.c fatal()): the one line journald kept is the failure
-    (tmp_path / "journal.log").write_text(
-        "Feb 20 18:59:13 node2.example slurmd[57977]: fatal: gres.conf duplicate records for gpu\n")
-    result = triage(tmp_path, workers=1)
-    assert result.root is not None and result.root.lineno == 1 and result.root.signature == "slurm.daemon_fatal"
-
-
-def test_the_enroot_line_pyxis_relays_is_the_root_not_pyxis_s_report_around_it(tmp_path: Path) -> None:
-    # pyxis_slurmstepd.c: an enroot command failed; pyxis reports it, prints enroot's log ("pyxis:     <line>"), then
-    # gives up on the container, and Slurm's SPANK layer and srun relay the plugin's failure
-    (tmp_path / "job.log").write_text(
-        "pyxis: importing docker image ...\n"
-        "slurmstepd: error: pyxis: container start failed with error code: 1\n"
-        "slurmstepd: error: pyxis: printing contents of log file ...\n"
-        "slurmstepd: error: pyxis:     enroot-switchroot: failed to execute: /bin/bash: No such file or directory\n"
-        "slurmstepd: error: pyxis: couldn't start container\n"
-        "slurmstepd: error: spank: required plugin spank_pyxis.so: task_init() failed with rc=-1\n"
-        "slurmstepd: error: Failed to invoke spank plugin stack\n"
-        "srun: error: node-2: task 1: Exited with exit code 1\n")
-    result = triage(tmp_path, workers=1)
-    assert result.root is not None and result.root.lineno == 4, result.summary
-
-
-def test_slurmstepd_s_oom_kill_count_at_the_step_s_end_is_the_root_of_the_exception_before_it(tmp_path: Path) -> None:
-    # the count is printed when the step ends, after the parent's report of its killed worker
-    (tmp_path / "job.log").write_text(
-        '  File "/usr/lib/python3/site-packages/ray/tune/tune.py", line 272, in run\n'
-        "ray.tune.error.TuneError: ('Trials did not complete', [seed:5591])\n"
-        "slurmstepd: error: Detected 8 oom-kill event(s) in step 59137890.batch cgroup. Some of your processes may "
-        "have been killed by the cgroup out-of-memory handler.\n")
-    result = triage(tmp_path, workers=1)
-    assert result.root is not None and result.root.lineno == 3 and result.root.signature == "slurm.oom_kill"
-    # an exception that names a fault itself keeps its place
-    (tmp_path / "job.log").write_text(
-        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n"
-        "slurmstepd: error: Detected 1 oom_kill event in StepId=7.0. Some of the step tasks have been OOM Killed.\n")
-    result = triage(tmp_path, workers=1)
-    assert result.root is not None and result.root.lineno == 1, result.summary
-
-
-def test_slurms_kill_over_the_memory_limit_is_the_root_not_its_summary_at_the_step_s_end(tmp_path: Path) -> None:
-    (tmp_path / "job.log").write_text(
-        "[cuda-24-0.local:08642] 2 more processes have sent help message help-mpi-btl-openib.txt / no active ports\n"
-        "slurmstepd: Job 1171978 exceeded memory limit (18202456 > 16384000), being killed\n"
-        "slurmstepd: *** JOB 1171978 ON cuda-24-0 CANCELLED AT 2018-10-16T13:24:27 ***\n"
-        "slurmstepd: Exceeded step memory limit at some point.\n")
-    result = triage(tmp_path, workers=1)
-    assert result.root is not None and result.root.lineno == 2, result.summary
-
-
-def test_an_unresolvable_node_address_is_the_root_of_srun_s_launch_failure(tmp_path: Path) -> None:
-    (tmp_path / "job.log").write_text(
-        "srun: job 6 has been allocated resources\n"
-        "srun: error: fwd_tree_thread: can't find address for host ip-172-31-94-221, check slurm.conf\n"
-        "srun: error: Task launch for 6.0 failed on node ip-172-31-94-221: Can't find an address, check slurm.conf\n"
-        "srun: error: Application launch failed: Can't find an address, check slurm.conf\n")
-    result = triage(tmp_path, workers=1)
-    assert result.root is not None and result.root.lineno == 2 and result.root.signature == "slurm.address_unresolved"
-
-
-def test_a_cloud_node_with_no_instance_is_the_root_of_srun_s_node_failure(tmp_path: Path) -> None:
-    (tmp_path / "job.log").write_text(
-        "srun: error: Node failure on q-dy-c-4\n"
-        "srun: error: Nodes q-dy-c-4 are still not ready\n"
-        "srun: error: Something is wrong with the boot of the nodes.\n")
-    (tmp_path / "clustermgtd.log").write_text(
-        "2025-04-05 13:53:24,125 - [slurm_plugin.clustermgtd:_maintain_nodes] - INFO - Performing node maintenance\n"
-        "2025-04-05 13:53:24,127 - [slurm_plugin.slurm_resources:is_backing_instance_valid] - WARNING - Node state "
-        "check: no corresponding instance in EC2 for node q-dy-c-4(10.6.11.250), node state: ALLOCATED+CLOUD\n")
-    result = triage(tmp_path, workers=1)
-    assert result.root is not None and (result.root.source, result.root.lineno) == ("clustermgtd.log", 2)
-
-
-def test_a_raid_controller_reset_and_a_node_not_resumed_are_roots(tmp_path: Path) -> None:
-    (tmp_path / "journal.log").write_text(
-        "Dec 03 20:30:06 n13 kernel: megaraid_sas 0000:5a:00.0: [30]waiting for 65 commands to complete for scsi0\n"
-        "Dec 03 20:30:12 n13 kubelet[206517]: I1203 20:30:12.198232  206517 container_manager_linux.go:428] "
-        "[ContainerManager]: Discovered runtime cgroups name: /system.slice/docker.service\n")
-    result = triage(tmp_path, workers=1)
-    assert result.root is not None and result.root.lineno == 1 and result.root.signature == "kernel.megaraid_reset"
-    (tmp_path / "journal.log").unlink()
-    (tmp_path / "slurmctld.log").write_text(
-        "[2023-12-05T23:59:28.620] node q-dy-1 not resumed by ResumeTimeout(1800) - marking down and power_save\n")
-    result = triage(tmp_path, workers=1)
-    assert result.root is not None and result.root.signature == "slurm.resume_timeout"
-
-
 def test_the_efa_provider_s_completion_error_is_the_root_unless_the_peer_is_gone(tmp_path: Path) -> None:
     # libfabric's EFA provider reports a failed send under FI_LOG_LEVEL=warn before NCCL's channel lines go on
     efa = ("libfabric:451707:1708520807::efa:cq:efa_rdm_txe_handle_error():737<warn> err: 5, message: Invalid address "
@@ -1227,38 +1291,6 @@ def test_the_e_tag_of_tensorflow_s_log_prefix_reads_as_an_error(tmp_path: Path) 
     assert result.root is not None and result.root.lineno == 2
     assert strength("2024-05-02 08:01:10.837611: E external/xla/service.cc:962] task restarted") == SPECIFIC
     assert strength("2024-05-02 08:00:01.000001: I external/xla/client.cc:131] Connected to the service.") == 0
-
-
-def test_processgroupnccl_s_take_down_printed_first_gives_way_to_the_watchdog_s_report(tmp_path: Path) -> None:
-    # WorkNCCL::handleException's two lines name no collective and are flushed before the watchdog's own report
-    (tmp_path / "train.log").write_text(
-        "[rank3]:[E901 05:20:03.614679108 ProcessGroupNCCL.cpp:684] [Rank 3] Some NCCL operations have failed or timed "
-        "out. Due to the asynchronous nature of CUDA kernels, subsequent GPU operations might run on "
-        "corrupted/incomplete data.\n"
-        "[rank3]:[E901 05:20:03.614723891 ProcessGroupNCCL.cpp:698] [Rank 3] To avoid data inconsistency, we are "
-        "taking the entire process down.\n"
-        "[rank3]:[E901 05:20:03.616086576 ProcessGroupNCCL.cpp:1899] [PG ID 0 PG GUID 0(default_pg) Rank 3] Process "
-        "group watchdog thread terminated with exception: [Rank 3] Watchdog caught collective operation timeout: "
-        "WorkNCCL(SeqNum=460631, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600004 "
-        "milliseconds before timing out.\n")
-    result = triage(tmp_path, workers=1)
-    assert result.root is not None and result.root.lineno == 3 and result.root.signature == "nccl.watchdog_timeout"
-    # alone, the take-down is still named rather than nothing
-    (tmp_path / "train.log").write_text(
-        "[rank1]:[E ProcessGroupNCCL.cpp:543] To avoid data inconsistency, we are taking the entire process down.\n")
-    alone = triage(tmp_path, workers=1)
-    assert alone.root is not None and alone.root.signature == "nccl.watchdog_take_down"
-
-
-def test_wording_right_below_cuda_802_relays_it(tmp_path: Path) -> None:
-    # gpu_burn: the first worker's CUDA 802, then the next workers' own CUDA errors
-    (tmp_path / "gpu_burn.log").write_text(
-        "terminate called after throwing an instance of 'std::runtime_error'\n"
-        "  what():  Error (gpu_burn-drv.cpp:298): system not yet initialized\n"
-        "terminate called after throwing an instance of 'std::runtime_error'\n"
-        "  what():  Error (gpu_burn-drv.cpp:298): OS call failed or operation not supported on this OS\n")
-    result = triage(tmp_path, workers=1)
-    assert result.root is not None and result.root.lineno == 2 and result.root.signature == "cuda.system_not_ready"
 
 
 def test_volcano_job_controller_request_for_an_evicted_pod_is_named_before_the_action_it_starts(
@@ -1347,32 +1379,6 @@ def test_ucx_completion_error_at_the_fatal_level_is_named_by_its_syndrome(tmp_pa
     assert result.root.attrs["error"] == "Local protection" and result.root.attrs["hca"] == "mlx5_1:1"
 
 
-def test_output_glued_to_a_separator_is_read_as_a_line(tmp_path: Path) -> None:
-    """A long run of '=' or '-' is a separator and skipped, but a process's report glued right after one (mpirun's
-    tagged output flushed without a newline) is read: here it is the job's only failure."""
-    (tmp_path / "mpirun.out").write_text(
-        "Tue Mar  2 10:11:12 2021[1,7]<stdout>:# Size       Avg Latency(us)\n"
-        " ==========================================Tue Mar  2 10:11:14 2021[1,7]<stderr>:[node12:7731:0:7731] "
-        "ib_mlx5_log.c:170  Remote QP on mlx5_0:1/IB (synd 0x13 vend 0x89 hw_synd 0/0)\n"
-        "Tue Mar  2 10:11:14 2021[1,7]<stderr>:==== backtrace (tid:   7731) ====\n")
-    result = triage(tmp_path, workers=1)
-    assert result.root is not None and result.root.lineno == 2, result.summary
-    assert result.root.signature == "ucx.ib_completion_error" and result.root.attrs["error"] == "Remote QP"
-
-
-def test_nccls_warn_above_a_bare_error_code_report_is_the_root(tmp_path: Path) -> None:
-    """NCCL warns as a call fails, then returns the code its caller reports by name only (nccl-tests' "NCCL failure
-    common.cu:N 'unhandled system error'"): the WARN above names what failed, even one that reads as a dropped peer."""
-    (tmp_path / "all_reduce_perf.out").write_text(
-        "# nThread 1 nGpus 1 minBytes 8 maxBytes 134217728 step: 2(factor) warmup iters: 5 iters: 20\n"
-        "node7:4410:4431 [0] NCCL INFO Channel 00 : 0[0] -> 1[0] [send] via NET/Socket/0\n"
-        "\n"
-        "node7:4410:4431 [0] include/socket.h:385 NCCL WARN Net : Connection closed by remote peer\n"
-        "NCCL failure common.cu:892 'unhandled system error'\n")
-    result = triage(tmp_path, workers=1)
-    assert result.root is not None and result.root.lineno == 4, result.summary
-
-
 def test_ncclcheck_return_code_trace_is_the_last_choice_for_a_root(tmp_path: Path) -> None:
     """A failure NCCL returns without a WARN leaves only its INFO trace of the code on the way up ("file.cc:N -> 2",
     src/include/checks.h): the first line, where the error arose, is the root when nothing else reads as an error -
@@ -1393,22 +1399,6 @@ def test_ncclcheck_return_code_trace_is_the_last_choice_for_a_root(tmp_path: Pat
     (worded / "rank_0.log").write_text(trace + "RuntimeError: NCCL error: unhandled system error\n")
     result = triage(worded, workers=1)
     assert result.root is not None and result.root.lineno == 7, result.summary
-
-
-def test_a_wrapped_take_down_gives_way_to_the_watchdogs_report(tmp_path: Path) -> None:
-    """ProcessGroupNCCL's take-down over a timed-out collective, wrapped by a terminal mid-word, is still the
-    take-down; the watchdog's own report in its older wording ("NCCL watchdog thread terminated with exception") is
-    what names the failure."""
-    (tmp_path / "train.log").write_text(
-        "[rank1]:[E ProcessGroupNCCL.cpp:537] Some NCCL operations have failed or timed out. Due to the asynchr\n"
-        "onous nature of CUDA kernels, subsequent GPU operations might run on corrupted/incomplete data.\n"
-        "[rank1]:[E ProcessGroupNCCL.cpp:543] To avoid data inconsistency, we are taking the entire proc\n"
-        "ess down.\n"
-        "[rank1]:[E ProcessGroupNCCL.cpp:1182] [Rank 1] NCCL watchdog thread terminated with exception: [Rank 1\n"
-        "] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=3, OpType=BROADCAST, NumelIn=64, Numel\n"
-        "Out=64, Timeout(ms)=600000) ran for 600412 milliseconds before timing out.\n")
-    result = triage(tmp_path, workers=1)
-    assert result.root is not None and result.root.lineno == 5, result.summary
 
 
 def test_open_mpis_report_of_a_rank_killed_by_a_signal_is_the_root(tmp_path: Path) -> None:
@@ -1455,20 +1445,6 @@ def test_horovodruns_report_of_a_process_exit_code_reads_its_signal(tmp_path: Pa
         "Process 1 exit with status code 1.\n")
     result = triage(raised, workers=1)
     assert result.root is not None and result.root.lineno == 1, result.summary
-
-
-def test_pytorchs_nccl_error_code_report_is_an_nccl_error(tmp_path: Path) -> None:
-    """torch.cuda.nccl reports a failed NCCL call by code and ncclGetErrorString (torch/csrc/cuda/nccl.cpp
-    throw_nccl_error: "NCCL Error 5: invalid usage", older NCCL's strings carrying no "(run with NCCL_DEBUG=WARN")
-    hint): an NCCL error, named over a Ray actor's death relayed in prose above it."""
-    (tmp_path / "driver.log").write_text(
-        "it returns an error: the actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR\n"
-        "The actor never ran - it was cancelled before it started running.\n"
-        "\n"
-        "Unhandled exception: St13runtime_error. what(): NCCL Error 5: invalid usage\n")
-    result = triage(tmp_path, workers=1)
-    assert result.root is not None and result.root.lineno == 4, result.summary
-    assert result.root.signature == "nccl.internal_error"
 
 
 def test_ucx_completion_error_handled_at_diag_level_is_not_a_root(tmp_path: Path) -> None:
@@ -1827,25 +1803,6 @@ def test_a_generation_cut_short_right_at_the_inflation_cap_keeps_its_lines(tmp_p
     path.write_bytes(whole[:-8])  # the trailer (CRC, size) lost: the stream inflates whole, then ends short
     with _open_log(path, limit=len(text)) as handle:
         assert handle.read() == text
-
-
-def test_pytest_native_tracebacks_under_a_failure_banner_are_read(tmp_path: Path) -> None:
-    """pytest --tb=native prints Python's own traceback under the "____ test ____" banner, no "E" lines: it is read
-    as it is and its exception line named (before: every line of the section was skipped and the short summary's
-    cut line named)."""
-    (tmp_path / "job.log").write_text(
-        "============================= test session starts ==============================\n"
-        "=================================== FAILURES ===================================\n"
-        "_________________________________ test_step ____________________________________\n"
-        "Traceback (most recent call last):\n"
-        '  File "/src/tests/test_train.py", line 12, in test_step\n'
-        "    model.step(batch)\n"
-        "RuntimeError: CUDA error: an illegal memory access was encountered\n"
-        "=========================== short test summary info ============================\n"
-        "FAILED tests/test_train.py::test_step - RuntimeError: CUDA error: an illegal...\n"
-        "========================= 1 failed, 1 passed in 3.21s ==========================\n")
-    result = triage(tmp_path, workers=1)
-    assert result.root is not None and result.root.lineno == 7, result.summary
 
 
 def test_a_full_width_line_followed_by_an_exception_is_not_joined_to_it(tmp_path: Path) -> None:
