@@ -436,14 +436,14 @@ def test_gpu_indices_follow_cuda_visible_devices() -> None:
 
 
 def test_a_launched_job_stays_beside_the_jobs_kubernetes_lists(tmp_path: Path) -> None:
-    from tests.collect.test_kube_jobs import RecordedCoreApi
-    from vigil.model import Gpu, Job, Node
+    from tests.collect.recorded_pods import RecordedCoreApi, recorded_nodes
+    from vigil.model import Job
     from vigil.sources.collect.kube_jobs import KubernetesJobs
 
     settings = Settings(home=tmp_path, kube_jobs_poll_s=30)
     store = Store(settings.database_url())
-    for name in ("n01", "n02", "n03"):
-        store.register_node(Node(name=name, gpus=[Gpu(node=name, index=i) for i in range(8)]))
+    for node in recorded_nodes():
+        store.register_node(node)
     store.register_job(Job(id="llm", placement=["gpu/n03/6", "gpu/n03/7"], source="launch"))
     engine = Engine(store, settings, notifiers=[], kube_jobs=KubernetesJobs(RecordedCoreApi()))
     engine.tick()
