@@ -192,6 +192,39 @@ def _field(result: object, path: str) -> object:
     return value
 
 
+# sinfo -lNe: the "*" after a state is sinfo's "presently not responding" (man sinfo, NODE STATE CODES), the REASON
+# slurmctld's "Not responding"; healthy rows and the header are not errors
+_SINFO_NOT_RESPONDING = ("NODELIST    NODES PARTITION       STATE CPUS    S:C:T MEMORY TMP_DISK WEIGHT "
+                         "FEATURES REASON\n"
+                         "compute000      1     main*        idle   12   12:1:1  64267        0      1   (null) none\n"
+                         "compute001      1     main*       down*   12   12:1:1  64267        0      1   (null) Not "
+                         "responding\n"
+                         "compute002      1     main*       idle*   12   12:1:1  64267        0      1   (null) none\n")
+
+# job_mgr.c job_complete(): "WTERMSIG N" when a signal ended the batch script, "WEXITSTATUS N" otherwise
+_SLURMCTLD_WTERMSIG = ("[2022-05-27T10:42:30.155] _slurm_rpc_submit_batch_job: JobId=127441 InitPrio=5772 usec=1032\n"
+                       "[2022-05-27T10:42:30.509] sched: Allocate JobId=127441 NodeList=c014 #CPUs=2 Partition=gpu\n"
+                       "[2022-05-27T11:37:57.377] _job_complete: JobId=127441 WTERMSIG 9\n"
+                       "[2022-05-27T11:37:57.377] _job_complete: JobId=127441 done\n")
+
+_REVERSED_NCCL_REPORT = ("Duplicate GPU detected : rank 9 and rank 1 both on CUDA device 34000\n"
+                         " Last error:\n"
+                         "ncclInvalidUsage: This usually reflects invalid usage of NCCL library.\n"
+                         "torch.distributed.DistBackendError: NCCL error in: NCCLUtils.hpp:268, invalid usage "
+                         "(run with NCCL_DEBUG=WARN for details), NCCL version 2.21.5\n")
+
+# libfabric's EFA provider reports a failed send under FI_LOG_LEVEL=warn before NCCL's channel lines go on
+_EFA_CQ_ERROR = ("libfabric:451707:1708520807::efa:cq:efa_rdm_txe_handle_error():737<warn> err: 5, message: "
+                 "Invalid address My EFA addr: fi_addr_efa://[fe80::13:c2ff:fe6f:f03d]:0:1072483550 Peer host id: "
+                 "i-0ce6d3d57139f053c (7)\n")
+
+_VOLCANO_REQUEST = ("I0601 10:00:00.{:06d}       1 job_controller.go:356] Try to handle request <Queue: , "
+                    "Job: default/llama, Task:worker, Pod:llama-worker-{}, Event:{}, ExitCode:{}, Action:, JobVersion: "
+                    "0>")
+
+_UCX_CGPU12 = "0: [1579244748.8389{}] [cgpu12:56309:2] "
+
+
 # Jobs' logs and the root triage names in each, in phases: a phase's files are written over the ones before it, and
 # triage is run again.
 @pytest.mark.parametrize("phases", [
@@ -536,6 +569,35 @@ def _field(result: object, path: str) -> object:
             "RuntimeError: checkTimeout failed, see frame #1: below\n"),
     ], id="a_cpp_backtrace_frame_under_a_launchers_host_prefix_is_not_a_report"),
     pytest.param([
+        _phase({"root.lineno": 3, "root.signature": "slurm.node_not_responding"},
+            "sinfo.log",
+            _SINFO_NOT_RESPONDING),
+        _phase({},
+            # a down node whose reason is "Not responding", without the suffix, is the same record
+            "sinfo.log",
+            "node07  1  gpu  down  64  2:16:2  512000  0  1  (null) Not responding\n"),
+        _phase({"root.signature": "slurm.node_failure"},
+            # the controller's own error, when the log has it, is the root
+            "sinfo.log",
+            _SINFO_NOT_RESPONDING + "[2016-06-09T22:21:02.017] error: Nodes compute001 not responding\n"),
+    ], id="sinfos_rows_of_a_node_not_responding_are_named_and_give_way_to_the_controllers_error"),
+    pytest.param([
+        _phase({"root.lineno": 3, "root.signature": "slurm.job_end"},
+            "slurmctld.log",
+            _SLURMCTLD_WTERMSIG),
+        _phase(None,
+            # a clean exit is not a failure
+            "slurmctld.log",
+            _SLURMCTLD_WTERMSIG.replace("WTERMSIG 9", "WEXITSTATUS 0")),
+        _phase({"root.source": "dmesg.log"},
+            # the kernel's OOM kill on the node is why the job ended
+            "slurmctld.log",
+            _SLURMCTLD_WTERMSIG,
+            "dmesg.log",
+            "[3321.100] Out of memory: Killed process 4242 (python) total-vm:1kB, "
+            "anon-rss:1kB, file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:1kB\n"),
+    ], id="slurmctlds_record_of_a_job_ended_by_a_signal_is_named_and_gives_way_to_its_cause"),
+    pytest.param([
         _phase({"root.lineno": 2},
             # PyTorch's watchdog times a collective out and terminates the process (std::terminate: SIGABRT);
             # torchelastic then stops the other workers and reports the aborted one as "failed (exitcode: -6)" - the
@@ -575,6 +637,18 @@ def _field(result: object, path: str) -> object:
             "job.log",
             "RuntimeError: the loader failed\nLast error:\n\nsomething else entirely\n"),
     ], id="nccl_last_error_under_the_wrapper_is_the_root"),
+    pytest.param([
+        # PyTorch prints NCCL's error class above "Last error:" and NCCL's own account under it; a report pasted with
+        # its lines in reverse order puts the class right under the header, and NCCL's account, above the header, stays
+        # the root. Any other line under the header is still the detail.
+        _phase({"root.lineno": 1, "root.kind": "nccl.duplicate_gpu"},
+            "job.log",
+            _REVERSED_NCCL_REPORT),
+        _phase({"root.lineno": 3},
+            "job.log",
+            _REVERSED_NCCL_REPORT.replace("ncclInvalidUsage: This usually reflects invalid usage of NCCL "
+            "library.", "Cuda failure 2 'out of memory'")),
+    ], id="the_nccl_error_class_under_the_header_of_a_reversed_paste_is_not_its_detail"),
     pytest.param([
         # The raylet's worker_died report (node_manager.cc "A worker died or was killed while executing a task by an
         # unexpected system error ...") comes before what the driver and Tune print about it: Ray's "Unhandled error
@@ -812,6 +886,19 @@ def _field(result: object, path: str) -> object:
             "[2023-12-05T23:59:28.620] node q-dy-1 not resumed by ResumeTimeout(1800) - marking down and power_save\n"),
     ], id="a_raid_controller_reset_and_a_node_not_resumed_are_roots"),
     pytest.param([
+        _phase({"root.lineno": 1, "root.signature": "efa.cq_error"},
+            "job.log",
+            _EFA_CQ_ERROR + "ip-172-31-69-127:451707:453373 [4] NCCL INFO Channel 00/0 : 0[4] -> 8[4] [send] via "
+                            "NET/AWS "
+            "Libfabric/4/GDRDMA\n"),
+        _phase({"root.source": "peer.log"},
+            # status 9 (bad queue pair) is the peer gone: the peer's own error, in its log, is the root
+            "job.log",
+            _EFA_CQ_ERROR.replace("Invalid address", "Bad queue pair").replace("(7)", "(9)"),
+            "peer.log",
+            "RuntimeError: CUDA error: an illegal memory access was encountered\n"),
+    ], id="the_efa_provider_s_completion_error_is_the_root_unless_the_peer_is_gone"),
+    pytest.param([
         _phase({"root.lineno": 3, "root.signature": "nccl.watchdog_timeout"},
             # WorkNCCL::handleException's two lines name no collective and are flushed before the watchdog's own report
             "train.log",
@@ -841,6 +928,44 @@ def _field(result: object, path: str) -> object:
             "terminate called after throwing an instance of 'std::runtime_error'\n"
             "  what():  Error (gpu_burn-drv.cpp:298): OS call failed or operation not supported on this OS\n"),
     ], id="wording_right_below_cuda_802_relays_it"),
+    pytest.param([
+        # Volcano's job controller logs the pod event it is about to handle (job_controller.go processNextReq: "Try to
+        # handle request <%v>", apis.Request.String "... Pod:P, Event:PodEvicted, ExitCode:0, ...") before the policy's
+        # action ("Start to execute action RestartTask") and the kills: the request for the pod's end is the first
+        # account of the failure in that log. A resync request (Event:OutOfSync) says nothing is wrong.
+        _phase({"root.lineno": 2, "root.signature": "controller.replica_failed"},
+            "vc-controller.log",
+            _VOLCANO_REQUEST.format(100, 0, "OutOfSync", 0) + "\n"
+            + _VOLCANO_REQUEST.format(200, 1, "PodEvicted", 0) + "\n"
+            "I0601 10:00:00.000300       1 job_controller.go:385] Execute <RestartTask> on Job <default/llama> in "
+            "<Running> by <*state.runningState>.\n"
+            "I0601 10:00:00.000400       1 job_controller_actions.go:69] Killing task <worker> of Job <default/llama>, "
+            "current version 0\n"
+            'I0601 10:00:00.000500       1 event.go:377] Event(v1.ObjectReference{Kind:"Job", Namespace:"default", '
+            "Name:\"llama\"}): type: 'Normal' reason: 'ExecuteAction' Start to execute action RestartTask\n"),
+    ], id="volcano_job_controller_request_for_an_evicted_pod_is_named_before_the_action_it_starts"),
+    pytest.param([
+        # UCX's CUDA transports log a failed driver call (cuda_iface.h UCT_CUDADRV_FUNC before 1.10: "%s is failed.
+        # ret:%s", the call stringified with its arguments; cuda_util.h UCT_CUDADRV_LOG since: "%s failed: %s"); the
+        # rkey unpack failure and the segmentation fault UCX's own signal handler reports next in the same process
+        # follow from it, as under srun -l with PyTorch's MPI backend broadcasting a CUDA tensor.
+        _phase({"root.lineno": 2, "root.signature": "ucx.cuda_call_failed"},
+            "slurm-405737.out",
+            _UCX_CGPU12.format(71) + "   cuda_ipc_md.c:62   UCX  DEBUG mpool ucp_rkeys: allocated chunk\n"
+            + _UCX_CGPU12.format(71) + "   cuda_ipc_md.c:62   UCX  ERROR cuCtxGetDevice(&cu_device) is failed. "
+                                       "ret:invalid device "
+            "context\n"
+            + _UCX_CGPU12.format(89) + "      ucp_rkey.c:250  UCX  ERROR Failed to unpack remote key from remote "
+                                       "md[4]: "
+            "Input/output error\n"
+            "0: [cgpu12:56309:2:56362] Caught signal 11 (Segmentation fault: address not mapped to object at address "
+            "0x20)\n"
+            "0: ==== backtrace ====\n"
+            "0:     2  /usr/lib/ucx/libuct.so.0(uct_rkey_release+0xe) [0x2aab2393f51e]\n"
+            "0: ===================\n"
+            "srun: error: cgpu12: task 0: Segmentation fault\n"
+            "0: slurmstepd: error: *** STEP 405737.0 ON cgpu12 CANCELLED AT 2020-01-16T23:05:49 ***\n"),
+    ], id="ucx_cuda_call_failure_is_named_before_the_segfault_ucx_reports_after_it"),
     pytest.param([
         # A long run of '=' or '-' is a separator and skipped, but a process's report glued right after one (mpirun's
         # tagged output flushed without a newline) is read: here it is the job's only failure.
@@ -921,45 +1046,6 @@ def test_triage_names_the_root_of_a_job_s_logs(
             assert result.root is None
         else:
             assert result.root is not None and {path: _field(result, path) for path in root} == root
-
-
-def test_sinfos_rows_of_a_node_not_responding_are_named_and_give_way_to_the_controllers_error(tmp_path: Path) -> None:
-    # sinfo -lNe: the "*" after a state is sinfo's "presently not responding" (man sinfo, NODE STATE CODES), the
-    # REASON slurmctld's "Not responding"; healthy rows and the header are not errors
-    table = ("NODELIST    NODES PARTITION       STATE CPUS    S:C:T MEMORY TMP_DISK WEIGHT FEATURES REASON\n"
-             "compute000      1     main*        idle   12   12:1:1  64267        0      1   (null) none\n"
-             "compute001      1     main*       down*   12   12:1:1  64267        0      1   (null) Not responding\n"
-             "compute002      1     main*       idle*   12   12:1:1  64267        0      1   (null) none\n")
-    (tmp_path / "sinfo.log").write_text(table)
-    result = triage(tmp_path)
-    assert result.root is not None and result.root.lineno == 3 and result.root.signature == "slurm.node_not_responding"
-    # a down node whose reason is "Not responding", without the suffix, is the same record
-    (tmp_path / "sinfo.log").write_text("node07  1  gpu  down  64  2:16:2  512000  0  1  (null) Not responding\n")
-    assert triage(tmp_path).root is not None
-    # the controller's own error, when the log has it, is the root
-    (tmp_path / "sinfo.log").write_text(table + "[2016-06-09T22:21:02.017] error: Nodes compute001 not responding\n")
-    result = triage(tmp_path)
-    assert result.root is not None and result.root.signature == "slurm.node_failure", result.summary
-
-
-def test_slurmctlds_record_of_a_job_ended_by_a_signal_is_named_and_gives_way_to_its_cause(tmp_path: Path) -> None:
-    # job_mgr.c job_complete(): "WTERMSIG N" when a signal ended the batch script, "WEXITSTATUS N" otherwise
-    log = ("[2022-05-27T10:42:30.155] _slurm_rpc_submit_batch_job: JobId=127441 InitPrio=5772 usec=1032\n"
-           "[2022-05-27T10:42:30.509] sched: Allocate JobId=127441 NodeList=c014 #CPUs=2 Partition=gpu\n"
-           "[2022-05-27T11:37:57.377] _job_complete: JobId=127441 WTERMSIG 9\n"
-           "[2022-05-27T11:37:57.377] _job_complete: JobId=127441 done\n")
-    (tmp_path / "slurmctld.log").write_text(log)
-    result = triage(tmp_path)
-    assert result.root is not None and result.root.lineno == 3 and result.root.signature == "slurm.job_end"
-    # a clean exit is not a failure
-    (tmp_path / "slurmctld.log").write_text(log.replace("WTERMSIG 9", "WEXITSTATUS 0"))
-    assert triage(tmp_path).root is None
-    # the kernel's OOM kill on the node is why the job ended
-    (tmp_path / "slurmctld.log").write_text(log)
-    (tmp_path / "dmesg.log").write_text("[3321.100] Out of memory: Killed process 4242 (python) total-vm:1kB, "
-                                        "anon-rss:1kB, file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:1kB\n")
-    result = triage(tmp_path)
-    assert result.root is not None and result.root.source == "dmesg.log", result.summary
 
 
 def test_nccl_s_warn_below_a_bare_wrapper_names_the_failure(tmp_path: Path) -> None:
@@ -1067,27 +1153,6 @@ def test_own_error_beats_the_launcher_report_of_the_abort_after_it(tmp_path: Pat
     result = triage(tmp_path)
     assert result.root is not None
     assert (result.root.kind, result.root.lineno, result.root.rank) == ("python.exception", 4, 0)
-
-
-def test_the_nccl_error_class_under_the_header_of_a_reversed_paste_is_not_its_detail(tmp_path: Path) -> None:
-    """PyTorch prints NCCL's error class above "Last error:" and NCCL's own account under it; a report pasted with its
-    lines in reverse order puts the class right under the header, and NCCL's account, above the header, stays the
-    root. Any other line under the header is still the detail."""
-    job = tmp_path / "job"
-    job.mkdir()
-    report = ("Duplicate GPU detected : rank 9 and rank 1 both on CUDA device 34000\n"
-              " Last error:\n"
-              "ncclInvalidUsage: This usually reflects invalid usage of NCCL library.\n"
-              "torch.distributed.DistBackendError: NCCL error in: NCCLUtils.hpp:268, invalid usage (run with "
-              "NCCL_DEBUG=WARN for details), NCCL version 2.21.5\n")
-    (job / "job.log").write_text(report)
-    result = triage(job, workers=1)
-    assert result.root is not None and (result.root.lineno, result.root.kind) == (1, "nccl.duplicate_gpu"), \
-        result.summary
-    (job / "job.log").write_text(report.replace("ncclInvalidUsage: This usually reflects invalid usage of NCCL "
-                                                "library.", "Cuda failure 2 'out of memory'"))
-    result = triage(job, workers=1)
-    assert result.root is not None and result.root.lineno == 3, result.summary
 
 
 def test_another_ranks_line_after_an_empty_last_error_is_not_its_detail(tmp_path: Path) -> None:
@@ -1249,22 +1314,6 @@ def test_lines_are_graded_only_while_a_worded_line_can_be_kept(tmp_path: Path, m
     assert calls <= triage_module.MAX_WORDED_PER_FILE + 1
 
 
-def test_the_efa_provider_s_completion_error_is_the_root_unless_the_peer_is_gone(tmp_path: Path) -> None:
-    # libfabric's EFA provider reports a failed send under FI_LOG_LEVEL=warn before NCCL's channel lines go on
-    efa = ("libfabric:451707:1708520807::efa:cq:efa_rdm_txe_handle_error():737<warn> err: 5, message: Invalid address "
-           "My EFA addr: fi_addr_efa://[fe80::13:c2ff:fe6f:f03d]:0:1072483550 Peer host id: i-0ce6d3d57139f053c (7)\n")
-    (tmp_path / "job.log").write_text(
-        efa + "ip-172-31-69-127:451707:453373 [4] NCCL INFO Channel 00/0 : 0[4] -> 8[4] [send] via NET/AWS "
-        "Libfabric/4/GDRDMA\n")
-    result = triage(tmp_path, workers=1)
-    assert result.root is not None and result.root.lineno == 1 and result.root.signature == "efa.cq_error"
-    # status 9 (bad queue pair) is the peer gone: the peer's own error, in its log, is the root
-    (tmp_path / "job.log").write_text(efa.replace("Invalid address", "Bad queue pair").replace("(7)", "(9)"))
-    (tmp_path / "peer.log").write_text("RuntimeError: CUDA error: an illegal memory access was encountered\n")
-    peer = triage(tmp_path, workers=1)
-    assert peer.root is not None and peer.root.source == "peer.log", peer.summary
-
-
 def test_a_capitalised_could_not_reads_as_a_specific_error(tmp_path: Path) -> None:
     # aws-ofi-nccl's test finds no libfabric provider; its main's "OFI NCCL failure: 2" after it only relays that
     (tmp_path / "job.log").write_text(
@@ -1291,52 +1340,6 @@ def test_the_e_tag_of_tensorflow_s_log_prefix_reads_as_an_error(tmp_path: Path) 
     assert result.root is not None and result.root.lineno == 2
     assert strength("2024-05-02 08:01:10.837611: E external/xla/service.cc:962] task restarted") == SPECIFIC
     assert strength("2024-05-02 08:00:01.000001: I external/xla/client.cc:131] Connected to the service.") == 0
-
-
-def test_volcano_job_controller_request_for_an_evicted_pod_is_named_before_the_action_it_starts(
-        tmp_path: Path) -> None:
-    """Volcano's job controller logs the pod event it is about to handle (job_controller.go processNextReq: "Try to
-    handle request <%v>", apis.Request.String "... Pod:P, Event:PodEvicted, ExitCode:0, ...") before the policy's
-    action ("Start to execute action RestartTask") and the kills: the request for the pod's end is the first account
-    of the failure in that log. A resync request (Event:OutOfSync) says nothing is wrong."""
-    request = ("I0601 10:00:00.{:06d}       1 job_controller.go:356] Try to handle request <Queue: , "
-               "Job: default/llama, Task:worker, Pod:llama-worker-{}, Event:{}, ExitCode:{}, Action:, JobVersion: 0>")
-    (tmp_path / "vc-controller.log").write_text(
-        request.format(100, 0, "OutOfSync", 0) + "\n"
-        + request.format(200, 1, "PodEvicted", 0) + "\n"
-        "I0601 10:00:00.000300       1 job_controller.go:385] Execute <RestartTask> on Job <default/llama> in "
-        "<Running> by <*state.runningState>.\n"
-        "I0601 10:00:00.000400       1 job_controller_actions.go:69] Killing task <worker> of Job <default/llama>, "
-        "current version 0\n"
-        'I0601 10:00:00.000500       1 event.go:377] Event(v1.ObjectReference{Kind:"Job", Namespace:"default", '
-        "Name:\"llama\"}): type: 'Normal' reason: 'ExecuteAction' Start to execute action RestartTask\n")
-    result = triage(tmp_path, workers=1)
-    assert result.root is not None and result.root.lineno == 2, result.summary
-    assert result.root.signature == "controller.replica_failed"
-
-
-def test_ucx_cuda_call_failure_is_named_before_the_segfault_ucx_reports_after_it(tmp_path: Path) -> None:
-    """UCX's CUDA transports log a failed driver call (cuda_iface.h UCT_CUDADRV_FUNC before 1.10: "%s is failed.
-    ret:%s", the call stringified with its arguments; cuda_util.h UCT_CUDADRV_LOG since: "%s failed: %s"); the rkey
-    unpack failure and the segmentation fault UCX's own signal handler reports next in the same process follow from it,
-    as under srun -l with PyTorch's MPI backend broadcasting a CUDA tensor."""
-    at = "0: [1579244748.8389{}] [cgpu12:56309:2] "
-    (tmp_path / "slurm-405737.out").write_text(
-        at.format(71) + "   cuda_ipc_md.c:62   UCX  DEBUG mpool ucp_rkeys: allocated chunk\n"
-        + at.format(71) + "   cuda_ipc_md.c:62   UCX  ERROR cuCtxGetDevice(&cu_device) is failed. ret:invalid device "
-        "context\n"
-        + at.format(89) + "      ucp_rkey.c:250  UCX  ERROR Failed to unpack remote key from remote md[4]: "
-        "Input/output error\n"
-        "0: [cgpu12:56309:2:56362] Caught signal 11 (Segmentation fault: address not mapped to object at address "
-        "0x20)\n"
-        "0: ==== backtrace ====\n"
-        "0:     2  /usr/lib/ucx/libuct.so.0(uct_rkey_release+0xe) [0x2aab2393f51e]\n"
-        "0: ===================\n"
-        "srun: error: cgpu12: task 0: Segmentation fault\n"
-        "0: slurmstepd: error: *** STEP 405737.0 ON cgpu12 CANCELLED AT 2020-01-16T23:05:49 ***\n")
-    result = triage(tmp_path, workers=1)
-    assert result.root is not None and result.root.lineno == 2, result.summary
-    assert result.root.signature == "ucx.cuda_call_failed"
 
 
 def test_an_undated_file_is_searched_for_its_year_in_its_first_block_only(tmp_path: Path,
