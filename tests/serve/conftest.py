@@ -380,3 +380,27 @@ def browser() -> Iterator[Any]:
         instance = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
         yield instance
         instance.close()
+
+
+@contextmanager
+def held_diagnosis(app: Any, incident_id: str | None = None,
+                   within_s: float = 120.0) -> Iterator[tuple[threading.Event, threading.Event]]:
+    """The app's background diagnosis held up inside its computation - of ``incident_id`` only, where given - until
+    the first event is set; the second is set once a held computation has begun. Released and restored on leaving,
+    whatever happened."""
+    diagnoser = app.state.ctx.diagnoser
+    release, begun = threading.Event(), threading.Event()
+    compute = diagnoser.compute
+
+    def gated(diagnosed: str) -> Diagnosis:
+        if incident_id is None or diagnosed == incident_id:
+            begun.set()
+            assert release.wait(within_s)
+        return compute(diagnosed)  # type: ignore[no-any-return]
+
+    diagnoser.compute = gated
+    try:
+        yield release, begun
+    finally:
+        release.set()
+        diagnoser.compute = compute

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +17,7 @@ import pytest
 from fastapi.testclient import TestClient
 from mcp import Client
 
-from tests.serve.conftest import TOKEN, BigCluster, SimCluster
+from tests.serve.conftest import TOKEN, BigCluster, SimCluster, held_diagnosis
 from tests.store.conftest import db_url as db_url
 from tests.store.conftest import opened
 from vigil.config import Settings
@@ -64,27 +62,6 @@ def fresh_store(cluster: SimCluster, url: str, count: int = 4) -> tuple[Store, l
     return store, incidents
 
 
-@contextmanager
-def held(app: Any) -> Iterator[tuple[threading.Event, threading.Event]]:
-    """The app's background diagnosis held up inside its computation until the first event is set; the second
-    is set once a computation has begun."""
-    ctx = app.state.ctx
-    release, begun = threading.Event(), threading.Event()
-    compute = ctx.diagnoser.compute
-
-    def gated(incident_id: str) -> Diagnosis:
-        begun.set()
-        assert release.wait(DEADLINE_S)
-        return compute(incident_id)  # type: ignore[no-any-return]
-
-    ctx.diagnoser.compute = gated
-    try:
-        yield release, begun
-    finally:
-        release.set()
-        ctx.diagnoser.compute = compute
-
-
 def status_of(client: TestClient, incident_id: str) -> dict[str, Any]:
     response = client.get(f"/api/v1/incidents/{incident_id}/diagnosis/status", headers=AUTH)
     assert response.status_code == 200, response.text
@@ -105,7 +82,7 @@ def test_the_page_and_the_api_answer_while_the_diagnosis_runs(cluster: SimCluste
     store, incidents = fresh_store(cluster, f"sqlite:///{tmp_path / 'v.db'}", count=1)
     incident = incidents[0]
     app = create_app(store, settings=background_on(tmp_path, store.url))
-    with held(app) as (release, begun), TestClient(app) as client:
+    with held_diagnosis(app) as (release, begun), TestClient(app) as client:
         page = client.get(f"/incidents/{incident.id}", headers=AUTH)
         assert page.status_code == 200
         assert 'id="diagnosis-pending"' in page.text and "Diagnosis in progress" in page.text
@@ -268,7 +245,7 @@ def test_diagnose_again_answers_at_once_and_the_page_waits_for_the_rerun(
     # the tests' servers run no background threads: the rerun runs on its own thread all the same
     app = create_app(store, settings=Settings(home=tmp_path, db_url=db_url, api_token=TOKEN))
     assert not app.state.ctx.diagnoser.enabled
-    with held(app) as (release, begun), TestClient(app) as client:
+    with held_diagnosis(app) as (release, begun), TestClient(app) as client:
         response = client.post(f"/api/v1/incidents/{incident.id}/diagnose", headers=AUTH)
         # answered while the rerun is held inside its computation: the request did not run it
         assert response.status_code == 202, response.text

@@ -3,7 +3,6 @@ store, the approve flow writes through the API, and nothing is fetched from outs
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,6 +20,7 @@ from tests.serve.conftest import (
     STRAGGLER_RANK,
     TOKEN,
     SimCluster,
+    held_diagnosis,
     reader_cookies,
     serve_in_thread,
 )
@@ -206,8 +206,6 @@ def test_incident_page_opens_at_once_and_shows_the_diagnosis_when_done(page: Any
     background thread works (held here until the page is up), then the diagnosis, causes and plan panels fill in
     place: no reload, no button pressed."""
     ctx = SERVED["app"].state.ctx
-    release, begun = threading.Event(), threading.Event()
-    compute = ctx.diagnoser.compute
     incident = cluster.incident.model_copy(update={"id": f"{cluster.incident.id}-page"})
     # Background diagnosis is on for this test only, as in production, over this test's incident only: the
     # session's store is shared, and a diagnosis remembers the resolved incidents of the moment (recall), so a
@@ -217,22 +215,15 @@ def test_incident_page_opens_at_once_and_shows_the_diagnosis_when_done(page: Any
         found for found in undiagnosed(limit=100_000, now=now) if found == incident.id])
     monkeypatch.setattr(ctx.diagnoser, "threads", 1)
     ctx.diagnoser.start()
-
-    def held(incident_id: str) -> Any:
-        if incident_id == incident.id:
-            begun.set()
-            assert release.wait(120)
-        return compute(incident_id)
-
-    ctx.diagnoser.compute = held
     try:
-        cluster.store.create_incident(incident)
-        page.goto(f"{site}/incidents/{incident.id}")
-        assert "Diagnosis in progress" in page.locator("#diagnosis-pending").inner_text()
-        assert page.evaluate("document.body.dataset.diagnosis") in ("pending", "running")
-        page.evaluate("window.vigilSamePage = true")
-        assert begun.wait(120)
-        release.set()
+        with held_diagnosis(SERVED["app"], incident.id) as (release, begun):
+            cluster.store.create_incident(incident)
+            page.goto(f"{site}/incidents/{incident.id}")
+            assert "Diagnosis in progress" in page.locator("#diagnosis-pending").inner_text()
+            assert page.evaluate("document.body.dataset.diagnosis") in ("pending", "running")
+            page.evaluate("window.vigilSamePage = true")
+            assert begun.wait(120)
+            release.set()
         page.locator("ol.causes > li").first.wait_for(timeout=120_000)
         assert page.evaluate("window.vigilSamePage") is True  # filled in place, not reloaded
         assert page.evaluate("document.body.dataset.diagnosis") == "done"
@@ -245,9 +236,7 @@ def test_incident_page_opens_at_once_and_shows_the_diagnosis_when_done(page: Any
         for k in range(steps.count()):
             assert "guard admitted" in steps.nth(k).inner_text() or "guard refused" in steps.nth(k).inner_text()
     finally:
-        release.set()
         ctx.diagnoser.stop()
-        ctx.diagnoser.compute = compute
         # the session's store is shared: leave it holding the incidents it held
         with cluster.store.engine.begin() as conn:
             conn.execute(delete(tables.diagnoses).where(tables.diagnoses.c.incident_id == incident.id))
@@ -341,31 +330,22 @@ def test_diagnose_again_shows_progress_and_fills_the_panels_in_place(page: Any, 
     """Diagnose again answers at once (202): the page says the diagnosis is in progress while the server's thread
     runs it (held here), then swaps in the new diagnosis, causes and plan: no reload."""
     ctx = SERVED["app"].state.ctx
-    release, begun = threading.Event(), threading.Event()
-    compute = ctx.diagnoser.compute
     with own_incident(cluster, "again") as incident:
         cluster.store.save_diagnosis(Diagnosis(incident_id=incident.id, summary="the diagnosis before",
                                                root_cause=None, confidence=0.1))
-
-        def held(incident_id: str) -> Any:
-            if incident_id == incident.id:
-                begun.set()
-                assert release.wait(120)
-            return compute(incident_id)
-
-        ctx.diagnoser.compute = held
         try:
-            page.goto(f"{site}/incidents/{incident.id}")
-            assert page.evaluate("document.body.dataset.diagnosis") == "done"
-            assert page.locator("ol.causes > li").count() == 0
-            page.evaluate("window.vigilSamePage = true")
-            page.fill("#token", TOKEN)
-            page.click("#token-form button")
-            page.click("button.diagnose")
-            page.wait_for_function("document.body.dataset.diagnosis === 'running'")
-            assert "Diagnosis in progress" in page.locator("#diagnosis-pending").inner_text()
-            assert "the diagnosis before" in page.locator(".diag-summary").inner_text()
-            assert begun.wait(120)
+            with held_diagnosis(SERVED["app"], incident.id) as (release, begun):
+                page.goto(f"{site}/incidents/{incident.id}")
+                assert page.evaluate("document.body.dataset.diagnosis") == "done"
+                assert page.locator("ol.causes > li").count() == 0
+                page.evaluate("window.vigilSamePage = true")
+                page.fill("#token", TOKEN)
+                page.click("#token-form button")
+                page.click("button.diagnose")
+                page.wait_for_function("document.body.dataset.diagnosis === 'running'")
+                assert "Diagnosis in progress" in page.locator("#diagnosis-pending").inner_text()
+                assert "the diagnosis before" in page.locator(".diag-summary").inner_text()
+                assert begun.wait(120)
             release.set()
             page.locator("ol.causes > li").first.wait_for(timeout=120_000)
             assert page.evaluate("window.vigilSamePage") is True  # filled in place, not reloaded
@@ -375,8 +355,6 @@ def test_diagnose_again_shows_progress_and_fills_the_panels_in_place(page: Any, 
             assert stored is not None and stored.summary in page.locator(".diag-summary").inner_text()
             assert incident.scope in page.locator("ol.causes > li.root").inner_text()
         finally:
-            release.set()
-            ctx.diagnoser.compute = compute
             # the rerun's thread ends with the diagnosis stored: nothing of it outlives the incident's removal
             assert wait_for(lambda: not ctx.diagnoser.holding(incident.id))
 
