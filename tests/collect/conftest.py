@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -188,6 +189,24 @@ def held_events(state: Path) -> int:
         return -1
     finally:
         conn.close()
+
+
+def died_writing(spool: Path, into: Path, name: str = SPOOL_FILE) -> None:
+    """Copy the SQLite file ``spool`` to ``into / name`` as a program that died writing to it left it (a sqlite3
+    shell in rollback-journal mode): pages of a transaction never committed in the file, a hot ``-journal`` beside
+    it holding the pages as they were, which SQLite rolls back at the next open to write."""
+    shell = sqlite3.connect(spool, isolation_level=None)
+    try:
+        shell.execute("PRAGMA journal_mode=DELETE")
+        shell.execute("PRAGMA cache_size=1")  # pages spill into the file before the commit
+        shell.execute("BEGIN")
+        shell.executemany("INSERT INTO events (body) VALUES (?)", [("x" * 1000,)] * 200)
+        into.mkdir(parents=True, exist_ok=True)
+        for suffix in ("", "-journal"):
+            shutil.copy(f"{spool}{suffix}", into / f"{name}{suffix}")
+        shell.execute("ROLLBACK")
+    finally:
+        shell.close()
 
 
 class Switch:

@@ -21,6 +21,7 @@ from tests.collect.conftest import (
     CountingSource,
     Switch,
     agent_process,
+    died_writing,
     fast_settings,
     held_events,
     xid,
@@ -252,6 +253,27 @@ def test_a_spool_another_program_holds_locked_is_left_in_place_and_sent_at_the_n
                   cpu_ratio=lambda: 0.1)
     assert again.spool is not None and [e.ts for e in again.pending_events] == [1.0, 2.0]
     again.close()
+
+
+def test_a_spool_another_program_died_writing_to_is_rolled_back_and_sent_at_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A spool holding two unsent events that another program (a sqlite3 shell in rollback-journal mode) died
+    writing to has a hot journal, which only a writer may roll back: the agent opens it, SQLite rolls the dead
+    transaction back, and the two events are sent, nothing moved aside (before: the read-only check failed with
+    'attempt to write a readonly database' at every start, so the agent ran without a spool for good and the
+    events were never sent)."""
+    spool = EventSpool(tmp_path / "work", 100, 2**20)
+    spool.add([xid(1.0), xid(2.0)])
+    spool.close()
+    state = tmp_path / "state"
+    died_writing(spool.path, state)
+    agent = Agent([CountingSource()], fast_settings(server_url="http://vigil.test", state_dir=str(state)),
+                  cpu_ratio=lambda: 0.1)
+    assert agent.spool is not None and "no events spool" not in caplog.text, caplog.text
+    assert [e.ts for e in agent.pending_events] == [1.0, 2.0]
+    assert not list(state.glob("*.corrupt-*"))
+    agent.close()
 
 
 def test_the_spool_files_are_readable_by_the_agents_user_alone(tmp_path: Path) -> None:

@@ -334,3 +334,23 @@ def test_a_left_spool_path_that_cannot_be_opened_is_warned_about_once_until_it_c
         assert list(live.orphans()) == []
     assert len(warnings()) == 2 and unopenable.is_dir() and not list(state.glob("*.corrupt-*"))
     live.close()
+
+
+def test_a_left_spool_file_another_program_died_writing_to_is_rolled_back_and_taken_over(tmp_path: Path) -> None:
+    """A left spool file with a hot journal (a program died writing to it in rollback-journal mode) is no damaged
+    file: the agent rolls the dead transaction back, takes its event over and removes it, nothing moved aside
+    (before: its read-only check failed at every look, 'attempt to write a readonly database', for good)."""
+    from tests.collect.conftest import CountingSource, died_writing, fast_settings, xid
+    from vigil.sources.collect.agent import Agent
+    from vigil.sources.collect.spool import EventSpool
+
+    left = EventSpool(tmp_path / "left", 100, 2**20)
+    left.add([xid(1.0)])
+    left.close()
+    state = tmp_path / "state"
+    died_writing(left.path, state, "events-spool-0badf00d.sqlite")
+    agent = Agent([CountingSource()], fast_settings(server_url="http://vigil.test", state_dir=str(state)),
+                  cpu_ratio=lambda: 0.1)
+    assert [e.ts for e in agent.pending_events] == [1.0]
+    assert not list(state.glob("events-spool-0badf00d*")) and not list(state.glob("*.corrupt-*"))
+    agent.close()

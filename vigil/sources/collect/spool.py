@@ -485,12 +485,17 @@ class EventSpool(Spool):
 
 def _check_read_only(path: Path) -> None:
     """Raise sqlite3.DatabaseError where the SQLite file at ``path`` is no database or a damaged one (its WAL
-    included), reading it only: its file and WAL are left as they are (a -shm file may be made beside them)."""
+    included), reading it only: its file and WAL are left as they are (a -shm file may be made beside them). A file
+    in rollback-journal mode with a hot journal (a writer died mid-transaction) passes unread: only a writer may
+    roll it back, it has no WAL to lose, and the write open that follows judges it."""
     conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S)
     try:
         check = conn.execute("PRAGMA quick_check").fetchone()
         if check is None or check[0] != "ok":
             raise sqlite3.DatabaseError(f"quick_check: {check}")
+    except sqlite3.OperationalError as err:
+        if err.sqlite_errorcode != sqlite3.SQLITE_READONLY_ROLLBACK:
+            raise
     finally:
         conn.close()
 
