@@ -166,3 +166,62 @@ def test_a_count_of_no_errors_is_no_childs_account_of_its_end(tmp_path: Path, li
     """A line counting no errors reads as error wording but reports none. Before: it was named over torchrun's
     report."""
     assert _root(tmp_path, line + "step 5 loss 2.31\n" + TORCHRUN_END) == (3, "symptom")
+
+
+ELASTIC = "torch/distributed/elastic"
+
+
+def test_torchelastics_closing_signals_yield_to_the_failure_reported_after_them(tmp_path: Path) -> None:
+    """torchelastic's _poll sends the workers still running SIGTERM (_close logs each) and only then logs the failure
+    that made it stop them: a worker ended by SIGABRT is that report, not the signals to its healthy peers. Before: the
+    first closing signal was named."""
+    text = (f"W1106 04:43:02.065000 26021 {ELASTIC}/multiprocessing/api.py:897] Sending process 26024 closing signal "
+            "SIGTERM\n"
+            f"W1106 04:43:02.068000 26021 {ELASTIC}/multiprocessing/api.py:897] Sending process 26025 closing signal "
+            "SIGTERM\n"
+            f"E1106 04:43:02.651000 26021 {ELASTIC}/multiprocessing/api.py:869] failed (exitcode: -6) local_rank: 3 "
+            "(pid: 26026) of binary: /usr/bin/python3\n")
+    assert _root(tmp_path, text) == (3, "symptom")
+
+
+def test_closing_signals_alone_stay_the_account(tmp_path: Path) -> None:
+    """With no report of the failure below them (the excerpt ends), the closing signals are still what is there."""
+    text = (f"W1106 04:43:02.065000 26021 {ELASTIC}/multiprocessing/api.py:897] Sending process 26024 closing signal "
+            "SIGTERM\n")
+    assert _root(tmp_path, "step 5 loss 2.31\n" + text) == (2, "symptom")
+
+
+RESTART = (f"I0213 12:07:20.086000 870572 {ELASTIC}/agent/server/api.py:889] [default] Worker group FAILED. 3/3 "
+           "attempts left; will restart worker group\n"
+           f"I0213 12:07:20.086000 870572 {ELASTIC}/agent/server/api.py:699] [default] Stopping worker group\n"
+           f"I0213 12:07:20.087000 870572 {ELASTIC}/agent/server/api.py:677] [default] Rendezvous'ing worker group\n")
+
+
+def test_a_later_attempts_error_is_not_the_root_of_a_restarted_job(tmp_path: Path) -> None:
+    """torchelastic restarts its workers only after reporting a failed attempt: what the next attempt fails with (the
+    rendezvous the restart cannot complete) follows from that first failure. Before: the later attempt's exception,
+    specific wording, was named over attempt 0's exit report."""
+    text = (f"E0213 12:07:20.086000 870572 {ELASTIC}/multiprocessing/api.py:869] failed (exitcode: 1) local_rank: 0 "
+            "(pid: 876053) of binary: /usr/bin/python3\n" + RESTART +
+            "Traceback (most recent call last):\n"
+            '  File "/usr/local/bin/torchrun", line 8, in <module>\n'
+            "    sys.exit(main())\n"
+            "torch.distributed.elastic.rendezvous.api.RendezvousClosedError\n")
+    assert _root(tmp_path, text) == (1, "symptom")
+
+
+def test_the_first_attempts_own_error_outranks_the_next_attempts(tmp_path: Path) -> None:
+    """Each attempt's worker fails with its own words; the first attempt's, above the restart, is the root, whatever
+    the second attempt's error is named by."""
+    text = ("ValueError: batch size 0 in shard 17\n"
+            f"E0213 12:07:20.086000 870572 {ELASTIC}/multiprocessing/api.py:869] failed (exitcode: 1) local_rank: 0 "
+            "(pid: 876053) of binary: /usr/bin/python3\n" + RESTART +
+            "RuntimeError: CUDA error: an illegal memory access was encountered\n")
+    assert _root(tmp_path, text)[0] == 1
+
+
+def test_an_excerpt_starting_after_the_restart_keeps_its_errors(tmp_path: Path) -> None:
+    """Nothing above the restart reports a failure (the excerpt starts at it): the later attempt's error is all there
+    is, and it is named."""
+    text = RESTART + "RuntimeError: CUDA error: an illegal memory access was encountered\n"
+    assert _root(tmp_path, text)[0] == 4

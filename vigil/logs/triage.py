@@ -118,6 +118,16 @@ WRAPPER_REPORTS = frozenset({"launcher.child_failed", "launcher.root_cause", "la
 # FAILED. 3/3 attempts left; will restart worker group"): what a child printed above it belongs to an earlier attempt,
 # which the launcher recovered from, never to the failure of a later one.
 WORKERS_START = re.compile(r"\] (?:Starting|Restarting) worker group\b|\bwill restart worker group\b")
+# torchelastic's agent restarts its workers only after a failed attempt, which multiprocessing/api.py reported first
+# ("failed (exitcode: N) local_rank: R"), then agent/server/api.py "[default] Worker group FAILED. 3/3 attempts left;
+# will restart worker group" and "[default] Restarting worker group"): what the file prints after that belongs to a
+# later attempt the first failure caused (a rendezvous the restart cannot complete, a peer still gone), not to the root.
+WORKERS_RESTART = re.compile(r"\bwill restart worker group\b|\] Restarting worker group\b")
+# torchelastic's agent stops the workers still running ("Sending process P closing signal SIGTERM", multiprocessing/
+# api.py _close) in the same _poll call that then logs the failure that made it stop them ("failed (exitcode: N)
+# local_rank: R"): the closing signals are that report's consequence, printed first.
+CLOSING_SIGNAL = re.compile(r"Sending process \d+ closing signal SIG\w+")
+EXIT_REPORT = re.compile(r"failed \(exitcode: -?\d+\) local_rank: \d+")
 # A process's stdout and stderr written to files of their own (sbatch --output=<name>.out --error=<name>.err,
 # torchrun's stdout.log / stderr.log): the same name but for these, the order between their lines lost.
 _STREAM_SUFFIXES = ((".out", ".err"), (".stdout", ".stderr"), ("stdout.log", "stderr.log"),
@@ -332,6 +342,7 @@ class _Scan:
     # a rotated log read as one stream (LogSource.generations): each generation's name and the stream's lines before it
     generations: list[tuple[str, int]] = field(default_factory=list)
     starts: list[int] = field(default_factory=list)  # lines where a launcher (re)started its workers (WORKERS_START)
+    restarts: list[int] = field(default_factory=list)  # lines where it restarted them after a failure (WORKERS_RESTART)
 
 
 # A log taken from the Markdown source of an issue or a mail (CommonMark: a block quote's ">" and its optional space,
@@ -801,6 +812,8 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
                 continue
             if "worker group" in line and WORKERS_START.search(line):
                 scan.starts.append(lineno)
+                if WORKERS_RESTART.search(line):
+                    scan.restarts.append(lineno)
             if kernel_log and _removal_line(line):
                 if scan.removals is None:
                     scan.removals = _Removals()
@@ -978,10 +991,13 @@ def decide(scans: list[_Scan], job: str, directory: Path, tie_s: float = 1.0) ->
             event.node = entity_name(hosts[event.rank], "") or None
     _switched_off_ports(events)
     _removed_devices(scans)
-    root, basis = _pick_root(events, priority, tie_s)
     worded = [e for scan in scans for e in scan.worded]
+    restarts = {s.source.name: s.restarts[0] for s in scans if s.restarts}
+    first_events, first_worded = _first_attempt(events, worded, restarts)
+    root, basis = _pick_root(first_events, priority, tie_s)
     if root is None:
-        root, basis = _fallback_root(worded, events, tie_s, {s.source.name: s.starts for s in scans if s.starts})
+        root, basis = _fallback_root(first_worded, first_events, tie_s,
+                                     {s.source.name: s.starts for s in scans if s.starts})
     if root is None and (traces := [s.trace for s in scans if s.trace is not None]):
         root, basis = _earliest(traces, tie_s), "symptom"
     root = _nccl_detail(root, events + worded)
@@ -1121,6 +1137,21 @@ def _removed_devices(scans: list[_Scan]) -> None:
             if removed is not None:
                 event.role, event.level = "cascade", FaultLevel.OBSERVE
                 event.attrs["removal_line"] = removed
+
+
+def _first_attempt(events: list[LogEvent], worded: list[LogEvent],
+                   restarts: dict[str, int]) -> tuple[list[LogEvent], list[LogEvent]]:
+    """The lines that may be the root, where a launcher restarted its workers after a failure (``WORKERS_RESTART``):
+    a file's lines below its first restart are left out when the file reports a failure above it - a later attempt's
+    errors are what that failure and the restart led to. A file whose excerpt starts after the restart keeps them."""
+    if not restarts:
+        return events, worded
+    failed_before = {e.source for e in events + worded if e.source in restarts and e.lineno < restarts[e.source]}
+
+    def later(event: LogEvent) -> bool:
+        return event.source in failed_before and event.lineno > restarts[event.source]
+
+    return [e for e in events if not later(e)], [e for e in worded if not later(e)]
 
 
 def _pick_root(events: list[LogEvent], priority: dict[str, int],
@@ -1377,6 +1408,7 @@ def _fallback_root(worded: list[LogEvent], symptoms: list[LogEvent], tie_s: floa
     specific = [e for e in worded if e.attrs.get("strength") == SPECIFIC]
     if specific:
         return _earliest(specific, tie_s), "error_wording"
+    symptoms = _closing_signals_yield(symptoms)
     direct = [e for e in symptoms if e.attrs.get(FIRST_OBSERVED)
               or e.signature not in ECHO_SIGNATURES | ABORT_SIGNATURES]
     echoes = [e for e in symptoms if e.signature not in ABORT_SIGNATURES | FOLLOW_THROUGH_SIGNATURES]
@@ -1409,6 +1441,14 @@ def _child_words_above(root: LogEvent, worded: list[LogEvent], symptoms: list[Lo
     if not words:
         return None
     return _hand_root(root, min(words, key=lambda e: (e.source != root.source, e.lineno)))
+
+
+def _closing_signals_yield(symptoms: list[LogEvent]) -> list[LogEvent]:
+    """torchelastic's closing signals to the workers still running (``CLOSING_SIGNAL``) left out where the report of
+    the failure that made the agent send them (``EXIT_REPORT``) follows within ``SAME_REPORT_LINES`` in one file."""
+    reports = {(e.source, e.lineno) for e in symptoms if EXIT_REPORT.search(e.line)}
+    return [e for e in symptoms if not (CLOSING_SIGNAL.search(e.line) and any(
+        (e.source, e.lineno + n) in reports for n in range(1, SAME_REPORT_LINES + 1)))]
 
 
 def _launcher_yields(events: list[LogEvent]) -> list[LogEvent]:
