@@ -225,3 +225,44 @@ def test_an_excerpt_starting_after_the_restart_keeps_its_errors(tmp_path: Path) 
     is, and it is named."""
     text = RESTART + "RuntimeError: CUDA error: an illegal memory access was encountered\n"
     assert _root(tmp_path, text)[0] == 4
+
+
+def test_closing_signals_to_a_full_node_yield_to_the_failure_reported_after_them(tmp_path: Path) -> None:
+    """On an 8-GPU node _close sends SIGTERM to the 7 workers still running and, after its wait, SIGKILL to those that
+    did not stop ("Unable to shutdown process P via SIGTERM, forcefully exiting via SIGKILL"), and only then does _poll
+    log the failure: the first closing signal lies 14 lines above it. Before: that signal was named."""
+    agent = f"W1106 04:43:02.065000 26021 {ELASTIC}/multiprocessing/api.py:"
+    text = "".join(f"{agent}897] Sending process {26020 + n} closing signal SIGTERM\n" for n in range(7))
+    text += "".join(f"{agent}914] Unable to shutdown process {26020 + n} via Signals.SIGTERM, forcefully exiting via "
+                    "Signals.SIGKILL\n" for n in range(7))
+    text += (f"E1106 04:43:32.651000 26021 {ELASTIC}/multiprocessing/api.py:869] failed (exitcode: -6) local_rank: 7 "
+             "(pid: 26027) of binary: /usr/bin/python3\n")
+    assert _root(tmp_path, text) == (15, "symptom")
+
+
+def test_a_membership_change_restart_is_no_failed_attempt(tmp_path: Path) -> None:
+    """torchelastic also restarts a healthy worker group when a node joins ("Detected 1 new nodes from group_rank=0;
+    will restart worker group"): nothing failed, so what came before it is no attempt's failure and the error after
+    the restart stays a candidate. Before: the handled error above the membership change was named."""
+    text = ("warning: failed to read shard 3 of the cache, reading it from the source\n"
+            f"I0213 12:07:20.086000 870572 {ELASTIC}/agent/server/api.py:906] [default] Detected 1 new nodes from "
+            "group_rank=0; will restart worker group\n"
+            f"I0213 12:07:20.086000 870572 {ELASTIC}/agent/server/api.py:699] [default] Stopping worker group\n"
+            f"I0213 12:07:20.087000 870572 {ELASTIC}/agent/server/api.py:677] [default] Rendezvous'ing worker group\n"
+            f"I0213 12:07:25.087000 870572 {ELASTIC}/agent/server/api.py:683] [default] Starting worker group\n"
+            "RuntimeError: CUDA error: an illegal memory access was encountered\n")
+    assert _root(tmp_path, text)[0] == 6
+
+
+def test_a_root_chosen_over_a_later_attempt_says_so(tmp_path: Path) -> None:
+    """The verdict names the restart that left the later attempt's error out of the root's candidates, so a reader
+    whose job died of a different error in a later attempt sees why attempt 0's was named."""
+    text = ("ValueError: batch size 0 in shard 17\n"
+            f"E0213 12:07:20.086000 870572 {ELASTIC}/multiprocessing/api.py:869] failed (exitcode: 1) local_rank: 0 "
+            "(pid: 876053) of binary: /usr/bin/python3\n" + RESTART +
+            "RuntimeError: CUDA error: an illegal memory access was encountered\n")
+    (tmp_path / "job.log").write_text(text)
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.attrs["restart_line"] == 3
+    assert "restarting the worker group at job.log:3" in result.summary
+    assert any(e.lineno == 6 for e in result.cascade)

@@ -118,14 +118,19 @@ WRAPPER_REPORTS = frozenset({"launcher.child_failed", "launcher.root_cause", "la
 # FAILED. 3/3 attempts left; will restart worker group"): what a child printed above it belongs to an earlier attempt,
 # which the launcher recovered from, never to the failure of a later one.
 WORKERS_START = re.compile(r"\] (?:Starting|Restarting) worker group\b|\bwill restart worker group\b")
-# torchelastic's agent restarts its workers only after a failed attempt, which multiprocessing/api.py reported first
-# ("failed (exitcode: N) local_rank: R"), then agent/server/api.py "[default] Worker group FAILED. 3/3 attempts left;
-# will restart worker group" and "[default] Restarting worker group"): what the file prints after that belongs to a
-# later attempt the first failure caused (a rendezvous the restart cannot complete, a peer still gone), not to the root.
-WORKERS_RESTART = re.compile(r"\bwill restart worker group\b|\] Restarting worker group\b")
-# torchelastic's agent stops the workers still running ("Sending process P closing signal SIGTERM", multiprocessing/
-# api.py _close) in the same _poll call that then logs the failure that made it stop them ("failed (exitcode: N)
-# local_rank: R"): the closing signals are that report's consequence, printed first.
+# torchelastic's agent restarts its workers after a failed attempt, which multiprocessing/api.py reported first
+# ("failed (exitcode: N) local_rank: R"), with agent/server/api.py's "[default] Worker group FAILED. 3/3 attempts left;
+# will restart worker group" (the same words in torchelastic 0.2 and torch 1.9 to 2.x): what the file prints after that
+# belongs to a later attempt the first failure caused (a rendezvous the restart cannot complete, a peer still gone).
+# Its other restart, "[default] Detected 1 new nodes from group_rank=0; will restart worker group", follows a node
+# joining a healthy group - no attempt failed - so only the failed attempt's words count.
+WORKERS_RESTART = re.compile(r"\bWorker group (?:FAILED|UNHEALTHY)\. \d+/\d+ attempts left; will restart worker group")
+# torchelastic's agent stops the workers still running ("Sending process P closing signal SIGTERM", then after its wait
+# "Unable to shutdown process P via SIGTERM, forcefully exiting via SIGKILL", multiprocessing/api.py _close) in the same
+# _poll call that then logs the failure that made it stop them ("failed (exitcode: N) local_rank: R"): the closing
+# signals are that report's consequence, printed first - as many lines above it as the node had workers, and more.
+# the root's attribute naming the restart line below which a later attempt's errors were not taken for the root
+RESTART_LINE = "restart_line"
 CLOSING_SIGNAL = re.compile(r"Sending process \d+ closing signal SIG\w+")
 EXIT_REPORT = re.compile(r"failed \(exitcode: -?\d+\) local_rank: \d+")
 # A process's stdout and stderr written to files of their own (sbatch --output=<name>.out --error=<name>.err,
@@ -993,7 +998,7 @@ def decide(scans: list[_Scan], job: str, directory: Path, tie_s: float = 1.0) ->
     _removed_devices(scans)
     worded = [e for scan in scans for e in scan.worded]
     restarts = {s.source.name: s.restarts[0] for s in scans if s.restarts}
-    first_events, first_worded = _first_attempt(events, worded, restarts)
+    first_events, first_worded, cut_at_restart = _first_attempt(events, worded, restarts)
     root, basis = _pick_root(first_events, priority, tie_s)
     if root is None:
         root, basis = _fallback_root(first_worded, first_events, tie_s,
@@ -1005,6 +1010,8 @@ def decide(scans: list[_Scan], job: str, directory: Path, tie_s: float = 1.0) ->
     root = _child_last_words(root, worded)
     root = _errors_before_fatal(root, basis, worded)
     root = _plain_line_above(root, basis, worded)
+    if root is not None and root.lineno < cut_at_restart.get(root.source, 0):
+        root.attrs[RESTART_LINE] = cut_at_restart[root.source]
     if root is not None and root.rank is None and root.entity.startswith("node/"):
         _attribute_to_rank(root, events)
     rank_events = [e for e in events if not e.entity.startswith("node/")]
@@ -1046,7 +1053,8 @@ def _physical_lines(result: TriageResult, scans: list[_Scan]) -> None:
         if unwrap is None and generations is None:
             return event
         moved = event.model_copy(deep=True)  # the scans' own events keep the numbers decide() compared
-        numbers = {"": event.lineno, **{key: moved.attrs[key] for key in (PRINTED_BEFORE_TRACEBACK, "removal_line")
+        numbers = {"": event.lineno, **{key: moved.attrs[key]
+                                       for key in (PRINTED_BEFORE_TRACEBACK, "removal_line", RESTART_LINE)
                                        if isinstance(moved.attrs.get(key), int) and moved.attrs[key] > 0}}
         if unwrap is not None:
             numbers = {key: unwrap.physical(n) for key, n in numbers.items()}
@@ -1140,18 +1148,20 @@ def _removed_devices(scans: list[_Scan]) -> None:
 
 
 def _first_attempt(events: list[LogEvent], worded: list[LogEvent],
-                   restarts: dict[str, int]) -> tuple[list[LogEvent], list[LogEvent]]:
+                   restarts: dict[str, int]) -> tuple[list[LogEvent], list[LogEvent], dict[str, int]]:
     """The lines that may be the root, where a launcher restarted its workers after a failure (``WORKERS_RESTART``):
     a file's lines below its first restart are left out when the file reports a failure above it - a later attempt's
-    errors are what that failure and the restart led to. A file whose excerpt starts after the restart keeps them."""
+    errors are what that failure and the restart led to. A file whose excerpt starts after the restart keeps them.
+    Also the files whose later lines were left out, each with its restart line, so the verdict can say so."""
     if not restarts:
-        return events, worded
+        return events, worded, {}
     failed_before = {e.source for e in events + worded if e.source in restarts and e.lineno < restarts[e.source]}
 
     def later(event: LogEvent) -> bool:
         return event.source in failed_before and event.lineno > restarts[event.source]
 
-    return [e for e in events if not later(e)], [e for e in worded if not later(e)]
+    cut = {e.source: restarts[e.source] for e in events + worded if later(e)}
+    return [e for e in events if not later(e)], [e for e in worded if not later(e)], cut
 
 
 def _pick_root(events: list[LogEvent], priority: dict[str, int],
@@ -1408,7 +1418,7 @@ def _fallback_root(worded: list[LogEvent], symptoms: list[LogEvent], tie_s: floa
     specific = [e for e in worded if e.attrs.get("strength") == SPECIFIC]
     if specific:
         return _earliest(specific, tie_s), "error_wording"
-    symptoms = _closing_signals_yield(symptoms)
+    symptoms = _closing_signals_yield(symptoms, starts or {})
     direct = [e for e in symptoms if e.attrs.get(FIRST_OBSERVED)
               or e.signature not in ECHO_SIGNATURES | ABORT_SIGNATURES]
     echoes = [e for e in symptoms if e.signature not in ABORT_SIGNATURES | FOLLOW_THROUGH_SIGNATURES]
@@ -1443,12 +1453,19 @@ def _child_words_above(root: LogEvent, worded: list[LogEvent], symptoms: list[Lo
     return _hand_root(root, min(words, key=lambda e: (e.source != root.source, e.lineno)))
 
 
-def _closing_signals_yield(symptoms: list[LogEvent]) -> list[LogEvent]:
+def _closing_signals_yield(symptoms: list[LogEvent], starts: dict[str, list[int]]) -> list[LogEvent]:
     """torchelastic's closing signals to the workers still running (``CLOSING_SIGNAL``) left out where the report of
-    the failure that made the agent send them (``EXIT_REPORT``) follows within ``SAME_REPORT_LINES`` in one file."""
-    reports = {(e.source, e.lineno) for e in symptoms if EXIT_REPORT.search(e.line)}
-    return [e for e in symptoms if not (CLOSING_SIGNAL.search(e.line) and any(
-        (e.source, e.lineno + n) in reports for n in range(1, SAME_REPORT_LINES + 1)))]
+    the failure that made the agent send them (``EXIT_REPORT``) follows in one file before the agent starts its workers
+    again (``WORKERS_START``): one ``_close`` sends a signal to each running worker and waits for them, however many
+    lines that takes, before ``_poll`` logs the report."""
+    reports = [e for e in symptoms if EXIT_REPORT.search(e.line)]
+
+    def reported_after(signal: LogEvent) -> bool:
+        return any(r.source == signal.source and r.lineno > signal.lineno
+                   and not any(signal.lineno < s < r.lineno for s in starts.get(signal.source, ()))
+                   for r in reports)
+
+    return [e for e in symptoms if not (CLOSING_SIGNAL.search(e.line) and reported_after(e))]
 
 
 def _launcher_yields(events: list[LogEvent]) -> list[LogEvent]:
@@ -1505,6 +1522,9 @@ def _summary(result: TriageResult) -> str:
         text = f"no root signature; earliest symptom on {who}: {root.kind} at {root.source}:{root.lineno}"
     else:
         text = f"no root signature; earliest error line on {who} at {root.source}:{root.lineno}"
+    if isinstance(restart := root.attrs.get(RESTART_LINE), int):
+        text += (f"; the first failed attempt's, torchelastic restarting the worker group at {root.source}:{restart}"
+                 " (later attempts' errors not taken for the root)")
     if result.probable_cause and result.probable_cause != root.fault_type:
         text += f"; linked machine fault: {result.probable_cause}"
     if result.cascade:
