@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -338,3 +339,41 @@ def test_at_10000_gpus_the_footprint_read_in_sql_diagnoses_as_the_window_read(
             patched.setattr(Store, "logs", window_logs)
             whole_window = normalised(ctx.compute_diagnosis(incident.id))
         assert read["window"] > 50_000 and whole_window["causes"] and in_sql == whole_window
+
+
+@pytest.mark.parametrize("thread_name", ["vigil-rediagnose-", "vigil-diagnose-lease"])
+def test_a_rerun_that_cannot_start_a_thread_is_released_and_answered_503(
+    cluster: SimCluster, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, thread_name: str
+) -> None:
+    """No thread to run the rerun (or to renew its claim): the claim is released, not held for good, and the client
+    is told (503, one line, Retry-After); the background threads of any server, or a later request, take it."""
+    store, incidents = fresh_store(cluster, db_url, count=1)
+    incident = incidents[0]
+    app = create_app(store, settings=Settings(home=tmp_path, db_url=db_url, api_token=TOKEN))
+    worker = app.state.ctx.diagnoser
+    start = threading.Thread.start
+
+    def out_of_threads(thread: threading.Thread) -> None:
+        if thread.name.startswith(thread_name):
+            raise RuntimeError("can't start new thread")
+        start(thread)
+
+    with TestClient(app) as client:
+        monkeypatch.setattr(threading.Thread, "start", out_of_threads)
+        response = client.post(f"/api/v1/incidents/{incident.id}/diagnose", headers=AUTH)
+        assert response.status_code == 503, response.text
+        detail = response.json()["detail"]
+        assert "can't start new thread" in detail and "\n" not in detail
+        assert response.headers["Retry-After"] == "30"
+        assert not worker.holding(incident.id)
+        assert incident.id in store.undiagnosed()  # any server's background threads take it now
+        assert status_of(client, incident.id)["state"] == "off"  # not "running": nothing runs it
+        worker.stop()  # joins no thread that never started
+        monkeypatch.undo()
+        with held_diagnosis(app) as (release, begun):
+            again = client.post(f"/api/v1/incidents/{incident.id}/diagnose", headers=AUTH)
+            assert again.status_code == 202, again.text
+            assert again.json()["attempts"] == 2 and begun.wait(DEADLINE_S)
+            release.set()
+            wait_until("the rerun stored", lambda: status_of(client, incident.id)["state"] == "done")
+    store.close()

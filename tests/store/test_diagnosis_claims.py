@@ -5,6 +5,8 @@ diagnose each incident once."""
 
 from __future__ import annotations
 
+import os
+import re
 import threading
 import time
 from collections import Counter
@@ -14,7 +16,10 @@ import pytest
 from tests.store.conftest import db_url as db_url
 from tests.store.conftest import opened
 from vigil.faces.api.diagnosing import DiagnosisWorker
-from vigil.model import Diagnosis, FaultLevel, Incident, IncidentStatus
+from vigil.model import Diagnosis, FaultLevel, Incident, IncidentStatus, VigilConflictError
+from vigil.remedy.commands import this_host
+from vigil.run import engine as engine_module
+from vigil.run.engine import engine_owner
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -278,3 +283,21 @@ def test_a_failed_rerun_on_a_server_without_background_threads_is_failed_not_lef
             assert (claim.state, claim.failures, claim.error) == ("failed", 1, "the knowledge graph is unreadable")
         finally:
             worker.stop()
+
+
+def test_a_claim_names_its_server_as_the_engine_lease_does(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A claim's owner is host and pid namespace, pid and a token (``engine_owner``): two containers on one host
+    name with the same pid are two owners, and a rerun turned away names the server holding the claim."""
+    with opened(db_url) as store:
+        store.create_incident(incident(1))
+        worker = DiagnosisWorker(store, found)
+        where, pid, token = worker.owner.rsplit(":", 2)
+        assert where == this_host() and pid == str(os.getpid()) and worker.owner == engine_owner(token)
+        assert DiagnosisWorker(store, found).owner != worker.owner  # each worker a token of its own
+        host = this_host().partition(" ")[0]
+        monkeypatch.setattr(engine_module, "this_host", lambda: f"{host} pid:[1]")
+        twin = DiagnosisWorker(store, found)
+        assert twin.owner.startswith(f"{host} pid:[1]:{os.getpid()}:")
+        assert store.claim_diagnosis("inc-001", worker.owner, 60.0) == 1
+        with pytest.raises(VigilConflictError, match=re.escape(f"({worker.owner})")):
+            twin.rerun("inc-001")

@@ -1065,12 +1065,13 @@ class Engine:
 _TOKEN = secrets.token_hex(8)
 
 
-def engine_owner() -> str:
+def engine_owner(token: str = _TOKEN) -> str:
     """An engine's owner of the lease: ``HOST pid:[NS]:PID:TOKEN`` - this host's name and pid namespace as the commands'
     records give them (``vigil.remedy.commands.this_host``), the pid, and a token drawn once per process. Two
     containers with one hostname and the same pid (each its own pid namespace) are two owners, and a process that
-    reuses an ended engine's pid (same host and namespace) is another owner, which cannot renew that one's lease."""
-    return f"{this_host()}:{os.getpid()}:{_TOKEN}"
+    reuses an ended engine's pid (same host and namespace) is another owner, which cannot renew that one's lease.
+    `vigil serve`'s claims on diagnoses are named the same way, each worker with a ``token`` of its own."""
+    return f"{this_host()}:{os.getpid()}:{token}"
 
 
 def _process_gone(owner: str) -> bool:

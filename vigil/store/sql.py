@@ -784,6 +784,18 @@ class Store:
                 .values(lease_until=time.time() + lease_s)
             ).rowcount)
 
+    def release_diagnosis(self, incident_id: str, owner: str, attempt: int) -> bool:
+        """Give up ``owner``'s running claim ``attempt`` before it ran: its lease lapses, so the next claimer
+        (a background thread of any server, a rerun asked for) takes it at once; nothing is counted as a failure.
+        False when that claim is no longer ``owner``'s running one."""
+        c = t.diagnosis_claims.c
+        with self.engine.begin() as conn:
+            return bool(conn.execute(
+                update(t.diagnosis_claims)
+                .where(c.incident_id == incident_id, c.owner == owner, c.state == "running", c.attempts == attempt)
+                .values(lease_until=0.0)  # lapsed on every server's clock
+            ).rowcount)
+
     def finish_diagnosis(self, incident_id: str, owner: str, diagnosis: Diagnosis | None, *, error: str = "",
                          again: bool = False, attempt: int | None = None, retries: int = 0,
                          retry_s: float = 30.0) -> bool:

@@ -13,7 +13,7 @@ from vigil.faces.api.actions import approve, execute
 from vigil.faces.api.alertmanager import alerts_to_events, parse_payload
 from vigil.faces.api.auth import Identity, check_approver, check_operator, check_read
 from vigil.faces.api.context import ServeContext
-from vigil.faces.api.diagnosing import DiagnosisQueued, DiagnosisStatus
+from vigil.faces.api.diagnosing import DiagnosisQueued, DiagnosisStatus, RerunNotStarted
 from vigil.faces.api.hang import StackNode, load_hang_report, stack_tree
 from vigil.faces.api.push_keys import alert_key, event_key, unplaced_event_key
 from vigil.faces.api.responses import (
@@ -51,6 +51,9 @@ router = APIRouter(prefix="/api/v1", dependencies=[Depends(check_read)])
 meta = APIRouter(prefix="/api/v1")
 Writer = Annotated[Identity, Depends(check_operator)]
 Approver = Annotated[Identity, Depends(check_approver)]
+# when a client turned away because no thread could run its rerun may ask again (seconds): threads are back once
+# the diagnoses under way end
+RERUN_RETRY_AFTER_S = 30
 
 
 async def ctx_of(request: Request) -> ServeContext:
@@ -205,11 +208,15 @@ def run_diagnosis(incident_id: str, request: Request, response: Response, ctx: C
     """Rank root causes again (knowledge graph; the LLM when configured) and store the diagnosis, replacing the
     stored one: claimed now and run on a server thread, answered at once (202) with how it stands and the URL
     that tells when it is done (``.../diagnosis/status``: running, then done, or retrying / failed with the
-    error); 409 while a server diagnoses the incident already (its result is stored when done)."""
+    error); 409 while a server diagnoses the incident already (its result is stored when done); 503 (with
+    Retry-After) when this server could not start a thread to run it - nothing is claimed, ask again later."""
     try:
         started = ctx.diagnose_later(incident_id)
     except KeyError:
         raise _not_found("incident", incident_id) from None
+    except RerunNotStarted as err:
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(err),
+                            headers={"Retry-After": str(RERUN_RETRY_AFTER_S)}) from None
     url = str(request.url_for("diagnosis_state", incident_id=incident_id).path)
     response.headers["Location"] = url
     return DiagnosisQueued(**started.model_dump(), status_url=url)

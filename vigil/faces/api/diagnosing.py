@@ -16,11 +16,9 @@ one (the claim ``retrying``); then it waits for *Diagnose again*.
 from __future__ import annotations
 
 import logging
-import os
-import socket
+import secrets
 import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
@@ -28,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel
 
 from vigil.model import Diagnosis, VigilConflictError
+from vigil.run.engine import engine_owner
 
 if TYPE_CHECKING:
     from vigil.store.sql import Store
@@ -61,9 +60,9 @@ class DiagnosisQueued(DiagnosisStatus):
     status_url: str
 
 
-def new_owner() -> str:
-    """This process's name on its claims: host, pid and a random part (a pid is reused across restarts)."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+class RerunNotStarted(RuntimeError):
+    """*Diagnose again* claimed the rerun but could not start a thread to run it (the process is out of threads):
+    the claim is released again, for another server or a later request (HTTP 503)."""
 
 
 class DiagnosisWorker:
@@ -80,7 +79,8 @@ class DiagnosisWorker:
         self.poll_s = poll_s
         self.retries = retries
         self.retry_s = retry_s
-        self.owner = owner or new_owner()
+        # named as the engine names its lease (host and pid namespace, pid, token), the token this worker's own
+        self.owner = owner or engine_owner(secrets.token_hex(8))
         self._wake = threading.Condition()
         self._wanted: deque[str] = deque()
         self._holding: set[str] = set()
@@ -165,7 +165,8 @@ class DiagnosisWorker:
     def rerun(self, incident_id: str) -> int:
         """*Diagnose again*: claim the rerun now (VigilConflictError while a live one runs) and queue it for the
         rerun threads (at most ``rerun_threads``; its claim renewed while it waits); the claim's attempt number,
-        at once. Its end is stored as a background one's is."""
+        at once. Its end is stored as a background one's is. RerunNotStarted, the claim released, when no thread
+        could be started to run it."""
         attempt = self._claim(incident_id, again=True)
         assert attempt is not None
         thread = None
@@ -176,10 +177,31 @@ class DiagnosisWorker:
                 thread = threading.Thread(target=self._rerun_loop, name=f"vigil-rediagnose-{len(self._reruns)}",
                                           daemon=True)
                 self._reruns.add(thread)
-        self._renewing()
-        if thread is not None:
-            thread.start()
+        try:
+            self._renewing()
+            if thread is not None:
+                thread.start()
+        except RuntimeError as err:  # "can't start new thread": nothing would run it, nor keep its claim
+            self._unqueue(incident_id, attempt, thread, err)
         return attempt
+
+    def _unqueue(self, incident_id: str, attempt: int, thread: threading.Thread | None, err: RuntimeError) -> None:
+        """Take back a rerun whose thread (or the renewing one) did not start, and release its claim: left queued
+        and held, it would turn every later *Diagnose again* away (409) and keep the incident from the background
+        threads for good. A rerun thread already running that took it meanwhile runs it."""
+        with self._wake:
+            if thread is not None:
+                self._reruns.discard(thread)
+            try:
+                self._rerun_queue.remove((incident_id, attempt))
+            except ValueError:
+                log.warning("incident %s: a thread did not start (%s); the rerun runs on one already running",
+                            incident_id, err)
+                return
+            self._holding.discard(incident_id)
+        self.store.release_diagnosis(incident_id, self.owner, attempt)
+        raise RerunNotStarted(f"incident {incident_id!r}: the rerun could not start on this server ({err}); "
+                              "try again later") from err
 
     def _rerun_loop(self) -> None:
         me = threading.current_thread()
@@ -210,8 +232,9 @@ class DiagnosisWorker:
             if self._renewer is not None and self._renewer.is_alive():
                 return
             self._stop.clear()
-            self._renewer = threading.Thread(target=self._renew, name="vigil-diagnose-lease", daemon=True)
-            self._renewer.start()
+            renewer = threading.Thread(target=self._renew, name="vigil-diagnose-lease", daemon=True)
+            renewer.start()  # kept only once started: ``stop`` joins it
+            self._renewer = renewer
 
     def _execute(self, incident_id: str, attempt: int, *, again: bool) -> Diagnosis | None:
         """Run the diagnosis claimed as ``attempt`` and store its end."""
@@ -305,9 +328,10 @@ def diagnosis_status(store: Store, worker: DiagnosisWorker, incident_id: str) ->
     if claim is not None and claim.state == "retrying":
         return DiagnosisStatus(incident_id=incident_id, state="retrying", pending=True, error=claim.error,
                                retry_at=claim.lease_until, started=claim.claimed_at, **counts)
-    if claim is not None and claim.state == "running":
+    if claim is not None and claim.state == "running" and claim.lease_until >= time.time():
         return DiagnosisStatus(incident_id=incident_id, state="running", pending=True, started=claim.claimed_at,
                                **counts)
+    # a lapsed or released running claim is work for whichever server takes it next
     if not worker.enabled:
         return DiagnosisStatus(incident_id=incident_id, state="off", pending=False,
                                error="not diagnosed yet, and background diagnosis is off on this server "
