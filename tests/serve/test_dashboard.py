@@ -389,6 +389,45 @@ def test_the_page_stops_asking_for_the_diagnosis_of_an_incident_gone(page: Any, 
         assert len(asked) == seen
 
 
+def test_diagnose_again_pressed_while_the_page_waits_asks_in_one_loop(page: Any, site: str, cluster: SimCluster,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Diagnose again pressed while the page already asks how a pending diagnosis stands leaves the asking to that
+    one loop: while its status request is held, no second loop asks beside it; then one page read swaps the
+    panels in."""
+    ctx = SERVED["app"].state.ctx
+    # background diagnosis "on" but no thread started: the incident stays pending until the rerun
+    monkeypatch.setattr(ctx.diagnoser, "threads", 1)
+    page.add_init_script(FAST_POLL)
+    with own_incident(cluster, "one-loop") as incident, held_diagnosis(SERVED["app"], incident.id) as (release, _):
+        status_url = f"**/api/v1/incidents/{incident.id}/diagnosis/status"
+        held: list[Any] = []
+        page.route(status_url, lambda route: held.append(route))
+        try:
+            page.goto(site + "/")
+            page.fill("#token", TOKEN)
+            page.click("#token-form button")
+            asked = status_requests(page, incident.id)
+            reads: list[str] = []
+            page.on("request", lambda request: reads.append(request.url)
+                    if request.url.endswith(f"/incidents/{incident.id}") else None)
+            with page.expect_request(lambda request: request.url.endswith(f"/{incident.id}/diagnosis/status")):
+                page.goto(f"{site}/incidents/{incident.id}")
+            page.click("button.diagnose")
+            page.wait_for_function("document.getElementById('action-message').textContent"
+                                   ".startsWith('diagnosing again')")
+            page.wait_for_timeout(1000)  # ten of its asking intervals: no second loop asks beside the held request
+            assert len(asked) == 1
+            held.pop().continue_()
+            page.unroute(status_url)
+            release.set()
+            page.locator("ol.causes > li").first.wait_for(timeout=120_000)
+            assert page.evaluate("document.body.dataset.diagnosis") == "done"
+            assert len(reads) == 2  # the page opened, then read once for its panels
+        finally:
+            release.set()
+            assert wait_for(lambda: not ctx.diagnoser.holding(incident.id))
+
+
 def test_the_page_backs_off_on_server_errors_and_gives_up_after_its_retries(
     page: Any, site: str, cluster: SimCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -102,7 +102,44 @@ function vigilDiagnosisStopped(section, state, text) {
   document.body.dataset.diagnosis = state;
 }
 
-async function vigilAwaitDiagnosis(section) {
+// One asking loop per page. Diagnose again pressed while the page already asks (a first diagnosis pending, a
+// retry due) marks it asked again rather than starting a second loop on the same status: the loop asks once more
+// after its last status whenever a press came after that status was asked for.
+const vigilAsking = {running: false, again: false};
+
+function vigilAwaitDiagnosis(section) {
+  vigilAsking.again = true;
+  if (vigilAsking.running) { return; }
+  vigilAsking.running = true;
+  vigilFollowDiagnosis(section).finally(() => { vigilAsking.running = false; });
+}
+
+async function vigilFollowDiagnosis(section) {
+  while (vigilAsking.again) {
+    if (!(await vigilDiagnosisSettled(section))) { return; }
+    const page = await fetch(window.location.href, {headers: {Accept: "text/html"}});
+    if (!page.ok) {
+      vigilDiagnosisStopped(section, page.status === 404 || page.status === 410 ? "gone" : "unreachable",
+        "The incident page could not be read again (HTTP " + page.status + ").");
+      return;
+    }
+    const fresh = new DOMParser().parseFromString(await page.text(), "text/html");
+    for (const id of ["diagnosis", "causes", "plan"]) {
+      const now = document.getElementById(id);
+      const next = fresh.getElementById(id);
+      if (now && next) { now.replaceWith(document.importNode(next, true)); }
+    }
+    const swapped = document.getElementById("diagnosis");
+    document.body.dataset.diagnosis = swapped ? swapped.dataset.state : "";
+    if (!swapped) { return; }
+    section = swapped;
+    if (vigilDiagnosing(section.dataset.state)) { vigilAsking.again = true; }
+  }
+}
+
+// Ask the status until the diagnosis is done, failed or a try of it failed: true, then the panels are read again;
+// false when the asking stopped with a message.
+async function vigilDiagnosisSettled(section) {
   const incident = section.dataset.incident;
   const started = Date.now();
   let failures = 0;
@@ -113,6 +150,7 @@ async function vigilAwaitDiagnosis(section) {
       ? Math.min(vigilDiagnosisPoll.backoffMs * 2 ** (failures - 1), vigilDiagnosisPoll.maxBackoffMs)
       : (waited < vigilDiagnosisPoll.slowAfterMs ? vigilDiagnosisPoll.everyMs : vigilDiagnosisPoll.slowMs);
     await new Promise((done) => window.setTimeout(done, pause));
+    vigilAsking.again = false;
     let state;
     let trouble = "";
     try {
@@ -121,14 +159,14 @@ async function vigilAwaitDiagnosis(section) {
       if (response.status === 404 || response.status === 410) {
         vigilDiagnosisStopped(section, "gone", "This incident is no longer stored (HTTP " + response.status +
           "): there is no diagnosis to wait for.");
-        return;
+        return false;
       }
       if (response.status >= 500) {
         trouble = "HTTP " + response.status;
       } else if (!response.ok) {
         vigilDiagnosisStopped(section, "refused", "The server refused to say how the diagnosis stands (HTTP " +
           response.status + "); reload the page to try again.");
-        return;
+        return false;
       } else {
         state = (await response.json()).state;
       }
@@ -140,7 +178,7 @@ async function vigilAwaitDiagnosis(section) {
       if (failures > vigilDiagnosisPoll.retries) {
         vigilDiagnosisStopped(section, "unreachable", "The server did not say how the diagnosis stands (" +
           trouble + ", " + failures + " times); reload the page to try again.");
-        return;
+        return false;
       }
       document.body.dataset.diagnosisFailures = String(failures);
       continue;
@@ -149,27 +187,9 @@ async function vigilAwaitDiagnosis(section) {
     const before = last;
     last = state;
     if (state === "retrying" && before !== "retrying") {
-      break;  // a try failed and another is due: the panels say so (its error, when the next runs)
+      return true;  // a try failed and another is due: the panels say so (its error, when the next runs)
     }
-    if (vigilDiagnosing(state)) { continue; }
-    break;
-  }
-  const page = await fetch(window.location.href, {headers: {Accept: "text/html"}});
-  if (!page.ok) {
-    vigilDiagnosisStopped(section, page.status === 404 || page.status === 410 ? "gone" : "unreachable",
-      "The incident page could not be read again (HTTP " + page.status + ").");
-    return;
-  }
-  const fresh = new DOMParser().parseFromString(await page.text(), "text/html");
-  for (const id of ["diagnosis", "causes", "plan"]) {
-    const now = document.getElementById(id);
-    const next = fresh.getElementById(id);
-    if (now && next) { now.replaceWith(document.importNode(next, true)); }
-  }
-  const swapped = document.getElementById("diagnosis");
-  document.body.dataset.diagnosis = swapped ? swapped.dataset.state : "";
-  if (swapped && vigilDiagnosing(swapped.dataset.state)) {
-    vigilAwaitDiagnosis(swapped);
+    if (!vigilDiagnosing(state)) { return true; }
   }
 }
 
