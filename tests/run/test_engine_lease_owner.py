@@ -268,3 +268,41 @@ def test_a_diagnosis_waiting_on_a_slow_llm_endpoint_is_no_hung_loop(tmp_path: Pa
                    notifiers=[], clock=site.clock)
     assert plain.llm is None and plain.stuck_after_s == 305.0
     site.store.close()
+
+
+def test_a_frozen_engine_is_waited_out_for_its_lease_only_then_stops_on_waking(db_url: str, tmp_path: Path) -> None:
+    """`vigil engine` frozen whole (SIGSTOP: its renewing thread frozen too, so no hang is seen) holds the store no
+    longer than its lease (here 10 s) after its last renewal - not engine_interval_s + engine_step_max_s (300 s
+    here), the bound of a hung loop whose renewing thread lives. A process that is stopped has not ended: the
+    standby waits the lease out. Woken (SIGCONT), the engine finds the lease taken and stops, exit 1."""
+    site = Site(db_url, tmp_path / "site")
+    lease_s = 10.0
+    env = {**os.environ, "VIGIL_HOME": str(tmp_path / "home"), "VIGIL_DB_URL": db_url,
+           "VIGIL_ENGINE_INTERVAL_S": "0.2", "VIGIL_REMEDY_LEASE_S": str(lease_s), "VIGIL_REMEDY_LEASE_RENEW_S": "3",
+           "VIGIL_ENGINE_STEP_MAX_S": "300", "VIGIL_RESOLVE_AFTER_S": "3600", "PYTHONPATH": str(REPO)}
+    other = site.engine()
+    engine = EngineProcess(env)
+    try:
+        def held() -> bool:
+            holder = site.store.lease_holder(LEASE)
+            return holder is not None and holder[0].rsplit(":", 2)[1] == str(engine.process.pid) and (
+                int(site.store.cursor(CURSOR)[1].get("ticks", 0)) >= 2)
+
+        wait_for(held, 120, "`vigil engine` to take the lease and tick")
+        engine.process.send_signal(signal.SIGSTOP)
+        frozen = time.time()
+        holder = site.store.lease_holder(LEASE)
+        assert holder is not None and holder[1] <= frozen + lease_s, holder  # renewed no more from here
+        wait_for(lambda: other.start(wait=False), 120, "the standby to take the lapsed lease")
+        taken = time.time()
+        assert holder[1] <= taken, (holder, taken)  # not before the frozen engine's lease lapsed
+        assert site.store.lease_holder(LEASE)[0] == other.owner  # type: ignore[index]
+        engine.process.send_signal(signal.SIGCONT)
+        assert engine.process.wait(60) == 1, engine.lines
+        assert any("this engine stops" in line for line in engine.lines), engine.lines
+        assert site.store.lease_holder(LEASE)[0] == other.owner  # type: ignore[index]
+    finally:
+        engine.process.send_signal(signal.SIGCONT)
+        engine.end()
+        other.release()
+        site.store.close()
