@@ -209,7 +209,7 @@ def run_diagnosis(incident_id: str, request: Request, response: Response, ctx: C
     stored one: claimed now and run on a server thread, answered at once (202) with how it stands and the URL
     that tells when it is done (``.../diagnosis/status``: running, then done, or retrying / failed with the
     error); 409 while a server diagnoses the incident already (its result is stored when done); 503 (with
-    Retry-After) when this server could not start a thread to run it - nothing is claimed, ask again later."""
+    Retry-After) when this server could not start a thread to run it - its claim released, ask again later."""
     try:
         started = ctx.diagnose_later(incident_id)
     except KeyError:
