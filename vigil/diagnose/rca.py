@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import heapq
 import math
 import re
 import signal
@@ -184,30 +185,29 @@ def observations_from(
         from_evidence(item, 1.0)
 
     for event in events:
-        ev = Evidence(kind="event", entity=event.entity, ts=event.ts, summary=f"{event.kind}: {event.message}"[:4096],
-                      attrs={k: v for k, v in event.attrs.items() if isinstance(v, str | int | float)})
-        matched = False
         xid = event.attrs.get("xid")
         if xid is None:
             match = _XID_IN_TEXT.search(event.message)
             xid = int(match.group(1)) if match else None
+        signatures = kb.match_log(event.message)
+        crashed = event.kind == "job" and event.attrs.get("reason") == "crashed"
+        if xid is None and not signatures and not crashed:
+            continue  # most events of the footprint are none of these: no Evidence (and id) is made for them
+        ev = Evidence(kind="event", entity=event.entity, ts=event.ts, summary=f"{event.kind}: {event.message}"[:4096],
+                      attrs={k: v for k, v in event.attrs.items() if isinstance(v, str | int | float)})
+        evidence.append(ev)
         if xid is not None:
             level = kb.xids.get(int(xid))
             weight = 1.0 if level is None or int(level.level) >= 2 else 0.4
             add(f"xid:{int(xid)}", event.entity, weight, ev)
-            matched = True
-        for signature in kb.match_log(event.message):
+        for signature in signatures:
             add(signature.symptom, event.entity, 0.9, ev)
-            matched = True
-        if event.kind == "job" and event.attrs.get("reason") == "crashed":
+        if crashed:
             rank = event.attrs.get("rank")
             target = f"{event.entity}/rank/{rank}" if isinstance(rank, int) else event.entity
             add("crash", target, 0.5, ev)
             if (ended_by := exit_signal(event.attrs)) is not None:
                 add(f"signal:{ended_by}", target, 0.5, ev)
-            matched = True
-        if matched:
-            evidence.append(ev)
 
     # A kernel line the node's decoder already turned into an event names its GPU or NIC there; seen again as
     # a line of the node it would let every device of the node explain it.
@@ -312,21 +312,40 @@ def rank_observations(kg: KnowledgeGraph, observations: Sequence[Observation], t
     reach_cache: dict[str, dict[str, float]] = {}
     # coverage[s][v]: weighted share of symptom s that entity v reaches directly.
     coverage: dict[str, dict[str, float]] = {s: defaultdict(float) for s in groups}
-    refs: dict[str, dict[str, list[str]]] = {s: defaultdict(list) for s in groups}
     job_weight: dict[str, dict[str, float]] = {s: defaultdict(float) for s in groups}
     for symptom, items in groups.items():
+        covered = coverage[symptom]
         for obs in items:
             reach = reach_cache.get(obs.entity)
             if reach is None:
                 reach = {v: k for v, k in kg.causes_of(obs.entity).items() if k >= MIN_REACH}
                 reach_cache[obs.entity] = reach
+            weight = obs.weight
             for entity, strength in reach.items():
-                coverage[symptom][entity] += obs.weight * strength
-                if len(refs[symptom][entity]) < 5:
-                    refs[symptom][entity].append(obs.ref)
+                covered[entity] += weight * strength
             job = kg.rank_job.get(obs.entity)
             if job is not None:
                 job_weight[symptom][job] += obs.weight
+
+    def cited(causes: Iterable[tuple[str, list[tuple[str, float]]]]) -> dict[tuple[str, str], list[str]]:
+        """(symptom, entity) -> the first five observations of the symptom that the entity reaches: the evidence
+        each of ``causes`` (entity, contributions) cites, looked up for those alone in one pass per symptom."""
+        needed: dict[str, set[str]] = defaultdict(set)
+        for entity, contributions in causes:
+            for symptom, _ in contributions:
+                needed[symptom].add(entity)
+        refs: dict[tuple[str, str], list[str]] = defaultdict(list)
+        for symptom, wanted in needed.items():
+            for obs in groups[symptom]:
+                if not wanted:
+                    break
+                reach = reach_cache[obs.entity]
+                for entity in [e for e in wanted if e in reach] if len(wanted) < len(reach) else \
+                        [e for e in reach if e in wanted]:
+                    refs[(symptom, entity)].append(obs.ref)
+                    if len(refs[(symptom, entity)]) == 5:
+                        wanted.discard(entity)
+        return refs
 
     # Collective symptoms (every rank of a stalled job shows them) add coverage but do not propose
     # candidates, unless nothing more specific was seen: that keeps a 10,000-rank hang cheap to rank.
@@ -348,53 +367,80 @@ def rank_observations(kg: KnowledgeGraph, observations: Sequence[Observation], t
 
     pagerank = kg.personalized_pagerank({o.entity: o.weight for o in observations}, among=candidates)
     top_pr = max(pagerank.values(), default=1.0)
-    affected_nodes = {kg.node_of(o.entity) for o in observations} - {None}
+    affected_nodes = {kg.node_of(e) for e in {o.entity for o in observations}} - {None}
 
-    scored: list[RankedCause] = []
-    n_candidates = 0
+    # A candidate's score adds one term per symptom in the symptoms' order, as it always has (the sums, and so the
+    # ranking, stay bit for bit the same); a symptom the fault does not show there adds a constant, so only the
+    # few (symptom, fault) pairs with both a likelihood and a coverage need a logarithm. Only the causes that can
+    # be ranked (the pool explaining-away picks from) get their evidence listed.
+    symptoms = list(groups)
+    weights = [importance[s] for s in symptoms]
+    log_one = math.log(1 + EPSILON)
+    unexplained = [importance[s] * (math.log(EPSILON) - log_one) for s in symptoms]
+    likelihoods: dict[str, list[float]] = {}
+    faults_showing = [kb.faults_for_symptom(s) for s in symptoms]
+    faults_of_kind: dict[str, list[str]] = {}
+    peer_weights: dict[tuple[str, tuple[str, ...]], float] = {}
+    found: list[tuple[float, str, str, list[tuple[str, float]]]] = []
     for entity in candidates:
         kind = kg.kind(entity)
-        faults = kb.faults_for_kind(kind)
+        faults = faults_of_kind.get(kind)
+        if faults is None:
+            faults = faults_of_kind[kind] = kb.faults_for_kind(kind)
         if not faults:
             continue
-        cov = {}
-        for symptom in groups:
+        cov = []
+        jobs = tuple(touched_jobs.get(entity, ()))
+        for symptom in symptoms:
             direct = coverage[symptom].get(entity, 0.0)
-            if symptom in COLLECTIVE_SYMPTOMS and touched_jobs.get(entity):
-                peer_weight = sum(job_weight[symptom].get(j, 0.0) for j in touched_jobs[entity])
+            if jobs and symptom in COLLECTIVE_SYMPTOMS:
+                peer_weight = peer_weights.get((symptom, jobs))
+                if peer_weight is None:
+                    peer_weight = peer_weights[(symptom, jobs)] = sum(job_weight[symptom].get(j, 0.0) for j in jobs)
                 direct = direct + PEER_IMPACT * max(0.0, peer_weight - direct)
-            cov[symptom] = min(1.0, direct / group_total[symptom]) if group_total[symptom] else 0.0
+            cov.append(min(1.0, direct / group_total[symptom]) if group_total[symptom] else 0.0)
         pr_term = PAGERANK_WEIGHT * math.log(pagerank.get(entity, 0.0) / top_pr + 1e-6)
         spread_penalty = 0.0
         if kind == "switch":
             behind = kg.nodes_behind(entity)
             share = len(behind & affected_nodes) / len(behind) if behind else 0.0
             spread_penalty = 2.0 * math.log(share + EPSILON)
+        # the faults that explain some symptom the entity covers; the others are no candidates
+        explaining = {fault_name for i, c in enumerate(cov) if c
+                      for fault_name, likelihood in faults_showing[i].items() if likelihood * c > 0}
         for fault_name in faults:
+            if fault_name not in explaining:
+                continue
             fault = kb.faults[fault_name]
+            row = likelihoods.get(fault_name)
+            if row is None:
+                row = likelihoods[fault_name] = [kb.likelihood(s, fault_name) for s in symptoms]
             total = PRIOR_WEIGHT * kb.log_prior(fault_name) + pr_term
             if fault.spread == "children":
                 total += spread_penalty
             contributions = []
-            explained = False
-            for symptom in groups:
-                likelihood = kb.likelihood(symptom, fault_name)
-                term = importance[symptom] * (math.log(EPSILON + likelihood * cov[symptom]) - math.log(1 + EPSILON))
+            for i, likelihood in enumerate(row):
+                shown = likelihood * cov[i]
+                if shown == 0:
+                    total += unexplained[i]
+                    continue
+                term = weights[i] * (math.log(EPSILON + shown) - log_one)
                 total += term
-                if likelihood * cov[symptom] > 0:
-                    explained = True
-                    contributions.append((symptom, term - importance[symptom] * math.log(EPSILON)))
-            if not explained:
-                continue
-            n_candidates += 1
-            contributions.sort(key=lambda c: -c[1])
-            evidence_refs = [r for s, _ in contributions for r in refs[s].get(entity, [])]
-            scored.append(RankedCause(entity, fault_name, total, 0.0, contributions, evidence_refs))
-    scored.sort(key=lambda c: (-c.score, c.entity, c.fault_type))
-    best = _explain_away(scored[: max(50, 5 * top_k)], max(top_k, 1), EXPLAIN_AWAY)
+                if shown > 0:
+                    contributions.append((symptoms[i], term - weights[i] * math.log(EPSILON)))
+            if contributions:
+                found.append((total, entity, fault_name, contributions))
+    pool = heapq.nsmallest(max(50, 5 * top_k), found, key=lambda c: (-c[0], c[1], c[2]))
+    refs = cited((entity, contributions) for _, entity, _, contributions in pool)
+    scored = []
+    for total, entity, fault_name, contributions in pool:
+        contributions.sort(key=lambda c: -c[1])
+        evidence_refs = [r for s, _ in contributions for r in refs.get((s, entity), [])]
+        scored.append(RankedCause(entity, fault_name, total, 0.0, contributions, evidence_refs))
+    best = _explain_away(scored, max(top_k, 1), EXPLAIN_AWAY)
     for cause, prob in zip(best, _softmax([c.score for c in best]), strict=True):
         cause.probability = prob
-    return best, n_candidates
+    return best, len(found)
 
 
 def _explain_away(pool: list[RankedCause], k: int, strength: float) -> list[RankedCause]:

@@ -145,7 +145,7 @@ def any_of(patterns: Iterable[str]) -> str:
     return "|".join(f"(?i:{p[4:]})" if p.startswith("(?i)") else f"(?:{p})" for p in patterns)
 
 
-def _signature_set(screens: list[str]) -> tuple[Any, list[int]] | None:
+def signature_set(screens: list[str]) -> tuple[Any, list[int]] | None:
     """An RE2 set of the signatures' patterns: one linear pass names every signature a line matches, so a line
     the screen lets through is tried only against those (a watchdog timeout line matched about 60 patterns
     deep in the library: 0.67 ms a line one by one). The signatures RE2 cannot compile are returned apart,
@@ -158,6 +158,9 @@ def _signature_set(screens: list[str]) -> tuple[Any, list[int]] | None:
     options.max_mem = SCREEN_MAX_MEM
     regex_set, index_of, python_only = re2.Set.SearchSet(options), [], []
     for i, pattern in enumerate(screens):
+        if "{," in pattern:  # Python reads x{,5} as x{0,5}, RE2 as the literal text: tried with ``re``
+            python_only.append(i)
+            continue
         try:
             re2.compile(pattern, options)
             regex_set.Add(pattern)
@@ -185,7 +188,7 @@ class SignatureMatcher:
         self.signatures = signature_library() if signatures is None else signatures
         screens = [re.sub(r"\(\?P<\w+>", "(?:", s.pattern) for s in self.signatures]
         self._screen = _screen(any_of(sorted(screens, key=lambda s: s.startswith("(?i)"))))
-        built = _signature_set(screens)
+        built = signature_set(screens)
         self._set = None if built is None else built[0]
         self._python_only = [] if built is None else built[1]
 

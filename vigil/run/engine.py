@@ -502,8 +502,7 @@ class Engine:
         for incident in self.store.incidents(status=IncidentStatus.OPEN, limit=100_000) + self.store.incidents(
                 status=IncidentStatus.ACKNOWLEDGED, limit=100_000):
             self._mark()
-            wanted = set(incident.anomalies)
-            anomalies = [a for a in self.store.anomalies(since=incident.start - 1, limit=100_000) if a.id in wanted]
+            anomalies = self.store.anomalies(since=incident.start - 1, limit=100_000, ids=incident.anomalies)
             self.grouper.resume(incident, anomalies)
             for anomaly in anomalies:
                 self._anomalies[anomaly.id] = anomaly

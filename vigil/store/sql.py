@@ -620,14 +620,29 @@ class Store:
                 conn.execute(insert(t.anomalies), rows)
         return len(rows)
 
-    def anomalies(self, entity: str | None = None, since: float | None = None, limit: int = 1000) -> list[Anomaly]:
-        q = select(t.anomalies.c.body).order_by(t.anomalies.c.start).limit(limit)
+    def anomalies(self, entity: str | None = None, since: float | None = None, limit: int = 1000,
+                  ids: Collection[str] | None = None) -> list[Anomaly]:
+        """Anomalies by start time (at most ``limit``, the first), those ending at or after ``since``; with ``ids``,
+        only those, looked up by id in the database (an incident's few among the window's whole cluster). Equal
+        starts keep the order they were stored in on SQLite."""
+        q = select(t.anomalies.c.body, t.anomalies.c.start)
+        if self.engine.dialect.name == "sqlite":
+            q = q.add_columns(literal_column("anomalies.rowid").label("stored"))
         if entity is not None:
             q = q.where(t.anomalies.c.entity == entity)
         if since is not None:
             q = q.where(t.anomalies.c.end >= since)
+        order = [t.anomalies.c.start, *([literal_column("stored")] if self.engine.dialect.name == "sqlite" else [])]
         with self.engine.connect() as conn:
-            return [Anomaly.model_validate(r.body) for r in conn.execute(q)]
+            if ids is None:
+                rows = list(conn.execute(q.order_by(*order).limit(limit)))
+            else:
+                wanted = sorted(set(ids))
+                rows = [r for start in range(0, len(wanted), ENTITY_CHUNK)
+                        for r in conn.execute(q.where(t.anomalies.c.id.in_(wanted[start:start + ENTITY_CHUNK])))]
+                rows.sort(key=lambda r: (r.start, *r[2:]))
+                del rows[limit:]
+            return [Anomaly.model_validate(r.body) for r in rows]
 
     def upsert_incident(self, incident: Incident) -> None:
         """The engine's own write: an incident it grouped grows as its anomalies do."""

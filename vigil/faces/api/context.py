@@ -314,8 +314,7 @@ class ServeContext:
                 self._kg = (topology, KnowledgeGraph.build(topology))
             kg = self._kg[1]
         slack = 900.0  # the records around the incident that the ranking may cite
-        wanted = set(incident.anomalies)
-        anomalies = [a for a in self.store.anomalies(since=incident.start - slack, limit=100_000) if a.id in wanted]
+        anomalies = self.store.anomalies(since=incident.start - slack, limit=100_000, ids=incident.anomalies)
         # Only the records of the incident's footprint are read, selected in the database by entity: the ranking
         # keeps no other (select_records), and the window holds tens of thousands across the cluster (88,600
         # events on 10,000 GPUs).

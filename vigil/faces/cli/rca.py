@@ -129,8 +129,7 @@ def diagnose_incident(incident_id: str, as_json: bool = False, html: bool = Fals
     if topology is None:
         raise VigilInputError("the store holds no topology; run `vigil demo` or a collector first")
     slack = 900.0
-    wanted = set(incident.anomalies)
-    anomalies = [a for a in store.anomalies(since=incident.start - slack, limit=100_000) if a.id in wanted]
+    anomalies = store.anomalies(since=incident.start - slack, limit=100_000, ids=incident.anomalies)
     events = store.events(since=incident.start - slack, until=incident.end + slack, limit=100_000)
     logs = store.logs(since=incident.start - slack, until=incident.end + slack, limit=100_000)
     kg = KnowledgeGraph.build(topology)
