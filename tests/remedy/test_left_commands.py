@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import wait_for
 from tests.remedy.test_resume_claim import database as database
 from tests.serve.conftest import postgres_url as postgres_url
 from vigil.model import Action, ActionKind, ActionStatus
@@ -283,3 +284,79 @@ def test_settled_command_records_are_pruned_after_the_kept_age(database: str, fi
     remediator.clock = lambda: now + 3601
     remediator.recover()
     assert {str(row["argv"][1]) for row in commands_of(audit.engine, "act-old")} == {"old-open"}
+
+
+def test_commands_left_open_past_the_kept_age_are_marked_abandoned_then_pruned(database: str,
+                                                                                fifo: Path) -> None:
+    """A command left starting or running by a crashed owner, whose run has ended, is settled by no one: once older
+    than the kept age and a week more it is marked abandoned, saying where it may still run - never deleted while
+    open - and pruned a kept age after that mark. One whose run is still started (its next owner settles it), one
+    still running on this host, and a recent one stay open."""
+    audit = AuditLog(database)
+    now = time.time()
+    journal = CommandJournal(audit.engine, "act-ended", "vigil-api-crashed", ActionKind.DRAIN)
+    journal.host = "gpu-head-2 pid:[4026531836]"
+    markers = {}
+    for name, started_days_ago in (("crashed-elsewhere", 40), ("recent", 10)):
+        markers[name] = journal.starting(["scontrol", name])
+        with audit.engine.begin() as conn:
+            conn.execute(commands.update(commands.remedy_commands)
+                         .where(commands.remedy_commands.c.marker == markers[name])
+                         .values(state="running", pid=4242, started=now - started_days_ago * 86400))
+    # the run of a crashed owner that is still started: its next owner settles its command
+    process = left_reset(database, fifo)
+    try:
+        with audit.engine.begin() as conn:
+            conn.execute(commands.update(commands.remedy_commands).where(commands.remedy_commands.c.key == KEY)
+                         .values(started=now - 40 * 86400))
+        running_here = CommandJournal(audit.engine, "act-running-here", "vigil-api-crashed", ActionKind.DRAIN)
+        marker = running_here.starting(["sleep"])
+        running_here.started(marker, process.pid)  # its process still runs on this host
+        with audit.engine.begin() as conn:
+            conn.execute(commands.update(commands.remedy_commands).where(commands.remedy_commands.c.marker == marker)
+                         .values(started=now - 40 * 86400))
+        clock = [now]
+        remediator = Remediator([ResetActuator(done=True)], audit, dry_run=True, requested_by="vigil-api",
+                                commands_keep_s=30 * 86400, clock=lambda: clock[0])
+        remediator.prune_commands()
+        [crashed, recent] = commands_of(audit.engine, "act-ended")
+        assert (crashed["state"], recent["state"]) == ("abandoned", "running")
+        assert crashed["finished"] == now
+        assert crashed["result"] == ("abandoned: left running by vigil-api-crashed, which died, and never settled; "
+                                     "it may still run on gpu-head-2 pid:[4026531836] (pid 4242): check there before "
+                                     "running the action again")
+        assert [row["state"] for row in commands_of(audit.engine, KEY)] == ["running"]
+        assert [row["state"] for row in commands_of(audit.engine, "act-running-here")] == ["running"]
+        # a kept age after the mark it goes, like any settled command; the recent one is abandoned by then
+        clock[0] = now + 31 * 86400
+        remediator.prune_commands()
+        assert [(row["argv"][1], row["state"]) for row in commands_of(audit.engine, "act-ended")] == [
+            ("recent", "abandoned")]
+    finally:
+        stop(process)
+
+
+def test_keep_pruning_prunes_at_every_round_until_stopped(database: str) -> None:
+    """`vigil serve --no-engine` runs no recovery round after its start: its remediator prunes on a thread of its own
+    (``keep_pruning``), each round as the recovery rounds do, and stops when told."""
+    audit = AuditLog(database)
+    now = time.time()
+    journal = CommandJournal(audit.engine, "act-old", "vigil-api-gone", ActionKind.DRAIN)
+    ticks = iter(range(1, 10**6))
+    remediator = Remediator([ResetActuator(done=True)], audit, dry_run=True, requested_by="vigil-api",
+                            commands_keep_s=30 * 86400, clock=lambda: now + 3601 * next(ticks))
+    remediator.prune_commands()  # the start's round, before the row is there
+    marker = journal.starting(["scontrol", "old"])
+    journal.ended(marker, 0)
+    with audit.engine.begin() as conn:
+        conn.execute(commands.update(commands.remedy_commands).where(commands.remedy_commands.c.marker == marker)
+                     .values(finished=now - 40 * 86400))
+    stopped = threading.Event()
+    pruning = threading.Thread(target=remediator.keep_pruning, args=(stopped,), kwargs={"every_s": 0.01})
+    pruning.start()
+    try:
+        wait_for(lambda: not commands_of(audit.engine, "act-old"), 30, "the old command's record to be pruned")
+    finally:
+        stopped.set()
+        pruning.join(30)
+    assert not pruning.is_alive()

@@ -231,3 +231,25 @@ def test_a_retrying_claim_downgraded_below_0014_waits_as_a_failed_one(tmp_path: 
     engine.dispose()
     assert rows == {"inc-1": "failed", "inc-2": "running"}
     assert "failures" not in columns
+
+
+def test_the_command_retention_indexes_go_on_a_downgrade_below_0015_with_every_row_kept(tmp_path: Path) -> None:
+    # an abandoned row (revision 0015's retention) is settled for 0014's prune too: kept, pruned by its end
+    url = f"sqlite:///{tmp_path / 'v.db'}"
+    Store(url).close()
+    engine = sa.create_engine(url)
+    with engine.connect() as conn:
+        conn.execute(sa.text("INSERT INTO remedy_commands (marker, key, owner, kind, argv, host, state, started, "
+                             "finished, result) VALUES ('m1', 'k', 'o', 'drain', '[]', 'h', 'abandoned', 1, 2, 'x'), "
+                             "('m2', 'k', 'o', 'drain', '[]', 'h', 'running', 1, NULL, NULL)"))
+        conn.commit()
+        downgrade_to(conn, "0014")
+        rows = dict(conn.execute(sa.text("SELECT marker, state FROM remedy_commands")).all())
+        indexes = {index["name"] for index in sa.inspect(conn).get_indexes("remedy_commands")}
+        upgrade_to(conn, "head")
+        indexes_again = {index["name"] for index in sa.inspect(conn).get_indexes("remedy_commands")}
+    engine.dispose()
+    assert rows == {"m1": "abandoned", "m2": "running"}
+    assert indexes == {"ix_remedy_commands_key"}
+    assert indexes_again == {"ix_remedy_commands_key", "ix_remedy_commands_finished",
+                             "ix_remedy_commands_state_started"}

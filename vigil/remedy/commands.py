@@ -41,7 +41,7 @@ from sqlalchemy import select as sql_select
 
 from vigil.model import ActionKind
 from vigil.remedy.actuators.base import COMMAND_MARKER_ENV, ActuatorError
-from vigil.store.schema import remedy_commands
+from vigil.store.schema import remedy_commands, remedy_intents
 
 # kinds whose command is killed when a dead owner left it running: one update the back end applies at once, run
 # again to the same end; every other kind's is adopted (waited for)
@@ -55,6 +55,9 @@ KILL_WAIT_S = 30.0
 OPEN = ("starting", "running")
 # how long a settled command's row is kept (setting remedy_commands_keep_days): ``prune_settled``
 KEEP_S = 30 * 86400.0
+# how much longer than the kept age a command's row may stay open (starting, running) before it is marked
+# ``abandoned`` (``abandon_unsettled``): a week past it, far beyond any lease, adopt wait or back-end command
+ABANDON_AFTER_KEEP_S = 7 * 86400.0
 
 
 def this_host() -> str:
@@ -140,25 +143,53 @@ class CommandSettled(ActuatorError):
 
 
 def _close(engine: Engine, marker: str, state: str, result: str, *, only_open: bool = False,
-           only_if: str | None = None) -> bool:
-    """Record a command's end; ``only_open``: only on a row still starting or running; ``only_if``: only on a row
-    still in that state. True when written."""
+           only_if: str | None = None, at: float | None = None) -> bool:
+    """Record a command's end (at ``at``, default now); ``only_open``: only on a row still starting or running;
+    ``only_if``: only on a row still in that state. True when written."""
     query = update(remedy_commands).where(remedy_commands.c.marker == marker)
     if only_open:
         query = query.where(remedy_commands.c.state.in_(OPEN))
     if only_if is not None:
         query = query.where(remedy_commands.c.state == only_if)
     with engine.begin() as conn:
-        return conn.execute(query.values(state=state, finished=time.time(), result=result)).rowcount == 1
+        return conn.execute(query.values(state=state, finished=time.time() if at is None else at,
+                                         result=result)).rowcount == 1
 
 
 def prune_settled(engine: Engine, older_than: float) -> int:
-    """Delete the rows of commands settled (ended, gone, killed, adopted, unknown) before ``older_than``; returns how
-    many. A row still starting or running is kept whatever its age: the run's next owner settles it."""
+    """Delete the rows of commands settled (ended, gone, killed, adopted, unknown, abandoned) before ``older_than``;
+    returns how many. A row still starting or running is never deleted: the run's next owner settles it, or
+    ``abandon_unsettled`` marks it first."""
     c = remedy_commands.c
     with engine.begin() as conn:
         done = conn.execute(delete(remedy_commands).where(c.state.not_in(OPEN), c.finished < older_than))
         return int(done.rowcount or 0)
+
+
+def abandon_unsettled(engine: Engine, started_before: float, now: float) -> list[dict[str, Any]]:
+    """Mark ``abandoned`` the rows left starting or running by an owner that died (a crashed executor) when no owner
+    will settle them any more: started before ``started_before``, their run no longer started in the journal (a run
+    still started is settled by its next owner: left open for it), and, on this host, their process no longer running
+    (one still running is a command that runs: left open). The row stays, saying where the command may still run, for
+    an operator to check; ``prune_settled`` deletes it once it is older than the kept age from this mark (``now``).
+    Returns the rows marked, as they were."""
+    c, intents = remedy_commands.c, remedy_intents.c
+    started_runs = sql_select(intents.key).where(intents.state == "started")
+    with engine.connect() as conn:
+        rows = [dict(row._mapping) for row in conn.execute(
+            sql_select(remedy_commands).where(c.state.in_(OPEN), c.started < started_before,
+                                              c.key.not_in(started_runs)))]
+    host, marked_rows = this_host(), []
+    for row in rows:
+        if row["host"] == host and _live(row):
+            continue
+        pid = f" (pid {row['pid']})" if row["pid"] is not None else ""
+        where = (f"its process{pid} is no longer running here" if row["host"] == host
+                 else f"it may still run on {row['host']}{pid}: check there before running the action again")
+        result = f"abandoned: left {row['state']} by {row['owner']}, which died, and never settled; {where}"
+        if _close(engine, str(row["marker"]), "abandoned", result, only_if=str(row["state"]), at=now):
+            marked_rows.append(row)
+    return marked_rows
 
 
 def commands_of(engine: Engine, key: str) -> list[dict[str, Any]]:

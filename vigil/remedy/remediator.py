@@ -29,7 +29,15 @@ from vigil.model import (
 )
 from vigil.remedy.actuators.base import Actuator, ActuatorError, migration_nodes, recording
 from vigil.remedy.audit import AuditLog, UnfinishedRun
-from vigil.remedy.commands import KEEP_S, CommandJournal, must_adopt, prune_settled, settle_left_running
+from vigil.remedy.commands import (
+    ABANDON_AFTER_KEEP_S,
+    KEEP_S,
+    CommandJournal,
+    abandon_unsettled,
+    must_adopt,
+    prune_settled,
+    settle_left_running,
+)
 from vigil.remedy.guard import CAPACITY_ACTIONS, BlastRadiusGuard
 from vigil.remedy.lease import DEFAULT_LEASE_S, DEFAULT_RENEW_S, Renewal, Wait, wall_wait
 from vigil.remedy.lifecycle import LifecycleStore, NodeState, Trigger, trigger_for_level
@@ -39,7 +47,7 @@ log = logging.getLogger("vigil.remedy")
 
 # how long a command a dead owner left running is waited for when adopted (``vigil.remedy.commands``)
 ADOPT_WAIT_S = 600.0
-# how often the recovery rounds prune the records of settled commands (``Remediator._prune_commands``)
+# how often the recovery rounds prune the records of settled commands (``Remediator.prune_commands``)
 PRUNE_EVERY_S = 3600.0
 
 # recovery rounds in a row at which a remembered run's close has failed before that is warned (once; debug until then)
@@ -165,7 +173,7 @@ class Remediator:
         # (``vigil.remedy.commands``), before killing it
         self.adopt_wait_s = adopt_wait_s
         # how long the record of a settled command is kept (setting remedy_commands_keep_days): pruned by the
-        # recovery rounds, the first and then hourly (``_prune_commands``)
+        # recovery rounds, the first and then hourly (``prune_commands``)
         self.commands_keep_s = commands_keep_s
         self._next_prune = 0.0
         # resumed runs that failed and whose close failed too (the database went away): key -> (the failed action,
@@ -395,7 +403,7 @@ class Remediator:
 
         ``progress`` is called after each step (an engine's start-up marks its progress with it); the round also prunes
         the settled commands' records older than ``commands_keep_s`` (``prune_settled``), at most hourly."""
-        self._prune_commands()
+        self.prune_commands()
         if self.dry_run:
             return []
         self._close_unclosed()
@@ -414,22 +422,35 @@ class Remediator:
             resumed.append(self._resume(run))
         return resumed
 
-    def _prune_commands(self) -> None:
-        """Delete the records of commands settled more than ``commands_keep_s`` ago (``prune_settled``): at this
-        remediator's first recovery round (a server's or engine's start), then at most hourly. A failure is logged and
-        tried again at the next round."""
+    def prune_commands(self) -> None:
+        """Delete the records of commands settled more than ``commands_keep_s`` ago (``prune_settled``), having marked
+        abandoned those left open more than ``commands_keep_s`` + ``ABANDON_AFTER_KEEP_S`` ago that no owner will
+        settle (``abandon_unsettled``: deleted a kept age later, never while open): at this remediator's first
+        recovery round (a server's or engine's start), then at most hourly - every round of an engine, or of
+        `vigil serve --no-engine`'s housekeeping thread. A failure is logged and tried again at the next round."""
         now = self.clock()
         if now < self._next_prune:
             return
         try:
+            abandoned = abandon_unsettled(self.audit.engine, now - self.commands_keep_s - ABANDON_AFTER_KEEP_S, now)
             pruned = prune_settled(self.audit.engine, now - self.commands_keep_s)
         except Exception as err:  # the store briefly away: the next round tries again
             log.warning("pruning the records of settled back-end commands failed: %s", err)
             return
         self._next_prune = now + PRUNE_EVERY_S
+        for row in abandoned:
+            log.warning("back-end command %s of run %s marked abandoned: left %s by %s on %s since %s days ago and "
+                        "never settled", row["argv"], row["key"], row["state"], row["owner"], row["host"],
+                        f"{(now - row['started']) / 86400:.0f}")
         if pruned:
             log.info("pruned %d records of back-end commands settled more than %g days ago", pruned,
                      self.commands_keep_s / 86400)
+
+    def keep_pruning(self, stop: threading.Event, every_s: float = PRUNE_EVERY_S) -> None:
+        """``prune_commands`` every ``every_s`` until ``stop`` is set: a process whose remediator runs no recovery
+        rounds after its start (`vigil serve --no-engine`; an engine's run every tick) prunes all the same."""
+        while not stop.wait(every_s):
+            self.prune_commands()
 
     def _adopt_beside(self, run: UnfinishedRun) -> bool:
         """Resume ``run`` on a thread of its own when settling it waits for a command to adopt (``recover``)."""

@@ -236,7 +236,8 @@ remedy_intents = Table(
 # and given its process group once started - leader ``pid`` (= ``pgid``: a session of its own), the leader's start
 # time in clock ticks since boot (/proc/<pid>/stat field 22, so a reused pid is not taken for it) and the ``host``.
 # ``state``: starting, running, ended (its owner saw it end), or what the run's next owner found of it after the
-# owner died: gone, killed, adopted (waited for) or unknown (on another host).
+# owner died: gone, killed, adopted (waited for) or unknown (on another host); abandoned: left open past the kept age
+# with its run ended, so no owner would settle it (``abandon_unsettled``).
 remedy_commands = Table(
     "remedy_commands", metadata,
     Column("marker", String(40), primary_key=True),
@@ -252,4 +253,8 @@ remedy_commands = Table(
     Column("started", Float, nullable=False),
     Column("finished", Float),
     Column("result", Text),
+    # the retention's two queries (revision 0015): settled rows by when they ended (``prune_settled``), open ones by
+    # when they started (``abandon_unsettled``)
+    Index("ix_remedy_commands_finished", "finished"),
+    Index("ix_remedy_commands_state_started", "state", "started"),
 )
