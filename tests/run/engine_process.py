@@ -12,9 +12,10 @@ from tests.serve.conftest import REPO
 class EngineProcess:
     """`vigil engine` as a process, its stderr lines collected as they come."""
 
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], *options: str, module: str = "vigil") -> None:
+        """``module``: what ``python -m`` runs (``tests.run.counted_connections``: `vigil` counting its connections)."""
         self.lines: list[str] = []
-        self.process = subprocess.Popen([sys.executable, "-m", "vigil", "engine"], cwd=REPO, env=env,
+        self.process = subprocess.Popen([sys.executable, "-m", module, "engine", *options], cwd=REPO, env=env,
                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         stderr = self.process.stderr
         assert stderr is not None

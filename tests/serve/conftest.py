@@ -174,14 +174,15 @@ def serve_in_thread(app: object) -> Iterator[str]:
 
 
 def start_server(home: Path, env: Mapping[str, str], *options: str, port: int | None = None,
-                 own_group: bool = False) -> subprocess.Popen[bytes]:
+                 own_group: bool = False, module: str = "vigil") -> subprocess.Popen[bytes]:
     """`vigil serve --port PORT OPTIONS` as a process (a free port unless ``port``), its stderr appended to
     HOME/serve.log, once it answers /api/v1/health; ending before that fails the test with the log. ``own_group``:
-    in a session and process group of its own, as a terminal's foreground job is, for os.killpg."""
+    in a session and process group of its own, as a terminal's foreground job is, for os.killpg. ``module``: what
+    ``python -m`` runs (``tests.run.counted_connections``: `vigil` counting its connections)."""
     port = free_port() if port is None else port
     home.mkdir(parents=True, exist_ok=True)
     with (home / "serve.log").open("ab") as log:  # the process has its own copy: this one is closed at once
-        process = subprocess.Popen([sys.executable, "-m", "vigil", "serve", "--port", str(port), *options], cwd=REPO,
+        process = subprocess.Popen([sys.executable, "-m", module, "serve", "--port", str(port), *options], cwd=REPO,
                                    env=dict(env), stdout=subprocess.DEVNULL, stderr=log, start_new_session=own_group)
 
     def healthy() -> bool:

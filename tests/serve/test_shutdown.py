@@ -21,6 +21,7 @@ import pytest
 from tests.remedy.held_slurm import HeldSlurm, acting_env, held_slurm, place_cluster
 from tests.remedy.test_resume_claim import crashed_drain
 from tests.remedy.test_resume_claim import database as database
+from tests.run.counted_connections import left_open
 from tests.run.test_engine_interrupt import crashed_drains
 from tests.serve.conftest import REPO, TOKEN, free_port, start_server, wait_for
 from tests.serve.conftest import postgres_url as postgres_url
@@ -384,3 +385,17 @@ def test_ctrl_c_during_the_start_up_resume_lets_the_drain_in_flight_finish(datab
     (left,) = audit.unfinished_runs()
     assert (left.key, left.owner) == (f"act-drain-{second}", "vigil-api-killed")
 
+
+
+@pytest.mark.parametrize("engine", ["--engine", "--no-engine"])
+def test_serve_stopped_by_sigterm_closes_its_connections(database: str, tmp_path: Path, engine: str) -> None:
+    """`vigil serve` stopped by SIGTERM closes every database connection it opened - its store's pool and the remedy
+    journal's engines - with or without its engine; before, it left them to the process's end."""
+    place_cluster(database)
+    home = tmp_path / "home"
+    with held_slurm(tmp_path / "slurm") as slurm:
+        server = start_server(home, acting_env(home, database, slurm), engine, module="tests.run.counted_connections")
+        with killed_at_the_end(server):
+            server.send_signal(signal.SIGTERM)
+            assert server.wait(timeout=120) == 0, (home / "serve.log").read_text()
+    assert left_open((home / "serve.log").read_text().splitlines()) == 0

@@ -11,7 +11,7 @@ import typer
 
 from vigil.faces.cli.core import is_demo_store
 from vigil.faces.cli.listen import ensure_port_free, warn_if_open
-from vigil.faces.cli.stopping import run_stoppable
+from vigil.faces.cli.stopping import close_opened, run_stoppable
 from vigil.model import VigilInputError
 
 if TYPE_CHECKING:
@@ -115,15 +115,30 @@ def serve(
     ] = None,
 ) -> None:
     """Run the REST API (OpenAPI at /docs), the web dashboard, /metrics, the Alertmanager webhook and the engine."""
-    import uvicorn
-
-    from vigil.faces.api.app import app_for_context
-    from vigil.remedy.acting import acting_line, check_actuator
+    from vigil.remedy.acting import check_actuator
 
     if actuator is not None:
         check_actuator(actuator)
     ensure_port_free(host, port, "--port")
     ctx = _context(config, metrics_dir, launch_dir, actuator)
+    at_once = False
+    try:
+        _serve(ctx, host, port, engine)
+    except typer.Exit as err:
+        at_once = err.exit_code == 130
+        raise
+    finally:
+        if not at_once:  # a stop at once leaves the engine's threads as they are: the process ends now
+            close_opened(ctx.store)
+
+
+def _serve(ctx: ServeContext, host: str, port: int, engine: bool | None) -> None:
+    """`vigil serve` on ``ctx``, until its server stops (and its engine, when ``engine``)."""
+    import uvicorn
+
+    from vigil.faces.api.app import app_for_context
+    from vigil.remedy.acting import acting_line
+
     warn_if_open(host, ctx.auth_configured, "vigil serve")
     warn_shared_token(ctx.settings.api_token)
     app = app_for_context(ctx)
@@ -138,20 +153,26 @@ def serve(
     # the server first, so that a SIGTERM before uvicorn captures signals (the heap's freeze) ends it too
     server = _noting_server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
     live: Engine | None = None
+    housekeeping = threading.Event()
+    if not engine and ctx.remediator is not None:
+        # no engine here runs the remediator's recovery rounds, which prune the back-end commands' records hourly
+        threading.Thread(target=ctx.remediator.keep_pruning, args=(housekeeping,), name="vigil-prune-commands",
+                         daemon=True).start()
     if engine:
         from vigil.run.engine import start_in_thread
 
-        live = running = live_engine(ctx)
-        loop = start_in_thread(running)
+        live = live_engine(ctx)
+        loop = start_in_thread(live)
 
-        def stopping(*_: object) -> None:
-            server.note(signal.SIGTERM)
-            running.stop.set()
-            server.should_exit = True  # read once uvicorn starts: it shuts down at once, and the process ends below
+    def stopping(*_: object) -> None:
+        server.note(signal.SIGTERM)
+        if live is not None:
+            live.stop.set()
+        server.should_exit = True  # read once uvicorn starts: it shuts down at once, and the process ends below
 
-        # uvicorn answers SIGTERM by shutting down, then raises it again under the handler it found: this one, so
-        # the process ends below, once the engine has stopped, instead of at once
-        previous = signal.signal(signal.SIGTERM, stopping)
+    # uvicorn answers SIGTERM by shutting down, then raises it again under the handler it found: this one, so the
+    # process ends below - once the engine has stopped and the connections are closed - instead of at once
+    previous = signal.signal(signal.SIGTERM, stopping)
     try:
         _freeze_heap()
         typer.echo(f"vigil serving on http://{host}:{port} (store {ctx.settings.database_url()})", err=True)
@@ -162,16 +183,20 @@ def serve(
         if not server.started:  # start-up failed (uvicorn logged why), as uvicorn.run ends then
             raise typer.Exit(3)
     finally:
-        if live is not None:
-            # the engine's threads are daemons: without this wait the process ended mid-drain (also when start-up
-            # failed); a second Ctrl-C during uvicorn's own shutdown (its force exit) skips it
-            try:
-                _stop_engine(live, loop, at_once=server.force_exit, why=server.why())
-            except KeyboardInterrupt:
-                # Ctrl-C after uvicorn put Python's handler back and before the wait took it: stopped at once all the
-                # same, one more Ctrl-C ignored while saying so (it would end the process with "Aborted!", exit 1)
-                signal.signal(signal.SIGINT, signal.SIG_IGN)
-                _stopped_at_once(live, server.why())
+        housekeeping.set()
+        try:
+            if live is not None:
+                # the engine's threads are daemons: without this wait the process ended mid-drain (also when start-up
+                # failed); a second Ctrl-C during uvicorn's own shutdown (its force exit) skips it
+                try:
+                    _stop_engine(live, loop, at_once=server.force_exit, why=server.why())
+                except KeyboardInterrupt:
+                    # Ctrl-C after uvicorn put Python's handler back and before the wait took it: stopped at once all
+                    # the same, one more Ctrl-C ignored while saying so (it would end the process with "Aborted!",
+                    # exit 1)
+                    signal.signal(signal.SIGINT, signal.SIG_IGN)
+                    _stopped_at_once(live, server.why())
+        finally:
             signal.signal(signal.SIGTERM, previous)
 
 

@@ -11,13 +11,17 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 import typer
 
 from vigil.model import VigilInputError
 from vigil.procgroups import end_started_groups
+
+if TYPE_CHECKING:
+    from vigil.run.engine import Engine
+    from vigil.store.sql import Store
 
 log = logging.getLogger(__name__)
 
@@ -118,3 +122,18 @@ def run_stoppable(work: Callable[[], object], stop: threading.Event, *, who: str
     first = next(iter(str(err).splitlines()), "")
     typer.echo(f"{who}: stopped by an error: {type(err).__name__}{': ' + first if first else ''}", err=True)
     raise typer.Exit(1) from None
+
+
+def close_opened(store: Store, live: Engine | None = None) -> None:
+    """Close what `vigil engine` or `vigil serve` opened, at its exit (normal, or stopped by SIGTERM or a Ctrl-C):
+    the engine (no round after the one in flight, its lease given up), the store's pool and the remedy journal's
+    engines (``close_engines``: the audit log's and the lifecycle's), so every database connection ends with a
+    goodbye to the server rather than with the process. Before, the engine's lease was released and the pools were
+    left to the process's end. Not called when the command stops at once (a second Ctrl-C, or past the wait's bound):
+    its abandoned thread may still hold a connection."""
+    from vigil.remedy.audit import close_engines
+
+    if live is not None:
+        live.close()
+    store.close()
+    close_engines()
