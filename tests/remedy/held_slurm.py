@@ -101,7 +101,8 @@ def acting_env(home: Path, database: str, slurm: HeldSlurm, **settings: str) -> 
 
 
 def place_cluster(database: str) -> None:
-    Store(database).place_nodes(Topology(nodes=[Node(name=f"n{i}") for i in range(1, 5)]))
+    with contextlib.closing(Store(database)) as store:
+        store.place_nodes(Topology(nodes=[Node(name=f"n{i}") for i in range(1, 5)]))
 
 
 def crashed_drain_of(database: str, node: str) -> None:

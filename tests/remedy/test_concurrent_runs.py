@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +62,7 @@ def test_a_repeat_while_the_action_runs_elsewhere_is_recorded_apart(database: st
 def server(url: str, home: Path, remediator: Remediator) -> Iterator[TestClient]:
     settings = Settings(home=home, db_url=url, api_token=TOKEN, execute_actions=True)
     ctx = ServeContext(store=Store(url), settings=settings, remediator=remediator, backend="slurm")
-    with TestClient(app_for_context(ctx)) as client:
+    with closing(ctx.store), TestClient(app_for_context(ctx)) as client:
         yield client
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,7 +103,7 @@ def faces(tmp_path: Path, fake_slurm: Path) -> Iterator[Faces]:
     lifecycle = LifecycleStore(settings.database_url())
     remediator = remediator_for("slurm", settings, store.topology() or Topology(), lifecycle, "vigil-api")
     ctx = ServeContext(store=store, settings=settings, lifecycle=lifecycle, remediator=remediator, backend="slurm")
-    with TestClient(app_for_context(ctx)) as rest:
+    with closing(store), TestClient(app_for_context(ctx)) as rest:
         yield Faces(rest, build_mcp_server(ctx, allow_writes=True), AuditLog(settings.database_url()), store)
 
 

@@ -6,6 +6,7 @@ import os
 import signal
 import threading
 import time
+from contextlib import closing
 from pathlib import Path
 
 import httpx
@@ -74,8 +75,8 @@ def test_no_acknowledged_incident_is_lost_after_kill_9(
 
     server = start_server(tmp_path, server_env(tmp_path, db_url), port=port)
     try:
-        store = Store(db_url)
-        lost = [i for i in acknowledged if store.incident(i) is None]
+        with closing(Store(db_url)) as store:
+            lost = [i for i in acknowledged if store.incident(i) is None]
         assert not lost, f"{len(lost)} of {len(acknowledged)} acknowledged incidents lost"
         listed = httpx.get(f"{url}/api/v1/incidents", params={"limit": 10000},
                            headers={"Authorization": f"Bearer {TOKEN}"}).json()

@@ -207,6 +207,10 @@ def test_waiting_for_the_migration_lock_ends_naming_its_holder_on_postgresql(
             assert f"waited 0.5 s for its migration lock, held by PostgreSQL backend pid {pid} (from 127.0.0.1" \
                 in message
             assert message.endswith("stop that process, or wait longer (store_migration_lock_wait_s)")
+            # the store that could not open left no connection behind (before: the two its upgrade had opened)
+            wait_for(lambda: conn.execute(sa.text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid()")).scalar_one() == 0, 10, "the failed opening's connections to end")
             conn.execute(sa.text("SELECT pg_advisory_unlock(:lock)"), {"lock": MIGRATION_LOCK})
         Store(url).close()
     finally:

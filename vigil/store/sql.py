@@ -187,8 +187,11 @@ def open_database(url: str, lock_wait_s: float | None = None) -> Engine:
         event.listen(engine, "connect", _sqlite_pragmas)
     try:
         migrate(engine, lock_wait_s)
-    except SQLAlchemyError as err:
-        raise VigilInputError(f"cannot open the store at {url!r}: {str(err).splitlines()[0]}") from None
+    except BaseException as err:
+        engine.dispose()  # the caller gets no engine to close: the connections the upgrade opened end here
+        if isinstance(err, SQLAlchemyError):
+            raise VigilInputError(f"cannot open the store at {url!r}: {str(err).splitlines()[0]}") from None
+        raise
     return engine
 
 
