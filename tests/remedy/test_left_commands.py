@@ -322,9 +322,9 @@ def test_commands_left_open_past_the_kept_age_are_marked_abandoned_then_pruned(d
         [crashed, recent] = commands_of(audit.engine, "act-ended")
         assert (crashed["state"], recent["state"]) == ("abandoned", "running")
         assert crashed["finished"] == now
-        assert crashed["result"] == ("abandoned: left running by vigil-api-crashed, which died, and never settled; "
-                                     "it may still run on gpu-head-2 pid:[4026531836] (pid 4242): check there before "
-                                     "running the action again")
+        assert crashed["result"] == ("abandoned: left running by vigil-api-crashed, its end never recorded, its run "
+                                     "over; it may still run on gpu-head-2 pid:[4026531836] (pid 4242): check there "
+                                     "before running the action again")
         assert [row["state"] for row in commands_of(audit.engine, KEY)] == ["running"]
         assert [row["state"] for row in commands_of(audit.engine, "act-running-here")] == ["running"]
         # a kept age after the mark it goes, like any settled command; the recent one is abandoned by then

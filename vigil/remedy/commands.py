@@ -186,7 +186,7 @@ def abandon_unsettled(engine: Engine, started_before: float, now: float) -> list
         pid = f" (pid {row['pid']})" if row["pid"] is not None else ""
         where = (f"its process{pid} is no longer running here" if row["host"] == host
                  else f"it may still run on {row['host']}{pid}: check there before running the action again")
-        result = f"abandoned: left {row['state']} by {row['owner']}, which died, and never settled; {where}"
+        result = f"abandoned: left {row['state']} by {row['owner']}, its end never recorded, its run over; {where}"
         if _close(engine, str(row["marker"]), "abandoned", result, only_if=str(row["state"]), at=now):
             marked_rows.append(row)
     return marked_rows
