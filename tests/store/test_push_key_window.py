@@ -91,8 +91,10 @@ def test_a_failed_prune_of_old_keys_costs_no_stored_push_on_postgresql(postgres_
     follows is answered 201 with its log lines stored too, and the failure is logged (before: the report was
     answered 500 and its log lines never written, so the launcher sent it again). The next keyed push prunes."""
     url = fresh_database(postgres_url, "push_key_prune_fails")
-    with sa.create_engine(url, isolation_level="AUTOCOMMIT").connect() as admin:
-        admin.execute(sa.text("ALTER DATABASE push_key_prune_fails SET lock_timeout = '300ms'"))
+    admin = sa.create_engine(url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text("ALTER DATABASE push_key_prune_fails SET lock_timeout = '300ms'"))
+    admin.dispose()
     now = [1000.0]
     store = Store(url, push_key_window_s=60.0, clock=lambda: now[0])
     step = [Sample(ts=LOOK, entity="node/n01", metric="vigil_node_load1", value=1.0)]
@@ -100,13 +102,15 @@ def test_a_failed_prune_of_old_keys_costs_no_stored_push_on_postgresql(postgres_
     line = Event(ts=LOOK, entity="job/llm/rank/0", kind="rank_log", source="launch", message="CUDA error",
                  attrs={"log_file": "rank0.log", "log_offset": 0})
     report = LaunchReport(job="llm", ts=LOOK, world_size=1, steps=[StepTelemetry(ts=LOOK, steps=50)], logs=[line])
-    locker = sa.create_engine(url).connect()
+    holder = sa.create_engine(url)
+    locker = holder.connect()
     locker.execute(sa.text("SELECT push_key FROM metric_push_keys FOR UPDATE"))  # the old key's row, held
     now[0] = 1100.0
     with caplog.at_level(logging.WARNING, logger="vigil.store"), api_client(store, tmp_path, json_body=True) as client:
         answer = client.post("/api/v1/launches", content=report.model_dump_json())
     locker.rollback()
     locker.close()
+    holder.dispose()
     assert answer.status_code == 201, answer.text
     assert answer.json()["events"] == 1 and len(store.events(kind="rank_log")) == 1
     assert len([p for p in store.pushes_after(0) if p.node == "launch:llm"]) == 1
