@@ -2,8 +2,8 @@
 every baseline, supervised and unsupervised; simulated GPU faults protocol (c) with the ablation over training
 seeds; training time and scoring speed. Writes bench/results/detect.json.
 
-    .venv/bin/python bench/detect.py [--only asd|smd|sim] [--detectors tce,gbm,...] [--selection one-se|best]
-                                     [--inner groups|lomo] [--quick]
+    .venv/bin/python bench/detect.py [--only asd|smd|sim] [--detectors tce,gbm,...]
+                                     [--selection one-se|best|one-se-scaling-free] [--inner groups|lomo] [--quick]
 
 Real data (``--only asd`` / ``--only smd``, tens of minutes each on 2 cores): the machines are dealt into
 outer folds; every choice (input scaling, every detector's smoothing and threshold, TCE's score mix,
@@ -286,7 +286,9 @@ def main() -> None:
                         "with --inner lomo bench/results/detect_lomo.json)")
     parser.add_argument("--selection", choices=SELECTION_RULES, default="one-se",
                         help="real data: how the inner folds pick a detector's configuration and variant "
-                        "(default one-se, pre-registered in docs/detection.md; best = the previous rule)")
+                        "(default one-se, pre-registered in docs/detection.md; best = the rule before it; "
+                        "one-se-scaling-free = one-se with the input scaling not counted as complexity, "
+                        "pre-registered 2026-12-07)")
     parser.add_argument("--inner", choices=INNER_SCHEMES, default="groups",
                         help="real data: inner folds of each outer fold's development machines (default groups, "
                         "the reported protocol; lomo = every development machine held out alone, the "

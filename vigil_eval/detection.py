@@ -539,8 +539,10 @@ THRESHOLD_RULES = ("pooled", "per-machine")
 # How the inner folds pick the (candidate, variant) pair (docs/detection.md, "Pre-registered selection rule
 # (2026-12-06)"): ``one-se`` = the simplest pair (``selection_complexity``) whose mean inner AUC-PR is within
 # one standard error (over the inner held-out machines) of the best mean; ``best`` = the best mean (the rule of
-# the runs before 2026-12-06).
-SELECTION_RULES = ("one-se", "best")
+# the runs before 2026-12-06); ``one-se-scaling-free`` = ``one-se`` with the input scaling dropped from the
+# complexity order, so equally simple pairs of different scalings go to the higher mean (docs/detection.md,
+# "Pre-registered change: input scaling is not complexity (2026-12-07)").
+SELECTION_RULES = ("one-se", "best", "one-se-scaling-free")
 # How the development machines of an outer fold are held out in the inner folds: ``groups`` = dealt into
 # ``inner`` groups, each held out in turn (the reported protocol); ``lomo`` = every development machine held out
 # once, alone, every candidate fitted on the others (docs/detection.md, "Pre-registered next change:
@@ -548,6 +550,10 @@ SELECTION_RULES = ("one-se", "best")
 # so under ``lomo`` each machine is scored with the threshold chosen on the others' scores.
 INNER_SCHEMES = ("groups", "lomo")
 COMBINATION_ORDER = {"rank-equal": 1, "rank-weighted": 2, "max": 3, "agree": 4}
+
+
+# The position of the input scaling in ``selection_complexity``'s key (its last entry).
+SCALING_KEY = 4
 
 
 def selection_complexity(candidate: Candidate, variant: dict[str, Any]) -> tuple[int, int, int, int, int]:
@@ -590,7 +596,8 @@ def select_pair(per_machine: dict[tuple[int, str], list[float]],
     ``best``: the highest mean (ties: the pair listed first). ``one-se``: among the pairs whose mean is at least
     the best mean minus the standard error of the best pair's mean (``sd(ddof=1) / sqrt(n)`` over its held-out
     machines; 0 with fewer than 2), the smallest ``complexity``; ties: the higher mean, then the pair listed
-    first."""
+    first. ``one-se-scaling-free``: as ``one-se``, the complexity compared without its input scaling
+    (``SCALING_KEY``), so among pairs equal in everything else the higher mean wins whatever its scaling."""
     if rule not in SELECTION_RULES:
         raise VigilInputError(f"unknown selection rule {rule!r}: expected one of {', '.join(SELECTION_RULES)}")
     if not per_machine:
@@ -603,7 +610,8 @@ def select_pair(per_machine: dict[tuple[int, str], list[float]],
     eligible = [key for key in per_machine if means[key] >= means[best] - se]
     if rule == "best":
         return Selection(key=best, best=best, best_mean=means[best], se=se, eligible=len(eligible))
-    key = min(eligible, key=lambda k: (complexity[k], -means[k], order[k]))
+    counted = {k: complexity[k] if rule == "one-se" else complexity[k][:SCALING_KEY] for k in eligible}
+    key = min(eligible, key=lambda k: (counted[k], -means[k], order[k]))
     return Selection(key=key, best=best, best_mean=means[best], se=se, eligible=len(eligible))
 
 

@@ -377,6 +377,33 @@ def test_one_se_rule_takes_the_simplest_pair_within_one_standard_error_of_the_be
         select_pair(per_machine, complexity, "oracle")
 
 
+def test_scaling_free_rule_takes_the_better_scaling_among_equally_simple_pairs() -> None:
+    from vigil_eval.detection import select_pair
+
+    # SMD's inner folds in small: a two-part best pair, a fleet-scaled and a per-machine-scaled single part
+    # within one standard error of it, the per-machine one with the higher mean.
+    best_pair, fleet_own, machine_mem = (0, "sup+mem"), (1, "own"), (2, "mem")
+    smoothed = (2, "mem smooth=3")
+    per_machine = {
+        best_pair: [0.70, 0.40, 0.60, 0.50],    # mean 0.55, se 0.0645: eligible from 0.4855
+        fleet_own: [0.55, 0.40, 0.50, 0.50],    # 0.4875: eligible, fleet inputs
+        machine_mem: [0.60, 0.45, 0.55, 0.50],  # 0.525: eligible, per-machine inputs, higher mean
+        smoothed: [0.62, 0.45, 0.55, 0.50],     # 0.53: eligible, per-machine inputs, higher still, but smoothed
+    }
+    complexity = {best_pair: (2, 1, 0, 1, 1), fleet_own: (1, 0, 0, 1, 0), machine_mem: (1, 0, 0, 1, 1),
+                  smoothed: (1, 0, 0, 3, 1)}
+    assert select_pair(per_machine, complexity, "best").key == best_pair
+    # The 2026-12-06 rule: fleet inputs rank as simpler and win at the lower mean.
+    assert select_pair(per_machine, complexity, "one-se").key == fleet_own
+    # Scaling not counted: the two single unsmoothed parts tie on complexity and the higher mean wins; the
+    # smoothing still counts, so the smoothed pair's higher mean does not win.
+    picked = select_pair(per_machine, complexity, "one-se-scaling-free")
+    assert picked.key == machine_mem and picked.best == best_pair and picked.eligible == 4
+    # With the per-machine pair outside one standard error, the fleet pair is taken under either rule.
+    per_machine[machine_mem] = [0.45, 0.40, 0.45, 0.45]
+    assert select_pair(per_machine, complexity, "one-se-scaling-free").key == fleet_own
+
+
 def test_selection_complexity_follows_the_pre_registered_order() -> None:
     from vigil_eval.detection import COMBINED_GRID, MIX_GRID, Candidate, selection_complexity
 
