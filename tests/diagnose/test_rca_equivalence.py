@@ -6,8 +6,10 @@ database against the window's anomalies filtered in Python."""
 from __future__ import annotations
 
 import math
+import shutil
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -15,9 +17,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vigil.diagnose import rca
-from vigil.diagnose.kb import KnowledgeBase, Signature, default_kb
+from vigil.diagnose.kb import KnowledgeBase, Signature, default_kb, load_kb
 from vigil.diagnose.kg import PEER_IMPACT, KnowledgeGraph
+from vigil.knowledge.files import kb_dir
 from vigil.knowledge.line_prefix import split_prefix
+from vigil.knowledge.signatures import SignatureMatcher
 from vigil.model import Incident
 from vigil.run.pipeline import run_pipeline
 from vigil.sources.sim import SimConfig, simulate
@@ -25,6 +29,12 @@ from vigil.sources.sim.cluster import build_topology
 from vigil.store.sql import Store
 
 LOG_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "logs" / "real"
+
+
+def fixture_lines() -> list[str]:
+    """Every line of the real failure-log fixtures."""
+    return [line for path in sorted(LOG_FIXTURES.rglob("*")) if path.is_file() and path.suffix != ".yaml"
+            for line in path.read_text(errors="replace").splitlines()]
 
 
 def matched_one_by_one(kb: KnowledgeBase, line: str) -> list[Signature]:
@@ -204,9 +214,7 @@ def test_log_matching_picks_the_signatures_trying_each_would(shared_data: Path,
     length bound), the signatures a line matches, in order, are those of trying every signature; RE2's DFA stays
     within its memory budget."""
     kb = default_kb()
-    lines = [path.read_text(errors="replace") for path in sorted(LOG_FIXTURES.rglob("*"))
-             if path.is_file() and path.suffix != ".yaml"]
-    lines = [line for text in lines for line in text.splitlines()]
+    lines = fixture_lines()
     for path in sorted((shared_data / "xid" / "log_samples").glob("*.log")):
         lines += path.read_text(errors="replace").splitlines()
     for path in sorted((shared_data / "loghub2k_corrected").rglob("*_2k.log")):
@@ -225,3 +233,67 @@ def test_log_matching_picks_the_signatures_trying_each_would(shared_data: Path,
     assert "DFA out of memory" not in capfd.readouterr().err
     assert kb._signature_set, "google-re2 is a pinned dependency"
     assert hits >= 500
+
+
+def kb_with_signature(tmp_path: Path, pattern: str) -> Path:
+    """A copy of the shipped knowledge base with one more signature (id site.lanes_lost), ``pattern``."""
+    shutil.copytree(kb_dir(), tmp_path / "kb")
+    with (tmp_path / "kb" / "signatures.yaml").open("a") as library:
+        library.write("- id: site.lanes_lost\n  symptom: gpu_fallen_off_bus\n  level: observe\n  role: root\n"
+                      f"  pattern: '{pattern}'\n  description: A site's own line.\n")
+    return tmp_path / "kb"
+
+
+def test_without_a_compiled_signature_set_every_signature_is_tried(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RE2 refusing to compile the set (a budget too small for the library, say) leaves no line unmatched: the
+    knowledge base and triage's matcher try every signature with ``re``."""
+    import re2
+
+    def refuse(self: object) -> None:
+        raise re2.error("failed to compile Set")
+
+    monkeypatch.setattr(re2.Set, "Compile", refuse)
+    kb = load_kb()
+    lines = fixture_lines()
+    hits = 0
+    for line in lines:
+        found = kb.match_log(line)
+        assert found == matched_one_by_one(kb, line), line
+        hits += bool(found)
+    assert kb._signature_set is False
+    assert hits >= 500
+    matcher = SignatureMatcher()
+    assert matcher._set is None
+    hit = matcher.match("[rank3]: Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, "
+                        "OpType=ALLREDUCE) ran for 600043 ms before timing out.")
+    assert hit is not None and "timeout" in hit.kind
+
+
+def test_a_signature_the_engines_read_apart_is_tried_with_re(tmp_path: Path) -> None:
+    """A POSIX class is one to RE2 and a set of characters to Python (which decides the match): RE2 would pass over
+    the line Python matches, so the signature is tried on every line."""
+    kb = load_kb(kb_with_signature(tmp_path, "[[:digit:]]+ lanes lost"))
+    line = "link t] lanes lost"  # Python's [[:digit:]] is one of "[:digt" and then "]"
+    assert [s.name for s in matched_one_by_one(kb, line)] == ["site.lanes_lost"]
+    assert kb.match_log(line) == matched_one_by_one(kb, line)
+    assert kb._signature_set
+
+
+def test_a_line_matched_as_the_signature_set_is_published_sees_the_signatures_re2_cannot_hold(
+        tmp_path: Path) -> None:
+    """``vigil serve`` diagnoses on several threads with one knowledge base, whose signature set is built at the
+    first line: a line matched the moment the set is published (on another thread) still tries the signatures RE2
+    cannot compile (a look-ahead here)."""
+    loaded = load_kb(kb_with_signature(tmp_path, "lanes lost(?! again)"))
+    line = "link 3 lanes lost"
+    seen: list[list[str]] = []
+
+    class Watched(KnowledgeBase):
+        def __setattr__(self, name: str, value: object) -> None:
+            super().__setattr__(name, value)
+            if name == "_signature_set" and value:
+                seen.append([s.name for s in self.match_log(line)])
+
+    kb = Watched(**{f.name: getattr(loaded, f.name) for f in fields(loaded) if f.init})
+    assert [s.name for s in kb.match_log(line)] == ["site.lanes_lost"]
+    assert seen == [["site.lanes_lost"]]

@@ -162,9 +162,11 @@ class KnowledgeBase:
         """One RE2 set of every signature: a single linear pass names the signatures a line can match, where
         Python's ``re`` tried each of them at every position of every line (a diagnosis matches thousands of lines
         against about 80 signatures: 2 of a diagnosis's 5 s on 10,000 GPUs)."""
-        self._ordered = list(self.signatures.values())
-        built = signature_set([f"(?i:{s.pattern.pattern})" for s in self._ordered])
-        self._signature_set, self._python_only = (False, []) if built is None else built
+        ordered = list(self.signatures.values())
+        built = signature_set([f"(?i:{s.pattern.pattern})" for s in ordered])
+        # the set last: a diagnosis on another thread that finds it also finds the order and the python-only list
+        self._ordered, self._python_only = ordered, [] if built is None else built[1]
+        self._signature_set = False if built is None else built[0]
 
     def _match_any(self, line: str) -> list[Signature]:
         """Every signature ``line`` matches, in library order. Python's ``re`` decides each match; RE2's set only

@@ -145,11 +145,17 @@ def any_of(patterns: Iterable[str]) -> str:
     return "|".join(f"(?i:{p[4:]})" if p.startswith("(?i)") else f"(?:{p})" for p in patterns)
 
 
+_POSIX_CLASS = re.compile(r"\[:\^?[a-z]+:\]")
+
+
 def signature_set(screens: list[str]) -> tuple[Any, list[int]] | None:
     """An RE2 set of the signatures' patterns: one linear pass names every signature a line matches, so a line
     the screen lets through is tried only against those (a watchdog timeout line matched about 60 patterns
     deep in the library: 0.67 ms a line one by one). The signatures RE2 cannot compile are returned apart,
-    to be tried with ``re`` in their turn. None without RE2 or when the set does not compile."""
+    to be tried with ``re`` in their turn, as are those both engines compile but read apart. None without RE2 or
+    when the set does not compile (its memory budget too small among others): then every signature is tried. A set
+    that compiled cannot run out of memory in ``Match`` (RE2 keeps flushing a set's DFA cache rather than give up,
+    and its compile ran the DFA once), which is as well, as the binding's ``Match`` reports no error."""
     try:
         import re2
     except ImportError:
@@ -158,7 +164,9 @@ def signature_set(screens: list[str]) -> tuple[Any, list[int]] | None:
     options.max_mem = SCREEN_MAX_MEM
     regex_set, index_of, python_only = re2.Set.SearchSet(options), [], []
     for i, pattern in enumerate(screens):
-        if "{," in pattern:  # Python reads x{,5} as x{0,5}, RE2 as the literal text: tried with ``re``
+        # Python reads x{,5} as x{0,5}, RE2 as the literal text; [[:digit:]] or [x[:digit:]] is a POSIX class to
+        # RE2 and the characters [, :, d, ... to Python: tried with ``re``
+        if "{," in pattern or _POSIX_CLASS.search(pattern):
             python_only.append(i)
             continue
         try:
