@@ -15,7 +15,7 @@ import pytest
 
 from tests.store.conftest import db_url as db_url
 from tests.store.conftest import opened
-from vigil.faces.api.diagnosing import DiagnosisWorker
+from vigil.faces.api.diagnosing import DiagnosisWorker, RerunNotStarted
 from vigil.model import Diagnosis, FaultLevel, Incident, IncidentStatus, VigilConflictError
 from vigil.remedy.commands import this_host
 from vigil.run import engine as engine_module
@@ -301,3 +301,55 @@ def test_a_claim_names_its_server_as_the_engine_lease_does(db_url: str, monkeypa
         assert store.claim_diagnosis("inc-001", worker.owner, 60.0) == 1
         with pytest.raises(VigilConflictError, match=re.escape(f"({worker.owner})")):
             twin.rerun("inc-001")
+
+
+def test_a_released_claim_is_not_held_again_by_a_renewal_read_before_the_release(db_url: str) -> None:
+    """The renewing thread reads the claims held, then renews them: a rerun released between the two (its thread
+    did not start) stays released, for any server to take now - not held another lease with nothing running it."""
+    with opened(db_url) as store:
+        store.create_incident(incident(1))
+        attempt = store.claim_diagnosis("inc-001", "server", 60.0, again=True)
+        assert attempt == 1 and store.release_diagnosis("inc-001", "server", attempt)
+        assert store.renew_diagnosis_claims("server", {"inc-001"}, 60.0) == 0
+        claim = store.diagnosis_claim("inc-001")
+        assert claim is not None and claim.lease_until < time.time()
+        assert store.undiagnosed() == ["inc-001"]
+        assert store.claim_diagnosis("inc-001", "other", 60.0) == 2
+
+
+def test_a_rerun_queued_behind_a_rerun_thread_that_did_not_start_is_run(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two reruns asked for at once with one rerun thread allowed: the second, queued while the first's new thread
+    was not yet started, is not left behind a thread that then fails to start - held and renewed for good with
+    nothing to run it, every later Diagnose again turned away. It runs; the first is released (503)."""
+    with opened(db_url) as store:
+        store.create_incident(incident(1))
+        store.create_incident(incident(2))
+        worker = DiagnosisWorker(store, found, threads=0, rerun_threads=1)
+        start = threading.Thread.start
+        queued: list[int] = []
+        asked = threading.Event()
+
+        def second_asked_meanwhile(thread: threading.Thread) -> None:
+            if thread.name.startswith("vigil-rediagnose-") and not asked.is_set():
+                asked.set()
+                queued.append(worker.rerun("inc-002"))  # asked for while the first one's thread is not started
+                raise RuntimeError("can't start new thread")
+            start(thread)
+
+        monkeypatch.setattr(threading.Thread, "start", second_asked_meanwhile)
+        try:
+            with pytest.raises(RerunNotStarted):
+                worker.rerun("inc-001")
+            monkeypatch.undo()
+            assert queued == [1]
+            deadline = time.monotonic() + 60
+            while store.diagnosis("inc-002") is None and time.monotonic() < deadline:
+                with worker._wake:
+                    worker._wake.wait(0.5)  # woken when a diagnosis here ends
+            assert store.diagnosis("inc-002") is not None, store.diagnosis_claim("inc-002")
+            assert not worker.holding("inc-002") and not worker.holding("inc-001")
+            assert store.undiagnosed() == ["inc-001"]
+        finally:
+            worker.stop()

@@ -92,6 +92,9 @@ RETRIED_STATUSES = frozenset({ActionStatus.REFUSED, ActionStatus.SKIPPED, Action
 # the newest replaced verdicts an action keeps (params.earlier_verdicts); older ones are counted in
 # params.earlier_verdicts_dropped, so an action retried without end does not grow without end
 EARLIER_VERDICTS_KEPT = 20
+# the lease of a diagnosis claim its owner gave up before running it: lapsed on every server's clock, and never
+# renewed again
+RELEASED = 0.0
 # Node labels that place a node in the fabric (the Kubernetes well-known topology labels' style).
 RACK_LABEL = "topology.vigil.io/rack"
 SWITCH_LABEL = "topology.vigil.io/leaf"
@@ -791,14 +794,16 @@ class Store:
             return int(taken.attempts) if taken is not None else None
 
     def renew_diagnosis_claims(self, owner: str, incident_ids: Collection[str], lease_s: float) -> int:
-        """Push the leases of ``owner``'s running claims on ``incident_ids`` to ``lease_s`` from now."""
+        """Push the leases of ``owner``'s running claims on ``incident_ids`` to ``lease_s`` from now; a claim it
+        released is left released (the renewing thread's list may have been read before the release)."""
         if not incident_ids:
             return 0
         c = t.diagnosis_claims.c
         with self.engine.begin() as conn:
             return int(conn.execute(
                 update(t.diagnosis_claims)
-                .where(c.incident_id.in_(list(incident_ids)), c.owner == owner, c.state == "running")
+                .where(c.incident_id.in_(list(incident_ids)), c.owner == owner, c.state == "running",
+                       c.lease_until != RELEASED)
                 .values(lease_until=time.time() + lease_s)
             ).rowcount)
 
@@ -811,7 +816,7 @@ class Store:
             return bool(conn.execute(
                 update(t.diagnosis_claims)
                 .where(c.incident_id == incident_id, c.owner == owner, c.state == "running", c.attempts == attempt)
-                .values(lease_until=0.0)  # lapsed on every server's clock
+                .values(lease_until=RELEASED)
             ).rowcount)
 
     def finish_diagnosis(self, incident_id: str, owner: str, diagnosis: Diagnosis | None, *, error: str = "",

@@ -169,36 +169,33 @@ class DiagnosisWorker:
         could be started to run it."""
         attempt = self._claim(incident_id, again=True)
         assert attempt is not None
-        thread = None
+        try:
+            self._renewing()
+        except RuntimeError as err:  # "can't start new thread": nothing would keep its claim
+            self._release(incident_id, attempt, err)
+        failed: RuntimeError | None = None
         with self._wake:
             self._holding.add(incident_id)  # renewed from now: it has not begun
             self._rerun_queue.append((incident_id, attempt))
             if len(self._reruns) < self.rerun_threads:
+                # started under the lock, so a rerun queued meanwhile never waits on a thread that did not start
                 thread = threading.Thread(target=self._rerun_loop, name=f"vigil-rediagnose-{len(self._reruns)}",
                                           daemon=True)
-                self._reruns.add(thread)
-        try:
-            self._renewing()
-            if thread is not None:
-                thread.start()
-        except RuntimeError as err:  # "can't start new thread": nothing would run it, nor keep its claim
-            self._unqueue(incident_id, attempt, thread, err)
+                try:
+                    thread.start()
+                except RuntimeError as err:  # nothing would run it: taken back
+                    self._rerun_queue.remove((incident_id, attempt))
+                    self._holding.discard(incident_id)
+                    failed = err
+                else:
+                    self._reruns.add(thread)
+        if failed is not None:
+            self._release(incident_id, attempt, failed)
         return attempt
 
-    def _unqueue(self, incident_id: str, attempt: int, thread: threading.Thread | None, err: RuntimeError) -> None:
-        """Take back a rerun whose thread (or the renewing one) did not start, and release its claim: left queued
-        and held, it would turn every later *Diagnose again* away (409) and keep the incident from the background
-        threads for good. A rerun thread already running that took it meanwhile runs it."""
-        with self._wake:
-            if thread is not None:
-                self._reruns.discard(thread)
-            try:
-                self._rerun_queue.remove((incident_id, attempt))
-            except ValueError:
-                log.warning("incident %s: a thread did not start (%s); the rerun runs on one already running",
-                            incident_id, err)
-                return
-            self._holding.discard(incident_id)
+    def _release(self, incident_id: str, attempt: int, err: RuntimeError) -> None:
+        """Release the claim of a rerun that no thread runs: held, it would turn every later *Diagnose again* away
+        (409) and keep the incident from the background threads."""
         self.store.release_diagnosis(incident_id, self.owner, attempt)
         raise RerunNotStarted(f"incident {incident_id!r}: the rerun could not start on this server ({err}); "
                               "try again later") from err
