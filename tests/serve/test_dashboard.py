@@ -428,6 +428,48 @@ def test_diagnose_again_pressed_while_the_page_waits_asks_in_one_loop(page: Any,
             assert wait_for(lambda: not ctx.diagnoser.holding(incident.id))
 
 
+def test_a_rerun_pressed_for_while_retrying_that_fails_between_two_asks_is_shown(
+    page: Any, site: str, cluster: SimCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Diagnose again pressed while the page waits on a retry due, the rerun failing before the page asks again: the
+    status reads retrying as before, but of another try, so the panels are read again and show its error - not
+    "diagnosing again" until the next retry runs."""
+    ctx = SERVED["app"].state.ctx
+    worker = ctx.diagnoser
+    # background diagnosis "on" but no thread started: nothing tries it again but the rerun
+    monkeypatch.setattr(worker, "threads", 1)
+    page.add_init_script(FAST_POLL)
+    with own_incident(cluster, "rerun-fails") as incident:
+        store = cluster.store
+        attempt = store.claim_diagnosis(incident.id, worker.owner, 60.0)
+        assert store.finish_diagnosis(incident.id, worker.owner, None, error="the first try failed", attempt=attempt,
+                                      retries=3, retry_s=3600.0)
+
+        def failing(incident_id: str) -> Any:
+            raise RuntimeError("the rerun failed")
+
+        monkeypatch.setattr(worker, "compute", failing)
+        status_url = f"**/api/v1/incidents/{incident.id}/diagnosis/status"
+        page.goto(site + "/")
+        page.fill("#token", TOKEN)
+        page.click("#token-form button")
+        with page.expect_request(lambda request: request.url.endswith(f"/{incident.id}/diagnosis/status")):
+            page.goto(f"{site}/incidents/{incident.id}")
+        assert page.evaluate("document.body.dataset.diagnosis") == "retrying"
+        held: list[Any] = []
+        page.route(status_url, lambda route: held.append(route))
+        page.click("button.diagnose")
+        page.wait_for_function("document.getElementById('action-message').textContent"
+                               ".startsWith('diagnosing again')")
+        assert wait_for(lambda: (claim := store.diagnosis_claim(incident.id)) is not None
+                        and (claim.state, claim.attempts) == ("retrying", 2))
+        held.pop().continue_()  # the one status request asked for since the press
+        page.unroute(status_url)
+        page.wait_for_function("(document.getElementById('diagnosis-retrying') || {textContent: ''})"
+                               ".textContent.includes('the rerun failed')", timeout=20_000)
+        assert page.evaluate("document.getElementById('diagnosis').dataset.attempts") == "2"
+
+
 def test_the_page_backs_off_on_server_errors_and_gives_up_after_its_retries(
     page: Any, site: str, cluster: SimCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:

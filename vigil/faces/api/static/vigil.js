@@ -152,6 +152,7 @@ async function vigilDiagnosisSettled(section) {
     await new Promise((done) => window.setTimeout(done, pause));
     vigilAsking.again = false;
     let state;
+    let attempts;
     let trouble = "";
     try {
       const response = await fetch("/api/v1/incidents/" + encodeURIComponent(incident) + "/diagnosis/status",
@@ -168,7 +169,7 @@ async function vigilDiagnosisSettled(section) {
           response.status + "); reload the page to try again.");
         return false;
       } else {
-        state = (await response.json()).state;
+        ({state, attempts} = await response.json());
       }
     } catch (err) {
       trouble = "no answer";
@@ -186,8 +187,10 @@ async function vigilDiagnosisSettled(section) {
     failures = 0;
     const before = last;
     last = state;
-    if (state === "retrying" && before !== "retrying") {
-      return true;  // a try failed and another is due: the panels say so (its error, when the next runs)
+    // a try failed and another is due: the panels say so (its error, when the next runs) - also when the try that
+    // failed is another than the panels were read at (a rerun pressed for, or a retry, failing between two asks)
+    if (state === "retrying" && (before !== "retrying" || String(attempts) !== section.dataset.attempts)) {
+      return true;
     }
     if (!vigilDiagnosing(state)) { return true; }
   }
