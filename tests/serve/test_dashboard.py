@@ -362,6 +362,17 @@ def test_diagnose_again_shows_progress_and_fills_the_panels_in_place(page: Any, 
 FAST_POLL = "window.vigilDiagnosisPoll = {everyMs: 100, slowMs: 100, backoffMs: 100, maxBackoffMs: 2000, retries: 3};"
 
 
+# counts the page's requests for a diagnosis status, in the page (window.statusAsks)
+COUNT_STATUS_ASKS = """
+window.statusAsks = 0;
+const vigilFetch = window.fetch;
+window.fetch = (url, ...rest) => {
+  if (String(url).endsWith("/diagnosis/status")) { window.statusAsks += 1; }
+  return vigilFetch(url, ...rest);
+};
+"""
+
+
 def status_requests(page: Any, incident_id: str) -> list[float]:
     """When the page asked for ``incident_id``'s diagnosis status (seconds, monotonic), from now on."""
     asked: list[float] = []
@@ -392,8 +403,9 @@ def test_the_page_stops_asking_for_the_diagnosis_of_an_incident_gone(page: Any, 
 def test_diagnose_again_pressed_while_the_page_waits_asks_in_one_loop(page: Any, site: str, cluster: SimCluster,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Diagnose again pressed while the page already asks how a pending diagnosis stands leaves the asking to that
-    one loop: while its status request is held, no second loop asks beside it; then one page read swaps the
-    panels in."""
+    one loop: while its status request is held, no second loop asks beside it - the page's clock run a second on
+    (ten of its asking intervals) after the press, its status asks stay at one; then one page read swaps the panels
+    in."""
     ctx = SERVED["app"].state.ctx
     # background diagnosis "on" but no thread started: the incident stays pending until the rerun
     monkeypatch.setattr(ctx.diagnoser, "threads", 1)
@@ -406,17 +418,21 @@ def test_diagnose_again_pressed_while_the_page_waits_asks_in_one_loop(page: Any,
             page.goto(site + "/")
             page.fill("#token", TOKEN)
             page.click("#token-form button")
-            asked = status_requests(page, incident.id)
+            # the page's timers run only as far as the test moves its clock; its status asks counted in the page
+            page.clock.install()
+            page.add_init_script(COUNT_STATUS_ASKS)
             reads: list[str] = []
             page.on("request", lambda request: reads.append(request.url)
                     if request.url.endswith(f"/incidents/{incident.id}") else None)
+            page.goto(f"{site}/incidents/{incident.id}")
             with page.expect_request(lambda request: request.url.endswith(f"/{incident.id}/diagnosis/status")):
-                page.goto(f"{site}/incidents/{incident.id}")
+                page.clock.run_for(100)  # the first asking interval
             page.click("button.diagnose")
             page.wait_for_function("document.getElementById('action-message').textContent"
                                    ".startsWith('diagnosing again')")
-            page.wait_for_timeout(1000)  # ten of its asking intervals: no second loop asks beside the held request
-            assert len(asked) == 1
+            page.clock.run_for(1000)  # a second loop would ask in its first interval
+            assert page.evaluate("window.statusAsks") == 1
+            page.clock.resume()
             held.pop().continue_()
             page.unroute(status_url)
             release.set()
