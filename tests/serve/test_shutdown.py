@@ -145,17 +145,18 @@ def test_ctrl_c_after_sigterm_is_named_as_the_first(database: str, tmp_path: Pat
 
 
 IN_THE_WINDOW = """
-import signal, sys
+import sys, time
 from pathlib import Path
 import vigil.faces.cli.serve as serve
 port, marker = int(sys.argv[1]), Path(sys.argv[2])
-stop_engine = serve._stop_engine
 
 def in_the_window(*args, **kwargs):
-    # uvicorn has stopped and put Python's SIGINT handler back; the wait has not taken SIGINT over yet
+    # uvicorn has stopped and put Python's SIGINT handler back; the wait has not taken SIGINT over yet. Held in short
+    # sleeps, not signal.pause(): a Ctrl-C that lands between the marker and pause()'s system call is handled before
+    # pause() blocks, which then waits for a signal that never comes; a sleep's end raises the KeyboardInterrupt
     marker.write_text("")
-    signal.pause()
-    return stop_engine(*args, **kwargs)
+    while True:  # until the second Ctrl-C's KeyboardInterrupt
+        time.sleep(0.05)
 
 serve._stop_engine = in_the_window
 sys.argv = ["vigil", "serve", "--port", str(port), "--engine"]
