@@ -53,8 +53,10 @@ class Settings(BaseSettings):
                                         "while the back end works; shorter than remedy_lease_s")
     remedy_commands_keep_days: float = Field(default=30.0, gt=0, description="how long the record of a back-end "
                                              "command a run started (table remedy_commands) is kept once settled "
-                                             "(ended, gone, killed, adopted, unknown); older ones are pruned by the "
-                                             "server's or engine's remediator at start and hourly")
+                                             "(ended, gone, killed, adopted, unknown, abandoned); older ones are "
+                                             "pruned by the server's or engine's remediator at start and hourly; one "
+                                             "a crashed owner left open, its run over, is marked abandoned 7 days "
+                                             "past it")
     serve_diagnosis_threads: int = Field(default=1, ge=0, le=8, description="threads of `vigil serve` that "
                                          "diagnose incidents stored without a diagnosis in the background, as "
                                          "soon as they are stored (and, at start, those still lacking one); 0 = "
