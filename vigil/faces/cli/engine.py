@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from vigil.faces.cli.core import is_demo_store
-from vigil.faces.cli.stopping import close_opened, run_stoppable
+from vigil.faces.cli.stopping import closed_at_exit, run_stoppable
 from vigil.model import VigilInputError
 
 
@@ -72,15 +72,8 @@ def engine(
         typer.echo(f"vigil engine on {settings.database_url()} every {settings.engine_interval_s:g} s", err=True)
         live.run()
 
-    at_once = False
-    try:
+    with closed_at_exit(store, live):
         run_stoppable(work, live.stop, who="vigil engine", bound_s=lease_s,
                       waiting=f"waiting for the tick and the actions it is resuming, at most {lease_s:g} s",
                       left="without finishing the current round; an action it was resuming is taken over by another "
                       "server or engine once this process's lease on it lapses")
-    except typer.Exit as err:
-        at_once = err.exit_code == 130
-        raise
-    finally:
-        if not at_once:
-            close_opened(store, live)

@@ -11,7 +11,7 @@ import typer
 
 from vigil.faces.cli.core import is_demo_store
 from vigil.faces.cli.listen import ensure_port_free, warn_if_open
-from vigil.faces.cli.stopping import close_opened, run_stoppable
+from vigil.faces.cli.stopping import STOPPED_AT_ONCE, closed_at_exit, run_stoppable
 from vigil.model import VigilInputError
 
 if TYPE_CHECKING:
@@ -121,15 +121,8 @@ def serve(
         check_actuator(actuator)
     ensure_port_free(host, port, "--port")
     ctx = _context(config, metrics_dir, launch_dir, actuator)
-    at_once = False
-    try:
+    with closed_at_exit(ctx.store):  # a stop at once leaves the engine's threads as they are: the process ends now
         _serve(ctx, host, port, engine)
-    except typer.Exit as err:
-        at_once = err.exit_code == 130
-        raise
-    finally:
-        if not at_once:  # a stop at once leaves the engine's threads as they are: the process ends now
-            close_opened(ctx.store)
 
 
 def _serve(ctx: ServeContext, host: str, port: int, engine: bool | None) -> None:
@@ -258,7 +251,7 @@ def _stopped_at_once(live: Engine, why: str) -> None:
     which = "a second Ctrl-C" if why == "Ctrl-C" else "Ctrl-C"
     typer.echo(f"vigil serve: stopped at once on {which}, without waiting for the engine; an action it was resuming "
                "is taken over by another server or engine once this process's lease on it lapses", err=True)
-    raise typer.Exit(130) from None
+    raise typer.Exit(STOPPED_AT_ONCE) from None
 
 
 def _freeze_heap() -> None:

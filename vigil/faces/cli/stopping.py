@@ -10,7 +10,8 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, NoReturn
 
 import click
@@ -24,6 +25,9 @@ if TYPE_CHECKING:
     from vigil.store.sql import Store
 
 log = logging.getLogger(__name__)
+
+# the exit status of a command stopped at once (a second Ctrl-C, or past the wait's bound: ``run_stoppable``)
+STOPPED_AT_ONCE = 130
 
 
 # How often the main thread looks whether a signal handler set ``stop`` while it waits for ``work`` (a handler that
@@ -107,7 +111,7 @@ def run_stoppable(work: Callable[[], object], stop: threading.Event, *, who: str
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # one more Ctrl-C while saying so would end it with a traceback
         stop.set()
         typer.echo(f"{who}: stopped at once on a second Ctrl-C, {left}", err=True)
-        raise typer.Exit(130) from None
+        raise typer.Exit(STOPPED_AT_ONCE) from None
     finally:
         signal.signal(signal.SIGTERM, before_term)
         if signal.getsignal(signal.SIGINT) is on_ctrl_c:
@@ -124,16 +128,25 @@ def run_stoppable(work: Callable[[], object], stop: threading.Event, *, who: str
     raise typer.Exit(1) from None
 
 
-def close_opened(store: Store, live: Engine | None = None) -> None:
+@contextmanager
+def closed_at_exit(store: Store, live: Engine | None = None) -> Iterator[None]:
     """Close what `vigil engine` or `vigil serve` opened, at its exit (normal, or stopped by SIGTERM or a Ctrl-C):
     the engine (no round after the one in flight, its lease given up), the store's pool and the remedy journal's
     engines (``close_engines``: the audit log's and the lifecycle's), so every database connection ends with a
     goodbye to the server rather than with the process. Before, the engine's lease was released and the pools were
-    left to the process's end. Not called when the command stops at once (a second Ctrl-C, or past the wait's bound):
-    its abandoned thread may still hold a connection."""
+    left to the process's end. Not when the command stops at once (exit ``STOPPED_AT_ONCE``): its abandoned thread
+    may still hold a connection."""
     from vigil.remedy.audit import close_engines
 
-    if live is not None:
-        live.close()
-    store.close()
-    close_engines()
+    at_once = False
+    try:
+        yield
+    except typer.Exit as err:
+        at_once = err.exit_code == STOPPED_AT_ONCE
+        raise
+    finally:
+        if not at_once:
+            if live is not None:
+                live.close()
+            store.close()
+            close_engines()
