@@ -191,6 +191,21 @@ def test_closing_signals_alone_stay_the_account(tmp_path: Path) -> None:
     assert _root(tmp_path, "step 5 loss 2.31\n" + text) == (2, "symptom")
 
 
+def test_the_error_file_note_after_an_exit_report_is_the_launchers_bookkeeping(tmp_path: Path) -> None:
+    """torchrun's record wrapper, handling the ChildFailedError raised for a failed worker, copies that worker's error
+    file to its own (errors/error_handler.py dump_error_file) and, when it has none, logs at ERROR "no error file
+    defined for parent, to copy child error file (PATH)": the launcher's note about the failure it reported on the line
+    before, not an error of its own. Before: the note, read as error wording, was named over the exit report."""
+    text = (f"W0805 15:50:43.302000 4077987 {ELASTIC}/multiprocessing/api.py:900] Sending process 4078197 closing "
+            "signal SIGTERM\n"
+            f"E0805 15:50:44.478000 4077987 {ELASTIC}/multiprocessing/api.py:874] failed (exitcode: 1) local_rank: 7 "
+            "(pid: 4078200) of binary: /usr/bin/python3\n"
+            f"E0805 15:50:44.481000 4077987 {ELASTIC}/multiprocessing/errors/error_handler.py:141] no error file "
+            "defined for parent, to copy child error file (/tmp/torchelastic_77i0btff/none_kwo9vwqp/attempt_0/7/"
+            "error.json)\n" + TORCHRUN_END.split("\n", 1)[1])
+    assert _root(tmp_path, text) == (2, "symptom")
+
+
 RESTART = (f"I0213 12:07:20.086000 870572 {ELASTIC}/agent/server/api.py:889] [default] Worker group FAILED. 3/3 "
            "attempts left; will restart worker group\n"
            f"I0213 12:07:20.086000 870572 {ELASTIC}/agent/server/api.py:699] [default] Stopping worker group\n"
