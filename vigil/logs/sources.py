@@ -3,8 +3,11 @@ job-wide log whose lines carry rank prefixes (``[rank3]:`` from torchrun, ``[def
 elastic launchers).
 
 Conventions understood (any mix): ``rank_3.log``, ``worker-3.err``, ``rank3.stderr``; torchrun's
-``<log_dir>/<run>/attempt_0/3/stderr.log``; kernel logs named ``dmesg``, ``kern``, ``syslog``,
-``messages``, ``journal`` or ``kmsg`` (``n012.dmesg.log``, ``dmesg-n012.txt``, ``n012/kern.log``).
+``<log_dir>/<run_id>_<random>/attempt_<N>/<local_rank>/{stdout.log,stderr.log,error.json}``
+(torch/distributed/elastic/multiprocessing/api.py ``DefaultLogsSpecs.reify``: one directory per attempt, numbered by
+the agent's restart count; ``error.json`` is what ``@record`` wrote, read by :mod:`vigil.logs.error_file`); kernel
+logs named ``dmesg``, ``kern``, ``syslog``, ``messages``, ``journal`` or ``kmsg`` (``n012.dmesg.log``,
+``dmesg-n012.txt``, ``n012/kern.log``).
 A rank or node directory (``n012/rank_3.log``) names the node.
 
 Rotated generations are one stream: ``train.log.2.gz``, ``train.log.1`` and ``train.log`` (logrotate's numbered
@@ -26,6 +29,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
+from vigil.logs.error_file import ERROR_FILE_NAME
 from vigil.model import VigilInputError
 
 SourceKind = Literal["rank", "node", "job"]
@@ -33,6 +37,8 @@ SourceKind = Literal["rank", "node", "job"]
 _NODE_WORDS = re.compile(r"(?i)(dmesg|kern(?:el)?|syslog|messages|journal(?:ctl)?|kmsg)")
 _RANK_IN_NAME = re.compile(r"(?i)(?:^|[^a-z])(?:rank|worker|proc|process)[_\-.]?(\d+)")
 _TORCHRUN_STREAM = re.compile(r"(?i)^(?:stdout|stderr|error)\.(?:log|txt|json)$")
+# torchelastic's directory of one attempt: attempt_<restart count> in the run's directory
+_ATTEMPT_DIR = re.compile(r"^attempt_(\d+)$")
 _NAME_CHARS = re.compile(r"[^A-Za-z0-9_.:\-]+")
 _LOG_SUFFIXES = {".log", ".txt", ".err", ".out", ".stderr", ".stdout", ""}
 # A generation's suffixes after the log's own name: a number (logrotate, RotatingFileHandler) or a date (dateext), then
@@ -55,6 +61,9 @@ class LogSource:
     # each generation's name in a result where some lie in an olddir (relative to the job directory, or as given
     # outside it); () when all are beside the log
     generation_names: tuple[str, ...] = ()
+    # torchelastic's attempt the file was written in (its attempt_<N> directory) and that run's directory; None outside
+    attempt: int | None = None
+    run: str | None = None
 
     @property
     def files(self) -> tuple[Path, ...]:
@@ -97,7 +106,7 @@ def discover(directory: Path, olddirs: Sequence[Path] = ()) -> list[LogSource]:
     for path in found.values():
         base, order = rotation(path)
         suffixes = "".join(Path(base).suffixes[-1:]).lower()
-        if suffixes not in _LOG_SUFFIXES and not _NODE_WORDS.search(base):
+        if suffixes not in _LOG_SUFFIXES and not _NODE_WORDS.search(base) and path.name != ERROR_FILE_NAME:
             continue
         named = path.parent.resolve() in explicit
         if order[0] < 2 and order != _FIRST_TASK and (named or path.parent.name.lower() in OLDDIR_NAMES):
@@ -186,6 +195,15 @@ def _shown(path: Path, directory: Path) -> str:
 
 
 def classify(path: Path, root: Path) -> LogSource:
+    source = _classify(path, root)
+    relative = path.relative_to(root).parts[:-1]
+    for depth in range(len(relative) - 1, -1, -1):
+        if found := _ATTEMPT_DIR.match(relative[depth]):
+            return replace(source, attempt=int(found[1]), run=Path(*relative[:depth]).as_posix())
+    return source
+
+
+def _classify(path: Path, root: Path) -> LogSource:
     name = path.relative_to(root).as_posix()
     parent = path.parent.name if path.parent != root else ""
     stem = path.name.split(".")[0] if not path.name.startswith(".") else path.name

@@ -45,6 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from vigil.knowledge.line_prefix import split_prefix
 from vigil.knowledge.signatures import SignatureMatcher, signature_library
+from vigil.logs.error_file import ERROR_FILE_NAME, read_error_file
 from vigil.logs.miner import (
     INFLATE_BUDGET_BYTES,
     InflateBudgetPassed,
@@ -701,8 +702,15 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
     traceback_after = 0
     lineno = 0
     year: int | None = None  # of the file's first dated line: a time without one (syslog, glog) is of that year
-    blocks: Iterator[list[str]] = (read_lines(source.path, limit=dict(source.inflate_limits).get(source.path))
-                                   if not source.generations else _read_generations(source, scan.generations))
+    blocks: Iterator[list[str]]
+    if source.path.name == ERROR_FILE_NAME and not source.generations:
+        # torchelastic's record of the worker's exception: its lines all stamped with the time it was recorded
+        recorded, last_ts = read_error_file(source.path)
+        blocks = iter([recorded])
+    elif source.generations:
+        blocks = _read_generations(source, scan.generations)
+    else:
+        blocks = read_lines(source.path, limit=dict(source.inflate_limits).get(source.path))
     first = next(blocks, [])
     margin = _margin(first)  # a log pasted into Markdown as a quote or an indented code block: the marker is no text
     if margin is not None:
