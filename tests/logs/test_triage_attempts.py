@@ -46,6 +46,19 @@ def _write(path: Path, text: str) -> None:
     path.write_text(text)
 
 
+def test_the_first_attempts_error_outranks_a_later_attempts_stamped_one(tmp_path: Path) -> None:
+    """Attempt 0's worker printed its exception unstamped; attempt 1, resuming, failed on the checkpoint and @record
+    wrote error.json with a timestamp. Before: the stamped later error was named, as the earliest one with a time."""
+    _write(tmp_path / RUN / "attempt_0" / "0" / "stderr.log", FIRST)
+    _write(tmp_path / RUN / "attempt_1" / "0" / "error.json", json.dumps(RESUME))
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None
+    assert result.root.source == f"{RUN}/attempt_0/0/stderr.log"
+    assert result.root.attrs["attempt"] == 0
+    assert "attempt 0" in result.summary and "attempt_1" in result.summary
+    assert any(e.source.startswith(f"{RUN}/attempt_1/") for e in result.cascade)
+
+
 def test_error_json_alone_is_read_with_its_timestamp(tmp_path: Path) -> None:
     """Without --redirects torchrun writes no stdout.log / stderr.log, only each worker's error.json. Before: the
     directory held "no log files"."""
@@ -75,3 +88,12 @@ def test_an_error_json_that_is_not_json_is_read_as_text(tmp_path: Path) -> None:
            '{"message": {"message": "RuntimeError: CUDA error: an illegal memory access was encountered", "extr')
     result = triage(tmp_path, workers=1)
     assert result.root is not None and "illegal memory access" in result.root.line
+
+
+def test_a_later_attempt_keeps_its_errors_when_the_first_shows_none(tmp_path: Path) -> None:
+    """Attempt 0's worker was killed by a signal and left an empty log: attempt 1's error is all there is."""
+    _write(tmp_path / RUN / "attempt_0" / "0" / "stderr.log", "step 1 loss 2.3\n")
+    _write(tmp_path / RUN / "attempt_1" / "0" / "stderr.log", FIRST)
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.source == f"{RUN}/attempt_1/0/stderr.log"
+    assert result.root.attrs["attempt"] == 1

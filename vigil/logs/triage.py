@@ -132,6 +132,10 @@ WORKERS_RESTART = re.compile(r"\bWorker group (?:FAILED|UNHEALTHY)\. \d+/\d+ att
 # signals are that report's consequence, printed first - as many lines above it as the node had workers, and more.
 # the root's attribute naming the restart line below which a later attempt's errors were not taken for the root
 RESTART_LINE = "restart_line"
+# the root's attributes naming torchelastic's attempt (its attempt_<N> directory) it came from, and the later attempts
+# of the same run whose errors were not taken for the root
+ATTEMPT_ATTR = "attempt"
+LATER_ATTEMPTS_ATTR = "later_attempts"
 CLOSING_SIGNAL = re.compile(r"Sending process \d+ closing signal SIG\w+")
 EXIT_REPORT = re.compile(r"failed \(exitcode: -?\d+\) local_rank: \d+")
 # A process's stdout and stderr written to files of their own (sbatch --output=<name>.out --error=<name>.err,
@@ -1007,6 +1011,7 @@ def decide(scans: list[_Scan], job: str, directory: Path, tie_s: float = 1.0) ->
     worded = [e for scan in scans for e in scan.worded]
     restarts = {s.source.name: s.restarts[0] for s in scans if s.restarts}
     first_events, first_worded, cut_at_restart = _first_attempt(events, worded, restarts)
+    first_events, first_worded, later_attempts = _first_failed_attempt(scans, first_events, first_worded)
     root, basis = _pick_root(first_events, priority, tie_s)
     if root is None:
         root, basis = _fallback_root(first_worded, first_events, tie_s,
@@ -1018,8 +1023,14 @@ def decide(scans: list[_Scan], job: str, directory: Path, tie_s: float = 1.0) ->
     root = _child_last_words(root, worded)
     root = _errors_before_fatal(root, basis, worded)
     root = _plain_line_above(root, basis, worded)
-    if root is not None and root.lineno < cut_at_restart.get(root.source, 0):
-        root.attrs[RESTART_LINE] = cut_at_restart[root.source]
+    if root is not None:
+        if root.lineno < cut_at_restart.get(root.source, 0):
+            root.attrs[RESTART_LINE] = cut_at_restart[root.source]
+        attempt = {s.source.name: s.source.attempt for s in scans}[root.source]
+        if attempt is not None:
+            root.attrs[ATTEMPT_ATTR] = attempt
+            if later := later_attempts.get(root.source):
+                root.attrs[LATER_ATTEMPTS_ATTR] = later
     if root is not None and root.rank is None and root.entity.startswith("node/"):
         _attribute_to_rank(root, events)
     rank_events = [e for e in events if not e.entity.startswith("node/")]
@@ -1170,6 +1181,34 @@ def _first_attempt(events: list[LogEvent], worded: list[LogEvent],
 
     cut = {e.source: restarts[e.source] for e in events + worded if later(e)}
     return [e for e in events if not later(e)], [e for e in worded if not later(e)], cut
+
+
+def _first_failed_attempt(scans: list[_Scan], events: list[LogEvent], worded: list[LogEvent],
+                          ) -> tuple[list[LogEvent], list[LogEvent], dict[str, list[int]]]:
+    """The lines that may be the root, where torchelastic's log directory holds several attempts of a run
+    (``attempt_<N>``, numbered by the agent's restart count, so in the order they ran): only the first attempt whose
+    files hold an error line - a later attempt fails on what that failure left (a checkpoint half written, a peer still
+    gone). Also, for each file of that attempt, the later attempts whose errors were left out."""
+    attempts: dict[str, dict[int, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for scan in scans:
+        if scan.source.attempt is not None and scan.source.run is not None:
+            attempts[scan.source.run][scan.source.attempt].append(scan.source.name)
+    erring = {e.source for e in events + worded}
+    left_out: set[str] = set()
+    later: dict[str, list[int]] = {}
+    for run in attempts.values():
+        if len(run) < 2:
+            continue
+        failed = [n for n in sorted(run) if erring & set(run[n])]
+        if not failed:
+            continue
+        if len(failed) < 2:
+            continue
+        left_out |= {name for n in failed[1:] for name in run[n]}
+        later.update({name: failed[1:] for name in run[failed[0]]})
+    if not left_out:
+        return events, worded, {}
+    return [e for e in events if e.source not in left_out], [e for e in worded if e.source not in left_out], later
 
 
 def _pick_root(events: list[LogEvent], priority: dict[str, int],
@@ -1530,6 +1569,11 @@ def _summary(result: TriageResult) -> str:
         text = f"no root signature; earliest symptom on {who}: {root.kind} at {root.source}:{root.lineno}"
     else:
         text = f"no root signature; earliest error line on {who} at {root.source}:{root.lineno}"
+    if isinstance(attempt := root.attrs.get(ATTEMPT_ATTR), int):
+        text += f"; in torchelastic's attempt {attempt}"
+        if later := root.attrs.get(LATER_ATTEMPTS_ATTR):
+            text += (", the first failed one (later attempts' errors, in "
+                     + ", ".join(f"attempt_{n}" for n in later) + ", not taken for the root)")
     if isinstance(restart := root.attrs.get(RESTART_LINE), int):
         text += (f"; the first failed attempt's, torchelastic restarting the worker group at {root.source}:{restart}"
                  " (later attempts' errors not taken for the root)")
