@@ -209,3 +209,10 @@ def test_a_line_with_no_relay_prefix_is_left_whole(line: str) -> None:
 
 def test_the_survey_counts() -> None:
     assert len(PREFIXES) == 22
+
+
+def test_srun_labels_task_is_kept_under_a_ranks_prefix() -> None:
+    """srun --label's task names the torchrun agent (one a node) a worker's line came through; the inner [rankN]:
+    names the worker."""
+    prefix = split_prefix("1: [rank8]: RuntimeError: CUDA error: an illegal memory access was encountered")
+    assert prefix is not None and (prefix.task, prefix.rank, prefix.rank_scope) == (1, 8, "rank")

@@ -21,6 +21,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from vigil.logs.triage import triage
 
 ELASTIC = "torch/distributed/elastic"
@@ -97,3 +99,57 @@ def test_a_later_attempt_keeps_its_errors_when_the_first_shows_none(tmp_path: Pa
     result = triage(tmp_path, workers=1)
     assert result.root is not None and result.root.source == f"{RUN}/attempt_1/0/stderr.log"
     assert result.root.attrs["attempt"] == 1
+
+
+AGENT = f"{ELASTIC}/agent/server/api.py"
+PROCS = f"{ELASTIC}/multiprocessing/api.py"
+
+
+@pytest.mark.parametrize("node0, node1", [("0: ", "1: "), ("gpu-a01: ", "gpu-b07: ")])
+def test_one_nodes_restart_does_not_cut_another_nodes_lines(tmp_path: Path, node0: str, node1: str) -> None:
+    """srun --label (or pdsh) interleaves both nodes' agents in one file: node 0's worker timed out and its agent
+    restarted the group; node 1's worker's own CUDA error, flushed later, is below node 0's restart. Before: the
+    restart cut it, and node 0's exit report was named."""
+    text = (f"{node0}[rank0]:[E213 12:07:19.900000 ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective "
+            "operation timeout: WorkNCCL(SeqNum=88, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran "
+            "for 600015 milliseconds before timing out.\n"
+            f"{node0}E0213 12:07:20.086000 870572 {PROCS}:869] failed (exitcode: -6) local_rank: 0 (pid: 876053) "
+            "of binary: /usr/bin/python3\n"
+            f"{node0}I0213 12:07:20.086000 870572 {AGENT}:889] [default] Worker group FAILED. 3/3 attempts left; "
+            "will restart worker group\n"
+            f"{node1}[rank8]: RuntimeError: CUDA error: an illegal memory access was encountered\n"
+            f"{node0}I0213 12:07:20.087000 870572 {AGENT}:699] [default] Stopping worker group\n")
+    _write(tmp_path / "job.log", text)
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 4
+
+
+def test_the_restarting_nodes_own_later_lines_are_still_cut(tmp_path: Path) -> None:
+    """The cut per node still leaves out the restarting node's own later attempt."""
+    text = ("0: ValueError: batch size 0 in shard 17\n"
+            f"0: E0213 12:07:20.086000 870572 {PROCS}:869] failed (exitcode: 1) local_rank: 0 (pid: 876053) of "
+            "binary: /usr/bin/python3\n"
+            f"0: I0213 12:07:20.086000 870572 {AGENT}:889] [default] Worker group FAILED. 3/3 attempts left; will "
+            "restart worker group\n"
+            "0: RuntimeError: CUDA error: an illegal memory access was encountered\n")
+    _write(tmp_path / "job.log", text)
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 1
+    assert result.root.attrs["restart_line"] == 3
+
+
+def test_an_error_before_the_attempt_started_is_no_failure_of_it(tmp_path: Path) -> None:
+    """The rendezvous' retries before "Starting worker group" are no failure of the attempt the restart ends (an
+    UNHEALTHY group logs no exit report): the next attempt's error is not cut. Before: any error line above the restart
+    counted, and the retry was named."""
+    text = ("[W socket.cpp:464] [c10d] The client socket has failed to connect to [node0]:29500 (errno: 111 - "
+            "Connection refused).\n"
+            f"I0213 12:06:00.000000 870572 {AGENT}:683] [default] Starting worker group\n"
+            f"I0213 12:07:20.086000 870572 {AGENT}:889] [default] Worker group UNHEALTHY. 3/3 attempts left; will "
+            "restart worker group\n"
+            f"I0213 12:07:20.087000 870572 {AGENT}:683] [default] Starting worker group\n"
+            "RuntimeError: CUDA error: an illegal memory access was encountered\n")
+    _write(tmp_path / "job.log", text)
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 5
+    assert "restart_line" not in result.root.attrs

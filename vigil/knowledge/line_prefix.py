@@ -82,6 +82,7 @@ class LinePrefix:
     timed: bool = False  # a prefix carried the line's time (syslog, CRI): read the time from the whole line
     syslog: bool = False  # a syslog header: signatures may name its program ("slurmctld[42]: fatal: ...")
     repeated: int | None = None  # Ray's "[repeated Nx across cluster]"
+    task: int | None = None  # srun --label's task number, kept when an inner prefix names the rank
 
 
 def split_prefix(line: str) -> LinePrefix | None:
@@ -163,5 +164,6 @@ def _read_layer(prefix: LinePrefix, found: re.Match[str]) -> None:
         prefix.worker = fields.get("service")
     elif fields.get("task") is not None:
         prefix.rank, prefix.rank_scope = int(fields["task"]), "task"
+        prefix.task = prefix.rank if prefix.task is None else prefix.task
     else:
         prefix.host = fields.get("host")

@@ -43,7 +43,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from vigil.knowledge.line_prefix import split_prefix
+from vigil.knowledge.line_prefix import LinePrefix, split_prefix
 from vigil.knowledge.signatures import SignatureMatcher, signature_library
 from vigil.logs.error_file import ERROR_FILE_NAME, read_error_file
 from vigil.logs.miner import (
@@ -353,6 +353,8 @@ class _Scan:
     generations: list[tuple[str, int]] = field(default_factory=list)
     starts: list[int] = field(default_factory=list)  # lines where a launcher (re)started its workers (WORKERS_START)
     restarts: list[int] = field(default_factory=list)  # lines where it restarted them after a failure (WORKERS_RESTART)
+    # the node or agent each error, start and restart line came through, where a relay's prefix names one (_agent_of)
+    agents: dict[int, str] = field(default_factory=dict)
 
 
 # A log taken from the Markdown source of an issue or a mail (CommonMark: a block quote's ">" and its optional space,
@@ -732,10 +734,12 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
                 node = source.node
                 relayed = _NOTHING_RELAYED
                 named: _Writer = None
+                agent: str | None = None
                 # a kernel log's lines lead with the kernel's own names ("nvme0n1: ", "sd 6:0:0:1: "), not a relay's
                 prefix = None if kernel_log else split_prefix(raw)
                 if prefix is not None:
                     line = prefix.payload
+                    agent = _agent_of(prefix)
                     if rank is None and prefix.rank is not None and prefix.rank_scope != "node":
                         rank = prefix.rank
                     if prefix.worker is None and prefix.host is None and prefix.repeated is None:
@@ -831,6 +835,8 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
                 scan.starts.append(lineno)
                 if WORKERS_RESTART.search(line):
                     scan.restarts.append(lineno)
+                if agent is not None:
+                    scan.agents[lineno] = agent
             if kernel_log and _removal_line(line):
                 if scan.removals is None:
                     scan.removals = _Removals()
@@ -858,6 +864,8 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
                         node=node, signature=WORDED_SIGNATURE, fault_type=None,
                         level=FaultLevel.OBSERVE, role="root", line=line[:MAX_LINE_CHARS],
                         attrs={"strength": grade, **_detail_attrs(detail, foreign_before + foreign_after), **relayed}))
+                    if agent is not None:
+                        scan.agents[lineno] = agent
                     if stamp is None:
                         untimed.append(scan.worded[-1])
                 elif ((arrow := line.rfind(" -> ")) > 0 and (code := line[arrow + 4:].rstrip())[:1].isdigit()
@@ -905,6 +913,8 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
             if stamp is None:
                 untimed.append(event)
             scan.events.append(event)
+            if agent is not None:
+                scan.agents[lineno] = agent
     scan.lines = lineno if unwrap is None else unwrap.lines
     scan.unwrapped = unwrap
     return scan
@@ -1009,8 +1019,7 @@ def decide(scans: list[_Scan], job: str, directory: Path, tie_s: float = 1.0) ->
     _switched_off_ports(events)
     _removed_devices(scans)
     worded = [e for scan in scans for e in scan.worded]
-    restarts = {s.source.name: s.restarts[0] for s in scans if s.restarts}
-    first_events, first_worded, cut_at_restart = _first_attempt(events, worded, restarts)
+    first_events, first_worded, cut_at_restart = _first_attempt(scans, events, worded)
     first_events, first_worded, later_attempts = _first_failed_attempt(scans, first_events, first_worded)
     root, basis = _pick_root(first_events, priority, tie_s)
     if root is None:
@@ -1024,8 +1033,11 @@ def decide(scans: list[_Scan], job: str, directory: Path, tie_s: float = 1.0) ->
     root = _errors_before_fatal(root, basis, worded)
     root = _plain_line_above(root, basis, worded)
     if root is not None:
-        if root.lineno < cut_at_restart.get(root.source, 0):
-            root.attrs[RESTART_LINE] = cut_at_restart[root.source]
+        agents = {s.source.name: s.agents for s in scans}
+        restart = (cut_at_restart.get((root.source, agents[root.source].get(root.lineno)))
+                   or cut_at_restart.get((root.source, None), 0))
+        if root.lineno < restart:
+            root.attrs[RESTART_LINE] = restart
         attempt = {s.source.name: s.source.attempt for s in scans}[root.source]
         if attempt is not None:
             root.attrs[ATTEMPT_ATTR] = attempt
@@ -1166,21 +1178,56 @@ def _removed_devices(scans: list[_Scan]) -> None:
                 event.attrs["removal_line"] = removed
 
 
-def _first_attempt(events: list[LogEvent], worded: list[LogEvent],
-                   restarts: dict[str, int]) -> tuple[list[LogEvent], list[LogEvent], dict[str, int]]:
+def _agent_of(prefix: LinePrefix) -> str | None:
+    """The node a relayed line came from, where its relay's prefix names one: pdsh's or syslog's host, srun --label's
+    task (one torchrun agent a node), a pod. A rank's own prefix (``[rank3]:``) names a worker, not its node's agent."""
+    if prefix.host is not None:
+        return f"host {prefix.host}"
+    if prefix.task is not None:
+        return f"task {prefix.task}"
+    if prefix.worker is not None and prefix.worker.startswith("pod/"):
+        return prefix.worker
+    return None
+
+
+def _first_attempt(scans: list[_Scan], events: list[LogEvent], worded: list[LogEvent],
+                   ) -> tuple[list[LogEvent], list[LogEvent], dict[tuple[str, str | None], int]]:
     """The lines that may be the root, where a launcher restarted its workers after a failure (``WORKERS_RESTART``):
-    a file's lines below its first restart are left out when the file reports a failure above it - a later attempt's
-    errors are what that failure and the restart led to. A file whose excerpt starts after the restart keeps them.
-    Also the files whose later lines were left out, each with its restart line, so the verdict can say so."""
-    if not restarts:
+    the lines below the first restart that ends an attempt with a failure in it are left out - a later attempt's errors
+    are what that failure and the restart led to. A failure of the attempt is an error line or the agent's exit report
+    between the attempt's start (the agent's last "Starting worker group" or restart above, else the file's first line)
+    and the restart; a restart with none (an excerpt starting at it, an UNHEALTHY group with no report) cuts nothing.
+    In a file whose lines name the node they came through (``_agent_of``), a node's restart bounds only that node's
+    lines; where the restart names none, the whole file's. Also each (file, node) cut, with its restart line, so the
+    verdict can say so."""
+    cut: dict[tuple[str, str | None], int] = {}
+    left_out: set[int] = set()
+    restarted = {scan.source.name for scan in scans if scan.restarts}
+    if not restarted:
         return events, worded, {}
-    failed_before = {e.source for e in events + worded if e.source in restarts and e.lineno < restarts[e.source]}
-
-    def later(event: LogEvent) -> bool:
-        return event.source in failed_before and event.lineno > restarts[event.source]
-
-    cut = {e.source: restarts[e.source] for e in events + worded if later(e)}
-    return [e for e in events if not later(e)], [e for e in worded if not later(e)], cut
+    by_file: dict[str, list[LogEvent]] = defaultdict(list)
+    for event in events + worded:
+        if event.source in restarted:
+            by_file[event.source].append(event)
+    for scan in scans:
+        if not scan.restarts:
+            continue
+        name, agents = scan.source.name, scan.agents
+        lines = by_file[name]
+        for agent in dict.fromkeys(agents.get(restart) for restart in scan.restarts):
+            own = [e for e in lines if agent is None or agents.get(e.lineno) == agent]
+            starts = [n for n in scan.starts if agent is None or agents.get(n) == agent]
+            for restart in (n for n in scan.restarts if agents.get(n) == agent):
+                begun = max((n for n in starts if n < restart), default=0)
+                if any(begun < e.lineno < restart for e in own):
+                    later = {id(e) for e in own if e.lineno > restart}
+                    if later:
+                        cut[(name, agent)] = restart
+                        left_out |= later
+                    break
+    if not cut:
+        return events, worded, {}
+    return [e for e in events if id(e) not in left_out], [e for e in worded if id(e) not in left_out], cut
 
 
 def _first_failed_attempt(scans: list[_Scan], events: list[LogEvent], worded: list[LogEvent],
