@@ -314,7 +314,13 @@ def test_a_released_claim_is_not_held_again_by_a_renewal_read_before_the_release
         claim = store.diagnosis_claim("inc-001")
         assert claim is not None and claim.lease_until < time.time()
         assert store.undiagnosed() == ["inc-001"]
-        assert store.claim_diagnosis("inc-001", "other", 60.0) == 2
+        assert store.claim_diagnosis("inc-001", "other", 60.0) == 1  # the released attempt was not counted
+        assert store.finish_diagnosis("inc-001", "other", found("inc-001"), attempt=1)
+        rerun = store.claim_diagnosis("inc-001", "server", 60.0, again=True)
+        assert rerun == 2 and store.release_diagnosis("inc-001", "server", rerun)
+        claim = store.diagnosis_claim("inc-001")
+        assert claim is not None and claim.attempts == 1
+        assert store.claim_diagnosis("inc-001", "server", 60.0, again=True) == 2
 
 
 def test_a_rerun_queued_behind_a_rerun_thread_that_did_not_start_is_run(

@@ -809,14 +809,15 @@ class Store:
 
     def release_diagnosis(self, incident_id: str, owner: str, attempt: int) -> bool:
         """Give up ``owner``'s running claim ``attempt`` before it ran: its lease lapses, so the next claimer
-        (a background thread of any server, a rerun asked for) takes it at once; nothing is counted as a failure.
-        False when that claim is no longer ``owner``'s running one."""
+        (a background thread of any server, a rerun asked for) takes it at once; nothing is counted, neither a
+        failure nor the attempt (the next claim is attempt ``attempt`` again: a rerun that no thread could start
+        counted one attempt more). False when that claim is no longer ``owner``'s running one."""
         c = t.diagnosis_claims.c
         with self.engine.begin() as conn:
             return bool(conn.execute(
                 update(t.diagnosis_claims)
                 .where(c.incident_id == incident_id, c.owner == owner, c.state == "running", c.attempts == attempt)
-                .values(lease_until=RELEASED)
+                .values(lease_until=RELEASED, attempts=c.attempts - 1)
             ).rowcount)
 
     def finish_diagnosis(self, incident_id: str, owner: str, diagnosis: Diagnosis | None, *, error: str = "",
