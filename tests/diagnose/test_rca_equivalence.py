@@ -10,6 +10,7 @@ import shutil
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import fields
+from functools import lru_cache
 from pathlib import Path
 
 import pytest
@@ -233,6 +234,49 @@ def test_log_matching_picks_the_signatures_trying_each_would(shared_data: Path,
     assert "DFA out of memory" not in capfd.readouterr().err
     assert kb._signature_set, "google-re2 is a pinned dependency"
     assert hits >= 500
+
+
+@lru_cache(maxsize=1)
+def matched_fixture_lines() -> list[str]:
+    """The real failure-log fixtures' lines that some signature matches."""
+    kb = default_kb()
+    return [line for line in fixture_lines() if matched_one_by_one(kb, line)]
+
+
+def test_a_line_with_a_tab_is_matched_through_the_signature_set() -> None:
+    """A tab is ``\\s`` and ``.`` to RE2 and ``re`` alike: a line with one takes the set, not every signature in turn
+    (before, it failed ``str.isprintable`` and was tried against all of them)."""
+    kb = load_kb()
+    timeout = "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE) ran for 600043 ms"
+    kb.match_log(timeout)  # builds the set
+    assert isinstance(kb._signature_set, tuple)
+    regex_set, index_of = kb._signature_set
+    asked: list[str] = []
+
+    class Watched:
+        def Match(self, line: str) -> list[int]:  # noqa: N802 - RE2's name
+            asked.append(line)
+            return regex_set.Match(line)  # type: ignore[no-any-return]
+
+    kb._signature_set = (Watched(), index_of)
+    line = f"[rank3]:\t{timeout}\tbefore timing out."
+    found = kb.match_log(line)
+    assert found and found == matched_one_by_one(kb, line)
+    assert len(asked) == 1 and asked[0].endswith("\tbefore timing out.")  # the payload, its rank prefix cut
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_a_line_with_tabs_is_matched_as_trying_each_signature_would(data: st.DataObject) -> None:
+    """Real lines some signature matches, with spaces turned into tabs and tabs put in anywhere: the set's
+    answer is the answer of every signature tried in turn."""
+    kb = default_kb()
+    line = data.draw(st.sampled_from(matched_fixture_lines()))
+    for _ in range(data.draw(st.integers(1, 4))):
+        at = data.draw(st.integers(0, len(line)))
+        line = line[:at] + data.draw(st.sampled_from(["\t", "\t\t", " \t"])) + line[at:]
+    line = "".join(data.draw(st.sampled_from([" ", "\t"])) if char == " " else char for char in line)
+    assert kb.match_log(line) == matched_one_by_one(kb, line), line
 
 
 def kb_with_signature(tmp_path: Path, pattern: str) -> Path:

@@ -30,7 +30,7 @@ from vigil.knowledge.faults import ENTITY_KINDS, FaultEntry, load_fault_catalogu
 from vigil.knowledge.files import kb_dir
 from vigil.knowledge.line_prefix import split_prefix
 from vigil.knowledge.metrics import metric_catalogue
-from vigil.knowledge.signatures import MAX_MATCH_CHARS, load_signature_file, signature_set
+from vigil.knowledge.signatures import MAX_MATCH_CHARS, load_signature_file, re2_reads_alike, signature_set
 from vigil.knowledge.xid import known_xids, xid_info
 from vigil.model import ActionKind, FaultLevel, VigilInputError
 
@@ -170,13 +170,12 @@ class KnowledgeBase:
 
     def _match_any(self, line: str) -> list[Signature]:
         """Every signature ``line`` matches, in library order. Python's ``re`` decides each match; RE2's set only
-        picks which signatures to try, on lines both engines read alike (printable ASCII: no Unicode case folding
-        or digits, no vertical tab or line end that ``\\s`` and ``$`` treat apart) and short enough for its DFA's
-        memory budget; any other line is tried against every signature."""
+        picks which signatures to try, on lines both engines read alike (``re2_reads_alike``: printable ASCII or a
+        tab) and short enough for its DFA's memory budget; any other line is tried against every signature."""
         if self._signature_set is None:
             self._index_signatures()
         ordered, regex_set = self._ordered, self._signature_set
-        if not regex_set or len(line) > MAX_MATCH_CHARS or not (line.isascii() and line.isprintable()):
+        if not regex_set or len(line) > MAX_MATCH_CHARS or not re2_reads_alike(line):
             return [s for s in ordered if s.pattern.search(line)]
         assert isinstance(regex_set, tuple)
         matcher, index_of = regex_set

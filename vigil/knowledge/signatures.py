@@ -139,6 +139,13 @@ def _screen(pattern: str) -> Any:
         return re.compile(pattern)
 
 
+def re2_reads_alike(line: str) -> bool:
+    """Whether RE2 and Python's ``re`` read ``line`` alike: printable ASCII or a tab. Past it they part: ``\\d``,
+    ``\\w``, ``\\s`` and ``\\b`` are Unicode to ``re`` and ASCII to RE2 (an Arabic-Indic digit, a no-break space), a
+    vertical tab is ``\\s`` to ``re`` alone and a line end moves ``$``; a tab is ``\\s`` and ``.`` to both."""
+    return line.isascii() and line.replace("\t", " ").isprintable()
+
+
 def any_of(patterns: Iterable[str]) -> str:
     """One pattern that matches where any of ``patterns`` does. A pattern's leading ``(?i)`` becomes a scoped
     ``(?i:...)`` group, which both Python's ``re`` and RE2 accept inside an alternation."""
