@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import re
 import shutil
+from functools import lru_cache
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from vigil.knowledge.faults import fault_catalogue
 from vigil.knowledge.files import kb_dir
-from vigil.knowledge.signatures import SignatureMatcher, load_signature_file, signature_library
+from vigil.knowledge.signatures import SignatureHit, SignatureMatcher, load_signature_file, signature_library
 from vigil.model import FaultLevel, VigilInputError
 
 # Real line shapes: PyTorch / NCCL / kernel messages as they are printed (see docs/logs.md for sources).
@@ -296,3 +300,58 @@ def test_the_signature_set_names_the_signature_trying_each_in_turn_would(shared_
         hits += fast is not None
     assert "DFA out of memory" not in capfd.readouterr().err
     assert hits >= 1000
+
+
+def by_re_alone() -> SignatureMatcher:
+    """``SignatureMatcher`` by its definition: screened with Python's ``re``, every signature tried in turn."""
+    matcher = SignatureMatcher()
+    matcher._screen, matcher._set = re.compile(matcher._screen_pattern), None
+    return matcher
+
+
+def read(hit: SignatureHit | None) -> tuple[str, dict[str, object]] | None:
+    return None if hit is None else (hit.signature.id, hit.attrs)
+
+
+@pytest.mark.parametrize("line, signature", [
+    ("Received Generic Notice type:\u0661 num:129 (x)", "ib.sm_trap"),  # an Arabic-Indic one: \d to re alone
+    ("NVRM: Xid (PCI:0000:3b:00): \u0667\u0669, pid=1234, name=python, GPU has fallen off the bus.", "nvrm.xid"),
+    ("[ 1234.5] task:python\u00a0state:D stack:0 pid:4242", "kernel.hung_task"),  # a no-break space: \s to re alone
+    ("State:\u00a0Down", "ib.port_down"),
+])
+def test_a_line_re2_reads_otherwise_is_matched_as_re_matches_it(line: str, signature: str) -> None:
+    """Python's ``re`` decides what a line matches; RE2 screens. On a line past ASCII the engines part (``\\d`` and
+    ``\\s`` are Unicode to ``re`` alone): RE2's screen passed over these lines, which triage then missed."""
+    import re2
+
+    pattern = next(s.pattern for s in signature_library() if s.id == signature)
+    assert re.search(pattern, line) is not None and re2.search(pattern, line) is None  # the engines part here
+    hit = SignatureMatcher().match(line)
+    assert hit is not None and hit.signature.id == signature
+    assert read(hit) == read(by_re_alone().match(line))
+
+
+# what a pasted or re-encoded log puts in place of an ASCII character: a tab, a no-break or thin space for a space,
+# digits of other scripts, letters whose case folds to ASCII (the long s, the Kelvin sign) or with an accent
+STAND_INS = {" ": ["\t", "\u00a0", "\u2009", "\u3000"], "1": ["\u0661", "\uff11"], "7": ["\u0667", "\u0967"],
+             "s": ["\u017f"], "k": ["\u212a"], "e": ["\u00e9"], "K": ["\u212a"]}
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_a_line_past_ascii_or_with_tabs_is_matched_as_re_alone_matches_it(data: st.DataObject) -> None:
+    """The real cases with characters replaced by non-ASCII stand-ins or tabs: the hit (signature and attributes)
+    is the one Python's ``re`` gives trying every signature in turn."""
+    line = data.draw(st.sampled_from([case[0] for case in CASES]))
+    spots = [i for i, char in enumerate(line) if char in STAND_INS]
+    chosen = data.draw(st.sets(st.sampled_from(spots), min_size=1, max_size=4))
+    mutated = "".join(data.draw(st.sampled_from(STAND_INS[char])) if i in chosen else char
+                      for i, char in enumerate(line))
+    matcher, alone = matchers()
+    assert read(matcher.match(mutated)) == read(alone.match(mutated)), mutated
+
+
+@lru_cache(maxsize=1)
+def matchers() -> tuple[SignatureMatcher, SignatureMatcher]:
+    """The matcher and ``by_re_alone``, built once for the examples."""
+    return SignatureMatcher(), by_re_alone()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
@@ -196,20 +196,28 @@ class SignatureMatcher:
     One combined regex (every pattern, its groups made non-capturing) screens each line; only the rare
     lines it hits are looked at further: an RE2 set names the signatures the line matches, and the first of
     them in priority order (or a signature RE2 cannot compile, tried with ``re`` in its turn) is the one;
-    without RE2 the signatures are tried one by one.
+    without RE2 the signatures are tried one by one. Python's ``re`` decides: a line the two engines may read apart
+    (``re2_reads_alike``: a no-break space, a digit of another script) is screened by ``re`` and tried against every
+    signature, where RE2 passed over a line ``re`` matches.
     """
 
     def __init__(self, signatures: list[Signature] | None = None) -> None:
         self.signatures = signature_library() if signatures is None else signatures
         screens = [re.sub(r"\(\?P<\w+>", "(?:", s.pattern) for s in self.signatures]
-        self._screen = _screen(any_of(sorted(screens, key=lambda s: s.startswith("(?i)"))))
+        self._screen_pattern = any_of(sorted(screens, key=lambda s: s.startswith("(?i)")))
+        self._screen = _screen(self._screen_pattern)
         built = signature_set(screens)
         self._set = None if built is None else built[0]
         self._python_only = [] if built is None else built[1]
 
-    def _candidates(self, line: str) -> list[Signature]:
+    @cached_property
+    def _python_screen(self) -> re.Pattern[str]:
+        """The screen with ``re``, for the lines RE2 may read otherwise (compiled at the first)."""
+        return re.compile(self._screen_pattern)
+
+    def _candidates(self, line: str, alike: bool) -> list[Signature]:
         """The signatures to try on a line the screen let through, in priority order."""
-        if self._set is None:
+        if self._set is None or not alike:
             return self.signatures
         regex_set, index_of = self._set
         matched = [index_of[i] for i in regex_set.Match(line) or ()]
@@ -218,9 +226,10 @@ class SignatureMatcher:
     def match(self, line: str) -> SignatureHit | None:
         if len(line) > MAX_MATCH_CHARS:
             line = line[: MAX_MATCH_CHARS // 2] + " " + line[-MAX_MATCH_CHARS // 2 :]
-        if self._screen.search(line) is None:
+        alike = re2_reads_alike(line)
+        if (self._screen if alike else self._python_screen).search(line) is None:
             return None
-        for signature in self._candidates(line):
+        for signature in self._candidates(line, alike):
             found = signature.regex.search(line)
             if found is None:
                 continue
