@@ -332,8 +332,10 @@ def test_a_line_re2_reads_otherwise_is_matched_as_re_matches_it(line: str, signa
 
 
 # what a pasted or re-encoded log puts in place of an ASCII character: a tab, a no-break or thin space for a space,
-# digits of other scripts, letters whose case folds to ASCII (the long s, the Kelvin sign) or with an accent
-STAND_INS = {" ": ["\t", "\u00a0", "\u2009", "\u3000"], "1": ["\u0661", "\uff11"], "7": ["\u0667", "\u0967"],
+# digits of other scripts, letters whose case folds to ASCII (the long s, the Kelvin sign) or with an accent; and
+# characters both engines read alike, which keep RE2 (a progress bar's block, box drawing, an ellipsis)
+STAND_INS = {" ": ["\t", "\u00a0", "\u2009", "\u3000", "\u2588", "\u2502", "\u2026"],
+             "1": ["\u0661", "\uff11"], "7": ["\u0667", "\u0967"],
              "s": ["\u017f"], "k": ["\u212a"], "e": ["\u00e9"], "K": ["\u212a"]}
 
 
