@@ -23,7 +23,7 @@ from tests.serve.conftest import postgres_url as postgres_url
 from vigil.model import Action, ActionKind, ActionStatus
 from vigil.remedy import commands
 from vigil.remedy.actuators.base import COMMAND_MARKER_ENV, Actuator
-from vigil.remedy.audit import AuditLog
+from vigil.remedy.audit import AuditLog, close_engines
 from vigil.remedy.commands import CommandJournal, commands_of
 from vigil.remedy.remediator import Remediator
 
@@ -360,3 +360,81 @@ def test_keep_pruning_prunes_at_every_round_until_stopped(database: str) -> None
         stopped.set()
         pruning.join(30)
     assert not pruning.is_alive()
+
+
+@pytest.mark.parametrize("verb", [["serve", "--no-engine"], ["mcp"]], ids=["serve-no-engine", "mcp"])
+def test_a_command_without_an_engine_prunes_its_remediators_commands_and_stops_pruning_at_exit(
+        database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, verb: list[str]) -> None:
+    """`vigil serve --no-engine` and `vigil mcp` own a remediator that no engine's recovery rounds prune: a thread of
+    their own prunes its back-end commands' records from the start (a dry-run remediator's start prunes nothing), and
+    their exit stops that thread and waits for it (``closed_at_exit``) before the store closes. Before, `vigil mcp`
+    never pruned, `vigil serve --no-engine` first pruned an hour after its start, and neither waited for the thread."""
+    from mcp.server.mcpserver import MCPServer
+    from typer.testing import CliRunner
+
+    from tests.conftest import free_port
+    from vigil.config import settings
+    from vigil.faces.api.context import ServeContext
+    from vigil.faces.cli import serve as serve_command
+    from vigil.faces.cli.main import app
+
+    audit = AuditLog(database)
+    journal = CommandJournal(audit.engine, "act-old", "vigil-api-gone", ActionKind.DRAIN)
+    marker = journal.starting(["scontrol", "old"])
+    journal.ended(marker, 0)
+    with audit.engine.begin() as conn:
+        conn.execute(commands.update(commands.remedy_commands).where(commands.remedy_commands.c.marker == marker)
+                     .values(finished=time.time() - 40 * 86400))  # past the 30 days kept
+    for key in [k for k in os.environ if k.startswith("VIGIL_")]:
+        monkeypatch.delenv(key)
+    # execute_actions off: a dry-run remediator, whose start (``_resumed``) prunes nothing
+    for key, value in {"VIGIL_HOME": str(tmp_path / "home"), "VIGIL_DB_URL": database,
+                       "VIGIL_REMEDY_BACKEND": "slurm"}.items():
+        monkeypatch.setenv(key, value)
+    pruned = threading.Event()
+    pruners: list[threading.Thread] = []
+    prune = Remediator.prune_commands
+
+    def noted(self: Remediator) -> None:
+        pruners.append(threading.current_thread())
+        prune(self)
+        if not commands_of(self.audit.engine, "act-old"):
+            pruned.set()
+
+    def serving(*_: object) -> None:  # the server, until the record is pruned
+        assert pruned.wait(60), "no prune while the command served"
+
+    class Server:
+        started, force_exit, should_exit = True, False, False
+        run = serving
+
+        def note(self, sig: int) -> None: ...
+
+        def why(self) -> str:
+            return "stopped"
+
+    joined: list[str] = []
+    join = threading.Thread.join
+
+    def noted_join(self: threading.Thread, timeout: float | None = None) -> None:
+        joined.append(self.name)
+        join(self, timeout)
+
+    monkeypatch.setattr(Remediator, "prune_commands", noted)
+    monkeypatch.setattr(serve_command, "_noting_server", lambda _config: Server())
+    monkeypatch.setattr(serve_command, "_freeze_heap", lambda: None)
+    # the waste report's first computation, which the server starts beside and does not wait for, would read the
+    # store after it closed (the process ends there; this test's database stays)
+    monkeypatch.setattr(ServeContext, "waste", lambda self: None)
+    monkeypatch.setattr(MCPServer, "run", serving)
+    monkeypatch.setattr(threading.Thread, "join", noted_join)
+    settings.cache_clear()
+    try:
+        done = CliRunner().invoke(app, [*verb, *(["--port", str(free_port())] if verb[0] == "serve" else [])])
+    finally:
+        settings.cache_clear()
+    assert done.exit_code == 0, (done.output, done.exception)
+    (pruner,) = set(pruners)
+    assert pruner.name == "vigil-prune-commands" and pruner.name in joined and not pruner.is_alive()
+    assert not commands_of(audit.engine, "act-old")
+    close_engines()

@@ -426,8 +426,9 @@ class Remediator:
         """Delete the records of commands settled more than ``commands_keep_s`` ago (``prune_settled``), having marked
         abandoned those left open more than ``commands_keep_s`` + ``ABANDON_AFTER_KEEP_S`` ago that no owner will
         settle (``abandon_unsettled``: deleted a kept age later, never while open): at this remediator's first
-        recovery round (a server's or engine's start), then at most hourly - every round of an engine, or of
-        `vigil serve --no-engine`'s housekeeping thread. A failure is logged and tried again at the next round."""
+        recovery round (a server's or engine's start), then at most hourly - every round of an engine, or of the
+        pruning thread of `vigil serve --no-engine` and `vigil mcp` (``keep_pruning``). A failure is logged and tried
+        again at the next round."""
         now = self.clock()
         if now < self._next_prune:
             return
@@ -447,10 +448,13 @@ class Remediator:
                      self.commands_keep_s / 86400)
 
     def keep_pruning(self, stop: threading.Event, every_s: float = PRUNE_EVERY_S) -> None:
-        """``prune_commands`` every ``every_s`` until ``stop`` is set: a process whose remediator runs no recovery
-        rounds after its start (`vigil serve --no-engine`; an engine's run every tick) prunes all the same."""
-        while not stop.wait(every_s):
+        """``prune_commands`` now and then every ``every_s`` until ``stop`` is set: a process whose remediator runs no
+        recovery rounds after its start (`vigil serve --no-engine`, `vigil mcp`; an engine's run every tick) prunes all
+        the same - at its start too, as an engine's first round does, which a dry-run remediator's start skips."""
+        while True:
             self.prune_commands()
+            if stop.wait(every_s):
+                return
 
     def _adopt_beside(self, run: UnfinishedRun) -> bool:
         """Resume ``run`` on a thread of its own when settling it waits for a command to adopt (``recover``)."""

@@ -121,11 +121,19 @@ def serve(
         check_actuator(actuator)
     ensure_port_free(host, port, "--port")
     ctx = _context(config, metrics_dir, launch_dir, actuator)
-    with closed_at_exit(ctx.store):  # a stop at once leaves the engine's threads as they are: the process ends now
+    if engine is None:
+        engine = not is_demo_store(ctx.settings)
+        if not engine:
+            typer.echo("the store is a `vigil demo` run, so the live engine is off: its incidents are judged on "
+                       "simulated time, and re-reading its events would open them again (--engine runs it anyway)",
+                       err=True)
+    # without an engine no recovery round prunes the remediator's back-end command records: a thread of their own
+    # does; a stop at once leaves the engine's threads as they are: the process ends now
+    with closed_at_exit(ctx.store, pruned=None if engine else ctx.remediator):
         _serve(ctx, host, port, engine)
 
 
-def _serve(ctx: ServeContext, host: str, port: int, engine: bool | None) -> None:
+def _serve(ctx: ServeContext, host: str, port: int, engine: bool) -> None:
     """`vigil serve` on ``ctx``, until its server stops (and its engine, when ``engine``)."""
     import uvicorn
 
@@ -135,22 +143,11 @@ def _serve(ctx: ServeContext, host: str, port: int, engine: bool | None) -> None
     warn_if_open(host, ctx.auth_configured, "vigil serve")
     warn_shared_token(ctx.settings.api_token)
     app = app_for_context(ctx)
-    if engine is None:
-        engine = not is_demo_store(ctx.settings)
-        if not engine:
-            typer.echo("the store is a `vigil demo` run, so the live engine is off: its incidents are judged on "
-                       "simulated time, and re-reading its events would open them again (--engine runs it anyway)",
-                       err=True)
     if ctx.remediator is not None:
         typer.echo(acting_line(ctx.backend, not ctx.remediator.dry_run), err=True)
     # the server first, so that a SIGTERM before uvicorn captures signals (the heap's freeze) ends it too
     server = _noting_server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
     live: Engine | None = None
-    housekeeping = threading.Event()
-    if not engine and ctx.remediator is not None:
-        # no engine here runs the remediator's recovery rounds, which prune the back-end commands' records hourly
-        threading.Thread(target=ctx.remediator.keep_pruning, args=(housekeeping,), name="vigil-prune-commands",
-                         daemon=True).start()
     if engine:
         from vigil.run.engine import start_in_thread
 
@@ -176,7 +173,6 @@ def _serve(ctx: ServeContext, host: str, port: int, engine: bool | None) -> None
         if not server.started:  # start-up failed (uvicorn logged why), as uvicorn.run ends then
             raise typer.Exit(3)
     finally:
-        housekeeping.set()
         try:
             if live is not None:
                 # the engine's threads are daemons: without this wait the process ended mid-drain (also when start-up
@@ -285,12 +281,21 @@ def mcp(
     """Serve Vigil's tools to agents over MCP (read-only unless --allow-writes)."""
     if transport not in ("stdio", "http"):
         raise VigilInputError(f"--transport {transport!r}: expected stdio or http")
-    from vigil.faces.api.mcp_server import build_mcp_server
-    from vigil.remedy.acting import acting_line, check_actuator
+    from vigil.remedy.acting import check_actuator
 
     if actuator is not None:
         check_actuator(actuator)
     ctx = _context(config, metrics_dir, None, actuator)
+    # no engine runs this remediator's recovery rounds, which prune its back-end command records: a thread does
+    with closed_at_exit(ctx.store, pruned=ctx.remediator):
+        _mcp(ctx, transport, host, port, allow_writes)
+
+
+def _mcp(ctx: ServeContext, transport: str, host: str, port: int, allow_writes: bool) -> None:
+    """`vigil mcp` on ``ctx``, until its server stops."""
+    from vigil.faces.api.mcp_server import build_mcp_server
+    from vigil.remedy.acting import acting_line
+
     if ctx.remediator is not None:
         typer.echo(acting_line(ctx.backend, not ctx.remediator.dry_run), err=True)
     server = build_mcp_server(ctx, allow_writes=allow_writes)

@@ -1,5 +1,6 @@
 """Work a command runs on a thread of its own while its main thread takes the signals: `vigil engine`'s start and
-ticks, `vigil serve`'s resume at start-up of the runs a killed server or engine left half done."""
+ticks, `vigil serve`'s resume at start-up of the runs a killed server or engine left half done; and what the commands
+close at their exit (``closed_at_exit``)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from vigil.model import VigilInputError
 from vigil.procgroups import end_started_groups
 
 if TYPE_CHECKING:
+    from vigil.remedy.remediator import Remediator
     from vigil.run.engine import Engine
     from vigil.store.sql import Store
 
@@ -29,6 +31,10 @@ log = logging.getLogger(__name__)
 # the exit status of a command stopped at once (a second Ctrl-C, or past the wait's bound: ``run_stoppable``)
 STOPPED_AT_ONCE = 130
 
+
+# How long a command's exit waits for the prune of the back-end commands' records in flight (two statements; a store
+# that answers no sooner is left to the process's end, the thread being a daemon).
+PRUNE_STOP_WAIT_S = 10.0
 
 # How often the main thread looks whether a signal handler set ``stop`` while it waits for ``work`` (a handler that
 # returns lets ``join`` go on waiting, so the bound below would never start otherwise).
@@ -129,23 +135,37 @@ def run_stoppable(work: Callable[[], object], stop: threading.Event, *, who: str
 
 
 @contextmanager
-def closed_at_exit(store: Store, live: Engine | None = None) -> Iterator[None]:
-    """Close what `vigil engine` or `vigil serve` opened, at its exit (normal, or stopped by SIGTERM or a Ctrl-C):
-    the engine (no round after the one in flight, its lease given up), the store's pool and the remedy journal's
-    engines (``close_engines``: the audit log's and the lifecycle's), so every database connection ends with a
-    goodbye to the server rather than with the process. Before, the engine's lease was released and the pools were
-    left to the process's end. Not when the command stops at once (exit ``STOPPED_AT_ONCE``): its abandoned thread
-    may still hold a connection."""
+def closed_at_exit(store: Store, live: Engine | None = None, pruned: Remediator | None = None) -> Iterator[None]:
+    """Close what `vigil engine`, `vigil serve` or `vigil mcp` opened, at its exit (normal, or stopped by SIGTERM or a
+    Ctrl-C): the thread pruning ``pruned``'s back-end command records (``Remediator.keep_pruning``, started here for a
+    command whose remediator no engine's rounds prune: stopped and waited for, at most ``PRUNE_STOP_WAIT_S``), the
+    engine (no round after the one in flight, its lease given up), the store's pool and the remedy journal's engines
+    (``close_engines``: the audit log's and the lifecycle's), so every database connection ends with a goodbye to the
+    server rather than with the process. Before, the engine's lease was released and the pools were left to the
+    process's end. Not when the command stops at once (exit ``STOPPED_AT_ONCE``): its abandoned thread may still hold
+    a connection (the pruning thread is told to stop, not waited for)."""
     from vigil.remedy.audit import close_engines
 
     at_once = False
+    stop_pruning = threading.Event()
+    pruning = None
+    if pruned is not None:
+        pruning = threading.Thread(target=pruned.keep_pruning, args=(stop_pruning,), name="vigil-prune-commands",
+                                   daemon=True)
+        pruning.start()
     try:
         yield
     except typer.Exit as err:
         at_once = err.exit_code == STOPPED_AT_ONCE
         raise
     finally:
+        stop_pruning.set()
         if not at_once:
+            if pruning is not None:
+                pruning.join(PRUNE_STOP_WAIT_S)
+                if pruning.is_alive():
+                    log.warning("the back-end commands' records were still being pruned after %g s; left to the "
+                                "next start", PRUNE_STOP_WAIT_S)
             if live is not None:
                 live.close()
             store.close()
