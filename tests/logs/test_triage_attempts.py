@@ -153,3 +153,75 @@ def test_an_error_before_the_attempt_started_is_no_failure_of_it(tmp_path: Path)
     result = triage(tmp_path, workers=1)
     assert result.root is not None and result.root.lineno == 5
     assert "restart_line" not in result.root.attrs
+
+
+def test_an_error_file_does_not_outrank_a_signal_killed_workers_unstamped_error(tmp_path: Path) -> None:
+    """Rank 0 died of the abort after a CUDA error in C++ (no @record, so no error.json, its stderr unstamped); rank 1
+    then raised NCCL's error and @record stamped it. Only error files carry a time: that places no unstamped line after
+    them. Before: rank 1's stamped error.json was named, rank 0's unstamped report dropped for having no time."""
+    nccl = ("torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error (run "
+            "with NCCL_DEBUG=INFO for details), NCCL version 2.21.5")
+    _write(tmp_path / RUN / "attempt_0" / "0" / "stderr.log",
+           "terminate called after throwing an instance of 'c10::Error'\n"
+           "  what():  CUDA error: an illegal memory access was encountered\n")
+    _write(tmp_path / RUN / "attempt_0" / "1" / "error.json",
+           json.dumps({"message": {"message": nccl, "extraInfo": {"py_callstack": nccl + "\n",
+                                                                   "timestamp": "1770984500"}}}))
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.source == f"{RUN}/attempt_0/0/stderr.log"
+    assert "illegal memory access" in result.root.line
+
+
+def test_error_wording_in_an_error_file_does_not_outrank_unstamped_wording(tmp_path: Path) -> None:
+    """The same where no signature names either line: the earliest error wording is not the error file's for its
+    time alone. Before: rank 1's "RuntimeError: stopping" in error.json was named."""
+    _write(tmp_path / RUN / "attempt_0" / "0" / "stderr.log", FIRST)
+    _write(tmp_path / RUN / "attempt_0" / "1" / "error.json",
+           json.dumps({"message": "RuntimeError: stopping: peer rank 0 left the job", "timestamp": "1770984500"}))
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.source == f"{RUN}/attempt_0/0/stderr.log"
+
+
+def test_error_files_alone_are_still_ordered_by_their_times(tmp_path: Path) -> None:
+    """Where every candidate is in an error file, the earliest recorded is the root, as torchelastic picks it."""
+    later = {"message": "RuntimeError: stopping: peer rank 1 left the job", "timestamp": "1770984590"}
+    first = {"message": "ValueError: batch size 0 in shard 17", "timestamp": "1770984500"}
+    _write(tmp_path / RUN / "attempt_0" / "0" / "error.json", json.dumps(later))
+    _write(tmp_path / RUN / "attempt_0" / "1" / "error.json", json.dumps(first))
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.source == f"{RUN}/attempt_0/1/error.json"
+
+
+@pytest.mark.parametrize("warning", [
+    "[W socket.cpp:464] [c10d] The client socket has failed to connect to [node0]:29500 (errno: 111 - Connection "
+    "refused).",
+    "/workspace/train.py:12: UserWarning: Could not find a checkpoint; starting from scratch",
+])
+def test_a_handled_warning_shows_no_failure_of_the_attempt(tmp_path: Path, warning: str) -> None:
+    """Attempt 0 was killed without a word (its directory exists because attempt 1 followed); the warning it printed
+    and went on from is no error of it. Before: the warning was named over attempt 1's exception."""
+    _write(tmp_path / RUN / "attempt_0" / "0" / "stderr.log", f"{warning}\nstep 1 loss 2.3\n")
+    _write(tmp_path / RUN / "attempt_1" / "0" / "stderr.log", FIRST)
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.source == f"{RUN}/attempt_1/0/stderr.log"
+    assert result.root.line == "ValueError: batch size 0 in shard 17"
+
+
+def test_attempts_are_ordered_by_number_not_name(tmp_path: Path) -> None:
+    """attempt_10 ran after attempt_2, though it sorts before it as text."""
+    _write(tmp_path / RUN / "attempt_10" / "0" / "stderr.log",
+           "RuntimeError: CUDA error: an illegal memory access was encountered\n")
+    _write(tmp_path / RUN / "attempt_2" / "0" / "stderr.log", FIRST)
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.source == f"{RUN}/attempt_2/0/stderr.log"
+    assert result.root.attrs["later_attempts"] == [10]
+
+
+def test_each_runs_attempts_are_judged_apart(tmp_path: Path) -> None:
+    """Two torchrun invocations' run directories in one --log-dir: one run's later attempt is not cut by the other's
+    attempts."""
+    _write(tmp_path / "none_aaaa1111" / "attempt_0" / "0" / "stderr.log", FIRST)
+    _write(tmp_path / "none_bbbb2222" / "attempt_1" / "0" / "stderr.log",
+           "RuntimeError: CUDA error: an illegal memory access was encountered\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.source == "none_bbbb2222/attempt_1/0/stderr.log"

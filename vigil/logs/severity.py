@@ -72,6 +72,17 @@ _ECHO = re.compile(r"(?i)time(?:d)? ?out|watchdog|closing signal|SIGTERM|ChildFa
 _GLOG_INFO = re.compile(r"\[?I\d{4} \d\d:\d\d:\d\d")
 
 
+# A line its producer tagged a warning: glog's W severity ("W0213 12:07:19", c10's "[W213 12:07:19" and
+# "[W socket.cpp:464]"), Python's warnings ("UserWarning: "), a logger's WARNING level. NCCL's "NCCL WARN" is no such
+# tag: NCCL reports its errors at WARN.
+_WARNING_TAG = re.compile(r"^\[?W\d{3,4} |\[rank\d+\]:\[W\d{3,4} |\[W [\w.]+:\d+\]|\b[A-Z]\w*Warning: |\bWARNING\b")
+
+
+def warns(line: str) -> bool:
+    """Whether the line is tagged a warning: its producer noted something and went on."""
+    return _WARNING_TAG.search(line) is not None
+
+
 def strength(line: str) -> int:
     """0 (not an error), GENERIC or SPECIFIC, from the wording of one line."""
     if _NOT_AN_ERROR.search(line):

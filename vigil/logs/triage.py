@@ -38,7 +38,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from itertools import chain
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -54,7 +54,7 @@ from vigil.logs.miner import (
     inflation_plan,
     read_lines,
 )
-from vigil.logs.severity import GENERIC, SPECIFIC, echoes, reports, strength
+from vigil.logs.severity import GENERIC, SPECIFIC, echoes, reports, strength, warns
 from vigil.logs.sources import LogSource, discover, entity_name
 from vigil.logs.timestamps import line_time
 from vigil.model import Evidence, FaultLevel, node_id, rank_id
@@ -709,9 +709,11 @@ def _scan(source: LogSource, job: str, matcher: SignatureMatcher) -> _Scan:
     lineno = 0
     year: int | None = None  # of the file's first dated line: a time without one (syslog, glog) is of that year
     blocks: Iterator[list[str]]
-    if source.path.name == ERROR_FILE_NAME and not source.generations:
+    record = (read_error_file(source.path) if source.path.name == ERROR_FILE_NAME and not source.generations
+              else None)
+    if record is not None:
         # torchelastic's record of the worker's exception: its lines all stamped with the time it was recorded
-        recorded, last_ts = read_error_file(source.path)
+        recorded, last_ts = record
         blocks = iter([recorded])
     elif source.generations:
         blocks = _read_generations(source, scan.generations)
@@ -1235,12 +1237,14 @@ def _first_failed_attempt(scans: list[_Scan], events: list[LogEvent], worded: li
     """The lines that may be the root, where torchelastic's log directory holds several attempts of a run
     (``attempt_<N>``, numbered by the agent's restart count, so in the order they ran): only the first attempt whose
     files hold an error line - a later attempt fails on what that failure left (a checkpoint half written, a peer still
-    gone). Also, for each file of that attempt, the later attempts whose errors were left out."""
+    gone). A line tagged a warning shows no failure: a handled warning ("[W socket.cpp:464] ... failed to connect"
+    while the rendezvous retried) is no attempt's error, though the error wording in it reads so. Also, for each file
+    of that attempt, the later attempts whose errors were left out."""
     attempts: dict[str, dict[int, list[str]]] = defaultdict(lambda: defaultdict(list))
     for scan in scans:
         if scan.source.attempt is not None and scan.source.run is not None:
             attempts[scan.source.run][scan.source.attempt].append(scan.source.name)
-    erring = {e.source for e in events + worded}
+    erring = {e.source for e in events + worded if not warns(e.line)}
     left_out: set[str] = set()
     later: dict[str, list[int]] = {}
     for run in attempts.values():
@@ -1306,8 +1310,10 @@ def _pick_root(events: list[LogEvent], priority: dict[str, int],
         first_ts = min(e.ts for e in timed if e.ts is not None)
         # A kernel log with no wall-clock time (dmesg without -T stamps seconds since boot, an excerpt carries no boot
         # line to anchor them) cannot be placed before or after the stamped files: its report is not dropped for
-        # having no time, it stands beside the earliest stamped one and what it names decides.
-        roots = [e for e in roots if (e.ts is None and e.entity.startswith("node/"))
+        # having no time, it stands beside the earliest stamped one and what it names decides. So does a worker's
+        # unstamped output where only torchelastic's error files carry a time (_recorded_only).
+        unplaced = _recorded_only(timed)
+        roots = [e for e in roots if (e.ts is None and (unplaced or e.entity.startswith("node/")))
                  or (e.ts is not None and e.ts <= first_ts + tie_s)]
     return min(roots, key=lambda e: (priority.get(e.signature, last), e.ts or 0.0, e.source, e.lineno)), "signature"
 
@@ -1573,11 +1579,20 @@ def _launcher_yields(events: list[LogEvent]) -> list[LogEvent]:
 def _earliest(events: list[LogEvent], tie_s: float) -> LogEvent:
     """The earliest event; stamps within ``tie_s`` of the earliest count as one moment, decided by file order
     (ranks that stamp the same collective's timeout a fraction of a second apart did not fail in that order)."""
-    stamps = [e.ts for e in events if e.ts is not None]
-    if not stamps:
+    stamped = [e for e in events if e.ts is not None]
+    if not stamped:
         return min(events, key=_time_order)
-    first = min(stamps)
-    return min((e for e in events if e.ts is not None and e.ts <= first + tie_s), key=lambda e: (e.source, e.lineno))
+    first = min(e.ts for e in stamped if e.ts is not None)
+    unplaced = _recorded_only(stamped)
+    return min((e for e in events if (e.ts is None and unplaced) or (e.ts is not None and e.ts <= first + tie_s)),
+               key=lambda e: (e.source, e.lineno))
+
+
+def _recorded_only(stamped: list[LogEvent]) -> bool:
+    """Whether all the stamped events come from torchelastic's error files. Only a worker that ``@record`` caught
+    writes one: a worker killed by a signal (a segfault, the abort after a CUDA error in C++) leaves only its unstamped
+    output, and may have failed first - the error files' times place no unstamped line after them."""
+    return all(PurePosixPath(e.source).name == ERROR_FILE_NAME for e in stamped)
 
 
 def _near(node_events: list[LogEvent], root: LogEvent | None) -> list[LogEvent]:
