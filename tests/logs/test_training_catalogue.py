@@ -94,6 +94,9 @@ ROOTS = [
          "nccl v2.19.3-1 src/transport/net_socket.cc:485 ncclNetSocketTest", "nccl.message_truncated", GENERIC),
     Root(f"{HOST} include/socket.h:403 NCCL WARN Connect to 10.148.3.247<56821> failed : No route to host",
          "nccl src/misc/socket.cc socketStartConnect / include/socket.h", "nccl.socket_connect_failed", GENERIC),
+    Root(f"{HOST} include/socket.h:361 NCCL WARN Call to connect failed : Connection timed out",
+         "nccl v2.3.7-1 src/include/socket.h connectAddress, SYSCHECK (src/include/core.h: "
+         "\"Call to \" name \" failed : %s\")", "nccl.socket_connect_failed", GENERIC),
     Root(f"{HOST} misc/socket.cc:484 NCCL WARN socketStartConnect: Connect to 10.0.0.2<35133> failed : Network is "
          "unreachable", "nccl v2.19.3-1 src/misc/socket.cc:484 socketStartConnect", "nccl.socket_connect_failed",
          GENERIC),
@@ -300,6 +303,8 @@ ROOTS = [
          "mpi.errors_are_fatal", LAUNCHER),
     Root("ORTE has lost communication with a remote daemon.", "Open MPI 4 orte/mca/errmgr help-errmgr-base.txt",
          "mpi.daemon_lost", LAUNCHER),
+    Root("An MPI communication peer process has unexpectedly disconnected.  This",
+         "Open MPI opal/mca/btl/tcp help-mpi-btl-tcp.txt [peer hung up]", "mpi.peer_disconnected", LAUNCHER),
     Root("[n1:4242:0:4300] Caught signal 11 (Segmentation fault: address not mapped to object at address 0x8)",
          "UCX src/ucs/debug/debug.c ucs_debug_handle_error_signal", "process.caught_signal", LAUNCHER),
 ]

@@ -1404,6 +1404,33 @@ def test_ncclcheck_return_code_trace_is_the_last_choice_for_a_root(tmp_path: Pat
     assert result.root is not None and result.root.lineno == 7, result.summary
 
 
+def test_two_handlers_reporting_one_fatal_signal_leave_the_first_report_the_root(tmp_path: Path) -> None:
+    """A process that installed Abseil's failure signal handler (absl/debugging/failure_signal_handler.cc, as Ray's
+    and XLA's C++ cores do) reports a SIGSEGV as "*** SIGSEGV received at time=T on cpu N ***" with its stack, then
+    calls the handler installed before it - CPython's faulthandler (Modules/faulthandler.c faulthandler_fatal_error),
+    which prints "Fatal Python error: Segmentation fault" and the Python stack. Both name only the signal: the second
+    is the same crash told again, not the fault named more specifically. Before: faulthandler's line, earlier in the
+    library, was named over the first report."""
+    (tmp_path / "job.log").write_text(
+        "*** SIGSEGV received at time=1678337610 on cpu 12 ***\n"
+        "PC: @     0x7fe04ff8d46a  (unknown)  pollset_work()\n"
+        "   @     0x7fe053202090  (unknown)  (unknown)\n"
+        "[2023-03-09 12:53:30,446 E 957 30467] logging.cc:361: *** SIGSEGV received at time=1678337610 on cpu 12 ***\n"
+        "Fatal Python error: Segmentation fault\n"
+        "\n"
+        "Stack (most recent call first):\n"
+        ' File "/usr/local/lib/python3.8/site-packages/grpc/_channel.py", line 813 in _blocking\n')
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.lineno == 1, result.summary
+    assert result.root.signature == "process.failure_signal_report"
+    # faulthandler's report alone is still the crash
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    (alone / "job.log").write_text("step 7 loss 2.1\nFatal Python error: Segmentation fault\n")
+    result = triage(alone, workers=1)
+    assert result.root is not None and result.root.lineno == 2 and result.root.signature == "python.fatal_signal"
+
+
 def test_open_mpis_report_of_a_rank_killed_by_a_signal_is_the_root(tmp_path: Path) -> None:
     """Open MPI's launcher names the rank a signal ended (PRRTE help-prun.txt proc-aborted-strsignal: "%s noticed that
     process rank %lu with PID %lu on node %s exited on signal %d (%s)."), after its notice that the job was aborted: a

@@ -190,6 +190,10 @@ _PCI_BUS_DEVICE = re.compile(r"([0-9a-f]{2}):([0-9a-f]{2})(?:\.[0-9a-f])?$")
 # Trials did not complete" once its actor was killed): in the same file it stands before a report that names no fault
 # itself.
 STEP_END_REPORTS = frozenset({"slurm.oom_kill"})
+# A process's fatal-signal handlers, chained: Abseil's or glog's handler reports the signal, then calls the one
+# installed before it (CPython's faulthandler: "Fatal Python error: Segmentation fault"), which reports it again. Each
+# names only the signal, so the second report is never the more specific account of the first.
+FATAL_SIGNAL_REPORTS = frozenset({"process.failure_signal_report", "process.caught_signal", "python.fatal_signal"})
 PRINTED_BEFORE_TRACEBACK = "printed_before_traceback"
 # What a relay's prefix said of the line's writer (vigil.knowledge.line_prefix): context, not a field the line filled.
 WORKER_ATTR = "worker"
@@ -1269,7 +1273,8 @@ def _pick_root(events: list[LogEvent], priority: dict[str, int],
     # unless a few lines below it the same fault is named more specifically (the kernel's assertion,
     # flushed after the host's "device-side assert triggered"), or by the same signature with more of its
     # fields filled in where the first filled none (NCCL's "Cuda failure 1 'invalid argument'" under PyTorch's
-    # bare "unhandled cuda error").
+    # bare "unhandled cuda error"). Two handlers' reports of one fatal signal (``FATAL_SIGNAL_REPORTS``) are neither:
+    # the first stands.
     last = len(priority)
     first_per_source: dict[str, LogEvent] = {}
     for event in events:
@@ -1278,6 +1283,7 @@ def _pick_root(events: list[LogEvent], priority: dict[str, int],
         first = first_per_source.get(event.source)
         if first is None or (_same_report(event, first)
                              and event.lineno - first.lineno <= SAME_REPORT_LINES
+                             and not {event.signature, first.signature} <= FATAL_SIGNAL_REPORTS
                              and (priority.get(event.signature, last) < priority.get(first.signature, last)
                                   or (event.signature == first.signature
                                       and _detail(first) == 0 < _detail(event)))):
