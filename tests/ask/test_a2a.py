@@ -15,7 +15,7 @@ from a2a.types import a2a_pb2
 from fastapi.testclient import TestClient
 from google.protobuf import json_format
 
-from tests.test_cli import vigil
+from tests.vigil_command import vigil
 from vigil.config import Settings
 from vigil.faces.api.app import create_app
 from vigil.faces.api.ask.planner import flows

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from tests.ask.conftest import ScriptedEndpoint, client_for, tool_call
-from tests.test_cli import vigil
+from tests.vigil_command import vigil
 from vigil.config import Settings
 from vigil.faces.api.analysis import IncidentCorrelation, JobComparison
 from vigil.faces.api.ask.agent import model_answer

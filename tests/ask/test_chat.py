@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from pydantic import TypeAdapter
 
 from tests.ask.conftest import ScriptedEndpoint, tool_call
-from tests.test_cli import vigil
+from tests.vigil_command import vigil
 from vigil.config import Settings
 from vigil.faces.api.app import create_app
 from vigil.faces.api.ask.planner import check_answer, plan_answer

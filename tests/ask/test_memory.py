@@ -14,7 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.ask.conftest import ScriptedEndpoint, client_for, tool_call
-from tests.test_cli import vigil
+from tests.vigil_command import vigil
 from vigil.config import Settings
 from vigil.diagnose.llm import LlmClient, estimate_tokens
 from vigil.diagnose.memory import MemoryIndex, recall, remember_resolved, summarize

@@ -4,14 +4,13 @@ that the actuator checks again before it deletes."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+from tests.checkpoint.checkpoint_dirs import HOUR, make_checkpoints
 from tests.conftest import require_binary
 from vigil.checkpoint.cleanup import propose_cleanup
 from vigil.faces.cli.main import app
@@ -19,25 +18,6 @@ from vigil.model import ActionStatus, new_id
 from vigil.remedy.actuators.checkpoint import CheckpointCleanupActuator
 from vigil.remedy.audit import AuditLog
 from vigil.remedy.remediator import Remediator
-
-HOUR = 3600.0
-
-
-def make_checkpoints(root: Path) -> Path:
-    """The manager's layout: complete steps 1-4, 6, 7 (with DCP's .metadata), an old cut-off save at step 5,
-    and the save in flight at step 8."""
-    ckpt = root / "j7"
-    old = time.time() - 2 * HOUR
-    for step in (1, 2, 3, 4, 5, 6, 7, 8):
-        path = ckpt / f"step-{step:09d}"
-        path.mkdir(parents=True)
-        (path / "__0_0.distcp").write_bytes(os.urandom(1000 * step))
-        if step not in (5, 8):
-            (path / ".metadata").write_bytes(b"m" * 10)
-        if step == 5:
-            for item in (path / "__0_0.distcp", path):
-                os.utime(item, (old, old))
-    return ckpt
 
 
 def du_bytes(path: Path) -> int:

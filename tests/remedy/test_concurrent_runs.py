@@ -15,8 +15,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import insert, text
 
 from tests.conftest import wait_for
-from tests.remedy.test_resume_claim import CountingActuator
-from tests.remedy.test_resume_claim import database as database
+from tests.remedy.claims import CountingActuator
+from tests.remedy.claims import database as database
 from tests.serve.conftest import TOKEN, fresh_database
 from tests.serve.conftest import postgres_url as postgres_url
 from vigil.config import Settings

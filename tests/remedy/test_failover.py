@@ -8,26 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.remedy.failover_jobs import tiny_job
 from vigil.model import ActionKind, ActionStatus
 from vigil.remedy.audit import AuditLog
 from vigil.remedy.jobspec import TrainingJob
 from vigil.run.failover import FailoverSupervisor, LocalJob
-
-
-def tiny_job(name: str, steps: int = 30, hang_timeout: str = "10s") -> TrainingJob:
-    return TrainingJob.from_dict(
-        {
-            "metadata": {"name": name},
-            "spec": {
-                "replicas": 2,
-                "command": ["python", "-m", "vigil_eval.tinytrain", "--steps", str(steps)],
-                "devices": ["cpu:0", "cpu:1", "cpu:2"],
-                "checkpoint": {"everySteps": 5, "keepLast": 2},
-                "failoverPolicy": {"maxRetries": 2, "action": "restart"},
-                "healthCheck": {"hangTimeout": hang_timeout},
-            },
-        }
-    )
 
 
 def final_loss(run_dir: Path) -> str:

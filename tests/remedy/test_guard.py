@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from sqlalchemy.exc import OperationalError
 
+from tests.remedy.claims import database as database
 from tests.remedy.conftest import calls
-from tests.remedy.test_resume_claim import database as database
 from tests.serve.conftest import postgres_url as postgres_url
 from vigil.config import load_settings
 from vigil.model import Action, ActionKind, ActionStatus, Anomaly, FaultLevel, Gpu, Node, Topology

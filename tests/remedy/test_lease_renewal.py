@@ -10,8 +10,8 @@ import logging
 import pytest
 from sqlalchemy.exc import OperationalError
 
-from tests.remedy.test_resume_claim import CountingActuator, FakeClock
-from tests.remedy.test_resume_claim import database as database
+from tests.remedy.claims import CountingActuator, FakeClock
+from tests.remedy.claims import database as database
 from tests.serve.conftest import postgres_url as postgres_url
 from vigil.model import Action, ActionKind, ActionStatus
 from vigil.remedy.audit import AuditLog

@@ -15,8 +15,8 @@ import pytest
 from sqlalchemy import select
 from typer.testing import CliRunner
 
-from tests.remedy.test_resume_claim import CountingActuator, FakeClock
-from tests.remedy.test_resume_claim import database as database
+from tests.remedy.claims import CountingActuator, FakeClock
+from tests.remedy.claims import database as database
 from tests.serve.conftest import postgres_url as postgres_url
 from vigil.config import Settings
 from vigil.model import Action, ActionKind, ActionStatus, Topology
@@ -102,7 +102,7 @@ def test_the_failover_supervisor_holds_its_runs_for_the_configured_lease(lease_o
     """`vigil launch job`'s failover supervisor (built by run_job, the command's body) claims a run for
     remedy_lease_s, as the server and the engine do (before: 30 s whatever the settings, so a peer could take a long
     restart over after 30 s). The supervisor's run is one alert here: the job itself is test_failover.py's."""
-    from tests.remedy.test_failover import tiny_job
+    from tests.remedy.failover_jobs import tiny_job
     from vigil.remedy.jobspec import TrainingJob
     from vigil.run.failover import FailoverReport, FailoverSupervisor, run_job
 
@@ -124,7 +124,7 @@ def test_the_failover_supervisor_holds_its_runs_for_the_configured_lease(lease_o
 
 def test_checkpoint_clean_holds_its_runs_for_the_configured_lease(lease_of_600_s: str, tmp_path: Path) -> None:
     """`vigil checkpoint clean --execute` claims each deletion's run for remedy_lease_s (before: 30 s)."""
-    from tests.checkpoint.test_cleanup import make_checkpoints
+    from tests.checkpoint.checkpoint_dirs import make_checkpoints
     from vigil.faces.cli.main import app
 
     ckpt = make_checkpoints(tmp_path)

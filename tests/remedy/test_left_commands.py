@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import wait_for
-from tests.remedy.test_resume_claim import database as database
+from tests.remedy.claims import database as database
 from tests.serve.conftest import postgres_url as postgres_url
 from vigil.model import Action, ActionKind, ActionStatus
 from vigil.remedy import commands

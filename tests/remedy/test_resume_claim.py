@@ -4,64 +4,19 @@ runs it again and the other leaves it. On SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
-import hashlib
-import re
 import threading
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from tests.serve.conftest import fresh_database
+from tests.remedy.claims import CountingActuator, FakeClock, crashed_drain
+from tests.remedy.claims import database as database
 from tests.serve.conftest import postgres_url as postgres_url
 from vigil.model import Action, ActionKind, ActionStatus
 from vigil.remedy.actuators.base import Actuator, ActuatorError
 from vigil.remedy.audit import AuditLog
 from vigil.remedy.remediator import Remediator
-
-
-class CountingActuator(Actuator):
-    """Records each drain it runs; ``during`` runs inside the first one, while the action is in flight."""
-
-    name = "counting"
-    kinds = frozenset({ActionKind.DRAIN})
-    target_kinds = frozenset({"node"})
-
-    def __init__(self, runs: list[str], during: Callable[[], None] | None = None) -> None:
-        self.runs = runs
-        self.during = during
-
-    def describe(self, action: Action) -> str:
-        return f"drain {action.target}"
-
-    def is_satisfied(self, action: Action) -> bool:
-        return False
-
-    def execute(self, action: Action) -> str:
-        self.runs.append(f"{self.name}:{action.id}")
-        if self.during is not None:
-            during, self.during = self.during, None
-            during()
-        return f"drained {action.target}"
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def database(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'vigil.db'}"
-    # a database per test: the audit log keeps one engine (and its connections) per URL for the process
-    name = re.sub(r"\W+", "_", request.node.name).lower()
-    digest = hashlib.sha1(name.encode()).hexdigest()[:8]  # two long names cut to one prefix stay apart
-    return fresh_database(request.getfixturevalue("postgres_url"), f"claims_{name[:40]}_{digest}")
-
-
-def crashed_drain(audit: AuditLog, *, at: float = 0.0, lease_s: float = 30.0) -> Action:
-    """A drain a process killed at ``at`` left journalled as started, its claim good until ``at + lease_s``."""
-    action = Action(id="act-drain-n1", ts=0.0, kind=ActionKind.DRAIN, target="node/n1", reason="Xid 79",
-                    params={"idempotency_key": "act-drain-n1"})
-    assert audit.begin("act-drain-n1", action, owner="vigil-api-killed", now=at, lease_expires=at + lease_s) is None
-    return action
 
 
 def test_two_processes_recovering_at_once_resume_an_action_once(database: str) -> None:
@@ -205,7 +160,7 @@ def assert_the_schema_is_the_stores(url: str) -> None:
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
 
-    from tests.store.test_migrations import head_revision
+    from tests.store.revisions import head_revision
     from vigil.store.schema import metadata
 
     engine = sa.create_engine(url)
@@ -303,40 +258,6 @@ def _waiting(url: str, asked: list[str]) -> bool:
     if not url.startswith("postgresql"):
         return bool(asked)
     return sum("pg_try_advisory_lock" in statement for statement in asked) >= 2
-
-
-class FakeClock:
-    """A clock the test moves by hand. ``wait`` is the remediator's wait (the lease renewal's): it returns when the
-    test has moved the clock past its deadline; ``advance`` returns only once every waiter it woke has done its
-    step and waits again, so the test goes on knowing the renewal happened."""
-
-    def __init__(self, now: float) -> None:
-        self.now = now
-        self._deadlines: dict[int, float] = {}
-        self._changed = threading.Condition()
-
-    def __call__(self) -> float:
-        return self.now
-
-    def wait(self, stop: threading.Event, seconds: float) -> bool:
-        me = threading.get_ident()
-        with self._changed:
-            self._deadlines[me] = self.now + seconds
-            self._changed.notify_all()
-            while not stop.is_set() and self.now < self._deadlines[me]:
-                # the timeout only bounds how late a stopped renewal notices: stop.set() does not notify
-                self._changed.wait(timeout=0.05)
-            if stop.is_set():
-                del self._deadlines[me]
-                self._changed.notify_all()
-            return stop.is_set()
-
-    def advance(self, seconds: float, *, waiters: int = 1) -> None:
-        with self._changed:
-            self._changed.wait_for(lambda: len(self._deadlines) >= waiters, timeout=30)
-            self.now += seconds
-            self._changed.notify_all()
-            assert self._changed.wait_for(lambda: all(d > self.now for d in self._deadlines.values()), timeout=30)
 
 
 def test_a_dead_owner_s_claim_is_taken_over_after_its_lease_and_not_before(database: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.remedy.test_resume_claim import database as database
+from tests.remedy.claims import database as database
 from tests.serve.conftest import postgres_url as postgres_url
 from vigil.model import Action, ActionKind, ActionStatus
 from vigil.remedy.actuators.base import Actuator

@@ -23,6 +23,7 @@ FIELDS = [
     ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "counter", "Total number of double-bit volatile ECC errors.", 0),
     ("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered.", 0),
 ]
+HOT, COOL = 95.0, 60.0  # a GPU temperature above the rules' 87 C, and a healthy one
 
 
 def pci_bus(gpu: int) -> str:

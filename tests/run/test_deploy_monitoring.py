@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tests.conftest import require_binary
-from tests.run.test_live import _answers, _start
+from tests.run.live_processes import answers, start
 from tests.serve.conftest import REPO, free_port, wait_for
 
 pytestmark = pytest.mark.slow
@@ -31,10 +31,10 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     files = ", ".join(f'"{r}"' for r in RULES)
     (tmp / "prometheus.yml").write_text(f"global: {{evaluation_interval: 1s}}\nrule_files: [{files}]\n")
     with ExitStack() as stack:
-        _start(stack, [binary, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
-                       f"--web.listen-address=127.0.0.1:{port}"], tmp / "prometheus.log")
+        start(stack, [binary, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+                      f"--web.listen-address=127.0.0.1:{port}"], tmp / "prometheus.log")
         url = f"http://127.0.0.1:{port}"
-        wait_for(lambda: _answers(url + "/-/ready"), 60, "Prometheus to be ready")
+        wait_for(lambda: answers(url + "/-/ready"), 60, "Prometheus to be ready")
         yield url
 
 

@@ -3,12 +3,12 @@ production decoders, then pushed samples, events and inventory -> incidents, dia
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
+from tests.run.clock import Clock
 from tests.run.pages import dcgm_page, xid_line
 from vigil.config import Settings
 from vigil.model import ActionKind, ActionStatus, Incident, IncidentStatus, Sample
@@ -18,14 +18,6 @@ from vigil.sources.collect.kmsg import KernelLogSource
 from vigil.store.sql import Store
 
 NODES = ("n01", "n02")
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = time.time()
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Recorder:

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import wait_for
+from tests.remedy.claims import database as database
 from tests.remedy.held_slurm import acting_env, held_slurm, place_cluster
-from tests.remedy.test_resume_claim import database as database
 from tests.run.counted_connections import left_open
 from tests.run.engine_process import EngineProcess
 from tests.serve.conftest import postgres_url as postgres_url

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from tests.remedy.test_crash_safety import kill_mid_drain, scontrol_updates
-from tests.run.test_engine import Clock
+from tests.remedy.killed_drain import kill_mid_drain, scontrol_updates
+from tests.run.clock import Clock
+from tests.run.live_processes import vigil_env
 from vigil.config import Settings
 from vigil.detect.learned.tce import TCEDetector, save_detector
 from vigil.model import ActionStatus, Gpu, Node, Sample, VigilInputError
@@ -22,7 +23,6 @@ from vigil.remedy.audit import AuditLog
 from vigil.run.engine import Engine
 from vigil.store.sql import Store
 
-REPO = Path(__file__).resolve().parents[2]
 GPUS = [(node, index) for node in ("n01", "n02") for index in range(2)]
 
 
@@ -37,9 +37,8 @@ def test_engine_finishes_an_action_its_killed_predecessor_left_half_done(tmp_pat
     kill_mid_drain(tmp_path, bin_dir / "scontrol", url)
     assert [a.id for a in AuditLog(url).unfinished()] == ["act-drain-n1"]
 
-    engine_env = {k: v for k, v in os.environ.items() if not k.startswith("VIGIL_")}
-    engine_env.update(PYTHONPATH=str(REPO), VIGIL_HOME=str(tmp_path / "home"), VIGIL_EXECUTE_ACTIONS="true",
-                      PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    engine_env = vigil_env(VIGIL_HOME=str(tmp_path / "home"), VIGIL_EXECUTE_ACTIONS="true",
+                           PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     done = subprocess.run([sys.executable, "-m", "vigil", "engine", "--once", "--actuator", "slurm"],
                           env=engine_env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -65,9 +64,8 @@ def test_engine_acts_through_the_configured_backend_and_only_with_execute_action
         store.register_node(Node(name=name))
     store.close()
     kill_mid_drain(tmp_path, bin_dir / "scontrol", url)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VIGIL_")}
-    env.update(PYTHONPATH=str(REPO), VIGIL_HOME=str(tmp_path / "home"), VIGIL_REMEDY_BACKEND="slurm",
-               PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    env = vigil_env(VIGIL_HOME=str(tmp_path / "home"), VIGIL_REMEDY_BACKEND="slurm",
+                    PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
 
     def engine_once(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "vigil", "engine", "--once", *args], env={**env, **extra},

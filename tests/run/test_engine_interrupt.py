@@ -12,28 +12,15 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import wait_for
+from tests.remedy.claims import crashed_drains
+from tests.remedy.claims import database as database
 from tests.remedy.held_slurm import HeldSlurm, acting_env, held_slurm, place_cluster
-from tests.remedy.test_resume_claim import database as database
 from tests.serve.conftest import REPO
 from tests.serve.conftest import postgres_url as postgres_url
-from vigil.model import Action, ActionKind, ActionStatus
+from vigil.model import ActionStatus
 from vigil.remedy.audit import AuditLog
-from vigil.store.schema import remedy_intents
 
 pytestmark = pytest.mark.slow
-
-
-def crashed_drains(database: str, *nodes: str) -> None:
-    """Drains of ``nodes`` killed servers left started, their leases lapsed long ago: journalled in one transaction,
-    so that one round of resumes reads them all."""
-    rows = []
-    for node in nodes:
-        action = Action(id=f"act-drain-{node}", ts=0.0, kind=ActionKind.DRAIN, target=f"node/{node}",
-                        reason="Xid 79", params={"idempotency_key": f"act-drain-{node}"})
-        rows.append({"key": action.id, "action_id": action.id, "state": "started", "started": 1_000.0,
-                     "action": action.model_dump(mode="json"), "owner": "vigil-api-killed", "lease_expires": 1_030.0})
-    with AuditLog(database).engine.begin() as conn:
-        conn.execute(remedy_intents.insert(), rows)
 
 
 def test_ctrl_c_while_a_round_resumes_claims_no_further_run(database: str, tmp_path: Path) -> None:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import wait_for
+from tests.remedy.claims import database as database
 from tests.remedy.held_slurm import HeldSlurm, acting_env, crashed_drain_of, held_slurm, place_cluster
-from tests.remedy.test_resume_claim import database as database
 from tests.serve.conftest import REPO
 from tests.serve.conftest import postgres_url as postgres_url
 from vigil.model import ActionStatus

@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import wait_for
 from tests.run.engine_process import EngineProcess
-from tests.run.test_read_order import Site
+from tests.run.engine_site import Site
 from tests.serve.conftest import REPO, fresh_database
 from tests.serve.conftest import postgres_url as postgres_url
 from vigil.remedy.commands import this_host

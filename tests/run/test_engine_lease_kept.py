@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from tests.conftest import wait_for
-from tests.run.test_read_order import Site
+from tests.run.engine_site import Site
 from tests.serve.conftest import fresh_database, start_server
 from tests.serve.conftest import postgres_url as postgres_url
 from tests.store.conftest import db_url as db_url

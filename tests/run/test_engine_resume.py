@@ -14,9 +14,9 @@ import pytest
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from tests.conftest import wait_for
+from tests.remedy.claims import CountingActuator, crashed_drain
+from tests.remedy.claims import database as database
 from tests.remedy.held_slurm import crashed_drain_of
-from tests.remedy.test_resume_claim import CountingActuator, crashed_drain
-from tests.remedy.test_resume_claim import database as database
 from tests.serve.conftest import postgres_url as postgres_url
 from vigil.config import Settings
 from vigil.model import Action, ActionKind, ActionStatus, Node, Topology

@@ -6,7 +6,6 @@ no anomaly for a past state."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +14,8 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.run.pages import dcgm_page
+from tests.run.clock import Clock
+from tests.run.pages import COOL, HOT, dcgm_page
 from vigil.config import Settings
 from vigil.faces.api.app import create_app
 from vigil.model import Node
@@ -24,15 +24,6 @@ from vigil.sources.collect.dcgm import DcgmExporterScraper
 from vigil.store.sql import Store
 
 TOKEN = "late-push-token"
-HOT, COOL = 95.0, 60.0  # GPU 0's temperature: above the rules' 87 C, and a healthy one
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = time.time()
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Node01:

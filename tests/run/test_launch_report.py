@@ -14,7 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.conftest import wait_for
-from tests.run.test_engine import Clock
+from tests.run.clock import Clock
 from vigil.config import Settings
 from vigil.faces.api.app import create_app
 from vigil.model import (

@@ -7,9 +7,7 @@ formats machines write: an Xid line in a kernel log, a higher double-bit ECC cou
 from __future__ import annotations
 
 import contextlib
-import os
 import re
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
@@ -21,8 +19,9 @@ import httpx
 import pytest
 
 from tests.collect.conftest import PageServer
+from tests.run.live_processes import answers, start, vigil_env
 from tests.run.pages import dcgm_page, xid_line
-from tests.serve.conftest import REPO, TOKEN, free_port, require_binary, wait_for
+from tests.serve.conftest import TOKEN, free_port, require_binary, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -37,22 +36,6 @@ scrape_configs:
   - job_name: vigil-agents
     static_configs: [{{targets: [{targets}]}}]
 """
-
-
-def _start(stack: ExitStack, args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    out = stack.enter_context(log.open("w"))
-    process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
-
-    def stop() -> None:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-    stack.callback(stop)
-    return process
 
 
 @dataclass
@@ -92,7 +75,7 @@ class LiveCluster:
     # may not have them yet.
     def diagnosis(self, incident: str) -> dict[str, Any]:
         path = f"/api/v1/incidents/{incident}/diagnosis"
-        self.wait(lambda: _answers(self.url + path, TOKEN), 60, f"the diagnosis of {incident}")
+        self.wait(lambda: answers(self.url + path, TOKEN), 60, f"the diagnosis of {incident}")
         result: dict[str, Any] = self.get(path)
         return result
 
@@ -122,13 +105,6 @@ class LiveCluster:
             raise
 
 
-def _env(**values: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VIGIL_")}
-    env["PYTHONPATH"] = str(REPO)
-    env.update(values)
-    return env
-
-
 def _start_cluster(tmp: Path, stack: ExitStack, prometheus: bool) -> LiveCluster:
     """Alertmanager, `vigil serve` and one `vigil agent` per node (each with its dcgm-exporter page and kernel
     log); with ``prometheus`` the agents are scraped by Prometheus and the engine reads PromQL instead of
@@ -137,9 +113,9 @@ def _start_cluster(tmp: Path, stack: ExitStack, prometheus: bool) -> LiveCluster
     am_port, port = free_port(), free_port()
     (tmp / "alertmanager.yml").write_text(ALERTMANAGER)
     logs = [tmp / "alertmanager.log", tmp / "serve.log"]
-    _start(stack, [alertmanager_bin, f"--config.file={tmp / 'alertmanager.yml'}",
-                   f"--web.listen-address=127.0.0.1:{am_port}", f"--storage.path={tmp / 'am'}",
-                   "--cluster.listen-address="], logs[0])
+    start(stack, [alertmanager_bin, f"--config.file={tmp / 'alertmanager.yml'}",
+                  f"--web.listen-address=127.0.0.1:{am_port}", f"--storage.path={tmp / 'am'}",
+                  "--cluster.listen-address="], logs[0])
     pages, kmsg, agent_ports = {}, {}, {}
     for node in NODES:
         pages[node] = PageServer()
@@ -156,34 +132,26 @@ def _start_cluster(tmp: Path, stack: ExitStack, prometheus: bool) -> LiveCluster
         targets = ", ".join(f'"127.0.0.1:{p}"' for p in agent_ports.values())
         (tmp / "prometheus.yml").write_text(PROMETHEUS.format(targets=targets))
         logs.append(tmp / "prometheus.log")
-        _start(stack, [prom_bin, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
-                       f"--web.listen-address=127.0.0.1:{prom_port}"], logs[-1])
+        start(stack, [prom_bin, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+                      f"--web.listen-address=127.0.0.1:{prom_port}"], logs[-1])
         server_env["VIGIL_METRICS_URL"] = f"http://127.0.0.1:{prom_port}"
-    _start(stack, [sys.executable, "-m", "vigil", "serve", "--port", str(port)], logs[1], _env(**server_env))
+    start(stack, [sys.executable, "-m", "vigil", "serve", "--port", str(port)], logs[1], vigil_env(**server_env))
     url = f"http://127.0.0.1:{port}"
     cluster = LiveCluster(url, f"http://127.0.0.1:{am_port}", tmp, pages, kmsg, prometheus, logs,
                           {node: f"http://127.0.0.1:{p}/metrics" for node, p in agent_ports.items()})
-    cluster.wait(lambda: _answers(url + "/api/v1/health"), 60, "vigil serve to answer")
+    cluster.wait(lambda: answers(url + "/api/v1/health"), 60, "vigil serve to answer")
     for node in NODES:
         logs.append(tmp / f"agent-{node}.log")
-        _start(stack, [sys.executable, "-m", "vigil", "agent", "--interval", "0.5", "--port", str(agent_ports[node]),
-                       "--dcgm-url", pages[node].url + "/metrics", "--server", url,
-                       "--kmsg-file", str(kmsg[node])], logs[-1],
-               _env(VIGIL_AGENT_NODE=node, VIGIL_AGENT_SERVER_TOKEN=TOKEN, VIGIL_AGENT_PUSH_INTERVAL_S="0.5",
-                    VIGIL_AGENT_PUSH_SAMPLES="false" if prometheus else "true"))
-    cluster.wait(lambda: _answers(cluster.alertmanager + "/-/ready"), 60, "Alertmanager to be ready")
+        start(stack, [sys.executable, "-m", "vigil", "agent", "--interval", "0.5", "--port", str(agent_ports[node]),
+                      "--dcgm-url", pages[node].url + "/metrics", "--server", url,
+                      "--kmsg-file", str(kmsg[node])], logs[-1],
+              vigil_env(VIGIL_AGENT_NODE=node, VIGIL_AGENT_SERVER_TOKEN=TOKEN, VIGIL_AGENT_PUSH_INTERVAL_S="0.5",
+                        VIGIL_AGENT_PUSH_SAMPLES="false" if prometheus else "true"))
+    cluster.wait(lambda: answers(cluster.alertmanager + "/-/ready"), 60, "Alertmanager to be ready")
     cluster.wait(lambda: sorted(n["name"] for n in cluster.get("/api/v1/nodes")) == list(NODES)
                  and all(len(n["gpus"]) == 4 for n in cluster.get("/api/v1/nodes")), 60,
                  "both agents to register their GPUs")
     return cluster
-
-
-def _answers(url: str, token: str | None = None) -> bool:
-    try:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return httpx.get(url, timeout=2, headers=headers).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 @pytest.fixture(params=[False, True], ids=["agent-push", "prometheus"])
@@ -199,7 +167,7 @@ def _ticks(cluster: LiveCluster) -> int:
 def test_faults_written_as_machines_write_them_become_incidents(live: LiveCluster) -> None:
     if live.prometheus:
         query = "/api/v1/metrics/query?query=DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"
-        live.wait(lambda: _answers(live.url + query, TOKEN) and len(live.get(query)) == 8, 60,
+        live.wait(lambda: answers(live.url + query, TOKEN) and len(live.get(query)) == 8, 60,
                   "Prometheus to hold both agents' GPUs")
     else:
         live.wait(lambda: live.get("/api/v1/engine")["pushes"] >= 4, 60, "the engine to read both agents")

@@ -22,7 +22,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.run.test_live import _answers, _env, _start
+from tests.run.live_processes import answers, start, vigil_env
 from tests.serve.conftest import TOKEN, free_port, wait_for
 from vigil.knowledge.faults import fault_level
 from vigil.model import Event, LaunchReport, RankPlacement
@@ -78,18 +78,18 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
     kernel_log = tmp_path / "kern.log"
     kernel_log.write_text("")
     with ExitStack() as stack:
-        _start(stack, [sys.executable, "-m", "vigil", "serve", "--port", str(port)], logs[0],
-               _env(VIGIL_HOME=str(tmp_path / "home"), VIGIL_API_TOKEN=TOKEN, VIGIL_ENGINE_INTERVAL_S="0.5"))
+        start(stack, [sys.executable, "-m", "vigil", "serve", "--port", str(port)], logs[0],
+              vigil_env(VIGIL_HOME=str(tmp_path / "home"), VIGIL_API_TOKEN=TOKEN, VIGIL_ENGINE_INTERVAL_S="0.5"))
         url = f"http://127.0.0.1:{port}"
         cluster = Cluster(url, f"http://127.0.0.1:{agent_port}", logs)
-        cluster.wait(lambda: _answers(url + "/api/v1/health"), 60, "vigil serve to answer")
-        _start(stack, [sys.executable, "-m", "vigil", "agent", "--interval", "0.5", "--port", str(agent_port),
-                       "--dcgm-url", "",
-                       "--kmsg-file", str(kernel_log), "--server", url,
-                       "--rank-logs", str(tmp_path / "torchrun" / "*" / "attempt_*" / "*" / "stderr.log"),
-                       "--rank-log-pattern", r"/attempt_\d+/(?P<rank>\d+)/stderr\.log$", "--rank-log-job", JOB],
-               logs[1], _env(VIGIL_AGENT_NODE=default_node_name(), VIGIL_AGENT_SERVER_TOKEN=TOKEN,
-                             VIGIL_AGENT_PUSH_INTERVAL_S="0.5"))
+        cluster.wait(lambda: answers(url + "/api/v1/health"), 60, "vigil serve to answer")
+        start(stack, [sys.executable, "-m", "vigil", "agent", "--interval", "0.5", "--port", str(agent_port),
+                      "--dcgm-url", "",
+                      "--kmsg-file", str(kernel_log), "--server", url,
+                      "--rank-logs", str(tmp_path / "torchrun" / "*" / "attempt_*" / "*" / "stderr.log"),
+                      "--rank-log-pattern", r"/attempt_\d+/(?P<rank>\d+)/stderr\.log$", "--rank-log-job", JOB],
+              logs[1], vigil_env(VIGIL_AGENT_NODE=default_node_name(), VIGIL_AGENT_SERVER_TOKEN=TOKEN,
+                                 VIGIL_AGENT_PUSH_INTERVAL_S="0.5"))
         cluster.wait(lambda: [n["name"] for n in cluster.get("/api/v1/nodes")] == [default_node_name()], 60,
                      "the agent to register its node")
         # the rank-log source's first look follows the files already there from their end: the job starts after it
@@ -106,7 +106,7 @@ def _torchrun(tmp_path: Path, *job_args: str) -> int:
                "--monitor-interval", "10", "--log-dir", str(tmp_path / "torchrun"), "--redirects", "3",
                str(JOB_SCRIPT), *job_args]
     with (tmp_path / "torchrun.log").open("wb") as out:
-        return subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=_env(), timeout=300).returncode
+        return subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=vigil_env(), timeout=300).returncode
 
 
 def test_a_torchrun_jobs_raising_rank_reaches_the_engine_through_the_agent(cluster: Cluster, tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.run.test_live import _answers, _env, _start
+from tests.run.live_processes import answers, start, vigil_env
 from tests.serve.conftest import TOKEN, free_port, wait_for
 from vigil.run.report import gpu_indices
 from vigil.sources.collect.base import default_node_name
@@ -58,15 +58,15 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("serve")
     port = free_port()
     with ExitStack() as stack:
-        env = _env(VIGIL_HOME=str(tmp / "home"), VIGIL_API_TOKEN=TOKEN, VIGIL_ENGINE_INTERVAL_S="0.5")
-        _start(stack, [sys.executable, "-m", "vigil", "serve", "--port", str(port)], tmp / "serve.log", env)
+        env = vigil_env(VIGIL_HOME=str(tmp / "home"), VIGIL_API_TOKEN=TOKEN, VIGIL_ENGINE_INTERVAL_S="0.5")
+        start(stack, [sys.executable, "-m", "vigil", "serve", "--port", str(port)], tmp / "serve.log", env)
         url = f"http://127.0.0.1:{port}"
-        wait_for(lambda: _answers(url + "/api/v1/health"), 60, "vigil serve to answer")
+        wait_for(lambda: answers(url + "/api/v1/health"), 60, "vigil serve to answer")
         yield Server(url, tmp / "serve.log")
 
 
 def _launch(tmp: Path, server_url: str, job: str, *args: str) -> subprocess.Popen[bytes]:
-    env = _env(VIGIL_SERVER_TOKEN=TOKEN, VIGIL_REPORT_INTERVAL_S="0.5")
+    env = vigil_env(VIGIL_SERVER_TOKEN=TOKEN, VIGIL_REPORT_INTERVAL_S="0.5")
     command = [sys.executable, "-m", "vigil", "launch", "script", str(JOB), "--nproc-per-node", "2",
                "--hang-timeout", "3", "--out", str(tmp / "run"), "--server", server_url, "--job", job, "--", *args]
     with (tmp / "launch.log").open("wb") as log:

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.run.pages import dcgm_page
-from tests.run.test_late_pushes import COOL, HOT, TOKEN, Clock
+from tests.run.clock import Clock
+from tests.run.pages import COOL, HOT, dcgm_page
 from tests.serve.conftest import postgres_url as postgres_url
 from tests.store.conftest import db_url as db_url
 from vigil.config import Settings
@@ -27,6 +27,7 @@ from vigil.sources.collect.dcgm import DcgmExporterScraper
 from vigil.store.sql import Store
 
 TEMP = "DCGM_FI_DEV_GPU_TEMP"
+TOKEN = "push-window-token"
 
 
 class Agent:

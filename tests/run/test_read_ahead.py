@@ -15,7 +15,7 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
-from tests.run.test_read_order import Site
+from tests.run.engine_site import Site
 from tests.serve.conftest import _postgres_bin, fresh_database, running_postgres
 from tests.serve.conftest import postgres_url as postgres_url
 from vigil.run import engine as engine_module

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.run.test_engine import Clock
+from tests.run.clock import Clock
 from vigil.config import Settings
 from vigil.faces.api.app import create_app
 from vigil.model import LaunchReport, RankPlacement, Sample, StepTelemetry

@@ -12,6 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.serve.alertmanager_payload import PAYLOAD
 from tests.serve.conftest import REPO, TOKEN
 from vigil.config import Settings
 from vigil.faces.api.alertmanager import alert_entity, alerts_to_events, parse_payload
@@ -23,41 +24,6 @@ from vigil.store.sql import Store
 # API: firing, the same firing twice more (repeat_interval 2s), resolved (the alert posted again with an end), and
 # firing again once posted with a new start - the same fingerprint throughout.
 RECORDED = REPO / "tests" / "fixtures" / "serve" / "alertmanager" / "repeat_resolve_refire.json"
-
-# The shape of alertmanager notify/webhook/webhook.go's Message (v0.34: notification_reason, routeLabels).
-PAYLOAD: dict[str, Any] = {
-    "version": "4",
-    "groupKey": '{}:{alertname="GpuXid"}',
-    "truncatedAlerts": 0,
-    "status": "firing",
-    "receiver": "vigil",
-    "groupLabels": {"alertname": "GpuXid"},
-    "commonLabels": {"alertname": "GpuXid", "severity": "critical"},
-    "commonAnnotations": {},
-    "externalURL": "http://alertmanager:9093",
-    "notification_reason": "new alerts",
-    "routeLabels": {"team": "infra"},
-    "alerts": [
-        {
-            "status": "firing",
-            "labels": {"Hostname": "n003", "gpu": "5", "xid": "79"},
-            "annotations": {"summary": "GPU has fallen off the bus"},
-            "startsAt": "2026-01-01T00:10:00.000Z",
-            "endsAt": "0001-01-01T00:00:00Z",
-            "generatorURL": "http://prometheus:9090/graph?g0.expr=...",
-            "fingerprint": "a1b2c3",
-        },
-        {
-            "status": "resolved",
-            "labels": {"instance": "n004:9400", "severity": "warning"},
-            "annotations": {"description": "thermal throttling"},
-            "startsAt": "2026-01-01T00:00:00Z",
-            "endsAt": "2026-01-01T00:05:00Z",
-            "fingerprint": "d4e5f6",
-            "futureField": {"nested": True},
-        },
-    ],
-}
 
 
 def test_payload_with_unknown_fields_becomes_events() -> None:

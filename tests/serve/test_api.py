@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from tests.serve.alertmanager_payload import PAYLOAD
 from tests.serve.conftest import APPROVER, APPROVER_AUTH, STRAGGLER_RANK, TOKEN, SimCluster, reader_cookies
-from tests.serve.test_alertmanager import PAYLOAD
 from vigil.faces.api.app import create_app
 from vigil.model import Action, ActionKind, ActionStatus, Event, FaultLevel, IncidentStatus
 from vigil.remedy.actuators.base import OutboxActuator

@@ -273,7 +273,7 @@ def test_diagnose_again_answers_at_once_and_the_page_waits_for_the_rerun(
 def test_a_failed_diagnosis_is_tried_again_later_and_the_status_says_so(
     cluster: SimCluster, db_url: str, tmp_path: Path
 ) -> None:
-    from tests.store.test_diagnosis_claims import set_lease
+    from tests.store.diagnosis_leases import set_lease
 
     store, incidents = fresh_store(cluster, db_url, count=1)
     incident = incidents[0]

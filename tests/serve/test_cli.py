@@ -161,7 +161,7 @@ def test_a_second_ctrl_c_during_uvicorn_s_shutdown_skips_the_engine_s_wait(tmp_p
     import uvicorn
     from typer.testing import CliRunner
 
-    from tests.serve.test_shutdown import AT_ONCE
+    from tests.serve.stop_lines import AT_ONCE
     from vigil.config import settings
     from vigil.faces.cli.main import app
 

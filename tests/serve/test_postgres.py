@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from tests.serve.alertmanager_payload import PAYLOAD
 from tests.serve.conftest import APPROVER_AUTH, TOKEN, build_cluster, fresh_database, reader_cookies
-from tests.serve.test_alertmanager import PAYLOAD
 from vigil.faces.api.app import create_app
 from vigil.remedy.actuators.base import OutboxActuator
 from vigil.remedy.audit import AuditLog
@@ -70,13 +70,13 @@ def test_a_rank_log_push_sent_again_is_stored_once_on_postgresql(postgres_url: s
 
 
 def test_a_racing_push_of_the_same_lines_is_counted_once_on_postgresql(postgres_url: str) -> None:
-    from tests.store.test_sql import assert_a_racing_write_of_the_same_keys_is_counted_once
+    from tests.store.keyed_events import assert_a_racing_write_of_the_same_keys_is_counted_once
 
     assert_a_racing_write_of_the_same_keys_is_counted_once(fresh_database(postgres_url, "rank_logs_race"))
 
 
 def test_a_batch_counts_the_events_it_wrote_on_postgresql(postgres_url: str) -> None:
-    from tests.store.test_sql import assert_a_batch_counts_the_events_it_wrote
+    from tests.store.keyed_events import assert_a_batch_counts_the_events_it_wrote
 
     assert_a_batch_counts_the_events_it_wrote(fresh_database(postgres_url, "events_written"))
 

@@ -18,13 +18,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.remedy.claims import crashed_drain, crashed_drains
+from tests.remedy.claims import database as database
 from tests.remedy.held_slurm import HeldSlurm, acting_env, held_slurm, place_cluster
-from tests.remedy.test_resume_claim import crashed_drain
-from tests.remedy.test_resume_claim import database as database
 from tests.run.counted_connections import left_open
-from tests.run.test_engine_interrupt import crashed_drains
 from tests.serve.conftest import REPO, TOKEN, free_port, start_server, wait_for
 from tests.serve.conftest import postgres_url as postgres_url
+from tests.serve.stop_lines import AT_ONCE
 from vigil.model import ActionStatus
 from vigil.remedy.audit import AuditLog
 
@@ -98,8 +98,6 @@ def test_serve_stopped_gives_up_on_the_drain_after_one_lease(database: str, tmp_
 
 WAITING = ("vigil serve: stopping; waiting for the engine's tick and the actions it resumes, at most 30 s (Ctrl-C "
            "again to stop at once)")
-AT_ONCE = ("vigil serve: stopped at once on a second Ctrl-C, without waiting for the engine; an action it was resuming "
-           "is taken over by another server or engine once this process's lease on it lapses")
 
 
 def test_a_second_ctrl_c_ends_the_wait_at_once(database: str, tmp_path: Path) -> None:
@@ -262,7 +260,7 @@ import os, socket, sys
 from pathlib import Path
 import vigil.faces.cli.serve as serve
 from tests.conftest import wait_for
-from tests.remedy.test_resume_claim import crashed_drain
+from tests.remedy.claims import crashed_drain
 from vigil.remedy.actuators.slurm import SlurmActuator
 from vigil.remedy.audit import AuditLog
 port, draining = int(sys.argv[1]), Path(sys.argv[2])

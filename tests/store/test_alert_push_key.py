@@ -19,7 +19,7 @@ from tests.conftest import wait_for
 from tests.serve.conftest import REPO, fresh_database
 from tests.serve.conftest import postgres_url as postgres_url
 from tests.store.conftest import api_client, opened
-from tests.store.test_migrations import assert_at_head_with_the_events_kept, downgrade_to, statements, upgrade_to
+from tests.store.revisions import assert_at_head_with_the_events_kept, downgrade_to, statements, upgrade_to
 from vigil.faces.api.alertmanager import alerts_to_events, parse_payload
 from vigil.faces.api.push_keys import alert_key
 from vigil.store.sql import Store

@@ -15,6 +15,7 @@ import pytest
 
 from tests.store.conftest import db_url as db_url
 from tests.store.conftest import opened
+from tests.store.diagnosis_leases import set_lease
 from vigil.faces.api.diagnosing import DiagnosisWorker, RerunNotStarted
 from vigil.model import Diagnosis, FaultLevel, Incident, IncidentStatus, VigilConflictError
 from vigil.remedy.commands import this_host
@@ -220,17 +221,6 @@ def test_a_failed_diagnosis_is_retried_a_bounded_number_of_times_each_later(db_u
         assert store.finish_diagnosis("inc-002", "b", found("inc-002"), attempt=second)
         claim = store.diagnosis_claim("inc-002")
         assert claim is not None and (claim.state, claim.owner, claim.failures) == ("done", "b", 1)
-
-
-def set_lease(store: object, incident_id: str, until: float) -> None:
-    """Move a claim's time (its lease, or when it is due again) as the clock passing it would."""
-    from sqlalchemy import update
-
-    from vigil.store import schema as tables
-
-    with store.engine.begin() as conn:  # type: ignore[attr-defined]
-        conn.execute(update(tables.diagnosis_claims).where(tables.diagnosis_claims.c.incident_id == incident_id)
-                     .values(lease_until=until))
 
 
 def test_reruns_asked_for_at_once_run_on_a_bounded_number_of_threads(db_url: str) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from tests.store.conftest import api_client, on_postgresql, opened
-from tests.store.test_migrations import assert_at_head_with_the_events_kept, statements, upgrade_to
+from tests.store.revisions import assert_at_head_with_the_events_kept, statements, upgrade_to
 from vigil.model import LaunchReport, Sample, StepTelemetry
 from vigil.store.sql import Store
 

@@ -8,28 +8,19 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
-from importlib import resources
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from alembic import command
-from alembic.autogenerate import compare_metadata
-from alembic.config import Config
-from alembic.migration import MigrationContext
-from alembic.script import ScriptDirectory
 
-from tests.conftest import wait_for
+from tests.conftest import REPO, wait_for
 from tests.serve.conftest import fresh_database
 from tests.serve.conftest import postgres_url as postgres_url
+from tests.store.revisions import assert_at_head_with_the_events_kept, downgrade_to, statements, upgrade_to
 from vigil.config import settings
 from vigil.model import VigilInputError
-from vigil.store.schema import metadata
 from vigil.store.sql import MIGRATION_LOCK, Store
 
-ROOT = Path(__file__).resolve().parents[2]
 # One process opening the store: it prints how many index builds it sent CONCURRENTLY, or fails.
 UPGRADER = """
 import json, sys
@@ -42,25 +33,6 @@ print(json.dumps(sum("CONCURRENTLY" in s and s.startswith("CREATE") for s in sen
 """
 
 
-def upgrade_to(conn: sa.Connection, revision: str) -> None:
-    """Run the store's migrations on ``conn`` up to ``revision``, committed: a database as an older Vigil left it."""
-    command.upgrade(_config(conn), revision)
-    conn.commit()
-
-
-def downgrade_to(conn: sa.Connection, revision: str) -> None:
-    """Run the store's downgrades on ``conn`` down to ``revision``, committed."""
-    command.downgrade(_config(conn), revision)
-    conn.commit()
-
-
-def _config(conn: sa.Connection) -> Config:
-    cfg = Config()
-    cfg.set_main_option("script_location", str(resources.files("vigil.store") / "migrations"))
-    cfg.attributes["connection"] = conn
-    return cfg
-
-
 def events_at_revision_0004(url: str, rows: int = 2000) -> None:
     """A database as it stood before the push key: the store's schema at revision 0004, holding events."""
     engine = sa.create_engine(url)
@@ -71,33 +43,6 @@ def events_at_revision_0004(url: str, rows: int = 2000) -> None:
                      [{"ts": float(i)} for i in range(rows)])
         conn.commit()
     engine.dispose()
-
-
-@contextmanager
-def statements() -> Iterator[list[str]]:
-    """Every statement any engine of this process sends while the block runs."""
-    sent: list[str] = []
-
-    def record(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
-        sent.append(" ".join(statement.split()))
-
-    sa.event.listen(sa.Engine, "before_cursor_execute", record)
-    try:
-        yield sent
-    finally:
-        sa.event.remove(sa.Engine, "before_cursor_execute", record)
-
-
-def head_revision() -> str | None:
-    return ScriptDirectory(str(resources.files("vigil.store") / "migrations")).get_current_head()
-
-
-def assert_at_head_with_the_events_kept(store: Store, rows: int) -> None:
-    with store.engine.connect() as conn:
-        context = MigrationContext.configure(conn)
-        assert context.get_current_revision() == head_revision()
-        assert compare_metadata(context, metadata) == []
-        assert conn.execute(sa.text("SELECT count(*) FROM events")).scalar_one() == rows
 
 
 def push_key_index_is_valid(conn: sa.Connection) -> bool:
@@ -160,7 +105,7 @@ def test_two_processes_upgrading_from_0004_at_once_both_open_it_on_postgresql(po
     url = fresh_database(postgres_url, "push_key_two_upgraders")
     events_at_revision_0004(url)
     holder = sa.create_engine(url, isolation_level="AUTOCOMMIT")
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=str(REPO))
     with holder.connect() as conn:
         conn.execute(sa.text("SELECT pg_advisory_lock(:lock)"), {"lock": MIGRATION_LOCK})
         upgraders = [subprocess.Popen([sys.executable, "-c", UPGRADER, url], stdout=subprocess.PIPE,

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 from tests.store.conftest import api_client, opened
-from tests.store.test_migrations import upgrade_to
+from tests.store.revisions import upgrade_to
 from vigil.faces.api.push_keys import samples_key
 
 LOOK = 1767226200.5

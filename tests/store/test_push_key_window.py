@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from tests.serve.conftest import fresh_database
 from tests.serve.conftest import postgres_url as postgres_url
 from tests.store.conftest import api_client, opened
-from tests.store.test_migrations import assert_at_head_with_the_events_kept, upgrade_to
+from tests.store.revisions import assert_at_head_with_the_events_kept, upgrade_to
 from vigil.faces.api.push_keys import launch_steps_key
 from vigil.model import Event, LaunchReport, Sample, StepTelemetry
 from vigil.store.sql import Store

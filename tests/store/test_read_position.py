@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from tests.serve.conftest import postgres_url as postgres_url
 from tests.store.conftest import db_url as db_url
 from tests.store.conftest import on_postgresql, opened
-from tests.store.test_migrations import upgrade_to
+from tests.store.revisions import upgrade_to
 from vigil.model import Event, Sample
 from vigil.store import schema as t
 from vigil.store.sql import ReadPosition

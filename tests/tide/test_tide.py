@@ -10,29 +10,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
+from tests.conftest import REPO
+from tests.tide.tide_inputs import write_policy
 from vigil.config import settings
 from vigil.model import FaultLevel, Gpu, Incident, Node, Topology, VigilInputError
 from vigil.remedy.tide.forecast import SeasonalBurstForecaster
 from vigil.remedy.tide.load import peak_rates, read_request_times
 from vigil.remedy.tide.planner import Capacity, capacity_of, lead_intervals, plan
-from vigil.remedy.tide.tiers import DEFAULT_TIERS, TierPolicy, load_tier_policy
+from vigil.remedy.tide.tiers import TierPolicy, load_tier_policy
 from vigil.store.sql import open_store
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def write_policy(path: Path, **changes: object) -> Path:
-    raw = yaml.safe_load(DEFAULT_TIERS.read_text())
-    for key, value in changes.items():
-        tier, field = key.split("_", 1) if key.startswith("t") and key[1].isdigit() else ("", key)
-        if tier:
-            next(t for t in raw["tiers"] if t["tier"] == int(tier[1:]))[field] = value
-        else:
-            raw[field] = value
-    path.write_text(yaml.safe_dump(raw))
-    return path
 
 
 def daily_rates(days: int, interval_s: float = 300.0, peak: float = 400.0, seed: int = 0) -> np.ndarray:
@@ -178,7 +165,7 @@ def test_policy_round_trips_through_the_model() -> None:
 
 
 def _vigil(*args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=str(REPO))
     return subprocess.run(
         [sys.executable, "-m", "vigil", "tide", "plan", *args], capture_output=True, text=True, env=env, timeout=120
     )
@@ -209,7 +196,7 @@ def test_apply_dry_run_works_without_slurm_tools_and_says_what_it_left_out(tmp_p
     trace.write_text("TIMESTAMP\n" + "\n".join(lines) + "\n")
     no_slurm = tmp_path / "bin"
     no_slurm.mkdir()
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PATH=str(no_slurm), VIGIL_HOME=str(tmp_path / "home"),
+    env = dict(os.environ, PYTHONPATH=str(REPO), PATH=str(no_slurm), VIGIL_HOME=str(tmp_path / "home"),
                VIGIL_DB_URL=f"sqlite:///{tmp_path}/vigil.db")
     apply = [sys.executable, "-m", "vigil", "tide", "apply", "--trace", str(trace), "--gpus", "400", "--json"]
     done = subprocess.run(apply, capture_output=True, text=True, env=env, timeout=120)
@@ -251,7 +238,7 @@ def test_capacity_from_topology_takes_out_every_gpu_of_a_node_below_healthy() ->
 def test_cli_takes_healthy_gpus_from_the_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     trace = tmp_path / "trace.csv"
     trace.write_text("TIMESTAMP\n2023-11-16 18:00:00.1\n")
-    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
     monkeypatch.setenv("VIGIL_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("VIGIL_DB_URL", f"sqlite:///{tmp_path}/vigil.db")
     done = _vigil("--trace", str(trace), "--from-store")

@@ -5,22 +5,16 @@ from __future__ import annotations
 
 import pytest
 
+from tests.tide.tide_inputs import plan_of
 from vigil.model import Action, ActionKind, ActionStatus
 from vigil.remedy.actuators.base import ActuatorError
 from vigil.remedy.actuators.slurm import SlurmActuator
 from vigil.remedy.tide.act import Notice, TierJob, given_notices, tide_actions
-from vigil.remedy.tide.planner import Allotment, TidePlan
 from vigil.remedy.tide.slurm import qos_commands, qos_names
 from vigil.remedy.tide.tiers import load_tier_policy
 
 POLICY = load_tier_policy()  # 5 min intervals, tier 3 notice lead 15 min (3 intervals), grace 5 min
 QOS = qos_names(POLICY)
-
-
-def plan_of(spot: list[int], offline: list[int] | None = None) -> TidePlan:
-    offline = offline or [0] * len(spot)
-    return TidePlan(300.0, 1000, [Allotment(300.0 * i, 0.0, 0, {1: 0, 2: 0, 3: s, 4: o})
-                                  for i, (s, o) in enumerate(zip(spot, offline, strict=True))])
 
 
 def jobs(*specs: tuple[str, int, int, str]) -> list[TierJob]:

@@ -13,10 +13,10 @@ import pytest
 import yaml
 from kubernetes import client
 
+from tests.conftest import REPO
 from tests.remedy.kube_server import serve
 from tests.tide.kube_api import RecordedApi
-from tests.tide.test_tide import ROOT
-from tests.tide.test_tide_act import plan_of
+from tests.tide.tide_inputs import plan_of
 from vigil.model import Action, ActionKind, ActionStatus, new_id
 from vigil.remedy.actuators.base import ActuatorError
 from vigil.remedy.actuators.kueue import NOTICE_AT, KueueActuator, job_ref
@@ -136,10 +136,10 @@ def test_setup_creates_priority_classes_and_queues_once() -> None:
 
 def test_cli_prints_the_manifests_without_execute() -> None:
     done = subprocess.run([sys.executable, "-m", "vigil", "tide", "kube-setup", "--namespace", "ml"],
-                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
+                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=120)
     assert done.returncode == 0, done.stderr
     kinds = [doc["kind"] for doc in yaml.safe_load_all(done.stdout)]
     assert kinds.count("PriorityClass") == 4 and kinds.count("ClusterQueue") == 4 and kinds.count("LocalQueue") == 4
     bad = subprocess.run([sys.executable, "-m", "vigil", "tide", "apply", "--trace", "x.csv", "--backend", "nomad"],
-                         capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
+                         capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=120)
     assert bad.returncode == 2 and "--backend must be slurm or kubernetes" in bad.stderr

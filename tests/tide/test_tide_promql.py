@@ -13,9 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import require_binary
+from tests.conftest import REPO, require_binary
 from tests.serve.conftest import free_port
-from tests.tide.test_tide import ROOT
 from vigil.model import VigilInputError
 from vigil.remedy.tide.load import peak_rates, peak_rates_from_prometheus, read_request_times
 from vigil.sources.promql import PromQLSource
@@ -91,7 +90,7 @@ def test_more_than_one_series_and_a_bad_query_are_one_line(prometheus: tuple[Pro
 
 def test_cli_plans_from_prometheus(prometheus: tuple[PromQLSource, np.ndarray], tmp_path: Path) -> None:
     source, times = prometheus
-    env = dict(os.environ, PYTHONPATH=str(ROOT), VIGIL_HOME=str(tmp_path))
+    env = dict(os.environ, PYTHONPATH=str(REPO), VIGIL_HOME=str(tmp_path))
     done = subprocess.run([sys.executable, "-m", "vigil", "tide", "plan", "--promql", source.base_url,
                            "--query", RATE, "--at", f"{times[0] + 6 * INTERVAL_S:.0f}", "--lookback", "30m",
                            "--gpus", "400", "--json"], capture_output=True, text=True, env=env, timeout=120)

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.tide.test_tide import ROOT
+from tests.conftest import REPO
 from vigil.model import VigilInputError
 from vigil.remedy.tide.load import read_generation_lengths
 from vigil.remedy.tide.rl import RlCluster, _rollout, plan_rl, simulate
@@ -81,7 +81,7 @@ def test_cli_plans_from_a_trace_and_refuses_bad_input(tmp_path: Path) -> None:
     lengths = long_tail(600)
     trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
         f"2023-11-16 18:00:{i % 60:02d}.5,100,{int(n)}\n" for i, n in enumerate(lengths)))
-    env = dict(os.environ, PYTHONPATH=str(ROOT), VIGIL_HOME=str(tmp_path / "home"))
+    env = dict(os.environ, PYTHONPATH=str(REPO), VIGIL_HOME=str(tmp_path / "home"))
     done = subprocess.run([sys.executable, "-m", "vigil", "tide", "rl", "--trace", str(trace), "--gpus", "16",
                            "--batch", "512", "--json"], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import wait_for
+from tests.conftest import REPO, wait_for
 from tests.slurm_cluster import SlurmCluster
-from tests.tide.test_tide import ROOT, write_policy
+from tests.tide.tide_inputs import write_policy
 from vigil.checkpoint.manager import complete_steps
 from vigil.model import Action, ActionKind, ActionStatus, job_id
 from vigil.remedy.actuators.slurm import SlurmActuator
@@ -90,7 +90,7 @@ def test_spot_job_checkpoints_on_notice_and_is_requeued_by_vigil_then_by_slurm(o
     assert set(qos["online-inference"][0].split(",")) == {"spot-training", "offline-inference"}
 
     script = tmp_path / "spot.py"
-    script.write_text(SPOT_JOB.format(python=sys.executable, root=str(ROOT)))
+    script.write_text(SPOT_JOB.format(python=sys.executable, root=str(REPO)))
     script.chmod(0o755)
     ckpt, out = tmp_path / "ckpt", tmp_path / "spot.out"
     job = on_path.run("sbatch", "--parsable", "--requeue", "--qos=spot-training", "-n", str(CPUS), "-o", str(out),
@@ -151,7 +151,7 @@ def test_apply_is_a_dry_run_by_default_and_audited(on_path: SlurmCluster, tmp_pa
     lines = [f"2023-11-16 18:{m:02d}:{s:02d}.5000000" for m in range(30) for s in range(0, 60, 3)]
     trace = tmp_path / "trace.csv"
     trace.write_text("TIMESTAMP\n" + "\n".join(lines) + "\n")
-    env = dict(os.environ, PYTHONPATH=str(ROOT), VIGIL_HOME=str(tmp_path / "home"),
+    env = dict(os.environ, PYTHONPATH=str(REPO), VIGIL_HOME=str(tmp_path / "home"),
                VIGIL_DB_URL=f"sqlite:///{tmp_path}/vigil.db", SLURM_CONF=on_path.env["SLURM_CONF"])
     done = subprocess.run([sys.executable, "-m", "vigil", "tide", "apply", "--trace", str(trace), "--gpus", "400",
                            "--json"], capture_output=True, text=True, env=env, timeout=120)
