@@ -341,3 +341,16 @@ def test_a_line_matched_as_the_signature_set_is_published_sees_the_signatures_re
     kb = Watched(**{f.name: getattr(loaded, f.name) for f in fields(loaded) if f.init})
     assert [s.name for s in kb.match_log(line)] == ["site.lanes_lost"]
     assert seen == [["site.lanes_lost"]]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_a_line_with_letters_of_other_scripts_is_matched_as_trying_each_signature_would(data: st.DataObject) -> None:
+    """Real lines some signature matches, with Chinese, Cyrillic or accented letters put in anywhere: the set, asked
+    with the letters made one ASCII letter, picks what every signature tried in turn on the line itself picks."""
+    kb = default_kb()
+    line = data.draw(st.sampled_from(matched_fixture_lines()))
+    for _ in range(data.draw(st.integers(1, 4))):
+        at = data.draw(st.integers(0, len(line)))
+        line = line[:at] + data.draw(st.sampled_from(["\u4e2d", "\u9519\u8bef\uff1a", "\u0436", "\u00e9"])) + line[at:]
+    assert kb.match_log(line) == matched_one_by_one(kb, line), line

@@ -30,7 +30,13 @@ from vigil.knowledge.faults import ENTITY_KINDS, FaultEntry, load_fault_catalogu
 from vigil.knowledge.files import kb_dir
 from vigil.knowledge.line_prefix import split_prefix
 from vigil.knowledge.metrics import metric_catalogue
-from vigil.knowledge.signatures import MAX_MATCH_CHARS, load_signature_file, re2_reads_alike, signature_set
+from vigil.knowledge.signatures import (
+    MAX_MATCH_CHARS,
+    load_signature_file,
+    proxies_letters,
+    re2_screen_line,
+    signature_set,
+)
 from vigil.knowledge.xid import known_xids, xid_info
 from vigil.model import ActionKind, FaultLevel, VigilInputError
 
@@ -109,6 +115,7 @@ class KnowledgeBase:
     _ordered: list[Signature] = field(default_factory=list, repr=False)
     _signature_set: tuple[Any, list[int]] | None | bool = field(default=None, repr=False)
     _python_only: list[int] = field(default_factory=list, repr=False)
+    _letters: bool = field(default=False, repr=False)
 
     def __post_init__(self) -> None:
         self._index()
@@ -163,23 +170,28 @@ class KnowledgeBase:
         Python's ``re`` tried each of them at every position of every line (a diagnosis matches thousands of lines
         against about 80 signatures: 2 of a diagnosis's 5 s on 10,000 GPUs)."""
         ordered = list(self.signatures.values())
-        built = signature_set([f"(?i:{s.pattern.pattern})" for s in ordered])
-        # the set last: a diagnosis on another thread that finds it also finds the order and the python-only list
+        patterns = [f"(?i:{s.pattern.pattern})" for s in ordered]
+        built = signature_set(patterns)
+        # the set last: a diagnosis on another thread that finds it also finds the order, the python-only list and
+        # whether letters of other scripts may be screened as one ASCII letter
         self._ordered, self._python_only = ordered, [] if built is None else built[1]
+        self._letters = proxies_letters(patterns)
         self._signature_set = False if built is None else built[0]
 
     def _match_any(self, line: str) -> list[Signature]:
         """Every signature ``line`` matches, in library order. Python's ``re`` decides each match; RE2's set only
-        picks which signatures to try, on lines both engines read alike (``re2_reads_alike``: printable ASCII or a
-        tab) and short enough for its DFA's memory budget; any other line is tried against every signature."""
+        picks which signatures to try, on lines both engines read alike or whose letters of other scripts may be
+        read as one ASCII letter (``re2_screen_line``) and short enough for its DFA's memory budget; any other line is
+        tried against every signature."""
         if self._signature_set is None:
             self._index_signatures()
         ordered, regex_set = self._ordered, self._signature_set
-        if not regex_set or len(line) > MAX_MATCH_CHARS or not re2_reads_alike(line):
+        screened = None if not regex_set or len(line) > MAX_MATCH_CHARS else re2_screen_line(line, self._letters)
+        if screened is None:
             return [s for s in ordered if s.pattern.search(line)]
         assert isinstance(regex_set, tuple)
         matcher, index_of = regex_set
-        tried = sorted({*(index_of[i] for i in matcher.Match(line) or ()), *self._python_only})
+        tried = sorted({*(index_of[i] for i in matcher.Match(screened) or ()), *self._python_only})
         return [ordered[i] for i in tried if ordered[i].pattern.search(line)]
 
     def summary(self) -> dict[str, Any]:
