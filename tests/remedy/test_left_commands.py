@@ -431,10 +431,10 @@ def test_a_command_without_an_engine_prunes_its_remediators_commands_and_stops_p
     settings.cache_clear()
     try:
         done = CliRunner().invoke(app, [*verb, *(["--port", str(free_port())] if verb[0] == "serve" else [])])
-    finally:
+        assert done.exit_code == 0, (done.output, done.exception)
+        (pruner,) = set(pruners)
+        assert pruner.name == "vigil-prune-commands" and pruner.name in joined and not pruner.is_alive()
+        assert not commands_of(audit.engine, "act-old")
+    finally:  # also when it fails: no pool left holding PostgreSQL connections for the tests after it
         settings.cache_clear()
-    assert done.exit_code == 0, (done.output, done.exception)
-    (pruner,) = set(pruners)
-    assert pruner.name == "vigil-prune-commands" and pruner.name in joined and not pruner.is_alive()
-    assert not commands_of(audit.engine, "act-old")
-    close_engines()
+        close_engines()
