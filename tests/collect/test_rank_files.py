@@ -3,6 +3,7 @@ there before, rotation, the bounds of a look, and layouts that cannot work refus
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -317,3 +318,108 @@ def test_a_rotated_generation_the_glob_matches_is_not_followed_as_a_file_of_its_
     _write(log, "ValueError: in the new file")
     seen = _messages(source) + _messages(source) + _messages(source)
     assert seen == ["ValueError: in the new file"]
+
+
+# --------------------------------------------------------------------------- torchelastic's log directory
+
+# torchrun --rdzv-id llm --log-dir D --redirects 3 on one 2-GPU node: D/llm_<random>/attempt_<N>/<local rank>/
+# {stdout.log,stderr.log,error.json}, the job fixed and the rank the local rank directory names
+RESTART = "[default] Worker group FAILED. 3/3 attempts left; will restart worker group"
+CALLSTACK = ('Traceback (most recent call last):\n  File "/w/train.py", line 9, in <module>\n'
+             "ValueError: bad shard 17\n")
+
+
+def _torchelastic(tmp_path: Path, **fields: object) -> RankLogFiles:
+    values: dict[str, object] = {"glob": str(tmp_path / "*" / "attempt_*" / "*" / "stderr.log"),
+                                 "pattern": r"/attempt_\d+/(?P<rank>\d+)/stderr\.log$", "job": "llm"}
+    values.update(fields)
+    return RankLogFiles(**values)  # type: ignore[arg-type]
+
+
+def _record(path: Path, stamp: int) -> None:
+    """What @record's ErrorHandler.record_exception writes when the worker dies (written once, whole)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"message": {"message": "ValueError: bad shard 17", "extraInfo": {
+        "py_callstack": CALLSTACK, "timestamp": str(stamp)}}}))
+
+
+def test_a_worker_s_error_file_is_read_whole_once_with_its_attempt_and_local_rank(tmp_path: Path) -> None:
+    source = RankLogSource([_torchelastic(tmp_path)], node="n01")
+    source.collect(1.0)
+    attempt_0 = tmp_path / "llm_k2x9" / "attempt_0"
+    _write(attempt_0 / "0" / "stderr.log", "step 1 loss 2.0")
+    _write(attempt_0 / "1" / "stderr.log", "step 1 loss 2.0")
+    assert _decoded(source, 2.0) == []
+    _record(attempt_0 / "1" / "error.json", 1770984500)
+    [root] = source.collect(3.0).events
+    assert (root.entity, root.attrs["signature"], root.message) == ("job/llm/rank/1", "python.exception",
+                                                                     "ValueError: bad shard 17")
+    # the time @record wrote, not the look's; where it was read, so a push sent again repeats it
+    assert root.ts == 1770984500.0
+    assert root.attrs["attempt"] == 0 and root.attrs["local_rank"] == 1
+    assert root.attrs["log_file"] == str(attempt_0 / "1" / "error.json") and root.attrs["log_offset"] == 0
+    assert _decoded(source, 4.0) == []  # written once: read once
+    # the restarted workers' lines say which attempt they are of
+    _write(attempt_0 / "0" / "stderr.log", "RuntimeError: NCCL communicator was aborted on rank 0.")
+    _write(tmp_path / "llm_k2x9" / "attempt_1" / "0" / "stderr.log",
+           "RuntimeError: NCCL communicator was aborted on rank 0.")
+    later = sorted((e.attrs["attempt"], e.attrs["local_rank"], e.entity) for e in source.collect(5.0).events)
+    assert later == [(0, 0, "job/llm/rank/0"), (1, 0, "job/llm/rank/0")]
+
+
+def test_an_error_file_named_by_the_glob_is_read_as_a_record_not_as_lines(tmp_path: Path) -> None:
+    layout = _torchelastic(tmp_path, glob=str(tmp_path / "*" / "attempt_*" / "*" / "*"),
+                           pattern=r"/attempt_\d+/(?P<rank>\d+)/[^/]+$")
+    source = RankLogSource([layout], node="n01")
+    source.collect(1.0)
+    _write(tmp_path / "llm_k2x9" / "attempt_2" / "3" / "stdout.log", "step 1")
+    _record(tmp_path / "llm_k2x9" / "attempt_2" / "3" / "error.json", 1770984500)
+    events = source.collect(2.0).events
+    assert [(e.message, e.attrs["attempt"], e.attrs["local_rank"]) for e in events] == [
+        ("ValueError: bad shard 17", 2, 3)]
+
+
+def test_an_error_file_takes_the_rank_its_worker_s_prefixed_lines_named(tmp_path: Path) -> None:
+    # several nodes: the local rank directory is not the job's rank; the worker's own [rankN]: lines say which it is
+    layout = RankLogFiles(glob=str(tmp_path / "*" / "attempt_*" / "*" / "stderr.log"),
+                          pattern=r"/(?P<job>[^/_]+)_[^/]+/attempt_\d+/\d+/stderr\.log$")
+    source = RankLogSource([layout], node="n02")
+    source.collect(1.0)
+    attempt_0 = tmp_path / "llm_k2x9" / "attempt_0"
+    _write(attempt_0 / "1" / "stderr.log", "[rank9]: RuntimeError: CUDA error: an illegal memory access was "
+           "encountered")
+    _write(attempt_0 / "0" / "stderr.log", "no prefix here")
+    assert _decoded(source, 2.0) == [("job/llm/rank/9", "cuda.illegal_address")]
+    _record(attempt_0 / "1" / "error.json", 1770984500)
+    _record(attempt_0 / "0" / "error.json", 1770984501)  # no line of its worker named a rank: not sent
+    assert _decoded(source, 3.0) == [("job/llm/rank/9", "python.exception")]
+    assert source.lines_without_rank == 1 + len(CALLSTACK.splitlines())
+
+
+def test_an_error_file_still_being_written_is_read_when_whole(tmp_path: Path) -> None:
+    source = RankLogSource([_torchelastic(tmp_path)], node="n01")
+    error_file = tmp_path / "llm_k2x9" / "attempt_0" / "0" / "error.json"
+    _write(error_file.parent / "stderr.log", "step 1")
+    _record(error_file, 1770984400)
+    assert _decoded(source, 1.0) == []  # there when the agent started: an earlier run's, not sent again
+    _write(tmp_path / "llm_k2x9" / "attempt_1" / "0" / "stderr.log", "step 1")
+    error_file = tmp_path / "llm_k2x9" / "attempt_1" / "0" / "error.json"
+    error_file.write_text('{"message": {"message": "ValueError: bad sh')
+    assert _decoded(source, 2.0) == []
+    _record(error_file, 1770984500)
+    assert _decoded(source, 3.0) == [("job/llm/rank/0", "python.exception")]
+
+
+def test_an_error_file_that_stays_cut_short_is_read_as_an_ordinary_log(tmp_path: Path) -> None:
+    # the worker was killed while writing it: what it holds is read as lines, as triage reads it
+    source = RankLogSource([_torchelastic(tmp_path)], node="n01")
+    source.collect(1.0)
+    error_file = tmp_path / "llm_k2x9" / "attempt_0" / "0" / "error.json"
+    _write(error_file.parent / "stderr.log", "step 1")
+    _write(error_file, "ValueError: bad shard 17")
+    assert _decoded(source, 2.0) == []
+    # the next look finds it unchanged and follows it from its first line
+    events = source.collect(3.0).events + source.collect(4.0).events
+    assert [(e.message, e.attrs["attempt"], e.attrs["log_file"]) for e in events] == [
+        ("ValueError: bad shard 17", 0, str(error_file))]
+    assert _decoded(source, 5.0) == []

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from vigil.logs import error_file
-from vigil.logs.error_file import read_error_file
+from vigil.knowledge import error_file
+from vigil.knowledge.error_file import read_error_file
 
 CALLSTACK = 'Traceback (most recent call last):\n  File "/w/train.py", line 3, in <module>\nValueError: bad shard\n'
 

@@ -5,7 +5,7 @@ elastic launchers).
 Conventions understood (any mix): ``rank_3.log``, ``worker-3.err``, ``rank3.stderr``; torchrun's
 ``<log_dir>/<run_id>_<random>/attempt_<N>/<local_rank>/{stdout.log,stderr.log,error.json}``
 (torch/distributed/elastic/multiprocessing/api.py ``DefaultLogsSpecs.reify``: one directory per attempt, numbered by
-the agent's restart count; ``error.json`` is what ``@record`` wrote, read by :mod:`vigil.logs.error_file`); kernel
+the agent's restart count; ``error.json`` is what ``@record`` wrote, read by :mod:`vigil.knowledge.error_file`); kernel
 logs named ``dmesg``, ``kern``, ``syslog``, ``messages``, ``journal`` or ``kmsg`` (``n012.dmesg.log``,
 ``dmesg-n012.txt``, ``n012/kern.log``).
 A rank or node directory (``n012/rank_3.log``) names the node.
@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-from vigil.logs.error_file import ERROR_FILE_NAME
+from vigil.knowledge.error_file import ERROR_FILE_NAME
 from vigil.model import VigilInputError
 
 SourceKind = Literal["rank", "node", "job"]

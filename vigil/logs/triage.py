@@ -43,9 +43,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from vigil.knowledge.error_file import ERROR_FILE_NAME, read_error_file
 from vigil.knowledge.line_prefix import LinePrefix, split_prefix
 from vigil.knowledge.signatures import SignatureMatcher, signature_library
-from vigil.logs.error_file import ERROR_FILE_NAME, read_error_file
 from vigil.logs.miner import (
     INFLATE_BUDGET_BYTES,
     InflateBudgetPassed,

@@ -25,6 +25,15 @@ lines again). Each file is read by ``LogTail`` (bounded, rotation and truncation
 about ``MAX_LINES_PER_READ`` lines in all per look, the files taken in turn so one flooding rank cannot starve the
 others (the rest is read at later looks). Each line goes to ``decode_rank_line``; only the lines the signature
 library names become events. Nothing is judged here.
+
+A file in torchelastic's layout (``<run>/attempt_<N>/<local rank>/``) says which attempt of the run wrote it and
+which local rank: its events carry both (``attempt``, ``local_rank``), so a restarted job's first failed attempt can
+be told from the attempts it caused. Beside a followed file, the worker's ``error.json`` (what ``@record`` wrote when
+it died: written once) is read whole and bounded by :func:`vigil.knowledge.error_file.read_error_file`, as triage
+reads it, its lines stamped with the time it records; one not whole yet is read at a later look, and one that stays
+no record (its worker killed while writing it, or too large to be one) is followed as an ordinary log. Its rank is
+the one the path names, else the one its worker's own prefixed lines named; without either its lines are counted
+and not sent.
 """
 
 from __future__ import annotations
@@ -35,12 +44,13 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+from vigil.knowledge.error_file import ERROR_FILE_NAME, read_error_file
 from vigil.knowledge.line_prefix import LINE_RANK_PREFIX
-from vigil.model import node_id, rank_id
+from vigil.model import Event, node_id, rank_id
 from vigil.sources.collect.base import Collection, Source, default_node_name
 from vigil.sources.collect.ranklog import decode_rank_line
 from vigil.sources.collect.tail import LINE_LIMIT, LogTail
@@ -57,6 +67,12 @@ _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]*$")  # an entity id's name p
 # The attributes of a rank_log event that say where its line was read: the file and the byte offset it starts at.
 LOG_FILE_ATTR = "log_file"
 LOG_OFFSET_ATTR = "log_offset"
+# The attributes of a rank_log event read in torchelastic's layout: the attempt (its attempt_<N> directory, numbered by
+# the agent's restart count, as triage's root names it) and the local rank (the directory below it).
+ATTEMPT_ATTR = "attempt"
+LOCAL_RANK_ATTR = "local_rank"
+# torchelastic's directory of one worker of one attempt: <run>/attempt_<N>/<local rank>/<file>
+_WORKER_DIR = re.compile(r"/attempt_(?P<attempt>\d+)/(?P<local_rank>\d+)/[^/]+$")
 # A rotated generation's name: the log's own, then logrotate's number or date (dateext: -%Y%m%d, -%Y%m%d%H,
 # -%Y-%m-%d), or kubelet's .%Y%m%d-%H%M%S, then a compressor's extension. A generation is the history of the file it was
 # rotated from (LogTail reads what it had left unread), not a file to follow from its first line.
@@ -132,6 +148,8 @@ class _Followed:
     partial: list[str] = field(default_factory=list)  # a CRI line's parts so far
 
     partial_at: int = 0  # where the first of those parts starts in the file
+    attempt: int | None = None  # torchelastic's attempt and local rank the file's directory names
+    local_rank: int | None = None
 
     def lines(self) -> list[tuple[int, str]]:
         """The file's new lines, out of their CRI records where it has them, each with the byte offset in the file
@@ -173,12 +191,18 @@ class RankLogSource(Source):
         self._unmatched: set[str] = set()
         self._idle: dict[str, _Followed] = {}
         self._first_scan = True
+        # torchelastic's error files: those read (or there when the agent started), those found holding no record
+        # yet (with their size and time then), and the rank each worker directory's prefixed lines named
+        self._error_files_done: dict[str, None] = {}
+        self._error_files_unread: dict[str, tuple[int, float]] = {}
+        self._worker_ranks: dict[str, int] = {}
         self._turn = 0
         self.lines_read = 0
         self.lines_without_rank = 0
         self.files_refused = 0
 
     def collect(self, now: float) -> Collection:
+        first = self._first_scan
         self._discover()
         events = []
         budget = self.max_lines_per_read
@@ -204,13 +228,15 @@ class RankLogSource(Source):
                         self.lines_without_rank += 1
                         continue
                     rank = int(prefixed.group("rank"))
-                event = decode_rank_line(rank_id(followed.job, rank), line, now)
+                    if followed.attempt is not None:
+                        self._remember(self._worker_ranks, os.path.dirname(path), rank)
+                # where the line is: with the look's time, what a push sent again repeats and no two lines share
+                # (two equal lines of one look stand at two offsets; a truncated file read again from its start is
+                # read at a later look), so the server stores a retried push once
+                event = self._event(followed, rank, line, now, path, offset)
                 if event is not None:
-                    # where the line is: with the look's time, what a push sent again repeats and no two lines
-                    # share (two equal lines of one look stand at two offsets; a truncated file read again from
-                    # its start is read at a later look), so the server stores a retried push once
-                    event.attrs[LOG_FILE_ATTR], event.attrs[LOG_OFFSET_ATTR] = path, offset
                     events.append(event)
+        events += self._error_file_events(now, first)
         out = Collection(events=events, status=f"following {len(self._files)} rank log file(s)")
         node = node_id(self.node)
         out.add("vigil_agent_rank_log_files", node, len(self._files))
@@ -218,6 +244,63 @@ class RankLogSource(Source):
         out.add("vigil_agent_rank_log_lines_without_rank_total", node, self.lines_without_rank)
         out.add("vigil_agent_rank_log_files_refused_total", node, self.files_refused)
         return out
+
+    def _event(self, followed: _Followed, rank: int, line: str, ts: float, path: str, offset: int) -> Event | None:
+        event = decode_rank_line(rank_id(followed.job, rank), line, ts)
+        if event is None:
+            return None
+        event.attrs[LOG_FILE_ATTR], event.attrs[LOG_OFFSET_ATTR] = path, offset
+        if followed.attempt is not None and followed.local_rank is not None:
+            event.attrs[ATTEMPT_ATTR], event.attrs[LOCAL_RANK_ATTR] = followed.attempt, followed.local_rank
+        return event
+
+    def _error_file_events(self, now: float, first: bool) -> list[Event]:
+        """The events of the error files beside the followed torchelastic files that hold a record now."""
+        workers = {os.path.dirname(path): followed for path, followed in self._files.items()
+                   if followed.attempt is not None}
+        events = []
+        for directory, worker in workers.items():
+            path = os.path.join(directory, ERROR_FILE_NAME)
+            if path in self._error_files_done or path in self._files:
+                continue
+            try:
+                stat = os.stat(path)
+                record = None if first else read_error_file(Path(path))
+            except OSError:
+                continue  # not written: the worker has not died (or did not run under @record)
+            if first:
+                self._remember(self._error_files_done, path, None)  # an earlier run's, as the other files' lines
+                continue
+            if record is None:
+                written = (stat.st_size, stat.st_mtime)
+                if self._error_files_unread.get(path) != written:
+                    self._remember(self._error_files_unread, path, written)  # its worker may still be writing it
+                    continue
+                # unchanged since the last look and no record: read as an ordinary log, as triage reads it
+                del self._error_files_unread[path]
+                self._files[path] = _Followed(worker.job, worker.rank, LogTail(Path(path)), cri=False,
+                                              attempt=worker.attempt, local_rank=worker.local_rank)
+                continue
+            self._error_files_unread.pop(path, None)
+            self._remember(self._error_files_done, path, None)
+            lines, recorded_at = record
+            self.lines_read += len(lines)
+            rank = worker.rank if worker.rank is not None else self._worker_ranks.get(directory)
+            if rank is None:
+                self.lines_without_rank += len(lines)
+                continue
+            # one record, read whole: its lines share its start, and equal lines of one traceback are one
+            stamp = now if recorded_at is None else recorded_at
+            events += [event for line in lines
+                       if (event := self._event(worker, rank, line, stamp, path, 0)) is not None]
+        return events
+
+    def _remember(self, table: dict[str, Any], key: str, value: Any) -> None:
+        """Put ``key`` in a table of at most ``max_files`` entries, forgetting the oldest."""
+        table.pop(key, None)
+        table[key] = value
+        while len(table) > self.max_files:
+            del table[next(iter(table))]
 
     def _discover(self) -> None:
         """Follow the files the globs match now that are not followed yet."""
@@ -235,6 +318,9 @@ class RankLogSource(Source):
                 owner = layout.owner_of(path)
                 if owner is not None and _generation_of(layout, path, owner):
                     continue
+                worker = _WORKER_DIR.search(path)
+                if worker is not None and os.path.basename(path) == ERROR_FILE_NAME:
+                    continue  # a record, read whole beside its worker's log files (_error_file_events)
                 if owner is None:
                     # remembered, so a file the pattern does not read is reported once and not looked at again
                     if len(self._unmatched) < self.max_files:
@@ -254,7 +340,9 @@ class RankLogSource(Source):
                 tail = LogTail(Path(path))
                 if first:
                     tail.skip_written()
-                self._files[path] = _Followed(*owner, tail, cri=layout.format == "cri")
+                self._files[path] = _Followed(*owner, tail, cri=layout.format == "cri",
+                                              attempt=int(worker["attempt"]) if worker else None,
+                                              local_rank=int(worker["local_rank"]) if worker else None)
         for path in list(self._files):
             try:
                 idle = os.stat(path).st_mtime < cutoff
