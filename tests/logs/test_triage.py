@@ -1431,6 +1431,38 @@ def test_two_handlers_reporting_one_fatal_signal_leave_the_first_report_the_root
     assert result.root is not None and result.root.lineno == 2 and result.root.signature == "python.fatal_signal"
 
 
+def test_open_mpis_peer_disconnected_report_gives_way_to_the_peers_own_error_in_another_file(tmp_path: Path) -> None:
+    """Open MPI's TCP transport prints "An MPI communication peer process has unexpectedly disconnected" in the process
+    that SURVIVED (opal/mca/btl/tcp help-mpi-btl-tcp.txt: "the root cause of this problem is the failure of the peer").
+    Where the peer's own output names its failure, that is the root, however early the peer report's signature stands
+    in the library. Before: rank 1's report of rank 0 going away was named over rank 0's ValueError."""
+    block = ("--------------------------------------------------------------------------\n"
+             "An MPI communication peer process has unexpectedly disconnected.  This\n"
+             "usually indicates a failure in the peer process (e.g., a crash or\n"
+             "otherwise exiting without calling MPI_FINALIZE first).\n"
+             "\n"
+             "  Local host: node2\n"
+             "  Local PID:  12741\n"
+             "  Peer host:  node1\n"
+             "--------------------------------------------------------------------------\n")
+    (tmp_path / "rank1.log").write_text("step 12 loss 2.31\n" + block)
+    (tmp_path / "rank0.log").write_text(
+        "step 12 loss 2.31\n"
+        "Traceback (most recent call last):\n"
+        '  File "train.py", line 88, in <module>\n'
+        "    batch = next(loader)\n"
+        "ValueError: could not broadcast input array from shape (3,224,224) into shape (3,256,256)\n")
+    result = triage(tmp_path, workers=1)
+    assert result.root is not None and result.root.source.endswith("rank0.log"), result.summary
+    assert result.root.lineno == 5
+    # the peer's report alone is still the root: nothing else says which process failed
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    (alone / "job.log").write_text("step 12 loss 2.31\n" + block)
+    result = triage(alone, workers=1)
+    assert result.root is not None and result.root.lineno == 3 and result.root.signature == "mpi.peer_disconnected"
+
+
 def test_open_mpis_report_of_a_rank_killed_by_a_signal_is_the_root(tmp_path: Path) -> None:
     """Open MPI's launcher names the rank a signal ended (PRRTE help-prun.txt proc-aborted-strsignal: "%s noticed that
     process rank %lu with PID %lu on node %s exited on signal %d (%s)."), after its notice that the job was aborted: a

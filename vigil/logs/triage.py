@@ -194,6 +194,9 @@ STEP_END_REPORTS = frozenset({"slurm.oom_kill"})
 # installed before it (CPython's faulthandler: "Fatal Python error: Segmentation fault"), which reports it again. Each
 # names only the signal, so the second report is never the more specific account of the first.
 FATAL_SIGNAL_REPORTS = frozenset({"process.failure_signal_report", "process.caught_signal", "python.fatal_signal"})
+# A process's report that another process went away (Open MPI's "peer process has unexpectedly disconnected", whose own
+# text says the root cause is the failure of the peer): the root only where no other file names a failure of its own.
+PEER_FAILURE_REPORTS = frozenset({"mpi.peer_disconnected"})
 PRINTED_BEFORE_TRACEBACK = "printed_before_traceback"
 # What a relay's prefix said of the line's writer (vigil.knowledge.line_prefix): context, not a field the line filled.
 WORKER_ATTR = "worker"
@@ -1309,6 +1312,7 @@ def _pick_root(events: list[LogEvent], priority: dict[str, int],
             if ended:
                 first_per_source[source] = min(ended, key=lambda e: e.lineno)
     roots = list(first_per_source.values())
+    roots = [e for e in roots if e.signature not in PEER_FAILURE_REPORTS] or roots
     if not roots:
         return None, None
     timed = [e for e in roots if e.ts is not None]
