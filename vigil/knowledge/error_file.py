@@ -16,6 +16,9 @@ from pathlib import Path
 from typing import Any
 
 ERROR_FILE_NAME = "error.json"
+# The attribute naming torchelastic's attempt a line was written in (its attempt_<N> directory, numbered by the agent's
+# restart count): on the live collector's events and on triage's root.
+ATTEMPT_ATTR = "attempt"
 # what the agent writes in place of a message when a worker left no error file (errors/__init__.py _EMPTY_ERROR_DATA)
 NO_MESSAGE = "<NONE>"
 # A record holds one traceback (Python folds a recursion's repeats into "[Previous line repeated N more times]"): a

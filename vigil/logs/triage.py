@@ -43,7 +43,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from vigil.knowledge.error_file import ERROR_FILE_NAME, read_error_file
+from vigil.knowledge.error_file import ATTEMPT_ATTR, ERROR_FILE_NAME, read_error_file
 from vigil.knowledge.line_prefix import LinePrefix, split_prefix
 from vigil.knowledge.signatures import SignatureMatcher, signature_library
 from vigil.logs.miner import (
@@ -132,9 +132,8 @@ WORKERS_RESTART = re.compile(r"\bWorker group (?:FAILED|UNHEALTHY)\. \d+/\d+ att
 # signals are that report's consequence, printed first - as many lines above it as the node had workers, and more.
 # the root's attribute naming the restart line below which a later attempt's errors were not taken for the root
 RESTART_LINE = "restart_line"
-# the root's attributes naming torchelastic's attempt (its attempt_<N> directory) it came from, and the later attempts
-# of the same run whose errors were not taken for the root
-ATTEMPT_ATTR = "attempt"
+# the root's attributes naming torchelastic's attempt it came from (ATTEMPT_ATTR), and the later attempts of the same
+# run whose errors were not taken for the root
 LATER_ATTEMPTS_ATTR = "later_attempts"
 CLOSING_SIGNAL = re.compile(r"Sending process \d+ closing signal SIG\w+")
 EXIT_REPORT = re.compile(r"failed \(exitcode: -?\d+\) local_rank: \d+")
@@ -1042,12 +1041,12 @@ def decide(scans: list[_Scan], job: str, directory: Path, tie_s: float = 1.0) ->
     root = _errors_before_fatal(root, basis, worded)
     root = _plain_line_above(root, basis, worded)
     if root is not None:
-        agents = {s.source.name: s.agents for s in scans}
-        restart = (cut_at_restart.get((root.source, agents[root.source].get(root.lineno)))
+        rooted = next(s for s in scans if s.source.name == root.source)
+        restart = (cut_at_restart.get((root.source, rooted.agents.get(root.lineno)))
                    or cut_at_restart.get((root.source, None), 0))
         if root.lineno < restart:
             root.attrs[RESTART_LINE] = restart
-        attempt = {s.source.name: s.source.attempt for s in scans}[root.source]
+        attempt = rooted.source.attempt
         if attempt is not None:
             root.attrs[ATTEMPT_ATTR] = attempt
             if later := later_attempts.get(root.source):
@@ -1258,8 +1257,6 @@ def _first_failed_attempt(scans: list[_Scan], events: list[LogEvent], worded: li
         if len(run) < 2:
             continue
         failed = [n for n in sorted(run) if erring & set(run[n])]
-        if not failed:
-            continue
         if len(failed) < 2:
             continue
         left_out |= {name for n in failed[1:] for name in run[n]}

@@ -48,7 +48,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from vigil.knowledge.error_file import ERROR_FILE_NAME, read_error_file
+from vigil.knowledge.error_file import ATTEMPT_ATTR, ERROR_FILE_NAME, read_error_file
 from vigil.knowledge.line_prefix import LINE_RANK_PREFIX
 from vigil.model import Event, node_id, rank_id
 from vigil.sources.collect.base import Collection, Source, default_node_name
@@ -67,9 +67,8 @@ _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]*$")  # an entity id's name p
 # The attributes of a rank_log event that say where its line was read: the file and the byte offset it starts at.
 LOG_FILE_ATTR = "log_file"
 LOG_OFFSET_ATTR = "log_offset"
-# The attributes of a rank_log event read in torchelastic's layout: the attempt (its attempt_<N> directory, numbered by
-# the agent's restart count, as triage's root names it) and the local rank (the directory below it).
-ATTEMPT_ATTR = "attempt"
+# The attributes of a rank_log event read in torchelastic's layout: the attempt (ATTEMPT_ATTR, as triage's root names
+# it) and the local rank (the directory below it).
 LOCAL_RANK_ATTR = "local_rank"
 # torchelastic's directory of one worker of one attempt: <run>/attempt_<N>/<local rank>/<file>
 _WORKER_DIR = re.compile(r"/attempt_(?P<attempt>\d+)/(?P<local_rank>\d+)/[^/]+$")
