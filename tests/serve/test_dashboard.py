@@ -433,7 +433,7 @@ def test_diagnose_again_pressed_while_the_page_waits_asks_in_one_loop(page: Any,
             page.clock.run_for(1000)  # a second loop would ask in its first interval
             assert page.evaluate("window.statusAsks") == 1
             page.clock.resume()
-            held.pop().continue_()
+            held_request(page, held).continue_()
             page.unroute(status_url)
             release.set()
             page.locator("ol.causes > li").first.wait_for(timeout=120_000)
@@ -479,7 +479,7 @@ def test_a_rerun_pressed_for_while_retrying_that_fails_between_two_asks_is_shown
                                ".startsWith('diagnosing again')")
         assert wait_for(lambda: (claim := store.diagnosis_claim(incident.id)) is not None
                         and (claim.state, claim.attempts) == ("retrying", 2))
-        held.pop().continue_()  # the one status request asked for since the press
+        held_request(page, held).continue_()  # the one status request asked for since the press
         page.unroute(status_url)
         page.wait_for_function("(document.getElementById('diagnosis-retrying') || {textContent: ''})"
                                ".textContent.includes('the rerun failed')", timeout=20_000)
@@ -504,6 +504,16 @@ def test_the_page_backs_off_on_server_errors_and_gives_up_after_its_retries(
         seen = len(asked)
         page.wait_for_timeout(1500)
         assert len(asked) == seen
+
+
+def held_request(page: Any, held: list[Any], within_s: float = 120.0) -> Any:
+    """The request a route held, once the page has asked: Playwright's sync API runs route handlers only inside its
+    own calls, so a request asked for while the test polled the store is handed over here, not by a bare sleep."""
+    deadline = time.monotonic() + within_s
+    while not held:
+        assert time.monotonic() < deadline, "the page asked for no status while the route held it"
+        page.wait_for_timeout(20)
+    return held.pop()
 
 
 def wait_for(ready: Any, within_s: float = 120.0) -> bool:
